@@ -1,0 +1,40 @@
+"""The `toolproxy` command: one click group; each subcommand lives beside the code it drives.
+
+Subcommands are imported only when used, so `toolproxy serve` never loads DuckDB or numpy and
+the analyzer never loads aiohttp.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from toolproxy import __version__
+
+# name -> "module:attribute" of a click command
+COMMANDS = {
+    "serve": "toolproxy.proxy.cli:serve",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="toolproxy")
+def main() -> None:
+    """Record what tool-using agents and LLM serving stacks say to each other, and measure it honestly.
+
+    Start with `toolproxy serve --upstream URL`, point your harness at the printed address,
+    then `toolproxy analyze` and `toolproxy report`.
+    """

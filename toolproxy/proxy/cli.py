@@ -1,0 +1,73 @@
+"""`toolproxy serve`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from toolproxy.conditions import NAMES, ConditionOptions
+from toolproxy.proxy.config import ConfigError, ProxyConfig
+
+
+def _size(value: str) -> int:
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    v = value.strip().lower().rstrip("ib").rstrip("b")
+    if v and v[-1] in units:
+        return int(float(v[:-1]) * units[v[-1]])
+    return int(v)
+
+
+@click.command()
+@click.option("--upstream", required=True, envvar="TOOLPROXY_UPSTREAM", help="Model server root, e.g. http://127.0.0.1:11434 (Ollama) or http://127.0.0.1:8080 (llama.cpp).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Non-loopback needs --auth-token.")
+@click.option("--port", default=8787, show_default=True, type=int, help="Port to listen on (0 picks a free one).")
+@click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where segments (and later the DuckDB file) go.")
+@click.option("--run", default=None, help="Run name for requests that carry no run tag.")
+@click.option("--condition", type=click.Choice(NAMES), default="native", show_default=True, help="Interface condition for requests that carry no condition tag.")
+@click.option("--stack", default=None, help="Serving stack (ollama, llamacpp, vllm, sglang, lmstudio, openai) when fingerprinting cannot tell.")
+@click.option("--chat-template", type=click.Path(dir_okay=False, exists=True), default=None, help="Jinja chat template for --condition template.")
+@click.option("--parser", default=None, help="Tool-call parser for --condition template (e.g. hermes).")
+@click.option("--constrained-forced", is_flag=True, help="Constrained schema without a final-answer branch (the seed paper's variant).")
+@click.option("--max-body", default="64MiB", show_default=True, help="Largest request body accepted (413 above).")
+@click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect to the upstream.")
+@click.option("--ttfb-timeout", default=600.0, show_default=True, type=float, help="Seconds to wait for the upstream's response to begin (CPU models read long prompts slowly).")
+@click.option("--idle-timeout", default=300.0, show_default=True, type=float, help="Longest gap in seconds between two chunks of a response.")
+@click.option("--total-timeout", default=None, type=float, help="Cap in seconds on a whole exchange (default: none).")
+@click.option("--durability", type=click.Choice(["group", "sync"]), default="group", show_default=True, help="group: fsync in groups every --commit-window; sync: a response's last byte waits for its record's fsync.")
+@click.option("--commit-window", default=0.2, show_default=True, type=float, help="Seconds between group fsyncs.")
+@click.option("--on-record-failure", type=click.Choice(["serve", "block"]), default="serve", show_default=True, help="serve: keep forwarding and count dropped records; block: answer 503 while recording fails.")
+@click.option("--segment-size", default="64MiB", show_default=True, help="Rotate segment files at this size.")
+@click.option("--auth-token", envvar="TOOLPROXY_AUTH_TOKEN", default=None, help="Clients must present this token (X-Toolproxy-Token header, or as their API key).")
+@click.option("--upstream-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key; the proxy sends it itself.")
+@click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token.")
+@click.option("--quiet", is_flag=True, help="No line per exchange.")
+def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body,
+          connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
+          segment_size, auth_token, upstream_key_env, insecure_public, quiet):
+    """Forward to one upstream model server and record every exchange."""
+    upstream_key = None
+    if upstream_key_env:
+        upstream_key = os.environ.get(upstream_key_env)
+        if not upstream_key:
+            raise click.UsageError(f"--upstream-key-env {upstream_key_env}: that environment variable is empty or unset")
+    try:
+        options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced)
+        config = ProxyConfig(
+            upstream=upstream, data_dir=data_dir, host=host, port=port, run=run, condition=condition,
+            condition_options=options, max_body=_size(max_body), connect_timeout=connect_timeout,
+            ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
+            durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
+            segment_bytes=_size(segment_size), auth_token=auth_token, upstream_key=upstream_key,
+            insecure_public=insecure_public, quiet=quiet,
+        )
+    except (ConfigError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.UsageError(f"--data {data_dir}: cannot create it: {exc.strerror or exc}") from None
+    from toolproxy.proxy.app import run as run_proxy
+
+    run_proxy(config)

@@ -1,0 +1,79 @@
+"""Everything `toolproxy serve` can be told, validated once at start."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from yarl import URL
+
+from toolproxy.conditions import NAMES, ConditionOptions
+
+
+class ConfigError(ValueError):
+    """A setting a user must fix; the CLI prints it without a traceback."""
+
+
+@dataclass
+class ProxyConfig:
+    upstream: str
+    data_dir: Path = Path("toolproxy-data")
+    host: str = "127.0.0.1"
+    port: int = 8787
+    run: str | None = None
+    condition: str = "native"
+    condition_options: ConditionOptions = field(default_factory=ConditionOptions)
+    max_body: int = 64 * 1024 * 1024
+    connect_timeout: float = 10.0
+    # A CPU-only model can take minutes to read a long agent context before its first byte.
+    ttfb_timeout: float = 600.0
+    idle_timeout: float = 300.0
+    total_timeout: float | None = None
+    durability: str = "group"
+    commit_window: float = 0.2
+    on_record_failure: str = "serve"
+    max_queue: int = 10_000
+    segment_bytes: int = 64 * 1024 * 1024
+    segment_seconds: float = 3600.0
+    auth_token: str | None = None
+    upstream_key: str | None = None
+    insecure_public: bool = False
+    quiet: bool = False
+    max_connections: int = 512
+
+    def __post_init__(self) -> None:
+        url = URL(self.upstream)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ConfigError(
+                f"--upstream must be an http(s) URL with a host, e.g. http://127.0.0.1:11434 (got {self.upstream!r})"
+            )
+        if url.query_string or url.fragment:
+            raise ConfigError("--upstream must not carry a query string or fragment")
+        self.upstream = str(url.with_path(url.path.rstrip("/"))).rstrip("/")
+        if self.condition not in NAMES:
+            raise ConfigError(f"--condition must be one of {', '.join(NAMES)} (got {self.condition!r})")
+        if self.durability not in ("group", "sync"):
+            raise ConfigError("--durability must be 'group' or 'sync'")
+        if self.on_record_failure not in ("serve", "block"):
+            raise ConfigError("--on-record-failure must be 'serve' or 'block'")
+        if self.max_body < 1024:
+            raise ConfigError("--max-body must be at least 1024 bytes")
+        if not is_loopback(self.host) and not self.auth_token and not self.insecure_public:
+            raise ConfigError(
+                f"refusing to listen on non-loopback address {self.host!r} without --auth-token: anyone who can "
+                "reach it could use your upstream (and its key). Add --auth-token, or --insecure-public if you mean it."
+            )
+
+    @property
+    def upstream_url(self) -> URL:
+        return URL(self.upstream)
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

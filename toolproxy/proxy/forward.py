@@ -1,0 +1,403 @@
+"""The hot path: one request in, forwarded to the one configured upstream, streamed back, recorded.
+
+Under `native` nothing here parses JSON: bytes are tee'd into the record as they pass. Every
+way an exchange can end (answered, refused, unreachable, timed out, cut short by either side,
+too large) goes through `Exchange.finish`, which submits exactly one record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+import orjson
+from aiohttp import web
+from yarl import URL
+
+from toolproxy.conditions import Plan, RequestView, Skip, load
+from toolproxy.proxy.headers import (
+    NOT_FORWARDED_DOWN,
+    NOT_FORWARDED_UP,
+    TAG_HEADER_PREFIX,
+    connection_listed,
+    redact_headers,
+    redact_query,
+)
+from toolproxy.proxy.tags import header_tags, split_path_tags
+from toolproxy.record.model import Record, encode_body, new_id
+
+if TYPE_CHECKING:
+    from toolproxy.proxy.app import ProxyState
+
+ADMIN_PREFIX = "/_toolproxy/"
+_CLIENT_GONE = (ConnectionResetError, ConnectionError, aiohttp.ClientConnectionResetError)
+
+
+def error_body(message: str, code: str, kind: str = "toolproxy_error") -> bytes:
+    """OpenAI-style error JSON, so harnesses surface the cause instead of a parse failure."""
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+class Exchange:
+    """Per-request state: the flow object everything on the hot path hangs on."""
+
+    __slots__ = ("state", "request", "rec", "t0", "chunks", "client_chunks", "client_resp", "done")
+
+    def __init__(self, state: "ProxyState", request: web.Request) -> None:
+        self.state = state
+        self.request = request
+        self.t0 = time.perf_counter()
+        self.rec = Record(id=new_id(), started_at=time.time(), upstream=state.config.upstream)
+        self.chunks: list[bytes] = []
+        self.client_chunks: list[bytes] | None = None
+        self.client_resp: web.StreamResponse | None = None
+        self.done = False
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000.0
+
+    async def reply_error(self, status: int, kind: str, message: str, code: str) -> web.Response:
+        """The proxy's own answer when there is no upstream response to pass on."""
+        self.rec.set_error(kind, message)
+        body = error_body(message, code)
+        self.rec.client_status = status
+        self.rec.client_body, self.rec.client_body_encoding = encode_body(body)
+        await self.finish()
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    def finalize(self) -> Record:
+        rec = self.rec
+        rec.ended_at = time.time()
+        rec.duration_ms = self.elapsed_ms()
+        if self.chunks:
+            rec.response_body, rec.response_body_encoding = encode_body(b"".join(self.chunks))
+        elif rec.status is not None and rec.response_body is None:
+            rec.response_body, rec.response_body_encoding = "", "utf8"
+        if self.client_chunks is not None:
+            rec.client_body, rec.client_body_encoding = encode_body(b"".join(self.client_chunks))
+        if rec.client_status is None and self.client_resp is not None:
+            rec.client_status = self.client_resp.status
+        return rec
+
+    async def finish(self, wait: bool = False) -> bool:
+        """Submit the one record for this exchange. With wait, return once it is on disk."""
+        if self.done:
+            return True
+        self.done = True
+        rec = self.finalize()
+        self.state.count(rec)
+        if wait:
+            return await self.state.writer.submit_and_wait(rec)
+        return self.state.writer.submit(rec)
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    state: ProxyState = request.app["state"]
+    raw_path = request.raw_path
+    if raw_path.startswith(ADMIN_PREFIX):
+        return await state.admin(request)
+
+    ex = Exchange(state, request)
+    state.in_flight += 1
+    try:
+        return await _handle(ex, raw_path)
+    except asyncio.CancelledError:
+        # The client went away (aiohttp cancels the handler): stop the upstream, keep what we have.
+        ex.rec.set_error("client_closed", "client disconnected before the response was complete")
+        await ex.finish()
+        raise
+    except Exception as exc:  # a bug in the proxy must still leave a record and a clear answer
+        if ex.client_resp is not None and ex.client_resp.prepared:
+            ex.rec.set_error("proxy_error", f"{type(exc).__name__}: {exc}")
+            await ex.finish()
+            raise
+        return await ex.reply_error(500, "proxy_error", f"toolproxy internal error: {type(exc).__name__}: {exc}", "proxy_error")
+    finally:
+        state.in_flight -= 1
+
+
+async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
+    state, request, rec, cfg = ex.state, ex.request, ex.rec, ex.state.config
+    rec.method = request.method
+    path, _, query = raw_path.partition("?")
+    rec.client_path = path + ("?" + redact_query(query) if query else "")
+    headers = request.headers
+    rec.request_headers = redact_headers(headers.items())
+
+    if not path.startswith("/"):
+        return await ex.reply_error(
+            400, "proxy_error",
+            "absolute-form request targets are refused: toolproxy forwards only to its configured upstream "
+            f"({cfg.upstream}); send requests to its own address instead",
+            "not_a_forward_proxy",
+        )
+
+    tags, path = split_path_tags(path)
+    if any(k.lower().startswith(TAG_HEADER_PREFIX) for k in headers):
+        tags.update(header_tags(headers.items()))
+    rec.run = tags.pop("run", None) or cfg.run
+    rec.episode = tags.pop("episode", None)
+    rec.item = tags.pop("item", None)
+    rec.condition = tags.pop("condition", None) or cfg.condition
+    rec.tags = tags
+    rec.path = path
+    rec.query = redact_query(query)
+
+    forward_auth = True
+    if cfg.auth_token is not None:
+        presented, forward_auth = _presented_token(headers, cfg.auth_token)
+        if not presented:
+            return await ex.reply_error(
+                401, "unauthorized",
+                "this toolproxy requires a token: send it as 'X-Toolproxy-Token: <token>' or as the API key",
+                "toolproxy_unauthorized",
+            )
+
+    if cfg.on_record_failure == "block" and state.writer.stats.degraded:
+        return await ex.reply_error(
+            503, "recording_failed",
+            f"toolproxy cannot record right now ({state.writer.stats.last_error}) and was started with "
+            "--on-record-failure block, so it refuses to serve unrecorded traffic",
+            "recording_unavailable",
+        )
+
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        rec.request_body_size = request.content_length
+        return await ex.reply_error(
+            413, "body_too_large",
+            f"request body is larger than toolproxy's limit of {cfg.max_body} bytes; raise it with --max-body",
+            "request_too_large",
+        )
+    except _CLIENT_GONE as exc:
+        rec.set_error("client_closed", f"client disconnected while sending the request: {exc}")
+        await ex.finish()
+        raise web.HTTPBadRequest() from exc
+    rec.request_body, rec.request_body_encoding = encode_body(body)
+    rec.request_body_size = len(body)
+
+    up_headers = _upstream_headers(headers, forward_auth, cfg.upstream_key)
+    plan = _plan(ex, path, query, up_headers, body)
+    if plan is not None:
+        up_path, body = plan.path, plan.body
+        up_headers.update(plan.headers)
+        up_headers["Accept-Encoding"] = "identity"  # the transform must read the body
+        up_path, _, query = up_path.partition("?")
+        rec.upstream_request = {"path": up_path, "query": query, "headers": redact_headers(plan.headers.items())}
+        rec.upstream_request["body"], rec.upstream_request["body_encoding"] = encode_body(body)
+    else:
+        up_path = path
+
+    url = URL(cfg.upstream + up_path + ("?" + query if query else ""), encoded=True)
+    return await _forward(ex, url, up_headers, body, plan)
+
+
+def _presented_token(headers, token: str) -> tuple[bool, bool]:
+    """(authorised, forward the Authorization header upstream)."""
+    given = headers.get("X-Toolproxy-Token")
+    if given is not None:
+        return hmac.compare_digest(given.encode(), token.encode()), True
+    auth = headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return hmac.compare_digest(auth[7:].strip().encode(), token.encode()), False
+    return False, True
+
+
+def _upstream_headers(headers, forward_auth: bool, upstream_key: str | None) -> dict[str, str] | list:
+    drop = NOT_FORWARDED_UP
+    if "Connection" in headers:
+        drop = drop | connection_listed(headers.items())
+    out = {}
+    for k, v in headers.items():
+        lk = k.lower()
+        if lk in drop or lk.startswith(TAG_HEADER_PREFIX) or (lk == "authorization" and not forward_auth):
+            continue
+        if k in out:
+            out[k] = out[k] + ", " + v
+        else:
+            out[k] = v
+    if upstream_key is not None:
+        for k in [k for k in out if k.lower() == "authorization"]:
+            del out[k]
+        out["Authorization"] = f"Bearer {upstream_key}"
+    return out
+
+
+def _plan(ex: Exchange, path: str, query: str, headers, body: bytes) -> Plan | None:
+    """The condition's rewrite, or None to forward untouched (recording why when it skipped)."""
+    rec = ex.rec
+    if rec.condition == "native":
+        return None
+    try:
+        condition = load(rec.condition)
+    except (ValueError, ImportError) as exc:
+        rec.condition_note = f"skipped: {exc}"
+        return None
+    outcome = condition.prepare(
+        RequestView(ex.request.method, path, query, headers, body), ex.state.config.condition_options
+    )
+    if isinstance(outcome, Skip):
+        rec.condition_note = f"skipped: {outcome.reason}"
+        return None
+    return outcome
+
+
+async def _forward(ex: Exchange, url: URL, up_headers, body: bytes, plan: Plan | None) -> web.StreamResponse:
+    state, request, rec, cfg = ex.state, ex.request, ex.rec, ex.state.config
+    upstream_name = cfg.upstream
+    try:
+        async with asyncio.timeout(cfg.ttfb_timeout):
+            resp = await state.session.request(
+                request.method, url, data=body or None, headers=up_headers, allow_redirects=False,
+            )
+    except aiohttp.ServerTimeoutError as exc:
+        rec.extra["timeout_phase"] = "connect"
+        return await ex.reply_error(
+            504, "timeout", f"connecting to upstream {upstream_name} timed out: {exc}", "upstream_timeout"
+        )
+    except TimeoutError:
+        rec.extra["timeout_phase"] = "first_byte"
+        return await ex.reply_error(
+            504, "timeout",
+            f"upstream {upstream_name} sent no response within {cfg.ttfb_timeout:g}s (--ttfb-timeout)",
+            "upstream_timeout",
+        )
+    except aiohttp.ClientConnectorError as exc:
+        return await ex.reply_error(
+            502, "connect",
+            f"cannot connect to upstream {upstream_name}: {exc.os_error or exc}. Is the model server running?",
+            "upstream_unreachable",
+        )
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
+        return await ex.reply_error(
+            502, "upstream_closed",
+            f"upstream {upstream_name} closed the connection before responding: {exc}",
+            "upstream_closed",
+        )
+    except aiohttp.ClientError as exc:
+        return await ex.reply_error(
+            502, "upstream_error", f"upstream {upstream_name} failed: {type(exc).__name__}: {exc}", "upstream_error"
+        )
+
+    try:
+        return await _relay(ex, resp, plan)
+    finally:
+        if rec.response_complete:
+            resp.release()
+        else:
+            resp.close()  # stop the upstream generating for a client that is gone
+
+
+async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) -> web.StreamResponse:
+    state, request, rec, cfg = ex.state, ex.request, ex.rec, ex.state.config
+    rec.ttfb_ms = ex.elapsed_ms()
+    rec.status = resp.status
+    raw_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.raw_headers]
+    rec.response_headers = redact_headers(raw_headers)
+
+    transform = plan.transform if plan is not None else None
+    if transform is None:
+        drop = NOT_FORWARDED_DOWN | connection_listed(raw_headers)
+        out_headers = [(k, v) for k, v in raw_headers if k.lower() not in drop]
+        status = resp.status
+    else:
+        status, out_headers = transform.start(resp.status, resp.headers)
+        ex.client_chunks = []
+    client = web.StreamResponse(status=status, reason=resp.reason if transform is None else None)
+    for k, v in out_headers:
+        client.headers.add(k, v)
+    ex.client_resp = client
+    await client.prepare(request)
+
+    sync = cfg.durability == "sync"
+    held: bytes | None = None  # in sync mode the last bytes wait for the record's fsync
+    loop = asyncio.get_running_loop()
+    idle = cfg.idle_timeout
+    deadline = None if cfg.total_timeout is None else ex.t0 + cfg.total_timeout
+    content = resp.content
+    try:
+        async with asyncio.timeout(None) as tm:
+            while True:
+                tm.reschedule(loop.time() + idle)
+                chunk = await content.readany()
+                if not chunk:
+                    break
+                ex.chunks.append(chunk)
+                if transform is not None:
+                    chunk = transform.feed(chunk)
+                    if not chunk:
+                        continue
+                    ex.client_chunks.append(chunk)
+                if sync:
+                    chunk, held = held, chunk
+                    if chunk is None:
+                        continue
+                await client.write(chunk)
+                if deadline is not None and time.perf_counter() > deadline:
+                    raise _TotalTimeout
+    except (TimeoutError, _TotalTimeout) as exc:
+        phase = "total" if isinstance(exc, _TotalTimeout) else "idle"
+        rec.extra["timeout_phase"] = phase
+        limit = cfg.total_timeout if phase == "total" else idle
+        rec.set_error("timeout", f"upstream {cfg.upstream} stalled mid-response ({phase} timeout {limit:g}s)")
+        return await _cut(ex, client, held)
+    except aiohttp.ClientPayloadError as exc:
+        rec.set_error("upstream_closed", f"upstream {cfg.upstream} closed the connection mid-response: {exc}")
+        return await _cut(ex, client, held)
+    except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+        rec.set_error("upstream_closed", f"upstream {cfg.upstream} connection failed mid-response: {exc}")
+        return await _cut(ex, client, held)
+    except _CLIENT_GONE as exc:
+        rec.set_error("client_closed", f"client disconnected mid-response: {exc}")
+        await ex.finish()
+        return client
+
+    rec.response_complete = True
+    if transform is not None:
+        tail = transform.finish()
+        if tail:
+            ex.client_chunks.append(tail)
+            if sync:
+                if held is not None:
+                    await client.write(held)
+                held = tail
+            else:
+                await client.write(tail)
+    try:
+        if sync:
+            recorded = await ex.finish(wait=True)
+            if not recorded and cfg.on_record_failure == "block":
+                # The client must not take an unrecorded response for a complete one.
+                request.transport.close()
+                return client
+            if held is not None:
+                await client.write(held)
+        else:
+            await ex.finish()
+        await client.write_eof()
+    except _CLIENT_GONE as exc:
+        rec.set_error("client_closed", f"client disconnected at the end of the response: {exc}")
+        await ex.finish()
+    return client
+
+
+class _TotalTimeout(Exception):
+    pass
+
+
+async def _cut(ex: Exchange, client: web.StreamResponse, held: bytes | None) -> web.StreamResponse:
+    """Pass a truncation on: the client gets the bytes so far and then a closed connection."""
+    if held is not None:
+        try:
+            await client.write(held)
+        except _CLIENT_GONE:
+            pass
+    await ex.finish()
+    transport = ex.request.transport
+    if transport is not None:
+        transport.close()
+    return client

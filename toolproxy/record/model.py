@@ -1,0 +1,127 @@
+"""One record per exchange (SPEC section 3).
+
+Records are data, not logs: every field below is part of a versioned schema that the analyzer
+reads. Bump RECORD_VERSION whenever a field changes meaning, and keep the reader accepting every
+older version.
+
+A plain dataclass (not pydantic) because one is built on the proxy's hot path for every request,
+and orjson serialises dataclasses natively without an intermediate dict.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+RECORD_VERSION = 1
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_id_lock = threading.Lock()
+_last_ms = 0
+_last_rand = 0
+
+
+def new_id() -> str:
+    """A ULID: 48-bit millisecond time + 80 random bits, Crockford base32, lexically sortable.
+
+    Monotonic within a process: two ids made in the same millisecond still sort in creation
+    order, so `ORDER BY id` is the order the proxy saw the exchanges in.
+    """
+    global _last_ms, _last_rand
+    ms = time.time_ns() // 1_000_000
+    with _id_lock:
+        if ms <= _last_ms:
+            ms = _last_ms
+            _last_rand = (_last_rand + 1) & ((1 << 80) - 1)
+        else:
+            _last_ms = ms
+            _last_rand = int.from_bytes(os.urandom(10), "big")
+        value = (ms << 80) | _last_rand
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+def encode_body(raw: bytes | None) -> tuple[str | None, str | None]:
+    """Body bytes -> (text, encoding) so JSON lines stay lossless.
+
+    UTF-8 bodies (nearly all LLM traffic) are kept as text so the segments stay greppable and
+    DuckDB can read them directly; anything else is base64 so no byte is lost.
+    """
+    if raw is None:
+        return None, None
+    try:
+        return raw.decode("utf-8"), "utf8"
+    except UnicodeDecodeError:
+        return base64.b64encode(raw).decode("ascii"), "base64"
+
+
+def body_bytes(text: str | None, encoding: str | None) -> bytes | None:
+    """The inverse of encode_body."""
+    if text is None:
+        return None
+    if encoding == "base64":
+        return base64.b64decode(text)
+    return text.encode("utf-8")
+
+
+@dataclass(slots=True)
+class Record:
+    """One HTTP exchange through the proxy, whatever happened to it.
+
+    Timestamps are Unix epoch seconds (float); durations are milliseconds. Header lists keep
+    order and duplicates as [name, value] pairs, with secret values already redacted.
+    Bodies are (text, encoding) pairs made by encode_body.
+    """
+
+    id: str
+    started_at: float
+    kind: str = "exchange"
+    v: int = RECORD_VERSION
+    ended_at: float | None = None
+    ttfb_ms: float | None = None
+    duration_ms: float | None = None
+
+    run: str | None = None
+    episode: str | None = None
+    item: str | None = None
+    condition: str = "native"
+    tags: dict[str, str] = field(default_factory=dict)
+
+    upstream: str = ""
+    method: str = ""
+    path: str = ""
+    query: str = ""
+    client_path: str = ""
+    request_headers: list[list[str]] = field(default_factory=list)
+    request_body: str | None = None
+    request_body_encoding: str | None = None
+    request_body_size: int | None = None
+
+    upstream_request: dict[str, Any] | None = None
+    condition_note: str | None = None
+
+    status: int | None = None
+    response_headers: list[list[str]] = field(default_factory=list)
+    response_body: str | None = None
+    response_body_encoding: str | None = None
+    response_complete: bool = False
+
+    client_status: int | None = None
+    client_body: str | None = None
+    client_body_encoding: str | None = None
+
+    error_kind: str | None = None
+    error_message: str | None = None
+
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def set_error(self, kind: str, message: str) -> None:
+        # The first error is the cause; later ones (e.g. the client hanging up after an upstream
+        # failure) are consequences and go to extra so nothing is lost.
+        if self.error_kind is None:
+            self.error_kind, self.error_message = kind, message
+        else:
+            self.extra.setdefault("later_errors", []).append({"kind": kind, "message": message})

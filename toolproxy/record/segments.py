@@ -1,0 +1,69 @@
+"""Reading segments back, safely, while the proxy may still be appending to them.
+
+Only complete lines (ending in a newline) are records. A trailing partial line is either being
+written right now or was torn by a crash; either way it is reported and skipped, and the reader's
+resume offset stops before it, so a later read picks it up if it completes. A complete line that
+does not parse is corrupt: reported with its offset and skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+
+from toolproxy.record.writer import SEGMENT_DIR, SEGMENT_SUFFIX
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentLine:
+    path: Path
+    offset: int
+    end: int
+    record: dict[str, Any] | None
+    error: str | None = None
+
+
+def list_segments(data_dir: str | Path) -> list[Path]:
+    """Segments in the order they were written (names start with a UTC timestamp)."""
+    seg_dir = Path(data_dir) / SEGMENT_DIR
+    if not seg_dir.is_dir():
+        return []
+    return sorted(p for p in seg_dir.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
+
+
+def read_segment(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 1024) -> Iterator[SegmentLine]:
+    """Yield every complete line from byte offset `start` on.
+
+    A torn tail is yielded as a SegmentLine with record None and error "torn_tail"; its `offset`
+    is where a resumed read must start again.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        f.seek(start)
+        offset = start
+        buf = b""
+        while True:
+            chunk = f.read(chunk_size)
+            if not chunk:
+                break
+            buf += chunk
+            lines = buf.split(b"\n")
+            buf = lines.pop()
+            for line in lines:
+                end = offset + len(line) + 1
+                if line.strip():
+                    try:
+                        rec = orjson.loads(line)
+                    except orjson.JSONDecodeError as exc:
+                        yield SegmentLine(path, offset, end, None, f"corrupt: {exc}")
+                    else:
+                        if isinstance(rec, dict):
+                            yield SegmentLine(path, offset, end, rec)
+                        else:
+                            yield SegmentLine(path, offset, end, None, "corrupt: not a JSON object")
+                offset = end
+        if buf:
+            yield SegmentLine(path, offset, offset + len(buf), None, "torn_tail")

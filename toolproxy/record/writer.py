@@ -1,0 +1,219 @@
+"""Durable, non-blocking recording: a bounded queue drained by one writer thread.
+
+The event loop only ever does `queue.put_nowait`; serialising, writing, fsync and the per-exchange
+log line all happen on the writer thread. Records are appended as JSON lines to segment files
+that rotate by size and age; other processes (the analyzer) may read them while they grow.
+
+Group commit: everything queued is written together and fsync'ed at least every `window`
+seconds. In `sync` durability every record carries a waiter that is released only after the
+fsync that covers it, so a response can hold its last byte until its record is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import orjson
+
+from toolproxy.record.model import Record
+
+SEGMENT_DIR = "segments"
+SEGMENT_SUFFIX = ".jsonl"
+_STOP = object()
+
+
+@dataclass
+class WriterStats:
+    written: int = 0
+    dropped: int = 0
+    write_failures: int = 0
+    segments: int = 0
+    degraded: bool = False
+    last_error: str | None = None
+
+
+class SegmentWriter:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        *,
+        window: float = 0.2,
+        max_queue: int = 10_000,
+        segment_bytes: int = 64 * 1024 * 1024,
+        segment_seconds: float = 3600.0,
+        log: Callable[[Record], str | None] | None = None,
+    ) -> None:
+        self.dir = Path(data_dir) / SEGMENT_DIR
+        self.window = window
+        self.segment_bytes = segment_bytes
+        self.segment_seconds = segment_seconds
+        self.log = log
+        self.stats = WriterStats()
+        self._q: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._run, name="toolproxy-writer", daemon=True)
+        self._file = None
+        self._file_bytes = 0
+        self._file_opened = 0.0
+        self._seq = 0
+
+    # ---- called from the event loop -------------------------------------------------------
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._q.qsize()
+
+    def submit(self, record: Record, waiter: asyncio.Future | None = None) -> bool:
+        """Queue a record; never blocks. False means it was dropped (queue full)."""
+        try:
+            self._q.put_nowait((record, waiter))
+            return True
+        except queue.Full:
+            self.stats.dropped += 1
+            self._mark_degraded("recording queue full: the disk cannot keep up; record dropped")
+            if waiter is not None:
+                waiter.set_result(False)
+            return False
+
+    async def submit_and_wait(self, record: Record) -> bool:
+        """Queue a record and wait until it is fsync'ed. False if it could not be recorded."""
+        fut = asyncio.get_running_loop().create_future()
+        if not self.submit(record, fut):
+            return False
+        return await fut
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Drain the queue, fsync and stop. Blocking: call from a thread or at shutdown."""
+        if self._thread.is_alive():
+            self._q.put((_STOP, None))
+            self._thread.join(timeout)
+
+    # ---- writer thread --------------------------------------------------------------------
+
+    def _mark_degraded(self, message: str) -> None:
+        if not self.stats.degraded or self.stats.last_error != message:
+            print(f"toolproxy: RECORDING FAILED: {message}", file=sys.stderr, flush=True)
+        self.stats.degraded = True
+        self.stats.last_error = message
+
+    def _open_segment(self) -> None:
+        self._seq += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "ab", buffering=1024 * 1024)
+        self._file_bytes = 0
+        self._file_opened = time.monotonic()
+        self.stats.segments += 1
+
+    def _close_segment(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+            finally:
+                self._file = None
+
+    def _write_batch(self, batch: list[tuple[Record, asyncio.Future | None]]) -> bool:
+        data = b"".join(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE) for rec, _ in batch)
+        try:
+            if self._file is None or self._file_bytes >= self.segment_bytes or (
+                time.monotonic() - self._file_opened >= self.segment_seconds
+            ):
+                self._close_segment()
+                self._open_segment()
+            self._file.write(data)
+            self._file_bytes += len(data)
+            return True
+        except (OSError, ValueError) as exc:
+            self.stats.write_failures += len(batch)
+            self.stats.dropped += len(batch)
+            self._mark_degraded(f"cannot write segment in {self.dir}: {exc}")
+            try:
+                if self._file is not None:
+                    self._file.close()
+            except OSError:
+                pass
+            self._file = None
+            return False
+
+    def _sync(self) -> bool:
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            return True
+        except (OSError, ValueError, AttributeError) as exc:
+            self._mark_degraded(f"cannot fsync segment in {self.dir}: {exc}")
+            self._file = None
+            return False
+
+    def _release(self, waiters: list[asyncio.Future], ok: bool) -> None:
+        for fut in waiters:
+            try:
+                fut.get_loop().call_soon_threadsafe(_resolve, fut, ok)
+            except RuntimeError:
+                pass  # the loop is gone (shutdown); nobody is waiting any more
+
+    def _run(self) -> None:
+        dirty = False
+        pending: list[asyncio.Future] = []
+        last_sync = time.monotonic()
+        stopping = False
+        while not stopping:
+            timeout = max(0.0, last_sync + self.window - time.monotonic()) if dirty else None
+            try:
+                items = [self._q.get(timeout=timeout)]
+            except queue.Empty:
+                items = []
+            while True:
+                try:
+                    items.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            batch = []
+            for rec, waiter in items:
+                if rec is _STOP:
+                    stopping = True
+                    continue
+                batch.append((rec, waiter))
+            if batch:
+                ok = self._write_batch(batch)
+                waiters = [w for _, w in batch if w is not None]
+                if ok:
+                    self.stats.written += len(batch)
+                    dirty = True
+                    pending.extend(waiters)
+                else:
+                    self._release(waiters, False)
+                if self.log is not None:
+                    for rec, _ in batch:
+                        line = self.log(rec)
+                        if line:
+                            print(line, flush=True)
+            now = time.monotonic()
+            if dirty and (pending or stopping or now - last_sync >= self.window):
+                ok = self._sync()
+                if ok:
+                    self.stats.degraded = False  # recovered; the counters keep the history
+                self._release(pending, ok)
+                pending = []
+                dirty = False
+                last_sync = now
+        self._close_segment()
+
+
+def _resolve(fut: asyncio.Future, ok: bool) -> None:
+    if not fut.done():
+        fut.set_result(ok)
