@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from typing import Callable
 
 import aiohttp
 from aiohttp import web
@@ -14,6 +15,7 @@ from aiohttp import web
 from toolproxy import __version__
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.forward import ADMIN_PREFIX, handle
+from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.record.model import Record
 from toolproxy.record.writer import SegmentWriter
 
@@ -45,6 +47,9 @@ class ProxyState:
         self.by_class: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.total = 0
+        self.stacks: StackWatch | None = None
+        # Called with every finished record on the loop; each must be as cheap as an append.
+        self.listeners: list[Callable[[Record], None]] = []
 
     def count(self, rec: Record) -> None:
         self.total += 1
@@ -52,6 +57,8 @@ class ProxyState:
         self.by_class[f"{status // 100}xx" if status else "none"] += 1
         if rec.error_kind:
             self.errors[rec.error_kind] += 1
+        for listener in self.listeners:
+            listener(rec)
 
     def snapshot(self) -> dict:
         w = self.writer.stats
@@ -61,6 +68,7 @@ class ProxyState:
             "upstream": self.config.upstream,
             "data_dir": str(self.config.data_dir),
             "condition": self.config.condition,
+            "stack": self.stacks.summary() if self.stacks is not None else None,
             "uptime_s": round(time.time() - self.started, 3),
             "exchanges": self.total,
             "in_flight": self.in_flight,
@@ -102,8 +110,14 @@ def make_app(config: ProxyConfig) -> web.Application:
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        # In the background: serving starts now, whatever the upstream is doing.
+        state.stacks = StackWatch(state)
+        state.listeners.append(state.stacks.observe)
+        state.stacks.start()
 
     async def on_cleanup(app: web.Application) -> None:
+        if state.stacks is not None:
+            await state.stacks.stop()
         if state.session is not None:
             await state.session.close()
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)

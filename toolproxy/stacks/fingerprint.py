@@ -1,0 +1,290 @@
+"""Which serving stack answers behind an upstream URL, which version, and what it says about a model.
+
+Two halves, kept apart so the knowledge can be table-tested against each stack's exact bodies:
+`identify` is a pure function from observed responses (status, headers, body per probe) to a
+Fingerprint; `probe` does the cheap, read-only HTTP requests that produce those observations.
+
+Every probe is an endpoint the stack documents for itself (STACKS.md, checked in the sources):
+Ollama `GET /` ("Ollama is running"), `GET /api/version`, `POST /api/show`; llama.cpp `GET /props`
+(build_info, chat_template, chat_template_caps) and `Server: llama.cpp`; vLLM `GET /version`;
+SGLang `GET /get_server_info` (newer: `/server_info`); LM Studio `GET /api/v1/models`
+(`capabilities.trained_for_tool_use`) and `GET /api/v0/models`; and `GET /v1/models` everywhere
+(`owned_by` names llama.cpp, vLLM and SGLang). A stack that answers none of these with its
+markers but serves `/v1/models` is "openai" (compatible, unidentified); one that answers nothing
+recognisable is "unknown"; one that cannot be reached is "unreachable". None of it is fatal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+import aiohttp
+import orjson
+
+from toolproxy.record.model import Record, new_id
+from toolproxy.stacks import markers
+from toolproxy.stacks.errors import error_text
+from toolproxy.stacks.names import LABELS
+
+ROOT = "GET /"
+OLLAMA_VERSION = "GET /api/version"
+OLLAMA_SHOW = "POST /api/show"
+LLAMACPP_PROPS = "GET /props"
+VLLM_VERSION = "GET /version"
+SGLANG_INFO = "GET /get_server_info"
+SGLANG_INFO_NEW = "GET /server_info"
+LMSTUDIO_V1 = "GET /api/v1/models"
+LMSTUDIO_V0 = "GET /api/v0/models"
+MODELS = "GET /v1/models"
+
+GET_PROBES = (ROOT, OLLAMA_VERSION, LLAMACPP_PROPS, VLLM_VERSION, SGLANG_INFO, SGLANG_INFO_NEW,
+              LMSTUDIO_V1, LMSTUDIO_V0, MODELS)
+
+_BUILD = re.compile(r"^(b\d+)(?:-[0-9a-f]+)?$")
+_MAX_BODY = 4 * 1024 * 1024  # /api/show carries the license and modelfile: tens of KB, not MBs
+_MAX_MODELS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What one probe got: a status and body, or the transport error instead."""
+
+    status: int | None
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    error: str | None = None
+
+    def json(self) -> Any:
+        """The body as JSON when the probe succeeded, else None (an HTML 404 page is not data)."""
+        if self.status != 200 or not self.body:
+            return None
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            return None
+
+
+@dataclass(slots=True)
+class Fingerprint:
+    upstream: str
+    stack: str  # one of toolproxy.stacks.STACKS, "unknown" or "unreachable"
+    version: str | None = None
+    build: str | None = None
+    model: str | None = None
+    model_listed: bool | None = None  # None: the stack does not list models, or serves any name
+    models: list[str] = field(default_factory=list)
+    capabilities: list[str] | None = None  # None: the stack does not advertise them
+    chat_template: str | None = None
+    chat_template_source: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    evidence: list[str] = field(default_factory=list)
+    probes: dict[str, Any] = field(default_factory=dict)  # probe -> status, or the error text
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        name = LABELS.get(self.stack, self.stack)
+        return f"{name} {self.version}" if self.version else name
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def detect_stack(obs: Mapping[str, Observed]) -> tuple[str, list[str]]:
+    """(stack, evidence) from the probes' responses; strongest, most specific markers first."""
+    votes: dict[str, list[str]] = {}
+
+    def vote(stack: str, why: str) -> None:
+        votes.setdefault(stack, []).append(why)
+
+    root = obs.get(ROOT)
+    if root is not None and root.status == 200 and root.body.strip() == b"Ollama is running":
+        vote("ollama", 'GET / says "Ollama is running"')
+    if isinstance(_dict(obs.get(OLLAMA_VERSION, Observed(None)).json()).get("version"), str):
+        vote("ollama", "GET /api/version answers")
+    props = _dict(obs.get(LLAMACPP_PROPS, Observed(None)).json())
+    if "build_info" in props or ("default_generation_settings" in props and "chat_template" in props):
+        vote("llamacpp", "GET /props has llama-server's fields")
+    for key in (SGLANG_INFO, SGLANG_INFO_NEW):
+        info = _dict(obs.get(key, Observed(None)).json())
+        if "version" in info and ("model_path" in info or "tp_size" in info or "server_args" in info):
+            vote("sglang", f"{key} answers with server args")
+            break
+    v1 = _dict(obs.get(LMSTUDIO_V1, Observed(None)).json())
+    if any("loaded_instances" in m or "trained_for_tool_use" in _dict(m.get("capabilities"))
+           for m in _list(v1.get("models")) if isinstance(m, dict)):
+        vote("lmstudio", "GET /api/v1/models lists LM Studio models")
+    v0 = _dict(obs.get(LMSTUDIO_V0, Observed(None)).json())
+    if any("compatibility_type" in m for m in _list(v0.get("data")) if isinstance(m, dict)):
+        vote("lmstudio", "GET /api/v0/models lists LM Studio models")
+    mark = markers.detect(obs.get(MODELS, Observed(None)).json())
+    if mark is not None:
+        vote(mark.stack, f"GET /v1/models: {mark.evidence}")
+    if any(o.headers.get("server") == "llama.cpp" for o in obs.values()):
+        vote("llamacpp", "answers with Server: llama.cpp")
+    if not votes and isinstance(_dict(obs.get(VLLM_VERSION, Observed(None)).json()).get("version"), str):
+        # Weak on its own (many servers have a /version); only when nothing more specific spoke.
+        vote("vllm", "GET /version answers {version}")
+    if not votes:
+        models = obs.get(MODELS, Observed(None)).json()
+        if isinstance(_dict(models).get("data"), list):
+            return "openai", ["GET /v1/models answers, no stack-specific markers"]
+        return "unknown", []
+    stack = max(votes, key=lambda s: len(votes[s]))
+    return stack, votes[stack]
+
+
+def _model_ids(obs: Mapping[str, Observed]) -> list[str]:
+    data = _list(_dict(obs.get(MODELS, Observed(None)).json()).get("data"))
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def _ollama_name(name: str) -> str:
+    return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
+
+
+def identify(upstream: str, obs: Mapping[str, Observed], model: str | None = None) -> Fingerprint:
+    """Everything the observed responses say about the stack and, when given, the model."""
+    fp = Fingerprint(upstream=upstream, stack="unknown", model=model)
+    fp.probes = {k: (o.status if o.status is not None else o.error) for k, o in obs.items()}
+    if obs and all(o.status is None for o in obs.values()):
+        fp.stack = "unreachable"
+        fp.error = next(iter(obs.values())).error
+        return fp
+    fp.stack, fp.evidence = detect_stack(obs)
+    ids = _model_ids(obs)
+    fp.models = ids[:_MAX_MODELS]
+    if model is not None and ids:
+        fp.model_listed = model in ids
+    _EXTRACT.get(fp.stack, lambda fp, obs: None)(fp, obs)
+    return fp
+
+
+def _ollama(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
+    fp.version = _dict(obs.get(OLLAMA_VERSION, Observed(None)).json()).get("version")
+    if fp.model is not None and fp.models:
+        fp.model_listed = _ollama_name(fp.model) in {_ollama_name(m) for m in fp.models}
+    show_obs = obs.get(OLLAMA_SHOW)
+    show = _dict(show_obs.json()) if show_obs is not None else {}
+    if show:
+        caps = show.get("capabilities")
+        fp.capabilities = [c for c in caps if isinstance(c, str)] if isinstance(caps, list) else None
+        if isinstance(show.get("template"), str) and show["template"]:
+            fp.chat_template, fp.chat_template_source = show["template"], "Ollama POST /api/show template"
+        details = _dict(show.get("details"))
+        fp.details = {k: details[k] for k in ("family", "parameter_size", "quantization_level", "format") if k in details}
+    elif show_obs is not None and show_obs.status is not None:
+        fp.details["show_error"] = error_text(show_obs.body)
+        if show_obs.status == 404:
+            fp.model_listed = False
+
+
+def _llamacpp(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
+    props = _dict(obs.get(LLAMACPP_PROPS, Observed(None)).json())
+    build = props.get("build_info")
+    if isinstance(build, str) and build:
+        fp.build = build
+        m = _BUILD.match(build)
+        fp.version = m.group(1) if m else build
+    template = props.get("chat_template_tool_use") or props.get("chat_template")
+    if isinstance(template, str) and template:
+        key = "chat_template_tool_use" if props.get("chat_template_tool_use") else "chat_template"
+        fp.chat_template, fp.chat_template_source = template, f"llama.cpp GET /props {key}"
+    caps = _dict(props.get("chat_template_caps"))
+    if caps:
+        fp.capabilities = ["completion"] + (["tools"] if caps.get("supports_tool_calls") or caps.get("supports_tools") else [])
+        if _dict(props.get("modalities")).get("vision"):
+            fp.capabilities.append("vision")
+        fp.details["chat_template_caps"] = caps
+    for key in ("model_path", "total_slots"):
+        if key in props:
+            fp.details[key] = props[key]
+    n_ctx = _dict(props.get("default_generation_settings")).get("n_ctx")
+    if n_ctx is not None:
+        fp.details["n_ctx"] = n_ctx
+    # llama-server (outside router mode) answers whatever model name it is sent.
+    fp.model_listed = None
+
+
+def _vllm(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
+    fp.version = _dict(obs.get(VLLM_VERSION, Observed(None)).json()).get("version")
+    for m in _list(_dict(obs.get(MODELS, Observed(None)).json()).get("data")):
+        if isinstance(m, dict) and m.get("id") == fp.model and "max_model_len" in m:
+            fp.details["max_model_len"] = m["max_model_len"]
+
+
+def _sglang(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
+    info = _dict(obs.get(SGLANG_INFO, Observed(None)).json()) or _dict(obs.get(SGLANG_INFO_NEW, Observed(None)).json())
+    fp.version = info.get("version") if isinstance(info.get("version"), str) else None
+    args = _dict(info.get("server_args")) or info
+    # The one launch flag that decides whether calls come back as tool_calls or as text.
+    for key in ("tool_call_parser", "model_path", "chat_template"):
+        if key in args:
+            fp.details[key] = args[key]
+
+
+def _lmstudio(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
+    for m in _list(_dict(obs.get(LMSTUDIO_V1, Observed(None)).json()).get("models")):
+        if isinstance(m, dict) and fp.model is not None and fp.model in (m.get("key"), m.get("id")):
+            caps = _dict(m.get("capabilities"))
+            fp.capabilities = ["completion"] + (["tools"] if caps.get("trained_for_tool_use") else [])
+            if caps.get("vision"):
+                fp.capabilities.append("vision")
+
+
+_EXTRACT = {"ollama": _ollama, "llamacpp": _llamacpp, "vllm": _vllm, "sglang": _sglang, "lmstudio": _lmstudio}
+
+
+async def _fetch(session: aiohttp.ClientSession, base: str, probe: str, headers: Mapping[str, str],
+                 timeout: float, json_body: Any = None) -> Observed:
+    method, path = probe.split(" ", 1)
+    if json_body is not None:
+        headers = {**headers, "Content-Type": "application/json"}
+    try:
+        async with asyncio.timeout(timeout):
+            async with session.request(method, base + path, headers=dict(headers), json=json_body,
+                                       allow_redirects=False) as resp:
+                body = await resp.content.read(_MAX_BODY)
+                return Observed(resp.status, body, {k.lower(): v for k, v in resp.headers.items()})
+    except TimeoutError:
+        return Observed(None, error=f"{probe}: no answer within {timeout:g}s")
+    except aiohttp.ClientConnectorError as exc:
+        return Observed(None, error=f"cannot connect to {base}: {exc.os_error or exc}")
+    except aiohttp.ClientError as exc:
+        return Observed(None, error=f"{probe}: {type(exc).__name__}: {exc}")
+
+
+async def probe(session: aiohttp.ClientSession, upstream: str, model: str | None = None, *,
+                headers: Mapping[str, str] | None = None, timeout: float = 5.0) -> Fingerprint:
+    """Fingerprint an upstream with read-only requests; never raises for what the upstream does."""
+    base = upstream.rstrip("/")
+    headers = headers or {}
+    results = await asyncio.gather(*(_fetch(session, base, p, headers, timeout) for p in GET_PROBES))
+    obs = dict(zip(GET_PROBES, results))
+    stack, _ = detect_stack(obs) if any(o.status is not None for o in results) else ("unreachable", [])
+    if stack == "ollama" and model is not None:
+        obs[OLLAMA_SHOW] = await _fetch(session, base, OLLAMA_SHOW, headers, timeout, {"model": model})
+    return identify(upstream, obs, model)
+
+
+def fingerprint_record(fp: Fingerprint, run: str | None, started_at: float) -> Record:
+    """The record that carries a fingerprint to the analyzer, through the same writer as exchanges."""
+    now = time.time()
+    return Record(
+        id=new_id(), started_at=started_at, ended_at=now, duration_ms=(now - started_at) * 1000.0,
+        kind="fingerprint", run=run, upstream=fp.upstream, extra=fp.to_dict(),
+        error_kind="connect" if fp.stack == "unreachable" else None,
+        error_message=fp.error if fp.stack == "unreachable" else None,
+    )
