@@ -1,0 +1,354 @@
+"""`toolproxy doctor`: which layer is at fault when a model "never calls tools", and what to change.
+
+It walks SPEC section 8 in order, because each layer hides the next: (1) did the serving layer
+refuse or empty the request (then the model never ran); (2) was the request accepted but the call
+left as text in `content` (no or a mismatched parser); (3) only then, did the model make no call
+or an invalid one. Every probe goes through the real proxy (`checks.local`), so the evidence is
+also on disk as ordinary records of run `doctor`.
+
+`judge` is pure (replies in, verdicts out) so each stack's verdict is testable from its exact
+responses; `diagnose` does the probing; `render` says it in plain words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from toolproxy.checks.local import LocalProxy, local_proxy
+from toolproxy.checks.reply import Reply, call_problems
+from toolproxy.proxy.config import ConfigError, ProxyConfig
+from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
+from toolproxy.stacks.fingerprint import Fingerprint
+from toolproxy.stacks.names import LABELS
+from toolproxy.stacks.templates import TemplateFinding, check_ollama_template, check_rendered_prompt
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City name, e.g. Paris"}},
+            "required": ["city"],
+        },
+    },
+}
+TOOLS = [WEATHER_TOOL]
+TOOL_MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant. Use a tool when one can answer the question."},
+    {"role": "user", "content": "What is the weather in Paris right now?"},
+]
+CONTROL_MESSAGES = [{"role": "user", "content": "Reply with the single word: ready"}]
+
+EXIT_NATIVE_OK, EXIT_NOT_NATIVE, EXIT_USAGE = 0, 1, 2
+
+
+def chat_body(model: str, messages: list, tools: list | None = None, max_tokens: int = 256) -> dict:
+    """A greedy, non-streaming chat request: the same bytes every time it is sent."""
+    body: dict[str, Any] = {"model": model, "messages": messages, "temperature": 0, "max_tokens": max_tokens, "stream": False}
+    if tools is not None:
+        body["tools"] = tools
+    return body
+
+
+@dataclass(slots=True)
+class Step:
+    number: int
+    title: str
+    status: str  # pass | fail | skipped
+    summary: str
+    fix: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Verdict:
+    steps: list[Step]
+    native_ok: bool
+    at_fault: str | None  # serving_layer | parser | model | None
+    exit_code: int
+    problem: str | None = None  # a usage/transport problem that stopped the diagnosis
+
+
+def _quote(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return '"' + (text if len(text) <= limit else text[: limit - 3] + "...") + '"'
+
+
+def _stack_says(fp: Fingerprint) -> str:
+    return fp.label if fp.stack not in ("unknown", "openai") else f"the server ({LABELS[fp.stack]})"
+
+
+def _skipped(number: int, title: str, why: str) -> Step:
+    return Step(number, title, "skipped", f"not reached: {why}")
+
+
+def judge(fp: Fingerprint, control: Reply, probe: Reply, tools: list[dict] = TOOLS) -> Verdict:
+    """SPEC section 8, in order, from the replies to a request without tools and one with them."""
+    who = _stack_says(fp)
+    s1, s2, s3 = "Serving layer", "Call surface", "Model"
+    if probe.transport_failed:
+        return Verdict([], False, None, EXIT_USAGE, f"the upstream did not answer: {probe.error_text}")
+    if probe.refused and control.refused and probe.status == 404 and control.status == 404:
+        return Verdict([], False, None, EXIT_USAGE,
+                       f"{who} does not know model {fp.model!r}: HTTP 404 {_quote(probe.error_text)}"
+                       + (f" (it lists: {', '.join(fp.models[:10])})" if fp.models else ""))
+    evidence = {"status": probe.status, "finish_reason": probe.finish_reason}
+    if probe.refused:
+        text = probe.error_text
+        known = explain_refusal(fp.stack, text)
+        summary = f"REFUSED by the serving layer: {who} answered HTTP {probe.status} {_quote(text)} to a request with tools."
+        if known is not None:
+            summary += f" {known.meaning[0].upper()}{known.meaning[1:]}."
+        if control.refused:
+            summary += (f" A request without tools failed too (HTTP {control.status} {_quote(control.error_text)}): "
+                        "the server or the model is broken, not only tool calling.")
+        elif not control.transport_failed:
+            summary += " The same request without tools got HTTP 200: the model runs; only tools are refused."
+        if fp.capabilities is not None:
+            summary += f" Its capabilities are [{', '.join(fp.capabilities)}]."
+        evidence["error"] = text
+        fix = known.fix if known is not None else text_surface_fix(fp.stack, None)
+        return Verdict([Step(1, s1, "fail", summary, fix, evidence),
+                        _skipped(2, s2, "the model never ran"), _skipped(3, s3, "the model never ran")],
+                       False, "serving_layer", EXIT_NOT_NATIVE)
+    if probe.empty:
+        summary = (f"EMPTIED by the serving layer: {who} accepted the request (HTTP {probe.status}) but returned "
+                   f"no content and no tool calls (finish_reason {probe.finish_reason!r}).")
+        if fp.stack == "ollama":
+            summary += " Ollama's tool parser drops a call to a tool name that was not offered and returns nothing."
+        if probe.finish_reason == "tool_calls":
+            summary += " It says finish_reason 'tool_calls' yet lists none: a call was started but not extracted."
+        fix = text_surface_fix(fp.stack, None)
+        return Verdict([Step(1, s1, "fail", summary, fix, evidence),
+                        _skipped(2, s2, "nothing came back"), _skipped(3, s3, "nothing came back")],
+                       False, "serving_layer", EXIT_NOT_NATIVE)
+    steps = [Step(1, s1, "pass", f"accepted: {who} answered HTTP {probe.status} to a request with tools.", None,
+                  evidence)]
+    if not probe.calls:
+        found = probe.text_calls(tools)
+        if found.calls:
+            first = found.calls[0]
+            problems = call_problems(first, tools)
+            validity = ("and the call itself is valid" if not problems
+                        else f"though the call itself is not valid ({'; '.join(problems)})")
+            summary = (f"the call came back as TEXT: {who} returned no tool_calls, but `content` holds "
+                       f"{len(found.calls)} call(s) written as {FORMAT_LABELS.get(first.format, first.format)}: "
+                       f"{first.name}({first.raw_arguments}) {validity}. The stack accepted the tools but did not "
+                       "extract the call, so a harness sees prose.")
+            steps.append(Step(2, s2, "fail", summary, text_surface_fix(fp.stack, first.format),
+                              {"format": first.format, "content": probe.content[:2000]}))
+            steps.append(_skipped(3, s3, "the call never reached the harness as a call"))
+            return Verdict(steps, False, "parser", EXIT_NOT_NATIVE)
+        note = " (finish_reason 'tool_calls' with no calls listed)" if probe.finish_reason == "tool_calls" else ""
+        steps.append(Step(2, s2, "pass", f"no call in `content` either{note}: nothing was left unextracted."))
+        if found.attempted:
+            summary = (f"the model tried to write a call but no format can be recovered from it: {_quote(probe.content)}")
+        else:
+            summary = f"NO CALL: the model answered in prose: {_quote(probe.content)}"
+        steps.append(Step(3, s3, "fail", summary, MODEL_FIX, {"content": probe.content[:2000]}))
+        return Verdict(steps, False, "model", EXIT_NOT_NATIVE)
+    steps.append(Step(2, s2, "pass", f"the call came back as native tool_calls ({len(probe.calls)} call(s))."))
+    problems = [(c, call_problems(c, tools)) for c in probe.calls]
+    bad = [(c, p) for c, p in problems if p]
+    calls_text = ", ".join(f"{c.name}({c.raw_arguments if isinstance(c.raw_arguments, str) else orjson.dumps(c.raw_arguments).decode()})" for c in probe.calls)
+    if bad:
+        c, p = bad[0]
+        steps.append(Step(3, s3, "fail", f"INVALID CALL: the model called {calls_text}: {'; '.join(p)}", MODEL_FIX,
+                          {"calls": calls_text}))
+        return Verdict(steps, False, "model", EXIT_NOT_NATIVE)
+    steps.append(Step(3, s3, "pass", f"valid call: {calls_text}. Tools work natively.", None, {"calls": calls_text}))
+    return Verdict(steps, True, None, EXIT_NATIVE_OK)
+
+
+def judge_repeats(replies: list[Reply], stack: str) -> dict[str, Any]:
+    """Do N identical greedy requests give N identical answers? And does the prompt cache move?"""
+    answered = [r for r in replies if not r.transport_failed and not r.refused]
+    outputs = [(r.content, tuple((c.name, str(c.raw_arguments)) for c in r.calls)) for r in answered]
+    distinct = len(set(outputs))
+    cached = [r.cached_tokens for r in answered]
+    result: dict[str, Any] = {"requests": len(replies), "answered": len(answered), "distinct_outputs": distinct,
+                              "cached_tokens": cached, "prompt_tokens": [r.prompt_tokens for r in answered]}
+    if not answered:
+        result["summary"] = "no request was answered, nothing to compare"
+        return result
+    if distinct == 1:
+        summary = f"{len(answered)} identical greedy requests gave identical outputs"
+    else:
+        summary = (f"{len(answered)} identical greedy requests gave {distinct} different outputs: temperature 0 "
+                   "is not determinism on this stack, so single runs are samples")
+    known = [c for c in cached if c is not None]
+    if not known:
+        summary += "; the stack reports no cached-prompt-token count"
+        if stack == "vllm":
+            summary += " (vLLM reports it with --enable-prompt-tokens-details)"
+        elif stack == "sglang":
+            summary += " (SGLang reports it with --enable-cache-report)"
+        elif stack == "ollama":
+            summary += " (Ollama always caches prompts and cannot turn it off per request)"
+    elif len(set(known)) > 1:
+        summary += (f"; cached prompt tokens differ between identical requests ({', '.join(map(str, cached))}): "
+                    "the prompt cache is reused, which can change greedy outputs")
+        if stack == "llamacpp":
+            summary += " (llama.cpp: send `cache_prompt: false` for reproducible runs)"
+    else:
+        summary += f"; cached prompt tokens: {', '.join(map(str, cached))}"
+    result["summary"] = summary
+    result["differ"] = distinct > 1
+    return result
+
+
+async def _template_finding(lp: LocalProxy, fp: Fingerprint, model: str) -> TemplateFinding | None:
+    if fp.stack == "ollama" and fp.chat_template:
+        return check_ollama_template(fp.chat_template, fp.version)
+    if fp.stack == "llamacpp":
+        probe = await lp.post("/apply-template", {"model": model, "messages": TOOL_MESSAGES, "tools": TOOLS},
+                              run="doctor", item="apply-template")
+        prompt = None
+        if probe.reply.status == 200:
+            try:
+                prompt = orjson.loads(probe.reply.body).get("prompt")
+            except (orjson.JSONDecodeError, AttributeError):
+                prompt = None
+        if isinstance(prompt, str):
+            return check_rendered_prompt(prompt, "get_weather")
+        return TemplateFinding(False, f"llama.cpp could not render the tools with its template: HTTP "
+                                      f"{probe.reply.status} {_quote(probe.reply.error_text)}")
+    return None
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    upstream: str
+    model: str
+    fingerprint: dict[str, Any]
+    verdict: Verdict
+    repeat: dict[str, Any] | None = None
+    template: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fingerprint"].pop("chat_template", None)
+        d["exit_code"] = self.verdict.exit_code
+        return d
+
+
+async def diagnose(upstream: str, model: str, data_dir: Path, *, upstream_key: str | None = None,
+                   repeat: int = 3, timeout: float = 300.0) -> Diagnosis:
+    async with local_proxy(upstream, data_dir, "doctor", upstream_key=upstream_key, timeout=timeout) as lp:
+        fp = await lp.fingerprint(model)
+        diag = Diagnosis(upstream, model, fp.to_dict(), Verdict([], False, None, EXIT_USAGE))
+        if fp.stack == "unreachable":
+            diag.verdict.problem = f"{fp.error}. Is the model server running, and is the URL right?"
+            return diag
+        if fp.model_listed is False:
+            diag.warnings.append(f"model {model!r} is not in the server's model list ({', '.join(fp.models[:10]) or 'empty'})")
+        control = await lp.post("/v1/chat/completions", chat_body(model, CONTROL_MESSAGES, max_tokens=16),
+                                run="doctor", item="control")
+        body = chat_body(model, TOOL_MESSAGES, TOOLS)
+        first = await lp.post("/v1/chat/completions", body, run="doctor", item="tools", episode="1")
+        diag.verdict = judge(fp, control.reply, first.reply)
+        if diag.verdict.exit_code == EXIT_USAGE:
+            return diag
+        if repeat > 1:
+            if first.reply.refused:
+                body, replies = chat_body(model, CONTROL_MESSAGES, max_tokens=16), [control.reply]
+            else:
+                replies = [first.reply]
+            for i in range(2, repeat + 1):
+                replies.append((await lp.post("/v1/chat/completions", body, run="doctor", item="repeat", episode=str(i))).reply)
+            diag.repeat = judge_repeats(replies, fp.stack)
+            diag.repeat["request"] = "with tools" if "tools" in body else "without tools (tools are refused)"
+        finding = await _template_finding(lp, fp, model)
+        if finding is not None:
+            diag.template = {**asdict(finding), "source": fp.chat_template_source}
+        return diag
+
+
+_MARK = {"pass": "ok", "fail": "FAIL", "skipped": "--"}
+
+
+def render(diag: Diagnosis) -> str:
+    fp = diag.fingerprint
+    lines = [f"toolproxy doctor: {diag.upstream}, model {diag.model}"]
+    label = Fingerprint(**fp).label
+    if fp["stack"] != "unreachable":
+        ev = f" ({'; '.join(fp['evidence'])})" if fp["evidence"] else ""
+        lines.append(f"stack: {label}{' build ' + fp['build'] if fp['build'] and fp['build'] != fp['version'] else ''}{ev}")
+        caps = "not advertised" if fp["capabilities"] is None else ", ".join(fp["capabilities"]) or "none"
+        tmpl = f"{fp['chat_template_source']}" if fp["chat_template_source"] else "not exposed"
+        lines.append(f"model capabilities: {caps}; chat template: {tmpl}")
+    for w in diag.warnings:
+        lines.append(f"warning: {w}")
+    v = diag.verdict
+    if v.problem:
+        lines.append(f"cannot diagnose: {v.problem}")
+        return "\n".join(lines)
+    lines.append("")
+    for step in v.steps:
+        lines.append(f"{step.number}. {step.title}: [{_MARK[step.status]}] {step.summary}")
+        if step.fix:
+            lines.append(f"   Fix: {step.fix}")
+    if diag.repeat is not None:
+        lines.append(f"Repeat ({diag.repeat['request']}): {diag.repeat['summary']}.")
+    if diag.template is not None:
+        t = diag.template
+        lines.append(f"Tool rendering ({t['source'] or 'template'}): {'ok' if t['ok'] else 'WARNING'}: {t['summary']}"
+                     + (f" [{t['evidence']}]" if t["evidence"] and not t["ok"] else ""))
+    lines.append("")
+    if v.native_ok:
+        lines.append("Verdict: tools work natively.")
+    else:
+        where = {"serving_layer": "the serving layer", "parser": "the serving layer's tool-call parsing",
+                 "model": "the model"}[v.at_fault]
+        lines.append(f"Verdict: tools do NOT work natively; at fault: {where}.")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--upstream", required=True, help="Model server root, e.g. http://127.0.0.1:11434 (Ollama), http://127.0.0.1:8080 (llama.cpp).")
+@click.option("--model", required=True, help="Model name as the server knows it.")
+@click.option("--api-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout instead of prose.")
+@click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where the probes are recorded (run 'doctor').")
+@click.option("--repeat", default=3, show_default=True, type=click.IntRange(0, 50), help="Identical greedy requests to compare (0 or 1: skip).")
+@click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds to wait for one response (CPU models are slow).")
+def doctor(upstream, model, api_key_env, as_json, data_dir, repeat, timeout):
+    """Say which layer is at fault when tool calls do not work, and what to change.
+
+    Exit status: 0 tools work natively, 1 they do not (the output names the layer), 2 usage or
+    transport error (e.g. the server is down).
+    """
+    key = _api_key(api_key_env)
+    try:
+        ProxyConfig(upstream=upstream, data_dir=data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    except OSError as exc:
+        raise click.UsageError(f"--data {data_dir}: cannot create it: {exc.strerror or exc}") from None
+    diag = asyncio.run(diagnose(upstream, model, data_dir, upstream_key=key, repeat=repeat, timeout=timeout))
+    if as_json:
+        click.echo(orjson.dumps(diag.to_dict(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        click.echo(render(diag))
+    sys.exit(diag.verdict.exit_code)
+
+
+def _api_key(var: str | None) -> str | None:
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise click.UsageError(f"--api-key-env {var}: that environment variable is empty or unset")
+    return value
