@@ -39,19 +39,19 @@ async def post(url: str, path: str, body: dict) -> tuple[int, str, bytes]:
 REFUSALS = [
     ("ollama", {}, "/v1/chat/completions", "gemma3", True, 400, "application/json",
      b'{"error":{"message":"registry.ollama.ai/library/gemma3:latest does not support tools",'
-     b'"type":"invalid_request_error","param":null,"code":null}}\n',
+     b'"type":"invalid_request_error","param":null,"code":null}}\n'),
     ("ollama", {}, "/api/chat", "gemma3", True, 400, "application/json; charset=utf-8",
-     b'{"error":"registry.ollama.ai/library/gemma3:latest does not support tools"}',
+     b'{"error":"registry.ollama.ai/library/gemma3:latest does not support tools"}'),
     ("ollama", {}, "/api/chat", "nope:1b", False, 404, "application/json; charset=utf-8",
-     b'{"error":"model \\"nope:1b\\" not found, try pulling it first"}',
+     b'{"error":"model \\"nope:1b\\" not found, try pulling it first"}'),
     ("ollama", {}, "/v1/chat/completions", "nope:1b", False, 404, "application/json",
      b'{"error":{"message":"model \\"nope:1b\\" not found, try pulling it first","type":"not_found_error",'
-     b'"param":null,"code":null}}\n',
+     b'"param":null,"code":null}}\n'),
     ("vllm", {}, "/v1/chat/completions", "Qwen/Qwen2.5-7B-Instruct", True, 400, "application/json",
      b'{"error":{"message":"\\"auto\\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set",'
-     b'"type":"BadRequestError","param":null,"code":400}}',
+     b'"type":"BadRequestError","param":null,"code":400}}'),
     ("llamacpp", {"jinja": False}, "/v1/chat/completions", "m", True, 500, "application/json; charset=utf-8",
-     b'{"error":{"code":500,"message":"tools param requires --jinja flag","type":"server_error"}}',
+     b'{"error":{"code":500,"message":"tools param requires --jinja flag","type":"server_error"}}'),
 ]
 
 
@@ -74,14 +74,14 @@ async def test_no_jinja_refuses_streaming_requests_with_plain_json():
 
 
 @pytest.mark.parametrize("stack,opts,model,native,in_content", [
-    ("vllm", {"tool_parser": "hermes"}, "Qwen/Qwen2.5-7B-Instruct", True,
+    ("vllm", {"tool_parser": "hermes"}, "Qwen/Qwen2.5-7B-Instruct", True, None),
     ("sglang", {}, "Qwen/Qwen2.5-7B-Instruct", False, "<tool_call>"),
-    ("sglang", {"tool_parser": "qwen25"}, "Qwen/Qwen2.5-7B-Instruct", True,
-    ("llamacpp", {}, "m", True,
+    ("sglang", {"tool_parser": "qwen25"}, "Qwen/Qwen2.5-7B-Instruct", True, None),
+    ("llamacpp", {}, "m", True, None),
     ("lmstudio", {}, "google/gemma-3-4b", False, "[TOOL_REQUEST]"),
-    ("lmstudio", {}, "qwen2.5-7b-instruct", True,
-    ("openai", {}, "gpt-4o-mini", True,
-    ("ollama", {}, "qwen2.5:7b", True,
+    ("lmstudio", {}, "qwen2.5-7b-instruct", True, None),
+    ("openai", {}, "gpt-4o-mini", True, None),
+    ("ollama", {}, "qwen2.5:7b", True, None),
 ])
 async def test_a_call_is_native_or_text_depending_on_the_stack(stack, opts, model, native, in_content):
     fake = FakeStack(stack, **opts).enqueue(call("get_weather", {"city": "Paris"}))
