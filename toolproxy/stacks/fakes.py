@@ -212,6 +212,8 @@ class Seen:
     header_list: list[tuple[str, str]]
     body: bytes
     outcome: str = "pending"  # complete | disconnected | cut (a close_mid_stream fault)
+    status: int | None = None
+    sent: bytes = b""  # the response body bytes written so far, as on the wire (after gzip)
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -1265,15 +1267,16 @@ class FakeStack:
                 payload = [comp.compress(e) + comp.flush(zlib.Z_SYNC_FLUSH) for e in payload] + [comp.flush()]
             else:
                 payload = [gzip_mod.compress(b"".join(payload))]
+        seen.status = answer.status
         if not answer.stream:
             whole = b"".join(payload)
             if fault.close_after is None:
-                resp = web.Response(status=answer.status, body=whole, headers=headers)
-                seen.outcome = "complete"
-                return resp
+                seen.sent, seen.outcome = whole, "complete"
+                return web.Response(status=answer.status, body=whole, headers=headers)
             resp = web.StreamResponse(status=answer.status, headers={**headers, "Content-Length": str(len(whole))})
             await resp.prepare(request)
-            await resp.write(whole[: fault.close_after])
+            seen.sent = whole[: fault.close_after]
+            await resp.write(seen.sent)
             return self._cut(request, seen, resp)
         resp = web.StreamResponse(status=answer.status, headers=headers)
         resp.enable_chunked_encoding()
@@ -1283,6 +1286,7 @@ class FakeStack:
                 return self._cut(request, seen, resp)
             if fault.stall_between and i:
                 await asyncio.sleep(fault.stall_between)
+            seen.sent += event
             await resp.write(event)
         await resp.write_eof()
         seen.outcome = "complete"
