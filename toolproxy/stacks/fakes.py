@@ -811,8 +811,17 @@ class LlamaCpp(Stack):
         return self.json(200, {"status": "ok"})
 
     async def apply_template(self, request, body):
+        # Same request parsing as chat (oaicompat_chat_params_parse): tools need --jinja, and with it
+        # the Hermes template renders each tool with tojson into the system turn.
+        tools = body.get("tools") or []
+        if tools and not self.fake.jinja:
+            return self.error(500, "tools param requires --jinja flag")
         msgs = body.get("messages") or []
         prompt = "".join(f"<|im_start|>{m.get('role')}\n{m.get('content') or ''}<|im_end|>\n" for m in msgs)
+        if tools:
+            block = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+            prompt = (f"<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user "
+                      f"query.\n\n<tools>\n{block}\n</tools><|im_end|>\n") + prompt
         return self.json(200, {"prompt": prompt + "<|im_start|>assistant\n"})
 
     async def native_completion(self, request, body):
