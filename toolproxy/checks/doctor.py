@@ -80,8 +80,9 @@ class Verdict:
 
 
 def _quote(text: str, limit: int = 300) -> str:
+    """The stack's exact words as a JSON string: inner quotes escaped, whitespace runs folded."""
     text = " ".join(text.split())
-    return '"' + (text if len(text) <= limit else text[: limit - 3] + "...") + '"'
+    return orjson.dumps(text if len(text) <= limit else text[: limit - 3] + "...").decode()
 
 
 def _stack_says(fp: Fingerprint) -> str:
@@ -268,7 +269,7 @@ async def diagnose(upstream: str, model: str, data_dir: Path, *, upstream_key: s
             for i in range(2, repeat + 1):
                 replies.append((await lp.post("/v1/chat/completions", body, run="doctor", item="repeat", episode=str(i))).reply)
             diag.repeat = judge_repeats(replies, fp.stack)
-            diag.repeat["request"] = "with tools" if "tools" in body else "without tools (tools are refused)"
+            diag.repeat["request"] = "the request with tools" if "tools" in body else "the request without tools, since tools are refused"
         finding = await _template_finding(lp, fp, model)
         if finding is not None:
             diag.template = {**asdict(finding), "source": fp.chat_template_source}

@@ -56,7 +56,7 @@ REFUSALS = (
 
 # parse_text format -> (vLLM --tool-call-parser, SGLang --tool-call-parser)
 PARSERS = {
-    "hermes": ("hermes", "qwen25 (newer SGLang: qwen)"),
+    "hermes": ("hermes", "qwen25"),
     "qwen_xml": ("qwen3_coder", "qwen3_coder"),
     "llama_json": ("llama3_json", "llama3"),
     "python_tag": ("llama3_json", "llama3"),
@@ -94,7 +94,8 @@ def text_surface_fix(stack: str, fmt: str | None) -> str:
         return "no vLLM tool parser reads this format: " + TOOLPROXY_WORKAROUND.removeprefix("or ")
     if stack == "sglang":
         if sglang_parser:
-            return f"relaunch SGLang with `--tool-call-parser {sglang_parser}`; " + TOOLPROXY_WORKAROUND
+            renamed = " (called `qwen` in newer SGLang releases)" if sglang_parser == "qwen25" else ""
+            return f"relaunch SGLang with `--tool-call-parser {sglang_parser}`{renamed}; " + TOOLPROXY_WORKAROUND
         return "no SGLang tool parser reads this format: " + TOOLPROXY_WORKAROUND.removeprefix("or ")
     if stack == "llamacpp":
         return ("llama-server picks its parser from the chat template, and this model wrote a different format: "

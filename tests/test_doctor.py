@@ -1,0 +1,203 @@
+"""doctor against the fake stacks: one verdict per layer (SPEC section 8), the stack's own evidence,
+the per-stack fix, the repeat and template checks, the records it leaves, and its exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from tests.conftest import exchange_records, read_records
+from toolproxy.checks.doctor import diagnose, render
+from toolproxy.stacks.fakes import ModelRequest, Reply, broken_call, call, text, text_call
+
+PARIS = {"city": "Paris"}
+
+
+def model(on_tools: Reply, on_plain: Reply = text("ready")):
+    """A scripted model: answers the tool probe one way and the plain control request another."""
+
+    def respond(req: ModelRequest) -> Reply:
+        return on_tools if req.tools else on_plain
+
+    return respond
+
+
+async def run(fake, model_name, tmp_path, **kw):
+    diag = await diagnose(fake.url, model_name, tmp_path / "data", **kw)
+    return diag, render(diag)
+
+
+@pytest.mark.parametrize(
+    "kind, options, model_name, reply, at_fault, step, says, fix",
+    [
+        # 1. refused by the serving layer: the model never ran
+        ("ollama", {}, "gemma3", call("get_weather", PARIS), "serving_layer", 1,
+         ['Ollama 0.12.6 answered HTTP 400 "registry.ollama.ai/library/gemma3:latest does not support tools"',
+          "the model never ran", "only tools are refused", "Its capabilities are [completion, vision]"],
+         ["`ollama show MODEL` must list 'tools'", "--condition text"]),
+        ("vllm", {}, "Qwen/Qwen2.5-7B-Instruct", call("get_weather", PARIS), "serving_layer", 1,
+         ['vLLM 0.11.0 answered HTTP 400 "\\"auto\\" tool choice requires --enable-auto-tool-choice and '
+          '--tool-call-parser to be set"'],
+         ["--enable-auto-tool-choice --tool-call-parser NAME", "hermes for Qwen2.5"]),
+        ("no_jinja", {}, "qwen", call("get_weather", PARIS), "serving_layer", 1,
+         ['answered HTTP 500 "tools param requires --jinja flag"', "started with --no-jinja"],
+         ["restart llama-server with `--jinja`"]),
+        ("llamacpp", {}, "qwen", broken_call('<tool_call>{"name": "get_weather", "arguments": {"city": '),
+         "serving_layer", 1, ['HTTP 500 "Failed to parse input at pos 0', "did not match the tool-call format"],
+         ["--chat-template-file"]),
+        ("ollama", {}, "qwen2.5:7b", call("get_time", {}), "serving_layer", 1,
+         ["EMPTIED by the serving layer", "drops a call to a tool name that was not offered"], ["--condition text"]),
+        # 2. accepted, but the call came back as text
+        ("sglang", {}, "Qwen/Qwen2.5-7B-Instruct", call("get_weather", PARIS), "parser", 2,
+         ["the call came back as TEXT", "Hermes/Qwen `<tool_call>", 'get_weather({"city": "Paris"}) and the call itself is valid'],
+         ["relaunch SGLang with `--tool-call-parser qwen25` (called `qwen` in newer SGLang releases)"]),
+        ("vllm", {"tool_parser": "hermes"}, "Qwen/Qwen2.5-7B-Instruct",
+         text_call("fenced", "get_weather", PARIS, before="Sure:\n"), "parser", 2,
+         ["a fenced ```json block"], ["no vLLM tool parser reads this format"]),
+        ("vllm", {"tool_parser": "hermes", "call_format": "llama3"}, "Qwen/Qwen2.5-7B-Instruct",
+         text_call("llama3", "get_weather", PARIS), "parser", 2,
+         ["Llama 3 JSON"], ["--tool-call-parser llama3_json"]),
+        ("lmstudio", {}, "google/gemma-3-4b", call("get_weather", PARIS), "parser", 2,
+         ["LM Studio `[TOOL_REQUEST]`"], ["trained for tool use"]),
+        ("llamacpp", {}, "qwen", text_call("fenced", "get_weather", PARIS), "parser", 2,
+         ["a fenced ```json block"], ["picks its parser from the chat template"]),
+        # 3. the model made no call, or an invalid one
+        ("ollama", {}, "qwen2.5:7b", text("I cannot check live weather, sorry."), "model", 3,
+         ['NO CALL: the model answered in prose: "I cannot check live weather, sorry."'], ["--condition hint"]),
+        ("openai", {}, "gpt-4o-mini", call("get_weather", {"town": "Paris"}), "model", 3,
+         ["INVALID CALL", "'city' is a required property"], ["--condition constrained"]),
+    ],
+    ids=["ollama-refuses", "vllm-refuses", "llamacpp-no-jinja", "llamacpp-parse-500", "ollama-drops-unknown-tool",
+         "sglang-no-parser", "vllm-fenced-json", "vllm-wrong-parser", "lmstudio-text", "llamacpp-text",
+         "model-prose", "model-invalid"],
+)
+async def test_verdict_per_stack(fake_stack, tmp_path, kind, options, model_name, reply, at_fault, step, says, fix):
+    fake = fake_stack(kind, responder=model(reply), **options)
+    diag, out = await run(fake, model_name, tmp_path, repeat=0)
+    v = diag.verdict
+    assert (v.native_ok, v.at_fault, v.exit_code) == (False, at_fault, 1), out
+    failed = [s for s in v.steps if s.status == "fail"]
+    assert [s.number for s in failed] == [step], out
+    assert all(s.status == "pass" for s in v.steps if s.number < step)
+    assert all(s.status == "skipped" for s in v.steps if s.number > step)
+    for phrase in says:
+        assert phrase in failed[0].summary, out
+    for phrase in fix:
+        assert phrase in failed[0].fix, out
+    assert "tools do NOT work natively" in out
+
+
+@pytest.mark.parametrize("kind, model_name, options", [
+    ("llamacpp", "qwen", {}),
+    ("ollama", "qwen2.5:7b", {}),
+    ("vllm", "Qwen/Qwen2.5-7B-Instruct", {"tool_parser": "hermes"}),
+    ("sglang", "Qwen/Qwen2.5-7B-Instruct", {"tool_parser": "qwen25"}),
+    ("lmstudio", "qwen2.5-7b-instruct", {}),
+])
+async def test_native_tools_work(fake_stack, tmp_path, kind, model_name, options):
+    fake = fake_stack(kind, responder=model(call("get_weather", PARIS)), **options)
+    diag, out = await run(fake, model_name, tmp_path, repeat=2)
+    assert diag.verdict.exit_code == 0 and diag.verdict.native_ok, out
+    assert [s.status for s in diag.verdict.steps] == ["pass", "pass", "pass"]
+    assert 'valid call: get_weather({"city":"Paris"})' in out.replace('{"city": "Paris"}', '{"city":"Paris"}')
+    assert "Verdict: tools work natively." in out
+
+
+async def test_repeat_reports_differing_greedy_outputs_and_cache(fake_stack, tmp_path):
+    replies = iter([call("get_weather", PARIS), call("get_weather", PARIS), call("get_weather", {"city": "paris"})])
+    fake = fake_stack("llamacpp", responder=lambda req: next(replies) if req.tools else text("ready"), cached_tokens=12)
+    diag, out = await run(fake, "qwen", tmp_path, repeat=3)
+    assert diag.repeat["distinct_outputs"] == 2 and diag.repeat["differ"] is True
+    assert diag.repeat["cached_tokens"] == [12, 12, 12]
+    assert "3 identical greedy requests gave 2 different outputs" in out
+    assert "cached prompt tokens: 12, 12, 12" in out
+
+
+async def test_repeat_falls_back_to_the_plain_request_when_tools_are_refused(fake_stack, tmp_path):
+    fake = fake_stack("vllm", responder=model(call("get_weather", PARIS)))
+    diag, out = await run(fake, "Qwen/Qwen2.5-7B-Instruct", tmp_path, repeat=3)
+    assert diag.repeat["request"] == "the request without tools, since tools are refused"
+    assert diag.repeat["answered"] == 3 and diag.repeat["distinct_outputs"] == 1
+    assert "vLLM reports it with --enable-prompt-tokens-details" in out
+
+
+@pytest.mark.parametrize("version, ok, phrase", [
+    ("0.14.1", False, "renders the tool as Go struct syntax, not JSON (ollama/ollama#14601)"),
+    ("0.12.6", True, "Go struct syntax from 0.14.0 on"),
+])
+async def test_ollama_template_go_struct_pattern(fake_stack, tmp_path, version, ok, phrase):
+    fake = fake_stack("ollama", responder=model(call("get_weather", PARIS)))
+    fake.stack.version = version
+    diag, out = await run(fake, "qwen2.5:7b", tmp_path, repeat=0)
+    assert diag.template["ok"] is ok and phrase in diag.template["summary"], out
+    assert diag.template["evidence"] == "{{ .Function }}"
+    assert diag.verdict.exit_code == 0, "a template warning does not change whether tools work"
+
+
+@pytest.mark.parametrize("kind, ok, phrase", [
+    ("llamacpp", True, "rendered into the prompt as JSON"),
+    ("no_jinja", False, 'could not render the tools with its template: HTTP 500 "tools param requires --jinja flag"'),
+])
+async def test_llamacpp_rendered_prompt_check(fake_stack, tmp_path, kind, ok, phrase):
+    fake = fake_stack(kind, responder=model(call("get_weather", PARIS)))
+    diag, out = await run(fake, "qwen", tmp_path, repeat=0)
+    assert diag.template["ok"] is ok and phrase in diag.template["summary"], out
+    assert diag.template["source"] == "llama.cpp GET /props chat_template" if kind == "llamacpp" else True
+
+
+async def test_every_probe_is_recorded_under_run_doctor(fake_stack, tmp_path):
+    fake = fake_stack("sglang", responder=model(call("get_weather", PARIS)))
+    await diagnose(fake.url, "Qwen/Qwen2.5-7B-Instruct", tmp_path / "data", repeat=2)
+    recs = exchange_records(tmp_path / "data")
+    items = [r["item"] for r in recs if r["run"] == "doctor"]
+    assert items == ["control", "tools", "repeat"], items
+    tools = next(r for r in recs if r["item"] == "tools")
+    assert tools["status"] == 200 and "<tool_call>" in tools["response_body"]
+    fps = [r for r in read_records(tmp_path / "data") if r.get("kind") == "fingerprint"]
+    assert {r["extra"]["model"] for r in fps} == {None, "Qwen/Qwen2.5-7B-Instruct"}
+    assert all(r["run"] == "doctor" for r in fps)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "doctor", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_exit_codes_and_json(fake_stack, tmp_path):
+    good = fake_stack("llamacpp", responder=model(call("get_weather", PARIS)))
+    r = cli("--upstream", good.url, "--model", "qwen", "--data", str(tmp_path / "a"), "--json", "--repeat", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = orjson.loads(r.stdout)
+    assert out["exit_code"] == 0 and out["verdict"]["native_ok"] is True
+    assert out["fingerprint"]["stack"] == "llamacpp" and "chat_template" not in out["fingerprint"]
+
+    refused = fake_stack("vllm")
+    r = cli("--upstream", refused.url, "--model", "Qwen/Qwen2.5-7B-Instruct", "--data", str(tmp_path / "b"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1. Serving layer: [FAIL] REFUSED" in r.stdout and "at fault: the serving layer" in r.stdout
+
+    r = cli("--upstream", "http://127.0.0.1:9", "--model", "m", "--data", str(tmp_path / "c"))
+    assert r.returncode == 2
+    assert "cannot connect to http://127.0.0.1:9" in r.stdout and "Is the model server running" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+
+    ollama = fake_stack("ollama")
+    r = cli("--upstream", ollama.url, "--model", "nosuchmodel", "--data", str(tmp_path / "d"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert ('Ollama 0.12.6 does not know model \'nosuchmodel\': HTTP 404 "model \\"nosuchmodel\\" not found, '
+            'try pulling it first" (it lists: qwen2.5:7b, gemma3:latest)') in r.stdout, r.stdout
+    assert "warning: model 'nosuchmodel' is not in the server's model list" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--upstream", "ftp://x", "--model", "m"), "--upstream must be an http(s) URL"),
+    (("--upstream", "http://127.0.0.1:9", "--model", "m", "--api-key-env", "TOOLPROXY_TEST_UNSET_VAR"),
+     "TOOLPROXY_TEST_UNSET_VAR: that environment variable is empty or unset"),
+    (("--upstream", "http://127.0.0.1:9"), "Missing option '--model'"),
+])
+def test_cli_usage_errors(tmp_path, args, message):
+    r = cli(*args, "--data", str(tmp_path / "d"))
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
