@@ -19,6 +19,7 @@ COMMANDS = {
     "analyze": "analysis.cli:analyze",
     "sql": "analysis.cli:sql",
     "show": "analysis.cli:show",
+    "show-hint": "toolproxy.conditions.cli:show_hint",
 }
 
 
