@@ -16,6 +16,7 @@ from toolproxy import __version__
 COMMANDS = {
     "serve": "toolproxy.proxy.cli:serve",
     "doctor": "toolproxy.checks.doctor:doctor",
+    "conformance": "toolproxy.checks.conformance:conformance",
     "analyze": "analysis.cli:analyze",
     "sql": "analysis.cli:sql",
     "show": "analysis.cli:show",

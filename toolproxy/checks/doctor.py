@@ -13,7 +13,6 @@ responses; `diagnose` does the probing; `render` says it in plain words.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import click
 import orjson
 
-from toolproxy.checks.local import LocalProxy, local_proxy
+from toolproxy.checks.local import LocalProxy, api_key_from_env, local_proxy
 from toolproxy.checks.reply import Reply, call_problems
 from toolproxy.proxy.config import ConfigError, ProxyConfig
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
@@ -330,7 +329,7 @@ def doctor(upstream, model, api_key_env, as_json, data_dir, repeat, timeout):
     Exit status: 0 tools work natively, 1 they do not (the output names the layer), 2 usage or
     transport error (e.g. the server is down).
     """
-    key = _api_key(api_key_env)
+    key = api_key_from_env(api_key_env)
     try:
         ProxyConfig(upstream=upstream, data_dir=data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -344,12 +343,3 @@ def doctor(upstream, model, api_key_env, as_json, data_dir, repeat, timeout):
     else:
         click.echo(render(diag))
     sys.exit(diag.verdict.exit_code)
-
-
-def _api_key(var: str | None) -> str | None:
-    if not var:
-        return None
-    value = os.environ.get(var)
-    if not value:
-        raise click.UsageError(f"--api-key-env {var}: that environment variable is empty or unset")
-    return value

@@ -1,0 +1,273 @@
+"""conformance against the fake stacks: pass counts per case and condition, gates (hard, advisory,
+thresholds from a gates file), a flaky model at 17/20, transport failures shown as such, and the
+CLI's exit codes as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import orjson
+import pytest
+
+from tests.conftest import exchange_records
+from toolproxy.checks.cases import BY_NAME, CASES
+from toolproxy.checks.conformance import (
+    Cell,
+    Gate,
+    GatesError,
+    decide,
+    default_gates,
+    default_output,
+    parse_gates,
+    render_markdown,
+    run_conformance,
+)
+from toolproxy.checks.reply import read_reply
+from toolproxy.stacks.fakes import ModelRequest, Reply, ToolCall, render_calls, text
+
+CALLS = {
+    "Tokyo": [("get_weather", {"city": "Tokyo"})],
+    "flights from Paris to Rome": [("search_flights", {"origin": "Paris", "destination": "Rome"})],
+    "Paris and in London": [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "London"})],
+    "freezing": [("set_thermostat_mode", {"mode": "heat"})],
+    "timer for 3": [("set_timer", {"minutes": 3})],
+    "Launch party": [("create_event", {"title": "Launch party", "location": {"city": "Berlin", "country": "Germany"}})],
+}
+ANSWERS = {
+    "temperature_c": "It is sunny and 18 °C in Paris.",
+    "12 + 30": "42",
+    "Book a table": "I cannot book restaurants; I can only look up the weather.",
+}
+
+
+def case_of(req: ModelRequest) -> str:
+    """Which case a request is, from its conversation (the text condition rewrites the history)."""
+    convo = " ".join(str(m.get("content") or "") for m in req.messages)
+    for key in (*ANSWERS, *CALLS):
+        if key in convo:
+            return key
+    raise AssertionError(f"unrecognised request: {convo[:200]}")
+
+
+def answer(req: ModelRequest, calls: list[tuple[str, dict]] | None, prose: str | None) -> Reply:
+    """The same intent, written the way the interface asks: native calls, text calls, or schema JSON."""
+    if req.constraint is not None:
+        obj = {"final_answer": prose} if calls is None else {"name": calls[0][0], "arguments": calls[0][1]}
+        return text(json.dumps(obj))
+    if calls is None:
+        return text(prose)
+    tcs = [ToolCall(n, a) for n, a in calls]
+    if req.tools:
+        return Reply(calls=tuple(tcs))
+    return text(render_calls("hermes", tcs))
+
+
+def good_model(req: ModelRequest) -> Reply:
+    key = case_of(req)
+    return answer(req, CALLS.get(key), ANSWERS.get(key))
+
+
+def flaky_model(case_key: str, bad: Reply | list, every: int = 20, fails: int = 3):
+    """Good, except that `fails` of every `every` requests of one case get the bad reply (17/20)."""
+    seen = Counter()
+
+    def respond(req: ModelRequest) -> Reply:
+        key = case_of(req)
+        seen[key] += 1
+        if key == case_key and (seen[key] - 1) % every < fails:
+            return answer(req, bad, None) if isinstance(bad, list) else bad
+        return good_model(req)
+
+    return respond
+
+
+async def test_good_model_passes_every_gate_natively(fake_stack, tmp_path):
+    fake = fake_stack("openai", responder=good_model)
+    res = await run_conformance(fake.url, "gpt-4o-mini", ["native"], "native", 3, default_gates(), tmp_path / "d")
+    assert {name: (c.passes, c.runs) for name, c in res.cells["native"].items()} == {c.name: (3, 3) for c in CASES}
+    assert res.exit_code == 0 and res.passing == ["native"]
+    md = render_markdown(res)
+    assert "| required_argument | hard ≥100% | 3/3 |" in md
+    assert "Result: native passes every hard gate; conditions passing every hard gate: native." in md
+    recs = exchange_records(tmp_path / "d")
+    assert len(recs) == 3 * len(CASES)
+    assert {r["run"] for r in recs} == {"conformance-native"}
+    assert Counter(r["item"] for r in recs) == {c.name: 3 for c in CASES}
+
+
+async def test_conditions_side_by_side_vllm_without_parser(fake_stack, tmp_path):
+    """vLLM launched without a tool parser: native is refused, the text condition passes every hard gate."""
+    fake = fake_stack("vllm", responder=good_model)
+    res = await run_conformance(fake.url, "Qwen/Qwen2.5-7B-Instruct", ["native", "text", "constrained"], "native", 2,
+                                default_gates(), tmp_path / "d")
+    native = res.cells["native"]
+    assert native["required_argument"].refused == 2 and native["required_argument"].passes == 0
+    # the refusal is a measured failure of every case (the model never ran), not a transport problem
+    assert all(c.transport == 0 and c.refused == 2 for c in native.values())
+    assert res.status("native") == "fail" and res.exit_code == 1
+    assert all(c.passes == 2 for c in res.cells["text"].values()), {k: c.reasons for k, c in res.cells["text"].items()}
+    assert res.status("text") == "pass"
+    assert "text" in res.passing and "native" not in res.passing
+    md = render_markdown(res)
+    assert "| no_tool_needed | hard ≥100% | 0/2 (2 refused) ✗ | 2/2 |" in md
+    assert "Result: hard gate failed under native; conditions passing every hard gate: text" in md
+    assert "native / required_argument: HTTP 400: \"auto\" tool choice requires --enable-auto-tool-choice" in md
+    runs = {r["run"] for r in exchange_records(tmp_path / "d")}
+    assert runs == {"conformance-native", "conformance-text", "conformance-constrained"}
+
+
+@pytest.mark.parametrize("case_key, bad, case, passes", [
+    ("Tokyo", [("get_weather", {"town": "Tokyo"})], "required_argument", 17),
+    ("timer for 3", [("set_timer", {"minutes": 3.0})], "integer_argument", 17),
+    ("freezing", [("set_thermostat_mode", {"mode": "warm"})], "enum_value", 17),
+    ("flights from Paris to Rome", [("search_flights", {"origin": "Paris", "destination": "Rome", "date": "05-03"})],
+     "no_extra_properties", 17),
+    ("12 + 30", [("get_weather", {"city": "Paris"})], "no_tool_needed", 17),
+    ("Book a table", [("book_table", {"people": 2})], "missing_tool", 17),
+    ("Launch party", [("create_event", {"title": "Launch party", "location": "Berlin, Germany"})], "nested_object", 17),
+    ("temperature_c", [("get_weather", {"city": "Paris"})], "tool_result_answer", 17),
+])
+async def test_flaky_model_17_of_20_fails_its_gate(fake_stack, tmp_path, case_key, bad, case, passes):
+    fake = fake_stack("openai", responder=flaky_model(case_key, bad))
+    res = await run_conformance(fake.url, "gpt-4o-mini", ["native"], "native", 20, default_gates(), tmp_path / "d",
+                                concurrency=4)
+    cell = res.cells["native"][case]
+    assert (cell.passes, cell.runs) == (passes, 20), cell.reasons
+    assert sum(cell.reasons.values()) == 3
+    assert all(c.passes == 20 for name, c in res.cells["native"].items() if name != case)
+    assert decide(cell, res.gates[case]) == "fail"
+    assert res.exit_code == 1
+    assert f"| {case} | hard" in render_markdown(res) and "17/20 ✗" in render_markdown(res)
+
+
+async def test_flaky_advisory_gate_does_not_fail_the_run(fake_stack, tmp_path):
+    fake = fake_stack("openai", responder=flaky_model("Paris and in London", [("get_weather", {"city": "Paris"})], fails=12))
+    res = await run_conformance(fake.url, "gpt-4o-mini", ["native"], "native", 20, default_gates(), tmp_path / "d",
+                                concurrency=4)
+    cell = res.cells["native"]["two_targets"]
+    assert (cell.passes, cell.runs) == (8, 20)
+    assert decide(cell, res.gates["two_targets"]) == "fail" and res.exit_code == 0
+    assert "| two_targets | advisory ≥50% | 8/20 ✗ |" in render_markdown(res)
+
+
+@pytest.mark.parametrize("cell, gate, outcome", [
+    (Cell(runs=20, passes=20), Gate("hard", 1.0), "pass"),
+    (Cell(runs=20, passes=19), Gate("hard", 1.0), "fail"),
+    (Cell(runs=20, passes=18), Gate("hard", 0.9), "pass"),
+    (Cell(runs=20, passes=17), Gate("hard", 0.9), "fail"),
+    (Cell(runs=20, passes=17), Gate("hard", 0.85), "pass"),
+    (Cell(runs=20, passes=17, transport=3), Gate("hard", 1.0), "unknown"),  # all 3 passing would reach 100%
+    (Cell(runs=20, passes=15, transport=3), Gate("hard", 1.0), "fail"),  # cannot reach it whatever they were
+    (Cell(runs=20, passes=18, skipped=2), Gate("hard", 0.9), "pass"),  # already there
+    (Cell(runs=20, transport=20), Gate("hard", 0.9), "unknown"),
+    (Cell(), Gate("hard", 0.9), "unknown"),
+])
+def test_gate_decision(cell, gate, outcome):
+    assert decide(cell, gate) == outcome
+
+
+def test_cell_counts_transport_apart_from_refusals():
+    cell = Cell()
+    probe = type("P", (), {})
+    for status, body, kind in [(502, b'{"error":{"message":"cannot connect"}}', "connect"),
+                               (400, b'{"error":{"message":"x does not support tools"}}', None),
+                               (200, b'{"choices":[{"message":{"content":"42"},"finish_reason":"stop"}]}', None)]:
+        p = probe()
+        p.reply, p.condition_skipped = read_reply(status, body, kind), None
+        cell.add(p, BY_NAME["no_tool_needed"])
+    assert (cell.runs, cell.passes, cell.refused, cell.transport) == (3, 1, 1, 1)
+
+
+def test_gates_file_parsing():
+    base = default_gates()
+    assert base["no_extra_properties"] == Gate("hard", 0.9) and base["two_targets"].level == "advisory"
+    assert set(base) == set(BY_NAME)
+    over = parse_gates({"required_argument": {"min_pass_rate": 0.85}, "two_targets": {"level": "hard"}}, base)
+    assert over["required_argument"] == Gate("hard", 0.85) and over["two_targets"] == Gate("hard", 0.5)
+    for bad, message in [({"nope": {}}, "unknown case 'nope'"), ({"enum_value": {"level": "soft"}}, "level must be"),
+                         ({"enum_value": {"min_pass_rate": 1.5}}, "from 0 to 1"), ([], "JSON object"),
+                         ({"enum_value": 3}, "expected an object")]:
+        with pytest.raises(GatesError, match=message):
+            parse_gates(bad, base)
+
+
+def test_default_output_is_dated_under_runs():
+    import datetime
+
+    assert str(default_output("Qwen/Qwen2.5 7B:q4", datetime.date(2026, 11, 29))) == \
+        "runs/2026-11-29-conformance-Qwen-Qwen2.5-7B-q4.md"
+
+
+def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "conformance", "--quiet", *args],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_cli_exit_codes(fake_stack, tmp_path):
+    good = fake_stack("openai", responder=good_model)
+    out = tmp_path / "good.md"
+    r = cli("--upstream", good.url, "--model", "gpt-4o-mini", "--runs", "2", "--data", str(tmp_path / "d"), "-o", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert out.read_text() == r.stdout.split("written to")[0]
+    assert "Result: native passes every hard gate" in r.stdout
+
+    flaky = fake_stack("openai", responder=flaky_model("Tokyo", [("get_weather", {})]))
+    args = ("--upstream", flaky.url, "--model", "gpt-4o-mini", "--runs", "20", "--concurrency", "4",
+            "--data", str(tmp_path / "d2"))
+    r = cli(*args, "-o", str(tmp_path / "flaky.md"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "| required_argument | hard ≥100% | 17/20 ✗ |" in r.stdout
+    gates = tmp_path / "gates.json"
+    gates.write_text(orjson.dumps({"required_argument": {"min_pass_rate": 0.85}}).decode())
+    r = cli(*args, "-o", str(tmp_path / "flaky2.md"), "--gates", str(gates))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "| required_argument | hard ≥85% | 17/20 |" in r.stdout
+
+    # endpoint down: a transport problem, exit 2, no traceback, nothing counted as a failed case
+    r = cli("--upstream", "http://127.0.0.1:9", "--model", "m", "--data", str(tmp_path / "d3"), "-o", str(tmp_path / "x.md"))
+    assert r.returncode == 2 and "cannot connect to http://127.0.0.1:9" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "x.md").exists()
+
+
+def test_cli_default_output_under_runs(fake_stack, tmp_path):
+    good = fake_stack("openai", responder=good_model)
+    r = cli("--upstream", good.url, "--model", "gpt-4o-mini", "--runs", "1", "--data", str(tmp_path / "d"), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    written = list((tmp_path / "runs").glob("*-conformance-gpt-4o-mini.md"))
+    assert len(written) == 1 and "| case | gate | native |" in written[0].read_text()
+
+
+async def test_transport_failures_shown_as_such_not_as_failed_cases(fake_stack, tmp_path):
+    """The upstream stalls past the timeout for some requests: those runs are unmeasured."""
+    from toolproxy.stacks.fakes import stall
+
+    fake = fake_stack("openai", responder=good_model)
+    fake.inject(stall(before=3.0, times=2, path="/v1/chat/completions"))
+    res = await run_conformance(fake.url, "gpt-4o-mini", ["native"], "native", 1, default_gates(), tmp_path / "d",
+                                timeout=1.0)
+    cells = res.cells["native"]
+    assert sum(c.transport for c in cells.values()) == 2
+    assert sum(c.passes for c in cells.values()) == len(CASES) - 2
+    assert all(not c.reasons for c in cells.values()), "a timeout is never a failed case"
+    assert res.exit_code == 2
+    assert "transport x1" in render_markdown(res)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--conditions", "native,bogus"), "unknown condition 'bogus'"),
+    (("--conditions", "text", "--gate-on", "native"), "--gate-on 'native' must be one of --conditions"),
+    (("--runs", "0"), "0 is not in the range"),
+])
+def test_cli_usage_errors(tmp_path, args, message):
+    r = cli("--upstream", "http://127.0.0.1:9", "--model", "m", "--data", str(tmp_path / "d"), *args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_bad_gates_file(tmp_path):
+    bad = tmp_path / "g.json"
+    bad.write_text('{"enum_value": {"level": "soft"}}')
+    r = cli("--upstream", "http://127.0.0.1:9", "--model", "m", "--gates", str(bad))
+    assert r.returncode == 2 and "level must be one of hard, advisory" in r.stderr

@@ -1,0 +1,353 @@
+"""`toolproxy conformance`: every case N times under every condition, gated, as a diffable matrix.
+
+Each request goes through the in-process proxy tagged `run=conformance-<condition>/condition=...
+/item=<case>/episode=<i>`, so conditions apply exactly as for a harness and the analyzer can read
+the runs afterwards. A run that got no upstream answer (connect, timeout, cut) or that the
+condition did not apply to is *not measured*: shown as such, never counted as a failed case.
+
+A gate passes when passes/runs >= min_pass_rate. With unmeasured runs it is decided only when the
+unmeasured runs cannot change the outcome (even all passing would not reach the threshold: fail;
+already reached: pass); otherwise it is "unknown", which for the primary condition means exit 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import re
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from toolproxy import __version__
+from toolproxy.checks.cases import BY_NAME, CASES, Case
+from toolproxy.checks.local import Probe, api_key_from_env, local_proxy
+from toolproxy.conditions import NAMES
+from toolproxy.conditions import load as load_condition
+from toolproxy.proxy.config import ConfigError, ProxyConfig
+from toolproxy.stacks.fingerprint import Fingerprint
+
+LEVELS = ("hard", "advisory")
+
+
+class GatesError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    level: str
+    min_pass_rate: float
+
+
+def default_gates() -> dict[str, Gate]:
+    raw = orjson.loads(resources.files("toolproxy.checks").joinpath("gates.json").read_bytes())
+    return parse_gates(raw)
+
+
+def parse_gates(raw: Any, base: dict[str, Gate] | None = None) -> dict[str, Gate]:
+    """Gates from a JSON object, each entry optionally partial over `base`; errors name the entry."""
+    if not isinstance(raw, dict):
+        raise GatesError("a gates file is a JSON object: {case: {level, min_pass_rate}}")
+    gates = dict(base or {})
+    for name, spec in raw.items():
+        if name.startswith("_"):
+            continue
+        if name not in BY_NAME:
+            raise GatesError(f"unknown case {name!r}; cases are {', '.join(BY_NAME)}")
+        if not isinstance(spec, dict):
+            raise GatesError(f"{name}: expected an object with level and/or min_pass_rate")
+        old = gates.get(name)
+        level = spec.get("level", old.level if old else None)
+        rate = spec.get("min_pass_rate", old.min_pass_rate if old else None)
+        if level not in LEVELS:
+            raise GatesError(f"{name}: level must be one of {', '.join(LEVELS)} (got {level!r})")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+            raise GatesError(f"{name}: min_pass_rate must be a number from 0 to 1 (got {rate!r})")
+        gates[name] = Gate(level, float(rate))
+    missing = [c.name for c in CASES if c.name not in gates]
+    if missing:
+        raise GatesError(f"no gate for {', '.join(missing)}")
+    return gates
+
+
+@dataclass(slots=True)
+class Cell:
+    """One case under one condition: how its runs went."""
+
+    runs: int = 0
+    passes: int = 0
+    refused: int = 0  # HTTP error from the serving layer: a measured failure
+    transport: int = 0  # no upstream answer: not measured
+    skipped: int = 0  # the condition did not apply: not measured
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def unmeasured(self) -> int:
+        return self.transport + self.skipped
+
+    def add(self, probe: Probe, case: Case) -> None:
+        self.runs += 1
+        reply = probe.reply
+        if reply.transport_failed:
+            self.transport += 1
+            return
+        if probe.condition_skipped:
+            self.skipped += 1
+            return
+        if reply.refused:
+            self.refused += 1
+            why = f"HTTP {reply.status}: {reply.error_text[:120]}"
+            passed = False
+        else:
+            passed, why = case.check(reply, case.tools)
+        if passed:
+            self.passes += 1
+        else:
+            self.reasons[why] = self.reasons.get(why, 0) + 1
+
+
+def decide(cell: Cell, gate: Gate) -> str:
+    """pass | fail | unknown (unmeasured runs could still change the outcome)."""
+    if cell.runs == 0:
+        return "unknown"
+    best = (cell.passes + cell.unmeasured) / cell.runs
+    worst = cell.passes / cell.runs
+    if best < gate.min_pass_rate:
+        return "fail"
+    if worst >= gate.min_pass_rate:
+        return "pass"
+    return "unknown"
+
+
+def condition_status(cells: dict[str, Cell], gates: dict[str, Gate]) -> str:
+    """pass | fail | unknown over the hard gates of one condition."""
+    outcomes = [decide(cells[name], g) for name, g in gates.items() if g.level == "hard" and name in cells]
+    if "fail" in outcomes:
+        return "fail"
+    return "unknown" if "unknown" in outcomes or not outcomes else "pass"
+
+
+def _cell_text(cell: Cell, gate: Gate) -> str:
+    if cell.runs == 0:
+        return "n/a"
+    measured = cell.runs - cell.unmeasured
+    if measured == 0:
+        return f"transport x{cell.transport}" if cell.transport else f"skipped x{cell.skipped}"
+    text = f"{cell.passes}/{cell.runs}"
+    notes = [f"{n} {what}" for n, what in ((cell.refused, "refused"), (cell.transport, "transport"),
+                                             (cell.skipped, "skipped")) if n]
+    if notes:
+        text += f" ({', '.join(notes)})"
+    mark = {"pass": "", "fail": " ✗", "unknown": " ?"}[decide(cell, gate)]
+    return text + mark
+
+
+@dataclass(slots=True)
+class Result:
+    upstream: str
+    model: str
+    fingerprint: dict[str, Any]
+    runs: int
+    conditions: list[str]
+    primary: str
+    gates: dict[str, Gate]
+    cells: dict[str, dict[str, Cell]]  # condition -> case -> cell
+    started: str
+    problem: str | None = None
+
+    def status(self, condition: str) -> str:
+        return condition_status(self.cells.get(condition, {}), self.gates)
+
+    @property
+    def passing(self) -> list[str]:
+        return [c for c in self.conditions if self.status(c) == "pass"]
+
+    @property
+    def exit_code(self) -> int:
+        if self.problem:
+            return 2
+        return {"pass": 0, "fail": 1, "unknown": 2}[self.status(self.primary)]
+
+
+def render_markdown(res: Result) -> str:
+    fp = Fingerprint(**res.fingerprint)
+    lines = [
+        f"# Conformance: {res.model} on {fp.label}",
+        "",
+        f"- upstream: {res.upstream}; stack {fp.stack}"
+        + (f", build {fp.build}" if fp.build else "") + f"; toolproxy {__version__}",
+        f"- {res.runs} runs per case and condition; started {res.started}; primary condition: {res.primary}",
+        "- a cell is passes/runs; ✗ misses its gate, ? cannot be decided (runs without an upstream answer); "
+        "refused = the serving layer answered an HTTP error (counted as failed), transport/skipped = not measured",
+        "",
+        "| case | gate | " + " | ".join(res.conditions) + " |",
+        "|---|---|" + "---|" * len(res.conditions),
+    ]
+    for case in CASES:
+        g = res.gates[case.name]
+        gate = f"{g.level} ≥{g.min_pass_rate:.0%}"
+        cells = [_cell_text(res.cells[c][case.name], g) for c in res.conditions]
+        lines.append(f"| {case.name} | {gate} | " + " | ".join(cells) + " |")
+    verdicts = {"pass": "pass", "fail": "**FAIL**", "unknown": "unknown"}
+    lines.append("| **hard gates** | | " + " | ".join(verdicts[res.status(c)] for c in res.conditions) + " |")
+    lines += ["", summary_line(res)]
+    failing = _failure_notes(res)
+    if failing:
+        lines += ["", "Why runs failed (most common reason per cell):", ""] + failing
+    return "\n".join(lines) + "\n"
+
+
+def summary_line(res: Result) -> str:
+    passing = res.passing
+    status = res.status(res.primary)
+    head = {"pass": f"{res.primary} passes every hard gate",
+            "fail": f"hard gate failed under {res.primary}",
+            "unknown": f"{res.primary} could not be judged (runs without an upstream answer)"}[status]
+    tail = (f"conditions passing every hard gate: {', '.join(passing)}" if passing
+            else "no condition passes every hard gate")
+    return f"Result: {head}; {tail}."
+
+
+def _failure_notes(res: Result) -> list[str]:
+    out = []
+    for c in res.conditions:
+        for case in CASES:
+            cell = res.cells[c][case.name]
+            if cell.reasons:
+                why, n = max(cell.reasons.items(), key=lambda kv: kv[1])
+                out.append(f"- {c} / {case.name}: {why} (x{n})")
+    return out
+
+
+def _body(case: Case, model: str, temperature: float, max_tokens: int) -> dict:
+    return {"model": model, "messages": case.messages, "tools": case.tools, "temperature": temperature,
+            "max_tokens": max_tokens, "stream": False}
+
+
+async def run_conformance(upstream: str, model: str, conditions: list[str], primary: str, runs: int,
+                          gates: dict[str, Gate], data_dir: Path, *, upstream_key: str | None = None,
+                          stack: str | None = None, temperature: float = 0.0, max_tokens: int = 256,
+                          concurrency: int = 1, timeout: float = 300.0,
+                          progress=None) -> Result:
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cells = {c: {case.name: Cell() for case in CASES} for c in conditions}
+    async with local_proxy(upstream, data_dir, "conformance", upstream_key=upstream_key, stack=stack,
+                           timeout=timeout) as lp:
+        fp = await lp.fingerprint(model)
+        res = Result(upstream, model, fp.to_dict(), runs, conditions, primary, gates, cells, started)
+        res.fingerprint.pop("chat_template", None)
+        if fp.stack == "unreachable":
+            res.problem = f"{fp.error}. Is the model server running, and is the URL right?"
+            return res
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(cond: str, case: Case, i: int) -> None:
+            async with limit:
+                probe = await lp.post("/v1/chat/completions", _body(case, model, temperature, max_tokens),
+                                      run=f"conformance-{cond}", condition=cond, item=case.name, episode=str(i))
+            cells[cond][case.name].add(probe, case)
+            if progress is not None:
+                progress(cond, case.name, i, probe)
+
+        for cond in conditions:
+            await asyncio.gather(*(one(cond, case, i) for i in range(1, runs + 1) for case in CASES))
+            if all(cell.transport == cell.runs for cell in cells[cond].values()):
+                res.problem = f"no request under {cond} got an upstream answer: is {upstream} still up?"
+                break
+        return res
+
+
+def default_output(model: str, when: datetime.date | None = None) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "model"
+    return Path("runs") / f"{(when or datetime.date.today()).isoformat()}-conformance-{slug}.md"
+
+
+def _conditions(value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    for n in names:
+        if n not in NAMES:
+            raise click.BadParameter(f"unknown condition {n!r}; choose from {', '.join(NAMES)}")
+        if n != "native":
+            try:
+                load_condition(n)
+            except (ValueError, ImportError) as exc:
+                raise click.BadParameter(f"condition {n!r} is not available: {exc}") from None
+    if not names or len(set(names)) != len(names):
+        raise click.BadParameter("give each condition once, comma-separated, e.g. native,hint,text")
+    return names
+
+
+@click.command()
+@click.option("--upstream", required=True, help="Model server root URL.")
+@click.option("--model", required=True, help="Model name as the server knows it.")
+@click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 10_000), help="Runs per case and condition.")
+@click.option("--conditions", "conditions_arg", default="native", show_default=True, help="Comma-separated conditions, e.g. native,hint,text,constrained.")
+@click.option("--gate-on", default="native", show_default=True, help="The primary condition: its hard gates decide the exit status.")
+@click.option("--gates", "gates_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path), help="JSON file overriding the default gates (toolproxy/checks/gates.json).")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Markdown file to write (default: runs/DATE-conformance-MODEL.md).")
+@click.option("--api-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key.")
+@click.option("--stack", default=None, help="Serving stack dialect for the constrained condition when fingerprinting cannot tell.")
+@click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where the requests are recorded (runs conformance-<condition>).")
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="Sampling temperature for every request.")
+@click.option("--max-tokens", default=256, show_default=True, type=int, help="max_tokens for every request.")
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 64), help="Requests in flight at once.")
+@click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds to wait for one response.")
+@click.option("--quiet", is_flag=True, help="No progress dots on stderr.")
+def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, output, api_key_env, stack, data_dir,
+                temperature, max_tokens, concurrency, timeout, quiet):
+    """Run the conformance cases N times per condition and gate the primary one.
+
+    Exit status: 0 the primary condition passes every hard gate, 1 it fails one, 2 usage or
+    transport error (the endpoint being down is not a model failure).
+    """
+    conditions = _conditions(conditions_arg)
+    if gate_on not in conditions:
+        raise click.UsageError(f"--gate-on {gate_on!r} must be one of --conditions ({', '.join(conditions)})")
+    try:
+        gates = default_gates()
+        if gates_file is not None:
+            gates = parse_gates(orjson.loads(gates_file.read_bytes()), gates)
+    except (GatesError, orjson.JSONDecodeError) as exc:
+        raise click.UsageError(f"--gates {gates_file}: {exc}") from None
+    key = api_key_from_env(api_key_env)
+    try:
+        ProxyConfig(upstream=upstream, data_dir=data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    except OSError as exc:
+        raise click.UsageError(f"--data {data_dir}: cannot create it: {exc.strerror or exc}") from None
+
+    def progress(cond, case, i, probe):
+        if not quiet:
+            mark = {"transport": "x", "call": ".", "text": ".", "empty": "."}.get(probe.reply.outcome(), "r")
+            print(mark, end="", file=sys.stderr, flush=True)
+
+    res = asyncio.run(run_conformance(upstream, model, conditions, gate_on, runs, gates, data_dir, upstream_key=key,
+                                      stack=stack, temperature=temperature, max_tokens=max_tokens,
+                                      concurrency=concurrency, timeout=timeout, progress=progress))
+    if not quiet:
+        print(file=sys.stderr)
+    if res.problem and not any(cell.runs for cells in res.cells.values() for cell in cells.values()):
+        click.echo(f"toolproxy conformance: {res.problem}", err=True)
+        sys.exit(2)
+    report = render_markdown(res)
+    path = output or default_output(model)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(report, encoding="utf-8")
+    except OSError as exc:
+        click.echo(f"toolproxy conformance: cannot write {path}: {exc.strerror or exc}", err=True)
+        sys.exit(2)
+    click.echo(report, nl=False)
+    if res.problem:
+        click.echo(f"toolproxy conformance: {res.problem}", err=True)
+    click.echo(f"written to {path}")
+    sys.exit(res.exit_code)
+
