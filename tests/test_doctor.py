@@ -63,7 +63,9 @@ async def run(fake, model_name, tmp_path, **kw):
         ("lmstudio", {}, "google/gemma-3-4b", call("get_weather", PARIS), "parser", 2,
          ["LM Studio `[TOOL_REQUEST]`"], ["trained for tool use"]),
         ("llamacpp", {}, "qwen", text_call("fenced", "get_weather", PARIS), "parser", 2,
-         ["a fenced ```json block"], ["picks its parser from the chat template"]),
+         ["a fenced ```json block"], ["no llama-server setting parses plain JSON", "--condition text"]),
+        ("llamacpp", {"call_format": "llama3"}, "qwen", text_call("llama3", "get_weather", PARIS), "parser", 2,
+         ["Llama 3 JSON"], ["picks its parser from the chat template", "--chat-template-file"]),
         # 3. the model made no call, or an invalid one
         ("ollama", {}, "qwen2.5:7b", text("I cannot check live weather, sorry."), "model", 3,
          ['NO CALL: the model answered in prose: "I cannot check live weather, sorry."'], ["--condition hint"]),
@@ -72,7 +74,7 @@ async def run(fake, model_name, tmp_path, **kw):
     ],
     ids=["ollama-refuses", "vllm-refuses", "llamacpp-no-jinja", "llamacpp-parse-500", "ollama-drops-unknown-tool",
          "sglang-no-parser", "vllm-fenced-json", "vllm-wrong-parser", "lmstudio-text", "llamacpp-text",
-         "model-prose", "model-invalid"],
+         "llamacpp-other-format", "model-prose", "model-invalid"],
 )
 async def test_verdict_per_stack(fake_stack, tmp_path, kind, options, model_name, reply, at_fault, step, says, fix):
     fake = fake_stack(kind, responder=model(reply), **options)

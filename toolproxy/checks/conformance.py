@@ -26,10 +26,9 @@ import orjson
 
 from toolproxy import __version__
 from toolproxy.checks.cases import BY_NAME, CASES, Case
-from toolproxy.checks.local import Probe, api_key_from_env, local_proxy
+from toolproxy.checks.local import Probe, api_key_from_env, check_target, local_proxy
 from toolproxy.conditions import NAMES
 from toolproxy.conditions import load as load_condition
-from toolproxy.proxy.config import ConfigError, ProxyConfig
 from toolproxy.stacks.fingerprint import Fingerprint
 
 LEVELS = ("hard", "advisory")
@@ -256,7 +255,9 @@ async def run_conformance(upstream: str, model: str, conditions: list[str], prim
                 progress(cond, case.name, i, probe)
 
         for cond in conditions:
-            await asyncio.gather(*(one(cond, case, i) for i in range(1, runs + 1) for case in CASES))
+            # Case-major: repeats of one request follow each other, so a stack's prompt cache can
+            # serve them (as it would a harness's retries) instead of being evicted every request.
+            await asyncio.gather(*(one(cond, case, i) for case in CASES for i in range(1, runs + 1)))
             if all(cell.transport == cell.runs for cell in cells[cond].values()):
                 res.problem = f"no request under {cond} got an upstream answer: is {upstream} still up?"
                 break
@@ -316,13 +317,7 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
     except (GatesError, orjson.JSONDecodeError) as exc:
         raise click.UsageError(f"--gates {gates_file}: {exc}") from None
     key = api_key_from_env(api_key_env)
-    try:
-        ProxyConfig(upstream=upstream, data_dir=data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
-    except OSError as exc:
-        raise click.UsageError(f"--data {data_dir}: cannot create it: {exc.strerror or exc}") from None
+    check_target(upstream, data_dir)
 
     def progress(cond, case, i, probe):
         if not quiet:

@@ -21,9 +21,8 @@ from typing import Any
 import click
 import orjson
 
-from toolproxy.checks.local import LocalProxy, api_key_from_env, local_proxy
+from toolproxy.checks.local import LocalProxy, api_key_from_env, check_target, local_proxy
 from toolproxy.checks.reply import Reply, call_problems
-from toolproxy.proxy.config import ConfigError, ProxyConfig
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
 from toolproxy.stacks.fingerprint import Fingerprint
 from toolproxy.stacks.names import LABELS
@@ -330,13 +329,7 @@ def doctor(upstream, model, api_key_env, as_json, data_dir, repeat, timeout):
     transport error (e.g. the server is down).
     """
     key = api_key_from_env(api_key_env)
-    try:
-        ProxyConfig(upstream=upstream, data_dir=data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
-    except OSError as exc:
-        raise click.UsageError(f"--data {data_dir}: cannot create it: {exc.strerror or exc}") from None
+    check_target(upstream, data_dir)
     diag = asyncio.run(diagnose(upstream, model, data_dir, upstream_key=key, repeat=repeat, timeout=timeout))
     if as_json:
         click.echo(orjson.dumps(diag.to_dict(), option=orjson.OPT_INDENT_2).decode())

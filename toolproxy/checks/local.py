@@ -23,7 +23,7 @@ from aiohttp import web
 from toolproxy.checks.reply import Reply, read_reply
 from toolproxy.conditions import ConditionOptions
 from toolproxy.proxy.app import ProxyState, make_app
-from toolproxy.proxy.config import ProxyConfig
+from toolproxy.proxy.config import ConfigError, ProxyConfig
 from toolproxy.record.model import Record
 from toolproxy.stacks.fingerprint import Fingerprint
 
@@ -118,3 +118,14 @@ def api_key_from_env(var: str | None) -> str | None:
     if not value:
         raise click.UsageError(f"--api-key-env {var}: that environment variable is empty or unset")
     return value
+
+
+def check_target(upstream: str, data_dir: Path) -> None:
+    """The --upstream and --data checks `serve` makes, as usage errors, before anything starts."""
+    try:
+        ProxyConfig(upstream=upstream, data_dir=data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    except OSError as exc:
+        raise click.UsageError(f"--data {data_dir}: cannot create it: {exc.strerror or exc}") from None

@@ -64,6 +64,8 @@ PARSERS = {
     "pythonic": ("pythonic", "pythonic"),
 }
 
+PLAIN_JSON = ("fenced_json", "bare_json")
+
 FORMAT_LABELS = {
     "hermes": "Hermes/Qwen `<tool_call>{...}</tool_call>`",
     "qwen_xml": "Qwen3-Coder XML `<tool_call><function=...>`",
@@ -97,9 +99,14 @@ def text_surface_fix(stack: str, fmt: str | None) -> str:
             renamed = " (called `qwen` in newer SGLang releases)" if sglang_parser == "qwen25" else ""
             return f"relaunch SGLang with `--tool-call-parser {sglang_parser}`{renamed}; " + TOOLPROXY_WORKAROUND
         return "no SGLang tool parser reads this format: " + TOOLPROXY_WORKAROUND.removeprefix("or ")
+    if stack in ("llamacpp", "ollama") and fmt in PLAIN_JSON:
+        server = "llama-server" if stack == "llamacpp" else "Ollama"
+        return (f"the model wrote plain JSON instead of the call format its chat template asks for, and no {server} "
+                "setting parses plain JSON: serve through toolproxy with `--condition text` (reads plain JSON calls) "
+                "or `--condition constrained`, or use a model that follows its template's tool format")
     if stack == "llamacpp":
         return ("llama-server picks its parser from the chat template, and this model wrote a different format: "
-                "run it with `--jinja --chat-template-file` set to the model maker's tool template; "
+                "run it with `--jinja --chat-template-file` set to a template of the format the model writes; "
                 + TOOLPROXY_WORKAROUND)
     if stack == "ollama":
         return ("Ollama parses calls with the format its model template declares, and this model wrote another: "
