@@ -172,8 +172,10 @@ async def test_probe_each_fake_stack_over_http(fake_stack, kind, model, stack, v
         fp = await probe(session, fake.url, model)
     assert (fp.stack, fp.version, fp.capabilities) == (stack, version, capabilities)
     assert fp.upstream == fake.url
-    # Probes are read-only: nothing reached a model endpoint.
-    assert not [s for s in fake.seen if s.path.endswith("completions") or s.path in ("/api/chat", "/api/generate")]
+    # Probes are read-only (nothing reached a model endpoint) and say who they are.
+    assert fake.probes and not fake.seen
+    assert not [s for s in fake.probes if s.path.endswith("completions") or s.path in ("/api/chat", "/api/generate")]
+    assert all(s.headers["User-Agent"].startswith("toolproxy-fingerprint/") for s in fake.probes)
 
 
 async def test_probe_unreachable_is_a_result_not_an_exception():

@@ -38,6 +38,8 @@ from typing import Any, Callable, Iterator
 import orjson
 from aiohttp import web
 
+from toolproxy.stacks.fingerprint import USER_AGENT_PREFIX
+
 NAMES = ("ollama", "vllm", "sglang", "llamacpp", "lmstudio", "openai")
 
 # ---------------------------------------------------------------- the model's side: replies
@@ -1182,6 +1184,7 @@ class FakeStack:
         self.responder = responder
         self.faults: list[Fault] = []
         self.seen: list[Seen] = []
+        self.probes: list[Seen] = []
         self.disconnected = threading.Event()
         self.stack = STACKS[stack](self)
         self.url: str | None = None
@@ -1243,9 +1246,12 @@ class FakeStack:
             body = await request.read()
             seen = Seen(request.method, request.path, request.query_string, dict(request.headers),
                         list(request.headers.items()), body)
-            self.seen.append(seen)
+            # toolproxy's fingerprint probes are filed apart and never take a scripted fault, so
+            # `seen` and `inject` stay about the traffic under test.
+            is_probe = request.headers.get("User-Agent", "").startswith(USER_AGENT_PREFIX)
+            (self.probes if is_probe else self.seen).append(seen)
             try:
-                return await self._answer(request, seen, table)
+                return await self._answer(request, seen, table, faults=not is_probe)
             except (asyncio.CancelledError, ConnectionResetError):
                 if seen.outcome == "pending":  # not our own close_mid_stream cut
                     seen.outcome = "disconnected"
@@ -1255,8 +1261,8 @@ class FakeStack:
         app.router.add_route("*", "/{tail:.*}", dispatch)
         return app
 
-    async def _answer(self, request: web.Request, seen: Seen, table) -> web.StreamResponse:
-        fault = self._take_fault(request.path) or Fault(times=0)
+    async def _answer(self, request: web.Request, seen: Seen, table, faults: bool = True) -> web.StreamResponse:
+        fault = (self._take_fault(request.path) if faults else None) or Fault(times=0)
         if fault.stall_before:
             await asyncio.sleep(fault.stall_before)
         if fault.status is not None:

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 import aiohttp
 import orjson
 
+from toolproxy import __version__
 from toolproxy.record.model import Record, new_id
 from toolproxy.stacks import markers
 from toolproxy.stacks.errors import error_text
@@ -47,6 +48,9 @@ GET_PROBES = (ROOT, OLLAMA_VERSION, LLAMACPP_PROPS, VLLM_VERSION, SGLANG_INFO, S
 _BUILD = re.compile(r"^(b\d+)(?:-[0-9a-f]+)?$")
 _MAX_BODY = 4 * 1024 * 1024  # /api/show carries the license and modelfile: tens of KB, not MBs
 _MAX_MODELS = 50
+# Says in the stack's logs what these requests are (and lets test fakes file them apart).
+USER_AGENT_PREFIX = "toolproxy-fingerprint/"
+USER_AGENT = USER_AGENT_PREFIX + __version__
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,8 +254,9 @@ _EXTRACT = {"ollama": _ollama, "llamacpp": _llamacpp, "vllm": _vllm, "sglang": _
 async def _fetch(session: aiohttp.ClientSession, base: str, probe: str, headers: Mapping[str, str],
                  timeout: float, json_body: Any = None) -> Observed:
     method, path = probe.split(" ", 1)
+    headers = {**headers, "User-Agent": USER_AGENT}
     if json_body is not None:
-        headers = {**headers, "Content-Type": "application/json"}
+        headers["Content-Type"] = "application/json"
     try:
         async with asyncio.timeout(timeout):
             async with session.request(method, base + path, headers=dict(headers), json=json_body,
