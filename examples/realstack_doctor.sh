@@ -6,6 +6,7 @@
 # Needs the real stack from ../shared/realstack/setup.sh (llama-server + models in
 # ${TOOLPROXY_REALSTACK:-~/.cache/toolproxy-realstack}) and `toolproxy` on PATH (or TOOLPROXY=...).
 # Usage: examples/realstack_doctor.sh [OUTPUT_DIR]     (default: a new temporary directory)
+# Env: RUNS (default 3), MAX_TOKENS per reply (default 96: calls fit; keeps a CPU run short), TOOLPROXY.
 set -uo pipefail
 DIR=${TOOLPROXY_REALSTACK:-$HOME/.cache/toolproxy-realstack}
 BIN=$DIR/bin/llama-server
@@ -59,7 +60,7 @@ for variant in default no-jinja; do
   echo
   echo "\$ toolproxy conformance --upstream http://127.0.0.1:$PORT --model $MODEL --runs $RUNS --conditions native,hint,text,constrained"
   "$TOOLPROXY" conformance --upstream "http://127.0.0.1:$PORT" --model "$MODEL" --runs "$RUNS" \
-    --conditions native,hint,text,constrained --max-tokens 200 --data "$OUT/data" \
+    --conditions native,hint,text,constrained --max-tokens "${MAX_TOKENS:-96}" --concurrency 2 --data "$OUT/data" \
     -o "$OUT/conformance-$variant.md" --quiet
   echo "(conformance exit status $?)"
   stop_server
