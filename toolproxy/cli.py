@@ -15,6 +15,8 @@ from toolproxy import __version__
 # name -> "module:attribute" of a click command
 COMMANDS = {
     "serve": "toolproxy.proxy.cli:serve",
+    "report": "analysis.report.cli:report",
+    "compare": "analysis.report.cli:compare",
 }
 
 
