@@ -42,10 +42,16 @@ def _fill(outcome: str) -> str:
     return "url(#hatch)" if outcome == "non_response" else COLOURS.get(outcome, _OTHER)
 
 
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _run_label(s: RunSummary, y: float) -> str:
+    """Run name over what it measured, clipped to the label column; the full text is the tooltip."""
     detail = " · ".join(x for x in (s.model, s.condition, s.stack) if x)
-    return (f'<text x="0" y="{y + 10:.1f}" class="run">{_e(s.run)}</text>'
-            f'<text x="0" y="{y + 26:.1f}" class="detail">{_e(detail)}</text>')
+    return (f'<g><title>{_e(s.run)}: {_e(detail)}</title>'
+            f'<text x="0" y="{y + 10:.1f}" class="run">{_e(_clip(s.run, 28))}</text>'
+            f'<text x="0" y="{y + 26:.1f}" class="detail">{_e(_clip(detail, 38))}</text></g>')
 
 
 def _axis(x0: float, span: float, height: float) -> str:
@@ -86,7 +92,7 @@ def composition_chart(report: Report) -> str:
             w = span * n / s.turns
             share = pct(n / s.turns, 1)
             label = OUTCOME_LABELS.get(outcome, outcome)
-            parts.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="{_fill(outcome)}">'
+            parts.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="{_fill(outcome)}" class="segment">'
                          f'<title>{_e(s.run)}: {_e(label)}, {n} of {s.turns} turns ({share})</title></rect>')
             if w >= 44:
                 cls = "seg light" if outcome == "non_response" else "seg"
@@ -97,10 +103,15 @@ def composition_chart(report: Report) -> str:
     return _svg("Outcome composition", desc, height, "".join(parts))
 
 
+def _pooled_marker(x: float, mid: float) -> str:
+    """A hollow diamond drawn under the mean's dot and larger than it, so both show when they coincide."""
+    return f'<path d="M{x:.2f} {mid - 10} l10 10 l-10 10 l-10 -10 z" class="pooled"/>'
+
+
 def fidelity_chart(report: Report) -> str:
     """Per-episode mean fidelity with its bootstrap CI whisker, and the pooled rate beside it."""
-    x0, span = _LABEL, 520
-    text_x = x0 + span + 24
+    x0, span = _LABEL, 470
+    text_x = x0 + span + 28
     height = _TOP + _ROW * len(report.runs)
     parts = [_axis(x0, span, height)]
     for i, s in enumerate(report.runs):
@@ -118,12 +129,10 @@ def fidelity_chart(report: Report) -> str:
                      f'<line x1="{lo:.2f}" y1="{mid}" x2="{hi:.2f}" y2="{mid}" class="whisker"/>'
                      f'<line x1="{lo:.2f}" y1="{mid - 7}" x2="{lo:.2f}" y2="{mid + 7}" class="whisker"/>'
                      f'<line x1="{hi:.2f}" y1="{mid - 7}" x2="{hi:.2f}" y2="{mid + 7}" class="whisker"/>'
-                     f'<circle cx="{mean:.2f}" cy="{mid}" r="6.5" fill="{_MEAN}"/></g>')
-        if f.pooled is not None:
-            px = x0 + span * f.pooled
-            parts.append(f'<path d="M{px:.2f} {mid - 7} l7 7 l-7 7 l-7 -7 z" class="pooled"/>')
+                     f'{_pooled_marker(x0 + span * f.pooled, mid) if f.pooled is not None else ""}'
+                     f'<circle cx="{mean:.2f}" cy="{mid}" r="6" fill="{_MEAN}"/></g>')
         parts.append(f'<text x="{text_x}" y="{mid + 5:.1f}" class="value">{_e(fidelity_cell(s, 1))}'
-                     f'<tspan class="detail"> · pooled {_e(pooled_cell(s, 1))} · {f.episodes_rated} ep.</tspan></text>')
+                     f'<tspan class="detail"> · pooled {_e(pooled_cell(s, 1))} · n={f.episodes_rated}</tspan></text>')
     desc = "; ".join(f"{s.run}: {fidelity_cell(s, 1)}, pooled {pooled_cell(s, 1)}" for s in report.runs)
     return _svg("Protocol fidelity per run", desc, height, "".join(parts))
 
@@ -144,8 +153,8 @@ def _run_table(report: Report) -> str:
             classes = [name for name, on in (("num", i >= FIRST_NUMERIC), ("rej", c == REJ)) if on]
             cells.append(f'<td class="{" ".join(classes)}">{_e(c)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<table><caption>One row per run</caption><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table>')
+    return (f'<div class="scroll"><table><caption>One row per run</caption><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
 def _counts_table(report: Report) -> str:
@@ -181,7 +190,7 @@ never reached the harness) are hatched grey and always shown.</p>
 <details><summary>Counts</summary>{_counts_table(report)}</details></section>
 <section><h2>Protocol fidelity per run</h2>
 <p class="help"><span class="key dot"></span> per-episode mean &nbsp; <span class="key bar"></span> 95% bootstrap CI
-(episodes resampled) &nbsp; <span class="key diamond"></span> pooled over turns</p>
+(episodes resampled) &nbsp; <span class="key diamond"></span> pooled over turns &nbsp; n = episodes with a rate</p>
 {fidelity_chart(report)}</section>
 </main></body></html>
 """
