@@ -15,6 +15,9 @@ from toolproxy import __version__
 # name -> "module:attribute" of a click command
 COMMANDS = {
     "serve": "toolproxy.proxy.cli:serve",
+    "analyze": "analysis.cli:analyze",
+    "sql": "analysis.cli:sql",
+    "show": "analysis.cli:show",
     "report": "analysis.report.cli:report",
     "compare": "analysis.report.cli:compare",
 }
