@@ -15,39 +15,11 @@ from typing import Sequence
 import duckdb
 
 from analysis import stats
+from analysis.store import StoreError
 from toolproxy import __version__
 
 OUTCOMES = ("valid_call", "invalid_args", "hallucinated_call", "unparseable", "prose", "non_response")
 NON_RESPONSE_KINDS = ("refused", "http_4xx", "http_5xx", "timeout", "connect", "empty", "truncated", "retry_exhausted")
-REQUIRED_TABLES = ("turns", "episodes", "runs", "calls")
-DB_NAME = "toolproxy.duckdb"
-
-
-class StoreError(Exception):
-    """A store that cannot be reported on, with a message meant for the user (no traceback)."""
-
-
-def db_path(data_dir: Path, db: Path | None) -> Path:
-    """Where the store is: --db wins, else the file `toolproxy analyze` writes in the data dir."""
-    return db if db is not None else data_dir / DB_NAME
-
-
-def open_store(path: Path) -> duckdb.DuckDBPyConnection:
-    """Open an analyzed store read-only, or explain what to do instead of failing deep inside SQL."""
-    if not path.exists():
-        raise StoreError(f"no analyzed data at {path}: run `toolproxy analyze` first")
-    if path.is_dir():
-        raise StoreError(f"{path} is a directory, not a DuckDB file (pass the data dir with --data)")
-    try:
-        con = duckdb.connect(str(path), read_only=True)
-    except duckdb.Error as exc:
-        raise StoreError(f"cannot open {path} as a DuckDB store: {exc}") from None
-    present = {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}
-    missing = [t for t in REQUIRED_TABLES if t not in present]
-    if missing:
-        con.close()
-        raise StoreError(f"{path} holds no analyzed data (no {', '.join(missing)} table): run `toolproxy analyze` first")
-    return con
 
 
 def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -1,7 +1,8 @@
 """Real DuckDB files with exactly the analyzer's table contract, built from a compact episode list.
 
-The analyzer branch owns ingest and classification; these fixtures write the same columns it
-writes, so summary, report and compare are tested against the contract and not against it.
+The schema is the analyzer's own (its migrations create the file); only the rows are written
+here, so summary, report and compare are tested against the real tables without depending on
+ingest and classification getting every case right first.
 """
 
 from __future__ import annotations
@@ -10,20 +11,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import duckdb
-
-SCHEMA = """
-create table turns(turn_id VARCHAR PRIMARY KEY, run VARCHAR, episode_key VARCHAR, turn_index INTEGER, item_key VARCHAR,
-    category VARCHAR, condition VARCHAR, model VARCHAR, outcome VARCHAR, sub_kind VARCHAR, surface VARCHAR,
-    n_attempts INTEGER, n_calls INTEGER, final_exchange_id VARCHAR, finish_reason VARCHAR,
-    harness_saw_prose BOOLEAN, content VARCHAR);
-create table episodes(episode_key VARCHAR PRIMARY KEY, run VARCHAR, episode VARCHAR, reconstructed BOOLEAN, item_key VARCHAR,
-    category VARCHAR, n_turns INTEGER, looping BOOLEAN, loop_reason VARCHAR);
-create table runs(run VARCHAR PRIMARY KEY, stack VARCHAR, stack_version VARCHAR, model VARCHAR, condition VARCHAR,
-    n_exchanges INTEGER, n_episodes INTEGER, n_turns INTEGER, first_seen TIMESTAMP, last_seen TIMESTAMP);
-create table calls(turn_id VARCHAR, exchange_id VARCHAR, idx INTEGER, name VARCHAR, arguments_raw VARCHAR, arguments JSON,
-    surface VARCHAR, format VARCHAR, offered BOOLEAN, validated BOOLEAN, valid BOOLEAN, schema_errors JSON);
-"""
+from analysis import store
+from analysis.summary import Report, select_runs, summarize
 
 CALLING = {"valid_call", "invalid_args", "hallucinated_call"}
 
@@ -67,14 +56,14 @@ def T(spec: str) -> Turn:
 
 
 def build_store(path: Path, runs: list[Run]) -> Path:
-    con = duckdb.connect(str(path))
-    con.execute(SCHEMA)
+    con = store.connect(path)
     t0 = dt.datetime(2026, 11, 3, 9, 0, 0)
     for r in runs:
         n_turns = 0
         for e in r.episodes:
             key = f"{r.run}/{e.episode}"
-            con.execute("insert into episodes values (?, ?, ?, false, ?, ?, ?, ?, ?)",
+            con.execute("insert into episodes (episode_key, run, episode, reconstructed, item_key, category, n_turns, "
+                        "looping, loop_reason) values (?, ?, ?, false, ?, ?, ?, ?, ?)",
                         [key, r.run, e.episode, e.item_key, e.category, len(e.turns), e.looping,
                          "identical consecutive calls" if e.looping else None])
             for i, t in enumerate(e.turns):
@@ -83,18 +72,23 @@ def build_store(path: Path, runs: list[Run]) -> Path:
                 content = {"text": '<tool_call>{"name": "get_weather"}</tool_call>'}.get(t.surface or "", "")
                 if t.outcome == "prose":
                     content = "It is sunny in Paris."
-                con.execute("insert into turns values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                con.execute("insert into turns (turn_id, run, episode_key, turn_index, item_key, category, condition, model, "
+                            "outcome, sub_kind, surface, n_attempts, n_calls, final_exchange_id, finish_reason, "
+                            "harness_saw_prose, content) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             [turn_id, r.run, key, i, e.item_key, e.category, r.condition, r.model, t.outcome,
                              t.sub_kind, t.surface, 1, int(has_call), f"x-{turn_id}", "stop", t.saw_prose, content])
                 if has_call:
                     name = "get_weather" if t.outcome != "hallucinated_call" else "book_flight"
-                    con.execute("insert into calls values (?, ?, 0, ?, ?, ?, ?, ?, ?, true, ?, ?)",
+                    con.execute("insert into calls (turn_id, exchange_id, idx, name, arguments_raw, arguments, surface, "
+                                "format, offered, validated, valid, schema_errors) "
+                                "values (?, ?, 0, ?, ?, ?, ?, ?, ?, true, ?, ?)",
                                 [turn_id, f"x-{turn_id}", name, '{"city": "Paris"}', '{"city": "Paris"}',
                                  t.surface or "text", "hermes", t.outcome != "hallucinated_call",
                                  t.outcome == "valid_call",
                                  '["missing city"]' if t.outcome == "invalid_args" else "[]"])
                 n_turns += 1
-        con.execute("insert into runs values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        con.execute("insert into runs (run, stack, stack_version, model, condition, n_exchanges, n_episodes, n_turns, "
+                    "first_seen, last_seen) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [r.run, r.stack, r.stack_version, r.model, r.condition, n_turns, len(r.episodes), n_turns,
                      t0, t0 + dt.timedelta(minutes=5)])
     con.close()
@@ -143,3 +137,12 @@ def paired_runs(table: dict[str, tuple[int, int, int, int]], run_a: str = "A", r
             a.episodes.append(Episode(item, [T("valid_call") if pass_a else fail], item, category))
             b.episodes.append(Episode(item, [T("valid_call@text") if pass_b else fail], item, category))
     return [a, b]
+
+
+def load_report(path: Path, runs: list[str] | None = None, seed: int = 0) -> Report:
+    """What `toolproxy report` computes, without the rendering."""
+    con = store.connect(path, read_only=True)
+    try:
+        return summarize(con, select_runs(con, runs, path), str(path), seed=seed)
+    finally:
+        con.close()

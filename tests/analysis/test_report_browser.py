@@ -8,7 +8,7 @@ import pytest
 
 from analysis.report import render
 from analysis.report.screenshot import find_browser, screenshot
-from analysis.summary import open_store, select_runs, summarize
+from storebuilder import load_report
 
 pytestmark = pytest.mark.skipif(find_browser() is None, reason="Chromium not installed (apt-get install -y chromium)")
 
@@ -19,11 +19,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_report_renders_in_headless_chromium(mixed_store, tmp_path):
-    con = open_store(mixed_store)
-    try:
-        page = render(summarize(con, select_runs(con, None, mixed_store), str(mixed_store)), "html")
-    finally:
-        con.close()
+    page = render(load_report(mixed_store), "html")
     html = tmp_path / "report.html"
     html.write_text(page, encoding="utf-8")
     blank = tmp_path / "blank.html"

@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from analysis.stats import holm, mcnemar_exact
-from storebuilder import SCHEMA, Episode, Run, T, build_store, paired_runs
+from storebuilder import Episode, Run, T, build_store, paired_runs
 
 TOOLPROXY = shutil.which("toolproxy", path=str(Path(sys.executable).parent)) or shutil.which("toolproxy")
 
@@ -65,11 +65,8 @@ def test_report_user_errors(mixed_store, tmp_path):
     assert_user_error(toolproxy("report", "--db", str(mixed_store), "--run", "qwen-nativ"), "unknown run(s): qwen-nativ")
     empty = tmp_path / "empty.duckdb"
     duckdb.connect(str(empty)).close()
-    assert_user_error(toolproxy("report", "--db", str(empty)), "run `toolproxy analyze` first")
-    no_rows = tmp_path / "no-rows.duckdb"
-    con = duckdb.connect(str(no_rows))
-    con.execute(SCHEMA)
-    con.close()
+    assert_user_error(toolproxy("report", "--db", str(empty)), "run `toolproxy analyze`")
+    no_rows = build_store(tmp_path / "no-rows.duckdb", [])
     assert_user_error(toolproxy("report", "--db", str(no_rows)), "holds no runs yet")
     assert_user_error(toolproxy("report", "--db", str(mixed_store), "--format", "html", "-o", str(tmp_path / "no" / "r.html")),
                       "cannot write")

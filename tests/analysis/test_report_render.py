@@ -12,17 +12,12 @@ import pytest
 from analysis.report import FORMATS, render
 from analysis.report.cells import OUTCOME_LABELS
 from analysis.report.htmlpage import COLOURS
-from analysis.summary import open_store, select_runs, summarize
-from storebuilder import Episode, Run, T, build_store
+from storebuilder import Episode, Run, T, build_store, load_report
 
 
 @pytest.fixture
 def report(mixed_store):
-    con = open_store(mixed_store)
-    try:
-        return summarize(con, select_runs(con, None, mixed_store), str(mixed_store))
-    finally:
-        con.close()
+    return load_report(mixed_store)
 
 
 def test_terminal_table_fits_100_columns_and_shows_rej(report):
@@ -110,12 +105,7 @@ def test_html_escapes_names(tmp_path):
     path = build_store(tmp_path / "x.duckdb", [
         Run("<script>alert(1)</script>", "ollama", "0.12.6", 'm"odel', "native", [Episode("0", [T("valid_call")])]),
     ])
-    con = open_store(path)
-    try:
-        rep = summarize(con, select_runs(con, None, path), str(path))
-    finally:
-        con.close()
-    page = render(rep, "html")
+    page = render(load_report(path), "html")
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert 'm"odel' not in page
 

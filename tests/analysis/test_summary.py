@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
 import pytest
 
-from analysis.summary import OUTCOMES, StoreError, open_store, select_runs, summarize
+from analysis.store import StoreError
+from analysis.summary import OUTCOMES
+from storebuilder import build_store, load_report
 
 
 def _summaries(path: Path, runs=None, seed=0):
-    con = open_store(path)
-    try:
-        report = summarize(con, select_runs(con, runs, path), str(path), seed=seed)
-    finally:
-        con.close()
+    report = load_report(path, runs, seed)
     return {s.run: s for s in report.runs}, report
 
 
@@ -75,19 +72,10 @@ def test_seed_makes_the_ci_reproducible(mixed_store):
     assert (a.ci_low, a.ci_high) != (c.ci_low, c.ci_high)
 
 
-def test_store_errors_say_what_to_do(tmp_path):
-    with pytest.raises(StoreError, match="run `toolproxy analyze` first"):
-        open_store(tmp_path / "missing.duckdb")
-    empty = tmp_path / "empty.duckdb"
-    duckdb.connect(str(empty)).close()
-    with pytest.raises(StoreError, match="no analyzed data.*run `toolproxy analyze` first"):
-        open_store(empty)
-    with pytest.raises(StoreError, match="directory"):
-        open_store(tmp_path)
-    garbage = tmp_path / "garbage.duckdb"
-    garbage.write_bytes(b"not a database at all" * 100)
-    with pytest.raises(StoreError, match="cannot open"):
-        open_store(garbage)
+def test_a_store_without_runs_says_so(tmp_path):
+    path = build_store(tmp_path / "fresh.duckdb", [])
+    with pytest.raises(StoreError, match="holds no runs yet"):
+        load_report(path)
 
 
 def test_outcome_list_matches_the_spec():
