@@ -152,7 +152,9 @@ class Reader:
     text: str
     fmt: str
     tool_names: Collection[str] | None = None
-    flatten: bool = False  # fenced blocks: {"name": tool, k: v...} means arguments {k: v...}
+    # Fenced blocks: an object with a name but no arguments key is still a call, its other
+    # members being the arguments (Qwen2.5-Coder writes {"name": "get_weather", "city": ...}).
+    flatten: bool = False
 
     def calls_at(self, i: int) -> tuple[list[TextCall] | None, int]:
         """(calls, end) for the value at i; calls is None when the value is valid JSON but not a
@@ -223,7 +225,7 @@ class Reader:
             return [TextCall(name, value, text[arg.start:arg.end], fmt, (i, end), error)], end
         known = self.tool_names is not None and name in self.tool_names
         rest = {k: m.value for k, m in found.items() if k != name_key and k not in _BARE_KEYS}
-        if known and (not rest or self.flatten):
+        if self.flatten or (known and not rest):
             return [TextCall(name, rest, "", fmt, (i, end))], end
         return [], end
 

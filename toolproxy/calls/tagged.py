@@ -3,8 +3,9 @@ Studio default `[TOOL_REQUEST]...[END_TOOL_REQUEST]`, and Qwen3-Coder's XML
 `<function=f><parameter=p>v</parameter></function>`.
 
 Strong tags (`<tool_call>`, `<TOOLCALL>`, `[TOOL_REQUEST]`, `<function=`) are an attempt whatever
-follows them. The looser tags llama.cpp's Hermes 2 Pro parser also accepts (`<tool>`, `<tools>`,
-`<function_call>`) appear in prose and prompts too, so they only count when they hold a call.
+follows them. The looser wrappers llama.cpp's Hermes 2 Pro parser also accepts (`<tool>`, `<tools>`,
+`<function_call>`, `<json>`, `<xml>`, `<response>`) appear in prose and prompts too, so they
+only count when they hold a call with a legible name.
 A missing closing tag is common (generation stopped at EOS): the call then ends where its JSON or
 XML ends, or where the next opening tag starts.
 """
@@ -16,7 +17,7 @@ import re
 from .jsontext import DECODER, JSONFault, Reader, broken_call, skip_ws
 from .model import Group, TextCall
 
-_HERMES_OPEN = re.compile(r"<(tool_call|TOOLCALL|tools?|function_call)>")
+_HERMES_OPEN = re.compile(r"<(tool_call|TOOLCALL|tools?|function_call|json|JSON|xml|response)>")
 _STRONG = {"tool_call", "TOOLCALL"}
 _LMSTUDIO_OPEN = "[TOOL_REQUEST]"
 _LMSTUDIO_CLOSE = "[END_TOOL_REQUEST]"
