@@ -12,7 +12,9 @@ Sources (public repositories; the text is model output quoted in their tests or 
   ollama        ollama/ollama tools/tools_test.go (TestParseToolCalls, TestParseJSONToolCalls)
   lmstudio      lmstudio-ai/docs 1_developer/3_openai-compat/tools.md (default tool format)
   issue:X       the GitHub issue named, quoting real output
-  realstack     shared/realstack/README.md: Qwen2.5-Coder-0.5B on llama.cpp 0c1e57098
+  realstack     captured here: Qwen2.5-Coder-0.5B-Instruct GGUF on the shared/realstack llama-server,
+                tools=[get_weather, write_file], temperature 0, HTTP 200, finish_reason "stop",
+                tool_calls null: the call is only in `content` (the stack's parser did not see it)
 
 Each row: (id, text, expected calls as (name, arguments, format) with arguments None when they
 must not parse, attempted, expected content or None to skip the content check).
@@ -215,6 +217,17 @@ ROWS = [
      [("get_current_weather", WEATHER_SF, "fenced_json"), ("get_current_weather", WEATHER_TO, "fenced_json")], True, "Action:"),
     ("llamacpp-command-r7b-action-fence", 'Action:\n```json\n[{"tool_name": "special_function", "parameters": {"arg1": 1}}]\n```',
      [("special_function", {"arg1": 1}, "fenced_json")], True, "Action:"),
+    ("realstack-qwen25coder-weather-fenced",
+     '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris",\n    "unit": "celsius"\n  }\n}\n```',
+     [("get_weather", {"city": "Paris", "unit": "celsius"}, "fenced_json")], True, ""),
+    ("realstack-qwen25coder-write-file-fenced",
+     '```json\n{\n  "name": "write_file",\n  "arguments": {\n    "path": "/path/to/hello.txt",\n    "content": "Hello, world!"\n  }\n}\n```',
+     [("write_file", {"path": "/path/to/hello.txt", "content": "Hello, world!"}, "fenced_json")], True, ""),
+    ("realstack-qwen25coder-write-file-bare", '{"name": "write_file", "arguments": {"path": "todo.txt", "content": "buy milk"}}',
+     [("write_file", {"path": "todo.txt", "content": "buy milk"}, "bare_json")], True, ""),
+    # "What is 2+2?": no tool fits, the model calls one anyway (a call, not prose).
+    ("realstack-qwen25coder-unneeded-call", '{"name": "get_weather", "arguments": {"city": "London", "unit": "celsius"}}',
+     [("get_weather", {"city": "London", "unit": "celsius"}, "bare_json")], True, ""),
     ("realstack-qwen25coder-file-path-name",
      'To create the file, use:\n\n```json\n{\n  "name": "src/hello.py",\n  "arguments": {\n    "content": "print(\'hello\')"\n  }\n}\n```',
      [("src/hello.py", {"content": "print('hello')"}, "fenced_json")], True, "To create the file, use:"),
@@ -243,6 +256,10 @@ ROWS = [
     ("ollama-missing-fields", '{"other": "field"}', [], False, '{"other": "field"}'),
     ("openai-shape-leaked", 'Calling now: {"type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}}',
      [("get_weather", {"city": "Oslo"}, "bare_json")], True, "Calling now:"),
+    # Qwen2.5's template lists the offered tools in <tools> like this; echoed back it is not a call.
+    ("qwen-template-tool-definition-echo",
+     '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "Get weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}\n</tools>',
+     [], False, None),
     ("json-answer-not-a-call", '{"temperature": 20}', [], False, '{"temperature": 20}'),
     ("json-person-not-a-call", 'The record is {"name": "Alice", "age": 30}.', [], False, 'The record is {"name": "Alice", "age": 30}.'),
     ("prose", "The weather in San Francisco, CA is 70°F and in Toronto, Canada is 20°C.", [], False,

@@ -219,6 +219,8 @@ class Reader:
         name = found[name_key].value
         args_key = next((k for k in ARGS_KEYS if k in found), None)
         fmt = "llama_json" if self.fmt == "bare_json" and args_key == "parameters" else self.fmt
+        if args_key is not None and _is_definition(found, found[args_key].value):
+            return [], end
         if args_key is not None:
             arg = found[args_key]
             value, error = _arguments_value(arg.value)
@@ -228,6 +230,14 @@ class Reader:
         if self.flatten or (known and not rest):
             return [TextCall(name, rest, "", fmt, (i, end))], end
         return [], end
+
+
+def _is_definition(found: dict[str, Member], arguments: Any) -> bool:
+    """A tool *definition* echoed back (Qwen's template lists tools in <tools> as
+    {"type": "function", "function": {"name", "description", "parameters": schema}}) is not a call."""
+    return "description" in found and isinstance(arguments, dict) and (
+        "properties" in arguments or arguments.get("type") == "object"
+    )
 
 
 def _respan(call: TextCall, start: int, end: int) -> TextCall:

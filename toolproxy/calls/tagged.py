@@ -141,15 +141,14 @@ def _function_arguments(text: str, start: int, end: int) -> tuple[object, str | 
             return None, "text after the JSON arguments"
         return value, None
     arguments: dict[str, object] = {}
-    pos = start
-    while (match := _PARAMETER_OPEN.search(text, pos, end)) is not None:
-        close = text.find(_PARAMETER_CLOSE, match.end(), end)
+    match = _PARAMETER_OPEN.search(text, start, end)
+    while match is not None:
         following = _PARAMETER_OPEN.search(text, match.end(), end)
-        stop = close if close >= 0 else end
-        if following is not None and following.start() < stop:
-            stop = following.start()
+        bound = following.start() if following is not None else end
+        close = text.find(_PARAMETER_CLOSE, match.end(), bound)
+        stop = close if close >= 0 else bound
         arguments.setdefault(match.group(1).strip(), _parameter_value(text[match.end():stop]))
-        pos = stop + len(_PARAMETER_CLOSE) if stop == close else stop
+        match = following
     return arguments, None
 
 
