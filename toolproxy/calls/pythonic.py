@@ -16,6 +16,7 @@ import warnings
 
 from .jsontext import JSONFault, Reader, broken_call, skip_ws
 from .model import Group, TextCall
+from .scan import each_marker
 
 _WRAPPERS = (("<function_calls>", "</function_calls>"), ("<|python_start|>", "<|python_end|>"))
 _BARE = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
@@ -63,19 +64,14 @@ def find_bare_pythonic(text: str, tool_names) -> list[Group]:
 
 
 def find_python_tag(text: str, tool_names) -> list[Group]:
-    groups: list[Group] = []
-    pos = 0
-    while (start := text.find(PYTHON_TAG, pos)) >= 0:
-        body = start + len(PYTHON_TAG)
-        nxt = text.find(PYTHON_TAG, body)
-        limit = nxt if nxt >= 0 else len(text)
+    def read(start: int, body: int, limit: int) -> Group:
         calls, end = _python_tag_body(text, start, body, limit, tool_names)
         for token in _END_TOKENS:
             if text.startswith(token, skip_ws(text, end)):
                 end = skip_ws(text, end) + len(token)
-        groups.append(Group((start, end), tuple(calls)))
-        pos = max(end, body)
-    return groups
+        return Group((start, end), tuple(calls))
+
+    return each_marker(text, PYTHON_TAG, read)
 
 
 def _python_tag_body(text: str, start: int, body: int, limit: int, tool_names) -> tuple[list[TextCall], int]:

@@ -16,6 +16,7 @@ import re
 
 from .jsontext import DECODER, JSONFault, Reader, broken_call, skip_ws
 from .model import Group, TextCall
+from .scan import each_marker
 
 _HERMES_OPEN = re.compile(r"<(tool_call|TOOLCALL|tools?|function_call|json|JSON|xml|response)>")
 _STRONG = {"tool_call", "TOOLCALL"}
@@ -49,16 +50,11 @@ def find_hermes(text: str, tool_names) -> list[Group]:
 
 
 def find_lmstudio(text: str, tool_names) -> list[Group]:
-    groups: list[Group] = []
-    pos = 0
-    while (start := text.find(_LMSTUDIO_OPEN, pos)) >= 0:
-        body = start + len(_LMSTUDIO_OPEN)
-        nxt = text.find(_LMSTUDIO_OPEN, body)
-        limit = _limit(text, body, _LMSTUDIO_CLOSE, nxt if nxt >= 0 else len(text))
-        group = _wrapped(text, start, body, limit, _LMSTUDIO_CLOSE, "lmstudio", tool_names)
-        groups.append(group)
-        pos = group.span[1]
-    return groups
+    def read(start: int, body: int, next_open: int) -> Group:
+        limit = _limit(text, body, _LMSTUDIO_CLOSE, next_open)
+        return _wrapped(text, start, body, limit, _LMSTUDIO_CLOSE, "lmstudio", tool_names)
+
+    return each_marker(text, _LMSTUDIO_OPEN, read)
 
 
 def find_qwen_xml(text: str, tool_names) -> list[Group]:
