@@ -56,6 +56,7 @@ class RunSummary:
     calls: int
     text_calls: int
     harness_saw_prose: int
+    valid_seen_as_prose: int
     looping_episodes: int
 
     @property
@@ -110,7 +111,9 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
         where outcome = 'non_response' and run in (select run from wanted) group by all
     """).fetchall())
     per_turn = {r[0]: r[1:] for r in con.execute("""
-        select run, count(*), count(*) filter (where harness_saw_prose) from turns
+        select run, count(*), count(*) filter (where harness_saw_prose),
+               count(*) filter (where harness_saw_prose and outcome = 'valid_call')
+        from turns
         where run in (select run from wanted) group by run
     """).fetchall()}
     per_call = {r[0]: r[1:] for r in con.execute("""
@@ -137,7 +140,7 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
         fid = stats.fidelity(counts["valid"][mask], counts["produced"][mask], counts["non_responses"][mask],
                              resamples=resamples, seed=seed)
         stack, version, model, condition = meta.get(run, (None, None, None, None))
-        turns, saw_prose = per_turn.get(run, (0, 0))
+        turns, saw_prose, valid_prose = per_turn.get(run, (0, 0, 0))
         calls, text_calls = per_call.get(run, (0, 0))
         episodes, looping = per_episode.get(run, (int(mask.sum()), 0))
         summaries.append(RunSummary(
@@ -145,6 +148,7 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
             turns=int(turns), episodes=int(episodes), fidelity=fid,
             outcomes={k: 0 for k in OUTCOMES} | outcomes.get(run, {}),
             non_response_kinds=kinds.get(run, {}),
-            calls=int(calls), text_calls=int(text_calls), harness_saw_prose=int(saw_prose), looping_episodes=int(looping),
+            calls=int(calls), text_calls=int(text_calls), harness_saw_prose=int(saw_prose),
+            valid_seen_as_prose=int(valid_prose), looping_episodes=int(looping),
         ))
     return Report(runs=summaries, source=source, seed=seed, resamples=resamples)

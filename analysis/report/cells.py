@@ -14,7 +14,7 @@ NONE = "-"
 HEADERS = ("run", "stack", "model", "condition", "turns", "episodes", "fidelity [95% CI]", "pooled",
            "non-response", "as text", "loops")
 # The same columns, headed tersely so the terminal table fits in 100 columns.
-SHORT_HEADERS = ("run", "stack", "model", "condition", "turns", "eps", "fidelity [CI]", "pooled", "nonresp", "text",
+SHORT_HEADERS = ("run", "stack", "model", "cond", "turns", "eps", "fidelity [CI]", "pooled", "nonresp", "text",
                  "loops")
 FIRST_NUMERIC = 4
 
@@ -55,9 +55,11 @@ def stack_cell(s: RunSummary, version: bool = True) -> str:
     return " ".join(x for x in (s.stack, s.stack_version if version else None) if x) or NONE
 
 
-def row(s: RunSummary, digits: int = 0, versions: bool = True) -> list[str]:
-    """The human cells of one run; the terminal drops stack versions to stay within 100 columns."""
-    return [s.run, stack_cell(s, versions), s.model or NONE, s.condition or NONE, str(s.turns), str(s.episodes),
+def row(s: RunSummary, digits: int = 0, compact: bool = False) -> list[str]:
+    """The human cells of one run. compact (the terminal) drops the stack version and a model's
+    hub organisation ("Qwen/Qwen3-8B" -> "Qwen3-8B") to stay within 100 columns."""
+    model = (s.model.rsplit("/", 1)[-1] if compact else s.model) if s.model else NONE
+    return [s.run, stack_cell(s, not compact), model, s.condition or NONE, str(s.turns), str(s.episodes),
             fidelity_cell(s, digits), pooled_cell(s, digits), pct(s.fidelity.non_response_rate, digits),
             pct(s.surfaced_as_text, digits), str(s.looping_episodes)]
 
@@ -74,22 +76,23 @@ def run_notes(s: RunSummary) -> list[str]:
     if s.turns == 0:
         notes.append("no turns recorded")
     elif s.rejected:
-        notes.append(f"every turn was a non-response ({kinds_text(s.non_response_kinds)}): "
-                     f"no fidelity ({REJ}); the model's output never reached the harness")
+        notes.append(f"every turn was a non-response ({kinds_text(s.non_response_kinds)}): no fidelity ({REJ}), "
+                     "the model's output never reached the harness")
     elif f.non_responses:
-        notes.append(f"{f.non_responses} non-response turn(s) kept out of fidelity ({kinds_text(s.non_response_kinds)})")
+        notes.append(f"{f.non_responses} non-responses kept out of fidelity ({kinds_text(s.non_response_kinds)})")
     if s.harness_saw_prose:
-        notes.append(f"{s.harness_saw_prose} turn(s) the harness saw as prose held a valid call in the text "
-                     "(the stack did not parse it: no or wrong tool parser?)")
+        notes.append(f"{s.harness_saw_prose} turns the harness saw as prose held a valid call in the text "
+                     "(no or wrong tool parser on the stack?)")
     if f.episodes_unrated and not s.rejected:
-        notes.append(f"{f.episodes_unrated} episode(s) with no produced turn left out of the per-episode mean")
+        notes.append(f"{f.episodes_unrated} episodes with no produced turn left out of the per-episode mean")
     if s.looping_episodes:
-        notes.append(f"{s.looping_episodes} looping episode(s): pooled and per-episode rates can diverge")
+        notes.append(f"{s.looping_episodes} looping episodes")
     return notes
 
 
 def report_notes(report: Report) -> list[tuple[str, str]]:
-    return [(s.run, note) for s in report.runs for note in run_notes(s)]
+    """One line per run that has something to say."""
+    return [(s.run, "; ".join(notes)) for s in report.runs if (notes := run_notes(s))]
 
 
 def provenance(report: Report) -> str:

@@ -20,7 +20,7 @@ def _flat(s: RunSummary, kinds: list[str], outcomes: list[str]) -> dict:
         **{f"outcome_{k}": s.outcomes.get(k, 0) for k in outcomes},
         **{f"non_response_{k}": s.non_response_kinds.get(k, 0) for k in kinds},
         "calls": s.calls, "text_calls": s.text_calls, "surfaced_as_text": s.surfaced_as_text,
-        "harness_saw_prose": s.harness_saw_prose, "looping_episodes": s.looping_episodes,
+        "harness_saw_prose": s.harness_saw_prose, "valid_seen_as_prose": s.valid_seen_as_prose, "looping_episodes": s.looping_episodes,
     }
 
 

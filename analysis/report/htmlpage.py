@@ -24,6 +24,7 @@ COLOURS = {
     "non_response": "#3B3B3B",
 }
 _OTHER = "#999999"
+_SEEN_AS_PROSE = "#b9eadb"
 _MEAN = "#0072B2"
 
 _WIDTH = 1040
@@ -71,13 +72,24 @@ def _svg(title: str, desc: str, height: float, body: str) -> str:
             f'<desc id="{slug}-d">{_e(desc)}</desc>{body}</svg>')
 
 
+def _seen_as_prose(s: RunSummary, right: float, w: float, y: float) -> str:
+    """Striped over the right end of the valid-call segment: valid calls the stack left in the text,
+    so the harness got prose. The signature of a stack without a tool parser must be visible."""
+    return (f'<rect x="{right - w:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="url(#seen-prose)" class="segment">'
+            f'<title>{_e(s.run)}: {s.valid_seen_as_prose} valid calls the harness saw as prose '
+            f'(left in the text by the stack)</title></rect>')
+
+
 def composition_chart(report: Report) -> str:
     """A 100% stacked bar per run: every turn is in exactly one segment, non-responses included."""
     x0, span = _LABEL, _WIDTH - _LABEL - 10
     height = _TOP + _ROW * len(report.runs)
     parts = ['<defs><pattern id="hatch" width="8" height="8" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
              f'<rect width="8" height="8" fill="{COLOURS["non_response"]}"/>'
-             '<line x1="0" y1="0" x2="0" y2="8" stroke="#ffffff" stroke-width="2" stroke-opacity="0.45"/></pattern></defs>',
+             '<line x1="0" y1="0" x2="0" y2="8" stroke="#ffffff" stroke-width="2" stroke-opacity="0.45"/></pattern>'
+             f'<pattern id="seen-prose" width="5" height="5" patternUnits="userSpaceOnUse">'
+             f'<rect width="5" height="5" fill="{COLOURS["valid_call"]}"/>'
+             f'<line x1="4" y1="0" x2="4" y2="5" stroke="{_SEEN_AS_PROSE}" stroke-width="2"/></pattern></defs>',
              _axis(x0, span, height)]
     for i, s in enumerate(report.runs):
         y = _TOP + i * _ROW
@@ -94,6 +106,8 @@ def composition_chart(report: Report) -> str:
             label = OUTCOME_LABELS.get(outcome, outcome)
             parts.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="{_fill(outcome)}" class="segment">'
                          f'<title>{_e(s.run)}: {_e(label)}, {n} of {s.turns} turns ({share})</title></rect>')
+            if outcome == "valid_call" and s.valid_seen_as_prose:
+                parts.append(_seen_as_prose(s, x + w, span * s.valid_seen_as_prose / s.turns, y))
             if w >= 44:
                 cls = "seg light" if outcome == "non_response" else "seg"
                 parts.append(f'<text x="{x + w / 2:.2f}" y="{y + 16.5}" class="{cls}">{share}</text>')
@@ -137,9 +151,11 @@ def fidelity_chart(report: Report) -> str:
     return _svg("Protocol fidelity per run", desc, height, "".join(parts))
 
 
-def _legend() -> str:
+def _legend(report: Report) -> str:
     items = "".join(f'<li><span class="swatch {k}" style="background:{COLOURS[k]}"></span>{_e(OUTCOME_LABELS[k])}</li>'
                     for k in OUTCOMES)
+    if any(s.valid_seen_as_prose for s in report.runs):
+        items += '<li><span class="swatch seen_as_prose"></span>valid call the harness saw as prose (stack did not parse it)</li>'
     return f'<ul class="legend" aria-label="outcome colours">{items}</ul>'
 
 
@@ -150,7 +166,7 @@ def _run_table(report: Report) -> str:
         run, *rest = row(s, digits=1)
         cells = [f'<th scope="row">{_e(run)}</th>']
         for i, c in enumerate(rest, start=1):
-            classes = [name for name, on in (("num", i >= FIRST_NUMERIC), ("rej", c == REJ)) if on]
+            classes = [name for name, on in (("num", i >= FIRST_NUMERIC), ("rej", c == REJ), ("wrap", HEADERS[i] == "stack")) if on]
             cells.append(f'<td class="{" ".join(classes)}">{_e(c)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<div class="scroll"><table><caption>One row per run</caption><thead><tr>{head}</tr></thead>'
@@ -186,7 +202,7 @@ reply text rather than in <code>tool_calls</code>.</p></section>
 <section><h2>Outcome composition</h2>
 <p class="help">Share of all turns per outcome. Non-responses (refusals, server errors, timeouts: the model's output
 never reached the harness) are hatched grey and always shown.</p>
-{_legend()}{composition_chart(report)}
+{_legend(report)}{composition_chart(report)}
 <details><summary>Counts</summary>{_counts_table(report)}</details></section>
 <section><h2>Protocol fidelity per run</h2>
 <p class="help"><span class="key dot"></span> per-episode mean &nbsp; <span class="key bar"></span> 95% bootstrap CI

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from analysis.report.cells import FIRST_NUMERIC, SHORT_HEADERS, provenance, report_notes, row
 from analysis.summary import Report
 
 # Name-like columns give up width (ending in "…") when the table is wider than the terminal, the
 # widest first and the run name last; numbers never do, because a clipped number is a wrong number.
-_SHRINK_FIRST = ("model", "stack", "condition", "category")
+_SHRINK_FIRST = ("model", "stack", "cond", "category")
 _SHRINK_LAST = ("run",)
 _MIN_WIDTH = 6
-_GAP = "  "
 
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _widths(headers: list[str], rows: list[list[str]], width: int) -> list[int]:
-    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
-    excess = sum(widths) + len(_GAP) * (len(widths) - 1) - width
+def _layout(headers: list[str], rows: list[list[str]], width: int) -> tuple[list[int], str]:
+    """Column widths and the gap between columns: two spaces, one if that is what makes it fit."""
+    natural = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    gap = "  " if sum(natural) + 2 * (len(natural) - 1) <= width else " "
+    widths = list(natural)
+    excess = sum(widths) + len(gap) * (len(widths) - 1) - width
     for group in (_SHRINK_FIRST, _SHRINK_LAST):
         columns = [headers.index(n) for n in group if n in headers]
         while excess > 0 and columns:
@@ -28,28 +32,30 @@ def _widths(headers: list[str], rows: list[list[str]], width: int) -> list[int]:
                 break
             widths[widest] -= 1
             excess -= 1
-    return widths
+    return widths, gap
 
 
 def aligned(headers: list[str], rows: list[list[str]], first_numeric: int, width: int = 100) -> list[str]:
     """Header, rule and rows; columns from `first_numeric` on are numbers (right-aligned, never clipped)."""
-    widths = _widths(headers, rows, width)
+    widths, gap = _layout(headers, rows, width)
 
     def line(cells: list[str]) -> str:
         out = [_clip(c, w).rjust(w) if i >= first_numeric else _clip(c, w).ljust(w)
                for i, (c, w) in enumerate(zip(cells, widths))]
-        return _GAP.join(out).rstrip()
+        return gap.join(out).rstrip()
 
-    return [line(headers), _GAP.join("-" * w for w in widths)] + [line(r) for r in rows]
+    return [line(headers), gap.join("-" * w for w in widths)] + [line(r) for r in rows]
 
 
 def render(report: Report, width: int = 100) -> str:
-    lines = aligned(list(SHORT_HEADERS), [row(s, versions=False) for s in report.runs], FIRST_NUMERIC, width)
+    lines = aligned(list(SHORT_HEADERS), [row(s, compact=True) for s in report.runs], FIRST_NUMERIC, width)
     notes = report_notes(report)
     if notes:
         lines.append("")
-        lines.extend(f"{run}: {note}" for run, note in notes)
-    lines += ["", "fidelity = valid_call turns / turns the model produced (per-episode mean [95% CI]; pooled over turns);",
-              "rej = every turn was a non-response; text = share of calls found in the reply text, not in tool_calls.",
-              provenance(report)]
+        for run, note in notes:
+            lines += textwrap.wrap(f"{run}: {note}", width, subsequent_indent="    ")
+    legend = ("fidelity = valid_call turns / turns the model produced: per-episode mean [95% CI] and pooled over "
+              "turns. rej = every turn was a non-response. text = share of calls found in the reply text, not in "
+              "tool_calls. " + provenance(report))
+    lines += [""] + textwrap.wrap(legend, width)
     return "\n".join(lines) + "\n"

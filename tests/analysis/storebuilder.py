@@ -55,43 +55,57 @@ def T(spec: str) -> Turn:
     return Turn(outcome, sub_kind or None, surface or None, saw_prose)
 
 
-def build_store(path: Path, runs: list[Run]) -> Path:
-    con = store.connect(path)
+COLUMNS = {
+    "episodes": ("episode_key", "run", "episode", "reconstructed", "item_key", "category", "n_turns", "looping", "loop_reason"),
+    "turns": ("turn_id", "run", "episode_key", "turn_index", "item_key", "category", "condition", "model", "outcome",
+              "sub_kind", "surface", "n_attempts", "n_calls", "final_exchange_id", "finish_reason", "harness_saw_prose",
+              "content"),
+    "calls": ("turn_id", "exchange_id", "idx", "name", "arguments_raw", "arguments", "surface", "format", "offered",
+              "validated", "valid", "schema_errors"),
+    "runs": ("run", "stack", "stack_version", "model", "condition", "n_exchanges", "n_episodes", "n_turns", "first_seen",
+             "last_seen"),
+}
+
+
+def _rows(runs: list[Run]) -> dict[str, list[tuple]]:
+    rows: dict[str, list[tuple]] = {table: [] for table in COLUMNS}
     t0 = dt.datetime(2026, 11, 3, 9, 0, 0)
     for r in runs:
-        n_turns = 0
+        n_turns = sum(len(e.turns) for e in r.episodes)
+        rows["runs"].append((r.run, r.stack, r.stack_version, r.model, r.condition, n_turns, len(r.episodes), n_turns,
+                             t0, t0 + dt.timedelta(minutes=5)))
         for e in r.episodes:
             key = f"{r.run}/{e.episode}"
-            con.execute("insert into episodes (episode_key, run, episode, reconstructed, item_key, category, n_turns, "
-                        "looping, loop_reason) values (?, ?, ?, false, ?, ?, ?, ?, ?)",
-                        [key, r.run, e.episode, e.item_key, e.category, len(e.turns), e.looping,
-                         "identical consecutive calls" if e.looping else None])
+            rows["episodes"].append((key, r.run, e.episode, False, e.item_key, e.category, len(e.turns), e.looping,
+                                     "identical consecutive calls" if e.looping else None))
             for i, t in enumerate(e.turns):
                 turn_id = f"{key}#{i}"
                 has_call = t.outcome in CALLING or t.saw_prose
                 content = {"text": '<tool_call>{"name": "get_weather"}</tool_call>'}.get(t.surface or "", "")
                 if t.outcome == "prose":
                     content = "It is sunny in Paris."
-                con.execute("insert into turns (turn_id, run, episode_key, turn_index, item_key, category, condition, model, "
-                            "outcome, sub_kind, surface, n_attempts, n_calls, final_exchange_id, finish_reason, "
-                            "harness_saw_prose, content) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            [turn_id, r.run, key, i, e.item_key, e.category, r.condition, r.model, t.outcome,
-                             t.sub_kind, t.surface, 1, int(has_call), f"x-{turn_id}", "stop", t.saw_prose, content])
+                rows["turns"].append((turn_id, r.run, key, i, e.item_key, e.category, r.condition, r.model, t.outcome,
+                                      t.sub_kind, t.surface, 1, int(has_call), f"x-{turn_id}", "stop", t.saw_prose,
+                                      content))
                 if has_call:
-                    name = "get_weather" if t.outcome != "hallucinated_call" else "book_flight"
-                    con.execute("insert into calls (turn_id, exchange_id, idx, name, arguments_raw, arguments, surface, "
-                                "format, offered, validated, valid, schema_errors) "
-                                "values (?, ?, 0, ?, ?, ?, ?, ?, ?, true, ?, ?)",
-                                [turn_id, f"x-{turn_id}", name, '{"city": "Paris"}', '{"city": "Paris"}',
-                                 t.surface or "text", "hermes", t.outcome != "hallucinated_call",
-                                 t.outcome == "valid_call",
-                                 '["missing city"]' if t.outcome == "invalid_args" else "[]"])
-                n_turns += 1
-        con.execute("insert into runs (run, stack, stack_version, model, condition, n_exchanges, n_episodes, n_turns, "
-                    "first_seen, last_seen) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [r.run, r.stack, r.stack_version, r.model, r.condition, n_turns, len(r.episodes), n_turns,
-                     t0, t0 + dt.timedelta(minutes=5)])
-    con.close()
+                    rows["calls"].append((turn_id, f"x-{turn_id}", 0,
+                                          "book_flight" if t.outcome == "hallucinated_call" else "get_weather",
+                                          '{"city": "Paris"}', '{"city": "Paris"}', t.surface or "text", "hermes",
+                                          t.outcome != "hallucinated_call", True, t.outcome == "valid_call",
+                                          '["missing city"]' if t.outcome == "invalid_args" else "[]"))
+    return rows
+
+
+def build_store(path: Path, runs: list[Run]) -> Path:
+    """A store made by the analyzer's migrations, holding exactly these runs."""
+    con = store.connect(path)
+    try:
+        for table, rows in _rows(runs).items():
+            if rows:
+                cols = COLUMNS[table]
+                con.executemany(f"insert into {table} ({', '.join(cols)}) values ({', '.join('?' * len(cols))})", rows)
+    finally:
+        con.close()
     return path
 
 

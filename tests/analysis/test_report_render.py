@@ -25,14 +25,16 @@ def test_terminal_table_fits_100_columns_and_shows_rej(report):
     lines = text.splitlines()
     assert all(len(line) <= 100 for line in lines[: 2 + len(report.runs)]), "table rows wider than 100 columns"
     header = lines[0].split()
-    assert header[:4] == ["run", "stack", "model", "condition"]
+    assert header[:4] == ["run", "stack", "model", "cond"]
     rows = {line.split()[0]: line for line in lines[2: 2 + len(report.runs)]}
     assert set(rows) == {"gemma-vllm", "qwen-native", "qwen-sglang", "qwen-text"}
     gemma = rows["gemma-vllm"].split()
     assert gemma.count("rej") == 2 and "100%" in gemma and "0%" not in gemma
     assert re.search(r"52% \[\d+-\d+\]\s+71%\s+15%\s+0%\s+1$", rows["qwen-native"])
-    assert "qwen-sglang: 2 turn(s) the harness saw as prose held a valid call" in text
-    assert "gemma-vllm: every turn was a non-response (refused 6)" in text
+    prose = " ".join(text.split())  # notes are wrapped to the width
+    assert "qwen-sglang: 2 turns the harness saw as prose held a valid call" in prose
+    assert "gemma-vllm: every turn was a non-response (refused 6)" in prose
+    assert all(len(line) <= 100 for line in lines), "notes or legend wider than 100 columns"
 
 
 def test_terminal_table_clips_names_not_numbers():
@@ -86,7 +88,7 @@ def test_html_is_one_offline_file_with_both_charts(report):
     page = render(report, "html")
     assert not re.search(r"https?:", page), "the page references the network"
     assert not re.search(r"<script|<link|<img|<iframe|@import|src=", page, re.I)
-    assert set(re.findall(r"url\(([^)]*)\)", page)) == {"#hatch"}
+    assert set(re.findall(r"url\(([^)]*)\)", page)) == {"#hatch", "#seen-prose"}
     assert page.count("<svg") == 2
     assert "Outcome composition" in page and "Protocol fidelity per run" in page
     for label in OUTCOME_LABELS.values():
@@ -95,8 +97,12 @@ def test_html_is_one_offline_file_with_both_charts(report):
     segments = re.findall(r'<rect [^>]*fill="([^"]+)" class="segment"><title>([^:]+):', page)
     assert ("url(#hatch)", "gemma-vllm") in segments
     assert sum(1 for _, run in segments if run == "qwen-native") == 6
-    assert {fill for fill, _ in segments} == {COLOURS[k] for k in COLOURS if k != "non_response"} | {"url(#hatch)"}
+    assert sum(1 for _, run in segments if run == "gemma-vllm") == 1
+    assert {fill for fill, _ in segments} == {COLOURS[k] for k in COLOURS if k != "non_response"} | {"url(#hatch)", "url(#seen-prose)"}
     assert "rej: every turn was a non-response" in page
+    # qwen-sglang's two valid calls left in the text are striped over its valid-call segment
+    assert re.findall(r'fill="url\(#seen-prose\)" class="segment"><title>([^:]+): (\d+) valid calls', page) == [("qwen-sglang", "2")]
+    assert "valid call the harness saw as prose" in page
     assert page.count('class="whisker"') == 3 * 3  # three runs with a CI: a line and two caps each
     assert report.source in page and f"toolproxy {report.toolproxy_version}" in page and report.generated_at in page
 

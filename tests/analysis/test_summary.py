@@ -52,7 +52,7 @@ def test_all_refused_run_has_no_fidelity(mixed_store):
 def test_text_surface_and_harness_saw_prose(mixed_store):
     runs, _ = _summaries(mixed_store)
     sg = runs["qwen-sglang"]
-    assert (sg.calls, sg.text_calls, sg.harness_saw_prose) == (3, 2, 2)
+    assert (sg.calls, sg.text_calls, sg.harness_saw_prose, sg.valid_seen_as_prose) == (3, 2, 2, 2)
     assert sg.surfaced_as_text == pytest.approx(2 / 3)
     assert runs["qwen-text"].surfaced_as_text == 1.0
 
