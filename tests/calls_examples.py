@@ -158,7 +158,7 @@ ROWS = [
      [("get_current_weather", WEATHER_SF, "mistral"), (None, None, "mistral")], True, ""),
     ("ollama-mistral-incomplete", '[TOOL_CALLS]  [{"name": "get_current_weather", "arguments": {"format":"fahrenheit","location":"San Francisco, ',
      [("get_current_weather", None, "mistral")], True, ""),
-    ("vllm-mistral-not-json", "[TOOL_CALLS] not json at all", [("not", None, "mistral")], True, None),
+    ("vllm-mistral-not-json", "[TOOL_CALLS] not json at all", [(None, None, "mistral")], True, "json at all"),
     # ---------------------------------------------------------------- pythonic
     ("vllm-pythonic-simple", "[get_weather(city='San Francisco', metric='celsius')]",
      [("get_weather", {"city": "San Francisco", "metric": "celsius"}, "pythonic")], True, ""),

@@ -43,3 +43,7 @@ def main() -> None:
     Start with `toolproxy serve --upstream URL`, point your harness at the printed address,
     then `toolproxy analyze` and `toolproxy report`.
     """
+
+
+if __name__ == "__main__":
+    main()

@@ -37,8 +37,10 @@ def _one(text: str, start: int, j: int, limit: int, tool_names) -> Group:
     name = match.group(1)
     k = skip_ws(text, match.end())
     if k >= limit or text[k] != "{":
+        # `[TOOL_CALLS]name` cut short keeps its name; `[TOOL_CALLS] some words` names nothing.
         end = match.end()
-        return Group((start, end), (TextCall(name, None, "", "mistral", (start, end), "no arguments after the tool name"),))
+        named = name if j == start + len(MARKER) else None
+        return Group((start, end), (TextCall(named, None, "", "mistral", (start, end), "no arguments after the tool name"),))
     try:
         value, end = decode(text, k)
     except JSONFault as fault:
