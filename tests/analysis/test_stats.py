@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -99,19 +100,33 @@ def test_bootstrap_is_reproducible_and_seed_dependent():
     assert 0.0 <= low and high <= 1.0
 
 
-def test_bootstrap_matches_a_direct_percentile_bootstrap():
-    """Same draws as the textbook loop (one resample at a time), so the vectorised blocks are right."""
-    values = np.array([0.1, 0.4, 0.4, 0.9, 1.0, 0.0, 0.66])
-    rng = np.random.default_rng(7)
-    idx = rng.integers(0, values.size, size=(10_000, values.size))
-    expected = np.percentile(values[idx].mean(axis=1), [2.5, 97.5])
-    assert bootstrap_mean_ci(values, seed=7) == pytest.approx(tuple(expected))
+def test_bootstrap_agrees_with_the_textbook_index_bootstrap():
+    """Drawing counts over distinct rates is the same bootstrap as drawing episode indices."""
+    rng = np.random.default_rng(11)
+    produced = rng.integers(1, 9, size=400)
+    values = rng.binomial(produced, 0.7) / produced
+    idx = np.random.default_rng(99).integers(0, values.size, size=(20_000, values.size))
+    textbook = np.percentile(values[idx].mean(axis=1), [2.5, 97.5])
+    low, high = bootstrap_mean_ci(values, seed=7)
+    # both are Monte Carlo estimates of the same quantiles; their error at 10,000 resamples is ~0.002 here
+    assert low == pytest.approx(textbook[0], abs=0.006)
+    assert high == pytest.approx(textbook[1], abs=0.006)
+
+
+def test_bootstrap_of_many_episodes_is_fast():
+    rng = np.random.default_rng(5)
+    produced = rng.integers(1, 12, size=200_000)
+    values = rng.binomial(produced, 0.6) / produced
+    started = time.perf_counter()
+    low, high = bootstrap_mean_ci(values)
+    assert time.perf_counter() - started < 2.0
+    assert low < values.mean() < high
 
 
 def test_bootstrap_width_shrinks_like_one_over_root_n():
     rng = np.random.default_rng(3)
     small = rng.random(100)
-    large = rng.random(10_000)  # also exercises the blocked draw (10,000 x 10,000 cells)
+    large = rng.random(10_000)  # 10,000 distinct values: also exercises the blocked draw
     w_small = np.subtract(*bootstrap_mean_ci(small)[::-1])
     w_large = np.subtract(*bootstrap_mean_ci(large)[::-1])
     assert w_large == pytest.approx(w_small / 10, rel=0.25)

@@ -80,3 +80,17 @@ def test_a_store_without_runs_says_so(tmp_path):
 
 def test_outcome_list_matches_the_spec():
     assert set(OUTCOMES) == {"non_response", "hallucinated_call", "invalid_args", "valid_call", "unparseable", "prose"}
+
+
+def test_a_run_with_no_turns_is_undefined_not_rejected(tmp_path):
+    from analysis.report import render
+    from storebuilder import Run
+
+    path = build_store(tmp_path / "idle.duckdb", [Run("idle", "ollama", "0.12.6", "qwen3:8b", "native", [])])
+    report = load_report(path)
+    (s,) = report.runs
+    assert (s.turns, s.episodes, s.rejected) == (0, 0, False)
+    assert s.fidelity.pooled is None and s.fidelity.non_response_rate is None
+    row = render(report, "table").splitlines()[2].split()
+    assert row[0] == "idle" and "rej" not in row and row[6:9] == ["-", "-", "-"]
+    assert "idle: no turns recorded" in render(report, "table")
