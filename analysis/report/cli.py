@@ -74,7 +74,8 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
               help="When an item passes. all-valid: it produced >= 1 turn and every produced turn is a valid_call; "
                    "any-valid: at least one turn is a valid_call; clean: >= 1 valid call and no invalid, "
                    "hallucinated or unparseable one (prose final answers allowed).")
-@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table", show_default=True,
+              help="Output format.")
 @OUTPUT_OPTION
 def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: str | None, metric: str, fmt: str,
             output: Path | None) -> None:
