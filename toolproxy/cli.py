@@ -21,6 +21,8 @@ COMMANDS = {
     "sql": "analysis.cli:sql",
     "show": "analysis.cli:show",
     "show-hint": "toolproxy.conditions.cli:show_hint",
+    "report": "analysis.report.cli:report",
+    "compare": "analysis.report.cli:compare",
 }
 
 
@@ -44,3 +46,7 @@ def main() -> None:
     Start with `toolproxy serve --upstream URL`, point your harness at the printed address,
     then `toolproxy analyze` and `toolproxy report`.
     """
+
+
+if __name__ == "__main__":
+    main()

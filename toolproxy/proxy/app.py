@@ -16,6 +16,7 @@ from toolproxy import __version__
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.forward import ADMIN_PREFIX, handle
 from toolproxy.proxy.stackwatch import StackWatch
+from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.model import Record
 from toolproxy.record.writer import SegmentWriter
 
@@ -42,6 +43,7 @@ class ProxyState:
             log=None if config.quiet else log_line,
         )
         self.session: aiohttp.ClientSession | None = None
+        self.watchdog = Watchdog()
         self.started = time.time()
         self.in_flight = 0
         self.by_class: Counter[str] = Counter()
@@ -103,6 +105,7 @@ def make_app(config: ProxyConfig) -> web.Application:
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()
+        state.watchdog.start()
         state.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=config.max_connections, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=None, connect=config.connect_timeout, sock_read=None),
@@ -118,6 +121,7 @@ def make_app(config: ProxyConfig) -> web.Application:
     async def on_cleanup(app: web.Application) -> None:
         if state.stacks is not None:
             await state.stacks.stop()
+        await state.watchdog.stop()
         if state.session is not None:
             await state.session.close()
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
