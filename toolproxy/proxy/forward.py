@@ -66,7 +66,8 @@ class Exchange:
         body = error_body(message, code)
         self.rec.client_status = status
         self.rec.client_body, self.rec.client_body_encoding = encode_body(body)
-        await self.finish()
+        # In sync durability the proxy's own answers (502, 504, 413...) wait for their record too.
+        await self.finish(wait=self.state.config.durability == "sync")
         return web.Response(status=status, body=body, content_type="application/json")
 
     def finalize(self) -> Record:
