@@ -259,8 +259,11 @@ def _plan(ex: Exchange, path: str, query: str, headers, body: bytes) -> Plan | N
 async def _forward(ex: Exchange, url: URL, up_headers, body: bytes, plan: Plan | None) -> web.StreamResponse:
     state, request, rec, cfg = ex.state, ex.request, ex.rec, ex.state.config
     upstream_name = cfg.upstream
+    # --total-timeout bounds the whole exchange, so it also bounds the wait for the first byte.
+    total_left = None if cfg.total_timeout is None else cfg.total_timeout - ex.elapsed_ms() / 1000.0
+    first_byte_limit = cfg.ttfb_timeout if total_left is None else min(cfg.ttfb_timeout, total_left)
     try:
-        async with asyncio.timeout(cfg.ttfb_timeout):
+        async with asyncio.timeout(first_byte_limit):
             resp = await state.session.request(
                 request.method, url, data=body or None, headers=up_headers, allow_redirects=False,
             )
@@ -270,11 +273,11 @@ async def _forward(ex: Exchange, url: URL, up_headers, body: bytes, plan: Plan |
             504, "timeout", f"connecting to upstream {upstream_name} timed out: {exc}", "upstream_timeout"
         )
     except TimeoutError:
-        rec.extra["timeout_phase"] = "first_byte"
+        by_total = first_byte_limit < cfg.ttfb_timeout
+        rec.extra["timeout_phase"] = "total" if by_total else "first_byte"
+        limit = f"{cfg.total_timeout:g}s (--total-timeout)" if by_total else f"{cfg.ttfb_timeout:g}s (--ttfb-timeout)"
         return await ex.reply_error(
-            504, "timeout",
-            f"upstream {upstream_name} sent no response within {cfg.ttfb_timeout:g}s (--ttfb-timeout)",
-            "upstream_timeout",
+            504, "timeout", f"upstream {upstream_name} sent no response within {limit}", "upstream_timeout",
         )
     except aiohttp.ClientConnectorError as exc:
         return await ex.reply_error(
@@ -327,12 +330,13 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
     held: bytes | None = None  # in sync mode the last bytes wait for the record's fsync
     loop = asyncio.get_running_loop()
     idle = cfg.idle_timeout
-    deadline = None if cfg.total_timeout is None else ex.t0 + cfg.total_timeout
+    # The whole-exchange deadline on the loop's clock, so a silent upstream cannot outlive it.
+    deadline = None if cfg.total_timeout is None else loop.time() - ex.elapsed_ms() / 1000.0 + cfg.total_timeout
     content = resp.content
     try:
         async with asyncio.timeout(None) as tm:
             while True:
-                tm.reschedule(loop.time() + idle)
+                tm.reschedule(loop.time() + idle if deadline is None else min(loop.time() + idle, deadline))
                 chunk = await content.readany()
                 if not chunk:
                     break
@@ -347,10 +351,10 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
                     if chunk is None:
                         continue
                 await client.write(chunk)
-                if deadline is not None and time.perf_counter() > deadline:
-                    raise _TotalTimeout
-    except (TimeoutError, _TotalTimeout) as exc:
-        phase = "total" if isinstance(exc, _TotalTimeout) else "idle"
+                if deadline is not None and loop.time() >= deadline:
+                    raise TimeoutError
+    except TimeoutError:
+        phase = "total" if deadline is not None and loop.time() >= deadline else "idle"
         rec.extra["timeout_phase"] = phase
         limit = cfg.total_timeout if phase == "total" else idle
         rec.set_error("timeout", f"upstream {cfg.upstream} stalled mid-response ({phase} timeout {limit:g}s)")
@@ -393,10 +397,6 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
         rec.set_error("client_closed", f"client disconnected at the end of the response: {exc}")
         await ex.finish()
     return client
-
-
-class _TotalTimeout(Exception):
-    pass
 
 
 async def _cut(ex: Exchange, client: web.StreamResponse, held: bytes | None) -> web.StreamResponse:
