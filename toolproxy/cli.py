@@ -15,6 +15,11 @@ from toolproxy import __version__
 # name -> "module:attribute" of a click command
 COMMANDS = {
     "serve": "toolproxy.proxy.cli:serve",
+    "analyze": "analysis.cli:analyze",
+    "sql": "analysis.cli:sql",
+    "show": "analysis.cli:show",
+    "report": "analysis.report.cli:report",
+    "compare": "analysis.report.cli:compare",
 }
 
 
@@ -38,3 +43,7 @@ def main() -> None:
     Start with `toolproxy serve --upstream URL`, point your harness at the printed address,
     then `toolproxy analyze` and `toolproxy report`.
     """
+
+
+if __name__ == "__main__":
+    main()
