@@ -21,6 +21,7 @@ COMMANDS = {
     "show": "analysis.cli:show",
     "report": "analysis.report.cli:report",
     "compare": "analysis.report.cli:compare",
+    "demo": "toolproxy.demo:demo",
 }
 
 
