@@ -15,11 +15,13 @@ from toolproxy import __version__
 # name -> "module:attribute" of a click command
 COMMANDS = {
     "serve": "toolproxy.proxy.cli:serve",
+    "show-hint": "toolproxy.conditions.cli:show_hint",
     "analyze": "analysis.cli:analyze",
     "sql": "analysis.cli:sql",
     "show": "analysis.cli:show",
     "report": "analysis.report.cli:report",
     "compare": "analysis.report.cli:compare",
+    "demo": "toolproxy.demo:demo",
 }
 
 

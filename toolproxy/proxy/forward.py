@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
-from toolproxy.conditions import Plan, RequestView, Skip, load
+from toolproxy.conditions import Plan, Reject, RequestView, Skip, load
 from toolproxy.proxy.headers import (
     NOT_FORWARDED_DOWN,
     NOT_FORWARDED_UP,
@@ -216,6 +216,9 @@ async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
 
     up_headers = _upstream_headers(headers, forward_auth, cfg.upstream_key)
     plan = _plan(ex, path, query, up_headers, body)
+    if isinstance(plan, Reject):
+        rec.condition_note = f"rejected: {plan.message}"
+        return await ex.reply_error(plan.status, "condition_rejected", plan.message, "condition_rejected")
     if plan is not None:
         up_path, body = plan.path, plan.body
         up_headers.update(plan.headers)
@@ -269,8 +272,8 @@ def _upstream_headers(headers, forward_auth: bool, upstream_key: str | None) -> 
     return out
 
 
-def _plan(ex: Exchange, path: str, query: str, headers, body: bytes) -> Plan | None:
-    """The condition's rewrite, or None to forward untouched (recording why when it skipped)."""
+def _plan(ex: Exchange, path: str, query: str, headers, body: bytes) -> Plan | Reject | None:
+    """The condition's rewrite, a refusal to forward, or None to forward untouched (recording why it skipped)."""
     rec = ex.rec
     if rec.condition == "native":
         return None
@@ -386,6 +389,7 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
     rec.response_complete = True
     if transform is not None:
         tail = transform.finish()
+        rec.condition_note = getattr(transform, "note", None)
         if tail:
             ex.client_chunks.append(tail)
             if sync:
