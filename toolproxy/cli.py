@@ -23,6 +23,7 @@ COMMANDS = {
     "show-hint": "toolproxy.conditions.cli:show_hint",
     "report": "analysis.report.cli:report",
     "compare": "analysis.report.cli:compare",
+    "demo": "toolproxy.demo:demo",
 }
 
 

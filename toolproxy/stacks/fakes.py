@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 from toolproxy.stacks.fingerprint import USER_AGENT_PREFIX
 
@@ -172,7 +173,7 @@ class Fault:
     status/body replace the whole answer (raw bytes, sent as given: non-UTF-8, non-JSON...);
     close_after drops the connection after that many stream events (or body bytes when not
     streaming); stall_before delays the status line; stall_between delays every event; gzip
-    compresses the body with Content-Encoding: gzip.
+    compresses the body with Content-Encoding: gzip; headers are added to the answer (repeats kept).
     """
 
     times: int | None = 1
@@ -184,6 +185,7 @@ class Fault:
     stall_between: float = 0.0
     close_after: int | None = None
     gzip: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def stall(before: float = 0.0, between: float = 0.0, times: int | None = 1, path: str | None = None) -> Fault:
@@ -214,6 +216,7 @@ class Seen:
     header_list: list[tuple[str, str]]
     body: bytes
     outcome: str = "pending"  # complete | disconnected | cut (a close_mid_stream fault)
+    raw_path: str = ""  # the request target as received (percent-encoding intact)
     status: int | None = None
     sent: bytes = b""  # the response body bytes written so far, as on the wire (after gzip)
 
@@ -366,19 +369,33 @@ class Stack:
             return a
         if (a := self.refuse_tools(req)) is not None:
             return a
+        out = self.model_output(req, self.error)
+        if isinstance(out, Answer):
+            return out
+        reply, content, native = out
+        finish = reply.finish_reason or ("tool_calls" if native else "stop")
+        if req.stream:
+            return Answer(200, self.sse_type, self.chat_stream(req, content, native, finish, reply), stream=True)
+        return self.json(200, self.chat_body(req, content, native, finish, reply))
+
+    def model_output(self, req: ModelRequest, error: Callable[[int, str], Answer]) -> Answer | tuple[Reply, str, list]:
+        """Run the scripted model, then this stack's parser; an Answer when the stack errors instead."""
         reply = self.fake.next_reply(req)
         if reply.error is not None:
-            return self.error(*reply.error)
+            return error(*reply.error)
         if reply.broken is not None:
             outcome = self.broken(req, reply.broken)
             if isinstance(outcome, Answer):
                 return outcome
             reply = outcome
         content, native = self.resolve(req, reply)
-        finish = reply.finish_reason or ("tool_calls" if native else "stop")
-        if req.stream:
-            return Answer(200, self.sse_type, self.chat_stream(req, content, native, finish, reply), stream=True)
-        return self.json(200, self.chat_body(req, content, native, finish, reply))
+        return reply, content, native
+
+    def raw_text(self, reply: Reply) -> str:
+        """The model's output on raw-completion endpoints, where no tool parser runs."""
+        if reply.broken is not None:
+            return reply.broken
+        return reply.content + (render_calls(self.fake.call_format or self.call_format, list(reply.calls)) if reply.calls else "")
 
     def resolve(self, req: ModelRequest, reply: Reply) -> tuple[str, list[ToolCall]]:
         """(content, native calls) once this stack's parser has seen the model's output."""
@@ -461,7 +478,7 @@ class Stack:
         reply = self.fake.next_reply(req)
         if reply.error is not None:
             return self.error(*reply.error)
-        out = reply.broken or reply.content + (render_calls(self.call_format, list(reply.calls)) if reply.calls else "")
+        out = self.raw_text(reply)
         cid, created = "cmpl-" + _rand(_ALNUM, 29), int(time.time())
         base = {"id": cid, "object": "text_completion", "created": created, "model": req.model}
         if req.stream:
@@ -831,7 +848,7 @@ class LlamaCpp(Stack):
         reply = self.fake.next_reply(req)
         if reply.error is not None:
             return self.error(*reply.error)
-        out = reply.broken or reply.content + (render_calls(self.call_format, list(reply.calls)) if reply.calls else "")
+        out = self.raw_text(reply)
         p, c = _usage_tokens(req, out)
         final = {"index": 0, "content": "" if req.stream else out, "tokens": [], "id_slot": 0, "stop": True,
                  "model": req.model, "tokens_predicted": c, "tokens_evaluated": p,
@@ -862,7 +879,7 @@ class LMStudio(Stack):
         return self.json(status, {"error": message})
 
     def parses_calls(self, req):
-        return self.fake.capabilities_of(req.model).__contains__("tools")
+        return "tools" in self.fake.capabilities_of(req.model)
 
     def chat_body(self, req, content, native, finish, reply):
         msg: dict[str, Any] = {"role": "assistant", "content": content}
@@ -975,7 +992,7 @@ class Ollama(Stack):
 
     def broken(self, req, raw_text):
         if req.tools:
-            return self.error(500, f"failed to parse JSON: unexpected end of JSON input") if req.path.startswith("/v1") \
+            return self.error(500, "failed to parse JSON: unexpected end of JSON input") if req.path.startswith("/v1") \
                 else self.native_error(500, "failed to parse JSON: unexpected end of JSON input")
         return text(raw_text)
 
@@ -1076,15 +1093,10 @@ class Ollama(Stack):
             return self.native_error(404, self._missing(req.model))
         if (msg := self._refusal(req)) is not None:
             return self.native_error(400, msg)
-        reply = self.fake.next_reply(req)
-        if reply.error is not None:
-            return self.native_error(*reply.error)
-        if reply.broken is not None:
-            outcome = self.broken(req, reply.broken)
-            if isinstance(outcome, Answer):
-                return outcome
-            reply = outcome
-        content, native = self.resolve(req, reply)
+        out = self.model_output(req, self.native_error)
+        if isinstance(out, Answer):
+            return out
+        reply, content, native = out
         tool_calls = [{"id": self.call_id(), "function": {"index": i, "name": c.name,
                                                            "arguments": c.arguments if isinstance(c.arguments, dict) else {}}}
                       for i, c in enumerate(native)]
@@ -1121,7 +1133,7 @@ class Ollama(Stack):
         reply = self.fake.next_reply(req)
         if reply.error is not None:
             return self.native_error(*reply.error)
-        out = reply.broken or reply.content + (render_calls(self.call_format, list(reply.calls)) if reply.calls else "")
+        out = self.raw_text(reply)
         finish = reply.finish_reason or "stop"
         base = {"model": req.model}
         tail = {"done": True, "done_reason": finish}
@@ -1224,11 +1236,6 @@ class FakeStack:
                 return reply
         return DEFAULT_REPLY
 
-    @property
-    def requests(self) -> list[Seen]:
-        """Requests that reached the model endpoints or metadata routes, in arrival order."""
-        return self.seen
-
     # -- serving
     def _take_fault(self, path: str) -> Fault | None:
         for f in self.faults:
@@ -1245,7 +1252,7 @@ class FakeStack:
         async def dispatch(request: web.Request) -> web.StreamResponse:
             body = await request.read()
             seen = Seen(request.method, request.path, request.query_string, dict(request.headers),
-                        list(request.headers.items()), body)
+                        list(request.headers.items()), body, raw_path=request.raw_path)
             # toolproxy's fingerprint probes are filed apart and never take a scripted fault, so
             # `seen` and `inject` stay about the traffic under test.
             is_probe = request.headers.get("User-Agent", "").startswith(USER_AGENT_PREFIX)
@@ -1269,7 +1276,8 @@ class FakeStack:
             answer = Answer(fault.status, fault.content_type, [fault.body or b""])
         else:
             answer = await self._route(request, seen.body, table)
-        headers = dict(answer.headers)
+        headers = CIMultiDict(answer.headers)
+        headers.extend(fault.headers)
         if answer.content_type:
             headers["Content-Type"] = answer.content_type
         if self.stack.server_header:
@@ -1288,7 +1296,8 @@ class FakeStack:
             if fault.close_after is None:
                 seen.sent, seen.outcome = whole, "complete"
                 return web.Response(status=answer.status, body=whole, headers=headers)
-            resp = web.StreamResponse(status=answer.status, headers={**headers, "Content-Length": str(len(whole))})
+            headers["Content-Length"] = str(len(whole))
+            resp = web.StreamResponse(status=answer.status, headers=headers)
             await resp.prepare(request)
             seen.sent = whole[: fault.close_after]
             await resp.write(seen.sent)
