@@ -113,10 +113,11 @@ def make_app(config: ProxyConfig) -> web.Application:
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        # In the background: serving starts now, whatever the upstream is doing.
-        state.stacks = StackWatch(state)
-        state.listeners.append(state.stacks.observe)
-        state.stacks.start()
+        if config.fingerprint:
+            # In the background: serving starts now, whatever the upstream is doing.
+            state.stacks = StackWatch(state)
+            state.listeners.append(state.stacks.observe)
+            state.stacks.start()
 
     async def on_cleanup(app: web.Application) -> None:
         if state.stacks is not None:

@@ -40,6 +40,8 @@ class ProxyConfig:
     upstream_key: str | None = None
     insecure_public: bool = False
     quiet: bool = False
+    # Probe the upstream's own endpoints at start and per new model (kind=fingerprint records).
+    fingerprint: bool = True
     max_connections: int = 512
 
     def __post_init__(self) -> None:
