@@ -1,13 +1,14 @@
 """Fingerprint records while serving: once at start, then once per model name the traffic uses.
 
 The hot path must not parse JSON, yet the model name is inside the request body. So the handler
-does nothing new: `ProxyState.count`, which already runs once per finished exchange, hands the
-record to `observe`, which only compares the path and appends to a bounded deque. A background
-task takes the bodies from there, off the request's path, and looks for the `"model"` key with
-`str.find` (a C scan, no parse). Only a name it has not seen before costs a real parse, to make
-sure that `"model"` is the top-level key and not, say, a tool argument; that happens once per
-model (and for bodies whose nested `"model"` values are new, a background parse each). Probing and recording then happen in that task too, so serving never waits for them and
-a slow or dead upstream only delays a fingerprint record, never a response.
+does nothing new: `ProxyState.count`, which already runs once per finished exchange, calls its
+listeners, and this one (`observe`) only compares the path and appends the body to a bounded
+deque. A background task takes the bodies from there, off the request's path, and finds the
+`"model"` values with `str.find` (a C scan, no parse). Only a body holding a name not yet seen
+costs a real parse, to make sure `"model"` is the top-level key and not, say, a tool argument:
+once per model, plus once per body whose nested `"model"` values are new. Probing and recording
+happen in background tasks too, so serving never waits for them, and a slow or dead upstream
+only delays a fingerprint record, never a response.
 """
 
 from __future__ import annotations
