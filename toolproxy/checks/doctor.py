@@ -107,7 +107,7 @@ def judge(fp: Fingerprint, control: Reply, probe: Reply, tools: list[dict] = TOO
         known = explain_refusal(fp.stack, text)
         summary = f"REFUSED by the serving layer: {who} answered HTTP {probe.status} {_quote(text)} to a request with tools."
         if known is not None:
-            summary += f" {known.meaning[0].upper()}{known.meaning[1:]}."
+            summary += f" {known.meaning}."
         if control.refused:
             summary += (f" A request without tools failed too (HTTP {control.status} {_quote(control.error_text)}): "
                         "the server or the model is broken, not only tool calling.")

@@ -20,7 +20,7 @@ TOOLPROXY_WORKAROUND = (
 class Refusal:
     stack: str | None  # None: any stack
     needle: str  # lower-case substring of the error text
-    meaning: str
+    meaning: str  # a sentence, capitalised: printed after the stack's own words
     fix: str
 
 
@@ -37,20 +37,20 @@ REFUSALS = (
             "Hermes-style models, llama3_json for Llama 3.x, mistral, pythonic, qwen3_coder...); "
             + TOOLPROXY_WORKAROUND),
     Refusal(None, "requires --jinja",
-            "llama-server was started with --no-jinja, so it cannot render tools into the prompt; "
+            "This llama-server was started with --no-jinja, so it cannot render tools into the prompt; "
             "the model never ran",
             "restart llama-server with `--jinja` (the default in recent builds: drop `--no-jinja`); "
             + TOOLPROXY_WORKAROUND),
     Refusal("llamacpp", "failed to parse input",
-            "llama-server ran the model, but its output did not match the tool-call format it detected "
-            "from the chat template, and it answered 500 instead of returning the text",
+            "The model ran, but its output did not match the tool-call format llama-server detected "
+            "from the chat template, and llama-server answered 500 instead of returning the text",
             "start llama-server with `--jinja --chat-template-file` pointing at the model maker's template "
             "(so the detected format is the one the model writes); " + TOOLPROXY_WORKAROUND),
     Refusal("ollama", "failed to parse json",
             "Ollama's model-specific tool parser failed on the model's output and answered 500",
             "try a newer Ollama or another tag of the model; " + TOOLPROXY_WORKAROUND),
     Refusal(None, "does not support tool",
-            "the server refuses tools for this model",
+            "The server refuses tools for this model",
             "use a model the server marks as tool-capable; " + TOOLPROXY_WORKAROUND),
 )
 
