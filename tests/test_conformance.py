@@ -114,7 +114,8 @@ async def test_conditions_side_by_side_vllm_without_parser(fake_stack, tmp_path)
     md = render_markdown(res)
     assert "| no_tool_needed | hard ≥100% | 0/2 (2 refused) ✗ | 2/2 |" in md
     assert "Result: hard gate failed under native; conditions passing every hard gate: text" in md
-    assert "native / required_argument: HTTP 400: \"auto\" tool choice requires --enable-auto-tool-choice" in md
+    assert "native / every case: HTTP 400: \"auto\" tool choice requires --enable-auto-tool-choice" in md
+    assert "native / required_argument" not in md
     runs = {r["run"] for r in exchange_records(tmp_path / "d")}
     assert runs == {"conformance-native", "conformance-text", "conformance-constrained"}
 

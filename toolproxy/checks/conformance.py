@@ -214,13 +214,20 @@ def summary_line(res: Result) -> str:
 
 
 def _failure_notes(res: Result) -> list[str]:
+    """The most common reason per failing cell; one line when every case failed for the same one."""
     out = []
     for c in res.conditions:
+        by_reason: dict[str, list[tuple[str, int]]] = {}
         for case in CASES:
             cell = res.cells[c][case.name]
             if cell.reasons:
                 why, n = max(cell.reasons.items(), key=lambda kv: kv[1])
-                out.append(f"- {c} / {case.name}: {why} (x{n})")
+                by_reason.setdefault(why, []).append((case.name, n))
+        for why, items in by_reason.items():
+            if len(items) == len(CASES):
+                out.append(f"- {c} / every case: {why} (x{sum(n for _, n in items)})")
+            else:
+                out += [f"- {c} / {name}: {why} (x{n})" for name, n in items]
     return out
 
 
