@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from toolproxy.conditions.toolblock import render_block
-from toolproxy.stacks.fakes import call, calls, text, text_call
+from toolproxy.stacks.fakes import call, calls, text
 
 DATA = Path(__file__).parent / "data"
 TOOLS = json.loads((DATA / "hint_tools.json").read_text())
@@ -146,7 +146,7 @@ def test_text_three_turn_episode_round_trips_tool_results(fake_stack, proxy):
     assert third[4]["content"].startswith('Now the notes.\n<tool_call>{"name": "search_files"')
     assert "tool_calls" not in third[2] and all(m["role"] != "tool" for m in third)
     recs = p.wait_records(3)
-    assert [r["condition_note"] for r in recs] == ["1 call(s) parsed from the reply"] * 2 + ["no call syntax in the reply"]
+    assert [r["condition_note"] for r in recs] == ["1 call(s) parsed from the reply"] * 2 + ["no call marker in the reply"]
 
 
 async def test_text_ollama_native_chat_ndjson(fake_stack, proxy):

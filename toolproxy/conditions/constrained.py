@@ -29,7 +29,7 @@ from toolproxy.conditions import ConditionOptions, Plan, RequestView, Skip
 from toolproxy.conditions.messages import OLLAMA, OPENAI, history_as_text, read_chat_request, upstream_path, with_system_text
 from toolproxy.conditions.synth import ToolCall, emitter_for
 from toolproxy.conditions.text import without_tools
-from toolproxy.conditions.toolblock import FINAL_ANSWER, dumps, format_result, render_constrained_block, tool_functions
+from toolproxy.conditions.toolblock import FINAL_ANSWER, arguments_value, dumps, format_result, render_constrained_block, tool_functions
 from toolproxy.conditions.transform import ReplyTransform, text_calls, tool_names_of
 from toolproxy.conditions.upstream import UpstreamReader
 
@@ -65,12 +65,7 @@ def constraint_fields(api: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 def call_json(name: str, arguments: Any) -> str:
     """An earlier call in the history, shown in the shape the schema makes the model write."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            pass
-    return dumps({"name": name, "arguments": arguments})
+    return dumps({"name": name, "arguments": arguments_value(arguments)})
 
 
 class ConstrainedReply:
@@ -92,12 +87,7 @@ class ConstrainedReply:
         except ValueError:
             obj = None
         if isinstance(obj, dict) and isinstance(obj.get("name"), str) and obj["name"]:
-            args = obj.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except ValueError:
-                    pass
+            args = arguments_value(obj.get("arguments", {}))
             if isinstance(args, dict):
                 self.note = "schema reply: tool call"
                 return "", [ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))]
