@@ -179,6 +179,8 @@ def test_text_upstream_refusal_passes_through_unchanged(fake_stack, proxy):
 @pytest.mark.parametrize("request_kwargs, reason", [
     ({"messages": ASK}, "skipped: request offers no function tools"),
     ({"messages": ASK, "tools": []}, "skipped: request offers no function tools"),
+    ({"messages": ASK, "tools": TOOLS, "tool_choice": "none"},
+     "skipped: tool_choice is 'none': the harness asked for no tool call"),
 ])
 def test_text_skips_requests_it_cannot_apply_to(fake_stack, proxy, request_kwargs, reason):
     fake = fake_stack("llamacpp")

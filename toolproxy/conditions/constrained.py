@@ -68,6 +68,19 @@ def call_json(name: str, arguments: Any) -> str:
     return dumps({"name": name, "arguments": arguments_value(arguments)})
 
 
+def required_tools(tools: list[Any], tool_choice: Any, forced: bool) -> tuple[list[Any], bool]:
+    """(tools the schema offers, whether it must call one), honouring the harness's tool_choice:
+    "required" leaves no final answer, a named function leaves only that tool."""
+    if tool_choice == "required":
+        return tools, True
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        named = [t for t in tools if isinstance(t, dict) and (t.get("function") or {}).get("name") == name]
+        if named:
+            return named, True
+    return tools, forced
+
+
 class ConstrainedReply:
     """Buffers the (short, schema-shaped) reply and reads the call or the final answer out of it."""
 
@@ -108,12 +121,13 @@ class Constrained:
         chat = read_chat_request(request)
         if isinstance(chat, Skip):
             return chat
-        block = render_constrained_block(chat.tools, forced=options.constrained_forced)
+        tools, forced = required_tools(chat.tools, chat.body.get("tool_choice"), options.constrained_forced)
+        block = render_constrained_block(tools, forced=forced)
         messages = with_system_text(history_as_text(chat.messages, call_json, format_result), block)
         body = without_tools(chat, messages)
         for field in ("response_format", "format", "json_schema", "grammar", "guided_json"):
             body.pop(field, None)
-        body.update(constraint_fields(chat.api, call_schema(chat.tools, forced=options.constrained_forced)))
+        body.update(constraint_fields(chat.api, call_schema(tools, forced=forced)))
         reader = UpstreamReader("openai_chat" if chat.api == OPENAI else "ollama_chat", chat.stream)
         interpreter = ConstrainedReply(tool_names_of(tool_functions(chat.tools)))
         transform = ReplyTransform(reader, interpreter, emitter_for(chat.api, chat.body, chat.stream))
