@@ -6,7 +6,7 @@ One parser, two users: the analyzer classifies recorded turns with it, and the `
 function of its inputs and never raises on any text.
 """
 
-from .arguments import parse_arguments
+from .jsontext import parse_arguments
 from .model import FORMATS, TextCall, TextParse
 from .parse import parse_text
 from .validate import Validation, offered_tools, validate_call

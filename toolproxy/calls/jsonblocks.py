@@ -7,8 +7,9 @@ JSON that is valid but not a call object (`{"temperature": 20}`) is an answer, n
 Broken JSON is an attempt only when it visibly names a tool and passes arguments.
 
 Linear-ish on hostile input: a decode that fails is charged the distance it read, and once the
-charge passes a few times the text's length, no further bare candidates are decoded (only deeply
-nested or truncated JSON gets there; ordinary text never does)."""
+charge passes a few times the text's length, or failures pile up past a few thousand, no further
+bare candidates are decoded (only hostile or degenerate text gets there: ordinary replies hold a
+handful of braces)."""
 
 from __future__ import annotations
 
@@ -60,8 +61,9 @@ def find_bare(text: str, tool_names, claimed=None) -> list[Group]:
     groups: list[Group] = []
     reader = Reader(text, "bare_json", tool_names)
     budget = 4 * len(text) + 1_000_000
+    failures = 2_000 + len(text) // 1_000
     pos = 0
-    while budget > 0 and (match := _CANDIDATE.search(text, pos)) is not None:
+    while budget > 0 and failures > 0 and (match := _CANDIDATE.search(text, pos)) is not None:
         i = match.start()
         skip = claimed(i) if claimed else None
         if skip is not None:
@@ -76,6 +78,7 @@ def find_bare(text: str, tool_names, claimed=None) -> list[Group]:
                 groups.append(group)
                 pos = group.span[1]
             else:
+                failures -= 1
                 pos = i + 1
             continue
         if calls:

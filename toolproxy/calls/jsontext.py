@@ -1,5 +1,5 @@
-"""JSON pieces shared by the families that carry JSON: decoding a value in place, and deciding
-whether a decoded object is a call.
+"""JSON pieces shared by the families that carry JSON: decoding a value in place, deciding
+whether a decoded object is a call, and reading call arguments (parse_arguments).
 
 Decoding walks objects member by member with the stdlib's C scanner so that every argument value
 keeps its exact source slice (`raw_arguments`) without a second pass. Strict JSON on purpose: a
@@ -93,13 +93,9 @@ def members(text: str, i: int) -> tuple[dict[str, Member], int]:
         start = skip_ws(text, j + 1)
         value, end = decode(text, start)
         out.setdefault(key, Member(value, start, end))
-        j = skip_ws(text, end)
-        if text.startswith(",", j):
-            j = skip_ws(text, j + 1)
-        elif text.startswith("}", j):
-            return out, j + 1
-        else:
-            raise JSONFault("expecting ',' delimiter", j)
+        j, done = _next_item(text, end, "}")
+        if done:
+            return out, j
 
 
 def elements(text: str, i: int) -> tuple[list[tuple[int, int]], int]:
@@ -111,13 +107,19 @@ def elements(text: str, i: int) -> tuple[list[tuple[int, int]], int]:
     while True:
         _, end = decode(text, j)
         spans.append((j, end))
-        j = skip_ws(text, end)
-        if text.startswith(",", j):
-            j = skip_ws(text, j + 1)
-        elif text.startswith("]", j):
-            return spans, j + 1
-        else:
-            raise JSONFault("expecting ',' delimiter", j)
+        j, done = _next_item(text, end, "]")
+        if done:
+            return spans, j
+
+
+def _next_item(text: str, end: int, closer: str) -> tuple[int, bool]:
+    """After a member or element: (start of the next one, False) or (index after closer, True)."""
+    j = skip_ws(text, end)
+    if text.startswith(",", j):
+        return skip_ws(text, j + 1), False
+    if text.startswith(closer, j):
+        return j + 1, True
+    raise JSONFault("expecting ',' delimiter", j)
 
 
 def broken_call(text: str, start: int, end: int, fmt: str, why: str) -> TextCall:
@@ -152,7 +154,9 @@ class Reader:
     text: str
     fmt: str
     tool_names: Collection[str] | None = None
-    flatten: bool = False  # fenced blocks: {"name": tool, k: v...} means arguments {k: v...}
+    # Fenced blocks: an object with a name but no arguments key is still a call, its other
+    # members being the arguments (Qwen2.5-Coder writes {"name": "get_weather", "city": ...}).
+    flatten: bool = False
 
     def calls_at(self, i: int) -> tuple[list[TextCall] | None, int]:
         """(calls, end) for the value at i; calls is None when the value is valid JSON but not a
@@ -217,15 +221,25 @@ class Reader:
         name = found[name_key].value
         args_key = next((k for k in ARGS_KEYS if k in found), None)
         fmt = "llama_json" if self.fmt == "bare_json" and args_key == "parameters" else self.fmt
+        if args_key is not None and _is_definition(found, found[args_key].value):
+            return [], end
         if args_key is not None:
             arg = found[args_key]
             value, error = _arguments_value(arg.value)
             return [TextCall(name, value, text[arg.start:arg.end], fmt, (i, end), error)], end
         known = self.tool_names is not None and name in self.tool_names
         rest = {k: m.value for k, m in found.items() if k != name_key and k not in _BARE_KEYS}
-        if known and (not rest or self.flatten):
+        if self.flatten or (known and not rest):
             return [TextCall(name, rest, "", fmt, (i, end))], end
         return [], end
+
+
+def _is_definition(found: dict[str, Member], arguments: Any) -> bool:
+    """A tool *definition* echoed back (Qwen's template lists tools in <tools> as
+    {"type": "function", "function": {"name", "description", "parameters": schema}}) is not a call."""
+    return "description" in found and isinstance(arguments, dict) and (
+        "properties" in arguments or arguments.get("type") == "object"
+    )
 
 
 def _respan(call: TextCall, start: int, end: int) -> TextCall:
@@ -234,11 +248,29 @@ def _respan(call: TextCall, start: int, end: int) -> TextCall:
 
 def _arguments_value(value: Any) -> tuple[Any, str | None]:
     """Arguments given as a JSON string (Granite, some Qwen fine-tunes) are decoded once."""
-    if not isinstance(value, str):
-        return value, None
-    if not value.strip():
+    return parse_arguments(value) if isinstance(value, str) else (value, None)
+
+
+def parse_arguments(raw: str | bytes | dict | list | None) -> tuple[Any, str | None]:
+    """(value, error) for arguments as they reach the analyzer: a JSON string (OpenAI
+    `function.arguments`), an object (Ollama native, some llama.cpp builds) or nothing. Strict
+    JSON, like the harnesses that will json.loads it: NaN, Infinity, raw control characters in
+    strings and trailing text are errors. None, "" and whitespace mean no arguments and give {}
+    (llama.cpp sends "" for a call without parameters)."""
+    if raw is None:
+        return {}, None
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return None, f"arguments are not UTF-8: {exc}"
+    if not isinstance(raw, str):
+        return raw, None
+    if not raw.strip():
         return {}, None
     try:
-        return DECODER.decode(value), None
-    except (ValueError, RecursionError) as exc:
-        return None, f"arguments string is not valid JSON: {exc}"
+        return DECODER.decode(raw), None
+    except RecursionError:
+        return None, "arguments are not valid JSON: nested too deeply"
+    except ValueError as exc:
+        return None, f"arguments are not valid JSON: {exc}"

@@ -9,21 +9,14 @@ import re
 
 from .jsontext import JSONFault, Reader, broken_call, decode, skip_ws
 from .model import Group, TextCall
+from .scan import each_marker
 
 MARKER = "[TOOL_CALLS]"
 _NAME = re.compile(r"([A-Za-z_][\w.\-]{0,199})(?:\[CALL_ID\][\w\-]{0,64})?(?:\[ARGS\])?")
 
 
 def find_mistral(text: str, tool_names) -> list[Group]:
-    groups: list[Group] = []
-    pos = 0
-    while (start := text.find(MARKER, pos)) >= 0:
-        nxt = text.find(MARKER, start + len(MARKER))
-        limit = nxt if nxt >= 0 else len(text)
-        group = _one(text, start, skip_ws(text, start + len(MARKER)), limit, tool_names)
-        groups.append(group)
-        pos = max(group.span[1], start + len(MARKER))
-    return groups
+    return each_marker(text, MARKER, lambda start, body, limit: _one(text, start, skip_ws(text, body), limit, tool_names))
 
 
 def _one(text: str, start: int, j: int, limit: int, tool_names) -> Group:
@@ -44,8 +37,10 @@ def _one(text: str, start: int, j: int, limit: int, tool_names) -> Group:
     name = match.group(1)
     k = skip_ws(text, match.end())
     if k >= limit or text[k] != "{":
+        # `[TOOL_CALLS]name` cut short keeps its name; `[TOOL_CALLS] some words` names nothing.
         end = match.end()
-        return Group((start, end), (TextCall(name, None, "", "mistral", (start, end), "no arguments after the tool name"),))
+        named = name if j == start + len(MARKER) else None
+        return Group((start, end), (TextCall(named, None, "", "mistral", (start, end), "no arguments after the tool name"),))
     try:
         value, end = decode(text, k)
     except JSONFault as fault:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import ast
 import math
 import re
+import warnings
 
 from .jsontext import JSONFault, Reader, broken_call, skip_ws
 from .model import Group, TextCall
+from .scan import each_marker
 
 _WRAPPERS = (("<function_calls>", "</function_calls>"), ("<|python_start|>", "<|python_end|>"))
 _BARE = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
@@ -43,7 +45,7 @@ def find_wrapped_pythonic(text: str, tool_names) -> list[Group]:
 
 def find_bare_pythonic(text: str, tool_names) -> list[Group]:
     groups: list[Group] = []
-    budget = 4 * len(text) + 1_000_000
+    budget = len(text) + 200_000  # about one full scan: only unclosed brackets scan far
     pos = 0
     while budget > 0 and (match := _BARE.search(text, pos)) is not None:
         start = match.start()
@@ -62,19 +64,14 @@ def find_bare_pythonic(text: str, tool_names) -> list[Group]:
 
 
 def find_python_tag(text: str, tool_names) -> list[Group]:
-    groups: list[Group] = []
-    pos = 0
-    while (start := text.find(PYTHON_TAG, pos)) >= 0:
-        body = start + len(PYTHON_TAG)
-        nxt = text.find(PYTHON_TAG, body)
-        limit = nxt if nxt >= 0 else len(text)
+    def read(start: int, body: int, limit: int) -> Group:
         calls, end = _python_tag_body(text, start, body, limit, tool_names)
         for token in _END_TOKENS:
             if text.startswith(token, skip_ws(text, end)):
                 end = skip_ws(text, end) + len(token)
-        groups.append(Group((start, end), tuple(calls)))
-        pos = max(end, body)
-    return groups
+        return Group((start, end), tuple(calls))
+
+    return each_marker(text, PYTHON_TAG, read)
 
 
 def _python_tag_body(text: str, start: int, body: int, limit: int, tool_names) -> tuple[list[TextCall], int]:
@@ -135,7 +132,7 @@ def _calls_in(source: str, offset: int, span: tuple[int, int], strict: bool) -> 
     stripped = source.strip()
     base = offset + len(source) - len(source.lstrip())
     try:
-        tree = ast.parse(stripped, mode="exec")
+        tree = _parse(stripped, "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         if strict:
             return []
@@ -152,9 +149,16 @@ def _calls_in(source: str, offset: int, span: tuple[int, int], strict: bool) -> 
     return [_call(node, stripped, _node_span(stripped, node, base) or span) for node in nodes]
 
 
+def _parse(source: str, mode: str) -> ast.AST:
+    """ast.parse without the SyntaxWarnings (invalid escapes) it would print on the hot path."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source, mode=mode)
+
+
 def _call_from_source(source: str, span: tuple[int, int], fmt: str) -> TextCall:
     try:
-        node = ast.parse(source, mode="eval").body
+        node = _parse(source, "eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return TextCall(None, None, source, fmt, span, f"not valid Python: {exc}")
     if not isinstance(node, ast.Call):

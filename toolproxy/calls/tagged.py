@@ -3,8 +3,9 @@ Studio default `[TOOL_REQUEST]...[END_TOOL_REQUEST]`, and Qwen3-Coder's XML
 `<function=f><parameter=p>v</parameter></function>`.
 
 Strong tags (`<tool_call>`, `<TOOLCALL>`, `[TOOL_REQUEST]`, `<function=`) are an attempt whatever
-follows them. The looser tags llama.cpp's Hermes 2 Pro parser also accepts (`<tool>`, `<tools>`,
-`<function_call>`) appear in prose and prompts too, so they only count when they hold a call.
+follows them. The looser wrappers llama.cpp's Hermes 2 Pro parser also accepts (`<tool>`, `<tools>`,
+`<function_call>`, `<json>`, `<xml>`, `<response>`) appear in prose and prompts too, so they
+only count when they hold a call with a legible name.
 A missing closing tag is common (generation stopped at EOS): the call then ends where its JSON or
 XML ends, or where the next opening tag starts.
 """
@@ -15,8 +16,9 @@ import re
 
 from .jsontext import DECODER, JSONFault, Reader, broken_call, skip_ws
 from .model import Group, TextCall
+from .scan import each_marker
 
-_HERMES_OPEN = re.compile(r"<(tool_call|TOOLCALL|tools?|function_call)>")
+_HERMES_OPEN = re.compile(r"<(tool_call|TOOLCALL|tools?|function_call|json|JSON|xml|response)>")
 _STRONG = {"tool_call", "TOOLCALL"}
 _LMSTUDIO_OPEN = "[TOOL_REQUEST]"
 _LMSTUDIO_CLOSE = "[END_TOOL_REQUEST]"
@@ -48,16 +50,11 @@ def find_hermes(text: str, tool_names) -> list[Group]:
 
 
 def find_lmstudio(text: str, tool_names) -> list[Group]:
-    groups: list[Group] = []
-    pos = 0
-    while (start := text.find(_LMSTUDIO_OPEN, pos)) >= 0:
-        body = start + len(_LMSTUDIO_OPEN)
-        nxt = text.find(_LMSTUDIO_OPEN, body)
-        limit = _limit(text, body, _LMSTUDIO_CLOSE, nxt if nxt >= 0 else len(text))
-        group = _wrapped(text, start, body, limit, _LMSTUDIO_CLOSE, "lmstudio", tool_names)
-        groups.append(group)
-        pos = group.span[1]
-    return groups
+    def read(start: int, body: int, next_open: int) -> Group:
+        limit = _limit(text, body, _LMSTUDIO_CLOSE, next_open)
+        return _wrapped(text, start, body, limit, _LMSTUDIO_CLOSE, "lmstudio", tool_names)
+
+    return each_marker(text, _LMSTUDIO_OPEN, read)
 
 
 def find_qwen_xml(text: str, tool_names) -> list[Group]:
@@ -140,15 +137,14 @@ def _function_arguments(text: str, start: int, end: int) -> tuple[object, str | 
             return None, "text after the JSON arguments"
         return value, None
     arguments: dict[str, object] = {}
-    pos = start
-    while (match := _PARAMETER_OPEN.search(text, pos, end)) is not None:
-        close = text.find(_PARAMETER_CLOSE, match.end(), end)
+    match = _PARAMETER_OPEN.search(text, start, end)
+    while match is not None:
         following = _PARAMETER_OPEN.search(text, match.end(), end)
-        stop = close if close >= 0 else end
-        if following is not None and following.start() < stop:
-            stop = following.start()
+        bound = following.start() if following is not None else end
+        close = text.find(_PARAMETER_CLOSE, match.end(), bound)
+        stop = close if close >= 0 else bound
         arguments.setdefault(match.group(1).strip(), _parameter_value(text[match.end():stop]))
-        pos = stop + len(_PARAMETER_CLOSE) if stop == close else stop
+        match = following
     return arguments, None
 
 

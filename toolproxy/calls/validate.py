@@ -17,7 +17,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
-from .arguments import parse_arguments
+from .jsontext import parse_arguments
 
 _MAX_ERRORS = 20
 

@@ -1,0 +1,1 @@
+"""Everything that runs afterwards, on recordings: DuckDB store, ingest, reassembly, classification."""

@@ -1,0 +1,184 @@
+"""A single attempt's outcome, exactly in the order of SPEC section 5.
+
+Pure: it sees the reassembled reply the *harness* got, the transport facts (status, error kind)
+and the tools the request offered, and returns plain data. The order matters and is the point:
+a serving failure (refusal, timeout, empty body) is decided before anything looks at calls, so it
+can never be counted as "the model made no tool call".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from analysis.reassemble import Reply
+from toolproxy.calls import parse_arguments, parse_text, validate_call
+
+NON_RESPONSE = "non_response"
+HALLUCINATED = "hallucinated_call"
+INVALID_ARGS = "invalid_args"
+VALID_CALL = "valid_call"
+UNPARSEABLE = "unparseable"
+PROSE = "prose"
+OUTCOMES = (NON_RESPONSE, HALLUCINATED, INVALID_ARGS, VALID_CALL, UNPARSEABLE, PROSE)
+SUB_KINDS = ("refused", "http_4xx", "http_5xx", "timeout", "connect", "empty", "truncated", "retry_exhausted")
+
+# A 4xx that names the tool interface: the stack rejected the request for what it asked, before
+# the model ran (Ollama "does not support tools", vLLM "auto" tool choice flags, tool_choice
+# errors, template/jinja problems).
+_REFUSAL_4XX = re.compile(r"tool|function[ _]?call|capabilit|jinja|chat[ _]template", re.IGNORECASE)
+# llama.cpp started with --no-jinja answers a tools request with HTTP 500 "tools param requires
+# --jinja flag". It is a 5xx only by that server's choice of status code: it is deterministic,
+# happens before the model runs and is about the tools parameter, i.e. a refusal in every sense
+# that matters here. Other 5xx that mention tools (e.g. llama.cpp "Failed to parse input at
+# pos N: <tool_call>...") are failures *after* generation and stay http_5xx.
+_REFUSAL_5XX = re.compile(r"requires --jinja|tools param requires|does not support tools", re.IGNORECASE)
+
+# error_kind (from the proxy) -> sub-kind when nothing usable reached the harness
+_ERROR_KINDS = {
+    "connect": "connect",
+    "timeout": "timeout",
+    "upstream_closed": "truncated",
+    "client_closed": "truncated",
+}
+
+
+@dataclass(slots=True)
+class CallResult:
+    idx: int
+    name: str | None
+    arguments_raw: str | None
+    arguments: Any
+    surface: str
+    format: str
+    offered: bool
+    validated: bool
+    valid: bool
+    schema_errors: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Classification:
+    outcome: str
+    sub_kind: str | None = None
+    surface: str | None = None
+    calls: list[CallResult] = field(default_factory=list)
+    harness_saw_prose: bool = False
+    detail: str | None = None
+
+
+def refusal(status: int, message: str | None) -> bool:
+    if not message:
+        return False
+    if 400 <= status < 500:
+        return _REFUSAL_4XX.search(message) is not None
+    return _REFUSAL_5XX.search(message) is not None
+
+
+def non_response(reply: Reply | None, status: int | None, error_kind: str | None) -> tuple[str, str] | None:
+    """(sub_kind, detail) when no model output reached the harness, else None. Step 1 of SPEC 5."""
+    has_output = reply is not None and reply.has_output
+    if error_kind is not None and not has_output:
+        kind = _ERROR_KINDS.get(error_kind)
+        if kind is not None:
+            return kind, error_kind
+    if status is not None and status >= 400:
+        message = (reply.error or reply.raw_text) if reply is not None else None
+        if refusal(status, message):
+            return "refused", message
+        return ("http_4xx" if status < 500 else "http_5xx"), message
+    if error_kind is not None and not has_output:
+        return "http_5xx", error_kind
+    if reply is None or reply.empty_body:
+        return "empty", "empty body"
+    if reply.error is not None and not has_output:
+        # An error object with a 2xx status (Ollama reports a failed parse mid-stream this way).
+        if refusal(400, reply.error):
+            return "refused", reply.error
+        return "http_5xx", reply.error
+    if reply.unreadable is not None:
+        return "empty", reply.unreadable
+    if not has_output:
+        if reply.streamed and not reply.complete:
+            return "truncated", "stream ended before any content"
+        return "empty", "no content and no tool calls" if reply.n_choices else "no choices"
+    return None
+
+
+def classify(
+    reply: Reply | None,
+    *,
+    status: int | None,
+    error_kind: str | None,
+    tools: list | None,
+    call_surface: str = "native",
+) -> Classification:
+    """The outcome of one attempt.
+
+    `call_surface` is what calls in `message.tool_calls` are: "native" when the stack put them
+    there, "text" when toolproxy's text/template condition parsed them out of the upstream's text,
+    "constrained" when they came from schema-constrained output.
+    """
+    nr = non_response(reply, status, error_kind)
+    if nr is not None:
+        return Classification(NON_RESPONSE, sub_kind=nr[0], detail=nr[1])
+    assert reply is not None
+    names = _names(tools)
+    calls: list[CallResult] = []
+    for tc in reply.tool_calls:
+        raw = tc.arguments
+        if isinstance(raw, str):
+            value, error = parse_arguments(raw)
+        else:
+            value, error = raw, None
+            raw = None if raw is None else orjson.dumps(raw).decode()
+        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools, names))
+    attempted = False
+    saw_prose = False
+    if not calls:
+        for text in (reply.content, reply.reasoning_content):
+            if not text:
+                continue
+            parsed = parse_text(text, tool_names=names)
+            attempted = attempted or parsed.attempted
+            for c in parsed.calls:
+                calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, "text", c.format, tools, names))
+            if calls:
+                break
+        saw_prose = any(c.valid for c in calls)
+    surface = calls[0].surface if calls else None
+    named = [c for c in calls if c.name is not None]
+    if any(not c.offered for c in named):
+        outcome = HALLUCINATED
+    elif any(not c.valid for c in named):
+        outcome = INVALID_ARGS
+    elif named:
+        outcome = VALID_CALL
+    elif calls or attempted:
+        outcome = UNPARSEABLE
+        surface = None
+    else:
+        outcome = PROSE
+    return Classification(outcome, surface=surface, calls=calls, harness_saw_prose=saw_prose)
+
+
+def _names(tools: list | None) -> list[str]:
+    out = []
+    for t in tools or ():
+        if isinstance(t, dict):
+            fn = t.get("function") if isinstance(t.get("function"), dict) else t
+            if isinstance(fn.get("name"), str):
+                out.append(fn["name"])
+    return out
+
+
+def _checked(idx, name, raw, value, parse_error, surface, fmt, tools, names) -> CallResult:
+    if name is None:
+        return CallResult(idx, None, raw, None, surface, fmt, False, False, False, [parse_error or "no tool name recovered"])
+    if parse_error is not None:
+        return CallResult(idx, name, raw, None, surface, fmt, name in names, False, False, [f"arguments are not valid JSON: {parse_error}"])
+    v = validate_call(name, value, tools or [])
+    return CallResult(idx, name, raw, value, surface, fmt, v.offered, v.validated, v.valid, list(v.errors))

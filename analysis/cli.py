@@ -1,0 +1,155 @@
+"""`toolproxy analyze`, `toolproxy sql`, `toolproxy show`: thin commands over the analysis rooms."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+DATA_OPTION = click.option(
+    "--data", "data_dir", default="toolproxy-data", show_default=True, envvar="TOOLPROXY_DATA",
+    type=click.Path(path_type=Path), help="Data directory the proxy records into.",
+)
+DB_OPTION = click.option(
+    "--db", "db_path", default=None, type=click.Path(path_type=Path),
+    help="DuckDB file (default: DATA/toolproxy.duckdb).",
+)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"toolproxy: {message}", err=True)
+    sys.exit(2)
+
+
+def _open(data_dir: Path, db_path: Path | None, *, read_only: bool):
+    from analysis.store import StoreError, connect, default_db
+
+    path = db_path or default_db(data_dir)
+    try:
+        return connect(path, read_only=read_only)
+    except StoreError as exc:
+        _fail(str(exc))
+
+
+@click.command()
+@DATA_OPTION
+@DB_OPTION
+@click.option("--batch", default=2000, show_default=True, type=click.IntRange(1, 1_000_000), help="Records per transaction (bounds memory).")
+def analyze(data_dir: Path, db_path: Path | None, batch: int) -> None:
+    """Ingest new records from DATA into DuckDB and classify every turn (incremental; safe to re-run)."""
+    import duckdb
+
+    from analysis.ingest import ingest
+
+    if not data_dir.exists():
+        _fail(f"data directory {data_dir} does not exist (give --data, where `toolproxy serve` recorded)")
+    if not data_dir.is_dir():
+        _fail(f"--data {data_dir} is not a directory")
+    if not (data_dir / "segments").is_dir():
+        _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
+    con = _open(data_dir, db_path, read_only=False)
+    try:
+        s = ingest(con, data_dir, batch=batch)
+    except duckdb.Error as exc:
+        _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
+    finally:
+        con.close()
+    rate = s.records / s.seconds if s.seconds > 0 else 0.0
+    click.echo(
+        f"segments: {s.segments} ({s.segments_read} with new data, {s.bytes_read / 1e6:.1f} MB read); "
+        f"records: {s.records}; new exchanges: {s.new_exchanges}; duplicates skipped: {s.duplicates}; "
+        f"fingerprints: {s.fingerprints}"
+    )
+    click.echo(
+        f"runs re-derived: {len(s.runs)}{' (' + ', '.join(s.runs[:8]) + (', ...' if len(s.runs) > 8 else '') + ')' if s.runs else ''}; "
+        f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s)"
+    )
+    if s.issues:
+        click.echo(f"issues: {len(s.issues)} (stored in table ingest_issues)")
+        for line in s.issues[:20]:
+            click.echo(f"  {line}")
+        if len(s.issues) > 20:
+            click.echo(f"  ... {len(s.issues) - 20} more")
+    else:
+        click.echo("issues: none")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, dict)):
+        return orjson.dumps(value, default=str).decode()
+    return str(value)
+
+
+def format_table(columns: list[str], rows: list[tuple], max_width: int = 60) -> str:
+    """Aligned plain-text table; long cells are cut with an ellipsis so rows stay one line."""
+    cells = [[_cell(v).replace("\n", "\\n") for v in row] for row in rows]
+    cells = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in row] for row in cells]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    out = [" | ".join(c.ljust(w) for c, w in zip(columns, widths)), "-+-".join("-" * w for w in widths)]
+    out += [" | ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(out)
+
+
+@click.command()
+@click.argument("query")
+@DATA_OPTION
+@DB_OPTION
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
+    """Run one SQL query against the analysis database (read-only) and print the result."""
+    import duckdb
+
+    con = _open(data_dir, db_path, read_only=True)
+    try:
+        cur = con.execute(query)
+        if cur.description is None:
+            return
+        columns = [d[0] for d in cur.description]
+        rows = cur.fetchall()
+    except duckdb.Error as exc:
+        _fail(f"query failed: {str(exc).strip()}")
+    finally:
+        con.close()
+    if fmt == "json":
+        click.echo(orjson.dumps([dict(zip(columns, r)) for r in rows], default=str, option=orjson.OPT_INDENT_2).decode())
+    elif fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(columns)
+        w.writerows([[_cell(v) for v in r] for r in rows])
+        click.echo(buf.getvalue(), nl=False)
+    else:
+        click.echo(format_table(columns, rows))
+        click.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+
+
+@click.command()
+@click.argument("exchange_id")
+@DATA_OPTION
+@DB_OPTION
+@click.option("--raw", is_flag=True, help="Also print the raw request and response bodies.")
+def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> None:
+    """Print one exchange (a unique id prefix will do): request, response, classification."""
+    from analysis.show import render
+
+    con = _open(data_dir, db_path, read_only=True)
+    try:
+        ids = [r[0] for r in con.execute(
+            "SELECT id FROM exchanges WHERE starts_with(id, ?) ORDER BY id LIMIT 11", [exchange_id.strip().upper()]
+        ).fetchall()]
+        if not ids:
+            _fail(f"no exchange with id {exchange_id!r} (try `toolproxy sql \"select id, path, outcome from exchanges limit 20\"`)")
+        if len(ids) > 1:
+            more = ", ".join(ids[:10]) + (", ..." if len(ids) > 10 else "")
+            _fail(f"id prefix {exchange_id!r} is ambiguous: {more}")
+        click.echo(render(con, ids[0], raw=raw))
+    finally:
+        con.close()

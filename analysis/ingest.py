@@ -1,0 +1,437 @@
+"""Segments -> DuckDB, incrementally and idempotently.
+
+Per segment file the byte offset after the last complete line ingested is kept in ingest_state,
+updated in the same transaction as the rows it covers: a crash mid-ingest loses nothing and adds
+nothing twice, and a segment the proxy is still writing is picked up where the last run stopped.
+A torn last line is left for the next run; a corrupt line is recorded in ingest_issues and
+skipped. Exchange ids are unique, so a segment copied twice into the data dir adds nothing.
+
+Each record is analysed once, here (reassembly, classification, conversation keys), so that
+re-deriving turns and episodes later reads small columns rather than bodies. Work is done in
+batches of at most `batch` records: memory stays bounded whatever the size of the data dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from analysis.classify import classify, _names
+from analysis.reassemble import (
+    CHAT,
+    OLLAMA_CHAT,
+    OLLAMA_GENERATE,
+    Reply,
+    decode_body,
+    endpoint_kind,
+    header,
+    reassemble,
+)
+from analysis.store import insert_columns
+from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
+from toolproxy.record.segments import list_segments, read_segment
+from toolproxy.stacks.markers import detect
+
+EXCHANGE_TYPES = {
+    "id": "VARCHAR", "kind": "VARCHAR", "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "ttfb_ms": "DOUBLE",
+    "duration_ms": "DOUBLE", "run": "VARCHAR", "episode": "VARCHAR", "item": "VARCHAR", "condition": "VARCHAR",
+    "tags": "JSON", "upstream": "VARCHAR", "method": "VARCHAR", "path": "VARCHAR", "query": "VARCHAR",
+    "status": "INTEGER", "client_status": "INTEGER", "error_kind": "VARCHAR", "error_message": "VARCHAR",
+    "is_attempt": "BOOLEAN", "streamed": "BOOLEAN", "model": "VARCHAR", "prompt_tokens": "BIGINT",
+    "completion_tokens": "BIGINT", "cached_tokens": "BIGINT", "tool_set": "VARCHAR", "request_body": "VARCHAR",
+    "request_body_encoding": "VARCHAR", "response_body": "VARCHAR", "response_body_encoding": "VARCHAR",
+    "client_body": "VARCHAR", "client_body_encoding": "VARCHAR", "upstream_request": "JSON",
+    "condition_note": "VARCHAR", "request_headers": "JSON", "response_headers": "JSON", "segment": "VARCHAR",
+    "segment_offset": "BIGINT", "record": "JSON", "outcome": "VARCHAR", "sub_kind": "VARCHAR", "surface": "VARCHAR",
+    "n_calls": "INTEGER", "finish_reason": "VARCHAR", "content": "VARCHAR", "reasoning_content": "VARCHAR",
+    "upstream_content": "VARCHAR", "harness_saw_prose": "BOOLEAN", "stack_marker": "VARCHAR",
+    "stack_marker_version": "VARCHAR", "n_messages": "INTEGER", "state_hash": "VARCHAR", "chain_hash": "VARCHAR",
+    "parent_hashes": "VARCHAR[]", "item_hash": "VARCHAR", "call_signature": "VARCHAR",
+}
+CALL_TYPES = {
+    "exchange_id": "VARCHAR", "idx": "INTEGER", "name": "VARCHAR", "arguments_raw": "VARCHAR", "arguments": "JSON",
+    "surface": "VARCHAR", "format": "VARCHAR", "offered": "BOOLEAN", "validated": "BOOLEAN", "valid": "BOOLEAN",
+    "schema_errors": "JSON",
+}
+TOOL_SET_TYPES = {"hash": "VARCHAR", "tools": "JSON", "names": "VARCHAR[]"}
+FINGERPRINT_TYPES = {
+    "id": "VARCHAR", "run": "VARCHAR", "upstream": "VARCHAR", "recorded_at": "TIMESTAMP", "stack": "VARCHAR",
+    "stack_version": "VARCHAR", "model": "VARCHAR", "record": "JSON", "segment": "VARCHAR", "segment_offset": "BIGINT",
+}
+ISSUE_TYPES = {"segment": "VARCHAR", "byte_offset": "BIGINT", "kind": "VARCHAR", "message": "VARCHAR", "seen_at": "TIMESTAMP"}
+
+_REWRITTEN_SURFACE = {"constrained": "constrained", "text": "text", "template": "text"}
+_MARKER_BODY_LIMIT = 256 * 1024
+
+
+def _json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return orjson.dumps(value, default=str).decode()
+
+
+def tool_set_hash(tools: list) -> tuple[str, bytes]:
+    canonical = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS, default=str)
+    return hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical
+
+
+def _request(rec: dict, kind: str | None) -> tuple[dict | None, list]:
+    """The harness's request as sent (before any condition rewrite) and its message list."""
+    raw, _ = decode_body(
+        rec.get("request_body"), rec.get("request_body_encoding"), header(rec.get("request_headers"), "content-encoding")
+    )
+    if not raw:
+        return None, []
+    try:
+        req = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None, []
+    if not isinstance(req, dict):
+        return None, []
+    if kind in (CHAT, OLLAMA_CHAT):
+        messages = req.get("messages")
+        return req, messages if isinstance(messages, list) else []
+    prompt = req.get("prompt")
+    if prompt is None:
+        return req, []
+    return req, [{"role": "user", "content": prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()}]
+
+
+def _reply(rec: dict, kind: str | None, which: str) -> Reply:
+    if which == "client":
+        raw, problem = decode_body(rec.get("client_body"), rec.get("client_body_encoding"))
+        reply = reassemble(raw, kind)
+    else:
+        headers = rec.get("response_headers")
+        raw, problem = decode_body(
+            rec.get("response_body"), rec.get("response_body_encoding"), header(headers, "content-encoding")
+        )
+        reply = reassemble(raw, kind, header(headers, "content-type"))
+    if problem is not None:
+        reply.unreadable = problem
+    return reply
+
+
+@dataclass(slots=True)
+class Analyzed:
+    exchange: tuple
+    calls: list[tuple] = field(default_factory=list)
+    tool_set: tuple[str, str, list[str]] | None = None
+
+
+def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
+    """Everything the database keeps about one exchange record. Pure: no I/O."""
+    path = rec.get("path") or ""
+    kind = endpoint_kind(path) if rec.get("method", "POST") == "POST" else None
+    is_attempt = kind is not None
+    condition = rec.get("condition") or "native"
+    rewritten = rec.get("upstream_request") is not None
+    req, messages = _request(rec, kind) if is_attempt else (None, [])
+    tools = req.get("tools") if req is not None and isinstance(req.get("tools"), list) else None
+
+    tool_set = None
+    tool_hash = None
+    names: list[str] = _names(tools)
+    if tools:
+        tool_hash, canonical = tool_set_hash(tools)
+        tool_set = (tool_hash, canonical.decode(), names)
+
+    upstream_reply = None
+    view = None
+    if is_attempt:
+        if rec.get("client_body") is not None:
+            view = _reply(rec, kind, "client")
+            view_status = rec.get("client_status") if rec.get("client_status") is not None else rec.get("status")
+            if rec.get("response_body") is not None:
+                upstream_reply = _reply(rec, kind, "upstream")
+        else:
+            view = upstream_reply = _reply(rec, kind, "upstream")
+            view_status = rec.get("status")
+    elif rec.get("response_body") and len(rec["response_body"]) <= _MARKER_BODY_LIMIT:
+        upstream_reply = _reply(rec, kind, "upstream")
+
+    mark = None
+    if upstream_reply is not None:
+        mark = detect(upstream_reply.first) or detect(upstream_reply.last)
+
+    outcome = sub_kind = surface = None
+    calls_out: list[tuple] = []
+    n_calls = None
+    saw_prose = None
+    chain_reply = None
+    signature = None
+    if view is not None:
+        c = classify(
+            view, status=view_status, error_kind=rec.get("error_kind"), tools=tools,
+            call_surface=_REWRITTEN_SURFACE.get(condition, "native") if rewritten else "native",
+        )
+        outcome, sub_kind, surface, saw_prose = c.outcome, c.sub_kind, c.surface, c.harness_saw_prose
+        n_calls = len(c.calls)
+        exchange_id = rec.get("id")
+        for call in c.calls:
+            calls_out.append((
+                exchange_id, call.idx, call.name, call.arguments_raw, _json(call.arguments), call.surface,
+                call.format, call.offered, call.validated, call.valid, _json(call.schema_errors),
+            ))
+        if outcome != "non_response":
+            chain_reply = (view.content, [(tc.name, tc.arguments) for tc in view.tool_calls])
+        signature = call_signature([(call.name, call.arguments) for call in c.calls])
+
+    keys = None
+    model = None
+    stream_asked = None
+    if is_attempt:
+        model = req.get("model") if req is not None and isinstance(req.get("model"), str) else None
+        if model is None and upstream_reply is not None:
+            model = upstream_reply.model
+        if req is not None:
+            stream_asked = req.get("stream")
+            if stream_asked is None and kind in (OLLAMA_CHAT, OLLAMA_GENERATE):
+                stream_asked = True  # Ollama's native API streams unless told not to
+        keys = conversation_keys(messages, tool_set=tool_hash, tool_names=names, model=model, reply=chain_reply)
+
+    usage = upstream_reply if upstream_reply is not None else view
+    record_meta = {
+        "v": rec.get("v"),
+        "client_path": rec.get("client_path"),
+        "request_body_size": rec.get("request_body_size"),
+        "response_complete": rec.get("response_complete"),
+        "stream_requested": stream_asked,
+        "reply_complete": view.complete if view is not None else None,
+        "classification_detail": None,
+        "extra": rec.get("extra") or None,
+    }
+    if view is not None and outcome == "non_response":
+        record_meta["classification_detail"] = c.detail
+    row = (
+        rec.get("id"), rec.get("kind", "exchange"), rec.get("started_at"), rec.get("ended_at"), rec.get("ttfb_ms"),
+        rec.get("duration_ms"), rec.get("run") or UNTAGGED_RUN, rec.get("episode"), rec.get("item"), condition,
+        _json(rec.get("tags") or {}), rec.get("upstream"), rec.get("method"), path, rec.get("query"),
+        rec.get("status"), rec.get("client_status"), rec.get("error_kind"), rec.get("error_message"), is_attempt,
+        (view.streamed if view is not None else None), model,
+        usage.prompt_tokens if usage is not None else None,
+        usage.completion_tokens if usage is not None else None,
+        usage.cached_tokens if usage is not None else None,
+        tool_hash, rec.get("request_body"), rec.get("request_body_encoding"), rec.get("response_body"),
+        rec.get("response_body_encoding"), rec.get("client_body"), rec.get("client_body_encoding"),
+        _json(rec.get("upstream_request")), rec.get("condition_note"), _json(rec.get("request_headers")),
+        _json(rec.get("response_headers")), segment, offset, _json(record_meta),
+        outcome, sub_kind, surface, n_calls,
+        view.finish_reason if view is not None else None,
+        view.content if view is not None else None,
+        view.reasoning_content if view is not None else None,
+        upstream_reply.content if (rewritten and upstream_reply is not None) else None,
+        saw_prose, mark.stack if mark else None, mark.version if mark else None,
+        keys.n_messages if keys else None, keys.state_hash if keys else None, keys.chain_hash if keys else None,
+        keys.parent_hashes if keys else None, keys.item_hash if keys else None, signature,
+    )
+    return Analyzed(row, calls_out, tool_set)
+
+
+def fingerprint_row(rec: dict, segment: str, offset: int) -> tuple:
+    """A fingerprint record (the stack as it described itself at start), kept whole as JSON."""
+    stack = rec.get("stack")
+    version = rec.get("stack_version") or rec.get("version")
+    if isinstance(stack, dict):
+        version = version or stack.get("version")
+        stack = stack.get("name") or stack.get("stack")
+    at = rec.get("started_at") or rec.get("recorded_at") or rec.get("at")
+    return (
+        rec.get("id"), rec.get("run"), rec.get("upstream"), at if isinstance(at, (int, float)) else None,
+        stack if isinstance(stack, str) else None, version if isinstance(version, str) else None,
+        rec.get("model") if isinstance(rec.get("model"), str) else None, _json(rec), segment, offset,
+    )
+
+
+@dataclass
+class Summary:
+    segments: int = 0
+    segments_read: int = 0
+    bytes_read: int = 0
+    records: int = 0
+    new_exchanges: int = 0
+    duplicates: int = 0
+    fingerprints: int = 0
+    new_issues: int = 0
+    torn_tails: int = 0
+    runs: list[str] = field(default_factory=list)
+    turns: int = 0
+    episodes: int = 0
+    seconds: float = 0.0
+    issues: list[str] = field(default_factory=list)
+
+
+class _Batch:
+    def __init__(self) -> None:
+        self.exchanges: list[tuple] = []
+        self.calls: list[tuple] = []
+        self.tool_sets: dict[str, tuple] = {}
+        self.fingerprints: list[tuple] = []
+        self.issues: list[tuple] = []
+        self.ids: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.exchanges) + len(self.fingerprints) + len(self.issues)
+
+
+def _columns(rows: list[tuple], types: dict[str, str]) -> dict[str, list]:
+    return {name: [r[i] for r in rows] for i, name in enumerate(types)}
+
+
+class Ingestor:
+    def __init__(self, con, data_dir: str | Path, *, batch: int = 2000) -> None:
+        self.con = con
+        self.data_dir = Path(data_dir)
+        self.batch_size = batch
+        self.known_tool_sets: set[str] = {r[0] for r in con.execute("SELECT hash FROM tool_sets").fetchall()}
+        self.summary = Summary()
+        self.affected_runs: set[str] = set()
+
+    def run(self) -> Summary:
+        t0 = time.perf_counter()
+        state = {
+            seg: (off, size)
+            for seg, off, size in self.con.execute("SELECT segment, byte_offset, size_seen FROM ingest_state").fetchall()
+        }
+        segments = list_segments(self.data_dir)
+        self.summary.segments = len(segments)
+        for path in segments:
+            offset, _ = state.get(path.name, (0, 0))
+            size = path.stat().st_size
+            if size < offset:
+                self._note(f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it")
+                self._issue_now(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}")
+                offset = 0
+            if size == offset:
+                continue
+            self.summary.segments_read += 1
+            self._segment(path, offset)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            totals = derive(self.con, self.affected_runs)
+            self.con.execute("COMMIT")
+        except Exception:
+            self.con.execute("ROLLBACK")
+            raise
+        self.summary.turns, self.summary.episodes = totals["turns"], totals["episodes"]
+        self.summary.runs = sorted(self.affected_runs)
+        self.summary.seconds = time.perf_counter() - t0
+        return self.summary
+
+    def _note(self, message: str) -> None:
+        self.summary.issues.append(message)
+
+    def _issue_now(self, segment: str, offset: int, kind: str, message: str) -> None:
+        insert_columns(
+            self.con, "ingest_issues", _columns([(segment, offset, kind, message, time.time())], ISSUE_TYPES),
+            ISSUE_TYPES, on_conflict="ON CONFLICT DO NOTHING",
+        )
+
+    def _segment(self, path: Path, start: int) -> None:
+        name = path.name
+        batch = _Batch()
+        end = start
+        n_records = 0
+        for line in read_segment(path, start):
+            if line.record is None:
+                if line.error == "torn_tail":
+                    self.summary.torn_tails += 1
+                    self._note(f"{name} @{line.offset}: incomplete last line (still being written, or torn by a crash); will retry next run")
+                    batch.issues.append((name, line.offset, "torn_tail", "incomplete last line", time.time()))
+                    break
+                self._note(f"{name} @{line.offset}: {line.error}; skipped")
+                batch.issues.append((name, line.offset, "corrupt", line.error, time.time()))
+                end = line.end
+                continue
+            end = line.end
+            n_records += 1
+            self._record(batch, line.record, name, line.offset)
+            if len(batch) >= self.batch_size:
+                self._flush(batch, name, end, n_records)
+                batch, n_records = _Batch(), 0
+        self._flush(batch, name, end, n_records)
+        self.summary.bytes_read += end - start
+
+    def _record(self, batch: _Batch, rec: dict, segment: str, offset: int) -> None:
+        self.summary.records += 1
+        rid = rec.get("id")
+        kind = rec.get("kind", "exchange")
+        if not isinstance(rid, str) or not rid:
+            batch.issues.append((segment, offset, "corrupt", "record has no id", time.time()))
+            self._note(f"{segment} @{offset}: record has no id; skipped")
+            return
+        if kind == "fingerprint":
+            batch.fingerprints.append(fingerprint_row(rec, segment, offset))
+            if rec.get("run"):
+                self.affected_runs.add(rec["run"])
+            return
+        if kind != "exchange":
+            batch.issues.append((segment, offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer", time.time()))
+            self._note(f"{segment} @{offset}: record kind {kind!r} unknown; skipped")
+            return
+        if rid in batch.ids:
+            self.summary.duplicates += 1
+            return
+        try:
+            a = analyze_record(rec, segment, offset)
+        except Exception as exc:  # one odd record must never stop an ingest; it is reported instead
+            batch.issues.append((segment, offset, "analyze_error", f"{type(exc).__name__}: {exc}", time.time()))
+            self._note(f"{segment} @{offset}: cannot analyse record {rid}: {type(exc).__name__}: {exc}")
+            return
+        batch.ids.add(rid)
+        batch.exchanges.append(a.exchange)
+        batch.calls.extend(a.calls)
+        if a.tool_set is not None and a.tool_set[0] not in self.known_tool_sets:
+            batch.tool_sets[a.tool_set[0]] = a.tool_set
+
+    def _flush(self, batch: _Batch, segment: str, end: int, n_records: int) -> None:
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if batch.exchanges:
+                insert_columns(con, "_ids", {"id": list(batch.ids)}, {"id": "VARCHAR"})
+                dup = {r[0] for r in con.execute("SELECT id FROM _ids SEMI JOIN exchanges USING (id)").fetchall()}
+                con.execute("DELETE FROM _ids")
+                if dup:
+                    self.summary.duplicates += len(dup)
+                    batch.exchanges = [r for r in batch.exchanges if r[0] not in dup]
+                    batch.calls = [r for r in batch.calls if r[0] not in dup]
+                self.summary.new_exchanges += insert_columns(con, "exchanges", _columns(batch.exchanges, EXCHANGE_TYPES), EXCHANGE_TYPES)
+                insert_columns(con, "calls", _columns(batch.calls, CALL_TYPES), CALL_TYPES)
+                self.affected_runs.update(r[6] for r in batch.exchanges)
+            if batch.tool_sets:
+                insert_columns(con, "tool_sets", _columns(list(batch.tool_sets.values()), TOOL_SET_TYPES), TOOL_SET_TYPES,
+                               on_conflict="ON CONFLICT DO NOTHING")
+            if batch.fingerprints:
+                self.summary.fingerprints += insert_columns(
+                    con, "fingerprints", _columns(batch.fingerprints, FINGERPRINT_TYPES), FINGERPRINT_TYPES,
+                    on_conflict="ON CONFLICT DO NOTHING",
+                )
+            if batch.issues:
+                before = con.execute("SELECT count(*) FROM ingest_issues").fetchone()[0]
+                insert_columns(con, "ingest_issues", _columns(batch.issues, ISSUE_TYPES), ISSUE_TYPES,
+                               on_conflict="ON CONFLICT DO NOTHING")
+                self.summary.new_issues += con.execute("SELECT count(*) FROM ingest_issues").fetchone()[0] - before
+            con.execute("DELETE FROM ingest_issues WHERE segment = ? AND kind = 'torn_tail' AND byte_offset < ?", [segment, end])
+            con.execute(
+                "INSERT INTO ingest_state VALUES (?, ?, ?, ?, now()::TIMESTAMP) ON CONFLICT (segment) DO UPDATE SET "
+                "byte_offset = excluded.byte_offset, size_seen = excluded.size_seen, "
+                "n_records = ingest_state.n_records + excluded.n_records, updated_at = excluded.updated_at",
+                [segment, end, end, n_records],
+            )
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        self.known_tool_sets.update(batch.tool_sets)
+
+
+def ingest(con, data_dir: str | Path, *, batch: int = 2000) -> Summary:
+    """Ingest every new line of every segment under data_dir, then re-derive the affected runs."""
+    con.execute("CREATE TEMP TABLE IF NOT EXISTS _ids (id VARCHAR)")
+    return Ingestor(con, data_dir, batch=batch).run()

@@ -1,0 +1,163 @@
+"""The DuckDB schema as numbered steps.
+
+A step, once released, is never edited: a database created by an older toolproxy is brought up to
+date by running the steps it has not seen, in order. Change the schema by appending a step.
+Other code (reports, `toolproxy sql` users, any DuckDB client) reads these tables directly, so
+their names and columns are a public interface: add, never rename.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (
+        1,
+        "exchanges, tool sets, turns, calls, episodes, runs, fingerprints, ingest bookkeeping",
+        """
+        CREATE TABLE exchanges (
+            id VARCHAR PRIMARY KEY,
+            kind VARCHAR,
+            started_at TIMESTAMP,
+            ended_at TIMESTAMP,
+            ttfb_ms DOUBLE,
+            duration_ms DOUBLE,
+            run VARCHAR,
+            episode VARCHAR,
+            item VARCHAR,
+            condition VARCHAR,
+            tags JSON,
+            upstream VARCHAR,
+            method VARCHAR,
+            path VARCHAR,
+            query VARCHAR,
+            status INTEGER,
+            client_status INTEGER,
+            error_kind VARCHAR,
+            error_message VARCHAR,
+            is_attempt BOOLEAN,
+            streamed BOOLEAN,
+            model VARCHAR,
+            prompt_tokens BIGINT,
+            completion_tokens BIGINT,
+            cached_tokens BIGINT,
+            tool_set VARCHAR,
+            request_body VARCHAR,
+            request_body_encoding VARCHAR,
+            response_body VARCHAR,
+            response_body_encoding VARCHAR,
+            client_body VARCHAR,
+            client_body_encoding VARCHAR,
+            upstream_request JSON,
+            condition_note VARCHAR,
+            request_headers JSON,
+            response_headers JSON,
+            segment VARCHAR,
+            segment_offset BIGINT,
+            record JSON,
+            -- per-exchange classification (SPEC section 5), the attempt's view
+            outcome VARCHAR,
+            sub_kind VARCHAR,
+            surface VARCHAR,
+            n_calls INTEGER,
+            finish_reason VARCHAR,
+            content VARCHAR,
+            reasoning_content VARCHAR,
+            upstream_content VARCHAR,
+            harness_saw_prose BOOLEAN,
+            stack_marker VARCHAR,
+            stack_marker_version VARCHAR,
+            -- conversation-state keys for grouping attempts into turns and episodes
+            n_messages INTEGER,
+            state_hash VARCHAR,
+            chain_hash VARCHAR,
+            parent_hashes VARCHAR[],
+            item_hash VARCHAR,
+            call_signature VARCHAR,
+            turn_id VARCHAR
+        );
+        CREATE TABLE tool_sets (hash VARCHAR PRIMARY KEY, tools JSON, names VARCHAR[]);
+        CREATE TABLE turns (
+            turn_id VARCHAR PRIMARY KEY,
+            run VARCHAR,
+            episode_key VARCHAR,
+            turn_index INTEGER,
+            item_key VARCHAR,
+            category VARCHAR,
+            condition VARCHAR,
+            model VARCHAR,
+            outcome VARCHAR,
+            sub_kind VARCHAR,
+            surface VARCHAR,
+            n_attempts INTEGER,
+            n_calls INTEGER,
+            final_exchange_id VARCHAR,
+            finish_reason VARCHAR,
+            harness_saw_prose BOOLEAN,
+            content VARCHAR
+        );
+        CREATE TABLE calls (
+            turn_id VARCHAR,
+            exchange_id VARCHAR,
+            idx INTEGER,
+            name VARCHAR,
+            arguments_raw VARCHAR,
+            arguments JSON,
+            surface VARCHAR,
+            format VARCHAR,
+            offered BOOLEAN,
+            validated BOOLEAN,
+            valid BOOLEAN,
+            schema_errors JSON
+        );
+        CREATE TABLE episodes (
+            episode_key VARCHAR PRIMARY KEY,
+            run VARCHAR,
+            episode VARCHAR,
+            reconstructed BOOLEAN,
+            item_key VARCHAR,
+            category VARCHAR,
+            n_turns INTEGER,
+            looping BOOLEAN,
+            loop_reason VARCHAR
+        );
+        CREATE TABLE runs (
+            run VARCHAR PRIMARY KEY,
+            stack VARCHAR,
+            stack_version VARCHAR,
+            model VARCHAR,
+            condition VARCHAR,
+            n_exchanges INTEGER,
+            n_episodes INTEGER,
+            n_turns INTEGER,
+            first_seen TIMESTAMP,
+            last_seen TIMESTAMP
+        );
+        CREATE TABLE fingerprints (
+            id VARCHAR PRIMARY KEY,
+            run VARCHAR,
+            upstream VARCHAR,
+            recorded_at TIMESTAMP,
+            stack VARCHAR,
+            stack_version VARCHAR,
+            model VARCHAR,
+            record JSON,
+            segment VARCHAR,
+            segment_offset BIGINT
+        );
+        CREATE TABLE ingest_state (
+            segment VARCHAR PRIMARY KEY,
+            byte_offset BIGINT,
+            size_seen BIGINT,
+            n_records BIGINT,
+            updated_at TIMESTAMP
+        );
+        CREATE TABLE ingest_issues (
+            segment VARCHAR,
+            byte_offset BIGINT,
+            kind VARCHAR,
+            message VARCHAR,
+            seen_at TIMESTAMP,
+            PRIMARY KEY (segment, byte_offset, kind)
+        );
+        """,
+    ),
+]

@@ -1,0 +1,136 @@
+"""One exchange, readable: what the harness asked, what came back, and how it was classified."""
+
+from __future__ import annotations
+
+import textwrap
+
+import orjson
+
+from analysis.ingest import _request
+from analysis.reassemble import endpoint_kind
+
+_FIELDS = """
+id, kind, started_at, duration_ms, ttfb_ms, run, episode, item, condition, tags, upstream, method, path, query,
+status, client_status, error_kind, error_message, is_attempt, streamed, model, prompt_tokens, completion_tokens,
+cached_tokens, tool_set, request_body, request_body_encoding, response_body, response_body_encoding, client_body,
+client_body_encoding, upstream_request, condition_note, outcome, sub_kind, surface, finish_reason, content,
+reasoning_content, upstream_content, harness_saw_prose, stack_marker, record, turn_id, segment, segment_offset,
+request_headers
+"""
+
+
+def _clip(text: str | None, limit: int = 1200) -> str:
+    if text is None:
+        return "(none)"
+    text = text if len(text) <= limit else text[:limit] + f" … [{len(text) - limit} more chars]"
+    return textwrap.indent(text, "    ")
+
+
+def _content(value) -> str:
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def render(con, exchange_id: str, *, raw: bool = False) -> str:
+    names = [f.strip() for f in _FIELDS.split(",")]
+    row = con.execute(f"SELECT {', '.join(names)} FROM exchanges WHERE id = ?", [exchange_id]).fetchone()
+    e = dict(zip(names, row))
+    out = []
+    tags = " ".join(f"{k}={e[k]}" for k in ("run", "episode", "item") if e[k])
+    out.append(f"exchange {e['id']}  {tags}  condition={e['condition']}")
+    status = e["status"] if e["status"] is not None else "---"
+    client = f" (harness got {e['client_status']})" if e["client_status"] not in (None, e["status"]) else ""
+    dur = f"{e['duration_ms']:.0f} ms" if e["duration_ms"] is not None else "-"
+    out.append(f"{e['method']} {e['path']}{'?' + e['query'] if e['query'] else ''} -> {status}{client}  {dur}  "
+               f"{'streamed' if e['streamed'] else 'not streamed'}  at {e['started_at']}  upstream {e['upstream']}")
+    if e["error_kind"]:
+        out.append(f"error: {e['error_kind']}: {e['error_message']}")
+    if e["model"] or e["prompt_tokens"] is not None:
+        out.append(f"model: {e['model']}  tokens: prompt {e['prompt_tokens']}, completion {e['completion_tokens']}, "
+                   f"cached {e['cached_tokens']}  stack marker: {e['stack_marker'] or '-'}")
+    if e["condition_note"]:
+        out.append(f"condition note: {e['condition_note']}")
+
+    out.append("\n== request (as the harness sent it)")
+    rec = {"request_body": e["request_body"], "request_body_encoding": e["request_body_encoding"],
+           "request_headers": orjson.loads(e["request_headers"]) if e["request_headers"] else []}
+    req, messages = _request(rec, endpoint_kind(e["path"] or ""))
+    if req is None:
+        out.append(_clip(e["request_body"], 600) if e["request_body"] else "    (no body)")
+    else:
+        shown = messages[-4:]
+        if len(messages) > len(shown):
+            out.append(f"  ({len(messages) - len(shown)} earlier messages not shown)")
+        for m in shown:
+            if not isinstance(m, dict):
+                continue
+            out.append(f"  [{m.get('role')}]")
+            if m.get("content"):
+                out.append(_clip(_content(m["content"]), 600))
+            for tc in m.get("tool_calls") or ():
+                fn = tc.get("function", {}) if isinstance(tc, dict) else {}
+                out.append(f"    -> {fn.get('name')}({_content(fn.get('arguments'))})")
+        if e["tool_set"]:
+            tnames = con.execute("SELECT names FROM tool_sets WHERE hash = ?", [e["tool_set"]]).fetchone()
+            out.append(f"  tools offered: {', '.join(tnames[0]) if tnames else '?'}  (tool set {e['tool_set'][:12]})")
+        for k in ("tool_choice", "response_format", "stream"):
+            if k in req:
+                out.append(f"  {k}: {_content(req[k])}")
+    if e["upstream_request"]:
+        out.append(f"  (the {e['condition']} condition rewrote it before it went upstream; see --raw)")
+
+    out.append("\n== response (as the harness got it)")
+    if e["reasoning_content"]:
+        out.append("  reasoning:")
+        out.append(_clip(e["reasoning_content"], 600))
+    out.append("  content:")
+    out.append(_clip(e["content"]))
+    calls = con.execute(
+        "SELECT idx, name, arguments_raw, surface, format, offered, validated, valid, schema_errors "
+        "FROM calls WHERE exchange_id = ? ORDER BY idx", [e["id"]]
+    ).fetchall()
+    if e["finish_reason"]:
+        out.append(f"  finish_reason: {e['finish_reason']}")
+    if e["upstream_content"] is not None:
+        out.append("  upstream's raw text (before the condition turned it into tool_calls):")
+        out.append(_clip(e["upstream_content"]))
+
+    out.append("\n== classification")
+    if e["is_attempt"]:
+        meta = orjson.loads(e["record"]) if e["record"] else {}
+        kind = f"{e['outcome']}" + (f"/{e['sub_kind']}" if e["sub_kind"] else "")
+        out.append(f"  outcome: {kind}  surface: {e['surface'] or '-'}"
+                   f"{'  HARNESS SAW PROSE: the call was in text, no tool parser extracted it' if e['harness_saw_prose'] else ''}")
+        if meta.get("classification_detail"):
+            out.append(f"  why: {meta['classification_detail']}")
+        for idx, name, args, surface, fmt, offered, validated, valid, errors in calls:
+            verdict = "valid" if valid else ("NOT OFFERED" if not offered else "INVALID")
+            if valid and not validated:
+                verdict = "not validated (tool schema unusable)"
+            out.append(f"  call {idx}: {name}({args})  [{surface}/{fmt}] {verdict}")
+            errs = orjson.loads(errors) if errors else []
+            for err in errs[:5]:
+                out.append(f"      - {err}")
+        if e["turn_id"]:
+            t = con.execute(
+                "SELECT episode_key, turn_index, outcome, sub_kind, n_attempts FROM turns WHERE turn_id = ?", [e["turn_id"]]
+            ).fetchone()
+            if t:
+                out.append(f"  turn {t[1]} of episode {t[0]}: {t[2]}{'/' + t[3] if t[3] else ''} after {t[4]} attempt(s)")
+    else:
+        out.append("  not a completion request: not classified")
+
+    if raw:
+        out.append("\n== raw request body")
+        out.append(_clip(e["request_body"], 20000))
+        if e["upstream_request"]:
+            out.append("\n== request sent upstream")
+            out.append(_clip(e["upstream_request"], 20000))
+        out.append(f"\n== raw response body ({e['response_body_encoding']})")
+        out.append(_clip(e["response_body"], 20000))
+        if e["client_body"] is not None:
+            out.append(f"\n== body the harness got ({e['client_body_encoding']})")
+            out.append(_clip(e["client_body"], 20000))
+    out.append(f"\nrecorded in {e['segment']} at byte {e['segment_offset']}")
+    return "\n".join(out)

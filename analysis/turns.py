@@ -1,0 +1,366 @@
+"""Attempts -> turns -> episodes -> runs.
+
+A harness may retry the same request (same messages, same tools) after a failure: those attempts
+are one turn, whose outcome is the last attempt's, and a turn whose every attempt failed is
+`non_response/retry_exhausted`. Episodes come from the `episode` tag; without one they are
+reconstructed by message-prefix chaining: a later request whose message list starts with an
+earlier request's messages *plus the reply it got* continues that episode.
+
+Everything keyed on conversation content uses canonical message hashes computed once per
+exchange at ingest (conversation_keys), so re-deriving a run reads small columns, not bodies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import orjson
+
+UNTAGGED_RUN = "(untagged)"
+# An episode is flagged as looping when the same call (name + arguments) repeats in this many
+# consecutive turns, or when it has at least LOOP_MIN_TURNS turns and LOOP_MEDIAN_FACTOR times
+# the run's median turn count.
+LOOP_REPEATS = 3
+LOOP_MEDIAN_FACTOR = 3.0
+LOOP_MIN_TURNS = 10
+
+_SEP = re.compile(r"[_-]")
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=12).digest()
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content.strip()
+    if isinstance(content, list):  # content parts: only the text is conversation state we can match
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)).strip()
+    return ""
+
+
+def _args(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value.strip()
+    return value
+
+
+def canon_calls(calls: Iterable[tuple[str | None, Any]]) -> list:
+    return [[name, _args(args)] for name, args in calls]
+
+
+def _canon(role: Any, content: Any, calls: list) -> bytes:
+    """Serialization of a message that survives a harness resending it: ids, whitespace around
+    content, null-vs-empty content and the spelling of argument JSON do not matter."""
+    return orjson.dumps([role, _text(content), calls], option=orjson.OPT_SORT_KEYS)
+
+
+def _message_calls(m: dict) -> list:
+    out = []
+    for tc in m.get("tool_calls") or ():
+        if isinstance(tc, dict):
+            fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+            out.append((fn.get("name"), fn.get("arguments")))
+    return canon_calls(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    n_messages: int
+    state_hash: str
+    chain_hash: str | None
+    parent_hashes: list[str]
+    item_hash: str
+
+
+def conversation_keys(
+    messages: Sequence[Any],
+    *,
+    tool_set: str | None,
+    tool_names: Sequence[str],
+    model: str | None,
+    reply: tuple[str | None, list] | None,
+) -> Keys:
+    """Hashes that place one attempt in its conversation.
+
+    state_hash: messages + tool set + model (equal for retries of one turn).
+    chain_hash: the message list extended by the reply the harness got (content, canon calls);
+      the next turn of the same episode lists it as a parent.
+    parent_hashes: the rolling hash after each assistant message in this request, longest first.
+    item_hash: messages + offered tool names, for pairing the same item across runs.
+    """
+    h = b"\x00" * 12
+    parents = []
+    for m in messages:
+        if isinstance(m, dict):
+            role = m.get("role")
+            h = _digest(h + _canon(role, m.get("content"), _message_calls(m)))
+            if role == "assistant":
+                parents.append(h.hex())
+        else:
+            h = _digest(h + orjson.dumps(m))
+    parents.reverse()
+    state = _digest(h + orjson.dumps([tool_set, model])).hex()
+    item = _digest(h + orjson.dumps(sorted(tool_names))).hex()
+    chain = None
+    if reply is not None:
+        chain = _digest(h + _canon("assistant", reply[0], canon_calls(reply[1]))).hex()
+    return Keys(len(messages), state, chain, parents, item)
+
+
+def call_signature(calls: Sequence[tuple[str | None, Any]]) -> str | None:
+    if not calls:
+        return None
+    return _digest(orjson.dumps(canon_calls(calls), option=orjson.OPT_SORT_KEYS)).hex()
+
+
+def category_of(item_key: str | None, tag: str | None) -> str | None:
+    """The `category` tag, else the item key's prefix before the first `_` or `-` (BFCL `simple_12`)."""
+    if tag:
+        return tag
+    if not item_key or item_key.startswith("h:"):
+        return None
+    parts = _SEP.split(item_key, 1)
+    return parts[0] if len(parts) == 2 and parts[0] else None
+
+
+@dataclass(slots=True)
+class Attempt:
+    id: str
+    episode: str | None
+    item: str | None
+    category: str | None
+    condition: str | None
+    model: str | None
+    outcome: str
+    sub_kind: str | None
+    surface: str | None
+    n_calls: int
+    finish_reason: str | None
+    content: str | None
+    harness_saw_prose: bool
+    state_hash: str | None
+    chain_hash: str | None
+    parent_hashes: list[str]
+    item_hash: str | None
+    call_signature: str | None
+
+
+@dataclass(slots=True)
+class Turn:
+    attempts: list[Attempt]
+
+    @property
+    def final(self) -> Attempt:
+        return self.attempts[-1]
+
+    @property
+    def failed(self) -> bool:
+        return self.final.outcome == "non_response"
+
+    def result(self) -> tuple[str, str | None]:
+        """(outcome, sub_kind): the final attempt's; every attempt failed after retries = retry_exhausted."""
+        f = self.final
+        if f.outcome == "non_response" and len(self.attempts) > 1:
+            return "non_response", "retry_exhausted"
+        return f.outcome, f.sub_kind
+
+
+@dataclass(slots=True)
+class Episode:
+    key: str
+    name: str
+    reconstructed: bool
+    turns: list[Turn] = field(default_factory=list)
+    item_key: str | None = None
+    category: str | None = None
+    looping: bool = False
+    loop_reason: str | None = None
+
+
+def build_episodes(run: str, attempts: Iterable[Attempt]) -> list[Episode]:
+    """Group one run's attempts (in the order the proxy saw them) into episodes of turns."""
+    episodes: dict[str, Episode] = {}
+    owner: dict[int, Episode] = {}  # id(turn) -> its episode
+    by_chain: dict[str, Turn] = {}
+    by_state: dict[str, Turn] = {}
+    for a in attempts:
+        if a.episode is not None:
+            key = f"{run}/{a.episode}"
+            ep = episodes.get(key)
+            if ep is None:
+                ep = episodes[key] = Episode(key, a.episode, False)
+            last = ep.turns[-1] if ep.turns else None
+            if last is not None and last.failed and last.final.state_hash == a.state_hash:
+                last.attempts.append(a)
+            else:
+                ep.turns.append(Turn([a]))
+            continue
+        turn = by_state.get(a.state_hash) if a.state_hash else None
+        if turn is not None and turn.failed and owner[id(turn)].turns[-1] is turn:
+            turn.attempts.append(a)
+        else:
+            ep = None
+            for h in a.parent_hashes:
+                parent = by_chain.get(h)
+                if parent is not None:
+                    cand = owner[id(parent)]
+                    if cand.turns[-1] is parent:
+                        ep = cand
+                    break
+            if ep is None:
+                name = f"~{a.id}"
+                ep = episodes[f"{run}/{name}"] = Episode(f"{run}/{name}", name, True)
+            turn = Turn([a])
+            ep.turns.append(turn)
+            owner[id(turn)] = ep
+            if a.state_hash:
+                by_state[a.state_hash] = turn
+        if a.chain_hash:
+            by_chain[a.chain_hash] = turn
+    out = list(episodes.values())
+    for ep in out:
+        first = ep.turns[0].final
+        explicit = next((t.attempts[0].item for t in ep.turns if t.attempts[0].item), None)
+        ep.item_key = explicit or (f"h:{first.item_hash}" if first.item_hash else None)
+        tag = next((t.attempts[0].category for t in ep.turns if t.attempts[0].category), None)
+        ep.category = category_of(ep.item_key, tag)
+    mark_loops(out)
+    return out
+
+
+def mark_loops(episodes: list[Episode]) -> None:
+    if not episodes:
+        return
+    median = statistics.median(len(ep.turns) for ep in episodes)
+    for ep in episodes:
+        ep.loop_reason = loop_reason([t.final.call_signature for t in ep.turns], median)
+        ep.looping = ep.loop_reason is not None
+
+
+def loop_reason(signatures: Sequence[str | None], run_median: float) -> str | None:
+    """Why an episode counts as looping, or None. See LOOP_* for the thresholds."""
+    best = streak = 0
+    prev = None
+    for sig in signatures:
+        streak = streak + 1 if sig is not None and sig == prev else 1
+        prev = sig
+        if sig is not None:
+            best = max(best, streak)
+    if best >= LOOP_REPEATS:
+        return f"{best} identical consecutive calls"
+    n = len(signatures)
+    if n >= LOOP_MIN_TURNS and n >= LOOP_MEDIAN_FACTOR * run_median:
+        return f"{n} turns, run median {run_median:g}"
+    return None
+
+
+_ATTEMPT_SQL = """
+SELECT id, episode, item, json_extract_string(tags, '$.category'), condition, model, outcome, sub_kind, surface,
+       coalesce(n_calls, 0), finish_reason, NULL, coalesce(harness_saw_prose, false), state_hash, chain_hash,
+       coalesce(parent_hashes, []), item_hash, call_signature
+FROM exchanges WHERE run = ? AND is_attempt ORDER BY started_at, id
+"""
+
+_TURN_TYPES = {
+    "turn_id": "VARCHAR", "run": "VARCHAR", "episode_key": "VARCHAR", "turn_index": "INTEGER", "item_key": "VARCHAR",
+    "category": "VARCHAR", "condition": "VARCHAR", "model": "VARCHAR", "outcome": "VARCHAR", "sub_kind": "VARCHAR",
+    "surface": "VARCHAR", "n_attempts": "INTEGER", "n_calls": "INTEGER", "final_exchange_id": "VARCHAR",
+    "finish_reason": "VARCHAR", "harness_saw_prose": "BOOLEAN",
+}
+_EPISODE_TYPES = {
+    "episode_key": "VARCHAR", "run": "VARCHAR", "episode": "VARCHAR", "reconstructed": "BOOLEAN", "item_key": "VARCHAR",
+    "category": "VARCHAR", "n_turns": "INTEGER", "looping": "BOOLEAN", "loop_reason": "VARCHAR",
+}
+
+_RUNS_SQL = """
+INSERT INTO runs
+WITH ex AS (
+    SELECT run,
+           count(*) AS n_exchanges,
+           min(started_at) AS first_seen,
+           max(coalesce(ended_at, started_at)) AS last_seen,
+           mode(model) FILTER (WHERE is_attempt) AS model,
+           string_agg(DISTINCT condition, ',' ORDER BY condition) FILTER (WHERE is_attempt) AS condition,
+           mode(stack_marker) AS marker,
+           mode(stack_marker_version) AS marker_version,
+           mode(upstream) AS upstream
+    FROM exchanges WHERE run IN (SELECT unnest(?::VARCHAR[])) GROUP BY run
+),
+fp_run AS (
+    SELECT run, arg_max(stack, recorded_at) AS stack, arg_max(stack_version, recorded_at) AS version
+    FROM fingerprints WHERE run IS NOT NULL GROUP BY run
+),
+fp_up AS (
+    SELECT upstream, arg_max(stack, recorded_at) AS stack, arg_max(stack_version, recorded_at) AS version
+    FROM fingerprints WHERE upstream IS NOT NULL GROUP BY upstream
+)
+SELECT ex.run,
+       coalesce(fp_run.stack, fp_up.stack, ex.marker),
+       CASE WHEN fp_run.stack IS NOT NULL THEN fp_run.version
+            WHEN fp_up.stack IS NOT NULL THEN fp_up.version
+            ELSE ex.marker_version END,
+       ex.model, ex.condition, ex.n_exchanges,
+       (SELECT count(*) FROM episodes e WHERE e.run = ex.run),
+       (SELECT count(*) FROM turns t WHERE t.run = ex.run),
+       ex.first_seen, ex.last_seen
+FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstream = ex.upstream
+"""
+
+
+def derive(con, runs: Iterable[str]) -> dict[str, int]:
+    """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent)."""
+    from analysis.store import insert_columns
+
+    runs = sorted(set(runs))
+    totals = {"turns": 0, "episodes": 0}
+    if not runs:
+        return totals
+    con.execute("CREATE TEMP TABLE IF NOT EXISTS _turn_map (id VARCHAR, turn_id VARCHAR)")
+    con.execute("DELETE FROM turns WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    for run in runs:
+        attempts = (Attempt(*row) for row in con.execute(_ATTEMPT_SQL, [run]).fetchall())
+        episodes = build_episodes(run, attempts)
+        t_cols: dict[str, list] = {k: [] for k in _TURN_TYPES}
+        e_cols: dict[str, list] = {k: [] for k in _EPISODE_TYPES}
+        map_ex: list[str] = []
+        map_turn: list[str] = []
+        for ep in episodes:
+            for i, turn in enumerate(ep.turns):
+                f = turn.final
+                outcome, sub_kind = turn.result()
+                tid = turn.attempts[0].id
+                item = turn.attempts[0].item or ep.item_key
+                row = (tid, run, ep.key, i, item, category_of(item, turn.attempts[0].category) or ep.category,
+                       f.condition, f.model, outcome, sub_kind, f.surface, len(turn.attempts), f.n_calls, f.id,
+                       f.finish_reason, f.harness_saw_prose)
+                for k, v in zip(_TURN_TYPES, row):
+                    t_cols[k].append(v)
+                for a in turn.attempts:
+                    map_ex.append(a.id)
+                    map_turn.append(tid)
+            row = (ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns), ep.looping, ep.loop_reason)
+            for k, v in zip(_EPISODE_TYPES, row):
+                e_cols[k].append(v)
+        totals["turns"] += insert_columns(con, "turns", t_cols, _TURN_TYPES)
+        totals["episodes"] += insert_columns(con, "episodes", e_cols, _EPISODE_TYPES)
+        if map_ex:
+            insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
+    con.execute(
+        "UPDATE turns SET content = e.content FROM exchanges e "
+        "WHERE e.id = turns.final_exchange_id AND turns.run IN (SELECT unnest(?::VARCHAR[]))", [runs]
+    )
+    con.execute("UPDATE exchanges SET turn_id = m.turn_id FROM _turn_map m WHERE exchanges.id = m.id")
+    con.execute("UPDATE calls SET turn_id = m.turn_id FROM _turn_map m WHERE calls.exchange_id = m.id")
+    con.execute("DELETE FROM _turn_map")
+    con.execute(_RUNS_SQL, [runs])
+    return totals

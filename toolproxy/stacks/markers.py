@@ -1,0 +1,92 @@
+"""Which serving stack wrote a response, from marks it leaves in every body.
+
+Fingerprinting asks a stack directly at start; this is the fallback for recordings made without
+one (and a cross-check for them): each stack leaves its own fields in ordinary responses. Pure
+function over one parsed JSON object so the proxy's fingerprinting and the analyzer share it.
+
+Marks (STACKS.md, checked against the stacks' sources):
+- Ollama: `system_fingerprint: "fp_ollama"` on /v1; native bodies carry `done` + `eval_count` /
+  `total_duration`; refusals say "does not support tools".
+- llama.cpp: `timings` (prompt_n, predicted_n, cache_n...); `system_fingerprint` is the build
+  string `b<build>-<commit>`; errors are `{"error": {"code": <int>, "type": "server_error"...}}`.
+- SGLang: `choices[].matched_stop`, `metadata.weight_version`.
+- vLLM: `choices[].stop_reason`, top-level `prompt_logprobs` / `kv_transfer_params`; errors with an
+  integer `code` and a Python exception name as `type` ("BadRequestError"), or the flag names in
+  the message.
+- `/v1/models` lists: `owned_by` is "vllm", "sglang", "llamacpp" (Ollama says "library").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_LLAMACPP_BUILD = re.compile(r"^b(\d+)(?:-([0-9a-f]+))?$")
+_OWNED_BY = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "llama.cpp": "llamacpp", "lmstudio": "lmstudio"}
+
+
+@dataclass(frozen=True, slots=True)
+class StackMark:
+    stack: str
+    version: str | None
+    evidence: str
+
+
+def detect(obj: Any) -> StackMark | None:
+    """The stack that produced this response body / stream chunk / model list, if it says."""
+    if not isinstance(obj, dict):
+        return None
+    fp = obj.get("system_fingerprint")
+    if fp == "fp_ollama":
+        return StackMark("ollama", None, "system_fingerprint fp_ollama")
+    if isinstance(fp, str):
+        m = _LLAMACPP_BUILD.match(fp)
+        if m:
+            return StackMark("llamacpp", fp, "system_fingerprint build string")
+    if isinstance(obj.get("timings"), dict):
+        return StackMark("llamacpp", None, "timings")
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and "weight_version" in meta:
+        return StackMark("sglang", None, "metadata.weight_version")
+    choices = obj.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        if "matched_stop" in choices[0]:
+            return StackMark("sglang", None, "choices[].matched_stop")
+        if "stop_reason" in choices[0]:
+            return StackMark("vllm", None, "choices[].stop_reason")
+    if "kv_transfer_params" in obj or "prompt_logprobs" in obj:
+        return StackMark("vllm", None, "kv_transfer_params/prompt_logprobs")
+    if "done" in obj and ("eval_count" in obj or "total_duration" in obj or "done_reason" in obj):
+        return StackMark("ollama", None, "native done/eval_count")
+    data = obj.get("data")
+    if obj.get("object") == "list" and isinstance(data, list) and data and isinstance(data[0], dict):
+        owner = _OWNED_BY.get(str(data[0].get("owned_by", "")).lower())
+        if owner:
+            return StackMark(owner, None, f"owned_by {data[0].get('owned_by')}")
+    return _from_error(obj)
+
+
+def _from_error(obj: dict) -> StackMark | None:
+    err = obj.get("error")
+    if isinstance(err, str):
+        if "does not support tools" in err or "try pulling it first" in err:
+            return StackMark("ollama", None, "native error text")
+        return None
+    flat = obj.get("object") == "error"
+    if not isinstance(err, dict) and not flat:
+        return None
+    e = err if isinstance(err, dict) else obj
+    message = str(e.get("message") or "")
+    if "--enable-auto-tool-choice" in message or "--tool-call-parser" in message:
+        return StackMark("vllm", None, "error names vLLM launch flags")
+    if "--jinja" in message:
+        return StackMark("llamacpp", None, "error names --jinja")
+    if "does not support tools" in message:
+        return StackMark("ollama", None, "error text")
+    if isinstance(err, dict) and isinstance(e.get("code"), int):
+        if e.get("type") == "server_error" or e.get("type") == "invalid_request_error" and e.get("code") in (400, 500, 501):
+            return StackMark("llamacpp", None, "error with integer code and OpenAI type")
+        if isinstance(e.get("type"), str) and e["type"].endswith("Error"):
+            return StackMark("vllm", None, "error type is a Python exception name")
+    return None
