@@ -67,3 +67,8 @@ def read_segment(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 
                 offset = end
         if buf:
             yield SegmentLine(path, offset, offset + len(buf), None, "torn_tail")
+
+
+def read_records(data_dir: str | Path) -> list[dict[str, Any]]:
+    """Every complete record under data_dir in write order; torn tails and corrupt lines skipped."""
+    return [line.record for seg in list_segments(data_dir) for line in read_segment(seg) if line.record is not None]
