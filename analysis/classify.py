@@ -115,18 +115,20 @@ def classify(
     error_kind: str | None,
     tools: list | None,
     call_surface: str = "native",
+    tool_names: list[str] | None = None,
 ) -> Classification:
     """The outcome of one attempt.
 
     `call_surface` is what calls in `message.tool_calls` are: "native" when the stack put them
     there, "text" when toolproxy's text/template condition parsed them out of the upstream's text,
-    "constrained" when they came from schema-constrained output.
+    "constrained" when they came from schema-constrained output. `tool_names` may be passed when
+    the caller already has the offered names (it caches them per tool set).
     """
     nr = non_response(reply, status, error_kind)
     if nr is not None:
         return Classification(NON_RESPONSE, sub_kind=nr[0], detail=nr[1])
     assert reply is not None
-    names = _names(tools)
+    names = tool_names if tool_names is not None else tool_names_of(tools)
     calls: list[CallResult] = []
     for tc in reply.tool_calls:
         raw = tc.arguments
@@ -165,7 +167,7 @@ def classify(
     return Classification(outcome, surface=surface, calls=calls, harness_saw_prose=saw_prose)
 
 
-def _names(tools: list | None) -> list[str]:
+def tool_names_of(tools: list | None) -> list[str]:
     out = []
     for t in tools or ():
         if isinstance(t, dict):
