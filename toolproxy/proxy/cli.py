@@ -9,6 +9,7 @@ import click
 
 from toolproxy.conditions import NAMES, ConditionOptions
 from toolproxy.proxy.config import ConfigError, ProxyConfig
+from toolproxy.record.writer import SEGMENT_DIR
 
 
 def _size(value: str) -> int:
@@ -64,10 +65,11 @@ def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, 
         )
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
+    segments = data_dir / SEGMENT_DIR
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        segments.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise click.UsageError(f"--data {data_dir}: cannot create it: {exc.strerror or exc}") from None
+        raise click.UsageError(f"--data {data_dir}: cannot create {segments}: {exc.strerror or exc}") from None
     from toolproxy.proxy.app import run as run_proxy
 
     run_proxy(config)

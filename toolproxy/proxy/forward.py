@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -65,7 +66,8 @@ class Exchange:
         body = error_body(message, code)
         self.rec.client_status = status
         self.rec.client_body, self.rec.client_body_encoding = encode_body(body)
-        await self.finish()
+        # In sync durability the proxy's own answers (502, 504, 413...) wait for their record too.
+        await self.finish(wait=self.state.config.durability == "sync")
         return web.Response(status=status, body=body, content_type="application/json")
 
     def finalize(self) -> Record:
@@ -196,6 +198,14 @@ async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
     return await _forward(ex, url, up_headers, body, plan)
 
 
+def _connect_cause(exc: aiohttp.ClientConnectorError) -> str:
+    """The OS's words for why ("Connection refused"), not asyncio's "[Errno 111] Connect call failed"."""
+    err = exc.os_error
+    if err.errno and err.errno > 0:
+        return os.strerror(err.errno)
+    return err.strerror or str(err) or type(err).__name__
+
+
 def _presented_token(headers, token: str) -> tuple[bool, bool]:
     """(authorised, forward the Authorization header upstream)."""
     given = headers.get("X-Toolproxy-Token")
@@ -269,7 +279,7 @@ async def _forward(ex: Exchange, url: URL, up_headers, body: bytes, plan: Plan |
     except aiohttp.ClientConnectorError as exc:
         return await ex.reply_error(
             502, "connect",
-            f"cannot connect to upstream {upstream_name}: {exc.os_error or exc}. Is the model server running?",
+            f"cannot connect to upstream {upstream_name}: {_connect_cause(exc)}. Is the model server running?",
             "upstream_unreachable",
         )
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:

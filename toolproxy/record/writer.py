@@ -67,7 +67,10 @@ class SegmentWriter:
     # ---- called from the event loop -------------------------------------------------------
 
     def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # serve anyway, degraded; every write retries the directory
+            self._mark_degraded(f"cannot create {self.dir}: {exc}")
         self._thread.start()
 
     @property

@@ -1,0 +1,165 @@
+"""Shared fixtures: emulated upstream stacks, the real proxy as a subprocess, and its records.
+
+    def test_x(fake_stack, proxy):
+        fake = fake_stack("ollama")                      # started, fake.url set
+        p = proxy(fake.url, "--durability", "sync")      # `toolproxy serve` subprocess, p.url set
+        ... talk to p.url ...
+        recs = p.records()                               # every record in its data dir
+
+Fakes run on their own event loop thread, so sync clients (the openai SDK) and async tests
+both work against them, and a test can inspect `fake.seen` at any time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from toolproxy.record.segments import list_segments, read_segment
+from toolproxy.stacks.fakes import FakeStack
+
+LISTENING = re.compile(r"listening on (http://\S+?)(?:\s|$)")
+
+
+def read_records(data_dir: str | Path) -> list[dict]:
+    """Every complete record under data_dir, in write order (torn tails and corrupt lines skipped)."""
+    return [line.record for seg in list_segments(data_dir) for line in read_segment(seg) if line.record is not None]
+
+
+def exchange_records(data_dir: str | Path) -> list[dict]:
+    return [r for r in read_records(data_dir) if r.get("kind", "exchange") == "exchange"]
+
+
+class ProxyProcess:
+    """`toolproxy serve` running as a child process; output is drained so it never blocks."""
+
+    def __init__(self, upstream: str, data: Path, args: tuple[str, ...] = (), env: dict | None = None,
+                 startup_timeout: float = 20.0) -> None:
+        self.data = data
+        self.args = args
+        self.upstream = upstream
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", upstream,
+               "--port", "0", "--data", str(data), *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self._found = threading.Event()
+        self.url: str | None = None
+        threading.Thread(target=self._drain, args=(self.proc.stdout, self.stdout, True), daemon=True).start()
+        threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr, False), daemon=True).start()
+        deadline = time.monotonic() + startup_timeout
+        while not self._found.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"toolproxy serve did not start (rc={self.proc.returncode}):\n{self.output()}")
+        self.wait_healthy(deadline - time.monotonic())
+
+    def _drain(self, stream, sink: list[str], watch: bool) -> None:
+        for line in stream:
+            sink.append(line)
+            if watch and not self._found.is_set():
+                m = LISTENING.search(line)
+                if m:
+                    self.url = m.group(1).rstrip(";,")
+                    self._found.set()
+
+    def output(self) -> str:
+        return "".join(self.stdout) + "".join(self.stderr)
+
+    def health(self) -> tuple[int, dict]:
+        import json
+
+        try:
+            with urllib.request.urlopen(self.url + "/_toolproxy/health", timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def stats(self) -> dict:
+        import json
+
+        with urllib.request.urlopen(self.url + "/_toolproxy/stats", timeout=5) as r:
+            return json.loads(r.read())
+
+    def wait_healthy(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + max(timeout, 1.0)
+        while True:
+            try:
+                self.health()
+                return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"toolproxy never answered its health check:\n{self.output()}")
+                time.sleep(0.05)
+
+    def records(self) -> list[dict]:
+        return exchange_records(self.data)
+
+    def wait_records(self, n: int, timeout: float = 5.0) -> list[dict]:
+        """Records are written by a background thread: poll until at least n are on disk."""
+        deadline = time.monotonic() + timeout
+        while True:
+            recs = self.records()
+            if len(recs) >= n or time.monotonic() > deadline:
+                return recs
+            time.sleep(0.02)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM (graceful: flushes records) and wait."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no cleanup, as a crash."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def fake_stack():
+    """Factory: fake_stack("vllm", tool_parser="hermes") -> a running FakeStack (fake.url)."""
+    with ExitStack() as stack:
+
+        def start(kind: str, **options) -> FakeStack:
+            fake = FakeStack(kind, **options)
+            stack.enter_context(fake.in_thread())
+            return fake
+
+        yield start
+
+
+@pytest.fixture
+def proxy(tmp_path):
+    """Factory: proxy(upstream_url, *serve_args, data=None, env=None) -> a running ProxyProcess."""
+    started: list[ProxyProcess] = []
+    count = 0
+
+    def start(upstream: str, *args: str, data: Path | None = None, env: dict | None = None) -> ProxyProcess:
+        nonlocal count
+        count += 1
+        p = ProxyProcess(upstream, data or tmp_path / f"data{count}", args, env)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()

@@ -1,0 +1,175 @@
+"""Durability: what reaches disk, when, and what survives a crash or a failing disk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from toolproxy.record.segments import list_segments, read_segment
+from toolproxy.stacks.fakes import stall, text
+
+from conftest import read_records
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+async def post(url: str, body: dict) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url, json=body) as r:
+            return r.status, await r.read()
+
+
+async def test_sync_durability_record_is_on_disk_when_the_response_ends(fake_stack, proxy):
+    fake = fake_stack("openai")
+    # A long commit window: in group mode these records would sit in the buffer for 5 s.
+    p = proxy(fake.url, "--quiet", "--durability", "sync", "--commit-window", "5")
+    t0 = time.monotonic()
+    for i in range(4):
+        status, _ = await post(p.url + "/v1/chat/completions",
+                               {"model": "gpt-4o-mini", "messages": MSGS, "stream": bool(i % 2)})
+        assert status == 200
+        assert len(p.records()) == i + 1  # no waiting: it is already there
+    assert time.monotonic() - t0 < 4  # each response waited for its own fsync, not for the window
+
+
+async def test_sync_durability_covers_the_proxys_own_error_answers(proxy):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    p = proxy(dead, "--quiet", "--durability", "sync", "--commit-window", "5")
+    status, _ = await post(p.url + "/v1/chat/completions", {"model": "m", "messages": MSGS})
+    assert status == 502
+    assert [r["error_kind"] for r in p.records()] == ["connect"]
+
+
+async def test_group_durability_flushes_on_graceful_shutdown(fake_stack, proxy):
+    fake = fake_stack("vllm", tool_parser="hermes")
+    p = proxy(fake.url, "--quiet", "--commit-window", "5")
+    for _ in range(3):
+        assert (await post(p.url + "/v1/chat/completions", {"model": fake.model, "messages": MSGS}))[0] == 200
+    assert p.stop() == 0
+    assert len(p.records()) == 3
+
+
+async def test_segments_rotate_by_size_and_stay_ordered(fake_stack, proxy):
+    fake = fake_stack("llamacpp")
+    p = proxy(fake.url, "--quiet", "--segment-size", "4k", "--durability", "sync")
+    for i in range(24):
+        assert (await post(p.url + "/v1/chat/completions",
+                           {"model": "m", "messages": [{"role": "user", "content": f"{i} " + "x" * 600}]}))[0] == 200
+    p.stop()
+    segs = list_segments(p.data)
+    assert len(segs) >= 4
+    assert all(seg.stat().st_size >= 4096 for seg in segs[:-1])
+    recs = p.records()
+    assert [json.loads(r["request_body"])["messages"][0]["content"].split()[0] for r in recs] == [str(i) for i in range(24)]
+    assert [r["id"] for r in recs] == sorted(r["id"] for r in recs)
+    assert all(line.error is None for seg in segs for line in read_segment(seg))
+
+
+def _break_recording(data) -> None:
+    """Replace the segment directory by a plain file: every later open fails, even for root."""
+    seg_dir = data / "segments"
+    shutil.rmtree(seg_dir)
+    seg_dir.write_bytes(b"")
+
+
+async def test_recording_failure_keeps_serving_and_reports_degraded(fake_stack, proxy):
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet", "--commit-window", "0.05")
+    _break_recording(p.data)
+    for _ in range(3):
+        assert (await post(p.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS}))[0] == 200
+    for _ in range(100):
+        status, health = p.health()
+        if health["recording"]["dropped"] >= 3:
+            break
+        await asyncio.sleep(0.02)
+    assert status == 503 and health["status"] == "degraded"
+    assert health["recording"]["dropped"] == 3 and health["recording"]["last_error"]
+    assert "RECORDING FAILED" in p.output()
+
+
+async def test_recording_failure_with_block_answers_503(fake_stack, proxy):
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet", "--on-record-failure", "block", "--durability", "sync")
+    _break_recording(p.data)
+    with pytest.raises(aiohttp.ClientPayloadError):  # the exchange that discovers the failure is cut short,
+        await post(p.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS})  # never a clean 200
+    second = await post(p.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS})
+    assert second[0] == 503 and json.loads(second[1])["error"]["code"] == "recording_unavailable"
+    assert len(fake.seen) <= 1
+
+
+def test_unusable_data_dir_is_refused_at_start(tmp_path):
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "segments").write_bytes(b"")
+    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
+                        "http://127.0.0.1:9", "--port", "0", "--data", str(data)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "segments" in r.stderr and "Traceback" not in r.stderr
+
+
+async def test_kill_9_under_load_then_restart(fake_stack, proxy):
+    """Sync durability: every response a client fully received has its record; no segment is corrupt."""
+    fake = fake_stack("openai")
+    fake.responder = lambda req: text("reply to " + req.messages[-1]["content"] + " with some words in it")
+    fake.inject(stall(between=0.003, times=None))
+    p = proxy(fake.url, "--quiet", "--durability", "sync")
+    data = p.data
+    complete: list[str] = []
+    stop = asyncio.Event()
+
+    async def worker(w: int) -> None:
+        i = 0
+        async with aiohttp.ClientSession() as s:
+            while not stop.is_set():
+                marker = f"w{w}-{i}"
+                i += 1
+                body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": marker}], "stream": bool(i % 2)}
+                try:
+                    async with s.post(p.url + "/v1/chat/completions", json=body,
+                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
+                        payload = await r.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    continue
+                if r.status == 200 and (not body["stream"] or payload.endswith(b"data: [DONE]\n\n")):
+                    complete.append(marker)
+
+    tasks = [asyncio.create_task(worker(w)) for w in range(16)]
+    await asyncio.sleep(1.5)
+    p.kill()
+    await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 15)
+    assert len(complete) > 20
+
+    lines = [line for seg in list_segments(data) for line in read_segment(seg)]
+    assert not [l for l in lines if l.error and l.error != "torn_tail"], "a complete line is corrupt"
+    torn = [l for l in lines if l.error == "torn_tail"]
+    assert all(l.end == l.path.stat().st_size for l in torn)  # a torn line can only be the very end of a file
+    recorded = {json.loads(l.record["request_body"])["messages"][0]["content"] for l in lines if l.record}
+    missing = set(complete) - recorded
+    assert not missing, f"{len(missing)} fully received responses have no record: {sorted(missing)[:5]}"
+
+    # A crash mid-write leaves a partial line; simulate the worst case and restart on the same dir.
+    last = list_segments(data)[-1]
+    with open(last, "ab") as f:
+        f.write(b'{"id":"01TORN","kind":"exchange","v":1,"request_bo')
+    before = len(read_records(data))
+    p2 = proxy(fake.url, "--quiet", "--durability", "sync", data=data)
+    assert (await post(p2.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS}))[0] == 200
+    p2.stop()
+    lines = [line for seg in list_segments(data) for line in read_segment(seg)]
+    assert [l.path for l in lines if l.error] == [last] and lines[-1].record is not None
+    assert len(read_records(data)) == before + 1
