@@ -137,7 +137,7 @@ def classify(
         else:
             value, error = raw, None
             raw = None if raw is None else orjson.dumps(raw).decode()
-        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools, names))
+        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools))
     attempted = False
     saw_prose = False
     if not calls:
@@ -147,7 +147,7 @@ def classify(
             parsed = parse_text(text, tool_names=names)
             attempted = attempted or parsed.attempted
             for c in parsed.calls:
-                calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, "text", c.format, tools, names))
+                calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, "text", c.format, tools))
             if calls:
                 break
         saw_prose = any(c.valid for c in calls)
@@ -177,10 +177,9 @@ def tool_names_of(tools: list | None) -> list[str]:
     return out
 
 
-def _checked(idx, name, raw, value, parse_error, surface, fmt, tools, names) -> CallResult:
+def _checked(idx, name, raw, value, parse_error, surface, fmt, tools) -> CallResult:
     if name is None:
         return CallResult(idx, None, raw, None, surface, fmt, False, False, False, [parse_error or "no tool name recovered"])
-    if parse_error is not None:
-        return CallResult(idx, name, raw, None, surface, fmt, name in names, False, False, [f"arguments are not valid JSON: {parse_error}"])
-    v = validate_call(name, value, tools or [])
-    return CallResult(idx, name, raw, value, surface, fmt, v.offered, v.validated, v.valid, list(v.errors))
+    # Unparseable arguments go in raw so validate_call reports them as "not valid JSON".
+    v = validate_call(name, raw if parse_error is not None else value, tools)
+    return CallResult(idx, name, raw, None if parse_error else value, surface, fmt, v.offered, v.validated, v.valid, list(v.errors))

@@ -347,6 +347,7 @@ class _Chunk:
     end: int
     lines: list[tuple[int, bytes]]
     torn_at: int | None = None
+    size: int = 0
 
 
 class Ingestor:
@@ -362,6 +363,12 @@ class Ingestor:
         self.known_tool_sets: set[str] = {r[0] for r in con.execute("SELECT hash FROM tool_sets").fetchall()}
         self.summary = Summary()
         self.affected_runs: set[str] = set()
+        # Rows and the segment offsets that cover them commit together, every commit_bytes of
+        # input: per-batch commits made the WAL fsyncs dominate, and one commit per run would
+        # lose all progress on a crash.
+        self.commit_bytes = 256 * 1024 * 1024
+        self.in_txn = False
+        self.txn_bytes = 0
 
     def _pending_segments(self) -> list[tuple[Path, int]]:
         state = dict(self.con.execute("SELECT segment, byte_offset FROM ingest_state").fetchall())
@@ -386,16 +393,16 @@ class Ingestor:
             end = start
             for offset, line_end, line in read_lines(path, start):
                 if line is None:
-                    yield _Chunk(path.name, end, lines, torn_at=offset)
+                    yield _Chunk(path.name, end, lines, torn_at=offset, size=end - lines[0][0] if lines else 0)
                     lines = []
                     break
                 lines.append((offset, line))
                 end = line_end
                 if len(lines) >= self.batch_size:
-                    yield _Chunk(path.name, end, lines)
+                    yield _Chunk(path.name, end, lines, size=end - lines[0][0])
                     lines = []
             if lines:
-                yield _Chunk(path.name, end, lines)
+                yield _Chunk(path.name, end, lines, size=end - lines[0][0])
             self.summary.bytes_read += end - start
 
     def run(self) -> Summary:
@@ -423,6 +430,7 @@ class Ingestor:
                 while pending:
                     done, fut = pending.popleft()
                     self._write(done, fut.result())
+        self._commit()
         self.con.execute("BEGIN TRANSACTION")
         try:
             totals = derive(self.con, self.affected_runs)
@@ -449,7 +457,9 @@ class Ingestor:
             s.torn_tails += 1
             s.issues.append(f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); will retry next run")
             batch.issues.append((chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line", time.time()))
-        con.execute("BEGIN TRANSACTION")
+        if not self.in_txn:
+            con.execute("BEGIN TRANSACTION")
+            self.in_txn, self.txn_bytes = True, 0
         try:
             if batch.exchanges:
                 insert_columns(con, "_ids", {"id": [r[0] for r in batch.exchanges]}, {"id": "VARCHAR"})
@@ -480,11 +490,19 @@ class Ingestor:
                 "n_records = ingest_state.n_records + excluded.n_records, updated_at = excluded.updated_at",
                 [chunk.segment, chunk.end, chunk.end, batch.records],
             )
-            con.execute("COMMIT")
+            self.txn_bytes += chunk.size
+            if self.txn_bytes >= self.commit_bytes:
+                self._commit()
         except Exception:
             con.execute("ROLLBACK")
+            self.in_txn = False
             raise
         self.known_tool_sets.update(batch.tool_sets)
+
+    def _commit(self) -> None:
+        if self.in_txn:
+            self.con.execute("COMMIT")
+            self.in_txn = False
 
 
 def ingest(con, data_dir: str | Path, *, batch: int = 2000, workers: int | None = None) -> Summary:
