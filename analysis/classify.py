@@ -29,7 +29,9 @@ SUB_KINDS = ("refused", "http_4xx", "http_5xx", "timeout", "connect", "empty", "
 # A 4xx that names the tool interface: the stack rejected the request for what it asked, before
 # the model ran (Ollama "does not support tools", vLLM "auto" tool choice flags, tool_choice
 # errors, template/jinja problems).
-_REFUSAL_4XX = re.compile(r"tool|function[ _]?call|capabilit|jinja|chat[ _]template", re.IGNORECASE)
+_REFUSAL_4XX = re.compile(
+    r"\btools?\b|tool[ _-]?(?:choice|calls?|parser)|function[ _]?call|capabilit|jinja|chat[ _]template", re.IGNORECASE
+)
 # llama.cpp started with --no-jinja answers a tools request with HTTP 500 "tools param requires
 # --jinja flag". It is a 5xx only by that server's choice of status code: it is deterministic,
 # happens before the model runs and is about the tools parameter, i.e. a refusal in every sense
