@@ -444,9 +444,9 @@ class Ingestor:
         return self.summary
 
     def _write_issues(self, issues: list[tuple]) -> None:
-        before = self.con.execute("SELECT count(*) FROM ingest_issues").fetchone()[0]
+        before = self.con.execute("SELECT count(*) FROM ingest_issues").fetchall()[0][0]
         insert_columns(self.con, "ingest_issues", _columns(issues, ISSUE_TYPES), ISSUE_TYPES, on_conflict="ON CONFLICT DO NOTHING")
-        self.summary.new_issues += self.con.execute("SELECT count(*) FROM ingest_issues").fetchone()[0] - before
+        self.summary.new_issues += self.con.execute("SELECT count(*) FROM ingest_issues").fetchall()[0][0] - before
 
     def _write(self, chunk: _Chunk, batch: Batch) -> None:
         con, s = self.con, self.summary

@@ -63,10 +63,10 @@ def connect(db_path: str | Path, *, read_only: bool = False, create: bool = True
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     exists = con.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version' AND table_schema = 'main'"
-    ).fetchone()[0]
+    ).fetchall()[0][0]
     if not exists:
         return 0
-    return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchall()[0][0]
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> list[int]:
