@@ -189,3 +189,32 @@ async def test_body_above_max_body_is_a_413_and_recorded(fake_stack, proxy):
     assert fake.seen == []  # never forwarded
     status, _, _ = await post(p.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS})
     assert status == 200  # the connection pool and the proxy are fine afterwards
+
+
+async def test_total_timeout_holds_even_while_the_upstream_is_silent(fake_stack, proxy):
+    """--total-timeout caps the exchange although no chunk arrives to trigger a check (idle is long)."""
+    fake = fake_stack("openai")
+    fake.enqueue(text("a b c"))
+    fake.inject(stall(between=4))
+    p = proxy(fake.url, "--quiet", "--total-timeout", "0.6", "--idle-timeout", "30")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(aiohttp.ClientPayloadError):
+        async with aiohttp.ClientSession() as s:
+            async with s.post(p.url + "/v1/chat/completions",
+                              json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}) as r:
+                await r.read()
+    assert loop.time() - t0 < 2.5
+    rec = only_record(p, error_kind="timeout")
+    assert rec["extra"]["timeout_phase"] == "total"
+
+
+async def test_total_timeout_also_bounds_the_wait_for_the_first_byte(fake_stack, proxy):
+    fake = fake_stack("openai")
+    fake.inject(stall(before=4))
+    p = proxy(fake.url, "--quiet", "--total-timeout", "0.5")  # --ttfb-timeout keeps its 600 s default
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    status, _, _ = await post(p.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS})
+    assert status == 504 and loop.time() - t0 < 2.5
+    only_record(p, error_kind="timeout")

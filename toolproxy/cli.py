@@ -15,9 +15,13 @@ from toolproxy import __version__
 # name -> "module:attribute" of a click command
 COMMANDS = {
     "serve": "toolproxy.proxy.cli:serve",
+    "show-hint": "toolproxy.conditions.cli:show_hint",
     "analyze": "analysis.cli:analyze",
     "sql": "analysis.cli:sql",
     "show": "analysis.cli:show",
+    "report": "analysis.report.cli:report",
+    "compare": "analysis.report.cli:compare",
+    "demo": "toolproxy.demo:demo",
 }
 
 
@@ -41,3 +45,7 @@ def main() -> None:
     Start with `toolproxy serve --upstream URL`, point your harness at the printed address,
     then `toolproxy analyze` and `toolproxy report`.
     """
+
+
+if __name__ == "__main__":
+    main()

@@ -2,12 +2,14 @@
 
 `native` is the identity and never reaches this package: the proxy's hot path forwards bytes
 untouched. Every other condition is a module `toolproxy.conditions.<name>` exposing CONDITION, an
-object with `prepare(request: RequestView, options: ConditionOptions) -> Plan | Skip`.
+object with `prepare(request: RequestView, options: ConditionOptions) -> Plan | Skip | Reject`.
 
 A Plan says what goes upstream instead (path, body, header overrides) and carries a
 ResponseTransform that turns the upstream's response into what the harness gets, chunk by chunk,
 so a streaming harness still receives a stream. A Skip says why the condition could not apply;
-the proxy then forwards the request unchanged and records the reason.
+the proxy then forwards the request unchanged and records the reason. A Reject is for a request
+the condition must not forward at all (a chat template that fails to render it): the proxy
+answers with that status and message itself, and records it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class ResponseTransform(Protocol):
     def finish(self) -> bytes:
         """Bytes to send once the upstream body has ended."""
 
+    @property
+    def note(self) -> str | None:
+        """What the transform did (e.g. calls found), recorded with the exchange; None if nothing to say."""
+
 
 @dataclass(slots=True)
 class Plan:
@@ -63,10 +69,16 @@ class Skip:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Reject:
+    status: int
+    message: str
+
+
 class Condition(Protocol):
     name: str
 
-    def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip: ...
+    def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip | Reject: ...
 
 
 def load(name: str) -> Condition:

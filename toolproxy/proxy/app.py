@@ -14,6 +14,7 @@ from aiohttp import web
 from toolproxy import __version__
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.forward import ADMIN_PREFIX, handle
+from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.model import Record
 from toolproxy.record.writer import SegmentWriter
 
@@ -40,6 +41,7 @@ class ProxyState:
             log=None if config.quiet else log_line,
         )
         self.session: aiohttp.ClientSession | None = None
+        self.watchdog = Watchdog()
         self.started = time.time()
         self.in_flight = 0
         self.by_class: Counter[str] = Counter()
@@ -95,6 +97,7 @@ def make_app(config: ProxyConfig) -> web.Application:
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()
+        state.watchdog.start()
         state.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=config.max_connections, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=None, connect=config.connect_timeout, sock_read=None),
@@ -104,6 +107,7 @@ def make_app(config: ProxyConfig) -> web.Application:
         )
 
     async def on_cleanup(app: web.Application) -> None:
+        await state.watchdog.stop()
         if state.session is not None:
             await state.session.close()
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)

@@ -12,6 +12,22 @@ from toolproxy.proxy.config import ConfigError, ProxyConfig
 from toolproxy.record.writer import SEGMENT_DIR
 
 
+def check_condition_options(options: ConditionOptions) -> None:
+    """Fail at start, not on the first request, when a template or parser cannot work."""
+    if options.parser:
+        from toolproxy.calls import FORMATS
+
+        if options.parser not in FORMATS:
+            raise click.UsageError(f"--parser {options.parser}: unknown; choose one of {', '.join(FORMATS)}")
+    if options.chat_template:
+        from toolproxy.conditions.chat_template import TemplateError, cached_template
+
+        try:
+            cached_template(options.chat_template)
+        except TemplateError as exc:
+            raise click.UsageError(f"--chat-template: {exc}") from None
+
+
 def _size(value: str) -> int:
     units = {"k": 1024, "m": 1024**2, "g": 1024**3}
     v = value.strip().lower().rstrip("ib").rstrip("b")
@@ -65,6 +81,7 @@ def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, 
         )
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
+    check_condition_options(options)
     segments = data_dir / SEGMENT_DIR
     try:
         segments.mkdir(parents=True, exist_ok=True)

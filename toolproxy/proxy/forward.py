@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
-from toolproxy.conditions import Plan, RequestView, Skip, load
+from toolproxy.conditions import Plan, Reject, RequestView, Skip, load
 from toolproxy.proxy.headers import (
     NOT_FORWARDED_DOWN,
     NOT_FORWARDED_UP,
@@ -45,7 +45,10 @@ def error_body(message: str, code: str, kind: str = "toolproxy_error") -> bytes:
 class Exchange:
     """Per-request state: the flow object everything on the hot path hangs on."""
 
-    __slots__ = ("state", "request", "rec", "t0", "chunks", "client_chunks", "client_resp", "done")
+    __slots__ = (
+        "state", "request", "rec", "t0", "chunks", "client_chunks", "client_resp", "done",
+        "task", "deadline", "hard_deadline", "phase", "expired", "held",
+    )
 
     def __init__(self, state: "ProxyState", request: web.Request) -> None:
         self.state = state
@@ -56,6 +59,14 @@ class Exchange:
         self.client_chunks: list[bytes] | None = None
         self.client_resp: web.StreamResponse | None = None
         self.done = False
+        # Read by the Watchdog: the current phase's deadline, the --total-timeout one, and why it fired.
+        self.task = asyncio.current_task()
+        total = state.config.total_timeout
+        self.deadline: float | None = None
+        self.hard_deadline = None if total is None else asyncio.get_running_loop().time() + total
+        self.phase = "first_byte"
+        self.expired: str | None = None
+        self.held: bytes | None = None  # in sync durability the last bytes wait for the record's fsync
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0
@@ -104,9 +115,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
     ex = Exchange(state, request)
     state.in_flight += 1
+    state.watchdog.active.add(ex)
     try:
         return await _handle(ex, raw_path)
     except asyncio.CancelledError:
+        if ex.expired is not None and ex.task.uncancel() == 0:
+            return await _timed_out(ex)
         # The client went away (aiohttp cancels the handler): stop the upstream, keep what we have.
         ex.rec.set_error("client_closed", "client disconnected before the response was complete")
         await ex.finish()
@@ -119,6 +133,24 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return await ex.reply_error(500, "proxy_error", f"toolproxy internal error: {type(exc).__name__}: {exc}", "proxy_error")
     finally:
         state.in_flight -= 1
+        state.watchdog.active.discard(ex)
+
+
+async def _timed_out(ex: Exchange) -> web.StreamResponse:
+    """The watchdog cancelled this exchange: a 504 if nothing was sent yet, else a cut stream."""
+    cfg, phase = ex.state.config, ex.expired
+    ex.rec.extra["timeout_phase"] = phase
+    if phase == "first_byte":
+        message = f"upstream {cfg.upstream} sent no response within {cfg.ttfb_timeout:g}s (--ttfb-timeout)"
+    elif phase == "idle":
+        message = f"upstream {cfg.upstream} stalled mid-response: nothing for {cfg.idle_timeout:g}s (--idle-timeout)"
+    else:
+        message = f"exchange with upstream {cfg.upstream} exceeded --total-timeout {cfg.total_timeout:g}s"
+    if ex.client_resp is None or not ex.client_resp.prepared:
+        ex.client_resp = None
+        return await ex.reply_error(504, "timeout", message, "upstream_timeout")
+    ex.rec.set_error("timeout", message)
+    return await _cut(ex, ex.client_resp)
 
 
 async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
@@ -184,6 +216,9 @@ async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
 
     up_headers = _upstream_headers(headers, forward_auth, cfg.upstream_key)
     plan = _plan(ex, path, query, up_headers, body)
+    if isinstance(plan, Reject):
+        rec.condition_note = f"rejected: {plan.message}"
+        return await ex.reply_error(plan.status, "condition_rejected", plan.message, "condition_rejected")
     if plan is not None:
         up_path, body = plan.path, plan.body
         up_headers.update(plan.headers)
@@ -237,8 +272,8 @@ def _upstream_headers(headers, forward_auth: bool, upstream_key: str | None) -> 
     return out
 
 
-def _plan(ex: Exchange, path: str, query: str, headers, body: bytes) -> Plan | None:
-    """The condition's rewrite, or None to forward untouched (recording why when it skipped)."""
+def _plan(ex: Exchange, path: str, query: str, headers, body: bytes) -> Plan | Reject | None:
+    """The condition's rewrite, a refusal to forward, or None to forward untouched (recording why it skipped)."""
     rec = ex.rec
     if rec.condition == "native":
         return None
@@ -259,22 +294,15 @@ def _plan(ex: Exchange, path: str, query: str, headers, body: bytes) -> Plan | N
 async def _forward(ex: Exchange, url: URL, up_headers, body: bytes, plan: Plan | None) -> web.StreamResponse:
     state, request, rec, cfg = ex.state, ex.request, ex.rec, ex.state.config
     upstream_name = cfg.upstream
+    ex.deadline = asyncio.get_running_loop().time() + cfg.ttfb_timeout
     try:
-        async with asyncio.timeout(cfg.ttfb_timeout):
-            resp = await state.session.request(
-                request.method, url, data=body or None, headers=up_headers, allow_redirects=False,
-            )
+        resp = await state.session.request(
+            request.method, url, data=body or None, headers=up_headers, allow_redirects=False,
+        )
     except aiohttp.ServerTimeoutError as exc:
         rec.extra["timeout_phase"] = "connect"
         return await ex.reply_error(
             504, "timeout", f"connecting to upstream {upstream_name} timed out: {exc}", "upstream_timeout"
-        )
-    except TimeoutError:
-        rec.extra["timeout_phase"] = "first_byte"
-        return await ex.reply_error(
-            504, "timeout",
-            f"upstream {upstream_name} sent no response within {cfg.ttfb_timeout:g}s (--ttfb-timeout)",
-            "upstream_timeout",
         )
     except aiohttp.ClientConnectorError as exc:
         return await ex.reply_error(
@@ -321,46 +349,38 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
     for k, v in out_headers:
         client.headers.add(k, v)
     ex.client_resp = client
-    await client.prepare(request)
 
     sync = cfg.durability == "sync"
-    held: bytes | None = None  # in sync mode the last bytes wait for the record's fsync
     loop = asyncio.get_running_loop()
     idle = cfg.idle_timeout
-    deadline = None if cfg.total_timeout is None else ex.t0 + cfg.total_timeout
     content = resp.content
+    ex.phase = "idle"
     try:
-        async with asyncio.timeout(None) as tm:
-            while True:
-                tm.reschedule(loop.time() + idle)
-                chunk = await content.readany()
+        await client.prepare(request)
+        while True:
+            # Only the wait for the upstream is timed: a slow client is not an upstream stall.
+            ex.deadline = loop.time() + idle
+            chunk = await content.readany()
+            ex.deadline = None
+            if not chunk:
+                break
+            ex.chunks.append(chunk)
+            if transform is not None:
+                chunk = transform.feed(chunk)
                 if not chunk:
-                    break
-                ex.chunks.append(chunk)
-                if transform is not None:
-                    chunk = transform.feed(chunk)
-                    if not chunk:
-                        continue
-                    ex.client_chunks.append(chunk)
-                if sync:
-                    chunk, held = held, chunk
-                    if chunk is None:
-                        continue
-                await client.write(chunk)
-                if deadline is not None and time.perf_counter() > deadline:
-                    raise _TotalTimeout
-    except (TimeoutError, _TotalTimeout) as exc:
-        phase = "total" if isinstance(exc, _TotalTimeout) else "idle"
-        rec.extra["timeout_phase"] = phase
-        limit = cfg.total_timeout if phase == "total" else idle
-        rec.set_error("timeout", f"upstream {cfg.upstream} stalled mid-response ({phase} timeout {limit:g}s)")
-        return await _cut(ex, client, held)
+                    continue
+                ex.client_chunks.append(chunk)
+            if sync:
+                chunk, ex.held = ex.held, chunk
+                if chunk is None:
+                    continue
+            await client.write(chunk)
     except aiohttp.ClientPayloadError as exc:
         rec.set_error("upstream_closed", f"upstream {cfg.upstream} closed the connection mid-response: {exc}")
-        return await _cut(ex, client, held)
+        return await _cut(ex, client)
     except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
         rec.set_error("upstream_closed", f"upstream {cfg.upstream} connection failed mid-response: {exc}")
-        return await _cut(ex, client, held)
+        return await _cut(ex, client)
     except _CLIENT_GONE as exc:
         rec.set_error("client_closed", f"client disconnected mid-response: {exc}")
         await ex.finish()
@@ -369,12 +389,13 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
     rec.response_complete = True
     if transform is not None:
         tail = transform.finish()
+        rec.condition_note = getattr(transform, "note", None)
         if tail:
             ex.client_chunks.append(tail)
             if sync:
-                if held is not None:
-                    await client.write(held)
-                held = tail
+                if ex.held is not None:
+                    await client.write(ex.held)
+                ex.held = tail
             else:
                 await client.write(tail)
     try:
@@ -384,8 +405,8 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
                 # The client must not take an unrecorded response for a complete one.
                 request.transport.close()
                 return client
-            if held is not None:
-                await client.write(held)
+            if ex.held is not None:
+                await client.write(ex.held)
         else:
             await ex.finish()
         await client.write_eof()
@@ -395,15 +416,11 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
     return client
 
 
-class _TotalTimeout(Exception):
-    pass
-
-
-async def _cut(ex: Exchange, client: web.StreamResponse, held: bytes | None) -> web.StreamResponse:
+async def _cut(ex: Exchange, client: web.StreamResponse) -> web.StreamResponse:
     """Pass a truncation on: the client gets the bytes so far and then a closed connection."""
-    if held is not None:
+    if ex.held is not None:
         try:
-            await client.write(held)
+            await client.write(ex.held)
         except _CLIENT_GONE:
             pass
     await ex.finish()

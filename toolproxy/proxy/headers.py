@@ -36,8 +36,17 @@ def redact_value(value: str) -> str:
     return "redacted:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:8]
 
 
+_secret_names: dict[str, bool] = {}
+
+
 def is_secret_header(name: str) -> bool:
-    return _SECRET_NAME.search(name) is not None
+    # Memoised: the same few dozen header names recur on every request of the hot path.
+    secret = _secret_names.get(name)
+    if secret is None:
+        secret = _SECRET_NAME.search(name) is not None
+        if len(_secret_names) < 4096:
+            _secret_names[name] = secret
+    return secret
 
 
 def redact_headers(items: Iterable[tuple[str, str]]) -> list[list[str]]:

@@ -19,17 +19,16 @@ from typing import Any
 
 RECORD_VERSION = 1
 
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _id_lock = threading.Lock()
 _last_ms = 0
 _last_rand = 0
 
 
 def new_id() -> str:
-    """A ULID: 48-bit millisecond time + 80 random bits, Crockford base32, lexically sortable.
+    """A sortable unique id: 48-bit milliseconds + 80 random bits, as 32 lowercase hex digits.
 
-    Monotonic within a process: two ids made in the same millisecond still sort in creation
-    order, so `ORDER BY id` is the order the proxy saw the exchanges in.
+    Monotonic within a process: ids made in the same millisecond increment the random part, so
+    `ORDER BY id` is the order the proxy saw the exchanges in.
     """
     global _last_ms, _last_rand
     ms = time.time_ns() // 1_000_000
@@ -40,8 +39,8 @@ def new_id() -> str:
         else:
             _last_ms = ms
             _last_rand = int.from_bytes(os.urandom(10), "big")
-        value = (ms << 80) | _last_rand
-    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+        rand = _last_rand
+    return f"{ms:012x}{rand:020x}"
 
 
 def encode_body(raw: bytes | None) -> tuple[str | None, str | None]:

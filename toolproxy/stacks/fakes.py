@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 NAMES = ("ollama", "vllm", "sglang", "llamacpp", "lmstudio", "openai")
 
@@ -170,7 +171,7 @@ class Fault:
     status/body replace the whole answer (raw bytes, sent as given: non-UTF-8, non-JSON...);
     close_after drops the connection after that many stream events (or body bytes when not
     streaming); stall_before delays the status line; stall_between delays every event; gzip
-    compresses the body with Content-Encoding: gzip.
+    compresses the body with Content-Encoding: gzip; headers are added to the answer (repeats kept).
     """
 
     times: int | None = 1
@@ -182,6 +183,7 @@ class Fault:
     stall_between: float = 0.0
     close_after: int | None = None
     gzip: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def stall(before: float = 0.0, between: float = 0.0, times: int | None = 1, path: str | None = None) -> Fault:
@@ -212,6 +214,7 @@ class Seen:
     header_list: list[tuple[str, str]]
     body: bytes
     outcome: str = "pending"  # complete | disconnected | cut (a close_mid_stream fault)
+    raw_path: str = ""  # the request target as received (percent-encoding intact)
     status: int | None = None
     sent: bytes = b""  # the response body bytes written so far, as on the wire (after gzip)
 
@@ -1233,7 +1236,7 @@ class FakeStack:
         async def dispatch(request: web.Request) -> web.StreamResponse:
             body = await request.read()
             seen = Seen(request.method, request.path, request.query_string, dict(request.headers),
-                        list(request.headers.items()), body)
+                        list(request.headers.items()), body, raw_path=request.raw_path)
             self.seen.append(seen)
             try:
                 return await self._answer(request, seen, table)
@@ -1254,7 +1257,8 @@ class FakeStack:
             answer = Answer(fault.status, fault.content_type, [fault.body or b""])
         else:
             answer = await self._route(request, seen.body, table)
-        headers = dict(answer.headers)
+        headers = CIMultiDict(answer.headers)
+        headers.extend(fault.headers)
         if answer.content_type:
             headers["Content-Type"] = answer.content_type
         if self.stack.server_header:
@@ -1273,7 +1277,8 @@ class FakeStack:
             if fault.close_after is None:
                 seen.sent, seen.outcome = whole, "complete"
                 return web.Response(status=answer.status, body=whole, headers=headers)
-            resp = web.StreamResponse(status=answer.status, headers={**headers, "Content-Length": str(len(whole))})
+            headers["Content-Length"] = str(len(whole))
+            resp = web.StreamResponse(status=answer.status, headers=headers)
             await resp.prepare(request)
             seen.sent = whole[: fault.close_after]
             await resp.write(seen.sent)

@@ -1,0 +1,107 @@
+"""Paired comparison of two runs over the same items: discordant counts and exact McNemar.
+
+Items are paired by `item_key` (the explicit item tag, else the analyzer's hash of the first
+request), so the test asks "on the same tasks, did B fail where A passed more often than the
+reverse?" rather than comparing two rates that may cover different tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import duckdb
+
+from analysis import stats
+from analysis.summary import StoreError
+
+# An item's verdict in one run, from the turns of its episode(s) in that run (repeats are pooled).
+METRICS = {
+    "all-valid": "produced > 0 and valid = produced",
+    "any-valid": "valid > 0",
+    "clean": "valid > 0 and failed = 0",
+}
+METRIC_HELP = {
+    "all-valid": "an item passes when the model produced at least one turn and every produced turn is a valid_call "
+                 "(non-response turns are ignored; an item with only non-responses fails)",
+    "any-valid": "an item passes when at least one turn is a valid_call",
+    "clean": "an item passes when it made at least one valid call and no failed one (invalid arguments, "
+             "hallucinated tool, unparseable call); prose turns such as an agent's final answer are allowed",
+}
+UNCATEGORIZED = "(none)"
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One 2x2 table of paired verdicts; b = A-only passes, c = B-only passes."""
+
+    label: str
+    paired: int
+    both_pass: int
+    a_only: int
+    b_only: int
+    both_fail: int
+    p: float
+    p_holm: float | None = None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    run_a: str
+    run_b: str
+    metric: str
+    only_in_a: int
+    only_in_b: int
+    overall: Paired
+    categories: list[Paired]
+
+
+def _paired(label: str, paired: int, both_pass: int, a_only: int, b_only: int) -> Paired:
+    return Paired(label, paired, both_pass, a_only, b_only, paired - both_pass - a_only - b_only,
+                  stats.mcnemar_exact(a_only, b_only))
+
+
+def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str = "all-valid",
+            by_category: bool = False) -> Comparison:
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}")
+    if run_a == run_b:
+        raise StoreError(f"compare needs two different runs, got {run_a!r} twice")
+    verdict = METRICS[metric]
+    con.execute(f"""
+        create or replace temp table verdicts as
+        with item as (
+            select e.run, e.item_key,
+                   coalesce(any_value(e.category), any_value(t.category)) as category,
+                   count(t.turn_id) filter (where t.outcome <> 'non_response') as produced,
+                   count(t.turn_id) filter (where t.outcome = 'valid_call') as valid,
+                   count(t.turn_id) filter (where t.outcome in ('invalid_args', 'hallucinated_call', 'unparseable')) as failed
+            from episodes e left join turns t on t.episode_key = e.episode_key
+            where e.run in ($a, $b) and e.item_key is not null
+            group by e.run, e.item_key
+        )
+        select item_key, run, category, {verdict} as pass from item
+    """, {"a": run_a, "b": run_b})
+    only_a, only_b = con.execute("""
+        select count(*) filter (where run = $a), count(*) filter (where run = $b) from verdicts v
+        where (select count(distinct run) from verdicts w where w.item_key = v.item_key) = 1
+    """, {"a": run_a, "b": run_b}).fetchone()
+    rows = con.execute("""
+        with pairs as (
+            select a.item_key, coalesce(a.category, b.category, $none) as category, a.pass as pa, b.pass as pb
+            from verdicts a join verdicts b on a.item_key = b.item_key and a.run = $a and b.run = $b
+        )
+        select category, count(*), count(*) filter (where pa and pb), count(*) filter (where pa and not pb),
+               count(*) filter (where pb and not pa)
+        from pairs group by category order by category
+    """, {"a": run_a, "b": run_b, "none": UNCATEGORIZED}).fetchall()
+    if not rows:
+        raise StoreError(f"no item is present in both {run_a} ({only_a} items) and {run_b} ({only_b} items): "
+                         "items are paired by item_key (tag episodes with the same item in both runs)")
+    totals = [sum(r[i] for r in rows) for i in range(1, 5)]
+    overall = _paired("all", *totals)
+    categories = []
+    if by_category:
+        raw = [_paired(*r) for r in rows]
+        adjusted = stats.holm([c.p for c in raw])
+        categories = [replace(c, p_holm=h) for c, h in zip(raw, adjusted)]
+    return Comparison(run_a, run_b, metric, int(only_a), int(only_b), overall, categories)

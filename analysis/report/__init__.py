@@ -1,0 +1,19 @@
+"""Renderers: one module per output format, all fed the same `analysis.summary.Report`."""
+
+from __future__ import annotations
+
+from analysis.report import csvrows, htmlpage, jsondoc, markdown, terminal
+from analysis.summary import Report
+
+RENDERERS = {
+    "table": terminal.render,
+    "markdown": markdown.render,
+    "json": jsondoc.render,
+    "csv": csvrows.render,
+    "html": htmlpage.render,
+}
+FORMATS = tuple(RENDERERS)
+
+
+def render(report: Report, fmt: str) -> str:
+    return RENDERERS[fmt](report)

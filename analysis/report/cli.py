@@ -1,0 +1,96 @@
+"""`toolproxy report` and `toolproxy compare`: thin commands over analysis.summary and analysis.compare.
+
+Both open the store read-only, so they can run while `toolproxy analyze` is not, and never migrate it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from analysis.cli import DATA_OPTION, DB_OPTION, _fail, _open
+from analysis.store import StoreError, default_db
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        _fail(f"cannot write {output}: {exc.strerror or exc}")
+    click.echo(f"wrote {output}", err=True)
+
+
+OUTPUT_OPTION = click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                             help="Write to this file instead of stdout.")
+
+
+@click.command()
+@DATA_OPTION
+@DB_OPTION
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json", "csv", "html"]), default="table",
+              show_default=True, help="Output format; html is one self-contained page with charts.")
+@OUTPUT_OPTION
+@click.option("--run", "runs", multiple=True, metavar="RUN", help="Only this run (repeatable; default: every run).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap RNG seed (reports are reproducible).")
+def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, runs: tuple[str, ...], seed: int) -> None:
+    """One row per run: protocol fidelity with its 95% CI, non-responses, outcomes, text-surfaced calls.
+
+    Fidelity = valid_call turns / turns the model produced; a run whose every turn was a
+    non-response shows "rej" (undefined), never 0%.
+    """
+    from analysis import report as renderers
+    from analysis.report import terminal
+    from analysis.summary import select_runs, summarize
+
+    path = db_path or default_db(data_dir)
+    con = _open(data_dir, path, read_only=True)
+    try:
+        summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed)
+    except StoreError as exc:
+        _fail(str(exc))
+    finally:
+        con.close()
+    if fmt == "table" and output is None and sys.stdout.isatty():
+        text = terminal.render(summary, width=max(100, shutil.get_terminal_size().columns))
+    else:
+        text = renderers.render(summary, fmt)
+    _write(text, output)
+
+
+@click.command()
+@click.argument("run_a")
+@click.argument("run_b")
+@DATA_OPTION
+@DB_OPTION
+@click.option("--by", "by", type=click.Choice(["category"]), default=None,
+              help="One row per category (Holm-adjusted p across categories).")
+@click.option("--metric", type=click.Choice(["all-valid", "any-valid", "clean"]), default="all-valid", show_default=True,
+              help="When an item passes. all-valid: it produced >= 1 turn and every produced turn is a valid_call; "
+                   "any-valid: at least one turn is a valid_call; clean: >= 1 valid call and no invalid, "
+                   "hallucinated or unparseable one (prose final answers allowed).")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table", show_default=True,
+              help="Output format.")
+@OUTPUT_OPTION
+def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: str | None, metric: str, fmt: str,
+            output: Path | None) -> None:
+    """Paired test of RUN_A against RUN_B over the items both ran (exact McNemar, both discordant counts)."""
+    from analysis.compare import compare as paired
+    from analysis.report.comparison import RENDERERS
+    from analysis.summary import select_runs
+
+    path = db_path or default_db(data_dir)
+    con = _open(data_dir, path, read_only=True)
+    try:
+        select_runs(con, [run_a, run_b], path)
+        result = paired(con, run_a, run_b, metric=metric, by_category=by == "category")
+    except StoreError as exc:
+        _fail(str(exc))
+    finally:
+        con.close()
+    _write(RENDERERS[fmt](result), output)

@@ -1,0 +1,60 @@
+"""Rendering a paired comparison: both discordant counts always beside the p-value, never p alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+import orjson
+
+from analysis.compare import METRIC_HELP, Comparison, Paired
+from analysis.report.markdown import table
+from analysis.report.terminal import aligned
+
+COLUMNS = ("category", "paired", "both pass", "A only", "B only", "both fail", "McNemar p", "Holm p")
+
+
+def p_text(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return f"{p:.1e}" if p < 1e-3 else f"{p:.4f}"
+
+
+def _cells(row: Paired) -> list[str]:
+    return [row.label, *(str(x) for x in (row.paired, row.both_pass, row.a_only, row.b_only, row.both_fail)),
+            p_text(row.p), p_text(row.p_holm)]
+
+
+def _columns(c: Comparison) -> list[str]:
+    """The Holm column only when several categories were tested at once."""
+    return list(COLUMNS if c.categories else COLUMNS[:-1])
+
+
+def _rows(c: Comparison) -> list[list[str]]:
+    return [_cells(r)[: len(_columns(c))] for r in [*c.categories, c.overall]]
+
+
+def _heading(c: Comparison) -> list[str]:
+    return [f"A = {c.run_a}, B = {c.run_b}; metric {c.metric}: {METRIC_HELP[c.metric]}.",
+            f"paired items: {c.overall.paired} (only in A: {c.only_in_a}, only in B: {c.only_in_b}); "
+            "exact two-sided McNemar on the discordant pairs (A only vs B only)"
+            + ("; Holm-adjusted across categories." if c.categories else ".")]
+
+
+def render_table(c: Comparison, width: int = 100) -> str:
+    heading = [line for para in _heading(c) for line in textwrap.wrap(para, width)]
+    return "\n".join(heading + [""] + aligned(_columns(c), _rows(c), 1, width)) + "\n"
+
+
+def render_markdown(c: Comparison) -> str:
+    lines = [f"## {c.run_a} vs {c.run_b}", ""] + [f"{x}  " for x in _heading(c)] + [""]
+    lines += table(_columns(c), _rows(c), 1)
+    return "\n".join(lines) + "\n"
+
+
+def render_json(c: Comparison) -> str:
+    doc = dataclasses.asdict(c) | {"metric_rule": METRIC_HELP[c.metric]}
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
+RENDERERS = {"table": render_table, "markdown": render_markdown, "json": render_json}

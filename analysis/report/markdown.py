@@ -1,0 +1,32 @@
+"""Markdown: the run table, the outcome composition and the notes, diffable when committed."""
+
+from __future__ import annotations
+
+from analysis.report.cells import FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, pct, provenance, report_notes, row
+from analysis.summary import Report
+
+
+def table(headers: list[str], rows: list[list[str]], first_numeric: int) -> list[str]:
+    def esc(cell: str) -> str:
+        return cell.replace("|", "\\|")
+
+    align = ["---:" if i >= first_numeric else "---" for i in range(len(headers))]
+    return ["| " + " | ".join(map(esc, headers)) + " |", "| " + " | ".join(align) + " |"] + [
+        "| " + " | ".join(map(esc, r)) + " |" for r in rows]
+
+
+def render(report: Report) -> str:
+    lines = ["# toolproxy report", "", provenance(report), "", "## Runs", ""]
+    lines += table(list(HEADERS), [row(s, digits=1) for s in report.runs], FIRST_NUMERIC)
+    lines += ["", "fidelity = valid_call turns / turns the model produced: per-episode mean with its 95% bootstrap CI, "
+              "and pooled over turns. `rej`: every turn was a non-response, so there is no fidelity.", "",
+              "## Outcome composition (share of all turns, non-responses included)", ""]
+    outcome_keys = list(dict.fromkeys(k for s in report.runs for k in s.outcomes))
+    lines += table(["run"] + [OUTCOME_LABELS.get(k, k) for k in outcome_keys],
+                    [[s.run] + [f"{pct(s.outcome_shares[k], 1)} ({s.outcomes[k]})" for k in outcome_keys]
+                     for s in report.runs],
+                    1)
+    notes = report_notes(report)
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- **{run}**: {note}" for run, note in notes]
+    return "\n".join(lines) + "\n"

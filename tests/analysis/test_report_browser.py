@@ -1,0 +1,34 @@
+"""The HTML report in a real browser: headless Chromium must paint it, offline."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from analysis.report import render
+from analysis.report.screenshot import find_browser, screenshot
+from storebuilder import load_report
+
+pytestmark = pytest.mark.skipif(find_browser() is None, reason="Chromium not installed (apt-get install -y chromium)")
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_renders_in_headless_chromium(mixed_store, tmp_path):
+    page = render(load_report(mixed_store), "html")
+    html = tmp_path / "report.html"
+    html.write_text(page, encoding="utf-8")
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!doctype html><html><body></body></html>", encoding="utf-8")
+
+    shot = screenshot(html, tmp_path / "report.png", 1200, 900)
+    empty = screenshot(blank, tmp_path / "blank.png", 1200, 900)
+
+    data = shot.read_bytes()
+    assert _png_size(data) == (1200, 900)
+    # a painted page (table, text, coloured bars) compresses far worse than an empty one
+    assert len(data) > 10 * empty.stat().st_size, (len(data), empty.stat().st_size)

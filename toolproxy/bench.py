@@ -1,0 +1,401 @@
+"""Side-by-side benchmark: direct vs toolproxy (recording) vs a bare aiohttp pass-through vs nginx.
+
+    python -m toolproxy.bench [--seconds 5] [--rounds 3] [--total 100000]
+
+Everything runs on 127.0.0.1 in separate processes: a fast fake upstream, each target in front
+of it, and `wrk` (Debian package) as the load generator. Targets are measured in interleaved
+rounds and reported as medians and ratios, because this machine is shared and noisy: absolute
+numbers mean little, ratios measured in one run do. nginx is included when installed.
+
+The bare pass-through is written here for the comparison: the same aiohttp + uvloop forwarding
+with no tags, no record and no writer, so the ratio isolates what recording costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+CHAT_BODY = json.dumps(
+    {
+        "model": "bench",
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant with tools."},
+            {"role": "user", "content": "What is the weather in Paris? " * 8},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Current weather for a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                },
+            }
+        ],
+    }
+).encode()
+
+REPLY = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "bench",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 12, "total_tokens": 132},
+    }
+).encode()
+
+STREAM_CHUNKS = 8
+STREAM_GAP = 0.01
+
+
+# ---- the fake upstream: a raw asyncio HTTP/1.1 server, fast enough not to be the bottleneck ----
+
+class _Upstream(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.t = transport
+        self.buf = b""
+
+    def data_received(self, data):
+        self.buf += data
+        while True:
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buf[:head_end].decode("latin-1")
+            m = re.search(r"(?im)^content-length:\s*(\d+)", head)
+            n = int(m.group(1)) if m else 0
+            if len(self.buf) < head_end + 4 + n:
+                return
+            body = self.buf[head_end + 4 : head_end + 4 + n]
+            self.buf = self.buf[head_end + 4 + n :]
+            if b'"stream": true' in body:
+                asyncio.ensure_future(self._stream())
+            else:
+                self.t.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                    + str(len(REPLY)).encode()
+                    + b"\r\n\r\n"
+                    + REPLY
+                )
+
+    async def _stream(self):
+        self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(STREAM_CHUNKS):
+            event = b'data: {"choices":[{"index":0,"delta":{"content":"tok%d"}}]}\n\n' % i
+            self.t.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await asyncio.sleep(STREAM_GAP)
+        done = b"data: [DONE]\n\n"
+        self.t.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
+async def _serve_upstream(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Upstream, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+# ---- the bare aiohttp pass-through (no recording) ------------------------------------------------
+
+def _bare_app(upstream: str):
+    import aiohttp
+    from aiohttp import web
+
+    hop = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        session = request.app["session"]
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
+        async with session.request(request.method, upstream + request.raw_path, data=body or None, headers=headers) as up:
+            resp = web.StreamResponse(status=up.status)
+            for k, v in up.headers.items():
+                if k.lower() not in hop:
+                    resp.headers.add(k, v)
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+    async def startup(app):
+        app["session"] = aiohttp.ClientSession(auto_decompress=False, connector=aiohttp.TCPConnector(limit=512))
+
+    async def cleanup(app):
+        await app["session"].close()
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.on_startup.append(startup)
+    app.on_cleanup.append(cleanup)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+def _run_loop(coro_or_app, port: int | None = None) -> None:
+    import uvloop
+
+    if port is None:
+        uvloop.run(coro_or_app)
+        return
+    from aiohttp import web
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    web.run_app(coro_or_app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# ---- orchestration ----------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0])), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up within {timeout}s")
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _wrk(url: str, conns: int, seconds: float, script: Path) -> dict:
+    threads = 1 if conns == 1 else 2
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
+        capture_output=True, text=True, timeout=seconds + 60,
+    ).stdout
+    def lat(label: str) -> float:
+        m = re.search(rf"^\s*{label}\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        if not m:
+            raise RuntimeError(f"could not read {label} latency from wrk output:\n{out}")
+        return float(m.group(1)) * {"us": 1.0, "ms": 1000.0, "s": 1e6}[m.group(2)]
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not m:
+        raise RuntimeError(f"wrk against {url} printed no result:\n{out}")
+    rps = float(m.group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock_err = re.search(r"Socket errors: (.*)", out)
+    return {"p50_us": lat("50%"), "p99_us": lat("99%"), "rps": rps,
+            "non2xx": int(errors.group(1)) if errors else 0, "socket_errors": sock_err.group(1) if sock_err else ""}
+
+
+async def _ttfb(url: str, n: int) -> list[float]:
+    import aiohttp
+
+    body = CHAT_BODY.replace(b'"model": "bench"', b'"model": "bench", "stream": true')
+    times = []
+    async with aiohttp.ClientSession(auto_decompress=False) as s:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            async with s.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+                await r.content.readany()
+                times.append((time.perf_counter() - t0) * 1e6)
+                await r.read()
+    return times
+
+
+NGINX_CONF = """
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy;
+  fastcgi_temp_path {tmp}/fcgi; uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
+  upstream up {{ server 127.0.0.1:{up}; keepalive 128; }}
+  server {{
+    listen 127.0.0.1:{port};
+    client_max_body_size 64m;
+    location / {{
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=5.0, help="wrk duration per measurement")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    ap.add_argument("--total", type=int, default=100_000, help="requests through toolproxy before the RSS reading")
+    ap.add_argument("--ttfb-requests", type=int, default=200)
+    ap.add_argument("--json", dest="json_out", help="also write the raw numbers here")
+    ap.add_argument("_role", nargs="?", help=argparse.SUPPRESS)
+    ap.add_argument("_port", nargs="?", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("_upstream", nargs="?", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args._role == "upstream":
+        _run_loop(_serve_upstream(args._port))
+        return 0
+    if args._role == "bare":
+        _run_loop(_bare_app(args._upstream), args._port)
+        return 0
+
+    if not shutil.which("wrk"):
+        print("toolproxy.bench needs wrk (Debian: apt-get install wrk)", file=sys.stderr)
+        return 2
+
+    tmp = Path(tempfile.mkdtemp(prefix="toolproxy-bench-"))
+    script = tmp / "post.lua"
+    script.write_text(
+        "wrk.method = 'POST'\nwrk.headers['Content-Type'] = 'application/json'\n"
+        f"wrk.headers['Authorization'] = 'Bearer sk-bench'\nwrk.body = [[{CHAT_BODY.decode()}]]\n"
+    )
+    procs: list[subprocess.Popen] = []
+
+    def spawn(cmd: list[str]) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        procs.append(p)
+        return p
+
+    up_port = _free_port()
+    spawn([sys.executable, "-m", "toolproxy.bench", "upstream", str(up_port)])
+    upstream = f"http://127.0.0.1:{up_port}"
+    targets = {"direct": upstream}
+
+    tp_port = _free_port()
+    data = tmp / "data"
+    tp = spawn([sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", str(tp_port),
+                "--data", str(data), "--quiet"])
+    targets["toolproxy"] = f"http://127.0.0.1:{tp_port}"
+
+    bare_port = _free_port()
+    spawn([sys.executable, "-m", "toolproxy.bench", "bare", str(bare_port), upstream])
+    targets["bare_aiohttp"] = f"http://127.0.0.1:{bare_port}"
+
+    if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
+        ng_port = _free_port()
+        for sub in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
+            (tmp / sub).mkdir()
+        conf = tmp / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(tmp=tmp, up=up_port, port=ng_port))
+        spawn([shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf), "-g", "daemon off;"])
+        targets["nginx"] = f"http://127.0.0.1:{ng_port}"
+
+    results: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
+    try:
+        for url in targets.values():
+            _wait_http(url)
+        path = "/v1/chat/completions"
+        for url in targets.values():  # warm-up: connections, caches, JIT-free but allocator-warm
+            _wrk(url + path, 16, 1, script)
+        rss_warm = _rss_kb(tp.pid)
+        for rnd in range(args.rounds):
+            for name, url in targets.items():
+                c1 = _wrk(url + path, 1, args.seconds, script)
+                c64 = _wrk(url + path, 64, args.seconds, script)
+                ttfb = asyncio.run(_ttfb(url + path, args.ttfb_requests))
+                r = results[name]
+                for key, val in (("c1_p50", c1["p50_us"]), ("c1_p99", c1["p99_us"]), ("c64_rps", c64["rps"]),
+                                 ("c64_p99", c64["p99_us"]), ("ttfb_p50", statistics.median(ttfb)),
+                                 ("errors", c1["non2xx"] + c64["non2xx"])):
+                    r.setdefault(key, []).append(val)
+                print(f"round {rnd + 1}/{args.rounds} {name}: c1 p50 {c1['p50_us']:.0f}us, c64 {c64['rps']:.0f} req/s, "
+                      f"ttfb p50 {statistics.median(ttfb):.0f}us", file=sys.stderr, flush=True)
+        stats = json.loads(urllib.request.urlopen(targets["toolproxy"] + "/_toolproxy/stats").read())
+        while stats["exchanges"] < args.total:
+            _wrk(targets["toolproxy"] + path, 64, 5, script)
+            stats = json.loads(urllib.request.urlopen(targets["toolproxy"] + "/_toolproxy/stats").read())
+        time.sleep(1.0)
+        stats = json.loads(urllib.request.urlopen(targets["toolproxy"] + "/_toolproxy/stats").read())
+        rss_after = _rss_kb(tp.pid)
+        seg_bytes = sum(p.stat().st_size for p in (data / "segments").glob("*.jsonl"))
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+    med = {n: {k: statistics.median(v) for k, v in r.items()} for n, r in results.items()}
+    direct = med["direct"]
+    lines = [
+        f"toolproxy.bench: {args.rounds} interleaved rounds x {args.seconds:g}s per measurement, medians; "
+        f"{os.cpu_count()} cores; wrk load on 127.0.0.1",
+        "",
+        "| target | c1 p50 (us) | added p50 (us) | c1 p99 (us) | c64 req/s | c64 p99 (us) | stream TTFB p50 (us) | TTFB overhead (us) | non-2xx |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in med.items():
+        added = m["c1_p50"] - direct["c1_p50"]
+        ttfb_over = m["ttfb_p50"] - direct["ttfb_p50"]
+        lines.append(
+            f"| {name} | {m['c1_p50']:.0f} | {added:.0f} | {m['c1_p99']:.0f} | {m['c64_rps']:.0f} | {m['c64_p99']:.0f} | "
+            f"{m['ttfb_p50']:.0f} | {ttfb_over:.0f} | {int(sum(results[name]['errors']))} |"
+        )
+    tpm, bare = med["toolproxy"], med["bare_aiohttp"]
+    added_tp = tpm["c1_p50"] - direct["c1_p50"]
+    added_bare = bare["c1_p50"] - direct["c1_p50"]
+    written = stats["recording"]["written"]
+    lines += [
+        "",
+        "| ratio (toolproxy vs bare aiohttp pass-through) | value | target |",
+        "|---|---|---|",
+        f"| c64 throughput | {tpm['c64_rps'] / bare['c64_rps']:.2f}x | >= 0.9x |",
+        f"| added p50 latency at c1 | {added_tp / added_bare:.2f}x | <= 1.2x |" if added_bare > 0 else "| added p50 latency at c1 | n/a | <= 1.2x |",
+        f"| stream TTFB overhead vs direct | {(tpm['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | < 2 ms |",
+        f"| RSS after warm-up -> after {stats['exchanges']} exchanges | {rss_warm / 1024:.1f} MiB -> {rss_after / 1024:.1f} MiB | flat |",
+        f"| bytes on disk per exchange | {seg_bytes / max(written, 1):.0f} B | - |",
+        f"| records written / dropped | {written} / {stats['recording']['dropped']} | all / 0 |",
+    ]
+    print("\n".join(lines))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"medians": med, "raw": results, "rss_warm_kb": rss_warm,
+                                                   "rss_after_kb": rss_after, "segment_bytes": seg_bytes,
+                                                   "proxy_stats": stats}, indent=2))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

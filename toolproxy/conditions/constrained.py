@@ -1,0 +1,133 @@
+"""constrained: decoding held to a JSON schema of "call one offered tool" or "give a final answer".
+
+The schema goes to the stack in its own dialect, because a field a stack does not know is often
+accepted and silently ignored (vLLM's `guided_json` since v0.12), which would turn the arm into
+an unconstrained one without anyone noticing:
+
+| client endpoint          | stack                                           | field sent                                   |
+|--------------------------|-------------------------------------------------|----------------------------------------------|
+| Ollama `/api/chat`       | ollama                                          | `format: <schema>`                           |
+| `/v1/chat/completions`   | openai, lmstudio, llamacpp, vllm, sglang, ollama, unknown | `response_format: {type: json_schema, json_schema: {name, schema}}` |
+
+`response_format` json_schema is the one field every OpenAI-compatible stack enforces (Ollama's
+/v1 maps it to `format`, llama.cpp turns it into a grammar, vLLM and SGLang into structured
+outputs). No `strict`: it demands closed schemas on OpenAI's API that real tool schemas rarely are.
+
+The schema offers one branch per tool (`name` fixed to that tool, `arguments` its parameter
+schema) plus `{"final_answer": string}` so the model can stop; `--constrained-forced` drops the
+final answer for the seed paper's call-every-turn variant.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from toolproxy.conditions import ConditionOptions, Plan, RequestView, Skip
+from toolproxy.conditions.messages import OLLAMA, OPENAI, history_as_text, read_chat_request, upstream_path, with_system_text
+from toolproxy.conditions.synth import ToolCall, emitter_for
+from toolproxy.conditions.text import without_tools
+from toolproxy.conditions.toolblock import FINAL_ANSWER, dumps, format_result, render_constrained_block, tool_functions
+from toolproxy.conditions.transform import ReplyTransform, text_calls, tool_names_of
+from toolproxy.conditions.upstream import UpstreamReader
+
+SCHEMA_NAME = "tool_call_or_final_answer"
+
+
+def call_schema(tools: list[Any], *, forced: bool = False) -> dict[str, Any]:
+    branches = []
+    for fn in tool_functions(tools):
+        params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) and fn.get("parameters") else {"type": "object"}
+        branches.append({
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [fn["name"]]}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        })
+    if not forced:
+        branches.append({
+            "type": "object",
+            "properties": {FINAL_ANSWER: {"type": "string"}},
+            "required": [FINAL_ANSWER],
+            "additionalProperties": False,
+        })
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def constraint_fields(api: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The request fields that carry the schema (table above: the endpoint decides, every stack agrees)."""
+    if api == OLLAMA:
+        return {"format": schema}
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": schema}}}
+
+
+def call_json(name: str, arguments: Any) -> str:
+    """An earlier call in the history, shown in the shape the schema makes the model write."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            pass
+    return dumps({"name": name, "arguments": arguments})
+
+
+class ConstrainedReply:
+    """Buffers the (short, schema-shaped) reply and reads the call or the final answer out of it."""
+
+    def __init__(self, tool_names: tuple[str, ...]) -> None:
+        self.tool_names = tool_names
+        self.parts: list[str] = []
+        self.note: str | None = None
+
+    def feed(self, text: str) -> str:
+        self.parts.append(text)
+        return ""
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        text = "".join(self.parts)
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and obj["name"]:
+            args = obj.get("arguments", {})
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    pass
+            if isinstance(args, dict):
+                self.note = "schema reply: tool call"
+                return "", [ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))]
+        if isinstance(obj, dict) and FINAL_ANSWER in obj:
+            self.note = "schema reply: final answer"
+            answer = obj[FINAL_ANSWER]
+            return answer if isinstance(answer, str) else dumps(answer), []
+        # The stack did not enforce the schema (or the reply was cut off): recover what text parsing can.
+        content, calls = text_calls(text, tool_names=self.tool_names, formats=None)
+        self.note = f"reply did not follow the schema; {len(calls)} call(s) recovered from text"
+        return content, calls
+
+
+class Constrained:
+    name = "constrained"
+
+    def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip:
+        chat = read_chat_request(request)
+        if isinstance(chat, Skip):
+            return chat
+        block = render_constrained_block(chat.tools, forced=options.constrained_forced)
+        messages = with_system_text(history_as_text(chat.messages, call_json, format_result), block)
+        body = without_tools(chat, messages)
+        for field in ("response_format", "format", "json_schema", "grammar", "guided_json"):
+            body.pop(field, None)
+        body.update(constraint_fields(chat.api, call_schema(chat.tools, forced=options.constrained_forced)))
+        reader = UpstreamReader("openai_chat" if chat.api == OPENAI else "ollama_chat", chat.stream)
+        interpreter = ConstrainedReply(tool_names_of(tool_functions(chat.tools)))
+        transform = ReplyTransform(reader, interpreter, emitter_for(chat.api, chat.body, chat.stream))
+        return Plan(path=upstream_path(request), body=orjson.dumps(body), transform=transform)
+
+
+CONDITION = Constrained()
