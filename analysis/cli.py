@@ -143,7 +143,7 @@ def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> N
     con = _open(data_dir, db_path, read_only=True)
     try:
         ids = [r[0] for r in con.execute(
-            "SELECT id FROM exchanges WHERE starts_with(id, ?) ORDER BY id LIMIT 11", [exchange_id.strip().upper()]
+            "SELECT id FROM exchanges WHERE starts_with(lower(id), ?) ORDER BY id LIMIT 11", [exchange_id.strip().lower()]
         ).fetchall()]
         if not ids:
             _fail(f"no exchange with id {exchange_id!r} (try `toolproxy sql \"select id, path, outcome from exchanges limit 20\"`)")
