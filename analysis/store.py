@@ -20,7 +20,9 @@ def default_db(data_dir: str | Path) -> Path:
     return Path(data_dir) / DB_NAME
 
 
-def connect(db_path: str | Path, *, read_only: bool = False, create: bool = True) -> duckdb.DuckDBPyConnection:
+def connect(
+    db_path: str | Path, *, read_only: bool = False, create: bool = True, memory_limit: str | None = "1GB"
+) -> duckdb.DuckDBPyConnection:
     """Open the database, migrated to the newest schema unless read_only.
 
     DuckDB allows one writing process per file; a second `analyze` (or a DuckDB shell holding the
@@ -44,6 +46,14 @@ def connect(db_path: str | Path, *, read_only: bool = False, create: bool = True
         raise StoreError(f"cannot open {path}: {msg.splitlines()[0]}") from None
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {path} as a DuckDB database: {str(exc).splitlines()[0]}") from None
+    if memory_limit:
+        # DuckDB would otherwise take up to 80% of RAM as cache; past the limit it spills to disk,
+        # so a data dir larger than RAM still ingests.
+        try:
+            con.execute(f"SET memory_limit='{memory_limit}'")
+        except duckdb.Error as exc:
+            con.close()
+            raise StoreError(f"memory limit {memory_limit!r} not understood by DuckDB: {str(exc).splitlines()[0]}") from None
     if not read_only:
         # Bodies are most of the data and highly repetitive (every turn resends the conversation so
         # far). zstd stores them in a fraction of the space, and forcing it skips DuckDB's
