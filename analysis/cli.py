@@ -68,7 +68,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch: int, workers: int | Non
     )
     click.echo(
         f"runs re-derived: {len(s.runs)}{' (' + ', '.join(s.runs[:8]) + (', ...' if len(s.runs) > 8 else '') + ')' if s.runs else ''}; "
-        f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s, {s.workers or "no"} worker processes)"
+        f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s, {s.workers or 'no'} worker processes)"
     )
     if s.issues:
         click.echo(f"issues: {len(s.issues)} (stored in table ingest_issues)")
