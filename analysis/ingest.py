@@ -165,7 +165,10 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
             view = _reply(rec, kind, "client")
             view_status = rec.get("client_status") if rec.get("client_status") is not None else rec.get("status")
             if rec.get("response_body") is not None:
-                upstream_reply = _reply(rec, kind, "upstream")
+                # The template condition sends a chat request to a raw-completion endpoint: the
+                # upstream's body is in that endpoint's dialect.
+                up_path = (rec.get("upstream_request") or {}).get("path")
+                upstream_reply = _reply(rec, endpoint_kind(up_path) if up_path else kind, "upstream")
         else:
             view = upstream_reply = _reply(rec, kind, "upstream")
             view_status = rec.get("status")

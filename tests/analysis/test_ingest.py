@@ -142,3 +142,20 @@ def test_migrations_are_recorded_and_rerun_safely(tmp_path):
     con = connect(tmp_path / "x.duckdb")
     assert con.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
     con.close()
+
+
+def test_rewritten_exchange_is_judged_on_what_the_harness_got(tmp_path, db):
+    """template condition: chat request rendered to Ollama /api/generate, reply parsed into tool_calls."""
+    rec = exchange(condition="template")
+    raw = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    rec.upstream_request = {"path": "/api/generate", "query": "", "headers": [], "body": '{"prompt": "..."}', "body_encoding": "utf8"}
+    rec.response_body, _ = encode_body(b"".join(orjson.dumps(o) + b"\n" for o in (
+        {"model": "m", "response": raw[:30], "done": False}, {"model": "m", "response": raw[30:], "done": True, "done_reason": "stop"})))
+    rec.response_headers = [["content-type", "application/x-ndjson"]]
+    rec.client_body, rec.client_body_encoding = encode_body(orjson.dumps({"choices": [{"index": 0, "message": {
+        "role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}, "finish_reason": "tool_calls"}]}))
+    write(tmp_path, "a.jsonl", [rec])
+    s, con = db()
+    row = con.execute("SELECT outcome, surface, harness_saw_prose, upstream_content, stack_marker FROM exchanges").fetchall()[0]
+    assert row == ("valid_call", "text", False, raw, "ollama")
