@@ -254,17 +254,26 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
 
 
 def fingerprint_row(rec: dict, segment: str, offset: int) -> tuple:
-    """A fingerprint record (the stack as it described itself at start), kept whole as JSON."""
-    stack = rec.get("stack")
-    version = rec.get("stack_version") or rec.get("version")
+    """A fingerprint record (the stack as it described itself at start), kept whole as JSON.
+
+    The fingerprint itself travels in the record's `extra` (toolproxy.stacks.fingerprint); a stack
+    it could not identify ("unknown", "unreachable") leaves the column empty so the run falls back
+    to the markers in its responses.
+    """
+    extra = rec.get("extra")
+    fp = extra if isinstance(extra, dict) and "stack" in extra else rec
+    stack = fp.get("stack")
+    version = fp.get("stack_version") or fp.get("version")
     if isinstance(stack, dict):
         version = version or stack.get("version")
         stack = stack.get("name") or stack.get("stack")
-    at = rec.get("started_at") or rec.get("recorded_at") or rec.get("at")
+    if stack in ("unknown", "unreachable"):
+        stack = version = None
+    at = rec.get("started_at")
     return (
         rec.get("id"), rec.get("run"), rec.get("upstream"), at if isinstance(at, (int, float)) else None,
         stack if isinstance(stack, str) else None, version if isinstance(version, str) else None,
-        rec.get("model") if isinstance(rec.get("model"), str) else None, _json(rec), segment, offset,
+        fp.get("model") if isinstance(fp.get("model"), str) else None, _json(rec), segment, offset,
     )
 
 

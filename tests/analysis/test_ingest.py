@@ -102,13 +102,24 @@ def test_copied_segment_adds_nothing_and_unknown_kinds_are_reported(tmp_path, db
     assert sorted(k for (k,) in con.execute("SELECT kind FROM ingest_issues").fetchall()) == ["corrupt", "unknown_kind"]
 
 
-def test_fingerprint_records_set_the_run_stack(tmp_path, db):
+FINGERPRINTS = [
+    # as toolproxy.stacks.fingerprint writes it: the fingerprint in `extra`
+    ({"extra": {"stack": "vllm", "version": "0.11.0", "model": "Qwen/Qwen3-8B", "evidence": ["GET /version"]}},
+     ("vllm", "0.11.0")),
+    ({"stack": "llamacpp", "stack_version": "b6512"}, ("llamacpp", "b6512")),
+    # an unidentified stack leaves the run to its response markers (fp_ollama in these exchanges)
+    ({"extra": {"stack": "unknown", "version": None}}, ("ollama", None)),
+]
+
+
+@pytest.mark.parametrize("fields,expected", FINGERPRINTS)
+def test_fingerprint_records_set_the_run_stack(tmp_path, db, fields, expected):
     fp = {"kind": "fingerprint", "id": new_id(), "started_at": time.time(), "run": "r1", "upstream": "http://127.0.0.1:9",
-          "stack": "vllm", "stack_version": "0.11.0", "model": "Qwen/Qwen3-8B"}
+          **fields}
     write(tmp_path, "a.jsonl", [exchange(), fp])
     s, con = db()
     assert s.fingerprints == 1
-    assert con.execute("SELECT stack, stack_version FROM runs WHERE run = 'r1'").fetchall()[0] == ("vllm", "0.11.0")
+    assert con.execute("SELECT stack, stack_version FROM runs WHERE run = 'r1'").fetchall()[0] == expected
 
 
 def test_untagged_goes_to_untagged_run_and_retries_form_one_turn(tmp_path, db):
