@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--exchanges", type=int, default=100_000)
     ap.add_argument("--dir", type=Path, default=None, help="data dir to create (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the data dir and database afterwards")
-    ap.add_argument("--batch", type=int, default=2000)
+    ap.add_argument("--batch-mb", type=float, default=8.0)
     ap.add_argument("--workers", type=int, default=None, help="analysis processes (default: by data size)")
     args = ap.parse_args(argv)
     from analysis.ingest import ingest
@@ -267,9 +267,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"generated {n} exchanges ({size / 1e6:.0f} MB of segments) in {time.perf_counter() - t0:.1f}s: {data_dir}")
         con = connect(default_db(data_dir))
         t1 = time.perf_counter()
-        s = ingest(con, data_dir, batch=args.batch, workers=args.workers)
+        s = ingest(con, data_dir, batch_bytes=int(args.batch_mb * 2**20), workers=args.workers)
+        con.close()  # includes DuckDB's final checkpoint (compression), which the user waits for too
         dt = time.perf_counter() - t1
-        con.close()
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         print(f"analyze: {s.new_exchanges} exchanges, {s.turns} turns, {s.episodes} episodes in {dt:.2f}s "
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
               f"peak RSS {rss:.0f} MB (main process), {child:.0f} MB (largest worker); issues {len(s.issues)}")
         t2 = time.perf_counter()
         con = connect(default_db(data_dir))
-        s2 = ingest(con, data_dir, batch=args.batch)
+        s2 = ingest(con, data_dir, batch_bytes=int(args.batch_mb * 2**20))
         con.close()
         print(f"re-run (nothing new): {s2.new_exchanges} new exchanges in {time.perf_counter() - t2:.2f}s")
     finally:

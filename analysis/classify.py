@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from analysis.reassemble import Reply
-from toolproxy.calls import parse_arguments, parse_text, validate_call
+from toolproxy.calls import Validation, parse_arguments, parse_text, validate_call
 
 NON_RESPONSE = "non_response"
 HALLUCINATED = "hallucinated_call"
@@ -118,13 +118,16 @@ def classify(
     tools: list | None,
     call_surface: str = "native",
     tool_names: list[str] | None = None,
+    tool_set: str | None = None,
 ) -> Classification:
     """The outcome of one attempt.
 
     `call_surface` is what calls in `message.tool_calls` are: "native" when the stack put them
     there, "text" when toolproxy's text/template condition parsed them out of the upstream's text,
     "constrained" when they came from schema-constrained output. `tool_names` may be passed when
-    the caller already has the offered names (it caches them per tool set).
+    the caller already has the offered names (it caches them per tool set), and `tool_set` (the
+    tools array's content hash) lets validation results be reused across attempts: harnesses
+    resend the same tools, and looping agents the same call, many times.
     """
     nr = non_response(reply, status, error_kind)
     if nr is not None:
@@ -139,7 +142,7 @@ def classify(
         else:
             value, error = raw, None
             raw = None if raw is None else orjson.dumps(raw).decode()
-        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools))
+        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools, tool_set))
     attempted = False
     saw_prose = False
     if not calls:
@@ -149,7 +152,7 @@ def classify(
             parsed = parse_text(text, tool_names=names)
             attempted = attempted or parsed.attempted
             for c in parsed.calls:
-                calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, "text", c.format, tools))
+                calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, "text", c.format, tools, tool_set))
             if calls:
                 break
         saw_prose = any(c.valid for c in calls)
@@ -179,9 +182,27 @@ def tool_names_of(tools: list | None) -> list[str]:
     return out
 
 
-def _checked(idx, name, raw, value, parse_error, surface, fmt, tools) -> CallResult:
+_VALIDATIONS: dict[tuple, Validation] = {}
+
+
+def _validate(name: str, arguments: Any, tools: list | None, tool_set: str | None) -> Validation:
+    if tool_set is None:
+        return validate_call(name, arguments, tools)
+    try:
+        key = (tool_set, name, orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS))
+    except TypeError:
+        return validate_call(name, arguments, tools)
+    hit = _VALIDATIONS.get(key)
+    if hit is None:
+        if len(_VALIDATIONS) >= 65536:
+            _VALIDATIONS.clear()
+        hit = _VALIDATIONS[key] = validate_call(name, arguments, tools)
+    return hit
+
+
+def _checked(idx, name, raw, value, parse_error, surface, fmt, tools, tool_set) -> CallResult:
     if name is None:
         return CallResult(idx, None, raw, None, surface, fmt, False, False, False, [parse_error or "no tool name recovered"])
     # Unparseable arguments go in raw so validate_call reports them as "not valid JSON".
-    v = validate_call(name, raw if parse_error is not None else value, tools)
+    v = _validate(name, raw if parse_error is not None else value, tools, tool_set)
     return CallResult(idx, name, raw, None if parse_error else value, surface, fmt, v.offered, v.validated, v.valid, list(v.errors))

@@ -38,10 +38,10 @@ def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit
 @click.command()
 @DATA_OPTION
 @DB_OPTION
-@click.option("--batch", default=2000, show_default=True, type=click.IntRange(1, 1_000_000), help="Records analysed together (bounds memory).")
+@click.option("--batch-mb", default=8.0, show_default=True, type=click.FloatRange(0.001, 1024), help="Input analysed together, in MB (bounds memory).")
 @click.option("--workers", default=None, type=click.IntRange(0, 64), help="Analysis processes (default: one per core for large ingests, 0 = in-process).")
 @click.option("--memory-limit", default="1GB", show_default=True, help="DuckDB memory limit; it spills to disk beyond it.")
-def analyze(data_dir: Path, db_path: Path | None, batch: int, workers: int | None, memory_limit: str) -> None:
+def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int | None, memory_limit: str) -> None:
     """Ingest new records from DATA into DuckDB and classify every turn (incremental; safe to re-run)."""
     import duckdb
 
@@ -55,7 +55,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch: int, workers: int | Non
         _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
     con = _open(data_dir, db_path, read_only=False, memory_limit=memory_limit)
     try:
-        s = ingest(con, data_dir, batch=batch, workers=workers)
+        s = ingest(con, data_dir, batch_bytes=int(batch_mb * 1024 * 1024), workers=workers)
     except duckdb.Error as exc:
         _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:

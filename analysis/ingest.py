@@ -8,7 +8,7 @@ skipped. Exchange ids are unique, so a segment copied twice into the data dir ad
 
 Each record is analysed once, here (reassembly, classification, conversation keys), so that
 re-deriving turns and episodes later reads small columns rather than bodies. Work is done in
-batches of at most `batch` records: memory stays bounded whatever the size of the data dir.
+batches of about `batch_bytes` of input: memory stays bounded whatever the size of the data dir.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from analysis.reassemble import (
 )
 from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
-from toolproxy.record.segments import list_segments, parse_line, read_lines
+from toolproxy.record.segments import list_segments, parse_line
 from toolproxy.stacks.markers import detect
 
 EXCHANGE_TYPES = {
@@ -189,6 +189,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         c = classify(
             view, status=view_status, error_kind=rec.get("error_kind"), tools=tools,
             call_surface=_REWRITTEN_SURFACE.get(condition, "native") if rewritten else "native", tool_names=names,
+            tool_set=tool_hash,
         )
         outcome, sub_kind, surface, saw_prose = c.outcome, c.sub_kind, c.surface, c.harness_saw_prose
         n_calls = len(c.calls)
@@ -349,17 +350,70 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
     return batch
 
 
+def analyze_range(path: str, start: int, end: int) -> Batch:
+    """Read the whole lines in [start, end) of a segment and analyse them.
+
+    Workers read the file themselves, so the main process never copies record bytes: it only
+    finds line boundaries and writes the results.
+    """
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    lines = []
+    pos = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            nl = len(data)
+        if nl > pos and data[pos:nl].strip():
+            lines.append((start + pos, data[pos:nl]))
+        pos = nl + 1
+    return analyze_lines(Path(path).name, lines)
+
+
+def _after_last_newline(f, start: int, size: int) -> int:
+    """Offset just past the last newline in [start, size), or start if there is none."""
+    pos = size
+    while pos > start:
+        step = min(1 << 16, pos - start)
+        f.seek(pos - step)
+        i = f.read(step).rfind(b"\n")
+        if i >= 0:
+            return pos - step + i + 1
+        pos -= step
+    return start
+
+
+def _next_line_end(f, pos: int, limit: int) -> int:
+    """Offset just past the first newline at or after pos (limit is known to follow one)."""
+    f.seek(pos)
+    while pos < limit:
+        buf = f.read(min(1 << 16, limit - pos))
+        i = buf.find(b"\n")
+        if i >= 0:
+            return pos + i + 1
+        pos += len(buf)
+    return limit
+
+
 def _columns(rows: list[tuple], types: dict[str, str]) -> dict[str, list]:
     return {name: [r[i] for r in rows] for i, name in enumerate(types)}
 
 
 @dataclass
 class _Chunk:
-    segment: str
+    path: Path
+    start: int
     end: int
-    lines: list[tuple[int, bytes]]
     torn_at: int | None = None
-    size: int = 0
+
+    @property
+    def segment(self) -> str:
+        return self.path.name
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
 
 
 class Ingestor:
@@ -367,10 +421,10 @@ class Ingestor:
     at most a few batches in flight so memory stays bounded) and writes each batch in one
     transaction together with the segment's new offset."""
 
-    def __init__(self, con, data_dir: str | Path, *, batch: int = 2000, workers: int | None = None) -> None:
+    def __init__(self, con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None) -> None:
         self.con = con
         self.data_dir = Path(data_dir)
-        self.batch_size = batch
+        self.batch_bytes = max(1, batch_bytes)
         self.workers = workers
         self.known_tool_sets: set[str] = {r[0] for r in con.execute("SELECT hash FROM tool_sets").fetchall()}
         self.summary = Summary()
@@ -399,23 +453,21 @@ class Ingestor:
         return todo
 
     def _chunks(self, todo: list[tuple[Path, int]]):
+        """Ranges of about batch_bytes of whole lines. A torn tail (bytes after the last newline:
+        being written, or cut by a crash) rides on the segment's last chunk and is not consumed."""
         for path, start in todo:
             self.summary.segments_read += 1
-            lines: list[tuple[int, bytes]] = []
-            end = start
-            for offset, line_end, line in read_lines(path, start):
-                if line is None:
-                    yield _Chunk(path.name, end, lines, torn_at=offset, size=end - lines[0][0] if lines else 0)
-                    lines = []
-                    break
-                lines.append((offset, line))
-                end = line_end
-                if len(lines) >= self.batch_size:
-                    yield _Chunk(path.name, end, lines, size=end - lines[0][0])
-                    lines = []
-            if lines:
-                yield _Chunk(path.name, end, lines, size=end - lines[0][0])
-            self.summary.bytes_read += end - start
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                complete = _after_last_newline(f, start, size)
+                pos = start
+                while pos < complete:
+                    end = _next_line_end(f, min(pos + self.batch_bytes, complete) - 1, complete)
+                    yield _Chunk(path, pos, end, torn_at=complete if end == complete and complete < size else None)
+                    pos = end
+            if complete == start and complete < size:
+                yield _Chunk(path, start, start, torn_at=start)
+            self.summary.bytes_read += complete - start
 
     def run(self) -> Summary:
         t0 = time.perf_counter()
@@ -428,14 +480,13 @@ class Ingestor:
         self.summary.workers = workers
         if workers <= 0:
             for chunk in self._chunks(todo):
-                self._write(chunk, analyze_lines(chunk.segment, chunk.lines))
+                self._write(chunk, analyze_range(str(chunk.path), chunk.start, chunk.end))
         else:
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
                 pending: deque = deque()
                 for chunk in self._chunks(todo):
-                    pending.append((chunk, pool.submit(analyze_lines, chunk.segment, chunk.lines)))
-                    chunk.lines = []
+                    pending.append((chunk, pool.submit(analyze_range, str(chunk.path), chunk.start, chunk.end)))
                     if len(pending) > 2 * workers:
                         done, fut = pending.popleft()
                         self._write(done, fut.result())
@@ -517,10 +568,10 @@ class Ingestor:
             self.in_txn = False
 
 
-def ingest(con, data_dir: str | Path, *, batch: int = 2000, workers: int | None = None) -> Summary:
+def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None) -> Summary:
     """Ingest every new line of every segment under data_dir, then re-derive the affected runs.
 
     workers: processes analysing batches in parallel; None picks by the amount of new data.
     """
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _ids (id VARCHAR)")
-    return Ingestor(con, data_dir, batch=batch, workers=workers).run()
+    return Ingestor(con, data_dir, batch_bytes=batch_bytes, workers=workers).run()

@@ -270,38 +270,43 @@ def _merge_tool_deltas(reply: Reply, deltas: Any) -> None:
 
 
 def _feed_openai(reply: Reply, obj: dict) -> None:
+    # Called once per stream chunk (hundreds per reply): the common delta path does as few
+    # lookups as it can; rare fields are only looked at when present.
     if reply.model is None and isinstance(obj.get("model"), str):
         reply.model = obj["model"]
-    _usage(reply, obj.get("usage"))
-    timings = obj.get("timings")
-    if reply.cached_tokens is None and isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
-        reply.cached_tokens = timings["cache_n"]
+    if obj.get("usage") is not None:
+        _usage(reply, obj["usage"])
+    if "timings" in obj:
+        timings = obj["timings"]
+        if reply.cached_tokens is None and isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+            reply.cached_tokens = timings["cache_n"]
     choices = obj.get("choices")
     if not isinstance(choices, list):
-        if "content" in obj and isinstance(obj.get("content"), str):  # llama.cpp /completion
+        if isinstance(obj.get("content"), str):  # llama.cpp /completion
             _feed_llamacpp_completion(reply, obj)
         return
     for choice in choices:
         if not isinstance(choice, dict):
             continue
         idx = choice.get("index", 0)
-        if isinstance(idx, int):
-            reply.n_choices = max(reply.n_choices, idx + 1)
+        if isinstance(idx, int) and idx >= reply.n_choices:
+            reply.n_choices = idx + 1
         if idx not in (0, None):
             continue  # n > 1: the harness acts on the first choice
         msg = choice.get("delta")
         if not isinstance(msg, dict):
             msg = choice.get("message")
         if isinstance(msg, dict):
-            reply.content = _append(reply.content, msg.get("content"))
-            reasoning = msg.get("reasoning_content")
-            if reasoning is None:
-                reasoning = msg.get("reasoning")
-            reply.reasoning_content = _append(reply.reasoning_content, reasoning)
-            _merge_tool_deltas(reply, msg.get("tool_calls"))
-            legacy = msg.get("function_call")
-            if isinstance(legacy, dict):
-                _merge_tool_deltas(reply, [{"index": 0, "function": legacy}])
+            piece = msg.get("content")
+            if piece:
+                reply.content = _append(reply.content, piece)
+            reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+            if reasoning:
+                reply.reasoning_content = _append(reply.reasoning_content, reasoning)
+            if msg.get("tool_calls"):
+                _merge_tool_deltas(reply, msg["tool_calls"])
+            if isinstance(msg.get("function_call"), dict):
+                _merge_tool_deltas(reply, [{"index": 0, "function": msg["function_call"]}])
         if isinstance(choice.get("text"), str):
             reply.content = _append(reply.content, choice["text"])
         if choice.get("finish_reason"):

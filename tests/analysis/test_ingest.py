@@ -74,12 +74,13 @@ def test_incremental_and_idempotent(tmp_path, db):
     assert con.execute("SELECT count(*) FROM tool_sets").fetchall()[0][0] == 1
 
 
-def test_torn_tail_is_retried_and_corrupt_lines_reported(tmp_path, db):
+@pytest.mark.parametrize("batch_bytes", [1, 8 << 20], ids=["a chunk per line", "one chunk"])
+def test_torn_tail_is_retried_and_corrupt_lines_reported(tmp_path, db, batch_bytes):
     good = exchange()
     later = exchange(episode="2")
     line = orjson.dumps(later, option=orjson.OPT_APPEND_NEWLINE)
-    path = write(tmp_path, "a.jsonl", [good, b"{not json\n", b"[1,2]\n"], tail=line[:40])
-    s, con = db()
+    path = write(tmp_path, "a.jsonl", [good, b"{not json\n", b"\n", b"[1,2]\n"], tail=line[:40])
+    s, con = db(batch_bytes=batch_bytes)
     assert s.new_exchanges == 1 and s.torn_tails == 1
     issues = con.execute("SELECT kind, message FROM ingest_issues ORDER BY byte_offset").fetchall()
     assert [k for k, _ in issues] == ["corrupt", "corrupt", "torn_tail"]
@@ -87,7 +88,7 @@ def test_torn_tail_is_retried_and_corrupt_lines_reported(tmp_path, db):
     # the writer finishes the line: the next run picks it up and the torn-tail issue goes away
     with open(path, "ab") as f:
         f.write(line[40:])
-    s, con = db()
+    s, con = db(batch_bytes=batch_bytes)
     assert s.new_exchanges == 1 and s.torn_tails == 0
     assert [k for (k,) in con.execute("SELECT kind FROM ingest_issues ORDER BY byte_offset").fetchall()] == ["corrupt", "corrupt"]
     assert con.execute("SELECT count(*) FROM exchanges").fetchall()[0][0] == 2
@@ -140,7 +141,7 @@ def test_worker_processes_give_the_same_result(tmp_path):
     results = []
     for d, workers in (("inline", 0), ("pool", 2)):
         con = connect(default_db(tmp_path / d))
-        s = ingest(con, tmp_path / d, batch=7, workers=workers)
+        s = ingest(con, tmp_path / d, batch_bytes=3000, workers=workers)
         assert s.workers == workers and s.new_exchanges == 30
         results.append(con.execute("SELECT id, outcome, surface, turn_id, state_hash FROM exchanges ORDER BY id").fetchall())
         con.close()
