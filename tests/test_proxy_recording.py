@@ -15,8 +15,6 @@ import pytest
 from toolproxy.record.segments import list_segments, read_segment
 from toolproxy.stacks.fakes import stall, text
 
-from conftest import read_records
-
 MSGS = [{"role": "user", "content": "hi"}]
 
 
@@ -166,10 +164,10 @@ async def test_kill_9_under_load_then_restart(fake_stack, proxy):
     last = list_segments(data)[-1]
     with open(last, "ab") as f:
         f.write(b'{"id":"01TORN","kind":"exchange","v":1,"request_bo')
-    before = len(read_records(data))
+    before = len(p.records())  # p is dead; its data dir is what p2 will reuse
     p2 = proxy(fake.url, "--quiet", "--durability", "sync", data=data)
     assert (await post(p2.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS}))[0] == 200
     p2.stop()
     lines = [line for seg in list_segments(data) for line in read_segment(seg)]
     assert [l.path for l in lines if l.error] == [last] and lines[-1].record is not None
-    assert len(read_records(data)) == before + 1
+    assert len(p2.records()) == before + 1

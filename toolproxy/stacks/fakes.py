@@ -367,19 +367,33 @@ class Stack:
             return a
         if (a := self.refuse_tools(req)) is not None:
             return a
+        out = self.model_output(req, self.error)
+        if isinstance(out, Answer):
+            return out
+        reply, content, native = out
+        finish = reply.finish_reason or ("tool_calls" if native else "stop")
+        if req.stream:
+            return Answer(200, self.sse_type, self.chat_stream(req, content, native, finish, reply), stream=True)
+        return self.json(200, self.chat_body(req, content, native, finish, reply))
+
+    def model_output(self, req: ModelRequest, error: Callable[[int, str], Answer]) -> Answer | tuple[Reply, str, list]:
+        """Run the scripted model, then this stack's parser; an Answer when the stack errors instead."""
         reply = self.fake.next_reply(req)
         if reply.error is not None:
-            return self.error(*reply.error)
+            return error(*reply.error)
         if reply.broken is not None:
             outcome = self.broken(req, reply.broken)
             if isinstance(outcome, Answer):
                 return outcome
             reply = outcome
         content, native = self.resolve(req, reply)
-        finish = reply.finish_reason or ("tool_calls" if native else "stop")
-        if req.stream:
-            return Answer(200, self.sse_type, self.chat_stream(req, content, native, finish, reply), stream=True)
-        return self.json(200, self.chat_body(req, content, native, finish, reply))
+        return reply, content, native
+
+    def raw_text(self, reply: Reply) -> str:
+        """The model's output on raw-completion endpoints, where no tool parser runs."""
+        if reply.broken is not None:
+            return reply.broken
+        return reply.content + (render_calls(self.fake.call_format or self.call_format, list(reply.calls)) if reply.calls else "")
 
     def resolve(self, req: ModelRequest, reply: Reply) -> tuple[str, list[ToolCall]]:
         """(content, native calls) once this stack's parser has seen the model's output."""
@@ -462,7 +476,7 @@ class Stack:
         reply = self.fake.next_reply(req)
         if reply.error is not None:
             return self.error(*reply.error)
-        out = reply.broken or reply.content + (render_calls(self.call_format, list(reply.calls)) if reply.calls else "")
+        out = self.raw_text(reply)
         cid, created = "cmpl-" + _rand(_ALNUM, 29), int(time.time())
         base = {"id": cid, "object": "text_completion", "created": created, "model": req.model}
         if req.stream:
@@ -823,7 +837,7 @@ class LlamaCpp(Stack):
         reply = self.fake.next_reply(req)
         if reply.error is not None:
             return self.error(*reply.error)
-        out = reply.broken or reply.content + (render_calls(self.call_format, list(reply.calls)) if reply.calls else "")
+        out = self.raw_text(reply)
         p, c = _usage_tokens(req, out)
         final = {"index": 0, "content": "" if req.stream else out, "tokens": [], "id_slot": 0, "stop": True,
                  "model": req.model, "tokens_predicted": c, "tokens_evaluated": p,
@@ -854,7 +868,7 @@ class LMStudio(Stack):
         return self.json(status, {"error": message})
 
     def parses_calls(self, req):
-        return self.fake.capabilities_of(req.model).__contains__("tools")
+        return "tools" in self.fake.capabilities_of(req.model)
 
     def chat_body(self, req, content, native, finish, reply):
         msg: dict[str, Any] = {"role": "assistant", "content": content}
@@ -967,7 +981,7 @@ class Ollama(Stack):
 
     def broken(self, req, raw_text):
         if req.tools:
-            return self.error(500, f"failed to parse JSON: unexpected end of JSON input") if req.path.startswith("/v1") \
+            return self.error(500, "failed to parse JSON: unexpected end of JSON input") if req.path.startswith("/v1") \
                 else self.native_error(500, "failed to parse JSON: unexpected end of JSON input")
         return text(raw_text)
 
@@ -1068,15 +1082,10 @@ class Ollama(Stack):
             return self.native_error(404, self._missing(req.model))
         if (msg := self._refusal(req)) is not None:
             return self.native_error(400, msg)
-        reply = self.fake.next_reply(req)
-        if reply.error is not None:
-            return self.native_error(*reply.error)
-        if reply.broken is not None:
-            outcome = self.broken(req, reply.broken)
-            if isinstance(outcome, Answer):
-                return outcome
-            reply = outcome
-        content, native = self.resolve(req, reply)
+        out = self.model_output(req, self.native_error)
+        if isinstance(out, Answer):
+            return out
+        reply, content, native = out
         tool_calls = [{"id": self.call_id(), "function": {"index": i, "name": c.name,
                                                            "arguments": c.arguments if isinstance(c.arguments, dict) else {}}}
                       for i, c in enumerate(native)]
@@ -1113,7 +1122,7 @@ class Ollama(Stack):
         reply = self.fake.next_reply(req)
         if reply.error is not None:
             return self.native_error(*reply.error)
-        out = reply.broken or reply.content + (render_calls(self.call_format, list(reply.calls)) if reply.calls else "")
+        out = self.raw_text(reply)
         finish = reply.finish_reason or "stop"
         base = {"model": req.model}
         tail = {"done": True, "done_reason": finish}
@@ -1214,11 +1223,6 @@ class FakeStack:
             if reply is not None:
                 return reply
         return DEFAULT_REPLY
-
-    @property
-    def requests(self) -> list[Seen]:
-        """Requests that reached the model endpoints or metadata routes, in arrival order."""
-        return self.seen
 
     # -- serving
     def _take_fault(self, path: str) -> Fault | None:
