@@ -8,7 +8,9 @@ turn by turn, a ~2 KB tools array resent every turn, several stacks with their o
 llama.cpp timings), streams and non-streams, retries after 500s, timeouts, hallucinated names,
 invalid arguments, prose, and one untagged run that needs prefix-chaining reconstruction.
 Records are the proxy's own Record dataclass serialised exactly as the segment writer does.
-Reports exchanges/s for ingest+classify+derive and the peak RSS of the process.
+`toolproxy analyze` runs as a subprocess, exactly as a user runs it; reported: exchanges/s (wall,
+process start and DuckDB's final checkpoint included), CPU per exchange over all processes, the
+peak RSS of the largest process, and the database size.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ import argparse
 import random
 import resource
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import orjson
 
+from analysis.store import default_db
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.writer import SEGMENT_DIR
 
@@ -248,15 +253,29 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
     return written
 
 
+def _analyze(data_dir: Path, args: argparse.Namespace) -> tuple[float, str]:
+    """`toolproxy analyze` as a user runs it, in its own process so its peak RSS is its own."""
+    cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data_dir),
+           "--batch-mb", str(args.batch_mb), "--memory-limit", args.memory_limit]
+    if args.workers is not None:
+        cmd += ["--workers", str(args.workers)]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise SystemExit(f"analyze failed ({out.returncode}):\n{out.stdout}{out.stderr}")
+    return dt, out.stdout
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--exchanges", type=int, default=100_000)
     ap.add_argument("--dir", type=Path, default=None, help="data dir to create (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the data dir and database afterwards")
-    ap.add_argument("--batch", type=int, default=2000)
+    ap.add_argument("--batch-mb", type=float, default=8.0)
+    ap.add_argument("--memory-limit", default="1GB", help="DuckDB memory limit, as for analyze")
+    ap.add_argument("--workers", type=int, default=None, help="analysis processes (default: by data size)")
     args = ap.parse_args(argv)
-    from analysis.ingest import ingest
-    from analysis.store import connect, default_db
 
     data_dir = args.dir or Path(tempfile.mkdtemp(prefix="toolproxy-bench-"))
     try:
@@ -264,19 +283,16 @@ def main(argv: list[str] | None = None) -> None:
         n = generate(data_dir, args.exchanges)
         size = sum(p.stat().st_size for p in (data_dir / SEGMENT_DIR).iterdir())
         print(f"generated {n} exchanges ({size / 1e6:.0f} MB of segments) in {time.perf_counter() - t0:.1f}s: {data_dir}")
-        con = connect(default_db(data_dir))
-        t1 = time.perf_counter()
-        s = ingest(con, data_dir, batch=args.batch)
-        dt = time.perf_counter() - t1
-        con.close()
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"analyze: {s.new_exchanges} exchanges, {s.turns} turns, {s.episodes} episodes in {dt:.2f}s "
-              f"= {s.new_exchanges / dt:,.0f} exchanges/s; peak RSS {rss:.0f} MB; issues {len(s.issues)}")
-        t2 = time.perf_counter()
-        con = connect(default_db(data_dir))
-        s2 = ingest(con, data_dir, batch=args.batch)
-        con.close()
-        print(f"re-run (nothing new): {s2.new_exchanges} new exchanges in {time.perf_counter() - t2:.2f}s")
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        dt, out = _analyze(data_dir, args)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        print(out.rstrip())
+        print(f"=> {n / dt:,.0f} exchanges/s wall ({dt:.1f}s for `toolproxy analyze`, process start and final checkpoint "
+              f"included); {cpu / n * 1e6:.0f} us CPU per exchange over all processes; "
+              f"peak RSS {after.ru_maxrss / 1024:.0f} MB (largest process); db {default_db(data_dir).stat().st_size / 1e6:.0f} MB")
+        dt2, out2 = _analyze(data_dir, args)
+        print(f"re-run: {out2.splitlines()[0]} ({dt2:.1f}s)")
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(data_dir, ignore_errors=True)

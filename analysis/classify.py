@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from analysis.reassemble import Reply
-from toolproxy.calls import parse_arguments, parse_text, validate_call
+from toolproxy.calls import Validation, parse_arguments, parse_text, validate_call
 
 NON_RESPONSE = "non_response"
 HALLUCINATED = "hallucinated_call"
@@ -29,7 +29,9 @@ SUB_KINDS = ("refused", "http_4xx", "http_5xx", "timeout", "connect", "empty", "
 # A 4xx that names the tool interface: the stack rejected the request for what it asked, before
 # the model ran (Ollama "does not support tools", vLLM "auto" tool choice flags, tool_choice
 # errors, template/jinja problems).
-_REFUSAL_4XX = re.compile(r"tool|function[ _]?call|capabilit|jinja|chat[ _]template", re.IGNORECASE)
+_REFUSAL_4XX = re.compile(
+    r"\btools?\b|tool[ _-]?(?:choice|calls?|parser)|function[ _]?call|capabilit|jinja|chat[ _]template", re.IGNORECASE
+)
 # llama.cpp started with --no-jinja answers a tools request with HTTP 500 "tools param requires
 # --jinja flag". It is a 5xx only by that server's choice of status code: it is deterministic,
 # happens before the model runs and is about the tools parameter, i.e. a refusal in every sense
@@ -115,18 +117,23 @@ def classify(
     error_kind: str | None,
     tools: list | None,
     call_surface: str = "native",
+    tool_names: list[str] | None = None,
+    tool_set: str | None = None,
 ) -> Classification:
     """The outcome of one attempt.
 
     `call_surface` is what calls in `message.tool_calls` are: "native" when the stack put them
     there, "text" when toolproxy's text/template condition parsed them out of the upstream's text,
-    "constrained" when they came from schema-constrained output.
+    "constrained" when they came from schema-constrained output. `tool_names` may be passed when
+    the caller already has the offered names (it caches them per tool set), and `tool_set` (the
+    tools array's content hash) lets validation results be reused across attempts: harnesses
+    resend the same tools, and looping agents the same call, many times.
     """
     nr = non_response(reply, status, error_kind)
     if nr is not None:
         return Classification(NON_RESPONSE, sub_kind=nr[0], detail=nr[1])
     assert reply is not None
-    names = _names(tools)
+    names = tool_names if tool_names is not None else tool_names_of(tools)
     calls: list[CallResult] = []
     for tc in reply.tool_calls:
         raw = tc.arguments
@@ -135,7 +142,7 @@ def classify(
         else:
             value, error = raw, None
             raw = None if raw is None else orjson.dumps(raw).decode()
-        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools, names))
+        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools, tool_set))
     attempted = False
     saw_prose = False
     if not calls:
@@ -145,7 +152,7 @@ def classify(
             parsed = parse_text(text, tool_names=names)
             attempted = attempted or parsed.attempted
             for c in parsed.calls:
-                calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, "text", c.format, tools, names))
+                calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, "text", c.format, tools, tool_set))
             if calls:
                 break
         saw_prose = any(c.valid for c in calls)
@@ -165,7 +172,7 @@ def classify(
     return Classification(outcome, surface=surface, calls=calls, harness_saw_prose=saw_prose)
 
 
-def _names(tools: list | None) -> list[str]:
+def tool_names_of(tools: list | None) -> list[str]:
     out = []
     for t in tools or ():
         if isinstance(t, dict):
@@ -175,10 +182,27 @@ def _names(tools: list | None) -> list[str]:
     return out
 
 
-def _checked(idx, name, raw, value, parse_error, surface, fmt, tools, names) -> CallResult:
+_VALIDATIONS: dict[tuple, Validation] = {}
+
+
+def _validate(name: str, arguments: Any, tools: list | None, tool_set: str | None) -> Validation:
+    if tool_set is None:
+        return validate_call(name, arguments, tools)
+    try:
+        key = (tool_set, name, orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS))
+    except TypeError:
+        return validate_call(name, arguments, tools)
+    hit = _VALIDATIONS.get(key)
+    if hit is None:
+        if len(_VALIDATIONS) >= 65536:
+            _VALIDATIONS.clear()
+        hit = _VALIDATIONS[key] = validate_call(name, arguments, tools)
+    return hit
+
+
+def _checked(idx, name, raw, value, parse_error, surface, fmt, tools, tool_set) -> CallResult:
     if name is None:
         return CallResult(idx, None, raw, None, surface, fmt, False, False, False, [parse_error or "no tool name recovered"])
-    if parse_error is not None:
-        return CallResult(idx, name, raw, None, surface, fmt, name in names, False, False, [f"arguments are not valid JSON: {parse_error}"])
-    v = validate_call(name, value, tools or [])
-    return CallResult(idx, name, raw, value, surface, fmt, v.offered, v.validated, v.valid, list(v.errors))
+    # Unparseable arguments go in raw so validate_call reports them as "not valid JSON".
+    v = _validate(name, raw if parse_error is not None else value, tools, tool_set)
+    return CallResult(idx, name, raw, None if parse_error else value, surface, fmt, v.offered, v.validated, v.valid, list(v.errors))

@@ -25,12 +25,12 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _open(data_dir: Path, db_path: Path | None, *, read_only: bool):
+def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = "1GB"):
     from analysis.store import StoreError, connect, default_db
 
     path = db_path or default_db(data_dir)
     try:
-        return connect(path, read_only=read_only)
+        return connect(path, read_only=read_only, memory_limit=memory_limit)
     except StoreError as exc:
         _fail(str(exc))
 
@@ -38,8 +38,10 @@ def _open(data_dir: Path, db_path: Path | None, *, read_only: bool):
 @click.command()
 @DATA_OPTION
 @DB_OPTION
-@click.option("--batch", default=2000, show_default=True, type=click.IntRange(1, 1_000_000), help="Records per transaction (bounds memory).")
-def analyze(data_dir: Path, db_path: Path | None, batch: int) -> None:
+@click.option("--batch-mb", default=8.0, show_default=True, type=click.FloatRange(0.001, 1024), help="Input analysed together, in MB (bounds memory).")
+@click.option("--workers", default=None, type=click.IntRange(0, 64), help="Analysis processes (default: one per core for large ingests, 0 = in-process).")
+@click.option("--memory-limit", default="1GB", show_default=True, help="DuckDB memory limit; it spills to disk beyond it.")
+def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int | None, memory_limit: str) -> None:
     """Ingest new records from DATA into DuckDB and classify every turn (incremental; safe to re-run)."""
     import duckdb
 
@@ -51,9 +53,9 @@ def analyze(data_dir: Path, db_path: Path | None, batch: int) -> None:
         _fail(f"--data {data_dir} is not a directory")
     if not (data_dir / "segments").is_dir():
         _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
-    con = _open(data_dir, db_path, read_only=False)
+    con = _open(data_dir, db_path, read_only=False, memory_limit=memory_limit)
     try:
-        s = ingest(con, data_dir, batch=batch)
+        s = ingest(con, data_dir, batch_bytes=int(batch_mb * 1024 * 1024), workers=workers)
     except duckdb.Error as exc:
         _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:
@@ -66,7 +68,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch: int) -> None:
     )
     click.echo(
         f"runs re-derived: {len(s.runs)}{' (' + ', '.join(s.runs[:8]) + (', ...' if len(s.runs) > 8 else '') + ')' if s.runs else ''}; "
-        f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s)"
+        f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s, {s.workers or 'no'} worker processes)"
     )
     if s.issues:
         click.echo(f"issues: {len(s.issues)} (stored in table ingest_issues)")
@@ -143,7 +145,7 @@ def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> N
     con = _open(data_dir, db_path, read_only=True)
     try:
         ids = [r[0] for r in con.execute(
-            "SELECT id FROM exchanges WHERE starts_with(id, ?) ORDER BY id LIMIT 11", [exchange_id.strip().upper()]
+            "SELECT id FROM exchanges WHERE starts_with(lower(id), ?) ORDER BY id LIMIT 11", [exchange_id.strip().lower()]
         ).fetchall()]
         if not ids:
             _fail(f"no exchange with id {exchange_id!r} (try `toolproxy sql \"select id, path, outcome from exchanges limit 20\"`)")

@@ -8,20 +8,24 @@ skipped. Exchange ids are unique, so a segment copied twice into the data dir ad
 
 Each record is analysed once, here (reassembly, classification, conversation keys), so that
 re-deriving turns and episodes later reads small columns rather than bodies. Work is done in
-batches of at most `batch` records: memory stays bounded whatever the size of the data dir.
+batches of about `batch_bytes` of input: memory stays bounded whatever the size of the data dir.
 """
 
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
+import os
 import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from analysis.classify import classify, _names
+from analysis.classify import classify, tool_names_of
 from analysis.reassemble import (
     CHAT,
     OLLAMA_CHAT,
@@ -34,7 +38,7 @@ from analysis.reassemble import (
 )
 from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
-from toolproxy.record.segments import list_segments, read_segment
+from toolproxy.record.segments import list_segments, parse_line
 from toolproxy.stacks.markers import detect
 
 EXCHANGE_TYPES = {
@@ -75,9 +79,25 @@ def _json(value: Any) -> str | None:
     return orjson.dumps(value, default=str).decode()
 
 
-def tool_set_hash(tools: list) -> tuple[str, bytes]:
-    canonical = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS, default=str)
-    return hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical
+_TOOL_SETS: dict[bytes, tuple[str, str, list[str]]] = {}
+
+
+def tool_set(tools: list) -> tuple[str, str, list[str]]:
+    """(content hash, canonical JSON, names) of a tools array.
+
+    The hash is over the key-sorted JSON, so the same tools spelled in another key order are one
+    set. Harnesses resend the identical array every turn, so the result is cached by a digest of
+    the array as sent, which is much cheaper than re-canonicalising it.
+    """
+    quick = hashlib.blake2b(orjson.dumps(tools, default=str), digest_size=16).digest()
+    hit = _TOOL_SETS.get(quick)
+    if hit is None:
+        canonical = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS, default=str)
+        hit = (hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names_of(tools))
+        if len(_TOOL_SETS) > 4096:
+            _TOOL_SETS.clear()
+        _TOOL_SETS[quick] = hit
+    return hit
 
 
 def _request(rec: dict, kind: str | None) -> tuple[dict | None, list]:
@@ -134,12 +154,9 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     req, messages = _request(rec, kind) if is_attempt else (None, [])
     tools = req.get("tools") if req is not None and isinstance(req.get("tools"), list) else None
 
-    tool_set = None
-    tool_hash = None
-    names: list[str] = _names(tools)
-    if tools:
-        tool_hash, canonical = tool_set_hash(tools)
-        tool_set = (tool_hash, canonical.decode(), names)
+    tools_row = tool_set(tools) if tools else None
+    tool_hash = tools_row[0] if tools_row else None
+    names: list[str] = tools_row[2] if tools_row else []
 
     upstream_reply = None
     view = None
@@ -148,7 +165,10 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
             view = _reply(rec, kind, "client")
             view_status = rec.get("client_status") if rec.get("client_status") is not None else rec.get("status")
             if rec.get("response_body") is not None:
-                upstream_reply = _reply(rec, kind, "upstream")
+                # The template condition sends a chat request to a raw-completion endpoint: the
+                # upstream's body is in that endpoint's dialect.
+                up_path = (rec.get("upstream_request") or {}).get("path")
+                upstream_reply = _reply(rec, endpoint_kind(up_path) if up_path else kind, "upstream")
         else:
             view = upstream_reply = _reply(rec, kind, "upstream")
             view_status = rec.get("status")
@@ -168,7 +188,8 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     if view is not None:
         c = classify(
             view, status=view_status, error_kind=rec.get("error_kind"), tools=tools,
-            call_surface=_REWRITTEN_SURFACE.get(condition, "native") if rewritten else "native",
+            call_surface=_REWRITTEN_SURFACE.get(condition, "native") if rewritten else "native", tool_names=names,
+            tool_set=tool_hash,
         )
         outcome, sub_kind, surface, saw_prose = c.outcome, c.sub_kind, c.surface, c.harness_saw_prose
         n_calls = len(c.calls)
@@ -230,21 +251,30 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         keys.n_messages if keys else None, keys.state_hash if keys else None, keys.chain_hash if keys else None,
         keys.parent_hashes if keys else None, keys.item_hash if keys else None, signature,
     )
-    return Analyzed(row, calls_out, tool_set)
+    return Analyzed(row, calls_out, tools_row)
 
 
 def fingerprint_row(rec: dict, segment: str, offset: int) -> tuple:
-    """A fingerprint record (the stack as it described itself at start), kept whole as JSON."""
-    stack = rec.get("stack")
-    version = rec.get("stack_version") or rec.get("version")
+    """A fingerprint record (the stack as it described itself at start), kept whole as JSON.
+
+    The fingerprint itself travels in the record's `extra` (toolproxy.stacks.fingerprint); a stack
+    it could not identify ("unknown", "unreachable") leaves the column empty so the run falls back
+    to the markers in its responses.
+    """
+    extra = rec.get("extra")
+    fp = extra if isinstance(extra, dict) and "stack" in extra else rec
+    stack = fp.get("stack")
+    version = fp.get("stack_version") or fp.get("version")
     if isinstance(stack, dict):
         version = version or stack.get("version")
         stack = stack.get("name") or stack.get("stack")
-    at = rec.get("started_at") or rec.get("recorded_at") or rec.get("at")
+    if stack in ("unknown", "unreachable"):
+        stack = version = None
+    at = rec.get("started_at")
     return (
         rec.get("id"), rec.get("run"), rec.get("upstream"), at if isinstance(at, (int, float)) else None,
         stack if isinstance(stack, str) else None, version if isinstance(version, str) else None,
-        rec.get("model") if isinstance(rec.get("model"), str) else None, _json(rec), segment, offset,
+        fp.get("model") if isinstance(fp.get("model"), str) else None, _json(rec), segment, offset,
     )
 
 
@@ -259,6 +289,7 @@ class Summary:
     fingerprints: int = 0
     new_issues: int = 0
     torn_tails: int = 0
+    workers: int = 0
     runs: list[str] = field(default_factory=list)
     turns: int = 0
     episodes: int = 0
@@ -266,51 +297,203 @@ class Summary:
     issues: list[str] = field(default_factory=list)
 
 
-class _Batch:
-    def __init__(self) -> None:
-        self.exchanges: list[tuple] = []
-        self.calls: list[tuple] = []
-        self.tool_sets: dict[str, tuple] = {}
-        self.fingerprints: list[tuple] = []
-        self.issues: list[tuple] = []
-        self.ids: set[str] = set()
+@dataclass
+class Batch:
+    """What one batch of lines adds to the database; built in a worker, written by the main process."""
 
-    def __len__(self) -> int:
-        return len(self.exchanges) + len(self.fingerprints) + len(self.issues)
+    segment: str
+    exchanges: list[tuple] = field(default_factory=list)
+    calls: list[tuple] = field(default_factory=list)
+    tool_sets: dict[str, tuple] = field(default_factory=dict)
+    fingerprints: list[tuple] = field(default_factory=list)
+    issues: list[tuple] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    records: int = 0
+    duplicates: int = 0
+
+    def issue(self, offset: int, kind: str, message: str) -> None:
+        self.issues.append((self.segment, offset, kind, message, time.time()))
+        self.notes.append(f"{self.segment} @{offset}: {message}")
+
+
+def analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
+    """Parse and analyse a batch of raw segment lines. Runs in worker processes: no database."""
+    batch = Batch(segment)
+    ids: set[str] = set()
+    for offset, line in lines:
+        rec, error = parse_line(line)
+        if rec is None:
+            batch.issue(offset, "corrupt", f"{error}; skipped")
+            continue
+        batch.records += 1
+        rid = rec.get("id")
+        kind = rec.get("kind", "exchange")
+        if not isinstance(rid, str) or not rid:
+            batch.issue(offset, "corrupt", "record has no id; skipped")
+        elif kind == "fingerprint":
+            batch.fingerprints.append(fingerprint_row(rec, segment, offset))
+        elif kind != "exchange":
+            batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped")
+        elif rid in ids:
+            batch.duplicates += 1
+        else:
+            try:
+                a = analyze_record(rec, segment, offset)
+            except Exception as exc:  # one odd record must never stop an ingest; it is reported instead
+                batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}")
+                continue
+            ids.add(rid)
+            batch.exchanges.append(a.exchange)
+            batch.calls.extend(a.calls)
+            if a.tool_set is not None:
+                batch.tool_sets[a.tool_set[0]] = a.tool_set
+    return batch
+
+
+def analyze_range(path: str, start: int, end: int) -> Batch:
+    """Read the whole lines in [start, end) of a segment and analyse them.
+
+    Workers read the file themselves, so the main process never copies record bytes: it only
+    finds line boundaries and writes the results.
+    """
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    lines = []
+    pos = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            nl = len(data)
+        if nl > pos and data[pos:nl].strip():
+            lines.append((start + pos, data[pos:nl]))
+        pos = nl + 1
+    return analyze_lines(Path(path).name, lines)
+
+
+def _after_last_newline(f, start: int, size: int) -> int:
+    """Offset just past the last newline in [start, size), or start if there is none."""
+    pos = size
+    while pos > start:
+        step = min(1 << 16, pos - start)
+        f.seek(pos - step)
+        i = f.read(step).rfind(b"\n")
+        if i >= 0:
+            return pos - step + i + 1
+        pos -= step
+    return start
+
+
+def _next_line_end(f, pos: int, limit: int) -> int:
+    """Offset just past the first newline at or after pos (limit is known to follow one)."""
+    f.seek(pos)
+    while pos < limit:
+        buf = f.read(min(1 << 16, limit - pos))
+        i = buf.find(b"\n")
+        if i >= 0:
+            return pos + i + 1
+        pos += len(buf)
+    return limit
 
 
 def _columns(rows: list[tuple], types: dict[str, str]) -> dict[str, list]:
     return {name: [r[i] for r in rows] for i, name in enumerate(types)}
 
 
+@dataclass
+class _Chunk:
+    path: Path
+    start: int
+    end: int
+    torn_at: int | None = None
+
+    @property
+    def segment(self) -> str:
+        return self.path.name
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
 class Ingestor:
-    def __init__(self, con, data_dir: str | Path, *, batch: int = 2000) -> None:
+    """Reads segments in the main process, analyses line batches in worker processes (pipelined,
+    at most a few batches in flight so memory stays bounded) and writes each batch in one
+    transaction together with the segment's new offset."""
+
+    def __init__(self, con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None) -> None:
         self.con = con
         self.data_dir = Path(data_dir)
-        self.batch_size = batch
+        self.batch_bytes = max(1, batch_bytes)
+        self.workers = workers
         self.known_tool_sets: set[str] = {r[0] for r in con.execute("SELECT hash FROM tool_sets").fetchall()}
         self.summary = Summary()
         self.affected_runs: set[str] = set()
+        # Rows and the segment offsets that cover them commit together, every commit_bytes of
+        # input: per-batch commits made the WAL fsyncs dominate, and one commit per run would
+        # lose all progress on a crash.
+        self.commit_bytes = 256 * 1024 * 1024
+        self.in_txn = False
+        self.txn_bytes = 0
+
+    def _pending_segments(self) -> list[tuple[Path, int]]:
+        state = dict(self.con.execute("SELECT segment, byte_offset FROM ingest_state").fetchall())
+        segments = list_segments(self.data_dir)
+        self.summary.segments = len(segments)
+        todo = []
+        for path in segments:
+            offset = state.get(path.name, 0)
+            size = path.stat().st_size
+            if size < offset:
+                self.summary.issues.append(f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it")
+                self._write_issues([(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}", time.time())])
+                offset = 0
+            if size > offset:
+                todo.append((path, offset))
+        return todo
+
+    def _chunks(self, todo: list[tuple[Path, int]]):
+        """Ranges of about batch_bytes of whole lines. A torn tail (bytes after the last newline:
+        being written, or cut by a crash) rides on the segment's last chunk and is not consumed."""
+        for path, start in todo:
+            self.summary.segments_read += 1
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                complete = _after_last_newline(f, start, size)
+                pos = start
+                while pos < complete:
+                    end = _next_line_end(f, min(pos + self.batch_bytes, complete) - 1, complete)
+                    yield _Chunk(path, pos, end, torn_at=complete if end == complete and complete < size else None)
+                    pos = end
+            if complete == start and complete < size:
+                yield _Chunk(path, start, start, torn_at=start)
+            self.summary.bytes_read += complete - start
 
     def run(self) -> Summary:
         t0 = time.perf_counter()
-        state = {
-            seg: (off, size)
-            for seg, off, size in self.con.execute("SELECT segment, byte_offset, size_seen FROM ingest_state").fetchall()
-        }
-        segments = list_segments(self.data_dir)
-        self.summary.segments = len(segments)
-        for path in segments:
-            offset, _ = state.get(path.name, (0, 0))
-            size = path.stat().st_size
-            if size < offset:
-                self._note(f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it")
-                self._issue_now(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}")
-                offset = 0
-            if size == offset:
-                continue
-            self.summary.segments_read += 1
-            self._segment(path, offset)
+        todo = self._pending_segments()
+        new_bytes = sum(p.stat().st_size - off for p, off in todo)
+        workers = self.workers
+        if workers is None:
+            # Worker processes cost ~0.5 s to start: only worth it for a real amount of data.
+            workers = min(os.cpu_count() or 1, 4) if new_bytes > 64 * 1024 * 1024 else 0
+        self.summary.workers = workers
+        if workers <= 0:
+            for chunk in self._chunks(todo):
+                self._write(chunk, analyze_range(str(chunk.path), chunk.start, chunk.end))
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+                pending: deque = deque()
+                for chunk in self._chunks(todo):
+                    pending.append((chunk, pool.submit(analyze_range, str(chunk.path), chunk.start, chunk.end)))
+                    if len(pending) > 2 * workers:
+                        done, fut = pending.popleft()
+                        self._write(done, fut.result())
+                while pending:
+                    done, fut = pending.popleft()
+                    self._write(done, fut.result())
+        self._commit()
         self.con.execute("BEGIN TRANSACTION")
         try:
             totals = derive(self.con, self.affected_runs)
@@ -323,115 +506,72 @@ class Ingestor:
         self.summary.seconds = time.perf_counter() - t0
         return self.summary
 
-    def _note(self, message: str) -> None:
-        self.summary.issues.append(message)
+    def _write_issues(self, issues: list[tuple]) -> None:
+        before = self.con.execute("SELECT count(*) FROM ingest_issues").fetchall()[0][0]
+        insert_columns(self.con, "ingest_issues", _columns(issues, ISSUE_TYPES), ISSUE_TYPES, on_conflict="ON CONFLICT DO NOTHING")
+        self.summary.new_issues += self.con.execute("SELECT count(*) FROM ingest_issues").fetchall()[0][0] - before
 
-    def _issue_now(self, segment: str, offset: int, kind: str, message: str) -> None:
-        insert_columns(
-            self.con, "ingest_issues", _columns([(segment, offset, kind, message, time.time())], ISSUE_TYPES),
-            ISSUE_TYPES, on_conflict="ON CONFLICT DO NOTHING",
-        )
-
-    def _segment(self, path: Path, start: int) -> None:
-        name = path.name
-        batch = _Batch()
-        end = start
-        n_records = 0
-        for line in read_segment(path, start):
-            if line.record is None:
-                if line.error == "torn_tail":
-                    self.summary.torn_tails += 1
-                    self._note(f"{name} @{line.offset}: incomplete last line (still being written, or torn by a crash); will retry next run")
-                    batch.issues.append((name, line.offset, "torn_tail", "incomplete last line", time.time()))
-                    break
-                self._note(f"{name} @{line.offset}: {line.error}; skipped")
-                batch.issues.append((name, line.offset, "corrupt", line.error, time.time()))
-                end = line.end
-                continue
-            end = line.end
-            n_records += 1
-            self._record(batch, line.record, name, line.offset)
-            if len(batch) >= self.batch_size:
-                self._flush(batch, name, end, n_records)
-                batch, n_records = _Batch(), 0
-        self._flush(batch, name, end, n_records)
-        self.summary.bytes_read += end - start
-
-    def _record(self, batch: _Batch, rec: dict, segment: str, offset: int) -> None:
-        self.summary.records += 1
-        rid = rec.get("id")
-        kind = rec.get("kind", "exchange")
-        if not isinstance(rid, str) or not rid:
-            batch.issues.append((segment, offset, "corrupt", "record has no id", time.time()))
-            self._note(f"{segment} @{offset}: record has no id; skipped")
-            return
-        if kind == "fingerprint":
-            batch.fingerprints.append(fingerprint_row(rec, segment, offset))
-            if rec.get("run"):
-                self.affected_runs.add(rec["run"])
-            return
-        if kind != "exchange":
-            batch.issues.append((segment, offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer", time.time()))
-            self._note(f"{segment} @{offset}: record kind {kind!r} unknown; skipped")
-            return
-        if rid in batch.ids:
-            self.summary.duplicates += 1
-            return
-        try:
-            a = analyze_record(rec, segment, offset)
-        except Exception as exc:  # one odd record must never stop an ingest; it is reported instead
-            batch.issues.append((segment, offset, "analyze_error", f"{type(exc).__name__}: {exc}", time.time()))
-            self._note(f"{segment} @{offset}: cannot analyse record {rid}: {type(exc).__name__}: {exc}")
-            return
-        batch.ids.add(rid)
-        batch.exchanges.append(a.exchange)
-        batch.calls.extend(a.calls)
-        if a.tool_set is not None and a.tool_set[0] not in self.known_tool_sets:
-            batch.tool_sets[a.tool_set[0]] = a.tool_set
-
-    def _flush(self, batch: _Batch, segment: str, end: int, n_records: int) -> None:
-        con = self.con
-        con.execute("BEGIN TRANSACTION")
+    def _write(self, chunk: _Chunk, batch: Batch) -> None:
+        con, s = self.con, self.summary
+        s.records += batch.records
+        s.duplicates += batch.duplicates
+        s.issues.extend(batch.notes)
+        if chunk.torn_at is not None:
+            s.torn_tails += 1
+            s.issues.append(f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); will retry next run")
+            batch.issues.append((chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line", time.time()))
+        if not self.in_txn:
+            con.execute("BEGIN TRANSACTION")
+            self.in_txn, self.txn_bytes = True, 0
         try:
             if batch.exchanges:
-                insert_columns(con, "_ids", {"id": list(batch.ids)}, {"id": "VARCHAR"})
+                insert_columns(con, "_ids", {"id": [r[0] for r in batch.exchanges]}, {"id": "VARCHAR"})
                 dup = {r[0] for r in con.execute("SELECT id FROM _ids SEMI JOIN exchanges USING (id)").fetchall()}
                 con.execute("DELETE FROM _ids")
                 if dup:
-                    self.summary.duplicates += len(dup)
+                    s.duplicates += len(dup)
                     batch.exchanges = [r for r in batch.exchanges if r[0] not in dup]
                     batch.calls = [r for r in batch.calls if r[0] not in dup]
-                self.summary.new_exchanges += insert_columns(con, "exchanges", _columns(batch.exchanges, EXCHANGE_TYPES), EXCHANGE_TYPES)
+                s.new_exchanges += insert_columns(con, "exchanges", _columns(batch.exchanges, EXCHANGE_TYPES), EXCHANGE_TYPES)
                 insert_columns(con, "calls", _columns(batch.calls, CALL_TYPES), CALL_TYPES)
                 self.affected_runs.update(r[6] for r in batch.exchanges)
-            if batch.tool_sets:
-                insert_columns(con, "tool_sets", _columns(list(batch.tool_sets.values()), TOOL_SET_TYPES), TOOL_SET_TYPES,
-                               on_conflict="ON CONFLICT DO NOTHING")
+            new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]
+            if new_sets:
+                insert_columns(con, "tool_sets", _columns(new_sets, TOOL_SET_TYPES), TOOL_SET_TYPES, on_conflict="ON CONFLICT DO NOTHING")
             if batch.fingerprints:
-                self.summary.fingerprints += insert_columns(
+                s.fingerprints += insert_columns(
                     con, "fingerprints", _columns(batch.fingerprints, FINGERPRINT_TYPES), FINGERPRINT_TYPES,
                     on_conflict="ON CONFLICT DO NOTHING",
                 )
+                self.affected_runs.update(r[1] for r in batch.fingerprints if r[1])
             if batch.issues:
-                before = con.execute("SELECT count(*) FROM ingest_issues").fetchone()[0]
-                insert_columns(con, "ingest_issues", _columns(batch.issues, ISSUE_TYPES), ISSUE_TYPES,
-                               on_conflict="ON CONFLICT DO NOTHING")
-                self.summary.new_issues += con.execute("SELECT count(*) FROM ingest_issues").fetchone()[0] - before
-            con.execute("DELETE FROM ingest_issues WHERE segment = ? AND kind = 'torn_tail' AND byte_offset < ?", [segment, end])
+                self._write_issues(batch.issues)
+            con.execute("DELETE FROM ingest_issues WHERE segment = ? AND kind = 'torn_tail' AND byte_offset < ?", [chunk.segment, chunk.end])
             con.execute(
                 "INSERT INTO ingest_state VALUES (?, ?, ?, ?, now()::TIMESTAMP) ON CONFLICT (segment) DO UPDATE SET "
                 "byte_offset = excluded.byte_offset, size_seen = excluded.size_seen, "
                 "n_records = ingest_state.n_records + excluded.n_records, updated_at = excluded.updated_at",
-                [segment, end, end, n_records],
+                [chunk.segment, chunk.end, chunk.end, batch.records],
             )
-            con.execute("COMMIT")
+            self.txn_bytes += chunk.size
+            if self.txn_bytes >= self.commit_bytes:
+                self._commit()
         except Exception:
             con.execute("ROLLBACK")
+            self.in_txn = False
             raise
         self.known_tool_sets.update(batch.tool_sets)
 
+    def _commit(self) -> None:
+        if self.in_txn:
+            self.con.execute("COMMIT")
+            self.in_txn = False
 
-def ingest(con, data_dir: str | Path, *, batch: int = 2000) -> Summary:
-    """Ingest every new line of every segment under data_dir, then re-derive the affected runs."""
+
+def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None) -> Summary:
+    """Ingest every new line of every segment under data_dir, then re-derive the affected runs.
+
+    workers: processes analysing batches in parallel; None picks by the amount of new data.
+    """
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _ids (id VARCHAR)")
-    return Ingestor(con, data_dir, batch=batch).run()
+    return Ingestor(con, data_dir, batch_bytes=batch_bytes, workers=workers).run()

@@ -156,39 +156,41 @@ def reassemble(raw: bytes | None, kind: str | None, content_type: str | None = N
 
 def _sse_objects(raw: bytes, reply: Reply) -> list:
     """JSON payloads of an SSE body; `[DONE]` marks the stream complete."""
-    out = []
+    payloads = []
     data: list[bytes] = []
     for line in raw.split(b"\n") + [b""]:
-        line = line.rstrip(b"\r")
         if line.startswith(b"data:"):
-            data.append(line[5:].lstrip(b" "))
+            data.append(line[5:].strip())
             continue
-        if line or not data:
+        if line.strip() or not data:
             continue
-        payload = b"\n".join(data)
+        payload = data[0] if len(data) == 1 else b"\n".join(data)
         data = []
-        if payload.strip() == b"[DONE]":
+        if payload == b"[DONE]":
             reply.complete = True
-            continue
-        try:
-            out.append(orjson.loads(payload))
-        except orjson.JSONDecodeError:
-            # A torn last event (stream cut mid-write) or a non-JSON payload: what the client
-            # library would also drop.
-            continue
-    return out
+        elif payload:
+            payloads.append(payload)
+    return _json_many(payloads)
+
+
+def _json_many(payloads: list[bytes]) -> list:
+    """Parse many small JSON documents in one C call (a stream has hundreds); fall back to one
+    by one when any is bad, e.g. a last event torn by a cut stream, which is dropped as a client
+    library would."""
+    try:
+        return orjson.loads(b"[" + b",".join(payloads) + b"]")
+    except orjson.JSONDecodeError:
+        out = []
+        for p in payloads:
+            try:
+                out.append(orjson.loads(p))
+            except orjson.JSONDecodeError:
+                continue
+        return out
 
 
 def _ndjson_objects(raw: bytes, reply: Reply) -> list:
-    out = []
-    for line in raw.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            out.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue
-    return out
+    return _json_many([line for line in raw.split(b"\n") if line.strip()])
 
 
 def _error_of(obj: dict) -> str | None:
@@ -268,38 +270,43 @@ def _merge_tool_deltas(reply: Reply, deltas: Any) -> None:
 
 
 def _feed_openai(reply: Reply, obj: dict) -> None:
+    # Called once per stream chunk (hundreds per reply): the common delta path does as few
+    # lookups as it can; rare fields are only looked at when present.
     if reply.model is None and isinstance(obj.get("model"), str):
         reply.model = obj["model"]
-    _usage(reply, obj.get("usage"))
-    timings = obj.get("timings")
-    if reply.cached_tokens is None and isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
-        reply.cached_tokens = timings["cache_n"]
+    if obj.get("usage") is not None:
+        _usage(reply, obj["usage"])
+    if "timings" in obj:
+        timings = obj["timings"]
+        if reply.cached_tokens is None and isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+            reply.cached_tokens = timings["cache_n"]
     choices = obj.get("choices")
     if not isinstance(choices, list):
-        if "content" in obj and isinstance(obj.get("content"), str):  # llama.cpp /completion
+        if isinstance(obj.get("content"), str):  # llama.cpp /completion
             _feed_llamacpp_completion(reply, obj)
         return
     for choice in choices:
         if not isinstance(choice, dict):
             continue
         idx = choice.get("index", 0)
-        if isinstance(idx, int):
-            reply.n_choices = max(reply.n_choices, idx + 1)
+        if isinstance(idx, int) and idx >= reply.n_choices:
+            reply.n_choices = idx + 1
         if idx not in (0, None):
             continue  # n > 1: the harness acts on the first choice
         msg = choice.get("delta")
         if not isinstance(msg, dict):
             msg = choice.get("message")
         if isinstance(msg, dict):
-            reply.content = _append(reply.content, msg.get("content"))
-            reasoning = msg.get("reasoning_content")
-            if reasoning is None:
-                reasoning = msg.get("reasoning")
-            reply.reasoning_content = _append(reply.reasoning_content, reasoning)
-            _merge_tool_deltas(reply, msg.get("tool_calls"))
-            legacy = msg.get("function_call")
-            if isinstance(legacy, dict):
-                _merge_tool_deltas(reply, [{"index": 0, "function": legacy}])
+            piece = msg.get("content")
+            if piece:
+                reply.content = _append(reply.content, piece)
+            reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+            if reasoning:
+                reply.reasoning_content = _append(reply.reasoning_content, reasoning)
+            if msg.get("tool_calls"):
+                _merge_tool_deltas(reply, msg["tool_calls"])
+            if isinstance(msg.get("function_call"), dict):
+                _merge_tool_deltas(reply, [{"index": 0, "function": msg["function_call"]}])
         if isinstance(choice.get("text"), str):
             reply.content = _append(reply.content, choice["text"])
         if choice.get("finish_reason"):

@@ -34,7 +34,7 @@ def _content(value) -> str:
 
 def render(con, exchange_id: str, *, raw: bool = False) -> str:
     names = [f.strip() for f in _FIELDS.split(",")]
-    row = con.execute(f"SELECT {', '.join(names)} FROM exchanges WHERE id = ?", [exchange_id]).fetchone()
+    row = con.execute(f"SELECT {', '.join(names)} FROM exchanges WHERE id = ?", [exchange_id]).fetchall()[0]
     e = dict(zip(names, row))
     out = []
     tags = " ".join(f"{k}={e[k]}" for k in ("run", "episode", "item") if e[k])
@@ -72,7 +72,7 @@ def render(con, exchange_id: str, *, raw: bool = False) -> str:
                 fn = tc.get("function", {}) if isinstance(tc, dict) else {}
                 out.append(f"    -> {fn.get('name')}({_content(fn.get('arguments'))})")
         if e["tool_set"]:
-            tnames = con.execute("SELECT names FROM tool_sets WHERE hash = ?", [e["tool_set"]]).fetchone()
+            tnames = next(iter(con.execute("SELECT names FROM tool_sets WHERE hash = ?", [e["tool_set"]]).fetchall()), None)
             out.append(f"  tools offered: {', '.join(tnames[0]) if tnames else '?'}  (tool set {e['tool_set'][:12]})")
         for k in ("tool_choice", "response_format", "stream"):
             if k in req:
@@ -113,9 +113,9 @@ def render(con, exchange_id: str, *, raw: bool = False) -> str:
             for err in errs[:5]:
                 out.append(f"      - {err}")
         if e["turn_id"]:
-            t = con.execute(
+            t = next(iter(con.execute(
                 "SELECT episode_key, turn_index, outcome, sub_kind, n_attempts FROM turns WHERE turn_id = ?", [e["turn_id"]]
-            ).fetchone()
+            ).fetchall()), None)
             if t:
                 out.append(f"  turn {t[1]} of episode {t[0]}: {t[2]}{'/' + t[3] if t[3] else ''} after {t[4]} attempt(s)")
     else:

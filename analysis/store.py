@@ -20,7 +20,9 @@ def default_db(data_dir: str | Path) -> Path:
     return Path(data_dir) / DB_NAME
 
 
-def connect(db_path: str | Path, *, read_only: bool = False, create: bool = True) -> duckdb.DuckDBPyConnection:
+def connect(
+    db_path: str | Path, *, read_only: bool = False, create: bool = True, memory_limit: str | None = "1GB"
+) -> duckdb.DuckDBPyConnection:
     """Open the database, migrated to the newest schema unless read_only.
 
     DuckDB allows one writing process per file; a second `analyze` (or a DuckDB shell holding the
@@ -44,7 +46,21 @@ def connect(db_path: str | Path, *, read_only: bool = False, create: bool = True
         raise StoreError(f"cannot open {path}: {msg.splitlines()[0]}") from None
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {path} as a DuckDB database: {str(exc).splitlines()[0]}") from None
+    if memory_limit:
+        # DuckDB would otherwise take up to 80% of RAM as cache; past the limit it spills to disk,
+        # so a data dir larger than RAM still ingests.
+        try:
+            con.execute(f"SET memory_limit='{memory_limit}'")
+        except duckdb.Error as exc:
+            con.close()
+            raise StoreError(f"memory limit {memory_limit!r} not understood by DuckDB: {str(exc).splitlines()[0]}") from None
     if not read_only:
+        # Bodies are most of the data and highly repetitive (every turn resends the conversation so
+        # far). zstd stores them in a fraction of the space, and forcing it skips DuckDB's
+        # per-checkpoint trial of every string codec, which costs ~5x the whole insert. Checkpointing
+        # once per GB of WAL instead of per 16 MB keeps batches from recompressing each other.
+        con.execute("PRAGMA force_compression='zstd'")
+        con.execute("SET checkpoint_threshold='1GB'")
         migrate(con)
     else:
         have = schema_version(con)
@@ -57,10 +73,10 @@ def connect(db_path: str | Path, *, read_only: bool = False, create: bool = True
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     exists = con.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version' AND table_schema = 'main'"
-    ).fetchone()[0]
+    ).fetchall()[0][0]
     if not exists:
         return 0
-    return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchall()[0][0]
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> list[int]:

@@ -96,23 +96,29 @@ def conversation_keys(
     parent_hashes: the rolling hash after each assistant message in this request, longest first.
     item_hash: messages + offered tool names, for pairing the same item across runs.
     """
-    h = b"\x00" * 12
+    # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
+    # hash is a copy of the running state, which keeps this linear in the conversation length.
+    running = hashlib.blake2b(digest_size=12)
     parents = []
     for m in messages:
         if isinstance(m, dict):
             role = m.get("role")
-            h = _digest(h + _canon(role, m.get("content"), _message_calls(m)))
+            running.update(_canon(role, m.get("content"), _message_calls(m)))
             if role == "assistant":
-                parents.append(h.hex())
+                parents.append(running.hexdigest())
         else:
-            h = _digest(h + orjson.dumps(m))
+            running.update(orjson.dumps([m]))
     parents.reverse()
-    state = _digest(h + orjson.dumps([tool_set, model])).hex()
-    item = _digest(h + orjson.dumps(sorted(tool_names))).hex()
+    state = running.copy()
+    state.update(b"\x00state" + orjson.dumps([tool_set, model]))
+    item = running.copy()
+    item.update(b"\x00item" + orjson.dumps(sorted(tool_names)))
     chain = None
     if reply is not None:
-        chain = _digest(h + _canon("assistant", reply[0], canon_calls(reply[1]))).hex()
-    return Keys(len(messages), state, chain, parents, item)
+        extended = running.copy()
+        extended.update(_canon("assistant", reply[0], canon_calls(reply[1])))
+        chain = extended.hexdigest()
+    return Keys(len(messages), state.hexdigest(), chain, parents, item.hexdigest())
 
 
 def call_signature(calls: Sequence[tuple[str | None, Any]]) -> str | None:

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from realstack import llama_server, proxy  # noqa: E402
 
 from toolproxy.record.model import body_bytes  # noqa: E402
-from toolproxy.record.segments import list_segments, read_segment  # noqa: E402
+from toolproxy.record.segments import list_segments, read_records  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
@@ -49,7 +49,7 @@ def main() -> int:
         got.append(("stream", stream_bytes))
         events = [line for line in stream_bytes.split(b"\n") if line.startswith(b"data: ")]
         print(f"stream: {len(events)} SSE events, last {events[-1][:40]!r}")
-    records = [line.record for seg in list_segments(data) for line in read_segment(seg) if line.record]
+    records = read_records(data)
     print(f"\n{len(records)} records in {data}")
     ok = len(records) == len(got)
     for (label, client_bytes), rec in zip(got, records):

@@ -26,15 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from toolproxy.record.segments import list_segments, read_segment
+from toolproxy.record.segments import read_records
 from toolproxy.stacks.fakes import FakeStack
 
 LISTENING = re.compile(r"listening on (http://\S+?)(?:\s|$)")
-
-
-def read_records(data_dir: str | Path) -> list[dict]:
-    """Every complete record under data_dir, in write order (torn tails and corrupt lines skipped)."""
-    return [line.record for seg in list_segments(data_dir) for line in read_segment(seg) if line.record is not None]
 
 
 def exchange_records(data_dir: str | Path) -> list[dict]:

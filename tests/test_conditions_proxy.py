@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from toolproxy.conditions.toolblock import render_block
-from toolproxy.stacks.fakes import call, calls, text, text_call
+from toolproxy.stacks.fakes import call, calls, text
 
 DATA = Path(__file__).parent / "data"
 TOOLS = json.loads((DATA / "hint_tools.json").read_text())
@@ -146,7 +146,7 @@ def test_text_three_turn_episode_round_trips_tool_results(fake_stack, proxy):
     assert third[4]["content"].startswith('Now the notes.\n<tool_call>{"name": "search_files"')
     assert "tool_calls" not in third[2] and all(m["role"] != "tool" for m in third)
     recs = p.wait_records(3)
-    assert [r["condition_note"] for r in recs] == ["1 call(s) parsed from the reply"] * 2 + ["no call syntax in the reply"]
+    assert [r["condition_note"] for r in recs] == ["1 call(s) parsed from the reply"] * 2 + ["no call marker in the reply"]
 
 
 async def test_text_ollama_native_chat_ndjson(fake_stack, proxy):
@@ -179,6 +179,8 @@ def test_text_upstream_refusal_passes_through_unchanged(fake_stack, proxy):
 @pytest.mark.parametrize("request_kwargs, reason", [
     ({"messages": ASK}, "skipped: request offers no function tools"),
     ({"messages": ASK, "tools": []}, "skipped: request offers no function tools"),
+    ({"messages": ASK, "tools": TOOLS, "tool_choice": "none"},
+     "skipped: tool_choice is 'none': the harness asked for no tool call"),
 ])
 def test_text_skips_requests_it_cannot_apply_to(fake_stack, proxy, request_kwargs, reason):
     fake = fake_stack("llamacpp")

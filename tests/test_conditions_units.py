@@ -299,3 +299,18 @@ def test_openai_stream_synthesis_frames():
     assert deltas[3] == {"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 1}'}}]}
     assert objs[4]["choices"][0]["finish_reason"] == "tool_calls"
     assert objs[5]["choices"] == [] and objs[5]["usage"] == {"total_tokens": 3}
+
+
+@pytest.mark.parametrize("tool_choice, forced_flag, names, forced", [
+    (None, False, list(NAMES), False),
+    ("auto", False, list(NAMES), False),
+    ("auto", True, list(NAMES), True),
+    ("required", False, list(NAMES), True),
+    ({"type": "function", "function": {"name": "list_todos"}}, False, ["list_todos"], True),
+    ({"type": "function", "function": {"name": "not_offered"}}, False, list(NAMES), False),
+])
+def test_constrained_honours_tool_choice(tool_choice, forced_flag, names, forced):
+    from toolproxy.conditions.constrained import required_tools
+
+    tools, got_forced = required_tools(TOOLS, tool_choice, forced_flag)
+    assert [t["function"]["name"] for t in tools] == names and got_forced is forced

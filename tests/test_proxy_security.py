@@ -93,6 +93,11 @@ def test_auth_token(fake_stack, proxy):
     assert request(p.url, "POST", "/v1/chat/completions", {**ct, "X-Toolproxy-Token": "wrong"}, body)[0] == 401
     assert request(p.url, "POST", "/v1/chat/completions", {**ct, "Authorization": "Bearer wrong"}, body)[0] == 401
     assert fake.seen == []  # refused requests never leave the proxy
+    # The admin routes name the upstream and the data dir: behind the same token.
+    assert p.health()[0] == 401
+    assert request(p.url, "GET", "/_toolproxy/stats", {}, b"")[0] == 401
+    status, answer = request(p.url, "GET", "/_toolproxy/stats", {"X-Toolproxy-Token": "tok-SECRET-888"}, b"")
+    assert status == 200 and json.loads(answer)["upstream"] == fake.url
 
     assert request(p.url, "POST", "/v1/chat/completions",
                    {**ct, "X-Toolproxy-Token": "tok-SECRET-888", "Authorization": "Bearer sk-upstream"}, body)[0] == 200

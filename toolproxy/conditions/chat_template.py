@@ -26,6 +26,7 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from toolproxy.conditions.messages import text_of
+from toolproxy.conditions.toolblock import arguments_value
 
 
 class TemplateError(ValueError):
@@ -125,11 +126,8 @@ def _decoded_call(call: Any) -> Any:
     if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
         return call
     fn = dict(call["function"])
-    if isinstance(fn.get("arguments"), str):
-        try:
-            fn["arguments"] = json.loads(fn["arguments"])
-        except ValueError:
-            pass  # left as the string the client sent; the template shows it as is
+    if "arguments" in fn:
+        fn["arguments"] = arguments_value(fn["arguments"])
     return {**call, "function": fn}
 
 

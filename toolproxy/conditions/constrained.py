@@ -29,7 +29,7 @@ from toolproxy.conditions import ConditionOptions, Plan, RequestView, Skip
 from toolproxy.conditions.messages import OLLAMA, OPENAI, history_as_text, read_chat_request, upstream_path, with_system_text
 from toolproxy.conditions.synth import ToolCall, emitter_for
 from toolproxy.conditions.text import without_tools
-from toolproxy.conditions.toolblock import FINAL_ANSWER, dumps, format_result, render_constrained_block, tool_functions
+from toolproxy.conditions.toolblock import FINAL_ANSWER, arguments_value, dumps, format_result, render_constrained_block, tool_functions
 from toolproxy.conditions.transform import ReplyTransform, text_calls, tool_names_of
 from toolproxy.conditions.upstream import UpstreamReader
 
@@ -65,12 +65,20 @@ def constraint_fields(api: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 def call_json(name: str, arguments: Any) -> str:
     """An earlier call in the history, shown in the shape the schema makes the model write."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            pass
-    return dumps({"name": name, "arguments": arguments})
+    return dumps({"name": name, "arguments": arguments_value(arguments)})
+
+
+def required_tools(tools: list[Any], tool_choice: Any, forced: bool) -> tuple[list[Any], bool]:
+    """(tools the schema offers, whether it must call one), honouring the harness's tool_choice:
+    "required" leaves no final answer, a named function leaves only that tool."""
+    if tool_choice == "required":
+        return tools, True
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        named = [t for t in tools if isinstance(t, dict) and (t.get("function") or {}).get("name") == name]
+        if named:
+            return named, True
+    return tools, forced
 
 
 class ConstrainedReply:
@@ -92,12 +100,7 @@ class ConstrainedReply:
         except ValueError:
             obj = None
         if isinstance(obj, dict) and isinstance(obj.get("name"), str) and obj["name"]:
-            args = obj.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except ValueError:
-                    pass
+            args = arguments_value(obj.get("arguments", {}))
             if isinstance(args, dict):
                 self.note = "schema reply: tool call"
                 return "", [ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))]
@@ -118,12 +121,13 @@ class Constrained:
         chat = read_chat_request(request)
         if isinstance(chat, Skip):
             return chat
-        block = render_constrained_block(chat.tools, forced=options.constrained_forced)
+        tools, forced = required_tools(chat.tools, chat.body.get("tool_choice"), options.constrained_forced)
+        block = render_constrained_block(tools, forced=forced)
         messages = with_system_text(history_as_text(chat.messages, call_json, format_result), block)
         body = without_tools(chat, messages)
         for field in ("response_format", "format", "json_schema", "grammar", "guided_json"):
             body.pop(field, None)
-        body.update(constraint_fields(chat.api, call_schema(chat.tools, forced=options.constrained_forced)))
+        body.update(constraint_fields(chat.api, call_schema(tools, forced=forced)))
         reader = UpstreamReader("openai_chat" if chat.api == OPENAI else "ollama_chat", chat.stream)
         interpreter = ConstrainedReply(tool_names_of(tool_functions(chat.tools)))
         transform = ReplyTransform(reader, interpreter, emitter_for(chat.api, chat.body, chat.stream))

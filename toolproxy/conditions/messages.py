@@ -64,6 +64,8 @@ def read_chat_request(request: RequestView, *, need_tools: bool = True, apis=(OP
     chat = ChatRequest(api, body)
     if need_tools and not tool_functions(chat.tools):
         return Skip("request offers no function tools")
+    if need_tools and chat.body.get("tool_choice") == "none":
+        return Skip("tool_choice is 'none': the harness asked for no tool call")
     return chat
 
 

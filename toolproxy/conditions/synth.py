@@ -51,15 +51,33 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-class OpenAIChatEmitter:
-    def __init__(self, *, model: str, stream: bool, include_usage: bool = False) -> None:
+class _BufferingEmitter:
+    """Streams each delta at once, or keeps it for the one body a non-streaming client gets."""
+
+    def __init__(self, *, model: str, stream: bool) -> None:
         self.model = model
         self.stream = stream
+        self._text: list[str] = []
+
+    def delta(self, text: str) -> bytes:
+        if not text:
+            return b""
+        if not self.stream:
+            self._text.append(text)
+            return b""
+        return self._stream_delta(text)
+
+    def _stream_delta(self, text: str) -> bytes:
+        raise NotImplementedError
+
+
+class OpenAIChatEmitter(_BufferingEmitter):
+    def __init__(self, *, model: str, stream: bool, include_usage: bool = False) -> None:
+        super().__init__(model=model, stream=stream)
         self.include_usage = include_usage
         self.id = "chatcmpl-" + secrets.token_hex(12)
         self.created = int(time.time())
         self.content_type = "text/event-stream" if stream else "application/json"
-        self._text: list[str] = []
         self._started = False
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> bytes:
@@ -74,12 +92,7 @@ class OpenAIChatEmitter:
         self._started = True
         return self._chunk({"role": "assistant", "content": ""})
 
-    def delta(self, text: str) -> bytes:
-        if not text:
-            return b""
-        if not self.stream:
-            self._text.append(text)
-            return b""
+    def _stream_delta(self, text: str) -> bytes:
         return self._role() + self._chunk({"content": text})
 
     def error(self, message: str) -> bytes:
@@ -124,25 +137,18 @@ def _ollama_time() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-class OllamaChatEmitter:
+class OllamaChatEmitter(_BufferingEmitter):
     """Ollama `/api/chat`: tool calls arrive whole in one message chunk, then the `done` chunk."""
 
     def __init__(self, *, model: str, stream: bool) -> None:
-        self.model = model
-        self.stream = stream
+        super().__init__(model=model, stream=stream)
         self.content_type = "application/x-ndjson" if stream else "application/json; charset=utf-8"
-        self._text: list[str] = []
 
     def _line(self, message: dict, **extra: Any) -> bytes:
         obj = {"model": self.model, "created_at": _ollama_time(), "message": {"role": "assistant", **message}, **extra}
         return orjson.dumps(obj) + (b"\n" if self.stream else b"")
 
-    def delta(self, text: str) -> bytes:
-        if not text:
-            return b""
-        if not self.stream:
-            self._text.append(text)
-            return b""
+    def _stream_delta(self, text: str) -> bytes:
         return self._line({"content": text}, done=False)
 
     def error(self, message: str) -> bytes:

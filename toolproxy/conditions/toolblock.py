@@ -38,14 +38,21 @@ def tool_functions(tools: Iterable[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def format_call(name: str, arguments: Any) -> str:
-    """One call in the taught text format. `arguments` may be a JSON string (OpenAI) or an object (Ollama)."""
+def arguments_value(arguments: Any) -> Any:
+    """Call arguments as an object whether sent as a JSON string (OpenAI) or an object (Ollama).
+
+    Arguments that are not JSON stay the string they were: the model sees what it really sent."""
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            return json.loads(arguments) if arguments.strip() else {}
         except ValueError:
-            pass  # shown as the string it was: the model sees what it really sent
-    return f'{CALL_OPEN}{{"name": {dumps(name)}, "arguments": {dumps(arguments)}}}{CALL_CLOSE}'
+            return arguments
+    return arguments
+
+
+def format_call(name: str, arguments: Any) -> str:
+    """One call in the taught text format."""
+    return f'{CALL_OPEN}{{"name": {dumps(name)}, "arguments": {dumps(arguments_value(arguments))}}}{CALL_CLOSE}'
 
 
 def format_result(call_id: str | None, name: str | None, content: str) -> str:

@@ -114,7 +114,7 @@ class CallScanner:
     def finish(self) -> tuple[str, list[ToolCall]]:
         rest = self.text[self.shown:]
         if not rest:
-            self.note = "no call syntax in the reply"
+            self.note = "no call marker in the reply"
             return "", []
         content, calls = self.parse(rest)
         self.note = f"{len(calls)} call(s) parsed from the reply" if calls else "call syntax held back but no call recovered"

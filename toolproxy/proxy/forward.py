@@ -111,6 +111,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
     state: ProxyState = request.app["state"]
     raw_path = request.raw_path
     if raw_path.startswith(ADMIN_PREFIX):
+        token = state.config.auth_token
+        if token is not None and not _presented_token(request.headers, token)[0]:
+            # The counters name the upstream and the data directory: not for anonymous callers.
+            return web.Response(status=401, body=error_body(
+                "this toolproxy requires a token for its admin routes too: send 'X-Toolproxy-Token: <token>'",
+                "toolproxy_unauthorized"), content_type="application/json")
         return await state.admin(request)
 
     ex = Exchange(state, request)

@@ -34,13 +34,12 @@ def list_segments(data_dir: str | Path) -> list[Path]:
     return sorted(p for p in seg_dir.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
 
 
-def read_segment(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 1024) -> Iterator[SegmentLine]:
-    """Yield every complete line from byte offset `start` on.
+def read_lines(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 1024) -> Iterator[tuple[int, int, bytes | None]]:
+    """(offset, end, line) for every non-blank complete line from byte offset `start` on, unparsed.
 
-    A torn tail is yielded as a SegmentLine with record None and error "torn_tail"; its `offset`
-    is where a resumed read must start again.
+    A torn tail comes last as (offset, end, None). Separate from read_segment so a reader that
+    parses elsewhere (the analyzer's worker processes) does not pay for parsing twice.
     """
-    path = Path(path)
     with open(path, "rb") as f:
         f.seek(start)
         offset = start
@@ -55,15 +54,38 @@ def read_segment(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 
             for line in lines:
                 end = offset + len(line) + 1
                 if line.strip():
-                    try:
-                        rec = orjson.loads(line)
-                    except orjson.JSONDecodeError as exc:
-                        yield SegmentLine(path, offset, end, None, f"corrupt: {exc}")
-                    else:
-                        if isinstance(rec, dict):
-                            yield SegmentLine(path, offset, end, rec)
-                        else:
-                            yield SegmentLine(path, offset, end, None, "corrupt: not a JSON object")
+                    yield offset, end, line
                 offset = end
         if buf:
-            yield SegmentLine(path, offset, offset + len(buf), None, "torn_tail")
+            yield offset, offset + len(buf), None
+
+
+def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """(record, None) or (None, why the line is corrupt)."""
+    try:
+        rec = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return None, f"corrupt: {exc}"
+    if not isinstance(rec, dict):
+        return None, "corrupt: not a JSON object"
+    return rec, None
+
+
+def read_segment(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 1024) -> Iterator[SegmentLine]:
+    """Yield every complete line from byte offset `start` on.
+
+    A torn tail is yielded as a SegmentLine with record None and error "torn_tail"; its `offset`
+    is where a resumed read must start again.
+    """
+    path = Path(path)
+    for offset, end, line in read_lines(path, start, chunk_size):
+        if line is None:
+            yield SegmentLine(path, offset, end, None, "torn_tail")
+            continue
+        rec, error = parse_line(line)
+        yield SegmentLine(path, offset, end, rec, error)
+
+
+def read_records(data_dir: str | Path) -> list[dict[str, Any]]:
+    """Every complete record under data_dir in write order; torn tails and corrupt lines skipped."""
+    return [line.record for seg in list_segments(data_dir) for line in read_segment(seg) if line.record is not None]

@@ -85,7 +85,7 @@ def _from_error(obj: dict) -> StackMark | None:
     if "does not support tools" in message:
         return StackMark("ollama", None, "error text")
     if isinstance(err, dict) and isinstance(e.get("code"), int):
-        if e.get("type") == "server_error" or e.get("type") == "invalid_request_error" and e.get("code") in (400, 500, 501):
+        if e.get("type") == "server_error" or (e.get("type") == "invalid_request_error" and e.get("code") in (400, 500, 501)):
             return StackMark("llamacpp", None, "error with integer code and OpenAI type")
         if isinstance(e.get("type"), str) and e["type"].endswith("Error"):
             return StackMark("vllm", None, "error type is a Python exception name")

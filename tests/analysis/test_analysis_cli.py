@@ -1,0 +1,100 @@
+"""`toolproxy analyze`, `sql`, `show` run as the user runs them: a subprocess, real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+
+from analysis.store import connect
+from toolproxy.record.model import Record, encode_body, new_id
+
+sys_path_cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()"]
+
+
+def tp(*args, cwd=None):
+    return subprocess.run([*sys_path_cmd, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+@pytest.fixture
+def data(tmp_path):
+    seg = tmp_path / "data" / "segments"
+    seg.mkdir(parents=True)
+    rec = Record(id=new_id(), started_at=time.time(), run="sglang-text", episode="1", item="simple_3", method="POST",
+                 path="/v1/chat/completions", upstream="http://127.0.0.1:30000")
+    rec.request_body, rec.request_body_encoding = encode_body(orjson.dumps({
+        "model": "qwen", "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]}))
+    rec.status = rec.client_status = 200
+    rec.response_body, rec.response_body_encoding = encode_body(orjson.dumps({"choices": [{"index": 0, "matched_stop": 1,
+        "message": {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'},
+        "finish_reason": "stop"}]}))
+    (seg / "20261129T120000-1-0001.jsonl").write_bytes(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+    return tmp_path / "data", rec.id
+
+
+def test_analyze_then_sql_and_show(data):
+    d, rid = data
+    r = tp("analyze", "--data", str(d))
+    assert r.returncode == 0, r.stderr
+    assert "new exchanges: 1" in r.stdout and "turns: 1" in r.stdout and "issues: none" in r.stdout
+    assert (d / "toolproxy.duckdb").exists()
+    r = tp("analyze", "--data", str(d))
+    assert r.returncode == 0 and "new exchanges: 0" in r.stdout
+
+    r = tp("sql", "--data", str(d), "--format", "json", "select outcome, surface, harness_saw_prose from turns")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [{"outcome": "valid_call", "surface": "text", "harness_saw_prose": True}]
+    r = tp("sql", "--data", str(d), "--format", "csv", "select run, stack from runs")
+    assert r.stdout == "run,stack\nsglang-text,sglang\n"
+    r = tp("sql", "--db", str(d / "toolproxy.duckdb"), "select category, item_key from episodes")
+    assert r.returncode == 0 and "simple" in r.stdout and "simple_3" in r.stdout and "(1 row)" in r.stdout
+
+    r = tp("show", "--data", str(d), rid[:12].lower())
+    assert r.returncode == 0, r.stderr
+    assert "outcome: valid_call  surface: text" in r.stdout
+    assert "HARNESS SAW PROSE" in r.stdout and "get_weather" in r.stdout and "Weather in Oslo?" in r.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["analyze", "--data", "/nonexistent/dir"], "does not exist"),
+    (["sql", "--data", "/nonexistent/dir", "select 1"], "no database at"),
+    (["show", "--data", "/nonexistent/dir", "01ABC"], "no database at"),
+])
+def test_user_mistakes_exit_2_without_traceback(args, message):
+    r = tp(*args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_sql_unknown_id_and_not_a_data_dir(data, tmp_path):
+    d, _ = data
+    assert tp("analyze", "--data", str(d)).returncode == 0
+    r = tp("sql", "--data", str(d), "select nope from turns")
+    assert r.returncode == 2 and "query failed" in r.stderr and "Traceback" not in r.stderr
+    r = tp("show", "--data", str(d), "ZZZZ")
+    assert r.returncode == 2 and "no exchange with id" in r.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = tp("analyze", "--data", str(empty))
+    assert r.returncode == 2 and "holds no recordings" in r.stderr
+
+
+def test_locked_database_is_a_clear_error(data):
+    d, _ = data
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb,sys,time; c=duckdb.connect(sys.argv[1]); print('locked', flush=True); time.sleep(60)",
+         str(d / "toolproxy.duckdb")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        r = tp("analyze", "--data", str(d))
+        assert r.returncode == 2 and "in use by another process" in r.stderr and "Traceback" not in r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tp("analyze", "--data", str(d)).returncode == 0
+    connect(d / "toolproxy.duckdb").close()

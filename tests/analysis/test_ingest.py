@@ -1,0 +1,173 @@
+"""Ingest on real segment files and a real DuckDB file: incremental, idempotent, never fatal."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from analysis.ingest import ingest
+from analysis.store import connect, default_db
+from toolproxy.record.model import Record, encode_body, new_id
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def exchange(run="r1", episode="1", reply=None, status=200, messages=None, **kw) -> Record:
+    rec = Record(id=new_id(), started_at=time.time(), run=run, episode=episode, method="POST",
+                 path="/v1/chat/completions", upstream="http://127.0.0.1:9", **kw)
+    body = orjson.dumps({"model": "m", "messages": messages or [{"role": "user", "content": "weather?"}], "tools": TOOLS})
+    rec.request_body, rec.request_body_encoding = encode_body(body)
+    rec.status = rec.client_status = status
+    rec.response_headers = [["content-type", "application/json"]]
+    reply = reply if reply is not None else {"choices": [{"index": 0, "message": {"role": "assistant", "content": None,
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]},
+        "finish_reason": "tool_calls"}], "system_fingerprint": "fp_ollama"}
+    rec.response_body, rec.response_body_encoding = encode_body(orjson.dumps(reply))
+    rec.response_complete = True
+    return rec
+
+
+def write(data: Path, name: str, records, tail: bytes = b"") -> Path:
+    seg = data / "segments"
+    seg.mkdir(parents=True, exist_ok=True)
+    path = seg / name
+    with open(path, "ab") as f:
+        for r in records:
+            f.write(r if isinstance(r, bytes) else orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE))
+        f.write(tail)
+    return path
+
+
+@pytest.fixture
+def db(tmp_path):
+    cons = []
+
+    def open_and_ingest(**kw):
+        con = connect(default_db(tmp_path))
+        cons.append(con)
+        return ingest(con, tmp_path, **kw), con
+
+    yield open_and_ingest
+    for c in cons:
+        c.close()
+
+
+def test_incremental_and_idempotent(tmp_path, db):
+    write(tmp_path, "a.jsonl", [exchange(episode="1"), exchange(episode="2")])
+    s, con = db()
+    assert (s.new_exchanges, s.turns, s.episodes, s.runs) == (2, 2, 2, ["r1"])
+    s, con = db()
+    assert (s.records, s.new_exchanges, s.segments_read) == (0, 0, 0)
+    # the proxy appends to the same segment and starts a new one
+    write(tmp_path, "a.jsonl", [exchange(episode="3")])
+    write(tmp_path, "b.jsonl", [exchange(run="r2")])
+    s, con = db()
+    assert (s.new_exchanges, s.segments_read, sorted(s.runs)) == (2, 2, ["r1", "r2"])
+    assert con.execute("SELECT run, n_exchanges, n_episodes, n_turns, stack FROM runs ORDER BY run").fetchall() == [
+        ("r1", 3, 3, 3, "ollama"), ("r2", 1, 1, 1, "ollama")]
+    assert con.execute("SELECT count(*) FROM turns").fetchall()[0][0] == 4
+    assert con.execute("SELECT count(*), count(DISTINCT turn_id) FROM calls").fetchall()[0] == (4, 4)
+    assert con.execute("SELECT count(*) FROM tool_sets").fetchall()[0][0] == 1
+
+
+@pytest.mark.parametrize("batch_bytes", [1, 8 << 20], ids=["a chunk per line", "one chunk"])
+def test_torn_tail_is_retried_and_corrupt_lines_reported(tmp_path, db, batch_bytes):
+    good = exchange()
+    later = exchange(episode="2")
+    line = orjson.dumps(later, option=orjson.OPT_APPEND_NEWLINE)
+    path = write(tmp_path, "a.jsonl", [good, b"{not json\n", b"\n", b"[1,2]\n"], tail=line[:40])
+    s, con = db(batch_bytes=batch_bytes)
+    assert s.new_exchanges == 1 and s.torn_tails == 1
+    issues = con.execute("SELECT kind, message FROM ingest_issues ORDER BY byte_offset").fetchall()
+    assert [k for k, _ in issues] == ["corrupt", "corrupt", "torn_tail"]
+    assert any("incomplete last line" in m for m in s.issues)
+    # the writer finishes the line: the next run picks it up and the torn-tail issue goes away
+    with open(path, "ab") as f:
+        f.write(line[40:])
+    s, con = db(batch_bytes=batch_bytes)
+    assert s.new_exchanges == 1 and s.torn_tails == 0
+    assert [k for (k,) in con.execute("SELECT kind FROM ingest_issues ORDER BY byte_offset").fetchall()] == ["corrupt", "corrupt"]
+    assert con.execute("SELECT count(*) FROM exchanges").fetchall()[0][0] == 2
+
+
+def test_copied_segment_adds_nothing_and_unknown_kinds_are_reported(tmp_path, db):
+    recs = [exchange(), exchange(episode="2")]
+    write(tmp_path, "a.jsonl", recs)
+    write(tmp_path, "copy.jsonl", recs + [{"kind": "mystery", "id": "X1"}, {"kind": "exchange"}])
+    s, con = db()
+    assert (s.new_exchanges, s.duplicates) == (2, 2)
+    assert sorted(k for (k,) in con.execute("SELECT kind FROM ingest_issues").fetchall()) == ["corrupt", "unknown_kind"]
+
+
+FINGERPRINTS = [
+    # as toolproxy.stacks.fingerprint writes it: the fingerprint in `extra`
+    ({"extra": {"stack": "vllm", "version": "0.11.0", "model": "Qwen/Qwen3-8B", "evidence": ["GET /version"]}},
+     ("vllm", "0.11.0")),
+    ({"stack": "llamacpp", "stack_version": "b6512"}, ("llamacpp", "b6512")),
+    # an unidentified stack leaves the run to its response markers (fp_ollama in these exchanges)
+    ({"extra": {"stack": "unknown", "version": None}}, ("ollama", None)),
+]
+
+
+@pytest.mark.parametrize("fields,expected", FINGERPRINTS)
+def test_fingerprint_records_set_the_run_stack(tmp_path, db, fields, expected):
+    fp = {"kind": "fingerprint", "id": new_id(), "started_at": time.time(), "run": "r1", "upstream": "http://127.0.0.1:9",
+          **fields}
+    write(tmp_path, "a.jsonl", [exchange(), fp])
+    s, con = db()
+    assert s.fingerprints == 1
+    assert con.execute("SELECT stack, stack_version FROM runs WHERE run = 'r1'").fetchall()[0] == expected
+
+
+def test_untagged_goes_to_untagged_run_and_retries_form_one_turn(tmp_path, db):
+    fail = {"error": {"message": "CUDA out of memory", "type": "InternalServerError", "code": 500}}
+    write(tmp_path, "a.jsonl", [exchange(run=None, episode=None, reply=fail, status=500),
+                                exchange(run=None, episode=None, reply=fail, status=500),
+                                exchange(run=None, episode=None, messages=[{"role": "user", "content": "other"}], reply=fail, status=500)])
+    s, con = db()
+    rows = con.execute("SELECT run, outcome, sub_kind, n_attempts FROM turns ORDER BY turn_id").fetchall()
+    assert rows == [("(untagged)", "non_response", "retry_exhausted", 2), ("(untagged)", "non_response", "http_5xx", 1)]
+    assert con.execute("SELECT count(*) FROM episodes WHERE reconstructed").fetchall()[0][0] == 2
+
+
+def test_worker_processes_give_the_same_result(tmp_path):
+    recs = [exchange(episode=str(i)) for i in range(30)]
+    for d in ("inline", "pool"):
+        write(tmp_path / d, "a.jsonl", recs)
+    results = []
+    for d, workers in (("inline", 0), ("pool", 2)):
+        con = connect(default_db(tmp_path / d))
+        s = ingest(con, tmp_path / d, batch_bytes=3000, workers=workers)
+        assert s.workers == workers and s.new_exchanges == 30
+        results.append(con.execute("SELECT id, outcome, surface, turn_id, state_hash FROM exchanges ORDER BY id").fetchall())
+        con.close()
+    assert results[0] == results[1]
+
+
+def test_migrations_are_recorded_and_rerun_safely(tmp_path):
+    con = connect(tmp_path / "x.duckdb")
+    con.close()
+    con = connect(tmp_path / "x.duckdb")
+    assert con.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    con.close()
+
+
+def test_rewritten_exchange_is_judged_on_what_the_harness_got(tmp_path, db):
+    """template condition: chat request rendered to Ollama /api/generate, reply parsed into tool_calls."""
+    rec = exchange(condition="template")
+    raw = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    rec.upstream_request = {"path": "/api/generate", "query": "", "headers": [], "body": '{"prompt": "..."}', "body_encoding": "utf8"}
+    rec.response_body, _ = encode_body(b"".join(orjson.dumps(o) + b"\n" for o in (
+        {"model": "m", "response": raw[:30], "done": False}, {"model": "m", "response": raw[30:], "done": True, "done_reason": "stop"})))
+    rec.response_headers = [["content-type", "application/x-ndjson"]]
+    rec.client_body, rec.client_body_encoding = encode_body(orjson.dumps({"choices": [{"index": 0, "message": {
+        "role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}, "finish_reason": "tool_calls"}]}))
+    write(tmp_path, "a.jsonl", [rec])
+    s, con = db()
+    row = con.execute("SELECT outcome, surface, harness_saw_prose, upstream_content, stack_marker FROM exchanges").fetchall()[0]
+    assert row == ("valid_call", "text", False, raw, "ollama")

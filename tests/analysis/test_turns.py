@@ -1,0 +1,137 @@
+"""Attempts -> turns -> episodes: retries, prefix-chaining reconstruction, item keys, loops."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis.turns import Attempt, build_episodes, call_signature, category_of, conversation_keys, loop_reason
+
+SYS = {"role": "system", "content": "You are an agent."}
+USER = {"role": "user", "content": "Weather in Oslo, then Paris?"}
+
+
+def call_msg(name, args, cid):
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}]}
+
+
+def attempt(aid, messages, reply=None, *, outcome="valid_call", sub_kind=None, episode=None, item=None,
+            category=None, calls=None, tools=("get_weather",)):
+    keys = conversation_keys(messages, tool_set="ts1", tool_names=list(tools), model="m", reply=reply)
+    return Attempt(
+        id=aid, episode=episode, item=item, category=category, condition="native", model="m", outcome=outcome,
+        sub_kind=sub_kind, surface=None, n_calls=0, finish_reason=None, content=None, harness_saw_prose=False,
+        state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes,
+        item_hash=keys.item_hash, call_signature=call_signature(calls or []),
+    )
+
+
+def shape(episodes):
+    return [[[a.id for a in t.attempts] for t in ep.turns] for ep in episodes]
+
+
+TURN1 = [SYS, USER]
+REPLY1 = (None, [("get_weather", '{"city":"Oslo"}')])
+# The harness resends the reply with different id, spacing and key order: still the same conversation.
+TURN2 = TURN1 + [call_msg("get_weather", '{ "city": "Oslo" }', "call_abc"), {"role": "tool", "tool_call_id": "call_abc", "content": "5C"}]
+REPLY2 = (None, [("get_weather", '{"city":"Paris"}')])
+TURN3 = TURN2 + [call_msg("get_weather", '{"city":"Paris"}', "call_def"), {"role": "tool", "tool_call_id": "call_def", "content": "9C"}]
+
+
+def test_untagged_episode_reconstructed_by_prefix_chaining():
+    eps = build_episodes("r", [
+        attempt("a1", TURN1, REPLY1),
+        attempt("b1", [SYS, {"role": "user", "content": "Something else"}], ("Sure.", [])),
+        attempt("a2", TURN2, REPLY2),
+        attempt("a3", TURN3, ("Oslo 5C, Paris 9C.", [])),
+    ])
+    assert shape(eps) == [[["a1"], ["a2"], ["a3"]], [["b1"]]]
+    assert all(ep.reconstructed for ep in eps)
+    assert eps[0].item_key.startswith("h:") and eps[0].item_key != eps[1].item_key
+    assert eps[0].key == "r/~a1"
+
+
+def test_different_reply_is_not_the_same_episode():
+    eps = build_episodes("r", [attempt("a1", TURN1, (None, [("get_weather", '{"city":"Rome"}')])), attempt("a2", TURN2, REPLY2)])
+    assert shape(eps) == [[["a1"]], [["a2"]]]
+
+
+def test_retries_after_failures_are_one_turn_outcome_of_the_last():
+    eps = build_episodes("r", [
+        attempt("a1", TURN1, outcome="non_response", sub_kind="http_5xx"),
+        attempt("a2", TURN1, outcome="non_response", sub_kind="timeout"),
+        attempt("a3", TURN1, REPLY1),
+        attempt("a4", TURN2, REPLY2),
+    ])
+    assert shape(eps) == [[["a1", "a2", "a3"], ["a4"]]]
+    assert eps[0].turns[0].result() == ("valid_call", None)
+
+
+def test_every_attempt_failed_is_retry_exhausted_single_failure_keeps_its_kind():
+    eps = build_episodes("r", [
+        attempt("a1", TURN1, outcome="non_response", sub_kind="http_5xx", episode="1"),
+        attempt("a2", TURN1, outcome="non_response", sub_kind="http_5xx", episode="1"),
+        attempt("b1", TURN1, outcome="non_response", sub_kind="refused", episode="2"),
+    ])
+    assert [t.result() for ep in eps for t in ep.turns] == [("non_response", "retry_exhausted"), ("non_response", "refused")]
+
+
+def test_same_request_after_a_success_is_a_new_turn_or_a_repeat_episode():
+    tagged = build_episodes("r", [attempt("a1", TURN1, REPLY1, episode="7"), attempt("a2", TURN1, REPLY1, episode="7")])
+    assert shape(tagged) == [[["a1"], ["a2"]]]
+    untagged = build_episodes("r", [attempt("a1", TURN1, REPLY1), attempt("a2", TURN1, REPLY1)])
+    assert shape(untagged) == [[["a1"]], [["a2"]]]
+
+
+def test_tagged_episodes_and_items():
+    eps = build_episodes("run1", [
+        attempt("a1", TURN1, REPLY1, episode="3", item="simple_12"),
+        attempt("b1", TURN1, REPLY1, episode="4", item="parallel-7", category="parallel_multiple"),
+        attempt("a2", TURN2, REPLY2, episode="3", item="simple_12"),
+    ])
+    assert shape(eps) == [[["a1"], ["a2"]], [["b1"]]]
+    assert [(e.key, e.name, e.reconstructed, e.item_key, e.category) for e in eps] == [
+        ("run1/3", "3", False, "simple_12", "simple"),
+        ("run1/4", "4", False, "parallel-7", "parallel_multiple"),
+    ]
+
+
+def test_item_hash_depends_on_messages_and_offered_tools_not_on_ids():
+    base = attempt("a", TURN2).item_hash
+    assert attempt("b", TURN2).item_hash == base
+    assert attempt("c", TURN2, tools=("get_weather", "get_time")).item_hash != base
+    assert attempt("d", TURN1).item_hash != base
+
+
+CATEGORIES = [
+    ("simple_12", None, "simple"), ("live-multiple-3", None, "live"), ("parallel_multiple_3", None, "parallel"),
+    ("42", None, None), ("h:abc_def", None, None), (None, None, None), ("simple_1", "irrelevance", "irrelevance"),
+]
+
+
+@pytest.mark.parametrize("item,tag,expected", CATEGORIES)
+def test_category_of(item, tag, expected):
+    assert category_of(item, tag) == expected
+
+
+LOOPS = [
+    (["x", "x", "x"], 2, "3 identical consecutive calls"),
+    (["x", "x", None, "x"], 2, None),
+    (["x", "y", "x", "y"], 4, None),
+    ([None] * 12, 3, "12 turns, run median 3"),
+    ([None] * 12, 5, None),
+    ([None] * 9, 2, None),
+]
+
+
+@pytest.mark.parametrize("signatures,median,expected", LOOPS)
+def test_loop_reason(signatures, median, expected):
+    assert loop_reason(signatures, median) == expected
+
+
+def test_looping_episode_flagged_in_build():
+    looping = [attempt(f"l{i}", [SYS, USER] + [{"role": "user", "content": str(i)}], episode="L",
+                       calls=[("get_weather", {"city": "Oslo"})]) for i in range(4)]
+    normal = [attempt("n1", TURN1, episode="N", calls=[("get_weather", {"city": "Oslo"})])]
+    eps = build_episodes("r", looping + normal)
+    assert [(e.name, e.looping, e.loop_reason) for e in eps] == [("L", True, "4 identical consecutive calls"), ("N", False, None)]
