@@ -144,6 +144,17 @@ async def test_flaky_model_17_of_20_fails_its_gate(fake_stack, tmp_path, case_ke
     assert f"| {case} | hard" in render_markdown(res) and "17/20 ✗" in render_markdown(res)
 
 
+async def test_calls_left_as_text_are_named_as_such(fake_stack, tmp_path):
+    """SGLang without a parser: the model calls, the harness gets text; the reason says which."""
+    fake = fake_stack("sglang", responder=good_model)
+    res = await run_conformance(fake.url, "Qwen/Qwen2.5-7B-Instruct", ["native"], "native", 1, default_gates(),
+                                tmp_path / "d")
+    cell = res.cells["native"]["required_argument"]
+    assert cell.passes == 0
+    assert cell.reasons == {"the call to get_weather was left as text in content (the stack did not extract it)": 1}
+    assert res.cells["native"]["no_tool_needed"].passes == 1 and res.exit_code == 1
+
+
 async def test_flaky_advisory_gate_does_not_fail_the_run(fake_stack, tmp_path):
     fake = fake_stack("openai", responder=flaky_model("Paris and in London", [("get_weather", {"city": "Paris"})], fails=12))
     res = await run_conformance(fake.url, "gpt-4o-mini", ["native"], "native", 20, default_gates(), tmp_path / "d",

@@ -75,7 +75,11 @@ def _valid_call_to(name: str, extra: Callable[[dict], str | None] | None = None)
     def check(reply: Reply, tools: list[dict]) -> tuple[bool, str]:
         calls = [c for c in reply.calls if c.name == name]
         if not calls:
-            return False, f"no call to {name}" + (f" (called {reply.calls[0].name})" if reply.calls else "")
+            if reply.calls:
+                return False, f"no call to {name} (called {reply.calls[0].name})"
+            if any(c.name == name for c in reply.text_calls(tools).calls):
+                return False, f"the call to {name} was left as text in content (the stack did not extract it)"
+            return False, f"no call to {name}"
         problems = call_problems(calls[0], tools)
         if problems:
             return False, problems[0]
