@@ -123,8 +123,10 @@ def test_end_to_end(recorded):
          "harness_saw_prose": False, "n_attempts": 1, "n": 3},
     ]
     runs = {r["run"]: r for r in sql(data, "SELECT run, stack, n_episodes, n_turns, n_exchanges FROM runs")}
+    # The OpenAI fake leaves no marks in its bodies; serve's fingerprint record (it answers
+    # /v1/models and nothing stack-specific) names it "openai", an OpenAI-compatible server.
     assert {k: v["stack"] for k, v in runs.items()} == {
-        "vllm-default": "vllm", "sglang-noparser": "sglang", "ollama-gemma": "ollama", "openai-halluc": None,
+        "vllm-default": "vllm", "sglang-noparser": "sglang", "ollama-gemma": "ollama", "openai-halluc": "openai",
         "vllm-500": "vllm"}
     assert runs["vllm-500"]["n_exchanges"] == 4 and runs["vllm-500"]["n_turns"] == 2
     calls = sql(data, "SELECT c.name, c.surface, c.format, c.offered, c.valid FROM calls c JOIN turns t USING (turn_id) "
