@@ -24,6 +24,7 @@ from toolproxy.checks.reply import Reply, read_reply
 from toolproxy.conditions import ConditionOptions
 from toolproxy.proxy.app import ProxyState, make_app
 from toolproxy.proxy.config import ConfigError, ProxyConfig
+from toolproxy.proxy.forward import STATE
 from toolproxy.record.model import Record
 from toolproxy.stacks.fingerprint import Fingerprint
 
@@ -105,7 +106,7 @@ async def local_proxy(upstream: str, data_dir: Path, run: str, *, upstream_key: 
         port = runner.addresses[0][1]
         client_timeout = aiohttp.ClientTimeout(total=timeout + 30)
         async with aiohttp.ClientSession(timeout=client_timeout) as session:
-            yield LocalProxy(f"http://127.0.0.1:{port}", app["state"], session, timeout)
+            yield LocalProxy(f"http://127.0.0.1:{port}", app[STATE], session, timeout)
     finally:
         await runner.cleanup()
 

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from toolproxy import __version__
 from toolproxy.proxy.config import ProxyConfig
-from toolproxy.proxy.forward import ADMIN_PREFIX, handle
+from toolproxy.proxy.forward import ADMIN_PREFIX, STATE, handle
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.model import Record
@@ -101,7 +101,7 @@ class ProxyState:
 def make_app(config: ProxyConfig) -> web.Application:
     app = web.Application(client_max_size=config.max_body)
     state = ProxyState(config)
-    app["state"] = state
+    app[STATE] = state
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from toolproxy.proxy.app import ProxyState
 
 ADMIN_PREFIX = "/_toolproxy/"
+STATE: web.AppKey["ProxyState"] = web.AppKey("toolproxy_state")
 _CLIENT_GONE = (ConnectionResetError, ConnectionError, aiohttp.ClientConnectionResetError)
 
 
@@ -108,7 +109,7 @@ class Exchange:
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
-    state: ProxyState = request.app["state"]
+    state = request.app[STATE]
     raw_path = request.raw_path
     if raw_path.startswith(ADMIN_PREFIX):
         token = state.config.auth_token
