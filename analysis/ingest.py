@@ -13,6 +13,7 @@ batches of about `batch_bytes` of input: memory stays bounded whatever the size 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import multiprocessing
 import os
@@ -317,7 +318,22 @@ class Batch:
 
 
 def analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
-    """Parse and analyse a batch of raw segment lines. Runs in worker processes: no database."""
+    """Parse and analyse a batch of raw segment lines. Runs in worker processes: no database.
+
+    The cyclic garbage collector is off meanwhile: a batch allocates hundreds of thousands of
+    containers (parsed records, rows) and none of them form cycles, so its generation-2 passes
+    over everything alive were ~15% of the time for nothing. It runs again after the batch.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _analyze_lines(segment, lines)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
     batch = Batch(segment)
     ids: set[str] = set()
     for offset, line in lines:
