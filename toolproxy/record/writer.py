@@ -1,10 +1,12 @@
 """Durable, non-blocking recording: a bounded queue drained by one writer thread.
 
-The event loop only ever appends to a deque (no lock, no thread wake-up per record); the writer
-thread wakes every `poll` seconds, or at once when a `sync` waiter is queued, and does all the
-serialising, writing, fsync and per-exchange log lines. Waking per record would hand the GIL
-back and forth thousands of times a second and cost the proxy a quarter of its throughput. Records are appended as JSON lines to segment files
-that rotate by size and age; other processes (the analyzer) may read them while they grow.
+The event loop only serialises a small record and appends it to a deque (no lock, no thread
+wake-up per record); the writer thread wakes every `poll` seconds, or at once when a `sync`
+waiter is queued, and does the writing, fsync, per-exchange log lines and the serialising of
+large records. Waking per record, or serialising whole batches on the writer thread, would take
+the GIL from the loop thousands of times a second and cost the proxy a quarter of its throughput.
+Records are appended as JSON lines to segment files that rotate by size and age; other processes
+(the analyzer) may read them while they grow.
 
 Group commit: everything queued is written together and fsync'ed at least every `window`
 seconds. In `sync` durability every record carries a waiter that is released only after the
@@ -14,8 +16,8 @@ fsync that covers it, so a response can hold its last byte until its record is o
 from __future__ import annotations
 
 import asyncio
-import os
 import collections
+import os
 import sys
 import threading
 import time
@@ -29,6 +31,11 @@ from toolproxy.record.model import Record
 
 SEGMENT_DIR = "segments"
 SEGMENT_SUFFIX = ".jsonl"
+# Records up to this many body characters are serialised on the event loop when submitted (a few
+# microseconds): the writer thread then holds the GIL only to join and write bytes, instead of
+# taking it from the loop for whole batches. Larger ones are serialised on the writer thread, so a
+# multi-megabyte context never stalls the loop.
+INLINE_SERIALIZE_CHARS = 256 * 1024
 
 
 @dataclass
@@ -91,7 +98,10 @@ class SegmentWriter:
             if waiter is not None:
                 waiter.set_result(False)
             return False
-        self._buf.append((record, waiter))
+        line = None
+        if _body_chars(record) <= INLINE_SERIALIZE_CHARS:
+            line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        self._buf.append((record, line, waiter))
         if waiter is not None:
             self._wake.set()
         return True
@@ -137,8 +147,10 @@ class SegmentWriter:
             finally:
                 self._file = None
 
-    def _write_batch(self, batch: list[tuple[Record, asyncio.Future | None]]) -> bool:
-        data = b"".join(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE) for rec, _ in batch)
+    def _write_batch(self, batch: list[tuple[Record, bytes | None, asyncio.Future | None]]) -> bool:
+        data = b"".join(
+            line if line is not None else orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE) for rec, line, _ in batch
+        )
         try:
             if self._file is None or self._file_bytes >= self.segment_bytes or (
                 time.monotonic() - self._file_opened >= self.segment_seconds
@@ -195,7 +207,7 @@ class SegmentWriter:
                     break
             if batch:
                 ok = self._write_batch(batch)
-                waiters = [w for _, w in batch if w is not None]
+                waiters = [w for _, _, w in batch if w is not None]
                 if ok:
                     self.stats.written += len(batch)
                     dirty = True
@@ -203,7 +215,7 @@ class SegmentWriter:
                 else:
                     self._release(waiters, False)
                 if self.log is not None:
-                    for rec, _ in batch:
+                    for rec, _, _ in batch:
                         line = self.log(rec)
                         if line:
                             print(line, flush=True)
@@ -219,6 +231,10 @@ class SegmentWriter:
             if stopping and not buf:
                 break
         self._close_segment()
+
+
+def _body_chars(rec: Record) -> int:
+    return len(rec.request_body or "") + len(rec.response_body or "") + len(rec.client_body or "")
 
 
 def _resolve(fut: asyncio.Future, ok: bool) -> None:
