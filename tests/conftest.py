@@ -32,10 +32,6 @@ from toolproxy.stacks.fakes import FakeStack
 LISTENING = re.compile(r"listening on (http://\S+?)(?:\s|$)")
 
 
-def exchange_records(data_dir: str | Path) -> list[dict]:
-    return [r for r in read_records(data_dir) if r.get("kind", "exchange") == "exchange"]
-
-
 class ProxyProcess:
     """`toolproxy serve` running as a child process; output is drained so it never blocks."""
 
@@ -100,7 +96,7 @@ class ProxyProcess:
                 time.sleep(0.05)
 
     def records(self) -> list[dict]:
-        return exchange_records(self.data)
+        return read_records(self.data, "exchange")
 
     def wait_records(self, n: int, timeout: float = 5.0) -> list[dict]:
         """Records are written by a background thread: poll until at least n are on disk."""

@@ -12,7 +12,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from tests.conftest import exchange_records
+from toolproxy.record.segments import read_records
 from toolproxy.checks.cases import BY_NAME, CASES
 from toolproxy.checks.conformance import (
     Cell,
@@ -92,7 +92,7 @@ async def test_good_model_passes_every_gate_natively(fake_stack, tmp_path):
     md = render_markdown(res)
     assert "| required_argument | hard ≥100% | 3/3 |" in md
     assert "Result: native passes every hard gate; conditions passing every hard gate: native." in md
-    recs = exchange_records(tmp_path / "d")
+    recs = read_records(tmp_path / "d", "exchange")
     assert len(recs) == 3 * len(CASES)
     assert {r["run"] for r in recs} == {"conformance-native"}
     assert Counter(r["item"] for r in recs) == {c.name: 3 for c in CASES}
@@ -116,7 +116,7 @@ async def test_conditions_side_by_side_vllm_without_parser(fake_stack, tmp_path)
     assert "Result: hard gate failed under native; conditions passing every hard gate: text" in md
     assert "native / every case: HTTP 400: \"auto\" tool choice requires --enable-auto-tool-choice" in md
     assert "native / required_argument" not in md
-    runs = {r["run"] for r in exchange_records(tmp_path / "d")}
+    runs = {r["run"] for r in read_records(tmp_path / "d", "exchange")}
     assert runs == {"conformance-native", "conformance-text", "conformance-constrained"}
 
 

@@ -9,7 +9,7 @@ import sys
 import orjson
 import pytest
 
-from tests.conftest import exchange_records, read_records
+from toolproxy.record.segments import read_records
 from toolproxy.checks.doctor import diagnose, render
 from toolproxy.stacks.fakes import ModelRequest, Reply, broken_call, call, text, text_call
 
@@ -153,7 +153,7 @@ async def test_llamacpp_rendered_prompt_check(fake_stack, tmp_path, kind, ok, ph
 async def test_every_probe_is_recorded_under_run_doctor(fake_stack, tmp_path):
     fake = fake_stack("sglang", responder=model(call("get_weather", PARIS)))
     await diagnose(fake.url, "Qwen/Qwen2.5-7B-Instruct", tmp_path / "data", repeat=2)
-    recs = exchange_records(tmp_path / "data")
+    recs = read_records(tmp_path / "data", "exchange")
     items = [r["item"] for r in recs if r["run"] == "doctor"]
     assert items == ["control", "tools", "repeat"], items
     tools = next(r for r in recs if r["item"] == "tools")

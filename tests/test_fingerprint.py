@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.conftest import read_records
+from toolproxy.record.segments import read_records
 from toolproxy.proxy.stackwatch import model_candidates, top_level_model
 from toolproxy.checks.local import local_proxy
 from toolproxy.stacks.fakes import call

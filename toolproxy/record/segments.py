@@ -86,6 +86,12 @@ def read_segment(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 
         yield SegmentLine(path, offset, end, rec, error)
 
 
-def read_records(data_dir: str | Path) -> list[dict[str, Any]]:
-    """Every complete record under data_dir in write order; torn tails and corrupt lines skipped."""
-    return [line.record for seg in list_segments(data_dir) for line in read_segment(seg) if line.record is not None]
+def read_records(data_dir: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """Every complete record under data_dir in write order (only those of `kind` if given: records
+    without a kind are exchanges); torn tails and corrupt lines skipped."""
+    return [
+        line.record
+        for seg in list_segments(data_dir)
+        for line in read_segment(seg)
+        if line.record is not None and (kind is None or line.record.get("kind", "exchange") == kind)
+    ]
