@@ -259,7 +259,7 @@ def _presented_token(headers, token: str) -> tuple[bool, bool]:
     return False, True
 
 
-def _upstream_headers(headers, forward_auth: bool, upstream_key: str | None) -> dict[str, str] | list:
+def _upstream_headers(headers, forward_auth: bool, upstream_key: str | None) -> dict[str, str]:
     drop = NOT_FORWARDED_UP
     if "Connection" in headers:
         drop = drop | connection_listed(headers.items())
@@ -394,18 +394,18 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
         return client
 
     rec.response_complete = True
-    if transform is not None:
-        tail = transform.finish()
-        rec.condition_note = getattr(transform, "note", None)
-        if tail:
-            ex.client_chunks.append(tail)
-            if sync:
-                if ex.held is not None:
-                    await client.write(ex.held)
-                ex.held = tail
-            else:
-                await client.write(tail)
     try:
+        if transform is not None:
+            tail = transform.finish()
+            rec.condition_note = getattr(transform, "note", None)
+            if tail:
+                ex.client_chunks.append(tail)
+                if sync:
+                    if ex.held is not None:
+                        await client.write(ex.held)
+                    ex.held = tail
+                else:
+                    await client.write(tail)
         if sync:
             recorded = await ex.finish(wait=True)
             if not recorded and cfg.on_record_failure == "block":
