@@ -17,7 +17,7 @@ def test_real_examples(row_id, text, expected, attempted, content):
         assert result.content == content
     for call in result.calls:
         assert call.format in FORMATS
-        assert (call.arguments is None) == (call.error is not None) or call.name is None
+        assert (call.arguments is None) == (call.error is not None)
         start, end = call.span
         assert 0 <= start < end <= len(text)
     spans = [c.span for c in result.calls]

@@ -31,6 +31,7 @@ def _check(text: str) -> None:
         previous = start
         assert call.name is None or isinstance(call.name, str)
         assert isinstance(call.raw_arguments, str)
+        assert (call.arguments is None) == (call.error is not None)
     for finder, _ in FAMILIES:
         args = (text, None, _Claims().covering) if finder.__name__ == "find_bare" else (text, None)
         for group in finder(*args):
