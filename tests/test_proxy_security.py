@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import openai
+import pytest
 
 from toolproxy.record.segments import list_segments
 
@@ -155,10 +156,8 @@ def test_admin_routes_are_never_forwarded_or_recorded(fake_stack, proxy):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     client = openai.OpenAI(base_url=p.url + "/v1", api_key="x", max_retries=0)
     client.chat.completions.create(model="qwen2.5:7b", messages=MSGS)
-    try:
+    with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="gemma3", messages=MSGS, tools=tools)
-    except openai.BadRequestError:
-        pass
     status, health = p.health()
     assert status == 200 and health["status"] == "ok" and health["upstream"] == fake.url
     stats = p.stats()
