@@ -15,19 +15,22 @@ from toolproxy.stacks.fakes import Fault, raw, stall, text
 MSGS = [{"role": "user", "content": "hi"}]
 
 
-def conn_for(url: str) -> http.client.HTTPConnection:
+def fetch(url: str, method: str, target: str) -> tuple[http.client.HTTPResponse, bytes]:
+    """One request on its own connection with http.client, which sends the target exactly as given."""
     u = urlsplit(url)
-    return http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    try:
+        conn.request(method, target)
+        r = conn.getresponse()
+        return r, r.read()
+    finally:
+        conn.close()
 
 
 def test_percent_encoding_in_path_and_query_is_preserved(fake_stack, proxy):
     fake = fake_stack("vllm")
     p = proxy(fake.url, "--quiet")
-    c = conn_for(p.url)
-    c.request("GET", "/t/run=a%20b/v1/models/Qwen%2FQwen2.5-7B?a=%2F&b=1+2&c=%E2%9C%93")
-    r = c.getresponse()
-    r.read()
-    c.close()
+    r, _ = fetch(p.url, "GET", "/t/run=a%20b/v1/models/Qwen%2FQwen2.5-7B?a=%2F&b=1+2&c=%E2%9C%93")
     assert fake.seen[-1].raw_path == "/v1/models/Qwen%2FQwen2.5-7B?a=%2F&b=1+2&c=%E2%9C%93"
     rec, = p.wait_records(1)
     assert rec["run"] == "a b" and rec["path"] == "/v1/models/Qwen%2FQwen2.5-7B" and rec["status"] == r.status == 404
@@ -40,11 +43,7 @@ def test_repeated_response_headers_and_redirects_pass_through_unfollowed(fake_st
                       headers=(("Location", attacker.url + "/v1/models"), ("Set-Cookie", "a=SECRET-C1"),
                                ("Set-Cookie", "b=SECRET-C2"))))
     p = proxy(fake.url, "--quiet")
-    c = conn_for(p.url)
-    c.request("GET", "/v1/models")
-    r = c.getresponse()
-    r.read()
-    c.close()
+    r, _ = fetch(p.url, "GET", "/v1/models")
     assert r.status == 302 and r.getheader("Location") == attacker.url + "/v1/models"
     assert r.headers.get_all("Set-Cookie") == ["a=SECRET-C1", "b=SECRET-C2"]
     assert attacker.seen == []
@@ -56,11 +55,8 @@ def test_repeated_response_headers_and_redirects_pass_through_unfollowed(fake_st
 def test_head_request(fake_stack, proxy):
     fake = fake_stack("ollama")
     p = proxy(fake.url, "--quiet")
-    c = conn_for(p.url)
-    c.request("HEAD", "/")
-    r = c.getresponse()
-    assert r.status == 200 and r.read() == b""
-    c.close()
+    r, body = fetch(p.url, "HEAD", "/")
+    assert r.status == 200 and body == b""
     assert fake.seen[-1].method == "HEAD"
     rec, = p.wait_records(1)
     assert rec["method"] == "HEAD" and rec["status"] == 200 and rec["error_kind"] is None
