@@ -26,12 +26,11 @@ from typing import Any
 import orjson
 
 from toolproxy.conditions import ConditionOptions, Plan, RequestView, Skip
-from toolproxy.conditions.messages import OLLAMA, OPENAI, history_as_text, read_chat_request, upstream_path, with_system_text
-from toolproxy.conditions.synth import ToolCall, emitter_for
-from toolproxy.conditions.text import without_tools
+from toolproxy.conditions.messages import OLLAMA, history_as_text, read_chat_request, upstream_path, with_system_text
+from toolproxy.conditions.synth import ToolCall
+from toolproxy.conditions.text import chat_reply, without_tools
 from toolproxy.conditions.toolblock import FINAL_ANSWER, arguments_value, dumps, format_result, render_constrained_block, tool_functions
-from toolproxy.conditions.transform import ReplyTransform, text_calls, tool_names_of
-from toolproxy.conditions.upstream import UpstreamReader
+from toolproxy.conditions.transform import text_calls, tool_names_of
 
 SCHEMA_NAME = "tool_call_or_final_answer"
 
@@ -128,9 +127,7 @@ class Constrained:
         for field in ("response_format", "format", "json_schema", "grammar", "guided_json"):
             body.pop(field, None)
         body.update(constraint_fields(chat.api, call_schema(tools, forced=forced)))
-        reader = UpstreamReader("openai_chat" if chat.api == OPENAI else "ollama_chat", chat.stream)
-        interpreter = ConstrainedReply(tool_names_of(tool_functions(chat.tools)))
-        transform = ReplyTransform(reader, interpreter, emitter_for(chat.api, chat.body, chat.stream))
+        transform = chat_reply(chat, ConstrainedReply(tool_names_of(tool_functions(chat.tools))))
         return Plan(path=upstream_path(request), body=orjson.dumps(body), transform=transform)
 
 

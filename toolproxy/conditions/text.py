@@ -23,7 +23,14 @@ from toolproxy.conditions.messages import (
 )
 from toolproxy.conditions.synth import emitter_for
 from toolproxy.conditions.toolblock import format_call, format_result, render_block, tool_functions
-from toolproxy.conditions.transform import CallScanner, ReplyTransform, markers_for, text_calls, tool_names_of
+from toolproxy.conditions.transform import (
+    CallScanner,
+    Interpreter,
+    ReplyTransform,
+    markers_for,
+    text_calls,
+    tool_names_of,
+)
 from toolproxy.conditions.upstream import UpstreamReader
 
 # Fields that would make the stack render or parse tools itself.
@@ -42,6 +49,12 @@ def without_tools(chat: ChatRequest, messages: list) -> dict:
     return body
 
 
+def chat_reply(chat: ChatRequest, interpreter: Interpreter) -> ReplyTransform:
+    """The transform for a chat request sent on as chat: read the same API's reply, answer in it."""
+    reader = UpstreamReader("openai_chat" if chat.api == OPENAI else "ollama_chat", chat.stream)
+    return ReplyTransform(reader, interpreter, emitter_for(chat.api, chat.body, chat.stream))
+
+
 class Text:
     name = "text"
 
@@ -53,9 +66,7 @@ class Text:
         body = without_tools(chat, with_system_text(messages, render_block(chat.tools)))
         names = tool_names_of(tool_functions(chat.tools))
         scanner = CallScanner(partial(text_calls, tool_names=names, formats=None), markers_for(None))
-        reader = UpstreamReader("openai_chat" if chat.api == OPENAI else "ollama_chat", chat.stream)
-        transform = ReplyTransform(reader, scanner, emitter_for(chat.api, chat.body, chat.stream))
-        return Plan(path=upstream_path(request), body=orjson.dumps(body), transform=transform)
+        return Plan(path=upstream_path(request), body=orjson.dumps(body), transform=chat_reply(chat, scanner))
 
 
 CONDITION = Text()
