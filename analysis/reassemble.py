@@ -126,7 +126,7 @@ def reassemble(raw: bytes | None, kind: str | None, content_type: str | None = N
         objects = _sse_objects(raw, reply)
     elif "ndjson" in ct or (kind in (OLLAMA_CHAT, OLLAMA_GENERATE) and b"\n" in raw.strip()):
         reply.streamed = True
-        objects = _ndjson_objects(raw, reply)
+        objects = _ndjson_objects(raw)
     else:
         try:
             obj = orjson.loads(raw)
@@ -189,7 +189,7 @@ def _json_many(payloads: list[bytes]) -> list:
         return out
 
 
-def _ndjson_objects(raw: bytes, reply: Reply) -> list:
+def _ndjson_objects(raw: bytes) -> list:
     return _json_many([line for line in raw.split(b"\n") if line.strip()])
 
 
