@@ -69,7 +69,7 @@ def _args_for(name: str, rnd: random.Random) -> dict:
     }[name]
 
 
-def _choose_reply(rnd: random.Random, turn: int, last: bool) -> tuple[str, str | None, dict | None, str]:
+def _choose_reply(rnd: random.Random, last: bool) -> tuple[str, str | None, dict | None, str]:
     """(kind, name, arguments, text) for the model's reply in this turn."""
     if last:
         return "prose", None, None, "All done. " + "The result is described here. " * rnd.randint(2, 20)
@@ -190,10 +190,10 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
         item = f"{rnd.choice(['simple', 'multiple', 'parallel'])}_{rnd.randint(0, 199)}"
         tagged = run != "(untagged)"
         for turn in range(n_turns):
-            kind, name, args, text = _choose_reply(rnd, turn, turn == n_turns - 1)
+            kind, name, args, text = _choose_reply(rnd, turn == n_turns - 1)
             attempts = 1 + (rnd.random() < 0.04) * rnd.randint(1, 3)
             fail_all = rnd.random() < 0.02
-            req_obj = {"model": model, "messages": messages, "tools": TOOLS, "stream": stream if path != "/api/chat" else stream}
+            req_obj = {"model": model, "messages": messages, "tools": TOOLS, "stream": stream}
             req = orjson.dumps(req_obj)
             for a in range(attempts):
                 t += rnd.random() * 0.5
@@ -226,7 +226,7 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
                     body, ctype = _ollama_native(model, kind, name, args, text, stream, rnd)
                     status = 200
                 else:
-                    body, ctype = _openai_reply(stack.replace("_refuse", ""), model, kind, name, args, text, stream, rnd)
+                    body, ctype = _openai_reply(stack, model, kind, name, args, text, stream, rnd)
                     status = 200
                 rec.status = rec.client_status = status
                 rec.response_headers = [["content-type", ctype], ["date", "Sat, 29 Nov 2026 12:00:00 GMT"]]

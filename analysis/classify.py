@@ -14,17 +14,9 @@ from typing import Any
 
 import orjson
 
+from analysis.outcomes import HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, UNPARSEABLE, VALID_CALL
 from analysis.reassemble import Reply
 from toolproxy.calls import Validation, parse_arguments, parse_text, validate_call
-
-NON_RESPONSE = "non_response"
-HALLUCINATED = "hallucinated_call"
-INVALID_ARGS = "invalid_args"
-VALID_CALL = "valid_call"
-UNPARSEABLE = "unparseable"
-PROSE = "prose"
-OUTCOMES = (NON_RESPONSE, HALLUCINATED, INVALID_ARGS, VALID_CALL, UNPARSEABLE, PROSE)
-SUB_KINDS = ("refused", "http_4xx", "http_5xx", "timeout", "connect", "empty", "truncated", "retry_exhausted")
 
 # A 4xx that names the tool interface: the stack rejected the request for what it asked, before
 # the model ran (Ollama "does not support tools", vLLM "auto" tool choice flags, tool_choice

@@ -126,7 +126,7 @@ def reassemble(raw: bytes | None, kind: str | None, content_type: str | None = N
         objects = _sse_objects(raw, reply)
     elif "ndjson" in ct or (kind in (OLLAMA_CHAT, OLLAMA_GENERATE) and b"\n" in raw.strip()):
         reply.streamed = True
-        objects = _ndjson_objects(raw, reply)
+        objects = _ndjson_objects(raw)
     else:
         try:
             obj = orjson.loads(raw)
@@ -135,8 +135,7 @@ def reassemble(raw: bytes | None, kind: str | None, content_type: str | None = N
             reply.raw_text = raw[:4000].decode("utf-8", "replace")
             return reply
         objects = [obj]
-        if not reply.streamed:
-            reply.complete = True
+        reply.complete = True
     feed = _FEEDERS.get(kind, _feed_openai)
     for obj in objects:
         if not isinstance(obj, dict):
@@ -189,7 +188,7 @@ def _json_many(payloads: list[bytes]) -> list:
         return out
 
 
-def _ndjson_objects(raw: bytes, reply: Reply) -> list:
+def _ndjson_objects(raw: bytes) -> list:
     return _json_many([line for line in raw.split(b"\n") if line.strip()])
 
 
@@ -312,8 +311,6 @@ def _feed_openai(reply: Reply, obj: dict) -> None:
         if choice.get("finish_reason"):
             reply.finish_reason = choice["finish_reason"]
             reply.complete = True
-    if not reply.streamed:
-        reply.complete = True
 
 
 def _feed_llamacpp_completion(reply: Reply, obj: dict) -> None:

@@ -15,11 +15,13 @@ from typing import Sequence
 import duckdb
 
 from analysis import stats
+from analysis.outcomes import HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS, UNPARSEABLE, VALID_CALL
 from analysis.store import StoreError
 from toolproxy import __version__
 
-OUTCOMES = ("valid_call", "invalid_args", "hallucinated_call", "unparseable", "prose", "non_response")
-NON_RESPONSE_KINDS = ("refused", "http_4xx", "http_5xx", "timeout", "connect", "empty", "truncated", "retry_exhausted")
+# Display order: the good outcome first, non-responses last.
+OUTCOMES = (VALID_CALL, INVALID_ARGS, HALLUCINATED, UNPARSEABLE, PROSE, NON_RESPONSE)
+NON_RESPONSE_KINDS = SUB_KINDS
 
 
 def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -150,7 +150,6 @@ class Attempt:
     surface: str | None
     n_calls: int
     finish_reason: str | None
-    content: str | None
     harness_saw_prose: bool
     state_hash: str | None
     chain_hash: str | None
@@ -270,7 +269,7 @@ def loop_reason(signatures: Sequence[str | None], run_median: float) -> str | No
 
 _ATTEMPT_SQL = """
 SELECT id, episode, item, json_extract_string(tags, '$.category'), condition, model, outcome, sub_kind, surface,
-       coalesce(n_calls, 0), finish_reason, NULL, coalesce(harness_saw_prose, false), state_hash, chain_hash,
+       coalesce(n_calls, 0), finish_reason, coalesce(harness_saw_prose, false), state_hash, chain_hash,
        coalesce(parent_hashes, []), item_hash, call_signature
 FROM exchanges WHERE run = ? AND is_attempt ORDER BY started_at, id
 """

@@ -6,6 +6,7 @@ import dataclasses
 
 import orjson
 
+from analysis import stats
 from analysis.summary import Report, RunSummary
 
 
@@ -23,7 +24,7 @@ def render(report: Report) -> str:
         "toolproxy_version": report.toolproxy_version,
         "generated_at": report.generated_at,
         "source": report.source,
-        "bootstrap": {"resamples": report.resamples, "seed": report.seed, "confidence": 0.95, "unit": "episode"},
+        "bootstrap": {"resamples": report.resamples, "seed": report.seed, "confidence": stats.CONFIDENCE, "unit": "episode"},
         "runs": [run_dict(s) for s in report.runs],
     }
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from analysis.classify import NON_RESPONSE, OUTCOMES, SUB_KINDS, classify, refusal
+from analysis.classify import classify, refusal
+from analysis.outcomes import NON_RESPONSE, OUTCOMES, SUB_KINDS
 from analysis.reassemble import endpoint_kind, reassemble
 
 TOOLS = [

@@ -56,6 +56,15 @@ def test_mcnemar_rejects_impossible_counts(b, c):
         mcnemar_exact(b, c)
 
 
+@pytest.mark.parametrize("b,c", [(0, 7), (13, 29), (250, 190), (1, 999), (37, 37), (0, 1074)])
+def test_mcnemar_agrees_with_exact_integer_binomial_tail(b, c):
+    """Always runs (scipy is not installed here): the two-sided tail worked in exact integers."""
+    n, k = b + c, min(b, c)
+    tail = sum(math.comb(n, i) for i in range(k + 1))
+    expected = min(1.0, 2 * tail / 2**n)
+    assert mcnemar_exact(b, c) == pytest.approx(expected, rel=1e-9, abs=0.0)
+
+
 def test_mcnemar_agrees_with_scipy_when_installed():
     stats = pytest.importorskip("scipy.stats", reason="scipy is not a dependency; cross-check only")
     for b, c in [(0, 7), (13, 29), (250, 190), (1, 999)]:
