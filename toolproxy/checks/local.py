@@ -45,11 +45,10 @@ class Probe:
 
 
 class LocalProxy:
-    def __init__(self, url: str, state: ProxyState, session: aiohttp.ClientSession, timeout: float) -> None:
+    def __init__(self, url: str, state: ProxyState, session: aiohttp.ClientSession) -> None:
         self.url = url
         self.state = state
         self.session = session
-        self.timeout = timeout
         self._waiting: dict[str, asyncio.Future] = {}
         self._ids = itertools.count(1)
         state.listeners.append(self._collect)
@@ -106,7 +105,7 @@ async def local_proxy(upstream: str, data_dir: Path, run: str, *, upstream_key: 
         port = runner.addresses[0][1]
         client_timeout = aiohttp.ClientTimeout(total=timeout + 30)
         async with aiohttp.ClientSession(timeout=client_timeout) as session:
-            yield LocalProxy(f"http://127.0.0.1:{port}", app[STATE], session, timeout)
+            yield LocalProxy(f"http://127.0.0.1:{port}", app[STATE], session)
     finally:
         await runner.cleanup()
 
