@@ -338,7 +338,7 @@ async def _forward(ex: Exchange, url: URL, up_headers, body: bytes, plan: Plan |
 
 
 async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) -> web.StreamResponse:
-    state, request, rec, cfg = ex.state, ex.request, ex.rec, ex.state.config
+    request, rec, cfg = ex.request, ex.rec, ex.state.config
     rec.ttfb_ms = ex.elapsed_ms()
     rec.status = resp.status
     raw_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.raw_headers]
