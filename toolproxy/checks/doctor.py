@@ -220,7 +220,7 @@ async def _template_finding(lp: LocalProxy, fp: Fingerprint, model: str) -> Temp
             except (orjson.JSONDecodeError, AttributeError):
                 prompt = None
         if isinstance(prompt, str):
-            return check_rendered_prompt(prompt, "get_weather")
+            return check_rendered_prompt(prompt, WEATHER_TOOL["function"]["name"])
         return TemplateFinding(False, f"llama.cpp could not render the tools with its template: HTTP "
                                       f"{probe.reply.status} {_quote(probe.reply.error_text)}")
     return None
