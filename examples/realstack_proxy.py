@@ -49,8 +49,8 @@ def main() -> int:
         got.append(("stream", stream_bytes))
         events = [line for line in stream_bytes.split(b"\n") if line.startswith(b"data: ")]
         print(f"stream: {len(events)} SSE events, last {events[-1][:40]!r}")
-    records = [r for r in read_records(data) if r.get("kind") == "exchange"]
-    fingerprints = [r["extra"] for r in read_records(data) if r.get("kind") == "fingerprint"]
+    records = read_records(data, kind="exchange")
+    fingerprints = [r["extra"] for r in read_records(data, kind="fingerprint")]
     for fp in fingerprints:
         print(f"fingerprint: stack {fp.get('stack')} {fp.get('version') or ''} build {fp.get('build')} model {fp.get('model')}")
     print(f"\n{len(records)} records in {data}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from toolproxy.checks.doctor import WEATHER_TOOL
+from toolproxy.checks.doctor import TOOL_MESSAGES, WEATHER_TOOL
 from toolproxy.checks.reply import Reply, call_problems
 
 
@@ -36,7 +36,7 @@ CREATE_EVENT = _tool(
                   "required": ["city", "country"]}},
     ["title", "location"],
 )
-SYSTEM = {"role": "system", "content": "You are a helpful assistant. Use a tool when one can answer the question."}
+SYSTEM = TOOL_MESSAGES[0]  # the system prompt doctor's probe uses: one wording to keep in step
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,10 @@ import orjson
 
 from toolproxy import __version__
 from toolproxy.checks.cases import BY_NAME, CASES, Case
-from toolproxy.checks.local import Probe, api_key_from_env, check_target, local_proxy
+from toolproxy.checks.local import Probe, check_target, local_proxy
 from toolproxy.conditions import NAMES
 from toolproxy.conditions import load as load_condition
+from toolproxy.proxy.cli import key_from_env
 from toolproxy.stacks.fingerprint import Fingerprint
 
 LEVELS = ("hard", "advisory")
@@ -323,7 +324,7 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
             gates = parse_gates(orjson.loads(gates_file.read_bytes()), gates)
     except (GatesError, orjson.JSONDecodeError) as exc:
         raise click.UsageError(f"--gates {gates_file}: {exc}") from None
-    key = api_key_from_env(api_key_env)
+    key = key_from_env(api_key_env, "--api-key-env")
     check_target(upstream, data_dir)
 
     def progress(cond, case, i, probe):

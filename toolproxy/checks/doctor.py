@@ -21,8 +21,9 @@ from typing import Any
 import click
 import orjson
 
-from toolproxy.checks.local import LocalProxy, api_key_from_env, check_target, local_proxy
+from toolproxy.checks.local import LocalProxy, check_target, local_proxy
 from toolproxy.checks.reply import Reply, call_problems
+from toolproxy.proxy.cli import key_from_env
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
 from toolproxy.stacks.fingerprint import Fingerprint
 from toolproxy.stacks.names import LABELS
@@ -219,7 +220,7 @@ async def _template_finding(lp: LocalProxy, fp: Fingerprint, model: str) -> Temp
             except (orjson.JSONDecodeError, AttributeError):
                 prompt = None
         if isinstance(prompt, str):
-            return check_rendered_prompt(prompt, "get_weather")
+            return check_rendered_prompt(prompt, WEATHER_TOOL["function"]["name"])
         return TemplateFinding(False, f"llama.cpp could not render the tools with its template: HTTP "
                                       f"{probe.reply.status} {_quote(probe.reply.error_text)}")
     return None
@@ -328,7 +329,7 @@ def doctor(upstream, model, api_key_env, as_json, data_dir, repeat, timeout):
     Exit status: 0 tools work natively, 1 they do not (the output names the layer), 2 usage or
     transport error (e.g. the server is down).
     """
-    key = api_key_from_env(api_key_env)
+    key = key_from_env(api_key_env, "--api-key-env")
     check_target(upstream, data_dir)
     diag = asyncio.run(diagnose(upstream, model, data_dir, upstream_key=key, repeat=repeat, timeout=timeout))
     if as_json:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
@@ -45,11 +44,10 @@ class Probe:
 
 
 class LocalProxy:
-    def __init__(self, url: str, state: ProxyState, session: aiohttp.ClientSession, timeout: float) -> None:
+    def __init__(self, url: str, state: ProxyState, session: aiohttp.ClientSession) -> None:
         self.url = url
         self.state = state
         self.session = session
-        self.timeout = timeout
         self._waiting: dict[str, asyncio.Future] = {}
         self._ids = itertools.count(1)
         state.listeners.append(self._collect)
@@ -106,19 +104,9 @@ async def local_proxy(upstream: str, data_dir: Path, run: str, *, upstream_key: 
         port = runner.addresses[0][1]
         client_timeout = aiohttp.ClientTimeout(total=timeout + 30)
         async with aiohttp.ClientSession(timeout=client_timeout) as session:
-            yield LocalProxy(f"http://127.0.0.1:{port}", app[STATE], session, timeout)
+            yield LocalProxy(f"http://127.0.0.1:{port}", app[STATE], session)
     finally:
         await runner.cleanup()
-
-
-def api_key_from_env(var: str | None) -> str | None:
-    """--api-key-env: the key comes from the environment so it never appears in argv or on disk."""
-    if not var:
-        return None
-    value = os.environ.get(var)
-    if not value:
-        raise click.UsageError(f"--api-key-env {var}: that environment variable is empty or unset")
-    return value
 
 
 def check_target(upstream: str, data_dir: Path) -> None:

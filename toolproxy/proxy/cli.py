@@ -28,6 +28,16 @@ def check_condition_options(options: ConditionOptions) -> None:
             raise click.UsageError(f"--chat-template: {exc}") from None
 
 
+def key_from_env(var: str | None, option: str) -> str | None:
+    """An API key named by an environment variable, so it never appears in argv or on disk."""
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise click.UsageError(f"{option} {var}: that environment variable is empty or unset")
+    return value
+
+
 def _size(value: str) -> int:
     units = {"k": 1024, "m": 1024**2, "g": 1024**3}
     v = value.strip().lower().rstrip("ib").rstrip("b")
@@ -65,11 +75,7 @@ def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, 
           connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
           segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_fingerprint):
     """Forward to one upstream model server and record every exchange."""
-    upstream_key = None
-    if upstream_key_env:
-        upstream_key = os.environ.get(upstream_key_env)
-        if not upstream_key:
-            raise click.UsageError(f"--upstream-key-env {upstream_key_env}: that environment variable is empty or unset")
+    upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
         options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced)
         config = ProxyConfig(

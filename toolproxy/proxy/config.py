@@ -67,10 +67,6 @@ class ProxyConfig:
                 "reach it could use your upstream (and its key). Add --auth-token, or --insecure-public if you mean it."
             )
 
-    @property
-    def upstream_url(self) -> URL:
-        return URL(self.upstream)
-
 
 def is_loopback(host: str) -> bool:
     if host in ("localhost", "localhost.localdomain"):

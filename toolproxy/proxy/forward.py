@@ -164,7 +164,8 @@ async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
     state, request, rec, cfg = ex.state, ex.request, ex.rec, ex.state.config
     rec.method = request.method
     path, _, query = raw_path.partition("?")
-    rec.client_path = path + ("?" + redact_query(query) if query else "")
+    safe_query = redact_query(query)
+    rec.client_path = path + ("?" + safe_query if query else "")
     headers = request.headers
     rec.request_headers = redact_headers(headers.items())
 
@@ -185,7 +186,7 @@ async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
     rec.condition = tags.pop("condition", None) or cfg.condition
     rec.tags = tags
     rec.path = path
-    rec.query = redact_query(query)
+    rec.query = safe_query
 
     forward_auth = True
     if cfg.auth_token is not None:
@@ -338,7 +339,7 @@ async def _forward(ex: Exchange, url: URL, up_headers, body: bytes, plan: Plan |
 
 
 async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) -> web.StreamResponse:
-    state, request, rec, cfg = ex.state, ex.request, ex.rec, ex.state.config
+    request, rec, cfg = ex.request, ex.rec, ex.state.config
     rec.ttfb_ms = ex.elapsed_ms()
     rec.status = resp.status
     raw_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.raw_headers]

@@ -100,11 +100,14 @@ class StackWatch:
         """The fingerprint for this model (None: the server alone), probing and recording it once."""
         if model in self.fingerprints:
             return self.fingerprints[model]
+        return await asyncio.shield(self._start_probe(model))
+
+    def _start_probe(self, model: str | None) -> asyncio.Task:
+        """The probe of this model: the one already running, else a new one."""
         task = self._probing.get(model)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._probe(model))
-            self._probing[model] = task
-        return await asyncio.shield(task)
+            task = self._probing[model] = asyncio.get_running_loop().create_task(self._probe(model))
+        return task
 
     async def _probe(self, model: str | None) -> Fingerprint:
         cfg = self.state.config
@@ -132,6 +135,6 @@ class StackWatch:
                 body = self._pending.popleft()
                 if model_candidates(body) - self.fingerprints.keys() - self._probing.keys():
                     name = top_level_model(body)
-                    if name is not None and name not in self.fingerprints and name not in self._probing:
-                        self._probing[name] = asyncio.get_running_loop().create_task(self._probe(name))
+                    if name is not None and name not in self.fingerprints:
+                        self._start_probe(name)
                 await asyncio.sleep(0)  # let requests run between bodies

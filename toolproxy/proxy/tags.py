@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
+from toolproxy.proxy.headers import TAG_HEADER_PREFIX
+
 KNOWN = ("run", "episode", "item", "condition")
 _KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 
@@ -36,9 +38,9 @@ def header_tags(items) -> dict[str, str]:
     tags = {}
     for k, v in items:
         lk = k.lower()
-        if not lk.startswith("x-toolproxy-"):
+        if not lk.startswith(TAG_HEADER_PREFIX):
             continue
-        name = lk[len("x-toolproxy-"):]
+        name = lk[len(TAG_HEADER_PREFIX):]
         if name in KNOWN:
             tags[name] = v
         elif name.startswith("tag-") and len(name) > 4:

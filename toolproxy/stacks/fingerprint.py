@@ -106,6 +106,12 @@ def _list(value: Any) -> list:
     return value if isinstance(value, list) else []
 
 
+def _answer(obs: Mapping[str, Observed], probe: str) -> Any:
+    """The JSON one probe got, or None when it was not made or got no usable answer."""
+    o = obs.get(probe)
+    return o.json() if o is not None else None
+
+
 def detect_stack(obs: Mapping[str, Observed]) -> tuple[str, list[str]]:
     """(stack, evidence) from the probes' responses; strongest, most specific markers first."""
     votes: dict[str, list[str]] = {}
@@ -116,33 +122,33 @@ def detect_stack(obs: Mapping[str, Observed]) -> tuple[str, list[str]]:
     root = obs.get(ROOT)
     if root is not None and root.status == 200 and root.body.strip() == b"Ollama is running":
         vote("ollama", 'GET / says "Ollama is running"')
-    if isinstance(_dict(obs.get(OLLAMA_VERSION, Observed(None)).json()).get("version"), str):
+    if isinstance(_dict(_answer(obs, OLLAMA_VERSION)).get("version"), str):
         vote("ollama", "GET /api/version answers")
-    props = _dict(obs.get(LLAMACPP_PROPS, Observed(None)).json())
+    props = _dict(_answer(obs, LLAMACPP_PROPS))
     if "build_info" in props or ("default_generation_settings" in props and "chat_template" in props):
         vote("llamacpp", "GET /props has llama-server's fields")
     for key in (SGLANG_INFO, SGLANG_INFO_NEW):
-        info = _dict(obs.get(key, Observed(None)).json())
+        info = _dict(_answer(obs, key))
         if "version" in info and ("model_path" in info or "tp_size" in info or "server_args" in info):
             vote("sglang", f"{key} answers with server args")
             break
-    v1 = _dict(obs.get(LMSTUDIO_V1, Observed(None)).json())
+    v1 = _dict(_answer(obs, LMSTUDIO_V1))
     if any("loaded_instances" in m or "trained_for_tool_use" in _dict(m.get("capabilities"))
            for m in _list(v1.get("models")) if isinstance(m, dict)):
         vote("lmstudio", "GET /api/v1/models lists LM Studio models")
-    v0 = _dict(obs.get(LMSTUDIO_V0, Observed(None)).json())
+    v0 = _dict(_answer(obs, LMSTUDIO_V0))
     if any("compatibility_type" in m for m in _list(v0.get("data")) if isinstance(m, dict)):
         vote("lmstudio", "GET /api/v0/models lists LM Studio models")
-    mark = markers.detect(obs.get(MODELS, Observed(None)).json())
+    mark = markers.detect(_answer(obs, MODELS))
     if mark is not None:
         vote(mark.stack, f"GET /v1/models: {mark.evidence}")
     if any(o.headers.get("server") == "llama.cpp" for o in obs.values()):
         vote("llamacpp", "answers with Server: llama.cpp")
-    if not votes and isinstance(_dict(obs.get(VLLM_VERSION, Observed(None)).json()).get("version"), str):
+    if not votes and isinstance(_dict(_answer(obs, VLLM_VERSION)).get("version"), str):
         # Weak on its own (many servers have a /version); only when nothing more specific spoke.
         vote("vllm", "GET /version answers {version}")
     if not votes:
-        models = obs.get(MODELS, Observed(None)).json()
+        models = _answer(obs, MODELS)
         if isinstance(_dict(models).get("data"), list):
             return "openai", ["GET /v1/models answers, no stack-specific markers"]
         return "unknown", []
@@ -151,7 +157,7 @@ def detect_stack(obs: Mapping[str, Observed]) -> tuple[str, list[str]]:
 
 
 def _model_ids(obs: Mapping[str, Observed]) -> list[str]:
-    data = _list(_dict(obs.get(MODELS, Observed(None)).json()).get("data"))
+    data = _list(_dict(_answer(obs, MODELS)).get("data"))
     return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
@@ -177,11 +183,11 @@ def identify(upstream: str, obs: Mapping[str, Observed], model: str | None = Non
 
 
 def _ollama(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
-    fp.version = _dict(obs.get(OLLAMA_VERSION, Observed(None)).json()).get("version")
+    fp.version = _dict(_answer(obs, OLLAMA_VERSION)).get("version")
     if fp.model is not None and fp.models:
         fp.model_listed = _ollama_name(fp.model) in {_ollama_name(m) for m in fp.models}
     show_obs = obs.get(OLLAMA_SHOW)
-    show = _dict(show_obs.json()) if show_obs is not None else {}
+    show = _dict(_answer(obs, OLLAMA_SHOW))
     if show:
         caps = show.get("capabilities")
         fp.capabilities = [c for c in caps if isinstance(c, str)] if isinstance(caps, list) else None
@@ -196,7 +202,7 @@ def _ollama(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
 
 
 def _llamacpp(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
-    props = _dict(obs.get(LLAMACPP_PROPS, Observed(None)).json())
+    props = _dict(_answer(obs, LLAMACPP_PROPS))
     build = props.get("build_info")
     if isinstance(build, str) and build:
         fp.build = build
@@ -223,14 +229,14 @@ def _llamacpp(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
 
 
 def _vllm(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
-    fp.version = _dict(obs.get(VLLM_VERSION, Observed(None)).json()).get("version")
-    for m in _list(_dict(obs.get(MODELS, Observed(None)).json()).get("data")):
+    fp.version = _dict(_answer(obs, VLLM_VERSION)).get("version")
+    for m in _list(_dict(_answer(obs, MODELS)).get("data")):
         if isinstance(m, dict) and m.get("id") == fp.model and "max_model_len" in m:
             fp.details["max_model_len"] = m["max_model_len"]
 
 
 def _sglang(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
-    info = _dict(obs.get(SGLANG_INFO, Observed(None)).json()) or _dict(obs.get(SGLANG_INFO_NEW, Observed(None)).json())
+    info = _dict(_answer(obs, SGLANG_INFO)) or _dict(_answer(obs, SGLANG_INFO_NEW))
     fp.version = info.get("version") if isinstance(info.get("version"), str) else None
     args = _dict(info.get("server_args")) or info
     # The one launch flag that decides whether calls come back as tool_calls or as text.
@@ -240,7 +246,7 @@ def _sglang(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
 
 
 def _lmstudio(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
-    for m in _list(_dict(obs.get(LMSTUDIO_V1, Observed(None)).json()).get("models")):
+    for m in _list(_dict(_answer(obs, LMSTUDIO_V1)).get("models")):
         if isinstance(m, dict) and fp.model is not None and fp.model in (m.get("key"), m.get("id")):
             caps = _dict(m.get("capabilities"))
             fp.capabilities = ["completion"] + (["tools"] if caps.get("trained_for_tool_use") else [])
