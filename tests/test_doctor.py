@@ -203,3 +203,14 @@ def test_cli_exit_codes_and_json(fake_stack, tmp_path):
 def test_cli_usage_errors(tmp_path, args, message):
     r = cli(*args, "--data", str(tmp_path / "d"))
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_output_is_inert_whatever_the_server_says(fake_stack, tmp_path):
+    hostile = "\x1b[2J\x1b]0;owned\x07\x9b31m\u202eevil"
+    fake = fake_stack("sglang", responder=model(text_call("fenced", "get_" + hostile, PARIS, before=hostile)))
+    r = cli("--upstream", fake.url, "--model", "m" + hostile, "--data", str(tmp_path / "a"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "\\x1b]0;owned\\x07\\u009b31m\\u202eevil" in r.stdout, r.stdout
+    assert not any(c in r.stdout for c in "\x1b\x07\x9b\u202e"), r.stdout
+    r = cli("--upstream", fake.url, "--model", "m" + hostile, "--data", str(tmp_path / "b"), "--json")
+    assert not any(c in r.stdout for c in "\x1b\x07\x9b\u202e") and orjson.loads(r.stdout)["model"] == "m" + hostile

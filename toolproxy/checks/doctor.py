@@ -23,6 +23,7 @@ import orjson
 
 from toolproxy.checks.local import LocalProxy, check_target, local_proxy
 from toolproxy.checks.reply import Reply, call_problems
+from toolproxy.printable import printable
 from toolproxy.proxy.cli import key_from_env
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
 from toolproxy.stacks.fingerprint import Fingerprint
@@ -333,7 +334,7 @@ def doctor(upstream, model, api_key_env, as_json, data_dir, repeat, timeout):
     check_target(upstream, data_dir)
     diag = asyncio.run(diagnose(upstream, model, data_dir, upstream_key=key, repeat=repeat, timeout=timeout))
     if as_json:
-        click.echo(orjson.dumps(diag.to_dict(), option=orjson.OPT_INDENT_2).decode())
+        click.echo(printable(orjson.dumps(diag.to_dict(), option=orjson.OPT_INDENT_2).decode(), lines=True))
     else:
-        click.echo(render(diag))
+        click.echo(printable(render(diag), lines=True))
     sys.exit(diag.verdict.exit_code)

@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from toolproxy import __version__
+from toolproxy.printable import printable
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.forward import ADMIN_PREFIX, STATE, handle
 from toolproxy.proxy.stackwatch import StackWatch
@@ -28,7 +29,7 @@ def log_line(rec: Record) -> str:
     cond = f" [{rec.condition}]" if rec.condition != "native" else ""
     err = f" !{rec.error_kind}" if rec.error_kind else ""
     ms = f"{rec.duration_ms:.0f}ms" if rec.duration_ms is not None else "-"
-    return f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {ms}{err}".replace("  ", " ")
+    return printable(f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {ms}{err}".replace("  ", " "))
 
 
 class ProxyState:
