@@ -3,8 +3,10 @@
 Per segment file the byte offset after the last complete line ingested is kept in ingest_state,
 updated in the same transaction as the rows it covers: a crash mid-ingest loses nothing and adds
 nothing twice, and a segment the proxy is still writing is picked up where the last run stopped.
-A torn last line is left for the next run; a corrupt line is recorded in ingest_issues and
-skipped. Exchange ids are unique, so a segment copied twice into the data dir adds nothing.
+A torn last line is left for the next run. A line that cannot be stored (not JSON, no id, a
+field of the wrong type, an unknown kind) is set aside: recorded in ingest_issues with the reason
+and skipped, so one bad line never blocks the lines after it. Exchange ids are unique, so a
+segment copied twice into the data dir adds nothing.
 
 Each record is analysed once, here (reassembly, classification, conversation keys), so that
 re-deriving turns and episodes later reads small columns rather than bodies. Work is done in
@@ -17,6 +19,7 @@ import gc
 import hashlib
 import multiprocessing
 import os
+import stat
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -27,6 +30,7 @@ from typing import Any
 import orjson
 
 from analysis.classify import classify, tool_names_of
+from analysis.columns import first_misfit, fitted
 from analysis.reassemble import (
     CHAT,
     OLLAMA_CHAT,
@@ -39,6 +43,7 @@ from analysis.reassemble import (
 )
 from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
+from toolproxy.record.model import Record
 from toolproxy.record.segments import list_segments, parse_line
 from toolproxy.stacks.markers import detect
 
@@ -68,7 +73,18 @@ FINGERPRINT_TYPES = {
     "id": "VARCHAR", "run": "VARCHAR", "upstream": "VARCHAR", "recorded_at": "TIMESTAMP", "stack": "VARCHAR",
     "stack_version": "VARCHAR", "model": "VARCHAR", "record": "JSON", "segment": "VARCHAR", "segment_offset": "BIGINT",
 }
-ISSUE_TYPES = {"segment": "VARCHAR", "byte_offset": "BIGINT", "kind": "VARCHAR", "message": "VARCHAR", "seen_at": "TIMESTAMP"}
+ISSUE_TYPES = {
+    "segment": "VARCHAR", "byte_offset": "BIGINT", "kind": "VARCHAR", "message": "VARCHAR", "seen_at": "TIMESTAMP",
+    "record_id": "VARCHAR",
+}
+# Record fields stored as they are in a typed column. The proxy writes each with one JSON type; a
+# record where one has another was not written by it (or was damaged) and is set aside whole.
+RECORD_COLUMNS = {
+    name: sql_type for name, sql_type in EXCHANGE_TYPES.items()
+    if name in Record.__dataclass_fields__ and sql_type != "JSON"
+}
+# Issue kinds for lines that were not stored (the others are notes about a segment).
+SET_ASIDE = ("corrupt", "bad_type", "unknown_kind", "analyze_error")
 
 _REWRITTEN_SURFACE = {"constrained": "constrained", "text": "text", "template": "text"}
 _MARKER_BODY_LIMIT = 256 * 1024
@@ -252,7 +268,10 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         keys.n_messages if keys else None, keys.state_hash if keys else None, keys.chain_hash if keys else None,
         keys.parent_hashes if keys else None, keys.item_hash if keys else None, signature,
     )
-    return Analyzed(row, calls_out, tools_row)
+    return Analyzed(
+        fitted(row, EXCHANGE_TYPES), [fitted(c, CALL_TYPES) for c in calls_out],
+        fitted(tools_row, TOOL_SET_TYPES) if tools_row else None,
+    )
 
 
 def fingerprint_row(rec: dict, segment: str, offset: int) -> tuple:
@@ -271,9 +290,8 @@ def fingerprint_row(rec: dict, segment: str, offset: int) -> tuple:
         stack = stack.get("name") or stack.get("stack")
     if stack in ("unknown", "unreachable"):
         stack = version = None
-    at = rec.get("started_at")
     return (
-        rec.get("id"), rec.get("run"), rec.get("upstream"), at if isinstance(at, (int, float)) else None,
+        rec.get("id"), rec.get("run"), rec.get("upstream"), rec.get("started_at"),
         stack if isinstance(stack, str) else None, version if isinstance(version, str) else None,
         fp.get("model") if isinstance(fp.get("model"), str) else None, _json(rec), segment, offset,
     )
@@ -289,6 +307,8 @@ class Summary:
     duplicates: int = 0
     fingerprints: int = 0
     new_issues: int = 0
+    # Lines not stored this run, by issue kind (see SET_ASIDE).
+    set_aside: dict[str, int] = field(default_factory=dict)
     torn_tails: int = 0
     workers: int = 0
     runs: list[str] = field(default_factory=list)
@@ -314,8 +334,8 @@ class Batch:
     records: int = 0
     duplicates: int = 0
 
-    def issue(self, offset: int, kind: str, message: str) -> None:
-        self.issues.append((self.segment, offset, kind, message, time.time()))
+    def issue(self, offset: int, kind: str, message: str, record_id: str | None = None) -> None:
+        self.issues.append((self.segment, offset, kind, message, time.time(), record_id))
         self.notes.append(f"{self.segment} @{offset}: {message}")
 
 
@@ -351,17 +371,19 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
         kind = rec.get("kind", "exchange")
         if not isinstance(rid, str) or not rid:
             batch.issue(offset, "corrupt", "record has no id; skipped")
+        elif problem := first_misfit({n: rec.get(n) for n in RECORD_COLUMNS}, RECORD_COLUMNS):
+            batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         elif kind == "fingerprint":
             batch.fingerprints.append(fingerprint_row(rec, segment, offset))
         elif kind != "exchange":
-            batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped")
+            batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped", rid)
         elif rid in ids:
             batch.duplicates += 1
         else:
             try:
                 a = analyze_record(rec, segment, offset)
             except Exception as exc:  # one odd record must never stop an ingest; it is reported instead
-                batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}")
+                batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}", rid)
                 continue
             ids.add(rid)
             batch.exchanges.append(a.exchange)
@@ -421,6 +443,22 @@ def _columns(rows: list[tuple], types: dict[str, str]) -> dict[str, list]:
     return {name: [r[i] for r in rows] for i, name in enumerate(types)}
 
 
+def _unreadable(path: Path) -> str | None:
+    """Why an entry of the segments directory cannot be read as a segment, or None if it can.
+
+    Anything can end up there (a directory named like a segment, a FIFO, a file without read
+    permission, a dangling link); it is skipped with a note rather than stopping the ingest.
+    """
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return "not a regular file"
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return None
+
+
 @dataclass
 class _Chunk:
     path: Path
@@ -459,7 +497,13 @@ class Ingestor:
 
     def _pending_segments(self) -> list[tuple[Path, int]]:
         state = dict(self.con.execute("SELECT segment, byte_offset FROM ingest_state").fetchall())
-        segments = list_segments(self.data_dir)
+        segments = []
+        for path in list_segments(self.data_dir):
+            why = _unreadable(path)
+            if why is None:
+                segments.append(path)
+            else:
+                self.summary.issues.append(f"{path.name}: {why}; skipped")
         self.summary.segments = len(segments)
         todo = []
         for path in segments:
@@ -467,7 +511,7 @@ class Ingestor:
             size = path.stat().st_size
             if size < offset:
                 self.summary.issues.append(f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it")
-                self._write_issues([(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}", time.time())])
+                self._write_issues([(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}", time.time(), None)])
                 offset = 0
             if size > offset:
                 todo.append((path, offset))
@@ -537,10 +581,13 @@ class Ingestor:
         s.records += batch.records
         s.duplicates += batch.duplicates
         s.issues.extend(batch.notes)
+        for issue in batch.issues:
+            if issue[2] in SET_ASIDE:
+                s.set_aside[issue[2]] = s.set_aside.get(issue[2], 0) + 1
         if chunk.torn_at is not None:
             s.torn_tails += 1
             s.issues.append(f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); will retry next run")
-            batch.issues.append((chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line", time.time()))
+            batch.issues.append((chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line", time.time(), None))
         if not self.in_txn:
             con.execute("BEGIN TRANSACTION")
             self.in_txn, self.txn_bytes = True, 0

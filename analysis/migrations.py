@@ -160,4 +160,9 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        2,
+        "ingest_issues names the record a set-aside line held, when it had an id",
+        "ALTER TABLE ingest_issues ADD COLUMN record_id VARCHAR;",
+    ),
 ]

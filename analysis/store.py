@@ -178,8 +178,8 @@ def insert_columns(
         else:
             exprs.append(f"CAST({name} AS {t})")
     con.register(view, arrays)
-    try:
-        con.execute(f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(exprs)} FROM {view} {on_conflict}")
-    finally:
-        con.unregister(view)
+    # Not in a `finally`: after a failed INSERT the transaction is aborted, unregistering fails
+    # too, and that second error would hide the one that says what went wrong.
+    con.execute(f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(exprs)} FROM {view} {on_conflict}")
+    con.unregister(view)
     return n

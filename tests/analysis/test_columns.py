@@ -1,0 +1,49 @@
+"""Which Python values fit which DuckDB column, checked against DuckDB itself."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+from analysis.columns import first_misfit, fitted, misfit
+from analysis.store import insert_columns
+
+CASES = [
+    # (sql type, value, fits)
+    ("VARCHAR", "x", True), ("VARCHAR", 5, False), ("VARCHAR", {"a": 1}, False), ("VARCHAR", "\x00\x1b", True),
+    ("INTEGER", 200, True), ("INTEGER", 2**31 - 1, True), ("INTEGER", 2**31, False), ("INTEGER", -(2**31), True),
+    ("INTEGER", True, False), ("INTEGER", 200.0, False), ("INTEGER", "200", False),
+    ("BIGINT", 2**63 - 1, True), ("BIGINT", 2**63, False), ("BIGINT", 2**64 - 1, False),
+    ("DOUBLE", 1.5, True), ("DOUBLE", 3, True), ("DOUBLE", False, False), ("DOUBLE", "1.5", False),
+    ("TIMESTAMP", 1.7e9, True), ("TIMESTAMP", 0, True), ("TIMESTAMP", -1.0, True), ("TIMESTAMP", 9.1e12, True),
+    ("TIMESTAMP", 1e13, False), ("TIMESTAMP", 1e300, False), ("TIMESTAMP", "yesterday", False),
+    ("BOOLEAN", True, True), ("BOOLEAN", 1, False),
+    ("VARCHAR[]", ["a"], True), ("VARCHAR[]", ["a", 1], False), ("VARCHAR[]", "a", False),
+]
+
+
+@pytest.mark.parametrize("sql_type,value,fits", CASES)
+def test_misfit_agrees_with_duckdb(sql_type, value, fits):
+    assert (misfit("c", value, sql_type) is None) is fits
+    if not fits:
+        return
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE t (c {sql_type})")
+    assert insert_columns(con, "t", {"c": [value]}, {"c": sql_type}) == 1
+    con.close()
+
+
+def test_misfit_names_the_field_and_the_value():
+    assert misfit("status", 1099511627776, "INTEGER") == (
+        '"status" is 1099511627776 (a number), which does not fit a 32-bit integer')
+    long = misfit("run", "x" * 100, "INTEGER")
+    assert long == '"run" is "' + "x" * 58 + '… (a string), which does not fit a 32-bit integer'
+    assert first_misfit({"a": "ok", "b": None, "c": 7}, {"a": "VARCHAR", "b": "INTEGER", "c": "VARCHAR"}).startswith('"c" is 7')
+    assert first_misfit({"a": "ok"}, {"a": "VARCHAR"}) is None
+
+
+def test_fitted_keeps_what_fits_and_makes_the_rest_fit():
+    types = {"a": "VARCHAR", "b": "BIGINT", "c": "JSON", "d": "VARCHAR[]"}
+    row = ("x", 5, "{}", ["n"])
+    assert fitted(row, types) is row
+    assert fitted(({"k": 1}, 2**64, 3, ["n", 1]), types) == ('{"k":1}', None, "3", None)
