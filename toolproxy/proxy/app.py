@@ -137,7 +137,9 @@ def make_app(config: ProxyConfig) -> web.Application:
 async def serve(config: ProxyConfig) -> None:
     """Run until SIGINT/SIGTERM; prints where it listens and where it records."""
     app = make_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # auto_decompress off: a transparent proxy forwards and records a compressed request body as
+    # sent; aiohttp would inflate it (and fail with a 500 on a body that is not what it claims).
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     try:
