@@ -66,32 +66,78 @@ def misfit(name: str, value: Any, sql_type: str) -> str | None:
     """Why `value` cannot be stored in column `name` of `sql_type`, or None if it can (NULL always can)."""
     if value is None or _FITS[sql_type](value):
         return None
-    shown = orjson.dumps(value, default=str).decode()
+    try:
+        shown = orjson.dumps(value, default=str).decode()
+    except TypeError:  # an int beyond 64 bits (orjson's own limit)
+        shown = str(value)
     if len(shown) > 60:
         shown = shown[:59] + "…"
     return f'"{name}" is {shown} ({_json_type(value)}), which does not fit {_WORDS[sql_type]}'
 
 
-def first_misfit(values: dict[str, Any], types: dict[str, str]) -> str | None:
-    """The first of `values` (column -> value) that does not fit its column type in `types`."""
-    for name, value in values.items():
-        if value is not None and not _FITS[types[name]](value):
-            return misfit(name, value, types[name])
-    return None
+_NONE = type(None)
+_BOUNDS = {"INTEGER": _INT32, "BIGINT": _INT64, "TIMESTAMP": (-_EPOCH_SECONDS, _EPOCH_SECONDS)}
+_PY_TYPES = {
+    "VARCHAR": {str, _NONE}, "JSON": {str, _NONE}, "INTEGER": {int, _NONE}, "BIGINT": {int, _NONE},
+    "DOUBLE": {int, float, _NONE}, "TIMESTAMP": {int, float, _NONE}, "BOOLEAN": {bool, _NONE}, "VARCHAR[]": {list, _NONE},
+}
 
 
-def fitted(row: tuple, types: dict[str, str]) -> tuple:
-    """`row` (values in `types` order) with every value that does not fit made to: text as JSON,
-    anything else NULL.
+def _column_fits(values: list, sql_type: str) -> bool:
+    """Whether every value fits, decided by C-level passes over the column (no call per value)."""
+    if not set(map(type, values)) <= _PY_TYPES[sql_type]:
+        return False
+    bounds = _BOUNDS.get(sql_type)
+    if bounds is not None:
+        present = list(filter(None, values))  # zero is in every range
+        return not present or (bounds[0] <= min(present) and max(present) <= bounds[1])
+    if sql_type == "VARCHAR[]":
+        return all(set(map(type, v)) <= {str} for v in filter(None, values))
+    return True
 
-    For values read out of bodies, which a model or a stack wrote: the exchange is still stored,
-    its raw body keeps the original, and the column holds what can be compared in SQL.
+
+class Columns:
+    """The column types of one table, checked a column at a time.
+
+    Every record of an ingest goes through here, so the common case (everything fits) costs a
+    few C-level passes per column of a batch; only a column that fails them is looked at value
+    by value.
     """
-    out = None
-    for i, (value, sql_type) in enumerate(zip(row, types.values())):
-        if value is None or _FITS[sql_type](value):
-            continue
-        if out is None:
-            out = list(row)
-        out[i] = orjson.dumps(value, default=str).decode() if sql_type in ("VARCHAR", "JSON") else None
-    return row if out is None else tuple(out)
+
+    def __init__(self, types: dict[str, str]) -> None:
+        self.types = types
+
+    def misfit(self, values: dict[str, Any]) -> str | None:
+        """The first of the columns' values in `values` (one record) that does not fit, as misfit says."""
+        for name, sql_type in self.types.items():
+            if problem := misfit(name, values.get(name), sql_type):
+                return problem
+        return None
+
+    def misfits(self, columns: dict[str, list], names: list[str]) -> dict[int, str]:
+        """Rows (by index) where one of the columns `names` holds a value that does not fit, and why."""
+        found: dict[int, str] = {}
+        for name in names:
+            sql_type, values = self.types[name], columns[name]
+            if _column_fits(values, sql_type):
+                continue
+            for i, value in enumerate(values):
+                if i not in found and (problem := misfit(name, value, sql_type)):
+                    found[i] = problem
+        return found
+
+    def fit(self, columns: dict[str, list]) -> dict[str, list]:
+        """`columns` with every value that does not fit made to: text as JSON, anything else NULL.
+
+        For values read out of bodies, which a model or a stack wrote: the exchange is still
+        stored, its raw body keeps the original, and the column holds what SQL can compare.
+        """
+        out = dict(columns)
+        for name, values in columns.items():
+            sql_type = self.types[name]
+            if _column_fits(values, sql_type):
+                continue
+            text = sql_type in ("VARCHAR", "JSON")
+            out[name] = [v if v is None or _FITS[sql_type](v) else (orjson.dumps(v, default=str).decode() if text else None)
+                         for v in values]
+        return out

@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from analysis.classify import classify, tool_names_of
-from analysis.columns import first_misfit, fitted
+from analysis.columns import Columns
 from analysis.reassemble import (
     CHAT,
     OLLAMA_CHAT,
@@ -79,10 +79,11 @@ ISSUE_TYPES = {
 }
 # Record fields stored as they are in a typed column. The proxy writes each with one JSON type; a
 # record where one has another was not written by it (or was damaged) and is set aside whole.
-RECORD_COLUMNS = {
-    name: sql_type for name, sql_type in EXCHANGE_TYPES.items()
-    if name in Record.__dataclass_fields__ and sql_type != "JSON"
-}
+RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
+                 if name in Record.__dataclass_fields__ and sql_type != "JSON"]
+EXCHANGES, CALLS, TOOL_SETS = Columns(EXCHANGE_TYPES), Columns(CALL_TYPES), Columns(TOOL_SET_TYPES)
+FINGERPRINTS = Columns(FINGERPRINT_TYPES)
+_RECORD = Columns({name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS})
 # Issue kinds for lines that were not stored (the others are notes about a segment).
 SET_ASIDE = ("corrupt", "bad_type", "unknown_kind", "analyze_error")
 
@@ -161,12 +162,18 @@ class Analyzed:
     tool_set: tuple[str, str, list[str]] | None = None
 
 
+def _given(value: Any, default: Any) -> Any:
+    """value, or default when the record left it out (null or ""). Not `value or default`: a
+    wrongly typed false-ish value ({}, false, 0) must reach the column check, not be replaced."""
+    return default if value is None or value == "" else value
+
+
 def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     """Everything the database keeps about one exchange record. Pure: no I/O."""
-    path = rec.get("path") or ""
+    path = _given(rec.get("path"), "")
     kind = endpoint_kind(path) if rec.get("method", "POST") == "POST" else None
     is_attempt = kind is not None
-    condition = rec.get("condition") or "native"
+    condition = _given(rec.get("condition"), "native")
     rewritten = rec.get("upstream_request") is not None
     req, messages = _request(rec, kind) if is_attempt else (None, [])
     tools = req.get("tools") if req is not None and isinstance(req.get("tools"), list) else None
@@ -248,7 +255,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         record_meta["classification_detail"] = c.detail
     row = (
         rec.get("id"), rec.get("kind", "exchange"), rec.get("started_at"), rec.get("ended_at"), rec.get("ttfb_ms"),
-        rec.get("duration_ms"), rec.get("run") or UNTAGGED_RUN, rec.get("episode"), rec.get("item"), condition,
+        rec.get("duration_ms"), _given(rec.get("run"), UNTAGGED_RUN), rec.get("episode"), rec.get("item"), condition,
         _json(rec.get("tags") or {}), rec.get("upstream"), rec.get("method"), path, rec.get("query"),
         rec.get("status"), rec.get("client_status"), rec.get("error_kind"), rec.get("error_message"), is_attempt,
         (view.streamed if view is not None else None), model,
@@ -268,10 +275,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         keys.n_messages if keys else None, keys.state_hash if keys else None, keys.chain_hash if keys else None,
         keys.parent_hashes if keys else None, keys.item_hash if keys else None, signature,
     )
-    return Analyzed(
-        fitted(row, EXCHANGE_TYPES), [fitted(c, CALL_TYPES) for c in calls_out],
-        fitted(tools_row, TOOL_SET_TYPES) if tools_row else None,
-    )
+    return Analyzed(row, calls_out, tools_row)
 
 
 def fingerprint_row(rec: dict, segment: str, offset: int) -> tuple:
@@ -350,12 +354,30 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
     gc.disable()
     try:
         batch = _analyze_lines(segment, lines)
-        batch.exchange_columns = list(zip(*batch.exchanges))
+        columns = dict(zip(EXCHANGE_TYPES, zip(*batch.exchanges))) if batch.exchanges else {}
         batch.exchanges = []
+        if columns:
+            bad = EXCHANGES.misfits(columns, RECORD_FIELDS)
+            if bad:
+                _set_aside(batch, columns, bad)
+            columns = EXCHANGES.fit(columns)
+        batch.exchange_columns = list(columns.values()) if columns and columns["id"] else []
         return batch
     finally:
         if enabled:
             gc.enable()
+
+
+def _set_aside(batch: Batch, columns: dict[str, list], bad: dict[int, str]) -> None:
+    """Take out of the batch the exchanges whose record has a field of the wrong type."""
+    ids = columns["id"]
+    for i, problem in bad.items():
+        batch.issue(columns["segment_offset"][i], "bad_type", f"record {ids[i]}: {problem}; set aside", ids[i])
+    gone = {ids[i] for i in bad}
+    keep = [i for i in range(len(ids)) if i not in bad]
+    for name, values in columns.items():
+        columns[name] = [values[i] for i in keep]
+    batch.calls = [c for c in batch.calls if c[0] not in gone]
 
 
 def _analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
@@ -371,7 +393,8 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
         kind = rec.get("kind", "exchange")
         if not isinstance(rid, str) or not rid:
             batch.issue(offset, "corrupt", "record has no id; skipped")
-        elif problem := first_misfit({n: rec.get(n) for n in RECORD_COLUMNS}, RECORD_COLUMNS):
+        elif (kind == "fingerprint" or not isinstance(kind, str)) and (problem := _RECORD.misfit(rec)):
+            # exchanges are checked a column at a time, after analysis (analyze_lines)
             batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         elif kind == "fingerprint":
             batch.fingerprints.append(fingerprint_row(rec, segment, offset))
@@ -383,7 +406,10 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
             try:
                 a = analyze_record(rec, segment, offset)
             except Exception as exc:  # one odd record must never stop an ingest; it is reported instead
-                batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}", rid)
+                if problem := _RECORD.misfit(rec):
+                    batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
+                else:
+                    batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}", rid)
                 continue
             ids.add(rid)
             batch.exchanges.append(a.exchange)
@@ -605,14 +631,15 @@ class Ingestor:
                     columns = {k: [v[i] for i in keep] for k, v in columns.items()}
                     calls = [r for r in calls if r[0] not in dup]
                 s.new_exchanges += insert_columns(con, "exchanges", columns, EXCHANGE_TYPES)
-                insert_columns(con, "calls", _columns(calls, CALL_TYPES), CALL_TYPES)
+                insert_columns(con, "calls", CALLS.fit(_columns(calls, CALL_TYPES)), CALL_TYPES)
                 self.affected_runs.update(columns["run"])
             new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]
             if new_sets:
-                insert_columns(con, "tool_sets", _columns(new_sets, TOOL_SET_TYPES), TOOL_SET_TYPES, on_conflict="ON CONFLICT DO NOTHING")
+                insert_columns(con, "tool_sets", TOOL_SETS.fit(_columns(new_sets, TOOL_SET_TYPES)), TOOL_SET_TYPES,
+                               on_conflict="ON CONFLICT DO NOTHING")
             if batch.fingerprints:
                 s.fingerprints += insert_columns(
-                    con, "fingerprints", _columns(batch.fingerprints, FINGERPRINT_TYPES), FINGERPRINT_TYPES,
+                    con, "fingerprints", FINGERPRINTS.fit(_columns(batch.fingerprints, FINGERPRINT_TYPES)), FINGERPRINT_TYPES,
                     on_conflict="ON CONFLICT DO NOTHING",
                 )
                 self.affected_runs.update(r[1] for r in batch.fingerprints if r[1])

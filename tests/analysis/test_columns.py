@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from analysis.columns import first_misfit, fitted, misfit
+from analysis.columns import Columns, misfit
 from analysis.store import insert_columns
 
 CASES = [
@@ -38,12 +38,19 @@ def test_misfit_names_the_field_and_the_value():
         '"status" is 1099511627776 (a number), which does not fit a 32-bit integer')
     long = misfit("run", "x" * 100, "INTEGER")
     assert long == '"run" is "' + "x" * 58 + '… (a string), which does not fit a 32-bit integer'
-    assert first_misfit({"a": "ok", "b": None, "c": 7}, {"a": "VARCHAR", "b": "INTEGER", "c": "VARCHAR"}).startswith('"c" is 7')
-    assert first_misfit({"a": "ok"}, {"a": "VARCHAR"}) is None
+    assert misfit("b", 2**70, "BIGINT").startswith('"b" is 1180591620717411303424 (a number)')
+    columns = Columns({"a": "VARCHAR", "b": "INTEGER", "c": "VARCHAR"})
+    assert columns.misfit({"a": "ok", "b": None, "c": 7}).startswith('"c" is 7')
+    assert columns.misfit({"a": "ok", "b": 2**31}).startswith('"b" is 2147483648')
+    assert columns.misfit({"a": "ok", "b": 5, "extra": {}}) is None
 
 
-def test_fitted_keeps_what_fits_and_makes_the_rest_fit():
-    types = {"a": "VARCHAR", "b": "BIGINT", "c": "JSON", "d": "VARCHAR[]"}
-    row = ("x", 5, "{}", ["n"])
-    assert fitted(row, types) is row
-    assert fitted(({"k": 1}, 2**64, 3, ["n", 1]), types) == ('{"k":1}', None, "3", None)
+def test_misfits_finds_the_rows_and_fit_makes_the_rest_fit():
+    columns = Columns({"a": "VARCHAR", "b": "BIGINT", "c": "JSON", "d": "VARCHAR[]", "e": "TIMESTAMP"})
+    good = {"a": ["x", None], "b": [5, 0], "c": ["{}", None], "d": [["n"], None], "e": [1.7e9, 0]}
+    assert columns.misfits(good, list(good)) == {}
+    assert columns.fit(good) == good
+    odd = {"a": [{"k": 1}, "y"], "b": [2**64 - 1, True], "c": [3, "1"], "d": [["n", 1], []], "e": [1e300, "x"]}
+    assert columns.misfits(odd, ["a", "e"]) == {0: '"a" is {"k":1} (an object), which does not fit a string',
+                                                1: '"e" is "x" (a string), which does not fit a time in seconds since 1970'}
+    assert columns.fit(odd) == {"a": ['{"k":1}', "y"], "b": [None, None], "c": ["3", "1"], "d": [None, []], "e": [None, None]}

@@ -191,6 +191,8 @@ WRONG_TYPES = [
     ({"ttfb_ms": "fast"}, '"ttfb_ms" is "fast"'),
     ({"run": 5}, '"run" is 5 (a number)'),
     ({"run": {"name": "x"}}, '"run" is {"name":"x"} (an object)'),
+    ({"run": {}}, '"run" is {} (an object)'),
+    ({"condition": False}, '"condition" is false (a boolean)'),
     ({"path": ["/v1/chat/completions"]}, '"path" is ["/v1/chat/completions"] (an array)'),
     ({"request_body": 12}, '"request_body" is 12'),
     ({"kind": 3}, '"kind" is 3'),
