@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from toolproxy.calls.validate import json_type
+
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 # Epoch seconds DuckDB can hold as a TIMESTAMP (microseconds in an int64, about +-292,000 years).
@@ -48,18 +50,8 @@ _FITS = {
 }
 
 
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+def _with_article(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
 def misfit(name: str, value: Any, sql_type: str) -> str | None:
@@ -72,7 +64,7 @@ def misfit(name: str, value: Any, sql_type: str) -> str | None:
         shown = str(value)
     if len(shown) > 60:
         shown = shown[:59] + "…"
-    return f'"{name}" is {shown} ({_json_type(value)}), which does not fit {_WORDS[sql_type]}'
+    return f'"{name}" is {shown} ({_with_article(json_type(value))}), which does not fit {_WORDS[sql_type]}'
 
 
 _NONE = type(None)
