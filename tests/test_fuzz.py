@@ -22,17 +22,14 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import orjson
-import pytest
 
-from conftest import ProxyProcess
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
-from toolproxy.stacks.fakes import FakeStack, ModelRequest, call, text, text_call
+from toolproxy.stacks.fakes import ModelRequest, call, text, text_call
 
 SEED = int(os.environ.get("TOOLPROXY_FUZZ_SEED") or random.SystemRandom().randrange(1 << 32))
 REQUESTS = 600
@@ -232,26 +229,24 @@ def hostile_model(req: ModelRequest):
     return text("")
 
 
-@pytest.fixture(scope="module")
-def fuzzed_proxy(tmp_path_factory):
-    """One fake upstream and one proxy for the module, with the fuzz traffic already sent."""
-    with ExitStack() as stack:
-        fake = FakeStack("llamacpp", responder=hostile_model)
-        stack.enter_context(fake.in_thread())
-        proxy = ProxyProcess(fake.url, tmp_path_factory.mktemp("fuzz") / "data")
-        stack.callback(proxy.stop)
-        url = urlsplit(proxy.url)
-        rng = seeded("requests")
-        probes = [make_probe(rng, seq) for seq in range(REQUESTS)]
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda p: exchange(url.hostname, url.port, p), probes))
-        yield fake, proxy, probes, answers, time.monotonic() - t0
+def test_fuzzed_traffic_through_a_live_proxy(fake_stack, proxy):
+    """One fake upstream and one proxy; every invariant is checked on the same traffic."""
+    fake = fake_stack("llamacpp", responder=hostile_model)
+    p = proxy(fake.url)
+    url = urlsplit(p.url)
+    rng = seeded("requests")
+    probes = [make_probe(rng, seq) for seq in range(REQUESTS)]
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda probe: exchange(url.hostname, url.port, probe), probes))
+    print(f"{len(probes)} requests in {time.monotonic() - t0:.1f}s, seed {SEED}")
+    every_request_answered_and_the_proxy_alive(p, probes, answers)
+    every_exchange_recorded_once_and_counted(fake, p, probes, answers)
+    log_lines_inert(p, probes)
+    the_recording_analyzes(p)
 
 
-def test_proxy_answers_every_request_and_survives(fuzzed_proxy):
-    fake, proxy, probes, answers, seconds = fuzzed_proxy
-    print(f"{len(probes)} requests in {seconds:.1f}s, seed {SEED}")
+def every_request_answered_and_the_proxy_alive(proxy, probes, answers):
     for probe, answer in zip(probes, answers):
         if not probe.abandons:
             assert answer.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")), replay(f"request {probe.seq} got no HTTP answer: {probe.raw[:300]!r}")
@@ -259,8 +254,7 @@ def test_proxy_answers_every_request_and_survives(fuzzed_proxy):
     assert proxy.health()[0] == 200, replay(f"health is not ok: {proxy.health()}")
 
 
-def test_every_exchange_is_recorded_once_and_counted(fuzzed_proxy):
-    fake, proxy, probes, answers, _ = fuzzed_proxy
+def every_exchange_recorded_once_and_counted(fake, proxy, probes, answers):
     deadline = time.monotonic() + 20
     while True:  # the writer thread may still be writing the last records
         everything = read_records(proxy.data)  # written also counts the stack watcher's fingerprint records
@@ -289,16 +283,14 @@ def test_every_exchange_is_recorded_once_and_counted(fuzzed_proxy):
     assert len(records) >= sum(p.well_formed for p in probes)
 
 
-def test_log_lines_are_inert(fuzzed_proxy):
-    _, proxy, probes, _, _ = fuzzed_proxy
+def log_lines_inert(proxy, probes):
     lines = "".join(proxy.stdout)
     assert len(lines.splitlines()) > len(probes) / 2
     assert inert(lines), replay("serve printed raw control characters: " + repr(
         next(line for line in proxy.stdout if not inert(line))))
 
 
-def test_the_fuzzed_recording_analyzes(fuzzed_proxy):
-    _, proxy, _, _, _ = fuzzed_proxy
+def the_recording_analyzes(proxy):
     n = len(proxy.records())
     r = toolproxy("analyze", "--data", str(proxy.data))
     assert r.returncode == 0 and "Traceback" not in r.stderr, replay(r.stdout + r.stderr)
