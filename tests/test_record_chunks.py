@@ -7,6 +7,7 @@ worker processes reading byte ranges, and `toolproxy analyze`/`show --raw` as su
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import random
@@ -349,3 +350,40 @@ def test_chunk_source_serves_offsets_outside_its_buffer(tmp_path):
     with ChunkSource(seg, data[start:], start) as chunks:
         assert chunks.resolve(rec) is None
     assert rec["request_body"].encode() == bodies[-1]
+
+
+async def test_kill_9_while_writing_chunked_episodes(fake_stack, proxy):
+    """Sync durability, agents resending growing histories, then SIGKILL: every response a client
+    fully received has its record with its exact body; no complete line is corrupt, and no record
+    points at a chunk that did not reach the disk."""
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet", "--durability", "sync", "--segment-size", "200000")
+    complete: dict[str, bytes] = {}
+    stop = asyncio.Event()
+
+    async def agent(a: int) -> None:
+        async with aiohttp.ClientSession() as s:
+            for turn, body in enumerate(history_bodies(60, lambda o: json.dumps({**o, "model": "gpt-4o-mini", "user": f"agent-{a}"}).encode())):
+                if stop.is_set():
+                    return
+                try:
+                    async with s.post(p.url + "/v1/chat/completions", data=body,
+                                      headers={"Content-Type": "application/json"}) as r:
+                        await r.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    return
+                if r.status == 200:
+                    complete[f"{a}-{turn}"] = body
+
+    tasks = [asyncio.create_task(agent(a)) for a in range(6)]
+    await asyncio.sleep(1.5)
+    p.kill()
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 15)
+    assert len(complete) > 20
+
+    lines = [line for seg in list_segments(p.data) for line in read_segment(seg)]
+    assert not [l for l in lines if l.error and l.error != "torn_tail"], "a complete line is corrupt or lost its chunks"
+    assert len(list_segments(p.data)) > 1
+    recorded = {wire(l.record) for l in lines if l.record}
+    assert not [k for k, body in complete.items() if body not in recorded]
