@@ -69,6 +69,14 @@ def wire(rec: dict, field: str = "request_body") -> bytes | None:
     return base64.b64decode(text) if enc == "base64" else text.encode("utf-8")
 
 
+def one_segment(data: Path, turns: int) -> tuple[list[bytes], Path, bytes]:
+    """An episode's request bodies written to one segment: (bodies, the segment, its bytes)."""
+    bodies = history_bodies(turns)
+    write(data, [record(b) for b in bodies])
+    [seg] = list_segments(data)
+    return bodies, seg, seg.read_bytes()
+
+
 def segment_bytes(data: Path) -> bytes:
     return b"".join(p.read_bytes() for p in list_segments(data))
 
@@ -218,10 +226,7 @@ def test_a_lost_write_makes_the_packer_start_a_fresh_index(tmp_path):
 # ---- damage and crashes ------------------------------------------------------------------------
 
 def test_a_torn_tail_inside_chunk_lines_loses_only_the_unfinished_record(tmp_path):
-    bodies = history_bodies(6)
-    write(tmp_path, [record(b) for b in bodies])
-    [seg] = list_segments(tmp_path)
-    data = seg.read_bytes()
+    bodies, seg, data = one_segment(tmp_path, 6)
     last_record = data.rindex(b'{"id"')
     last_chunk = data.rindex(b'{"kind":"chunk"', 0, last_record)
     seg.write_bytes(data[:last_chunk + 40])  # a crash while the last batch's chunks were written
@@ -237,10 +242,7 @@ def test_a_torn_tail_inside_chunk_lines_loses_only_the_unfinished_record(tmp_pat
 
 
 def test_damaged_or_hostile_references_are_reported_never_wrong(tmp_path):
-    bodies = history_bodies(3)
-    write(tmp_path, [record(b) for b in bodies])
-    [seg] = list_segments(tmp_path)
-    data = seg.read_bytes()
+    _, seg, data = one_segment(tmp_path, 3)
     first_chunk_data = data.index(b'"data":"') + 20
     damaged = data[:first_chunk_data] + (b"A" if data[first_chunk_data:first_chunk_data + 1] != b"A" else b"B") + data[first_chunk_data + 1:]
     first_record = data.index(b'{"id"')
@@ -341,10 +343,7 @@ async def test_proxy_records_and_show_raw_reproduce_the_wire(fake_stack, proxy, 
 
 def test_chunk_source_serves_offsets_outside_its_buffer(tmp_path):
     """What an analyzer worker does: its range starts after the chunks its records use."""
-    bodies = history_bodies(5)
-    write(tmp_path, [record(b) for b in bodies])
-    [seg] = list_segments(tmp_path)
-    data = seg.read_bytes()
+    bodies, seg, data = one_segment(tmp_path, 5)
     start = data.rindex(b'{"id"')
     rec = orjson.loads(data[start:-1])
     with ChunkSource(seg, data[start:], start) as chunks:
