@@ -387,3 +387,68 @@ async def test_kill_9_while_writing_chunked_episodes(fake_stack, proxy):
     assert len(list_segments(p.data)) > 1
     recorded = {wire(l.record) for l in lines if l.record}
     assert not [k for k, body in complete.items() if body not in recorded]
+
+
+def _random_body(rnd: random.Random, parts: list[bytes]) -> bytes:
+    return b'{"messages":[' + b",".join(parts) + b"]" + rnd.choice([b"", b' , "tools" : [{"a":1},{"b":2}]']) + b"}"
+
+
+def _random_part(rnd: random.Random) -> bytes:
+    ws = [b"", b" ", b"\n  ", b"\t"]
+    text = "".join(rnd.choice("ab}{],[ \n\"é") for _ in range(rnd.choice([3, 40, 300, 900])))
+    return b"{" + rnd.choice(ws) + b'"c":' + orjson.dumps(text) + rnd.choice(ws) + b"}" + rnd.choice(ws)
+
+
+def test_reusing_an_earlier_bodys_prefix_cuts_exactly_as_cutting_afresh(tmp_path):
+    """The packer skips cutting and hashing a history it has packed before; whatever the bodies
+    (grown, edited, truncated, other episodes with the same head), every record's chunks are
+    exactly the body's own cut points and bytes."""
+    rnd = random.Random(9)
+    head = [b'{"c":' + orjson.dumps("system " * 700) + b"}"]
+    episodes = [list(head) for _ in range(4)]
+    bodies = []
+    for _ in range(300):
+        parts = rnd.choice(episodes)
+        r = rnd.random()
+        if r < 0.7:
+            parts.append(_random_part(rnd))
+        elif r < 0.85 and len(parts) > 2:
+            parts[rnd.randrange(1, len(parts))] = _random_part(rnd)
+        elif len(parts) > 2:
+            del parts[rnd.randrange(1, len(parts)):]
+        bodies.append(_random_body(rnd, parts))
+    path = tmp_path / "seg.jsonl"
+    packer = ChunkPacker()
+    with open(path, "ab") as f:
+        for body in bodies:
+            f.write(packer.pack([(record(body), None, None)], f))
+    with ChunkSource(path) as chunks:
+        for line, body in zip([l for l in path.read_bytes().splitlines() if l.startswith(b'{"id"')], bodies):
+            offsets = orjson.loads(line)["request_body_chunks"]
+            pieces = [chunks.get(at) for at in offsets]
+            ends = [sum(map(len, pieces[:i + 1])) for i in range(len(pieces))]
+            assert b"".join(pieces) == body and ends == cut_points(body)
+
+
+def test_a_body_that_extends_an_earlier_one_byte_for_byte_is_cut_as_afresh(tmp_path):
+    """The hard cases for reuse: the earlier body's end, a short last piece, or a MAX_CHUNK split
+    falls where the new body carries on (a stream recorded cut, then again in full)."""
+    rnd = random.Random(4)
+    alphabet = b"}}}{,,]  \nab"
+    bodies = []
+    for _ in range(40):
+        body = bytes(rnd.choice(alphabet) for _ in range(INLINE_BODY_CHARS + rnd.randrange(600)))
+        for _ in range(8):
+            bodies.append(body)
+            tail = b"a" * (MAX_CHUNK + 100) if rnd.random() < 0.05 else bytes(rnd.choice(alphabet) for _ in range(rnd.randrange(1, 700)))
+            body += tail
+    path = tmp_path / "seg.jsonl"
+    packer = ChunkPacker(compress=False)
+    with open(path, "ab") as f:
+        for body in bodies:
+            f.write(packer.pack([(record(body), None, None)], f))
+    with ChunkSource(path) as chunks:
+        for line, body in zip([l for l in path.read_bytes().splitlines() if l.startswith(b'{"id"')], bodies):
+            pieces = [chunks.get(at) for at in orjson.loads(line)["request_body_chunks"]]
+            ends = [sum(map(len, pieces[:i + 1])) for i in range(len(pieces))]
+            assert b"".join(pieces) == body and ends == cut_points(body)

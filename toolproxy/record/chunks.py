@@ -42,6 +42,7 @@ Why these choices:
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import re
 import zlib
@@ -70,10 +71,12 @@ class ChunkError(Exception):
     """A chunk reference that cannot be resolved (torn, corrupt or hostile segment data)."""
 
 
-def cut_points(data: bytes) -> list[int]:
-    """End offsets of the chunks of `data` (the last is len(data)); see the module docstring."""
+def cut_points(data: bytes, start: int = 0) -> list[int]:
+    """End offsets of the chunks of `data` (the last is len(data)); see the module docstring.
+
+    From `start` on, when `start` is known to be one of the cut points."""
     cuts = []
-    last = 0
+    last = start
     n = len(data)
     while True:
         m = _CUT.search(data, last + MIN_CHUNK)
@@ -125,6 +128,63 @@ def _chunk_line(key: bytes, piece: bytes, compress: bool) -> bytes:
     return orjson.dumps({"kind": "chunk", "id": key.hex(), "enc": enc, "data": data}, option=orjson.OPT_APPEND_NEWLINE)
 
 
+class _RecentBodies:
+    """Bodies packed lately into the current segment, grouped by their first INLINE_BODY_CHARS
+    bytes, with their cut points and chunk offsets.
+
+    Cutting and hashing every chunk of every body was most of the writer's cost, and most of a
+    body is the history packed a turn ago. If a body starts with the first k chunks of an earlier
+    one (one memcmp per step of a binary search), it has the same first k cut points and chunk
+    lines, provided the last of those cuts is a cut in the new body too: every cut decision
+    before it reads only bytes before it (a `}` followed by blanks, then `,` blanks `{`, or `]`).
+    Several bodies per head, since concurrent episodes often share a long system prompt.
+    """
+
+    PER_HEAD = 8
+    MAX_BYTES = 32 << 20
+
+    def __init__(self) -> None:
+        self._heads: collections.OrderedDict[int, list[tuple[bytes, list[int], list[int]]]] = collections.OrderedDict()
+        self._bytes = 0
+
+    def longest_prefix(self, head: int, raw: bytes) -> tuple[tuple[bytes, list[int], list[int]] | None, int]:
+        """(earlier body, k): `raw` is cut like that body up to its k-th cut point (k = 0: none)."""
+        best, best_k = None, 0
+        for body in reversed(self._heads.get(head, ())):
+            earlier, cuts = memoryview(body[0]), body[1]
+            lo, hi = 0, len(cuts)  # raw starts with the first lo chunks; not with the first hi+1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if raw.startswith(earlier[:cuts[mid - 1]]):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            # Only a cut the search found (not the body's end, not a MAX_CHUNK split) qualifies.
+            while lo > best_k and not (_CUT.match(body[0], cuts[lo - 1] - 1) and _CUT.match(raw, cuts[lo - 1] - 1)):
+                lo -= 1
+            if lo > best_k:
+                best, best_k = body, lo
+        return best, best_k
+
+    def add(self, head: int, body: tuple[bytes, list[int], list[int]], continues: tuple | None) -> None:
+        """Remember `body`, in place of the earlier body it `continues` (the next turn of it)."""
+        bodies = self._heads.setdefault(head, [])
+        self._heads.move_to_end(head)
+        for i, other in enumerate(bodies):
+            if other is continues:
+                self._bytes -= len(bodies.pop(i)[0])
+                break
+        bodies.append(body)
+        self._bytes += len(body[0])
+        if len(bodies) > self.PER_HEAD:
+            self._bytes -= len(bodies.pop(0)[0])
+        while self._bytes > self.MAX_BYTES:
+            oldest_head, oldest = next(iter(self._heads.items()))
+            self._bytes -= len(oldest.pop(0)[0])
+            if not oldest:
+                del self._heads[oldest_head]
+
+
 class ChunkPacker:
     """Writer side: turns a batch of queued records into the bytes to append to a segment.
 
@@ -139,12 +199,13 @@ class ChunkPacker:
         self._file: Any = None
         self._expected = -1
         self._index: dict[bytes, int] = {}
+        self._recent = _RecentBodies()
 
     def pack(self, batch: list[tuple[Record, bytes | None, Any]], file: Any) -> bytes:
         """Segment bytes for `batch` (records with a line already serialised are copied as is)."""
         base = file.tell()
         if file is not self._file or base != self._expected:
-            self._file, self._index = file, {}
+            self._file, self._index, self._recent = file, {}, _RecentBodies()
         out = bytearray()
         for rec, line, _ in batch:
             if line is None:
@@ -175,11 +236,18 @@ class ChunkPacker:
         if raw is None:
             return None
         if len(self._index) >= MAX_INDEX:
-            self._index = {}
+            self._index, self._recent = {}, _RecentBodies()
         index = self._index
-        refs = []
-        start = 0
-        for end in cut_points(raw):
+        head = hash(raw[:INLINE_BODY_CHARS])
+        earlier, k = self._recent.longest_prefix(head, raw)
+        if earlier is None:
+            cuts, refs, start = [], [], 0
+        else:
+            cuts, refs = earlier[1][:k], earlier[2][:k]
+            start = cuts[-1]
+        new_cuts = cut_points(raw, start)
+        cuts += new_cuts
+        for end in new_cuts:
             piece = raw[start:end]
             start = end
             key = hashlib.sha256(piece).digest()[:16]
@@ -188,6 +256,7 @@ class ChunkPacker:
                 at = index[key] = base + len(out)
                 out += _chunk_line(key, piece, self.compress)
             refs.append(at)
+        self._recent.add(head, (raw, cuts, refs), earlier if earlier is not None and 2 * k >= len(earlier[1]) else None)
         return refs
 
 
