@@ -17,9 +17,9 @@ Why these choices:
   array, i.e. after every message, tool and content part, including the last message. The cut
   points of a body depend only on the bytes before them, so the history a harness resends is
   cut exactly as last turn and its chunks are found again, and the tools array after the
-  messages re-aligns at once. A regex search
-  is C-speed (~1 GB/s), where true rolling-hash chunking in pure Python would hold the GIL, and
-  so the proxy's event loop, for milliseconds per body. Pieces shorter than MIN_CHUNK are merged
+  messages re-aligns at once. A regex search is C-speed, where rolling-hash chunking in pure
+  Python would hold the GIL, and so the proxy's event loop, for milliseconds per body. A history
+  packed before is not even cut again (_RecentBodies). Pieces shorter than MIN_CHUNK are merged
   with what follows (a chunk costs a line); spans without cut points are cut every MAX_CHUNK
   bytes from their start, which is itself a content-defined point.
 - Per segment, chunks referenced by byte offset: a chunk always precedes the first record that
@@ -29,10 +29,10 @@ Why these choices:
   whole segment takes its chunks along: retention needs no garbage collection. The price is
   that a long conversation's prefix is written once more in each new segment (64 MiB or 1 h).
 - The id is checked on read, so a damaged chunk makes its record reported corrupt, never wrong.
-  SHA-256 (truncated to 128 bits) rather than BLAKE2b: hashing every chunk of every large body
-  is most of the writer's added cost, and OpenSSL's SHA-256 uses the CPU's SHA instructions
-  (1.5x faster here); a cryptographic hash, so a client cannot forge a chunk that another
-  client's body would then be rebuilt from.
+  SHA-256 (truncated to 128 bits) rather than BLAKE2b: hashing new chunks is a large part of
+  the writer's cost, and OpenSSL's SHA-256 uses the CPU's SHA instructions (1.5x faster here);
+  a cryptographic hash, so a client cannot forge a chunk that another client's body would then
+  be rebuilt from.
 - zlib level 1 (stdlib, releases the GIL) is used when the compressed, base64-armoured data is
   at least a fifth smaller than the text, otherwise the chunk stays readable text (base64 if not
   UTF-8). Measured on the storage benchmark: 20% fewer bytes than no compression for 4% more
