@@ -40,7 +40,7 @@ from analysis.reassemble import (
 from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
 from toolproxy.record.chunks import ChunkSource, is_chunk_line
-from toolproxy.record.segments import list_segments, parse_line
+from toolproxy.record.segments import batch_end, list_segments, parse_line
 from toolproxy.stacks.markers import detect
 
 EXCHANGE_TYPES = {
@@ -375,9 +375,10 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSo
 def analyze_range(path: str, start: int, end: int) -> Batch:
     """Read the whole lines in [start, end) of a segment and analyse them.
 
-    Workers read the file themselves, so the main process never copies record bytes: it only
-    finds line boundaries and writes the results. Chunk lines are skipped; a record's chunks come
-    from the range read, or from earlier in the segment by a positioned read.
+    Workers read the file themselves, so the main process never parses records: it only finds
+    line boundaries (weighing lines that name chunked bodies, see batch_end) and writes the
+    results. Chunk lines are skipped; a record's chunks come from the range read, or from earlier
+    in the segment by a positioned read.
     """
     with open(path, "rb") as f:
         f.seek(start)
@@ -488,6 +489,7 @@ class Ingestor:
                 pos = start
                 while pos < complete:
                     end = _next_line_end(f, min(pos + self.batch_bytes, complete) - 1, complete)
+                    end = batch_end(f, pos, end, self.batch_bytes)  # chunked bodies count in full
                     yield _Chunk(path, pos, end, torn_at=complete if end == complete and complete < size else None)
                     pos = end
             if complete == start and complete < size:

@@ -22,11 +22,11 @@ import orjson
 import pytest
 
 from analysis.ingest import ingest
-from analysis.storage_bench import episode
+from analysis.storage_bench import episode, interleaved
 from analysis.store import connect
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
 from toolproxy.record.model import Record, encode_body, new_id
-from toolproxy.record.segments import list_segments, read_records, read_segment
+from toolproxy.record.segments import batch_end, expanded_size, list_segments, read_lines, read_records, read_segment
 from toolproxy.record.writer import SegmentWriter
 
 TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing " * 40,
@@ -452,3 +452,35 @@ def test_a_body_that_extends_an_earlier_one_byte_for_byte_is_cut_as_afresh(tmp_p
             pieces = [chunks.get(at) for at in orjson.loads(line)["request_body_chunks"]]
             ends = [sum(map(len, pieces[:i + 1])) for i in range(len(pieces))]
             assert b"".join(pieces) == body and ends == cut_points(body)
+
+
+EXPANDED = [
+    ("a body stored whole", b'{"id":"a","request_body":"' + b"x" * 900 + b'","request_body_size":900}', 0),
+    ("a chunked request", b'{"id":"a","request_body":null,"request_body_size":50000,"request_body_chunks":[1,2]}', 50000),
+    ("request and rewrite chunked", b'{"request_body_size":7000,"request_body_chunks":[1],"upstream_request":{"body_chunks":[2]}}', 14000),
+    ("chunked, size unknown", b'{"id":"a","response_body_chunks":[1]}', 1 << 20),
+    ("the key only inside a string (escaped)", b'{"request_body":"\\"request_body_chunks\\":[1]"}', 0),
+]
+
+
+@pytest.mark.parametrize("name,line,extra", EXPANDED, ids=[c[0] for c in EXPANDED])
+def test_expanded_size_counts_the_bodies_a_line_names(name, line, extra):
+    assert expanded_size(line) == len(line) + extra
+
+
+def test_analyze_batches_are_bounded_by_the_bytes_they_stand_for(tmp_path):
+    """A dedup'd segment holds ~17x more body bytes than its size: batches count them in full."""
+    recs = interleaved([episode(random.Random(n), n, 40, 2048) for n in range(4)])
+    write(tmp_path, recs)
+    [seg] = list_segments(tmp_path)
+    budget = 1 << 20
+    lines = {off: line for off, _, line in read_lines(seg)}
+    batches = []
+    with open(seg, "rb") as f:
+        pos, size = 0, seg.stat().st_size
+        while pos < size:
+            end = batch_end(f, pos, size, budget)
+            batches.append(sum(expanded_size(line) for off, line in lines.items() if pos <= off < end))
+            pos = end
+    assert len(batches) > sum(r.request_body_size for r in recs) // budget // 2
+    assert max(batches) < budget + max(r.request_body_size for r in recs) + 4096

@@ -12,6 +12,7 @@ be read is reported corrupt like an unparsable line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -63,6 +64,46 @@ def read_lines(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 10
                 offset = end
         if buf:
             yield offset, offset + len(buf), None
+
+
+_REQUEST_SIZE = re.compile(rb'"request_body_size":(\d+)')
+_CHUNK_REFS = b'_chunks":['
+
+
+def expanded_size(line: bytes) -> int:
+    """About how many bytes a record line stands for once its bodies are put back.
+
+    A line of a few hundred bytes can name megabytes of chunks: work batched by bytes on disk
+    (analyze) must count these to stay bounded in memory. The request body's recorded size
+    stands for each chunked body; the request is what a resent history makes large.
+    """
+    n = line.count(_CHUNK_REFS)
+    if not n:
+        return len(line)
+    m = _REQUEST_SIZE.search(line)
+    return len(line) + n * (int(m.group(1)) if m else 1 << 20)
+
+
+def batch_end(f, start: int, end: int, budget: int) -> int:
+    """Where a batch of the whole lines in [start, end) of open segment `f` should end so that,
+    bodies put back, it stands for about `budget` bytes (at least one line).
+
+    Reads at most `budget` bytes: a line running past them is a body stored whole, whose size on
+    disk is already what it stands for.
+    """
+    f.seek(start)
+    data = f.read(min(end - start, budget))
+    if data.find(_CHUNK_REFS) < 0:
+        return end
+    total = 0
+    pos = 0
+    while (nl := data.find(b"\n", pos)) >= 0:
+        # Lines without chunk references (most bytes, when bodies are stored whole) are not copied.
+        total += expanded_size(data[pos:nl]) if data.find(_CHUNK_REFS, pos, nl) >= 0 else nl - pos
+        pos = nl + 1
+        if total >= budget:
+            return start + pos
+    return end
 
 
 def parse_line(line: bytes, chunks: ChunkSource | None = None) -> tuple[dict[str, Any] | None, str | None]:
