@@ -8,9 +8,9 @@ result of varied text); the upstream answers with a non-streamed tool call. The 
 proxy's own, written by the proxy's SegmentWriter with dedup on and off. Printed, side by side:
 
 - storage: bytes on disk (segments, everything included) / raw request bytes, for one episode;
-- writer throughput: records/s through SegmentWriter (submit to fsync'ed close), for the episode
-  records interleaved as concurrent agents send them, and for small records (bodies under the
-  inline threshold, the common case);
+- writer throughput: records/s through SegmentWriter (submit to fsync'ed close), and the CPU
+  time per record, for the episode records interleaved as concurrent agents send them; records/s
+  for small records (bodies under the inline threshold, the common case);
 - ingest rate: exchanges/s of `analyze`'s ingest over the same records.
 
 Throughput and ingest run in interleaved rounds (on, off, on, off, ...) and report medians and
@@ -109,18 +109,19 @@ def small_records(n: int) -> list[Record]:
     return out
 
 
-def write(data_dir: Path, records: list[Record], dedup: bool) -> float:
-    """Seconds from the first submit until every record is fsync'ed and the writer has stopped."""
+def write(data_dir: Path, records: list[Record], dedup: bool) -> tuple[float, float]:
+    """(wall, CPU) seconds from the first submit until every record is fsync'ed and the writer
+    has stopped. CPU is the whole process's: the GIL time the proxy's event loop would compete with."""
     writer = SegmentWriter(data_dir, max_queue=len(records) + 1, dedup=dedup)
     writer.start()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for rec in records:
         writer.submit(rec)
     writer.close(timeout=600)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     if writer.stats.written != len(records):
         raise SystemExit(f"writer wrote {writer.stats.written} of {len(records)} records")
-    return dt
+    return dt, cpu
 
 
 def disk_bytes(data_dir: Path) -> int:
@@ -171,21 +172,26 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  dedup {'on ' if dedup else 'off'}: {size:>10,} bytes on disk; / raw request bytes = "
                   f"{size / raw_req:.3f}; / raw request+response bytes = {size / raw_all:.3f}")
 
-        times: dict[str, list[float]] = {k: [] for k in ("many-on", "many-off", "small-on", "small-off", "ingest-on", "ingest-off")}
+        times: dict[str, list[float]] = {
+            f"{k}-{tag}": [] for k in ("many", "many-cpu", "small", "ingest") for tag in ("on", "off")
+        }
         for rnd_no in range(args.rounds):
             for dedup in ((True, False) if rnd_no % 2 == 0 else (False, True)):
                 tag = "on" if dedup else "off"
                 d = root / f"r{rnd_no}-{tag}"
-                times[f"many-{tag}"].append(len(many) / write(d, many, dedup))
+                wall, cpu = write(d, many, dedup)
+                times[f"many-{tag}"].append(len(many) / wall)
+                times[f"many-cpu-{tag}"].append(cpu / len(many) * 1e6)
                 times[f"ingest-{tag}"].append(len(many) / ingest_seconds(d, len(many)))
                 s = root / f"r{rnd_no}-{tag}-small"
-                times[f"small-{tag}"].append(len(small) / write(s, small, dedup))
+                times[f"small-{tag}"].append(len(small) / write(s, small, dedup)[0])
                 shutil.rmtree(s)
         on_size, off_size = disk_bytes(root / "r0-on"), disk_bytes(root / "r0-off")
         print(f"{args.episodes} interleaved episodes ({len(many)} records): {on_size:,} bytes on disk with dedup, "
               f"{off_size:,} without ({on_size / off_size:.3f})")
         print(f"medians of {args.rounds} interleaved rounds:")
         print(f"  writer, episode records/s   {_ratio(times['many-on'], times['many-off'])}")
+        print(f"  writer, CPU us per record   {_ratio(times['many-cpu-on'], times['many-cpu-off'])}")
         print(f"  writer, small records/s     {_ratio(times['small-on'], times['small-off'])}")
         print(f"  ingest, exchanges/s         {_ratio(times['ingest-on'], times['ingest-off'])}")
     finally:
