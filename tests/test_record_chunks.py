@@ -484,3 +484,19 @@ def test_analyze_batches_are_bounded_by_the_bytes_they_stand_for(tmp_path):
             pos = end
     assert len(batches) > sum(r.request_body_size for r in recs) // budget // 2
     assert max(batches) < budget + max(r.request_body_size for r in recs) + 4096
+
+
+def test_a_batch_that_fails_to_serialise_leaves_no_phantom_chunks(tmp_path):
+    """A record that cannot be serialised (a lone surrogate in a header) aborts its batch after
+    its bodies' chunks were indexed: later records must not point at those unwritten chunks."""
+    path = tmp_path / "seg.jsonl"
+    packer = ChunkPacker()
+    bodies = history_bodies(3)
+    bad = record(bodies[1])
+    bad.request_headers = [["X-Note", "caf\udce9"]]
+    with open(path, "ab") as f:
+        f.write(packer.pack([(record(bodies[0]), None, None)], f))
+        with pytest.raises(TypeError):
+            packer.pack([(bad, None, None)], f)
+        f.write(packer.pack([(record(bodies[1]), None, None)], f))
+    assert [line.record["request_body"].encode() for line in read_segment(path)] == [bodies[0], bodies[1]]

@@ -206,6 +206,7 @@ class ChunkPacker:
         base = file.tell()
         if file is not self._file or base != self._expected:
             self._file, self._index, self._recent = file, {}, _RecentBodies()
+        self._expected = -1  # until packed in full: if a record cannot be serialised, start afresh
         out = bytearray()
         for rec, line, _ in batch:
             if line is None:
