@@ -354,7 +354,7 @@ WRONG = [("status", [2**40, True, "200", 1.5, [200]]), ("started_at", ["yesterda
 
 def bad_line(rng: random.Random) -> tuple[bytes, str]:
     """(line without its newline, the issue kind it must be set aside as)"""
-    kind = rng.choice(["type", "type", "type", "json", "truncated", "array", "noid", "utf8", "deep"])
+    kind = rng.choice(["type", "type", "type", "json", "truncated", "array", "noid", "utf8", "deep", "chunks"])
     if kind == "type":
         rec = good_record(rng)
         field, values = rng.choice(WRONG)
@@ -374,6 +374,10 @@ def bad_line(rng: random.Random) -> tuple[bytes, str]:
     if kind == "utf8":
         return orjson.dumps(good_record(rng)).replace(b'"POST"', b'"P\xffST"').replace(b'"GET"', b'"G\xffT"').replace(
             b'"FUZZ"', b'"\xc3"'), "corrupt"
+    if kind == "chunks":  # a body stored as chunk references that lead nowhere
+        rec = good_record(rng)
+        rec[rng.choice(["request_body", "response_body"]) + "_chunks"] = rng.choice([[10**9], "x", [-1], [0], [1.5], {}])
+        return orjson.dumps(rec), "corrupt"
     if kind == "deep":
         return b"[" * 3000 + b"]" * 3000, "corrupt"
     return rng.choice([b"{not json", b"\x00\x01\x02", b"nul\x00l", b'{"id": "x", }', b"\xef\xbb\xbf{}"]), "corrupt"
