@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import orjson
+import pytest
 
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
@@ -229,12 +230,14 @@ def hostile_model(req: ModelRequest):
     return text("")
 
 
-def test_fuzzed_traffic_through_a_live_proxy(fake_stack, proxy):
-    """One fake upstream and one proxy; every invariant is checked on the same traffic."""
+@pytest.mark.parametrize("serve_args", [(), ("--condition", "text", "--durability", "sync")], ids=["native", "text-sync"])
+def test_fuzzed_traffic_through_a_live_proxy(fake_stack, proxy, serve_args):
+    """One fake upstream and one proxy per configuration; every invariant is checked on the same
+    traffic. The text condition parses and rewrites every request and reply on the hot path."""
     fake = fake_stack("llamacpp", responder=hostile_model)
-    p = proxy(fake.url)
+    p = proxy(fake.url, *serve_args)
     url = urlsplit(p.url)
-    rng = seeded("requests")
+    rng = seeded("requests" + " ".join(serve_args))
     probes = [make_probe(rng, seq) for seq in range(REQUESTS)]
     t0 = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
