@@ -52,8 +52,10 @@ def inert(text: str) -> bool:
                    for c in text)
 
 
-def test_seed_is_printed():
-    print(f"fuzz seed {SEED}: replay with TOOLPROXY_FUZZ_SEED={SEED}")
+def test_seed_is_printed(capsys):
+    """Past pytest's output capture, so a passing run shows it too."""
+    with capsys.disabled():
+        print(f" (fuzz seed {SEED}: replay with TOOLPROXY_FUZZ_SEED={SEED})", end=" ")
 
 
 # ------------------------------------------------------------------ requests against a live proxy
