@@ -93,8 +93,9 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
             t = rebuild(con, rules, exchanges=reclassify or reason.startswith("analyzer version"))
             click.echo(f"rebuilt derived tables ({reason}): {t['exchanges']} exchanges reclassified, "
                        f"{t['runs']} runs, {t['turns']} turns, {t['episodes']} episodes")
+        else:
+            save_state(con, rules)  # a new store records the version and rules its first ingest is derived under
         s = ingest(con, data_dir, batch_bytes=int(batch_mb * 1024 * 1024), workers=workers)
-        save_state(con, rules)
     except duckdb.Error as exc:
         _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:
