@@ -9,7 +9,7 @@ can never disagree about a number.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
@@ -49,7 +49,9 @@ def select_runs(con: duckdb.DuckDBPyConnection, wanted: Sequence[str] | None, pa
 
 
 @dataclass
-class RunSummary:
+class RunSummary(RunMetrics):
+    """A run's metrics (analysis.metrics) and what a reader needs beside them."""
+
     run: str
     stack: str | None
     stack_version: str | None
@@ -57,16 +59,7 @@ class RunSummary:
     condition: str | None
     turns: int
     episodes: int
-    call_fidelity: stats.Rate
-    delivered_fidelity: stats.Rate
-    restraint: stats.Rate
-    answer_rate: stats.Rate
-    paper_fidelity: stats.Rate
-    non_response_rate: stats.Rate
-    roles: dict[str, int]
     outcomes: dict[str, int]
-    non_response_kinds: dict[str, int]
-    non_response_retries: dict[str, int]
     calls: int
     text_calls: int
     harness_saw_prose: int
@@ -151,12 +144,9 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
         calls, text_calls = per_call.get(run, (0, 0))
         episodes, looping = per_episode.get(run, (0, 0))
         summaries.append(RunSummary(
+            **{f.name: getattr(m, f.name) for f in fields(RunMetrics)},
             run=run, stack=stack, stack_version=version, model=model, condition=condition,
-            turns=int(turns), episodes=int(episodes),
-            call_fidelity=m.call_fidelity, delivered_fidelity=m.delivered_fidelity, restraint=m.restraint,
-            answer_rate=m.answer_rate, paper_fidelity=m.paper_fidelity, non_response_rate=m.non_response_rate,
-            roles=m.roles, outcomes={k: 0 for k in OUTCOMES} | outcomes.get(run, {}),
-            non_response_kinds=m.non_response_kinds, non_response_retries=m.non_response_retries,
+            turns=int(turns), episodes=int(episodes), outcomes={k: 0 for k in OUTCOMES} | outcomes.get(run, {}),
             calls=int(calls), text_calls=int(text_calls), harness_saw_prose=int(saw_prose),
             valid_seen_as_prose=int(valid_prose), looping_episodes=int(looping),
         ))

@@ -12,9 +12,9 @@ from analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
 _RATES = (*METRICS, "non_response_rate")
 
 
-def _flat(s: RunSummary, kinds: list[str], outcomes: list[str]) -> dict:
+def _flat(s: RunSummary, kinds: list[str], outcomes: list[str], analyzer_version: int | None) -> dict:
     return {
-        "run": s.run, "stack": s.stack, "stack_version": s.stack_version, "model": s.model, "condition": s.condition,
+        "analyzer_version": analyzer_version, "run": s.run, "stack": s.stack, "stack_version": s.stack_version, "model": s.model, "condition": s.condition,
         "turns": s.turns, "episodes": s.episodes, "rejected": s.rejected, "lost_in_serving": s.lost_in_serving,
         **{f"{name}_{k}": v for name in _RATES for k, v in dataclasses.asdict(getattr(s, name)).items()},
         **{f"role_{k}": v for k, v in s.roles.items()},
@@ -30,7 +30,7 @@ def render(report: Report) -> str:
     seen_kinds = {k for s in report.runs for k in s.non_response_kinds}
     kinds = list(NON_RESPONSE_KINDS) + sorted(seen_kinds - set(NON_RESPONSE_KINDS))
     outcomes = list(dict.fromkeys([*OUTCOMES, *(k for s in report.runs for k in s.outcomes)]))
-    rows = [_flat(s, kinds, outcomes) for s in report.runs]
+    rows = [_flat(s, kinds, outcomes, report.analyzer_version) for s in report.runs]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["run"], lineterminator="\n")
     writer.writeheader()

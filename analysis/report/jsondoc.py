@@ -13,7 +13,7 @@ from analysis.summary import Report, RunSummary
 
 def run_dict(s: RunSummary) -> dict:
     """A run's fields plus the derived shares and the `rejected` flag a consumer must not recompute."""
-    return dataclasses.asdict(s) | {
+    return {"run": s.run} | dataclasses.asdict(s) | {
         "rejected": s.rejected,
         "outcome_shares": s.outcome_shares,
         "surfaced_as_text": s.surfaced_as_text,
