@@ -74,7 +74,8 @@ def score(con: duckdb.DuckDBPyConnection, runs: Sequence[str], rules: Sequence[R
     """
     con.execute("create or replace temp table wanted as select unnest(?::varchar[]) as run", [list(runs)])
     if not rules:
-        con.execute("create or replace temp table scored as select * from turns where run in (select run from wanted)")
+        con.execute("create or replace temp table scored as select * exclude (content) from turns "
+                    "where run in (select run from wanted)")
         return
     every = [*stored_rules(con), *rules]
     rows = con.execute("select episode_key, tags::varchar from episodes where run in (select run from wanted)").fetchall()
@@ -85,7 +86,7 @@ def score(con: duckdb.DuckDBPyConnection, runs: Sequence[str], rules: Sequence[R
     con.execute(f"""
         create or replace temp table scored as
         select * exclude (role), {ROLE_SQL} as role from (
-            select t.* exclude (expect), x.expect from turns t left join episode_expect x using (episode_key)
+            select t.* exclude (expect, content), x.expect from turns t left join episode_expect x using (episode_key)
             where t.run in (select run from wanted))
     """)
 
