@@ -301,6 +301,8 @@ def test_reclassify_is_idempotent_and_rebuilds_from_the_raw_exchanges(tmp_path):
     con.execute("update turns set role = 'open', analyzer_version = 1")
     con.execute("delete from calls")
     con.close()
+    stale = " ".join(ok(toolproxy("report", "--data", str(data))).split())
+    assert f"analyzer v1 (this toolproxy's analyzer is v{ANALYZER_VERSION}: run `toolproxy analyze` to rebuild)" in stale
     out = ok(toolproxy("analyze", "--data", str(data)))
     assert f"rebuilt derived tables (analyzer version 1 -> {ANALYZER_VERSION})" in out
     assert snapshot(data) == first
