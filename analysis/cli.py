@@ -35,10 +35,14 @@ def expect_callback(_ctx, _param, values: tuple[str, ...]) -> list:
         raise click.BadParameter(str(exc)) from None
 
 
-EXPECT_OPTION = click.option(
-    "--expect", "expect_rules", multiple=True, metavar="TAG=VALUE:call|none", callback=expect_callback,
-    help="Override what items expect for this report only, by a rule on tags, e.g. 'category=irrelevance:none' "
-         "(repeatable; the last matching rule wins over stored rules and expect tags).",
+def expect_option(help_text: str):
+    return click.option("--expect", "expect_rules", multiple=True, metavar="TAG=VALUE:call|none",
+                        callback=expect_callback, help=help_text)
+
+
+EXPECT_OPTION = expect_option(
+    "Override what items expect for this output only, by a rule on tags, e.g. 'category=irrelevance:none' "
+    "(repeatable; the last matching rule wins over stored rules and expect tags)."
 )
 
 
@@ -60,9 +64,8 @@ def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit
 @click.option("--memory-limit", default="1GB", show_default=True, help="DuckDB memory limit; it spills to disk beyond it.")
 @click.option("--reclassify", is_flag=True,
               help="Rebuild every derived table (classification, turns, roles, episodes) from the stored raw exchanges.")
-@click.option("--expect", "expect_rules", multiple=True, metavar="TAG=VALUE:call|none", callback=expect_callback,
-              help="What items expect, by a rule on tags, e.g. 'category=irrelevance:none' (repeatable; the last "
-                   "matching rule wins over the item's expect tag). Stored with the analysis and used until replaced.")
+@expect_option("What items expect, by a rule on tags, e.g. 'category=irrelevance:none' (repeatable; the last "
+               "matching rule wins over the item's expect tag). Stored with the analysis and used until replaced.")
 @click.option("--clear-expect", is_flag=True, help="Forget the stored expectation rules (items keep their expect tags).")
 def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int | None, memory_limit: str,
             reclassify: bool, expect_rules: list, clear_expect: bool) -> None:
