@@ -14,7 +14,8 @@ _RATES = (*METRICS, "non_response_rate")
 
 def _flat(s: RunSummary, kinds: list[str], outcomes: list[str], analyzer_version: int | None) -> dict:
     return {
-        "run": s.run, "analyzer_version": analyzer_version, "stack": s.stack, "stack_version": s.stack_version, "model": s.model, "condition": s.condition,
+        "run": s.run, "analyzer_version": analyzer_version, "stack": s.stack, "stack_version": s.stack_version,
+        "model": s.model, "condition": s.condition,
         "turns": s.turns, "episodes": s.episodes, "rejected": s.rejected, "lost_in_serving": s.lost_in_serving,
         **{f"{name}_{k}": v for name in _RATES for k, v in dataclasses.asdict(getattr(s, name)).items()},
         **{f"role_{k}": v for k, v in s.roles.items()},
