@@ -47,18 +47,15 @@ def stored_rules(con) -> list[Rule]:
 
 
 def stored_version(con) -> int | None:
-    """The analyzer version the derived tables were built under; None for a store that predates
-    versioning but holds exchanges (treated as out of date), or an empty store."""
+    """The analyzer version the derived tables were built under; None for a new store or one
+    analysed before versions were recorded (whose derived tables are therefore out of date)."""
     version = _state(con, _VERSION_KEY)
-    if version is not None:
-        return int(version)
-    return None
+    return int(version) if version is not None else None
 
 
 def rebuild_reason(con, *, rules: Sequence[Rule] | None, force: bool) -> str | None:
     """Why the derived tables must be rebuilt before ingesting, or None when they are current."""
-    has_data = con.execute("SELECT count(*) FROM exchanges").fetchone()[0] > 0
-    if not has_data:
+    if con.execute("SELECT count(*) FROM exchanges").fetchone()[0] == 0:
         return None
     if force:
         return "--reclassify"
