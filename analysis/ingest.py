@@ -82,8 +82,7 @@ ISSUE_TYPES = {
 # record where one has another was not written by it (or was damaged) and is set aside whole.
 RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
                  if name in Record.__dataclass_fields__ and sql_type != "JSON"]
-EXCHANGES, CALLS, TOOL_SETS = Columns(EXCHANGE_TYPES), Columns(CALL_TYPES), Columns(TOOL_SET_TYPES)
-FINGERPRINTS = Columns(FINGERPRINT_TYPES)
+EXCHANGES = Columns(EXCHANGE_TYPES)
 _RECORD = Columns({name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS})
 # Issue kinds for lines that were not stored (the others are notes about a segment).
 SET_ASIDE = ("corrupt", "bad_type", "unknown_kind", "analyze_error")
@@ -358,11 +357,9 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSou
         batch = _analyze_lines(segment, lines, chunks)
         columns = dict(zip(EXCHANGE_TYPES, zip(*batch.exchanges))) if batch.exchanges else {}
         batch.exchanges = []
-        if columns:
-            bad = EXCHANGES.misfits(columns, RECORD_FIELDS)
-            if bad:
-                _set_aside(batch, columns, bad)
-            columns = EXCHANGES.fit(columns)
+        bad = EXCHANGES.misfits(columns, RECORD_FIELDS) if columns else None
+        if bad:
+            _set_aside(batch, columns, bad)
         batch.exchange_columns = list(columns.values()) if columns and columns["id"] else []
         return batch
     finally:
@@ -638,15 +635,15 @@ class Ingestor:
                     columns = {k: [v[i] for i in keep] for k, v in columns.items()}
                     calls = [r for r in calls if r[0] not in dup]
                 s.new_exchanges += insert_columns(con, "exchanges", columns, EXCHANGE_TYPES)
-                insert_columns(con, "calls", CALLS.fit(_columns(calls, CALL_TYPES)), CALL_TYPES)
+                insert_columns(con, "calls", _columns(calls, CALL_TYPES), CALL_TYPES)
                 self.affected_runs.update(columns["run"])
             new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]
             if new_sets:
-                insert_columns(con, "tool_sets", TOOL_SETS.fit(_columns(new_sets, TOOL_SET_TYPES)), TOOL_SET_TYPES,
+                insert_columns(con, "tool_sets", _columns(new_sets, TOOL_SET_TYPES), TOOL_SET_TYPES,
                                on_conflict="ON CONFLICT DO NOTHING")
             if batch.fingerprints:
                 s.fingerprints += insert_columns(
-                    con, "fingerprints", FINGERPRINTS.fit(_columns(batch.fingerprints, FINGERPRINT_TYPES)), FINGERPRINT_TYPES,
+                    con, "fingerprints", _columns(batch.fingerprints, FINGERPRINT_TYPES), FINGERPRINT_TYPES,
                     on_conflict="ON CONFLICT DO NOTHING",
                 )
                 self.affected_runs.update(r[1] for r in batch.fingerprints if r[1])

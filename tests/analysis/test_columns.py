@@ -54,3 +54,15 @@ def test_misfits_finds_the_rows_and_fit_makes_the_rest_fit():
     assert columns.misfits(odd, ["a", "e"]) == {0: '"a" is {"k":1} (an object), which does not fit a string',
                                                 1: '"e" is "x" (a string), which does not fit a time in seconds since 1970'}
     assert columns.fit(odd) == {"a": ['{"k":1}', "y"], "b": [None, None], "c": ["3", "1"], "d": [None, []], "e": [None, None]}
+
+
+def test_insert_columns_stores_what_does_not_fit_instead_of_aborting_the_transaction():
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (s VARCHAR, n BIGINT, ts TIMESTAMP)")
+    con.execute("BEGIN TRANSACTION")
+    types = {"s": "VARCHAR", "n": "BIGINT", "ts": "TIMESTAMP"}
+    insert_columns(con, "t", {"s": ["ok", {"k": 1}], "n": [1, "many"], "ts": [0, "yesterday"]}, types)
+    con.execute("COMMIT")
+    assert con.execute("SELECT s, n, epoch(ts) FROM t ORDER BY n NULLS LAST").fetchall() == [
+        ("ok", 1, 0.0), ('{"k":1}', None, None)]
+    con.close()

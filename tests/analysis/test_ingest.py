@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from analysis.ingest import ingest
+from analysis.reanalyze import rebuild
 from analysis.store import connect, default_db
 from toolproxy.record.model import Record, encode_body, new_id
 
@@ -233,6 +234,10 @@ def test_odd_values_in_bodies_are_stored_not_set_aside(tmp_path, db):
     assert con.execute("SELECT name FROM calls").fetchall() == [("5",)]
     body = con.execute("SELECT response_body FROM exchanges").fetchall()[0][0]
     assert orjson.loads(body) == reply
+    # rebuilding the derived tables from the stored raw exchanges meets the same values
+    assert rebuild(con, None, exchanges=True)["exchanges"] == 1
+    assert con.execute("SELECT prompt_tokens, completion_tokens, finish_reason FROM exchanges").fetchall() == [
+        (None, None, '{"why":"done"}')]
 
 
 def test_entries_that_are_not_readable_files_are_skipped_with_a_note(tmp_path, db):
