@@ -4,7 +4,8 @@ A harness may retry the same request (same messages, same tools) after a failure
 are one turn, whose outcome is the last attempt's, and a turn whose every attempt failed is
 `non_response/retry_exhausted`. Episodes come from the `episode` tag; without one they are
 reconstructed by message-prefix chaining: a later request whose message list starts with an
-earlier request's messages *plus the reply it got* continues that episode.
+earlier request's messages *plus the reply it got* continues that episode. Harnesses that resend
+an earlier call as assistant text chain by an echo key instead (request + the calls it echoes).
 
 Everything keyed on conversation content uses canonical message hashes computed once per
 exchange at ingest (conversation_keys), so re-deriving a run reads small columns, not bodies.
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import orjson
+
+from analysis.echoes import echoed_calls
 
 UNTAGGED_RUN = "(untagged)"
 # An episode is flagged as looping when the same call (name + arguments) repeats in this many
@@ -93,24 +96,33 @@ def conversation_keys(
     state_hash: messages + tool set + model (equal for retries of one turn).
     chain_hash: the message list extended by the reply the harness got (content, canon calls);
       the next turn of the same episode lists it as a parent.
-    parent_hashes: the rolling hash after each assistant message in this request, longest first.
+    parent_hashes: the rolling hash after each assistant message in this request, longest first,
+      then the echo keys of its assistant messages (see _echo_parents), longest first.
     item_hash: messages + offered tool names, for pairing the same item across runs.
     """
     # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
     # hash is a copy of the running state, which keeps this linear in the conversation length.
     running = hashlib.blake2b(digest_size=12)
     parents = []
-    for m in messages:
+    block_starts = {}  # index where a run of assistant messages starts -> running hash before it
+    prev_role = None
+    for i, m in enumerate(messages):
         if isinstance(m, dict):
             role = m.get("role")
+            if role == "assistant" and prev_role != "assistant":
+                block_starts[i] = running.copy()
             running.update(_canon(role, m.get("content"), _message_calls(m)))
             if role == "assistant":
                 parents.append(running.hexdigest())
         else:
+            role = None
             running.update(orjson.dumps([m]))
+        prev_role = role
     parents.reverse()
+    state_suffix = b"\x00state" + orjson.dumps([tool_set, model])
+    parents.extend(_echo_parents(messages, block_starts, state_suffix, tool_names))
     state = running.copy()
-    state.update(b"\x00state" + orjson.dumps([tool_set, model]))
+    state.update(state_suffix)
     item = running.copy()
     item.update(b"\x00item" + orjson.dumps(sorted(tool_names)))
     chain = None
@@ -119,6 +131,37 @@ def conversation_keys(
         extended.update(_canon("assistant", reply[0], canon_calls(reply[1])))
         chain = extended.hexdigest()
     return Keys(len(messages), state.hexdigest(), chain, parents, item.hexdigest())
+
+
+def echo_key(state_hash: str, signature: str) -> str:
+    """The parent key of a reply that made calls, as a later request re-serialising them shows it:
+    the request it answered (state hash) + the calls (signature), whatever text carried them."""
+    return _digest(b"echo\x00" + state_hash.encode() + b"\x00" + signature.encode()).hex()
+
+
+def _echo_parents(messages: Sequence[Any], block_starts: dict, state_suffix: bytes, tool_names: Sequence[str]) -> list[str]:
+    """echo_key(state before, calls) for every run of consecutive assistant messages that carries
+    calls, structured or re-serialised in its text (analysis.echoes), longest prefix first.
+
+    block_starts maps the index where such a run starts to the running hash of the messages
+    before it."""
+    names = frozenset(tool_names)
+    out = []
+    for start, prefix in block_starts.items():
+        end = start
+        while end < len(messages) and isinstance(messages[end], dict) and messages[end].get("role") == "assistant":
+            end += 1
+        block = messages[start:end]
+        calls = [c for m in block for c in _message_calls(m)]
+        if not calls:
+            calls = canon_calls(echoed_calls("\n".join(_text(m.get("content")) for m in block), names))
+        signature = call_signature(calls)
+        if signature is not None:
+            state = prefix.copy()
+            state.update(state_suffix)
+            out.append(echo_key(state.hexdigest(), signature))
+    out.reverse()
+    return out
 
 
 def call_signature(calls: Sequence[tuple[str | None, Any]]) -> str | None:
@@ -230,6 +273,8 @@ def build_episodes(run: str, attempts: Iterable[Attempt]) -> list[Episode]:
                 by_state[a.state_hash] = turn
         if a.chain_hash:
             by_chain[a.chain_hash] = turn
+        if a.state_hash and a.call_signature:
+            by_chain[echo_key(a.state_hash, a.call_signature)] = turn
     out = list(episodes.values())
     for ep in out:
         first = ep.turns[0].final

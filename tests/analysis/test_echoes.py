@@ -1,0 +1,169 @@
+"""Episodes of harnesses that rewrite history: calls re-serialised as text still chain.
+
+Unit tables for analysis.echoes, episode building on smolagents-shaped conversations, and the
+real smolagents traffic in tests/data/smolagents run through `toolproxy analyze`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.echoes import MAX_TEXT, echoed_calls
+from analysis.store import connect
+from analysis.turns import Attempt, build_episodes, call_signature, conversation_keys
+
+CAPTURED = Path(__file__).resolve().parent.parent / "data" / "smolagents"
+TOOLS = ("get_weather", "final_answer")
+PARIS = {"city": "Paris"}
+
+ECHOES = [
+    # smolagents ToolCallingAgent: a Python repr after a label
+    ("Calling tools:\n[{'id': 'call_1', 'type': 'function', 'function': {'name': 'get_weather', 'arguments': {'city': 'Paris'}}}]",
+     [("get_weather", PARIS)]),
+    # the same list as JSON (a harness that json.dumps its history)
+    ('Calling tools:\n[{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]',
+     [("get_weather", PARIS)]),
+    # prose beside the call, merged into one message; an apostrophe in the prose
+    ("Let me look that up, it's quick.\nCalling tools:\n[{'id': 'x', 'type': 'function', 'function': "
+     "{'name': 'get_weather', 'arguments': {'city': 'Paris'}}}]", [("get_weather", PARIS)]),
+    # two calls in one echo, in order; True/None are Python literals
+    ("[{'name': 'get_weather', 'arguments': {'city': 'Oslo', 'metric': True}}, "
+     "{'name': 'final_answer', 'arguments': {'answer': None}}]",
+     [("get_weather", {"city": "Oslo", "metric": True}), ("final_answer", {"answer": None})]),
+    # the model-side formats toolproxy parses anyway (a harness resending the raw text call)
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', [("get_weather", PARIS)]),
+    # other argument spellings
+    ("{'name': 'get_weather', 'input': {'city': 'Paris'}}", [("get_weather", PARIS)]),
+    ("{'tool_calls': [{'name': 'get_weather', 'parameters': {'city': 'Paris'}}]}", [("get_weather", PARIS)]),
+    # names that are not offered, prose, and broken input echo nothing
+    ("Calling tools:\n[{'function': {'name': 'delete_all', 'arguments': {}}}]", []),
+    ("The weather in Paris is {sunny}.", []),
+    ("get_weather is what I would use [but I won't", []),
+    ("get_weather " + "[" * 5000, []),
+    ("get_weather " + "[" * 200 + "]" * 200, []),
+    ("", []),
+    ("get_weather " + "x" * MAX_TEXT, []),
+]
+
+
+@pytest.mark.parametrize("text,expected", ECHOES)
+def test_echoed_calls(text, expected):
+    assert echoed_calls(text, TOOLS) == expected
+
+
+SYS = {"role": "system", "content": [{"type": "text", "text": "You solve tasks with tool calls."}]}
+
+
+def task(text):
+    return {"role": "user", "content": [{"type": "text", "text": f"New task:\n{text}"}]}
+
+
+def echo(name, args, cid, prose=""):
+    call = {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+    return {"role": "assistant", "content": [{"type": "text", "text": f"{prose}Calling tools:\n{[call]!r}"}]}
+
+
+def observation(text):
+    return {"role": "user", "content": [{"type": "text", "text": f"Observation:\n{text}"}]}
+
+
+def attempt(aid, messages, calls, *, tools=TOOLS, tool_set="ts1"):
+    """An attempt whose reply made `calls` natively, as the proxy would have seen it."""
+    reply = (None, [(n, a) for n, a in calls])
+    keys = conversation_keys(messages, tool_set=tool_set, tool_names=list(tools), model="m", reply=reply)
+    return Attempt(
+        id=aid, episode=None, item=None, category=None, condition="native", model="m", outcome="valid_call",
+        sub_kind=None, surface="native", n_calls=len(calls), finish_reason="tool_calls", harness_saw_prose=False,
+        state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes,
+        item_hash=keys.item_hash, call_signature=call_signature(calls),
+    )
+
+
+def shape(episodes):
+    return [[t.final.id for t in ep.turns] for ep in episodes]
+
+
+T1 = [SYS, task("Weather in Paris?")]
+T2 = T1 + [echo("get_weather", PARIS, "call_1"), observation("sunny")]
+T3 = T2 + [echo("get_weather", {"city": "Oslo"}, "call_2"), observation("rain")]
+
+
+def test_rewritten_history_is_one_episode():
+    eps = build_episodes("r", [
+        attempt("a1", T1, [("get_weather", '{"city": "Paris"}')]),
+        attempt("a2", T2, [("get_weather", '{"city":"Oslo"}')]),
+        attempt("a3", T3, [("final_answer", {"answer": "Paris"})]),
+    ])
+    assert shape(eps) == [["a1", "a2", "a3"]]
+    assert eps[0].reconstructed
+
+
+def test_echo_must_repeat_the_call_the_reply_made():
+    # The harness says it called Oslo, but the reply asked for Paris: not this conversation.
+    other = T1 + [echo("get_weather", {"city": "Oslo"}, "call_1"), observation("rain")]
+    eps = build_episodes("r", [attempt("a1", T1, [("get_weather", PARIS)]), attempt("a2", other, [])])
+    assert shape(eps) == [["a1"], ["a2"]]
+
+
+def test_echo_must_follow_the_same_request():
+    # Same echoed call, but after a different task: a different conversation.
+    other = [SYS, task("Weather in Rome?"), echo("get_weather", PARIS, "c"), observation("sunny")]
+    eps = build_episodes("r", [attempt("a1", T1, [("get_weather", PARIS)]), attempt("a2", other, [])])
+    assert shape(eps) == [["a1"], ["a2"]]
+
+
+def test_echo_must_offer_the_same_tools():
+    eps = build_episodes("r", [attempt("a1", T1, [("get_weather", PARIS)]),
+                               attempt("a2", T2, [], tool_set="ts2")])
+    assert shape(eps) == [["a1"], ["a2"]]
+
+
+def test_two_runs_of_one_task_interleaved_follow_their_own_calls():
+    # Two agents start the same task at once; each continuation echoes its own first call.
+    b2 = T1 + [echo("get_weather", {"city": "paris"}, "call_9"), observation("sunny")]
+    eps = build_episodes("r", [
+        attempt("a1", T1, [("get_weather", PARIS)]),
+        attempt("b1", T1, [("get_weather", {"city": "paris"})]),
+        attempt("a2", T2, [("final_answer", {"answer": "A"})]),
+        attempt("b2", b2, [("final_answer", {"answer": "B"})]),
+    ])
+    assert sorted(shape(eps)) == [["a1", "a2"], ["b1", "b2"]]
+
+
+def test_prose_and_echo_split_over_two_assistant_messages():
+    # A harness that keeps the model's prose and its call list as separate assistant messages.
+    prose = {"role": "assistant", "content": "Let me check."}
+    t2 = T1 + [prose, echo("get_weather", PARIS, "c1"), observation("sunny")]
+    eps = build_episodes("r", [attempt("a1", T1, [("get_weather", PARIS)]), attempt("a2", t2, [])])
+    assert shape(eps) == [["a1", "a2"]]
+
+
+def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(CAPTURED / "segments", data / "segments")
+    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "turns: 7; episodes: 3" in r.stdout
+    con = connect(data / "toolproxy.duckdb", read_only=True)
+    try:
+        rows = con.execute("""
+            SELECT t.episode_key, t.turn_index, e.n_messages, c.name, json_extract_string(c.arguments, '$.city')
+            FROM turns t JOIN exchanges e ON e.id = t.final_exchange_id JOIN calls c ON c.exchange_id = e.id
+            ORDER BY e.started_at""").fetchall()
+        reconstructed = con.execute("SELECT bool_and(reconstructed) FROM episodes").fetchone()[0]
+    finally:
+        con.close()
+    episodes: dict[str, list] = {}
+    for key, index, n_messages, name, city in rows:
+        episodes.setdefault(key, []).append((index, n_messages, name, city))
+    assert list(episodes.values()) == [
+        [(0, 2, "get_weather", "Paris"), (1, 4, "final_answer", None)],
+        [(0, 2, "get_weather", "Paris"), (1, 4, "get_weather", "Oslo"), (2, 6, "final_answer", None)],
+        [(0, 2, "get_weather", "Oslo"), (1, 4, "final_answer", None)],
+    ]
+    assert reconstructed
