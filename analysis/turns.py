@@ -97,22 +97,28 @@ def conversation_keys(
     chain_hash: the message list extended by the reply the harness got (content, canon calls);
       the next turn of the same episode lists it as a parent.
     parent_hashes: the rolling hash after each assistant message in this request, longest first,
-      then the echo keys of its assistant messages (see _echo_parents), longest first.
+      then the echo key of its last assistant messages (see _echo_parent).
     item_hash: messages + offered tool names, for pairing the same item across runs.
     """
     # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
     # hash is a copy of the running state, which keeps this linear in the conversation length.
     running = hashlib.blake2b(digest_size=12)
     parents = []
-    block_starts = {}  # index where a run of assistant messages starts -> running hash before it
+    # The last run of consecutive assistant messages, its structured calls, the running hash before it.
+    block: list[dict] = []
+    block_calls: list = []
+    block_prefix = None
     prev_role = None
-    for i, m in enumerate(messages):
+    for m in messages:
         if isinstance(m, dict):
             role = m.get("role")
+            calls = _message_calls(m)
             if role == "assistant" and prev_role != "assistant":
-                block_starts[i] = running.copy()
-            running.update(_canon(role, m.get("content"), _message_calls(m)))
+                block, block_calls, block_prefix = [], [], running.copy()
+            running.update(_canon(role, m.get("content"), calls))
             if role == "assistant":
+                block.append(m)
+                block_calls.extend(calls)
                 parents.append(running.hexdigest())
         else:
             role = None
@@ -120,7 +126,10 @@ def conversation_keys(
         prev_role = role
     parents.reverse()
     state_suffix = b"\x00state" + orjson.dumps([tool_set, model])
-    parents.extend(_echo_parents(messages, block_starts, state_suffix, tool_names))
+    if block_prefix is not None:
+        echo = _echo_parent(block, block_calls, block_prefix, state_suffix, tool_names)
+        if echo is not None:
+            parents.append(echo)
     state = running.copy()
     state.update(state_suffix)
     item = running.copy()
@@ -139,29 +148,21 @@ def echo_key(state_hash: str, signature: str) -> str:
     return _digest(b"echo\x00" + state_hash.encode() + b"\x00" + signature.encode()).hex()
 
 
-def _echo_parents(messages: Sequence[Any], block_starts: dict, state_suffix: bytes, tool_names: Sequence[str]) -> list[str]:
-    """echo_key(state before, calls) for every run of consecutive assistant messages that carries
-    calls, structured or re-serialised in its text (analysis.echoes), longest prefix first.
+def _echo_parent(block: Sequence[dict], calls: list, prefix, state_suffix: bytes, tool_names: Sequence[str]) -> str | None:
+    """echo_key(state before, calls) of the request's last run of assistant messages (`block`,
+    with its structured `calls`; prefix: the running hash before it), when it carries calls,
+    structured or re-serialised in its text (analysis.echoes).
 
-    block_starts maps the index where such a run starts to the running hash of the messages
-    before it."""
-    names = frozenset(tool_names)
-    out = []
-    for start, prefix in block_starts.items():
-        end = start
-        while end < len(messages) and isinstance(messages[end], dict) and messages[end].get("role") == "assistant":
-            end += 1
-        block = messages[start:end]
-        calls = [c for m in block for c in _message_calls(m)]
-        if not calls:
-            calls = canon_calls(echoed_calls("\n".join(_text(m.get("content")) for m in block), names))
-        signature = call_signature(calls)
-        if signature is not None:
-            state = prefix.copy()
-            state.update(state_suffix)
-            out.append(echo_key(state.hexdigest(), signature))
-    out.reverse()
-    return out
+    Only the last run: it answers the turn just before this request, the one to chain to, and
+    looking no further keeps the text search at one block per request, not one per turn."""
+    if not calls:
+        calls = canon_calls(echoed_calls("\n".join(_text(m.get("content")) for m in block), frozenset(tool_names)))
+    signature = call_signature(calls)
+    if signature is None:
+        return None
+    state = prefix.copy()
+    state.update(state_suffix)
+    return echo_key(state.hexdigest(), signature)
 
 
 def call_signature(calls: Sequence[tuple[str | None, Any]]) -> str | None:
