@@ -71,9 +71,9 @@ def observation(text):
     return {"role": "user", "content": [{"type": "text", "text": f"Observation:\n{text}"}]}
 
 
-def attempt(aid, messages, calls, *, tools=TOOLS, tool_set="ts1"):
-    """An attempt whose reply made `calls` natively, as the proxy would have seen it."""
-    reply = (None, [(n, a) for n, a in calls])
+def attempt(aid, messages, calls, *, tools=TOOLS, tool_set="ts1", content=None):
+    """An attempt whose reply made `calls` natively (beside `content`), as the proxy saw it."""
+    reply = (content, [(n, a) for n, a in calls])
     keys = conversation_keys(messages, tool_set=tool_set, tool_names=list(tools), model="m", reply=reply)
     return Attempt(
         id=aid, episode=None, item=None, category=None, condition="native", model="m", outcome="valid_call",
@@ -167,3 +167,16 @@ def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path):
         [(0, 2, "get_weather", "Oslo"), (1, 4, "final_answer", None)],
     ]
     assert reconstructed
+
+
+def test_structured_call_resent_without_its_prose_still_chains():
+    # The reply said "Let me check." beside its call; the harness resends only the call, and the
+    # result as a user message: exact prefix chaining fails, the echo of the call does not.
+    first = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Weather in Paris?"}]
+    resent = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c9", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]}
+    later = first + [resent, {"role": "user", "content": "Result: sunny"}]
+    a1 = attempt("a1", first, [("get_weather", '{"city": "Paris"}')], content="Let me check.")
+    a2 = attempt("a2", later, [])
+    assert a1.chain_hash not in a2.parent_hashes
+    assert shape(build_episodes("r", [a1, a2])) == [["a1", "a2"]]
