@@ -29,20 +29,22 @@ _ARGUMENT_KEYS = ("arguments", "parameters", "args", "input")
 _CLOSE = {"[": "]", "{": "}"}
 
 
-def echoed_calls(text: str, tool_names: Collection[str]) -> list[tuple[str, Any]]:
-    """(name, arguments) of every call to an offered tool serialised in `text`, in order.
+def echoed_calls(text: str, tool_names: Collection[str]) -> list[list[tuple[str, Any]]]:
+    """The calls to offered tools serialised in `text`, as every reading that finds some: the
+    model-side formats toolproxy parses, then JSON or Python literals anywhere in the text.
 
-    Only offered names count, so prose that merely contains braces echoes nothing."""
+    Two readings because a harness may resend the model's own text beside its re-serialisation
+    (smolagents on a stack that left a Hermes call in the text: "<tool_call>...</tool_call>
+    Calling tools: [...]"), and then only one reading holds the calls once. Only offered names
+    count, so prose that merely contains braces echoes nothing."""
     if not text or len(text) > MAX_TEXT or not any(n and n in text for n in tool_names):
         return []
-    parsed = parse_text(text, tool_names=tool_names).calls
-    found = [(c.name, c.arguments) for c in parsed if c.error is None and c.name in tool_names]
-    if found:
-        return found
-    out: list[tuple[str, Any]] = []
+    parsed = [(c.name, c.arguments) for c in parse_text(text, tool_names=tool_names).calls
+              if c.error is None and c.name in tool_names]
+    literal: list[tuple[str, Any]] = []
     for value in _literals(text):
-        _collect(value, tool_names, out, 0)
-    return out
+        _collect(value, tool_names, literal, 0)
+    return [calls for i, calls in enumerate((parsed, literal)) if calls and (i == 0 or calls != parsed)]
 
 
 def _literals(text: str):

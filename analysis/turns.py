@@ -97,7 +97,7 @@ def conversation_keys(
     chain_hash: the message list extended by the reply the harness got (content, canon calls);
       the next turn of the same episode lists it as a parent.
     parent_hashes: the rolling hash after each assistant message in this request, longest first,
-      then the echo key of its last assistant messages (see _echo_parent).
+      then the echo keys of its last assistant messages (see _echo_parents).
     item_hash: messages + offered tool names, for pairing the same item across runs.
     """
     # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
@@ -127,9 +127,7 @@ def conversation_keys(
     parents.reverse()
     state_suffix = b"\x00state" + orjson.dumps([tool_set, model])
     if block_prefix is not None:
-        echo = _echo_parent(block, block_calls, block_prefix, state_suffix, tool_names)
-        if echo is not None:
-            parents.append(echo)
+        parents += _echo_parents(block, block_calls, block_prefix, state_suffix, tool_names)
     state = running.copy()
     state.update(state_suffix)
     item = running.copy()
@@ -148,21 +146,22 @@ def echo_key(state_hash: str, signature: str) -> str:
     return _digest(b"echo\x00" + state_hash.encode() + b"\x00" + signature.encode()).hex()
 
 
-def _echo_parent(block: Sequence[dict], calls: list, prefix, state_suffix: bytes, tool_names: Sequence[str]) -> str | None:
+def _echo_parents(block: Sequence[dict], calls: list, prefix, state_suffix: bytes, tool_names: Sequence[str]) -> list[str]:
     """echo_key(state before, calls) of the request's last run of assistant messages (`block`,
-    with its structured `calls`; prefix: the running hash before it), when it carries calls,
-    structured or re-serialised in its text (analysis.echoes).
+    with its structured `calls`; prefix: the running hash before it), for its structured calls,
+    else for every reading of calls re-serialised in its text (analysis.echoes).
 
     Only the last run: it answers the turn just before this request, the one to chain to, and
     looking no further keeps the text search at one block per request, not one per turn."""
-    if not calls:
-        calls = canon_calls(echoed_calls("\n".join(_text(m.get("content")) for m in block), frozenset(tool_names)))
-    signature = call_signature(calls)
-    if signature is None:
-        return None
+    if calls:
+        readings = [calls]
+    else:
+        text = "\n".join(_text(m.get("content")) for m in block)
+        readings = [canon_calls(r) for r in echoed_calls(text, frozenset(tool_names))]
     state = prefix.copy()
     state.update(state_suffix)
-    return echo_key(state.hexdigest(), signature)
+    before = state.hexdigest()
+    return [echo_key(before, call_signature(r)) for r in readings]
 
 
 def call_signature(calls: Sequence[tuple[str | None, Any]]) -> str | None:

@@ -17,28 +17,39 @@ from analysis.store import connect
 from analysis.turns import Attempt, build_episodes, call_signature, conversation_keys
 
 CAPTURED = Path(__file__).resolve().parent.parent / "data" / "smolagents"
+# Both captures: three tasks, the second with two weather calls; smolagents ends each with final_answer.
+EXPECTED_EPISODES = [
+    [(0, 2, "get_weather", "Paris"), (1, 4, "final_answer", None)],
+    [(0, 2, "get_weather", "Paris"), (1, 4, "get_weather", "Oslo"), (2, 6, "final_answer", None)],
+    [(0, 2, "get_weather", "Oslo"), (1, 4, "final_answer", None)],
+]
 TOOLS = ("get_weather", "final_answer")
 PARIS = {"city": "Paris"}
 
+GW = ("get_weather", PARIS)
+SMOL = "Calling tools:\n[{'id': 'c', 'type': 'function', 'function': {'name': 'get_weather', 'arguments': {'city': 'Paris'}}}]"
+HERMES = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+# text -> every reading of the calls it echoes
 ECHOES = [
     # smolagents ToolCallingAgent: a Python repr after a label
-    ("Calling tools:\n[{'id': 'call_1', 'type': 'function', 'function': {'name': 'get_weather', 'arguments': {'city': 'Paris'}}}]",
-     [("get_weather", PARIS)]),
-    # the same list as JSON (a harness that json.dumps its history)
+    (SMOL, [[GW]]),
+    # the same list as JSON (a harness that json.dumps its history): both readings agree, kept once
     ('Calling tools:\n[{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]',
-     [("get_weather", PARIS)]),
+     [[GW]]),
     # prose beside the call, merged into one message; an apostrophe in the prose
-    ("Let me look that up, it's quick.\nCalling tools:\n[{'id': 'x', 'type': 'function', 'function': "
-     "{'name': 'get_weather', 'arguments': {'city': 'Paris'}}}]", [("get_weather", PARIS)]),
+    ("Let me look that up, it's quick.\n" + SMOL, [[GW]]),
     # two calls in one echo, in order; True/None are Python literals
     ("[{'name': 'get_weather', 'arguments': {'city': 'Oslo', 'metric': True}}, "
      "{'name': 'final_answer', 'arguments': {'answer': None}}]",
-     [("get_weather", {"city": "Oslo", "metric": True}), ("final_answer", {"answer": None})]),
+     [[("get_weather", {"city": "Oslo", "metric": True}), ("final_answer", {"answer": None})]]),
     # the model-side formats toolproxy parses anyway (a harness resending the raw text call)
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', [("get_weather", PARIS)]),
+    (HERMES, [[GW]]),
+    # smolagents on a stack that left the call in the text: the model's text, then the repr;
+    # read as a Hermes call it is one call, read as literals two
+    (HERMES + "\n" + SMOL, [[GW], [GW, GW]]),
     # other argument spellings
-    ("{'name': 'get_weather', 'input': {'city': 'Paris'}}", [("get_weather", PARIS)]),
-    ("{'tool_calls': [{'name': 'get_weather', 'parameters': {'city': 'Paris'}}]}", [("get_weather", PARIS)]),
+    ("{'name': 'get_weather', 'input': {'city': 'Paris'}}", [[GW]]),
+    ("{'tool_calls': [{'name': 'get_weather', 'parameters': {'city': 'Paris'}}]}", [[GW]]),
     # names that are not offered, prose, and broken input echo nothing
     ("Calling tools:\n[{'function': {'name': 'delete_all', 'arguments': {}}}]", []),
     ("The weather in Paris is {sunny}.", []),
@@ -142,9 +153,12 @@ def test_prose_and_echo_split_over_two_assistant_messages():
     assert shape(eps) == [["a1", "a2"]]
 
 
-def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path):
+@pytest.mark.parametrize("stack,surface", [("openai", "native"), ("sglang", "text")])
+def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path, stack, surface):
+    """openai: calls in tool_calls. sglang without a tool parser: calls left in the text, which
+    smolagents parsed and ran itself, then resent beside its own re-serialisation."""
     data = tmp_path / "data"
-    shutil.copytree(CAPTURED / "segments", data / "segments")
+    shutil.copytree(CAPTURED / stack / "segments", data / "segments")
     r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -155,18 +169,15 @@ def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path):
             SELECT t.episode_key, t.turn_index, e.n_messages, c.name, json_extract_string(c.arguments, '$.city')
             FROM turns t JOIN exchanges e ON e.id = t.final_exchange_id JOIN calls c ON c.exchange_id = e.id
             ORDER BY e.started_at""").fetchall()
-        reconstructed = con.execute("SELECT bool_and(reconstructed) FROM episodes").fetchone()[0]
+        reconstructed, surfaces = con.execute(
+            "SELECT bool_and(reconstructed), list(DISTINCT surface) FROM episodes JOIN turns USING (episode_key)").fetchone()
     finally:
         con.close()
     episodes: dict[str, list] = {}
     for key, index, n_messages, name, city in rows:
         episodes.setdefault(key, []).append((index, n_messages, name, city))
-    assert list(episodes.values()) == [
-        [(0, 2, "get_weather", "Paris"), (1, 4, "final_answer", None)],
-        [(0, 2, "get_weather", "Paris"), (1, 4, "get_weather", "Oslo"), (2, 6, "final_answer", None)],
-        [(0, 2, "get_weather", "Oslo"), (1, 4, "final_answer", None)],
-    ]
-    assert reconstructed
+    assert list(episodes.values()) == EXPECTED_EPISODES
+    assert reconstructed and surfaces == [surface]
 
 
 def test_structured_call_resent_without_its_prose_still_chains():

@@ -3,9 +3,11 @@
 Not part of the test suite: smolagents is not a toolproxy dependency. Run it by hand in a venv
 that has toolproxy (editable) and smolagents installed:
 
-    python tests/data/smolagents/capture.py OUT_DIR
+    python tests/data/smolagents/capture.py STACK OUT_DIR     (STACK: openai or sglang)
 
-It starts the emulated OpenAI stack on 127.0.0.1 with a scripted model, runs `toolproxy serve`
+It starts an emulated stack on 127.0.0.1 with a scripted model (openai: calls come back in
+`tool_calls`; sglang launched without --tool-call-parser: they stay in the reply text as Hermes
+`<tool_call>` blocks, which smolagents parses itself), runs `toolproxy serve`
 in front of it as a subprocess (untagged: no run/episode/item tags), points smolagents'
 OpenAIServerModel at the proxy and runs three tasks; the proxy's segment files land in
 OUT_DIR/segments.
@@ -75,8 +77,8 @@ def start_proxy(upstream: str, data: Path) -> tuple[subprocess.Popen, str]:
     return proc, found[0]
 
 
-def main(out: Path) -> None:
-    fake = FakeStack("openai", replies=list(SCRIPT))
+def main(stack: str, out: Path) -> None:
+    fake = FakeStack(stack, replies=list(SCRIPT))
     with fake.in_thread() as upstream:
         proc, url = start_proxy(upstream, out)
         try:
@@ -92,4 +94,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(sys.argv[1], Path(sys.argv[2]))
