@@ -32,6 +32,10 @@ LOOP_MEDIAN_FACTOR = 3.0
 LOOP_MIN_TURNS = 10
 
 _SEP = re.compile(r"[_-]")
+# The signature an echo of an empty reply carries, and the non-response kinds of a reply that came
+# back with nothing in it (a harness may write that nothing into its history).
+EMPTY_ECHO = "empty"
+EMPTY_KINDS = frozenset({"empty", "swallowed"})
 
 
 def _digest(data: bytes) -> bytes:
@@ -152,16 +156,23 @@ def _echo_parents(block: Sequence[dict], calls: list, prefix, state_suffix: byte
     else for every reading of calls re-serialised in its text (analysis.echoes).
 
     Only the last run: it answers the turn just before this request, the one to chain to, and
-    looking no further keeps the text search at one block per request, not one per turn."""
+    looking no further keeps the text search at one block per request, not one per turn.
+
+    A run with no text and no call echoes an empty reply (EMPTY_ECHO): a harness that writes the
+    nothing it got into its history (smolagents does, then adds its error message) continues the
+    episode whose turn came back empty, which exact chaining cannot follow (a non-response has
+    no chain hash)."""
+    text = "\n".join(_text(m.get("content")) for m in block)
     if calls:
-        readings = [calls]
+        signatures = [call_signature(calls)]
+    elif not text:
+        signatures = [EMPTY_ECHO]
     else:
-        text = "\n".join(_text(m.get("content")) for m in block)
-        readings = [canon_calls(r) for r in echoed_calls(text, frozenset(tool_names))]
+        signatures = [call_signature(canon_calls(r)) for r in echoed_calls(text, frozenset(tool_names))]
     state = prefix.copy()
     state.update(state_suffix)
     before = state.hexdigest()
-    return [echo_key(before, call_signature(r)) for r in readings]
+    return [echo_key(before, sig) for sig in signatures]
 
 
 def call_signature(calls: Sequence[tuple[str | None, Any]]) -> str | None:
@@ -275,6 +286,8 @@ def build_episodes(run: str, attempts: Iterable[Attempt]) -> list[Episode]:
             by_chain[a.chain_hash] = turn
         if a.state_hash and a.call_signature:
             by_chain[echo_key(a.state_hash, a.call_signature)] = turn
+        elif a.state_hash and a.outcome == "non_response" and a.sub_kind in EMPTY_KINDS:
+            by_chain[echo_key(a.state_hash, EMPTY_ECHO)] = turn
     out = list(episodes.values())
     for ep in out:
         first = ep.turns[0].final

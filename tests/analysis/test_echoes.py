@@ -82,13 +82,15 @@ def observation(text):
     return {"role": "user", "content": [{"type": "text", "text": f"Observation:\n{text}"}]}
 
 
-def attempt(aid, messages, calls, *, tools=TOOLS, tool_set="ts1", content=None):
-    """An attempt whose reply made `calls` natively (beside `content`), as the proxy saw it."""
-    reply = (content, [(n, a) for n, a in calls])
+def attempt(aid, messages, calls, *, tools=TOOLS, tool_set="ts1", content=None, empty=False):
+    """An attempt whose reply made `calls` natively (beside `content`), as the proxy saw it; or,
+    `empty`, a reply that came back with nothing (a non-response: no chain hash)."""
+    reply = None if empty else (content, [(n, a) for n, a in calls])
     keys = conversation_keys(messages, tool_set=tool_set, tool_names=list(tools), model="m", reply=reply)
     return Attempt(
-        id=aid, episode=None, item=None, category=None, condition="native", model="m", outcome="valid_call",
-        sub_kind=None, surface="native", n_calls=len(calls), finish_reason="tool_calls", harness_saw_prose=False,
+        id=aid, episode=None, item=None, category=None, condition="native", model="m",
+        outcome="non_response" if empty else "valid_call", sub_kind="empty" if empty else None, surface="native",
+        n_calls=len(calls), finish_reason="tool_calls", harness_saw_prose=False,
         state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes,
         item_hash=keys.item_hash, call_signature=call_signature(calls),
     )
@@ -178,6 +180,42 @@ def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path, stack, surf
         episodes.setdefault(key, []).append((index, n_messages, name, city))
     assert list(episodes.values()) == EXPECTED_EPISODES
     assert reconstructed and surfaces == [surface]
+
+
+def test_real_llamacpp_smolagents_traffic_rebuilds_its_episodes(tmp_path):
+    """Real Qwen2.5-Coder-0.5B on llama.cpp: calls left in the text that smolagents parsed, an empty
+    reply it wrote into its history, a hallucinated tool; two episodes of three turns each."""
+    data = tmp_path / "data"
+    shutil.copytree(CAPTURED / "llamacpp" / "segments", data / "segments")
+    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "turns: 6; episodes: 2" in r.stdout
+    con = connect(data / "toolproxy.duckdb", read_only=True)
+    try:
+        rows = con.execute("""
+            SELECT t.episode_key, t.turn_index, t.outcome, t.sub_kind, e.n_messages
+            FROM turns t JOIN exchanges e ON e.id = t.final_exchange_id ORDER BY e.started_at""").fetchall()
+    finally:
+        con.close()
+    episodes: dict[str, list] = {}
+    for key, *turn in rows:
+        episodes.setdefault(key, []).append(tuple(turn))
+    assert list(episodes.values()) == [
+        [(0, "valid_call", None, 2), (1, "non_response", "empty", 4), (2, "invalid_args", None, 6)],
+        [(0, "hallucinated_call", None, 2), (1, "hallucinated_call", None, 4), (2, "non_response", "truncated", 6)],
+    ]
+
+
+def test_an_empty_reply_written_into_the_history_chains():
+    empty = {"role": "assistant", "content": [{"type": "text", "text": ""}]}
+    error = {"role": "user", "content": "Error: no JSON blob. Now let's retry."}
+    a1 = attempt("a1", T1, [], empty=True)
+    a2 = attempt("a2", T1 + [empty, error], [("get_weather", PARIS)])
+    assert shape(build_episodes("r", [a1, a2])) == [["a1", "a2"]]
+    # an empty assistant message never continues a turn that answered something
+    a1_prose = attempt("a1", T1, [], content="It is sunny.")
+    assert shape(build_episodes("r", [a1_prose, a2])) == [["a1"], ["a2"]]
 
 
 def test_structured_call_resent_without_its_prose_still_chains():

@@ -3,11 +3,11 @@
 Not part of the test suite: smolagents is not a toolproxy dependency. Run it by hand in a venv
 that has toolproxy (editable) and smolagents installed:
 
-    python tests/data/smolagents/capture.py STACK OUT_DIR     (STACK: openai or sglang)
+    python tests/data/smolagents/capture.py STACK OUT_DIR     (STACK: openai, sglang or a URL)
 
 It starts an emulated stack on 127.0.0.1 with a scripted model (openai: calls come back in
 `tool_calls`; sglang launched without --tool-call-parser: they stay in the reply text as Hermes
-`<tool_call>` blocks, which smolagents parses itself), runs `toolproxy serve`
+`<tool_call>` blocks, which smolagents parses itself; a URL: that real server), runs `toolproxy serve`
 in front of it as a subprocess (untagged: no run/episode/item tags), points smolagents'
 OpenAIServerModel at the proxy and runs three tasks; the proxy's segment files land in
 OUT_DIR/segments.
@@ -77,16 +77,33 @@ def start_proxy(upstream: str, data: Path) -> tuple[subprocess.Popen, str]:
     return proc, found[0]
 
 
+def run_tasks(url: str, model_id: str, tasks, max_steps: int, **model_args) -> None:
+    model = OpenAIServerModel(model_id=model_id, api_base=url + "/v1", api_key="sk-capture", **model_args)
+    for task, stream in tasks:
+        agent = ToolCallingAgent(tools=[Weather()], model=model, max_steps=max_steps, verbosity_level=0,
+                                 stream_outputs=stream)
+        try:
+            print(task, "->", agent.run(task), flush=True)
+        except Exception as exc:  # a real model may break the agent; the traffic is what we keep
+            print(task, "-> failed:", type(exc).__name__, flush=True)
+
+
 def main(stack: str, out: Path) -> None:
+    """stack: a fake's name (scripted model), or the URL of a real server (the first two tasks,
+    at most 3 steps each, 200 tokens a reply)."""
+    if stack.startswith("http"):
+        proc, url = start_proxy(stack, out)
+        try:
+            run_tasks(url, "qwen", TASKS[:2], 3, max_tokens=200)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        return
     fake = FakeStack(stack, replies=list(SCRIPT))
     with fake.in_thread() as upstream:
         proc, url = start_proxy(upstream, out)
         try:
-            model = OpenAIServerModel(model_id=fake.model, api_base=url + "/v1", api_key="sk-capture")
-            for task, stream in TASKS:
-                agent = ToolCallingAgent(tools=[Weather()], model=model, max_steps=4, verbosity_level=0,
-                                         stream_outputs=stream)
-                print(task, "->", agent.run(task))
+            run_tasks(url, fake.model, TASKS, 4)
         finally:
             proc.terminate()
             proc.wait(10)
