@@ -155,17 +155,30 @@ def test_prose_and_echo_split_over_two_assistant_messages():
     assert shape(eps) == [["a1", "a2"]]
 
 
+def analyzed(tmp_path, capture: str, expect_summary: str):
+    """`toolproxy analyze` over a copy of one capture; a read-only connection to its store."""
+    data = tmp_path / "data"
+    shutil.copytree(CAPTURED / capture / "segments", data / "segments")
+    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert expect_summary in r.stdout
+    return connect(data / "toolproxy.duckdb", read_only=True)
+
+
+def by_episode(rows) -> list[list[tuple]]:
+    """(episode_key, *turn) rows in request order -> the turns of each episode, episodes in order."""
+    episodes: dict[str, list] = {}
+    for key, *turn in rows:
+        episodes.setdefault(key, []).append(tuple(turn))
+    return list(episodes.values())
+
+
 @pytest.mark.parametrize("stack,surface", [("openai", "native"), ("sglang", "text")])
 def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path, stack, surface):
     """openai: calls in tool_calls. sglang without a tool parser: calls left in the text, which
     smolagents parsed and ran itself, then resent beside its own re-serialisation."""
-    data = tmp_path / "data"
-    shutil.copytree(CAPTURED / stack / "segments", data / "segments")
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "turns: 7; episodes: 3" in r.stdout
-    con = connect(data / "toolproxy.duckdb", read_only=True)
+    con = analyzed(tmp_path, stack, "turns: 7; episodes: 3")
     try:
         rows = con.execute("""
             SELECT t.episode_key, t.turn_index, e.n_messages, c.name, json_extract_string(c.arguments, '$.city')
@@ -175,33 +188,21 @@ def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path, stack, surf
             "SELECT bool_and(reconstructed), list(DISTINCT surface) FROM episodes JOIN turns USING (episode_key)").fetchone()
     finally:
         con.close()
-    episodes: dict[str, list] = {}
-    for key, index, n_messages, name, city in rows:
-        episodes.setdefault(key, []).append((index, n_messages, name, city))
-    assert list(episodes.values()) == EXPECTED_EPISODES
+    assert by_episode(rows) == EXPECTED_EPISODES
     assert reconstructed and surfaces == [surface]
 
 
 def test_real_llamacpp_smolagents_traffic_rebuilds_its_episodes(tmp_path):
     """Real Qwen2.5-Coder-0.5B on llama.cpp: calls left in the text that smolagents parsed, an empty
     reply it wrote into its history, a hallucinated tool; two episodes of three turns each."""
-    data = tmp_path / "data"
-    shutil.copytree(CAPTURED / "llamacpp" / "segments", data / "segments")
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "turns: 6; episodes: 2" in r.stdout
-    con = connect(data / "toolproxy.duckdb", read_only=True)
+    con = analyzed(tmp_path, "llamacpp", "turns: 6; episodes: 2")
     try:
         rows = con.execute("""
             SELECT t.episode_key, t.turn_index, t.outcome, t.sub_kind, e.n_messages
             FROM turns t JOIN exchanges e ON e.id = t.final_exchange_id ORDER BY e.started_at""").fetchall()
     finally:
         con.close()
-    episodes: dict[str, list] = {}
-    for key, *turn in rows:
-        episodes.setdefault(key, []).append(tuple(turn))
-    assert list(episodes.values()) == [
+    assert by_episode(rows) == [
         [(0, "valid_call", None, 2), (1, "non_response", "empty", 4), (2, "invalid_args", None, 6)],
         [(0, "hallucinated_call", None, 2), (1, "hallucinated_call", None, 4), (2, "non_response", "truncated", 6)],
     ]
