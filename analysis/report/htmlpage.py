@@ -13,7 +13,7 @@ from analysis import stats
 from analysis.compare import METRIC_HELP
 from analysis.details import TURN_COLUMNS, Count, PageDetails, Usage
 from analysis.report import comparison
-from analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, REJ, fidelity_cell, pct, pooled_cell,
+from analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct, rate_cell,
                                    provenance, report_notes, row)
 from analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
 
@@ -153,8 +153,9 @@ def _pooled_marker(x: float, mid: float) -> str:
     return f'<path d="M{x:.2f} {mid - 10} l10 10 l-10 10 l-10 -10 z" class="pooled"/>'
 
 
-def fidelity_chart(report: Report) -> str:
-    """Per-episode mean fidelity with its bootstrap CI whisker, and the pooled rate beside it."""
+def rate_chart(report: Report, metric: str, title: str) -> str:
+    """One metric per run: the pooled rate (diamond) with its Wilson 95% whisker, and the
+    per-episode mean (dot) beside it."""
     x0, span = _LABEL, 470
     text_x = x0 + span + 28
     height = _TOP + _ROW * len(report.runs)
@@ -163,23 +164,24 @@ def fidelity_chart(report: Report) -> str:
         y = _TOP + i * _ROW
         mid = y + _BAR / 2
         parts.append(_run_label(s, y))
-        f = s.fidelity
-        if f.episode_mean is None:
-            why = "every turn was a non-response" if s.rejected else "no produced turn"
+        r = getattr(s, metric)
+        if r.pooled is None:
+            why = "every turn was a non-response" if s.rejected else "no turn to rate"
             parts.append(f'<text x="{x0 + 6}" y="{mid + 5:.1f}" class="rej">{REJ if s.rejected else "-"}: {_e(why)}</text>')
             continue
-        lo, hi, mean = (x0 + span * v for v in (f.ci_low, f.ci_high, f.episode_mean))
-        parts.append(f'<g><title>{_e(s.run)}: per-episode mean {fidelity_cell(s, 1)}, pooled {pooled_cell(s, 1)}, '
-                     f'{f.episodes_rated} episodes rated</title>'
+        lo, hi = (x0 + span * v for v in (r.wilson_low, r.wilson_high))
+        dot = f'<circle cx="{x0 + span * r.episode_mean:.2f}" cy="{mid}" r="6" fill="{_MEAN}"/>' if r.episode_mean is not None else ""
+        parts.append(f'<g><title>{_e(s.run)}: {_e(rate_cell(s, r, 1))}, per-episode mean {_e(episode_cell(s, r, 1))}, '
+                     f'{r.numerator} of {r.denominator}</title>'
                      f'<line x1="{lo:.2f}" y1="{mid}" x2="{hi:.2f}" y2="{mid}" class="whisker"/>'
                      f'<line x1="{lo:.2f}" y1="{mid - 7}" x2="{lo:.2f}" y2="{mid + 7}" class="whisker"/>'
                      f'<line x1="{hi:.2f}" y1="{mid - 7}" x2="{hi:.2f}" y2="{mid + 7}" class="whisker"/>'
-                     f'{_pooled_marker(x0 + span * f.pooled, mid) if f.pooled is not None else ""}'
-                     f'<circle cx="{mean:.2f}" cy="{mid}" r="6" fill="{_MEAN}"/></g>')
-        parts.append(f'<text x="{text_x}" y="{mid + 5:.1f}" class="value">{_e(fidelity_cell(s, 1))}'
-                     f'<tspan class="detail"> · pooled {_e(pooled_cell(s, 1))} · n={f.episodes_rated}</tspan></text>')
-    desc = "; ".join(f"{s.run}: {fidelity_cell(s, 1)}, pooled {pooled_cell(s, 1)}" for s in report.runs)
-    return _svg("Protocol fidelity per run", desc, height, "".join(parts))
+                     f'{_pooled_marker(x0 + span * r.pooled, mid)}{dot}</g>')
+        parts.append(f'<text x="{text_x}" y="{mid - 1:.1f}" class="value">{_e(rate_cell(s, r, 1))}'
+                     f'<tspan class="detail"> · {r.numerator}/{r.denominator}</tspan></text>'
+                     f'<text x="{text_x}" y="{mid + 14:.1f}" class="detail">per episode {_e(episode_cell(s, r, 1))}</text>')
+    desc = "; ".join(f"{s.run}: {rate_cell(s, getattr(s, metric), 1)}" for s in report.runs)
+    return _svg(title, desc, height, "".join(parts))
 
 
 def _legend(report: Report) -> str:
@@ -203,7 +205,7 @@ def _run_table(report: Report) -> str:
             classes = [name for name, on in (("num", i >= FIRST_NUMERIC), ("rej", c == REJ), ("wrap", HEADERS[i] == "stack")) if on]
             cells.append(f'<td class="{" ".join(classes)}">{_e(c)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<div class="scroll"><table><caption>One row per run</caption><thead><tr>{head}</tr></thead>'
+    return (f'<div class="scroll"><table class="runs"><caption>One row per run</caption><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
@@ -214,6 +216,43 @@ def _counts_table(report: Report) -> str:
                    "".join(f'<td class="num">{s.outcomes[k]}</td>' for k in keys) + "</tr>" for s in report.runs)
     return (f'<table class="counts"><caption>Turn counts behind the bars</caption>'
             f'<thead><tr><th scope="col">run</th>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+
+_CALL, _DELIVERED, _GAP = "#0072B2", "#009E73", "#D55E00"
+
+
+def headline_chart(report: Report) -> str:
+    """Call and delivered fidelity of each run on one axis, the gap between them drawn and named:
+    what the model got right, what the harness received, and what the serving layer lost."""
+    x0, span = _LABEL, 470
+    text_x = x0 + span + 28
+    height = _TOP + _ROW * len(report.runs)
+    parts = [_axis(x0, span, height)]
+    for i, s in enumerate(report.runs):
+        y = _TOP + i * _ROW
+        mid = y + _BAR / 2
+        parts.append(_run_label(s, y))
+        call, dlv = s.call_fidelity, s.delivered_fidelity
+        if call.pooled is None:
+            why = "every turn was a non-response" if s.rejected else "no turn was due a call"
+            parts.append(f'<text x="{x0 + 6}" y="{mid + 5:.1f}" class="rej">{REJ if s.rejected else "-"}: {_e(why)}</text>')
+            continue
+        xc, xd = x0 + span * call.pooled, x0 + span * dlv.pooled
+        lost = s.lost_in_serving or 0.0
+        title = (f"{s.run}: call fidelity {rate_cell(s, call, 1)}, delivered {rate_cell(s, dlv, 1)}"
+                 + (f"; {pct(lost, 1)} {LOST}" if lost > 0 else ""))
+        gap = (f'<line x1="{xd:.2f}" y1="{mid}" x2="{xc:.2f}" y2="{mid}" stroke="{_GAP}" stroke-width="6" class="gap"/>'
+               if xc - xd > 0.5 else "")
+        parts.append(f'<g><title>{_e(title)}</title><line x1="{x0}" y1="{mid}" x2="{x0 + span}" y2="{mid}" class="track"/>'
+                     f'{gap}<circle cx="{xd:.2f}" cy="{mid}" r="7" fill="{_DELIVERED}"/>'
+                     f'<circle cx="{xc:.2f}" cy="{mid}" r="8" fill="none" stroke="{_CALL}" stroke-width="3"/></g>')
+        words = f'<tspan fill="{_CALL}">call {pct(call.pooled)}</tspan> · <tspan fill="{_DELIVERED}">delivered {pct(dlv.pooled)}</tspan>'
+        if lost > 0:
+            words += f' · <tspan fill="{_GAP}">lost {pct(lost)}</tspan>'
+        parts.append(f'<text x="{text_x}" y="{mid + 5:.1f}" class="value">{words}</text>')
+    desc = "; ".join(f"{s.run}: call {rate_cell(s, s.call_fidelity)}, delivered {rate_cell(s, s.delivered_fidelity)}"
+                     for s in report.runs)
+    return _svg("Call and delivered fidelity", desc, height, "".join(parts))
 
 
 def _rate_fill(rate: float) -> tuple[str, str]:
@@ -242,24 +281,31 @@ def turn_index_chart(report: Report, by_turn: dict[str, list[Count]]) -> str:
             where = f"turn {j + 1}" if j < TURN_COLUMNS - 1 else f"turns {TURN_COLUMNS} and later"
             if not c.n:
                 parts.append(f'<rect x="{x + 2:.1f}" y="{y}" width="{_CELL_W - 4:.1f}" height="{_BAR + 8}" class="empty">'
-                             f'<title>{_e(s.run)}, {where}: no produced turn</title></rect>')
+                             f'<title>{_e(s.run)}, {where}: no turn due a call</title></rect>')
                 continue
-            fill, ink = _rate_fill(c.rate)
-            parts.append(f'<g><title>{_e(s.run)}, {where}: {c.k} of {c.n} produced turns valid ({pct(c.rate, 1)})</title>'
+            fill, ink = _rate_fill(c.call)
+            below = f"n={c.n}" if c.d == c.k else f"dlv {pct(c.delivered)} · n={c.n}"
+            parts.append(f'<g><title>{_e(s.run)}, {where}: {_e(_count_text(c))}</title>'
                          f'<rect x="{x + 2:.1f}" y="{y}" width="{_CELL_W - 4:.1f}" height="{_BAR + 8}" fill="{fill}" class="cell"/>'
-                         f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 14}" class="cellv" fill="{ink}">{pct(c.rate)}</text>'
-                         f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 27}" class="celln" fill="{ink}">n={c.n}</text></g>')
-    desc = "; ".join(f"{s.run}: " + ", ".join(f"turn {j + 1} {pct(c.rate)} of {c.n}" for j, c in enumerate(by_turn.get(s.run, ()))
+                         f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 14}" class="cellv" fill="{ink}">{pct(c.call)}</text>'
+                         f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 27}" class="celln" fill="{ink}">{below}</text></g>')
+    desc = "; ".join(f"{s.run}: " + ", ".join(f"turn {j + 1}: {_count_text(c)}" for j, c in enumerate(by_turn.get(s.run, ()))
                                                if c.n) for s in report.runs)
     return _svg("Fidelity by turn index", desc, height, "".join(parts))
+
+
+def _count_text(c: Count) -> str:
+    return (f"{c.k} of {c.n} turns due a call held a valid call ({pct(c.call, 1)}), "
+            f"{c.d} delivered it to the harness ({pct(c.delivered, 1)})")
 
 
 def _count_cell(c: Count | None) -> str:
     if c is None or not c.n:
         return '<td class="num muted">-</td>'
-    fill, ink = _rate_fill(c.rate)
-    return (f'<td class="num rate" style="background:{fill};color:{ink}">{pct(c.rate)} '
-            f'<span class="of">{c.k}/{c.n}</span></td>')
+    fill, ink = _rate_fill(c.call)
+    delivered = "" if c.d == c.k else f' <span class="of">· {pct(c.delivered)} delivered</span>'
+    return (f'<td class="num rate" style="background:{fill};color:{ink}" title="{_e(_count_text(c))}">{pct(c.call)}'
+            f'{delivered} <span class="of">{c.k}/{c.n}</span></td>')
 
 
 def category_table(report: Report, details: PageDetails) -> str:
@@ -267,7 +313,7 @@ def category_table(report: Report, details: PageDetails) -> str:
     body = "".join(f'<tr><th scope="row">{_e(cat)}</th>'
                    + "".join(_count_cell(details.by_category.get((s.run, cat))) for s in report.runs) + "</tr>"
                    for cat in details.categories)
-    return (f'<div class="scroll"><table class="grid"><caption>Fidelity per category (valid calls / produced turns)'
+    return (f'<div class="scroll"><table class="grid"><caption>Call fidelity per category (valid calls / turns due a call), and delivered where it differs'
             f'</caption><thead><tr><th scope="col">category</th>{head}</tr></thead><tbody>{body}</tbody></table></div>')
 
 
@@ -340,9 +386,10 @@ def usage_table(report: Report, usage: dict[str, Usage]) -> str:
 
 
 def _details_sections(report: Report, d: PageDetails) -> str:
-    parts = ['<section><h2>Fidelity by turn index</h2><p class="help">Valid calls / produced turns at each position '
-             'of an episode (n = produced turns there). A fall to the right means the model loses the protocol as '
-             'the conversation grows.</p>', turn_index_chart(report, d.by_turn), '</section>']
+    parts = ['<section><h2>Fidelity by turn index</h2><p class="help">Call fidelity at each position of an episode '
+             '(valid calls / turns due a call there, n), with delivered fidelity (dlv) where calls were lost. A fall '
+             'to the right means the model loses the protocol as the conversation grows.</p>',
+             turn_index_chart(report, d.by_turn), '</section>']
     if d.categories:
         parts += ['<section><h2>By category</h2><p class="help">Category: the <code>category</code> tag, else the '
                   'item key\'s prefix (<code>simple_12</code> is <code>simple</code>).</p>', category_table(report, d),
@@ -365,21 +412,26 @@ def render(report: Report, details: PageDetails | None = None) -> str:
 <body><main>
 <h1>toolproxy report</h1>
 <p class="meta">{_e(provenance(report))}</p>
+<section><h2>Call and delivered fidelity</h2>
+<p class="help"><span class="key ring"></span> <b>call fidelity</b>: valid calls / turns due a call, whatever the
+surface &nbsp; <span class="key green"></span> <b>delivered</b>: of those, calls the harness received as calls &nbsp;
+<span class="key gap"></span> the gap: {_e(LOST)}.</p>
+{headline_chart(report)}</section>
 <section><h2>Runs</h2>{_run_table(report)}
-<p class="help"><b>fidelity</b> = valid_call turns / turns the model produced (non-responses excluded and shown
-as their own rate): per-episode mean with its 95% bootstrap CI, and pooled over turns.
-<b>{REJ}</b> = every turn was a non-response, so there is no fidelity. <b>as text</b> = share of calls found in the
-reply text rather than in <code>tool_calls</code>.</p></section>
+<p class="help">{_e(legend())}</p></section>
 {f'<section><h2>Notes</h2><ul class="notes">{notes}</ul></section>' if notes else ""}
 <section><h2>Outcome composition</h2>
 <p class="help">Share of all turns per outcome. Non-responses (refusals, server errors, timeouts: the model's output
 never reached the harness) are hatched grey and always shown.</p>
 {_legend(report)}{composition_chart(report)}
 <details><summary>Counts</summary>{_counts_table(report)}</details></section>
-<section><h2>Protocol fidelity per run</h2>
-<p class="help"><span class="key dot"></span> per-episode mean &nbsp; <span class="key bar"></span> 95% bootstrap CI
-(episodes resampled) &nbsp; <span class="key diamond"></span> pooled over turns &nbsp; n = episodes with a rate</p>
-{fidelity_chart(report)}</section>
+<section><h2>Call and delivered fidelity per run</h2>
+<p class="help"><span class="key diamond"></span> pooled over turns with its 95% Wilson interval &nbsp;
+<span class="key dot"></span> per-episode mean. Where delivered falls short of call fidelity, the calls were {_e(LOST)}.</p>
+<h3>Call fidelity</h3>
+{rate_chart(report, "call_fidelity", "Call fidelity per run")}
+<h3>Delivered fidelity</h3>
+{rate_chart(report, "delivered_fidelity", "Delivered fidelity per run")}</section>
 {_details_sections(report, details) if details is not None else ""}
 </main></body></html>
 """

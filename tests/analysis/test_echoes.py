@@ -186,10 +186,18 @@ def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path, stack, surf
             ORDER BY e.started_at""").fetchall()
         reconstructed, surfaces = con.execute(
             "SELECT bool_and(reconstructed), list(DISTINCT surface) FROM episodes JOIN turns USING (episode_key)").fetchone()
+        # openai: every call reached the harness in tool_calls. sglang: calls left in the text count
+        # as delivered when smolagents parsed and ran them itself, which only the rebuilt episode
+        # shows (its next request carries the result); the final_answer call that ends an episode
+        # has no next request, so nothing on the wire proves it was acted on.
+        delivered = con.execute("SELECT list(t.role ORDER BY e.started_at), list(t.delivered ORDER BY e.started_at) "
+                                "FROM turns t JOIN exchanges e ON e.id = t.final_exchange_id").fetchone()
     finally:
         con.close()
     assert by_episode(rows) == EXPECTED_EPISODES
     assert reconstructed and surfaces == [surface]
+    last = [False, True, False, False, True, False, True]  # request order: episodes of 2, 3, 2 turns
+    assert delivered == (["call"] * 7, [True] * 7 if stack == "openai" else [not x for x in last])
 
 
 def test_real_llamacpp_smolagents_traffic_rebuilds_its_episodes(tmp_path):
@@ -198,13 +206,16 @@ def test_real_llamacpp_smolagents_traffic_rebuilds_its_episodes(tmp_path):
     con = analyzed(tmp_path, "llamacpp", "turns: 6; episodes: 2")
     try:
         rows = con.execute("""
-            SELECT t.episode_key, t.turn_index, t.outcome, t.sub_kind, e.n_messages
+            SELECT t.episode_key, t.turn_index, t.outcome, t.sub_kind, e.n_messages, t.delivered
             FROM turns t JOIN exchanges e ON e.id = t.final_exchange_id ORDER BY e.started_at""").fetchall()
     finally:
         con.close()
+    # The first call stayed in the text, but smolagents parsed and ran it (the rebuilt episode's next
+    # request carries the result): delivered.
     assert by_episode(rows) == [
-        [(0, "valid_call", None, 2), (1, "non_response", "empty", 4), (2, "invalid_args", None, 6)],
-        [(0, "hallucinated_call", None, 2), (1, "hallucinated_call", None, 4), (2, "non_response", "truncated", 6)],
+        [(0, "valid_call", None, 2, True), (1, "non_response", "swallowed", 4, False), (2, "invalid_args", None, 6, False)],
+        [(0, "hallucinated_call", None, 2, False), (1, "hallucinated_call", None, 4, False),
+         (2, "non_response", "truncated", 6, False)],
     ]
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-from analysis.details import TURN_COLUMNS, Count, page_details
+from analysis.details import NONE, TURN_COLUMNS, Count, page_details
 from analysis.report.htmlpage import render
 from analysis.store import connect
 from analysis.summary import select_runs, summarize
@@ -74,12 +74,12 @@ def test_page_from_a_real_recording(recorded, tmp_path):
     """One recording (it takes seconds): the figures, then the page that shows them."""
     data, records = recorded
     _, d = details_of(data)
-    empty = [Count(0, 0)] * (TURN_COLUMNS - 3)
-    assert d.by_turn["A"] == [Count(4, 4), Count(0, 4), Count(0, 0), *empty]
-    assert d.by_turn["B"] == [Count(4, 4), Count(0, 4), Count(0, 4), *empty]
+    # the prose after a tool result is an answer, not a missed call: only call turns are counted
+    assert d.by_turn["A"] == [Count(4, 4, 4), *[NONE] * (TURN_COLUMNS - 1)]
+    assert d.by_turn["B"] == [Count(4, 4, 4), Count(0, 0, 4), *[NONE] * (TURN_COLUMNS - 2)]
     assert d.categories == ["multiple", "simple"]
-    assert d.by_category[("A", "simple")] == Count(2, 4)
-    assert d.by_category[("B", "multiple")] == Count(2, 6)
+    assert d.by_category[("A", "simple")] == Count(2, 2, 2)
+    assert d.by_category[("B", "multiple")] == Count(2, 2, 4)
     assert [(c.run_a, c.run_b, c.overall.paired) for c in d.comparisons] == [("A", "B", 4)]
     for run, turns in (("A", 8), ("B", 12)):
         recs = [r for r in records if r["run"] == run]
@@ -102,7 +102,7 @@ def test_page_from_a_real_recording(recorded, tmp_path):
     assert not re.search(r"https?:", page) and not re.search(r"<script|<link|<img|<iframe|@import|src=", page, re.I)
     for heading in ("Fidelity by turn index", "By category", "Paired comparisons", "Latency and tokens"):
         assert f"<h2>{heading}</h2>" in page
-    assert page.count("<svg") == 3
+    assert page.count("<svg") == 5  # headline, composition, call, delivered, turn index
     r = tp("compare", "A", "B", "--data", str(data), "--by", "category", "--format", "json")
     assert r.returncode == 0, r.stderr
     c = json.loads(r.stdout)["overall"]
@@ -110,9 +110,29 @@ def test_page_from_a_real_recording(recorded, tmp_path):
     row = re.search(r"<tr><td>A</td><td>B</td>(.*?)</tr>", page).group(1)
     assert re.findall(r'<td class=num>([^<]*)</td>', row)[:5] == expected
     assert "Each pair by category" in page
-    # turn 3 of B: a cell with its count; A never reached a third turn
-    assert "B, turn 3: 0 of 4 produced turns valid" in page and "A, turn 3: no produced turn" in page
+    # turn 2 of B: a cell with its counts; A's second turns were answers, not due a call
+    assert ("B, turn 2: 0 of 4 turns due a call held a valid call (0.0%), 0 delivered it to the harness (0.0%)" in page
+            and "A, turn 2: no turn due a call" in page)
     assert f"{CACHED * 8:,} (" in page
+
+
+def test_calls_left_in_text_show_as_a_gap(mixed_store):
+    report = load_report(mixed_store)
+    con = connect(mixed_store, read_only=True)
+    try:
+        d = page_details(con, report)
+        page = render(report, d)
+    finally:
+        con.close()
+    # qwen-sglang: three valid calls due; two left in the text (not delivered), one in tool_calls
+    assert d.by_turn["qwen-sglang"][0] == Count(2, 1, 2)
+    assert "qwen-sglang, turn 1: 2 of 2 turns due a call held a valid call (100.0%), 1 delivered it" in page
+    assert ">dlv 50% · n=2</text>" in page
+    headline = page[page.index("<h2>Call and delivered fidelity</h2>"):page.index("<h2>Runs</h2>")]
+    assert re.search(r'<title>qwen-sglang: call fidelity 100\.0% \[[\d.]+-100\.0\], delivered 33\.3% \[[\d.-]+\]; '
+                     r'66\.7% lost in the serving layer: calls left in text</title>', headline)
+    assert 'class="gap"' in headline and headline.count('class="gap"') == 1
+    assert "rej: every turn was a non-response" in headline  # gemma-vllm
 
 
 def test_hostile_names_stay_inert(tmp_path):
