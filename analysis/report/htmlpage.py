@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from html import escape
 from importlib import resources
+from typing import Callable
 
 from analysis import stats
 from analysis.compare import METRIC_HELP
@@ -15,6 +16,7 @@ from analysis.details import TURN_COLUMNS, Count, PageDetails, Usage
 from analysis.report import comparison
 from analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct, rate_cell,
                                    provenance, report_notes, row)
+from analysis.stats import Rate
 from analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
 
 # Okabe-Ito palette: distinguishable with every common colour-vision deficiency. Non-responses get
@@ -43,6 +45,8 @@ _ROW = 46
 _BAR = 24
 _TOP = 10
 _AXIS = 30
+_SPAN = 470    # the 0-100% axis of a rate chart
+_VALUE_X = _LABEL + _SPAN + 28  # where its numbers are written
 
 
 def _e(x: object) -> str:
@@ -153,35 +157,46 @@ def _pooled_marker(x: float, mid: float) -> str:
     return f'<path d="M{x:.2f} {mid - 10} l10 10 l-10 10 l-10 -10 z" class="pooled"/>'
 
 
-def rate_chart(report: Report, metric: str, title: str) -> str:
-    """One metric per run: the pooled rate (diamond) with its Wilson 95% whisker, and the
-    per-episode mean (dot) beside it."""
-    x0, span = _LABEL, 470
-    text_x = x0 + span + 28
+def _rate_rows(report: Report, rate_of: Callable[[RunSummary], Rate], nothing: str,
+               draw: Callable[[RunSummary, float], str]) -> tuple[float, str]:
+    """(height, body) of a per-run rate chart: the axis, each run's label, then draw(run, middle
+    y) or, when the run's rate is undefined, why ("rej" when every turn was a non-response)."""
     height = _TOP + _ROW * len(report.runs)
-    parts = [_axis(x0, span, height)]
+    parts = [_axis(_LABEL, _SPAN, height)]
     for i, s in enumerate(report.runs):
         y = _TOP + i * _ROW
         mid = y + _BAR / 2
         parts.append(_run_label(s, y))
+        if rate_of(s).pooled is None:
+            why = "every turn was a non-response" if s.rejected else nothing
+            parts.append(f'<text x="{_LABEL + 6}" y="{mid + 5:.1f}" class="rej">{REJ if s.rejected else "-"}: {_e(why)}</text>')
+        else:
+            parts.append(draw(s, mid))
+    return height, "".join(parts)
+
+
+def rate_chart(report: Report, metric: str, title: str) -> str:
+    """One metric per run: the pooled rate (diamond) with its Wilson 95% whisker, and the
+    per-episode mean (dot) beside it."""
+    x0, span = _LABEL, _SPAN
+
+    def draw(s: RunSummary, mid: float) -> str:
         r = getattr(s, metric)
-        if r.pooled is None:
-            why = "every turn was a non-response" if s.rejected else "no turn to rate"
-            parts.append(f'<text x="{x0 + 6}" y="{mid + 5:.1f}" class="rej">{REJ if s.rejected else "-"}: {_e(why)}</text>')
-            continue
         lo, hi = (x0 + span * v for v in (r.wilson_low, r.wilson_high))
         dot = f'<circle cx="{x0 + span * r.episode_mean:.2f}" cy="{mid}" r="6" fill="{_MEAN}"/>' if r.episode_mean is not None else ""
-        parts.append(f'<g><title>{_e(s.run)}: {_e(rate_cell(s, r, 1))}, per-episode mean {_e(episode_cell(s, r, 1))}, '
-                     f'{r.numerator} of {r.denominator}</title>'
-                     f'<line x1="{lo:.2f}" y1="{mid}" x2="{hi:.2f}" y2="{mid}" class="whisker"/>'
-                     f'<line x1="{lo:.2f}" y1="{mid - 7}" x2="{lo:.2f}" y2="{mid + 7}" class="whisker"/>'
-                     f'<line x1="{hi:.2f}" y1="{mid - 7}" x2="{hi:.2f}" y2="{mid + 7}" class="whisker"/>'
-                     f'{_pooled_marker(x0 + span * r.pooled, mid)}{dot}</g>')
-        parts.append(f'<text x="{text_x}" y="{mid - 1:.1f}" class="value">{_e(rate_cell(s, r, 1))}'
-                     f'<tspan class="detail"> · {r.numerator}/{r.denominator}</tspan></text>'
-                     f'<text x="{text_x}" y="{mid + 14:.1f}" class="detail">per episode {_e(episode_cell(s, r, 1))}</text>')
+        return (f'<g><title>{_e(s.run)}: {_e(rate_cell(s, r, 1))}, per-episode mean {_e(episode_cell(s, r, 1))}, '
+                f'{r.numerator} of {r.denominator}</title>'
+                f'<line x1="{lo:.2f}" y1="{mid}" x2="{hi:.2f}" y2="{mid}" class="whisker"/>'
+                f'<line x1="{lo:.2f}" y1="{mid - 7}" x2="{lo:.2f}" y2="{mid + 7}" class="whisker"/>'
+                f'<line x1="{hi:.2f}" y1="{mid - 7}" x2="{hi:.2f}" y2="{mid + 7}" class="whisker"/>'
+                f'{_pooled_marker(x0 + span * r.pooled, mid)}{dot}</g>'
+                f'<text x="{_VALUE_X}" y="{mid - 1:.1f}" class="value">{_e(rate_cell(s, r, 1))}'
+                f'<tspan class="detail"> · {r.numerator}/{r.denominator}</tspan></text>'
+                f'<text x="{_VALUE_X}" y="{mid + 14:.1f}" class="detail">per episode {_e(episode_cell(s, r, 1))}</text>')
+
+    height, body = _rate_rows(report, lambda s: getattr(s, metric), "no turn to rate", draw)
     desc = "; ".join(f"{s.run}: {rate_cell(s, getattr(s, metric), 1)}" for s in report.runs)
-    return _svg(title, desc, height, "".join(parts))
+    return _svg(title, desc, height, body)
 
 
 def _legend(report: Report) -> str:
@@ -224,35 +239,28 @@ _CALL, _DELIVERED, _GAP = "#0072B2", "#009E73", "#D55E00"
 def headline_chart(report: Report) -> str:
     """Call and delivered fidelity of each run on one axis, the gap between them drawn and named:
     what the model got right, what the harness received, and what the serving layer lost."""
-    x0, span = _LABEL, 470
-    text_x = x0 + span + 28
-    height = _TOP + _ROW * len(report.runs)
-    parts = [_axis(x0, span, height)]
-    for i, s in enumerate(report.runs):
-        y = _TOP + i * _ROW
-        mid = y + _BAR / 2
-        parts.append(_run_label(s, y))
+    x0, span = _LABEL, _SPAN
+
+    def draw(s: RunSummary, mid: float) -> str:
         call, dlv = s.call_fidelity, s.delivered_fidelity
-        if call.pooled is None:
-            why = "every turn was a non-response" if s.rejected else "no turn was due a call"
-            parts.append(f'<text x="{x0 + 6}" y="{mid + 5:.1f}" class="rej">{REJ if s.rejected else "-"}: {_e(why)}</text>')
-            continue
         xc, xd = x0 + span * call.pooled, x0 + span * dlv.pooled
         lost = s.lost_in_serving or 0.0
         title = (f"{s.run}: call fidelity {rate_cell(s, call, 1)}, delivered {rate_cell(s, dlv, 1)}"
                  + (f"; {pct(lost, 1)} {LOST}" if lost > 0 else ""))
         gap = (f'<line x1="{xd:.2f}" y1="{mid}" x2="{xc:.2f}" y2="{mid}" stroke="{_GAP}" stroke-width="6" class="gap"/>'
                if xc - xd > 0.5 else "")
-        parts.append(f'<g><title>{_e(title)}</title><line x1="{x0}" y1="{mid}" x2="{x0 + span}" y2="{mid}" class="track"/>'
-                     f'{gap}<circle cx="{xd:.2f}" cy="{mid}" r="7" fill="{_DELIVERED}"/>'
-                     f'<circle cx="{xc:.2f}" cy="{mid}" r="8" fill="none" stroke="{_CALL}" stroke-width="3"/></g>')
         words = f'<tspan fill="{_CALL}">call {pct(call.pooled)}</tspan> · <tspan fill="{_DELIVERED}">delivered {pct(dlv.pooled)}</tspan>'
         if lost > 0:
             words += f' · <tspan fill="{_GAP}">lost {pct(lost)}</tspan>'
-        parts.append(f'<text x="{text_x}" y="{mid + 5:.1f}" class="value">{words}</text>')
+        return (f'<g><title>{_e(title)}</title><line x1="{x0}" y1="{mid}" x2="{x0 + span}" y2="{mid}" class="track"/>'
+                f'{gap}<circle cx="{xd:.2f}" cy="{mid}" r="7" fill="{_DELIVERED}"/>'
+                f'<circle cx="{xc:.2f}" cy="{mid}" r="8" fill="none" stroke="{_CALL}" stroke-width="3"/></g>'
+                f'<text x="{_VALUE_X}" y="{mid + 5:.1f}" class="value">{words}</text>')
+
+    height, body = _rate_rows(report, lambda s: s.call_fidelity, "no turn was due a call", draw)
     desc = "; ".join(f"{s.run}: call {rate_cell(s, s.call_fidelity)}, delivered {rate_cell(s, s.delivered_fidelity)}"
                      for s in report.runs)
-    return _svg("Call and delivered fidelity", desc, height, "".join(parts))
+    return _svg("Call and delivered fidelity", desc, height, body)
 
 
 def _rate_fill(rate: float) -> tuple[str, str]:
