@@ -166,4 +166,4 @@ def test_admin_routes_are_never_forwarded_or_recorded(fake_stack, proxy):
     assert request(p.url, "GET", "/_toolproxy/nope")[0] == 404
     assert [s.path for s in fake.seen] == ["/v1/chat/completions", "/v1/chat/completions"]
     assert len(p.wait_records(2)) == 2
-    assert p.stats()["recording"]["written"] == 2
+    assert p.wait_written(2)["recording"]["written"] == 2

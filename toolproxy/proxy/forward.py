@@ -24,6 +24,7 @@ from toolproxy.proxy.headers import (
     NOT_FORWARDED_UP,
     TAG_HEADER_PREFIX,
     connection_listed,
+    record_headers,
     redact_headers,
     redact_query,
 )
@@ -167,7 +168,7 @@ async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
     safe_query = redact_query(query)
     rec.client_path = path + ("?" + safe_query if query else "")
     headers = request.headers
-    rec.request_headers = redact_headers(headers.items())
+    rec.request_headers = record_headers(request.raw_headers)
 
     if not path.startswith("/"):
         return await ex.reply_error(
