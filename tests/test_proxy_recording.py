@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from toolproxy.record.segments import list_segments, read_segment
+from toolproxy.record.writer import MAX_QUEUE_WAIT
 from toolproxy.stacks.fakes import stall, text
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -173,3 +174,48 @@ async def test_kill_9_under_load_then_restart(fake_stack, proxy):
     lines = [line for seg in list_segments(data) for line in read_segment(seg)]
     assert [l.path for l in lines if l.error] == [last] and lines[-1].record is not None
     assert len(p2.records()) == before + 1
+
+
+async def test_group_mode_loss_bound_on_kill_9_under_load(fake_stack, proxy):
+    """Group durability: a crash of the proxy loses no record of a response that finished more than
+    MAX_QUEUE_WAIT (0.1 s) before it, the bound README states, however long the commit window."""
+    # A long window, so the bound is seen to depend on the writer's queue, not on the fsync cadence
+    # (it used to: records sat in a userspace buffer until the next fsync).
+    window = 2.0
+    fake = fake_stack("openai")
+    fake.responder = lambda req: text("reply to " + req.messages[-1]["content"][:9] + " with some words in it")
+    fake.inject(stall(between=0.002, times=None))
+    p = proxy(fake.url, "--commit-window", str(window))  # a log line per exchange: work for the writer
+    finished: list[tuple[float, str]] = []
+    stop = asyncio.Event()
+
+    async def worker(w: int) -> None:
+        i = 0
+        async with aiohttp.ClientSession() as s:
+            while not stop.is_set():
+                marker = f"w{w:02d}-{i:05d}"
+                i += 1
+                body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": marker + " hello" * 100}],
+                        "stream": bool(i % 2)}
+                try:
+                    async with s.post(p.url + "/v1/chat/completions", json=body,
+                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
+                        payload = await r.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    continue
+                if r.status == 200 and (not body["stream"] or payload.endswith(b"data: [DONE]\n\n")):
+                    finished.append((time.monotonic(), marker))
+
+    tasks = [asyncio.create_task(worker(w)) for w in range(6)]
+    await asyncio.sleep(3.0)
+    killed_at = time.monotonic()
+    p.kill()
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 15)
+    assert len(finished) > 50
+
+    recorded = {json.loads(r["request_body"])["messages"][0]["content"][:9] for r in p.records()}
+    lost = sorted((round(killed_at - t, 3), m) for t, m in finished if m not in recorded)
+    too_old = [(age, m) for age, m in lost if age > MAX_QUEUE_WAIT]
+    assert not too_old, (f"{len(too_old)} of {len(finished)} responses that finished more than {MAX_QUEUE_WAIT}s "
+                         f"before the kill have no record; oldest: {too_old[-5:]}")

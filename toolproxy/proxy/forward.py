@@ -206,6 +206,10 @@ async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
             "--on-record-failure block, so it refuses to serve unrecorded traffic",
             "recording_unavailable",
         )
+    if state.writer.behind:  # backpressure: new work waits while the writer catches up
+        waited = time.perf_counter()
+        await state.writer.caught_up()
+        rec.extra["recording_wait_ms"] = round((time.perf_counter() - waited) * 1000.0, 3)
 
     try:
         body = await request.read()
@@ -361,7 +365,9 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
         client.headers.add(k, v)
     ex.client_resp = client
 
-    sync = cfg.durability == "sync"
+    # While the writer is behind, a response is answered as in sync mode: its end waits for its
+    # record, so a crash cannot take records of responses that finished long before it.
+    sync = cfg.durability == "sync" or ex.state.writer.behind
     loop = asyncio.get_running_loop()
     idle = cfg.idle_timeout
     content = resp.content

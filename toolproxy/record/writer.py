@@ -17,10 +17,12 @@ What the counters promise, because operators act on them:
   was counted written, and the same segment is retried (no empty segment per failure).
 - The thread is supervised: an unexpected error drops (and counts) only the records in hand,
   marks recording degraded with the cause, answers their sync waiters, and the loop goes on.
-- Backpressure: when the oldest queued record has waited longer than half a window, `behind`
-  turns true; the proxy then holds new work and makes finishing responses wait for their
-  record, so a slow writer slows responses instead of widening the window of records a crash
-  can take with it.
+- fsync runs on its own thread, so a slow disk delays `written` and sync waiters but never the
+  next write.
+- Backpressure: when the oldest queued record has waited longer than MAX_QUEUE_WAIT (or half a
+  window), `behind` turns true; the proxy then holds new work and answers responses as in sync
+  mode until the writer catches up, so a slow writer slows responses instead of widening the
+  window of records a crash can take with it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import queue
 import sys
 import threading
 import time
@@ -44,6 +47,11 @@ SEGMENT_SUFFIX = ".jsonl"
 # taking it from the loop for whole batches. Larger ones are serialised on the writer thread, so a
 # multi-megabyte context never stalls the loop.
 INLINE_SERIALIZE_CHARS = 256 * 1024
+
+# The longest a record should wait in the queue before the writer takes it to the kernel. Past
+# it (or half a commit window, if shorter) the writer is `behind` and the proxy applies
+# backpressure: this is the bound on what a crash of the proxy process can lose.
+MAX_QUEUE_WAIT = 0.1
 
 # Why a record was not written; the keys of WriterStats.dropped_reasons.
 QUEUE_FULL = "queue_full"
@@ -92,7 +100,7 @@ class SegmentWriter:
         self.log = log
         self.stats = WriterStats()
         self.poll = min(poll, window)
-        self.lag_limit = window / 2
+        self.lag_limit = min(window / 2, MAX_QUEUE_WAIT)
         self.max_queue = max_queue
         self.encode = encode or encode_record
         self._inline = encode is None
@@ -106,19 +114,21 @@ class SegmentWriter:
         self._closed = False
         self._catchup: asyncio.Future | None = None
         self._thread = threading.Thread(target=self._run, name="toolproxy-writer", daemon=True)
-        # Writer-thread state: the open segment, how much of it is written and fsynced, and the
-        # records in hand (popped, not yet written) or written but not yet fsynced.
-        self._fd: int | None = None
-        self._path: Path | None = None
-        self._end = 0
-        self._durable = 0
-        self._opened = 0.0
+        # Writer-thread state: the open segment, the records in hand (taken, not yet written)
+        # and those written but not yet handed to an fsync.
+        self._seg: _Segment | None = None
         self._seq = 0
         self._hand: list = []
         self._unsynced = 0
         self._unsynced_waiters: list[asyncio.Future] = []
         self._unsynced_since: float | None = None
         self._last_write_ok = True
+        # The fsync thread works through _SyncJobs in order and hands each back with its outcome.
+        self._syncing: _SyncJob | None = None  # the job covering the open segment, if one is running
+        self._jobs_out = 0
+        self._sync_jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._sync_done: collections.deque = collections.deque()
+        self._syncer = threading.Thread(target=self._sync_loop, name="toolproxy-fsync", daemon=True)
 
     # ---- called from the event loop -------------------------------------------------------
 
@@ -228,6 +238,7 @@ class SegmentWriter:
     # ---- writer thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._syncer.start()
         while True:
             try:
                 if self._cycle():
@@ -235,9 +246,13 @@ class SegmentWriter:
             except Exception as exc:  # noqa: BLE001 - supervision: count, report, carry on
                 self._abandon(WRITER_ERROR, f"recording error: {type(exc).__name__}: {exc}")
         try:
-            self._close_segment()
-        except OSError as exc:
-            self._abandon(DISK, f"cannot close segment {self._path}: {exc}")
+            self._retire()
+            while self._jobs_out:
+                self._wait_for_syncs()
+        except Exception as exc:  # noqa: BLE001 - count what it held and finish the shutdown
+            self._abandon(DISK, f"cannot close segment: {type(exc).__name__}: {exc}")
+        self._sync_jobs.put(None)
+        self._syncer.join()
         self._closed = True
         leftover = self._take_all()
         if leftover:
@@ -253,22 +268,22 @@ class SegmentWriter:
                 return out
 
     def _cycle(self) -> bool:
-        """One round: take what is queued, write it, fsync when due. True when stopped."""
+        """One round: settle finished fsyncs, take what is queued, write it, start an fsync when
+        due. True once stopping and the queue is empty."""
         stopping = self._stopping
-        if not stopping and not self.behind:
+        buf = self._buf
+        if not self._sync_done and not ((stopping or self.behind) and buf):
             self._wake.wait(self.poll)
             self._wake.clear()
-        buf = self._buf
-        if buf and self._unsynced_since is None:
-            self._unsynced_since = buf[0][3]
+        self._collect_syncs()
         self._hand.extend(self._take_all())
         if self._hand:
             self._write_hand()
-        if self._unsynced and (
+        if self._unsynced and self._syncing is None and (
             self._unsynced_waiters or stopping or self.stats.degraded
             or time.monotonic() - self._unsynced_since >= self.window
         ):
-            self._sync()
+            self._start_sync()
         if self.behind and (not buf or time.monotonic() - buf[0][3] <= self.lag_limit):
             self.behind = False
             fut = self._catchup
@@ -302,8 +317,9 @@ class SegmentWriter:
                 self._drop(len(ready), DISK, f"cannot write segment in {self.dir}: {exc}")
                 self._release(waiters, False)
             else:
-                self._hand = []
                 self._last_write_ok = True
+                if self._unsynced_since is None:
+                    self._unsynced_since = ready[0][3]
                 self._unsynced += len(ready)
                 self._unsynced_waiters.extend(waiters)
         self._hand = []
@@ -313,108 +329,157 @@ class SegmentWriter:
             self._print_log(taken)
 
     def _append(self, data: bytes) -> None:
-        if self._fd is None or self._end >= self.segment_bytes or (
-            self._end and time.monotonic() - self._opened >= self.segment_seconds
+        seg = self._seg
+        if seg is None or seg.end >= self.segment_bytes or (
+            seg.end and time.monotonic() - seg.opened >= self.segment_seconds
         ):
-            self._close_segment()
-            self._open_segment()
-        start = self._end
+            self._retire()
+            seg = self._seg = self._open_segment()
+        start = seg.end
         view = memoryview(data)
         try:
             while view:
-                view = view[self._os_write(self._fd, view):]
+                view = view[self._os_write(seg.fd, view):]
         except OSError:
-            self._rollback(start)
+            self._rollback(seg, start)
             raise
-        self._end += len(data)
+        seg.end += len(data)
 
-    def _sync(self) -> None:
-        n, waiters = self._unsynced, self._unsynced_waiters
-        self._unsynced, self._unsynced_waiters, self._unsynced_since = 0, [], None
-        try:
-            if self._fd is None:
-                raise OSError(f"segment {self._path} was given up after an earlier failure")
-            self._os_fsync(self._fd)
-            if os.fstat(self._fd).st_nlink == 0:
-                self._give_up_segment()
-                raise OSError(f"segment {self._path} was deleted while being written")
-        except OSError as exc:
-            self.stats.write_failures += 1
-            self._last_write_ok = False
-            if self._fd is not None:
-                self._rollback(self._durable)
-            self._drop(n, DISK, f"cannot fsync segment {self._path}: {exc}")
-            self._release(waiters, False)
-            return
-        self._durable = self._end
-        with self._stats_lock:
-            self.stats.written += n
-        self._release(waiters, True)
-        if self.stats.degraded and self._last_write_ok and len(self._buf) < self.max_queue:
-            self.stats.degraded = False  # recovered; last_error and the counters keep the history
-            print(f"toolproxy: recording recovered ({self.stats.dropped} records dropped so far)",
-                  file=sys.stderr, flush=True)
-
-    def _abandon(self, reason: str, message: str) -> None:
-        """After an unexpected error: count every record in hand or unsynced, answer their waiters."""
-        hand, self._hand = self._hand, []
-        waiters = [w for _, _, w, _ in hand if w is not None]
-        lost = len(hand) + self._unsynced
-        waiters += self._unsynced_waiters
-        self._unsynced, self._unsynced_waiters, self._unsynced_since = 0, [], None
-        if self._fd is not None:
-            self._rollback(self._durable)
-        self._drop(lost, reason, message)
-        self._release(waiters, False)
-
-    def _open_segment(self) -> None:
+    def _open_segment(self) -> _Segment:
         self._seq += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        self._path = path
-        self._end = self._durable = 0
-        self._opened = time.monotonic()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         self.stats.segments += 1
+        return _Segment(fd, path, time.monotonic())
 
-    def _close_segment(self) -> None:
-        """fsync and close the open segment; an empty one is removed, not left behind."""
-        fd = self._fd
+    def _retire(self) -> None:
+        """Stop writing to the open segment. Its last fsync and close go to the fsync thread, so
+        rotation never waits for the disk; an empty segment is removed at once."""
+        seg, self._seg, self._syncing = self._seg, None, None
+        if seg is None:
+            return
+        if seg.end == 0:
+            self._close(seg)
+        else:
+            self._start_sync(seg, close=True)
+
+    def _start_sync(self, seg: _Segment | None = None, close: bool = False) -> None:
+        """Hand the written-but-unsynced records to the fsync thread. Writing goes on meanwhile,
+        so a slow fsync delays only the `written` count and sync waiters, never the next write."""
+        seg = seg or self._seg
+        job = _SyncJob(seg, seg.end, self._unsynced, self._unsynced_waiters, close)
+        self._unsynced, self._unsynced_waiters, self._unsynced_since = 0, [], None
+        if not close:
+            self._syncing = job
+        self._jobs_out += 1
+        self._sync_jobs.put(job)
+
+    def _sync_loop(self) -> None:
+        """The fsync thread: one fsync at a time, each outcome handed back to the writer thread,
+        which alone changes segments and counters."""
+        while True:
+            job = self._sync_jobs.get()
+            if job is None:
+                return
+            seg = job.seg
+            try:
+                self._os_fsync(seg.fd)
+                error = None if os.fstat(seg.fd).st_nlink else f"segment {seg.path} was deleted while being written"
+            except Exception as exc:  # noqa: BLE001 - every failure is the writer's to count
+                error = f"cannot fsync segment {seg.path}: {type(exc).__name__}: {exc}"
+            self._sync_done.append((job, error))
+            self._wake.set()
+
+    def _wait_for_syncs(self) -> None:
+        if not self._sync_done:
+            self._wake.wait(self.poll)
+            self._wake.clear()
+        self._collect_syncs()
+
+    def _collect_syncs(self) -> None:
+        done = self._sync_done
+        while done:
+            job, error = done.popleft()
+            self._jobs_out -= 1
+            if job is self._syncing:
+                self._syncing = None
+            self._settle(job, error)
+
+    def _settle(self, job: _SyncJob, error: str | None) -> None:
+        seg = job.seg
+        if error is None and not seg.broken:
+            seg.durable = job.end
+            with self._stats_lock:
+                self.stats.written += job.records
+            if self.stats.degraded and self._last_write_ok and len(self._buf) < self.max_queue:
+                self.stats.degraded = False  # recovered; last_error and the counters keep the history
+                print(f"toolproxy: recording recovered ({self.stats.dropped} records dropped so far)",
+                      file=sys.stderr, flush=True)
+            self._release(job.waiters, True)
+        else:
+            # Nothing past the segment's last fsynced byte can be trusted: drop (and count) all
+            # of it and cut it off, so that what is on disk is exactly what was counted written.
+            lost, waiters = job.records, list(job.waiters)
+            if error is not None:
+                self.stats.write_failures += 1
+                self._last_write_ok = False
+            if seg is self._seg:
+                lost += self._unsynced
+                waiters += self._unsynced_waiters
+                self._unsynced, self._unsynced_waiters, self._unsynced_since = 0, [], None
+            if "deleted" in (error or ""):
+                seg.broken = True
+                if seg is self._seg:
+                    self._retire()
+            else:
+                self._rollback(seg, seg.durable)
+            self._drop(lost, DISK, error or f"records written to {seg.path} after a failed fsync")
+            self._release(waiters, False)
+        if job.close and seg.fd is not None:
+            self._close(seg)
+
+    def _rollback(self, seg: _Segment, size: int) -> None:
+        """Cut a segment back to `size` bytes after a failed write or fsync; if even that fails,
+        stop using it (the next write opens a new one)."""
+        try:
+            os.ftruncate(seg.fd, size)
+            seg.end = size
+            seg.broken = False
+        except OSError:
+            seg.broken = True
+            if seg is self._seg:
+                self._retire()
+
+    def _close(self, seg: _Segment) -> None:
+        """Close a segment's file; one that holds no fsynced record is removed, not left behind."""
+        fd, seg.fd = seg.fd, None
         if fd is None:
             return
-        if self._unsynced:
-            self._sync()
-        self._fd = None
-        os.close(fd)
-        if self._end == 0:
-            self._unlink_segment()
-
-    def _rollback(self, size: int) -> None:
-        """Cut the segment back to `size` bytes after a failed write or fsync, so no partial or
-        uncounted line stays on disk; if even that fails, give the segment up."""
-        try:
-            os.ftruncate(self._fd, size)
-            self._end = size
-        except OSError:
-            self._give_up_segment()
-
-    def _give_up_segment(self) -> None:
-        """Stop using the open segment (the next write opens a new one); remove it if empty."""
-        fd, self._fd = self._fd, None
         try:
             os.close(fd)
         except OSError:
             pass
-        if self._durable == 0:
-            self._unlink_segment()
+        if seg.durable == 0:
+            try:
+                seg.path.unlink()
+                self.stats.segments -= 1
+            except OSError:
+                pass
 
-    def _unlink_segment(self) -> None:
-        try:
-            self._path.unlink()
-        except OSError:
-            pass
-        self.stats.segments -= 1
+    def _abandon(self, reason: str, message: str) -> None:
+        """After an unexpected error: count every record in hand or unsynced, answer their waiters."""
+        hand, self._hand = self._hand, []
+        waiters = [w for _, _, w, _ in hand if w is not None] + self._unsynced_waiters
+        lost = len(hand) + self._unsynced
+        self._unsynced, self._unsynced_waiters, self._unsynced_since = 0, [], None
+        seg = self._seg
+        if seg is not None and seg.fd is not None:
+            running = self._syncing
+            self._rollback(seg, running.end if running is not None and running.seg is seg else seg.durable)
+        self._drop(lost, reason, message)
+        self._release(waiters, False)
 
     def _print_log(self, hand: list) -> None:
         try:
@@ -430,6 +495,27 @@ class SegmentWriter:
     # The two system calls a failing disk answers with errors; tests replace them to inject faults.
     _os_write = staticmethod(os.write)
     _os_fsync = staticmethod(os.fsync)
+
+
+@dataclass(eq=False)
+class _Segment:
+    """One segment file as the writer thread sees it."""
+
+    fd: int | None
+    path: Path
+    opened: float
+    end: int = 0  # bytes written
+    durable: int = 0  # bytes covered by a successful fsync
+    broken: bool = False  # cut back or given up after a failure: later fsyncs of it count nothing
+
+
+@dataclass(eq=False)
+class _SyncJob:
+    seg: _Segment
+    end: int
+    records: int
+    waiters: list
+    close: bool
 
 
 def _body_chars(rec: Record) -> int:
