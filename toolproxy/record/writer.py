@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import os
 import queue
 import sys
@@ -123,6 +124,7 @@ class SegmentWriter:
         self._unsynced_waiters: list[asyncio.Future] = []
         self._unsynced_since: float | None = None
         self._last_write_ok = True
+        self._room_needed = 0  # bytes of the batch a full disk refused: free space to see before recovering
         # The fsync thread works through _SyncJobs in order and hands each back with its outcome.
         self._syncing: _SyncJob | None = None  # the job covering the open segment, if one is running
         self._jobs_out = 0
@@ -308,12 +310,15 @@ class SegmentWriter:
         self._hand = ready  # until the bytes are in the kernel: what an unexpected error would lose
         if ready:
             waiters = [w for _, _, w, _ in ready if w is not None]
+            data = b"".join(line for _, line, _, _ in ready)
             try:
-                self._append(b"".join(line for _, line, _, _ in ready))
+                self._append(data)
             except OSError as exc:
                 self._hand = []
                 self.stats.write_failures += 1
                 self._last_write_ok = False
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    self._room_needed = len(data)
                 self._drop(len(ready), DISK, f"cannot write segment in {self.dir}: {exc}")
                 self._release(waiters, False)
             else:
@@ -413,7 +418,7 @@ class SegmentWriter:
             seg.durable = job.end
             with self._stats_lock:
                 self.stats.written += job.records
-            if self.stats.degraded and self._last_write_ok and len(self._buf) < self.max_queue:
+            if self.stats.degraded and self._last_write_ok and len(self._buf) < self.max_queue and self._has_room():
                 self.stats.degraded = False  # recovered; last_error and the counters keep the history
                 print(f"toolproxy: recording recovered ({self.stats.dropped} records dropped so far)",
                       file=sys.stderr, flush=True)
@@ -439,6 +444,20 @@ class SegmentWriter:
             self._release(waiters, False)
         if job.close and seg.fd is not None:
             self._close(seg)
+
+    def _has_room(self) -> bool:
+        """After a full disk, a small record can still fit in the last page of a segment; only
+        room for what failed counts as recovered, so `block` mode does not flap."""
+        if not self._room_needed:
+            return True
+        try:
+            st = os.statvfs(self.dir)
+        except OSError:
+            return False
+        if st.f_bavail * st.f_frsize < self._room_needed:
+            return False
+        self._room_needed = 0
+        return True
 
     def _rollback(self, seg: _Segment, size: int) -> None:
         """Cut a segment back to `size` bytes after a failed write or fsync; if even that fails,
