@@ -158,12 +158,8 @@ class SegmentWriter:
             return False
         line = None
         if self._inline and _body_chars(record) <= INLINE_SERIALIZE_CHARS:
-            try:
-                line = self.encode(record)
-            except Exception as exc:  # noqa: BLE001 - whatever it is, count it and keep serving
-                self._drop(1, UNENCODABLE, f"cannot serialise record {record.id}: {type(exc).__name__}: {exc}")
-                if waiter is not None:
-                    waiter.set_result(False)
+            line = self._encode_or_drop(record, waiter)
+            if line is None:
                 return False
         now = time.monotonic()
         if buf and now - buf[0][3] > self.lag_limit:
@@ -229,6 +225,17 @@ class SegmentWriter:
             self.stats.dropped += n
             self.stats.dropped_reasons[reason] = self.stats.dropped_reasons.get(reason, 0) + n
         self._mark_degraded(message)
+
+    def _encode_or_drop(self, rec: Record, waiter: asyncio.Future | None) -> bytes | None:
+        """The record's line, or None once it is counted as dropped: one odd record (or a bug in
+        a replacement encoder) must cost that record only."""
+        try:
+            return self.encode(rec)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, count it and keep recording
+            self._drop(1, UNENCODABLE, f"cannot serialise a record: {type(exc).__name__}: {exc}")
+            if waiter is not None:
+                self._release([waiter], False)
+            return None
 
     def _release(self, waiters: list[asyncio.Future], ok: bool) -> None:
         for fut in waiters:
@@ -299,12 +306,8 @@ class SegmentWriter:
         for entry in taken:
             rec, line, waiter, submitted = entry
             if line is None:
-                try:
-                    line = self.encode(rec)
-                except Exception as exc:  # noqa: BLE001 - one odd record must not stop the rest
-                    self._drop(1, UNENCODABLE, f"cannot serialise record {rec.id}: {type(exc).__name__}: {exc}")
-                    if waiter is not None:
-                        self._release([waiter], False)
+                line = self._encode_or_drop(rec, waiter)
+                if line is None:
                     continue
             ready.append((rec, line, waiter, submitted))
         self._hand = ready  # until the bytes are in the kernel: what an unexpected error would lose
@@ -507,8 +510,8 @@ class SegmentWriter:
             if text:
                 sys.stdout.write(text)
                 sys.stdout.flush()
-        except (OSError, ValueError) as exc:
-            self.log = None  # a closed or broken stdout must not stop recording
+        except Exception as exc:  # noqa: BLE001 - a broken stdout or log line must not cost records
+            self.log = None
             print(f"toolproxy: per-exchange log lines stopped: {exc}", file=sys.stderr, flush=True)
 
     # The two system calls a failing disk answers with errors; tests replace them to inject faults.
