@@ -75,6 +75,40 @@ async def test_segments_rotate_by_size_and_stay_ordered(fake_stack, proxy):
     assert all(line.error is None for seg in segs for line in read_segment(seg))
 
 
+async def load_then_kill(p, workers: int, seconds: float, pad: str = "") -> tuple[float, list[tuple[float, str]]]:
+    """Clients post chat requests (every other one streamed) until the proxy is killed -9 after
+    `seconds`. Returns when it was killed, and (when, marker) for every response received complete;
+    a request's message is its marker (w<worker>-<n>, 9 characters) followed by `pad`."""
+    finished: list[tuple[float, str]] = []
+    stop = asyncio.Event()
+
+    async def worker(w: int) -> None:
+        i = 0
+        async with aiohttp.ClientSession() as s:
+            while not stop.is_set():
+                marker = f"w{w:02d}-{i:05d}"
+                i += 1
+                body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": marker + pad}],
+                        "stream": bool(i % 2)}
+                try:
+                    async with s.post(p.url + "/v1/chat/completions", json=body,
+                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
+                        payload = await r.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    continue
+                if r.status == 200 and (not body["stream"] or payload.endswith(b"data: [DONE]\n\n")):
+                    finished.append((time.monotonic(), marker))
+
+    tasks = [asyncio.create_task(worker(w)) for w in range(workers)]
+    await asyncio.sleep(seconds)
+    killed_at = time.monotonic()
+    p.kill()
+    await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 15)
+    return killed_at, finished
+
+
 def _break_recording(data) -> None:
     """Replace the segment directory by a plain file: every later open fails, even for root."""
     seg_dir = data / "segments"
@@ -127,31 +161,8 @@ async def test_kill_9_under_load_then_restart(fake_stack, proxy):
     fake.inject(stall(between=0.003, times=None))
     p = proxy(fake.url, "--quiet", "--durability", "sync")
     data = p.data
-    complete: list[str] = []
-    stop = asyncio.Event()
-
-    async def worker(w: int) -> None:
-        i = 0
-        async with aiohttp.ClientSession() as s:
-            while not stop.is_set():
-                marker = f"w{w}-{i}"
-                i += 1
-                body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": marker}], "stream": bool(i % 2)}
-                try:
-                    async with s.post(p.url + "/v1/chat/completions", json=body,
-                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
-                        payload = await r.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError):
-                    continue
-                if r.status == 200 and (not body["stream"] or payload.endswith(b"data: [DONE]\n\n")):
-                    complete.append(marker)
-
-    tasks = [asyncio.create_task(worker(w)) for w in range(16)]
-    await asyncio.sleep(1.5)
-    p.kill()
-    await asyncio.sleep(0.2)
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), 15)
+    _, finished = await load_then_kill(p, workers=16, seconds=1.5)
+    complete = [marker for _, marker in finished]
     assert len(complete) > 20
 
     lines = [line for seg in list_segments(data) for line in read_segment(seg)]
@@ -186,32 +197,7 @@ async def test_group_mode_loss_bound_on_kill_9_under_load(fake_stack, proxy):
     fake.responder = lambda req: text("reply to " + req.messages[-1]["content"][:9] + " with some words in it")
     fake.inject(stall(between=0.002, times=None))
     p = proxy(fake.url, "--commit-window", str(window))  # a log line per exchange: work for the writer
-    finished: list[tuple[float, str]] = []
-    stop = asyncio.Event()
-
-    async def worker(w: int) -> None:
-        i = 0
-        async with aiohttp.ClientSession() as s:
-            while not stop.is_set():
-                marker = f"w{w:02d}-{i:05d}"
-                i += 1
-                body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": marker + " hello" * 100}],
-                        "stream": bool(i % 2)}
-                try:
-                    async with s.post(p.url + "/v1/chat/completions", json=body,
-                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
-                        payload = await r.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError):
-                    continue
-                if r.status == 200 and (not body["stream"] or payload.endswith(b"data: [DONE]\n\n")):
-                    finished.append((time.monotonic(), marker))
-
-    tasks = [asyncio.create_task(worker(w)) for w in range(6)]
-    await asyncio.sleep(3.0)
-    killed_at = time.monotonic()
-    p.kill()
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), 15)
+    killed_at, finished = await load_then_kill(p, workers=6, seconds=3.0, pad=" hello" * 100)
     assert len(finished) > 50
 
     recorded = {json.loads(r["request_body"])["messages"][0]["content"][:9] for r in p.records()}
