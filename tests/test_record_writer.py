@@ -162,17 +162,21 @@ async def test_an_unexpected_error_in_the_writer_is_counted_and_the_writer_goes_
     assert on_disk(tmp_path) == ["/r1"] and not w.stats.degraded
 
 
-async def test_an_encoder_that_fails_on_one_record_costs_only_that_record(writer, tmp_path):
-    def encode(r: Record) -> bytes:
-        if r.path == "/r1":
-            raise ValueError("cannot transform this body")
-        return encode_record(r)
+async def test_a_packer_that_fails_on_one_record_costs_only_that_record(writer, tmp_path):
+    w = writer()
+    packer = w._packer
 
-    w = writer(encode=encode)
+    class Failing:
+        def pack(self, batch, seg):
+            if batch[0][0].path == "/r1":
+                raise ValueError("cannot pack this body")
+            return packer.pack(batch, seg)
+
+    w._packer = Failing()
     results = await asyncio.gather(*(w.submit_and_wait(rec(i)) for i in range(3)))
     assert results == [True, False, True]
     assert w.stats.dropped_reasons == {"unencodable": 1} and on_disk(tmp_path) == ["/r0", "/r2"]
-    assert "cannot transform this body" in w.stats.last_error
+    assert "cannot pack this body" in w.stats.last_error
 
 
 async def test_a_record_json_cannot_hold_is_counted_not_lost_silently(writer, tmp_path):

@@ -3,6 +3,7 @@ elsewhere), a real `toolproxy serve` recording onto it, and a filler file taking
 
 from __future__ import annotations
 
+import base64
 import errno
 import json
 import os
@@ -55,7 +56,8 @@ def fill(path, leave: int = 0) -> None:
 
 
 def request_body(i: int, size: int = 22 * 1024) -> bytes:
-    content = f"request {i:03d} " + "y" * size
+    # Random text: neither repeated content (stored once) nor compression shrinks it.
+    content = f"request {i:03d} " + base64.b64encode(os.urandom(size * 3 // 4)).decode()
     return json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}]}).encode()
 
 

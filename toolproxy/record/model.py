@@ -14,14 +14,18 @@ import base64
 import os
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 import orjson
 
-# v2: header values are the wire bytes read as ISO-8859-1 (v1 decoded request header values as
-# UTF-8), and text fields that were not valid UTF-8 are listed in extra["latin1_fields"].
-RECORD_VERSION = 2
+# 2: a large body field may be null with `<field>_chunks` (upstream_request: `body_chunks`) naming
+# chunk lines earlier in the same segment that hold its bytes (toolproxy/record/chunks.py). The
+# segment reader puts the bodies back, so readers see the same record as in version 1.
+# 3: header values are the wire bytes read as ISO-8859-1 (before, request header values were
+# decoded as UTF-8), and text fields that were not valid UTF-8 are listed in extra["latin1_fields"].
+RECORD_VERSION = 3
 
 _id_lock = threading.Lock()
 _last_ms = 0
@@ -134,8 +138,9 @@ class RecordEncodeError(ValueError):
     """A record that cannot be written as a JSON line even after the lossless repair."""
 
 
-def encode_record(rec: Record) -> bytes:
-    """The record as one JSON line (newline included), never refusing odd text.
+def encode_record(rec: Record, fields: dict[str, Any] | None = None) -> bytes:
+    """The record as one JSON line (newline included), never refusing odd text. `fields`, when
+    given, is what to write instead of the record itself (all its fields, some replaced).
 
     JSON text must be valid Unicode, but a client can put any byte in a header or a tag, and
     aiohttp hands such bytes over as lone surrogates. Rather than lose the record, every text
@@ -144,10 +149,12 @@ def encode_record(rec: Record) -> bytes:
     bytes back. The repair costs nothing on the common path: it runs only after orjson refuses.
     """
     try:
-        return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
+        return orjson.dumps(rec if fields is None else fields, option=orjson.OPT_APPEND_NEWLINE)
     except TypeError as first:
+        if fields is None:
+            fields = {f.name: getattr(rec, f.name) for f in dataclass_fields(rec)}
         repaired: list[str] = []
-        data = {f.name: _latin1_repair(getattr(rec, f.name), f.name, repaired) for f in fields(rec)}
+        data = {name: _latin1_repair(value, name, repaired) for name, value in fields.items()}
         if repaired:
             data["extra"] = {**data["extra"], "latin1_fields": repaired}
         try:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from toolproxy.record.chunks import INLINE_BODY_CHARS, ChunkPacker
 from toolproxy.record.model import Record, encode_record
 
 SEGMENT_DIR = "segments"
@@ -46,7 +47,8 @@ SEGMENT_SUFFIX = ".jsonl"
 # Records up to this many body characters are serialised on the event loop when submitted (a few
 # microseconds): the writer thread then holds the GIL only to join and write bytes, instead of
 # taking it from the loop for whole batches. Larger ones are serialised on the writer thread, so a
-# multi-megabyte context never stalls the loop.
+# multi-megabyte context never stalls the loop. With dedup the limit is chunks.INLINE_BODY_CHARS:
+# larger bodies are cut into chunks there, off the loop.
 INLINE_SERIALIZE_CHARS = 256 * 1024
 
 # The longest a record should wait in the queue before the writer takes it to the kernel. Past
@@ -76,9 +78,9 @@ class WriterStats:
 class SegmentWriter:
     """Queue records from the event loop; a thread writes, fsyncs and counts them.
 
-    `encode` turns a record into its JSON line. A replacement (e.g. one that stores repeated
-    request prefixes once) runs on the writer thread, in submission order, for every record; an
-    exception from it drops that record with the reason and recording goes on.
+    With dedup, records with large bodies are serialised on the writer thread by a ChunkPacker,
+    which stores repeated body content once per segment (record/chunks.py); an exception from it
+    drops that record with the reason and recording goes on.
     """
 
     def __init__(
@@ -91,7 +93,7 @@ class SegmentWriter:
         segment_seconds: float = 3600.0,
         log: Callable[[Record], str | None] | None = None,
         poll: float = 0.02,
-        encode: Callable[[Record], bytes] | None = None,
+        dedup: bool = True,
         stall_timeout: float = 30.0,
     ) -> None:
         self.dir = Path(data_dir) / SEGMENT_DIR
@@ -103,8 +105,8 @@ class SegmentWriter:
         self.poll = min(poll, window)
         self.lag_limit = min(window / 2, MAX_QUEUE_WAIT)
         self.max_queue = max_queue
-        self.encode = encode or encode_record
-        self._inline = encode is None
+        self._packer = ChunkPacker() if dedup else None
+        self._inline_chars = INLINE_BODY_CHARS if dedup else INLINE_SERIALIZE_CHARS
         self.stall_timeout = stall_timeout
         # Read by the event loop on every request (a plain attribute: no lock, no I/O).
         self.behind = False
@@ -157,8 +159,8 @@ class SegmentWriter:
                 waiter.set_result(False)
             return False
         line = None
-        if self._inline and _body_chars(record) <= INLINE_SERIALIZE_CHARS:
-            line = self._encode_or_drop(record, waiter)
+        if _body_chars(record) <= self._inline_chars:
+            line = self._line_or_drop(record, waiter)
             if line is None:
                 return False
         now = time.monotonic()
@@ -226,11 +228,15 @@ class SegmentWriter:
             self.stats.dropped_reasons[reason] = self.stats.dropped_reasons.get(reason, 0) + n
         self._mark_degraded(message)
 
-    def _encode_or_drop(self, rec: Record, waiter: asyncio.Future | None) -> bytes | None:
-        """The record's line, or None once it is counted as dropped: one odd record (or a bug in
-        a replacement encoder) must cost that record only."""
+    def _line_or_drop(self, rec: Record, waiter: asyncio.Future | None, seg: _Segment | None = None,
+                      line: bytes | None = None) -> bytes | None:
+        """The bytes to append for a record (on the writer thread, for segment `seg`: with dedup,
+        chunk lines first), or None once it is counted as dropped: one odd record, or a bug in
+        the packer, must cost that record only."""
         try:
-            return self.encode(rec)
+            if seg is not None and self._packer is not None:
+                return self._packer.pack([(rec, line, None)], seg)
+            return line if line is not None else encode_record(rec)
         except Exception as exc:  # noqa: BLE001 - whatever it is, count it and keep recording
             self._drop(1, UNENCODABLE, f"cannot serialise a record: {type(exc).__name__}: {exc}")
             if waiter is not None:
@@ -302,28 +308,28 @@ class SegmentWriter:
 
     def _write_hand(self) -> None:
         taken = self._hand
+        try:
+            seg = self._writable_segment()
+        except OSError as exc:
+            self._hand = []
+            self._write_failed(exc, len(taken), [w for _, _, w, _ in taken if w is not None], 0)
+            seg = None
         ready = []
-        for entry in taken:
-            rec, line, waiter, submitted = entry
-            if line is None:
-                line = self._encode_or_drop(rec, waiter)
-                if line is None:
-                    continue
-            ready.append((rec, line, waiter, submitted))
-        self._hand = ready  # until the bytes are in the kernel: what an unexpected error would lose
+        if seg is not None:
+            for rec, line, waiter, submitted in taken:
+                line = self._line_or_drop(rec, waiter, seg, line)
+                if line is not None:
+                    seg.pending += len(line)
+                    ready.append((rec, line, waiter, submitted))
+            self._hand = ready  # until the bytes are in the kernel: what an unexpected error would lose
         if ready:
             waiters = [w for _, _, w, _ in ready if w is not None]
             data = b"".join(line for _, line, _, _ in ready)
             try:
-                self._append(data)
+                self._append(seg, data)
             except OSError as exc:
                 self._hand = []
-                self.stats.write_failures += 1
-                self._last_write_ok = False
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    self._room_needed = len(data)
-                self._drop(len(ready), DISK, f"cannot write segment in {self.dir}: {exc}")
-                self._release(waiters, False)
+                self._write_failed(exc, len(ready), waiters, len(data))
             else:
                 self._last_write_ok = True
                 if self._unsynced_since is None:
@@ -336,14 +342,26 @@ class SegmentWriter:
         if self.log is not None:
             self._print_log(taken)
 
-    def _append(self, data: bytes) -> None:
+    def _write_failed(self, exc: OSError, records: int, waiters: list, size: int) -> None:
+        self.stats.write_failures += 1
+        self._last_write_ok = False
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self._room_needed = max(size, 1)
+        self._drop(records, DISK, f"cannot write segment in {self.dir}: {exc}")
+        self._release(waiters, False)
+
+    def _writable_segment(self) -> _Segment:
         seg = self._seg
         if seg is None or seg.end >= self.segment_bytes or (
             seg.end and time.monotonic() - seg.opened >= self.segment_seconds
         ):
             self._retire()
             seg = self._seg = self._open_segment()
+        return seg
+
+    def _append(self, seg: _Segment, data: bytes) -> None:
         start = seg.end
+        seg.pending = 0
         view = memoryview(data)
         try:
             while view:
@@ -465,6 +483,7 @@ class SegmentWriter:
     def _rollback(self, seg: _Segment, size: int) -> None:
         """Cut a segment back to `size` bytes after a failed write or fsync; if even that fails,
         stop using it (the next write opens a new one)."""
+        seg.pending = 0
         try:
             os.ftruncate(seg.fd, size)
             seg.end = size
@@ -529,6 +548,12 @@ class _Segment:
     end: int = 0  # bytes written
     durable: int = 0  # bytes covered by a successful fsync
     broken: bool = False  # cut back or given up after a failure: later fsyncs of it count nothing
+    pending: int = 0  # bytes packed for the next write, not yet written
+
+    def tell(self) -> int:
+        """Where the next packed bytes will land: the ChunkPacker's offsets are relative to it, and
+        a value other than the one it expects (a write that did not land) makes it start afresh."""
+        return self.end + self.pending
 
 
 @dataclass(eq=False)
