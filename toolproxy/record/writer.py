@@ -217,16 +217,18 @@ class SegmentWriter:
     # ---- bookkeeping (either thread) ------------------------------------------------------
 
     def _mark_degraded(self, message: str) -> None:
-        if not self.stats.degraded or self.stats.last_error != message:
-            print(f"toolproxy: RECORDING FAILED: {message}", file=sys.stderr, flush=True)
+        # State first, then the (slow) stderr line: whoever sees a drop counted sees `degraded`.
+        news = not self.stats.degraded or self.stats.last_error != message
         self.stats.degraded = True
         self.stats.last_error = message
+        if news:
+            print(f"toolproxy: RECORDING FAILED: {message}", file=sys.stderr, flush=True)
 
     def _drop(self, n: int, reason: str, message: str) -> None:
+        self._mark_degraded(message)
         with self._stats_lock:
             self.stats.dropped += n
             self.stats.dropped_reasons[reason] = self.stats.dropped_reasons.get(reason, 0) + n
-        self._mark_degraded(message)
 
     def _line_or_drop(self, rec: Record, waiter: asyncio.Future | None, seg: _Segment | None = None,
                       line: bytes | None = None) -> bytes | None:
