@@ -316,17 +316,12 @@ class SegmentWriter:
             self._hand = []
             self._write_failed(exc, len(taken), [w for _, _, w, _ in taken if w is not None], 0)
             seg = None
-        ready = []
+        ready, data = [], b""
         if seg is not None:
-            for rec, line, waiter, submitted in taken:
-                line = self._line_or_drop(rec, waiter, seg, line)
-                if line is not None:
-                    seg.pending += len(line)
-                    ready.append((rec, line, waiter, submitted))
+            ready, data = self._pack(taken, seg)
             self._hand = ready  # until the bytes are in the kernel: what an unexpected error would lose
         if ready:
             waiters = [w for _, _, w, _ in ready if w is not None]
-            data = b"".join(line for _, line, _, _ in ready)
             try:
                 self._append(seg, data)
             except OSError as exc:
@@ -343,6 +338,24 @@ class SegmentWriter:
             self._unsynced_since = None
         if self.log is not None:
             self._print_log(taken)
+
+    def _pack(self, taken: list, seg: _Segment) -> tuple[list, bytes]:
+        """(the records that will be written, their bytes) for segment `seg`. The whole batch in
+        one call to the packer; if that fails, record by record, so one bad record costs only
+        itself (the packer then starts a fresh index: it never points at chunks not written)."""
+        if self._packer is not None:
+            try:
+                return taken, self._packer.pack([(rec, line, None) for rec, line, _, _ in taken], seg)
+            except Exception:  # noqa: BLE001 - found again, and counted, record by record below
+                pass
+        ready, parts = [], []
+        for rec, line, waiter, submitted in taken:
+            line = self._line_or_drop(rec, waiter, seg, line)
+            if line is not None:
+                seg.pending += len(line)
+                parts.append(line)
+                ready.append((rec, line, waiter, submitted))
+        return ready, b"".join(parts)
 
     def _write_failed(self, exc: OSError, records: int, waiters: list, size: int) -> None:
         self.stats.write_failures += 1
