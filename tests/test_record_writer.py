@@ -217,6 +217,20 @@ async def test_the_writer_falling_behind_raises_backpressure_until_it_catches_up
     await until(lambda: w.stats.written == 3)
 
 
+async def test_a_writer_that_never_catches_up_turns_health_degraded(writer, tmp_path):
+    w = writer(window=0.1, stall_timeout=0.3)
+    w.write_gate.clear()
+    w.submit(rec(0))
+    await until(w.writing.is_set)
+    w.submit(rec(1))
+    await asyncio.sleep(w.lag_limit + 0.05)
+    w.submit(rec(2))
+    assert w.behind and not await w.caught_up()  # gives up after stall_timeout: requests go on
+    assert w.stats.degraded and "behind" in w.stats.last_error
+    w.write_gate.set()
+    await until(lambda: w.stats.written == 3 and not w.stats.degraded)
+
+
 async def test_a_slow_fsync_does_not_hold_up_writing(writer, tmp_path):
     w = writer()
     w.fsync_gate.clear()

@@ -196,6 +196,7 @@ class SegmentWriter:
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.stall_timeout)
         except asyncio.TimeoutError:
+            self._mark_degraded(f"recording stalled: the writer has been behind for {self.stall_timeout:g}s")
             return False
         return True
 
