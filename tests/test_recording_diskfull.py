@@ -74,6 +74,16 @@ def on_disk(data) -> tuple[list[int], list]:
     return numbers, empty
 
 
+def health_within(p, status: int, timeout: float) -> bool:
+    """Whether the health route answers `status` within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while p.health()[0] != status:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def settled(p, total: int, timeout: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
@@ -126,9 +136,10 @@ async def test_block_mode_refuses_as_soon_as_the_disk_fails_and_stops_promptly_a
     filler = fs_dir / "filler"
     fill(filler)
     # The exchange whose record hits the full disk cannot know in time (its response is already
-    # out); the very next one is refused.
+    # out); the failure shows at that write, not at the next fsync (5 s away), and from then on
+    # every request is refused.
     assert (await raw_request(p.url, b"/v1/chat/completions", JSON, request_body(1)))[0] == 200
-    time.sleep(0.2)
+    assert health_within(p, 503, 2.0)
     status, answer = await raw_request(p.url, b"/v1/chat/completions", JSON, request_body(2))
     assert status == 503 and b"recording_unavailable" in answer and b"No space left" in answer
     assert len(fake.seen) == 2  # refused before anything went upstream
@@ -137,8 +148,7 @@ async def test_block_mode_refuses_as_soon_as_the_disk_fails_and_stops_promptly_a
     filler.unlink()
     # The first refused exchange after the space is back is recorded, and that clears the failure.
     assert (await raw_request(p.url, b"/v1/chat/completions", JSON, request_body(3, 100)))[0] == 503
-    time.sleep(0.2)
+    assert health_within(p, 200, 2.0)
     assert (await raw_request(p.url, b"/v1/chat/completions", JSON, request_body(4, 100)))[0] == 200
-    assert p.health()[0] == 200
     rec = settled(p, 5)
     assert rec["written"] + rec["dropped"] == 5 and rec["dropped"] >= 1
