@@ -453,10 +453,13 @@ class SegmentWriter:
         seg = job.seg
         if error is None and not seg.broken:
             seg.durable = job.end
+            recovered = (self.stats.degraded and self._last_write_ok and len(self._buf) < self.max_queue
+                         and self._has_room())
+            if recovered:
+                self.stats.degraded = False  # before the count: whoever sees it sees health ok
             with self._stats_lock:
                 self.stats.written += job.records
-            if self.stats.degraded and self._last_write_ok and len(self._buf) < self.max_queue and self._has_room():
-                self.stats.degraded = False  # recovered; last_error and the counters keep the history
+            if recovered:  # last_error and the counters keep the history
                 print(f"toolproxy: recording recovered ({self.stats.dropped} records dropped so far)",
                       file=sys.stderr, flush=True)
             self._release(job.waiters, True)
