@@ -70,10 +70,14 @@ def _size(value: str) -> int:
 @click.option("--upstream-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key; the proxy sends it itself.")
 @click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token.")
 @click.option("--quiet", is_flag=True, help="No line per exchange.")
+@click.option("--upstream-connections", default=0, show_default=True, type=int, help="Cap on connections to the upstream; 0: as many as clients need. Time a request waits for one under a cap is recorded (pool_wait_ms) and shown in stats.")
+@click.option("--client-header-timeout", default=15.0, show_default=True, type=float, help="Seconds a client has to send a complete request head after connecting or after its previous response; idle connections close then too.")
+@click.option("--client-body-timeout", default=60.0, show_default=True, type=float, help="Longest pause in seconds while a client sends its request body (408 after).")
 @click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is.")
 def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body,
           connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
-          segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_fingerprint):
+          segment_size, auth_token, upstream_key_env, insecure_public, quiet, upstream_connections, client_header_timeout,
+          client_body_timeout, no_fingerprint):
     """Forward to one upstream model server and record every exchange."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
@@ -85,6 +89,8 @@ def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, 
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
             segment_bytes=_size(segment_size), auth_token=auth_token, upstream_key=upstream_key,
             insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint,
+            upstream_connections=upstream_connections, client_header_timeout=client_header_timeout,
+            client_body_timeout=client_body_timeout,
         )
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
