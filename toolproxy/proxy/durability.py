@@ -36,15 +36,13 @@ def expected_body_length(method: str, status: int, headers) -> int | None:
 class LastBytes:
     """Passes a response's chunks through, keeping back those that complete its Content-Length."""
 
-    __slots__ = ("remaining", "held")
+    __slots__ = ("remaining", "held", "headers_only")
 
     def __init__(self, expected: int | None) -> None:
         self.remaining = expected
         self.held = b""
-
-    @property
-    def headers_only(self) -> bool:
-        return self.remaining == 0
+        # Nothing but headers to send: they are the response's end, so they wait instead.
+        self.headers_only = expected == 0
 
     def take(self, chunk: bytes) -> bytes:
         """The part of this chunk to send now."""
