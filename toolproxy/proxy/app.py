@@ -18,7 +18,7 @@ from toolproxy.proxy.forward import handle
 from toolproxy.proxy.pool import upstream_session
 from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.stackwatch import StackWatch
-from toolproxy.proxy.state import STATE, ProxyState
+from toolproxy.proxy.state import STATE, ProxyState, spill_dir
 from toolproxy.record.model import Record
 from toolproxy.record.writer import SegmentWriter
 
@@ -59,7 +59,7 @@ def make_state(config: ProxyConfig) -> ProxyState:
     state.hooks.add(Condition(config.condition_options, stacks.detected_stack if stacks else lambda: None))
     if config.durability == "sync":
         state.hooks.add(SyncDurability())
-    state.hooks.add(Recorder(writer))
+    state.hooks.add(Recorder(writer, config.spill_above, spill_dir(config)))
     state.stacks = stacks
     return state
 

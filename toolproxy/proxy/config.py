@@ -25,6 +25,8 @@ class ProxyConfig:
     condition: str = "native"
     condition_options: ConditionOptions = field(default_factory=ConditionOptions)
     max_body: int = 64 * 1024 * 1024
+    # Bodies above this many bytes wait in a temporary file instead of memory (proxy/spool.py).
+    spill_above: int = 1024 * 1024
     connect_timeout: float = 10.0
     # A CPU-only model can take minutes to read a long agent context before its first byte.
     ttfb_timeout: float = 600.0
@@ -68,6 +70,8 @@ class ProxyConfig:
             raise ConfigError("--upstream-connections must be 0 (no limit) or a positive number")
         if self.client_header_timeout <= 0 or self.client_body_timeout <= 0:
             raise ConfigError("--client-header-timeout and --client-body-timeout must be positive")
+        if self.spill_above < 1024:
+            raise ConfigError("--spill-above must be at least 1024 bytes")
         if self.max_body < 1024:
             raise ConfigError("--max-body must be at least 1024 bytes")
         if not is_loopback(self.host) and not self.auth_token and not self.insecure_public:

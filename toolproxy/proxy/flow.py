@@ -6,7 +6,8 @@ counters, durability, recording) is a small object with a method per phase it ca
     request_headers(flow)        the request line and headers are known; the body is not read yet
     request(flow)                the body is read; a condition may rewrite what goes upstream
     response_headers(flow, resp) the upstream's status and headers arrived
-    response_chunk(flow, chunk)  one chunk of the upstream's body, as received
+    response_chunk(flow, chunk)  one chunk of the upstream's body, as received (may return an
+                                 awaitable: backpressure, awaited before the next chunk is read)
     response_end(flow)           the upstream's body is complete
     error(flow)                  the exchange ended any other way (flow.rec.error_kind says how)
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
@@ -43,7 +44,7 @@ class Flow:
     __slots__ = (
         "request", "rec", "t0", "body", "up_path", "up_query", "up_headers", "options", "transform", "stream",
         "out_status", "out_reason", "out_headers",
-        "chunks", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait",
+        "spool", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait",
         "task", "deadline", "hard_deadline", "phase", "expired",
     )
 
@@ -51,7 +52,8 @@ class Flow:
         self.request = request
         self.t0 = time.perf_counter()
         self.rec = Record(id=new_id(), started_at=time.time(), upstream=upstream)
-        self.body: bytes = b""
+        # The request body: bytes, or a SpilledBody once it outgrew --spill-above.
+        self.body: Any = b""
         self.up_path = ""
         self.up_query = ""
         self.up_headers: dict[str, str] = {}
@@ -64,7 +66,7 @@ class Flow:
         self.out_headers: list[tuple[str, str]] = []
         # bytes -> bytes for the client (called with b"" at the end for the tail), or None: as received.
         self.stream: Callable[[bytes], bytes] | None = None
-        self.chunks: list[bytes] = []
+        self.spool: Any = None  # the recorder's copy of the upstream's body (a spool.Spool)
         self.client_chunks: list[bytes] | None = None
         self.client_resp: web.StreamResponse | None = None
         # Durability's hold on the response's last bytes (see durability.LastBytes), or None.
@@ -94,7 +96,7 @@ class Addon:
     def request_headers(self, flow: Flow) -> None: ...
     def request(self, flow: Flow) -> None: ...
     def response_headers(self, flow: Flow, resp: Any) -> None: ...
-    def response_chunk(self, flow: Flow, chunk: bytes) -> None: ...
+    def response_chunk(self, flow: Flow, chunk: bytes) -> Awaitable | None: ...
     def response_end(self, flow: Flow) -> None: ...
     def error(self, flow: Flow) -> None: ...
 

@@ -26,10 +26,12 @@ from toolproxy.proxy.headers import (
     redact_headers,
     redact_query,
 )
-from toolproxy.proxy.state import ADMIN_PREFIX, STATE, ProxyState
 from toolproxy.proxy.auth import presented_token
+from toolproxy.proxy.spool import Spool, file_payload
+from toolproxy.proxy.state import ADMIN_PREFIX, STATE, ProxyState, spill_dir
 from toolproxy.proxy.tags import header_tags, split_path_tags
 from toolproxy.record.model import encode_body
+from toolproxy.record.spill import SpilledBody
 
 _CLIENT_GONE = (ConnectionResetError, ConnectionError, aiohttp.ClientConnectionResetError)
 
@@ -165,28 +167,35 @@ async def _read_body(state: ProxyState, flow: Flow) -> None:
         _too_large(flow, cfg.max_body, request.content_length)
     flow.phase = "client_body"
     content = request.content
-    parts = []
-    size = 0
+    spool = Spool(cfg.spill_above, spill_dir(cfg))
     try:
         while True:
             flow.deadline = loop.time() + cfg.client_body_timeout
             chunk = await content.readany()
             if not chunk:
                 break
-            size += len(chunk)
-            if size > cfg.max_body:
+            if spool.size + len(chunk) > cfg.max_body:
                 _too_large(flow, cfg.max_body, request.content_length)
-            parts.append(chunk)
+            backlog = spool.add(chunk)
+            if backlog is not None:
+                await backlog
+        body = spool.finish()
+        if isinstance(body, SpilledBody):
+            await asyncio.wrap_future(body.ready)
     except _CLIENT_GONE as exc:
         rec.set_error("client_closed", f"client disconnected while sending the request: {exc}")
         state.hooks.end(flow)
         raise web.HTTPBadRequest() from exc
     flow.deadline = None
     flow.phase = "first_byte"
-    body = parts[0] if len(parts) == 1 else b"".join(parts)
     flow.body = body
-    rec.request_body, rec.request_body_encoding = encode_body(body)
-    rec.request_body_size = size
+    if isinstance(body, SpilledBody):
+        rec.request_body = body  # the writer thread reads it and sets the encoding
+        if rec.condition != "native":  # a condition rewrites the body: it needs all of it
+            flow.body = await loop.run_in_executor(None, body.read)
+    else:
+        rec.request_body, rec.request_body_encoding = encode_body(body)
+    rec.request_body_size = spool.size
 
 
 def _too_large(flow: Flow, limit: int, declared: int | None) -> None:
@@ -226,9 +235,13 @@ async def _forward(state: ProxyState, flow: Flow, url: URL) -> web.StreamRespons
     request, cfg = flow.request, state.config
     upstream_name = cfg.upstream
     flow.deadline = asyncio.get_running_loop().time() + cfg.ttfb_timeout
+    body = flow.body
+    if isinstance(body, SpilledBody):
+        flow.up_headers["Content-Length"] = str(len(body))
+        body = file_payload(body)
     try:
         resp = await state.session.request(
-            request.method, url, data=flow.body or None, headers=flow.up_headers, allow_redirects=False,
+            request.method, url, data=body or None, headers=flow.up_headers, allow_redirects=False,
             trace_request_ctx=flow,
         )
     except aiohttp.ServerTimeoutError as exc:
@@ -293,7 +306,9 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
             if not chunk:
                 break
             for hook in chunk_hooks:
-                hook(flow, chunk)
+                backlog = hook(flow, chunk)
+                if backlog is not None:
+                    await backlog
             if stream is not None:
                 chunk = stream(chunk)
             if hold is not None:

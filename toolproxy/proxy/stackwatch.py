@@ -102,9 +102,9 @@ class StackWatch(Addon):
                 "models_not_probed": self.not_probed}
 
     def request(self, flow: Flow) -> None:
-        """A path comparison and an append, nothing more."""
+        """A path comparison and an append, nothing more (a spilled, very large body is not looked at)."""
         rec = flow.rec
-        if rec.method == "POST" and flow.body and rec.path.endswith(ATTEMPT_PATHS):
+        if rec.method == "POST" and type(flow.body) is bytes and flow.body and rec.path.endswith(ATTEMPT_PATHS):
             self._pending.append(flow.body)
             self._wake.set()
 

@@ -19,6 +19,12 @@ from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.writer import SegmentWriter
 
 ADMIN_PREFIX = "/_toolproxy/"
+SPILL_DIR = "spill"
+
+
+def spill_dir(config: ProxyConfig) -> str:
+    """Where bodies above --spill-above go while they pass: beside the segments, on the same disk."""
+    return str(config.data_dir / SPILL_DIR)
 
 
 class ProxyState:

@@ -28,6 +28,7 @@ from typing import Callable
 import orjson
 
 from toolproxy.record.model import Record
+from toolproxy.record.spill import has_spilled, record_pieces
 
 SEGMENT_DIR = "segments"
 SEGMENT_SUFFIX = ".jsonl"
@@ -99,7 +100,7 @@ class SegmentWriter:
                 waiter.set_result(False)
             return False
         line = None
-        if _body_chars(record) <= INLINE_SERIALIZE_CHARS:
+        if _body_chars(record) <= INLINE_SERIALIZE_CHARS and not has_spilled(record):
             line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
         self._buf.append((record, line, waiter))
         if waiter is not None:
@@ -148,17 +149,19 @@ class SegmentWriter:
                 self._file = None
 
     def _write_batch(self, batch: list[tuple[Record, bytes | None, asyncio.Future | None]]) -> bool:
-        data = b"".join(
-            line if line is not None else orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE) for rec, line, _ in batch
-        )
         try:
             if self._file is None or self._file_bytes >= self.segment_bytes or (
                 time.monotonic() - self._file_opened >= self.segment_seconds
             ):
                 self._close_segment()
                 self._open_segment()
-            self._file.write(data)
-            self._file_bytes += len(data)
+            for rec, line, _ in batch:
+                # A spilled body is streamed from its file in pieces, never held whole.
+                pieces = (line,) if line is not None else (
+                    record_pieces(rec) if has_spilled(rec) else (orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE),))
+                for piece in pieces:
+                    self._file.write(piece)
+                    self._file_bytes += len(piece)
             return True
         except (OSError, ValueError) as exc:
             self.stats.write_failures += len(batch)
