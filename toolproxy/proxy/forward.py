@@ -123,14 +123,6 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     headers = request.headers
     rec.request_headers = redact_headers(headers.items())
 
-    if not path.startswith("/"):
-        flow.refuse(
-            400, "proxy_error",
-            "absolute-form request targets are refused: toolproxy forwards only to its configured upstream "
-            f"({cfg.upstream}); send requests to its own address instead",
-            "not_a_forward_proxy",
-        )
-
     tags, path = split_path_tags(path)
     if any(k.lower().startswith(TAG_HEADER_PREFIX) for k in headers):
         tags.update(header_tags(headers.items()))
@@ -146,6 +138,13 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
 
     for hook in hooks.request_headers:
         hook(flow)
+    if not path.startswith("/"):
+        flow.refuse(
+            400, "proxy_error",
+            "absolute-form request targets are refused: toolproxy forwards only to its configured upstream "
+            f"({cfg.upstream}); send requests to its own address instead",
+            "not_a_forward_proxy",
+        )
     if cfg.upstream_key is not None:
         for k in [k for k in flow.up_headers if k.lower() == "authorization"]:
             del flow.up_headers[k]
