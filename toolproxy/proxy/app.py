@@ -12,7 +12,6 @@ from toolproxy import __version__
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
-from toolproxy.proxy.counters import Counters
 from toolproxy.proxy.durability import RecordingGuard, SyncDurability
 from toolproxy.proxy.forward import handle
 from toolproxy.proxy.pool import upstream_session
@@ -44,23 +43,18 @@ def make_state(config: ProxyConfig) -> ProxyState:
         log=None if config.quiet else log_line,
     )
     state = ProxyState(config, writer)
-    counters = Counters()
-    state.reporters[""] = counters
-    state.hooks.add(counters)
+    state.hooks.add(state.counters)
     if config.auth_token is not None:
         state.hooks.add(Auth(config.auth_token))
     if config.on_record_failure == "block":
         state.hooks.add(RecordingGuard(writer))
-    stacks = None
     if config.fingerprint:
-        stacks = StackWatch(config, writer, lambda: state.session)
-        state.reporters["stack"] = stacks
-        state.hooks.add(stacks)
-    state.hooks.add(Condition(config.condition_options, stacks.detected_stack if stacks else lambda: None))
+        state.stacks = StackWatch(config, writer, lambda: state.session)
+        state.hooks.add(state.stacks)
+    state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None))
     if config.durability == "sync":
         state.hooks.add(SyncDurability())
     state.hooks.add(Recorder(writer, config.spill_above, spill_dir(config)))
-    state.stacks = stacks
     return state
 
 

@@ -35,7 +35,6 @@ class Condition(Addon):
             stack = self.detected_stack()
             if stack is not None:
                 options = dataclasses.replace(options, stack=stack)
-        flow.options = options
         rec.extra["dialect"] = options.stack
         request = flow.request
         outcome = condition.prepare(RequestView(request.method, rec.path, flow.up_query, flow.up_headers, flow.body), options)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, NoReturn
 
 from aiohttp import web
 
@@ -42,7 +42,7 @@ class Flow:
     """One exchange, from the client's request to its one record."""
 
     __slots__ = (
-        "request", "rec", "t0", "body", "up_path", "up_query", "up_headers", "options", "transform", "stream",
+        "request", "rec", "t0", "body", "up_path", "up_query", "up_headers", "transform", "stream",
         "out_status", "out_reason", "out_headers",
         "spool", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait",
         "task", "deadline", "hard_deadline", "phase", "expired",
@@ -57,9 +57,7 @@ class Flow:
         self.up_path = ""
         self.up_query = ""
         self.up_headers: dict[str, str] = {}
-        # The condition's per-request settings, fixed when the request arrives.
-        self.options: Any = None
-        self.transform: Any = None
+        self.transform: Any = None  # the condition's ResponseTransform, when it rewrites the reply
         # What the client is sent: the upstream's status and headers unless an addon changes them.
         self.out_status = 0
         self.out_reason: str | None = None
@@ -86,7 +84,7 @@ class Flow:
         return (time.perf_counter() - self.t0) * 1000.0
 
     @staticmethod
-    def refuse(status: int, kind: str, message: str, code: str) -> None:
+    def refuse(status: int, kind: str, message: str, code: str) -> NoReturn:
         raise Refusal(status, kind, message, code)
 
 

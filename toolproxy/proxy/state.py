@@ -13,8 +13,10 @@ from aiohttp import web
 
 from toolproxy import __version__
 from toolproxy.proxy.config import ProxyConfig
+from toolproxy.proxy.counters import Counters
 from toolproxy.proxy.flow import Hooks
 from toolproxy.proxy.pool import PoolStats
+from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.writer import SegmentWriter
 
@@ -36,9 +38,8 @@ class ProxyState:
         self.watchdog = Watchdog()
         self.hooks = Hooks()
         self.started = time.time()
-        # Filled in by app.make_app: each contributes its part of /_toolproxy/stats.
-        self.reporters: dict[str, object] = {}
-        self.stacks = None  # the StackWatch, when fingerprinting is on
+        self.counters = Counters()
+        self.stacks: StackWatch | None = None  # set by app.make_state when fingerprinting is on
 
     def snapshot(self) -> dict:
         w = self.writer.stats
@@ -48,14 +49,10 @@ class ProxyState:
             "upstream": self.config.upstream,
             "data_dir": str(self.config.data_dir),
             "condition": self.config.condition,
+            "stack": self.stacks.report() if self.stacks is not None else None,
             "uptime_s": round(time.time() - self.started, 3),
+            **self.counters.report(),
         }
-        for name, reporter in self.reporters.items():
-            part = reporter.report()
-            if name:
-                snap[name] = part
-            else:
-                snap.update(part)
         snap["recording"] = {
             "queue_depth": self.writer.queue_depth,
             "written": w.written,
