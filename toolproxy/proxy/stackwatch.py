@@ -58,7 +58,7 @@ def model_candidates(body: str) -> set[str]:
     return found
 
 
-def top_level_model(body: str | bytes) -> str | None:
+def top_level_model(body: str) -> str | None:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -75,7 +75,7 @@ class StackWatch(Addon):
         self.fingerprints: dict[str | None, Fingerprint] = {}
         self.not_probed = 0
         self._probing: dict[str | None, asyncio.Task] = {}
-        self._pending: collections.deque[bytes] = collections.deque(maxlen=_MAX_PENDING)
+        self._pending: collections.deque[str] = collections.deque(maxlen=_MAX_PENDING)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._stack: str | None = None
@@ -102,10 +102,10 @@ class StackWatch(Addon):
                 "models_not_probed": self.not_probed}
 
     def request(self, flow: Flow) -> None:
-        """A path comparison and an append, nothing more (a spilled, very large body is not looked at)."""
+        """A path comparison and an append, nothing more (a spilled body, too large to hold, is skipped)."""
         rec = flow.rec
-        if rec.method == "POST" and type(flow.body) is bytes and flow.body and rec.path.endswith(ATTEMPT_PATHS):
-            self._pending.append(flow.body)
+        if rec.method == "POST" and rec.request_body_encoding == "utf8" and rec.path.endswith(ATTEMPT_PATHS):
+            self._pending.append(rec.request_body)
             self._wake.set()
 
     async def fingerprint(self, model: str | None) -> Fingerprint:
@@ -136,9 +136,8 @@ class StackWatch(Addon):
             self._stack = fp.stack
         return fp
 
-    def _new_model(self, body: bytes) -> str | None:
-        text = body.decode("utf-8", "replace")
-        if not model_candidates(text) - self.fingerprints.keys() - self._probing.keys():
+    def _new_model(self, body: str) -> str | None:
+        if not model_candidates(body) - self.fingerprints.keys() - self._probing.keys():
             return None
         name = top_level_model(body)
         return name if name is not None and name not in self.fingerprints else None
