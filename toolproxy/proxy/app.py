@@ -17,7 +17,7 @@ from toolproxy.proxy.forward import handle
 from toolproxy.proxy.pool import upstream_session
 from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.stackwatch import StackWatch
-from toolproxy.proxy.state import STATE, ProxyState, spill_dir
+from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
 from toolproxy.record.writer import SegmentWriter
 
@@ -54,7 +54,7 @@ def make_state(config: ProxyConfig) -> ProxyState:
     state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None))
     if config.durability == "sync":
         state.hooks.add(SyncDurability())
-    state.hooks.add(Recorder(writer, config.spill_above, spill_dir(config)))
+    state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir))
     return state
 
 

@@ -28,7 +28,7 @@ from toolproxy.proxy.headers import (
 )
 from toolproxy.proxy.auth import presented_token
 from toolproxy.proxy.spool import Spool, file_payload
-from toolproxy.proxy.state import ADMIN_PREFIX, STATE, ProxyState, spill_dir
+from toolproxy.proxy.state import ADMIN_PREFIX, STATE, ProxyState
 from toolproxy.proxy.tags import header_tags, split_path_tags
 from toolproxy.record.model import encode_body
 from toolproxy.record.spill import SpilledBody
@@ -166,7 +166,7 @@ async def _read_body(state: ProxyState, flow: Flow) -> None:
         _too_large(flow, cfg.max_body, request.content_length)
     flow.phase = "client_body"
     content = request.content
-    spool = Spool(cfg.spill_above, spill_dir(cfg))
+    spool = Spool(cfg.spill_above, state.spill_dir)
     try:
         while True:
             flow.deadline = loop.time() + cfg.client_body_timeout

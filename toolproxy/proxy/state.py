@@ -24,15 +24,12 @@ ADMIN_PREFIX = "/_toolproxy/"
 SPILL_DIR = "spill"
 
 
-def spill_dir(config: ProxyConfig) -> str:
-    """Where bodies above --spill-above go while they pass: beside the segments, on the same disk."""
-    return str(config.data_dir / SPILL_DIR)
-
-
 class ProxyState:
     def __init__(self, config: ProxyConfig, writer: SegmentWriter) -> None:
         self.config = config
         self.writer = writer
+        # Where bodies above --spill-above wait while they pass: beside the segments, on the same disk.
+        self.spill_dir = str(config.data_dir / SPILL_DIR)
         self.session: aiohttp.ClientSession | None = None
         self.pool = PoolStats(config.upstream_connections)
         self.watchdog = Watchdog()
