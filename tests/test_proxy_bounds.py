@@ -105,6 +105,27 @@ async def test_a_capped_upstream_pool_records_the_wait_apart_from_ttfb(fake_stac
     assert pool["wait_ms_max"] == pytest.approx(max(waits), abs=1.0)
 
 
+async def test_a_request_that_times_out_in_the_pool_queue_says_so(fake_stack, proxy):
+    fake = fake_stack("openai")
+    fake.responder = lambda req: text("one two three four")
+    fake.inject(stall(between=1.0, times=1))  # the first stream holds the only connection for seconds
+    p = proxy(fake.url, "--quiet", "--upstream-connections", "1", "--ttfb-timeout", "1", "--no-fingerprint")
+    async with aiohttp.ClientSession() as s:
+        first = await s.post(p.url + "/v1/chat/completions",
+                             json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True})
+        async with s.post(p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": MSGS}) as r:
+            assert r.status == 504
+            message = (await r.json())["error"]["message"]
+        assert "no connection to upstream" in message and "--upstream-connections" in message
+        await first.read()
+        first.release()
+    recs = p.wait_records(2)
+    queued = [r for r in recs if r["error_kind"] == "timeout"]
+    assert len(queued) == 1 and queued[0]["pool_wait_ms"] > 900 and queued[0]["ttfb_ms"] is None
+    pool = p.health()[1]["upstream_pool"]
+    assert pool["waiting_now"] == 0 and pool["requests_waited"] == 1  # the cancelled wait was settled
+
+
 async def test_the_default_upstream_pool_follows_the_clients(fake_stack, proxy):
     fake = fake_stack("openai")
     fake.responder = lambda req: text("one two three four")

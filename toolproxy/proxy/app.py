@@ -44,6 +44,8 @@ def make_state(config: ProxyConfig) -> ProxyState:
     )
     state = ProxyState(config, writer)
     state.hooks.add(state.counters)
+    if config.upstream_connections:
+        state.hooks.add(state.pool)
     if config.auth_token is not None:
         state.hooks.add(Auth(config.auth_token))
     if config.on_record_failure == "block":

@@ -44,7 +44,7 @@ class Flow:
     __slots__ = (
         "request", "rec", "t0", "body", "up_path", "up_query", "up_headers", "transform", "stream",
         "out_status", "out_reason", "out_headers",
-        "spool", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait",
+        "spool", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait", "pool_queued_at",
         "task", "deadline", "hard_deadline", "phase", "expired",
     )
 
@@ -72,7 +72,8 @@ class Flow:
         self.durable = False
         self.on_disk: asyncio.Future | None = None
         self.ended = False
-        self.pool_wait: float | None = None
+        self.pool_wait: float | None = None  # ms spent waiting for a pooled upstream connection
+        self.pool_queued_at: float | None = None  # set while it waits
         # Read by the Watchdog: the current phase's deadline, the --total-timeout one, and why it fired.
         self.task = asyncio.current_task()
         self.deadline: float | None = None

@@ -101,7 +101,10 @@ async def _timed_out(state: ProxyState, flow: Flow) -> web.StreamResponse:
             f"the client sent its request body too slowly: nothing for {cfg.client_body_timeout:g}s (--client-body-timeout)",
             "request_timeout",
         )
-    if phase == "first_byte":
+    if phase == "first_byte" and flow.pool_queued_at is not None:
+        message = (f"no connection to upstream {cfg.upstream} came free within {cfg.ttfb_timeout:g}s (--ttfb-timeout): "
+                   f"all {cfg.upstream_connections} of --upstream-connections were busy")
+    elif phase == "first_byte":
         message = f"upstream {cfg.upstream} sent no response within {cfg.ttfb_timeout:g}s (--ttfb-timeout)"
     elif phase == "idle":
         message = f"upstream {cfg.upstream} stalled mid-response: nothing for {cfg.idle_timeout:g}s (--idle-timeout)"

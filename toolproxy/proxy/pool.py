@@ -14,8 +14,17 @@ from types import SimpleNamespace
 
 import aiohttp
 
+from toolproxy.proxy.flow import Addon, Flow
 
-class PoolStats:
+
+class PoolStats(Addon):
+    """The pool's counters, and (as an addon) the settling of a wait that ended in an error.
+
+    aiohttp signals the end of a wait only when a connection was obtained: a request cancelled
+    while queued (timeout, client gone) is settled by the error hook instead, so `waiting_now`
+    never drifts and the record still shows how long it waited.
+    """
+
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.waited = 0
@@ -37,22 +46,31 @@ class PoolStats:
         trace = aiohttp.TraceConfig()
 
         async def queued(session, ctx: SimpleNamespace, params) -> None:
-            ctx.queued_at = time.perf_counter()
-            self.waiting += 1
-
-        async def dequeued(session, ctx: SimpleNamespace, params) -> None:
-            ms = (time.perf_counter() - ctx.queued_at) * 1000.0
-            self.waiting -= 1
-            self.waited += 1
-            self.wait_ms_total += ms
-            self.wait_ms_max = max(self.wait_ms_max, ms)
             flow = ctx.trace_request_ctx
             if flow is not None:
-                flow.pool_wait = (flow.pool_wait or 0.0) + ms
+                flow.pool_queued_at = time.perf_counter()
+                self.waiting += 1
+
+        async def dequeued(session, ctx: SimpleNamespace, params) -> None:
+            if ctx.trace_request_ctx is not None:
+                self._settle(ctx.trace_request_ctx)
 
         trace.on_connection_queued_start.append(queued)
         trace.on_connection_queued_end.append(dequeued)
         return trace
+
+    def _settle(self, flow: Flow) -> None:
+        ms = (time.perf_counter() - flow.pool_queued_at) * 1000.0
+        flow.pool_queued_at = None
+        flow.pool_wait = (flow.pool_wait or 0.0) + ms
+        self.waiting -= 1
+        self.waited += 1
+        self.wait_ms_total += ms
+        self.wait_ms_max = max(self.wait_ms_max, ms)
+
+    def error(self, flow: Flow) -> None:
+        if flow.pool_queued_at is not None:
+            self._settle(flow)
 
 
 def upstream_session(pool: PoolStats, connect_timeout: float) -> aiohttp.ClientSession:
