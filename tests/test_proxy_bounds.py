@@ -80,6 +80,17 @@ async def test_sync_durability_still_ends_a_stream_only_after_its_record(fake_st
     assert len(recs) == 1 and recs[0]["response_complete"] and recs[0]["response_body"].encode() == body
 
 
+async def test_sync_durability_covers_refusals_by_any_addon(fake_stack, proxy):
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet", "--durability", "sync", "--commit-window", "5", "--auth-token", "t0k",
+              "--no-fingerprint")
+    async with aiohttp.ClientSession() as s:
+        async with s.post(p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": MSGS}) as r:
+            assert r.status == 401
+    assert [r["error_kind"] for r in p.records()] == ["unauthorized"]  # on disk before the answer left
+    assert fake.seen == []
+
+
 async def _stream_all(url: str, n: int) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         async def one(i):

@@ -56,8 +56,7 @@ class LastBytes:
 
 
 class SyncDurability(Addon):
-    def request_headers(self, flow: Flow) -> None:
-        flow.durable = True
+    """Holds the end of each response (the flow is already marked durable when it is made)."""
 
     def response_headers(self, flow: Flow, resp) -> None:
         flow.hold = LastBytes(expected_body_length(flow.request.method, flow.out_status, flow.out_headers))

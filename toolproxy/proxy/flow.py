@@ -48,7 +48,7 @@ class Flow:
         "task", "deadline", "hard_deadline", "phase", "expired",
     )
 
-    def __init__(self, request: web.Request, upstream: str, total_timeout: float | None) -> None:
+    def __init__(self, request: web.Request, upstream: str, total_timeout: float | None, durable: bool = False) -> None:
         self.request = request
         self.t0 = time.perf_counter()
         self.rec = Record(id=new_id(), started_at=time.time(), upstream=upstream)
@@ -69,7 +69,9 @@ class Flow:
         self.client_resp: web.StreamResponse | None = None
         # Durability's hold on the response's last bytes (see durability.LastBytes), or None.
         self.hold: Any = None
-        self.durable = False
+        # --durability sync: the record must be on disk before the client gets the end of any answer,
+        # the proxy's own refusals included, so this is known before the first hook can refuse.
+        self.durable = durable
         self.on_disk: asyncio.Future | None = None
         self.ended = False
         self.pool_wait: float | None = None  # ms spent waiting for a pooled upstream connection

@@ -54,7 +54,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         return await state.admin(request)
 
     cfg = state.config
-    flow = Flow(request, cfg.upstream, cfg.total_timeout)
+    flow = Flow(request, cfg.upstream, cfg.total_timeout, cfg.durability == "sync")
     state.watchdog.active.add(flow)
     try:
         return await _handle(state, flow, raw_path)
