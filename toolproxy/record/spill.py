@@ -105,14 +105,14 @@ def has_spilled(rec: Record) -> bool:
 
 
 def record_pieces(rec: Record) -> Iterator[bytes]:
-    """The record's JSON line, with any spilled body streamed in pieces (writer thread only)."""
+    """The record's JSON line, any spilled body streamed in pieces (writer thread only: it blocks)."""
     spilled = []
-    nonce = os.urandom(16).hex()  # no header or body a client sends can contain the marker
     for name in SPILLED_FIELDS:
         body = getattr(rec, name)
         if isinstance(body, SpilledBody):
             body.ready.result()
-            marker = f"toolproxy-spilled-{name}-{nonce}"
+            # Random, so no header or body a client sends can contain it.
+            marker = f"toolproxy-spilled-{name}-{os.urandom(16).hex()}"
             setattr(rec, name, marker)
             setattr(rec, name + "_encoding", "utf8" if body.utf8 else "base64")
             spilled.append((orjson.dumps(marker), body))

@@ -157,9 +157,7 @@ class SegmentWriter:
                 self._open_segment()
             for rec, line, _ in batch:
                 # A spilled body is streamed from its file in pieces, never held whole.
-                pieces = (line,) if line is not None else (
-                    record_pieces(rec) if has_spilled(rec) else (orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE),))
-                for piece in pieces:
+                for piece in (line,) if line is not None else record_pieces(rec):
                     self._file.write(piece)
                     self._file_bytes += len(piece)
             return True
