@@ -13,7 +13,8 @@ its second). So every chunk is forwarded as it arrives and only the end of the r
 Whatever the protocol inside (SSE `[DONE]`, Anthropic `message_stop`, Ollama's `"done": true`),
 an HTTP client cannot take the message for complete without that end, so no protocol-specific
 terminal event needs to be recognised. `--on-record-failure block` then cuts the connection
-instead of sending the end, and refuses new requests while recording fails.
+instead of sending the end, and refuses new requests while recording fails. (An HTTP/1.0 client
+reading until the close cannot tell a cut from an end; no proxy can change that.)
 """
 
 from __future__ import annotations
