@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import time
 
 import aiohttp
@@ -234,3 +236,17 @@ async def test_fingerprint_cache_is_size_bounded(fake_stack, tmp_path, monkeypat
         assert len(watch.fingerprints) == 4  # the server and MAX_MODELS models, never more
         assert watch.not_probed > 0
         assert lp.state.snapshot()["stack"]["models_not_probed"] == watch.not_probed
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--spill-above", "lots"), "--spill-above 'lots' is not a size"),
+    (("--spill-above", "512"), "--spill-above must be at least 1024 bytes"),
+    (("--max-body", "1x"), "--max-body '1x' is not a size"),
+    (("--upstream-connections", "-1"), "--upstream-connections must be 0 (no limit) or a positive number"),
+    (("--client-body-timeout", "0"), "must be positive"),
+])
+def test_bound_flags_are_checked_at_start(tmp_path, args, message):
+    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
+                        "http://127.0.0.1:9", "--port", "0", "--data", str(tmp_path / "d"), *args],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -38,12 +38,15 @@ def key_from_env(var: str | None, option: str) -> str | None:
     return value
 
 
-def _size(value: str) -> int:
+def _size(value: str, option: str) -> int:
     units = {"k": 1024, "m": 1024**2, "g": 1024**3}
     v = value.strip().lower().rstrip("ib").rstrip("b")
-    if v and v[-1] in units:
-        return int(float(v[:-1]) * units[v[-1]])
-    return int(v)
+    try:
+        if v and v[-1] in units:
+            return int(float(v[:-1]) * units[v[-1]])
+        return int(v)
+    except ValueError:
+        raise ValueError(f"{option} {value!r} is not a size: give bytes or a unit, e.g. 512k, 64MiB, 1G") from None
 
 
 @click.command()
@@ -85,10 +88,10 @@ def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, 
         options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced)
         config = ProxyConfig(
             upstream=upstream, data_dir=data_dir, host=host, port=port, run=run, condition=condition,
-            condition_options=options, max_body=_size(max_body), spill_above=_size(spill_above), connect_timeout=connect_timeout,
+            condition_options=options, max_body=_size(max_body, '--max-body'), spill_above=_size(spill_above, '--spill-above'), connect_timeout=connect_timeout,
             ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
-            segment_bytes=_size(segment_size), auth_token=auth_token, upstream_key=upstream_key,
+            segment_bytes=_size(segment_size, '--segment-size'), auth_token=auth_token, upstream_key=upstream_key,
             insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint,
             upstream_connections=upstream_connections, client_header_timeout=client_header_timeout,
             client_body_timeout=client_body_timeout,
