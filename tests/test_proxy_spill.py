@@ -102,3 +102,22 @@ async def test_a_large_binary_response_is_recorded_as_base64(fake_stack, proxy):
             assert await r.read() == blob
     rec = p.wait_records(1)[0]
     assert rec["response_body_encoding"] == "base64" and base64.b64decode(rec["response_body"]) == blob
+
+
+async def test_spilled_and_deduplicated_records_share_a_segment(fake_stack, proxy):
+    """Bodies stored as chunks before and after a spilled one all read back byte for byte."""
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--spill-above", "64KiB", "--commit-window", "1")
+    history = [{"role": "user", "content": f"turn {i} " + "words " * 200} for i in range(20)]
+    bodies = [
+        json.dumps({"model": "gpt-4o-mini", "messages": history[:10]}).encode(),  # ~13 KB: chunked
+        json.dumps({"model": "gpt-4o-mini", "messages": history[:10] + [{"role": "user", "content": "z" * 200_000}]}).encode(),
+        json.dumps({"model": "gpt-4o-mini", "messages": history}).encode(),  # shares the first's prefix
+    ]
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(*(s.post(p.url + "/v1/chat/completions", data=b,
+                                      headers={"Content-Type": "application/json"}) for b in bodies))
+    recs = p.wait_records(3)
+    assert sorted(r["request_body"].encode() for r in recs) == sorted(bodies)
+    segments = list((p.data / "segments").glob("*.jsonl"))
+    assert len(segments) == 1 and b'{"kind":"chunk"' in segments[0].read_bytes()  # dedup did its part

@@ -27,6 +27,7 @@ from typing import Callable
 
 import orjson
 
+from toolproxy.record.chunks import INLINE_BODY_CHARS, ChunkPacker
 from toolproxy.record.model import Record
 from toolproxy.record.spill import has_spilled, record_pieces
 
@@ -35,7 +36,8 @@ SEGMENT_SUFFIX = ".jsonl"
 # Records up to this many body characters are serialised on the event loop when submitted (a few
 # microseconds): the writer thread then holds the GIL only to join and write bytes, instead of
 # taking it from the loop for whole batches. Larger ones are serialised on the writer thread, so a
-# multi-megabyte context never stalls the loop.
+# multi-megabyte context never stalls the loop. With dedup the limit is chunks.INLINE_BODY_CHARS:
+# larger bodies are cut into chunks there, off the loop.
 INLINE_SERIALIZE_CHARS = 256 * 1024
 
 
@@ -60,6 +62,7 @@ class SegmentWriter:
         segment_seconds: float = 3600.0,
         log: Callable[[Record], str | None] | None = None,
         poll: float = 0.02,
+        dedup: bool = True,
     ) -> None:
         self.dir = Path(data_dir) / SEGMENT_DIR
         self.window = window
@@ -69,6 +72,10 @@ class SegmentWriter:
         self.stats = WriterStats()
         self.poll = min(poll, window)
         self.max_queue = max_queue
+        # With dedup, records with large bodies are serialised by the packer on this thread, which
+        # stores repeated body content once per segment (record/chunks.py).
+        self._packer = ChunkPacker() if dedup else None
+        self._inline_chars = INLINE_BODY_CHARS if dedup else INLINE_SERIALIZE_CHARS
         self._buf: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
@@ -100,7 +107,7 @@ class SegmentWriter:
                 waiter.set_result(False)
             return False
         line = None
-        if _body_chars(record) <= INLINE_SERIALIZE_CHARS and not has_spilled(record):
+        if _body_chars(record) <= self._inline_chars and not has_spilled(record):
             line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
         self._buf.append((record, line, waiter))
         if waiter is not None:
@@ -148,6 +155,17 @@ class SegmentWriter:
             finally:
                 self._file = None
 
+    def _encode(self, batch: list[tuple[Record, bytes | None, asyncio.Future | None]]) -> bytes:
+        if self._packer is not None:
+            return self._packer.pack(batch, self._file)
+        return b"".join(
+            line if line is not None else orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE) for rec, line, _ in batch
+        )
+
+    def _append(self, data: bytes) -> None:
+        self._file.write(data)
+        self._file_bytes += len(data)
+
     def _write_batch(self, batch: list[tuple[Record, bytes | None, asyncio.Future | None]]) -> bool:
         try:
             if self._file is None or self._file_bytes >= self.segment_bytes or (
@@ -155,11 +173,16 @@ class SegmentWriter:
             ):
                 self._close_segment()
                 self._open_segment()
-            for rec, line, _ in batch:
-                # A spilled body is streamed from its file in pieces, never held whole.
-                for piece in (line,) if line is not None else record_pieces(rec):
-                    self._file.write(piece)
-                    self._file_bytes += len(piece)
+            # A record with a spilled body is streamed from its file in pieces, never held whole
+            # (and not deduplicated: the packer sees the file moved on and starts a fresh index).
+            start = 0
+            for i, (rec, line, _) in enumerate(batch):
+                if line is None and has_spilled(rec):
+                    self._append(self._encode(batch[start:i]))
+                    for piece in record_pieces(rec):
+                        self._append(piece)
+                    start = i + 1
+            self._append(self._encode(batch[start:]))
             return True
         except (OSError, ValueError) as exc:
             self.stats.write_failures += len(batch)
