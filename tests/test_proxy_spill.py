@@ -121,3 +121,16 @@ async def test_spilled_and_deduplicated_records_share_a_segment(fake_stack, prox
     assert sorted(r["request_body"].encode() for r in recs) == sorted(bodies)
     segments = list((p.data / "segments").glob("*.jsonl"))
     assert len(segments) == 1 and b'{"kind":"chunk"' in segments[0].read_bytes()  # dedup did its part
+
+
+async def test_bodies_below_the_threshold_never_touch_the_spill_directory(fake_stack, proxy):
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--spill-above", "64KiB")
+    async with aiohttp.ClientSession() as s:
+        for stream in (False, True):
+            body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "y" * 60_000}], "stream": stream}
+            async with s.post(p.url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+                await r.read()
+    assert len(p.wait_records(2)) == 2
+    assert not (p.data / "spill").exists()
