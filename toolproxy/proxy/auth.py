@@ -9,12 +9,14 @@ from toolproxy.proxy.flow import Addon, Flow
 
 def presented_token(headers, token: str) -> tuple[bool, bool]:
     """(authorised, forward the Authorization header upstream)."""
+    # Compared as bytes: a value with a byte that is not UTF-8 (a surrogate escape here) is a
+    # wrong token (401), not an encoding error (500).
     given = headers.get("X-Toolproxy-Token")
     if given is not None:
-        return hmac.compare_digest(given.encode(), token.encode()), True
+        return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()), True
     auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
-        return hmac.compare_digest(auth[7:].strip().encode(), token.encode()), False
+        return hmac.compare_digest(auth[7:].strip().encode("utf-8", "surrogateescape"), token.encode()), False
     return False, True
 
 
