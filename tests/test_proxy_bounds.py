@@ -4,7 +4,7 @@ end, the upstream pool has no hidden queue, slow clients are cut off, probing is
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import socket
 import subprocess
 import sys
@@ -137,6 +137,38 @@ async def test_a_request_that_times_out_in_the_pool_queue_says_so(fake_stack, pr
     assert len(queued) == 1 and queued[0]["pool_wait_ms"] > 900 and queued[0]["ttfb_ms"] is None
     pool = p.health()[1]["upstream_pool"]
     assert pool["waiting_now"] == 0 and pool["requests_waited"] == 1  # the cancelled wait was settled
+
+
+@contextlib.asynccontextmanager
+async def llamacpp_closing_after_streams():
+    """Behaves as llama.cpp's server does on the wire after a streamed reply (checked against
+    b6xxx): it announces `Keep-Alive: timeout=5, max=100`, sends the terminating chunk, and then
+    closes the connection anyway."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\nX-Accel-Buffering: no\r\n"
+                     b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n")
+        for event in (b'data: {"choices":[{"delta":{"content":"hi"},"index":0}]}\n\n', b"data: [DONE]\n\n"):
+            await asyncio.sleep(0.2)
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with server:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_a_capped_pool_in_front_of_llamacpp_answers_every_queued_request(proxy):
+    """The connection llama.cpp is about to close can reach a queued request first: sent again, never a 502."""
+    async with llamacpp_closing_after_streams() as upstream:
+        p = proxy(upstream, "--quiet", "--upstream-connections", "1", "--no-fingerprint")
+        await _stream_all(p.url + "/v1/chat/completions", 4)
+        recs = p.wait_records(4)
+    assert [r["client_status"] for r in recs] == [200] * 4 and all(r["response_complete"] for r in recs)
 
 
 async def test_the_default_upstream_pool_follows_the_clients(fake_stack, proxy):

@@ -34,6 +34,7 @@ from toolproxy.record.model import encode_body
 from toolproxy.record.spill import SpilledBody
 
 _CLIENT_GONE = (ConnectionResetError, ConnectionError, aiohttp.ClientConnectionResetError)
+_UNWRITTEN = "Can not write request body"  # aiohttp's words when the connection was closed under the write
 
 
 def error_body(message: str, code: str, kind: str = "toolproxy_error") -> bytes:
@@ -234,18 +235,11 @@ def _upstream_headers(headers) -> dict[str, str]:
 
 
 async def _forward(state: ProxyState, flow: Flow, url: URL) -> web.StreamResponse:
-    request, cfg = flow.request, state.config
+    cfg = state.config
     upstream_name = cfg.upstream
     flow.deadline = asyncio.get_running_loop().time() + cfg.ttfb_timeout
-    body = flow.body
-    if isinstance(body, SpilledBody):
-        flow.up_headers["Content-Length"] = str(len(body))
-        body = file_payload(body)
     try:
-        resp = await state.session.request(
-            request.method, url, data=body or None, headers=flow.up_headers, allow_redirects=False,
-            trace_request_ctx=flow,
-        )
+        resp = await _send(state, flow, url)
     except aiohttp.ServerTimeoutError as exc:
         flow.rec.extra["timeout_phase"] = "connect"
         flow.refuse(504, "timeout", f"connecting to upstream {upstream_name} timed out: {exc}", "upstream_timeout")
@@ -271,6 +265,34 @@ async def _forward(state: ProxyState, flow: Flow, url: URL) -> web.StreamRespons
             resp.release()
         else:
             resp.close()  # stop the upstream generating for a client that is gone
+
+
+async def _send(state: ProxyState, flow: Flow, url: URL) -> aiohttp.ClientResponse:
+    """The upstream's response; a request whose body could not be written at all is sent once more.
+
+    llama.cpp closes a kept-alive connection right after a streamed response while announcing
+    `Keep-Alive`. With a capped pool, aiohttp hands that connection to a queued request in the
+    instant before the close arrives, and writing fails: the upstream never read that request,
+    so sending it again on another connection cannot make it run twice.
+    """
+    try:
+        return await _request(state, flow, url)
+    except aiohttp.ClientOSError as exc:
+        if _UNWRITTEN not in str(exc):
+            raise
+        flow.rec.extra["resent"] = str(exc)
+    return await _request(state, flow, url)
+
+
+def _request(state: ProxyState, flow: Flow, url: URL):
+    body = flow.body
+    if isinstance(body, SpilledBody):
+        flow.up_headers["Content-Length"] = str(len(body))
+        body = file_payload(body)  # a fresh reader each time: a resent body starts again
+    return state.session.request(
+        flow.request.method, url, data=body or None, headers=flow.up_headers, allow_redirects=False,
+        trace_request_ctx=flow,
+    )
 
 
 async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) -> web.StreamResponse:
