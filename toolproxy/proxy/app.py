@@ -12,7 +12,7 @@ from toolproxy import __version__
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
-from toolproxy.proxy.durability import RecordingGuard, SyncDurability
+from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.forward import handle
 from toolproxy.proxy.pool import upstream_session
 from toolproxy.proxy.recorder import Recorder
@@ -54,8 +54,7 @@ def make_state(config: ProxyConfig) -> ProxyState:
         state.stacks = StackWatch(config, writer, lambda: state.session)
         state.hooks.add(state.stacks)
     state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None))
-    if config.durability == "sync":
-        state.hooks.add(SyncDurability())
+    state.hooks.add(Durability(writer))
     state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir))
     return state
 

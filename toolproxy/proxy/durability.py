@@ -56,10 +56,19 @@ class LastBytes:
         return b""
 
 
-class SyncDurability(Addon):
-    """Holds the end of each response (the flow is already marked durable when it is made)."""
+class Durability(Addon):
+    """Holds the end of each durable response: every one under `--durability sync` (the flow is
+    marked when it is made), and in group mode every one answered while the writer is `behind`,
+    so a crash cannot take the records of responses that finished long before it."""
+
+    def __init__(self, writer: SegmentWriter) -> None:
+        self.writer = writer
 
     def response_headers(self, flow: Flow, resp) -> None:
+        if not flow.durable:
+            if not self.writer.behind:
+                return
+            flow.durable = True
         flow.hold = LastBytes(expected_body_length(flow.request.method, flow.out_status, flow.out_headers))
 
 

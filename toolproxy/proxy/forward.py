@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import aiohttp
 import orjson
@@ -23,6 +24,7 @@ from toolproxy.proxy.headers import (
     NOT_FORWARDED_UP,
     TAG_HEADER_PREFIX,
     connection_listed,
+    record_headers,
     redact_headers,
     redact_query,
 )
@@ -125,7 +127,7 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     safe_query = redact_query(query)
     rec.client_path = path + ("?" + safe_query if query else "")
     headers = request.headers
-    rec.request_headers = redact_headers(headers.items())
+    rec.request_headers = record_headers(request.raw_headers)
 
     tags, path = split_path_tags(path)
     if any(k.lower().startswith(TAG_HEADER_PREFIX) for k in headers):
@@ -153,6 +155,11 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
         for k in [k for k in flow.up_headers if k.lower() == "authorization"]:
             del flow.up_headers[k]
         flow.up_headers["Authorization"] = f"Bearer {cfg.upstream_key}"
+
+    if state.writer.behind:  # backpressure: new work waits while the writer catches up
+        waited = time.perf_counter()
+        await state.writer.caught_up()
+        rec.extra["recording_wait_ms"] = round((time.perf_counter() - waited) * 1000.0, 3)
 
     await _read_body(state, flow)
     for hook in hooks.request:
