@@ -21,9 +21,10 @@ from aiohttp import web
 
 from toolproxy.checks.reply import Reply, read_reply
 from toolproxy.conditions import ConditionOptions
-from toolproxy.proxy.app import ProxyState, make_app
+from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ConfigError, ProxyConfig
-from toolproxy.proxy.forward import STATE
+from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
 from toolproxy.stacks.fingerprint import Fingerprint
 
@@ -43,19 +44,22 @@ class Probe:
         return note if note and note.startswith("skipped") else None
 
 
-class LocalProxy:
+class LocalProxy(Addon):
     def __init__(self, url: str, state: ProxyState, session: aiohttp.ClientSession) -> None:
         self.url = url
         self.state = state
         self.session = session
         self._waiting: dict[str, asyncio.Future] = {}
         self._ids = itertools.count(1)
-        state.listeners.append(self._collect)
+        state.hooks.add(self)
 
-    def _collect(self, rec: Record) -> None:
+    def response_end(self, flow: Flow) -> None:
+        rec = flow.rec
         fut = self._waiting.pop(rec.tags.get("probe", ""), None)
         if fut is not None and not fut.done():
             fut.set_result(rec)
+
+    error = response_end
 
     async def fingerprint(self, model: str | None) -> Fingerprint:
         return await self.state.stacks.fingerprint(model)

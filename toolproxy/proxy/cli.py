@@ -38,12 +38,15 @@ def key_from_env(var: str | None, option: str) -> str | None:
     return value
 
 
-def _size(value: str) -> int:
+def _size(value: str, option: str) -> int:
     units = {"k": 1024, "m": 1024**2, "g": 1024**3}
     v = value.strip().lower().rstrip("ib").rstrip("b")
-    if v and v[-1] in units:
-        return int(float(v[:-1]) * units[v[-1]])
-    return int(v)
+    try:
+        if v and v[-1] in units:
+            return int(float(v[:-1]) * units[v[-1]])
+        return int(v)
+    except ValueError:
+        raise ValueError(f"{option} {value!r} is not a size: give bytes or a unit, e.g. 512k, 64MiB, 1G") from None
 
 
 @click.command()
@@ -58,6 +61,7 @@ def _size(value: str) -> int:
 @click.option("--parser", default=None, help="Tool-call parser for --condition template (e.g. hermes).")
 @click.option("--constrained-forced", is_flag=True, help="Constrained schema without a final-answer branch (the seed paper's variant).")
 @click.option("--max-body", default="64MiB", show_default=True, help="Largest request body accepted (413 above).")
+@click.option("--spill-above", default="1MiB", show_default=True, help="Request and response bodies larger than this wait in a temporary file under --data instead of memory.")
 @click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect to the upstream.")
 @click.option("--ttfb-timeout", default=600.0, show_default=True, type=float, help="Seconds to wait for the upstream's response to begin (CPU models read long prompts slowly).")
 @click.option("--idle-timeout", default=300.0, show_default=True, type=float, help="Longest gap in seconds between two chunks of a response.")
@@ -70,21 +74,27 @@ def _size(value: str) -> int:
 @click.option("--upstream-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key; the proxy sends it itself.")
 @click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token.")
 @click.option("--quiet", is_flag=True, help="No line per exchange.")
+@click.option("--upstream-connections", default=0, show_default=True, type=int, help="Cap on connections to the upstream; 0: as many as clients need. Time a request waits for one under a cap is recorded (pool_wait_ms) and shown in stats.")
+@click.option("--client-header-timeout", default=15.0, show_default=True, type=float, help="Seconds a client has to send a complete request head after connecting or after its previous response; idle connections close then too.")
+@click.option("--client-body-timeout", default=60.0, show_default=True, type=float, help="Longest pause in seconds while a client sends its request body (408 after).")
 @click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is.")
-def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body,
+def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body, spill_above,
           connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
-          segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_fingerprint):
+          segment_size, auth_token, upstream_key_env, insecure_public, quiet, upstream_connections, client_header_timeout,
+          client_body_timeout, no_fingerprint):
     """Forward to one upstream model server and record every exchange."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
         options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced)
         config = ProxyConfig(
             upstream=upstream, data_dir=data_dir, host=host, port=port, run=run, condition=condition,
-            condition_options=options, max_body=_size(max_body), connect_timeout=connect_timeout,
+            condition_options=options, max_body=_size(max_body, '--max-body'), spill_above=_size(spill_above, '--spill-above'), connect_timeout=connect_timeout,
             ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
-            segment_bytes=_size(segment_size), auth_token=auth_token, upstream_key=upstream_key,
+            segment_bytes=_size(segment_size, '--segment-size'), auth_token=auth_token, upstream_key=upstream_key,
             insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint,
+            upstream_connections=upstream_connections, client_header_timeout=client_header_timeout,
+            client_body_timeout=client_body_timeout,
         )
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
