@@ -9,12 +9,9 @@ import sys
 from aiohttp import web
 
 from toolproxy import __version__
-<<<<<<< HEAD
 from toolproxy.printable import printable
-=======
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import Condition
->>>>>>> flow
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.forward import handle
@@ -96,19 +93,16 @@ def runner_for(app: web.Application, config: ProxyConfig) -> web.AppRunner:
     aiohttp arms that timer when a connection opens or goes idle and disarms it only when a whole
     request head has arrived, so a client trickling its headers is closed when it fires.
     """
-    return web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=config.client_header_timeout)
+    # auto_decompress off: a transparent proxy forwards and records a compressed request body as
+    # sent; aiohttp would inflate it (and fail with a 500 on a body that is not what it claims).
+    return web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=config.client_header_timeout,
+                         auto_decompress=False)
 
 
 async def serve(config: ProxyConfig) -> None:
     """Run until SIGINT/SIGTERM; prints where it listens and where it records."""
     app = make_app(config)
-<<<<<<< HEAD
-    # auto_decompress off: a transparent proxy forwards and records a compressed request body as
-    # sent; aiohttp would inflate it (and fail with a 500 on a body that is not what it claims).
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
-=======
     runner = runner_for(app, config)
->>>>>>> flow
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     try:
