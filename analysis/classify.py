@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from analysis.outcomes import HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, UNPARSEABLE, VALID_CALL
-from analysis.reassemble import Reply
 from toolproxy.calls import Validation, parse_arguments, parse_text, validate_call
+from toolproxy.wire import Reply
 
 # A 4xx that names the tool interface: the stack rejected the request for what it asked, before
 # the model ran (Ollama "does not support tools", vLLM "auto" tool choice flags, tool_choice

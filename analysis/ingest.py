@@ -27,20 +27,12 @@ from typing import Any
 import orjson
 
 from analysis.classify import classify, tool_names_of
-from analysis.reassemble import (
-    CHAT,
-    OLLAMA_CHAT,
-    OLLAMA_GENERATE,
-    Reply,
-    decode_body,
-    endpoint_kind,
-    header,
-    reassemble,
-)
+from analysis.bodies import decode_body, header
 from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
 from toolproxy.record.segments import list_segments, parse_line
 from toolproxy.stacks.markers import detect
+from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, Reply, Request, decode, family_of, read_request
 
 EXCHANGE_TYPES = {
     "id": "VARCHAR", "kind": "VARCHAR", "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "ttfb_ms": "DOUBLE",
@@ -101,38 +93,33 @@ def tool_set(tools: list) -> tuple[str, str, list[str]]:
     return hit
 
 
-def _request(rec: dict, kind: str | None) -> tuple[dict | None, list]:
-    """The harness's request as sent (before any condition rewrite) and its message list."""
+def _request(rec: dict, kind: str | None) -> tuple[dict | None, Request | None]:
+    """The harness's request as sent (before any condition rewrite), and the same in chat terms:
+    a Responses or Messages conversation becomes the message list a chat harness would send."""
     raw, _ = decode_body(
         rec.get("request_body"), rec.get("request_body_encoding"), header(rec.get("request_headers"), "content-encoding")
     )
     if not raw:
-        return None, []
+        return None, None
     try:
         req = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return None, []
+        return None, None
     if not isinstance(req, dict):
-        return None, []
-    if kind in (CHAT, OLLAMA_CHAT):
-        messages = req.get("messages")
-        return req, messages if isinstance(messages, list) else []
-    prompt = req.get("prompt")
-    if prompt is None:
-        return req, []
-    return req, [{"role": "user", "content": prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()}]
+        return None, None
+    return req, read_request(kind, req)
 
 
 def _reply(rec: dict, kind: str | None, which: str) -> Reply:
     if which == "client":
         raw, problem = decode_body(rec.get("client_body"), rec.get("client_body_encoding"))
-        reply = reassemble(raw, kind)
+        reply = decode(raw, kind)
     else:
         headers = rec.get("response_headers")
         raw, problem = decode_body(
             rec.get("response_body"), rec.get("response_body_encoding"), header(headers, "content-encoding")
         )
-        reply = reassemble(raw, kind, header(headers, "content-type"))
+        reply = decode(raw, kind, header(headers, "content-type"))
     if problem is not None:
         reply.unreadable = problem
     return reply
@@ -148,12 +135,13 @@ class Analyzed:
 def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     """Everything the database keeps about one exchange record. Pure: no I/O."""
     path = rec.get("path") or ""
-    kind = endpoint_kind(path) if rec.get("method", "POST") == "POST" else None
+    kind = family_of(path) if rec.get("method", "POST") == "POST" else None
     is_attempt = kind is not None
     condition = rec.get("condition") or "native"
     rewritten = rec.get("upstream_request") is not None
-    req, messages = _request(rec, kind) if is_attempt else (None, [])
-    tools = req.get("tools") if req is not None and isinstance(req.get("tools"), list) else None
+    req, request = _request(rec, kind) if is_attempt else (None, None)
+    messages = request.messages if request is not None else []
+    tools = request.tools if request is not None and request.tools else None
 
     tools_row = tool_set(tools) if tools else None
     tool_hash = tools_row[0] if tools_row else None
@@ -169,7 +157,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
                 # The template condition sends a chat request to a raw-completion endpoint: the
                 # upstream's body is in that endpoint's dialect.
                 up_path = (rec.get("upstream_request") or {}).get("path")
-                upstream_reply = _reply(rec, endpoint_kind(up_path) if up_path else kind, "upstream")
+                upstream_reply = _reply(rec, family_of(up_path) if up_path else kind, "upstream")
         else:
             view = upstream_reply = _reply(rec, kind, "upstream")
             view_status = rec.get("status")
