@@ -26,13 +26,13 @@ from typing import Any
 
 import orjson
 
-from analysis.classify import classify, tool_names_of
+from analysis.classify import classify
 from analysis.bodies import decode_body, header
 from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
 from toolproxy.record.segments import list_segments, parse_line
 from toolproxy.stacks.markers import detect
-from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, Reply, Request, decode, family_of, read_request
+from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, Reply, Request, decode, family_of, read_request, tool_names
 
 EXCHANGE_TYPES = {
     "id": "VARCHAR", "kind": "VARCHAR", "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "ttfb_ms": "DOUBLE",
@@ -86,7 +86,7 @@ def tool_set(tools: list) -> tuple[str, str, list[str]]:
     hit = _TOOL_SETS.get(quick)
     if hit is None:
         canonical = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS, default=str)
-        hit = (hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names_of(tools))
+        hit = (hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names(tools))
         if len(_TOOL_SETS) > 4096:
             _TOOL_SETS.clear()
         _TOOL_SETS[quick] = hit

@@ -22,7 +22,7 @@ import click
 import orjson
 
 from toolproxy.checks.local import LocalProxy, check_target, local_proxy
-from toolproxy.checks.reply import Reply, call_problems
+from toolproxy.checks.reply import ProbeReply, call_problems
 from toolproxy.proxy.cli import key_from_env
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
 from toolproxy.stacks.fingerprint import Fingerprint
@@ -92,7 +92,7 @@ def _skipped(number: int, title: str, why: str) -> Step:
     return Step(number, title, "skipped", f"not reached: {why}")
 
 
-def judge(fp: Fingerprint, control: Reply, probe: Reply, tools: list[dict] = TOOLS) -> Verdict:
+def judge(fp: Fingerprint, control: ProbeReply, probe: ProbeReply, tools: list[dict] = TOOLS) -> Verdict:
     """SPEC section 8, in order, from the replies to a request without tools and one with them."""
     who = _stack_says(fp)
     s1, s2, s3 = "Serving layer", "Call surface", "Model"
@@ -160,7 +160,7 @@ def judge(fp: Fingerprint, control: Reply, probe: Reply, tools: list[dict] = TOO
     steps.append(Step(2, s2, "pass", f"the call came back as native tool_calls ({len(probe.calls)} call(s))."))
     problems = [(c, call_problems(c, tools)) for c in probe.calls]
     bad = [(c, p) for c, p in problems if p]
-    calls_text = ", ".join(f"{c.name}({c.raw_arguments if isinstance(c.raw_arguments, str) else orjson.dumps(c.raw_arguments).decode()})" for c in probe.calls)
+    calls_text = ", ".join(f"{c.name}({c.arguments_text()})" for c in probe.calls)
     if bad:
         c, p = bad[0]
         steps.append(Step(3, s3, "fail", f"INVALID CALL: the model called {calls_text}: {'; '.join(p)}", MODEL_FIX,
@@ -170,10 +170,10 @@ def judge(fp: Fingerprint, control: Reply, probe: Reply, tools: list[dict] = TOO
     return Verdict(steps, True, None, EXIT_NATIVE_OK)
 
 
-def judge_repeats(replies: list[Reply], stack: str) -> dict[str, Any]:
+def judge_repeats(replies: list[ProbeReply], stack: str) -> dict[str, Any]:
     """Do N identical greedy requests give N identical answers? And does the prompt cache move?"""
     answered = [r for r in replies if not r.transport_failed and not r.refused]
-    outputs = [(r.content, tuple((c.name, str(c.raw_arguments)) for c in r.calls)) for r in answered]
+    outputs = [(r.content, tuple((c.name, c.arguments_text()) for c in r.calls)) for r in answered]
     distinct = len(set(outputs))
     cached = [r.cached_tokens for r in answered]
     result: dict[str, Any] = {"requests": len(replies), "answered": len(answered), "distinct_outputs": distinct,

@@ -19,7 +19,7 @@ import click
 import orjson
 from aiohttp import web
 
-from toolproxy.checks.reply import Reply, read_reply
+from toolproxy.checks.reply import ProbeReply, read_reply
 from toolproxy.conditions import ConditionOptions
 from toolproxy.proxy.app import ProxyState, make_app
 from toolproxy.proxy.config import ConfigError, ProxyConfig
@@ -32,7 +32,7 @@ from toolproxy.stacks.fingerprint import Fingerprint
 class Probe:
     """One probe's reply together with its record (what the proxy saw and did)."""
 
-    reply: Reply
+    reply: ProbeReply
     record: Record | None
     elapsed_s: float = 0.0
     tags: dict[str, str] = field(default_factory=dict)

@@ -20,7 +20,7 @@ class Hint:
         chat = read_chat_request(request)
         if isinstance(chat, Skip):
             return chat
-        body = {**chat.body, "messages": with_system_text(chat.messages, render_block(chat.tools))}
+        body = chat.upstream_body(with_system_text(chat.messages, render_block(chat.tools)), keep_tools=True)
         return Plan(path=upstream_path(request), body=orjson.dumps(body))
 
 

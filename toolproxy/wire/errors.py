@@ -50,6 +50,6 @@ def error_text(body: bytes) -> str:
     except orjson.JSONDecodeError:
         return body.decode("utf-8", "replace").strip()[:_MAX]
     message = error_of(data)
-    if message is None and isinstance(data, dict) and isinstance(data.get("message"), str):
-        message = data["message"]
+    if message is None and isinstance(data, dict):
+        message = next((data[k] for k in ("message", "detail") if isinstance(data.get(k), str)), None)
     return message if message is not None else body.decode("utf-8", "replace").strip()[:_MAX]
