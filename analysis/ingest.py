@@ -32,7 +32,7 @@ from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
 from toolproxy.record.segments import list_segments, parse_line
 from toolproxy.stacks.markers import detect
-from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, Reply, Request, decode, family_of, read_request, tool_names
+from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Request, decode, family_of, read_request, tool_names
 
 EXCHANGE_TYPES = {
     "id": "VARCHAR", "kind": "VARCHAR", "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "ttfb_ms": "DOUBLE",
@@ -203,6 +203,12 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
             stream_asked = req.get("stream")
             if stream_asked is None and kind in (OLLAMA_CHAT, OLLAMA_GENERATE):
                 stream_asked = True  # Ollama's native API streams unless told not to
+        previous = request.parameters.get("previous_response_id") if request is not None else None
+        if isinstance(previous, str):
+            # A Responses request chained to a stored response carries only the new input: the
+            # earlier conversation is the server's state, named by id, so it is part of this
+            # request's state too (its link to the earlier turn is made after ingest).
+            messages = [{"role": "previous_response", "content": previous}, *messages]
         keys = conversation_keys(messages, tool_set=tool_hash, tool_names=names, model=model, reply=chain_reply)
 
     usage = upstream_reply if upstream_reply is not None else view
@@ -218,6 +224,9 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     }
     if view is not None and outcome == "non_response":
         record_meta["classification_detail"] = c.detail
+    if kind == RESPONSES:
+        record_meta["response_id"] = view.id if view is not None else None
+        record_meta["previous_response_id"] = request.parameters.get("previous_response_id") if request is not None else None
     row = (
         rec.get("id"), rec.get("kind", "exchange"), rec.get("started_at"), rec.get("ended_at"), rec.get("ttfb_ms"),
         rec.get("duration_ms"), rec.get("run") or UNTAGGED_RUN, rec.get("episode"), rec.get("item"), condition,
@@ -505,6 +514,7 @@ class Ingestor:
         self._commit()
         self.con.execute("BEGIN TRANSACTION")
         try:
+            link_stored_responses(self.con, self.affected_runs)
             totals = derive(self.con, self.affected_runs)
             self.con.execute("COMMIT")
         except Exception:
@@ -579,6 +589,26 @@ class Ingestor:
         if self.in_txn:
             self.con.execute("COMMIT")
             self.in_txn = False
+
+
+def link_stored_responses(con, runs: set[str]) -> None:
+    """Chain Responses requests to the stored response they name (`previous_response_id`): the
+    earlier exchange's chain hash becomes this one's first parent, so episode reconstruction
+    follows server-side state as it follows a resent message list. Idempotent."""
+    if not runs:
+        return
+    con.execute(
+        """
+        UPDATE exchanges AS e SET parent_hashes = list_prepend(p.chain_hash, coalesce(e.parent_hashes, []))
+        FROM exchanges AS p
+        WHERE e.run IN (SELECT unnest(?::VARCHAR[]))
+          AND e.record->>'previous_response_id' IS NOT NULL
+          AND p.record->>'response_id' = e.record->>'previous_response_id'
+          AND p.chain_hash IS NOT NULL
+          AND NOT list_contains(coalesce(e.parent_hashes, []), p.chain_hash)
+        """,
+        [sorted(runs)],
+    )
 
 
 def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None) -> Summary:

@@ -117,10 +117,13 @@ class Decoder:
         if reply.first is None:
             reply.first = obj
         reply.last = obj
-        if reply.model is None:
+        if reply.model is None or reply.id is None:
             inner = obj.get("response") if isinstance(obj.get("response"), dict) else obj.get("message")
-            model = obj.get("model") if "model" in obj else (inner.get("model") if isinstance(inner, dict) else None)
-            reply.model = model if isinstance(model, str) else None
+            inner = inner if isinstance(inner, dict) else {}
+            for key in ("model", "id"):
+                value = obj.get(key, inner.get(key))
+                if getattr(reply, key) is None and isinstance(value, str):
+                    setattr(reply, key, value)
         message = error_of(obj)
         if message is not None:
             events: list[Event] = [Error(message)]

@@ -110,6 +110,9 @@ class Reply:
     complete: bool = False
     error: str | None = None
     model: str | None = None
+    # The reply's own id (chatcmpl-..., resp_..., msg_...): a Responses id is what a later
+    # request names as its previous_response_id.
+    id: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None

@@ -149,7 +149,7 @@ def read_request(body: dict[str, Any]) -> Request:
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}}
             last = messages[-1] if messages else None
-            if isinstance(last, dict) and last.get("role") == "assistant" and (last.get("tool_calls") or not last.get("content")):
+            if isinstance(last, dict) and last.get("role") == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
