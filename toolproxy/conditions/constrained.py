@@ -28,8 +28,8 @@ from typing import Any
 import orjson
 
 from toolproxy import wire
-from toolproxy.conditions import ConditionOptions, Plan, RequestView, Skip
-from toolproxy.conditions.messages import history_as_text, read_chat_request, upstream_path, with_system_text
+from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip
+from toolproxy.conditions.messages import ChatRequest, history_as_text, read_chat_request, with_system_text
 from toolproxy.conditions.text import chat_reply, without_tools
 from toolproxy.conditions.toolblock import FINAL_ANSWER, arguments_value, dumps, format_result, render_constrained_block, tool_functions
 from toolproxy.conditions.transform import new_call, text_calls
@@ -124,19 +124,19 @@ class ConstrainedReply:
 class Constrained:
     name = "constrained"
 
-    def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip:
-        chat = read_chat_request(request)
-        if isinstance(chat, Skip):
+    def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip | Reject:
+        chat = read_chat_request(request, bridge=options.bridge)
+        if not isinstance(chat, ChatRequest):
             return chat
-        if chat.family == wire.MESSAGES:
+        if chat.sent_family == wire.MESSAGES:
             return Skip(MESSAGES_SKIP)
         tools, forced = required_tools(chat.tools, chat.request.tool_choice, options.constrained_forced)
         block = render_constrained_block(tools, forced=forced)
         messages = with_system_text(history_as_text(chat.messages, call_json, format_result), block)
         body = without_tools(chat, messages, drop=SCHEMA_FIELDS)
-        body.update(constraint_fields(chat.family, call_schema(tools, forced=forced)))
+        body.update(constraint_fields(chat.sent_family, call_schema(tools, forced=forced)))
         transform = chat_reply(chat, ConstrainedReply(tuple(wire.tool_names(chat.tools))))
-        return Plan(path=upstream_path(request), body=orjson.dumps(body), transform=transform)
+        return Plan(path=chat.upstream_path(request), body=orjson.dumps(body), transform=transform)
 
 
 CONDITION = Constrained()

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import orjson
 
 from toolproxy import wire
-from toolproxy.conditions import RequestView, Skip
+from toolproxy.conditions import Reject, RequestView, Skip
 from toolproxy.conditions.toolblock import tool_functions
 
 FAMILIES = (wire.CHAT, wire.OLLAMA_CHAT, wire.RESPONSES, wire.MESSAGES)
@@ -31,6 +31,11 @@ class ChatRequest:
     family: str  # the wire family the client spoke
     body: dict[str, Any]  # as the client sent it
     request: wire.Request  # the same in chat terms
+    sent_family: str  # the family sent upstream: the client's own, or chat when bridged
+
+    @property
+    def bridged(self) -> bool:
+        return self.sent_family != self.family
 
     @property
     def stream(self) -> bool:
@@ -53,11 +58,22 @@ class ChatRequest:
             return {**base, "messages": messages}
         tools = self.request.tools if keep_tools else []
         choice = self.request.tool_choice if keep_tools else None
-        return wire.write_request(self.family, replace(self.request, messages=messages, tools=tools, tool_choice=choice, body=base))
+        params = {k: v for k, v in self.request.parameters.items() if k not in drop}
+        request = replace(self.request, messages=messages, tools=tools, tool_choice=choice, parameters=params, body=base)
+        return wire.write_request(self.sent_family, request)
+
+    def upstream_path(self, request: RequestView) -> str:
+        """Where the body goes: the client's path, or its chat completions sibling when bridged."""
+        if not self.bridged:
+            return upstream_path(request)
+        base = request.path.rstrip("/").rsplit("/", 1)[0]
+        return upstream_path(request, base + "/chat/completions")
 
 
-def read_chat_request(request: RequestView, *, need_tools: bool = True, families=FAMILIES) -> ChatRequest | Skip:
-    """The request as a ChatRequest, or a Skip that says why the condition cannot apply to it."""
+def read_chat_request(request: RequestView, *, need_tools: bool = True, families=FAMILIES,
+                      bridge: frozenset[str] = frozenset()) -> ChatRequest | Skip | Reject:
+    """The request as a ChatRequest, or a Skip that says why the condition cannot apply to it.
+    A family in `bridge` is sent upstream as chat completions; a Reject when that cannot carry it."""
     family = wire.family_of(request.path)
     if request.method != "POST" or family not in families:
         wanted = " or ".join(PATHS[f] for f in families)
@@ -69,7 +85,10 @@ def read_chat_request(request: RequestView, *, need_tools: bool = True, families
     conversation = "input" if family == wire.RESPONSES else "messages"
     if not isinstance(body, dict) or not isinstance(body.get(conversation), list if family != wire.RESPONSES else (list, str)):
         return Skip(f"request body has no '{conversation}' list")
-    chat = ChatRequest(family, body, wire.read_request(family, body))
+    chat = ChatRequest(family, body, wire.read_request(family, body), wire.CHAT if family in bridge else family)
+    if chat.bridged and chat.request.parameters.get("previous_response_id"):
+        return Reject(400, "previous_response_id names a response stored by the server, but this toolproxy bridges "
+                           "Responses to a chat-only upstream that stores nothing: send the whole conversation as input")
     if need_tools and not tool_functions(chat.tools):
         return Skip("request offers no function tools")
     if need_tools and chat.request.tool_choice == "none":

@@ -23,7 +23,7 @@ from toolproxy import wire
 from toolproxy.calls import start_markers
 from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip
 from toolproxy.conditions.chat_template import TemplateError, cached_template
-from toolproxy.conditions.messages import read_chat_request, upstream_path
+from toolproxy.conditions.messages import ChatRequest, read_chat_request, upstream_path
 from toolproxy.conditions.transform import CallScanner, ReplyTransform, text_calls
 
 # Sampling fields that mean the same on every completion endpoint.
@@ -71,7 +71,7 @@ class Template:
         if not options.chat_template:
             return Skip("no chat template: start toolproxy serve with --chat-template FILE")
         chat = read_chat_request(request, need_tools=False, families=(wire.CHAT,))
-        if isinstance(chat, Skip):
+        if not isinstance(chat, ChatRequest):
             return chat
         try:
             template = cached_template(options.chat_template)

@@ -15,8 +15,8 @@ import orjson
 
 from toolproxy import wire
 from toolproxy.calls import start_markers
-from toolproxy.conditions import ConditionOptions, Plan, RequestView, Skip
-from toolproxy.conditions.messages import ChatRequest, history_as_text, read_chat_request, upstream_path, with_system_text
+from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip
+from toolproxy.conditions.messages import ChatRequest, history_as_text, read_chat_request, with_system_text
 from toolproxy.conditions.toolblock import format_call, format_result, render_block
 from toolproxy.conditions.transform import CallScanner, Interpreter, ReplyTransform, text_calls
 
@@ -24,7 +24,7 @@ from toolproxy.conditions.transform import CallScanner, Interpreter, ReplyTransf
 def without_tools(chat: ChatRequest, messages: list, drop: tuple[str, ...] = ()) -> dict:
     """The request body with the tool fields removed, the given messages, and usage asked for when streaming."""
     body = chat.upstream_body(messages, keep_tools=False, drop=drop)
-    if chat.family == wire.CHAT and chat.stream:
+    if chat.sent_family == wire.CHAT and chat.stream:
         # Usage is wanted in the record even when the harness did not ask; the harness still only
         # gets a usage chunk if it asked for one.
         options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
@@ -33,23 +33,24 @@ def without_tools(chat: ChatRequest, messages: list, drop: tuple[str, ...] = ())
 
 
 def chat_reply(chat: ChatRequest, interpreter: Interpreter) -> ReplyTransform:
-    """The transform for a request sent on in its own dialect: read that dialect's reply, answer in it."""
+    """The transform for a conversation request: read the reply in the dialect it was sent in,
+    answer in the client's."""
     encoder = wire.encoder_for(chat.family, chat.body, chat.stream)
-    return ReplyTransform(wire.Decoder(chat.family), interpreter, encoder)
+    return ReplyTransform(wire.Decoder(chat.sent_family), interpreter, encoder)
 
 
 class Text:
     name = "text"
 
-    def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip:
-        chat = read_chat_request(request)
-        if isinstance(chat, Skip):
+    def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip | Reject:
+        chat = read_chat_request(request, bridge=options.bridge)
+        if not isinstance(chat, ChatRequest):
             return chat
         messages = history_as_text(chat.messages, format_call, format_result)
         body = without_tools(chat, with_system_text(messages, render_block(chat.tools)))
         names = tuple(wire.tool_names(chat.tools))
         scanner = CallScanner(partial(text_calls, tool_names=names, formats=None), start_markers())
-        return Plan(path=upstream_path(request), body=orjson.dumps(body), transform=chat_reply(chat, scanner))
+        return Plan(path=chat.upstream_path(request), body=orjson.dumps(body), transform=chat_reply(chat, scanner))
 
 
 CONDITION = Text()

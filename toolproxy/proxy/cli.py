@@ -57,6 +57,7 @@ def _size(value: str) -> int:
 @click.option("--chat-template", type=click.Path(dir_okay=False, exists=True), default=None, help="Jinja chat template for --condition template.")
 @click.option("--parser", default=None, help="Tool-call parser for --condition template (e.g. hermes).")
 @click.option("--constrained-forced", is_flag=True, help="Constrained schema without a final-answer branch (the seed paper's variant).")
+@click.option("--bridge", default=None, metavar="PROTOCOLS", help="Translate these protocols (responses, messages; comma-separated) to chat completions for an upstream that only speaks chat, and the replies back.")
 @click.option("--max-body", default="64MiB", show_default=True, help="Largest request body accepted (413 above).")
 @click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect to the upstream.")
 @click.option("--ttfb-timeout", default=600.0, show_default=True, type=float, help="Seconds to wait for the upstream's response to begin (CPU models read long prompts slowly).")
@@ -71,13 +72,16 @@ def _size(value: str) -> int:
 @click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token.")
 @click.option("--quiet", is_flag=True, help="No line per exchange.")
 @click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is.")
-def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body,
+def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, bridge, max_body,
           connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
           segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_fingerprint):
     """Forward to one upstream model server and record every exchange."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
-        options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced)
+        from toolproxy.conditions.bridge import parse_families
+
+        options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced,
+                                   bridge=parse_families(bridge) if bridge is not None else frozenset())
         config = ProxyConfig(
             upstream=upstream, data_dir=data_dir, host=host, port=port, run=run, condition=condition,
             condition_options=options, max_body=_size(max_body), connect_timeout=connect_timeout,

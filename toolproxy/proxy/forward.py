@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
-from toolproxy.conditions import Plan, Reject, RequestView, Skip, load
+from toolproxy.conditions import Plan, Reject, RequestView, Skip, bridge, load
 from toolproxy.proxy.headers import (
     NOT_FORWARDED_DOWN,
     NOT_FORWARDED_UP,
@@ -281,18 +281,18 @@ def _upstream_headers(headers, forward_auth: bool, upstream_key: str | None) -> 
 
 
 def _plan(ex: Exchange, path: str, query: str, headers, body: bytes) -> Plan | Reject | None:
-    """The condition's rewrite, a refusal to forward, or None to forward untouched (recording why it skipped)."""
+    """The condition's rewrite (or under native, the --bridge translation), a refusal to forward, or
+    None to forward untouched (recording why a condition skipped)."""
     rec = ex.rec
+    options = ex.state.config.condition_options
     if rec.condition == "native":
-        return None
+        return bridge.plan(RequestView(ex.request.method, path, query, headers, body), options)
     try:
         condition = load(rec.condition)
     except (ValueError, ImportError) as exc:
         rec.condition_note = f"skipped: {exc}"
         return None
-    outcome = condition.prepare(
-        RequestView(ex.request.method, path, query, headers, body), ex.state.config.condition_options
-    )
+    outcome = condition.prepare(RequestView(ex.request.method, path, query, headers, body), options)
     if isinstance(outcome, Skip):
         rec.condition_note = f"skipped: {outcome.reason}"
         return None
