@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from .model import Call, CallArguments, CallStart, Event, Finish, Reasoning, Request, Text, Usage
+from .model import BufferingEncoder, Call, CallArguments, CallStart, Event, Finish, Reasoning, Request, Text, Usage
 
 
 def usage_event(usage: Any, timings: Any = None) -> Usage | None:
@@ -146,20 +146,18 @@ def sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-class ChatEncoder:
+class ChatEncoder(BufferingEncoder):
     """A chat completion as an OpenAI server writes it: one JSON body, or its SSE stream (role
     delta, content deltas, per call a delta with index/id/type/name then one with the arguments,
     the finish chunk, a usage chunk only when `stream_options.include_usage` asked, `[DONE]`)."""
 
     def __init__(self, *, model: str, stream: bool, include_usage: bool = False) -> None:
-        self.model = model
-        self.stream = stream
+        super().__init__(model=model, stream=stream)
         self.include_usage = include_usage
         self.id = "chatcmpl-" + secrets.token_hex(12)
         self.created = int(time.time())
         self.content_type = "text/event-stream" if stream else "application/json"
         self._started = False
-        self._text: list[str] = []
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> bytes:
         return sse({
@@ -173,12 +171,7 @@ class ChatEncoder:
         self._started = True
         return self._chunk({"role": "assistant", "content": ""})
 
-    def delta(self, text: str) -> bytes:
-        if not text:
-            return b""
-        if not self.stream:
-            self._text.append(text)
-            return b""
+    def _stream_delta(self, text: str) -> bytes:
         return self._role() + self._chunk({"content": text})
 
     def error(self, message: str) -> bytes:

@@ -18,7 +18,9 @@ from typing import Any
 
 import orjson
 
-from .model import Call, CallArguments, CallEnd, CallStart, Event, Finish, Reasoning, Request, Text, Usage, text_of
+from .model import (
+    BufferingEncoder, Call, CallArguments, CallEnd, CallStart, Event, Finish, Reasoning, Request, Text, Usage, leading_system, text_of,
+)
 
 STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
                 "refusal": "content_filter", "pause_turn": "stop"}
@@ -170,9 +172,9 @@ def write_request(request: Request) -> dict[str, Any]:
     """A Messages body for the request: the original's own fields kept, the conversation (tool
     results folded into user turns, calls as tool_use blocks), tools and tool choice written from it."""
     body = {k: v for k, v in request.body.items() if k not in ("system", "messages", "tools", "tool_choice")}
-    messages = list(request.messages)
-    if messages and isinstance(messages[0], dict) and messages[0].get("role") in ("system", "developer"):
-        body["system"] = text_of(messages.pop(0).get("content"))
+    system, messages = leading_system(request.messages)
+    if system is not None:
+        body["system"] = system
     out: list[dict] = []
     for msg in messages:
         if not isinstance(msg, dict):
@@ -214,17 +216,15 @@ def _sse(kind: str, data: dict) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
 
 
-class MessagesEncoder:
+class MessagesEncoder(BufferingEncoder):
     """A message object, or its event stream as Anthropic sends it (message_start, a text block
     opened on the first delta, one tool_use block per call with its input as one
     input_json_delta, message_delta with the stop reason and usage, message_stop)."""
 
     def __init__(self, *, model: str, stream: bool) -> None:
-        self.model = model
-        self.stream = stream
+        super().__init__(model=model, stream=stream)
         self.id = "msg_" + secrets.token_hex(12)
         self.content_type = "text/event-stream" if stream else "application/json"
-        self._text: list[str] = []
         self._started = False
         self._block_open = False
 
@@ -244,12 +244,7 @@ class MessagesEncoder:
         self._started = True
         return _sse("message_start", {"message": self._message([], None, None)})
 
-    def delta(self, text: str) -> bytes:
-        if not text:
-            return b""
-        self._text.append(text)
-        if not self.stream:
-            return b""
+    def _stream_delta(self, text: str) -> bytes:
         out = self._start()
         if not self._block_open:
             self._block_open = True

@@ -208,6 +208,37 @@ class Request:
         return None
 
 
+def leading_system(messages: list[Any]) -> tuple[str | None, list[Any]]:
+    """(the leading system or developer text, the other messages): Responses and Messages carry
+    it in a field of its own (`instructions`, `system`)."""
+    first = messages[0] if messages else None
+    if isinstance(first, dict) and first.get("role") in ("system", "developer"):
+        return text_of(first.get("content")), list(messages[1:])
+    return None, list(messages)
+
+
+class BufferingEncoder:
+    """The text half every encoder shares: each delta is written at once when streaming, and all
+    of it is kept for the final body (the whole reply when not streaming, the closing events when
+    streaming)."""
+
+    content_type: str
+
+    def __init__(self, *, model: str, stream: bool) -> None:
+        self.model = model
+        self.stream = stream
+        self._text: list[str] = []
+
+    def delta(self, text: str) -> bytes:
+        if not text:
+            return b""
+        self._text.append(text)
+        return self._stream_delta(text) if self.stream else b""
+
+    def _stream_delta(self, text: str) -> bytes:
+        raise NotImplementedError
+
+
 def text_of(content: Any) -> str:
     """Plain text of a message content: a string, or content parts / blocks (their text joined)."""
     if content is None:

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from .chat import ChatReader
-from .model import Call, CallArguments, CallStart, Event, Finish, Reasoning, Text, Usage
+from .model import BufferingEncoder, Call, CallArguments, CallStart, Event, Finish, Reasoning, Text, Usage
 
 
 class OllamaReader:
@@ -63,25 +63,18 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-class OllamaChatEncoder:
+class OllamaChatEncoder(BufferingEncoder):
     """`/api/chat` as Ollama writes it: tool calls whole in one message chunk, then the `done` chunk."""
 
     def __init__(self, *, model: str, stream: bool) -> None:
-        self.model = model
-        self.stream = stream
+        super().__init__(model=model, stream=stream)
         self.content_type = "application/x-ndjson" if stream else "application/json; charset=utf-8"
-        self._text: list[str] = []
 
     def _line(self, message: dict, **extra: Any) -> bytes:
         obj = {"model": self.model, "created_at": _now(), "message": {"role": "assistant", **message}, **extra}
         return orjson.dumps(obj) + (b"\n" if self.stream else b"")
 
-    def delta(self, text: str) -> bytes:
-        if not text:
-            return b""
-        if not self.stream:
-            self._text.append(text)
-            return b""
+    def _stream_delta(self, text: str) -> bytes:
         return self._line({"content": text}, done=False)
 
     def error(self, message: str) -> bytes:

@@ -18,7 +18,9 @@ from typing import Any
 
 import orjson
 
-from .model import Call, CallArguments, CallEnd, CallStart, Event, Finish, Reasoning, Request, Text, Usage, text_of
+from .model import (
+    BufferingEncoder, Call, CallArguments, CallEnd, CallStart, Event, Finish, Reasoning, Request, Text, Usage, leading_system, text_of,
+)
 
 _CHAT_PARAMS = {"max_output_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p"}
 
@@ -181,9 +183,9 @@ def write_request(request: Request) -> dict[str, Any]:
     """A Responses body for the request: the original's own fields kept, the conversation,
     tools, tool choice and schema written from the request."""
     body = {k: v for k, v in request.body.items() if k not in ("input", "instructions", "tools", "tool_choice")}
-    messages = list(request.messages)
-    if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
-        body["instructions"] = text_of(messages.pop(0).get("content"))
+    system, messages = leading_system(request.messages)
+    if system is not None:
+        body["instructions"] = system
     items: list[dict] = []
     for msg in messages:
         if not isinstance(msg, dict):
@@ -217,19 +219,17 @@ def _event(kind: str, **fields: Any) -> tuple[str, dict]:
     return kind, {"type": kind, **fields}
 
 
-class ResponsesEncoder:
+class ResponsesEncoder(BufferingEncoder):
     """A response object, or its stream of named events as OpenAI sends them (created,
     in_progress, per output item: added / deltas / done, completed), every event with
     `sequence_number` and the item's `output_index` so SDK stream helpers can follow it."""
 
     def __init__(self, *, model: str, stream: bool) -> None:
-        self.model = model
-        self.stream = stream
+        super().__init__(model=model, stream=stream)
         self.id = "resp_" + secrets.token_hex(12)
         self.created = int(time.time())
         self.content_type = "text/event-stream" if stream else "application/json"
         self._seq = 0
-        self._text: list[str] = []
         self._message_id = "msg_" + secrets.token_hex(12)
         self._opened = False
 
@@ -264,15 +264,9 @@ class ResponsesEncoder:
         return {"type": "message", "id": self._message_id, "status": status, "role": "assistant",
                 "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" or text else []}
 
-    def delta(self, text: str) -> bytes:
-        if not text:
-            return b""
-        first = not self._text
-        self._text.append(text)
-        if not self.stream:
-            return b""
+    def _stream_delta(self, text: str) -> bytes:
         out = self._start()
-        if first:
+        if len(self._text) == 1:
             out += self._sse("response.output_item.added", output_index=0, item=self._message("", "in_progress"))
             out += self._sse("response.content_part.added", item_id=self._message_id, output_index=0, content_index=0,
                              part={"type": "output_text", "text": "", "annotations": []})
