@@ -132,3 +132,9 @@ def test_the_sdk_stream_helpers_follow_the_bridged_streams(proxies):
                                messages=[{"role": "user", "content": "Weather in Oslo?"}]) as s:
         kinds = [e.type for e in s]
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "input_json" in kinds
+
+
+def test_bridge_flag_names_what_it_accepts():
+    r = tp("serve", "--upstream", "http://127.0.0.1:9", "--bridge", "chat,responses")
+    assert r.returncode == 2 and "--bridge takes a comma-separated list of responses, messages (got 'chat,responses')" in r.stderr
+    assert "Traceback" not in r.stderr

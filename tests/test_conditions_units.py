@@ -342,3 +342,30 @@ def test_text_condition_passes_on_what_upstream_said(body, ctype, content, error
     assert got.content == content if error is None else (got.error or "").startswith(error)
     if error is not None:
         assert transform.note.startswith(("upstream sent an error event", "upstream reply could not be read"))
+
+
+# Every opening a parser accepts must hold streaming back; the old restated table missed several.
+EVERY_OPENING = [
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>',
+    '<TOOLCALL>{"name": "get_weather", "arguments": {"city": "Oslo"}}</TOOLCALL>',
+    '<function_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</function_call>',
+    "<function=get_weather><parameter=city>Oslo</parameter></function>",
+    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]',
+    '[TOOL_REQUEST]{"name": "get_weather", "arguments": {"city": "Oslo"}}[END_TOOL_REQUEST]',
+    "<start_function_call>call:get_weather{city:<escape>Oslo<escape>}<end_function_call>",
+    '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}<tool_call|>',
+    "<|python_start|>[get_weather(city='Oslo')]<|python_end|>",
+    '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+    "[get_weather(city='Oslo')]",
+    '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```',
+    '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+]
+
+
+@pytest.mark.parametrize("call", EVERY_OPENING)
+def test_no_call_syntax_streams_before_it_is_parsed(call):
+    scanner = CallScanner(partial(text_calls, tool_names=NAMES, formats=None), start_markers())
+    text = "Sure. " + call
+    shown = "".join(scanner.feed(text[i:i + 3]) for i in range(0, len(text), 3))
+    assert shown == "Sure. "
+    assert [(c.name, json.loads(c.arguments)) for c in scanner.finish()[1]] == [("get_weather", {"city": "Oslo"})]
