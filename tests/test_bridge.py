@@ -1,5 +1,5 @@
-"""`serve --bridge responses,messages` in front of a chat-only stack (emulated vLLM, which answers
-404 on /v1/responses and /v1/messages): the openai and anthropic SDKs get native function_call
+"""`serve --bridge responses,messages` in front of a chat-only stack (emulated Ollama 0.12, which
+answers 404 on /v1/responses and /v1/messages): the openai and anthropic SDKs get native function_call
 items / tool_use blocks, streaming included, and the record keeps both requests."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.test_protocols import MESSAGES_TOOLS, RESPONSES_TOOLS, sql, tp
 from toolproxy.record.segments import read_records
 from toolproxy.stacks.fakes import FakeStack, ModelRequest, call, text, text_call
 
-MODEL = "Qwen/Qwen2.5-7B-Instruct"
+MODEL = "qwen2.5:7b"
 
 
 def model(req: ModelRequest):
@@ -28,7 +28,7 @@ def model(req: ModelRequest):
 
 @pytest.fixture(scope="module")
 def fake():
-    stack = FakeStack("vllm", tool_parser="hermes", responder=model)
+    stack = FakeStack("ollama", responder=model)
     with stack.in_thread():
         yield stack
 

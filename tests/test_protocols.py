@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.conftest import ProxyProcess
-from toolproxy.stacks.fakes import FakeStack, ModelRequest, text, text_call
+from toolproxy.stacks.fakes import FakeStack, ModelRequest, call, text, text_call
 
 WEATHER = {"name": "get_weather", "description": "Current weather for a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -149,7 +149,8 @@ def test_constrained_on_responses_and_a_recorded_skip_on_messages(proxies, fake)
     m = messages_call(an(p, "msg-constrained"), False)
     assert "<tool_call>" in m.content[0].text  # forwarded unchanged
     note = [r["condition_note"] for r in p.wait_records(2) if r["path"] == "/v1/messages"]
-    assert note and note[-1].startswith("skipped: Anthropic Messages has no JSON-schema field")
+    assert note and note[-1].startswith("skipped: on /v1/messages a JSON schema rides in output_config.format, which "
+                                        "only vLLM is known to enforce (this upstream: llamacpp)")
 
 
 def test_analyze_reads_responses_and_messages_like_chat(proxies):
@@ -185,3 +186,36 @@ def test_analyze_reads_responses_and_messages_like_chat(proxies):
     first_id = sql(p.data, "SELECT id FROM exchanges WHERE run = 'resp-chain' ORDER BY started_at LIMIT 1")[0]["id"]
     shown = tp("show", "--data", str(p.data), first_id)
     assert shown.returncode == 0 and "Weather in Oslo?" in shown.stdout and "tools offered: get_weather" in shown.stdout
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    """vLLM with a tool parser: serves /v1/messages, parses calls natively, enforces output_config.format."""
+    stack = FakeStack("vllm", tool_parser="hermes", responder=lambda req: call("get_weather", {"city": "Oslo"}))
+    with stack.in_thread():
+        p = ProxyProcess(stack.url, tmp_path_factory.mktemp("vllm"), ("--durability", "sync"))
+        yield stack, p
+        p.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllm_messages_native_and_constrained(vllm, stream):
+    fake, p = vllm
+    client = anthropic.Anthropic(base_url=p.url, api_key="sk-ant-test", max_retries=0, timeout=30)
+    kwargs = dict(model="Qwen/Qwen2.5-7B-Instruct", max_tokens=100, tools=MESSAGES_TOOLS,
+                  messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    m = messages_call_with(client, stream, kwargs)
+    assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == [("get_weather", {"city": "Oslo"})]
+    assert m.stop_reason == "tool_use" and fake.seen[-1].path == "/v1/messages"
+    constrained = anthropic.Anthropic(base_url=f"{p.url}/t/condition=constrained", api_key="sk-ant-test", max_retries=0)
+    m = messages_call_with(constrained, stream, kwargs)
+    sent = fake.seen[-1].json()
+    assert sent["output_config"]["format"]["type"] == "json_schema" and "tools" not in sent
+    assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == [("get_weather", {"city": "Oslo"})]
+
+
+def messages_call_with(client: anthropic.Anthropic, stream: bool, kwargs: dict):
+    if not stream:
+        return client.messages.create(**kwargs)
+    with client.messages.stream(**kwargs) as s:
+        return s.get_final_message()

@@ -9,7 +9,8 @@ an unconstrained one without anyone noticing:
 | Ollama `/api/chat`       | ollama                                          | `format: <schema>`                           |
 | `/v1/chat/completions`   | openai, lmstudio, llamacpp, vllm, sglang, ollama, unknown | `response_format: {type: json_schema, json_schema: {name, schema}}` |
 | `/v1/responses`          | openai, llamacpp, ollama                        | `text.format: {type: json_schema, name, schema}` |
-| `/v1/messages`           | (none: Anthropic Messages has no schema field the serving stacks enforce) | skipped, with that reason recorded |
+| `/v1/messages`           | vllm                                            | `output_config.format: {type: json_schema, schema}` |
+| `/v1/messages`           | any other (llama.cpp, SGLang, unknown)          | skipped, with that reason recorded           |
 
 `response_format` json_schema is the one field every OpenAI-compatible stack enforces (Ollama's
 /v1 maps it to `format`, llama.cpp turns it into a grammar, vLLM and SGLang into structured
@@ -36,9 +37,15 @@ from toolproxy.conditions.transform import new_call, text_calls
 
 SCHEMA_NAME = "tool_call_or_final_answer"
 # Whatever the client asked to constrain its reply with is replaced by the call schema.
-SCHEMA_FIELDS = ("response_format", "format", "json_schema", "grammar", "guided_json", "text")
-MESSAGES_SKIP = ("Anthropic Messages has no JSON-schema field that llama.cpp, vLLM or SGLang enforce on /v1/messages; "
-                 "use the chat completions or Responses endpoint for the constrained condition")
+SCHEMA_FIELDS = ("response_format", "format", "json_schema", "grammar", "guided_json", "text", "output_config")
+# Stacks known to enforce Messages' output_config.format (vLLM maps it to structured outputs).
+MESSAGES_SCHEMA_STACKS = frozenset({"vllm"})
+
+
+def messages_skip(stack: str | None) -> Skip:
+    return Skip(f"on /v1/messages a JSON schema rides in output_config.format, which only vLLM is known to enforce "
+                f"(this upstream: {stack or 'not identified'}); use the chat completions or Responses endpoint, "
+                "or serve --bridge messages, for the constrained condition")
 
 
 def call_schema(tools: list[Any], *, forced: bool = False) -> dict[str, Any]:
@@ -62,9 +69,12 @@ def call_schema(tools: list[Any], *, forced: bool = False) -> dict[str, Any]:
 
 
 def constraint_fields(family: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """The request fields that carry the schema (table above: the endpoint decides, every stack agrees)."""
+    """The request fields that carry the schema (table above: the endpoint decides, and on
+    /v1/messages only vLLM is known to enforce it)."""
     if family == wire.OLLAMA_CHAT:
         return {"format": schema}
+    if family == wire.MESSAGES:
+        return {"output_config": {"format": {"type": "json_schema", "schema": schema}}}
     if family == wire.RESPONSES:
         return {"text": {"format": {"type": "json_schema", "name": SCHEMA_NAME, "schema": schema}}}
     return {"response_format": {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": schema}}}
@@ -128,8 +138,8 @@ class Constrained:
         chat = read_chat_request(request, bridge=options.bridge)
         if not isinstance(chat, ChatRequest):
             return chat
-        if chat.sent_family == wire.MESSAGES:
-            return Skip(MESSAGES_SKIP)
+        if chat.sent_family == wire.MESSAGES and options.stack not in MESSAGES_SCHEMA_STACKS:
+            return messages_skip(options.stack)
         tools, forced = required_tools(chat.tools, chat.request.tool_choice, options.constrained_forced)
         block = render_constrained_block(tools, forced=forced)
         messages = with_system_text(history_as_text(chat.messages, call_json, format_result), block)

@@ -573,7 +573,10 @@ class VLLM(Stack):
     version = "0.11.0"
 
     def routes(self):
-        return super().routes() + [("GET", "/version", self.version_route), ("GET", "/health", self.health)]
+        return super().routes() + [
+            ("GET", "/version", self.version_route), ("GET", "/health", self.health),
+            ("POST", "/v1/messages", self.messages), ("POST", "/v1/messages/count_tokens", self.count_tokens),
+        ]
 
     async def version_route(self, request, body):
         return self.json(200, {"version": self.version})
@@ -583,6 +586,67 @@ class VLLM(Stack):
 
     def not_found(self) -> Answer:
         return self.json(404, {"detail": "Not Found"})  # FastAPI's default
+
+    # -- /v1/messages: vllm/entrypoints/anthropic (api_router.py, serving.py, protocol.py): the
+    # request becomes a chat completion and the reply is converted back. Non-streamed:
+    # model_dump(exclude_none), a text block only when there is text. Streamed: the chat stream's
+    # chunks turned into events dumped with exclude_unset, so message_start's message carries no
+    # `type`/`role` but explicit null stop fields and its usage.
+    _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+    def anthropic_error(self, answer: Answer) -> Answer:
+        err = orjson.loads(b"".join(answer.events)).get("error") or {}
+        return self.json(answer.status, {"type": "error", "error": {"type": err.get("type"), "message": err.get("message")}})
+
+    async def messages(self, request, body):
+        out = self.converse(request.path, wire.write_request(wire.CHAT, wire.read_request(wire.MESSAGES, body)))
+        if isinstance(out, Answer):
+            return self.anthropic_error(out)
+        req, reply, content, native, finish = out
+        usage = self.usage(req, content)
+        tokens = {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
+        calls = self.native_calls(native)
+        cid = self.completion_id()
+        if not req.stream:
+            blocks = [{"type": "text", "text": content}] if content else []
+            blocks += [{"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
+                        "input": orjson.loads(tc["function"]["arguments"])} for tc in calls]
+            message = {"id": cid, "type": "message", "role": "assistant", "content": blocks, "model": req.model}
+            if finish in self._STOP:
+                message["stop_reason"] = self._STOP[finish]
+            return self.json(200, {**message, "usage": tokens})
+
+        def event(kind: str, **data) -> bytes:
+            return b"event: " + kind.encode() + b"\ndata: " + compact({"type": kind, **data}) + b"\n\n"
+
+        events = [event("message_start", message={"id": cid, "content": [], "model": req.model, "stop_reason": None,
+                                                  "stop_sequence": None,
+                                                  "usage": {"input_tokens": tokens["input_tokens"], "output_tokens": 0}})]
+        index, started = 0, False
+        for piece in _pieces(content) if content else ():
+            if not started:
+                events.append(event("content_block_start", content_block={"type": "text", "text": ""}, index=index))
+                started = True
+            events.append(event("content_block_delta", delta={"type": "text_delta", "text": piece}, index=index))
+        for tc in calls:
+            if started:
+                events.append(event("content_block_stop", index=index))
+                index += 1
+            events.append(event("content_block_start", content_block={
+                "type": "tool_use", "id": tc["id"], "name": tc["function"]["name"], "input": {}}, index=index))
+            started = True
+            events += [event("content_block_delta", delta={"type": "input_json_delta", "partial_json": f}, index=index)
+                       for f in _fragments(tc["function"]["arguments"])]
+        if started:
+            events.append(event("content_block_stop", index=index))
+        events.append(event("message_delta", delta={"stop_reason": self._STOP.get(finish, "end_turn")}, usage=tokens))
+        events.append(event("message_stop"))
+        return Answer(200, self.sse_type, events, stream=True)
+
+    async def count_tokens(self, request, body):
+        chat = wire.read_request(wire.MESSAGES, body)
+        n = len(orjson.dumps(chat.messages)) // 4 + 1
+        return self.json(200, {"input_tokens": n, "context_management": {"original_input_tokens": n}})
 
     def error(self, status, message, kind=None):
         kind = kind or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")

@@ -8,7 +8,8 @@ blocks, `stop_reason` (end_turn, tool_use, max_tokens, stop_sequence), usage. `i
 leaves out tokens read from or written to the prompt cache, so the prompt count here adds them
 back, as chat's `prompt_tokens` counts the whole prompt. Stream: `message_start`,
 `content_block_start` / `_delta` (`text_delta`, `input_json_delta`, `thinking_delta`) / `_stop`,
-`message_delta` (stop_reason, usage), `message_stop`, `ping`, `error`.
+`message_delta` (stop_reason, usage), `message_stop`, `ping`, `error`. A JSON schema for the
+reply rides in `output_config.format` ({type: json_schema, schema}), chat's `response_format`.
 """
 
 from __future__ import annotations
@@ -162,6 +163,10 @@ def read_request(body: dict[str, Any]) -> Request:
     params = {k: body[k] for k in ("max_tokens", "temperature", "top_p") if k in body}
     if "stop_sequences" in body:
         params["stop"] = body["stop_sequences"]
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        params["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
     return Request(
         "messages", messages, tools, choice, bool(body.get("stream")),
         body.get("model") if isinstance(body.get("model"), str) else None, params, body,
@@ -202,6 +207,10 @@ def write_request(request: Request) -> dict[str, Any]:
             {"name": fn.get("name"), "description": fn.get("description", ""), "input_schema": fn.get("parameters") or {"type": "object"}}
             for fn in (t.get("function") or {} for t in request.tools)
         ]
+    fmt = request.parameters.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
+        body["output_config"] = {**config, "format": {"type": "json_schema", "schema": (fmt.get("json_schema") or {}).get("schema")}}
     choice = request.tool_choice
     if isinstance(choice, dict):
         body["tool_choice"] = {"type": "tool", "name": (choice.get("function") or {}).get("name")}
