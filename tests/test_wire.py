@@ -5,6 +5,8 @@ decoders, and requests round-trip between the families."""
 from __future__ import annotations
 
 import json
+import random
+import time
 from pathlib import Path
 
 import orjson
@@ -205,3 +207,33 @@ def test_error_shapes(body, message):
 def test_disagreements_are_gone(body, ctype, want):
     reply = decode(body, wire.CHAT, ctype)
     assert (reply.content, reply.error) == want
+
+
+def test_many_small_deltas_decode_in_linear_time():
+    piece = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
+    body = piece * 200_000 + b"data: [DONE]\n\n"
+    started = time.perf_counter()
+    reply = decode(body, wire.CHAT, "text/event-stream")
+    assert reply.content == "ab" * 200_000 and reply.complete
+    assert time.perf_counter() - started < 20  # quadratic joining would take minutes
+
+
+@pytest.mark.parametrize("family", wire.FAMILIES)
+def test_hostile_bodies_never_raise(family):
+    rng = random.Random(family)
+    samples = [(DATA / f"{n}.body").read_bytes() for n in sorted(INDEX)]
+    shapes = [b'{"type":"response.output_item.added","item":[1]}', b'{"choices":[{"delta":{"tool_calls":[{"index":"x"}]}}]}',
+              b'{"type":"content_block_delta","index":99,"delta":{"type":"input_json_delta","partial_json":7}}',
+              b'{"message":{"tool_calls":[null,{"function":"f"}]},"done":true,"done_reason":3}', b'[1,2]', b'"s"',
+              b'{"error":null,"choices":null}', b'{"type":"message","content":[{"type":"tool_use"}],"usage":[]}',
+              b'{"object":"response","output":[{"type":"function_call","arguments":{"a":1}}],"status":"incomplete"}']
+    for _ in range(300):
+        base = rng.choice(samples)
+        cut = rng.randrange(len(base))
+        body = base[:cut] + rng.choice([b"", b"\x00\xff", b"data: " + rng.choice(shapes) + b"\n\n", rng.choice(shapes) + b"\n"]) + base[cut:]
+        for ctype in (None, "text/event-stream", "application/x-ndjson", "application/json"):
+            d, step = Decoder(family, ctype), rng.randint(1, 400)
+            for i in range(0, len(body), step):
+                d.feed(body[i:i + step])
+            d.close()
+            assert isinstance(d.reply.content, (str, type(None)))

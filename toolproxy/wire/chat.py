@@ -39,8 +39,10 @@ class ChatReader:
         self.n_choices = 0
 
     def read(self, name: str | None, obj: dict) -> list[Event]:
+        # Called once per stream chunk (hundreds per reply): the common content delta costs a few
+        # lookups; rarer fields are only looked at when the delta has more than its content.
         out: list[Event] = []
-        if obj.get("usage") is not None or "timings" in obj:
+        if "usage" in obj or "timings" in obj:
             u = usage_event(obj.get("usage"), obj.get("timings"))
             if u is not None:
                 out.append(u)
@@ -61,19 +63,26 @@ class ChatReader:
             if not isinstance(msg, dict):
                 msg = choice.get("message")
             if isinstance(msg, dict):
-                if msg.get("content"):
-                    out.append(Text(_text(msg["content"])))
-                reasoning = msg.get("reasoning_content") or msg.get("reasoning")
-                if reasoning:
-                    out.append(Reasoning(_text(reasoning)))
-                if msg.get("tool_calls"):
-                    out.extend(self._calls(msg["tool_calls"]))
-                if isinstance(msg.get("function_call"), dict):
-                    out.extend(self._calls([{"index": 0, "function": msg["function_call"]}]))
-            if isinstance(choice.get("text"), str) and choice["text"]:
+                content = msg.get("content")
+                if content:
+                    out.append(Text(content if isinstance(content, str) else _text(content)))
+                if len(msg) > 1 or content is None:
+                    out.extend(self._rare(msg))
+            if "text" in choice and isinstance(choice["text"], str) and choice["text"]:
                 out.append(Text(choice["text"]))
             if choice.get("finish_reason"):
                 out.append(Finish(choice["finish_reason"]))
+        return out
+
+    def _rare(self, msg: dict) -> list[Event]:
+        out: list[Event] = []
+        reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+        if reasoning:
+            out.append(Reasoning(_text(reasoning)))
+        if msg.get("tool_calls"):
+            out.extend(self._calls(msg["tool_calls"]))
+        if isinstance(msg.get("function_call"), dict):
+            out.extend(self._calls([{"index": 0, "function": msg["function_call"]}]))
         return out
 
     def _calls(self, deltas: Any) -> list[Event]:

@@ -27,15 +27,16 @@ def error_of(obj: Any) -> str | None:
     """The message of an error object, else None (a normal reply or chunk)."""
     if not isinstance(obj, dict):
         return None
-    err = obj.get("error")
+    if "error" in obj:
+        err = obj["error"]
+        if err is not None and not obj.get("choices"):
+            return _message(err)
     kind = obj.get("type")
-    if kind == "response.failed" and isinstance(obj.get("response"), dict):
-        return _message(obj["response"].get("error") or "response failed")
-    if err is not None and not obj.get("choices"):
-        return _message(err)
     if kind == "error" and isinstance(obj.get("message"), str):
         return obj["message"]
-    if obj.get("object") == "error":
+    if kind == "response.failed" and isinstance(obj.get("response"), dict):
+        return _message(obj["response"].get("error") or "response failed")
+    if "object" in obj and obj["object"] == "error":
         return str(obj.get("message") or "")
     if "detail" in obj and len(obj) <= 2 and "choices" not in obj:
         detail = obj["detail"]

@@ -24,14 +24,14 @@ class SSEFramer:
         self._data: list[bytes] = []
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
-        self._buf += chunk
         out: list[tuple[str | None, bytes]] = []
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                return out
-            line, self._buf = self._buf[:nl], self._buf[nl + 1:]
-            self._line(line.rstrip(b"\r"), out)
+        if b"\n" not in chunk:
+            self._buf += chunk
+            return out
+        *lines, self._buf = (self._buf + chunk).split(b"\n")
+        for line in lines:
+            self._line(line[:-1] if line[-1:] == b"\r" else line, out)
+        return out
 
     def close(self) -> list[tuple[str | None, bytes]]:
         out: list[tuple[str | None, bytes]] = []
@@ -42,15 +42,18 @@ class SSEFramer:
         return out
 
     def _line(self, line: bytes, out: list) -> None:
+        if line[:6] == b"data: ":  # the common case first
+            self._data.append(line[6:])
+            return
         if not line:
             if self._data:
-                out.append((self._event, b"\n".join(self._data)))
+                out.append((self._event, self._data[0] if len(self._data) == 1 else b"\n".join(self._data)))
             self._event, self._data = None, []
             return
-        if line.startswith(b":"):
+        if line[:1] == b":":
             return
         name, _, value = line.partition(b":")
-        if value.startswith(b" "):
+        if value[:1] == b" ":
             value = value[1:]
         if name == b"data":
             self._data.append(value)

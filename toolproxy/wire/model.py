@@ -8,7 +8,8 @@ Responses or Messages exchange becomes the very conversation a chat harness woul
 
 Decoders produce events (a text delta, a call's start, an argument fragment, usage, the finish,
 an error) in the order the wire carried them; `Reply.apply` folds them into the final message the
-way a client library accumulates a stream.
+way a client library accumulates a stream. Events are plain slotted dataclasses, not frozen ones:
+a stream makes hundreds, and a frozen dataclass pays an object.__setattr__ per field.
 """
 
 from __future__ import annotations
@@ -19,17 +20,17 @@ from typing import Any, Union
 import orjson
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Text:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reasoning:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CallStart:
     """A call begins (or, seen again for the same index, learns its id or name)."""
 
@@ -38,7 +39,7 @@ class CallStart:
     name: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CallArguments:
     """An argument fragment (a string, concatenated in order) or the whole arguments object."""
 
@@ -46,26 +47,26 @@ class CallArguments:
     delta: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CallEnd:
     index: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Usage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Finish:
     """The generation ended; `reason` in chat-completions words (stop, length, tool_calls, ...)."""
 
     reason: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Error:
     message: str
 
@@ -99,11 +100,9 @@ class Call:
             return self.arguments
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Reply:
     streamed: bool = False
-    content: str | None = None
-    reasoning_content: str | None = None
     tool_calls: list[Call] = field(default_factory=list)
     finish_reason: str | None = None
     n_choices: int = 0
@@ -126,6 +125,31 @@ class Reply:
     # First and last JSON objects seen: what stack-marker detection looks at.
     first: dict | None = None
     last: dict | None = None
+    # Text and reasoning arrive in pieces; they are joined when read, so a stream of many small
+    # deltas costs linear time, not a copy of everything so far per delta.
+    _content: list[str] = field(default_factory=list, repr=False)
+    _reasoning: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def content(self) -> str | None:
+        return _joined(self._content)
+
+    @content.setter
+    def content(self, value: str | None) -> None:
+        self._content = [] if value is None else [value]
+
+    @property
+    def reasoning_content(self) -> str | None:
+        return _joined(self._reasoning)
+
+    @reasoning_content.setter
+    def reasoning_content(self, value: str | None) -> None:
+        self._reasoning = [] if value is None else [value]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Reply):
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in _COMPARED)
 
     @property
     def has_output(self) -> bool:
@@ -147,9 +171,9 @@ class Reply:
     def apply(self, event: Event) -> None:
         """Fold one event into the message."""
         if isinstance(event, Text):
-            self.content = event.text if self.content is None else self.content + event.text
+            self._content.append(event.text)
         elif isinstance(event, Reasoning):
-            self.reasoning_content = event.text if self.reasoning_content is None else self.reasoning_content + event.text
+            self._reasoning.append(event.text)
         elif isinstance(event, CallStart):
             call = self._call(event.index)
             call.id = call.id or event.id
@@ -184,6 +208,17 @@ class Reply:
         self.tool_calls.append(call)
         self.tool_calls.sort(key=lambda c: c.index)
         return call
+
+
+def _joined(parts: list[str]) -> str | None:
+    if not parts:
+        return None
+    if len(parts) > 1:
+        parts[:] = ["".join(parts)]
+    return parts[0]
+
+
+_COMPARED = ("content", "reasoning_content", *(f for f in Reply.__dataclass_fields__ if not f.startswith("_")))
 
 
 @dataclass(slots=True)
