@@ -28,6 +28,7 @@ from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, t
 from toolproxy.stacks.fingerprint import Fingerprint
 from toolproxy.stacks.names import LABELS
 from toolproxy.stacks.templates import TemplateFinding, check_ollama_template, check_rendered_prompt
+from toolproxy.wire.framing import SSEFramer
 
 WEATHER_TOOL = {
     "type": "function",
@@ -226,6 +227,44 @@ async def _template_finding(lp: LocalProxy, fp: Fingerprint, model: str) -> Temp
     return None
 
 
+# The agent protocols besides chat: (name, path, a tiny streamed request, who needs it).
+PROTOCOLS = (
+    ("Responses", "/v1/responses", lambda m: {"model": m, "input": CONTROL_MESSAGES[0]["content"], "max_output_tokens": 16,
+                                              "stream": True}, "openai-agents, pydantic-ai's openai: models", "responses"),
+    ("Messages", "/v1/messages", lambda m: {"model": m, "messages": CONTROL_MESSAGES, "max_tokens": 16, "stream": True},
+     "the anthropic SDK, Claude-Code-style clients", "messages"),
+)
+
+
+def judge_protocol(name: str, reply: ProbeReply, clients: str, bridge: str) -> dict[str, Any]:
+    """Whether the upstream serves an agent protocol, and what its users should know. Pure."""
+    if reply.transport_failed:
+        return {"served": None, "summary": f"could not be probed ({reply.error_text})"}
+    if reply.status in (404, 405):
+        return {"served": False, "summary": f"not served (HTTP {reply.status}); {clients} need "
+                                            f"`toolproxy serve --bridge {bridge}` in front of this server"}
+    if reply.refused:
+        return {"served": None, "summary": f"answered HTTP {reply.status}: {_quote(reply.error_text)}"}
+    note = ""
+    if name == "Responses" and _lacks_output_index(reply.body):
+        note = ("; its stream events carry no output_index, so the openai SDK's responses.stream() helper fails on them "
+                "(iterating responses.create(stream=True) works)")
+    return {"served": True, "summary": "served" + note}
+
+
+def _lacks_output_index(body: bytes) -> bool:
+    framer = SSEFramer()
+    events = framer.feed(body) + framer.close()
+    for _, payload in events:
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(event, dict) and event.get("type") in ("response.output_item.added", "response.output_text.delta"):
+            return "output_index" not in event
+    return False
+
+
 @dataclass(slots=True)
 class Diagnosis:
     upstream: str
@@ -234,6 +273,7 @@ class Diagnosis:
     verdict: Verdict
     repeat: dict[str, Any] | None = None
     template: dict[str, Any] | None = None
+    protocols: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,6 +312,10 @@ async def diagnose(upstream: str, model: str, data_dir: Path, *, upstream_key: s
         finding = await _template_finding(lp, fp, model)
         if finding is not None:
             diag.template = {**asdict(finding), "source": fp.chat_template_source}
+        diag.protocols = {}
+        for name, path, body_for, clients, bridge in PROTOCOLS:
+            probe = await lp.post(path, body_for(model), run="doctor", item=bridge)
+            diag.protocols[name] = {"path": path, **judge_protocol(name, probe.reply, clients, bridge)}
         return diag
 
 
@@ -305,6 +349,8 @@ def render(diag: Diagnosis) -> str:
         t = diag.template
         lines.append(f"Tool rendering ({t['source'] or 'template'}): {'ok' if t['ok'] else 'WARNING'}: {t['summary']}"
                      + (f" [{t['evidence']}]" if t["evidence"] and not t["ok"] else ""))
+    for name, found in (diag.protocols or {}).items():
+        lines.append(f"Agent protocol {name} ({found['path']}): {found['summary']}")
     lines.append("")
     if v.native_ok:
         lines.append("Verdict: tools work natively.")

@@ -19,6 +19,7 @@ import click
 import orjson
 from aiohttp import web
 
+from toolproxy import wire
 from toolproxy.checks.reply import ProbeReply, read_reply
 from toolproxy.conditions import ConditionOptions
 from toolproxy.proxy.app import ProxyState, make_app
@@ -83,7 +84,7 @@ class LocalProxy:
         self._waiting.pop(probe_id, None)
         kind = rec.error_kind if rec is not None else None
         message = rec.error_message if rec is not None else None
-        return Probe(read_reply(status, raw, kind, message), rec, loop.time() - t0, tags)
+        return Probe(read_reply(status, raw, kind, message, wire.family_of(path) or wire.CHAT), rec, loop.time() - t0, tags)
 
 
 @contextlib.asynccontextmanager
