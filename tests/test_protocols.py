@@ -130,10 +130,12 @@ def test_text_condition_second_turn_rewrites_history(proxies, fake):
 
 
 def test_hint_keeps_tools_and_adds_the_block(proxies, fake):
-    oa(proxies["hint"], "resp-hint").responses.create(model=MODEL, input="Weather in Oslo?", tools=RESPONSES_TOOLS,
-                                                      instructions="Be brief.")
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "Weather here?"},
+                                          {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]
+    oa(proxies["hint"], "resp-hint").responses.create(model=MODEL, input=items, tools=RESPONSES_TOOLS, instructions="Be brief.")
     sent = fake.seen[-1].json()
     assert sent["tools"] == RESPONSES_TOOLS and sent["instructions"].startswith("Be brief.\n\n")
+    assert sent["input"] == items  # only the instructions differ from what the harness sent
     an(proxies["hint"], "msg-hint").messages.create(model=MODEL, max_tokens=50, tools=MESSAGES_TOOLS,
                                                     messages=[{"role": "user", "content": "Weather in Oslo?"}])
     sent = fake.seen[-1].json()

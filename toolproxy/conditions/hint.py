@@ -10,7 +10,7 @@ import orjson
 
 from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip
 from toolproxy.conditions.bridge import bridged_reply
-from toolproxy.conditions.messages import ChatRequest, read_chat_request, with_system_text
+from toolproxy.conditions.messages import ChatRequest, read_chat_request
 from toolproxy.conditions.toolblock import render_block
 
 
@@ -21,7 +21,7 @@ class Hint:
         chat = read_chat_request(request, bridge=options.bridge)
         if not isinstance(chat, ChatRequest):
             return chat
-        body = chat.upstream_body(with_system_text(chat.messages, render_block(chat.tools)), keep_tools=True)
+        body = chat.with_system_block(render_block(chat.tools))
         transform = bridged_reply(chat) if chat.bridged else None
         return Plan(path=chat.upstream_path(request), body=orjson.dumps(body), transform=transform)
 

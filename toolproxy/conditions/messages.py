@@ -62,6 +62,19 @@ class ChatRequest:
         request = replace(self.request, messages=messages, tools=tools, tool_choice=choice, parameters=params, body=base)
         return wire.write_request(self.sent_family, request)
 
+    def with_system_block(self, block: str) -> dict[str, Any]:
+        """The client's body with `block` added to its system text and nothing else changed (a
+        Responses body's `instructions`, a Messages body's `system`, a chat system message), so
+        content the chat terms do not carry (images, cache_control, reasoning items) survives."""
+        if self.bridged or self.family in (wire.CHAT, wire.OLLAMA_CHAT):
+            return self.upstream_body(with_system_text(self.messages, block), keep_tools=True)
+        key = "instructions" if self.family == wire.RESPONSES else "system"
+        current = self.body.get(key)
+        if isinstance(current, list):
+            return {**self.body, key: [*current, {"type": "text", "text": "\n\n" + block}]}
+        existing = current if isinstance(current, str) else ""
+        return {**self.body, key: f"{existing}\n\n{block}" if existing else block}
+
     def upstream_path(self, request: RequestView) -> str:
         """Where the body goes: the client's path, or its chat completions sibling when bridged."""
         if not self.bridged:
