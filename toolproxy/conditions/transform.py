@@ -32,6 +32,7 @@ class Encoder(Protocol):
 
     def error(self, message: str) -> bytes: ...
 
+
 class Interpreter(Protocol):
     note: str | None
 
