@@ -38,7 +38,8 @@ def proxies(fake, tmp_path_factory):
     started = {
         name: ProxyProcess(fake.url, tmp_path_factory.mktemp(name), ("--durability", "sync", *args))
         for name, args in (("plain", ()), ("bridge", ("--bridge", "responses,messages")),
-                           ("text", ("--bridge", "responses,messages", "--condition", "text")))
+                           ("text", ("--bridge", "responses,messages", "--condition", "text")),
+                           ("hint", ("--bridge", "responses,messages", "--condition", "hint")))
     }
     yield started
     for p in started.values():
@@ -76,7 +77,7 @@ def test_a_chat_only_stack_answers_404_without_the_bridge(proxies):
         an(proxies["plain"]).messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}])
 
 
-@pytest.mark.parametrize("condition", ["bridge", "text"])
+@pytest.mark.parametrize("condition", ["bridge", "text", "hint"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_bridged_calls_come_back_native(proxies, fake, condition, stream):
     p = proxies[condition]
@@ -84,7 +85,8 @@ def test_bridged_calls_come_back_native(proxies, fake, condition, stream):
     assert [(i.name, json.loads(i.arguments)) for i in r.output if i.type == "function_call"] == [("get_weather", {"city": "Oslo"})]
     sent = fake.seen[-1]
     assert sent.path == "/v1/chat/completions" and sent.json()["messages"][-1] == {"role": "user", "content": "Weather in Oslo?"}
-    assert ("tools" in sent.json()) == (condition == "bridge")
+    assert ("tools" in sent.json()) == (condition != "text")
+    assert ("<tool_call>" in json.dumps(sent.json()["messages"])) == (condition != "bridge")  # the taught block
     m = messages(p, stream)
     assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == [("get_weather", {"city": "Oslo"})]
     assert m.stop_reason == "tool_use" and fake.seen[-1].path == "/v1/chat/completions"

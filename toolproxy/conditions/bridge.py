@@ -19,8 +19,8 @@ import orjson
 
 from toolproxy import wire
 from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip
-from toolproxy.conditions.messages import ChatRequest, read_chat_request
-from toolproxy.conditions.transform import ReplyTransform
+from toolproxy.conditions.messages import read_chat_request
+from toolproxy.conditions.text import chat_reply
 
 FAMILIES = (wire.RESPONSES, wire.MESSAGES)
 
@@ -36,10 +36,6 @@ class Relay:
     def finish(self) -> tuple[str, list[wire.Call]]:
         self.note = "bridged to chat completions"
         return "", []
-
-
-def bridged_reply(chat: ChatRequest) -> ReplyTransform:
-    return ReplyTransform(wire.Decoder(chat.sent_family), Relay(), wire.encoder_for(chat.family, chat.body, chat.stream))
 
 
 def parse_families(text: str) -> frozenset[str]:
@@ -61,5 +57,5 @@ def plan(request: RequestView, options: ConditionOptions) -> Plan | Reject | Non
         return None
     if isinstance(chat, Reject):
         return chat
-    body = chat.upstream_body(chat.messages, keep_tools=True, drop=("previous_response_id",))
-    return Plan(path=chat.upstream_path(request), body=orjson.dumps(body), transform=bridged_reply(chat))
+    body = chat.upstream_body(chat.messages, keep_tools=True)
+    return Plan(path=chat.upstream_path(request), body=orjson.dumps(body), transform=chat_reply(chat, Relay()))

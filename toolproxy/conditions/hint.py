@@ -9,8 +9,9 @@ from __future__ import annotations
 import orjson
 
 from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip
-from toolproxy.conditions.bridge import bridged_reply
+from toolproxy.conditions.bridge import Relay
 from toolproxy.conditions.messages import ChatRequest, read_chat_request
+from toolproxy.conditions.text import chat_reply
 from toolproxy.conditions.toolblock import render_block
 
 
@@ -22,7 +23,7 @@ class Hint:
         if not isinstance(chat, ChatRequest):
             return chat
         body = chat.with_system_block(render_block(chat.tools))
-        transform = bridged_reply(chat) if chat.bridged else None
+        transform = chat_reply(chat, Relay()) if chat.bridged else None
         return Plan(path=chat.upstream_path(request), body=orjson.dumps(body), transform=transform)
 
 
