@@ -211,10 +211,12 @@ def test_disagreements_are_gone(body, ctype, want):
 
 def test_many_small_deltas_decode_in_linear_time():
     piece = b'data: {"choices":[{"index":0,"delta":{"content":"ab"}}]}\n\n'
-    body = piece * 200_000 + b"data: [DONE]\n\n"
+    args = b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"x"}}]}}]}\n\n'
+    body = piece * 100_000 + args * 100_000 + b"data: [DONE]\n\n"
     started = time.perf_counter()
     reply = decode(body, wire.CHAT, "text/event-stream")
-    assert reply.content == "ab" * 200_000 and reply.complete
+    assert reply.content == "ab" * 100_000 and reply.complete
+    assert reply.tool_calls[0].arguments == "x" * 100_000
     assert time.perf_counter() - started < 20  # quadratic joining would take minutes
 
 

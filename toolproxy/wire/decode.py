@@ -108,6 +108,7 @@ class Decoder:
             if single:
                 reply.complete = True
         reply.n_choices = max(reply.n_choices, self.reader.n_choices)
+        reply.settle()
         return out
 
     def _object(self, name: str | None, obj: dict) -> list[Event]:

@@ -129,6 +129,8 @@ class Reply:
     # deltas costs linear time, not a copy of everything so far per delta.
     _content: list[str] = field(default_factory=list, repr=False)
     _reasoning: list[str] = field(default_factory=list, repr=False)
+    # Argument fragments not yet joined onto their call (see settle).
+    _fragments: dict[int, list[str]] = field(default_factory=dict, repr=False)
 
     @property
     def content(self) -> str | None:
@@ -169,7 +171,7 @@ class Reply:
         return out
 
     def apply(self, event: Event) -> None:
-        """Fold one event into the message."""
+        """Fold one event into the message (argument fragments are joined onto calls by settle)."""
         if isinstance(event, Text):
             self._content.append(event.text)
         elif isinstance(event, Reasoning):
@@ -181,12 +183,11 @@ class Reply:
         elif isinstance(event, CallArguments):
             call = self._call(event.index)
             if isinstance(event.delta, str):
-                if isinstance(call.arguments, str):
-                    call.arguments += event.delta
-                elif call.arguments is None:
-                    call.arguments = event.delta
+                if call.arguments is None or isinstance(call.arguments, str):
+                    self._fragments.setdefault(event.index, []).append(event.delta)
             elif event.delta is not None:
                 call.arguments = event.delta
+                self._fragments.pop(event.index, None)
         elif isinstance(event, Usage):
             if event.prompt_tokens is not None:
                 self.prompt_tokens = event.prompt_tokens
@@ -199,6 +200,14 @@ class Reply:
             self.complete = True
         elif isinstance(event, Error):
             self.error = event.message
+
+    def settle(self) -> None:
+        """Join argument fragments onto their calls: once per batch of events, not per fragment,
+        so arguments streamed in thousands of pieces cost linear time."""
+        for index, parts in self._fragments.items():
+            call = self._call(index)
+            call.arguments = (call.arguments if isinstance(call.arguments, str) else "") + "".join(parts)
+        self._fragments.clear()
 
     def _call(self, index: int) -> Call:
         for call in self.tool_calls:
