@@ -221,3 +221,28 @@ def messages_call_with(client: anthropic.Anthropic, stream: bool, kwargs: dict):
         return client.messages.create(**kwargs)
     with client.messages.stream(**kwargs) as s:
         return s.get_final_message()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_reference_responses_api_through_the_proxy(fake_stack_module, stream):
+    """The emulated api.openai.com serves Responses natively: calls come back as function_call
+    items and the SDK's stream helper follows the events; an unknown path is its JSON 404."""
+    fake, p = fake_stack_module
+    client = openai.OpenAI(base_url=f"{p.url}/v1", api_key="sk-test", max_retries=0, timeout=30)
+    if stream:
+        with client.responses.stream(model="gpt-4o-mini", input="Weather in Oslo?", tools=RESPONSES_TOOLS) as s:
+            r = s.get_final_response()
+    else:
+        r = client.responses.create(model="gpt-4o-mini", input="Weather in Oslo?", tools=RESPONSES_TOOLS)
+    assert [(i.name, json.loads(i.arguments)) for i in r.output if i.type == "function_call"] == [("get_weather", {"city": "Oslo"})]
+    with pytest.raises(openai.NotFoundError):
+        client.post("/nothing-here", cast_to=object, body={})
+
+
+@pytest.fixture(scope="module")
+def fake_stack_module(tmp_path_factory):
+    stack = FakeStack("openai", responder=lambda req: call("get_weather", {"city": "Oslo"}) if req.tools else text("hi"))
+    with stack.in_thread():
+        p = ProxyProcess(stack.url, tmp_path_factory.mktemp("openai"), ("--durability", "sync"))
+        yield stack, p
+        p.stop()

@@ -563,6 +563,29 @@ class OpenAI(Stack):
     def model_entry(self, name):
         return {"id": name, "object": "model", "created": self.fake.created, "owned_by": "system"}
 
+    def routes(self):
+        return super().routes() + [("POST", "/v1/responses", self.responses)]
+
+    def not_found(self) -> Answer:
+        return self.error(404, "Invalid URL")
+
+    async def responses(self, request, body):
+        """The Responses API in the reference shape (toolproxy.wire's encoder writes it)."""
+        out = self.converse(request.path, wire.write_request(wire.CHAT, wire.read_request(wire.RESPONSES, body)))
+        if isinstance(out, Answer):
+            return out
+        req, reply, content, native, finish = out
+        encoder = wire.encoder_for(wire.RESPONSES, body, req.stream)
+        calls = [wire.Call(i, tc["id"], tc["function"]["name"], tc["function"]["arguments"])
+                 for i, tc in enumerate(self.native_calls(native))]
+        usage = self.usage(req, content)
+        usage["prompt_tokens_details"] = {"cached_tokens": self.fake.cached_tokens or 0}
+        raw = b"".join(encoder.delta(p) for p in _pieces(content)) if content else b""
+        raw += encoder.end("", calls, finish, usage)
+        if not req.stream:
+            return self.json(200, orjson.loads(raw))
+        return Answer(200, self.sse_type, [e + b"\n\n" for e in raw.split(b"\n\n") if e], stream=True)
+
 
 class VLLM(Stack):
     """vLLM (FastAPI): vllm/entrypoints/openai/serving_chat.py, protocol.py ErrorResponse."""
