@@ -313,6 +313,11 @@ def _usage_tokens(req: ModelRequest, out: str) -> tuple[int, int]:
 # ---------------------------------------------------------------- the stacks
 
 
+def as_chat(family: str, body: dict) -> dict:
+    """A Responses or Messages body as the chat request a stack serving that API runs internally."""
+    return wire.write_request(wire.CHAT, wire.read_request(family, body))
+
+
 class Stack:
     """Behaviour shared by OpenAI-compatible servers; subclasses override what differs."""
 
@@ -571,7 +576,7 @@ class OpenAI(Stack):
 
     async def responses(self, request, body):
         """The Responses API in the reference shape (toolproxy.wire's encoder writes it)."""
-        out = self.converse(request.path, wire.write_request(wire.CHAT, wire.read_request(wire.RESPONSES, body)))
+        out = self.converse(request.path, as_chat(wire.RESPONSES, body))
         if isinstance(out, Answer):
             return out
         req, reply, content, native, finish = out
@@ -622,7 +627,7 @@ class VLLM(Stack):
         return self.json(answer.status, {"type": "error", "error": {"type": err.get("type"), "message": err.get("message")}})
 
     async def messages(self, request, body):
-        out = self.converse(request.path, wire.write_request(wire.CHAT, wire.read_request(wire.MESSAGES, body)))
+        out = self.converse(request.path, as_chat(wire.MESSAGES, body))
         if isinstance(out, Answer):
             return self.anthropic_error(out)
         req, reply, content, native, finish = out
@@ -837,7 +842,7 @@ class LlamaCpp(Stack):
     # it, and writes the result back in that protocol (shapes as captured from a real llama-server
     # in tests/data/wire; its Responses stream events carry no output_index / content_index).
     async def responses(self, request, body):
-        out = self.converse(request.path, wire.write_request(wire.CHAT, wire.read_request(wire.RESPONSES, body)))
+        out = self.converse(request.path, as_chat(wire.RESPONSES, body))
         if isinstance(out, Answer):
             return out
         req, reply, content, native, finish = out
@@ -881,7 +886,7 @@ class LlamaCpp(Stack):
         return Answer(200, self.sse_type, events, stream=True)
 
     async def messages(self, request, body):
-        out = self.converse(request.path, wire.write_request(wire.CHAT, wire.read_request(wire.MESSAGES, body)))
+        out = self.converse(request.path, as_chat(wire.MESSAGES, body))
         if isinstance(out, Answer):
             return out
         req, reply, content, native, finish = out
