@@ -116,22 +116,34 @@ class Decoder:
         if reply.first is None:
             reply.first = obj
         reply.last = obj
-        if reply.model is None or reply.id is None:
-            inner = obj.get("response") if isinstance(obj.get("response"), dict) else obj.get("message")
-            inner = inner if isinstance(inner, dict) else {}
-            for key in ("model", "id"):
-                value = obj.get(key, inner.get(key))
-                if getattr(reply, key) is None and isinstance(value, str):
-                    setattr(reply, key, value)
+        if reply.model is None or (reply.id is None and self._documents_seen <= _ID_DOCUMENTS):
+            self._identity(obj)
         message = error_of(obj)
         if message is not None:
             events: list[Event] = [Error(message)]
         else:
             events = self.reader.read(name, obj)
-            reply.decoded = reply.decoded or bool(events) or self.reader.n_choices > 0
+            if not reply.decoded and (events or self.reader.n_choices):
+                reply.decoded = True
+        apply = reply.apply
         for event in events:
-            reply.apply(event)
+            apply(event)
         return events
+
+    def _identity(self, obj: dict) -> None:
+        """The reply's model and id, top level or inside a Responses/Messages envelope."""
+        inner = obj.get("response") if isinstance(obj.get("response"), dict) else obj.get("message")
+        inner = inner if isinstance(inner, dict) else {}
+        for key in ("model", "id"):
+            value = obj.get(key, inner.get(key))
+            if getattr(self.reply, key) is None and isinstance(value, str):
+                setattr(self.reply, key, value)
+
+
+# A reply names its id in its first documents when at all (Ollama never does: looking for it in
+# every line would cost each delta a lookup); the model is looked for until found (llama-server's
+# Responses stream names it only in response.completed).
+_ID_DOCUMENTS = 2
 
 
 _DONE = object()
