@@ -150,7 +150,9 @@ def test_sniffs_sse_without_content_type():
 ENDPOINTS = [
     ("/v1/chat/completions", "chat"), ("/chat/completions", "chat"), ("/api/chat", "ollama_chat"),
     ("/api/generate", "ollama_generate"), ("/v1/completions", "completion"), ("/completion", "completion"),
-    ("/v1/responses", "responses"), ("/v1/messages", "messages"), ("/v1/models", None), ("/api/tags", None), ("/v1/embeddings", None),
+    ("/v1/responses", "responses"), ("/responses", "responses"), ("/v1/messages", "messages"),
+    ("/anthropic/v1/messages", "messages"), ("/v1/threads/t1/messages", None), ("/v1/messages/count_tokens", None),
+    ("/v1/models", None), ("/api/tags", None), ("/v1/embeddings", None),
 ]
 
 

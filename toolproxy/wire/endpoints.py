@@ -15,7 +15,7 @@ FAMILIES = (CHAT, COMPLETION, RESPONSES, MESSAGES, OLLAMA_CHAT, OLLAMA_GENERATE)
 _SUFFIXES = (
     ("/chat/completions", CHAT),
     ("/responses", RESPONSES),
-    ("/messages", MESSAGES),
+    ("/v1/messages", MESSAGES),  # not OpenAI's /v1/threads/{id}/messages
     ("/api/chat", OLLAMA_CHAT),
     ("/api/generate", OLLAMA_GENERATE),
     ("/completions", COMPLETION),
