@@ -29,24 +29,16 @@ from typing import Any
 
 import orjson
 
-from analysis.classify import classify, tool_names_of
+from analysis.bodies import decode_body, header
+from analysis.classify import classify
 from analysis.columns import Columns
-from analysis.reassemble import (
-    CHAT,
-    OLLAMA_CHAT,
-    OLLAMA_GENERATE,
-    Reply,
-    decode_body,
-    endpoint_kind,
-    header,
-    reassemble,
-)
 from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
 from toolproxy.record.chunks import ChunkSource, is_chunk_line
 from toolproxy.record.model import Record
 from toolproxy.record.segments import batch_end, list_segments, parse_line
 from toolproxy.stacks.markers import detect
+from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Request, decode, family_of, read_request, tool_names
 
 EXCHANGE_TYPES = {
     "id": "VARCHAR", "kind": "VARCHAR", "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "ttfb_ms": "DOUBLE",
@@ -111,45 +103,40 @@ def tool_set(tools: list) -> tuple[str, str, list[str]]:
     hit = _TOOL_SETS.get(quick)
     if hit is None:
         canonical = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS, default=str)
-        hit = (hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names_of(tools))
+        hit = (hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names(tools))
         if len(_TOOL_SETS) > 4096:
             _TOOL_SETS.clear()
         _TOOL_SETS[quick] = hit
     return hit
 
 
-def _request(rec: dict, kind: str | None) -> tuple[dict | None, list]:
-    """The harness's request as sent (before any condition rewrite) and its message list."""
+def _request(rec: dict, kind: str | None) -> tuple[dict | None, Request | None]:
+    """The harness's request as sent (before any condition rewrite), and the same in chat terms:
+    a Responses or Messages conversation becomes the message list a chat harness would send."""
     raw, _ = decode_body(
         rec.get("request_body"), rec.get("request_body_encoding"), header(rec.get("request_headers"), "content-encoding")
     )
     if not raw:
-        return None, []
+        return None, None
     try:
         req = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return None, []
+        return None, None
     if not isinstance(req, dict):
-        return None, []
-    if kind in (CHAT, OLLAMA_CHAT):
-        messages = req.get("messages")
-        return req, messages if isinstance(messages, list) else []
-    prompt = req.get("prompt")
-    if prompt is None:
-        return req, []
-    return req, [{"role": "user", "content": prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()}]
+        return None, None
+    return req, read_request(kind, req)
 
 
 def _reply(rec: dict, kind: str | None, which: str) -> Reply:
     if which == "client":
         raw, problem = decode_body(rec.get("client_body"), rec.get("client_body_encoding"))
-        reply = reassemble(raw, kind)
+        reply = decode(raw, kind)
     else:
         headers = rec.get("response_headers")
         raw, problem = decode_body(
             rec.get("response_body"), rec.get("response_body_encoding"), header(headers, "content-encoding")
         )
-        reply = reassemble(raw, kind, header(headers, "content-type"))
+        reply = decode(raw, kind, header(headers, "content-type"))
     if problem is not None:
         reply.unreadable = problem
     return reply
@@ -171,12 +158,13 @@ def _given(value: Any, default: Any) -> Any:
 def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     """Everything the database keeps about one exchange record. Pure: no I/O."""
     path = _given(rec.get("path"), "")
-    kind = endpoint_kind(path) if rec.get("method", "POST") == "POST" else None
+    kind = family_of(path) if rec.get("method", "POST") == "POST" else None
     is_attempt = kind is not None
     condition = _given(rec.get("condition"), "native")
     rewritten = rec.get("upstream_request") is not None
-    req, messages = _request(rec, kind) if is_attempt else (None, [])
-    tools = req.get("tools") if req is not None and isinstance(req.get("tools"), list) else None
+    req, request = _request(rec, kind) if is_attempt else (None, None)
+    messages = request.messages if request is not None else []
+    tools = request.tools if request is not None and request.tools else None
 
     tools_row = tool_set(tools) if tools else None
     tool_hash = tools_row[0] if tools_row else None
@@ -192,7 +180,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
                 # The template condition sends a chat request to a raw-completion endpoint: the
                 # upstream's body is in that endpoint's dialect.
                 up_path = (rec.get("upstream_request") or {}).get("path")
-                upstream_reply = _reply(rec, endpoint_kind(up_path) if up_path else kind, "upstream")
+                upstream_reply = _reply(rec, family_of(up_path) if up_path else kind, "upstream")
         else:
             view = upstream_reply = _reply(rec, kind, "upstream")
             view_status = rec.get("status")
@@ -238,6 +226,12 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
             stream_asked = req.get("stream")
             if stream_asked is None and kind in (OLLAMA_CHAT, OLLAMA_GENERATE):
                 stream_asked = True  # Ollama's native API streams unless told not to
+        previous = request.parameters.get("previous_response_id") if request is not None else None
+        if isinstance(previous, str):
+            # A Responses request chained to a stored response carries only the new input: the
+            # earlier conversation is the server's state, named by id, so it is part of this
+            # request's state too (its link to the earlier turn is made after ingest).
+            messages = [{"role": "previous_response", "content": previous}, *messages]
         keys = conversation_keys(messages, tool_set=tool_hash, tool_names=names, model=model, reply=chain_reply)
 
     usage = upstream_reply if upstream_reply is not None else view
@@ -253,6 +247,9 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     }
     if view is not None and outcome == "non_response":
         record_meta["classification_detail"] = c.detail
+    if kind == RESPONSES:
+        record_meta["response_id"] = view.id if view is not None else None
+        record_meta["previous_response_id"] = request.parameters.get("previous_response_id") if request is not None else None
     row = (
         rec.get("id"), rec.get("kind", "exchange"), rec.get("started_at"), rec.get("ended_at"), rec.get("ttfb_ms"),
         rec.get("duration_ms"), _given(rec.get("run"), UNTAGGED_RUN), rec.get("episode"), rec.get("item"), condition,
@@ -591,6 +588,7 @@ class Ingestor:
         self._commit()
         self.con.execute("BEGIN TRANSACTION")
         try:
+            link_stored_responses(self.con, self.affected_runs)
             totals = derive(self.con, self.affected_runs)
             self.con.execute("COMMIT")
         except Exception:
@@ -669,6 +667,26 @@ class Ingestor:
         if self.in_txn:
             self.con.execute("COMMIT")
             self.in_txn = False
+
+
+def link_stored_responses(con, runs: set[str]) -> None:
+    """Chain Responses requests to the stored response they name (`previous_response_id`): the
+    earlier exchange's chain hash becomes this one's first parent, so episode reconstruction
+    follows server-side state as it follows a resent message list. Idempotent."""
+    if not runs:
+        return
+    con.execute(
+        """
+        UPDATE exchanges AS e SET parent_hashes = list_prepend(p.chain_hash, coalesce(e.parent_hashes, []))
+        FROM exchanges AS p
+        WHERE e.run IN (SELECT unnest(?::VARCHAR[]))
+          AND e.record->>'previous_response_id' IS NOT NULL
+          AND p.record->>'response_id' = e.record->>'previous_response_id'
+          AND p.chain_hash IS NOT NULL
+          AND NOT list_contains(coalesce(e.parent_hashes, []), p.chain_hash)
+        """,
+        [sorted(runs)],
+    )
 
 
 def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None) -> Summary:

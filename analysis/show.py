@@ -7,8 +7,8 @@ import textwrap
 import orjson
 
 from analysis.ingest import _request
-from analysis.reassemble import endpoint_kind
 from toolproxy.printable import printable
+from toolproxy.wire import family_of
 
 _FIELDS = """
 id, kind, started_at, duration_ms, ttfb_ms, run, episode, item, condition, tags, upstream, method, path, query,
@@ -61,7 +61,8 @@ def render(con, exchange_id: str, *, raw: bool = False) -> str:
     out += ["", "== request (as the harness sent it)"]
     rec = {"request_body": e["request_body"], "request_body_encoding": e["request_body_encoding"],
            "request_headers": orjson.loads(e["request_headers"]) if e["request_headers"] else []}
-    req, messages = _request(rec, endpoint_kind(e["path"] or ""))
+    req, request = _request(rec, family_of(e["path"] or ""))
+    messages = request.messages if request is not None else []
     if req is None:
         out.append(_clip(e["request_body"], 600) if e["request_body"] else "    (no body)")
     else:

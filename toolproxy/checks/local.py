@@ -19,7 +19,8 @@ import click
 import orjson
 from aiohttp import web
 
-from toolproxy.checks.reply import Reply, read_reply
+from toolproxy import wire
+from toolproxy.checks.reply import ProbeReply, read_reply
 from toolproxy.conditions import ConditionOptions
 from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ConfigError, ProxyConfig
@@ -33,7 +34,7 @@ from toolproxy.stacks.fingerprint import Fingerprint
 class Probe:
     """One probe's reply together with its record (what the proxy saw and did)."""
 
-    reply: Reply
+    reply: ProbeReply
     record: Record | None
     elapsed_s: float = 0.0
     tags: dict[str, str] = field(default_factory=dict)
@@ -87,7 +88,7 @@ class LocalProxy(Addon):
         self._waiting.pop(probe_id, None)
         kind = rec.error_kind if rec is not None else None
         message = rec.error_message if rec is not None else None
-        return Probe(read_reply(status, raw, kind, message), rec, loop.time() - t0, tags)
+        return Probe(read_reply(status, raw, kind, message, wire.family_of(path) or wire.CHAT), rec, loop.time() - t0, tags)
 
 
 @contextlib.asynccontextmanager

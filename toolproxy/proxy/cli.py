@@ -60,6 +60,7 @@ def _size(value: str, option: str) -> int:
 @click.option("--chat-template", type=click.Path(dir_okay=False, exists=True), default=None, help="Jinja chat template for --condition template.")
 @click.option("--parser", default=None, help="Tool-call parser for --condition template (e.g. hermes).")
 @click.option("--constrained-forced", is_flag=True, help="Constrained schema without a final-answer branch (the seed paper's variant).")
+@click.option("--bridge", default=None, metavar="PROTOCOLS", help="Translate these protocols (responses, messages; comma-separated) to chat completions for an upstream that only speaks chat, and the replies back.")
 @click.option("--max-body", default="64MiB", show_default=True, help="Largest request body accepted (413 above).")
 @click.option("--spill-above", default="1MiB", show_default=True, help="Request and response bodies larger than this wait in a temporary file under --data instead of memory.")
 @click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect to the upstream.")
@@ -78,14 +79,17 @@ def _size(value: str, option: str) -> int:
 @click.option("--client-header-timeout", default=15.0, show_default=True, type=float, help="Seconds a client has to send a complete request head after connecting or after its previous response; idle connections close then too.")
 @click.option("--client-body-timeout", default=60.0, show_default=True, type=float, help="Longest pause in seconds while a client sends its request body (408 after).")
 @click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is.")
-def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body, spill_above,
+def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, bridge, max_body, spill_above,
           connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
           segment_size, auth_token, upstream_key_env, insecure_public, quiet, upstream_connections, client_header_timeout,
           client_body_timeout, no_fingerprint):
     """Forward to one upstream model server and record every exchange."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
-        options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced)
+        from toolproxy.conditions.bridge import parse_families
+
+        options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced,
+                                   bridge=parse_families(bridge) if bridge is not None else frozenset())
         config = ProxyConfig(
             upstream=upstream, data_dir=data_dir, host=host, port=port, run=run, condition=condition,
             condition_options=options, max_body=_size(max_body, '--max-body'), spill_above=_size(spill_above, '--spill-above'), connect_timeout=connect_timeout,

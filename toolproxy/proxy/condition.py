@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip, load
+from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip, bridge, load
 from toolproxy.proxy.flow import Addon, Flow
 from toolproxy.proxy.headers import redact_headers
 from toolproxy.record.model import encode_body
@@ -24,6 +24,14 @@ class Condition(Addon):
     def request(self, flow: Flow) -> None:
         rec = flow.rec
         if rec.condition == "native":
+            # Under native the only rewrite is --bridge's translation for a chat-only upstream.
+            planned = bridge.plan(RequestView(flow.request.method, rec.path, flow.up_query, flow.up_headers, flow.body),
+                                  self.options)
+            if isinstance(planned, Reject):
+                rec.condition_note = f"rejected: {planned.message}"
+                flow.refuse(planned.status, "condition_rejected", planned.message, "condition_rejected")
+            if planned is not None:
+                self._apply(flow, planned)
             return
         try:
             condition = load(rec.condition)
