@@ -10,8 +10,8 @@ import anthropic
 import openai
 import pytest
 
-from tests.conftest import ProxyProcess
-from tests.test_protocols import MESSAGES_TOOLS, RESPONSES_TOOLS, sql, tp
+from conftest import ProxyProcess
+from test_protocols import MESSAGES_TOOLS, RESPONSES_TOOLS, sql, tp
 from toolproxy.record.segments import read_records
 from toolproxy.stacks.fakes import FakeStack, ModelRequest, call, text, text_call
 
