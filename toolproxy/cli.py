@@ -24,6 +24,7 @@ COMMANDS = {
     "report": "analysis.report.cli:report",
     "compare": "analysis.report.cli:compare",
     "demo": "toolproxy.demo:demo",
+    "run": "toolproxy.runner:run",
 }
 
 
