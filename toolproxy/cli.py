@@ -25,6 +25,7 @@ COMMANDS = {
     "compare": "analysis.report.cli:compare",
     "demo": "toolproxy.demo:demo",
     "run": "toolproxy.runner:run",
+    "study": "toolproxy.study:study",
 }
 
 
