@@ -52,6 +52,13 @@ def script(name: str, *args: str) -> tuple[str, ...]:
 ONE_CALL_THEN_ANSWER = {"call": 1, "answer": 1}
 CHECKS = [
     Check("openai-python", "openai-python", script("openai-python.py"), frozenset({CHAT}), ONE_CALL_THEN_ANSWER),
+    Check("openai-agents-chat", "openai-agents", script("openai-agents.py", "--chat"), frozenset({CHAT}),
+          ONE_CALL_THEN_ANSWER),
+    Check("openai-agents-responses", "openai-agents", script("openai-agents.py"), frozenset({RESPONSES}),
+          ONE_CALL_THEN_ANSWER),
+    Check("anthropic", "anthropic", script("anthropic-sdk.py"), frozenset({MESSAGES}), ONE_CALL_THEN_ANSWER),
+    Check("ollama", "ollama", script("ollama-python.py", "qwen2.5:7b"), frozenset({OLLAMA}), ONE_CALL_THEN_ANSWER,
+          stack="ollama"),
 ]
 
 
