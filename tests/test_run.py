@@ -67,6 +67,7 @@ def test_print_env_points_every_client_at_the_tagged_proxy(tmp_path):
     assert env["OPENAI_BASE_URL"].endswith(prefix + "/v1")
     assert env["ANTHROPIC_BASE_URL"].endswith(prefix)
     assert env["OLLAMA_HOST"].endswith(prefix)
+    assert env["OLLAMA_BASE_URL"].endswith(prefix + "/v1")  # pydantic-ai's ollama: provider wants the /v1 root
     assert env["OPENAI_API_KEY"] == "toolproxy-no-key"
     assert not (tmp_path / "d").exists()  # printing the environment creates nothing
 

@@ -17,6 +17,7 @@ BASE_URL_VARS: tuple[tuple[str, str, str], ...] = (
     ("ANTHROPIC_BASE_URL", "", "anthropic SDK (it appends /v1/messages), Claude-Code-style clients"),
     ("OLLAMA_HOST", "", "the ollama Python and JavaScript clients"),
     ("OLLAMA_API_BASE", "", "litellm's ollama/ and ollama_chat/ providers"),
+    ("OLLAMA_BASE_URL", "/v1", "pydantic-ai's ollama: models (Ollama's OpenAI-compatible endpoint)"),
     ("HOSTED_VLLM_API_BASE", "/v1", "litellm's hosted_vllm/ provider"),
     ("LM_STUDIO_API_BASE", "/v1", "litellm's lm_studio/ provider"),
     ("LLM_BASE_URL", "/v1", "OpenHands-style harnesses"),

@@ -8,6 +8,7 @@ show) one environment by hand: `python examples/recipes/harnesses.py openai-agen
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -43,12 +44,14 @@ def environment(name: str) -> Path:
     h = HARNESSES[name]
     root = CACHE / f"{h.name}-{h.version}"
     ready = root / ".toolproxy-ready"
-    if ready.exists():
-        return root
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
-    subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    *h.requirements], check=True)
-    ready.write_text(" ".join(h.requirements) + "\n")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{root.name}.lock", "w") as lock:  # two checks building one environment wait for each other
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ready.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
+            subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                            *h.requirements], check=True)
+            ready.write_text(" ".join(h.requirements) + "\n")
     return root
 
 
