@@ -28,10 +28,14 @@ BASE_URL_VARS: tuple[tuple[str, str, str], ...] = (
 PLACEHOLDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
 PLACEHOLDER = "toolproxy-no-key"
 
-# Settings that keep common harnesses from reaching the internet on their own.
-OFFLINE = {
+# Settings that keep common harnesses from reaching the internet or stopping for a person.
+UNATTENDED = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm otherwise downloads its price list at import
     "OPENAI_AGENTS_DISABLE_TRACING": "1",  # openai-agents otherwise exports traces to OpenAI
+    # mini-swe-agent otherwise starts its interactive first-run setup, then stops at the first
+    # model litellm has no price for (every local one)
+    "MSWEA_CONFIGURED": "true",
+    "MSWEA_COST_TRACKING": "ignore_errors",
 }
 
 
@@ -46,6 +50,6 @@ def harness_env(base: str, environ: Mapping[str, str]) -> dict[str, str]:
     """What to add to `environ` so a child process talks to `base` (a tagged proxy root)."""
     base = base.rstrip("/")
     env = {name: base + suffix for name, suffix, _ in BASE_URL_VARS}
-    env.update({k: v for k, v in OFFLINE.items() if k not in environ})
+    env.update({k: v for k, v in UNATTENDED.items() if k not in environ})
     env.update({k: PLACEHOLDER for k in PLACEHOLDER_KEYS if not environ.get(k)})
     return env

@@ -42,6 +42,7 @@ class Check:
     roles: dict[str, int]  # what the analyzer must find (roles not named must be 0)
     stack: str = "llamacpp"
     output: str = ANSWER  # what the harness itself must print
+    trajectory: str | None = None  # a mini-swe-agent trajectory file whose submission must be `output`
     model: str = "qwen2.5-coder"
 
 
@@ -66,6 +67,10 @@ CHECKS = [
     Check("litellm", "litellm", script("litellm-sdk.py", "openai/local"), frozenset({CHAT}), ONE_CALL_THEN_ANSWER),
     Check("litellm-ollama", "litellm", script("litellm-sdk.py", "ollama_chat/qwen2.5:7b"), frozenset({OLLAMA}),
           ONE_CALL_THEN_ANSWER, stack="ollama"),
+    Check("smolagents", "smolagents", script("smolagents-agent.py"), frozenset({CHAT}), {"call": 2}),
+    Check("mini-swe-agent", "mini-swe-agent",
+          ("{bin}/mini", "-m", "openai/local", "-t", "What is the weather in Paris?", "--yolo", "--exit-immediately",
+           "-o", "trajectory.json"), frozenset({CHAT}), {"call": 2}, trajectory="trajectory.json"),
     Check("ollama", "ollama", script("ollama-python.py", "qwen2.5:7b"), frozenset({OLLAMA}), ONE_CALL_THEN_ANSWER,
           stack="ollama"),
 ]
@@ -104,6 +109,9 @@ def test_recipe(check: Check, tmp_path: Path):
     print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
     assert done.returncode == 0, done.stderr[-3000:]
     assert check.output in done.stdout + done.stderr
+    if check.trajectory:
+        info = json.loads((tmp_path / check.trajectory).read_text())["info"]
+        assert (info["exit_status"], info["submission"].strip()) == ("Submitted", check.output)
 
     exchanges = [r for r in read_records(data) if r.get("kind", "exchange") == "exchange"]
     assert exchanges, "the harness reached the proxy with no request"

@@ -1,9 +1,12 @@
 """The scripted model behind the recipe checks: it does the one-tool task right, on any protocol.
 
 It calls get_weather until the tool's result phrase shows up in the conversation, then answers
-(through smolagents' final_answer tool when that is offered, since that is how it stops). Offered
-other tools only (BFCL), it calls the first with arguments that satisfy its schema, so a run
-through a correct harness and proxy scores full call fidelity: anything less is a real defect.
+(through smolagents' final_answer tool when that is offered, since that is how it stops). Given
+only mini-swe-agent's `bash` tool, it runs a command whose output holds the phrase (the shell must
+compute part of it, so the phrase appears only if the harness really ran it), then submits the
+answer the way mini-swe-agent ends a task. Offered other tools only (BFCL), it calls the first with
+arguments that satisfy its schema, so a run through a correct harness and proxy scores full call
+fidelity: anything less is a real defect.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ def respond(req: ModelRequest) -> Reply | None:
     tools = _schemas(req.body)
     if not tools:
         return text(ANSWER)
+    if set(tools) == {"bash"}:
+        if RESULT_PHRASE in json.dumps(req.body):
+            return call("bash", {"command": f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo '{ANSWER}'"})
+        return call("bash", {"command": 'echo "weather-service: sunny, $((20 + 2)) C in Paris"'})
     if RESULT_PHRASE in json.dumps(req.body):
         return call("final_answer", {"answer": ANSWER}) if "final_answer" in tools else text(ANSWER)
     if "get_weather" in tools:
