@@ -35,7 +35,8 @@ HARNESSES = {h.name: h for h in (
     Harness("litellm", "1.110.2", ("litellm==1.110.2",)),
     Harness("ollama", "0.6.3", ("ollama==0.6.3",)),
     Harness("anthropic", "2.10.0", ("anthropic==2.10.0",)),
-    Harness("bfcl-eval", "2026.3.23", ("bfcl-eval==2026.3.23",)),
+    # qwen-agent, which bfcl-eval imports, imports soundfile without declaring it
+    Harness("bfcl-eval", "2026.3.23", ("bfcl-eval==2026.3.23", "soundfile==0.14.0")),
 )}
 
 
@@ -47,11 +48,13 @@ def environment(name: str) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / f"{root.name}.lock", "w") as lock:  # two checks building one environment wait for each other
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not ready.exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
+        pins = " ".join(h.requirements) + "\n"
+        if not ready.exists() or ready.read_text() != pins:  # new, or its pins changed since it was built
+            if not (root / "bin" / "python").exists():
+                subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
             subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
                             *h.requirements], check=True)
-            ready.write_text(" ".join(h.requirements) + "\n")
+            ready.write_text(pins)
     return root
 
 

@@ -1,10 +1,11 @@
 """Every recipe in examples/recipes, run for real: the pinned harness in its own cached virtualenv,
 `toolproxy run` as a subprocess, an emulated stack behind it playing a model that does the task.
 
-Slow (the first run installs each harness), so deselected by default; run them with
-`pytest -m recipes tests/recipes` (add `-k NAME` for one). Each check asserts that the harness
-finished its one-tool task by its own account, that the records hold its requests under the run's
-tag on the protocol it is known to speak, and what the analyzer makes of the run.
+Slow (the first run installs each harness; bfcl-eval alone is gigabytes), so deselected by
+default; run them with `pytest -m recipes tests/recipes` (add `-k NAME` for one). Each check
+asserts that the harness finished its task by its own account, that the records hold its
+requests under the run's tags on the protocol it is known to speak, and what the analyzer's
+report says about the run.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from harnesses import environment  # noqa: E402
 pytestmark = [pytest.mark.recipes, pytest.mark.timeout(1800)]
 
 CHAT, RESPONSES, MESSAGES, OLLAMA = "/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat"
+FULL_FIDELITY = {"call_fidelity": 1.0, "delivered_fidelity": 1.0}
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,13 @@ class Check:
     id: str
     harness: str  # key in examples/recipes/harnesses.py
     argv: tuple[str, ...]  # {python}: the harness's interpreter; {bin}: its scripts folder
-    paths: frozenset[str]  # the protocol it speaks, by endpoint
-    roles: dict[str, int]  # what the analyzer must find (roles not named must be 0)
+    path: str  # the endpoint of the protocol it speaks
+    roles: dict[str, int]  # turn roles the report must count (roles not named must be 0)
     stack: str = "llamacpp"
     output: str = ANSWER  # what the harness itself must print
     trajectory: str | None = None  # a mini-swe-agent trajectory file whose submission must be `output`
-    model: str = "qwen2.5-coder"
+    tags: tuple[str, ...] = ()  # --tag KEY=VALUE for toolproxy run
+    rates: dict[str, float | None] = field(default_factory=lambda: FULL_FIDELITY)  # pooled rates in the report
 
 
 def script(name: str, *args: str) -> tuple[str, ...]:
@@ -52,27 +55,29 @@ def script(name: str, *args: str) -> tuple[str, ...]:
 
 ONE_CALL_THEN_ANSWER = {"call": 1, "answer": 1}
 CHECKS = [
-    Check("openai-python", "openai-python", script("openai-python.py"), frozenset({CHAT}), ONE_CALL_THEN_ANSWER),
-    Check("openai-agents-chat", "openai-agents", script("openai-agents.py", "--chat"), frozenset({CHAT}),
-          ONE_CALL_THEN_ANSWER),
-    Check("openai-agents-responses", "openai-agents", script("openai-agents.py"), frozenset({RESPONSES}),
-          ONE_CALL_THEN_ANSWER),
-    Check("anthropic", "anthropic", script("anthropic-sdk.py"), frozenset({MESSAGES}), ONE_CALL_THEN_ANSWER),
-    Check("pydantic-ai", "pydantic-ai", script("pydantic-ai.py", "openai-chat:local"), frozenset({CHAT}),
-          ONE_CALL_THEN_ANSWER),
-    Check("pydantic-ai-ollama", "pydantic-ai", script("pydantic-ai.py", "ollama:qwen2.5:7b"), frozenset({CHAT}),
+    Check("openai-python", "openai-python", script("openai-python.py"), CHAT, ONE_CALL_THEN_ANSWER),
+    Check("openai-agents-chat", "openai-agents", script("openai-agents.py", "--chat"), CHAT, ONE_CALL_THEN_ANSWER),
+    Check("openai-agents-responses", "openai-agents", script("openai-agents.py"), RESPONSES, ONE_CALL_THEN_ANSWER),
+    Check("pydantic-ai", "pydantic-ai", script("pydantic-ai.py", "openai-chat:local"), CHAT, ONE_CALL_THEN_ANSWER),
+    Check("pydantic-ai-ollama", "pydantic-ai", script("pydantic-ai.py", "ollama:qwen2.5:7b"), CHAT,
           ONE_CALL_THEN_ANSWER, stack="ollama"),
-    Check("langchain-openai", "langchain-openai", script("langchain-openai.py"), frozenset({CHAT}),
-          ONE_CALL_THEN_ANSWER),
-    Check("litellm", "litellm", script("litellm-sdk.py", "openai/local"), frozenset({CHAT}), ONE_CALL_THEN_ANSWER),
-    Check("litellm-ollama", "litellm", script("litellm-sdk.py", "ollama_chat/qwen2.5:7b"), frozenset({OLLAMA}),
-          ONE_CALL_THEN_ANSWER, stack="ollama"),
-    Check("smolagents", "smolagents", script("smolagents-agent.py"), frozenset({CHAT}), {"call": 2}),
+    Check("langchain-openai", "langchain-openai", script("langchain-openai.py"), CHAT, ONE_CALL_THEN_ANSWER),
+    Check("smolagents", "smolagents", script("smolagents-agent.py"), CHAT, {"call": 2}),
     Check("mini-swe-agent", "mini-swe-agent",
           ("{bin}/mini", "-m", "openai/local", "-t", "What is the weather in Paris?", "--yolo", "--exit-immediately",
-           "-o", "trajectory.json"), frozenset({CHAT}), {"call": 2}, trajectory="trajectory.json"),
-    Check("ollama", "ollama", script("ollama-python.py", "qwen2.5:7b"), frozenset({OLLAMA}), ONE_CALL_THEN_ANSWER,
-          stack="ollama"),
+           "-o", "trajectory.json"), CHAT, {"call": 2}, trajectory="trajectory.json"),
+    Check("litellm", "litellm", script("litellm-sdk.py", "openai/local"), CHAT, ONE_CALL_THEN_ANSWER),
+    Check("litellm-ollama", "litellm", script("litellm-sdk.py", "ollama_chat/qwen2.5:7b"), OLLAMA,
+          ONE_CALL_THEN_ANSWER, stack="ollama"),
+    Check("ollama", "ollama", script("ollama-python.py", "qwen2.5:7b"), OLLAMA, ONE_CALL_THEN_ANSWER, stack="ollama"),
+    Check("anthropic", "anthropic", script("anthropic-sdk.py"), MESSAGES, ONE_CALL_THEN_ANSWER),
+    # BFCL scores the scripted model's placeholder arguments 0%; toolproxy must still see a valid
+    # call per item. On irrelevance items (expect=none) both must agree the model did not abstain.
+    Check("bfcl-simple", "bfcl-eval", script("bfcl.py", "--first", "3", "simple_python"), CHAT, {"call": 3},
+          output="Test completed: simple_python. 🎯 Accuracy: 0.00%", tags=("category=simple_python",)),
+    Check("bfcl-irrelevance", "bfcl-eval", script("bfcl.py", "--first", "3", "irrelevance"), CHAT, {"abstain": 3},
+          output="Test completed: irrelevance. 🎯 Accuracy: 0.00%", tags=("category=irrelevance", "expect=none"),
+          rates={"call_fidelity": None, "restraint": 0.0}),
 ]
 
 
@@ -82,8 +87,8 @@ def _served(stack: str, path: str) -> bool:
 
 def _clean_env(python_bin: Path) -> dict[str, str]:
     """Our environment without any base URL or key, so the harness sees only what toolproxy run sets."""
-    drop = {name for name, _, _ in BASE_URL_VARS} | set(PLACEHOLDER_KEYS)
-    env = {k: v for k, v in os.environ.items() if k not in drop and k != "VIRTUAL_ENV"}
+    drop = {name for name, _, _ in BASE_URL_VARS} | set(PLACEHOLDER_KEYS) | {"VIRTUAL_ENV", "BFCL_PROJECT_ROOT"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env["PATH"] = f"{python_bin}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -95,16 +100,15 @@ def _toolproxy(*args: str, **kw) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("check", CHECKS, ids=[c.id for c in CHECKS])
 def test_recipe(check: Check, tmp_path: Path):
-    missing = [p for p in check.paths if not _served(check.stack, p)]
-    if missing:
-        pytest.skip(f"the emulated {check.stack} does not serve {', '.join(missing)} yet "
+    if not _served(check.stack, check.path):
+        pytest.skip(f"the emulated {check.stack} does not serve {check.path} yet "
                     "(waiting for the wire branch's Responses/Messages emulation on main)")
     bindir = environment(check.harness) / "bin"
-    argv = [a.format(python=bindir / "python", bin=bindir, model=check.model) for a in check.argv]
+    argv = [a.format(python=bindir / "python", bin=bindir) for a in check.argv]
+    tags = [arg for t in check.tags for arg in ("--tag", t)]
     data = tmp_path / "data"
-    fake = FakeStack(check.stack, responder=respond)
-    with fake.in_thread() as url:
-        done = _toolproxy("run", "--upstream", url, "--run", check.id, "--data", str(data), "--no-fingerprint",
+    with FakeStack(check.stack, responder=respond).in_thread() as url:
+        done = _toolproxy("run", "--upstream", url, "--run", check.id, "--data", str(data), "--no-fingerprint", *tags,
                           "--", *argv, env=_clean_env(bindir), cwd=tmp_path, timeout=900)
     print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -114,16 +118,17 @@ def test_recipe(check: Check, tmp_path: Path):
         assert (info["exit_status"], info["submission"].strip()) == ("Submitted", check.output)
 
     exchanges = [r for r in read_records(data) if r.get("kind", "exchange") == "exchange"]
-    assert exchanges, "the harness reached the proxy with no request"
+    model_calls = [r for r in exchanges if r["path"] in (CHAT, RESPONSES, MESSAGES, OLLAMA)]
+    assert model_calls, "the harness reached the proxy with no model request"
+    assert {r["path"] for r in model_calls} == {check.path}
     assert {r["run"] for r in exchanges} == {check.id}
-    model_paths = {r["path"] for r in exchanges if r["path"] in (CHAT, RESPONSES, MESSAGES, OLLAMA)}
-    assert model_paths == check.paths
-    assert all(r["status"] == 200 for r in exchanges if r["path"] in check.paths)
+    assert all(r["status"] == 200 for r in model_calls)
+    expected_tags = dict(t.split("=", 1) for t in check.tags)
+    assert all({k: r["tags"].get(k) for k in expected_tags} == expected_tags for r in model_calls)
 
     report = _toolproxy("report", "--data", str(data), "--run", check.id, "--format", "json", timeout=300)
     assert report.returncode == 0, report.stderr
     (run,) = json.loads(report.stdout)["runs"]
     assert {k: v for k, v in run["roles"].items() if v} == check.roles
-    assert run["call_fidelity"]["pooled"] == 1.0
-    assert run["delivered_fidelity"]["pooled"] == 1.0
+    assert {name: run[name]["pooled"] for name in check.rates} == check.rates
     assert run["outcomes"]["non_response"] == 0
