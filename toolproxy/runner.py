@@ -120,25 +120,6 @@ def _percent(metric: dict | None) -> str:
 
 def one_line(run: dict) -> str:
     """The run's numbers in one line: call and delivered fidelity side by side, then what failed."""
-    nr = run.get("non_response") or {}
-    roles = run.get("roles") or {}
-    return (f"run {run['run']}: {run.get('episodes', 0)} episodes, {run.get('turns', 0)} turns "
-            f"({roles.get('call', 0)} due a call); call fidelity {_percent(run.get('call_fidelity'))}, "
-            f"delivered {_percent(run.get('delivered_fidelity'))}; non-responses {nr.get('count', 0)}")
-
-
-
-
-def _percent(metric: dict | None) -> str:
-    if not metric or metric.get("pooled") is None:
-        return "n/a"
-    lo, hi = metric.get("ci_low"), metric.get("ci_high")
-    ci = f" [{lo * 100:.0f}-{hi * 100:.0f}]" if lo is not None and hi is not None else ""
-    return f"{metric['pooled'] * 100:.0f}%{ci}"
-
-
-def one_line(run: dict) -> str:
-    """The run's numbers in one line: call and delivered fidelity side by side, then what failed."""
     roles = run.get("roles") or {}
     return (f"run {run['run']}: {run.get('episodes', 0)} episodes, {run.get('turns', 0)} turns "
             f"({roles.get('call', 0)} due a call); call fidelity {_percent(run.get('call_fidelity'))}, "
