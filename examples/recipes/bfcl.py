@@ -30,7 +30,7 @@ if (root / ".env").exists():
     sys.exit(f"{root / '.env'} exists and BFCL would let it override OPENAI_BASE_URL; remove it or set BFCL_PROJECT_ROOT")
 
 from bfcl_eval.constants.category_mapping import VERSION_PREFIX  # noqa: E402  (reads BFCL_PROJECT_ROOT)
-from bfcl_eval.constants.eval_config import PROMPT_PATH, SCORE_PATH  # noqa: E402
+from bfcl_eval.constants.eval_config import PROMPT_PATH  # noqa: E402
 
 ids = {}
 for category in args.categories:
@@ -41,5 +41,4 @@ for category in args.categories:
 bfcl = [sys.executable, "-m", "bfcl_eval"]
 common = ["--model", args.model, "--test-category", ",".join(args.categories)]
 subprocess.run([*bfcl, "generate", *common, "--run-ids", "--num-threads", "1", "--allow-overwrite"], check=True)
-subprocess.run([*bfcl, "evaluate", *common, "--partial-eval"], check=True)
-print((SCORE_PATH / "data_overall.csv").read_text())
+subprocess.run([*bfcl, "evaluate", *common, "--partial-eval"], check=True)  # prints each category's accuracy
