@@ -113,7 +113,7 @@ def analyze_and_summarise(data_dir: Path, runs: list[str]) -> list[dict]:
 def _percent(metric: dict | None) -> str:
     if not metric or metric.get("pooled") is None:
         return "n/a"
-    lo, hi = metric.get("ci_low"), metric.get("ci_high")
+    lo, hi = metric.get("wilson_low"), metric.get("wilson_high")  # the pooled rate's own interval
     ci = f" [{lo * 100:.0f}-{hi * 100:.0f}]" if lo is not None and hi is not None else ""
     return f"{metric['pooled'] * 100:.0f}%{ci}"
 
