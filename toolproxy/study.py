@@ -122,7 +122,7 @@ def _duration(secs: float) -> str:
 
 async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, str], progress: Progress) -> bool:
     """Every pending run in order; False when the user interrupted (the rest stays pending)."""
-    from toolproxy.proxy.forward import STATE
+    from toolproxy.proxy.state import STATE
 
     runner, port = await start_proxy(config)
     state = runner.app[STATE]
@@ -137,11 +137,11 @@ async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, st
             click.echo(f"study {study.name}: {label}{_eta(durations, len(todo) - i + 1)}", err=True)
             base = f"http://127.0.0.1:{port}" + tag_prefix(planned.run, planned.condition, **tags)
             env = {**os.environ, **harness_env(base, os.environ)}
-            start, seen = time.monotonic(), state.total
+            start, seen = time.monotonic(), state.counters.total
             child = asyncio.ensure_future(_run_child(study.command, env))
             while not child.done():
                 await asyncio.wait([child], timeout=1.0)
-                progress.show(f"  {planned.run}: {state.total - seen} exchanges, {_duration(time.monotonic() - start)}")
+                progress.show(f"  {planned.run}: {state.counters.total - seen} exchanges, {_duration(time.monotonic() - start)}")
             progress.clear()
             result = child.result()
             planned.seconds = round(time.monotonic() - start, 1)
