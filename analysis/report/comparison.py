@@ -25,13 +25,13 @@ def _cells(row: Paired) -> list[str]:
             p_text(row.p), p_text(row.p_holm)]
 
 
-def _columns(c: Comparison) -> list[str]:
+def columns(c: Comparison) -> list[str]:
     """The Holm column only when several categories were tested at once."""
     return list(COLUMNS if c.categories else COLUMNS[:-1])
 
 
-def _rows(c: Comparison) -> list[list[str]]:
-    return [_cells(r)[: len(_columns(c))] for r in [*c.categories, c.overall]]
+def rows(c: Comparison) -> list[list[str]]:
+    return [_cells(r)[: len(columns(c))] for r in [*c.categories, c.overall]]
 
 
 REPLAY_NOTE = ("B replays A's turns open-loop (each turn sent with the history A's harness built, never "
@@ -39,7 +39,7 @@ REPLAY_NOTE = ("B replays A's turns open-loop (each turn sent with the history A
                "turn was asked (due a call, or expected to abstain).")
 
 
-def _heading(c: Comparison) -> list[str]:
+def heading(c: Comparison) -> list[str]:
     if c.replay:
         return _replay_heading(c)
     return [f"A = {c.run_a}, B = {c.run_b}; metric {c.metric}: {METRIC_HELP[c.metric]}.",
@@ -58,13 +58,13 @@ def _replay_heading(c: Comparison) -> list[str]:
 
 
 def render_table(c: Comparison, width: int = 100) -> str:
-    heading = [line for para in _heading(c) for line in textwrap.wrap(para, width)]
-    return "\n".join(heading + [""] + aligned(_columns(c), _rows(c), 1, width)) + "\n"
+    lines = [line for para in heading(c) for line in textwrap.wrap(para, width)]
+    return "\n".join(lines + [""] + aligned(columns(c), rows(c), 1, width)) + "\n"
 
 
 def render_markdown(c: Comparison) -> str:
-    lines = [f"## {c.run_a} vs {c.run_b}", ""] + [f"{x}  " for x in _heading(c)] + [""]
-    lines += table(_columns(c), _rows(c), 1)
+    lines = [f"## {c.run_a} vs {c.run_b}", ""] + [f"{x}  " for x in heading(c)] + [""]
+    lines += table(columns(c), rows(c), 1)
     return "\n".join(lines) + "\n"
 
 
