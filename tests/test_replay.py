@@ -20,6 +20,8 @@ from toolproxy.record.segments import read_records
 from toolproxy.replay import Turn, _unbalanced, build_request, retry_delay, strip_redacted_query
 from toolproxy.stacks import fakes
 
+from test_study import _responder  # a call for the city asked about, then an answer once the tool replied
+
 # Four tasks, the last one streamed; the harness acts only on structured tool_calls.
 HARNESS = textwrap.dedent("""
     import os
@@ -53,14 +55,6 @@ HARNESS = textwrap.dedent("""
             for c in msg.tool_calls:
                 messages.append({"role": "tool", "tool_call_id": c.id, "content": "sunny, 21C"})
 """)
-
-
-def _responder(req: fakes.ModelRequest) -> fakes.Reply:
-    last = (req.messages or [{}])[-1]
-    if last.get("role") == "tool" or "sunny, 21C" in str(last.get("content")):
-        return fakes.text("It is sunny and 21C.")
-    city = str(last.get("content", "")).split()[-1].rstrip("?")
-    return fakes.call("get_weather", {"city": city})
 
 
 def _toolproxy(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -143,6 +137,11 @@ def test_text_replay_delivers_the_calls_native_left_in_text(recorded, fake_stack
     # the turn ids pair with compare's JSON view too
     js = json.loads(_toolproxy("compare", "orig", "orig@replay-text", "--data", str(data), "--format", "json").stdout)
     assert js["replay"] is True and js["overall"]["b_only"] == 4
+    # the replay run's own report says what it is
+    md = _toolproxy("report", "--data", str(data), "--run", "orig@replay-text", "--format", "markdown").stdout
+    assert "a replay of orig's turns, open-loop" in _flat(md)
+    rep = json.loads(_toolproxy("report", "--data", str(data), "--format", "json").stdout)
+    assert {r["run"]: r["replay_of"] for r in rep["runs"]} == {"orig": None, "orig@replay-text": "orig"}
 
 
 def test_secrets_are_never_replayed_and_the_key_comes_from_the_environment(recorded, fake_stack):
