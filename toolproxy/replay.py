@@ -380,7 +380,7 @@ def replay(source, concurrency, limit, where, model, **options):
         click.echo(tally.line().strip(), err=True)
     _finish(config.data_dir, source, new_run)
     if interrupted:
-        click.echo(f"replay interrupted: what was replayed is kept; run the same command again to resume", err=True)
+        click.echo("replay interrupted: what was replayed is kept; run the same command again to resume", err=True)
         sys.exit(130)
 
 
