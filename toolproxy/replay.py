@@ -157,7 +157,7 @@ where run = $new and tags->>'replay_of_run' = $run and error_kind is null and st
 def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int | None) -> tuple[list[Turn], set[str]]:
     """(the selected turns of `run` in recorded order, the ids already replayed in `new_run`)."""
     import duckdb
-    from analysis.reassemble import body_bytes
+    from toolproxy.record.model import body_bytes
 
     if not db.exists():
         raise SelectionError(f"no analyzer database at {db}; run `toolproxy analyze` first")
