@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 from aiohttp import web
@@ -19,6 +19,13 @@ from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.model import Record
 from toolproxy.record.writer import SegmentWriter
+
+if TYPE_CHECKING:
+    from toolproxy.proxy.workers import Worker
+
+# Pending connections the kernel may hold (capped by net.core.somaxconn): aiohttp's default of
+# 128 makes a burst of a thousand agents connecting at once wait for SYN retransmits (1 s, 3 s).
+BACKLOG = 4096
 
 
 def log_line(rec: Record) -> str:
@@ -52,6 +59,8 @@ class ProxyState:
         self.stacks: StackWatch | None = None
         # Called with every finished record on the loop; each must be as cheap as an append.
         self.listeners: list[Callable[[Record], None]] = []
+        # Under `serve --workers N`: this process's place in the group, whose stats it merges.
+        self.peers: "Worker | None" = None
 
     def count(self, rec: Record) -> None:
         self.total += 1
@@ -93,6 +102,8 @@ class ProxyState:
         name = request.path[len(ADMIN_PREFIX):].strip("/")
         if name in ("health", "stats", ""):
             snap = self.snapshot()
+            if self.peers is not None:
+                snap = await self.peers.merged(snap)
             status = 200 if (name != "health" or snap["status"] == "ok") else 503
             return web.json_response(snap, status=status)
         return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)
@@ -133,24 +144,25 @@ def make_app(config: ProxyConfig) -> web.Application:
     return app
 
 
-async def serve(config: ProxyConfig) -> None:
-    """Run until SIGINT/SIGTERM; prints where it listens and where it records."""
+async def serve(config: ProxyConfig, worker: "Worker | None" = None) -> None:
+    """Run until SIGINT/SIGTERM; prints where it listens and where it records (a worker leaves
+    that to its supervisor and shares the port with its peers)."""
     app = make_app(config)
+    if worker is not None:
+        worker.attach(app, app[STATE])
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True,
+                       reuse_port=worker is not None, backlog=BACKLOG)
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
         raise SystemExit(f"toolproxy: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    port = runner.addresses[0][1] if runner.addresses else config.port
-    print(
-        f"toolproxy {__version__}: listening on http://{host}:{port} -> upstream {config.upstream}; "
-        f"recording to {config.data_dir.resolve()} (condition {config.condition}, durability {config.durability})",
-        flush=True,
-    )
+    if worker is None:
+        print(banner(config, runner.addresses[0][1] if runner.addresses else config.port), flush=True)
+    else:
+        await worker.listening(app[STATE])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -161,14 +173,25 @@ async def serve(config: ProxyConfig) -> None:
     try:
         await stop.wait()
     finally:
-        print("toolproxy: shutting down, flushing records", file=sys.stderr, flush=True)
+        if worker is None:
+            print("toolproxy: shutting down, flushing records", file=sys.stderr, flush=True)
         await runner.cleanup()
 
 
-def run(config: ProxyConfig) -> None:
+def banner(config: ProxyConfig, port: int, workers: int = 1) -> str:
+    """The line users (and tests) read the proxy's address from."""
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    group = f"{workers} workers, " if workers > 1 else ""
+    return (
+        f"toolproxy {__version__}: listening on http://{host}:{port} -> upstream {config.upstream}; "
+        f"recording to {config.data_dir.resolve()} ({group}condition {config.condition}, durability {config.durability})"
+    )
+
+
+def run(config: ProxyConfig, worker: "Worker | None" = None) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, worker))
     else:
-        uvloop.run(serve(config))
+        uvloop.run(serve(config, worker))

@@ -70,10 +70,11 @@ def _size(value: str) -> int:
 @click.option("--upstream-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key; the proxy sends it itself.")
 @click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token.")
 @click.option("--quiet", is_flag=True, help="No line per exchange.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="Processes sharing the port (SO_REUSEPORT), each with its own writer; stats and health answer for all. One process uses about one core.")
 @click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is.")
 def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body,
           connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
-          segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_fingerprint):
+          segment_size, auth_token, upstream_key_env, insecure_public, quiet, workers, no_fingerprint):
     """Forward to one upstream model server and record every exchange."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
@@ -94,6 +95,10 @@ def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, 
         segments.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise click.UsageError(f"--data {data_dir}: cannot create {segments}: {exc.strerror or exc}") from None
+    if workers > 1:
+        from toolproxy.proxy.workers import run_workers
+
+        raise SystemExit(run_workers(config, workers))
     from toolproxy.proxy.app import run as run_proxy
 
     run_proxy(config)
