@@ -1,6 +1,6 @@
 """Side-by-side benchmark: direct vs toolproxy (recording) vs a bare aiohttp pass-through vs nginx.
 
-    python -m toolproxy.bench [--seconds 5] [--rounds 3] [--total 100000]
+    python -m toolproxy.bench [--seconds 5] [--rounds 3] [--total 100000] [--workers 1,2]
 
 Everything runs on 127.0.0.1 in separate processes: a fast fake upstream, each target in front
 of it, and `wrk` (Debian package) as the load generator. Targets are measured in interleaved
@@ -97,7 +97,7 @@ class _Upstream(asyncio.Protocol):
             body = self.buf[head_end + 4 : head_end + 4 + n]
             self.buf = self.buf[head_end + 4 + n :]
             if b'"stream": true' in body:
-                asyncio.ensure_future(self._stream())
+                self.stream()
             else:
                 self.t.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
@@ -105,6 +105,10 @@ class _Upstream(asyncio.Protocol):
                     + b"\r\n\r\n"
                     + REPLY
                 )
+
+    def stream(self) -> None:
+        """Answer a streaming request (a subclass may schedule its events differently)."""
+        asyncio.ensure_future(self._stream())
 
     async def _stream(self):
         self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -116,9 +120,9 @@ class _Upstream(asyncio.Protocol):
         self.t.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
 
-async def _serve_upstream(port: int) -> None:
+async def _serve_upstream(port: int, protocol=_Upstream) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(_Upstream, "127.0.0.1", port, backlog=1024)
+    server = await loop.create_server(protocol, "127.0.0.1", port, backlog=4096)
     async with server:
         await server.serve_forever()
 
@@ -147,7 +151,8 @@ def _bare_app(upstream: str):
             return resp
 
     async def startup(app):
-        app["session"] = aiohttp.ClientSession(auto_decompress=False, connector=aiohttp.TCPConnector(limit=512))
+        # No pool limit: the baseline must not queue streams behind each other.
+        app["session"] = aiohttp.ClientSession(auto_decompress=False, connector=aiohttp.TCPConnector(limit=0))
 
     async def cleanup(app):
         await app["session"].close()
@@ -168,7 +173,7 @@ def _run_loop(coro_or_app, port: int | None = None) -> None:
     from aiohttp import web
 
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    web.run_app(coro_or_app, host="127.0.0.1", port=port, print=None, access_log=None)
+    web.run_app(coro_or_app, host="127.0.0.1", port=port, print=None, access_log=None, reuse_port=True, backlog=4096)
 
 
 # ---- orchestration ----------------------------------------------------------------------------
@@ -235,9 +240,10 @@ async def _ttfb(url: str, n: int) -> list[float]:
 
 NGINX_CONF = """
 worker_processes 1;
+worker_rlimit_nofile {nofile};
 pid {tmp}/nginx.pid;
 error_log {tmp}/nginx-error.log warn;
-events {{ worker_connections 4096; }}
+events {{ worker_connections {conns}; }}
 http {{
   access_log off;
   client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy;
@@ -257,12 +263,83 @@ http {{
 """
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+class Fleet:
+    """The processes one benchmark run starts on 127.0.0.1, each in its own session, all stopped
+    together (SIGTERM, so toolproxy flushes its records; SIGKILL after 15 s)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+
+    def spawn(self, cmd: list[str]) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def upstream(self, module: str, *args: str) -> int:
+        """The fake upstream served by `python -m module upstream PORT ...`; its port."""
+        port = _free_port()
+        self.spawn([sys.executable, "-m", module, "upstream", str(port), *args])
+        return port
+
+    def toolproxy(self, upstream: str, data: Path, workers: int = 1) -> tuple[str, subprocess.Popen]:
+        port = _free_port()
+        proc = self.spawn([sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", str(port),
+                           "--data", str(data), "--quiet", "--workers", str(workers)])
+        return f"http://127.0.0.1:{port}", proc
+
+    def bare(self, upstream: str, processes: int = 1) -> str:
+        """The bare aiohttp pass-through; several processes share the port as toolproxy's workers do."""
+        port = _free_port()
+        for _ in range(processes):
+            self.spawn([sys.executable, "-m", "toolproxy.bench", "bare", str(port), upstream])
+        return f"http://127.0.0.1:{port}"
+
+    def nginx(self, up_port: int, connections: int = 4096) -> str | None:
+        """nginx proxy_pass with buffering off (Debian's `nginx`), or None when it is not installed."""
+        binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        if binary is None:
+            return None
+        port = _free_port()
+        for sub in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
+            (self.tmp / sub).mkdir(exist_ok=True)
+        conf = self.tmp / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(tmp=self.tmp, up=up_port, port=port, conns=connections, nofile=connections * 2 + 64))
+        self.spawn([binary, "-c", str(conf), "-g", "daemon off;"])
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="wrk duration per measurement")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     ap.add_argument("--total", type=int, default=100_000, help="requests through toolproxy before the RSS reading")
     ap.add_argument("--ttfb-requests", type=int, default=200)
+    ap.add_argument("--workers", type=_int_list, default=[1], help="toolproxy --workers counts to measure, e.g. 1,2 "
+                    "(the bare pass-through runs as as many processes); the first must be 1")
     ap.add_argument("--json", dest="json_out", help="also write the raw numbers here")
     ap.add_argument("_role", nargs="?", help=argparse.SUPPRESS)
     ap.add_argument("_port", nargs="?", type=int, help=argparse.SUPPRESS)
@@ -275,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     if args._role == "bare":
         _run_loop(_bare_app(args._upstream), args._port)
         return 0
+    if args.workers[0] != 1:
+        ap.error("--workers: the first count must be 1 (the ratios compare single processes)")
 
     if not shutil.which("wrk"):
         print("toolproxy.bench needs wrk (Debian: apt-get install wrk)", file=sys.stderr)
@@ -286,36 +365,20 @@ def main(argv: list[str] | None = None) -> int:
         "wrk.method = 'POST'\nwrk.headers['Content-Type'] = 'application/json'\n"
         f"wrk.headers['Authorization'] = 'Bearer sk-bench'\nwrk.body = [[{CHAT_BODY.decode()}]]\n"
     )
-    procs: list[subprocess.Popen] = []
-
-    def spawn(cmd: list[str]) -> subprocess.Popen:
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        procs.append(p)
-        return p
-
-    up_port = _free_port()
-    spawn([sys.executable, "-m", "toolproxy.bench", "upstream", str(up_port)])
+    fleet = Fleet(tmp)
+    up_port = fleet.upstream("toolproxy.bench")
     upstream = f"http://127.0.0.1:{up_port}"
     targets = {"direct": upstream}
-
-    tp_port = _free_port()
-    data = tmp / "data"
-    tp = spawn([sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", str(tp_port),
-                "--data", str(data), "--quiet"])
-    targets["toolproxy"] = f"http://127.0.0.1:{tp_port}"
-
-    bare_port = _free_port()
-    spawn([sys.executable, "-m", "toolproxy.bench", "bare", str(bare_port), upstream])
-    targets["bare_aiohttp"] = f"http://127.0.0.1:{bare_port}"
-
-    if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
-        ng_port = _free_port()
-        for sub in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
-            (tmp / sub).mkdir()
-        conf = tmp / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(tmp=tmp, up=up_port, port=ng_port))
-        spawn([shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf), "-g", "daemon off;"])
-        targets["nginx"] = f"http://127.0.0.1:{ng_port}"
+    for n in args.workers:
+        name = "toolproxy" if n == 1 else f"toolproxy_w{n}"
+        targets[name], proc = fleet.toolproxy(upstream, tmp / f"data-{name}", n)
+        if n == 1:
+            tp = proc
+    for n in args.workers:
+        targets["bare_aiohttp" if n == 1 else f"bare_aiohttp_w{n}"] = fleet.bare(upstream, n)
+    if (nginx := fleet.nginx(up_port)) is not None:
+        targets["nginx"] = nginx
+    data = tmp / "data-toolproxy"
 
     results: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
     try:
@@ -346,16 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         rss_after = _rss_kb(tp.pid)
         seg_bytes = sum(p.stat().st_size for p in (data / "segments").glob("*.jsonl"))
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        fleet.stop()
 
     med = {n: {k: statistics.median(v) for k, v in r.items()} for n, r in results.items()}
     direct = med["direct"]
@@ -381,13 +435,20 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| ratio (toolproxy vs bare aiohttp pass-through) | value | target |",
         "|---|---|---|",
-        f"| c64 throughput | {tpm['c64_rps'] / bare['c64_rps']:.2f}x | >= 0.9x |",
-        f"| added p50 latency at c1 | {added_tp / added_bare:.2f}x | <= 1.2x |" if added_bare > 0 else "| added p50 latency at c1 | n/a | <= 1.2x |",
+        f"| c64 throughput | {tpm['c64_rps'] / bare['c64_rps']:.2f}x | >= 1.0x |",
+        f"| added p50 latency at c1 | {added_tp / added_bare:.2f}x | <= 1.1x |" if added_bare > 0 else "| added p50 latency at c1 | n/a | <= 1.1x |",
         f"| stream TTFB overhead vs direct | {(tpm['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | < 2 ms |",
         f"| RSS after warm-up -> after {stats['exchanges']} exchanges | {rss_warm / 1024:.1f} MiB -> {rss_after / 1024:.1f} MiB | flat |",
         f"| bytes on disk per exchange | {seg_bytes / max(written, 1):.0f} B | - |",
         f"| records written / dropped | {written} / {stats['recording']['dropped']} | all / 0 |",
     ]
+    for n in args.workers[1:]:
+        tpn, baren = med[f"toolproxy_w{n}"], med[f"bare_aiohttp_w{n}"]
+        lines += [
+            f"| c64 throughput, {n} workers vs 1 (toolproxy) | {tpn['c64_rps'] / tpm['c64_rps']:.2f}x | - |",
+            f"| c64 throughput, {n} processes vs 1 (bare aiohttp) | {baren['c64_rps'] / bare['c64_rps']:.2f}x | - |",
+            f"| c64 throughput, toolproxy vs bare, {n} processes each | {tpn['c64_rps'] / baren['c64_rps']:.2f}x | - |",
+        ]
     print("\n".join(lines))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"medians": med, "raw": results, "rss_warm_kb": rss_warm,
