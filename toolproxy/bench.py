@@ -217,9 +217,10 @@ def _wrk(url: str, conns: int, seconds: float, script: Path) -> dict:
     if not m:
         raise RuntimeError(f"wrk against {url} printed no result:\n{out}")
     rps = float(m.group(1))
+    total = re.search(r"^\s*(\d+) requests in", out, re.M)
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     sock_err = re.search(r"Socket errors: (.*)", out)
-    return {"p50_us": lat("50%"), "p99_us": lat("99%"), "rps": rps,
+    return {"p50_us": lat("50%"), "p99_us": lat("99%"), "rps": rps, "requests": int(total.group(1)) if total else 0,
             "non2xx": int(errors.group(1)) if errors else 0, "socket_errors": sock_err.group(1) if sock_err else ""}
 
 
@@ -263,6 +264,35 @@ http {{
 """
 
 
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes (all their threads)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -280,6 +310,7 @@ class Fleet:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
+        self.roots: dict[str, list[int]] = {}  # url -> the processes (and their children) serving it
 
     def spawn(self, cmd: list[str]) -> subprocess.Popen:
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -289,21 +320,24 @@ class Fleet:
     def upstream(self, module: str, *args: str) -> int:
         """The fake upstream served by `python -m module upstream PORT ...`; its port."""
         port = _free_port()
-        self.spawn([sys.executable, "-m", module, "upstream", str(port), *args])
+        p = self.spawn([sys.executable, "-m", module, "upstream", str(port), *args])
+        self.roots[f"http://127.0.0.1:{port}"] = [p.pid]
         return port
 
     def toolproxy(self, upstream: str, data: Path, workers: int = 1) -> tuple[str, subprocess.Popen]:
         port = _free_port()
         proc = self.spawn([sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", str(port),
                            "--data", str(data), "--quiet", "--workers", str(workers)])
+        self.roots[f"http://127.0.0.1:{port}"] = [proc.pid]
         return f"http://127.0.0.1:{port}", proc
 
     def bare(self, upstream: str, processes: int = 1) -> str:
         """The bare aiohttp pass-through; several processes share the port as toolproxy's workers do."""
         port = _free_port()
-        for _ in range(processes):
-            self.spawn([sys.executable, "-m", "toolproxy.bench", "bare", str(port), upstream])
-        return f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        self.roots[url] = [self.spawn([sys.executable, "-m", "toolproxy.bench", "bare", str(port), upstream]).pid
+                           for _ in range(processes)]
+        return url
 
     def nginx(self, up_port: int, connections: int = 4096) -> str | None:
         """nginx proxy_pass with buffering off (Debian's `nginx`), or None when it is not installed."""
@@ -315,8 +349,12 @@ class Fleet:
             (self.tmp / sub).mkdir(exist_ok=True)
         conf = self.tmp / "nginx.conf"
         conf.write_text(NGINX_CONF.format(tmp=self.tmp, up=up_port, port=port, conns=connections, nofile=connections * 2 + 64))
-        self.spawn([binary, "-c", str(conf), "-g", "daemon off;"])
+        self.roots[f"http://127.0.0.1:{port}"] = [self.spawn([binary, "-c", str(conf), "-g", "daemon off;"]).pid]
         return f"http://127.0.0.1:{port}"
+
+    def cpu_s(self, url: str) -> float:
+        """CPU seconds used so far by everything serving `url` (workers and threads included)."""
+        return cpu_seconds([pid for root in self.roots[url] for pid in process_tree(root)])
 
     def stop(self) -> None:
         for p in self.procs:
@@ -340,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttfb-requests", type=int, default=200)
     ap.add_argument("--workers", type=_int_list, default=[1], help="toolproxy --workers counts to measure, e.g. 1,2 "
                     "(the bare pass-through runs as as many processes); the first must be 1")
+    ap.add_argument("--no-nginx", action="store_true", help="leave nginx out even when installed")
     ap.add_argument("--json", dest="json_out", help="also write the raw numbers here")
     ap.add_argument("_role", nargs="?", help=argparse.SUPPRESS)
     ap.add_argument("_port", nargs="?", type=int, help=argparse.SUPPRESS)
@@ -376,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             tp = proc
     for n in args.workers:
         targets["bare_aiohttp" if n == 1 else f"bare_aiohttp_w{n}"] = fleet.bare(upstream, n)
-    if (nginx := fleet.nginx(up_port)) is not None:
+    if not args.no_nginx and (nginx := fleet.nginx(up_port)) is not None:
         targets["nginx"] = nginx
     data = tmp / "data-toolproxy"
 
@@ -391,14 +430,16 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds):
             for name, url in targets.items():
                 c1 = _wrk(url + path, 1, args.seconds, script)
+                cpu0 = fleet.cpu_s(url)
                 c64 = _wrk(url + path, 64, args.seconds, script)
+                cpu_per_req = (fleet.cpu_s(url) - cpu0) / max(c64["requests"], 1) * 1e6
                 ttfb = asyncio.run(_ttfb(url + path, args.ttfb_requests))
                 r = results[name]
                 for key, val in (("c1_p50", c1["p50_us"]), ("c1_p99", c1["p99_us"]), ("c64_rps", c64["rps"]),
-                                 ("c64_p99", c64["p99_us"]), ("ttfb_p50", statistics.median(ttfb)),
+                                 ("c64_p99", c64["p99_us"]), ("c64_cpu_us", cpu_per_req), ("ttfb_p50", statistics.median(ttfb)),
                                  ("errors", c1["non2xx"] + c64["non2xx"])):
                     r.setdefault(key, []).append(val)
-                print(f"round {rnd + 1}/{args.rounds} {name}: c1 p50 {c1['p50_us']:.0f}us, c64 {c64['rps']:.0f} req/s, "
+                print(f"round {rnd + 1}/{args.rounds} {name}: c1 p50 {c1['p50_us']:.0f}us, c64 {c64['rps']:.0f} req/s ({cpu_per_req:.0f} us CPU/req), "
                       f"ttfb p50 {statistics.median(ttfb):.0f}us", file=sys.stderr, flush=True)
         stats = json.loads(urllib.request.urlopen(targets["toolproxy"] + "/_toolproxy/stats").read())
         while stats["exchanges"] < args.total:
@@ -417,14 +458,14 @@ def main(argv: list[str] | None = None) -> int:
         f"toolproxy.bench: {args.rounds} interleaved rounds x {args.seconds:g}s per measurement, medians; "
         f"{os.cpu_count()} cores; wrk load on 127.0.0.1",
         "",
-        "| target | c1 p50 (us) | added p50 (us) | c1 p99 (us) | c64 req/s | c64 p99 (us) | stream TTFB p50 (us) | TTFB overhead (us) | non-2xx |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| target | c1 p50 (us) | added p50 (us) | c1 p99 (us) | c64 req/s | c64 p99 (us) | c64 CPU/req (us) | stream TTFB p50 (us) | TTFB overhead (us) | non-2xx |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in med.items():
         added = m["c1_p50"] - direct["c1_p50"]
         ttfb_over = m["ttfb_p50"] - direct["ttfb_p50"]
         lines.append(
-            f"| {name} | {m['c1_p50']:.0f} | {added:.0f} | {m['c1_p99']:.0f} | {m['c64_rps']:.0f} | {m['c64_p99']:.0f} | "
+            f"| {name} | {m['c1_p50']:.0f} | {added:.0f} | {m['c1_p99']:.0f} | {m['c64_rps']:.0f} | {m['c64_p99']:.0f} | {m['c64_cpu_us']:.0f} | "
             f"{m['ttfb_p50']:.0f} | {ttfb_over:.0f} | {int(sum(results[name]['errors']))} |"
         )
     tpm, bare = med["toolproxy"], med["bare_aiohttp"]
@@ -436,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         "| ratio (toolproxy vs bare aiohttp pass-through) | value | target |",
         "|---|---|---|",
         f"| c64 throughput | {tpm['c64_rps'] / bare['c64_rps']:.2f}x | >= 1.0x |",
+        f"| c64 CPU per request (bare / toolproxy: throughput a free core would give) | {bare['c64_cpu_us'] / tpm['c64_cpu_us']:.2f}x | >= 1.0x |",
         f"| added p50 latency at c1 | {added_tp / added_bare:.2f}x | <= 1.1x |" if added_bare > 0 else "| added p50 latency at c1 | n/a | <= 1.1x |",
         f"| stream TTFB overhead vs direct | {(tpm['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | < 2 ms |",
         f"| RSS after warm-up -> after {stats['exchanges']} exchanges | {rss_warm / 1024:.1f} MiB -> {rss_after / 1024:.1f} MiB | flat |",

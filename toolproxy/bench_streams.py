@@ -35,7 +35,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from toolproxy.bench import Fleet, _int_list, _Upstream, _run_loop, _serve_upstream, _wait_http
+from toolproxy.bench import Fleet, _int_list, _run_loop, _serve_upstream, _Upstream, _wait_http, cpu_seconds, process_tree
 
 PATH = "/v1/chat/completions"
 # The shape of a real OpenAI-style chunk (~200 bytes), plus the upstream's send time in ns.
@@ -211,34 +211,6 @@ def raise_fd_limit() -> int:
 
 # ---- measuring a process tree ------------------------------------------------------------------
 
-def _tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = defaultdict(list)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children[int(fields[1])].append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, ()))
-    return out
-
-
-def _cpu_s(pids: list[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime + stime
-    return total / tick
-
-
 def _rss_mb(pids: list[int]) -> float:
     total = 0
     for pid in pids:
@@ -264,9 +236,9 @@ class _Sampler(threading.Thread):
 
 
 def _measure(pid: int | None, port: int, path: str, streams: int, events: int, deadline: float) -> dict:
-    pids = _tree(pid) if pid is not None else []
+    pids = process_tree(pid) if pid is not None else []
     sampler = _Sampler(pids)
-    cpu0 = _cpu_s(pids)
+    cpu0 = cpu_seconds(pids)
     sampler.start()
     out = subprocess.run(
         [sys.executable, "-m", "toolproxy.bench_streams", "client", str(port), path, str(streams), str(events), str(deadline)],
@@ -277,7 +249,7 @@ def _measure(pid: int | None, port: int, path: str, streams: int, events: int, d
     if out.returncode != 0:
         raise RuntimeError(f"the load client failed:\n{out.stderr}")
     result = json.loads(out.stdout)
-    result["cpu_s"] = _cpu_s(pids) - cpu0
+    result["cpu_s"] = cpu_seconds(pids) - cpu0
     result["rss_peak_mb"] = max(sampler.peak, _rss_mb(pids))
     return result
 
