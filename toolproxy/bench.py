@@ -1,6 +1,6 @@
 """Side-by-side benchmark: direct vs toolproxy (recording) vs a bare aiohttp pass-through vs nginx.
 
-    python -m toolproxy.bench [--seconds 5] [--rounds 3] [--total 100000] [--workers 1,2]
+    python -m toolproxy.bench [--seconds 5] [--rounds 3] [--total 100000] [--workers 1,2] [--c1-requests 2000]
 
 Everything runs on 127.0.0.1 in separate processes: a fast fake upstream, each target in front
 of it, and `wrk` (Debian package) as the load generator. Targets are measured in interleaved
@@ -224,6 +224,63 @@ def _wrk(url: str, conns: int, seconds: float, script: Path) -> dict:
             "non2xx": int(errors.group(1)) if errors else 0, "socket_errors": sock_err.group(1) if sock_err else ""}
 
 
+def _c1_interleaved(targets: dict[str, str], path: str, rounds: int) -> dict[str, dict]:
+    """Latency at concurrency 1, one request to each target in turn over one keep-alive connection
+    each, so a change in the machine's load falls on every target alike (a shared machine's load
+    moves within seconds: measuring targets one after another for seconds each compares noise)."""
+    conns, requests = {}, {}
+    for name, url in targets.items():
+        host, port = url.split("//", 1)[1].split(":")
+        conns[name] = socket.create_connection((host, int(port)), timeout=30)
+        conns[name].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        requests[name] = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer sk-bench\r\nContent-Length: {len(CHAT_BODY)}\r\n\r\n"
+        ).encode() + CHAT_BODY
+    times: dict[str, list[float]] = {name: [] for name in targets}
+    non2xx = dict.fromkeys(targets, 0)
+    try:
+        for _ in range(rounds):
+            for name, sock in conns.items():
+                t0 = time.perf_counter()
+                sock.sendall(requests[name])
+                status = _read_response(sock)
+                times[name].append((time.perf_counter() - t0) * 1e6)
+                non2xx[name] += not 200 <= status < 300
+    finally:
+        for sock in conns.values():
+            sock.close()
+    out = {}
+    for name, t in times.items():
+        t.sort()
+        out[name] = {"p50_us": t[len(t) // 2], "p99_us": t[min(len(t) - 1, int(len(t) * 0.99))], "non2xx": non2xx[name]}
+    return out
+
+
+def _read_response(sock: socket.socket) -> int:
+    """Read one whole HTTP/1.1 response (Content-Length or chunked); its status."""
+    buf = b""
+    while (head_end := buf.find(b"\r\n\r\n")) < 0:
+        buf += _recv(sock)
+    head = buf[:head_end].decode("latin-1")
+    body = buf[head_end + 4:]
+    m = re.search(r"(?im)^content-length:\s*(\d+)", head)
+    if m:
+        while len(body) < int(m.group(1)):
+            body += _recv(sock)
+    else:
+        while not body.endswith(b"0\r\n\r\n"):
+            body += _recv(sock)
+    return int(head.split(" ", 2)[1])
+
+
+def _recv(sock: socket.socket) -> bytes:
+    data = sock.recv(65536)
+    if not data:
+        raise RuntimeError("a target closed its connection during the latency measurement")
+    return data
+
+
 async def _ttfb(url: str, n: int) -> list[float]:
     import aiohttp
 
@@ -376,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     ap.add_argument("--total", type=int, default=100_000, help="requests through toolproxy before the RSS reading")
     ap.add_argument("--ttfb-requests", type=int, default=200)
+    ap.add_argument("--c1-requests", type=int, default=2000, help="sequential requests per target per round for c1 latency")
     ap.add_argument("--workers", type=_int_list, default=[1], help="toolproxy --workers counts to measure, e.g. 1,2 "
                     "(the bare pass-through runs as as many processes); the first must be 1")
     ap.add_argument("--no-nginx", action="store_true", help="leave nginx out even when installed")
@@ -428,8 +486,9 @@ def main(argv: list[str] | None = None) -> int:
             _wrk(url + path, 16, 1, script)
         rss_warm = _rss_kb(tp.pid)
         for rnd in range(args.rounds):
+            c1_all = _c1_interleaved(targets, path, args.c1_requests)
             for name, url in targets.items():
-                c1 = _wrk(url + path, 1, args.seconds, script)
+                c1 = c1_all[name]
                 cpu0 = fleet.cpu_s(url)
                 c64 = _wrk(url + path, 64, args.seconds, script)
                 cpu_per_req = (fleet.cpu_s(url) - cpu0) / max(c64["requests"], 1) * 1e6
@@ -456,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     direct = med["direct"]
     lines = [
         f"toolproxy.bench: {args.rounds} interleaved rounds x {args.seconds:g}s per measurement, medians; "
-        f"{os.cpu_count()} cores; wrk load on 127.0.0.1",
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; c1: {args.c1_requests} requests per target "
+        "per round, targets taking turns request by request; c64: wrk on 127.0.0.1",
         "",
         "| target | c1 p50 (us) | added p50 (us) | c1 p99 (us) | c64 req/s | c64 p99 (us) | c64 CPU/req (us) | stream TTFB p50 (us) | TTFB overhead (us) | non-2xx |",
         "|---|---|---|---|---|---|---|---|---|---|",
