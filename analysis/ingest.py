@@ -39,7 +39,8 @@ from analysis.reassemble import (
 )
 from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
-from toolproxy.record.segments import list_segments, parse_line
+from toolproxy.record.chunks import ChunkSource, is_chunk_line
+from toolproxy.record.segments import batch_end, list_segments, parse_line
 from toolproxy.stacks.markers import detect
 
 EXCHANGE_TYPES = {
@@ -319,7 +320,7 @@ class Batch:
         self.notes.append(f"{self.segment} @{offset}: {message}")
 
 
-def analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
+def analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSource) -> Batch:
     """Parse and analyse a batch of raw segment lines. Runs in worker processes: no database.
 
     The cyclic garbage collector is off meanwhile: a batch allocates hundreds of thousands of
@@ -329,7 +330,7 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        batch = _analyze_lines(segment, lines)
+        batch = _analyze_lines(segment, lines, chunks)
         batch.exchange_columns = list(zip(*batch.exchanges))
         batch.exchanges = []
         return batch
@@ -338,11 +339,11 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
             gc.enable()
 
 
-def _analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
+def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSource) -> Batch:
     batch = Batch(segment)
     ids: set[str] = set()
     for offset, line in lines:
-        rec, error = parse_line(line)
+        rec, error = parse_line(line, chunks)
         if rec is None:
             batch.issue(offset, "corrupt", f"{error}; skipped")
             continue
@@ -374,8 +375,10 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]]) -> Batch:
 def analyze_range(path: str, start: int, end: int) -> Batch:
     """Read the whole lines in [start, end) of a segment and analyse them.
 
-    Workers read the file themselves, so the main process never copies record bytes: it only
-    finds line boundaries and writes the results.
+    Workers read the file themselves, so the main process never parses records: it only finds
+    line boundaries (weighing lines that name chunked bodies, see batch_end) and writes the
+    results. Chunk lines are skipped; a record's chunks come from the range read, or from earlier
+    in the segment by a positioned read.
     """
     with open(path, "rb") as f:
         f.seek(start)
@@ -386,10 +389,12 @@ def analyze_range(path: str, start: int, end: int) -> Batch:
         nl = data.find(b"\n", pos)
         if nl < 0:
             nl = len(data)
-        if nl > pos and data[pos:nl].strip():
-            lines.append((start + pos, data[pos:nl]))
+        line = data[pos:nl]
+        if line.strip() and not is_chunk_line(line):
+            lines.append((start + pos, line))
         pos = nl + 1
-    return analyze_lines(Path(path).name, lines)
+    with ChunkSource(path, data, start) as chunks:
+        return analyze_lines(Path(path).name, lines, chunks)
 
 
 def _after_last_newline(f, start: int, size: int) -> int:
@@ -484,6 +489,7 @@ class Ingestor:
                 pos = start
                 while pos < complete:
                     end = _next_line_end(f, min(pos + self.batch_bytes, complete) - 1, complete)
+                    end = batch_end(f, pos, end, self.batch_bytes)  # chunked bodies count in full
                     yield _Chunk(path, pos, end, torn_at=complete if end == complete and complete < size else None)
                     pos = end
             if complete == start and complete < size:

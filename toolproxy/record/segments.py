@@ -4,16 +4,22 @@ Only complete lines (ending in a newline) are records. A trailing partial line i
 written right now or was torn by a crash; either way it is reported and skipped, and the reader's
 resume offset stops before it, so a later read picks it up if it completes. A complete line that
 does not parse is corrupt: reported with its offset and skipped, never fatal.
+
+Chunk lines (record version 2, toolproxy/record/chunks.py) are storage, not records: readers skip
+them and get every record with its bodies put back, byte for byte. A record whose chunks cannot
+be read is reported corrupt like an unparsable line.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import orjson
 
+from toolproxy.record.chunks import ChunkSource, is_chunk_line
 from toolproxy.record.writer import SEGMENT_DIR, SEGMENT_SUFFIX
 
 
@@ -60,30 +66,78 @@ def read_lines(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 10
             yield offset, offset + len(buf), None
 
 
-def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """(record, None) or (None, why the line is corrupt)."""
+_REQUEST_SIZE = re.compile(rb'"request_body_size":(\d+)')
+_CHUNK_REFS = b'_chunks":['
+
+
+def expanded_size(line: bytes) -> int:
+    """About how many bytes a record line stands for once its bodies are put back.
+
+    A line of a few hundred bytes can name megabytes of chunks: work batched by bytes on disk
+    (analyze) must count these to stay bounded in memory. The request body's recorded size
+    stands for each chunked body; the request is what a resent history makes large.
+    """
+    n = line.count(_CHUNK_REFS)
+    if not n:
+        return len(line)
+    m = _REQUEST_SIZE.search(line)
+    return len(line) + n * (int(m.group(1)) if m else 1 << 20)
+
+
+def batch_end(f, start: int, end: int, budget: int) -> int:
+    """Where a batch of the whole lines in [start, end) of open segment `f` should end so that,
+    bodies put back, it stands for about `budget` bytes (at least one line).
+
+    Reads at most `budget` bytes: a line running past them is a body stored whole, whose size on
+    disk is already what it stands for.
+    """
+    f.seek(start)
+    data = f.read(min(end - start, budget))
+    if data.find(_CHUNK_REFS) < 0:
+        return end
+    total = 0
+    pos = 0
+    while (nl := data.find(b"\n", pos)) >= 0:
+        # Lines without chunk references (most bytes, when bodies are stored whole) are not copied.
+        total += expanded_size(data[pos:nl]) if data.find(_CHUNK_REFS, pos, nl) >= 0 else nl - pos
+        pos = nl + 1
+        if total >= budget:
+            return start + pos
+    return end
+
+
+def parse_line(line: bytes, chunks: ChunkSource | None = None) -> tuple[dict[str, Any] | None, str | None]:
+    """(record, None) or (None, why the line is corrupt). With `chunks` (the line's segment), bodies
+    stored as chunk references are put back; without, such a record keeps its references."""
     try:
         rec = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         return None, f"corrupt: {exc}"
     if not isinstance(rec, dict):
         return None, "corrupt: not a JSON object"
+    if chunks is not None:
+        error = chunks.resolve(rec)
+        if error is not None:
+            return None, error
     return rec, None
 
 
 def read_segment(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 1024) -> Iterator[SegmentLine]:
-    """Yield every complete line from byte offset `start` on.
+    """Yield every complete record line from byte offset `start` on (chunk lines are not records).
 
     A torn tail is yielded as a SegmentLine with record None and error "torn_tail"; its `offset`
     is where a resumed read must start again.
     """
     path = Path(path)
-    for offset, end, line in read_lines(path, start, chunk_size):
-        if line is None:
-            yield SegmentLine(path, offset, end, None, "torn_tail")
-            continue
-        rec, error = parse_line(line)
-        yield SegmentLine(path, offset, end, rec, error)
+    with ChunkSource(path) as chunks:
+        for offset, end, line in read_lines(path, start, chunk_size):
+            if line is None:
+                yield SegmentLine(path, offset, end, None, "torn_tail")
+            elif is_chunk_line(line):
+                chunks.note(offset, line)
+            else:
+                rec, error = parse_line(line, chunks)
+                yield SegmentLine(path, offset, end, rec, error)
 
 
 def read_records(data_dir: str | Path, kind: str | None = None) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from typing import Callable
 
 import orjson
 
+from toolproxy.record.chunks import INLINE_BODY_CHARS, ChunkPacker
 from toolproxy.record.model import Record
 
 SEGMENT_DIR = "segments"
@@ -34,7 +35,8 @@ SEGMENT_SUFFIX = ".jsonl"
 # Records up to this many body characters are serialised on the event loop when submitted (a few
 # microseconds): the writer thread then holds the GIL only to join and write bytes, instead of
 # taking it from the loop for whole batches. Larger ones are serialised on the writer thread, so a
-# multi-megabyte context never stalls the loop.
+# multi-megabyte context never stalls the loop. With dedup the limit is chunks.INLINE_BODY_CHARS:
+# larger bodies are cut into chunks there, off the loop.
 INLINE_SERIALIZE_CHARS = 256 * 1024
 
 
@@ -59,6 +61,7 @@ class SegmentWriter:
         segment_seconds: float = 3600.0,
         log: Callable[[Record], str | None] | None = None,
         poll: float = 0.02,
+        dedup: bool = True,
     ) -> None:
         self.dir = Path(data_dir) / SEGMENT_DIR
         self.window = window
@@ -68,6 +71,10 @@ class SegmentWriter:
         self.stats = WriterStats()
         self.poll = min(poll, window)
         self.max_queue = max_queue
+        # With dedup, records with large bodies are serialised by the packer on this thread, which
+        # stores repeated body content once per segment (record/chunks.py).
+        self._packer = ChunkPacker() if dedup else None
+        self._inline_chars = INLINE_BODY_CHARS if dedup else INLINE_SERIALIZE_CHARS
         self._buf: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
@@ -99,7 +106,7 @@ class SegmentWriter:
                 waiter.set_result(False)
             return False
         line = None
-        if _body_chars(record) <= INLINE_SERIALIZE_CHARS:
+        if _body_chars(record) <= self._inline_chars:
             line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
         self._buf.append((record, line, waiter))
         if waiter is not None:
@@ -147,16 +154,21 @@ class SegmentWriter:
             finally:
                 self._file = None
 
-    def _write_batch(self, batch: list[tuple[Record, bytes | None, asyncio.Future | None]]) -> bool:
-        data = b"".join(
+    def _encode(self, batch: list[tuple[Record, bytes | None, asyncio.Future | None]]) -> bytes:
+        if self._packer is not None:
+            return self._packer.pack(batch, self._file)
+        return b"".join(
             line if line is not None else orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE) for rec, line, _ in batch
         )
+
+    def _write_batch(self, batch: list[tuple[Record, bytes | None, asyncio.Future | None]]) -> bool:
         try:
             if self._file is None or self._file_bytes >= self.segment_bytes or (
                 time.monotonic() - self._file_opened >= self.segment_seconds
             ):
                 self._close_segment()
                 self._open_segment()
+            data = self._encode(batch)
             self._file.write(data)
             self._file_bytes += len(data)
             return True
