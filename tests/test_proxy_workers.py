@@ -183,3 +183,26 @@ def test_a_silent_worker_degrades_the_group():
     assert "worker 2 (pid 12) last reported" in problems and "pid 13 has not reported yet" in problems
     healthy = group_snapshot(own, [peer_fresh], [], {"count": 2, "pids": [10, 11]}, now=now)
     assert healthy["status"] == "ok" and "problems" not in healthy["workers"]
+
+
+def test_a_writer_never_appends_to_a_segment_it_did_not_create(tmp_path):
+    """Segment names carry the pid; a restarted worker that got a dead one's pid must not append."""
+    import os
+
+    from toolproxy.record.model import Record, new_id
+    from toolproxy.record.segments import read_records
+    from toolproxy.record.writer import SEGMENT_DIR, SegmentWriter
+
+    seg_dir = tmp_path / SEGMENT_DIR
+    seg_dir.mkdir()
+    now = time.time()
+    stamps = {time.strftime("%Y%m%dT%H%M%S", time.gmtime(now + d)) for d in (0, 1, 2)}  # the writer may start a second later
+    squatters = [seg_dir / f"{stamp}-{os.getpid()}-{n:04d}.jsonl" for stamp in stamps for n in (1, 2)]
+    for path in squatters:
+        path.write_bytes(b'{"torn": ')  # a dead writer's torn tail
+    writer = SegmentWriter(tmp_path)
+    writer.start()
+    writer.submit(Record(id=new_id(), started_at=time.time(), upstream="http://127.0.0.1:1", method="GET", path="/v1/models"))
+    writer.close()
+    assert all(p.read_bytes() == b'{"torn": ' for p in squatters)
+    assert [r["path"] for r in read_records(tmp_path, "exchange")] == ["/v1/models"]

@@ -136,11 +136,17 @@ class SegmentWriter:
         self.stats.last_error = message
 
     def _open_segment(self) -> None:
-        self._seq += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "ab", buffering=1024 * 1024)
+        while True:
+            # Never append to another writer's file (a worker restarted under a reused pid).
+            self._seq += 1
+            path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
+            try:
+                self._file = open(path, "xb", buffering=1024 * 1024)
+                break
+            except FileExistsError:
+                continue
         self._file_bytes = 0
         self._file_opened = time.monotonic()
         self.stats.segments += 1
