@@ -183,6 +183,9 @@ def test_a_silent_worker_degrades_the_group():
     assert "worker 2 (pid 12) last reported" in problems and "pid 13 has not reported yet" in problems
     healthy = group_snapshot(own, [peer_fresh], [], {"count": 2, "pids": [10, 11]}, now=now)
     assert healthy["status"] == "ok" and "problems" not in healthy["workers"]
+    restarting = group_snapshot(own, [peer_fresh], [], {"count": 3, "pids": [10, 11], "last_exit": "worker 2 (pid 9) exited with signal SIGKILL"}, now=now)
+    assert restarting["status"] == "degraded"
+    assert restarting["workers"]["problems"] == ["1 of 3 workers not running (being restarted after: worker 2 (pid 9) exited with signal SIGKILL)"]
 
 
 def test_a_writer_never_appends_to_a_segment_it_did_not_create(tmp_path):

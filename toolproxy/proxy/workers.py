@@ -194,12 +194,16 @@ def group_snapshot(own: dict, live: list[dict], retired: list[dict], supervisor:
             silent.append(f"worker {s['worker']['index']} (pid {s['worker']['pid']}) last reported {age:.0f}s ago")
     for pid in sorted(alive_pids - answered):
         silent.append(f"worker pid {pid} has not reported yet")
+    count = supervisor.get("count", len(snaps))
+    if len(alive_pids) < count:
+        silent.append(f"{count - len(alive_pids)} of {count} workers not running (being restarted after: "
+                      f"{supervisor.get('last_exit')})")
     for s in snaps:
         w = s["worker"]
         per_worker.append({"index": w["index"], "pid": w["pid"], "status": s.get("status"),
                            "exchanges": s.get("exchanges"), "in_flight": s.get("in_flight")})
     merged["workers"] = {
-        "count": supervisor.get("count", len(snaps)),
+        "count": count,
         "answering": len(snaps) - sum(1 for s in peers if now - s["worker"]["published_at"] > STALE_AFTER),
         "restarts": supervisor.get("restarts", 0),
         "last_exit": supervisor.get("last_exit"),
