@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         targets[name] = (url, proc.pid)
     url = fleet.bare(upstream)
     targets["bare_aiohttp"] = (url, fleet.procs[-1].pid)
-    nginx = fleet.nginx(up_port, connections=max(args.streams) * 2 + 256)
+    nginx = fleet.nginx(up_port, connections=max(args.streams) * 4 + 256)
     if nginx is not None:
         targets["nginx"] = (nginx, fleet.procs[-1].pid)
     else:
