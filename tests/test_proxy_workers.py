@@ -209,3 +209,28 @@ def test_a_writer_never_appends_to_a_segment_it_did_not_create(tmp_path):
     writer.close()
     assert all(p.read_bytes() == b'{"torn": ' for p in squatters)
     assert [r["path"] for r in read_records(tmp_path, "exchange")] == ["/v1/models"]
+
+
+def test_serve_lifts_a_low_open_files_limit_for_every_worker(fake_stack, tmp_path):
+    """Two sockets per stream: a soft limit of 1024 would stop a proxy at ~500 streams."""
+    import resource
+
+    fake = fake_stack("openai")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"the hard limit here ({hard}) leaves nothing to lift")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", fake.url, "--port", "0",
+         "--data", str(tmp_path / "d"), "--workers", "2", "--quiet", "--no-fingerprint"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)),
+    )
+    try:
+        assert "listening on" in proc.stdout.readline()
+        for pid in [proc.pid, *_children(proc.pid)]:
+            limits = open(f"/proc/{pid}/limits").read()
+            soft = next(line.split()[3] for line in limits.splitlines() if line.startswith("Max open files"))
+            assert soft == ("unlimited" if hard == resource.RLIM_INFINITY else str(hard)), (pid, soft)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0

@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from toolproxy.bench import Fleet, _int_list, _run_loop, _serve_upstream, _Upstream, _wait_http, cpu_seconds, process_tree
+from toolproxy.proxy.workers import raise_fd_limit
 
 PATH = "/v1/chat/completions"
 # The shape of a real OpenAI-style chunk (~200 bytes), plus the upstream's send time in ns.
@@ -199,14 +199,6 @@ def _pct(sorted_values: list[float], p: float) -> float:
     if not sorted_values:
         return float("nan")
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * p / 100))]
-
-
-def raise_fd_limit() -> int:
-    """Thousands of sockets need more than the usual soft limit of 1024 descriptors."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 # ---- measuring a process tree ------------------------------------------------------------------

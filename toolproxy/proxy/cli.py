@@ -95,9 +95,10 @@ def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, 
         segments.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise click.UsageError(f"--data {data_dir}: cannot create {segments}: {exc.strerror or exc}") from None
-    if workers > 1:
-        from toolproxy.proxy.workers import run_workers
+    from toolproxy.proxy.workers import raise_fd_limit, run_workers
 
+    raise_fd_limit()  # inherited by the workers
+    if workers > 1:
         raise SystemExit(run_workers(config, workers))
     from toolproxy.proxy.app import run as run_proxy
 
