@@ -228,25 +228,32 @@ def _c1_interleaved(targets: dict[str, str], path: str, rounds: int) -> dict[str
     """Latency at concurrency 1, one request to each target in turn over one keep-alive connection
     each, so a change in the machine's load falls on every target alike (a shared machine's load
     moves within seconds: measuring targets one after another for seconds each compares noise)."""
-    conns, requests = {}, {}
-    for name, url in targets.items():
-        host, port = url.split("//", 1)[1].split(":")
-        conns[name] = socket.create_connection((host, int(port)), timeout=30)
-        conns[name].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        requests[name] = (
-            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    addrs = {name: url.split("//", 1)[1] for name, url in targets.items()}
+    requests = {
+        name: (
+            f"POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer sk-bench\r\nContent-Length: {len(CHAT_BODY)}\r\n\r\n"
         ).encode() + CHAT_BODY
+        for name, addr in addrs.items()
+    }
+    conns: dict[str, socket.socket] = {}
     times: dict[str, list[float]] = {name: [] for name in targets}
     non2xx = dict.fromkeys(targets, 0)
     try:
         for _ in range(rounds):
-            for name, sock in conns.items():
+            for name, addr in addrs.items():
+                if name not in conns:  # nginx, for one, closes a keep-alive connection after 1000 requests
+                    host, port = addr.rsplit(":", 1)
+                    conns[name] = socket.create_connection((host, int(port)), timeout=30)
+                    conns[name].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = conns[name]
                 t0 = time.perf_counter()
                 sock.sendall(requests[name])
-                status = _read_response(sock)
+                status, keep = _read_response(sock)
                 times[name].append((time.perf_counter() - t0) * 1e6)
                 non2xx[name] += not 200 <= status < 300
+                if not keep:
+                    conns.pop(name).close()
     finally:
         for sock in conns.values():
             sock.close()
@@ -257,8 +264,9 @@ def _c1_interleaved(targets: dict[str, str], path: str, rounds: int) -> dict[str
     return out
 
 
-def _read_response(sock: socket.socket) -> int:
-    """Read one whole HTTP/1.1 response (Content-Length or chunked); its status."""
+def _read_response(sock: socket.socket) -> tuple[int, bool]:
+    """Read one whole HTTP/1.1 response (Content-Length or chunked): its status, and whether the
+    connection stays open."""
     buf = b""
     while (head_end := buf.find(b"\r\n\r\n")) < 0:
         buf += _recv(sock)
@@ -271,13 +279,13 @@ def _read_response(sock: socket.socket) -> int:
     else:
         while not body.endswith(b"0\r\n\r\n"):
             body += _recv(sock)
-    return int(head.split(" ", 2)[1])
+    return int(head.split(" ", 2)[1]), re.search(r"(?im)^connection:\s*close", head) is None
 
 
 def _recv(sock: socket.socket) -> bytes:
     data = sock.recv(65536)
     if not data:
-        raise RuntimeError("a target closed its connection during the latency measurement")
+        raise RuntimeError("a target closed its connection in the middle of a response")
     return data
 
 
