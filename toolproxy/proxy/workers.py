@@ -45,7 +45,7 @@ from toolproxy.proxy.config import ProxyConfig
 PUBLISH_EVERY = 0.25
 # A live worker whose snapshot is older than this is reported as not answering.
 STALE_AFTER = 3.0
-STOP_GRACE = 30.0
+STOP_GRACE = 20.0  # below systemd's usual TimeoutStopSec; a worker's writer drains within 10 s
 # Numbers that describe a process rather than count events: the largest, not the sum, is right.
 NOT_SUMMED = {"uptime_s"}
 # Numbers that describe the present: a worker that is gone has none of them any more.
