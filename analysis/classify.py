@@ -98,6 +98,10 @@ def non_response(reply: Reply | None, status: int | None, error_kind: str | None
     if not has_output:
         if reply.streamed and not reply.complete:
             return "truncated", "stream ended before any content"
+        if reply.completion_tokens:
+            # The stack says the model generated tokens, yet none reached the harness: the model
+            # ran and the server ate its output (a parser that consumed the text, a filter).
+            return "swallowed", f"nothing delivered although the stack reports {reply.completion_tokens} completion tokens"
         return "empty", "no content and no tool calls" if reply.n_choices else "no choices"
     return None
 

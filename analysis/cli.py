@@ -25,6 +25,27 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def expect_callback(_ctx, _param, values: tuple[str, ...]) -> list:
+    """--expect rules parsed at the command line, so a mistyped rule is a usage error, not a traceback."""
+    from analysis.expect import RuleError, parse_rules
+
+    try:
+        return parse_rules(values)
+    except RuleError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def expect_option(help_text: str):
+    return click.option("--expect", "expect_rules", multiple=True, metavar="TAG=VALUE:call|none",
+                        callback=expect_callback, help=help_text)
+
+
+EXPECT_OPTION = expect_option(
+    "Override what items expect for this output only, by a rule on tags, e.g. 'category=irrelevance:none' "
+    "(repeatable; the last matching rule wins over stored rules and expect tags)."
+)
+
+
 def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = "1GB"):
     from analysis.store import StoreError, connect, default_db
 
@@ -41,11 +62,23 @@ def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit
 @click.option("--batch-mb", default=8.0, show_default=True, type=click.FloatRange(0.001, 1024), help="Input analysed together, in MB (bounds memory).")
 @click.option("--workers", default=None, type=click.IntRange(0, 64), help="Analysis processes (default: one per core for large ingests, 0 = in-process).")
 @click.option("--memory-limit", default="1GB", show_default=True, help="DuckDB memory limit; it spills to disk beyond it.")
-def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int | None, memory_limit: str) -> None:
-    """Ingest new records from DATA into DuckDB and classify every turn (incremental; safe to re-run)."""
+@click.option("--reclassify", is_flag=True,
+              help="Rebuild every derived table (classification, turns, roles, episodes) from the stored raw exchanges.")
+@expect_option("What items expect, by a rule on tags, e.g. 'category=irrelevance:none' (repeatable; the last "
+               "matching rule wins over the item's expect tag). Stored with the analysis and used until replaced.")
+@click.option("--clear-expect", is_flag=True, help="Forget the stored expectation rules (items keep their expect tags).")
+def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int | None, memory_limit: str,
+            reclassify: bool, expect_rules: list, clear_expect: bool) -> None:
+    """Ingest new records from DATA into DuckDB and classify every turn (incremental; safe to re-run).
+
+    When the store was analysed by another analyzer version, with other --expect rules, or with
+    --reclassify, every derived row is first rebuilt from the stored raw exchanges.
+    """
     import duckdb
 
     from analysis.ingest import ingest
+    from analysis.outcomes import ANALYZER_VERSION
+    from analysis.reanalyze import rebuild, rebuild_reason, save_state
 
     if not data_dir.exists():
         _fail(f"data directory {data_dir} does not exist (give --data, where `toolproxy serve` recorded)")
@@ -53,8 +86,18 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
         _fail(f"--data {data_dir} is not a directory")
     if not (data_dir / "segments").is_dir():
         _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
+    if expect_rules and clear_expect:
+        _fail("give --expect or --clear-expect, not both")
+    rules = expect_rules or ([] if clear_expect else None)
     con = _open(data_dir, db_path, read_only=False, memory_limit=memory_limit)
     try:
+        reason = rebuild_reason(con, rules=rules, force=reclassify)
+        if reason is not None:
+            t = rebuild(con, rules, exchanges=reclassify or reason.startswith("analyzer version"))
+            click.echo(f"rebuilt derived tables ({reason}): {t['exchanges']} exchanges reclassified, "
+                       f"{t['runs']} runs, {t['turns']} turns, {t['episodes']} episodes")
+        else:
+            save_state(con, rules)  # a new store records the version and rules its first ingest is derived under
         s = ingest(con, data_dir, batch_bytes=int(batch_mb * 1024 * 1024), workers=workers)
     except duckdb.Error as exc:
         _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
@@ -78,6 +121,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
             click.echo(f"  ... {len(s.issues) - 20} more")
     else:
         click.echo("issues: none")
+    click.echo(f"analyzer version {ANALYZER_VERSION}")
 
 
 def _cell(value) -> str:

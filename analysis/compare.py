@@ -8,19 +8,29 @@ reverse?" rather than comparing two rates that may cover different tasks.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import duckdb
 
 from analysis import stats
+from analysis.expect import Rule
+from analysis.metrics import score
 from analysis.summary import StoreError
 
 # An item's verdict in one run, from the turns of its episode(s) in that run (repeats are pooled).
 METRICS = {
+    "delivered": "case when expect_none then abstain_n > 0 and abstain_tried = 0 "
+                 "else call_n > 0 and call_delivered = call_n end",
+    "call": "case when expect_none then abstain_n > 0 and abstain_tried = 0 else call_n > 0 and call_valid = call_n end",
     "all-valid": "produced > 0 and valid = produced",
     "any-valid": "valid > 0",
     "clean": "valid > 0 and failed = 0",
 }
 METRIC_HELP = {
+    "delivered": "an item passes when every turn that was due a call delivered a valid call to the harness (in "
+                 "tool_calls, or a text call the harness acted on) and, for an item that expects no call, when no "
+                 "call was attempted; an item with neither kind of turn fails",
+    "call": "like delivered, but a valid call counts whatever surface it came in (text the harness never saw included)",
     "all-valid": "an item passes when the model produced at least one turn and every produced turn is a valid_call "
                  "(non-response turns are ignored; an item with only non-responses fails)",
     "any-valid": "an item passes when at least one turn is a valid_call",
@@ -60,13 +70,14 @@ def _paired(label: str, paired: int, both_pass: int, a_only: int, b_only: int) -
                   stats.mcnemar_exact(a_only, b_only))
 
 
-def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str = "all-valid",
-            by_category: bool = False) -> Comparison:
+def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str = "delivered",
+            by_category: bool = False, rules: Sequence[Rule] = ()) -> Comparison:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}")
     if run_a == run_b:
         raise StoreError(f"compare needs two different runs, got {run_a!r} twice")
     verdict = METRICS[metric]
+    score(con, [run_a, run_b], rules)
     con.execute(f"""
         create or replace temp table verdicts as
         with item as (
@@ -74,8 +85,14 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str 
                    coalesce(any_value(e.category), any_value(t.category)) as category,
                    count(t.turn_id) filter (where t.outcome <> 'non_response') as produced,
                    count(t.turn_id) filter (where t.outcome = 'valid_call') as valid,
-                   count(t.turn_id) filter (where t.outcome in ('invalid_args', 'hallucinated_call', 'unparseable')) as failed
-            from episodes e left join turns t on t.episode_key = e.episode_key
+                   count(t.turn_id) filter (where t.outcome in ('invalid_args', 'hallucinated_call', 'unparseable')) as failed,
+                   count(t.turn_id) filter (where t.role = 'call') as call_n,
+                   count(t.turn_id) filter (where t.role = 'call' and t.outcome = 'valid_call') as call_valid,
+                   count(t.turn_id) filter (where t.role = 'call' and t.delivered) as call_delivered,
+                   count(t.turn_id) filter (where t.role = 'abstain') as abstain_n,
+                   count(t.turn_id) filter (where t.role = 'abstain' and t.outcome <> 'prose') as abstain_tried,
+                   coalesce(bool_or(t.expect = 'none'), false) as expect_none
+            from episodes e left join scored t on t.episode_key = e.episode_key
             where e.run in ($a, $b) and e.item_key is not null
             group by e.run, e.item_key
         )

@@ -57,7 +57,7 @@ EXCHANGE_TYPES = {
     "n_calls": "INTEGER", "finish_reason": "VARCHAR", "content": "VARCHAR", "reasoning_content": "VARCHAR",
     "upstream_content": "VARCHAR", "harness_saw_prose": "BOOLEAN", "stack_marker": "VARCHAR",
     "stack_marker_version": "VARCHAR", "n_messages": "INTEGER", "state_hash": "VARCHAR", "chain_hash": "VARCHAR",
-    "parent_hashes": "VARCHAR[]", "item_hash": "VARCHAR", "call_signature": "VARCHAR",
+    "parent_hashes": "VARCHAR[]", "item_hash": "VARCHAR", "call_signature": "VARCHAR", "tool_results": "INTEGER",
 }
 CALL_TYPES = {
     "exchange_id": "VARCHAR", "idx": "INTEGER", "name": "VARCHAR", "arguments_raw": "VARCHAR", "arguments": "JSON",
@@ -252,6 +252,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         saw_prose, mark.stack if mark else None, mark.version if mark else None,
         keys.n_messages if keys else None, keys.state_hash if keys else None, keys.chain_hash if keys else None,
         keys.parent_hashes if keys else None, keys.item_hash if keys else None, signature,
+        keys.tool_results if keys else None,
     )
     return Analyzed(row, calls_out, tools_row)
 

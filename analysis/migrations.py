@@ -160,4 +160,27 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        2,
+        "turn roles, expectations, delivered calls; analyzer version on every derived row",
+        """
+        ALTER TABLE exchanges ADD COLUMN tool_results INTEGER;
+        ALTER TABLE exchanges ADD COLUMN analyzer_version INTEGER;
+        ALTER TABLE calls ADD COLUMN analyzer_version INTEGER;
+        ALTER TABLE turns ADD COLUMN role VARCHAR;
+        ALTER TABLE turns ADD COLUMN expect VARCHAR;
+        ALTER TABLE turns ADD COLUMN delivered BOOLEAN;
+        ALTER TABLE turns ADD COLUMN offered_tools BOOLEAN;
+        ALTER TABLE turns ADD COLUMN tool_results INTEGER;
+        ALTER TABLE turns ADD COLUMN saw_result BOOLEAN;
+        ALTER TABLE turns ADD COLUMN is_last BOOLEAN;
+        ALTER TABLE turns ADD COLUMN analyzer_version INTEGER;
+        ALTER TABLE episodes ADD COLUMN expect VARCHAR;
+        ALTER TABLE episodes ADD COLUMN tags JSON;
+        ALTER TABLE episodes ADD COLUMN analyzer_version INTEGER;
+        ALTER TABLE runs ADD COLUMN analyzer_version INTEGER;
+        -- what the derived tables were built under: the analyzer version and the expectation rules
+        CREATE TABLE analyzer_state (key VARCHAR PRIMARY KEY, value JSON);
+        """,
+    ),
 ]

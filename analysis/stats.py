@@ -1,4 +1,4 @@
-"""The statistics behind every number a report prints: fidelity, bootstrap CI, exact McNemar, Holm.
+"""The statistics behind every number a report prints: rates, Wilson and bootstrap CIs, exact McNemar, Holm.
 
 Pure functions over plain numbers and numpy arrays, so each one is tested against known values
 and the SQL side only has to count. numpy only: scipy is a heavy dependency for three formulas.
@@ -7,12 +7,18 @@ and the SQL side only has to count. numpy only: scipy is a heavy dependency for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Sequence
 
 import numpy as np
 
 RESAMPLES = 10_000
 CONFIDENCE = 0.95
+# A bootstrap over fewer episodes than this says nothing (with 3 episodes there are 10 distinct
+# resamples), so the per-episode mean then gets no interval and the report says why.
+MIN_EPISODES = 5
+TOO_FEW_EPISODES = "too few episodes"
+NO_SPREAD = "every episode scored the same"
 # Bootstrap count matrices are drawn in blocks of at most this many cells, so 10,000 resamples of
 # a run with many distinct rates stay within a few tens of MB instead of resamples x rates at once.
 _BLOCK_CELLS = 1 << 22
@@ -74,59 +80,81 @@ def bootstrap_mean_ci(values: Sequence[float] | np.ndarray, resamples: int = RES
     return float(low), float(high)
 
 
-@dataclass(frozen=True)
-class Fidelity:
-    """Protocol fidelity of one run: valid_call turns over the turns the model produced.
+def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Wilson score interval of a binomial proportion; None when n is 0.
 
-    Non-responses (the model never answered: refusals, 5xx, timeouts) are kept out of the
-    denominator and reported as their own rate, so a serving failure never reads as a model
-    that made no call. Every rate is None when its denominator is empty ("rej" when the model
-    produced nothing at all).
+    Unlike the normal approximation it never collapses to zero width at 0% or 100% and stays
+    inside [0, 1], which is what a small run needs: 0 of 3 reads [0-56], not [0-0].
+    """
+    if n <= 0:
+        return None
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must lie in [0, n], got {successes} of {n}")
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    p = successes / n
+    z2n = z * z / n
+    centre = (p + z2n / 2) / (1 + z2n)
+    half = z * np.sqrt(p * (1 - p) / n + z2n / (4 * n)) / (1 + z2n)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """One metric of one run: numerator over denominator turns (or episodes), pooled and per episode.
+
+    `pooled` (with its Wilson interval) is None when the denominator is empty: an undefined rate
+    is never 0%. `episode_mean` weighs each episode equally over the episodes where the rate is
+    defined (`episodes_rated`); its bootstrap interval `ci_low`-`ci_high` exists only for at least
+    MIN_EPISODES such episodes that do not all score the same, and `interval_note` says why not.
     """
 
-    turns: int
-    produced: int
-    valid: int
-    non_responses: int
+    numerator: int
+    denominator: int
     pooled: float | None
-    non_response_rate: float | None
+    wilson_low: float | None
+    wilson_high: float | None
     episode_mean: float | None
     ci_low: float | None
     ci_high: float | None
     episodes_rated: int
     episodes_unrated: int
+    interval_note: str | None
 
 
-def fidelity(valid: Sequence[int] | np.ndarray, produced: Sequence[int] | np.ndarray,
-             non_responses: Sequence[int] | np.ndarray, resamples: int = RESAMPLES, seed: int = 0) -> Fidelity:
-    """Fidelity from per-episode counts (three aligned arrays, one entry per episode).
-
-    The per-episode mean weighs each episode equally; episodes in which the model produced no
-    turn have no rate and are left out of that mean (and counted in `episodes_unrated`).
-    """
-    v = np.asarray(valid, dtype=np.int64)
-    p = np.asarray(produced, dtype=np.int64)
-    n = np.asarray(non_responses, dtype=np.int64)
-    if not (v.shape == p.shape == n.shape) or v.ndim != 1:
-        raise ValueError("valid, produced and non_responses must be 1-D arrays of equal length")
-    if np.any(v > p) or np.any(v < 0) or np.any(n < 0):
-        raise ValueError("counts must be non-negative and valid <= produced in every episode")
-    rated = p > 0
-    per_episode = v[rated] / p[rated]
-    ci = bootstrap_mean_ci(per_episode, resamples=resamples, seed=seed)
-    total_valid, total_produced, total_nr = int(v.sum()), int(p.sum()), int(n.sum())
-    return Fidelity(
-        turns=total_produced + total_nr,
-        produced=total_produced,
-        valid=total_valid,
-        non_responses=total_nr,
-        pooled=rate(total_valid, total_produced),
-        non_response_rate=rate(total_nr, total_produced + total_nr),
+def proportion(numerators: Sequence[int] | np.ndarray, denominators: Sequence[int] | np.ndarray,
+               resamples: int = RESAMPLES, seed: int = 0) -> Rate:
+    """A Rate from per-episode counts (two aligned arrays, one entry per episode)."""
+    k = np.asarray(numerators, dtype=np.int64)
+    n = np.asarray(denominators, dtype=np.int64)
+    if k.shape != n.shape or k.ndim != 1:
+        raise ValueError("numerators and denominators must be 1-D arrays of equal length")
+    if np.any(k < 0) or np.any(k > n):
+        raise ValueError("counts must satisfy 0 <= numerator <= denominator in every episode")
+    rated = n > 0
+    per_episode = k[rated] / n[rated]
+    ci = note = None
+    if per_episode.size < MIN_EPISODES:
+        note = TOO_FEW_EPISODES if per_episode.size else None
+    elif np.all(per_episode == per_episode[0]):
+        note = NO_SPREAD
+    else:
+        ci = bootstrap_mean_ci(per_episode, resamples=resamples, seed=seed)
+    total_k, total_n = int(k.sum()), int(n.sum())
+    interval = wilson(total_k, total_n)
+    return Rate(
+        numerator=total_k,
+        denominator=total_n,
+        pooled=rate(total_k, total_n),
+        wilson_low=interval[0] if interval else None,
+        wilson_high=interval[1] if interval else None,
         episode_mean=float(per_episode.mean()) if per_episode.size else None,
         ci_low=ci[0] if ci else None,
         ci_high=ci[1] if ci else None,
         episodes_rated=int(rated.sum()),
         episodes_unrated=int((~rated).sum()),
+        interval_note=note,
     )
 
 

@@ -1,21 +1,26 @@
 """One row of numbers per run, read from the analyzed DuckDB store.
 
 DuckDB does the counting (it is built for it and the store can be larger than memory); numpy only
-draws the bootstrap. What comes out is plain dataclasses that every renderer shares, so the
-terminal table, the JSON and the HTML chart can never disagree about a number.
+draws the bootstrap; the metrics themselves are defined in analysis.metrics. What comes out is
+plain dataclasses that every renderer shares, so the terminal table, the JSON and the HTML chart
+can never disagree about a number.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
 import duckdb
 
 from analysis import stats
-from analysis.outcomes import HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS, UNPARSEABLE, VALID_CALL
+from analysis.expect import Rule
+from analysis.metrics import RunMetrics, by_run, run_metrics, score
+from analysis.outcomes import (ANALYZER_VERSION, HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS,
+                               UNPARSEABLE, VALID_CALL)
+from analysis.reanalyze import stored_version
 from analysis.store import StoreError
 from toolproxy import __version__
 
@@ -44,7 +49,9 @@ def select_runs(con: duckdb.DuckDBPyConnection, wanted: Sequence[str] | None, pa
 
 
 @dataclass
-class RunSummary:
+class RunSummary(RunMetrics):
+    """A run's metrics (analysis.metrics) and what a reader needs beside them."""
+
     run: str
     stack: str | None
     stack_version: str | None
@@ -52,9 +59,7 @@ class RunSummary:
     condition: str | None
     turns: int
     episodes: int
-    fidelity: stats.Fidelity
     outcomes: dict[str, int]
-    non_response_kinds: dict[str, int]
     calls: int
     text_calls: int
     harness_saw_prose: int
@@ -73,8 +78,14 @@ class RunSummary:
 
     @property
     def rejected(self) -> bool:
-        """Every turn was a non-response: fidelity is undefined, the model never answered."""
-        return self.turns > 0 and self.fidelity.produced == 0
+        """Every turn was a non-response: no metric is defined, the model's output never arrived."""
+        return self.turns > 0 and self.paper_fidelity.denominator == 0
+
+    @property
+    def lost_in_serving(self) -> float | None:
+        """Call fidelity minus delivered fidelity: valid calls the harness never got as calls."""
+        call, delivered = self.call_fidelity.pooled, self.delivered_fidelity.pooled
+        return None if call is None or delivered is None else call - delivered
 
 
 @dataclass
@@ -83,21 +94,24 @@ class Report:
     source: str
     seed: int
     resamples: int
+    analyzer_version: int | None
+    expect_rules: list[str] = field(default_factory=list)
     toolproxy_version: str = __version__
     generated_at: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
 
-
-def _by_run(rows: list[tuple]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for run, key, n in rows:
-        out.setdefault(run, {})[key] = int(n)
-    return out
+    @property
+    def stale(self) -> bool:
+        """The store was analysed under other rules than this toolproxy's; `analyze` rebuilds it."""
+        return self.analyzer_version != ANALYZER_VERSION
 
 
 def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, seed: int = 0,
-              resamples: int = stats.RESAMPLES) -> Report:
-    """Aggregate the chosen runs; each query groups by run once rather than looping over runs."""
-    con.execute("create or replace temp table wanted as select unnest(?::varchar[]) as run", [list(runs)])
+              resamples: int = stats.RESAMPLES, rules: Sequence[Rule] = ()) -> Report:
+    """Aggregate the chosen runs; each query groups by run once rather than looping over runs.
+
+    `rules`: expectation rules for this report only (see analysis.metrics.score).
+    """
+    score(con, runs, rules)
     meta = {r[0]: r[1:] for r in con.execute("""
         select w.run, r.stack, r.stack_version,
                coalesce(r.model, t.model), coalesce(r.condition, t.condition)
@@ -106,51 +120,35 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
         left join (select run, any_value(model) as model, any_value(condition) as condition
                    from turns group by run) t using (run)
     """).fetchall()}
-    outcomes = _by_run(con.execute(
-        "select run, outcome, count(*) from turns where run in (select run from wanted) group by all").fetchall())
-    kinds = _by_run(con.execute("""
-        select run, coalesce(sub_kind, 'unknown'), count(*) from turns
-        where outcome = 'non_response' and run in (select run from wanted) group by all
-    """).fetchall())
+    outcomes = by_run(con.execute("select run, outcome, count(*) from scored group by all").fetchall())
     per_turn = {r[0]: r[1:] for r in con.execute("""
         select run, count(*), count(*) filter (where harness_saw_prose),
                count(*) filter (where harness_saw_prose and outcome = 'valid_call')
-        from turns
-        where run in (select run from wanted) group by run
+        from scored group by run
     """).fetchall()}
     per_call = {r[0]: r[1:] for r in con.execute("""
         select t.run, count(*), count(*) filter (where c.surface = 'text')
-        from calls c join turns t using (turn_id)
-        where t.run in (select run from wanted) group by t.run
+        from calls c join scored t using (turn_id) group by t.run
     """).fetchall()}
     per_episode = {r[0]: r[1:] for r in con.execute("""
         select run, count(*), count(*) filter (where looping) from episodes
         where run in (select run from wanted) group by run
     """).fetchall()}
-    counts = con.execute("""
-        select run,
-               count(*) filter (where outcome = 'valid_call') as valid,
-               count(*) filter (where outcome <> 'non_response') as produced,
-               count(*) filter (where outcome = 'non_response') as non_responses
-        from turns where run in (select run from wanted)
-        group by run, episode_key order by run, episode_key
-    """).fetchnumpy()
+    metrics = run_metrics(con, runs, resamples=resamples, seed=seed)
 
     summaries = []
     for run in runs:
-        mask = counts["run"] == run
-        fid = stats.fidelity(counts["valid"][mask], counts["produced"][mask], counts["non_responses"][mask],
-                             resamples=resamples, seed=seed)
+        m: RunMetrics = metrics[run]
         stack, version, model, condition = meta.get(run, (None, None, None, None))
         turns, saw_prose, valid_prose = per_turn.get(run, (0, 0, 0))
         calls, text_calls = per_call.get(run, (0, 0))
-        episodes, looping = per_episode.get(run, (int(mask.sum()), 0))
+        episodes, looping = per_episode.get(run, (0, 0))
         summaries.append(RunSummary(
+            **{f.name: getattr(m, f.name) for f in fields(RunMetrics)},
             run=run, stack=stack, stack_version=version, model=model, condition=condition,
-            turns=int(turns), episodes=int(episodes), fidelity=fid,
-            outcomes={k: 0 for k in OUTCOMES} | outcomes.get(run, {}),
-            non_response_kinds=kinds.get(run, {}),
+            turns=int(turns), episodes=int(episodes), outcomes={k: 0 for k in OUTCOMES} | outcomes.get(run, {}),
             calls=int(calls), text_calls=int(text_calls), harness_saw_prose=int(saw_prose),
             valid_seen_as_prose=int(valid_prose), looping_episodes=int(looping),
         ))
-    return Report(runs=summaries, source=source, seed=seed, resamples=resamples)
+    return Report(runs=summaries, source=source, seed=seed, resamples=resamples,
+                  analyzer_version=stored_version(con), expect_rules=[str(r) for r in rules])

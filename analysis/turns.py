@@ -1,10 +1,15 @@
 """Attempts -> turns -> episodes -> runs.
 
 A harness may retry the same request (same messages, same tools) after a failure: those attempts
-are one turn, whose outcome is the last attempt's, and a turn whose every attempt failed is
-`non_response/retry_exhausted`. Episodes come from the `episode` tag; without one they are
-reconstructed by message-prefix chaining: a later request whose message list starts with an
-earlier request's messages *plus the reply it got* continues that episode.
+are one turn, whose outcome is the last attempt's; a turn whose every attempt failed keeps the
+cause of its last failure (a refusal stays `refused`) with the attempt count beside it. Episodes
+come from the `episode` tag; without one they are reconstructed by message-prefix chaining: a
+later request whose message list starts with an earlier request's messages *plus the reply it
+got* continues that episode.
+
+Every produced turn then gets a role (ROLE_SQL), which says what the turn was for and so which
+metric counts it: a correct agent that calls a tool and then answers in prose must score full
+marks, so its final answer is an `answer`, not a missed call.
 
 Everything keyed on conversation content uses canonical message hashes computed once per
 exchange at ingest (conversation_keys), so re-deriving a run reads small columns, not bodies.
@@ -20,6 +25,9 @@ from typing import Any, Iterable, Sequence
 
 import orjson
 
+from analysis.expect import Rule, expectation
+from analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE, PROSE, VALID_CALL
+
 UNTAGGED_RUN = "(untagged)"
 # An episode is flagged as looping when the same call (name + arguments) repeats in this many
 # consecutive turns, or when it has at least LOOP_MIN_TURNS turns and LOOP_MEDIAN_FACTOR times
@@ -29,6 +37,11 @@ LOOP_MEDIAN_FACTOR = 3.0
 LOOP_MIN_TURNS = 10
 
 _SEP = re.compile(r"[_-]")
+# A text-protocol harness (smolagents, ReAct loops) returns a tool's result as a user message
+# that starts a line with "Observation:".
+_OBSERVATION = re.compile(r"(?m)^\s*Observation:")
+_RESULT_ROLES = frozenset(("tool", "function", "ipython"))
+_RESULT_PARTS = frozenset(("tool_result", "function_call_output"))
 
 
 def _digest(data: bytes) -> bytes:
@@ -62,6 +75,17 @@ def _canon(role: Any, content: Any, calls: list) -> bytes:
     return orjson.dumps([role, _text(content), calls], option=orjson.OPT_SORT_KEYS)
 
 
+def _is_tool_result(m: dict) -> bool:
+    """A message that returns a tool's result to the model, in any of the ways harnesses write it."""
+    role = m.get("role")
+    if role in _RESULT_ROLES:
+        return True
+    content = m.get("content")
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in _RESULT_PARTS for p in content):
+        return True
+    return role == "user" and _OBSERVATION.search(_text(content)) is not None
+
+
 def _message_calls(m: dict) -> list:
     out = []
     for tc in m.get("tool_calls") or ():
@@ -78,6 +102,7 @@ class Keys:
     chain_hash: str | None
     parent_hashes: list[str]
     item_hash: str
+    tool_results: int
 
 
 def conversation_keys(
@@ -95,13 +120,16 @@ def conversation_keys(
       the next turn of the same episode lists it as a parent.
     parent_hashes: the rolling hash after each assistant message in this request, longest first.
     item_hash: messages + offered tool names, for pairing the same item across runs.
+    tool_results: how many messages return a tool's result to the model (see _is_tool_result).
     """
     # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
     # hash is a copy of the running state, which keeps this linear in the conversation length.
     running = hashlib.blake2b(digest_size=12)
     parents = []
+    results = 0
     for m in messages:
         if isinstance(m, dict):
+            results += _is_tool_result(m)
             role = m.get("role")
             running.update(_canon(role, m.get("content"), _message_calls(m)))
             if role == "assistant":
@@ -118,7 +146,7 @@ def conversation_keys(
         extended = running.copy()
         extended.update(_canon("assistant", reply[0], canon_calls(reply[1])))
         chain = extended.hexdigest()
-    return Keys(len(messages), state.hexdigest(), chain, parents, item.hexdigest())
+    return Keys(len(messages), state.hexdigest(), chain, parents, item.hexdigest(), results)
 
 
 def call_signature(calls: Sequence[tuple[str | None, Any]]) -> str | None:
@@ -156,6 +184,9 @@ class Attempt:
     parent_hashes: list[str]
     item_hash: str | None
     call_signature: str | None
+    tags: str | None = None
+    offered_tools: bool = False
+    tool_results: int = 0
 
 
 @dataclass(slots=True)
@@ -171,10 +202,9 @@ class Turn:
         return self.final.outcome == "non_response"
 
     def result(self) -> tuple[str, str | None]:
-        """(outcome, sub_kind): the final attempt's; every attempt failed after retries = retry_exhausted."""
+        """(outcome, sub_kind): the final attempt's. When every retry failed, the cause stays named
+        (`refused`, `http_5xx`, ...) and the attempt count is the turn's n_attempts."""
         f = self.final
-        if f.outcome == "non_response" and len(self.attempts) > 1:
-            return "non_response", "retry_exhausted"
         return f.outcome, f.sub_kind
 
 
@@ -270,19 +300,66 @@ def loop_reason(signatures: Sequence[str | None], run_median: float) -> str | No
 _ATTEMPT_SQL = """
 SELECT id, episode, item, json_extract_string(tags, '$.category'), condition, model, outcome, sub_kind, surface,
        coalesce(n_calls, 0), finish_reason, coalesce(harness_saw_prose, false), state_hash, chain_hash,
-       coalesce(parent_hashes, []), item_hash, call_signature
+       coalesce(parent_hashes, []), item_hash, call_signature, tags::VARCHAR, tool_set IS NOT NULL,
+       coalesce(tool_results, 0)
 FROM exchanges WHERE run = ? AND is_attempt ORDER BY started_at, id
 """
+
+# A produced turn's role, from what it did and where it stands in its episode. One definition,
+# in SQL, so the analyzer stores it and a report recomputes it under an analyst's expectation
+# rules the same way:
+#   no_tools  the request offered no tools (left out of every tool metric)
+#   abstain   the item expects no call (scored by restraint)
+#   call      any call attempt, or prose the harness answered with another turn (it had to nudge)
+#   answer    prose ending the episode after a tool result came back: the model finished
+#   call      prose ending an item that expects a call
+#   open      prose ending an episode that saw no tool result and has no expectation: unknowable
+ROLE_SQL = f"""CASE
+    WHEN outcome = '{NON_RESPONSE}' THEN NULL
+    WHEN NOT offered_tools THEN 'no_tools'
+    WHEN expect = 'none' THEN 'abstain'
+    WHEN outcome <> '{PROSE}' OR NOT is_last THEN 'call'
+    WHEN saw_result THEN 'answer'
+    WHEN expect = 'call' THEN 'call'
+    ELSE 'open' END"""
+
+
+def match_tags(tags_json: str | None, **known: str | None) -> dict[str, str | None]:
+    """The tags an expectation rule sees for an episode: its free tags plus the named ones."""
+    free = orjson.loads(tags_json) if tags_json else {}
+    if not isinstance(free, dict):
+        free = {}
+    return {str(k): v if v is None or isinstance(v, str) else str(v) for k, v in free.items()} | known
+
+
+def delivered(turns: Sequence[Turn], i: int) -> bool:
+    """Did turn i's valid call reach the harness as a call it acted on?
+
+    A call in tool_calls (the stack's, or one a condition produced) was delivered. A call left in
+    the reply text counts only when the harness parsed it itself and acted on it, which shows as
+    the episode's next request carrying more tool results than this one (smolagents and other
+    text-protocol harnesses); a harness that ignored it got prose.
+    """
+    f = turns[i].final
+    if f.outcome != VALID_CALL:
+        return False
+    if not f.harness_saw_prose:
+        return True
+    return i + 1 < len(turns) and turns[i + 1].attempts[0].tool_results > f.tool_results
+
 
 _TURN_TYPES = {
     "turn_id": "VARCHAR", "run": "VARCHAR", "episode_key": "VARCHAR", "turn_index": "INTEGER", "item_key": "VARCHAR",
     "category": "VARCHAR", "condition": "VARCHAR", "model": "VARCHAR", "outcome": "VARCHAR", "sub_kind": "VARCHAR",
     "surface": "VARCHAR", "n_attempts": "INTEGER", "n_calls": "INTEGER", "final_exchange_id": "VARCHAR",
-    "finish_reason": "VARCHAR", "harness_saw_prose": "BOOLEAN",
+    "finish_reason": "VARCHAR", "harness_saw_prose": "BOOLEAN", "expect": "VARCHAR", "delivered": "BOOLEAN",
+    "offered_tools": "BOOLEAN", "tool_results": "INTEGER", "saw_result": "BOOLEAN", "is_last": "BOOLEAN",
+    "analyzer_version": "INTEGER",
 }
 _EPISODE_TYPES = {
     "episode_key": "VARCHAR", "run": "VARCHAR", "episode": "VARCHAR", "reconstructed": "BOOLEAN", "item_key": "VARCHAR",
-    "category": "VARCHAR", "n_turns": "INTEGER", "looping": "BOOLEAN", "loop_reason": "VARCHAR",
+    "category": "VARCHAR", "n_turns": "INTEGER", "looping": "BOOLEAN", "loop_reason": "VARCHAR", "expect": "VARCHAR",
+    "tags": "JSON", "analyzer_version": "INTEGER",
 }
 
 _RUNS_SQL = """
@@ -297,7 +374,7 @@ WITH ex AS (
            mode(stack_marker) AS marker,
            mode(stack_marker_version) AS marker_version,
            mode(upstream) AS upstream
-    FROM exchanges WHERE run IN (SELECT unnest(?::VARCHAR[])) GROUP BY run
+    FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
 ),
 fp_run AS (
     SELECT run, arg_max(stack, recorded_at) AS stack, arg_max(stack_version, recorded_at) AS version
@@ -315,15 +392,21 @@ SELECT ex.run,
        ex.model, ex.condition, ex.n_exchanges,
        (SELECT count(*) FROM episodes e WHERE e.run = ex.run),
        (SELECT count(*) FROM turns t WHERE t.run = ex.run),
-       ex.first_seen, ex.last_seen
+       ex.first_seen, ex.last_seen, $version
 FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstream = ex.upstream
 """
 
 
-def derive(con, runs: Iterable[str]) -> dict[str, int]:
-    """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent)."""
+def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dict[str, int]:
+    """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
+
+    `rules`: expectation rules (analysis.expect); None uses the ones stored with the analysis.
+    """
+    from analysis.reanalyze import stored_rules
     from analysis.store import insert_columns
 
+    if rules is None:
+        rules = stored_rules(con)
     runs = sorted(set(runs))
     totals = {"turns": 0, "episodes": 0}
     if not runs:
@@ -340,20 +423,29 @@ def derive(con, runs: Iterable[str]) -> dict[str, int]:
         map_ex: list[str] = []
         map_turn: list[str] = []
         for ep in episodes:
+            first = ep.turns[0].attempts[0]
+            tags = match_tags(first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category,
+                              condition=first.condition)
+            expect = expectation(tags, rules)
+            saw_result = False
             for i, turn in enumerate(ep.turns):
                 f = turn.final
                 outcome, sub_kind = turn.result()
                 tid = turn.attempts[0].id
                 item = turn.attempts[0].item or ep.item_key
+                saw_result = saw_result or f.tool_results > 0
                 row = (tid, run, ep.key, i, item, category_of(item, turn.attempts[0].category) or ep.category,
                        f.condition, f.model, outcome, sub_kind, f.surface, len(turn.attempts), f.n_calls, f.id,
-                       f.finish_reason, f.harness_saw_prose)
+                       f.finish_reason, f.harness_saw_prose, expect, delivered(ep.turns, i), f.offered_tools,
+                       f.tool_results, saw_result, i == len(ep.turns) - 1, ANALYZER_VERSION)
                 for k, v in zip(_TURN_TYPES, row):
                     t_cols[k].append(v)
                 for a in turn.attempts:
                     map_ex.append(a.id)
                     map_turn.append(tid)
-            row = (ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns), ep.looping, ep.loop_reason)
+            row = (ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns), ep.looping,
+                   ep.loop_reason, expect, orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(),
+                   ANALYZER_VERSION)
             for k, v in zip(_EPISODE_TYPES, row):
                 e_cols[k].append(v)
         totals["turns"] += insert_columns(con, "turns", t_cols, _TURN_TYPES)
@@ -364,8 +456,11 @@ def derive(con, runs: Iterable[str]) -> dict[str, int]:
         "UPDATE turns SET content = e.content FROM exchanges e "
         "WHERE e.id = turns.final_exchange_id AND turns.run IN (SELECT unnest(?::VARCHAR[]))", [runs]
     )
-    con.execute("UPDATE exchanges SET turn_id = m.turn_id FROM _turn_map m WHERE exchanges.id = m.id")
-    con.execute("UPDATE calls SET turn_id = m.turn_id FROM _turn_map m WHERE calls.exchange_id = m.id")
+    con.execute(f"UPDATE turns SET role = {ROLE_SQL} WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id",
+                {"v": ANALYZER_VERSION})
+    con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id",
+                {"v": ANALYZER_VERSION})
     con.execute("DELETE FROM _turn_map")
-    con.execute(_RUNS_SQL, [runs])
+    con.execute(_RUNS_SQL, {"runs": runs, "version": ANALYZER_VERSION})
     return totals

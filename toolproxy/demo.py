@@ -2,10 +2,13 @@
 
 Six "serving stacks" (the emulated ones from toolproxy.stacks.fakes, which answer exactly as the
 real ones do on the wire) each sit behind a real toolproxy; a small agent harness runs the same
-tasks through every one of them; then the real `analyze` and `report` commands run on what was
-recorded. The point it makes is the project's point: the same model behaviour shows up as
+tasks through every one of them; then the real `analyze`, `report` and `compare` commands run on
+what was recorded. The point it makes is the project's point: the same model behaviour shows up as
 refusals, as calls hidden in text, or as real calls, depending on the stack and the interface,
-and toolproxy tells them apart.
+and toolproxy tells them apart. The scripted model is a correct agent (it calls the right tool,
+answers from the result, and makes no call when no tool fits), so its numbers must read: near
+100% call and delivered fidelity where the stack works, high call but no delivered fidelity
+where the stack leaves calls in text, and the `text` condition restoring delivery.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ TOOLS = [
             "amount": {"type": "number"}, "from": {"type": "string"}, "to": {"type": "string"}},
             "required": ["amount", "from", "to"], "additionalProperties": False}}},
 ]
+# (category, question, tool to call or None when no tool fits, arguments). Every item is tagged
+# with what it expects, so the analyzer scores the chat item by restraint, not by fidelity.
 TASKS = [
     ("weather", "What's the weather in Lisbon right now?", "get_weather", {"city": "Lisbon"}),
     ("weather", "Is it raining in Osaka?", "get_weather", {"city": "Osaka"}),
@@ -59,6 +64,7 @@ class Scenario:
     story: str = ""
 
 
+COMPARED = ("sglang-noparser", "sglang-text")
 SCENARIOS = [
     Scenario("ollama-qwen", "ollama", "qwen2.5:7b", story="Ollama, a model with the tools capability: real tool_calls"),
     Scenario("ollama-gemma", "ollama", "gemma3:latest", story="Ollama refuses tools for a model without the capability (HTTP 400)"),
@@ -130,7 +136,8 @@ async def _drive(data: Path, episodes: int) -> list[tuple[Scenario, dict[str, in
                 tally: dict[str, int] = {}
                 for ep in range(episodes):
                     task = TASKS[ep % len(TASKS)]
-                    base = f"http://127.0.0.1:{port}/t/episode={ep}/item={task[0]}_{ep % len(TASKS)}"
+                    expect = "call" if task[2] else "none"
+                    base = f"http://127.0.0.1:{port}/t/episode={ep}/item={task[0]}_{ep % len(TASKS)}/expect={expect}"
                     end = await _agent(session, base, sc.model, task)
                     tally[end] = tally.get(end, 0) + 1
                 results.append((sc, tally))
@@ -173,8 +180,10 @@ def demo(data_dir: Path, episodes: int) -> None:
     _run_cli("report", "--data", str(data_dir))
     html = data_dir / "report.html"
     _run_cli("report", "--data", str(data_dir), "--format", "html", "-o", str(html))
+    click.echo()
+    _run_cli("compare", *COMPARED, "--data", str(data_dir))
     click.echo(
-        f"\nOpen {html} for the charts. Next: `toolproxy compare sglang-noparser sglang-text --data {data_dir}`, "
-        f"`toolproxy sql --data {data_dir} \"select run, outcome, count(*) from turns group by all order by 1\"`, "
+        f"\nOpen {html} for the charts. Next: "
+        f"`toolproxy sql --data {data_dir} \"select run, role, outcome, count(*) from turns group by all order by 1\"`, "
         f"and `toolproxy serve --upstream URL` in front of your own model server."
     )

@@ -1,23 +1,31 @@
 """How a number reads to a person: the cells and notes shared by the table, markdown and HTML.
 
-One place decides that an undefined fidelity reads "rej" (every turn a non-response) or "-" (no
-turns at all), never 0%, so no human-facing format can drift from another.
+One place decides that an undefined rate reads "rej" (every turn a non-response) or "-" (nothing
+to rate), never 0%, and how an interval is written, so no human-facing format can drift from
+another.
 """
 
 from __future__ import annotations
 
+from analysis.outcomes import ANALYZER_VERSION, ROLES
+from analysis.stats import MIN_EPISODES, NO_SPREAD, TOO_FEW_EPISODES, Rate
 from analysis.summary import NON_RESPONSE_KINDS, Report, RunSummary
 
 REJ = "rej"
 NONE = "-"
-
-HEADERS = ("run", "stack", "model", "condition", "turns", "episodes", "fidelity [95% CI]", "pooled",
+LOST = "lost in the serving layer: calls left in text"
+# The run table leads with the two headline numbers side by side, then the gap between them.
+HEADERS = ("run", "stack", "model", "condition", "turns", "episodes", "call fidelity [95% CI]",
+           "delivered fidelity [95% CI]", "lost in serving", "restraint", "answer rate", "paper fidelity",
            "non-response", "as text", "loops")
-# The same columns, headed tersely so the terminal table fits in 100 columns.
-SHORT_HEADERS = ("run", "stack", "model", "cond", "turns", "eps", "fidelity [CI]", "pooled", "nonresp", "text",
-                 "loops")
+# The terminal's headline table, headed tersely so it fits in 100 columns; the rest goes in DETAIL_HEADERS.
+SHORT_HEADERS = ("run", "cond", "turns", "eps", "call [95% CI]", "delivered [95% CI]", "lost", "restraint",
+                 "answered", "nonresp")
+DETAIL_HEADERS = ("run", "stack", "model", "roles c/a/x/o/n", "call per ep", "delivered per ep", "paper", "text",
+                  "loops")
 FIRST_NUMERIC = 4
-
+SHORT_FIRST_NUMERIC = 2
+DETAIL_FIRST_NUMERIC = 3
 OUTCOME_LABELS = {
     "valid_call": "valid call",
     "invalid_args": "invalid arguments",
@@ -38,53 +46,93 @@ def _undefined(s: RunSummary) -> str:
     return REJ if s.rejected else NONE
 
 
-def fidelity_cell(s: RunSummary, digits: int = 0) -> str:
-    """Per-episode mean with its bootstrap CI, e.g. "62% [41-80]"."""
-    f = s.fidelity
-    if f.episode_mean is None:
+def rate_cell(s: RunSummary, r: Rate, digits: int = 0, interval: bool = True) -> str:
+    """Pooled rate with its Wilson 95% interval, e.g. "62% [41-80]"; "rej" or "-" when undefined."""
+    if r.pooled is None:
         return _undefined(s)
-    low, high = (f"{100 * x:.{digits}f}" for x in (f.ci_low, f.ci_high))
-    return f"{pct(f.episode_mean, digits)} [{low}-{high}]"
+    if not interval:
+        return pct(r.pooled, digits)
+    low, high = (f"{100 * x:.{digits}f}" for x in (r.wilson_low, r.wilson_high))
+    return f"{pct(r.pooled, digits)} [{low}-{high}]"
 
 
-def pooled_cell(s: RunSummary, digits: int = 0) -> str:
-    return pct(s.fidelity.pooled, digits) if s.fidelity.pooled is not None else _undefined(s)
+# The reasons a per-episode mean has no interval, as the terminal's narrow column writes them.
+_SHORT_NOTES = {TOO_FEW_EPISODES: f"<{MIN_EPISODES} eps", NO_SPREAD: "all equal"}
+
+
+def episode_cell(s: RunSummary, r: Rate, digits: int = 0, compact: bool = False) -> str:
+    """Per-episode mean with its bootstrap CI, or the reason it has none ("too few episodes")."""
+    if r.episode_mean is None:
+        return _undefined(s)
+    if r.ci_low is None:
+        note = _SHORT_NOTES.get(r.interval_note, r.interval_note) if compact else r.interval_note
+        return f"{pct(r.episode_mean, digits)} ({note})"
+    low, high = (f"{100 * x:.{digits}f}" for x in (r.ci_low, r.ci_high))
+    return f"{pct(r.episode_mean, digits)} [{low}-{high}]"
+
+
+def lost_cell(s: RunSummary, digits: int = 0) -> str:
+    return pct(s.lost_in_serving, digits) if s.lost_in_serving is not None else _undefined(s)
 
 
 def stack_cell(s: RunSummary, version: bool = True) -> str:
     return " ".join(x for x in (s.stack, s.stack_version if version else None) if x) or NONE
 
 
-def row(s: RunSummary, digits: int = 0, compact: bool = False) -> list[str]:
-    """The human cells of one run. compact (the terminal) drops the stack version and a model's
-    hub organisation ("Qwen/Qwen3-8B" -> "Qwen3-8B") to stay within 100 columns."""
-    model = (s.model.rsplit("/", 1)[-1] if compact else s.model) if s.model else NONE
-    return [s.run, stack_cell(s, not compact), model, s.condition or NONE, str(s.turns), str(s.episodes),
-            fidelity_cell(s, digits), pooled_cell(s, digits), pct(s.fidelity.non_response_rate, digits),
+def roles_cell(s: RunSummary) -> str:
+    return "/".join(str(s.roles.get(r, 0)) for r in ROLES)
+
+
+def row(s: RunSummary, digits: int = 0) -> list[str]:
+    """The human cells of one run, in HEADERS order."""
+    return [s.run, stack_cell(s), s.model or NONE, s.condition or NONE, str(s.turns), str(s.episodes),
+            rate_cell(s, s.call_fidelity, digits), rate_cell(s, s.delivered_fidelity, digits), lost_cell(s, digits),
+            rate_cell(s, s.restraint, digits), rate_cell(s, s.answer_rate, digits),
+            rate_cell(s, s.paper_fidelity, digits, interval=False), pct(s.non_response_rate.pooled, digits),
             pct(s.surfaced_as_text, digits), str(s.looping_episodes)]
 
 
-def kinds_text(kinds: dict[str, int]) -> str:
+def short_row(s: RunSummary) -> list[str]:
+    """The terminal's headline cells, in SHORT_HEADERS order."""
+    return [s.run, s.condition or NONE, str(s.turns), str(s.episodes), rate_cell(s, s.call_fidelity),
+            rate_cell(s, s.delivered_fidelity), lost_cell(s), rate_cell(s, s.restraint, interval=False),
+            rate_cell(s, s.answer_rate, interval=False), pct(s.non_response_rate.pooled)]
+
+
+def detail_row(s: RunSummary) -> list[str]:
+    """The terminal's second table, in DETAIL_HEADERS order; a model's hub organisation is dropped."""
+    model = s.model.rsplit("/", 1)[-1] if s.model else NONE
+    return [s.run, stack_cell(s, False), model, roles_cell(s), episode_cell(s, s.call_fidelity, compact=True),
+            episode_cell(s, s.delivered_fidelity, compact=True), rate_cell(s, s.paper_fidelity, interval=False),
+            pct(s.surfaced_as_text), str(s.looping_episodes)]
+
+
+def kinds_text(kinds: dict[str, int], retries: dict[str, int] | None = None) -> str:
+    """"refused 3 (after 12 retries), timeout 1": the cause first, the retries beside it."""
+    retries = retries or {}
     ordered = [k for k in NON_RESPONSE_KINDS if k in kinds] + sorted(k for k in kinds if k not in NON_RESPONSE_KINDS)
-    return ", ".join(f"{k} {kinds[k]}" for k in ordered)
+    return ", ".join(f"{k} {kinds[k]}" + (f" (after {retries[k]} retries)" if retries.get(k) else "") for k in ordered)
 
 
 def run_notes(s: RunSummary) -> list[str]:
-    """What a reader must not miss about a run, in the order SPEC section 8 diagnoses it."""
+    """What a reader must not miss about a run, in the order a diagnosis asks: did the serving
+    layer refuse, did it lose calls in text, and only then what the model did."""
     notes = []
-    f = s.fidelity
+    kinds = kinds_text(s.non_response_kinds, s.non_response_retries)
     if s.turns == 0:
         notes.append("no turns recorded")
     elif s.rejected:
-        notes.append(f"every turn was a non-response ({kinds_text(s.non_response_kinds)}): no fidelity ({REJ}), "
+        notes.append(f"every turn was a non-response ({kinds}): no metric is defined ({REJ}), "
                      "the model's output never reached the harness")
-    elif f.non_responses:
-        notes.append(f"{f.non_responses} non-responses kept out of fidelity ({kinds_text(s.non_response_kinds)})")
-    if s.harness_saw_prose:
-        notes.append(f"{s.harness_saw_prose} turns the harness saw as prose held a valid call in the text "
-                     "(no or wrong tool parser on the stack?)")
-    if f.episodes_unrated and not s.rejected:
-        notes.append(f"{f.episodes_unrated} episodes with no produced turn left out of the per-episode mean")
+    elif s.non_response_rate.numerator:
+        notes.append(f"{s.non_response_rate.numerator} non-responses kept out of every metric ({kinds})")
+    if s.lost_in_serving:
+        n = s.call_fidelity.numerator - s.delivered_fidelity.numerator
+        notes.append(f"{LOST}: {n} of {s.call_fidelity.denominator} turns due a call held a valid call the harness "
+                     f"never got as a call ({pct(s.lost_in_serving)}; no or wrong tool parser on the stack?)")
+    if s.roles.get("open"):
+        notes.append(f"{s.roles['open']} open turns (prose ending an episode that saw no tool result, item expectation "
+                     "unknown): not scored; tag items expect=call|none or pass --expect")
     if s.looping_episodes:
         notes.append(f"{s.looping_episodes} looping episodes")
     return notes
@@ -96,5 +144,20 @@ def report_notes(report: Report) -> list[tuple[str, str]]:
 
 
 def provenance(report: Report) -> str:
-    return (f"source {report.source} · toolproxy {report.toolproxy_version} · generated {report.generated_at} · "
-            f"fidelity CI: episode bootstrap, {report.resamples:,} resamples, seed {report.seed}")
+    analyzed = f"analyzer v{report.analyzer_version}" if report.analyzer_version is not None else "analyzer version unknown"
+    stale = (f" (this toolproxy's analyzer is v{ANALYZER_VERSION}: run `toolproxy analyze` to rebuild)"
+             if report.stale else "")
+    rules = f" · expectation rules: {', '.join(report.expect_rules)}" if report.expect_rules else ""
+    return (f"source {report.source} · toolproxy {report.toolproxy_version} · {analyzed}{stale} · "
+            f"generated {report.generated_at}{rules} · pooled rates: Wilson 95% CI; per-episode means: episode "
+            f"bootstrap, {report.resamples:,} resamples, seed {report.seed}, "
+            f"only with at least {MIN_EPISODES} episodes")
+
+
+def legend() -> str:
+    """What the headline columns mean, in the words the README uses."""
+    return ("call fidelity = valid calls / turns due a call (any surface); delivered = of those, calls the harness "
+            "got as calls; lost = the difference, calls left in text by the serving layer. restraint = turns of "
+            "items expecting no call that made none; answer rate = episodes ending in an answer after a tool "
+            "result; paper = valid calls / all produced turns (the original study's definition). roles c/a/x/o/n "
+            f"= call/answer/abstain/open/no_tools turns. {REJ} = every turn was a non-response.")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from analysis.cli import DATA_OPTION, DB_OPTION, _fail, _open
+from analysis.cli import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open
 from analysis.store import StoreError, default_db
 
 
@@ -38,11 +38,15 @@ OUTPUT_OPTION = click.option("-o", "--output", type=click.Path(dir_okay=False, p
 @OUTPUT_OPTION
 @click.option("--run", "runs", multiple=True, metavar="RUN", help="Only this run (repeatable; default: every run).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap RNG seed (reports are reproducible).")
-def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, runs: tuple[str, ...], seed: int) -> None:
-    """One row per run: protocol fidelity with its 95% CI, non-responses, outcomes, text-surfaced calls.
+@EXPECT_OPTION
+def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, runs: tuple[str, ...], seed: int,
+           expect_rules: list) -> None:
+    """One row per run: call and delivered fidelity with 95% CIs, restraint, answers, non-responses.
 
-    Fidelity = valid_call turns / turns the model produced; a run whose every turn was a
-    non-response shows "rej" (undefined), never 0%.
+    Call fidelity = valid_call turns / turns that were due a call; delivered fidelity counts only
+    the calls that reached the harness as calls; the gap between them was lost in the serving
+    layer (calls left in text). A run whose every turn was a non-response shows "rej"
+    (undefined), never 0%.
     """
     from analysis import report as renderers
     from analysis.report import terminal
@@ -51,7 +55,7 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     path = db_path or default_db(data_dir)
     con = _open(data_dir, path, read_only=True)
     try:
-        summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed)
+        summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed, rules=expect_rules)
     except StoreError as exc:
         _fail(str(exc))
     finally:
@@ -70,15 +74,19 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
 @DB_OPTION
 @click.option("--by", "by", type=click.Choice(["category"]), default=None,
               help="One row per category (Holm-adjusted p across categories).")
-@click.option("--metric", type=click.Choice(["all-valid", "any-valid", "clean"]), default="all-valid", show_default=True,
-              help="When an item passes. all-valid: it produced >= 1 turn and every produced turn is a valid_call; "
+@click.option("--metric", type=click.Choice(["delivered", "call", "all-valid", "any-valid", "clean"]), default="delivered",
+              show_default=True,
+              help="When an item passes. delivered: every turn due a call delivered a valid call to the harness, "
+                   "and an item expecting none made no call; call: the same, counting calls left in text; all-valid: "
+                   "it produced >= 1 turn and every produced turn is a valid_call (the original study's rule); "
                    "any-valid: at least one turn is a valid_call; clean: >= 1 valid call and no invalid, "
-                   "hallucinated or unparseable one (prose final answers allowed).")
+                   "hallucinated or unparseable one.")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table", show_default=True,
               help="Output format.")
 @OUTPUT_OPTION
+@EXPECT_OPTION
 def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: str | None, metric: str, fmt: str,
-            output: Path | None) -> None:
+            output: Path | None, expect_rules: list) -> None:
     """Paired test of RUN_A against RUN_B over the items both ran (exact McNemar, both discordant counts)."""
     from analysis.compare import compare as paired
     from analysis.report.comparison import RENDERERS
@@ -88,7 +96,7 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
     con = _open(data_dir, path, read_only=True)
     try:
         select_runs(con, [run_a, run_b], path)
-        result = paired(con, run_a, run_b, metric=metric, by_category=by == "category")
+        result = paired(con, run_a, run_b, metric=metric, by_category=by == "category", rules=expect_rules)
     except StoreError as exc:
         _fail(str(exc))
     finally:

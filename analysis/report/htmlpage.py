@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from importlib import resources
 
-from analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, REJ, fidelity_cell, pct, pooled_cell,
+from analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct, rate_cell,
                                    provenance, report_notes, row)
 from analysis.summary import OUTCOMES, Report, RunSummary
 
@@ -122,8 +122,9 @@ def _pooled_marker(x: float, mid: float) -> str:
     return f'<path d="M{x:.2f} {mid - 10} l10 10 l-10 10 l-10 -10 z" class="pooled"/>'
 
 
-def fidelity_chart(report: Report) -> str:
-    """Per-episode mean fidelity with its bootstrap CI whisker, and the pooled rate beside it."""
+def rate_chart(report: Report, metric: str, title: str) -> str:
+    """One metric per run: the pooled rate (diamond) with its Wilson 95% whisker, and the
+    per-episode mean (dot) beside it."""
     x0, span = _LABEL, 470
     text_x = x0 + span + 28
     height = _TOP + _ROW * len(report.runs)
@@ -132,23 +133,23 @@ def fidelity_chart(report: Report) -> str:
         y = _TOP + i * _ROW
         mid = y + _BAR / 2
         parts.append(_run_label(s, y))
-        f = s.fidelity
-        if f.episode_mean is None:
-            why = "every turn was a non-response" if s.rejected else "no produced turn"
+        r = getattr(s, metric)
+        if r.pooled is None:
+            why = "every turn was a non-response" if s.rejected else "no turn to rate"
             parts.append(f'<text x="{x0 + 6}" y="{mid + 5:.1f}" class="rej">{REJ if s.rejected else "-"}: {_e(why)}</text>')
             continue
-        lo, hi, mean = (x0 + span * v for v in (f.ci_low, f.ci_high, f.episode_mean))
-        parts.append(f'<g><title>{_e(s.run)}: per-episode mean {fidelity_cell(s, 1)}, pooled {pooled_cell(s, 1)}, '
-                     f'{f.episodes_rated} episodes rated</title>'
+        lo, hi = (x0 + span * v for v in (r.wilson_low, r.wilson_high))
+        dot = f'<circle cx="{x0 + span * r.episode_mean:.2f}" cy="{mid}" r="6" fill="{_MEAN}"/>' if r.episode_mean is not None else ""
+        parts.append(f'<g><title>{_e(s.run)}: {_e(rate_cell(s, r, 1))}, per-episode mean {_e(episode_cell(s, r, 1))}, '
+                     f'{r.numerator} of {r.denominator}</title>'
                      f'<line x1="{lo:.2f}" y1="{mid}" x2="{hi:.2f}" y2="{mid}" class="whisker"/>'
                      f'<line x1="{lo:.2f}" y1="{mid - 7}" x2="{lo:.2f}" y2="{mid + 7}" class="whisker"/>'
                      f'<line x1="{hi:.2f}" y1="{mid - 7}" x2="{hi:.2f}" y2="{mid + 7}" class="whisker"/>'
-                     f'{_pooled_marker(x0 + span * f.pooled, mid) if f.pooled is not None else ""}'
-                     f'<circle cx="{mean:.2f}" cy="{mid}" r="6" fill="{_MEAN}"/></g>')
-        parts.append(f'<text x="{text_x}" y="{mid + 5:.1f}" class="value">{_e(fidelity_cell(s, 1))}'
-                     f'<tspan class="detail"> · pooled {_e(pooled_cell(s, 1))} · n={f.episodes_rated}</tspan></text>')
-    desc = "; ".join(f"{s.run}: {fidelity_cell(s, 1)}, pooled {pooled_cell(s, 1)}" for s in report.runs)
-    return _svg("Protocol fidelity per run", desc, height, "".join(parts))
+                     f'{_pooled_marker(x0 + span * r.pooled, mid)}{dot}</g>')
+        parts.append(f'<text x="{text_x}" y="{mid + 5:.1f}" class="value">{_e(rate_cell(s, r, 1))}'
+                     f'<tspan class="detail"> · {r.numerator}/{r.denominator} · per episode {_e(episode_cell(s, r, 1))}</tspan></text>')
+    desc = "; ".join(f"{s.run}: {rate_cell(s, getattr(s, metric), 1)}" for s in report.runs)
+    return _svg(title, desc, height, "".join(parts))
 
 
 def _legend(report: Report) -> str:
@@ -194,19 +195,17 @@ def render(report: Report) -> str:
 <h1>toolproxy report</h1>
 <p class="meta">{_e(provenance(report))}</p>
 <section><h2>Runs</h2>{_run_table(report)}
-<p class="help"><b>fidelity</b> = valid_call turns / turns the model produced (non-responses excluded and shown
-as their own rate): per-episode mean with its 95% bootstrap CI, and pooled over turns.
-<b>{REJ}</b> = every turn was a non-response, so there is no fidelity. <b>as text</b> = share of calls found in the
-reply text rather than in <code>tool_calls</code>.</p></section>
+<p class="help">{_e(legend())}</p></section>
 {f'<section><h2>Notes</h2><ul class="notes">{notes}</ul></section>' if notes else ""}
 <section><h2>Outcome composition</h2>
 <p class="help">Share of all turns per outcome. Non-responses (refusals, server errors, timeouts: the model's output
 never reached the harness) are hatched grey and always shown.</p>
 {_legend(report)}{composition_chart(report)}
 <details><summary>Counts</summary>{_counts_table(report)}</details></section>
-<section><h2>Protocol fidelity per run</h2>
-<p class="help"><span class="key dot"></span> per-episode mean &nbsp; <span class="key bar"></span> 95% bootstrap CI
-(episodes resampled) &nbsp; <span class="key diamond"></span> pooled over turns &nbsp; n = episodes with a rate</p>
-{fidelity_chart(report)}</section>
+<section><h2>Call and delivered fidelity per run</h2>
+<p class="help"><span class="key diamond"></span> pooled over turns with its 95% Wilson interval &nbsp;
+<span class="key dot"></span> per-episode mean. Where delivered falls short of call fidelity, the calls were {_e(LOST)}.</p>
+{rate_chart(report, "call_fidelity", "Call fidelity per run")}
+{rate_chart(report, "delivered_fidelity", "Delivered fidelity per run")}</section>
 </main></body></html>
 """

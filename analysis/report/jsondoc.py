@@ -7,15 +7,17 @@ import dataclasses
 import orjson
 
 from analysis import stats
+from analysis.outcomes import ANALYZER_VERSION
 from analysis.summary import Report, RunSummary
 
 
 def run_dict(s: RunSummary) -> dict:
     """A run's fields plus the derived shares and the `rejected` flag a consumer must not recompute."""
-    return dataclasses.asdict(s) | {
+    return {"run": s.run} | dataclasses.asdict(s) | {
         "rejected": s.rejected,
         "outcome_shares": s.outcome_shares,
         "surfaced_as_text": s.surfaced_as_text,
+        "lost_in_serving": s.lost_in_serving,
     }
 
 
@@ -24,7 +26,12 @@ def render(report: Report) -> str:
         "toolproxy_version": report.toolproxy_version,
         "generated_at": report.generated_at,
         "source": report.source,
-        "bootstrap": {"resamples": report.resamples, "seed": report.seed, "confidence": stats.CONFIDENCE, "unit": "episode"},
+        "analyzer_version": report.analyzer_version,
+        "analyzer_version_current": ANALYZER_VERSION,
+        "expect_rules": report.expect_rules,
+        "intervals": {"pooled": "wilson", "confidence": stats.CONFIDENCE},
+        "bootstrap": {"resamples": report.resamples, "seed": report.seed, "confidence": stats.CONFIDENCE, "unit": "episode",
+                      "min_episodes": stats.MIN_EPISODES},
         "runs": [run_dict(s) for s in report.runs],
     }
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"

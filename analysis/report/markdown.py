@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from analysis.report.cells import FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, pct, provenance, report_notes, row
+from analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, episode_cell, kinds_text, legend, pct,
+                                   provenance, report_notes, roles_cell, row)
 from analysis.summary import Report
 
 
@@ -18,9 +19,13 @@ def table(headers: list[str], rows: list[list[str]], first_numeric: int) -> list
 def render(report: Report) -> str:
     lines = ["# toolproxy report", "", provenance(report), "", "## Runs", ""]
     lines += table(list(HEADERS), [row(s, digits=1) for s in report.runs], FIRST_NUMERIC)
-    lines += ["", "fidelity = valid_call turns / turns the model produced: per-episode mean with its 95% bootstrap CI, "
-              "and pooled over turns. `rej`: every turn was a non-response, so there is no fidelity.", "",
-              "## Outcome composition (share of all turns, non-responses included)", ""]
+    lines += ["", legend(), "", "## Per episode, roles and non-responses", ""]
+    lines += table(["run", "call fidelity, per-episode mean", "delivered fidelity, per-episode mean",
+                    "roles call/answer/abstain/open/no_tools", "non-responses by cause"],
+                   [[s.run, episode_cell(s, s.call_fidelity, 1), episode_cell(s, s.delivered_fidelity, 1),
+                     roles_cell(s), kinds_text(s.non_response_kinds, s.non_response_retries) or "-"]
+                    for s in report.runs], 1)
+    lines += ["", "## Outcome composition (share of all turns, non-responses included)", ""]
     outcome_keys = list(dict.fromkeys(k for s in report.runs for k in s.outcomes))
     lines += table(["run"] + [OUTCOME_LABELS.get(k, k) for k in outcome_keys],
                     [[s.run] + [f"{pct(s.outcome_shares[k], 1)} ({s.outcomes[k]})" for k in outcome_keys]

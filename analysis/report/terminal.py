@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from analysis.report.cells import FIRST_NUMERIC, SHORT_HEADERS, provenance, report_notes, row
+from analysis.report.cells import (DETAIL_FIRST_NUMERIC, DETAIL_HEADERS, SHORT_FIRST_NUMERIC, SHORT_HEADERS,
+                                   detail_row, legend, provenance, report_notes, short_row)
 from analysis.summary import Report
 
 # Name-like columns give up width (ending in "…") when the table is wider than the terminal, the
@@ -48,14 +49,12 @@ def aligned(headers: list[str], rows: list[list[str]], first_numeric: int, width
 
 
 def render(report: Report, width: int = 100) -> str:
-    lines = aligned(list(SHORT_HEADERS), [row(s, compact=True) for s in report.runs], FIRST_NUMERIC, width)
+    lines = aligned(list(SHORT_HEADERS), [short_row(s) for s in report.runs], SHORT_FIRST_NUMERIC, width)
+    lines += [""] + aligned(list(DETAIL_HEADERS), [detail_row(s) for s in report.runs], DETAIL_FIRST_NUMERIC, width)
     notes = report_notes(report)
     if notes:
         lines.append("")
         for run, note in notes:
             lines += textwrap.wrap(f"{run}: {note}", width, subsequent_indent="    ")
-    legend = ("fidelity = valid_call turns / turns the model produced: per-episode mean [95% CI] and pooled over "
-              "turns. rej = every turn was a non-response. text = share of calls found in the reply text, not in "
-              "tool_calls. " + provenance(report))
-    lines += [""] + textwrap.wrap(legend, width)
+    lines += [""] + textwrap.wrap(legend(), width) + textwrap.wrap(provenance(report), width)
     return "\n".join(lines) + "\n"

@@ -8,11 +8,15 @@ ingest and classification getting every case right first.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis import store
+from analysis.outcomes import ANALYZER_VERSION
+from analysis.reanalyze import save_state
 from analysis.summary import Report, select_runs, summarize
+from analysis.turns import ROLE_SQL
 
 CALLING = {"valid_call", "invalid_args", "hallucinated_call"}
 
@@ -32,6 +36,7 @@ class Episode:
     item_key: str | None = None
     category: str | None = None
     looping: bool = False
+    expect: str | None = None
 
 
 @dataclass
@@ -56,14 +61,16 @@ def T(spec: str) -> Turn:
 
 
 COLUMNS = {
-    "episodes": ("episode_key", "run", "episode", "reconstructed", "item_key", "category", "n_turns", "looping", "loop_reason"),
+    "episodes": ("episode_key", "run", "episode", "reconstructed", "item_key", "category", "n_turns", "looping", "loop_reason",
+                 "expect", "tags", "analyzer_version"),
     "turns": ("turn_id", "run", "episode_key", "turn_index", "item_key", "category", "condition", "model", "outcome",
               "sub_kind", "surface", "n_attempts", "n_calls", "final_exchange_id", "finish_reason", "harness_saw_prose",
-              "content"),
+              "content", "expect", "delivered", "offered_tools", "tool_results", "saw_result", "is_last",
+              "analyzer_version"),
     "calls": ("turn_id", "exchange_id", "idx", "name", "arguments_raw", "arguments", "surface", "format", "offered",
               "validated", "valid", "schema_errors"),
     "runs": ("run", "stack", "stack_version", "model", "condition", "n_exchanges", "n_episodes", "n_turns", "first_seen",
-             "last_seen"),
+             "last_seen", "analyzer_version"),
 }
 
 
@@ -73,20 +80,27 @@ def _rows(runs: list[Run]) -> dict[str, list[tuple]]:
     for r in runs:
         n_turns = sum(len(e.turns) for e in r.episodes)
         rows["runs"].append((r.run, r.stack, r.stack_version, r.model, r.condition, n_turns, len(r.episodes), n_turns,
-                             t0, t0 + dt.timedelta(minutes=5)))
+                             t0, t0 + dt.timedelta(minutes=5), ANALYZER_VERSION))
         for e in r.episodes:
             key = f"{r.run}/{e.episode}"
+            tags = {k: v for k, v in (("run", r.run), ("episode", e.episode), ("item", e.item_key),
+                                      ("category", e.category), ("expect", e.expect)) if v is not None}
             rows["episodes"].append((key, r.run, e.episode, False, e.item_key, e.category, len(e.turns), e.looping,
-                                     "identical consecutive calls" if e.looping else None))
+                                     "identical consecutive calls" if e.looping else None, e.expect, json.dumps(tags),
+                                     ANALYZER_VERSION))
+            results = 0
             for i, t in enumerate(e.turns):
                 turn_id = f"{key}#{i}"
                 has_call = t.outcome in CALLING or t.saw_prose
                 content = {"text": '<tool_call>{"name": "get_weather"}</tool_call>'}.get(t.surface or "", "")
                 if t.outcome == "prose":
                     content = "It is sunny in Paris."
+                # The harness returns a result after every turn that called: later turns have seen one.
                 rows["turns"].append((turn_id, r.run, key, i, e.item_key, e.category, r.condition, r.model, t.outcome,
                                       t.sub_kind, t.surface, 1, int(has_call), f"x-{turn_id}", "stop", t.saw_prose,
-                                      content))
+                                      content, e.expect, t.outcome == "valid_call" and not t.saw_prose, True, results,
+                                      results > 0, i == len(e.turns) - 1, ANALYZER_VERSION))
+                results += t.outcome in CALLING
                 if has_call:
                     rows["calls"].append((turn_id, f"x-{turn_id}", 0,
                                           "book_flight" if t.outcome == "hallucinated_call" else "get_weather",
@@ -104,6 +118,8 @@ def build_store(path: Path, runs: list[Run]) -> Path:
             if rows:
                 cols = COLUMNS[table]
                 con.executemany(f"insert into {table} ({', '.join(cols)}) values ({', '.join('?' * len(cols))})", rows)
+        con.execute(f"update turns set role = {ROLE_SQL}")
+        save_state(con, [])
     finally:
         con.close()
     return path
@@ -117,7 +133,7 @@ def mixed_runs() -> list[Run]:
             Episode("1", [T("invalid_args"), T("valid_call")], "bfcl:simple_2", "simple"),
             Episode("2", [T("hallucinated_call"), T("unparseable"), T("non_response:http_5xx")], "bfcl:multiple_1", "multiple"),
             Episode("3", [T("valid_call")] * 9 + [T("invalid_args")], "bfcl:multiple_2", "multiple", looping=True),
-            Episode("4", [T("non_response:timeout"), T("non_response:retry_exhausted")], "bfcl:simple_3", "simple"),
+            Episode("4", [T("non_response:timeout"), T("non_response:refused")], "bfcl:simple_3", "simple"),
         ]),
         Run("qwen-text", "ollama", "0.12.6", "qwen3:8b", "text", [
             Episode("0", [T("valid_call@text"), T("valid_call@text")], "bfcl:simple_1", "simple"),

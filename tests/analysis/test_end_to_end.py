@@ -115,7 +115,7 @@ def test_end_to_end(recorded):
          "harness_saw_prose": False, "n_attempts": 1, "n": 1},
         {"run": "sglang-noparser", "outcome": "valid_call", "sub_kind": None, "surface": "text",
          "harness_saw_prose": True, "n_attempts": 1, "n": 3},
-        {"run": "vllm-500", "outcome": "non_response", "sub_kind": "retry_exhausted", "surface": None,
+        {"run": "vllm-500", "outcome": "non_response", "sub_kind": "http_5xx", "surface": None,
          "harness_saw_prose": False, "n_attempts": 3, "n": 1},
         {"run": "vllm-500", "outcome": "prose", "sub_kind": None, "surface": None,
          "harness_saw_prose": False, "n_attempts": 1, "n": 1},
@@ -138,6 +138,6 @@ def test_end_to_end(recorded):
     # re-running adds nothing
     r = tp("analyze", "--data", str(data))
     assert r.returncode == 0 and "new exchanges: 0" in r.stdout
-    retry_id = sql(data, "SELECT final_exchange_id AS id FROM turns WHERE sub_kind = 'retry_exhausted'")[0]["id"]
+    retry_id = sql(data, "SELECT final_exchange_id AS id FROM turns WHERE n_attempts = 3")[0]["id"]
     r = tp("show", "--data", str(data), retry_id)
-    assert r.returncode == 0 and "non_response/http_5xx" in r.stdout and "non_response/retry_exhausted after 3 attempt(s)" in r.stdout
+    assert r.returncode == 0 and "non_response/http_5xx after 3 attempt(s)" in r.stdout

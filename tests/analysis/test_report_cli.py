@@ -35,7 +35,7 @@ def test_report_reads_the_default_data_dir(mixed_store, tmp_path):
     shutil.copy(mixed_store, data / "toolproxy.duckdb")
     proc = toolproxy("report", cwd=tmp_path / "work")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].split()[:2] == ["run", "stack"]
+    assert proc.stdout.splitlines()[0].split()[:2] == ["run", "cond"]
     gemma = next(line for line in proc.stdout.splitlines() if line.startswith("gemma-vllm"))
     assert gemma.split()[6:8] == ["rej", "rej"]
 
@@ -109,13 +109,17 @@ def test_compare_by_category_with_holm(tmp_path):
 
 
 def test_compare_metrics_differ_on_agent_episodes(mixed_store):
-    expected = {"all-valid": (0, 0, 3, 1), "any-valid": (3, 0, 0, 1), "clean": (1, 0, 2, 1)}
+    # bfcl:simple_1 in qwen-native calls twice, then answers: all-valid fails it for the answer;
+    # delivered and call pass it, as a correct agent deserves.
+    expected = {"delivered": (1, 0, 2, 1), "call": (1, 0, 2, 1), "all-valid": (0, 0, 3, 1), "any-valid": (3, 0, 0, 1),
+                "clean": (1, 0, 2, 1)}
     for metric, (both, a_only, b_only, neither) in expected.items():
         doc = _compare_json(mixed_store, "qwen-native", "qwen-text", "--metric", metric)
         o = doc["overall"]
         assert (o["both_pass"], o["a_only"], o["b_only"], o["both_fail"]) == (both, a_only, b_only, neither), metric
         assert (doc["only_in_a"], doc["only_in_b"]) == (1, 0)
         assert doc["metric"] == metric and doc["metric_rule"]
+    assert _compare_json(mixed_store, "qwen-native", "qwen-text")["metric"] == "delivered"  # the default
 
 
 def test_compare_user_errors(mixed_store, tmp_path):

@@ -9,6 +9,8 @@ import re
 
 import pytest
 
+from analysis.metrics import METRICS
+from analysis.outcomes import ANALYZER_VERSION
 from analysis.report import FORMATS, render
 from analysis.report.cells import OUTCOME_LABELS
 from analysis.report.htmlpage import COLOURS
@@ -25,15 +27,22 @@ def test_terminal_table_fits_100_columns_and_shows_rej(report):
     lines = text.splitlines()
     assert all(len(line) <= 100 for line in lines[: 2 + len(report.runs)]), "table rows wider than 100 columns"
     header = lines[0].split()
-    assert header[:4] == ["run", "stack", "model", "cond"]
+    # the headline: call and delivered fidelity side by side, then what the serving layer lost
+    assert header[:8] == ["run", "cond", "turns", "eps", "call", "[95%", "CI]", "delivered"]
     rows = {line.split()[0]: line for line in lines[2: 2 + len(report.runs)]}
     assert set(rows) == {"gemma-vllm", "qwen-native", "qwen-sglang", "qwen-text"}
     gemma = rows["gemma-vllm"].split()
-    assert gemma.count("rej") == 2 and "100%" in gemma and "0%" not in gemma
-    assert re.search(r"52% \[\d+-\d+\]\s+71%\s+15%\s+0%\s+1$", rows["qwen-native"])
+    assert gemma.count("rej") == 5 and "100%" in gemma and "0%" not in gemma
+    # 12 of 16 call turns valid: Wilson 95% [50.5, 89.8]; 1 of 4 episodes answered; 3 of 20 turns non-responses
+    assert re.search(r"75% \[51-90\]\s+75% \[51-90\]\s+0%\s+-\s+25%\s+15%$", rows["qwen-native"])
+    assert re.search(r"100% \[44-100\]\s+33% \[6-79\]\s+67%", rows["qwen-sglang"])
+    details = {line.split()[0]: line for line in lines[3 + len(report.runs): 5 + 2 * len(report.runs)]}
+    assert re.search(r"16/1/0/0/0\s+60% \(<5 eps\)\s+60% \(<5 eps\)\s+71%\s+0%\s+1$", details["qwen-native"])
     prose = " ".join(text.split())  # notes are wrapped to the width
-    assert "qwen-sglang: 2 turns the harness saw as prose held a valid call" in prose
+    assert ("qwen-sglang: lost in the serving layer: calls left in text: 2 of 3 turns due a call held a valid call "
+            "the harness never got as a call") in prose
     assert "gemma-vllm: every turn was a non-response (refused 6)" in prose
+    assert f"analyzer v{ANALYZER_VERSION}" in prose
     assert all(len(line) <= 100 for line in lines), "notes or legend wider than 100 columns"
 
 
@@ -50,38 +59,51 @@ def test_terminal_table_clips_names_not_numbers():
 def test_markdown_has_both_tables_and_notes(report):
     text = render(report, "markdown")
     assert text.startswith("# toolproxy report")
-    assert "| gemma-vllm | vllm 0.11.0 | google/gemma-3-4b-it | native | 6 | 3 | rej | rej | 100.0% | - | 0 |" in text
+    assert ("| gemma-vllm | vllm 0.11.0 | google/gemma-3-4b-it | native | 6 | 3 | rej | rej | rej | rej | rej | rej "
+            "| 100.0% | - | 0 |") in text
+    assert ("| qwen-sglang | sglang 0.5.3 | Qwen/Qwen3-8B | native | 4 | 2 | 100.0% [43.9-100.0] | 33.3% [6.1-79.2] "
+            "| 66.7% | - | 50.0% [9.5-90.5] | 75.0% | 0.0% | 66.7% | 0 |") in text
+    assert "| qwen-native | 60.0% (too few episodes) | 60.0% (too few episodes) | 16/1/0/0/0 | refused 1, http_5xx 1, timeout 1 |" in text
     assert "| qwen-native | 60.0% (12) | 10.0% (2) | 5.0% (1) | 5.0% (1) | 5.0% (1) | 15.0% (3) |" in text
     assert "## Notes" in text
 
 
 def test_json_keeps_raw_numbers_and_nulls(report):
     doc = json.loads(render(report, "json"))
-    assert doc["bootstrap"] == {"resamples": 10_000, "seed": 0, "confidence": 0.95, "unit": "episode"}
+    assert doc["bootstrap"] == {"resamples": 10_000, "seed": 0, "confidence": 0.95, "unit": "episode", "min_episodes": 5}
+    assert doc["analyzer_version"] == doc["analyzer_version_current"] == ANALYZER_VERSION
     runs = {r["run"]: r for r in doc["runs"]}
     gemma = runs["gemma-vllm"]
     assert gemma["rejected"] is True
-    assert gemma["fidelity"]["pooled"] is None and gemma["fidelity"]["episode_mean"] is None
+    for metric in METRICS:
+        assert gemma[metric]["pooled"] is None and gemma[metric]["episode_mean"] is None
     assert gemma["surfaced_as_text"] is None
     native = runs["qwen-native"]
-    f = native["fidelity"]
-    assert f["ci_low"] <= f["episode_mean"] <= f["ci_high"]
-    assert f["pooled"] == pytest.approx(12 / 17)
+    c = native["call_fidelity"]
+    assert (c["numerator"], c["denominator"], c["pooled"]) == (12, 16, 0.75)
+    assert c["ci_low"] is None and c["interval_note"] == "too few episodes"
+    assert native["paper_fidelity"]["pooled"] == pytest.approx(12 / 17)
+    assert native["roles"] == {"call": 16, "answer": 1, "abstain": 0, "open": 0, "no_tools": 0}
     assert sum(native["outcome_shares"].values()) == pytest.approx(1.0)
-    assert native["non_response_kinds"] == {"http_5xx": 1, "timeout": 1, "retry_exhausted": 1}
+    assert native["non_response_kinds"] == {"http_5xx": 1, "timeout": 1, "refused": 1}
+    assert runs["qwen-sglang"]["lost_in_serving"] == pytest.approx(2 / 3)
 
 
 def test_csv_is_one_flat_row_per_run(report):
     rows = {r["run"]: r for r in csv.DictReader(io.StringIO(render(report, "csv")))}
     assert len(rows) == 4
     assert rows["gemma-vllm"]["rejected"] == "True"
-    assert rows["gemma-vllm"]["fidelity_pooled"] == ""
+    assert rows["gemma-vllm"]["call_fidelity_pooled"] == ""
     assert rows["gemma-vllm"]["non_response_refused"] == "6"
-    assert float(rows["qwen-native"]["fidelity_pooled"]) == pytest.approx(12 / 17)
+    assert float(rows["qwen-native"]["paper_fidelity_pooled"]) == pytest.approx(12 / 17)
+    assert float(rows["qwen-native"]["call_fidelity_pooled"]) == 0.75
+    assert rows["qwen-native"]["role_answer"] == "1"
     assert rows["qwen-native"]["outcome_hallucinated_call"] == "1"
     assert rows["qwen-sglang"]["harness_saw_prose"] == "2"
-    low, mean, high = (float(rows["qwen-text"][k]) for k in ("ci_low", "fidelity_episode_mean", "ci_high"))
-    assert low <= mean <= high
+    assert float(rows["qwen-sglang"]["delivered_fidelity_pooled"]) == pytest.approx(1 / 3)
+    low, rate, high = (float(rows["qwen-text"][k]) for k in ("call_fidelity_wilson_low", "call_fidelity_pooled",
+                                                             "call_fidelity_wilson_high"))
+    assert low < rate < high
 
 
 def test_html_is_one_offline_file_with_both_charts(report):
@@ -89,8 +111,8 @@ def test_html_is_one_offline_file_with_both_charts(report):
     assert not re.search(r"https?:", page), "the page references the network"
     assert not re.search(r"<script|<link|<img|<iframe|@import|src=", page, re.I)
     assert set(re.findall(r"url\(([^)]*)\)", page)) == {"#hatch", "#seen-prose"}
-    assert page.count("<svg") == 2
-    assert "Outcome composition" in page and "Protocol fidelity per run" in page
+    assert page.count("<svg") == 3
+    assert "Outcome composition" in page and "Call fidelity per run" in page and "Delivered fidelity per run" in page
     for label in OUTCOME_LABELS.values():
         assert label in page
     # every non-zero outcome of every run is a bar segment, non-responses included
@@ -103,7 +125,7 @@ def test_html_is_one_offline_file_with_both_charts(report):
     # qwen-sglang's two valid calls left in the text are striped over its valid-call segment
     assert re.findall(r'fill="url\(#seen-prose\)" class="segment"><title>([^:]+): (\d+) valid calls', page) == [("qwen-sglang", "2")]
     assert "valid call the harness saw as prose" in page
-    assert page.count('class="whisker"') == 3 * 3  # three runs with a CI: a line and two caps each
+    assert page.count('class="whisker"') == 2 * 3 * 3  # two charts, three runs with a rate: a line and two caps each
     assert report.source in page and f"toolproxy {report.toolproxy_version}" in page and report.generated_at in page
 
 

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from analysis.stats import bootstrap_mean_ci, fidelity, holm, mcnemar_exact, rate
+from analysis.stats import (NO_SPREAD, TOO_FEW_EPISODES, bootstrap_mean_ci, holm, mcnemar_exact, proportion, rate,
+                            wilson)
 
 # (b, c, expected p). Expected values: scipy.stats.binomtest(b, b + c, 0.5).pvalue (scipy 1.17),
 # except the first two rows, which are the figures the seed papers publish.
@@ -148,38 +149,104 @@ def test_bootstrap_degenerate_inputs(values, expected):
     assert bootstrap_mean_ci(values) == expected
 
 
-# One row per situation a real run produces: (name, valid, produced, non_responses per episode,
-# expected pooled, expected per-episode mean, rated, unrated).
-FIDELITY = [
-    ("all valid", [3, 2], [3, 2], [0, 0], 1.0, 1.0, 2, 0),
-    ("vLLM default: every turn refused", [0, 0, 0], [0, 0, 0], [4, 1, 2], None, None, 0, 3),
-    ("model never calls", [0, 0], [5, 1], [0, 0], 0.0, 0.0, 2, 0),
-    ("one long looping episode dominates pooled", [1, 1, 1, 0], [1, 1, 1, 97], [0, 0, 0, 0], 0.03, 0.75, 4, 0),
-    ("refused episode left out of the mean", [1, 0], [2, 0], [0, 3], 0.5, 0.5, 1, 1),
-    ("no episodes at all", [], [], [], None, None, 0, 0),
+def wilson_by_hand(k: int, n: int) -> tuple[float, float]:
+    """The closed form, written out independently of analysis.stats (z for 95% is 1.959963984540054)."""
+    z = 1.959963984540054
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = (z / (1 + z * z / n)) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+# (k, n, published interval where one exists: Newcombe 1998, Table I, method 3 / Brown, Cai & DasGupta 2001)
+WILSON = [
+    (81, 263, (0.2553, 0.3662)),
+    (15, 148, (0.0624, 0.1605)),
+    (0, 20, (0.0, 0.1611)),
+    (1, 29, (0.0061, 0.1718)),
+    (0, 3, None),
+    (3, 3, None),
+    (1, 1, None),
+    (8, 10, None),
+    (500, 1000, None),
 ]
 
 
-@pytest.mark.parametrize("name,valid,produced,nr,pooled,mean,rated,unrated", FIDELITY, ids=[r[0] for r in FIDELITY])
-def test_fidelity(name, valid, produced, nr, pooled, mean, rated, unrated):
-    f = fidelity(valid, produced, nr)
-    assert f.pooled == (pytest.approx(pooled) if pooled is not None else None)
-    assert f.episode_mean == (pytest.approx(mean) if mean is not None else None)
-    assert (f.episodes_rated, f.episodes_unrated) == (rated, unrated)
-    assert f.turns == sum(produced) + sum(nr)
-    assert f.non_responses == sum(nr)
-    if f.episode_mean is None:
-        assert f.ci_low is None and f.ci_high is None
-    else:
-        assert f.ci_low <= f.episode_mean <= f.ci_high
-    if f.turns:
-        assert f.non_response_rate == pytest.approx(sum(nr) / f.turns)
-    else:
-        assert f.non_response_rate is None
+@pytest.mark.parametrize("k,n,published", WILSON)
+def test_wilson_matches_the_closed_form_and_published_values(k, n, published):
+    low, high = wilson(k, n)
+    ref_low, ref_high = wilson_by_hand(k, n)
+    assert low == pytest.approx(max(0.0, ref_low), abs=1e-12)
+    assert high == pytest.approx(min(1.0, ref_high), abs=1e-12)
+    if published:
+        assert (round(low, 4), round(high, 4)) == published
+    assert high - low > 0.0  # never a zero-width interval, even at 0% or 100% of a handful
 
 
-def test_fidelity_rejects_inconsistent_counts():
+def test_wilson_at_the_edges_of_tiny_runs():
+    assert wilson(0, 0) is None
+    low, high = wilson(0, 3)
+    assert low == 0.0 and f"{100 * high:.0f}" == "56"  # "0% [0-56]", never "0% [0-0]"
+    low, high = wilson(3, 3)
+    assert high == 1.0 and f"{100 * low:.0f}" == "44"
     with pytest.raises(ValueError):
-        fidelity([2], [1], [0])
+        wilson(4, 3)
+
+
+def _binomial_quantile(n: int, p: float, q: float) -> int:
+    cdf = 0.0
+    for x in range(n + 1):
+        cdf += math.comb(n, x) * p**x * (1 - p) ** (n - x)
+        if cdf >= q:
+            return x
+    return n
+
+
+def test_bootstrap_of_pass_fail_episodes_matches_exact_binomial_quantiles():
+    """With 0/1 episode rates, a resampled mean is Binomial(m, share) / m: its 2.5% and 97.5%
+    quantiles are known exactly, independently of how the bootstrap draws."""
+    for ones, m in ((3, 10), (6, 8), (12, 40)):
+        values = [1.0] * ones + [0.0] * (m - ones)
+        low, high = bootstrap_mean_ci(values, resamples=10_000, seed=7)
+        assert low == _binomial_quantile(m, ones / m, 0.025) / m
+        assert high == _binomial_quantile(m, ones / m, 0.975) / m
+
+
+# One row per situation a real run produces: (name, numerators, denominators per episode,
+# expected pooled, expected per-episode mean, rated, unrated, interval note).
+PROPORTION = [
+    ("all valid, two episodes", [3, 2], [3, 2], 1.0, 1.0, 2, 0, TOO_FEW_EPISODES),
+    ("vLLM default: nothing to rate in any episode", [0, 0, 0], [0, 0, 0], None, None, 0, 3, None),
+    ("model never calls, two episodes", [0, 0], [5, 1], 0.0, 0.0, 2, 0, TOO_FEW_EPISODES),
+    ("three failing episodes: no '0% [0-0]'", [0, 0, 0], [1, 1, 1], 0.0, 0.0, 3, 0, TOO_FEW_EPISODES),
+    ("five failing episodes: still no zero-width interval", [0] * 5, [2] * 5, 0.0, 0.0, 5, 0, NO_SPREAD),
+    ("one long looping episode dominates pooled", [1, 1, 1, 1, 0], [1, 1, 1, 1, 96], 0.04, 0.8, 5, 0, None),
+    ("refused episode left out of the mean", [1, 0], [2, 0], 0.5, 0.5, 1, 1, TOO_FEW_EPISODES),
+    ("no episodes at all", [], [], None, None, 0, 0, None),
+]
+
+
+@pytest.mark.parametrize("name,k,n,pooled,mean,rated,unrated,note", PROPORTION, ids=[r[0] for r in PROPORTION])
+def test_proportion(name, k, n, pooled, mean, rated, unrated, note):
+    r = proportion(k, n)
+    assert r.pooled == (pytest.approx(pooled) if pooled is not None else None)
+    assert r.episode_mean == (pytest.approx(mean) if mean is not None else None)
+    assert (r.episodes_rated, r.episodes_unrated) == (rated, unrated)
+    assert (r.numerator, r.denominator) == (sum(k), sum(n))
+    assert r.interval_note == note
+    if r.pooled is None:
+        assert r.wilson_low is None and r.wilson_high is None
+    else:
+        assert (r.wilson_low, r.wilson_high) == wilson(sum(k), sum(n))
+        assert r.wilson_high > r.wilson_low
+    if note is None and r.episode_mean is not None:
+        assert r.ci_low <= r.episode_mean <= r.ci_high and r.ci_high > r.ci_low
+    else:
+        assert r.ci_low is None and r.ci_high is None
+
+
+def test_proportion_rejects_inconsistent_counts():
     with pytest.raises(ValueError):
-        fidelity([1, 1], [1], [0])
+        proportion([2], [1])
+    with pytest.raises(ValueError):
+        proportion([1, 1], [1])

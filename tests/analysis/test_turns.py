@@ -67,13 +67,15 @@ def test_retries_after_failures_are_one_turn_outcome_of_the_last():
     assert eps[0].turns[0].result() == ("valid_call", None)
 
 
-def test_every_attempt_failed_is_retry_exhausted_single_failure_keeps_its_kind():
+def test_every_attempt_failed_keeps_its_cause_with_the_attempt_count():
+    """A harness retrying a refusal must not turn "refused" into a generic retry failure."""
     eps = build_episodes("r", [
         attempt("a1", TURN1, outcome="non_response", sub_kind="http_5xx", episode="1"),
         attempt("a2", TURN1, outcome="non_response", sub_kind="http_5xx", episode="1"),
         attempt("b1", TURN1, outcome="non_response", sub_kind="refused", episode="2"),
     ])
-    assert [t.result() for ep in eps for t in ep.turns] == [("non_response", "retry_exhausted"), ("non_response", "refused")]
+    assert [t.result() for ep in eps for t in ep.turns] == [("non_response", "http_5xx"), ("non_response", "refused")]
+    assert [len(t.attempts) for ep in eps for t in ep.turns] == [2, 1]
 
 
 def test_same_request_after_a_success_is_a_new_turn_or_a_repeat_episode():

@@ -1,0 +1,145 @@
+"""Keeping every derived row under one version of the rules.
+
+The store keeps the raw exchanges (bodies, statuses, headers as recorded) and, derived from them,
+each exchange's classification, its calls, and the turns, episodes and runs tables. Derived rows
+record the ANALYZER_VERSION that produced them and the store records the version and the
+expectation rules its derived tables were built under. When either changes (a newer toolproxy,
+`analyze --expect ...`) or the user asks (`analyze --reclassify`), everything derived is rebuilt
+from the raw exchanges in one transaction, so a report never mixes old and new rules.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Sequence
+
+import orjson
+
+from analysis.expect import Rule, parse_rules
+from analysis.outcomes import ANALYZER_VERSION
+
+_VERSION_KEY = "analyzer_version"
+_RULES_KEY = "expect_rules"
+# Exchange columns that are the record as received; every other column is derived from them.
+_RAW = ("id", "kind", "started_at", "ended_at", "ttfb_ms", "duration_ms", "run", "episode", "item", "condition",
+        "tags", "upstream", "method", "path", "query", "status", "client_status", "error_kind", "error_message",
+        "request_body", "request_body_encoding", "response_body", "response_body_encoding", "client_body",
+        "client_body_encoding", "upstream_request", "condition_note", "request_headers", "response_headers",
+        "segment", "segment_offset")
+_JSON_RAW = ("tags", "upstream_request", "request_headers", "response_headers")
+# The parts of the ingest-time `record` column that came from the record itself.
+_RECORD_META = ("v", "client_path", "request_body_size", "response_complete", "extra")
+_BATCH = 500
+
+
+def _state(con, key: str):
+    row = con.execute("SELECT value FROM analyzer_state WHERE key = ?", [key]).fetchone()
+    return orjson.loads(row[0]) if row and row[0] is not None else None
+
+
+def _set_state(con, key: str, value) -> None:
+    con.execute("INSERT OR REPLACE INTO analyzer_state VALUES (?, ?)", [key, orjson.dumps(value).decode()])
+
+
+def stored_rules(con) -> list[Rule]:
+    """The expectation rules the derived tables were built with (none until `analyze --expect`)."""
+    return parse_rules(_state(con, _RULES_KEY) or [])
+
+
+def stored_version(con) -> int | None:
+    """The analyzer version the derived tables were built under; None for a new store or one
+    analysed before versions were recorded (whose derived tables are therefore out of date)."""
+    version = _state(con, _VERSION_KEY)
+    return int(version) if version is not None else None
+
+
+def rebuild_reason(con, *, rules: Sequence[Rule] | None, force: bool) -> str | None:
+    """Why the derived tables must be rebuilt before ingesting, or None when they are current."""
+    if con.execute("SELECT count(*) FROM exchanges").fetchone()[0] == 0:
+        return None
+    if force:
+        return "--reclassify"
+    version = stored_version(con)
+    if version != ANALYZER_VERSION:
+        return f"analyzer version {version if version is not None else 'unknown'} -> {ANALYZER_VERSION}"
+    if rules is not None and [str(r) for r in rules] != [str(r) for r in stored_rules(con)]:
+        return "expectation rules changed"
+    return None
+
+
+def save_state(con, rules: Sequence[Rule] | None) -> None:
+    _set_state(con, _VERSION_KEY, ANALYZER_VERSION)
+    if rules is not None:
+        _set_state(con, _RULES_KEY, [str(r) for r in rules])
+
+
+def _stored_record(row: dict) -> dict:
+    """The exchange record as the proxy wrote it, rebuilt from its raw columns."""
+    rec = {k: row[k] for k in _RAW}
+    for k in _JSON_RAW:
+        rec[k] = orjson.loads(rec[k]) if rec[k] is not None else None
+    for k in ("started_at", "ended_at"):
+        if isinstance(rec[k], dt.datetime):
+            rec[k] = rec[k].replace(tzinfo=dt.timezone.utc).timestamp()
+    meta = orjson.loads(row["record"]) if row["record"] else {}
+    rec.update({k: meta.get(k) for k in _RECORD_META})
+    return rec
+
+
+def reclassify(con) -> int:
+    """Re-run the per-exchange analysis over every stored exchange, from its raw columns; returns
+    how many exchanges were reclassified. The caller re-derives turns and holds the transaction."""
+    from analysis.ingest import CALL_TYPES, EXCHANGE_TYPES, TOOL_SET_TYPES, analyze_record
+    from analysis.store import insert_columns
+
+    derived = [c for c in EXCHANGE_TYPES if c not in _RAW]
+    types = {"id": "VARCHAR"} | {c: EXCHANGE_TYPES[c] for c in derived}
+    ids = [r[0] for r in con.execute("SELECT id FROM exchanges ORDER BY id").fetchall()]
+    columns = [*_RAW, "record"]
+    seen_sets: set[str] = set()
+    for start in range(0, len(ids), _BATCH):
+        batch = ids[start:start + _BATCH]
+        cur = con.execute(f"SELECT {', '.join(columns)} FROM exchanges WHERE id IN (SELECT unnest(?::VARCHAR[]))", [batch])
+        out: dict[str, list] = {c: [] for c in types}
+        calls: list[tuple] = []
+        sets: list[tuple] = []
+        for values in cur.fetchall():
+            row = dict(zip(columns, values))
+            a = analyze_record(_stored_record(row), row["segment"], row["segment_offset"])
+            by_name = dict(zip(EXCHANGE_TYPES, a.exchange))
+            for c in types:
+                out[c].append(by_name[c])
+            calls.extend(a.calls)
+            if a.tool_set is not None and a.tool_set[0] not in seen_sets:
+                seen_sets.add(a.tool_set[0])
+                sets.append(a.tool_set)
+        con.execute("CREATE OR REPLACE TEMP TABLE _reclassified AS SELECT id, "
+                    f"{', '.join(derived)} FROM exchanges LIMIT 0")
+        insert_columns(con, "_reclassified", out, types)
+        assignments = ", ".join(f"{c} = r.{c}" for c in derived)
+        con.execute(f"UPDATE exchanges SET {assignments} FROM _reclassified r WHERE exchanges.id = r.id")
+        con.execute("DELETE FROM calls WHERE exchange_id IN (SELECT unnest(?::VARCHAR[]))", [batch])
+        insert_columns(con, "calls", {n: [c[i] for c in calls] for i, n in enumerate(CALL_TYPES)}, CALL_TYPES)
+        if sets:
+            insert_columns(con, "tool_sets", {n: [s[i] for s in sets] for i, n in enumerate(TOOL_SET_TYPES)},
+                           TOOL_SET_TYPES, on_conflict="ON CONFLICT DO NOTHING")
+    con.execute("DROP TABLE IF EXISTS _reclassified")
+    return len(ids)
+
+
+def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool) -> dict[str, int]:
+    """Rebuild every derived table in one transaction: exchanges' classification (when the rules
+    of classification may have changed) and all runs' turns, episodes and runs rows."""
+    from analysis.turns import derive
+
+    con.execute("BEGIN TRANSACTION")
+    try:
+        n = reclassify(con) if exchanges else 0
+        save_state(con, rules)
+        runs = [r[0] for r in con.execute("SELECT DISTINCT run FROM exchanges WHERE run IS NOT NULL").fetchall()]
+        totals = derive(con, runs) | {"exchanges": n, "runs": len(runs)}
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return totals
