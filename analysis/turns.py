@@ -5,7 +5,8 @@ are one turn, whose outcome is the last attempt's; a turn whose every attempt fa
 cause of its last failure (a refusal stays `refused`) with the attempt count beside it. Episodes
 come from the `episode` tag; without one they are reconstructed by message-prefix chaining: a
 later request whose message list starts with an earlier request's messages *plus the reply it
-got* continues that episode.
+got* continues that episode. Harnesses that resend an earlier call as assistant text chain by an
+echo key instead (request + the calls it echoes).
 
 Every produced turn then gets a role (ROLE_SQL), which says what the turn was for and so which
 metric counts it: a correct agent that calls a tool and then answers in prose must score full
@@ -25,6 +26,7 @@ from typing import Any, Iterable, Sequence
 
 import orjson
 
+from analysis.echoes import echoed_calls
 from analysis.expect import Rule, expectation
 from analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE, PROSE, VALID_CALL
 
@@ -42,6 +44,10 @@ _SEP = re.compile(r"[_-]")
 _OBSERVATION = re.compile(r"(?m)^\s*Observation:")
 _RESULT_ROLES = frozenset(("tool", "function", "ipython"))
 _RESULT_PARTS = frozenset(("tool_result", "function_call_output"))
+# The signature an echo of an empty reply carries, and the non-response kinds of a reply that came
+# back with nothing in it (a harness may write that nothing into its history).
+EMPTY_ECHO = "empty"
+EMPTY_KINDS = frozenset({"empty", "swallowed"})
 
 
 def _digest(data: bytes) -> bytes:
@@ -118,7 +124,8 @@ def conversation_keys(
     state_hash: messages + tool set + model (equal for retries of one turn).
     chain_hash: the message list extended by the reply the harness got (content, canon calls);
       the next turn of the same episode lists it as a parent.
-    parent_hashes: the rolling hash after each assistant message in this request, longest first.
+    parent_hashes: the rolling hash after each assistant message in this request, longest first,
+      then the echo keys of its last assistant messages (see _echo_parents).
     item_hash: messages + offered tool names, for pairing the same item across runs.
     tool_results: how many messages return a tool's result to the model (see _is_tool_result).
     """
@@ -127,18 +134,33 @@ def conversation_keys(
     running = hashlib.blake2b(digest_size=12)
     parents = []
     results = 0
+    # The last run of consecutive assistant messages, its structured calls, the running hash before it.
+    block: list[dict] = []
+    block_calls: list = []
+    block_prefix = None
+    prev_role = None
     for m in messages:
         if isinstance(m, dict):
             results += _is_tool_result(m)
             role = m.get("role")
-            running.update(_canon(role, m.get("content"), _message_calls(m)))
+            calls = _message_calls(m)
+            if role == "assistant" and prev_role != "assistant":
+                block, block_calls, block_prefix = [], [], running.copy()
+            running.update(_canon(role, m.get("content"), calls))
             if role == "assistant":
+                block.append(m)
+                block_calls.extend(calls)
                 parents.append(running.hexdigest())
         else:
+            role = None
             running.update(orjson.dumps([m]))
+        prev_role = role
     parents.reverse()
+    state_suffix = b"\x00state" + orjson.dumps([tool_set, model])
+    if block_prefix is not None:
+        parents += _echo_parents(block, block_calls, block_prefix, state_suffix, tool_names)
     state = running.copy()
-    state.update(b"\x00state" + orjson.dumps([tool_set, model]))
+    state.update(state_suffix)
     item = running.copy()
     item.update(b"\x00item" + orjson.dumps(sorted(tool_names)))
     chain = None
@@ -147,6 +169,37 @@ def conversation_keys(
         extended.update(_canon("assistant", reply[0], canon_calls(reply[1])))
         chain = extended.hexdigest()
     return Keys(len(messages), state.hexdigest(), chain, parents, item.hexdigest(), results)
+
+
+def echo_key(state_hash: str, signature: str) -> str:
+    """The parent key of a reply that made calls, as a later request re-serialising them shows it:
+    the request it answered (state hash) + the calls (signature), whatever text carried them."""
+    return _digest(b"echo\x00" + state_hash.encode() + b"\x00" + signature.encode()).hex()
+
+
+def _echo_parents(block: Sequence[dict], calls: list, prefix, state_suffix: bytes, tool_names: Sequence[str]) -> list[str]:
+    """echo_key(state before, calls) of the request's last run of assistant messages (`block`,
+    with its structured `calls`; prefix: the running hash before it), for its structured calls,
+    else for every reading of calls re-serialised in its text (analysis.echoes).
+
+    Only the last run: it answers the turn just before this request, the one to chain to, and
+    looking no further keeps the text search at one block per request, not one per turn.
+
+    A run with no text and no call echoes an empty reply (EMPTY_ECHO): a harness that writes the
+    nothing it got into its history (smolagents does, then adds its error message) continues the
+    episode whose turn came back empty, which exact chaining cannot follow (a non-response has
+    no chain hash)."""
+    text = "\n".join(_text(m.get("content")) for m in block)
+    if calls:
+        signatures = [call_signature(calls)]
+    elif not text:
+        signatures = [EMPTY_ECHO]
+    else:
+        signatures = [call_signature(canon_calls(r)) for r in echoed_calls(text, frozenset(tool_names))]
+    state = prefix.copy()
+    state.update(state_suffix)
+    before = state.hexdigest()
+    return [echo_key(before, sig) for sig in signatures]
 
 
 def call_signature(calls: Sequence[tuple[str | None, Any]]) -> str | None:
@@ -260,6 +313,10 @@ def build_episodes(run: str, attempts: Iterable[Attempt]) -> list[Episode]:
                 by_state[a.state_hash] = turn
         if a.chain_hash:
             by_chain[a.chain_hash] = turn
+        if a.state_hash and a.call_signature:
+            by_chain[echo_key(a.state_hash, a.call_signature)] = turn
+        elif a.state_hash and a.outcome == "non_response" and a.sub_kind in EMPTY_KINDS:
+            by_chain[echo_key(a.state_hash, EMPTY_ECHO)] = turn
     out = list(episodes.values())
     for ep in out:
         first = ep.turns[0].final

@@ -49,18 +49,22 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     (undefined), never 0%.
     """
     from analysis import report as renderers
-    from analysis.report import terminal
+    from analysis.details import page_details
+    from analysis.report import htmlpage, terminal
     from analysis.summary import select_runs, summarize
 
     path = db_path or default_db(data_dir)
     con = _open(data_dir, path, read_only=True)
     try:
         summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed, rules=expect_rules)
+        details = page_details(con, summary) if fmt == "html" else None
     except StoreError as exc:
         _fail(str(exc))
     finally:
         con.close()
-    if fmt == "table" and output is None and sys.stdout.isatty():
+    if details is not None:
+        text = htmlpage.render(summary, details)
+    elif fmt == "table" and output is None and sys.stdout.isatty():
         text = terminal.render(summary, width=max(100, shutil.get_terminal_size().columns))
     else:
         text = renderers.render(summary, fmt)

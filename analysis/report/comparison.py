@@ -25,16 +25,16 @@ def _cells(row: Paired) -> list[str]:
             p_text(row.p), p_text(row.p_holm)]
 
 
-def _columns(c: Comparison) -> list[str]:
+def columns(c: Comparison) -> list[str]:
     """The Holm column only when several categories were tested at once."""
     return list(COLUMNS if c.categories else COLUMNS[:-1])
 
 
-def _rows(c: Comparison) -> list[list[str]]:
-    return [_cells(r)[: len(_columns(c))] for r in [*c.categories, c.overall]]
+def rows(c: Comparison) -> list[list[str]]:
+    return [_cells(r)[: len(columns(c))] for r in [*c.categories, c.overall]]
 
 
-def _heading(c: Comparison) -> list[str]:
+def heading(c: Comparison) -> list[str]:
     return [f"A = {c.run_a}, B = {c.run_b}; metric {c.metric}: {METRIC_HELP[c.metric]}.",
             f"paired items: {c.overall.paired} (only in A: {c.only_in_a}, only in B: {c.only_in_b}); "
             "exact two-sided McNemar on the discordant pairs (A only vs B only)"
@@ -42,13 +42,13 @@ def _heading(c: Comparison) -> list[str]:
 
 
 def render_table(c: Comparison, width: int = 100) -> str:
-    heading = [line for para in _heading(c) for line in textwrap.wrap(para, width)]
-    return "\n".join(heading + [""] + aligned(_columns(c), _rows(c), 1, width)) + "\n"
+    lines = [line for para in heading(c) for line in textwrap.wrap(para, width)]
+    return "\n".join(lines + [""] + aligned(columns(c), rows(c), 1, width)) + "\n"
 
 
 def render_markdown(c: Comparison) -> str:
-    lines = [f"## {c.run_a} vs {c.run_b}", ""] + [f"{x}  " for x in _heading(c)] + [""]
-    lines += table(_columns(c), _rows(c), 1)
+    lines = [f"## {c.run_a} vs {c.run_b}", ""] + [f"{x}  " for x in heading(c)] + [""]
+    lines += table(columns(c), rows(c), 1)
     return "\n".join(lines) + "\n"
 
 

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from html import escape
 from importlib import resources
+from typing import Callable
 
+from analysis import stats
+from analysis.compare import METRIC_HELP
+from analysis.details import TURN_COLUMNS, Count, PageDetails, Usage
+from analysis.report import comparison
 from analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct, rate_cell,
                                    provenance, report_notes, row)
-from analysis.summary import OUTCOMES, Report, RunSummary
+from analysis.stats import Rate
+from analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
 
 # Okabe-Ito palette: distinguishable with every common colour-vision deficiency. Non-responses get
 # a dark grey with white hatching so they can never be mistaken for a model outcome.
@@ -24,6 +30,12 @@ COLOURS = {
     "non_response": "#3B3B3B",
 }
 _OTHER = "#999999"
+# Each non-response cause its own grey and hatch direction, so a refusal and a timeout read apart
+# in the bar while every cause still reads as "never reached the harness".
+_KIND_HATCH = {kind: (("#2b2b2b", "#5c5c5c")[i // 4 % 2], (45, -45, 0, 90)[i % 4])
+               for i, kind in enumerate(NON_RESPONSE_KINDS)}
+# Fidelity cells: white at 0% to the Okabe-Ito blue at 100%.
+_LOW, _HIGH = (255, 255, 255), (0, 114, 178)
 _SEEN_AS_PROSE = "#b9eadb"
 _MEAN = "#0072B2"
 
@@ -33,14 +45,38 @@ _ROW = 46
 _BAR = 24
 _TOP = 10
 _AXIS = 30
+_SPAN = 470    # the 0-100% axis of a rate chart
+_VALUE_X = _LABEL + _SPAN + 28  # where its numbers are written
 
 
 def _e(x: object) -> str:
     return escape(str(x), quote=True)
 
 
-def _fill(outcome: str) -> str:
-    return "url(#hatch)" if outcome == "non_response" else COLOURS.get(outcome, _OTHER)
+def _fill(outcome: str, kind: str | None = None) -> str:
+    if outcome != "non_response":
+        return COLOURS.get(outcome, _OTHER)
+    return f"url(#hatch-{kind})" if kind in _KIND_HATCH else "url(#hatch)"
+
+
+def _hatch(pattern_id: str, grey: str, angle: int) -> str:
+    return (f'<pattern id="{pattern_id}" width="8" height="8" patternUnits="userSpaceOnUse" '
+            f'patternTransform="rotate({angle})"><rect width="8" height="8" fill="{grey}"/>'
+            '<line x1="0" y1="0" x2="0" y2="8" stroke="#ffffff" stroke-width="2" stroke-opacity="0.45"/></pattern>')
+
+
+def _segments(s: RunSummary) -> list[tuple[str, str | None, int]]:
+    """(outcome, non-response cause, turns) in bar order: a non-response segment per cause."""
+    out = []
+    for outcome, n in s.outcomes.items():
+        if outcome != "non_response":
+            out.append((outcome, None, n))
+            continue
+        kinds = s.non_response_kinds
+        ordered = [k for k in NON_RESPONSE_KINDS if kinds.get(k)] + sorted(k for k in kinds if k not in NON_RESPONSE_KINDS)
+        out += [(outcome, k, kinds[k]) for k in ordered]
+        out.append((outcome, None, n - sum(kinds.values())))
+    return [seg for seg in out if seg[2] > 0]
 
 
 def _clip(text: str, limit: int) -> str:
@@ -84,9 +120,9 @@ def composition_chart(report: Report) -> str:
     """A 100% stacked bar per run: every turn is in exactly one segment, non-responses included."""
     x0, span = _LABEL, _WIDTH - _LABEL - 10
     height = _TOP + _ROW * len(report.runs)
-    parts = ['<defs><pattern id="hatch" width="8" height="8" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-             f'<rect width="8" height="8" fill="{COLOURS["non_response"]}"/>'
-             '<line x1="0" y1="0" x2="0" y2="8" stroke="#ffffff" stroke-width="2" stroke-opacity="0.45"/></pattern>'
+    hatches = "".join(_hatch(f"hatch-{k}", grey, angle) for k, (grey, angle) in _KIND_HATCH.items()
+                      if any(s.non_response_kinds.get(k) for s in report.runs))
+    parts = [f'<defs>{_hatch("hatch", COLOURS["non_response"], 45)}{hatches}'
              f'<pattern id="seen-prose" width="5" height="5" patternUnits="userSpaceOnUse">'
              f'<rect width="5" height="5" fill="{COLOURS["valid_call"]}"/>'
              f'<line x1="4" y1="0" x2="4" y2="5" stroke="{_SEEN_AS_PROSE}" stroke-width="2"/></pattern></defs>',
@@ -98,22 +134,21 @@ def composition_chart(report: Report) -> str:
             parts.append(f'<text x="{x0 + 6}" y="{y + 17}" class="none">no turns recorded</text>')
             continue
         x = x0
-        for outcome, n in s.outcomes.items():
-            if not n:
-                continue
+        for outcome, kind, n in _segments(s):
             w = span * n / s.turns
             share = pct(n / s.turns, 1)
-            label = OUTCOME_LABELS.get(outcome, outcome)
-            parts.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="{_fill(outcome)}" class="segment">'
+            label = OUTCOME_LABELS.get(outcome, outcome) + (f" ({kind})" if kind else "")
+            parts.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="{_fill(outcome, kind)}" class="segment">'
                          f'<title>{_e(s.run)}: {_e(label)}, {n} of {s.turns} turns ({share})</title></rect>')
             if outcome == "valid_call" and s.valid_seen_as_prose:
                 parts.append(_seen_as_prose(s, x + w, span * s.valid_seen_as_prose / s.turns, y))
+            text = f"{kind} {share}" if kind and w >= 9 * (len(kind) + len(share)) else share
             if w >= 44:
                 cls = "seg light" if outcome == "non_response" else "seg"
-                parts.append(f'<text x="{x + w / 2:.2f}" y="{y + 16.5}" class="{cls}">{share}</text>')
+                parts.append(f'<text x="{x + w / 2:.2f}" y="{y + 16.5}" class="{cls}">{_e(text)}</text>')
             x += w
-    desc = "; ".join(f"{s.run}: " + ", ".join(f"{OUTCOME_LABELS.get(k, k)} {n}" for k, n in s.outcomes.items() if n)
-                     for s in report.runs)
+    desc = "; ".join(f"{s.run}: " + ", ".join(f"{OUTCOME_LABELS.get(o, o)}{f' ({k})' if k else ''} {n}"
+                                               for o, k, n in _segments(s)) for s in report.runs)
     return _svg("Outcome composition", desc, height, "".join(parts))
 
 
@@ -122,39 +157,54 @@ def _pooled_marker(x: float, mid: float) -> str:
     return f'<path d="M{x:.2f} {mid - 10} l10 10 l-10 10 l-10 -10 z" class="pooled"/>'
 
 
-def rate_chart(report: Report, metric: str, title: str) -> str:
-    """One metric per run: the pooled rate (diamond) with its Wilson 95% whisker, and the
-    per-episode mean (dot) beside it."""
-    x0, span = _LABEL, 470
-    text_x = x0 + span + 28
+def _rate_rows(report: Report, rate_of: Callable[[RunSummary], Rate], nothing: str,
+               draw: Callable[[RunSummary, float], str]) -> tuple[float, str]:
+    """(height, body) of a per-run rate chart: the axis, each run's label, then draw(run, middle
+    y) or, when the run's rate is undefined, why ("rej" when every turn was a non-response)."""
     height = _TOP + _ROW * len(report.runs)
-    parts = [_axis(x0, span, height)]
+    parts = [_axis(_LABEL, _SPAN, height)]
     for i, s in enumerate(report.runs):
         y = _TOP + i * _ROW
         mid = y + _BAR / 2
         parts.append(_run_label(s, y))
+        if rate_of(s).pooled is None:
+            why = "every turn was a non-response" if s.rejected else nothing
+            parts.append(f'<text x="{_LABEL + 6}" y="{mid + 5:.1f}" class="rej">{REJ if s.rejected else "-"}: {_e(why)}</text>')
+        else:
+            parts.append(draw(s, mid))
+    return height, "".join(parts)
+
+
+def rate_chart(report: Report, metric: str, title: str) -> str:
+    """One metric per run: the pooled rate (diamond) with its Wilson 95% whisker, and the
+    per-episode mean (dot) beside it."""
+    x0, span = _LABEL, _SPAN
+
+    def draw(s: RunSummary, mid: float) -> str:
         r = getattr(s, metric)
-        if r.pooled is None:
-            why = "every turn was a non-response" if s.rejected else "no turn to rate"
-            parts.append(f'<text x="{x0 + 6}" y="{mid + 5:.1f}" class="rej">{REJ if s.rejected else "-"}: {_e(why)}</text>')
-            continue
         lo, hi = (x0 + span * v for v in (r.wilson_low, r.wilson_high))
         dot = f'<circle cx="{x0 + span * r.episode_mean:.2f}" cy="{mid}" r="6" fill="{_MEAN}"/>' if r.episode_mean is not None else ""
-        parts.append(f'<g><title>{_e(s.run)}: {_e(rate_cell(s, r, 1))}, per-episode mean {_e(episode_cell(s, r, 1))}, '
-                     f'{r.numerator} of {r.denominator}</title>'
-                     f'<line x1="{lo:.2f}" y1="{mid}" x2="{hi:.2f}" y2="{mid}" class="whisker"/>'
-                     f'<line x1="{lo:.2f}" y1="{mid - 7}" x2="{lo:.2f}" y2="{mid + 7}" class="whisker"/>'
-                     f'<line x1="{hi:.2f}" y1="{mid - 7}" x2="{hi:.2f}" y2="{mid + 7}" class="whisker"/>'
-                     f'{_pooled_marker(x0 + span * r.pooled, mid)}{dot}</g>')
-        parts.append(f'<text x="{text_x}" y="{mid + 5:.1f}" class="value">{_e(rate_cell(s, r, 1))}'
-                     f'<tspan class="detail"> · {r.numerator}/{r.denominator} · per episode {_e(episode_cell(s, r, 1))}</tspan></text>')
+        return (f'<g><title>{_e(s.run)}: {_e(rate_cell(s, r, 1))}, per-episode mean {_e(episode_cell(s, r, 1))}, '
+                f'{r.numerator} of {r.denominator}</title>'
+                f'<line x1="{lo:.2f}" y1="{mid}" x2="{hi:.2f}" y2="{mid}" class="whisker"/>'
+                f'<line x1="{lo:.2f}" y1="{mid - 7}" x2="{lo:.2f}" y2="{mid + 7}" class="whisker"/>'
+                f'<line x1="{hi:.2f}" y1="{mid - 7}" x2="{hi:.2f}" y2="{mid + 7}" class="whisker"/>'
+                f'{_pooled_marker(x0 + span * r.pooled, mid)}{dot}</g>'
+                f'<text x="{_VALUE_X}" y="{mid - 1:.1f}" class="value">{_e(rate_cell(s, r, 1))}'
+                f'<tspan class="detail"> · {r.numerator}/{r.denominator}</tspan></text>'
+                f'<text x="{_VALUE_X}" y="{mid + 14:.1f}" class="detail">per episode {_e(episode_cell(s, r, 1))}</text>')
+
+    height, body = _rate_rows(report, lambda s: getattr(s, metric), "no turn to rate", draw)
     desc = "; ".join(f"{s.run}: {rate_cell(s, getattr(s, metric), 1)}" for s in report.runs)
-    return _svg(title, desc, height, "".join(parts))
+    return _svg(title, desc, height, body)
 
 
 def _legend(report: Report) -> str:
     items = "".join(f'<li><span class="swatch {k}" style="background:{COLOURS[k]}"></span>{_e(OUTCOME_LABELS[k])}</li>'
                     for k in OUTCOMES)
+    kinds = [k for k in _KIND_HATCH if any(s.non_response_kinds.get(k) for s in report.runs)]
+    items += "".join(f'<li><span class="swatch hatch" style="--grey:{_KIND_HATCH[k][0]};--angle:{_KIND_HATCH[k][1] + 90}deg">'
+                     f'</span>non-response: {_e(k)}</li>' for k in kinds)
     if any(s.valid_seen_as_prose for s in report.runs):
         items += '<li><span class="swatch seen_as_prose"></span>valid call the harness saw as prose (stack did not parse it)</li>'
     return f'<ul class="legend" aria-label="outcome colours">{items}</ul>'
@@ -170,7 +220,7 @@ def _run_table(report: Report) -> str:
             classes = [name for name, on in (("num", i >= FIRST_NUMERIC), ("rej", c == REJ), ("wrap", HEADERS[i] == "stack")) if on]
             cells.append(f'<td class="{" ".join(classes)}">{_e(c)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<div class="scroll"><table><caption>One row per run</caption><thead><tr>{head}</tr></thead>'
+    return (f'<div class="scroll"><table class="runs"><caption>One row per run</caption><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
@@ -183,7 +233,183 @@ def _counts_table(report: Report) -> str:
             f'<thead><tr><th scope="col">run</th>{head}</tr></thead><tbody>{body}</tbody></table>')
 
 
-def render(report: Report) -> str:
+_CALL, _DELIVERED, _GAP = "#0072B2", "#009E73", "#D55E00"
+
+
+def headline_chart(report: Report) -> str:
+    """Call and delivered fidelity of each run on one axis, the gap between them drawn and named:
+    what the model got right, what the harness received, and what the serving layer lost."""
+    x0, span = _LABEL, _SPAN
+
+    def draw(s: RunSummary, mid: float) -> str:
+        call, dlv = s.call_fidelity, s.delivered_fidelity
+        xc, xd = x0 + span * call.pooled, x0 + span * dlv.pooled
+        lost = s.lost_in_serving or 0.0
+        title = (f"{s.run}: call fidelity {rate_cell(s, call, 1)}, delivered {rate_cell(s, dlv, 1)}"
+                 + (f"; {pct(lost, 1)} {LOST}" if lost > 0 else ""))
+        gap = (f'<line x1="{xd:.2f}" y1="{mid}" x2="{xc:.2f}" y2="{mid}" stroke="{_GAP}" stroke-width="6" class="gap"/>'
+               if xc - xd > 0.5 else "")
+        words = f'<tspan fill="{_CALL}">call {pct(call.pooled)}</tspan> · <tspan fill="{_DELIVERED}">delivered {pct(dlv.pooled)}</tspan>'
+        if lost > 0:
+            words += f' · <tspan fill="{_GAP}">lost {pct(lost)}</tspan>'
+        return (f'<g><title>{_e(title)}</title><line x1="{x0}" y1="{mid}" x2="{x0 + span}" y2="{mid}" class="track"/>'
+                f'{gap}<circle cx="{xd:.2f}" cy="{mid}" r="7" fill="{_DELIVERED}"/>'
+                f'<circle cx="{xc:.2f}" cy="{mid}" r="8" fill="none" stroke="{_CALL}" stroke-width="3"/></g>'
+                f'<text x="{_VALUE_X}" y="{mid + 5:.1f}" class="value">{words}</text>')
+
+    height, body = _rate_rows(report, lambda s: s.call_fidelity, "no turn was due a call", draw)
+    desc = "; ".join(f"{s.run}: call {rate_cell(s, s.call_fidelity)}, delivered {rate_cell(s, s.delivered_fidelity)}"
+                     for s in report.runs)
+    return _svg("Call and delivered fidelity", desc, height, body)
+
+
+def _rate_fill(rate: float) -> tuple[str, str]:
+    """(background, text colour) of a fidelity cell."""
+    r, g, b = (round(lo + (hi - lo) * rate) for lo, hi in zip(_LOW, _HIGH))
+    return f"#{r:02x}{g:02x}{b:02x}", ("#ffffff" if rate >= 0.55 else "#111111")
+
+
+_CELL_W = (_WIDTH - _LABEL - 10) / TURN_COLUMNS
+
+
+def turn_index_chart(report: Report, by_turn: dict[str, list[Count]]) -> str:
+    """One row of cells per run, one cell per turn position: does fidelity hold up as episodes grow?"""
+    x0 = _LABEL
+    top = _TOP + 18
+    height = top + _ROW * len(report.runs)
+    parts = []
+    for j in range(TURN_COLUMNS):
+        label = f"turn {j + 1}" if j < TURN_COLUMNS - 1 else f"{TURN_COLUMNS}+"
+        parts.append(f'<text x="{x0 + _CELL_W * (j + 0.5):.1f}" y="{_TOP + 4}" class="tick">{label}</text>')
+    for i, s in enumerate(report.runs):
+        y = top + i * _ROW
+        parts.append(_run_label(s, y))
+        for j, c in enumerate(by_turn.get(s.run, ())):
+            x = x0 + _CELL_W * j
+            where = f"turn {j + 1}" if j < TURN_COLUMNS - 1 else f"turns {TURN_COLUMNS} and later"
+            if not c.n:
+                parts.append(f'<rect x="{x + 2:.1f}" y="{y}" width="{_CELL_W - 4:.1f}" height="{_BAR + 8}" class="empty">'
+                             f'<title>{_e(s.run)}, {where}: no turn due a call</title></rect>')
+                continue
+            fill, ink = _rate_fill(c.call)
+            below = f"n={c.n}" if c.d == c.k else f"dlv {pct(c.delivered)} · n={c.n}"
+            parts.append(f'<g><title>{_e(s.run)}, {where}: {_e(_count_text(c))}</title>'
+                         f'<rect x="{x + 2:.1f}" y="{y}" width="{_CELL_W - 4:.1f}" height="{_BAR + 8}" fill="{fill}" class="cell"/>'
+                         f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 14}" class="cellv" fill="{ink}">{pct(c.call)}</text>'
+                         f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 27}" class="celln" fill="{ink}">{below}</text></g>')
+    desc = "; ".join(f"{s.run}: " + ", ".join(f"turn {j + 1}: {_count_text(c)}" for j, c in enumerate(by_turn.get(s.run, ()))
+                                               if c.n) for s in report.runs)
+    return _svg("Fidelity by turn index", desc, height, "".join(parts))
+
+
+def _count_text(c: Count) -> str:
+    return (f"{c.k} of {c.n} turns due a call held a valid call ({pct(c.call, 1)}), "
+            f"{c.d} delivered it to the harness ({pct(c.delivered, 1)})")
+
+
+def _count_cell(c: Count | None) -> str:
+    if c is None or not c.n:
+        return '<td class="num muted">-</td>'
+    fill, ink = _rate_fill(c.call)
+    delivered = "" if c.d == c.k else f' <span class="of">· {pct(c.delivered)} delivered</span>'
+    return (f'<td class="num rate" style="background:{fill};color:{ink}" title="{_e(_count_text(c))}">{pct(c.call)}'
+            f'{delivered} <span class="of">{c.k}/{c.n}</span></td>')
+
+
+def category_table(report: Report, details: PageDetails) -> str:
+    head = "".join(f'<th scope="col" class="num">{_e(s.run)}</th>' for s in report.runs)
+    body = "".join(f'<tr><th scope="row">{_e(cat)}</th>'
+                   + "".join(_count_cell(details.by_category.get((s.run, cat))) for s in report.runs) + "</tr>"
+                   for cat in details.categories)
+    return (f'<div class="scroll"><table class="grid"><caption>Call fidelity per category (valid calls / turns due a call), and delivered where it differs'
+            f'</caption><thead><tr><th scope="col">category</th>{head}</tr></thead><tbody>{body}</tbody></table></div>')
+
+
+def comparison_tables(details: PageDetails) -> str:
+    """One row per pair of runs, both discordant counts beside p (Holm-adjusted across the pairs
+    when there are several), and each pair's per-category rows folded beneath."""
+    pairs = details.comparisons
+    holm = stats.holm([c.overall.p for c in pairs]) if len(pairs) > 1 else [None] * len(pairs)
+    heads = ("A", "B", *comparison.COLUMNS[1:-1], "Holm p (pairs)" if len(pairs) > 1 else None)
+    head = "".join(f'<th scope="col"{" class=num" if i > 1 else ""}>{_e(h)}</th>' for i, h in enumerate(heads) if h)
+    body = []
+    for c, p_holm in zip(pairs, holm):
+        cells = [c.run_a, c.run_b, *comparison.rows(c)[-1][1:len(comparison.COLUMNS) - 1]]
+        if len(pairs) > 1:
+            cells.append(comparison.p_text(p_holm))
+        body.append("<tr>" + "".join(f'<td{" class=num" if i > 1 else ""}>{_e(v)}</td>' for i, v in enumerate(cells)) + "</tr>")
+    metric = pairs[0].metric
+    out = [f'<p class="help">Runs over the same items, paired by item. Metric {_e(metric)}: {_e(METRIC_HELP[metric])}. '
+           'Exact two-sided McNemar test on the discordant items (A only vs B only).</p>',
+           f'<div class="scroll"><table class="paired"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
+           '</table></div>']
+    by_category = []
+    for c in pairs:
+        if not c.categories:
+            continue
+        cols = comparison.columns(c)
+        chead = "".join(f'<th scope="col"{" class=num" if i else ""}>{_e(h)}</th>' for i, h in enumerate(cols))
+        rows = "".join("<tr>" + "".join(f'<td{" class=num" if i else ""}>{_e(v)}</td>' for i, v in enumerate(r)) + "</tr>"
+                       for r in comparison.rows(c))
+        by_category.append(f'<h3>{_e(c.run_a)} vs {_e(c.run_b)}</h3><div class="scroll"><table class="paired">'
+                           f'<thead><tr>{chead}</tr></thead><tbody>{rows}</tbody></table></div>')
+    if by_category:
+        out.append('<details><summary>Each pair by category (Holm-adjusted across its categories)</summary>'
+                   f'{"".join(by_category)}</details>')
+    if details.pairs_left_out:
+        out.append(f'<p class="help">{details.pairs_left_out} more pairs of runs share items; compare them with '
+                   '<code>toolproxy compare RUN_A RUN_B</code>.</p>')
+    return "".join(out)
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x < 10:
+        return f"{x:.1f} ms"
+    return f"{x:,.0f} ms" if x < 1000 else f"{x / 1000:,.1f} s"
+
+
+def _tokens(total: int, per: int) -> str:
+    return f"{total:,} ({total / per:,.0f}/request)" if per else "-"
+
+
+def usage_table(report: Report, usage: dict[str, Usage]) -> str:
+    heads = ("run", "answered", "TTFB p50", "TTFB p95", "total p50", "total p95", "prompt tokens", "completion tokens",
+             "cached tokens")
+    head = "".join(f'<th scope="col"{" class=num" if i else ""}>{h}</th>' for i, h in enumerate(heads))
+    body = []
+    for s in report.runs:
+        u = usage.get(s.run)
+        if u is None:
+            body.append(f'<tr><th scope="row">{_e(s.run)}</th><td colspan="{len(heads) - 1}" class="muted">no attempts</td></tr>')
+            continue
+        cached = "-" if u.cached_tokens is None else f"{u.cached_tokens:,} ({pct(u.cached_share)} of prompt)"
+        cells = (str(u.answered), _ms(u.ttfb_p50_ms), _ms(u.ttfb_p95_ms), _ms(u.total_p50_ms), _ms(u.total_p95_ms),
+                 _tokens(u.prompt_tokens, u.reported), _tokens(u.completion_tokens, u.reported), cached)
+        body.append(f'<tr><th scope="row">{_e(s.run)}</th>' + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
+    return (f'<div class="scroll"><table><caption>Latency over the attempts the model answered; tokens as the stack '
+            f'reported them (per request = per attempt that reported usage)</caption><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def _details_sections(report: Report, d: PageDetails) -> str:
+    parts = ['<section><h2>Fidelity by turn index</h2><p class="help">Call fidelity at each position of an episode '
+             '(valid calls / turns due a call there, n), with delivered fidelity (dlv) where calls were lost. A fall '
+             'to the right means the model loses the protocol as the conversation grows.</p>',
+             turn_index_chart(report, d.by_turn), '</section>']
+    if d.categories:
+        parts += ['<section><h2>By category</h2><p class="help">Category: the <code>category</code> tag, else the '
+                  'item key\'s prefix (<code>simple_12</code> is <code>simple</code>).</p>', category_table(report, d),
+                  '</section>']
+    if d.comparisons:
+        parts += ['<section><h2>Paired comparisons</h2>', comparison_tables(d), '</section>']
+    parts += ['<section><h2>Latency and tokens</h2>', usage_table(report, d.usage), '</section>']
+    return "".join(parts)
+
+
+def render(report: Report, details: PageDetails | None = None) -> str:
+    """The page; `details` (analysis.details.page_details) adds the sections only it can fill."""
     css = resources.files("analysis.report").joinpath("report.css").read_text(encoding="utf-8")
     notes = "".join(f"<li><strong>{_e(run)}</strong>: {_e(note)}</li>" for run, note in report_notes(report))
     return f"""<!doctype html>
@@ -194,6 +420,11 @@ def render(report: Report) -> str:
 <body><main>
 <h1>toolproxy report</h1>
 <p class="meta">{_e(provenance(report))}</p>
+<section><h2>Call and delivered fidelity</h2>
+<p class="help"><span class="key ring"></span> <b>call fidelity</b>: valid calls / turns due a call, whatever the
+surface &nbsp; <span class="key green"></span> <b>delivered</b>: of those, calls the harness received as calls &nbsp;
+<span class="key gap"></span> the gap: {_e(LOST)}.</p>
+{headline_chart(report)}</section>
 <section><h2>Runs</h2>{_run_table(report)}
 <p class="help">{_e(legend())}</p></section>
 {f'<section><h2>Notes</h2><ul class="notes">{notes}</ul></section>' if notes else ""}
@@ -205,7 +436,10 @@ never reached the harness) are hatched grey and always shown.</p>
 <section><h2>Call and delivered fidelity per run</h2>
 <p class="help"><span class="key diamond"></span> pooled over turns with its 95% Wilson interval &nbsp;
 <span class="key dot"></span> per-episode mean. Where delivered falls short of call fidelity, the calls were {_e(LOST)}.</p>
+<h3>Call fidelity</h3>
 {rate_chart(report, "call_fidelity", "Call fidelity per run")}
+<h3>Delivered fidelity</h3>
 {rate_chart(report, "delivered_fidelity", "Delivered fidelity per run")}</section>
+{_details_sections(report, details) if details is not None else ""}
 </main></body></html>
 """

@@ -6,8 +6,10 @@ import struct
 
 import pytest
 
-from analysis.report import render
+from analysis.details import page_details
+from analysis.report import htmlpage
 from analysis.report.screenshot import find_browser, screenshot
+from analysis.store import connect
 from storebuilder import load_report
 
 pytestmark = pytest.mark.skipif(find_browser() is None, reason="Chromium not installed (apt-get install -y chromium)")
@@ -19,7 +21,13 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_report_renders_in_headless_chromium(mixed_store, tmp_path):
-    page = render(load_report(mixed_store), "html")
+    report = load_report(mixed_store)
+    con = connect(mixed_store, read_only=True)
+    try:
+        page = htmlpage.render(report, page_details(con, report))
+    finally:
+        con.close()
+    assert "Fidelity by turn index" in page and "Paired comparisons" in page
     html = tmp_path / "report.html"
     html.write_text(page, encoding="utf-8")
     blank = tmp_path / "blank.html"

@@ -110,18 +110,25 @@ def test_html_is_one_offline_file_with_both_charts(report):
     page = render(report, "html")
     assert not re.search(r"https?:", page), "the page references the network"
     assert not re.search(r"<script|<link|<img|<iframe|@import|src=", page, re.I)
-    assert set(re.findall(r"url\(([^)]*)\)", page)) == {"#hatch", "#seen-prose"}
-    assert page.count("<svg") == 3
+    hatches = {f"#hatch-{k}" for k in ("refused", "http_5xx", "timeout")}
+    assert set(re.findall(r"url\(([^)]*)\)", page)) == hatches | {"#seen-prose"}
+    assert {f"#{i}" for i in re.findall(r'<pattern id="([^"]+)"', page)} >= hatches | {"#seen-prose"}
+    assert page.count("<svg") == 4  # the headline, composition, call and delivered charts
     assert "Outcome composition" in page and "Call fidelity per run" in page and "Delivered fidelity per run" in page
     for label in OUTCOME_LABELS.values():
         assert label in page
     # every non-zero outcome of every run is a bar segment, non-responses included
     segments = re.findall(r'<rect [^>]*fill="([^"]+)" class="segment"><title>([^:]+):', page)
-    assert ("url(#hatch)", "gemma-vllm") in segments
-    assert sum(1 for _, run in segments if run == "qwen-native") == 6
+    assert ("url(#hatch-refused)", "gemma-vllm") in segments
+    # five model outcomes, then one non-response segment per cause (http_5xx, timeout, refused)
+    assert sum(1 for _, run in segments if run == "qwen-native") == 8
     assert sum(1 for _, run in segments if run == "gemma-vllm") == 1
-    assert {fill for fill, _ in segments} == {COLOURS[k] for k in COLOURS if k != "non_response"} | {"url(#hatch)", "url(#seen-prose)"}
-    assert "rej: every turn was a non-response" in page
+    assert {fill for fill, _ in segments} == ({COLOURS[k] for k in COLOURS if k != "non_response"}
+                                              | {f"url({h})" for h in hatches} | {"url(#seen-prose)"})
+    assert "qwen-native: non-response (timeout), 1 of 20 turns (5.0%)" in page
+    assert "gemma-vllm: non-response (refused), 6 of 6 turns (100.0%)" in page
+    assert ">refused 100.0%</text>" in page and "non-response: http_5xx</li>" in page
+    assert page.count("rej: every turn was a non-response") == 3  # gemma-vllm in the headline, call, delivered
     # qwen-sglang's two valid calls left in the text are striped over its valid-call segment
     assert re.findall(r'fill="url\(#seen-prose\)" class="segment"><title>([^:]+): (\d+) valid calls', page) == [("qwen-sglang", "2")]
     assert "valid call the harness saw as prose" in page
