@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -22,6 +23,13 @@ from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
 from toolproxy.record.writer import SegmentWriter
 
+
+if TYPE_CHECKING:
+    from toolproxy.proxy.workers import Worker
+
+# Pending connections the kernel may hold (capped by net.core.somaxconn): aiohttp's default of
+# 128 makes a burst of a thousand agents connecting at once wait for SYN retransmits (1 s, 3 s).
+BACKLOG = 4096
 
 def log_line(rec: Record) -> str:
     """The one line `serve` prints per exchange (built on the writer thread, not the loop)."""
@@ -99,24 +107,25 @@ def runner_for(app: web.Application, config: ProxyConfig) -> web.AppRunner:
                          auto_decompress=False)
 
 
-async def serve(config: ProxyConfig) -> None:
-    """Run until SIGINT/SIGTERM; prints where it listens and where it records."""
+async def serve(config: ProxyConfig, worker: "Worker | None" = None) -> None:
+    """Run until SIGINT/SIGTERM; prints where it listens and where it records (a worker leaves
+    that to its supervisor and shares the port with its peers)."""
     app = make_app(config)
+    if worker is not None:
+        worker.attach(app, app[STATE])
     runner = runner_for(app, config)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True,
+                       reuse_port=worker is not None, backlog=BACKLOG)
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
         raise SystemExit(f"toolproxy: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    port = runner.addresses[0][1] if runner.addresses else config.port
-    print(
-        f"toolproxy {__version__}: listening on http://{host}:{port} -> upstream {config.upstream}; "
-        f"recording to {config.data_dir.resolve()} (condition {config.condition}, durability {config.durability})",
-        flush=True,
-    )
+    if worker is None:
+        print(banner(config, runner.addresses[0][1] if runner.addresses else config.port), flush=True)
+    else:
+        await worker.listening(app[STATE])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -127,14 +136,25 @@ async def serve(config: ProxyConfig) -> None:
     try:
         await stop.wait()
     finally:
-        print("toolproxy: shutting down, flushing records", file=sys.stderr, flush=True)
+        if worker is None:
+            print("toolproxy: shutting down, flushing records", file=sys.stderr, flush=True)
         await runner.cleanup()
 
 
-def run(config: ProxyConfig) -> None:
+def banner(config: ProxyConfig, port: int, workers: int = 1) -> str:
+    """The line users (and tests) read the proxy's address from."""
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    group = f"{workers} workers, " if workers > 1 else ""
+    return (
+        f"toolproxy {__version__}: listening on http://{host}:{port} -> upstream {config.upstream}; "
+        f"recording to {config.data_dir.resolve()} ({group}condition {config.condition}, durability {config.durability})"
+    )
+
+
+def run(config: ProxyConfig, worker: "Worker | None" = None) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, worker))
     else:
-        uvloop.run(serve(config))
+        uvloop.run(serve(config, worker))
