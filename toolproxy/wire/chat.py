@@ -103,8 +103,7 @@ class ChatReader:
             if idx not in self.ids or (cid and not self.ids[idx]):
                 self.ids[idx] = self.ids.get(idx) or cid
             fn = d.get("function") if isinstance(d.get("function"), dict) else {}
-            name = fn.get("name") if isinstance(fn.get("name"), str) and fn.get("name") else None
-            out.append(CallStart(idx, cid, name))
+            out.append(CallStart(idx, cid, _name(fn.get("name"))))
             if fn.get("arguments") is not None:
                 out.append(CallArguments(idx, fn["arguments"]))
         return out
@@ -219,3 +218,11 @@ class ChatEncoder(BufferingEncoder):
             }))
         out.append(b"data: [DONE]\n\n")
         return b"".join(out)
+
+
+def _name(value) -> str | None:
+    """A call's name as the stack wrote it: a name that is not a string (a model can write 5) is
+    kept as its JSON text, so the call is judged as naming no offered tool rather than dropped."""
+    if isinstance(value, str):
+        return value or None
+    return None if value is None else orjson.dumps(value).decode()
