@@ -21,7 +21,7 @@ from typing import Iterator
 
 import orjson
 
-from toolproxy.record.model import Record
+from toolproxy.record.model import Record, encode_record
 
 _PIECE = 3 * 256 * 1024  # a multiple of 3, so base64 pieces join without padding in between
 SPILLED_FIELDS = ("request_body", "response_body")
@@ -116,7 +116,7 @@ def record_pieces(rec: Record) -> Iterator[bytes]:
             setattr(rec, name, marker)
             setattr(rec, name + "_encoding", "utf8" if body.utf8 else "base64")
             spilled.append((orjson.dumps(marker), body))
-    line = orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
+    line = encode_record(rec)  # odd header or tag bytes are repaired as in every other record
     for marker, body in spilled:
         head, line = line.split(marker, 1)
         yield head + b'"'
