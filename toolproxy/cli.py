@@ -20,6 +20,7 @@ COMMANDS = {
     "analyze": "analysis.cli:analyze",
     "sql": "analysis.cli:sql",
     "show": "analysis.cli:show",
+    "prune": "analysis.prune:prune_command",
     "show-hint": "toolproxy.conditions.cli:show_hint",
     "report": "analysis.report.cli:report",
     "compare": "analysis.report.cli:compare",

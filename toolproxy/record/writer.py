@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import os
 import sys
 import threading
@@ -141,6 +142,8 @@ class SegmentWriter:
         path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "ab", buffering=1024 * 1024)
+        # Held while the file is open: prune (record/retention.py) skips a segment it cannot lock.
+        fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._file_bytes = 0
         self._file_opened = time.monotonic()
         self.stats.segments += 1
