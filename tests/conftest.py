@@ -107,6 +107,16 @@ class ProxyProcess:
                 return recs
             time.sleep(0.02)
 
+    def wait_written(self, n: int, timeout: float = 5.0) -> dict:
+        """Stats once `written` (records covered by an fsync: in group mode up to a commit window
+        after they are visible on disk) reaches n, or at the timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats()
+            if stats["recording"]["written"] >= n or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.02)
+
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM (graceful: flushes records) and wait."""
         if self.proc.poll() is None:

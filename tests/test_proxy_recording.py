@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from toolproxy.record.segments import list_segments, read_segment
+from toolproxy.record.writer import MAX_QUEUE_WAIT
 from toolproxy.stacks.fakes import stall, text
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -74,6 +75,40 @@ async def test_segments_rotate_by_size_and_stay_ordered(fake_stack, proxy):
     assert all(line.error is None for seg in segs for line in read_segment(seg))
 
 
+async def load_then_kill(p, workers: int, seconds: float, pad: str = "") -> tuple[float, list[tuple[float, str]]]:
+    """Clients post chat requests (every other one streamed) until the proxy is killed -9 after
+    `seconds`. Returns when it was killed, and (when, marker) for every response received complete;
+    a request's message is its marker (w<worker>-<n>, 9 characters) followed by `pad`."""
+    finished: list[tuple[float, str]] = []
+    stop = asyncio.Event()
+
+    async def worker(w: int) -> None:
+        i = 0
+        async with aiohttp.ClientSession() as s:
+            while not stop.is_set():
+                marker = f"w{w:02d}-{i:05d}"
+                i += 1
+                body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": marker + pad}],
+                        "stream": bool(i % 2)}
+                try:
+                    async with s.post(p.url + "/v1/chat/completions", json=body,
+                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
+                        payload = await r.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    continue
+                if r.status == 200 and (not body["stream"] or payload.endswith(b"data: [DONE]\n\n")):
+                    finished.append((time.monotonic(), marker))
+
+    tasks = [asyncio.create_task(worker(w)) for w in range(workers)]
+    await asyncio.sleep(seconds)
+    killed_at = time.monotonic()
+    p.kill()
+    await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 15)
+    return killed_at, finished
+
+
 def _break_recording(data) -> None:
     """Replace the segment directory by a plain file: every later open fails, even for root."""
     seg_dir = data / "segments"
@@ -126,31 +161,8 @@ async def test_kill_9_under_load_then_restart(fake_stack, proxy):
     fake.inject(stall(between=0.003, times=None))
     p = proxy(fake.url, "--quiet", "--durability", "sync")
     data = p.data
-    complete: list[str] = []
-    stop = asyncio.Event()
-
-    async def worker(w: int) -> None:
-        i = 0
-        async with aiohttp.ClientSession() as s:
-            while not stop.is_set():
-                marker = f"w{w}-{i}"
-                i += 1
-                body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": marker}], "stream": bool(i % 2)}
-                try:
-                    async with s.post(p.url + "/v1/chat/completions", json=body,
-                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
-                        payload = await r.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError):
-                    continue
-                if r.status == 200 and (not body["stream"] or payload.endswith(b"data: [DONE]\n\n")):
-                    complete.append(marker)
-
-    tasks = [asyncio.create_task(worker(w)) for w in range(16)]
-    await asyncio.sleep(1.5)
-    p.kill()
-    await asyncio.sleep(0.2)
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), 15)
+    _, finished = await load_then_kill(p, workers=16, seconds=1.5)
+    complete = [marker for _, marker in finished]
     assert len(complete) > 20
 
     lines = [line for seg in list_segments(data) for line in read_segment(seg)]
@@ -173,3 +185,23 @@ async def test_kill_9_under_load_then_restart(fake_stack, proxy):
     lines = [line for seg in list_segments(data) for line in read_segment(seg)]
     assert [l.path for l in lines if l.error] == [last] and lines[-1].record is not None
     assert len(p2.records()) == before + 1
+
+
+async def test_group_mode_loss_bound_on_kill_9_under_load(fake_stack, proxy):
+    """Group durability: a crash of the proxy loses no record of a response that finished more than
+    MAX_QUEUE_WAIT (0.1 s) before it, the bound README states, however long the commit window."""
+    # A long window, so the bound is seen to depend on the writer's queue, not on the fsync cadence
+    # (it used to: records sat in a userspace buffer until the next fsync).
+    window = 2.0
+    fake = fake_stack("openai")
+    fake.responder = lambda req: text("reply to " + req.messages[-1]["content"][:9] + " with some words in it")
+    fake.inject(stall(between=0.002, times=None))
+    p = proxy(fake.url, "--commit-window", str(window))  # a log line per exchange: work for the writer
+    killed_at, finished = await load_then_kill(p, workers=6, seconds=3.0, pad=" hello" * 100)
+    assert len(finished) > 50
+
+    recorded = {json.loads(r["request_body"])["messages"][0]["content"][:9] for r in p.records()}
+    lost = sorted((round(killed_at - t, 3), m) for t, m in finished if m not in recorded)
+    too_old = [(age, m) for age, m in lost if age > MAX_QUEUE_WAIT]
+    assert not too_old, (f"{len(too_old)} of {len(finished)} responses that finished more than {MAX_QUEUE_WAIT}s "
+                         f"before the kill have no record; oldest: {too_old[-5:]}")

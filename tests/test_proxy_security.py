@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
+from toolproxy.proxy.headers import redact_value
 from toolproxy.record.segments import list_segments
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -166,4 +167,36 @@ def test_admin_routes_are_never_forwarded_or_recorded(fake_stack, proxy):
     assert request(p.url, "GET", "/_toolproxy/nope")[0] == 404
     assert [s.path for s in fake.seen] == ["/v1/chat/completions", "/v1/chat/completions"]
     assert len(p.wait_records(2)) == 2
-    assert p.stats()["recording"]["written"] == 2
+    assert p.wait_written(2)["recording"]["written"] == 2
+
+
+async def test_a_token_that_is_not_utf8_is_a_401_not_a_500(fake_stack, proxy):
+    from rawhttp import raw_request
+
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--auth-token", "tok-SECRET-888")
+    body = json.dumps({"model": "gpt-4o-mini", "messages": MSGS}).encode()
+    for header in ((b"X-Toolproxy-Token", b"tok-\xff\xfe"), (b"Authorization", b"Bearer tok-\xe9")):
+        status, answer = await raw_request(p.url, b"/v1/chat/completions", [header], body)
+        assert status == 401 and b"toolproxy_unauthorized" in answer, answer
+    assert fake.seen == []
+    recs = p.wait_records(2)
+    assert [r["client_status"] for r in recs] == [401, 401] and [r["error_kind"] for r in recs] == ["unauthorized"] * 2
+
+
+def test_query_secrets_follow_the_header_rules(fake_stack, proxy):
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet", "--no-fingerprint")
+    query = ("x-api-key=SECRET-Q1&auth=SECRET-Q2&access_token=SECRET-Q3&client_secret=SECRET-Q4"
+             "&apiKey=SECRET-Q5&sig=SECRET-Q6&alt=json&keyword=caf%C3%A9+au+lait&q=a%2Fb")
+    body = json.dumps({"model": "gpt-4o-mini", "messages": MSGS}).encode()
+    status, _ = request(p.url, "POST", "/v1/chat/completions?" + query, {"Content-Type": "application/json"}, body)
+    assert status == 200 and "SECRET-Q1" in fake.seen[-1].query and "SECRET-Q6" in fake.seen[-1].query  # forwarded
+    rec, = p.wait_records(1)
+    p.stop()
+    disk = on_disk(p.data)
+    for i in range(1, 7):
+        assert f"SECRET-Q{i}".encode() not in disk
+    # Every other parameter keeps its exact spelling.
+    assert rec["query"].endswith("&alt=json&keyword=caf%C3%A9+au+lait&q=a%2Fb")
+    assert rec["query"].split("&")[0] == "x-api-key=" + redact_value("SECRET-Q1")

@@ -25,7 +25,7 @@ from analysis.ingest import ingest
 from analysis.storage_bench import episode, interleaved
 from analysis.store import connect
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
-from toolproxy.record.model import Record, encode_body, new_id
+from toolproxy.record.model import RECORD_VERSION, Record, RecordEncodeError, encode_body, new_id
 from toolproxy.record.segments import batch_end, expanded_size, list_segments, read_lines, read_records, read_segment
 from toolproxy.record.writer import SegmentWriter
 
@@ -154,7 +154,7 @@ def test_every_body_round_trips_byte_for_byte(tmp_path):
         for field in ("request_body", "response_body", "client_body"):
             assert got[field] == getattr(rec, field) and got[field + "_encoding"] == getattr(rec, field + "_encoding")
             assert field + "_chunks" not in got
-        assert got["v"] == 2
+        assert got["v"] == RECORD_VERSION  # 2 brought chunks; 3 (header bytes) keeps them
     assert back[-1]["upstream_request"] == rewritten.upstream_request
     assert wire(back[0]) == ODD_BODIES[0][1] and wire(back[3]) == ODD_BODIES[3][1]
     raw = segment_bytes(tmp_path)
@@ -487,16 +487,17 @@ def test_analyze_batches_are_bounded_by_the_bytes_they_stand_for(tmp_path):
 
 
 def test_a_batch_that_fails_to_serialise_leaves_no_phantom_chunks(tmp_path):
-    """A record that cannot be serialised (a lone surrogate in a header) aborts its batch after
-    its bodies' chunks were indexed: later records must not point at those unwritten chunks."""
+    """A record that cannot be serialised (an integer JSON cannot hold; odd text is stored, see
+    record.model.encode_record) aborts its batch after its bodies' chunks were indexed: later
+    records must not point at those unwritten chunks."""
     path = tmp_path / "seg.jsonl"
     packer = ChunkPacker()
     bodies = history_bodies(3)
     bad = record(bodies[1])
-    bad.request_headers = [["X-Note", "caf\udce9"]]
+    bad.extra = {"huge": 1 << 70}
     with open(path, "ab") as f:
         f.write(packer.pack([(record(bodies[0]), None, None)], f))
-        with pytest.raises(TypeError):
+        with pytest.raises(RecordEncodeError):
             packer.pack([(bad, None, None)], f)
         f.write(packer.pack([(record(bodies[1]), None, None)], f))
     assert [line.record["request_body"].encode() for line in read_segment(path)] == [bodies[0], bodies[1]]

@@ -80,6 +80,8 @@ class ProxyState:
                 "queue_depth": self.writer.queue_depth,
                 "written": w.written,
                 "dropped": w.dropped,
+                "dropped_reasons": dict(w.dropped_reasons),
+                "behind": self.writer.behind,
                 "write_failures": w.write_failures,
                 "segments": w.segments,
                 "last_error": w.last_error,

@@ -24,6 +24,7 @@ from toolproxy.proxy.headers import (
     NOT_FORWARDED_UP,
     TAG_HEADER_PREFIX,
     connection_listed,
+    record_headers,
     redact_headers,
     redact_query,
 )
@@ -167,7 +168,7 @@ async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
     safe_query = redact_query(query)
     rec.client_path = path + ("?" + safe_query if query else "")
     headers = request.headers
-    rec.request_headers = redact_headers(headers.items())
+    rec.request_headers = record_headers(request.raw_headers)
 
     if not path.startswith("/"):
         return await ex.reply_error(
@@ -205,6 +206,10 @@ async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
             "--on-record-failure block, so it refuses to serve unrecorded traffic",
             "recording_unavailable",
         )
+    if state.writer.behind:  # backpressure: new work waits while the writer catches up
+        waited = time.perf_counter()
+        await state.writer.caught_up()
+        rec.extra["recording_wait_ms"] = round((time.perf_counter() - waited) * 1000.0, 3)
 
     try:
         body = await request.read()
@@ -251,12 +256,14 @@ def _connect_cause(exc: aiohttp.ClientConnectorError) -> str:
 
 def _presented_token(headers, token: str) -> tuple[bool, bool]:
     """(authorised, forward the Authorization header upstream)."""
+    # Compared as bytes: a value with a byte that is not UTF-8 (a surrogate escape here) is a
+    # wrong token (401), not an encoding error (500).
     given = headers.get("X-Toolproxy-Token")
     if given is not None:
-        return hmac.compare_digest(given.encode(), token.encode()), True
+        return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()), True
     auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
-        return hmac.compare_digest(auth[7:].strip().encode(), token.encode()), False
+        return hmac.compare_digest(auth[7:].strip().encode("utf-8", "surrogateescape"), token.encode()), False
     return False, True
 
 
@@ -358,7 +365,9 @@ async def _relay(ex: Exchange, resp: aiohttp.ClientResponse, plan: Plan | None) 
         client.headers.add(k, v)
     ex.client_resp = client
 
-    sync = cfg.durability == "sync"
+    # While the writer is behind, a response is answered as in sync mode: its end waits for its
+    # record, so a crash cannot take records of responses that finished long before it.
+    sync = cfg.durability == "sync" or ex.state.writer.behind
     loop = asyncio.get_running_loop()
     idle = cfg.idle_timeout
     content = resp.content

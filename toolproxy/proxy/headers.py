@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from typing import Iterable
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import unquote_plus, unquote_to_bytes
 
 # RFC 9110 section 7.6.1 hop-by-hop fields, plus the ones this proxy owns or recomputes.
 HOP_BY_HOP = frozenset(
@@ -27,13 +27,25 @@ NOT_FORWARDED_DOWN = HOP_BY_HOP
 
 TAG_HEADER_PREFIX = "x-toolproxy-"
 
-_SECRET_NAME = re.compile(r"authorization|cookie|api[-_]?key|token|secret|password|session", re.I)
-_SECRET_PARAM = re.compile(r"^(key|api[-_]?key|access[-_]?token|token|secret|password|sig|signature)$", re.I)
+# One rule for every name that can carry a credential, header or query parameter alike: a name is
+# secret when it contains one of these words anywhere (`X-Goog-Api-Key`, `accessToken`,
+# `client_secret`, `oauth_token`, `auth`) or one of its parts, split at `-`, `_` or `.`, is exactly
+# one of the short words (`key`, `sig`), which are too common as substrings (`keyword`, `signal`).
+_SECRET_WORD = re.compile(r"auth|cookie|api[-_.]?key|token|secret|passw|session|credential|private[-_.]?key", re.I)
+_SECRET_PART = frozenset({"key", "sig", "signature", "pass", "pwd", "jwt"})
+_PART_SPLIT = re.compile(r"[-_.]")
 
 
-def redact_value(value: str) -> str:
-    """A stand-in that tells keys apart without revealing them."""
-    return "redacted:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+def is_secret_name(name: str) -> bool:
+    """Whether a header or query parameter of this name must never reach disk in clear."""
+    return _SECRET_WORD.search(name) is not None or not _SECRET_PART.isdisjoint(_PART_SPLIT.split(name.lower()))
+
+
+def redact_value(value: str | bytes) -> str:
+    """A stand-in that tells keys apart without revealing them: a hash of the value's bytes."""
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogateescape")
+    return "redacted:" + hashlib.sha256(value).hexdigest()[:8]
 
 
 _secret_names: dict[str, bool] = {}
@@ -43,7 +55,7 @@ def is_secret_header(name: str) -> bool:
     # Memoised: the same few dozen header names recur on every request of the hot path.
     secret = _secret_names.get(name)
     if secret is None:
-        secret = _SECRET_NAME.search(name) is not None
+        secret = is_secret_name(name)
         if len(_secret_names) < 4096:
             _secret_names[name] = secret
     return secret
@@ -51,6 +63,17 @@ def is_secret_header(name: str) -> bool:
 
 def redact_headers(items: Iterable[tuple[str, str]]) -> list[list[str]]:
     return [[k, redact_value(v) if is_secret_header(k) else v] for k, v in items]
+
+
+def record_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[list[str]]:
+    """Headers as a record stores them: the wire bytes read as ISO-8859-1, one character per byte,
+    so any byte a client sends survives (`value.encode("latin-1")` gives it back), and secret
+    values replaced by a hash of their wire bytes."""
+    out = []
+    for k, v in raw:
+        name = k.decode("latin-1")
+        out.append([name, redact_value(v) if is_secret_header(name) else v.decode("latin-1")])
+    return out
 
 
 def connection_listed(items: Iterable[tuple[str, str]]) -> frozenset[str]:
@@ -63,10 +86,17 @@ def connection_listed(items: Iterable[tuple[str, str]]) -> frozenset[str]:
 
 
 def redact_query(query: str) -> str:
-    """Query strings carry keys too (e.g. `?key=` on hosted APIs)."""
+    """Query strings carry keys too (e.g. `?key=` on hosted APIs); the same name rule as headers.
+
+    Works on the raw `name=value` pieces so every other parameter keeps its exact spelling.
+    """
     if not query or "=" not in query:
         return query
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if not any(_SECRET_PARAM.match(k) for k, _ in pairs):
-        return query
-    return urlencode([(k, redact_value(v) if _SECRET_PARAM.match(k) else v) for k, v in pairs])
+    parts = query.split("&")
+    changed = False
+    for i, part in enumerate(parts):
+        name, sep, value = part.partition("=")
+        if sep and is_secret_name(unquote_plus(name)):
+            parts[i] = f"{name}={redact_value(unquote_to_bytes(value.replace('+', ' ')))}"
+            changed = True
+    return "&".join(parts) if changed else query

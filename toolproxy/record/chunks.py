@@ -51,7 +51,7 @@ from typing import Any
 
 import orjson
 
-from toolproxy.record.model import Record
+from toolproxy.record.model import Record, encode_record
 
 BODY_FIELDS = ("request_body", "response_body", "client_body")
 # Bodies up to this many characters stay inline: below it a chunk line and its references save
@@ -228,7 +228,7 @@ class ChunkPacker:
             if refs is not None:
                 fields = fields or {f: getattr(rec, f) for f in _FIELDS}
                 fields["upstream_request"] = {**up, "body": None, "body_chunks": refs}
-        return orjson.dumps(fields if fields is not None else rec, option=orjson.OPT_APPEND_NEWLINE)
+        return encode_record(rec, fields)
 
     def _refs(self, text: Any, encoding: Any, out: bytearray, base: int) -> list[int] | None:
         if not isinstance(text, str) or len(text) <= INLINE_BODY_CHARS:

@@ -15,12 +15,17 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any
+
+import orjson
 
 # 2: a large body field may be null with `<field>_chunks` (upstream_request: `body_chunks`) naming
 # chunk lines earlier in the same segment that hold its bytes (toolproxy/record/chunks.py). The
 # segment reader puts the bodies back, so readers see the same record as in version 1.
-RECORD_VERSION = 2
+# 3: header values are the wire bytes read as ISO-8859-1 (before, request header values were
+# decoded as UTF-8), and text fields that were not valid UTF-8 are listed in extra["latin1_fields"].
+RECORD_VERSION = 3
 
 _id_lock = threading.Lock()
 _last_ms = 0
@@ -127,3 +132,60 @@ class Record:
             self.error_kind, self.error_message = kind, message
         else:
             self.extra.setdefault("later_errors", []).append({"kind": kind, "message": message})
+
+
+class RecordEncodeError(ValueError):
+    """A record that cannot be written as a JSON line even after the lossless repair."""
+
+
+def encode_record(rec: Record, fields: dict[str, Any] | None = None) -> bytes:
+    """The record as one JSON line (newline included), never refusing odd text. `fields`, when
+    given, is what to write instead of the record itself (all its fields, some replaced).
+
+    JSON text must be valid Unicode, but a client can put any byte in a header or a tag, and
+    aiohttp hands such bytes over as lone surrogates. Rather than lose the record, every text
+    field that is not valid UTF-8 is stored with one character per original byte (ISO-8859-1) and
+    named in extra["latin1_fields"] (e.g. "tags.note"), so `value.encode("latin-1")` gives the
+    bytes back. The repair costs nothing on the common path: it runs only after orjson refuses.
+    """
+    try:
+        return orjson.dumps(rec if fields is None else fields, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError as first:
+        if fields is None:
+            fields = {f.name: getattr(rec, f.name) for f in dataclass_fields(rec)}
+        repaired: list[str] = []
+        data = {name: _latin1_repair(value, name, repaired) for name, value in fields.items()}
+        if repaired:
+            data["extra"] = {**data["extra"], "latin1_fields": repaired}
+        try:
+            return orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE)
+        except TypeError as exc:
+            raise RecordEncodeError(f"record {rec.id} cannot be stored as JSON: {exc}") from first
+
+
+def _latin1_repair(value: Any, path: str, repaired: list[str]) -> Any:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            repaired.append(path)
+            return _original_bytes(value).decode("latin-1")
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            key = _latin1_repair(k, f"{path}.{{key}}", repaired) if isinstance(k, str) else k
+            out[key] = _latin1_repair(v, f"{path}.{key}", repaired)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_latin1_repair(v, f"{path}[{i}]", repaired) for i, v in enumerate(value)]
+    return value
+
+
+def _original_bytes(text: str) -> bytes:
+    """The bytes a str came from: undecodable bytes arrive as surrogate escapes (U+DC80-U+DCFF);
+    any other lone surrogate (e.g. from a JSON "\\ud800" escape) is kept as its UTF-8 form."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")

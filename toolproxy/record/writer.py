@@ -1,4 +1,4 @@
-"""Durable, non-blocking recording: a bounded queue drained by one writer thread.
+"""Durable, non-blocking recording: a bounded queue drained by one supervised writer thread.
 
 The event loop only serialises a small record and appends it to a deque (no lock, no thread
 wake-up per record); the writer thread wakes every `poll` seconds, or at once when a `sync`
@@ -8,28 +8,40 @@ the GIL from the loop thousands of times a second and cost the proxy a quarter o
 Records are appended as JSON lines to segment files that rotate by size and age; other processes
 (the analyzer) may read them while they grow.
 
-Group commit: everything queued is written together and fsync'ed at least every `window`
-seconds. In `sync` durability every record carries a waiter that is released only after the
-fsync that covers it, so a response can hold its last byte until its record is on disk.
+What the counters promise, because operators act on them:
+- `written` counts records covered by a successful fsync, never bytes in a buffer. Each batch
+  goes straight to the kernel with os.write (so a crash of this process loses only what is still
+  queued), and group commit fsyncs once the oldest unsynced record has waited `window` seconds.
+- Every record that does not reach disk is counted in `dropped`, by reason. A failed write or
+  fsync truncates the segment back to its last fsynced byte, so what is on disk is exactly what
+  was counted written, and the same segment is retried (no empty segment per failure).
+- The thread is supervised: an unexpected error drops (and counts) only the records in hand,
+  marks recording degraded with the cause, answers their sync waiters, and the loop goes on.
+- fsync runs on its own thread, so a slow disk delays `written` and sync waiters but never the
+  next write.
+- Backpressure: when the oldest queued record has waited longer than MAX_QUEUE_WAIT (or half a
+  window), `behind` turns true; the proxy then holds new work and answers responses as in sync
+  mode until the writer catches up, so a slow writer slows responses instead of widening the
+  window of records a crash can take with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import fcntl
 import os
+import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import orjson
-
 from toolproxy.record.chunks import INLINE_BODY_CHARS, ChunkPacker
-from toolproxy.record.model import Record
+from toolproxy.record.model import Record, encode_record
 
 SEGMENT_DIR = "segments"
 SEGMENT_SUFFIX = ".jsonl"
@@ -40,18 +52,38 @@ SEGMENT_SUFFIX = ".jsonl"
 # larger bodies are cut into chunks there, off the loop.
 INLINE_SERIALIZE_CHARS = 256 * 1024
 
+# The longest a record should wait in the queue before the writer takes it to the kernel. Past
+# it (or half a commit window, if shorter) the writer is `behind` and the proxy applies
+# backpressure: this is the bound on what a crash of the proxy process can lose.
+MAX_QUEUE_WAIT = 0.1
+
+# Why a record was not written; the keys of WriterStats.dropped_reasons.
+QUEUE_FULL = "queue_full"
+DISK = "disk"
+UNENCODABLE = "unencodable"
+WRITER_ERROR = "writer_error"
+STOPPED = "stopped"
+
 
 @dataclass
 class WriterStats:
     written: int = 0
     dropped: int = 0
-    write_failures: int = 0
+    dropped_reasons: dict[str, int] = field(default_factory=dict)
+    write_failures: int = 0  # failed write or fsync calls (each may cover many records)
     segments: int = 0
     degraded: bool = False
     last_error: str | None = None
 
 
 class SegmentWriter:
+    """Queue records from the event loop; a thread writes, fsyncs and counts them.
+
+    With dedup, records with large bodies are serialised on the writer thread by a ChunkPacker,
+    which stores repeated body content once per segment (record/chunks.py); an exception from it
+    drops that record with the reason and recording goes on.
+    """
+
     def __init__(
         self,
         data_dir: str | os.PathLike,
@@ -63,6 +95,7 @@ class SegmentWriter:
         log: Callable[[Record], str | None] | None = None,
         poll: float = 0.02,
         dedup: bool = True,
+        stall_timeout: float = 30.0,
     ) -> None:
         self.dir = Path(data_dir) / SEGMENT_DIR
         self.window = window
@@ -71,19 +104,36 @@ class SegmentWriter:
         self.log = log
         self.stats = WriterStats()
         self.poll = min(poll, window)
+        self.lag_limit = min(window / 2, MAX_QUEUE_WAIT)
         self.max_queue = max_queue
-        # With dedup, records with large bodies are serialised by the packer on this thread, which
-        # stores repeated body content once per segment (record/chunks.py).
         self._packer = ChunkPacker() if dedup else None
         self._inline_chars = INLINE_BODY_CHARS if dedup else INLINE_SERIALIZE_CHARS
-        self._buf: collections.deque = collections.deque()
+        self.stall_timeout = stall_timeout
+        # Read by the event loop on every request (a plain attribute: no lock, no I/O).
+        self.behind = False
+        self._buf: collections.deque = collections.deque()  # (record, line | None, waiter, submitted)
         self._wake = threading.Event()
+        self._stats_lock = threading.Lock()
         self._stopping = False
+        self._closed = False
+        self._catchup: asyncio.Future | None = None
         self._thread = threading.Thread(target=self._run, name="toolproxy-writer", daemon=True)
-        self._file = None
-        self._file_bytes = 0
-        self._file_opened = 0.0
+        # Writer-thread state: the open segment, the records in hand (taken, not yet written)
+        # and those written but not yet handed to an fsync.
+        self._seg: _Segment | None = None
         self._seq = 0
+        self._hand: list = []
+        self._unsynced = 0
+        self._unsynced_waiters: list[asyncio.Future] = []
+        self._unsynced_since: float | None = None
+        self._last_write_ok = True
+        self._room_needed = 0  # bytes of the batch a full disk refused: free space to see before recovering
+        # The fsync thread works through _SyncJobs in order and hands each back with its outcome.
+        self._syncing: _SyncJob | None = None  # the job covering the open segment, if one is running
+        self._jobs_out = 0
+        self._sync_jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._sync_done: collections.deque = collections.deque()
+        self._syncer = threading.Thread(target=self._sync_loop, name="toolproxy-fsync", daemon=True)
 
     # ---- called from the event loop -------------------------------------------------------
 
@@ -99,27 +149,57 @@ class SegmentWriter:
         return len(self._buf)
 
     def submit(self, record: Record, waiter: asyncio.Future | None = None) -> bool:
-        """Queue a record; never blocks. False means it was dropped (queue full)."""
-        if len(self._buf) >= self.max_queue:
-            self.stats.dropped += 1
-            self._mark_degraded("recording queue full: the disk cannot keep up; record dropped")
+        """Queue a record; never blocks. False means it was dropped (and counted)."""
+        buf = self._buf
+        if self._closed or len(buf) >= self.max_queue:
+            if self._closed:
+                self._drop(1, STOPPED, "the recording writer is not running")
+            else:
+                self._drop(1, QUEUE_FULL, "recording queue full: the disk cannot keep up; record dropped")
             if waiter is not None:
                 waiter.set_result(False)
             return False
         line = None
         if _body_chars(record) <= self._inline_chars:
-            line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
-        self._buf.append((record, line, waiter))
+            line = self._line_or_drop(record, waiter)
+            if line is None:
+                return False
+        now = time.monotonic()
+        if buf and now - buf[0][3] > self.lag_limit:
+            self.behind = True
+        buf.append((record, line, waiter, now))
         if waiter is not None:
             self._wake.set()
         return True
 
     async def submit_and_wait(self, record: Record) -> bool:
-        """Queue a record and wait until it is fsync'ed. False if it could not be recorded."""
-        fut = asyncio.get_running_loop().create_future()
+        """Queue a record and wait until it is fsync'ed. False if it could not be recorded, or if
+        the disk gave no answer within `stall_timeout` (the record may still land later)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         if not self.submit(record, fut):
             return False
-        return await fut
+        timer = loop.call_later(self.stall_timeout, self._stalled, fut)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+
+    async def caught_up(self) -> bool:
+        """Wait (at most `stall_timeout`) until the writer is no longer behind."""
+        if not self.behind:
+            return True
+        fut = self._catchup
+        if fut is None or fut.done():
+            fut = self._catchup = asyncio.get_running_loop().create_future()
+        if not self.behind:  # the writer caught up before it could see the new future
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.stall_timeout)
+        except asyncio.TimeoutError:
+            self._mark_degraded(f"recording stalled: the writer has been behind for {self.stall_timeout:g}s")
+            return False
+        return True
 
     def close(self, timeout: float = 10.0) -> None:
         """Drain the queue, fsync and stop. Blocking: call from a thread or at shutdown."""
@@ -127,75 +207,45 @@ class SegmentWriter:
             self._stopping = True
             self._wake.set()
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                print(f"toolproxy: the recording writer did not finish within {timeout:g}s; "
+                      f"{len(self._buf)} queued records may be lost", file=sys.stderr, flush=True)
 
-    # ---- writer thread --------------------------------------------------------------------
+    def _stalled(self, fut: asyncio.Future) -> None:
+        if not fut.done():
+            fut.set_result(False)
+            self._mark_degraded(f"recording stalled: no fsync within {self.stall_timeout:g}s")
+
+    # ---- bookkeeping (either thread) ------------------------------------------------------
 
     def _mark_degraded(self, message: str) -> None:
-        if not self.stats.degraded or self.stats.last_error != message:
-            print(f"toolproxy: RECORDING FAILED: {message}", file=sys.stderr, flush=True)
+        # State first, then the (slow) stderr line: whoever sees a drop counted sees `degraded`.
+        news = not self.stats.degraded or self.stats.last_error != message
         self.stats.degraded = True
         self.stats.last_error = message
+        if news:
+            print(f"toolproxy: RECORDING FAILED: {message}", file=sys.stderr, flush=True)
 
-    def _open_segment(self) -> None:
-        self._seq += 1
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "ab", buffering=1024 * 1024)
-        # Held while the file is open: prune (record/retention.py) skips a segment it cannot lock.
-        fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self._file_bytes = 0
-        self._file_opened = time.monotonic()
-        self.stats.segments += 1
+    def _drop(self, n: int, reason: str, message: str) -> None:
+        self._mark_degraded(message)
+        with self._stats_lock:
+            self.stats.dropped += n
+            self.stats.dropped_reasons[reason] = self.stats.dropped_reasons.get(reason, 0) + n
 
-    def _close_segment(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.flush()
-                os.fsync(self._file.fileno())
-                self._file.close()
-            finally:
-                self._file = None
-
-    def _encode(self, batch: list[tuple[Record, bytes | None, asyncio.Future | None]]) -> bytes:
-        if self._packer is not None:
-            return self._packer.pack(batch, self._file)
-        return b"".join(
-            line if line is not None else orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE) for rec, line, _ in batch
-        )
-
-    def _write_batch(self, batch: list[tuple[Record, bytes | None, asyncio.Future | None]]) -> bool:
+    def _line_or_drop(self, rec: Record, waiter: asyncio.Future | None, seg: _Segment | None = None,
+                      line: bytes | None = None) -> bytes | None:
+        """The bytes to append for a record (on the writer thread, for segment `seg`: with dedup,
+        chunk lines first), or None once it is counted as dropped: one odd record, or a bug in
+        the packer, must cost that record only."""
         try:
-            if self._file is None or self._file_bytes >= self.segment_bytes or (
-                time.monotonic() - self._file_opened >= self.segment_seconds
-            ):
-                self._close_segment()
-                self._open_segment()
-            data = self._encode(batch)
-            self._file.write(data)
-            self._file_bytes += len(data)
-            return True
-        except (OSError, ValueError) as exc:
-            self.stats.write_failures += len(batch)
-            self.stats.dropped += len(batch)
-            self._mark_degraded(f"cannot write segment in {self.dir}: {exc}")
-            try:
-                if self._file is not None:
-                    self._file.close()
-            except OSError:
-                pass
-            self._file = None
-            return False
-
-    def _sync(self) -> bool:
-        try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            return True
-        except (OSError, ValueError, AttributeError) as exc:
-            self._mark_degraded(f"cannot fsync segment in {self.dir}: {exc}")
-            self._file = None
-            return False
+            if seg is not None and self._packer is not None:
+                return self._packer.pack([(rec, line, None)], seg)
+            return line if line is not None else encode_record(rec)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, count it and keep recording
+            self._drop(1, UNENCODABLE, f"cannot serialise a record: {type(exc).__name__}: {exc}")
+            if waiter is not None:
+                self._release([waiter], False)
+            return None
 
     def _release(self, waiters: list[asyncio.Future], ok: bool) -> None:
         for fut in waiters:
@@ -204,48 +254,337 @@ class SegmentWriter:
             except RuntimeError:
                 pass  # the loop is gone (shutdown); nobody is waiting any more
 
+    # ---- writer thread --------------------------------------------------------------------
+
     def _run(self) -> None:
-        dirty = False
-        pending: list[asyncio.Future] = []
-        last_sync = time.monotonic()
-        buf = self._buf
+        self._syncer.start()
         while True:
-            stopping = self._stopping
-            if not stopping:
-                self._wake.wait(self.poll)
-                self._wake.clear()
-            batch = []
-            while True:
-                try:
-                    batch.append(buf.popleft())
-                except IndexError:
+            try:
+                if self._cycle():
                     break
-            if batch:
-                ok = self._write_batch(batch)
-                waiters = [w for _, _, w in batch if w is not None]
-                if ok:
-                    self.stats.written += len(batch)
-                    dirty = True
-                    pending.extend(waiters)
-                else:
-                    self._release(waiters, False)
-                if self.log is not None:
-                    for rec, _, _ in batch:
-                        line = self.log(rec)
-                        if line:
-                            print(line, flush=True)
-            now = time.monotonic()
-            if dirty and (pending or stopping or now - last_sync >= self.window):
-                ok = self._sync()
-                if ok:
-                    self.stats.degraded = False  # recovered; the counters keep the history
-                self._release(pending, ok)
-                pending = []
-                dirty = False
-                last_sync = now
-            if stopping and not buf:
-                break
-        self._close_segment()
+            except Exception as exc:  # noqa: BLE001 - supervision: count, report, carry on
+                self._abandon(WRITER_ERROR, f"recording error: {type(exc).__name__}: {exc}")
+        try:
+            self._retire()
+            while self._jobs_out:
+                self._wait_for_syncs()
+        except Exception as exc:  # noqa: BLE001 - count what it held and finish the shutdown
+            self._abandon(DISK, f"cannot close segment: {type(exc).__name__}: {exc}")
+        self._sync_jobs.put(None)
+        self._syncer.join()
+        self._closed = True
+        leftover = self._take_all()
+        if leftover:
+            self._drop(len(leftover), STOPPED, "records queued after the writer stopped")
+            self._release([w for _, _, w, _ in leftover if w is not None], False)
+
+    def _take_all(self) -> list:
+        out, buf = [], self._buf
+        while True:
+            try:
+                out.append(buf.popleft())
+            except IndexError:
+                return out
+
+    def _cycle(self) -> bool:
+        """One round: settle finished fsyncs, take what is queued, write it, start an fsync when
+        due. True once stopping and the queue is empty."""
+        stopping = self._stopping
+        buf = self._buf
+        if not self._sync_done and not ((stopping or self.behind) and buf):
+            self._wake.wait(self.poll)
+            self._wake.clear()
+        self._collect_syncs()
+        self._hand.extend(self._take_all())
+        if self._hand:
+            self._write_hand()
+        if self._unsynced and self._syncing is None and (
+            self._unsynced_waiters or stopping or self.stats.degraded
+            or time.monotonic() - self._unsynced_since >= self.window
+        ):
+            self._start_sync()
+        if self.behind and (not buf or time.monotonic() - buf[0][3] <= self.lag_limit):
+            self.behind = False
+            fut = self._catchup
+            if fut is not None:
+                self._release([fut], True)
+        return stopping and not buf
+
+    def _write_hand(self) -> None:
+        taken = self._hand
+        try:
+            seg = self._writable_segment()
+        except OSError as exc:
+            self._hand = []
+            self._write_failed(exc, len(taken), [w for _, _, w, _ in taken if w is not None], 0)
+            seg = None
+        ready, data = [], b""
+        if seg is not None:
+            ready, data = self._pack(taken, seg)
+            self._hand = ready  # until the bytes are in the kernel: what an unexpected error would lose
+        if ready:
+            waiters = [w for _, _, w, _ in ready if w is not None]
+            try:
+                self._append(seg, data)
+            except OSError as exc:
+                self._hand = []
+                self._write_failed(exc, len(ready), waiters, len(data))
+            else:
+                self._last_write_ok = True
+                if self._unsynced_since is None:
+                    self._unsynced_since = ready[0][3]
+                self._unsynced += len(ready)
+                self._unsynced_waiters.extend(waiters)
+        self._hand = []
+        if not self._unsynced:
+            self._unsynced_since = None
+        if self.log is not None:
+            self._print_log(taken)
+
+    def _pack(self, taken: list, seg: _Segment) -> tuple[list, bytes]:
+        """(the records that will be written, their bytes) for segment `seg`. The whole batch in
+        one call to the packer; if that fails, record by record, so one bad record costs only
+        itself (the packer then starts a fresh index: it never points at chunks not written)."""
+        if self._packer is not None:
+            try:
+                return taken, self._packer.pack([(rec, line, None) for rec, line, _, _ in taken], seg)
+            except Exception:  # noqa: BLE001 - found again, and counted, record by record below
+                pass
+        ready, parts = [], []
+        for rec, line, waiter, submitted in taken:
+            line = self._line_or_drop(rec, waiter, seg, line)
+            if line is not None:
+                seg.pending += len(line)
+                parts.append(line)
+                ready.append((rec, line, waiter, submitted))
+        return ready, b"".join(parts)
+
+    def _write_failed(self, exc: OSError, records: int, waiters: list, size: int) -> None:
+        self.stats.write_failures += 1
+        self._last_write_ok = False
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self._room_needed = max(size, 1)
+        self._drop(records, DISK, f"cannot write segment in {self.dir}: {exc}")
+        self._release(waiters, False)
+
+    def _writable_segment(self) -> _Segment:
+        seg = self._seg
+        if seg is None or seg.end >= self.segment_bytes or (
+            seg.end and time.monotonic() - seg.opened >= self.segment_seconds
+        ):
+            self._retire()
+            seg = self._seg = self._open_segment()
+        return seg
+
+    def _append(self, seg: _Segment, data: bytes) -> None:
+        start = seg.end
+        seg.pending = 0
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[self._os_write(seg.fd, view):]
+        except OSError:
+            self._rollback(seg, start)
+            raise
+        seg.end += len(data)
+
+    def _open_segment(self) -> _Segment:
+        self._seq += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        # Held until the fd is closed: prune (record/retention.py) skips a segment it cannot lock.
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self.stats.segments += 1
+        return _Segment(fd, path, time.monotonic())
+
+    def _retire(self) -> None:
+        """Stop writing to the open segment. Its last fsync and close go to the fsync thread, so
+        rotation never waits for the disk; an empty segment is removed at once."""
+        seg, self._seg, self._syncing = self._seg, None, None
+        if seg is None:
+            return
+        if seg.end == 0:
+            self._close(seg)
+        else:
+            self._start_sync(seg, close=True)
+
+    def _start_sync(self, seg: _Segment | None = None, close: bool = False) -> None:
+        """Hand the written-but-unsynced records to the fsync thread. Writing goes on meanwhile,
+        so a slow fsync delays only the `written` count and sync waiters, never the next write."""
+        seg = seg or self._seg
+        job = _SyncJob(seg, seg.end, self._unsynced, self._unsynced_waiters, close)
+        self._unsynced, self._unsynced_waiters, self._unsynced_since = 0, [], None
+        if not close:
+            self._syncing = job
+        self._jobs_out += 1
+        self._sync_jobs.put(job)
+
+    def _sync_loop(self) -> None:
+        """The fsync thread: one fsync at a time, each outcome handed back to the writer thread,
+        which alone changes segments and counters."""
+        while True:
+            job = self._sync_jobs.get()
+            if job is None:
+                return
+            seg = job.seg
+            try:
+                self._os_fsync(seg.fd)
+                error = None if os.fstat(seg.fd).st_nlink else f"segment {seg.path} was deleted while being written"
+            except Exception as exc:  # noqa: BLE001 - every failure is the writer's to count
+                error = f"cannot fsync segment {seg.path}: {type(exc).__name__}: {exc}"
+            self._sync_done.append((job, error))
+            self._wake.set()
+
+    def _wait_for_syncs(self) -> None:
+        if not self._sync_done:
+            self._wake.wait(self.poll)
+            self._wake.clear()
+        self._collect_syncs()
+
+    def _collect_syncs(self) -> None:
+        done = self._sync_done
+        while done:
+            job, error = done.popleft()
+            self._jobs_out -= 1
+            if job is self._syncing:
+                self._syncing = None
+            self._settle(job, error)
+
+    def _settle(self, job: _SyncJob, error: str | None) -> None:
+        seg = job.seg
+        if error is None and not seg.broken:
+            seg.durable = job.end
+            recovered = (self.stats.degraded and self._last_write_ok and len(self._buf) < self.max_queue
+                         and self._has_room())
+            if recovered:
+                self.stats.degraded = False  # before the count: whoever sees it sees health ok
+            with self._stats_lock:
+                self.stats.written += job.records
+            if recovered:  # last_error and the counters keep the history
+                print(f"toolproxy: recording recovered ({self.stats.dropped} records dropped so far)",
+                      file=sys.stderr, flush=True)
+            self._release(job.waiters, True)
+        else:
+            # Nothing past the segment's last fsynced byte can be trusted: drop (and count) all
+            # of it and cut it off, so that what is on disk is exactly what was counted written.
+            lost, waiters = job.records, list(job.waiters)
+            if error is not None:
+                self.stats.write_failures += 1
+                self._last_write_ok = False
+            if seg is self._seg:
+                lost += self._unsynced
+                waiters += self._unsynced_waiters
+                self._unsynced, self._unsynced_waiters, self._unsynced_since = 0, [], None
+            if "deleted" in (error or ""):
+                seg.broken = True
+                if seg is self._seg:
+                    self._retire()
+            else:
+                self._rollback(seg, seg.durable)
+            self._drop(lost, DISK, error or f"records written to {seg.path} after a failed fsync")
+            self._release(waiters, False)
+        if job.close and seg.fd is not None:
+            self._close(seg)
+
+    def _has_room(self) -> bool:
+        """After a full disk, a small record can still fit in the last page of a segment; only
+        room for what failed counts as recovered, so `block` mode does not flap."""
+        if not self._room_needed:
+            return True
+        try:
+            st = os.statvfs(self.dir)
+        except OSError:
+            return False
+        if st.f_bavail * st.f_frsize < self._room_needed:
+            return False
+        self._room_needed = 0
+        return True
+
+    def _rollback(self, seg: _Segment, size: int) -> None:
+        """Cut a segment back to `size` bytes after a failed write or fsync; if even that fails,
+        stop using it (the next write opens a new one)."""
+        seg.pending = 0
+        try:
+            os.ftruncate(seg.fd, size)
+            seg.end = size
+            seg.broken = False
+        except OSError:
+            seg.broken = True
+            if seg is self._seg:
+                self._retire()
+
+    def _close(self, seg: _Segment) -> None:
+        """Close a segment's file; one that holds no fsynced record is removed, not left behind."""
+        fd, seg.fd = seg.fd, None
+        if fd is None:
+            return
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        if seg.durable == 0:
+            try:
+                seg.path.unlink()
+                self.stats.segments -= 1
+            except OSError:
+                pass
+
+    def _abandon(self, reason: str, message: str) -> None:
+        """After an unexpected error: count every record in hand or unsynced, answer their waiters."""
+        hand, self._hand = self._hand, []
+        waiters = [w for _, _, w, _ in hand if w is not None] + self._unsynced_waiters
+        lost = len(hand) + self._unsynced
+        self._unsynced, self._unsynced_waiters, self._unsynced_since = 0, [], None
+        seg = self._seg
+        if seg is not None and seg.fd is not None:
+            running = self._syncing
+            self._rollback(seg, running.end if running is not None and running.seg is seg else seg.durable)
+        self._drop(lost, reason, message)
+        self._release(waiters, False)
+
+    def _print_log(self, hand: list) -> None:
+        try:
+            lines = [self.log(rec) for rec, _, _, _ in hand]
+            text = "".join(line + "\n" for line in lines if line)
+            if text:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+        except Exception as exc:  # noqa: BLE001 - a broken stdout or log line must not cost records
+            self.log = None
+            print(f"toolproxy: per-exchange log lines stopped: {exc}", file=sys.stderr, flush=True)
+
+    # The two system calls a failing disk answers with errors; tests replace them to inject faults.
+    _os_write = staticmethod(os.write)
+    _os_fsync = staticmethod(os.fsync)
+
+
+@dataclass(eq=False)
+class _Segment:
+    """One segment file as the writer thread sees it."""
+
+    fd: int | None
+    path: Path
+    opened: float
+    end: int = 0  # bytes written
+    durable: int = 0  # bytes covered by a successful fsync
+    broken: bool = False  # cut back or given up after a failure: later fsyncs of it count nothing
+    pending: int = 0  # bytes packed for the next write, not yet written
+
+    def tell(self) -> int:
+        """Where the next packed bytes will land: the ChunkPacker's offsets are relative to it, and
+        a value other than the one it expects (a write that did not land) makes it start afresh."""
+        return self.end + self.pending
+
+
+@dataclass(eq=False)
+class _SyncJob:
+    seg: _Segment
+    end: int
+    records: int
+    waiters: list
+    close: bool
 
 
 def _body_chars(rec: Record) -> int:
