@@ -18,6 +18,7 @@ from toolproxy.proxy.forward import ADMIN_PREFIX, STATE, handle
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.model import Record
+from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.writer import SegmentWriter
 
 
@@ -52,6 +53,11 @@ class ProxyState:
         self.stacks: StackWatch | None = None
         # Called with every finished record on the loop; each must be as cheap as an append.
         self.listeners: list[Callable[[Record], None]] = []
+        self.housekeeper = None
+        if config.retain_seconds is not None or config.max_disk is not None:
+            self.housekeeper = Housekeeper(config.data_dir, retain=config.retain_seconds, max_bytes=config.max_disk,
+                                           on_full=config.on_disk_full, headroom=2 * config.segment_bytes)
+            self.writer.on_new_segment = self.housekeeper.make_room
 
     def count(self, rec: Record) -> None:
         self.total += 1
@@ -88,6 +94,7 @@ class ProxyState:
                 "durability": self.config.durability,
                 "on_record_failure": self.config.on_record_failure,
             },
+            "lifecycle": self.housekeeper.snapshot() if self.housekeeper is not None else None,
         }
 
     async def admin(self, request: web.Request) -> web.Response:
@@ -107,6 +114,8 @@ def make_app(config: ProxyConfig) -> web.Application:
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()
+        if state.housekeeper is not None:
+            state.housekeeper.start()
         state.watchdog.start()
         state.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=config.max_connections, ttl_dns_cache=300),
@@ -127,6 +136,8 @@ def make_app(config: ProxyConfig) -> web.Application:
         await state.watchdog.stop()
         if state.session is not None:
             await state.session.close()
+        if state.housekeeper is not None:
+            await asyncio.get_running_loop().run_in_executor(None, state.housekeeper.stop)
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
 
     app.on_startup.append(on_startup)

@@ -9,6 +9,7 @@ import click
 
 from toolproxy.conditions import NAMES, ConditionOptions
 from toolproxy.proxy.config import ConfigError, ProxyConfig
+from toolproxy.record.retention import parse_duration, parse_size
 from toolproxy.record.writer import SEGMENT_DIR
 
 
@@ -38,14 +39,6 @@ def key_from_env(var: str | None, option: str) -> str | None:
     return value
 
 
-def _size(value: str) -> int:
-    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
-    v = value.strip().lower().rstrip("ib").rstrip("b")
-    if v and v[-1] in units:
-        return int(float(v[:-1]) * units[v[-1]])
-    return int(v)
-
-
 @click.command()
 @click.option("--upstream", required=True, envvar="TOOLPROXY_UPSTREAM", help="Model server root, e.g. http://127.0.0.1:11434 (Ollama) or http://127.0.0.1:8080 (llama.cpp).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Non-loopback needs --auth-token.")
@@ -71,20 +64,26 @@ def _size(value: str) -> int:
 @click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token.")
 @click.option("--quiet", is_flag=True, help="No line per exchange.")
 @click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is.")
+@click.option("--retain", default=None, metavar="DURATION", help="Delete recorded segments last written longer ago than this (90s, 12h, 7d, 2w), continuously; see `toolproxy prune`.")
+@click.option("--max-disk", default=None, metavar="SIZE", help="Keep the recorded segments under SIZE (e.g. 20GiB).")
+@click.option("--on-disk-full", type=click.Choice(["prune", "block"]), default="prune", show_default=True, help="At --max-disk, prune: delete the oldest closed segments; block: delete nothing and answer 503.")
 def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body,
           connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
-          segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_fingerprint):
+          segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_fingerprint, retain, max_disk,
+          on_disk_full):
     """Forward to one upstream model server and record every exchange."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
         options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced)
         config = ProxyConfig(
             upstream=upstream, data_dir=data_dir, host=host, port=port, run=run, condition=condition,
-            condition_options=options, max_body=_size(max_body), connect_timeout=connect_timeout,
+            condition_options=options, max_body=parse_size(max_body), connect_timeout=connect_timeout,
             ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
-            segment_bytes=_size(segment_size), auth_token=auth_token, upstream_key=upstream_key,
+            segment_bytes=parse_size(segment_size), auth_token=auth_token, upstream_key=upstream_key,
             insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint,
+            retain_seconds=parse_duration(retain) if retain is not None else None,
+            max_disk=parse_size(max_disk) if max_disk is not None else None, on_disk_full=on_disk_full,
         )
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None

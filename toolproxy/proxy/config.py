@@ -43,6 +43,11 @@ class ProxyConfig:
     # Probe the upstream's own endpoints at start and per new model (kind=fingerprint records).
     fingerprint: bool = True
     max_connections: int = 512
+    # Data lifecycle (record/housekeeping.py): delete segments older than retain_seconds; keep
+    # segments under max_disk bytes by pruning the oldest ("prune") or refusing traffic ("block").
+    retain_seconds: float | None = None
+    max_disk: int | None = None
+    on_disk_full: str = "prune"
 
     def __post_init__(self) -> None:
         url = URL(self.upstream)
@@ -59,6 +64,15 @@ class ProxyConfig:
             raise ConfigError("--durability must be 'group' or 'sync'")
         if self.on_record_failure not in ("serve", "block"):
             raise ConfigError("--on-record-failure must be 'serve' or 'block'")
+        if self.on_disk_full not in ("prune", "block"):
+            raise ConfigError("--on-disk-full must be 'prune' or 'block'")
+        if self.retain_seconds is not None and self.retain_seconds <= 0:
+            raise ConfigError("--retain must be a positive duration")
+        if self.max_disk is not None and self.max_disk < 2 * self.segment_bytes:
+            raise ConfigError(
+                f"--max-disk {self.max_disk} bytes is less than two segments (--segment-size {self.segment_bytes}): the "
+                "segment being written cannot be pruned, so the budget could not hold; lower --segment-size or raise --max-disk"
+            )
         if self.max_body < 1024:
             raise ConfigError("--max-body must be at least 1024 bytes")
         if not is_loopback(self.host) and not self.auth_token and not self.insecure_public:

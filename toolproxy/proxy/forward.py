@@ -206,6 +206,8 @@ async def _handle(ex: Exchange, raw_path: str) -> web.StreamResponse:
             "--on-record-failure block, so it refuses to serve unrecorded traffic",
             "recording_unavailable",
         )
+    if state.housekeeper is not None and state.housekeeper.refusal is not None:
+        return await ex.reply_error(503, "disk_budget_full", state.housekeeper.refusal, "recording_unavailable")
     if state.writer.behind:  # backpressure: new work waits while the writer catches up
         waited = time.perf_counter()
         await state.writer.caught_up()

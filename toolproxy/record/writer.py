@@ -134,6 +134,8 @@ class SegmentWriter:
         self._sync_jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._sync_done: collections.deque = collections.deque()
         self._syncer = threading.Thread(target=self._sync_loop, name="toolproxy-fsync", daemon=True)
+        # Called on this thread before each new segment: the disk budget makes room (record/housekeeping.py).
+        self.on_new_segment: Callable[[], None] | None = None
 
     # ---- called from the event loop -------------------------------------------------------
 
@@ -389,6 +391,8 @@ class SegmentWriter:
         seg.end += len(data)
 
     def _open_segment(self) -> _Segment:
+        if self.on_new_segment is not None:
+            self.on_new_segment()
         self._seq += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
