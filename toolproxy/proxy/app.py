@@ -19,6 +19,7 @@ from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.model import Record
 from toolproxy.record.housekeeping import Housekeeper
+from toolproxy.record.masking import Masker, load_key, parse_rules
 from toolproxy.record.writer import SegmentWriter
 
 
@@ -53,6 +54,8 @@ class ProxyState:
         self.stacks: StackWatch | None = None
         # Called with every finished record on the loop; each must be as cheap as an append.
         self.listeners: list[Callable[[Record], None]] = []
+        if config.mask:
+            self.writer.transform = Masker(parse_rules(config.mask), load_key(config.data_dir)).record
         self.housekeeper = None
         if config.retain_seconds is not None or config.max_disk is not None:
             self.housekeeper = Housekeeper(config.data_dir, retain=config.retain_seconds, max_bytes=config.max_disk,

@@ -9,6 +9,7 @@ import click
 
 from toolproxy.conditions import NAMES, ConditionOptions
 from toolproxy.proxy.config import ConfigError, ProxyConfig
+from toolproxy.record.masking import load_key, parse_rules
 from toolproxy.record.retention import parse_duration, parse_size
 from toolproxy.record.writer import SEGMENT_DIR
 
@@ -67,10 +68,11 @@ def key_from_env(var: str | None, option: str) -> str | None:
 @click.option("--retain", default=None, metavar="DURATION", help="Delete recorded segments last written longer ago than this (90s, 12h, 7d, 2w), continuously; see `toolproxy prune`.")
 @click.option("--max-disk", default=None, metavar="SIZE", help="Keep the recorded segments under SIZE (e.g. 20GiB).")
 @click.option("--on-disk-full", type=click.Choice(["prune", "block"]), default="prune", show_default=True, help="At --max-disk, prune: delete the oldest closed segments; block: delete nothing and answer 503.")
+@click.option("--mask", multiple=True, metavar="PATTERN", help="Mask matches in recorded bodies (never in what the client receives): a regular expression, or a built-in set: email, api-key, credit-card, ipv4 (repeatable).")
 def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body,
           connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
           segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_fingerprint, retain, max_disk,
-          on_disk_full):
+          on_disk_full, mask):
     """Forward to one upstream model server and record every exchange."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
@@ -83,16 +85,25 @@ def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, 
             segment_bytes=parse_size(segment_size), auth_token=auth_token, upstream_key=upstream_key,
             insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint,
             retain_seconds=parse_duration(retain) if retain is not None else None,
-            max_disk=parse_size(max_disk) if max_disk is not None else None, on_disk_full=on_disk_full,
+            max_disk=parse_size(max_disk) if max_disk is not None else None, on_disk_full=on_disk_full, mask=mask,
         )
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     check_condition_options(options)
+    try:
+        parse_rules(mask)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     segments = data_dir / SEGMENT_DIR
     try:
         segments.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise click.UsageError(f"--data {data_dir}: cannot create {segments}: {exc.strerror or exc}") from None
+    if mask:
+        try:
+            load_key(data_dir)  # created now, so a bad key file is a usage error, not a failure at start
+        except (OSError, ValueError) as exc:
+            raise click.UsageError(f"--mask: cannot use the masking key in {data_dir}: {exc}") from None
     from toolproxy.proxy.app import run as run_proxy
 
     run_proxy(config)

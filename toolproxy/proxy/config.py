@@ -48,6 +48,8 @@ class ProxyConfig:
     retain_seconds: float | None = None
     max_disk: int | None = None
     on_disk_full: str = "prune"
+    # --mask: built-in set names or regular expressions (record/masking.py)
+    mask: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         url = URL(self.upstream)

@@ -136,6 +136,9 @@ class SegmentWriter:
         self._syncer = threading.Thread(target=self._sync_loop, name="toolproxy-fsync", daemon=True)
         # Called on this thread before each new segment: the disk budget makes room (record/housekeeping.py).
         self.on_new_segment: Callable[[], None] | None = None
+        # Applied on this thread to every record before it is serialised (record/masking.py); while
+        # set, submit leaves serialising to this thread so the event loop never does the work.
+        self.transform: Callable[[Record], Record] | None = None
 
     # ---- called from the event loop -------------------------------------------------------
 
@@ -162,7 +165,7 @@ class SegmentWriter:
                 waiter.set_result(False)
             return False
         line = None
-        if _body_chars(record) <= self._inline_chars:
+        if self.transform is None and _body_chars(record) <= self._inline_chars:
             line = self._line_or_drop(record, waiter)
             if line is None:
                 return False
@@ -297,7 +300,10 @@ class SegmentWriter:
             self._wake.wait(self.poll)
             self._wake.clear()
         self._collect_syncs()
-        self._hand.extend(self._take_all())
+        taken = self._take_all()
+        self._hand.extend(taken)  # in hand first: should the transform fail, they are counted dropped
+        if self.transform is not None and taken:
+            self._hand[-len(taken):] = [(self.transform(rec), line, waiter, t) for rec, line, waiter, t in taken]
         if self._hand:
             self._write_hand()
         if self._unsynced and self._syncing is None and (
