@@ -203,6 +203,8 @@ def prune(
     segments = closed_segments(data_dir)
     total = sum(s.size for s in segments)
     for seg in segments:
+        if seg.size == 0:
+            continue  # just opened by a writer that has not locked it yet, or nothing to free
         too_old = older_than is not None and now - seg.mtime > older_than
         over = max_bytes is not None and total > max_bytes
         if not (too_old or over):

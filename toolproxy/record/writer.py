@@ -399,12 +399,19 @@ class SegmentWriter:
     def _open_segment(self) -> _Segment:
         if self.on_new_segment is not None:
             self.on_new_segment()
-        self._seq += 1
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        # Held until the fd is closed: prune (record/retention.py) skips a segment it cannot lock.
+        while True:
+            # A new file of its own (O_EXCL): two writers in one process may open in the same second.
+            self._seq += 1
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+                break
+            except FileExistsError:
+                continue
+        # Held until the fd is closed: prune (record/retention.py) skips a segment it cannot lock,
+        # and an empty one (this one, until its first write).
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.stats.segments += 1
         return _Segment(fd, path, time.monotonic())
