@@ -70,24 +70,17 @@ def age(paths, days: float) -> None:
         os.utime(p, (t, t))
 
 
-@pytest.fixture(scope="module")
-def recording(tmp_path_factory, request):
+@pytest.fixture
+def recording(fake_stack, proxy, tmp_path):
     """Two tagged runs and untagged traffic, one record per segment, proxy stopped."""
-    from conftest import ProxyProcess
-    from toolproxy.stacks.fakes import FakeStack
-
-    data = tmp_path_factory.mktemp("prune") / "data"
-    fake = FakeStack("llamacpp")
-    with fake.in_thread():
-        p = ProxyProcess(fake.url, data, ("--quiet", "--no-fingerprint", "--segment-size", "1", "--durability", "sync"))
-        try:
-            for ep in range(3):
-                converse(f"{p.url}/t/run=alpha/episode={ep}", f"alpha {ep}", 3)
-            converse(f"{p.url}/t/run=beta/episode=0", "beta", 2)
-            converse(p.url, "untagged conversation", 3)
-        finally:
-            assert p.stop() == 0
-    return data
+    p = proxy(fake_stack("llamacpp").url, "--quiet", "--no-fingerprint", "--segment-size", "1", "--durability", "sync",
+              data=tmp_path / "recorded")
+    for ep in range(3):
+        converse(f"{p.url}/t/run=alpha/episode={ep}", f"alpha {ep}", 3)
+    converse(f"{p.url}/t/run=beta/episode=0", "beta", 2)
+    converse(p.url, "untagged conversation", 3)
+    assert p.stop() == 0
+    return p.data
 
 
 def test_prune_then_analyze_equals_a_fresh_analyze_of_what_remains(recording, tmp_path):
