@@ -25,6 +25,9 @@ COMMANDS = {
     "report": "analysis.report.cli:report",
     "compare": "analysis.report.cli:compare",
     "demo": "toolproxy.demo:demo",
+    "run": "toolproxy.runner:run",
+    "study": "toolproxy.study:study",
+    "replay": "toolproxy.replay:replay",
 }
 
 
