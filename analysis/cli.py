@@ -81,6 +81,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
 
     from toolproxy.analysis.ingest import ingest
     from toolproxy.analysis.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.prune import forget_pruned
     from toolproxy.analysis.reanalyze import rebuild, rebuild_reason, save_state
 
     if not data_dir.exists():
@@ -101,6 +102,10 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
                        f"{t['runs']} runs, {t['turns']} turns, {t['episodes']} episodes")
         else:
             save_state(con, rules)  # a new store records the version and rules its first ingest is derived under
+        forgotten = forget_pruned(con, data_dir)
+        if forgotten["segments"]:
+            click.echo(f"pruned segments: {forgotten['segments']}; their {forgotten['exchanges']} exchanges removed, "
+                       f"{forgotten['runs']} runs re-derived")
         s = ingest(con, data_dir, batch_bytes=int(batch_mb * 1024 * 1024), workers=workers)
     except duckdb.Error as exc:
         _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")

@@ -15,6 +15,7 @@ from toolproxy.printable import printable
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
+from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.forward import handle, serve_request
 from toolproxy.proxy.pool import upstream_session
@@ -22,6 +23,8 @@ from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
+from toolproxy.record.housekeeping import Housekeeper
+from toolproxy.record.masking import Masker, load_key, parse_rules
 from toolproxy.record.writer import SegmentWriter
 
 
@@ -60,6 +63,13 @@ def make_state(config: ProxyConfig) -> ProxyState:
         state.hooks.add(Auth(config.auth_token))
     if config.on_record_failure == "block":
         state.hooks.add(RecordingGuard(writer))
+    if config.mask:
+        writer.transform = Masker(parse_rules(config.mask), load_key(config.data_dir)).record
+    if config.retain_seconds is not None or config.max_disk is not None:
+        state.housekeeper = Housekeeper(config.data_dir, retain=config.retain_seconds, max_bytes=config.max_disk,
+                                        on_full=config.on_disk_full, headroom=2 * config.segment_bytes)
+        writer.on_new_segment = state.housekeeper.make_room
+        state.hooks.add(DiskBudgetGuard(state.housekeeper))
     if config.fingerprint:
         state.stacks = StackWatch(config, writer, lambda: state.session)
         state.hooks.add(state.stacks)
@@ -76,6 +86,8 @@ def make_app(config: ProxyConfig) -> web.Application:
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()
+        if state.housekeeper is not None:
+            state.housekeeper.start()
         state.watchdog.start()
         state.session = upstream_session(state.pool, config.connect_timeout)
         if state.stacks is not None:
@@ -88,6 +100,8 @@ def make_app(config: ProxyConfig) -> web.Application:
         await state.watchdog.stop()
         if state.session is not None:
             await state.session.close()
+        if state.housekeeper is not None:
+            await asyncio.get_running_loop().run_in_executor(None, state.housekeeper.stop)
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
 
     app.on_startup.append(on_startup)

@@ -9,6 +9,8 @@ import click
 
 from toolproxy.conditions import NAMES, ConditionOptions
 from toolproxy.proxy.config import ConfigError, ProxyConfig
+from toolproxy.record.masking import load_key, parse_rules
+from toolproxy.record.retention import parse_duration, parse_size
 from toolproxy.record.writer import SEGMENT_DIR
 
 
@@ -78,6 +80,10 @@ SERVE_OPTIONS = (
     click.option("--upstream-connections", default=0, show_default=True, type=int, help="Cap on connections to the upstream; 0: as many as clients need. Time a request waits for one under a cap is recorded (pool_wait_ms) and shown in stats."),
     click.option("--client-header-timeout", default=15.0, show_default=True, type=float, help="Seconds a client has to send a complete request head after connecting or after its previous response; idle connections close then too."),
     click.option("--client-body-timeout", default=60.0, show_default=True, type=float, help="Longest pause in seconds while a client sends its request body (408 after)."),
+    click.option("--retain", default=None, metavar="DURATION", help="Delete recorded segments last written longer ago than this (90s, 12h, 7d, 2w), continuously; see `toolproxy prune`."),
+    click.option("--max-disk", default=None, metavar="SIZE", help="Keep the recorded segments under SIZE (e.g. 20GiB)."),
+    click.option("--on-disk-full", type=click.Choice(["prune", "block"]), default="prune", show_default=True, help="At --max-disk, prune: delete the oldest closed segments; block: delete nothing and answer 503."),
+    click.option("--mask", multiple=True, metavar="PATTERN", help="Mask matches in recorded bodies (never in what the client receives): a regular expression, or a built-in set: email, api-key, credit-card, ipv4 (repeatable)."),
     click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is."),
 )
 
@@ -101,7 +107,7 @@ def harness_serve_options(fn):
 def config_from_options(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, bridge, max_body, spill_above,
                         connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
                         segment_size, auth_token, upstream_key_env, insecure_public, quiet, upstream_connections, client_header_timeout,
-                        client_body_timeout, no_fingerprint) -> ProxyConfig:
+                        client_body_timeout, retain, max_disk, on_disk_full, mask, no_fingerprint) -> ProxyConfig:
     """Serve's flags -> a validated ProxyConfig, or a usage error that names the flag."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
@@ -118,7 +124,10 @@ def config_from_options(upstream, host, port, data_dir, run, condition, stack, c
             insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint,
             upstream_connections=upstream_connections, client_header_timeout=client_header_timeout,
             client_body_timeout=client_body_timeout,
+            retain_seconds=parse_duration(retain) if retain is not None else None,
+            max_disk=parse_size(max_disk) if max_disk is not None else None, on_disk_full=on_disk_full, mask=mask,
         )
+        parse_rules(mask)
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     check_condition_options(options)
@@ -131,6 +140,11 @@ def make_data_dir(config: ProxyConfig) -> None:
         segments.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise click.UsageError(f"--data {config.data_dir}: cannot create {segments}: {exc.strerror or exc}") from None
+    if config.mask:
+        try:
+            load_key(config.data_dir)  # created now, so a bad key file is a usage error, not a failure at start
+        except (OSError, ValueError) as exc:
+            raise click.UsageError(f"--mask: cannot use the masking key in {config.data_dir}: {exc}") from None
 
 
 @click.command()

@@ -27,6 +27,13 @@ class ProxyConfig:
     max_body: int = 64 * 1024 * 1024
     # Bodies above this many bytes wait in a temporary file instead of memory (proxy/spool.py).
     spill_above: int = 1024 * 1024
+    # Data lifecycle (record/housekeeping.py): delete segments older than retain_seconds; keep
+    # segments under max_disk bytes by pruning the oldest ("prune") or refusing traffic ("block").
+    retain_seconds: float | None = None
+    max_disk: int | None = None
+    on_disk_full: str = "prune"
+    # --mask: built-in set names or regular expressions (record/masking.py)
+    mask: tuple[str, ...] = ()
     connect_timeout: float = 10.0
     # A CPU-only model can take minutes to read a long agent context before its first byte.
     ttfb_timeout: float = 600.0
@@ -70,6 +77,15 @@ class ProxyConfig:
             raise ConfigError("--upstream-connections must be 0 (no limit) or a positive number")
         if self.client_header_timeout <= 0 or self.client_body_timeout <= 0:
             raise ConfigError("--client-header-timeout and --client-body-timeout must be positive")
+        if self.on_disk_full not in ("prune", "block"):
+            raise ConfigError("--on-disk-full must be 'prune' or 'block'")
+        if self.retain_seconds is not None and self.retain_seconds <= 0:
+            raise ConfigError("--retain must be a positive duration")
+        if self.max_disk is not None and self.max_disk < 2 * self.segment_bytes:
+            raise ConfigError(
+                f"--max-disk {self.max_disk} bytes is less than two segments (--segment-size {self.segment_bytes}): the "
+                "segment being written cannot be pruned, so the budget could not hold; lower --segment-size or raise --max-disk"
+            )
         if self.spill_above < 1024:
             raise ConfigError("--spill-above must be at least 1024 bytes")
         if self.max_body < 1024:

@@ -18,6 +18,7 @@ from toolproxy.proxy.flow import Hooks
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.watchdog import Watchdog
+from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.writer import SegmentWriter
 
 ADMIN_PREFIX = "/_toolproxy/"
@@ -39,6 +40,7 @@ class ProxyState:
         self.stacks: StackWatch | None = None  # set by app.make_state when fingerprinting is on
         # Under `serve --workers N`: this process's place in the group, whose stats it merges.
         self.peers = None
+        self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
 
     def snapshot(self) -> dict:
         w = self.writer.stats
@@ -65,6 +67,7 @@ class ProxyState:
             "on_record_failure": self.config.on_record_failure,
         }
         snap["upstream_pool"] = self.pool.report()
+        snap["lifecycle"] = self.housekeeper.snapshot() if self.housekeeper is not None else None
         return snap
 
     async def admin(self, request: web.Request) -> web.Response:

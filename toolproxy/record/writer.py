@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import fcntl
 import os
 import queue
 import sys
@@ -134,6 +135,11 @@ class SegmentWriter:
         self._sync_jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._sync_done: collections.deque = collections.deque()
         self._syncer = threading.Thread(target=self._sync_loop, name="toolproxy-fsync", daemon=True)
+        # Called on this thread before each new segment: the disk budget makes room (record/housekeeping.py).
+        self.on_new_segment: Callable[[], None] | None = None
+        # Applied on this thread to every record before it is serialised (record/masking.py); while
+        # set, submit leaves serialising to this thread so the event loop never does the work.
+        self.transform: Callable[[Record], Record] | None = None
 
     # ---- called from the event loop -------------------------------------------------------
 
@@ -160,7 +166,7 @@ class SegmentWriter:
                 waiter.set_result(False)
             return False
         line = None
-        if _body_chars(record) <= self._inline_chars and not has_spilled(record):
+        if self.transform is None and _body_chars(record) <= self._inline_chars and not has_spilled(record):
             line = self._line_or_drop(record, waiter)
             if line is None:
                 return False
@@ -295,7 +301,10 @@ class SegmentWriter:
             self._wake.wait(self.poll)
             self._wake.clear()
         self._collect_syncs()
-        self._hand.extend(self._take_all())
+        taken = self._take_all()
+        self._hand.extend(taken)  # in hand first: should the transform fail, they are counted dropped
+        if self.transform is not None and taken:
+            self._hand[-len(taken):] = [(self.transform(rec), line, waiter, t) for rec, line, waiter, t in taken]
         if self._hand:
             self._write_hand()
         if self._unsynced and self._syncing is None and (
@@ -418,17 +427,22 @@ class SegmentWriter:
         seg.end += len(data)
 
     def _open_segment(self) -> _Segment:
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        if self.on_new_segment is not None:
+            self.on_new_segment()
         self.dir.mkdir(parents=True, exist_ok=True)
         while True:
-            # O_EXCL: never append to another writer's file (a worker restarted under a reused pid).
+            # A new file of its own (O_EXCL): two writers in one process may open in the same second.
             self._seq += 1
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
             path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
                 break
             except FileExistsError:
                 continue
+        # Held until the fd is closed: prune (record/retention.py) skips a segment it cannot lock,
+        # and an empty one (this one, until its first write).
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.stats.segments += 1
         return _Segment(fd, path, time.monotonic())
 
