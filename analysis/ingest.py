@@ -39,6 +39,7 @@ from analysis.reassemble import (
 )
 from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
+from toolproxy.progress import Progress
 from toolproxy.record.chunks import ChunkSource, is_chunk_line
 from toolproxy.record.segments import batch_end, list_segments, parse_line
 from toolproxy.stacks.markers import detect
@@ -448,8 +449,10 @@ class Ingestor:
     at most a few batches in flight so memory stays bounded) and writes each batch in one
     transaction together with the segment's new offset."""
 
-    def __init__(self, con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None) -> None:
+    def __init__(self, con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None,
+                 progress: Progress | None = None) -> None:
         self.con = con
+        self.progress = progress
         self.data_dir = Path(data_dir)
         self.batch_bytes = max(1, batch_bytes)
         self.workers = workers
@@ -501,6 +504,8 @@ class Ingestor:
         t0 = time.perf_counter()
         todo = self._pending_segments()
         new_bytes = sum(p.stat().st_size - off for p, off in todo)
+        if self.progress is not None:
+            self.progress.total = new_bytes
         workers = self.workers
         if workers is None:
             # Worker processes cost ~0.5 s to start: only worth it for a real amount of data.
@@ -593,6 +598,8 @@ class Ingestor:
             self.in_txn = False
             raise
         self.known_tool_sets.update(batch.tool_sets)
+        if self.progress is not None:
+            self.progress.advance(chunk.size)
 
     def _commit(self) -> None:
         if self.in_txn:
@@ -600,10 +607,12 @@ class Ingestor:
             self.in_txn = False
 
 
-def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None) -> Summary:
+def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None,
+           progress: Progress | None = None) -> Summary:
     """Ingest every new line of every segment under data_dir, then re-derive the affected runs.
 
     workers: processes analysing batches in parallel; None picks by the amount of new data.
+    progress: told the new bytes to read, then advanced by each batch written.
     """
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _ids (id VARCHAR)")
-    return Ingestor(con, data_dir, batch_bytes=batch_bytes, workers=workers).run()
+    return Ingestor(con, data_dir, batch_bytes=batch_bytes, workers=workers, progress=progress).run()

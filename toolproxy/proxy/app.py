@@ -13,8 +13,10 @@ import aiohttp
 from aiohttp import web
 
 from toolproxy import __version__
+from toolproxy.proxy import livepage
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.forward import ADMIN_PREFIX, STATE, handle
+from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.model import Record
@@ -34,6 +36,7 @@ def log_line(rec: Record) -> str:
 class ProxyState:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
+        self.live = LiveView()
         self.writer = SegmentWriter(
             config.data_dir,
             window=config.commit_window,
@@ -41,6 +44,7 @@ class ProxyState:
             segment_bytes=config.segment_bytes,
             segment_seconds=config.segment_seconds,
             log=None if config.quiet else log_line,
+            observe=self.live.observe,
         )
         self.session: aiohttp.ClientSession | None = None
         self.watchdog = Watchdog()
@@ -93,6 +97,9 @@ class ProxyState:
     async def admin(self, request: web.Request) -> web.Response:
         """Reserved routes; never forwarded upstream and never recorded as exchanges."""
         name = request.path[len(ADMIN_PREFIX):].strip("/")
+        page = await livepage.route(request, name, self.live, self.config.auth_token)
+        if page is not None:
+            return page
         if name in ("health", "stats", ""):
             snap = self.snapshot()
             status = 200 if (name != "health" or snap["status"] == "ok") else 503
@@ -107,6 +114,7 @@ def make_app(config: ProxyConfig) -> web.Application:
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()
+        state.live.start()
         state.watchdog.start()
         state.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=config.max_connections, ttl_dns_cache=300),
@@ -128,6 +136,7 @@ def make_app(config: ProxyConfig) -> web.Application:
         if state.session is not None:
             await state.session.close()
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
+        state.live.stop()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

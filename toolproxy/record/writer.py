@@ -92,6 +92,7 @@ class SegmentWriter:
         segment_bytes: int = 64 * 1024 * 1024,
         segment_seconds: float = 3600.0,
         log: Callable[[Record], str | None] | None = None,
+        observe: Callable[[Record], None] | None = None,
         poll: float = 0.02,
         dedup: bool = True,
         stall_timeout: float = 30.0,
@@ -101,6 +102,8 @@ class SegmentWriter:
         self.segment_bytes = segment_bytes
         self.segment_seconds = segment_seconds
         self.log = log
+        # Told every record once it is written, on this thread (the live view's feed): must be cheap.
+        self.observe = observe
         self.stats = WriterStats()
         self.poll = min(poll, window)
         self.lag_limit = min(window / 2, MAX_QUEUE_WAIT)
@@ -317,7 +320,7 @@ class SegmentWriter:
             self._hand = []
             self._write_failed(exc, len(taken), [w for _, _, w, _ in taken if w is not None], 0)
             seg = None
-        ready, data = [], b""
+        ready, data, written = [], b"", []
         if seg is not None:
             ready, data = self._pack(taken, seg)
             self._hand = ready  # until the bytes are in the kernel: what an unexpected error would lose
@@ -329,6 +332,7 @@ class SegmentWriter:
                 self._hand = []
                 self._write_failed(exc, len(ready), waiters, len(data))
             else:
+                written = ready
                 self._last_write_ok = True
                 if self._unsynced_since is None:
                     self._unsynced_since = ready[0][3]
@@ -339,6 +343,9 @@ class SegmentWriter:
             self._unsynced_since = None
         if self.log is not None:
             self._print_log(taken)
+        if self.observe is not None:
+            for rec, _, _, _ in written:
+                self.observe(rec)
 
     def _pack(self, taken: list, seg: _Segment) -> tuple[list, bytes]:
         """(the records that will be written, their bytes) for segment `seg`. The whole batch in
