@@ -3,17 +3,22 @@ llama.cpp, real HTTP clients, and its counts checked against /_toolproxy/stats a
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from contextlib import ExitStack
+from html.parser import HTMLParser
 
 import pytest
 from conftest import ProxyProcess
 
+from analysis.report.screenshot import find_browser, run_chromium, screenshot
 from toolproxy.proxy.live import LiveView, outcome_key
 from toolproxy.record.model import Record
 from toolproxy.stacks import fakes
@@ -234,3 +239,99 @@ def test_a_record_the_analyzer_rejects_is_counted_not_fatal():
     finally:
         view.stop()
     assert view.classified + view.failures == 2 and view.detail("id2") is not None
+
+
+class _Cells(HTMLParser):
+    """Text of every cell of the rows of one table (by id), as the browser left the DOM."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__()
+        self.table, self.inside, self.rows, self.cell = table, False, [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.inside = dict(attrs).get("id") == self.table
+        elif self.inside and tag == "tr":
+            self.rows.append([])
+        elif self.inside and tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.inside = False
+        elif self.inside and tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append(self.cell)
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+
+
+def _cells(dom: str, table: str) -> list[list[str]]:
+    parser = _Cells(table)
+    parser.feed(dom)
+    return parser.rows
+
+
+def _text_of(dom: str, element_id: str) -> str:
+    m = re.search(rf'id="{element_id}"[^>]*>(.*?)</', dom, re.S)
+    assert m, element_id
+    return html.unescape(m.group(1))
+
+
+@pytest.mark.skipif(find_browser() is None, reason="Chromium not installed (apt-get install -y chromium)")
+def test_page_in_headless_chromium(served, tmp_path):
+    """Chromium opens the page (token once, then the cookie) while traffic flows, then, traffic
+    stopped, the numbers it shows are those of /_toolproxy/stats and of the live counters."""
+    p, _, _ = served
+    stop = threading.Event()
+
+    def traffic() -> None:
+        prompts = list(SCRIPT)
+        i = 0
+        while not stop.is_set():
+            send(p.url, "/v1/chat/completions", {"model": "m", "tools": TOOLS, "messages": [
+                {"role": "user", "content": prompts[i % len(prompts)]}]},
+                {"X-Toolproxy-Token": TOKEN, "X-Toolproxy-Run": "gamma", "X-Toolproxy-Episode": str(i // 5)})
+            i += 1
+            stop.wait(0.01)
+
+    flowing = threading.Thread(target=traffic, daemon=True)
+    flowing.start()
+    try:
+        shot = screenshot(f"{p.url}/_toolproxy/login?token={TOKEN}", tmp_path / "live-flowing.png", 1400, 1000, wait_ms=5000)
+    finally:
+        stop.set()
+        flowing.join(30)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 40_000, len(data)
+
+    total = admin(p.url, "/_toolproxy/stats")["exchanges"]
+    assert wait_classified(p.url, total)["classified"] == total
+    stats = admin(p.url, "/_toolproxy/stats")
+    live = admin(p.url, "/_toolproxy/live?limit=1000")
+    assert stats["exchanges"] == total and live["runs"]["gamma"]["exchanges"] > 0
+    prose = admin(p.url, "/_toolproxy/live?outcome=prose&limit=1")["recent"][0]["id"]
+    page = f"{p.url}/_toolproxy/login?token={TOKEN}"
+    proc = run_chromium(page, "--dump-dom", "--virtual-time-budget=5000", "--window-size=1400,1000")
+    dom = proc.stdout
+    assert 'data-ready="1"' in dom, proc.stderr[-2000:]
+    assert _text_of(dom, "exchanges") == f"{stats['exchanges']:,}"
+    assert _text_of(dom, "health") == stats["status"]
+    rows = {r[0]: r for r in _cells(dom, "runs")[1:]}
+    assert set(rows) == set(live["runs"])
+    for run, counts in live["runs"].items():
+        row = rows[run]
+        shown = [int(x.replace(",", "")) for x in row[1:6]]
+        assert shown == [counts["exchanges"], *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none"))]
+        for key, n in counts["outcomes"].items():
+            assert f"{key} {n} (" in row[7]
+    assert sum(int(r[1]) for r in rows.values()) == stats["exchanges"]
+
+    # Opened on one exchange (as a link to it would): the model's hostile text is inert text.
+    shot2 = screenshot(f"{page}#exchange={prose}", tmp_path / "live-detail.png", 1400, 1000, wait_ms=5000)
+    assert shot2.stat().st_size > 40_000
+    proc = run_chromium(f"{page}#exchange={prose}", "--dump-dom", "--virtual-time-budget=5000")
+    assert _text_of(proc.stdout, "d-content") == HOSTILE
+    assert "<img" not in proc.stdout and "<b>bold" not in proc.stdout and "pwned</title>" not in proc.stdout
