@@ -51,8 +51,8 @@ def test_redraws_in_place_on_a_terminal():
         for _ in range(4):
             p.advance()
     out = tty.getvalue()
-    assert out.startswith("\rwork: 1/4 items (25%)") and out.endswith("done in 0s\n")
-    assert out.count("\r") == 5 and "\n" not in out[:-1]
+    assert out.startswith("\r\x1b[2Kwork: 1/4 items (25%)") and out.endswith("done in 0s\n")
+    assert out.count("\r\x1b[2K") == 5 and "\n" not in out[:-1]
 
 
 def _segments(data):
@@ -87,3 +87,12 @@ def test_analyze_draws_progress_on_a_terminal_only(tmp_path):
     _segments(tmp_path / "e")
     piped = subprocess.run([*cmd[:-1], str(tmp_path / "e")], capture_output=True, timeout=120)
     assert piped.returncode == 0 and b"reading segments" not in piped.stderr
+
+
+def test_free_text_line_and_clear():
+    tty = _Tty()
+    p = Progress("study", stream=tty)
+    p.show("run a: 3 exchanges, 12s")
+    p.clear()
+    p.clear()
+    assert tty.getvalue() == "\r\x1b[2Krun a: 3 exchanges, 12s\r\x1b[2K"

@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -257,6 +258,28 @@ http {{
 """
 
 
+class _PagePoller:
+    """What an open /_toolproxy/ tab does: fetch the counters and the recent exchanges, again and again."""
+
+    def __init__(self, url: str, every: float) -> None:
+        self.url, self.every = url, every
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for path in ("/_toolproxy/stats", "/_toolproxy/live?limit=200"):
+                urllib.request.urlopen(self.url + path, timeout=10).read()
+            self.polls += 1
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="wrk duration per measurement")
@@ -264,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--total", type=int, default=100_000, help="requests through toolproxy before the RSS reading")
     ap.add_argument("--ttfb-requests", type=int, default=200)
     ap.add_argument("--json", dest="json_out", help="also write the raw numbers here")
+    ap.add_argument("--page-poll", type=float, default=None, metavar="SECONDS",
+                    help="also measure a second toolproxy whose /_toolproxy/ page is open: its JSON polled this often")
     ap.add_argument("_role", nargs="?", help=argparse.SUPPRESS)
     ap.add_argument("_port", nargs="?", type=int, help=argparse.SUPPRESS)
     ap.add_argument("_upstream", nargs="?", help=argparse.SUPPRESS)
@@ -303,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     tp = spawn([sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", str(tp_port),
                 "--data", str(data), "--quiet"])
     targets["toolproxy"] = f"http://127.0.0.1:{tp_port}"
+    if args.page_poll:
+        page_port = _free_port()
+        spawn([sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", str(page_port),
+               "--data", str(tmp / "data-page"), "--quiet"])
+        targets["toolproxy_page_open"] = f"http://127.0.0.1:{page_port}"
 
     bare_port = _free_port()
     spawn([sys.executable, "-m", "toolproxy.bench", "bare", str(bare_port), upstream])
@@ -327,9 +357,14 @@ def main(argv: list[str] | None = None) -> int:
         rss_warm = _rss_kb(tp.pid)
         for rnd in range(args.rounds):
             for name, url in targets.items():
-                c1 = _wrk(url + path, 1, args.seconds, script)
-                c64 = _wrk(url + path, 64, args.seconds, script)
-                ttfb = asyncio.run(_ttfb(url + path, args.ttfb_requests))
+                page = _PagePoller(url, args.page_poll) if name == "toolproxy_page_open" else None
+                try:
+                    c1 = _wrk(url + path, 1, args.seconds, script)
+                    c64 = _wrk(url + path, 64, args.seconds, script)
+                    ttfb = asyncio.run(_ttfb(url + path, args.ttfb_requests))
+                finally:
+                    if page is not None:
+                        page.stop()
                 r = results[name]
                 for key, val in (("c1_p50", c1["p50_us"]), ("c1_p99", c1["p99_us"]), ("c64_rps", c64["rps"]),
                                  ("c64_p99", c64["p99_us"]), ("ttfb_p50", statistics.median(ttfb)),
@@ -388,6 +423,13 @@ def main(argv: list[str] | None = None) -> int:
         f"| bytes on disk per exchange | {seg_bytes / max(written, 1):.0f} B | - |",
         f"| records written / dropped | {written} / {stats['recording']['dropped']} | all / 0 |",
     ]
+    if "toolproxy_page_open" in med:
+        page = med["toolproxy_page_open"]
+        lines += [
+            f"| c64 throughput, /_toolproxy/ page open (polled every {args.page_poll:g}s) vs closed | "
+            f"{page['c64_rps'] / tpm['c64_rps']:.2f}x | >= 0.95x |",
+            f"| c1 p50 latency, page open vs closed | {page['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.05x |",
+        ]
     print("\n".join(lines))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"medians": med, "raw": results, "rss_warm_kb": rss_warm,

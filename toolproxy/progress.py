@@ -59,7 +59,7 @@ class Progress:
         self.done = 0.0
         self.started = time.monotonic()
         self._drawn = 0.0
-        self._width = 0
+        self._shown = False
 
     def advance(self, n: float = 1) -> None:
         self.done += n
@@ -78,14 +78,24 @@ class Progress:
             self._draw(now)
 
     def _draw(self, now: float) -> None:
-        text = line(self.label, self.done, self.total, now - self.started, self.unit, self.scale)
-        pad = max(0, self._width - len(text))
-        self._width = len(text)
+        self.show(line(self.label, self.done, self.total, now - self.started, self.unit, self.scale))
+
+    def show(self, text: str) -> None:
+        """Replace the line with `text` (for commands whose progress is not one count)."""
+        if not self.enabled:
+            return
         try:
-            self.stream.write("\r" + text + " " * pad)
+            self.stream.write("\r\x1b[2K" + text)
             self.stream.flush()
+            self._shown = True
         except (OSError, ValueError):  # a closed terminal must not cost the command its work
             self.enabled = False
+
+    def clear(self) -> None:
+        """Erase the line (before printing something else on stderr)."""
+        if self._shown and self.enabled:
+            self.show("")
+            self._shown = False
 
     def close(self) -> None:
         """Draw the final state and end the line, so what follows starts on a fresh one."""
