@@ -197,6 +197,19 @@ def test_token_gate_and_cookie(served):
     assert admin(p.url, "/_toolproxy/")["exchanges"] > 0
 
 
+def test_no_live_page(tmp_path):
+    """--no-live-page: no page, no classifier; the JSON counters stay where they were."""
+    with ExitStack() as stack:
+        fake = fakes.FakeStack("llamacpp")
+        stack.enter_context(fake.in_thread())
+        p = ProxyProcess(fake.url, tmp_path / "d", ("--no-live-page", "--quiet"))
+        stack.callback(p.stop)
+        status, _, body = send(p.url, "/_toolproxy/live")
+        assert status == 404 and "no admin route" in json.loads(body)["error"]["message"]
+        status, headers, body = send(p.url, "/_toolproxy/", headers={"Accept": "text/html"})
+        assert status == 200 and json.loads(body)["exchanges"] == 0
+
+
 def _rec(i: int, run: str = "r", status: int = 200) -> Record:
     body = json.dumps({"choices": [{"message": {"role": "assistant", "content": f"hi {i}"}, "finish_reason": "stop"}]})
     return Record(id=f"id{i}", started_at=1000.0 + i, run=run, method="POST", path="/v1/chat/completions",

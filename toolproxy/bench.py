@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttfb-requests", type=int, default=200)
     ap.add_argument("--json", dest="json_out", help="also write the raw numbers here")
     ap.add_argument("--page-poll", type=float, default=None, metavar="SECONDS",
-                    help="also measure a second toolproxy whose /_toolproxy/ page is open: its JSON polled this often")
+                    help="also measure a toolproxy whose /_toolproxy/ page is open (its JSON polled this often) and one "
+                         "started with --no-live-page")
     ap.add_argument("_role", nargs="?", help=argparse.SUPPRESS)
     ap.add_argument("_port", nargs="?", type=int, help=argparse.SUPPRESS)
     ap.add_argument("_upstream", nargs="?", help=argparse.SUPPRESS)
@@ -329,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
                 "--data", str(data), "--quiet"])
     targets["toolproxy"] = f"http://127.0.0.1:{tp_port}"
     if args.page_poll:
+        off_port = _free_port()
+        spawn([sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", str(off_port),
+               "--data", str(tmp / "data-off"), "--quiet", "--no-live-page"])
+        targets["toolproxy_no_page"] = f"http://127.0.0.1:{off_port}"
         page_port = _free_port()
         spawn([sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", str(page_port),
                "--data", str(tmp / "data-page"), "--quiet"])
@@ -429,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| c64 throughput, /_toolproxy/ page open (polled every {args.page_poll:g}s) vs closed | "
             f"{page['c64_rps'] / tpm['c64_rps']:.2f}x | >= 0.95x |",
             f"| c1 p50 latency, page open vs closed | {page['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.05x |",
+            f"| c64 throughput, page closed (classifier running) vs --no-live-page | "
+            f"{tpm['c64_rps'] / med['toolproxy_no_page']['c64_rps']:.2f}x | >= 0.95x |",
         ]
     print("\n".join(lines))
     if args.json_out:

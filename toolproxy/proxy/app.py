@@ -36,7 +36,7 @@ def log_line(rec: Record) -> str:
 class ProxyState:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        self.live = LiveView()
+        self.live = LiveView() if config.live_page else None
         self.writer = SegmentWriter(
             config.data_dir,
             window=config.commit_window,
@@ -44,7 +44,7 @@ class ProxyState:
             segment_bytes=config.segment_bytes,
             segment_seconds=config.segment_seconds,
             log=None if config.quiet else log_line,
-            observe=self.live.observe,
+            observe=self.live.observe if self.live is not None else None,
         )
         self.session: aiohttp.ClientSession | None = None
         self.watchdog = Watchdog()
@@ -97,9 +97,10 @@ class ProxyState:
     async def admin(self, request: web.Request) -> web.Response:
         """Reserved routes; never forwarded upstream and never recorded as exchanges."""
         name = request.path[len(ADMIN_PREFIX):].strip("/")
-        page = await livepage.route(request, name, self.live, self.config.auth_token)
-        if page is not None:
-            return page
+        if self.live is not None:
+            page = await livepage.route(request, name, self.live, self.config.auth_token)
+            if page is not None:
+                return page
         if name in ("health", "stats", ""):
             snap = self.snapshot()
             status = 200 if (name != "health" or snap["status"] == "ok") else 503
@@ -114,7 +115,8 @@ def make_app(config: ProxyConfig) -> web.Application:
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()
-        state.live.start()
+        if state.live is not None:
+            state.live.start()
         state.watchdog.start()
         state.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=config.max_connections, ttl_dns_cache=300),
@@ -136,7 +138,8 @@ def make_app(config: ProxyConfig) -> web.Application:
         if state.session is not None:
             await state.session.close()
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
-        state.live.stop()
+        if state.live is not None:
+            state.live.stop()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

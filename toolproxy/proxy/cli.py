@@ -70,10 +70,11 @@ def _size(value: str) -> int:
 @click.option("--upstream-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key; the proxy sends it itself.")
 @click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token.")
 @click.option("--quiet", is_flag=True, help="No line per exchange.")
+@click.option("--no-live-page", is_flag=True, help="No /_toolproxy/ page, and no classifying of exchanges as they pass.")
 @click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is.")
 def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body,
           connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
-          segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_fingerprint):
+          segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_live_page, no_fingerprint):
     """Forward to one upstream model server and record every exchange."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
@@ -84,7 +85,7 @@ def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, 
             ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
             segment_bytes=_size(segment_size), auth_token=auth_token, upstream_key=upstream_key,
-            insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint,
+            insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint, live_page=not no_live_page,
         )
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None

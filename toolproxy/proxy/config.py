@@ -42,6 +42,8 @@ class ProxyConfig:
     quiet: bool = False
     # Probe the upstream's own endpoints at start and per new model (kind=fingerprint records).
     fingerprint: bool = True
+    # The /_toolproxy/ page and the background classifier behind it.
+    live_page: bool = True
     max_connections: int = 512
 
     def __post_init__(self) -> None:
