@@ -15,6 +15,7 @@ textContent, never parsed as HTML.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
@@ -113,9 +114,11 @@ async def route(request: web.Request, name: str, live, token: str | None) -> web
             limit = max(1, min(int(q.get("limit", "100")), 1000))
         except ValueError:
             limit = 100
-        return _secured(web.json_response(live.report(q.get("run") or None, q.get("outcome") or None, limit)))
+        report = await asyncio.get_running_loop().run_in_executor(
+            None, live.report, q.get("run") or None, q.get("outcome") or None, limit)
+        return _secured(web.json_response(report))
     if name.startswith("exchange/"):
-        found = live.detail(name[len("exchange/"):])
+        found = await asyncio.get_running_loop().run_in_executor(None, live.detail, name[len("exchange/"):])
         if found is None:
             return _secured(web.json_response({"error": {"message": "not among the recent exchanges kept in memory; "
                                                                     "after `toolproxy analyze`, `toolproxy show ID` has every one"}}, status=404))
