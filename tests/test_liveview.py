@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +18,7 @@ from contextlib import ExitStack
 from html.parser import HTMLParser
 
 import pytest
-from conftest import ProxyProcess
+from conftest import LISTENING, ProxyProcess
 
 from analysis.report.screenshot import find_browser, run_chromium, screenshot
 from toolproxy.proxy.live import LiveView, Tally, outcome_key
@@ -208,6 +210,26 @@ def test_no_live_page(tmp_path):
         assert status == 404 and "no admin route" in json.loads(body)["error"]["message"]
         status, headers, body = send(p.url, "/_toolproxy/", headers={"Accept": "text/html"})
         assert status == 200 and json.loads(body)["exchanges"] == 0
+
+
+def test_ctrl_c_to_the_process_group_stops_quietly(tmp_path):
+    """A terminal's Ctrl-C reaches the classifier process too: no traceback, a clean exit."""
+    with ExitStack() as stack:
+        fake = fakes.FakeStack("llamacpp")
+        stack.enter_context(fake.in_thread())
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", fake.url,
+             "--port", "0", "--data", str(tmp_path / "d"), "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stack.callback(lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
+        url = LISTENING.search(proc.stdout.readline()).group(1).rstrip(";,")
+        send(url, "/v1/chat/completions", {"model": fake.model, "messages": [{"role": "user", "content": "hi"}]})
+        deadline = time.monotonic() + 15
+        while json.loads(send(url, "/_toolproxy/live")[2])["classified"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "Traceback" not in err, err
 
 
 def _rec(i: int, run: str = "r", status: int = 200) -> Record:

@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import multiprocessing
 import os
+import signal
 import threading
 from collections import Counter
 from multiprocessing.connection import Connection, wait
@@ -175,6 +176,7 @@ class Tally:
 
 def _classifier(records: Connection, queries: Connection, recent: int, max_runs: int) -> None:
     """The classifier process: records in (batches of encoded lines), answers to the page's questions out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the proxy stops us itself
     try:
         os.nice(10)  # the proxy's requests come first when the machine is busy
     except OSError:
