@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from analysis.outcomes import HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, UNPARSEABLE, VALID_CALL
-from analysis.reassemble import Reply
 from toolproxy.calls import Validation, parse_arguments, parse_text, validate_call
+from toolproxy.wire import Reply, tool_names as names_of_tools
 
 # A 4xx that names the tool interface: the stack rejected the request for what it asked, before
 # the model ran (Ollama "does not support tools", vLLM "auto" tool choice flags, tool_choice
@@ -129,7 +129,7 @@ def classify(
     if nr is not None:
         return Classification(NON_RESPONSE, sub_kind=nr[0], detail=nr[1])
     assert reply is not None
-    names = tool_names if tool_names is not None else tool_names_of(tools)
+    names = tool_names if tool_names is not None else names_of_tools(tools)
     calls: list[CallResult] = []
     for tc in reply.tool_calls:
         raw = tc.arguments
@@ -166,16 +166,6 @@ def classify(
     else:
         outcome = PROSE
     return Classification(outcome, surface=surface, calls=calls, harness_saw_prose=saw_prose)
-
-
-def tool_names_of(tools: list | None) -> list[str]:
-    out = []
-    for t in tools or ():
-        if isinstance(t, dict):
-            fn = t.get("function") if isinstance(t.get("function"), dict) else t
-            if isinstance(fn.get("name"), str):
-                out.append(fn["name"])
-    return out
 
 
 _VALIDATIONS: dict[tuple, Validation] = {}

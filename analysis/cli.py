@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import io
+import shlex
 import sys
 from pathlib import Path
 
 import click
 import orjson
+
+from toolproxy.printable import printable
 
 DATA_OPTION = click.option(
     "--data", "data_dir", default="toolproxy-data", show_default=True, envvar="TOOLPROXY_DATA",
@@ -21,7 +24,7 @@ DB_OPTION = click.option(
 
 
 def _fail(message: str) -> None:
-    click.echo(f"toolproxy: {message}", err=True)
+    click.echo(printable(f"toolproxy: {message}", lines=True), err=True)
     sys.exit(2)
 
 
@@ -112,19 +115,28 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
         f"records: {s.records}; new exchanges: {s.new_exchanges}; duplicates skipped: {s.duplicates}; "
         f"fingerprints: {s.fingerprints}"
     )
-    click.echo(
+    click.echo(printable(
         f"runs re-derived: {len(s.runs)}{' (' + ', '.join(s.runs[:8]) + (', ...' if len(s.runs) > 8 else '') + ')' if s.runs else ''}; "
         f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s, {s.workers or 'no'} worker processes)"
-    )
+    ))
+    if s.set_aside:
+        n = sum(s.set_aside.values())
+        kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(s.set_aside.items()))
+        where = f"--db {shlex.quote(str(db_path))}" if db_path else f"--data {shlex.quote(str(data_dir))}"
+        click.echo(f"set aside: {n} line{'s' if n != 1 else ''} that could not be stored ({kinds}); every other line was "
+                   f"ingested. To see them: toolproxy sql {where} \"{_ISSUES_QUERY}\"")
     if s.issues:
-        click.echo(f"issues: {len(s.issues)} (stored in table ingest_issues)")
+        click.echo(f"issues: {len(s.issues)}")
         for line in s.issues[:20]:
-            click.echo(f"  {line}")
+            click.echo(printable(f"  {line}"))
         if len(s.issues) > 20:
             click.echo(f"  ... {len(s.issues) - 20} more")
     else:
         click.echo("issues: none")
     click.echo(f"analyzer version {ANALYZER_VERSION}")
+
+
+_ISSUES_QUERY = "SELECT segment, byte_offset, record_id, kind, message FROM ingest_issues ORDER BY segment, byte_offset"
 
 
 def _cell(value) -> str:
@@ -137,9 +149,17 @@ def _cell(value) -> str:
     return str(value)
 
 
+def terminal_safe_csv(text: str) -> str:
+    """CSV has no escapes of its own, so it is left byte-exact when it goes to a file or a pipe
+    (it is data there; echo it with color=True, or click strips escape sequences) and made inert
+    only when it goes to a terminal."""
+    return printable(text, lines=True) if sys.stdout.isatty() else text
+
+
 def format_table(columns: list[str], rows: list[tuple], max_width: int = 60) -> str:
     """Aligned plain-text table; long cells are cut with an ellipsis so rows stay one line."""
-    cells = [[_cell(v).replace("\n", "\\n") for v in row] for row in rows]
+    columns = [printable(c) for c in columns]
+    cells = [[printable(_cell(v)) for v in row] for row in rows]
     cells = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in row] for row in cells]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     out = [" | ".join(c.ljust(w) for c, w in zip(columns, widths)), "-+-".join("-" * w for w in widths)]
@@ -168,13 +188,14 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
     finally:
         con.close()
     if fmt == "json":
-        click.echo(orjson.dumps([dict(zip(columns, r)) for r in rows], default=str, option=orjson.OPT_INDENT_2).decode())
+        text = orjson.dumps([dict(zip(columns, r)) for r in rows], default=str, option=orjson.OPT_INDENT_2).decode()
+        click.echo(printable(text, lines=True))
     elif fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(columns)
         w.writerows([[_cell(v) for v in r] for r in rows])
-        click.echo(buf.getvalue(), nl=False)
+        click.echo(terminal_safe_csv(buf.getvalue()), nl=False, color=True)
     else:
         click.echo(format_table(columns, rows))
         click.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")

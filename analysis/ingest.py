@@ -3,8 +3,10 @@
 Per segment file the byte offset after the last complete line ingested is kept in ingest_state,
 updated in the same transaction as the rows it covers: a crash mid-ingest loses nothing and adds
 nothing twice, and a segment the proxy is still writing is picked up where the last run stopped.
-A torn last line is left for the next run; a corrupt line is recorded in ingest_issues and
-skipped. Exchange ids are unique, so a segment copied twice into the data dir adds nothing.
+A torn last line is left for the next run. A line that cannot be stored (not JSON, no id, a
+field of the wrong type, an unknown kind) is set aside: recorded in ingest_issues with the reason
+and skipped, so one bad line never blocks the lines after it. Exchange ids are unique, so a
+segment copied twice into the data dir adds nothing.
 
 Each record is analysed once, here (reassembly, classification, conversation keys), so that
 re-deriving turns and episodes later reads small columns rather than bodies. Work is done in
@@ -17,6 +19,7 @@ import gc
 import hashlib
 import multiprocessing
 import os
+import stat
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -26,23 +29,17 @@ from typing import Any
 
 import orjson
 
-from analysis.classify import classify, tool_names_of
-from analysis.reassemble import (
-    CHAT,
-    OLLAMA_CHAT,
-    OLLAMA_GENERATE,
-    Reply,
-    decode_body,
-    endpoint_kind,
-    header,
-    reassemble,
-)
+from analysis.bodies import decode_body, header
+from analysis.classify import classify
+from analysis.columns import Columns
 from analysis.store import insert_columns
 from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
 from toolproxy.progress import Progress
 from toolproxy.record.chunks import ChunkSource, is_chunk_line
+from toolproxy.record.model import Record
 from toolproxy.record.segments import batch_end, list_segments, parse_line
 from toolproxy.stacks.markers import detect
+from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Request, decode, family_of, read_request, tool_names
 
 EXCHANGE_TYPES = {
     "id": "VARCHAR", "kind": "VARCHAR", "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "ttfb_ms": "DOUBLE",
@@ -70,7 +67,18 @@ FINGERPRINT_TYPES = {
     "id": "VARCHAR", "run": "VARCHAR", "upstream": "VARCHAR", "recorded_at": "TIMESTAMP", "stack": "VARCHAR",
     "stack_version": "VARCHAR", "model": "VARCHAR", "record": "JSON", "segment": "VARCHAR", "segment_offset": "BIGINT",
 }
-ISSUE_TYPES = {"segment": "VARCHAR", "byte_offset": "BIGINT", "kind": "VARCHAR", "message": "VARCHAR", "seen_at": "TIMESTAMP"}
+ISSUE_TYPES = {
+    "segment": "VARCHAR", "byte_offset": "BIGINT", "kind": "VARCHAR", "message": "VARCHAR", "seen_at": "TIMESTAMP",
+    "record_id": "VARCHAR",
+}
+# Record fields stored as they are in a typed column. The proxy writes each with one JSON type; a
+# record where one has another was not written by it (or was damaged) and is set aside whole.
+RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
+                 if name in Record.__dataclass_fields__ and sql_type != "JSON"]
+EXCHANGES = Columns(EXCHANGE_TYPES)
+_RECORD = Columns({name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS})
+# Issue kinds for lines that were not stored (the others are notes about a segment).
+SET_ASIDE = ("corrupt", "bad_type", "unknown_kind", "analyze_error")
 
 _REWRITTEN_SURFACE = {"constrained": "constrained", "text": "text", "template": "text"}
 _MARKER_BODY_LIMIT = 256 * 1024
@@ -96,45 +104,40 @@ def tool_set(tools: list) -> tuple[str, str, list[str]]:
     hit = _TOOL_SETS.get(quick)
     if hit is None:
         canonical = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS, default=str)
-        hit = (hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names_of(tools))
+        hit = (hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names(tools))
         if len(_TOOL_SETS) > 4096:
             _TOOL_SETS.clear()
         _TOOL_SETS[quick] = hit
     return hit
 
 
-def _request(rec: dict, kind: str | None) -> tuple[dict | None, list]:
-    """The harness's request as sent (before any condition rewrite) and its message list."""
+def _request(rec: dict, kind: str | None) -> tuple[dict | None, Request | None]:
+    """The harness's request as sent (before any condition rewrite), and the same in chat terms:
+    a Responses or Messages conversation becomes the message list a chat harness would send."""
     raw, _ = decode_body(
         rec.get("request_body"), rec.get("request_body_encoding"), header(rec.get("request_headers"), "content-encoding")
     )
     if not raw:
-        return None, []
+        return None, None
     try:
         req = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return None, []
+        return None, None
     if not isinstance(req, dict):
-        return None, []
-    if kind in (CHAT, OLLAMA_CHAT):
-        messages = req.get("messages")
-        return req, messages if isinstance(messages, list) else []
-    prompt = req.get("prompt")
-    if prompt is None:
-        return req, []
-    return req, [{"role": "user", "content": prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()}]
+        return None, None
+    return req, read_request(kind, req)
 
 
 def _reply(rec: dict, kind: str | None, which: str) -> Reply:
     if which == "client":
         raw, problem = decode_body(rec.get("client_body"), rec.get("client_body_encoding"))
-        reply = reassemble(raw, kind)
+        reply = decode(raw, kind)
     else:
         headers = rec.get("response_headers")
         raw, problem = decode_body(
             rec.get("response_body"), rec.get("response_body_encoding"), header(headers, "content-encoding")
         )
-        reply = reassemble(raw, kind, header(headers, "content-type"))
+        reply = decode(raw, kind, header(headers, "content-type"))
     if problem is not None:
         reply.unreadable = problem
     return reply
@@ -147,15 +150,22 @@ class Analyzed:
     tool_set: tuple[str, str, list[str]] | None = None
 
 
+def _given(value: Any, default: Any) -> Any:
+    """value, or default when the record left it out (null or ""). Not `value or default`: a
+    wrongly typed false-ish value ({}, false, 0) must reach the column check, not be replaced."""
+    return default if value is None or value == "" else value
+
+
 def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     """Everything the database keeps about one exchange record. Pure: no I/O."""
-    path = rec.get("path") or ""
-    kind = endpoint_kind(path) if rec.get("method", "POST") == "POST" else None
+    path = _given(rec.get("path"), "")
+    kind = family_of(path) if rec.get("method", "POST") == "POST" else None
     is_attempt = kind is not None
-    condition = rec.get("condition") or "native"
+    condition = _given(rec.get("condition"), "native")
     rewritten = rec.get("upstream_request") is not None
-    req, messages = _request(rec, kind) if is_attempt else (None, [])
-    tools = req.get("tools") if req is not None and isinstance(req.get("tools"), list) else None
+    req, request = _request(rec, kind) if is_attempt else (None, None)
+    messages = request.messages if request is not None else []
+    tools = request.tools if request is not None and request.tools else None
 
     tools_row = tool_set(tools) if tools else None
     tool_hash = tools_row[0] if tools_row else None
@@ -171,7 +181,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
                 # The template condition sends a chat request to a raw-completion endpoint: the
                 # upstream's body is in that endpoint's dialect.
                 up_path = (rec.get("upstream_request") or {}).get("path")
-                upstream_reply = _reply(rec, endpoint_kind(up_path) if up_path else kind, "upstream")
+                upstream_reply = _reply(rec, family_of(up_path) if up_path else kind, "upstream")
         else:
             view = upstream_reply = _reply(rec, kind, "upstream")
             view_status = rec.get("status")
@@ -217,6 +227,12 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
             stream_asked = req.get("stream")
             if stream_asked is None and kind in (OLLAMA_CHAT, OLLAMA_GENERATE):
                 stream_asked = True  # Ollama's native API streams unless told not to
+        previous = request.parameters.get("previous_response_id") if request is not None else None
+        if isinstance(previous, str):
+            # A Responses request chained to a stored response carries only the new input: the
+            # earlier conversation is the server's state, named by id, so it is part of this
+            # request's state too (its link to the earlier turn is made after ingest).
+            messages = [{"role": "previous_response", "content": previous}, *messages]
         keys = conversation_keys(messages, tool_set=tool_hash, tool_names=names, model=model, reply=chain_reply)
 
     usage = upstream_reply if upstream_reply is not None else view
@@ -232,9 +248,12 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     }
     if view is not None and outcome == "non_response":
         record_meta["classification_detail"] = c.detail
+    if kind == RESPONSES:
+        record_meta["response_id"] = view.id if view is not None else None
+        record_meta["previous_response_id"] = request.parameters.get("previous_response_id") if request is not None else None
     row = (
         rec.get("id"), rec.get("kind", "exchange"), rec.get("started_at"), rec.get("ended_at"), rec.get("ttfb_ms"),
-        rec.get("duration_ms"), rec.get("run") or UNTAGGED_RUN, rec.get("episode"), rec.get("item"), condition,
+        rec.get("duration_ms"), _given(rec.get("run"), UNTAGGED_RUN), rec.get("episode"), rec.get("item"), condition,
         _json(rec.get("tags") or {}), rec.get("upstream"), rec.get("method"), path, rec.get("query"),
         rec.get("status"), rec.get("client_status"), rec.get("error_kind"), rec.get("error_message"), is_attempt,
         (view.streamed if view is not None else None), model,
@@ -274,9 +293,8 @@ def fingerprint_row(rec: dict, segment: str, offset: int) -> tuple:
         stack = stack.get("name") or stack.get("stack")
     if stack in ("unknown", "unreachable"):
         stack = version = None
-    at = rec.get("started_at")
     return (
-        rec.get("id"), rec.get("run"), rec.get("upstream"), at if isinstance(at, (int, float)) else None,
+        rec.get("id"), rec.get("run"), rec.get("upstream"), rec.get("started_at"),
         stack if isinstance(stack, str) else None, version if isinstance(version, str) else None,
         fp.get("model") if isinstance(fp.get("model"), str) else None, _json(rec), segment, offset,
     )
@@ -292,6 +310,8 @@ class Summary:
     duplicates: int = 0
     fingerprints: int = 0
     new_issues: int = 0
+    # Lines not stored this run, by issue kind (see SET_ASIDE).
+    set_aside: dict[str, int] = field(default_factory=dict)
     torn_tails: int = 0
     workers: int = 0
     runs: list[str] = field(default_factory=list)
@@ -317,8 +337,8 @@ class Batch:
     records: int = 0
     duplicates: int = 0
 
-    def issue(self, offset: int, kind: str, message: str) -> None:
-        self.issues.append((self.segment, offset, kind, message, time.time()))
+    def issue(self, offset: int, kind: str, message: str, record_id: str | None = None) -> None:
+        self.issues.append((self.segment, offset, kind, message, time.time(), record_id))
         self.notes.append(f"{self.segment} @{offset}: {message}")
 
 
@@ -333,12 +353,28 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSou
     gc.disable()
     try:
         batch = _analyze_lines(segment, lines, chunks)
-        batch.exchange_columns = list(zip(*batch.exchanges))
+        columns = dict(zip(EXCHANGE_TYPES, zip(*batch.exchanges))) if batch.exchanges else {}
         batch.exchanges = []
+        bad = EXCHANGES.misfits(columns, RECORD_FIELDS) if columns else None
+        if bad:
+            _set_aside(batch, columns, bad)
+        batch.exchange_columns = list(columns.values()) if columns and columns["id"] else []
         return batch
     finally:
         if enabled:
             gc.enable()
+
+
+def _set_aside(batch: Batch, columns: dict[str, list], bad: dict[int, str]) -> None:
+    """Take out of the batch the exchanges whose record has a field of the wrong type."""
+    ids = columns["id"]
+    for i, problem in bad.items():
+        batch.issue(columns["segment_offset"][i], "bad_type", f"record {ids[i]}: {problem}; set aside", ids[i])
+    gone = {ids[i] for i in bad}
+    keep = [i for i in range(len(ids)) if i not in bad]
+    for name, values in columns.items():
+        columns[name] = [values[i] for i in keep]
+    batch.calls = [c for c in batch.calls if c[0] not in gone]
 
 
 def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSource) -> Batch:
@@ -354,17 +390,23 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSo
         kind = rec.get("kind", "exchange")
         if not isinstance(rid, str) or not rid:
             batch.issue(offset, "corrupt", "record has no id; skipped")
+        elif (kind == "fingerprint" or not isinstance(kind, str)) and (problem := _RECORD.misfit(rec)):
+            # exchanges are checked a column at a time, after analysis (analyze_lines)
+            batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         elif kind == "fingerprint":
             batch.fingerprints.append(fingerprint_row(rec, segment, offset))
         elif kind != "exchange":
-            batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped")
+            batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped", rid)
         elif rid in ids:
             batch.duplicates += 1
         else:
             try:
                 a = analyze_record(rec, segment, offset)
             except Exception as exc:  # one odd record must never stop an ingest; it is reported instead
-                batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}")
+                if problem := _RECORD.misfit(rec):
+                    batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
+                else:
+                    batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}", rid)
                 continue
             ids.add(rid)
             batch.exchanges.append(a.exchange)
@@ -428,6 +470,22 @@ def _columns(rows: list[tuple], types: dict[str, str]) -> dict[str, list]:
     return {name: [r[i] for r in rows] for i, name in enumerate(types)}
 
 
+def _unreadable(path: Path) -> str | None:
+    """Why an entry of the segments directory cannot be read as a segment, or None if it can.
+
+    Anything can end up there (a directory named like a segment, a FIFO, a file without read
+    permission, a dangling link); it is skipped with a note rather than stopping the ingest.
+    """
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return "not a regular file"
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return None
+
+
 @dataclass
 class _Chunk:
     path: Path
@@ -468,7 +526,13 @@ class Ingestor:
 
     def _pending_segments(self) -> list[tuple[Path, int]]:
         state = dict(self.con.execute("SELECT segment, byte_offset FROM ingest_state").fetchall())
-        segments = list_segments(self.data_dir)
+        segments = []
+        for path in list_segments(self.data_dir):
+            why = _unreadable(path)
+            if why is None:
+                segments.append(path)
+            else:
+                self.summary.issues.append(f"{path.name}: {why}; skipped")
         self.summary.segments = len(segments)
         todo = []
         for path in segments:
@@ -476,7 +540,7 @@ class Ingestor:
             size = path.stat().st_size
             if size < offset:
                 self.summary.issues.append(f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it")
-                self._write_issues([(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}", time.time())])
+                self._write_issues([(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}", time.time(), None)])
                 offset = 0
             if size > offset:
                 todo.append((path, offset))
@@ -529,6 +593,7 @@ class Ingestor:
         self._commit()
         self.con.execute("BEGIN TRANSACTION")
         try:
+            link_stored_responses(self.con, self.affected_runs)
             totals = derive(self.con, self.affected_runs)
             self.con.execute("COMMIT")
         except Exception:
@@ -549,10 +614,13 @@ class Ingestor:
         s.records += batch.records
         s.duplicates += batch.duplicates
         s.issues.extend(batch.notes)
+        for issue in batch.issues:
+            if issue[2] in SET_ASIDE:
+                s.set_aside[issue[2]] = s.set_aside.get(issue[2], 0) + 1
         if chunk.torn_at is not None:
             s.torn_tails += 1
             s.issues.append(f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); will retry next run")
-            batch.issues.append((chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line", time.time()))
+            batch.issues.append((chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line", time.time(), None))
         if not self.in_txn:
             con.execute("BEGIN TRANSACTION")
             self.in_txn, self.txn_bytes = True, 0
@@ -574,7 +642,8 @@ class Ingestor:
                 self.affected_runs.update(columns["run"])
             new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]
             if new_sets:
-                insert_columns(con, "tool_sets", _columns(new_sets, TOOL_SET_TYPES), TOOL_SET_TYPES, on_conflict="ON CONFLICT DO NOTHING")
+                insert_columns(con, "tool_sets", _columns(new_sets, TOOL_SET_TYPES), TOOL_SET_TYPES,
+                               on_conflict="ON CONFLICT DO NOTHING")
             if batch.fingerprints:
                 s.fingerprints += insert_columns(
                     con, "fingerprints", _columns(batch.fingerprints, FINGERPRINT_TYPES), FINGERPRINT_TYPES,
@@ -605,6 +674,26 @@ class Ingestor:
         if self.in_txn:
             self.con.execute("COMMIT")
             self.in_txn = False
+
+
+def link_stored_responses(con, runs: set[str]) -> None:
+    """Chain Responses requests to the stored response they name (`previous_response_id`): the
+    earlier exchange's chain hash becomes this one's first parent, so episode reconstruction
+    follows server-side state as it follows a resent message list. Idempotent."""
+    if not runs:
+        return
+    con.execute(
+        """
+        UPDATE exchanges AS e SET parent_hashes = list_prepend(p.chain_hash, coalesce(e.parent_hashes, []))
+        FROM exchanges AS p
+        WHERE e.run IN (SELECT unnest(?::VARCHAR[]))
+          AND e.record->>'previous_response_id' IS NOT NULL
+          AND p.record->>'response_id' = e.record->>'previous_response_id'
+          AND p.chain_hash IS NOT NULL
+          AND NOT list_contains(coalesce(e.parent_hashes, []), p.chain_hash)
+        """,
+        [sorted(runs)],
+    )
 
 
 def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None,

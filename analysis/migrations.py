@@ -183,4 +183,9 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         CREATE TABLE analyzer_state (key VARCHAR PRIMARY KEY, value JSON);
         """,
     ),
+    (
+        3,
+        "ingest_issues names the record a set-aside line held, when it had an id",
+        "ALTER TABLE ingest_issues ADD COLUMN record_id VARCHAR;",
+    ),
 ]

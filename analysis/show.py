@@ -7,7 +7,8 @@ import textwrap
 import orjson
 
 from analysis.ingest import _request
-from analysis.reassemble import endpoint_kind
+from toolproxy.printable import printable
+from toolproxy.wire import family_of
 
 _FIELDS = """
 id, kind, started_at, duration_ms, ttfb_ms, run, episode, item, condition, tags, upstream, method, path, query,
@@ -19,11 +20,16 @@ request_headers
 """
 
 
-def _clip(text: str | None, limit: int = 1200) -> str:
+class _Block(str):
+    """Lines of recorded text, already inert and indented; every other line of the output is one
+    line, so whatever a field holds is shown on it (newlines and controls as escapes)."""
+
+
+def _clip(text: str | None, limit: int = 1200) -> _Block:
     if text is None:
-        return "(none)"
+        return _Block("(none)")
     text = text if len(text) <= limit else text[:limit] + f" … [{len(text) - limit} more chars]"
-    return textwrap.indent(text, "    ")
+    return _Block(textwrap.indent(printable(text, lines=True), "    "))
 
 
 def _content(value) -> str:
@@ -52,10 +58,11 @@ def render(con, exchange_id: str, *, raw: bool = False) -> str:
     if e["condition_note"]:
         out.append(f"condition note: {e['condition_note']}")
 
-    out.append("\n== request (as the harness sent it)")
+    out += ["", "== request (as the harness sent it)"]
     rec = {"request_body": e["request_body"], "request_body_encoding": e["request_body_encoding"],
            "request_headers": orjson.loads(e["request_headers"]) if e["request_headers"] else []}
-    req, messages = _request(rec, endpoint_kind(e["path"] or ""))
+    req, request = _request(rec, family_of(e["path"] or ""))
+    messages = request.messages if request is not None else []
     if req is None:
         out.append(_clip(e["request_body"], 600) if e["request_body"] else "    (no body)")
     else:
@@ -80,7 +87,7 @@ def render(con, exchange_id: str, *, raw: bool = False) -> str:
     if e["upstream_request"]:
         out.append(f"  (the {e['condition']} condition rewrote it before it went upstream; see --raw)")
 
-    out.append("\n== response (as the harness got it)")
+    out += ["", "== response (as the harness got it)"]
     if e["reasoning_content"]:
         out.append("  reasoning:")
         out.append(_clip(e["reasoning_content"], 600))
@@ -96,7 +103,7 @@ def render(con, exchange_id: str, *, raw: bool = False) -> str:
         out.append("  upstream's raw text (before the condition turned it into tool_calls):")
         out.append(_clip(e["upstream_content"]))
 
-    out.append("\n== classification")
+    out += ["", "== classification"]
     if e["is_attempt"]:
         meta = orjson.loads(e["record"]) if e["record"] else {}
         kind = f"{e['outcome']}" + (f"/{e['sub_kind']}" if e["sub_kind"] else "")
@@ -122,15 +129,15 @@ def render(con, exchange_id: str, *, raw: bool = False) -> str:
         out.append("  not a completion request: not classified")
 
     if raw:
-        out.append("\n== raw request body")
+        out += ["", "== raw request body"]
         out.append(_clip(e["request_body"], 20000))
         if e["upstream_request"]:
-            out.append("\n== request sent upstream")
+            out += ["", "== request sent upstream"]
             out.append(_clip(e["upstream_request"], 20000))
-        out.append(f"\n== raw response body ({e['response_body_encoding']})")
+        out += ["", f"== raw response body ({e['response_body_encoding']})"]
         out.append(_clip(e["response_body"], 20000))
         if e["client_body"] is not None:
-            out.append(f"\n== body the harness got ({e['client_body_encoding']})")
+            out += ["", f"== body the harness got ({e['client_body_encoding']})"]
             out.append(_clip(e["client_body"], 20000))
-    out.append(f"\nrecorded in {e['segment']} at byte {e['segment_offset']}")
-    return "\n".join(out)
+    out += ["", f"recorded in {e['segment']} at byte {e['segment_offset']}"]
+    return "\n".join(line if isinstance(line, _Block) else printable(line) for line in out)

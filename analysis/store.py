@@ -7,6 +7,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from analysis.columns import Columns
 from analysis.migrations import MIGRATIONS
 
 DB_NAME = "toolproxy.duckdb"
@@ -154,7 +155,13 @@ def insert_columns(
     lines for read_json and needs neither pandas nor pyarrow. Values are plain Python; `types`
     gives each column's SQL type, with two conveniences: "JSON" columns take JSON text and
     "TIMESTAMP" columns take Unix epoch seconds (as records store them).
+
+    A value that does not fit its column is stored as its JSON text (text columns) or NULL: a
+    failed CAST would abort the caller's whole transaction. Values read out of bodies are like
+    that; a caller that must refuse misfits instead checks first (ingest sets aside a record whose
+    own fields do not fit).
     """
+    columns = Columns(types).fit(columns)
     names = list(columns)
     n = len(columns[names[0]]) if names else 0
     if n == 0:
@@ -178,8 +185,8 @@ def insert_columns(
         else:
             exprs.append(f"CAST({name} AS {t})")
     con.register(view, arrays)
-    try:
-        con.execute(f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(exprs)} FROM {view} {on_conflict}")
-    finally:
-        con.unregister(view)
+    # Not in a `finally`: after a failed INSERT the transaction is aborted, unregistering fails
+    # too, and that second error would hide the one that says what went wrong.
+    con.execute(f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(exprs)} FROM {view} {on_conflict}")
+    con.unregister(view)
     return n

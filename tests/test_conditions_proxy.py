@@ -203,7 +203,7 @@ async def test_text_skips_non_json_and_other_endpoints(fake_stack, proxy):
             assert r.status == 200
     recs = p.wait_records(2)
     assert recs[0]["condition_note"].startswith("skipped: request body is not JSON")
-    assert recs[1]["condition_note"] == "skipped: GET /v1/models is not a chat request (/v1/chat/completions or /api/chat)"
+    assert recs[1]["condition_note"] == "skipped: GET /v1/models is not a conversation request (/v1/chat/completions or /api/chat or /v1/responses or /v1/messages)"
 
 
 def test_condition_by_path_tag_next_to_native(fake_stack, proxy):

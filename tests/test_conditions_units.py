@@ -15,11 +15,12 @@ import pytest
 
 from toolproxy.conditions.constrained import ConstrainedReply, call_schema, constraint_fields
 from toolproxy.conditions.messages import history_as_text, with_system_text
-from toolproxy.conditions.synth import OpenAIChatEmitter, ToolCall
 from toolproxy.conditions.template import completion_request
 from toolproxy.conditions.toolblock import format_call, format_result, render_block
-from toolproxy.conditions.transform import CallScanner, markers_for, text_calls
-from toolproxy.conditions.upstream import UpstreamReader
+from toolproxy.calls import start_markers
+from toolproxy.conditions.transform import CallScanner, ReplyTransform, text_calls
+from toolproxy import wire
+from toolproxy.wire.chat import ChatEncoder
 
 DATA = Path(__file__).parent / "data"
 TOOLS = json.loads((DATA / "hint_tools.json").read_text())
@@ -139,7 +140,7 @@ SCAN_ROWS = [
 
 @pytest.mark.parametrize("chunks, shown, tail, names", SCAN_ROWS)
 def test_call_scanner(chunks, shown, tail, names):
-    scanner = CallScanner(partial(text_calls, tool_names=NAMES, formats=None), markers_for(None))
+    scanner = CallScanner(partial(text_calls, tool_names=NAMES, formats=None), start_markers())
     assert "".join(scanner.feed(c) for c in chunks) == shown
     content, calls = scanner.finish()
     assert content == tail
@@ -147,7 +148,7 @@ def test_call_scanner(chunks, shown, tail, names):
 
 
 def test_scanner_restricted_to_one_parser_streams_other_syntax():
-    scanner = CallScanner(partial(text_calls, tool_names=None, formats=("hermes",)), markers_for(("hermes",)))
+    scanner = CallScanner(partial(text_calls, tool_names=None, formats=("hermes",)), start_markers(("hermes",)))
     assert scanner.feed('Use {"a": 1} and [x]. ') == 'Use {"a": 1} and [x]. '
     assert scanner.feed("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>") == ""
     assert [c.name for c in scanner.finish()[1]] == ["f"]
@@ -156,48 +157,48 @@ def test_scanner_restricted_to_one_parser_streams_other_syntax():
 # ---------------------------------------------------------------- upstream reading
 
 READER_ROWS = [
-    pytest.param("openai_chat", True,
+    pytest.param(wire.CHAT,
                  b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"}}]}\n\n'
                  b'data: {"choices":[{"index":0,"delta":{"content":" there"},"finish_reason":"stop"}]}\n\n'
                  b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\n\ndata: [DONE]\n\n',
                  "Hi there", "stop", 7, id="openai-chat-sse"),
-    pytest.param("openai_chat", False,
+    pytest.param(wire.CHAT,
                  b'{"choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"length"}],'
                  b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}', "Hi", "length", 2, id="openai-chat-json"),
-    pytest.param("openai_completion", True,
+    pytest.param(wire.COMPLETION,
                  b'data: {"choices":[{"index":0,"text":"ab"}]}\n\ndata: {"choices":[{"index":0,"text":"c","finish_reason":"stop"}]}\n\n'
                  b"data: [DONE]\n\n", "abc", "stop", None, id="v1-completions-sse"),
-    pytest.param("llamacpp_completion", True,
+    pytest.param(wire.COMPLETION,
                  b'data: {"content":"x","stop":false}\n\ndata: {"content":"y","stop":false}\n\n'
                  b'data: {"content":"","stop":true,"stop_type":"limit","tokens_predicted":2,"tokens_evaluated":9}\n\n',
                  "xy", "length", 11, id="llamacpp-completion-sse"),
-    pytest.param("ollama_chat", True,
+    pytest.param(wire.OLLAMA_CHAT,
                  b'{"message":{"role":"assistant","content":"O"},"done":false}\n'
                  b'{"message":{"role":"assistant","content":"K"},"done":false}\n'
                  b'{"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","prompt_eval_count":3,"eval_count":2}\n',
                  "OK", "stop", 5, id="ollama-chat-ndjson"),
-    pytest.param("ollama_generate", False,
+    pytest.param(wire.OLLAMA_GENERATE,
                  b'{"model":"m","response":"raw text","done":true,"done_reason":"stop","prompt_eval_count":4,"eval_count":2}',
                  "raw text", "stop", 6, id="ollama-generate-json"),
 ]
 
 
-@pytest.mark.parametrize("kind, stream, body, text, finish, total", READER_ROWS)
+@pytest.mark.parametrize("family, body, text, finish, total", READER_ROWS)
 @pytest.mark.parametrize("chunk_size", [1, 7, 10_000])
-def test_upstream_reader(kind, stream, body, text, finish, total, chunk_size):
-    reader = UpstreamReader(kind, stream)
-    got = [t for i in range(0, len(body), chunk_size) for t in reader.feed(body[i:i + chunk_size])]
-    got += reader.close()
-    assert "".join(got) == text
-    assert reader.finish_reason == finish
-    assert (reader.usage or {}).get("total_tokens") == total
-    assert reader.decoded
+def test_upstream_decoder(family, body, text, finish, total, chunk_size):
+    decoder = wire.Decoder(family)
+    events = [e for i in range(0, len(body), chunk_size) for e in decoder.feed(body[i:i + chunk_size])]
+    events += decoder.close()
+    assert "".join(e.text for e in events if isinstance(e, wire.Text)) == text
+    assert decoder.reply.finish_reason == finish
+    assert (decoder.reply.usage or {}).get("total_tokens") == total
+    assert decoder.reply.decoded
 
 
-def test_upstream_reader_keeps_an_error_event():
-    reader = UpstreamReader("ollama_chat", True)
-    assert reader.feed(b'{"error":"failed to parse JSON: unexpected end"}\n') == []
-    assert reader.error == "failed to parse JSON: unexpected end" and not reader.decoded
+def test_upstream_decoder_keeps_an_error_event():
+    decoder = wire.Decoder(wire.OLLAMA_CHAT)
+    assert decoder.feed(b'{"error":"failed to parse JSON: unexpected end"}\n') == [wire.Error("failed to parse JSON: unexpected end")]
+    assert decoder.reply.error == "failed to parse JSON: unexpected end" and not decoder.reply.decoded
 
 
 # ---------------------------------------------------------------- constrained
@@ -227,13 +228,15 @@ def test_one_tool_forced_schema_is_that_tool_s_branch():
     assert schema["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}
 
 
-@pytest.mark.parametrize("api, field", [("openai", "response_format"), ("ollama", "format")])
-def test_constraint_fields(api, field):
+@pytest.mark.parametrize("family, field", [(wire.CHAT, "response_format"), (wire.OLLAMA_CHAT, "format"), (wire.RESPONSES, "text")])
+def test_constraint_fields(family, field):
     schema = call_schema(TOOLS)
-    fields = constraint_fields(api, schema)
+    fields = constraint_fields(family, schema)
     assert list(fields) == [field]
     if field == "response_format":
         assert fields[field] == {"type": "json_schema", "json_schema": {"name": "tool_call_or_final_answer", "schema": schema}}
+    elif field == "text":
+        assert fields[field] == {"format": {"type": "json_schema", "name": "tool_call_or_final_answer", "schema": schema}}
     else:
         assert fields[field] == schema
 
@@ -261,18 +264,18 @@ def test_constrained_reply(reply, content, calls):
 # ---------------------------------------------------------------- template completion requests
 
 COMPLETION_ROWS = [
-    pytest.param("llamacpp", "/completion", "llamacpp_completion",
+    pytest.param("llamacpp", "/completion", wire.COMPLETION,
                  {"prompt": "P", "stream": True, "temperature": 0, "stop": ["<|im_end|>"], "n_predict": 64}, id="llamacpp"),
-    pytest.param("ollama", "/api/generate", "ollama_generate",
+    pytest.param("ollama", "/api/generate", wire.OLLAMA_GENERATE,
                  {"model": "m", "prompt": "P", "raw": True, "stream": True,
                   "options": {"temperature": 0, "stop": ["<|im_end|>"], "num_predict": 64}}, id="ollama-raw"),
-    pytest.param("vllm", "/v1/completions", "openai_completion",
+    pytest.param("vllm", "/v1/completions", wire.COMPLETION,
                  {"model": "m", "prompt": "P", "stream": True, "temperature": 0, "stop": "<|im_end|>", "max_tokens": 64,
                   "stream_options": {"include_usage": True}, "add_special_tokens": False}, id="vllm"),
-    pytest.param("sglang", "/v1/completions", "openai_completion",
+    pytest.param("sglang", "/v1/completions", wire.COMPLETION,
                  {"model": "m", "prompt": "P", "stream": True, "temperature": 0, "stop": "<|im_end|>", "max_tokens": 64,
                   "stream_options": {"include_usage": True}}, id="sglang"),
-    pytest.param(None, "/v1/completions", "openai_completion",
+    pytest.param(None, "/v1/completions", wire.COMPLETION,
                  {"model": "m", "prompt": "P", "stream": True, "temperature": 0, "stop": "<|im_end|>", "max_tokens": 64,
                   "stream_options": {"include_usage": True}}, id="unknown-stack"),
 ]
@@ -288,8 +291,8 @@ def test_completion_request(stack, path, kind, body):
 # ---------------------------------------------------------------- synthesis
 
 def test_openai_stream_synthesis_frames():
-    em = OpenAIChatEmitter(model="m", stream=True, include_usage=True)
-    raw = em.delta("Hi") + em.end("", [ToolCall("f", '{"a": 1}', id="call_x")], "stop", {"total_tokens": 3})
+    em = ChatEncoder(model="m", stream=True, include_usage=True)
+    raw = em.delta("Hi") + em.end("", [wire.Call(0, "call_x", "f", '{"a": 1}')], "stop", {"total_tokens": 3})
     events = [e for e in raw.split(b"\n\n") if e]
     assert events[-1] == b"data: [DONE]"
     objs = [orjson.loads(e[6:]) for e in events[:-1]]
@@ -314,3 +317,55 @@ def test_constrained_honours_tool_choice(tool_choice, forced_flag, names, forced
 
     tools, got_forced = required_tools(TOOLS, tool_choice, forced_flag)
     assert [t["function"]["name"] for t in tools] == names and got_forced is forced
+
+
+# ---------------------------------------------------------------- what the harness gets from odd upstream bodies
+
+ODD_UPSTREAM = [
+    pytest.param(b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\ndata: {"object":"error","message":"worker died"}\n\n',
+                 "text/event-stream", None, "worker died", id="flat-error-event-in-a-200-stream"),
+    pytest.param(b'{"detail":"Method Not Allowed"}', "application/json", None, "Method Not Allowed", id="fastapi-detail-body"),
+    pytest.param(b'data: {"choices":[{"index":0,\ndata: "delta":{"content":"two lines"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
+                 "text/event-stream", "two lines", None, id="multi-line-sse-data"),
+    pytest.param(b"<html>gateway</html>", "text/html", None, "upstream reply could not be read: body is not JSON", id="html-page"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("body, ctype, content, error", ODD_UPSTREAM)
+def test_text_condition_passes_on_what_upstream_said(body, ctype, content, error, stream):
+    scanner = CallScanner(partial(text_calls, tool_names=NAMES, formats=None), start_markers())
+    transform = ReplyTransform(wire.Decoder(wire.CHAT), scanner, ChatEncoder(model="m", stream=stream))
+    status, headers = transform.start(200, {"Content-Type": ctype})
+    out = b"".join(transform.feed(body[i:i + 5]) for i in range(0, len(body), 5)) + transform.finish()
+    got = wire.decode(out, wire.CHAT, dict(headers)["Content-Type"])
+    assert got.content == content if error is None else (got.error or "").startswith(error)
+    if error is not None:
+        assert transform.note.startswith(("upstream sent an error event", "upstream reply could not be read"))
+
+
+# Every opening a parser accepts must hold streaming back; the old restated table missed several.
+EVERY_OPENING = [
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>',
+    '<TOOLCALL>{"name": "get_weather", "arguments": {"city": "Oslo"}}</TOOLCALL>',
+    '<function_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</function_call>',
+    "<function=get_weather><parameter=city>Oslo</parameter></function>",
+    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]',
+    '[TOOL_REQUEST]{"name": "get_weather", "arguments": {"city": "Oslo"}}[END_TOOL_REQUEST]',
+    "<start_function_call>call:get_weather{city:<escape>Oslo<escape>}<end_function_call>",
+    '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}<tool_call|>',
+    "<|python_start|>[get_weather(city='Oslo')]<|python_end|>",
+    '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+    "[get_weather(city='Oslo')]",
+    '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```',
+    '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+]
+
+
+@pytest.mark.parametrize("call", EVERY_OPENING)
+def test_no_call_syntax_streams_before_it_is_parsed(call):
+    scanner = CallScanner(partial(text_calls, tool_names=NAMES, formats=None), start_markers())
+    text = "Sure. " + call
+    shown = "".join(scanner.feed(text[i:i + 3]) for i in range(0, len(text), 3))
+    assert shown == "Sure. "
+    assert [(c.name, json.loads(c.arguments)) for c in scanner.finish()[1]] == [("get_weather", {"city": "Oslo"})]

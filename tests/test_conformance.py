@@ -284,3 +284,12 @@ def test_cli_bad_gates_file(tmp_path):
     bad.write_text('{"enum_value": {"level": "soft"}}')
     r = cli("--upstream", "http://127.0.0.1:9", "--model", "m", "--gates", str(bad))
     assert r.returncode == 2 and "level must be one of hard, advisory" in r.stderr
+
+
+def test_cli_output_is_inert(fake_stack, tmp_path):
+    good = fake_stack("openai", responder=good_model)
+    out = tmp_path / "r.md"
+    r = cli("--upstream", good.url, "--model", "gpt\x1b]0;owned\x07\u202e", "--runs", "1", "--data", str(tmp_path / "d"),
+            "-o", str(out))
+    assert "# Conformance: gpt\\x1b]0;owned\\x07\\u202e on" in r.stdout, r.stdout + r.stderr
+    assert not any(c in r.stdout + out.read_text() for c in "\x1b\x07\u202e")

@@ -155,7 +155,7 @@ async def test_every_probe_is_recorded_under_run_doctor(fake_stack, tmp_path):
     await diagnose(fake.url, "Qwen/Qwen2.5-7B-Instruct", tmp_path / "data", repeat=2)
     recs = read_records(tmp_path / "data", "exchange")
     items = [r["item"] for r in recs if r["run"] == "doctor"]
-    assert items == ["control", "tools", "repeat"], items
+    assert items == ["control", "tools", "repeat", "responses", "messages"], items
     tools = next(r for r in recs if r["item"] == "tools")
     assert tools["status"] == 200 and "<tool_call>" in tools["response_body"]
     fps = [r for r in read_records(tmp_path / "data") if r.get("kind") == "fingerprint"]
@@ -203,3 +203,30 @@ def test_cli_exit_codes_and_json(fake_stack, tmp_path):
 def test_cli_usage_errors(tmp_path, args, message):
     r = cli(*args, "--data", str(tmp_path / "d"))
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_output_is_inert_whatever_the_server_says(fake_stack, tmp_path):
+    hostile = "\x1b[2J\x1b]0;owned\x07\x9b31m\u202eevil"
+    fake = fake_stack("sglang", responder=model(text_call("fenced", "get_" + hostile, PARIS, before=hostile)))
+    r = cli("--upstream", fake.url, "--model", "m" + hostile, "--data", str(tmp_path / "a"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "\\x1b]0;owned\\x07\\u009b31m\\u202eevil" in r.stdout, r.stdout
+    assert not any(c in r.stdout for c in "\x1b\x07\x9b\u202e"), r.stdout
+    r = cli("--upstream", fake.url, "--model", "m" + hostile, "--data", str(tmp_path / "b"), "--json")
+    assert not any(c in r.stdout for c in "\x1b\x07\x9b\u202e") and orjson.loads(r.stdout)["model"] == "m" + hostile
+
+
+@pytest.mark.parametrize("kind, model_name, options, responses, messages", [
+    ("llamacpp", "qwen", {}, "served; its stream events carry no output_index, so the openai SDK's responses.stream() "
+     "helper fails on them", "served"),
+    ("ollama", "qwen2.5:7b", {}, "not served (HTTP 404); openai-agents, pydantic-ai's openai: models need "
+     "`toolproxy serve --bridge responses`", "not served (HTTP 404); the anthropic SDK, Claude-Code-style clients need "
+     "`toolproxy serve --bridge messages`"),
+    ("vllm", "Qwen/Qwen2.5-7B-Instruct", {"tool_parser": "hermes"}, "not served (HTTP 404)", "served"),
+])
+async def test_agent_protocols_are_probed(fake_stack, tmp_path, kind, model_name, options, responses, messages):
+    fake = fake_stack(kind, responder=model(call("get_weather", PARIS)), **options)
+    diag, out = await run(fake, model_name, tmp_path, repeat=0)
+    assert diag.protocols["Responses"]["summary"].startswith(responses), out
+    assert diag.protocols["Messages"]["summary"].startswith(messages), out
+    assert f"Agent protocol Responses (/v1/responses): {responses}" in out

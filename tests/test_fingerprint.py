@@ -13,6 +13,7 @@ import pytest
 
 from toolproxy.record.segments import read_records
 from toolproxy.proxy.stackwatch import model_candidates, top_level_model
+from toolproxy.checks.doctor import TOOL_MESSAGES, WEATHER_TOOL
 from toolproxy.checks.local import local_proxy
 from toolproxy.stacks.fakes import call
 from toolproxy.stacks.fingerprint import (
@@ -256,9 +257,15 @@ def test_serve_records_an_unreachable_upstream_and_keeps_serving(proxy, tmp_path
 
 @pytest.mark.parametrize("given, expected", [(None, "sglang"), ("vllm", "vllm")])
 async def test_serve_fills_condition_stack_from_the_fingerprint(fake_stack, tmp_path, given, expected):
-    """--stack not given: the conditions get the fingerprinted dialect; given: it wins."""
+    """--stack not given: each request's condition gets the fingerprinted dialect; given: it wins.
+
+    The dialect is fixed per request (recorded as extra.dialect); the shared options never change.
+    """
     fake = fake_stack("sglang")
     async with local_proxy(fake.url, tmp_path / "d", "t", stack=given) as lp:
         fp = await lp.fingerprint(None)
         assert fp.stack == "sglang"
-        assert lp.state.config.condition_options.stack == expected
+        probe = await lp.post("/v1/chat/completions", {
+            "model": "m", "messages": TOOL_MESSAGES, "tools": [WEATHER_TOOL]}, condition="constrained")
+        assert probe.record is not None and probe.record.extra["dialect"] == expected
+        assert lp.state.config.condition_options.stack == given

@@ -82,7 +82,7 @@ def test_analyze_draws_progress_on_a_terminal_only(tmp_path):
     finally:
         os.close(leader)
     assert r.returncode == 0
-    assert b"\ranalyze: reading segments:" in out and b"(100%)" in out and b"done in" in out, out
+    assert b"\r\x1b[2Kanalyze: reading segments:" in out and b"(100%)" in out and b"done in" in out, out
     assert b"reading segments" not in r.stdout  # results on stdout stay clean
     _segments(tmp_path / "e")
     piped = subprocess.run([*cmd[:-1], str(tmp_path / "e")], capture_output=True, timeout=120)

@@ -203,3 +203,32 @@ def test_text_call_and_reasoning_pass_untouched(fake_stack, proxy):
         model=fake.model, messages=MSGS, tools=TOOLS)
     assert r.choices[0].message.content.startswith("Sure:\n```json\n{\"name\": \"get_weather\"")
     assert r.choices[0].message.tool_calls is None
+
+
+def test_compressed_request_bodies_are_forwarded_and_recorded_as_sent(fake_stack, proxy):
+    """Found by the fuzz suite: aiohttp inflated request bodies, so a gzip body was recorded
+    inflated and one that was not really deflate answered 500 proxy_error."""
+    import gzip
+    import http.client
+    from urllib.parse import urlsplit
+
+    from toolproxy.record.model import body_bytes
+
+    fake = fake_stack("vllm")
+    p = proxy(fake.url, "--quiet")
+    u = urlsplit(p.url)
+    sent = [(gzip.compress(b'{"model": "m", "messages": []}'), "gzip"), (b"not deflate at all", "deflate")]
+    statuses = []
+    for body, encoding in sent:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        conn.request("POST", "/v1/chat/completions", body=body,
+                     headers={"Content-Encoding": encoding, "Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        statuses.append(r.status)
+        conn.close()
+    recs = p.wait_records(2)
+    assert [body_bytes(r["request_body"], r["request_body_encoding"]) for r in recs] == [b for b, _ in sent]
+    assert fake.seen[0].body == b'{"model": "m", "messages": []}'  # the fake (aiohttp) inflates what it was sent
+    # whatever the upstream made of the bodies, the proxy itself did not fail
+    assert [(r["error_kind"], r["status"]) for r in recs] == [(None, s) for s in statuses]

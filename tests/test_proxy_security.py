@@ -149,6 +149,8 @@ def test_absolute_form_target_and_host_header_cannot_redirect(fake_stack, proxy)
     assert [s.path for s in upstream.seen][:1] == ["/v1/models"]
     host = {k.lower(): v for k, v in upstream.seen[0].header_list}["host"]
     assert host == urlsplit(upstream.url).netloc
+    stats = p.stats()  # the refused request went through the counters like any other
+    assert stats["in_flight"] == 0 and stats["errors"]["proxy_error"] == 1
 
 
 def test_admin_routes_are_never_forwarded_or_recorded(fake_stack, proxy):

@@ -24,6 +24,8 @@ COMMANDS = {
     "report": "analysis.report.cli:report",
     "compare": "analysis.report.cli:compare",
     "demo": "toolproxy.demo:demo",
+    "run": "toolproxy.runner:run",
+    "study": "toolproxy.study:study",
 }
 
 

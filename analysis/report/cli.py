@@ -11,13 +11,20 @@ from pathlib import Path
 
 import click
 
-from analysis.cli import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open
+from analysis.cli import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open, terminal_safe_csv
 from analysis.store import StoreError, default_db
+from toolproxy.printable import printable
 
 
-def _write(text: str, output: Path | None) -> None:
+def _write(text: str, output: Path | None, fmt: str) -> None:
+    """Run names, models and notes come from recordings: shown inert everywhere, except CSV in a
+    file or pipe, which stays byte-exact data."""
+    if fmt != "csv":
+        text = printable(text, lines=True)
+    elif output is None:
+        text = terminal_safe_csv(text)
     if output is None:
-        click.echo(text, nl=False)
+        click.echo(text, nl=False, color=True)  # color: click would strip escapes from CSV data in a pipe
         return
     try:
         output.write_text(text, encoding="utf-8")
@@ -68,7 +75,7 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
         text = terminal.render(summary, width=max(100, shutil.get_terminal_size().columns))
     else:
         text = renderers.render(summary, fmt)
-    _write(text, output)
+    _write(text, output, fmt)
 
 
 @click.command()
@@ -105,4 +112,4 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
         _fail(str(exc))
     finally:
         con.close()
-    _write(RENDERERS[fmt](result), output)
+    _write(RENDERERS[fmt](result), output, fmt)

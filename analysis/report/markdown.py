@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import html
+import re
+
 from analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, episode_cell, kinds_text, legend, pct,
                                    provenance, report_notes, roles_cell, row)
 from analysis.summary import Report
 
+_NEWLINES = re.compile(r"\r\n|\r|\n")
+
+
+def esc(text: str) -> str:
+    """Text from a recording (run names, models, notes) as inert Markdown: HTML shown, not run, and
+    no `|` or newline that would end a table cell or start a new block."""
+    return _NEWLINES.sub("<br>", html.escape(text, quote=False).replace("|", "\\|"))
+
 
 def table(headers: list[str], rows: list[list[str]], first_numeric: int) -> list[str]:
-    def esc(cell: str) -> str:
-        return cell.replace("|", "\\|")
-
     align = ["---:" if i >= first_numeric else "---" for i in range(len(headers))]
     return ["| " + " | ".join(map(esc, headers)) + " |", "| " + " | ".join(align) + " |"] + [
         "| " + " | ".join(map(esc, r)) + " |" for r in rows]
@@ -33,5 +41,5 @@ def render(report: Report) -> str:
                     1)
     notes = report_notes(report)
     if notes:
-        lines += ["", "## Notes", ""] + [f"- **{run}**: {note}" for run, note in notes]
+        lines += ["", "## Notes", ""] + [f"- **{esc(run)}**: {esc(note)}" for run, note in notes]
     return "\n".join(lines) + "\n"

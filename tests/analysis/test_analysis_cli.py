@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -98,3 +100,81 @@ def test_locked_database_is_a_clear_error(data):
         holder.wait()
     assert tp("analyze", "--data", str(d)).returncode == 0
     connect(d / "toolproxy.duckdb").close()
+
+
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\x9b31m\u202eevil\r<script>alert(1)</script>|cell\nbreak"
+BIDI = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def inert(text: str) -> bool:
+    """Nothing a terminal would act on: no C0 control but newline and tab, no DEL or C1, no bidi control."""
+    return not any((ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F or c in BIDI for c in text)
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    """A recording where the model, the run name and a corrupt record all carry terminal controls."""
+    seg = tmp_path / "data" / "segments"
+    seg.mkdir(parents=True)
+    rec = Record(id=new_id(), started_at=time.time(), run="run" + HOSTILE, episode="1", method="POST",
+                 path="/v1/chat/completions", upstream="http://127.0.0.1:9")
+    rec.request_body, rec.request_body_encoding = encode_body(orjson.dumps({
+        "model": "m" + HOSTILE, "messages": [{"role": "user", "content": "say " + HOSTILE}]}))
+    rec.status = rec.client_status = 200
+    rec.response_body, rec.response_body_encoding = encode_body(orjson.dumps({"choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "reply " + HOSTILE}, "finish_reason": "stop"}]}))
+    bad = orjson.loads(orjson.dumps(rec))
+    bad.update(id=new_id(), status="\u202e\x9b" + HOSTILE)
+    (seg / "20261129T120000-1-0001.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in (rec, bad)))
+    return tmp_path / "data", rec.id, bad["id"]
+
+
+def test_analyze_sets_aside_a_bad_record_and_says_how_to_see_it(hostile):
+    d, rid, bad_id = hostile
+    r = tp("analyze", "--data", str(d))
+    assert r.returncode == 0, r.stderr
+    assert "new exchanges: 1" in r.stdout and inert(r.stdout)
+    assert "set aside: 1 line that could not be stored (bad_type 1); every other line was ingested" in r.stdout
+    query = r.stdout.split("toolproxy sql --data ")[1].splitlines()[0].split(" ", 1)[1].strip('"')
+    r = tp("sql", "--data", str(d), "--format", "json", query)
+    assert r.returncode == 0, r.stderr
+    (issue,) = json.loads(r.stdout)
+    assert issue["record_id"] == bad_id and issue["kind"] == "bad_type" and issue["message"].startswith('record ')
+    assert "does not fit a 32-bit integer" in issue["message"]
+    r = tp("analyze", "--data", str(d))
+    assert r.returncode == 0 and "new exchanges: 0" in r.stdout and "set aside" not in r.stdout
+
+
+def test_model_text_is_inert_on_the_terminal_and_lossless_in_data(hostile):
+    d, rid, _ = hostile
+    assert tp("analyze", "--data", str(d)).returncode == 0
+    r = tp("show", "--data", str(d), "--raw", rid)
+    assert r.returncode == 0 and inert(r.stdout), r.stdout
+    assert "reply \\x1b[2J\\x1b]0;owned\\x07\\u009b31m\\u202eevil\\r<script>" in r.stdout
+    query = "select run, content from exchanges"
+    r = tp("sql", "--data", str(d), query)
+    assert r.returncode == 0 and inert(r.stdout) and "| reply \\x1b[2J\\x1b]0;owned" in r.stdout
+    r = tp("sql", "--data", str(d), "select right(content, 12) as tail from exchanges")
+    assert "|cell\\nbreak" in r.stdout
+    r = tp("sql", "--data", str(d), "--format", "json", query)
+    assert inert(r.stdout) and json.loads(r.stdout) == [{"run": "run" + HOSTILE, "content": "reply " + HOSTILE}]
+    # CSV into a pipe or file is data: byte-exact
+    r = subprocess.run([*sys_path_cmd, "sql", "--data", str(d), "--format", "csv", "select content from exchanges"],
+                       capture_output=True, timeout=120)
+    assert r.stdout.decode() == 'content\n"reply ' + HOSTILE + '"\n'
+    for fmt in ("table", "json", "markdown"):
+        r = tp("report", "--data", str(d), "--format", fmt)
+        assert r.returncode == 0 and inert(r.stdout), (fmt, r.stdout)
+    assert json.loads(tp("report", "--data", str(d), "--format", "json").stdout)["runs"][0]["run"] == "run" + HOSTILE
+
+
+def test_markdown_report_escapes_html_and_table_breakers(hostile):
+    d, _, _ = hostile
+    assert tp("analyze", "--data", str(d)).returncode == 0
+    md = tp("report", "--data", str(d), "--format", "markdown").stdout
+    assert "<script>" not in md and "&lt;script&gt;alert(1)&lt;/script&gt;\\|cell<br>break" in md
+    tables = [list(rows) for is_table, rows in itertools.groupby(md.splitlines(), lambda line: line.startswith("|"))
+              if is_table]
+    assert len(tables) >= 2
+    for rows in tables:  # header, rule, the one run: every row has as many cells as the header
+        assert len(rows) == 3 and len({len(re.findall(r"(?<!\\)\|", row)) for row in rows}) == 1, rows

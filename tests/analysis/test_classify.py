@@ -7,7 +7,7 @@ import pytest
 
 from analysis.classify import classify, refusal
 from analysis.outcomes import NON_RESPONSE, OUTCOMES, SUB_KINDS
-from analysis.reassemble import endpoint_kind, reassemble
+from toolproxy.wire import decode, family_of
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
@@ -156,7 +156,7 @@ CASES = [
     [c[1:] for c in CASES], ids=[c[0] for c in CASES],
 )
 def test_classify(status, error_kind, path, body, call_surface, outcome, sub_kind, surface, saw_prose):
-    reply = reassemble(body, endpoint_kind(path))
+    reply = decode(body, family_of(path))
     c = classify(reply, status=status, error_kind=error_kind, tools=TOOLS, call_surface=call_surface)
     assert (c.outcome, c.sub_kind, c.surface, c.harness_saw_prose) == (outcome, sub_kind, surface, saw_prose)
     if outcome in ("valid_call", "invalid_args", "hallucinated_call"):
@@ -171,7 +171,7 @@ def test_every_outcome_and_sub_kind_is_covered():
 
 
 def test_invalid_args_records_schema_errors():
-    reply = reassemble(chat(calls=[("get_weather", '{"days":"x"}')]), "chat")
+    reply = decode(chat(calls=[("get_weather", '{"days":"x"}')]), "chat")
     call = classify(reply, status=200, error_kind=None, tools=TOOLS).calls[0]
     assert (call.offered, call.validated, call.valid) == (True, True, False)
     assert any("city" in e for e in call.schema_errors) and any("days" in e for e in call.schema_errors)
@@ -179,7 +179,7 @@ def test_invalid_args_records_schema_errors():
 
 def test_unusable_tool_schema_means_not_validated_not_a_crash():
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": "city"}}}]
-    c = classify(reassemble(chat(calls=[("f", "{}")]), "chat"), status=200, error_kind=None, tools=tools)
+    c = classify(decode(chat(calls=[("f", "{}")]), "chat"), status=200, error_kind=None, tools=tools)
     assert c.outcome == "valid_call"
     assert (c.calls[0].validated, c.calls[0].valid) == (False, True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import orjson
 import pytest
 
 from analysis.ingest import ingest
+from analysis.reanalyze import rebuild
 from analysis.store import connect, default_db
 from toolproxy.record.model import Record, encode_body, new_id
 
@@ -152,7 +154,7 @@ def test_migrations_are_recorded_and_rerun_safely(tmp_path):
     con = connect(tmp_path / "x.duckdb")
     con.close()
     con = connect(tmp_path / "x.duckdb")
-    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,)]
+    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,)]
     con.close()
 
 
@@ -171,3 +173,88 @@ def test_rewritten_exchange_is_judged_on_what_the_harness_got(tmp_path, db):
     s, con = db()
     row = con.execute("SELECT outcome, surface, harness_saw_prose, upstream_content, stack_marker FROM exchanges").fetchall()[0]
     assert row == ("valid_call", "text", False, raw, "ollama")
+
+
+def as_dict(rec: Record, **changes) -> dict:
+    d = orjson.loads(orjson.dumps(rec))
+    d.update(changes)
+    return d
+
+
+# Fields the proxy always writes with one JSON type, given another: each blocked every later
+# line once (DuckDB's failed CAST aborted the ingest transaction, on every rerun).
+WRONG_TYPES = [
+    ({"status": 1099511627776}, '"status" is 1099511627776'),
+    ({"status": True}, '"status" is true (a boolean)'),
+    ({"started_at": "yesterday"}, '"started_at" is "yesterday" (a string)'),
+    ({"started_at": 1e300}, '"started_at" is 1e+300'),
+    ({"ttfb_ms": "fast"}, '"ttfb_ms" is "fast"'),
+    ({"run": 5}, '"run" is 5 (a number)'),
+    ({"run": {"name": "x"}}, '"run" is {"name":"x"} (an object)'),
+    ({"run": {}}, '"run" is {} (an object)'),
+    ({"condition": False}, '"condition" is false (a boolean)'),
+    ({"path": ["/v1/chat/completions"]}, '"path" is ["/v1/chat/completions"] (an array)'),
+    ({"request_body": 12}, '"request_body" is 12'),
+    ({"kind": 3}, '"kind" is 3'),
+]
+
+
+@pytest.mark.parametrize("change,message", WRONG_TYPES, ids=[next(iter(c)) + "=" + repr(next(iter(c.values())))
+                                                          for c, _ in WRONG_TYPES])
+def test_a_wrongly_typed_record_is_set_aside_and_the_rest_ingests(tmp_path, db, change, message):
+    before, bad, after = exchange(episode="1"), exchange(episode="2"), exchange(episode="3")
+    write(tmp_path, "a.jsonl", [before, as_dict(bad, **change), after])
+    s, con = db()
+    assert s.new_exchanges == 2 and s.set_aside == {"bad_type": 1}
+    assert sorted(r[0] for r in con.execute("SELECT id FROM exchanges").fetchall()) == sorted([before.id, after.id])
+    (segment, offset, record_id, kind, text), = con.execute(
+        "SELECT segment, byte_offset, record_id, kind, message FROM ingest_issues").fetchall()
+    assert (segment, record_id, kind) == ("a.jsonl", bad.id, "bad_type")
+    assert offset == len(orjson.dumps(before)) + 1 and message in text
+    # rerunning stays idempotent: nothing new, the issue is not repeated, later lines still ingest
+    write(tmp_path, "a.jsonl", [exchange(episode="4")])
+    s, con = db()
+    assert (s.new_exchanges, s.set_aside) == (1, {})
+    assert con.execute("SELECT count(*) FROM exchanges").fetchall()[0][0] == 3
+    assert con.execute("SELECT count(*) FROM ingest_issues").fetchall()[0][0] == 1
+
+
+def test_odd_values_in_bodies_are_stored_not_set_aside(tmp_path, db):
+    """What an upstream or a model writes is not the proxy's record: the exchange is ingested, a
+    column that cannot hold the value holds NULL (numbers) or its JSON text, the body keeps it."""
+    reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": 5, "arguments": "{}"}}]}, "finish_reason": {"why": "done"}}],
+        "usage": {"prompt_tokens": "many", "completion_tokens": 18446744073709551615}, "model": ["m"]}
+    rec = exchange(reply=reply)
+    write(tmp_path, "a.jsonl", [rec])
+    s, con = db()
+    assert s.new_exchanges == 1 and s.set_aside == {}
+    assert con.execute("SELECT prompt_tokens, completion_tokens, finish_reason FROM exchanges").fetchall() == [
+        (None, None, '{"why":"done"}')]
+    assert con.execute("SELECT name FROM calls").fetchall() == [("5",)]
+    body = con.execute("SELECT response_body FROM exchanges").fetchall()[0][0]
+    assert orjson.loads(body) == reply
+    # rebuilding the derived tables from the stored raw exchanges meets the same values
+    assert rebuild(con, None, exchanges=True)["exchanges"] == 1
+    assert con.execute("SELECT prompt_tokens, completion_tokens, finish_reason FROM exchanges").fetchall() == [
+        (None, None, '{"why":"done"}')]
+
+
+def test_entries_that_are_not_readable_files_are_skipped_with_a_note(tmp_path, db):
+    write(tmp_path, "b.jsonl", [exchange()])
+    seg = tmp_path / "segments"
+    (seg / "a.jsonl").mkdir()
+    os.mkfifo(seg / "c.jsonl")  # opening a FIFO would wait forever for a writer
+    (seg / "d.jsonl").symlink_to(seg / "gone.jsonl")
+    s, con = db()
+    assert s.new_exchanges == 1 and s.segments == 1
+    assert sorted(s.issues) == ["a.jsonl: not a regular file; skipped", "c.jsonl: not a regular file; skipped",
+                                "d.jsonl: cannot be read (No such file or directory); skipped"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_an_unreadable_segment_is_skipped_with_a_note(tmp_path, db):
+    write(tmp_path, "b.jsonl", [exchange()])
+    write(tmp_path, "a.jsonl", [exchange()]).chmod(0)
+    s, con = db()
+    assert s.new_exchanges == 1 and s.issues == ["a.jsonl: cannot be read (Permission denied); skipped"]

@@ -8,7 +8,7 @@ function of its inputs and never raises on any text.
 
 from .jsontext import parse_arguments
 from .model import FORMATS, TextCall, TextParse
-from .parse import parse_text
+from .parse import parse_text, start_markers
 from .validate import Validation, offered_tools, validate_call
 
 __all__ = [
@@ -19,5 +19,6 @@ __all__ = [
     "offered_tools",
     "parse_arguments",
     "parse_text",
+    "start_markers",
     "validate_call",
 ]

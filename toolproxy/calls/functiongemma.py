@@ -18,6 +18,8 @@ _KEY = re.compile(r'\s*(?:"((?:[^"\\\n]|\\.){1,200})"|([^:,{}\[\]\s"]{1,200}))\s
 _SCALAR = re.compile(r"[^,}\]]*")
 _MAX_DEPTH = 64
 
+MARKERS = {"functiongemma": tuple(_CLOSES)}
+
 
 def find_functiongemma(text: str, tool_names) -> list[Group]:
     groups: list[Group] = []

@@ -23,6 +23,9 @@ _FENCE_CLOSE = "```"
 _JSON_LANGS = {None, "json", "json5", "jsonc", "tool_call", "tool_calls", "tool", "function_call", "javascript", "js"}
 _CANDIDATE = re.compile(r'\{\s*"|\[\s*\{')
 
+# Where each format's call can begin: a fence, or any brace or bracket (a bare call has no marker).
+MARKERS = {"fenced_json": ("```",), "bare_json": ("{", "["), "llama_json": ("{", "[")}
+
 
 def find_fenced(text: str, tool_names) -> list[Group]:
     groups: list[Group] = []

@@ -12,6 +12,7 @@ from .model import Group, TextCall
 from .scan import each_marker
 
 MARKER = "[TOOL_CALLS]"
+MARKERS = {"mistral": (MARKER,)}
 _NAME = re.compile(r"([A-Za-z_][\w.\-]{0,199})(?:\[CALL_ID\][\w\-]{0,64})?(?:\[ARGS\])?")
 
 

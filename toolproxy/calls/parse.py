@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
+from . import functiongemma, jsonblocks, mistral, pythonic, tagged
 from .functiongemma import find_functiongemma
 from .jsonblocks import find_bare, find_fenced
 from .mistral import find_mistral
@@ -37,6 +38,20 @@ FAMILIES: tuple[tuple[Finder, frozenset[str]], ...] = (
     (find_bare_pythonic, frozenset({"pythonic"})),
     (find_bare, frozenset({"bare_json", "llama_json"})),
 )
+
+# format -> the strings its call syntax can start with, as each family module declares them.
+START_MARKERS: dict[str, tuple[str, ...]] = {}
+for _module in (tagged, mistral, functiongemma, pythonic, jsonblocks):
+    for _format, _markers in _module.MARKERS.items():
+        START_MARKERS[_format] = tuple(dict.fromkeys(START_MARKERS.get(_format, ()) + _markers))
+
+
+def start_markers(formats: Collection[str] | None = None) -> tuple[str, ...]:
+    """Every string a call in one of these formats (all when None) can start with: a streaming
+    reader can show text up to the first of them and must hold back from there on."""
+    wanted = _formats(formats)
+    return tuple(sorted({m for f, ms in START_MARKERS.items() if f in wanted for m in ms}))
+
 
 _SEPARATOR = re.compile(r"[\s;,]*")
 _EMPTY_FENCE = re.compile(r"```[\w+\-]*[ \t]*\r?\n?\s*```")

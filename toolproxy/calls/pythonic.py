@@ -27,6 +27,9 @@ PYTHON_TAG = "<|python_tag|>"
 _END_TOKENS = ("<|eom_id|>", "<|eot_id|>")
 _BUILTIN = re.compile(r"([A-Za-z_]\w*)\.call\(")
 
+# Where each format's call can begin.
+MARKERS = {"pythonic": ("[", *(open_ for open_, _ in _WRAPPERS)), "python_tag": (PYTHON_TAG,)}
+
 
 def find_wrapped_pythonic(text: str, tool_names) -> list[Group]:
     groups: list[Group] = []

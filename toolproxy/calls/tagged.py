@@ -29,6 +29,14 @@ _PARAMETER_OPEN = re.compile(r"<parameter=([^>\n]{1,200})>")
 _FUNCTION_CLOSE = "</function>"
 _PARAMETER_CLOSE = "</parameter>"
 
+# Where each format's call syntax can begin (every opening the finders below accept), so a
+# streaming reader knows from which point text may be a call.
+MARKERS = {
+    "hermes": tuple(f"<{tag}>" for tag in ("tool_call", "TOOLCALL", "tool", "tools", "function_call", "json", "JSON", "xml", "response")),
+    "lmstudio": (_LMSTUDIO_OPEN,),
+    "qwen_xml": ("<tool_call>", _LMSTUDIO_OPEN, "<function=", "<function "),
+}
+
 
 def find_hermes(text: str, tool_names) -> list[Group]:
     groups: list[Group] = []

@@ -63,7 +63,7 @@ def validate_call(name: str | None, arguments: Any, tools: list[dict] | None) ->
     if error is not None:
         return Validation(True, validator is not None, False, (error,))
     if not isinstance(value, dict):
-        return Validation(True, validator is not None, False, (f"arguments must be a JSON object, not {_json_type(value)}",))
+        return Validation(True, validator is not None, False, (f"arguments must be a JSON object, not {json_type(value)}",))
     if validator is None:
         return Validation(True, False, True, (problem,))
     try:
@@ -88,7 +88,7 @@ def _validator(key: str) -> tuple[Any, str]:
         return None, "tool schema is not JSON"
     schema = json.loads(key)
     if not isinstance(schema, (dict, bool)):
-        return None, f"tool schema must be an object, not {_json_type(schema)}"
+        return None, f"tool schema must be an object, not {json_type(schema)}"
     try:
         cls = validator_for(schema, default=Draft202012Validator) if isinstance(schema, dict) else Draft202012Validator
         cls.check_schema(schema)
@@ -113,7 +113,8 @@ def _describe(error: Any) -> str:
     return f"{kind} at ${where}: {error.message}"
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON type name of a parsed value, as messages name it."""
     if value is None:
         return "null"
     if isinstance(value, bool):

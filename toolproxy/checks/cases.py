@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from toolproxy.checks.doctor import TOOL_MESSAGES, WEATHER_TOOL
-from toolproxy.checks.reply import Reply, call_problems
+from toolproxy.checks.reply import ProbeReply, call_problems
 
 
 def _tool(name: str, description: str, properties: dict, required: list[str], **extra: Any) -> dict:
@@ -45,14 +45,14 @@ class Case:
     description: str
     tools: list[dict]
     messages: list[dict]
-    check: Callable[[Reply, list[dict]], tuple[bool, str]]
+    check: Callable[[ProbeReply, list[dict]], tuple[bool, str]]
 
 
 def _user(text: str) -> list[dict]:
     return [SYSTEM, {"role": "user", "content": text}]
 
 
-def _no_calls(reply: Reply, tools: list[dict]) -> tuple[bool, str]:
+def _no_calls(reply: ProbeReply, tools: list[dict]) -> tuple[bool, str]:
     if reply.calls:
         return False, f"called {', '.join(str(c.name) for c in reply.calls)} though no tool was needed"
     if not reply.content.strip():
@@ -60,7 +60,7 @@ def _no_calls(reply: Reply, tools: list[dict]) -> tuple[bool, str]:
     return True, "answered without a call"
 
 
-def _nothing_invented(reply: Reply, tools: list[dict]) -> tuple[bool, str]:
+def _nothing_invented(reply: ProbeReply, tools: list[dict]) -> tuple[bool, str]:
     offered = {t["function"]["name"] for t in tools}
     names = [c.name for c in reply.calls] + [c.name for c in reply.text_calls(tools).calls]
     invented = [n for n in names if n not in offered]
@@ -72,7 +72,7 @@ def _nothing_invented(reply: Reply, tools: list[dict]) -> tuple[bool, str]:
 
 
 def _valid_call_to(name: str, extra: Callable[[dict], str | None] | None = None):
-    def check(reply: Reply, tools: list[dict]) -> tuple[bool, str]:
+    def check(reply: ProbeReply, tools: list[dict]) -> tuple[bool, str]:
         calls = [c for c in reply.calls if c.name == name]
         if not calls:
             if reply.calls:
@@ -83,7 +83,7 @@ def _valid_call_to(name: str, extra: Callable[[dict], str | None] | None = None)
         problems = call_problems(calls[0], tools)
         if problems:
             return False, problems[0]
-        why = extra(calls[0].arguments) if extra is not None else None
+        why = extra(calls[0].arguments_object()) if extra is not None else None
         return (why is None), why or "valid call"
     return check
 
@@ -109,14 +109,14 @@ def _berlin(args: dict) -> str | None:
     return None if "berlin" in str(loc.get("city", "")).lower() else f"location {loc!r}"
 
 
-def _two_cities(reply: Reply, tools: list[dict]) -> tuple[bool, str]:
-    cities = {str((c.arguments or {}).get("city", "")).lower() for c in reply.calls
-              if c.name == "get_weather" and isinstance(c.arguments, dict)}
+def _two_cities(reply: ProbeReply, tools: list[dict]) -> tuple[bool, str]:
+    args = [c.arguments_object() for c in reply.calls if c.name == "get_weather"]
+    cities = {str(a.get("city", "")).lower() for a in args if isinstance(a, dict)}
     missing = [c for c in ("paris", "london") if not any(c in got for got in cities)]
     return (not missing), ("both cities requested" if not missing else f"no call for {', '.join(missing)}")
 
 
-def _answers_from_result(reply: Reply, tools: list[dict]) -> tuple[bool, str]:
+def _answers_from_result(reply: ProbeReply, tools: list[dict]) -> tuple[bool, str]:
     if reply.calls:
         return False, f"called {reply.calls[0].name} again instead of answering"
     if "18" not in reply.content:
@@ -134,7 +134,7 @@ TOOL_RESULT_MESSAGES = [
 
 CASES = (
     Case("no_tool_needed", "a question no tool helps with: answer, 0 calls", [WEATHER_TOOL],
-         _user("What is 12 + 30? Reply with the number only."), _no_calls),
+         _user("What is 12 + 30? ProbeReply with the number only."), _no_calls),
     Case("missing_tool", "the fitting tool is not offered: do not invent one", [WEATHER_TOOL],
          _user("Book a table for two at an Italian restaurant tonight at 8pm."), _nothing_invented),
     Case("required_argument", "the required argument is present and typed", [WEATHER_TOOL],

@@ -29,6 +29,7 @@ from toolproxy.checks.cases import BY_NAME, CASES, Case
 from toolproxy.checks.local import Probe, check_target, local_proxy
 from toolproxy.conditions import NAMES
 from toolproxy.conditions import load as load_condition
+from toolproxy.printable import printable
 from toolproxy.progress import Progress
 from toolproxy.proxy.cli import key_from_env
 from toolproxy.stacks.fingerprint import Fingerprint
@@ -334,9 +335,9 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
             temperature=temperature, max_tokens=max_tokens, concurrency=concurrency, timeout=timeout,
             progress=lambda *_: bar.advance()))
     if res.problem and not any(cell.runs for cells in res.cells.values() for cell in cells.values()):
-        click.echo(f"toolproxy conformance: {res.problem}", err=True)
+        click.echo(printable(f"toolproxy conformance: {res.problem}"), err=True)
         sys.exit(2)
-    report = render_markdown(res)
+    report = printable(render_markdown(res), lines=True)
     path = output or default_output(model)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -346,7 +347,7 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
         sys.exit(2)
     click.echo(report, nl=False)
     if res.problem:
-        click.echo(f"toolproxy conformance: {res.problem}", err=True)
+        click.echo(printable(f"toolproxy conformance: {res.problem}"), err=True)
     click.echo(f"written to {path}")
     sys.exit(res.exit_code)
 

@@ -22,12 +22,14 @@ import click
 import orjson
 
 from toolproxy.checks.local import LocalProxy, check_target, local_proxy
-from toolproxy.checks.reply import Reply, call_problems
+from toolproxy.checks.reply import ProbeReply, call_problems
+from toolproxy.printable import printable
 from toolproxy.proxy.cli import key_from_env
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
 from toolproxy.stacks.fingerprint import Fingerprint
 from toolproxy.stacks.names import LABELS
 from toolproxy.stacks.templates import TemplateFinding, check_ollama_template, check_rendered_prompt
+from toolproxy.wire.framing import SSEFramer
 
 WEATHER_TOOL = {
     "type": "function",
@@ -92,7 +94,7 @@ def _skipped(number: int, title: str, why: str) -> Step:
     return Step(number, title, "skipped", f"not reached: {why}")
 
 
-def judge(fp: Fingerprint, control: Reply, probe: Reply, tools: list[dict] = TOOLS) -> Verdict:
+def judge(fp: Fingerprint, control: ProbeReply, probe: ProbeReply, tools: list[dict] = TOOLS) -> Verdict:
     """SPEC section 8, in order, from the replies to a request without tools and one with them."""
     who = _stack_says(fp)
     s1, s2, s3 = "Serving layer", "Call surface", "Model"
@@ -160,7 +162,7 @@ def judge(fp: Fingerprint, control: Reply, probe: Reply, tools: list[dict] = TOO
     steps.append(Step(2, s2, "pass", f"the call came back as native tool_calls ({len(probe.calls)} call(s))."))
     problems = [(c, call_problems(c, tools)) for c in probe.calls]
     bad = [(c, p) for c, p in problems if p]
-    calls_text = ", ".join(f"{c.name}({c.raw_arguments if isinstance(c.raw_arguments, str) else orjson.dumps(c.raw_arguments).decode()})" for c in probe.calls)
+    calls_text = ", ".join(f"{c.name}({c.arguments_text()})" for c in probe.calls)
     if bad:
         c, p = bad[0]
         steps.append(Step(3, s3, "fail", f"INVALID CALL: the model called {calls_text}: {'; '.join(p)}", MODEL_FIX,
@@ -170,10 +172,10 @@ def judge(fp: Fingerprint, control: Reply, probe: Reply, tools: list[dict] = TOO
     return Verdict(steps, True, None, EXIT_NATIVE_OK)
 
 
-def judge_repeats(replies: list[Reply], stack: str) -> dict[str, Any]:
+def judge_repeats(replies: list[ProbeReply], stack: str) -> dict[str, Any]:
     """Do N identical greedy requests give N identical answers? And does the prompt cache move?"""
     answered = [r for r in replies if not r.transport_failed and not r.refused]
-    outputs = [(r.content, tuple((c.name, str(c.raw_arguments)) for c in r.calls)) for r in answered]
+    outputs = [(r.content, tuple((c.name, c.arguments_text()) for c in r.calls)) for r in answered]
     distinct = len(set(outputs))
     cached = [r.cached_tokens for r in answered]
     result: dict[str, Any] = {"requests": len(replies), "answered": len(answered), "distinct_outputs": distinct,
@@ -226,6 +228,44 @@ async def _template_finding(lp: LocalProxy, fp: Fingerprint, model: str) -> Temp
     return None
 
 
+# The agent protocols besides chat: (name, path, a tiny streamed request, who needs it).
+PROTOCOLS = (
+    ("Responses", "/v1/responses", lambda m: {"model": m, "input": CONTROL_MESSAGES[0]["content"], "max_output_tokens": 16,
+                                              "stream": True}, "openai-agents, pydantic-ai's openai: models", "responses"),
+    ("Messages", "/v1/messages", lambda m: {"model": m, "messages": CONTROL_MESSAGES, "max_tokens": 16, "stream": True},
+     "the anthropic SDK, Claude-Code-style clients", "messages"),
+)
+
+
+def judge_protocol(name: str, reply: ProbeReply, clients: str, bridge: str) -> dict[str, Any]:
+    """Whether the upstream serves an agent protocol, and what its users should know. Pure."""
+    if reply.transport_failed:
+        return {"served": None, "summary": f"could not be probed ({reply.error_text})"}
+    if reply.status in (404, 405):
+        return {"served": False, "summary": f"not served (HTTP {reply.status}); {clients} need "
+                                            f"`toolproxy serve --bridge {bridge}` in front of this server"}
+    if reply.refused:
+        return {"served": None, "summary": f"answered HTTP {reply.status}: {_quote(reply.error_text)}"}
+    note = ""
+    if name == "Responses" and _lacks_output_index(reply.body):
+        note = ("; its stream events carry no output_index, so the openai SDK's responses.stream() helper fails on them "
+                "(iterating responses.create(stream=True) works)")
+    return {"served": True, "summary": "served" + note}
+
+
+def _lacks_output_index(body: bytes) -> bool:
+    framer = SSEFramer()
+    events = framer.feed(body) + framer.close()
+    for _, payload in events:
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(event, dict) and event.get("type") in ("response.output_item.added", "response.output_text.delta"):
+            return "output_index" not in event
+    return False
+
+
 @dataclass(slots=True)
 class Diagnosis:
     upstream: str
@@ -234,6 +274,7 @@ class Diagnosis:
     verdict: Verdict
     repeat: dict[str, Any] | None = None
     template: dict[str, Any] | None = None
+    protocols: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,6 +313,10 @@ async def diagnose(upstream: str, model: str, data_dir: Path, *, upstream_key: s
         finding = await _template_finding(lp, fp, model)
         if finding is not None:
             diag.template = {**asdict(finding), "source": fp.chat_template_source}
+        diag.protocols = {}
+        for name, path, body_for, clients, bridge in PROTOCOLS:
+            probe = await lp.post(path, body_for(model), run="doctor", item=bridge)
+            diag.protocols[name] = {"path": path, **judge_protocol(name, probe.reply, clients, bridge)}
         return diag
 
 
@@ -305,6 +350,8 @@ def render(diag: Diagnosis) -> str:
         t = diag.template
         lines.append(f"Tool rendering ({t['source'] or 'template'}): {'ok' if t['ok'] else 'WARNING'}: {t['summary']}"
                      + (f" [{t['evidence']}]" if t["evidence"] and not t["ok"] else ""))
+    for name, found in (diag.protocols or {}).items():
+        lines.append(f"Agent protocol {name} ({found['path']}): {found['summary']}")
     lines.append("")
     if v.native_ok:
         lines.append("Verdict: tools work natively.")
@@ -333,7 +380,7 @@ def doctor(upstream, model, api_key_env, as_json, data_dir, repeat, timeout):
     check_target(upstream, data_dir)
     diag = asyncio.run(diagnose(upstream, model, data_dir, upstream_key=key, repeat=repeat, timeout=timeout))
     if as_json:
-        click.echo(orjson.dumps(diag.to_dict(), option=orjson.OPT_INDENT_2).decode())
+        click.echo(printable(orjson.dumps(diag.to_dict(), option=orjson.OPT_INDENT_2).decode(), lines=True))
     else:
-        click.echo(render(diag))
+        click.echo(printable(render(diag), lines=True))
     sys.exit(diag.verdict.exit_code)

@@ -19,11 +19,13 @@ import click
 import orjson
 from aiohttp import web
 
-from toolproxy.checks.reply import Reply, read_reply
+from toolproxy import wire
+from toolproxy.checks.reply import ProbeReply, read_reply
 from toolproxy.conditions import ConditionOptions
-from toolproxy.proxy.app import ProxyState, make_app
+from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ConfigError, ProxyConfig
-from toolproxy.proxy.forward import STATE
+from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
 from toolproxy.stacks.fingerprint import Fingerprint
 
@@ -32,7 +34,7 @@ from toolproxy.stacks.fingerprint import Fingerprint
 class Probe:
     """One probe's reply together with its record (what the proxy saw and did)."""
 
-    reply: Reply
+    reply: ProbeReply
     record: Record | None
     elapsed_s: float = 0.0
     tags: dict[str, str] = field(default_factory=dict)
@@ -43,19 +45,22 @@ class Probe:
         return note if note and note.startswith("skipped") else None
 
 
-class LocalProxy:
+class LocalProxy(Addon):
     def __init__(self, url: str, state: ProxyState, session: aiohttp.ClientSession) -> None:
         self.url = url
         self.state = state
         self.session = session
         self._waiting: dict[str, asyncio.Future] = {}
         self._ids = itertools.count(1)
-        state.listeners.append(self._collect)
+        state.hooks.add(self)
 
-    def _collect(self, rec: Record) -> None:
+    def response_end(self, flow: Flow) -> None:
+        rec = flow.rec
         fut = self._waiting.pop(rec.tags.get("probe", ""), None)
         if fut is not None and not fut.done():
             fut.set_result(rec)
+
+    error = response_end
 
     async def fingerprint(self, model: str | None) -> Fingerprint:
         return await self.state.stacks.fingerprint(model)
@@ -83,7 +88,7 @@ class LocalProxy:
         self._waiting.pop(probe_id, None)
         kind = rec.error_kind if rec is not None else None
         message = rec.error_message if rec is not None else None
-        return Probe(read_reply(status, raw, kind, message), rec, loop.time() - t0, tags)
+        return Probe(read_reply(status, raw, kind, message, wire.family_of(path) or wire.CHAT), rec, loop.time() - t0, tags)
 
 
 @contextlib.asynccontextmanager

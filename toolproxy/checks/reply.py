@@ -3,43 +3,28 @@
 A reply is read from the recorded exchange (status, body, the proxy's error kind), never from an
 SDK's exception, so "the upstream refused" and "the upstream could not be reached" stay apart:
 the first is a serving-layer verdict, the second a transport failure that says nothing about tools.
+The body itself is read by toolproxy.wire, the same decoder the conditions and the analyzer use.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-import orjson
-
+from toolproxy import wire
 from toolproxy.calls import parse_arguments, parse_text, validate_call
 from toolproxy.calls.model import TextCall, TextParse
-from toolproxy.stacks.errors import error_text
 
 # Error kinds the proxy records when no upstream answer exists (toolproxy.proxy.forward).
 TRANSPORT_ERRORS = frozenset({"connect", "timeout", "upstream_closed", "upstream_error", "proxy_error", "client_closed"})
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    name: str | None
-    raw_arguments: Any
-    arguments: Any
-    error: str | None
-
-
 @dataclass(slots=True)
-class Reply:
+class ProbeReply:
     status: int | None
     body: bytes
     error_kind: str | None = None
     error_message: str | None = None
-    content: str = ""
-    calls: list[Call] = field(default_factory=list)
-    finish_reason: str | None = None
-    cached_tokens: int | None = None
-    prompt_tokens: int | None = None
-    has_message: bool = False
+    message: wire.Reply = field(default_factory=wire.Reply)
 
     @property
     def transport_failed(self) -> bool:
@@ -48,6 +33,30 @@ class Reply:
     @property
     def refused(self) -> bool:
         return not self.transport_failed and self.status >= 400
+
+    @property
+    def content(self) -> str:
+        return self.message.content or ""
+
+    @property
+    def calls(self) -> list[wire.Call]:
+        return self.message.tool_calls
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.message.finish_reason
+
+    @property
+    def cached_tokens(self) -> int | None:
+        return self.message.cached_tokens
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self.message.prompt_tokens
+
+    @property
+    def has_message(self) -> bool:
+        return self.message.n_choices > 0
 
     @property
     def empty(self) -> bool:
@@ -59,11 +68,11 @@ class Reply:
         """The stack's own words: its error message, or the raw body when it is not the usual shape."""
         if self.error_message and self.transport_failed:
             return self.error_message
-        return error_text(self.body)
+        return wire.error_text(self.body)
 
     def text_calls(self, tools: list[dict]) -> TextParse:
         """Calls the model wrote into `content` (the stack did not extract them)."""
-        return parse_text(self.content, tool_names=[_tool_name(t) for t in tools])
+        return parse_text(self.content, tool_names=wire.tool_names(tools))
 
     def outcome(self) -> str:
         """A short word for a matrix cell or a log line."""
@@ -76,48 +85,20 @@ class Reply:
         return "empty" if self.empty else "text"
 
 
-def _tool_name(tool: dict) -> str:
-    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-    return str(fn.get("name", ""))
-
-
-def read_reply(status: int | None, body: bytes, error_kind: str | None = None, error_message: str | None = None) -> Reply:
-    """A non-streaming OpenAI chat completion (or an error) as a Reply; never raises."""
-    reply = Reply(status=status, body=body, error_kind=error_kind, error_message=error_message)
-    if reply.transport_failed or reply.refused:
-        return reply
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return reply
-    if not isinstance(data, dict):
-        return reply
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
-    timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
-    cached = details.get("cached_tokens", timings.get("cache_n"))
-    reply.cached_tokens = cached if isinstance(cached, int) else None
-    reply.prompt_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return reply
-    choice = choices[0]
-    reply.finish_reason = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None
-    message = choice.get("message")
-    if not isinstance(message, dict):
-        return reply
-    reply.has_message = True
-    reply.content = message.get("content") if isinstance(message.get("content"), str) else ""
-    for tc in message.get("tool_calls") or []:
-        fn = tc.get("function") if isinstance(tc, dict) and isinstance(tc.get("function"), dict) else {}
-        raw = fn.get("arguments")
-        value, err = parse_arguments(raw)
-        name = fn.get("name") if isinstance(fn.get("name"), str) else None
-        reply.calls.append(Call(name, raw, value, err))
+def read_reply(status: int | None, body: bytes, error_kind: str | None = None, error_message: str | None = None,
+               family: str = wire.CHAT) -> ProbeReply:
+    """A reply (or an error) of the given protocol family as a ProbeReply; never raises."""
+    reply = ProbeReply(status=status, body=body, error_kind=error_kind, error_message=error_message)
+    if not reply.transport_failed and not reply.refused:
+        reply.message = wire.decode(body, family)
     return reply
 
 
-def call_problems(call: Call | TextCall, tools: list[dict]) -> list[str]:
+def call_problems(call: wire.Call | TextCall, tools: list[dict]) -> list[str]:
     """Why a call (native, or found in text) is not a valid call of an offered tool; empty: valid."""
-    v = validate_call(call.name, call.raw_arguments if call.error else call.arguments, tools)
+    if isinstance(call, TextCall):
+        v = validate_call(call.name, call.raw_arguments if call.error else call.arguments, tools)
+    else:
+        value, error = parse_arguments(call.arguments)
+        v = validate_call(call.name, call.arguments if error else value, tools)
     return [] if v.valid else list(v.errors)

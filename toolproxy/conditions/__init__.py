@@ -38,6 +38,9 @@ class ConditionOptions:
     chat_template: str | None = None
     parser: str | None = None
     constrained_forced: bool = False
+    # Protocols (wire families: "responses", "messages") translated to chat completions for an
+    # upstream that only speaks chat (`serve --bridge`), and their replies translated back.
+    bridge: frozenset[str] = frozenset()
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -25,7 +25,7 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from toolproxy.conditions.messages import text_of
+from toolproxy.wire import text_of
 from toolproxy.conditions.toolblock import arguments_value
 
 

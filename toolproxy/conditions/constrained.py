@@ -8,6 +8,9 @@ an unconstrained one without anyone noticing:
 |--------------------------|-------------------------------------------------|----------------------------------------------|
 | Ollama `/api/chat`       | ollama                                          | `format: <schema>`                           |
 | `/v1/chat/completions`   | openai, lmstudio, llamacpp, vllm, sglang, ollama, unknown | `response_format: {type: json_schema, json_schema: {name, schema}}` |
+| `/v1/responses`          | openai, llamacpp, ollama                        | `text.format: {type: json_schema, name, schema}` |
+| `/v1/messages`           | vllm                                            | `output_config.format: {type: json_schema, schema}` |
+| `/v1/messages`           | any other (llama.cpp, SGLang, unknown)          | skipped, with that reason recorded           |
 
 `response_format` json_schema is the one field every OpenAI-compatible stack enforces (Ollama's
 /v1 maps it to `format`, llama.cpp turns it into a grammar, vLLM and SGLang into structured
@@ -25,14 +28,24 @@ from typing import Any
 
 import orjson
 
-from toolproxy.conditions import ConditionOptions, Plan, RequestView, Skip
-from toolproxy.conditions.messages import OLLAMA, history_as_text, read_chat_request, upstream_path, with_system_text
-from toolproxy.conditions.synth import ToolCall
+from toolproxy import wire
+from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip
+from toolproxy.conditions.messages import ChatRequest, history_as_text, read_chat_request, with_system_text
 from toolproxy.conditions.text import chat_reply, without_tools
 from toolproxy.conditions.toolblock import FINAL_ANSWER, arguments_value, dumps, format_result, render_constrained_block, tool_functions
-from toolproxy.conditions.transform import text_calls, tool_names_of
+from toolproxy.conditions.transform import new_call, text_calls
 
 SCHEMA_NAME = "tool_call_or_final_answer"
+# Whatever the client asked to constrain its reply with is replaced by the call schema.
+SCHEMA_FIELDS = ("response_format", "format", "json_schema", "grammar", "guided_json", "text", "output_config")
+# Stacks known to enforce Messages' output_config.format (vLLM maps it to structured outputs).
+MESSAGES_SCHEMA_STACKS = frozenset({"vllm"})
+
+
+def messages_skip(stack: str | None) -> Skip:
+    return Skip(f"on /v1/messages a JSON schema rides in output_config.format, which only vLLM is known to enforce "
+                f"(this upstream: {stack or 'not identified'}); use the chat completions or Responses endpoint, "
+                "or serve --bridge messages, for the constrained condition")
 
 
 def call_schema(tools: list[Any], *, forced: bool = False) -> dict[str, Any]:
@@ -55,10 +68,15 @@ def call_schema(tools: list[Any], *, forced: bool = False) -> dict[str, Any]:
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
-def constraint_fields(api: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """The request fields that carry the schema (table above: the endpoint decides, every stack agrees)."""
-    if api == OLLAMA:
+def constraint_fields(family: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The request fields that carry the schema (table above: the endpoint decides, and on
+    /v1/messages only vLLM is known to enforce it)."""
+    if family == wire.OLLAMA_CHAT:
         return {"format": schema}
+    if family == wire.MESSAGES:
+        return {"output_config": {"format": {"type": "json_schema", "schema": schema}}}
+    if family == wire.RESPONSES:
+        return {"text": {"format": {"type": "json_schema", "name": SCHEMA_NAME, "schema": schema}}}
     return {"response_format": {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": schema}}}
 
 
@@ -92,7 +110,7 @@ class ConstrainedReply:
         self.parts.append(text)
         return ""
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def finish(self) -> tuple[str, list[wire.Call]]:
         text = "".join(self.parts)
         try:
             obj = json.loads(text)
@@ -102,7 +120,7 @@ class ConstrainedReply:
             args = arguments_value(obj.get("arguments", {}))
             if isinstance(args, dict):
                 self.note = "schema reply: tool call"
-                return "", [ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))]
+                return "", [new_call(obj["name"], json.dumps(args, ensure_ascii=False))]
         if isinstance(obj, dict) and FINAL_ANSWER in obj:
             self.note = "schema reply: final answer"
             answer = obj[FINAL_ANSWER]
@@ -116,19 +134,19 @@ class ConstrainedReply:
 class Constrained:
     name = "constrained"
 
-    def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip:
-        chat = read_chat_request(request)
-        if isinstance(chat, Skip):
+    def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip | Reject:
+        chat = read_chat_request(request, bridge=options.bridge)
+        if not isinstance(chat, ChatRequest):
             return chat
-        tools, forced = required_tools(chat.tools, chat.body.get("tool_choice"), options.constrained_forced)
+        if chat.sent_family == wire.MESSAGES and options.stack not in MESSAGES_SCHEMA_STACKS:
+            return messages_skip(options.stack)
+        tools, forced = required_tools(chat.tools, chat.request.tool_choice, options.constrained_forced)
         block = render_constrained_block(tools, forced=forced)
         messages = with_system_text(history_as_text(chat.messages, call_json, format_result), block)
-        body = without_tools(chat, messages)
-        for field in ("response_format", "format", "json_schema", "grammar", "guided_json"):
-            body.pop(field, None)
-        body.update(constraint_fields(chat.api, call_schema(tools, forced=forced)))
-        transform = chat_reply(chat, ConstrainedReply(tool_names_of(tool_functions(chat.tools))))
-        return Plan(path=upstream_path(request), body=orjson.dumps(body), transform=transform)
+        body = without_tools(chat, messages, drop=SCHEMA_FIELDS)
+        body.update(constraint_fields(chat.sent_family, call_schema(tools, forced=forced)))
+        transform = chat_reply(chat, ConstrainedReply(tuple(wire.tool_names(chat.tools))))
+        return Plan(path=chat.upstream_path(request), body=orjson.dumps(body), transform=transform)
 
 
 CONDITION = Constrained()

@@ -1,83 +1,112 @@
-"""Reading a chat request and rewriting its message list (shared by hint, text, constrained, template).
+"""Reading a conversation request and rewriting its message list (shared by hint, text,
+constrained, template).
 
-Both wire dialects a harness may speak are accepted: OpenAI `/v1/chat/completions` and Ollama's
-native `/api/chat`. Their message lists differ only in details handled here: Ollama tool calls
-carry arguments as objects and no ids, and its tool results name the tool (`tool_name`) instead
-of pointing at a call id.
+Every dialect a harness may speak is accepted: OpenAI `/v1/chat/completions`, Ollama's native
+`/api/chat`, OpenAI Responses and Anthropic Messages. toolproxy.wire reads each into chat terms
+(Ollama tool calls carry arguments as objects and no ids, and its tool results name the tool;
+Responses and Messages conversations become chat messages), the conditions rewrite that one
+message list, and the body goes upstream in the client's own dialect again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import orjson
 
-from toolproxy.conditions import RequestView, Skip
+from toolproxy import wire
+from toolproxy.conditions import Reject, RequestView, Skip
 from toolproxy.conditions.toolblock import tool_functions
 
-OPENAI = "openai"
-OLLAMA = "ollama"
+FAMILIES = (wire.CHAT, wire.OLLAMA_CHAT, wire.RESPONSES, wire.MESSAGES)
+PATHS = {wire.CHAT: "/v1/chat/completions", wire.OLLAMA_CHAT: "/api/chat", wire.RESPONSES: "/v1/responses",
+         wire.MESSAGES: "/v1/messages"}
+# Fields that would make the stack render or parse tools itself, in any dialect.
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 
 
 @dataclass(slots=True)
 class ChatRequest:
-    api: str  # OPENAI or OLLAMA
-    body: dict[str, Any]
+    family: str  # the wire family the client spoke
+    body: dict[str, Any]  # as the client sent it
+    request: wire.Request  # the same in chat terms
+    sent_family: str  # the family sent upstream: the client's own, or chat when bridged
+
+    @property
+    def bridged(self) -> bool:
+        return self.sent_family != self.family
 
     @property
     def stream(self) -> bool:
-        # Ollama's /api/chat streams unless told not to; OpenAI's endpoint only when asked.
-        default = self.api == OLLAMA
-        return bool(self.body.get("stream", default))
+        return self.request.stream
 
     @property
     def tools(self) -> list[Any]:
-        tools = self.body.get("tools")
-        return tools if isinstance(tools, list) else []
+        return self.request.tools
 
     @property
     def messages(self) -> list[Any]:
-        return self.body["messages"]
+        return self.request.messages
+
+    def upstream_body(self, messages: list[Any], *, keep_tools: bool, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The client's body in its own dialect, with this message list (and without the tool
+        fields unless `keep_tools`, and without the fields in `drop`)."""
+        gone = set(drop) | (set() if keep_tools else set(TOOL_FIELDS))
+        base = {k: v for k, v in self.body.items() if k not in gone}
+        if self.family in (wire.CHAT, wire.OLLAMA_CHAT):
+            return {**base, "messages": messages}
+        tools = self.request.tools if keep_tools else []
+        choice = self.request.tool_choice if keep_tools else None
+        params = {k: v for k, v in self.request.parameters.items() if k not in drop}
+        request = replace(self.request, messages=messages, tools=tools, tool_choice=choice, parameters=params, body=base)
+        return wire.write_request(self.sent_family, request)
+
+    def with_system_block(self, block: str) -> dict[str, Any]:
+        """The client's body with `block` added to its system text and nothing else changed (a
+        Responses body's `instructions`, a Messages body's `system`, a chat system message), so
+        content the chat terms do not carry (images, cache_control, reasoning items) survives."""
+        if self.bridged or self.family in (wire.CHAT, wire.OLLAMA_CHAT):
+            return self.upstream_body(with_system_text(self.messages, block), keep_tools=True)
+        key = "instructions" if self.family == wire.RESPONSES else "system"
+        current = self.body.get(key)
+        if isinstance(current, list):
+            return {**self.body, key: [*current, {"type": "text", "text": "\n\n" + block}]}
+        existing = current if isinstance(current, str) else ""
+        return {**self.body, key: f"{existing}\n\n{block}" if existing else block}
+
+    def upstream_path(self, request: RequestView) -> str:
+        """Where the body goes: the client's path, or its chat completions sibling when bridged."""
+        if not self.bridged:
+            return upstream_path(request)
+        base = request.path.rstrip("/").rsplit("/", 1)[0]
+        return upstream_path(request, base + "/chat/completions")
 
 
-def chat_api(path: str) -> str | None:
-    if path.rstrip("/").endswith("/chat/completions"):
-        return OPENAI
-    if path.rstrip("/") == "/api/chat":
-        return OLLAMA
-    return None
-
-
-def read_chat_request(request: RequestView, *, need_tools: bool = True, apis=(OPENAI, OLLAMA)) -> ChatRequest | Skip:
-    """The request as a ChatRequest, or a Skip that says why the condition cannot apply to it."""
-    api = chat_api(request.path)
-    if request.method != "POST" or api not in apis:
-        wanted = " or ".join({OPENAI: "/v1/chat/completions", OLLAMA: "/api/chat"}[a] for a in apis)
-        return Skip(f"{request.method} {request.path} is not a chat request ({wanted})")
+def read_chat_request(request: RequestView, *, need_tools: bool = True, families=FAMILIES,
+                      bridge: frozenset[str] = frozenset()) -> ChatRequest | Skip | Reject:
+    """The request as a ChatRequest, or a Skip that says why the condition cannot apply to it.
+    A family in `bridge` is sent upstream as chat completions; a Reject when that cannot carry it."""
+    family = wire.family_of(request.path)
+    if request.method != "POST" or family not in families:
+        wanted = " or ".join(PATHS[f] for f in families)
+        return Skip(f"{request.method} {request.path} is not a conversation request ({wanted})")
     try:
         body = orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:
         return Skip(f"request body is not JSON ({exc})")
-    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-        return Skip("request body has no 'messages' list")
-    chat = ChatRequest(api, body)
+    conversation = "input" if family == wire.RESPONSES else "messages"
+    if not isinstance(body, dict) or not isinstance(body.get(conversation), list if family != wire.RESPONSES else (list, str)):
+        return Skip(f"request body has no '{conversation}' list")
+    chat = ChatRequest(family, body, wire.read_request(family, body), wire.CHAT if family in bridge else family)
+    if chat.bridged and chat.request.parameters.get("previous_response_id"):
+        return Reject(400, "previous_response_id names a response stored by the server, but this toolproxy bridges "
+                           "Responses to a chat-only upstream that stores nothing: send the whole conversation as input")
     if need_tools and not tool_functions(chat.tools):
         return Skip("request offers no function tools")
-    if need_tools and chat.body.get("tool_choice") == "none":
+    if need_tools and chat.request.tool_choice == "none":
         return Skip("tool_choice is 'none': the harness asked for no tool call")
     return chat
-
-
-def text_of(content: Any) -> str:
-    """Plain text of a message content: a string, or OpenAI content parts (text parts joined)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return str(content)
 
 
 def with_system_text(messages: list[Any], block: str) -> list[Any]:
@@ -89,7 +118,7 @@ def with_system_text(messages: list[Any], block: str) -> list[Any]:
         if isinstance(content, list):
             new_content: Any = [*content, {"type": "text", "text": "\n\n" + block}]
         else:
-            existing = text_of(content)
+            existing = wire.text_of(content)
             new_content = f"{existing}\n\n{block}" if existing else block
         out[0] = {**first, "content": new_content}
     else:
@@ -119,7 +148,7 @@ def history_as_text(messages: list[Any], call_text: CallText, result_text: Resul
             continue
         role = msg.get("role")
         if role == "assistant" and msg.get("tool_calls"):
-            parts = [text_of(msg.get("content"))] if text_of(msg.get("content")) else []
+            parts = [wire.text_of(msg.get("content"))] if wire.text_of(msg.get("content")) else []
             for call in msg["tool_calls"]:
                 fn = call.get("function", {}) if isinstance(call, dict) else {}
                 name = fn.get("name") or ""
@@ -133,7 +162,7 @@ def history_as_text(messages: list[Any], call_text: CallText, result_text: Resul
         elif role == "tool":
             call_id = msg.get("tool_call_id")
             name = msg.get("name") or msg.get("tool_name") or names_by_id.get(call_id or "")
-            text = result_text(call_id, name, text_of(msg.get("content")))
+            text = result_text(call_id, name, wire.text_of(msg.get("content")))
             if merge_into_last:
                 out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
             else:

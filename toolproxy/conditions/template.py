@@ -19,13 +19,12 @@ from typing import Any
 
 import orjson
 
+from toolproxy import wire
+from toolproxy.calls import start_markers
 from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip
 from toolproxy.conditions.chat_template import TemplateError, cached_template
-from toolproxy.conditions.messages import OPENAI, read_chat_request, upstream_path
-from toolproxy.conditions.synth import emitter_for
-from toolproxy.conditions.toolblock import tool_functions
-from toolproxy.conditions.transform import CallScanner, ReplyTransform, markers_for, text_calls, tool_names_of
-from toolproxy.conditions.upstream import UpstreamReader
+from toolproxy.conditions.messages import ChatRequest, read_chat_request, upstream_path
+from toolproxy.conditions.transform import CallScanner, ReplyTransform, text_calls
 
 # Sampling fields that mean the same on every completion endpoint.
 _SAMPLING = ("temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty")
@@ -36,7 +35,7 @@ def _max_tokens(body: dict[str, Any]) -> Any:
 
 
 def completion_request(stack: str | None, chat_path: str, body: dict[str, Any], prompt: str, stream: bool) -> tuple[str, dict[str, Any], str]:
-    """(path, body, reader kind) of the raw completion request for a stack (table above)."""
+    """(path, body, wire family) of the raw completion request for a stack (table above)."""
     sampling = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
     if isinstance(sampling.get("stop"), str) and stack in ("llamacpp", "ollama"):
         sampling["stop"] = [sampling["stop"]]  # OpenAI allows one string; these take only lists
@@ -45,7 +44,7 @@ def completion_request(stack: str | None, chat_path: str, body: dict[str, Any], 
         out = {"prompt": prompt, "stream": stream, **sampling}
         if limit is not None:
             out["n_predict"] = limit
-        return "/completion", out, "llamacpp_completion"
+        return "/completion", out, wire.COMPLETION
     if stack == "ollama":
         options = {k: v for k, v in sampling.items() if k in ("temperature", "top_p", "seed", "stop")}
         if limit is not None:
@@ -53,7 +52,7 @@ def completion_request(stack: str | None, chat_path: str, body: dict[str, Any], 
         out = {"model": body.get("model"), "prompt": prompt, "raw": True, "stream": stream}
         if options:
             out["options"] = options
-        return "/api/generate", out, "ollama_generate"
+        return "/api/generate", out, wire.OLLAMA_GENERATE
     out = {"model": body.get("model"), "prompt": prompt, "stream": stream, **sampling}
     if limit is not None:
         out["max_tokens"] = limit
@@ -62,7 +61,7 @@ def completion_request(stack: str | None, chat_path: str, body: dict[str, Any], 
     if stack == "vllm":
         out["add_special_tokens"] = False  # the template already wrote BOS where the model wants it
     base = chat_path[: -len("/chat/completions")] if chat_path.endswith("/chat/completions") else "/v1"
-    return base + "/completions", out, "openai_completion"
+    return base + "/completions", out, wire.COMPLETION
 
 
 class Template:
@@ -71,8 +70,8 @@ class Template:
     def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip | Reject:
         if not options.chat_template:
             return Skip("no chat template: start toolproxy serve with --chat-template FILE")
-        chat = read_chat_request(request, need_tools=False, apis=(OPENAI,))
-        if isinstance(chat, Skip):
+        chat = read_chat_request(request, need_tools=False, families=(wire.CHAT,))
+        if not isinstance(chat, ChatRequest):
             return chat
         try:
             template = cached_template(options.chat_template)
@@ -80,11 +79,12 @@ class Template:
             prompt = template.render(chat.messages, chat.tools or None, extra if isinstance(extra, dict) else None)
         except TemplateError as exc:
             return Reject(400, str(exc))
-        path, body, kind = completion_request(options.stack, request.path, chat.body, prompt, chat.stream)
-        names = tool_names_of(tool_functions(chat.tools)) or None
+        path, body, family = completion_request(options.stack, request.path, chat.body, prompt, chat.stream)
+        names = tuple(wire.tool_names(chat.tools)) or None
         formats = (options.parser,) if options.parser else None
-        scanner = CallScanner(partial(text_calls, tool_names=names, formats=formats), markers_for(formats))
-        transform = ReplyTransform(UpstreamReader(kind, chat.stream), scanner, emitter_for(chat.api, chat.body, chat.stream))
+        scanner = CallScanner(partial(text_calls, tool_names=names, formats=formats), start_markers(formats))
+        encoder = wire.encoder_for(chat.family, chat.body, chat.stream)
+        transform = ReplyTransform(wire.Decoder(family), scanner, encoder)
         return Plan(path=upstream_path(request, path), body=orjson.dumps(body), transform=transform)
 
 

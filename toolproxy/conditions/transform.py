@@ -1,40 +1,36 @@
-"""The response half of a rewriting condition: upstream text in, a standard chat response out.
+"""The response half of a rewriting condition: upstream text in, a standard reply out.
 
-ReplyTransform wires three parts together: an UpstreamReader (text deltas from whatever API the
-condition called), an interpreter (decides which text is safe to show now and what the calls
-are at the end) and an Emitter (the client's dialect). Anything but a 2xx from upstream passes
-through byte for byte: a refusal must reach the harness, and the record, exactly as the stack
-sent it.
+ReplyTransform wires three parts together: a wire Decoder for the protocol the condition sent to
+(text deltas as they arrive, then finish, usage and any error), an interpreter (decides which
+text is safe to show now and what the calls are at the end) and a wire encoder for the protocol
+the client spoke (chat, Ollama, Responses, Messages), so the harness gets native calls in its
+own dialect. Anything but a 2xx from upstream passes through byte for byte: a refusal must reach
+the harness, and the record, exactly as the stack sent it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping, Protocol
+import secrets
+from typing import Callable, Mapping, Protocol
 
-from toolproxy.conditions.synth import Emitter, ToolCall
-from toolproxy.conditions.upstream import UpstreamReader
 from toolproxy.proxy.headers import NOT_FORWARDED_DOWN
-
-# Where call syntax can begin, per parse_text format family: prose before the first marker is
-# streamed as it arrives, everything from a marker on is held until the reply is complete.
-MARKERS = {
-    "hermes": ("<tool_call",),
-    "qwen_xml": ("<tool_call", "<function="),
-    "llama_json": ("{",),
-    "python_tag": ("<|python_tag|>",),
-    "mistral": ("[TOOL_CALLS]",),
-    "pythonic": ("[", "<function_calls>"),
-    "functiongemma": ("<start_function_call>",),
-    "lmstudio": ("[TOOL_REQUEST]",),
-    "fenced_json": ("```",),
-    "bare_json": ("{",),
-}
+from toolproxy.wire import Call, Decoder, Text
 
 
-def markers_for(formats: tuple[str, ...] | None) -> tuple[str, ...]:
-    chosen = MARKERS if formats is None else {f: MARKERS[f] for f in formats if f in MARKERS}
-    return tuple(sorted({m for ms in chosen.values() for m in ms}))
+def new_call(name: str, arguments: str) -> Call:
+    """A call the proxy found in text, with a fresh id as a server would give it."""
+    return Call(0, "call_" + secrets.token_hex(12), name, arguments)
+
+
+class Encoder(Protocol):
+    content_type: str
+
+    def delta(self, text: str) -> bytes: ...
+
+    def end(self, tail: str, calls: list[Call], finish_reason: str | None, usage: dict | None) -> bytes: ...
+
+    def error(self, message: str) -> bytes: ...
 
 
 class Interpreter(Protocol):
@@ -43,11 +39,11 @@ class Interpreter(Protocol):
     def feed(self, text: str) -> str:
         """The part of the text so far that can be shown to the client now."""
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def finish(self) -> tuple[str, list[Call]]:
         """(content not yet shown, calls) once the reply is complete."""
 
 
-def text_calls(text: str, *, tool_names: tuple[str, ...] | None, formats: tuple[str, ...] | None) -> tuple[str, list[ToolCall]]:
+def text_calls(text: str, *, tool_names: tuple[str, ...] | None, formats: tuple[str, ...] | None) -> tuple[str, list[Call]]:
     """Calls in a reply via toolproxy.calls.parse_text, and the content around them.
 
     Only calls with a name and an arguments object become tool_calls; a call that was attempted
@@ -57,7 +53,7 @@ def text_calls(text: str, *, tool_names: tuple[str, ...] | None, formats: tuple[
     from toolproxy.calls import parse_text
 
     parsed = parse_text(text, tool_names=tool_names, formats=formats)  # never raises, by contract
-    calls: list[ToolCall] = []
+    calls: list[Call] = []
     kept: list[str] = []
     pos = 0
     for call in sorted(parsed.calls, key=lambda c: c.span[0]):
@@ -67,7 +63,7 @@ def text_calls(text: str, *, tool_names: tuple[str, ...] | None, formats: tuple[
                 continue  # a second call inside a span already removed (a parallel-call wrapper)
             kept.append(text[pos:start])
             pos = end
-            calls.append(ToolCall(call.name, json.dumps(call.arguments, ensure_ascii=False)))
+            calls.append(new_call(call.name, json.dumps(call.arguments, ensure_ascii=False)))
     kept.append(text[pos:])
     if not calls:
         return text, []
@@ -79,7 +75,7 @@ def text_calls(text: str, *, tool_names: tuple[str, ...] | None, formats: tuple[
 class CallScanner:
     """Streams prose live, holds back from the first call marker, parses the held part at the end."""
 
-    def __init__(self, parse: Callable[[str], tuple[str, list[ToolCall]]], markers: tuple[str, ...]) -> None:
+    def __init__(self, parse: Callable[[str], tuple[str, list[Call]]], markers: tuple[str, ...]) -> None:
         self.parse = parse
         self.markers = markers
         self.text = ""
@@ -111,7 +107,7 @@ class CallScanner:
                     break
         return longest
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def finish(self) -> tuple[str, list[Call]]:
         rest = self.text[self.shown:]
         if not rest:
             self.note = "no call marker in the reply"
@@ -124,8 +120,8 @@ class CallScanner:
 
 
 class ReplyTransform:
-    def __init__(self, reader: UpstreamReader, interpreter: Interpreter, emitter: Emitter) -> None:
-        self.reader = reader
+    def __init__(self, decoder: Decoder, interpreter: Interpreter, emitter: Encoder) -> None:
+        self.decoder = decoder
         self.interpreter = interpreter
         self.emitter = emitter
         self.passthrough = False
@@ -137,30 +133,35 @@ class ReplyTransform:
             self.note = f"upstream answered {status}: passed through unchanged"
             drop = NOT_FORWARDED_DOWN | {"content-length"}
             return status, [(k, v) for k, v in headers.items() if k.lower() not in drop]
+        self.decoder.content_type = headers.get("Content-Type") or headers.get("content-type")
         out = [("Content-Type", self.emitter.content_type)]
         if self.emitter.content_type == "text/event-stream":
             out.append(("Cache-Control", "no-cache"))
         return 200, out
 
-    def _show(self, texts: list[str]) -> bytes:
-        return b"".join(self.emitter.delta(self.interpreter.feed(t)) for t in texts)
+    def _show(self, events: list) -> bytes:
+        return b"".join(self.emitter.delta(self.interpreter.feed(e.text)) for e in events if isinstance(e, Text))
 
     def feed(self, chunk: bytes) -> bytes:
         if self.passthrough:
             return chunk
-        return self._show(self.reader.feed(chunk))
+        return self._show(self.decoder.feed(chunk))
 
     def finish(self) -> bytes:
         if self.passthrough:
             return b""
-        shown = self._show(self.reader.close())
-        if self.reader.error and not self.reader.decoded:
-            self.note = f"upstream sent an error event: {self.reader.error}"
-            return shown + self.emitter.error(self.reader.error)
+        shown = self._show(self.decoder.close())
+        reply = self.decoder.reply
+        if reply.error is not None:
+            # An error inside a 200 (a stream that broke, a flat error object): the harness must
+            # see it as an error, not as a reply that simply ended.
+            self.note = f"upstream sent an error event: {reply.error}"
+            return shown + self.emitter.error(reply.error)
+        if not reply.decoded and reply.unreadable is not None:
+            self.note = f"upstream reply could not be read: {reply.unreadable}"
+            return shown + self.emitter.error(f"upstream reply could not be read: {reply.unreadable}")
         tail, calls = self.interpreter.finish()
         self.note = self.interpreter.note
-        return shown + self.emitter.end(tail, calls, self.reader.finish_reason, self.reader.usage)
-
-
-def tool_names_of(functions: list[dict[str, Any]]) -> tuple[str, ...]:
-    return tuple(fn["name"] for fn in functions)
+        # Calls the stack returned natively (it parsed them despite the rewrite) are kept, first.
+        native = [new_call(c.name, c.arguments_text()) for c in reply.tool_calls if c.name]
+        return shown + self.emitter.end(tail, native + calls, reply.finish_reason, reply.usage)

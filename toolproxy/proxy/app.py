@@ -1,24 +1,25 @@
-"""The aiohttp application: one pooled upstream session, one writer, live counters, admin routes."""
+"""The aiohttp application: the proxy's state, its addons in order, and its lifecycle."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 import sys
-import time
-from collections import Counter
-from typing import Callable
 
-import aiohttp
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.proxy import livepage
+from toolproxy.printable import printable
+from toolproxy.proxy.auth import Auth
+from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
-from toolproxy.proxy.forward import ADMIN_PREFIX, STATE, handle
+from toolproxy.proxy.durability import Durability, RecordingGuard
+from toolproxy.proxy.forward import handle
 from toolproxy.proxy.live import LiveView
+from toolproxy.proxy.pool import upstream_session
+from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.stackwatch import StackWatch
-from toolproxy.proxy.watchdog import Watchdog
+from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
 from toolproxy.record.writer import SegmentWriter
 
@@ -30,87 +31,42 @@ def log_line(rec: Record) -> str:
     cond = f" [{rec.condition}]" if rec.condition != "native" else ""
     err = f" !{rec.error_kind}" if rec.error_kind else ""
     ms = f"{rec.duration_ms:.0f}ms" if rec.duration_ms is not None else "-"
-    return f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {ms}{err}".replace("  ", " ")
+    return printable(f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {ms}{err}".replace("  ", " "))
 
 
-class ProxyState:
-    def __init__(self, config: ProxyConfig) -> None:
-        self.config = config
-        self.live = LiveView() if config.live_page else None
-        self.writer = SegmentWriter(
-            config.data_dir,
-            window=config.commit_window,
-            max_queue=config.max_queue,
-            segment_bytes=config.segment_bytes,
-            segment_seconds=config.segment_seconds,
-            log=None if config.quiet else log_line,
-            observe=self.live.observe if self.live is not None else None,
-        )
-        self.session: aiohttp.ClientSession | None = None
-        self.watchdog = Watchdog()
-        self.started = time.time()
-        self.in_flight = 0
-        self.by_class: Counter[str] = Counter()
-        self.errors: Counter[str] = Counter()
-        self.total = 0
-        self.stacks: StackWatch | None = None
-        # Called with every finished record on the loop; each must be as cheap as an append.
-        self.listeners: list[Callable[[Record], None]] = []
-
-    def count(self, rec: Record) -> None:
-        self.total += 1
-        status = rec.client_status if rec.client_status is not None else rec.status
-        self.by_class[f"{status // 100}xx" if status else "none"] += 1
-        if rec.error_kind:
-            self.errors[rec.error_kind] += 1
-        for listener in self.listeners:
-            listener(rec)
-
-    def snapshot(self) -> dict:
-        w = self.writer.stats
-        return {
-            "status": "degraded" if w.degraded else "ok",
-            "version": __version__,
-            "upstream": self.config.upstream,
-            "data_dir": str(self.config.data_dir),
-            "condition": self.config.condition,
-            "stack": self.stacks.summary() if self.stacks is not None else None,
-            "uptime_s": round(time.time() - self.started, 3),
-            "exchanges": self.total,
-            "in_flight": self.in_flight,
-            "by_status_class": dict(self.by_class),
-            "errors": dict(self.errors),
-            "recording": {
-                "queue_depth": self.writer.queue_depth,
-                "written": w.written,
-                "dropped": w.dropped,
-                "dropped_reasons": dict(w.dropped_reasons),
-                "behind": self.writer.behind,
-                "write_failures": w.write_failures,
-                "segments": w.segments,
-                "last_error": w.last_error,
-                "durability": self.config.durability,
-                "on_record_failure": self.config.on_record_failure,
-            },
-        }
-
-    async def admin(self, request: web.Request) -> web.Response:
-        """Reserved routes; never forwarded upstream and never recorded as exchanges."""
-        name = request.path[len(ADMIN_PREFIX):].strip("/")
-        if self.live is not None:
-            page = await livepage.route(request, name, self.live, self.config.auth_token)
-            if page is not None:
-                return page
-        if name in ("health", "stats", ""):
-            snap = self.snapshot()
-            status = 200 if (name != "health" or snap["status"] == "ok") else 503
-            return web.json_response(snap, status=status)
-        return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)
+def make_state(config: ProxyConfig) -> ProxyState:
+    """The state with its addons, in the order their hooks run (counters first: they see every flow)."""
+    live = LiveView() if config.live_page else None
+    writer = SegmentWriter(
+        config.data_dir,
+        window=config.commit_window,
+        max_queue=config.max_queue,
+        segment_bytes=config.segment_bytes,
+        segment_seconds=config.segment_seconds,
+        log=None if config.quiet else log_line,
+        observe=live.observe if live is not None else None,
+    )
+    state = ProxyState(config, writer)
+    state.live = live
+    state.hooks.add(state.counters)
+    if config.upstream_connections:
+        state.hooks.add(state.pool)
+    if config.auth_token is not None:
+        state.hooks.add(Auth(config.auth_token))
+    if config.on_record_failure == "block":
+        state.hooks.add(RecordingGuard(writer))
+    if config.fingerprint:
+        state.stacks = StackWatch(config, writer, lambda: state.session)
+        state.hooks.add(state.stacks)
+    state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None))
+    state.hooks.add(Durability(writer))
+    state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir))
+    return state
 
 
 def make_app(config: ProxyConfig) -> web.Application:
     app = web.Application(client_max_size=config.max_body)
-    state = ProxyState(config)
+    state = make_state(config)
     app[STATE] = state
 
     async def on_startup(app: web.Application) -> None:
@@ -118,17 +74,9 @@ def make_app(config: ProxyConfig) -> web.Application:
         if state.live is not None:
             state.live.start()
         state.watchdog.start()
-        state.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=config.max_connections, ttl_dns_cache=300),
-            timeout=aiohttp.ClientTimeout(total=None, connect=config.connect_timeout, sock_read=None),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
-        if config.fingerprint:
+        state.session = upstream_session(state.pool, config.connect_timeout)
+        if state.stacks is not None:
             # In the background: serving starts now, whatever the upstream is doing.
-            state.stacks = StackWatch(state)
-            state.listeners.append(state.stacks.observe)
             state.stacks.start()
 
     async def on_cleanup(app: web.Application) -> None:
@@ -147,10 +95,22 @@ def make_app(config: ProxyConfig) -> web.Application:
     return app
 
 
+def runner_for(app: web.Application, config: ProxyConfig) -> web.AppRunner:
+    """The runner every entry point uses: its keep-alive timer is also the request-head timeout.
+
+    aiohttp arms that timer when a connection opens or goes idle and disarms it only when a whole
+    request head has arrived, so a client trickling its headers is closed when it fires.
+    """
+    # auto_decompress off: a transparent proxy forwards and records a compressed request body as
+    # sent; aiohttp would inflate it (and fail with a 500 on a body that is not what it claims).
+    return web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=config.client_header_timeout,
+                         auto_decompress=False)
+
+
 async def serve(config: ProxyConfig) -> None:
     """Run until SIGINT/SIGTERM; prints where it listens and where it records."""
     app = make_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = runner_for(app, config)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     try:

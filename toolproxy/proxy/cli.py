@@ -38,63 +38,108 @@ def key_from_env(var: str | None, option: str) -> str | None:
     return value
 
 
-def _size(value: str) -> int:
+def _size(value: str, option: str) -> int:
     units = {"k": 1024, "m": 1024**2, "g": 1024**3}
     v = value.strip().lower().rstrip("ib").rstrip("b")
-    if v and v[-1] in units:
-        return int(float(v[:-1]) * units[v[-1]])
-    return int(v)
+    try:
+        if v and v[-1] in units:
+            return int(float(v[:-1]) * units[v[-1]])
+        return int(v)
+    except ValueError:
+        raise ValueError(f"{option} {value!r} is not a size: give bytes or a unit, e.g. 512k, 64MiB, 1G") from None
 
 
-@click.command()
-@click.option("--upstream", required=True, envvar="TOOLPROXY_UPSTREAM", help="Model server root, e.g. http://127.0.0.1:11434 (Ollama) or http://127.0.0.1:8080 (llama.cpp).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Non-loopback needs --auth-token.")
-@click.option("--port", default=8787, show_default=True, type=int, help="Port to listen on (0 picks a free one).")
-@click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where segments (and later the DuckDB file) go.")
-@click.option("--run", default=None, help="Run name for requests that carry no run tag.")
-@click.option("--condition", type=click.Choice(NAMES), default="native", show_default=True, help="Interface condition for requests that carry no condition tag.")
-@click.option("--stack", default=None, help="Serving stack (ollama, llamacpp, vllm, sglang, lmstudio, openai) when fingerprinting cannot tell.")
-@click.option("--chat-template", type=click.Path(dir_okay=False, exists=True), default=None, help="Jinja chat template for --condition template.")
-@click.option("--parser", default=None, help="Tool-call parser for --condition template (e.g. hermes).")
-@click.option("--constrained-forced", is_flag=True, help="Constrained schema without a final-answer branch (the seed paper's variant).")
-@click.option("--max-body", default="64MiB", show_default=True, help="Largest request body accepted (413 above).")
-@click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect to the upstream.")
-@click.option("--ttfb-timeout", default=600.0, show_default=True, type=float, help="Seconds to wait for the upstream's response to begin (CPU models read long prompts slowly).")
-@click.option("--idle-timeout", default=300.0, show_default=True, type=float, help="Longest gap in seconds between two chunks of a response.")
-@click.option("--total-timeout", default=None, type=float, help="Cap in seconds on a whole exchange (default: none).")
-@click.option("--durability", type=click.Choice(["group", "sync"]), default="group", show_default=True, help="group: fsync in groups every --commit-window; sync: a response's last byte waits for its record's fsync.")
-@click.option("--commit-window", default=0.2, show_default=True, type=float, help="Seconds between group fsyncs.")
-@click.option("--on-record-failure", type=click.Choice(["serve", "block"]), default="serve", show_default=True, help="serve: keep forwarding and count dropped records; block: answer 503 while recording fails.")
-@click.option("--segment-size", default="64MiB", show_default=True, help="Rotate segment files at this size.")
-@click.option("--auth-token", envvar="TOOLPROXY_AUTH_TOKEN", default=None, help="Clients must present this token (X-Toolproxy-Token header, or as their API key).")
-@click.option("--upstream-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key; the proxy sends it itself.")
-@click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token.")
-@click.option("--quiet", is_flag=True, help="No line per exchange.")
-@click.option("--no-live-page", is_flag=True, help="No /_toolproxy/ page, and no classifying of exchanges as they pass.")
-@click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is.")
-def serve(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, max_body,
-          connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
-          segment_size, auth_token, upstream_key_env, insecure_public, quiet, no_live_page, no_fingerprint):
-    """Forward to one upstream model server and record every exchange."""
+SERVE_OPTIONS = (
+    click.option("--upstream", required=True, envvar="TOOLPROXY_UPSTREAM", show_envvar=True, help="Model server root, e.g. http://127.0.0.1:11434 (Ollama) or http://127.0.0.1:8080 (llama.cpp)."),
+    click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Non-loopback needs --auth-token."),
+    click.option("--port", default=8787, show_default=True, type=int, help="Port to listen on (0 picks a free one)."),
+    click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where segments (and later the DuckDB file) go."),
+    click.option("--run", default=None, help="Run name for requests that carry no run tag."),
+    click.option("--condition", type=click.Choice(NAMES), default="native", show_default=True, help="Interface condition for requests that carry no condition tag."),
+    click.option("--stack", default=None, help="Serving stack (ollama, llamacpp, vllm, sglang, lmstudio, openai) when fingerprinting cannot tell."),
+    click.option("--chat-template", type=click.Path(dir_okay=False, exists=True), default=None, help="Jinja chat template for --condition template."),
+    click.option("--parser", default=None, help="Tool-call parser for --condition template (e.g. hermes)."),
+    click.option("--constrained-forced", is_flag=True, help="Constrained schema without a final-answer branch (the original study's variant, where an episode cannot end by answering)."),
+    click.option("--bridge", default=None, metavar="PROTOCOLS", help="Translate these protocols (responses, messages; comma-separated) to chat completions for an upstream that only speaks chat, and the replies back."),
+    click.option("--max-body", default="64MiB", show_default=True, help="Largest request body accepted (413 above)."),
+    click.option("--spill-above", default="1MiB", show_default=True, help="Request and response bodies larger than this wait in a temporary file under --data instead of memory."),
+    click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect to the upstream."),
+    click.option("--ttfb-timeout", default=600.0, show_default=True, type=float, help="Seconds to wait for the upstream's response to begin (CPU models read long prompts slowly)."),
+    click.option("--idle-timeout", default=300.0, show_default=True, type=float, help="Longest gap in seconds between two chunks of a response."),
+    click.option("--total-timeout", default=None, type=float, help="Cap in seconds on a whole exchange (default: none)."),
+    click.option("--durability", type=click.Choice(["group", "sync"]), default="group", show_default=True, help="group: fsync in groups every --commit-window; sync: a response's last byte waits for its record's fsync."),
+    click.option("--commit-window", default=0.2, show_default=True, type=float, help="Seconds between group fsyncs."),
+    click.option("--on-record-failure", type=click.Choice(["serve", "block"]), default="serve", show_default=True, help="serve: keep forwarding and count dropped records; block: answer 503 while recording fails."),
+    click.option("--segment-size", default="64MiB", show_default=True, help="Rotate segment files at this size."),
+    click.option("--auth-token", envvar="TOOLPROXY_AUTH_TOKEN", show_envvar=True, default=None, help="Clients must present this token (X-Toolproxy-Token header, or as their API key)."),
+    click.option("--upstream-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key; the proxy sends it itself."),
+    click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token."),
+    click.option("--quiet", is_flag=True, help="No line per exchange."),
+    click.option("--upstream-connections", default=0, show_default=True, type=int, help="Cap on connections to the upstream; 0: as many as clients need. Time a request waits for one under a cap is recorded (pool_wait_ms) and shown in stats."),
+    click.option("--client-header-timeout", default=15.0, show_default=True, type=float, help="Seconds a client has to send a complete request head after connecting or after its previous response; idle connections close then too."),
+    click.option("--client-body-timeout", default=60.0, show_default=True, type=float, help="Longest pause in seconds while a client sends its request body (408 after)."),
+    click.option("--no-live-page", is_flag=True, help="No /_toolproxy/ page, and no classifying of exchanges as they pass."),
+    click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is."),
+)
+
+
+def serve_options(fn):
+    """Every serve flag, for the commands that start a proxy themselves (serve, run, study)."""
+    for option in reversed(SERVE_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def harness_serve_options(fn):
+    """Serve's flags for commands that run a harness behind an in-process proxy (a free port by default)."""
+    fn = serve_options(fn)
+    for param in fn.__click_params__:
+        if param.name == "port":
+            param.default = 0
+    return fn
+
+
+def config_from_options(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, bridge, max_body, spill_above,
+                        connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
+                        segment_size, auth_token, upstream_key_env, insecure_public, quiet, upstream_connections, client_header_timeout,
+                        client_body_timeout, no_live_page, no_fingerprint) -> ProxyConfig:
+    """Serve's flags -> a validated ProxyConfig, or a usage error that names the flag."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
-        options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced)
+        from toolproxy.conditions.bridge import parse_families
+
+        options = ConditionOptions(stack=stack, chat_template=chat_template, parser=parser, constrained_forced=constrained_forced,
+                                   bridge=parse_families(bridge) if bridge is not None else frozenset())
         config = ProxyConfig(
             upstream=upstream, data_dir=data_dir, host=host, port=port, run=run, condition=condition,
-            condition_options=options, max_body=_size(max_body), connect_timeout=connect_timeout,
+            condition_options=options, max_body=_size(max_body, '--max-body'), spill_above=_size(spill_above, '--spill-above'), connect_timeout=connect_timeout,
             ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
-            segment_bytes=_size(segment_size), auth_token=auth_token, upstream_key=upstream_key,
+            segment_bytes=_size(segment_size, '--segment-size'), auth_token=auth_token, upstream_key=upstream_key,
             insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint, live_page=not no_live_page,
+            upstream_connections=upstream_connections, client_header_timeout=client_header_timeout,
+            client_body_timeout=client_body_timeout,
         )
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     check_condition_options(options)
-    segments = data_dir / SEGMENT_DIR
+    return config
+
+
+def make_data_dir(config: ProxyConfig) -> None:
+    segments = config.data_dir / SEGMENT_DIR
     try:
         segments.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise click.UsageError(f"--data {data_dir}: cannot create {segments}: {exc.strerror or exc}") from None
+        raise click.UsageError(f"--data {config.data_dir}: cannot create {segments}: {exc.strerror or exc}") from None
+
+
+@click.command()
+@serve_options
+def serve(**options):
+    """Forward to one upstream model server and record every exchange."""
+    config = config_from_options(**options)
+    make_data_dir(config)
     from toolproxy.proxy.app import run as run_proxy
 
     run_proxy(config)

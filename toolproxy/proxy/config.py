@@ -25,6 +25,8 @@ class ProxyConfig:
     condition: str = "native"
     condition_options: ConditionOptions = field(default_factory=ConditionOptions)
     max_body: int = 64 * 1024 * 1024
+    # Bodies above this many bytes wait in a temporary file instead of memory (proxy/spool.py).
+    spill_above: int = 1024 * 1024
     connect_timeout: float = 10.0
     # A CPU-only model can take minutes to read a long agent context before its first byte.
     ttfb_timeout: float = 600.0
@@ -42,9 +44,14 @@ class ProxyConfig:
     quiet: bool = False
     # Probe the upstream's own endpoints at start and per new model (kind=fingerprint records).
     fingerprint: bool = True
-    # The /_toolproxy/ page and the background classifier behind it.
+    # Connections to the upstream; 0: as many as clients need (a cap is a queue, see proxy/pool.py).
+    upstream_connections: int = 0
+    # A client must send a complete request head within this many seconds of connecting (or of its
+    # previous response), and never pause longer than client_body_timeout while sending a body.
+    client_header_timeout: float = 15.0
+    client_body_timeout: float = 60.0
+    # The /_toolproxy/ page and the classifier process behind it.
     live_page: bool = True
-    max_connections: int = 512
 
     def __post_init__(self) -> None:
         url = URL(self.upstream)
@@ -61,6 +68,12 @@ class ProxyConfig:
             raise ConfigError("--durability must be 'group' or 'sync'")
         if self.on_record_failure not in ("serve", "block"):
             raise ConfigError("--on-record-failure must be 'serve' or 'block'")
+        if self.upstream_connections < 0:
+            raise ConfigError("--upstream-connections must be 0 (no limit) or a positive number")
+        if self.client_header_timeout <= 0 or self.client_body_timeout <= 0:
+            raise ConfigError("--client-header-timeout and --client-body-timeout must be positive")
+        if self.spill_above < 1024:
+            raise ConfigError("--spill-above must be at least 1024 bytes")
         if self.max_body < 1024:
             raise ConfigError("--max-body must be at least 1024 bytes")
         if not is_loopback(self.host) and not self.auth_token and not self.insecure_public:

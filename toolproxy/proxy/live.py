@@ -51,7 +51,7 @@ def _text(raw: bytes | None, problem: str | None) -> str:
 def classify_record(rec: dict) -> tuple[dict, dict]:
     """(summary row, detail) of one finished record (as written), by the analyzer's code."""
     from analysis.ingest import EXCHANGE_TYPES, analyze_record
-    from analysis.reassemble import decode_body, header
+    from analysis.bodies import decode_body, header
 
     analyzed = analyze_record(rec, "", 0)
     row = dict(zip(EXCHANGE_TYPES, analyzed.exchange))

@@ -1,14 +1,15 @@
 """Fingerprint records while serving: once at start, then once per model name the traffic uses.
 
-The hot path must not parse JSON, yet the model name is inside the request body. So the handler
-does nothing new: `ProxyState.count`, which already runs once per finished exchange, calls its
-listeners, and this one (`observe`) only compares the path and appends the body to a bounded
-deque. A background task takes the bodies from there, off the request's path, and finds the
-`"model"` values with `str.find` (a C scan, no parse). Only a body holding a name not yet seen
-costs a real parse, to make sure `"model"` is the top-level key and not, say, a tool argument:
-once per model, plus once per body whose nested `"model"` values are new. Probing and recording
-happen in background tasks too, so serving never waits for them, and a slow or dead upstream
-only delays a fingerprint record, never a response.
+The hot path must not parse JSON, yet the model name is inside the request body. So the
+addon's request hook does only a path comparison and appends the body to a bounded deque. A
+background task takes the bodies from there, off the request's path, and finds the `"model"`
+values with `str.find` (a C scan, no parse). Only a body holding a name not yet seen costs a
+real parse, to make sure `"model"` is the top-level key and not, say, a tool argument.
+
+Probing is bounded, because model names come from clients: one model at a time, at most one
+new model every `PROBE_GAP` seconds, at most `MAX_MODELS` fingerprints kept. Names beyond
+that are counted, not probed. Probing and recording happen in the background, so serving never
+waits for them, and a slow or dead upstream only delays a fingerprint record, never a response.
 """
 
 from __future__ import annotations
@@ -16,20 +17,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import TYPE_CHECKING
+from typing import Callable
 
+import aiohttp
 import orjson
 
-from toolproxy.record.model import Record
+from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.record.writer import SegmentWriter
 from toolproxy.stacks.fingerprint import Fingerprint, fingerprint_record, probe
 from toolproxy.stacks.names import STACKS
-
-if TYPE_CHECKING:
-    from toolproxy.proxy.app import ProxyState
 
 ATTEMPT_PATHS = ("/chat/completions", "/completions", "/api/chat", "/api/generate", "/v1/messages", "/responses")
 _KEY = '"model"'
 _MAX_PENDING = 256
+MAX_MODELS = 32
+PROBE_GAP = 5.0
 
 
 def model_candidates(body: str) -> set[str]:
@@ -65,14 +67,18 @@ def top_level_model(body: str) -> str | None:
     return model if isinstance(model, str) and model else None
 
 
-class StackWatch:
-    def __init__(self, state: "ProxyState") -> None:
-        self.state = state
+class StackWatch(Addon):
+    def __init__(self, config, writer: SegmentWriter, session: Callable[[], aiohttp.ClientSession]) -> None:
+        self.config = config
+        self.writer = writer
+        self.session = session
         self.fingerprints: dict[str | None, Fingerprint] = {}
+        self.not_probed = 0
         self._probing: dict[str | None, asyncio.Task] = {}
         self._pending: collections.deque[str] = collections.deque(maxlen=_MAX_PENDING)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._stack: str | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="toolproxy-stackwatch")
@@ -83,16 +89,22 @@ class StackWatch:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def summary(self) -> dict | None:
+    def detected_stack(self) -> str | None:
+        """The stack fingerprinting found (a name the conditions know), or None yet."""
+        return self._stack
+
+    def report(self) -> dict | None:
         fp = self.fingerprints.get(None)
         if fp is None:
             return None
         return {"stack": fp.stack, "version": fp.version, "build": fp.build,
-                "models": sorted(m for m in self.fingerprints if m is not None)}
+                "models": sorted(m for m in self.fingerprints if m is not None),
+                "models_not_probed": self.not_probed}
 
-    def observe(self, rec: Record) -> None:
-        """Called for every finished exchange: a path comparison and an append, nothing more."""
-        if rec.method == "POST" and rec.request_body and rec.request_body_encoding == "utf8" and rec.path.endswith(ATTEMPT_PATHS):
+    def request(self, flow: Flow) -> None:
+        """A path comparison and an append, nothing more (a spilled body, too large to hold, is skipped)."""
+        rec = flow.rec
+        if rec.method == "POST" and rec.request_body_encoding == "utf8" and rec.path.endswith(ATTEMPT_PATHS):
             self._pending.append(rec.request_body)
             self._wake.set()
 
@@ -110,31 +122,40 @@ class StackWatch:
         return task
 
     async def _probe(self, model: str | None) -> Fingerprint:
-        cfg = self.state.config
+        cfg = self.config
         started = time.time()
         headers = {"Authorization": f"Bearer {cfg.upstream_key}"} if cfg.upstream_key else {}
         try:
-            fp = await probe(self.state.session, cfg.upstream, model, headers=headers, timeout=cfg.connect_timeout)
+            fp = await probe(self.session(), cfg.upstream, model, headers=headers, timeout=cfg.connect_timeout)
         except Exception as exc:  # a bug here must cost a fingerprint, never the proxy
             fp = Fingerprint(upstream=cfg.upstream, stack="unknown", model=model, error=f"{type(exc).__name__}: {exc}")
         self.fingerprints[model] = fp
         self._probing.pop(model, None)
-        self.state.writer.submit(fingerprint_record(fp, cfg.run, started))
-        options = cfg.condition_options
-        if options.stack is None and fp.stack in STACKS:
-            # --stack was not given: the constrained and template conditions need the dialect.
-            options.stack = fp.stack
+        self.writer.submit(fingerprint_record(fp, cfg.run, started))
+        if self._stack is None and fp.stack in STACKS:
+            self._stack = fp.stack
         return fp
 
+    def _new_model(self, body: str) -> str | None:
+        if not model_candidates(body) - self.fingerprints.keys() - self._probing.keys():
+            return None
+        name = top_level_model(body)
+        return name if name is not None and name not in self.fingerprints else None
+
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         await self.fingerprint(None)
+        next_probe = loop.time()
         while True:
             await self._wake.wait()
             self._wake.clear()
             while self._pending:
-                body = self._pending.popleft()
-                if model_candidates(body) - self.fingerprints.keys() - self._probing.keys():
-                    name = top_level_model(body)
-                    if name is not None and name not in self.fingerprints:
-                        self._start_probe(name)
+                name = self._new_model(self._pending.popleft())
+                if name is not None:
+                    if len(self.fingerprints) > MAX_MODELS:
+                        self.not_probed += 1
+                    else:
+                        await asyncio.sleep(max(0.0, next_probe - loop.time()))
+                        next_probe = loop.time() + PROBE_GAP
+                        await self.fingerprint(name)
                 await asyncio.sleep(0)  # let requests run between bodies

@@ -88,7 +88,10 @@ class Record:
     kind: str = "exchange"
     v: int = RECORD_VERSION
     ended_at: float | None = None
+    # The upstream's time to first byte, and apart from it any wait for a free upstream connection
+    # (null when the pool has no limit, so nothing can wait).
     ttfb_ms: float | None = None
+    pool_wait_ms: float | None = None
     duration_ms: float | None = None
 
     run: str | None = None

@@ -41,6 +41,7 @@ from typing import Callable
 
 from toolproxy.record.chunks import INLINE_BODY_CHARS, ChunkPacker
 from toolproxy.record.model import Record, encode_record
+from toolproxy.record.spill import has_spilled, record_pieces
 
 SEGMENT_DIR = "segments"
 SEGMENT_SUFFIX = ".jsonl"
@@ -162,7 +163,7 @@ class SegmentWriter:
                 waiter.set_result(False)
             return False
         line = None
-        if _body_chars(record) <= self._inline_chars:
+        if _body_chars(record) <= self._inline_chars and not has_spilled(record):
             line = self._line_or_drop(record, waiter)
             if line is None:
                 return False
@@ -322,7 +323,12 @@ class SegmentWriter:
             seg = None
         ready, data, written = [], b"", []
         if seg is not None:
-            ready, data = self._pack(taken, seg)
+            rest, spilled = [], []
+            for item in taken:
+                (spilled if item[1] is None and has_spilled(item[0]) else rest).append(item)
+            for rec, _, waiter, submitted in spilled:
+                self._write_spilled(seg, rec, waiter, submitted)
+            ready, data = self._pack(rest, seg)
             self._hand = ready  # until the bytes are in the kernel: what an unexpected error would lose
         if ready:
             waiters = [w for _, _, w, _ in ready if w is not None]
@@ -346,6 +352,30 @@ class SegmentWriter:
         if self.observe is not None:
             for rec, _, _, _ in written:
                 self.observe(rec)
+
+    def _write_spilled(self, seg: _Segment, rec: Record, waiter, submitted: float) -> None:
+        """A record with a body spilled to a temporary file, streamed from it in pieces so it is
+        never held whole (and not deduplicated), cut back whole if any piece fails."""
+        start = seg.end
+        try:
+            for piece in record_pieces(rec):
+                self._append(seg, piece)
+        except OSError as exc:
+            self._rollback(seg, start)
+            self._write_failed(exc, 1, [waiter] if waiter is not None else [], seg.end - start)
+            return
+        except Exception as exc:  # noqa: BLE001 - count it and keep recording, as _line_or_drop does
+            self._rollback(seg, start)
+            self._drop(1, UNENCODABLE, f"cannot serialise a record: {type(exc).__name__}: {exc}")
+            if waiter is not None:
+                self._release([waiter], False)
+            return
+        self._last_write_ok = True
+        if self._unsynced_since is None:
+            self._unsynced_since = submitted
+        self._unsynced += 1
+        if waiter is not None:
+            self._unsynced_waiters.append(waiter)
 
     def _pack(self, taken: list, seg: _Segment) -> tuple[list, bytes]:
         """(the records that will be written, their bytes) for segment `seg`. The whole batch in

@@ -39,6 +39,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from toolproxy import wire
 from toolproxy.stacks.fingerprint import USER_AGENT_PREFIX
 
 NAMES = ("ollama", "vllm", "sglang", "llamacpp", "lmstudio", "openai")
@@ -312,6 +313,11 @@ def _usage_tokens(req: ModelRequest, out: str) -> tuple[int, int]:
 # ---------------------------------------------------------------- the stacks
 
 
+def as_chat(family: str, body: dict) -> dict:
+    """A Responses or Messages body as the chat request a stack serving that API runs internally."""
+    return wire.write_request(wire.CHAT, wire.read_request(family, body))
+
+
 class Stack:
     """Behaviour shared by OpenAI-compatible servers; subclasses override what differs."""
 
@@ -341,6 +347,10 @@ class Stack:
     def error(self, status: int, message: str, kind: str | None = None) -> Answer:
         raise NotImplementedError
 
+    def not_found(self) -> Answer:
+        """An unknown path (also how a stack without the Responses or Messages API answers them)."""
+        return Answer(404, "text/plain; charset=utf-8", [b"Not Found"])
+
     def unknown_model(self, model: str) -> Answer | None:
         return None
 
@@ -364,7 +374,17 @@ class Stack:
 
     # -- shared pipeline
     async def chat(self, request: web.Request, body: dict) -> Answer:
-        req = self.fake.model_request(self, request.path, body)
+        out = self.converse(request.path, body)
+        if isinstance(out, Answer):
+            return out
+        req, reply, content, native, finish = out
+        if req.stream:
+            return Answer(200, self.sse_type, self.chat_stream(req, content, native, finish, reply), stream=True)
+        return self.json(200, self.chat_body(req, content, native, finish, reply))
+
+    def converse(self, path: str, body: dict) -> Answer | tuple[ModelRequest, Reply, str, list[ToolCall], str]:
+        """A chat request through this stack's checks, the model and its parser; an Answer when it errors."""
+        req = self.fake.model_request(self, path, body)
         if (a := self.unknown_model(req.model)) is not None:
             return a
         if (a := self.refuse_tools(req)) is not None:
@@ -373,10 +393,7 @@ class Stack:
         if isinstance(out, Answer):
             return out
         reply, content, native = out
-        finish = reply.finish_reason or ("tool_calls" if native else "stop")
-        if req.stream:
-            return Answer(200, self.sse_type, self.chat_stream(req, content, native, finish, reply), stream=True)
-        return self.json(200, self.chat_body(req, content, native, finish, reply))
+        return req, reply, content, native, reply.finish_reason or ("tool_calls" if native else "stop")
 
     def model_output(self, req: ModelRequest, error: Callable[[int, str], Answer]) -> Answer | tuple[Reply, str, list]:
         """Run the scripted model, then this stack's parser; an Answer when the stack errors instead."""
@@ -551,6 +568,29 @@ class OpenAI(Stack):
     def model_entry(self, name):
         return {"id": name, "object": "model", "created": self.fake.created, "owned_by": "system"}
 
+    def routes(self):
+        return super().routes() + [("POST", "/v1/responses", self.responses)]
+
+    def not_found(self) -> Answer:
+        return self.error(404, "Invalid URL")
+
+    async def responses(self, request, body):
+        """The Responses API in the reference shape (toolproxy.wire's encoder writes it)."""
+        out = self.converse(request.path, as_chat(wire.RESPONSES, body))
+        if isinstance(out, Answer):
+            return out
+        req, reply, content, native, finish = out
+        encoder = wire.encoder_for(wire.RESPONSES, body, req.stream)
+        calls = [wire.Call(i, tc["id"], tc["function"]["name"], tc["function"]["arguments"])
+                 for i, tc in enumerate(self.native_calls(native))]
+        usage = self.usage(req, content)
+        usage["prompt_tokens_details"] = {"cached_tokens": self.fake.cached_tokens or 0}
+        raw = b"".join(encoder.delta(p) for p in _pieces(content)) if content else b""
+        raw += encoder.end("", calls, finish, usage)
+        if not req.stream:
+            return self.json(200, orjson.loads(raw))
+        return Answer(200, self.sse_type, [e + b"\n\n" for e in raw.split(b"\n\n") if e], stream=True)
+
 
 class VLLM(Stack):
     """vLLM (FastAPI): vllm/entrypoints/openai/serving_chat.py, protocol.py ErrorResponse."""
@@ -561,13 +601,80 @@ class VLLM(Stack):
     version = "0.11.0"
 
     def routes(self):
-        return super().routes() + [("GET", "/version", self.version_route), ("GET", "/health", self.health)]
+        return super().routes() + [
+            ("GET", "/version", self.version_route), ("GET", "/health", self.health),
+            ("POST", "/v1/messages", self.messages), ("POST", "/v1/messages/count_tokens", self.count_tokens),
+        ]
 
     async def version_route(self, request, body):
         return self.json(200, {"version": self.version})
 
     async def health(self, request, body):
         return Answer(200, "", [b""])
+
+    def not_found(self) -> Answer:
+        return self.json(404, {"detail": "Not Found"})  # FastAPI's default
+
+    # -- /v1/messages: vllm/entrypoints/anthropic (api_router.py, serving.py, protocol.py): the
+    # request becomes a chat completion and the reply is converted back. Non-streamed:
+    # model_dump(exclude_none), a text block only when there is text. Streamed: the chat stream's
+    # chunks turned into events dumped with exclude_unset, so message_start's message carries no
+    # `type`/`role` but explicit null stop fields and its usage.
+    _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+    def anthropic_error(self, answer: Answer) -> Answer:
+        err = orjson.loads(b"".join(answer.events)).get("error") or {}
+        return self.json(answer.status, {"type": "error", "error": {"type": err.get("type"), "message": err.get("message")}})
+
+    async def messages(self, request, body):
+        out = self.converse(request.path, as_chat(wire.MESSAGES, body))
+        if isinstance(out, Answer):
+            return self.anthropic_error(out)
+        req, reply, content, native, finish = out
+        usage = self.usage(req, content)
+        tokens = {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
+        calls = self.native_calls(native)
+        cid = self.completion_id()
+        if not req.stream:
+            blocks = [{"type": "text", "text": content}] if content else []
+            blocks += [{"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
+                        "input": orjson.loads(tc["function"]["arguments"])} for tc in calls]
+            message = {"id": cid, "type": "message", "role": "assistant", "content": blocks, "model": req.model}
+            if finish in self._STOP:
+                message["stop_reason"] = self._STOP[finish]
+            return self.json(200, {**message, "usage": tokens})
+
+        def event(kind: str, **data) -> bytes:
+            return b"event: " + kind.encode() + b"\ndata: " + compact({"type": kind, **data}) + b"\n\n"
+
+        events = [event("message_start", message={"id": cid, "content": [], "model": req.model, "stop_reason": None,
+                                                  "stop_sequence": None,
+                                                  "usage": {"input_tokens": tokens["input_tokens"], "output_tokens": 0}})]
+        index, started = 0, False
+        for piece in _pieces(content) if content else ():
+            if not started:
+                events.append(event("content_block_start", content_block={"type": "text", "text": ""}, index=index))
+                started = True
+            events.append(event("content_block_delta", delta={"type": "text_delta", "text": piece}, index=index))
+        for tc in calls:
+            if started:
+                events.append(event("content_block_stop", index=index))
+                index += 1
+            events.append(event("content_block_start", content_block={
+                "type": "tool_use", "id": tc["id"], "name": tc["function"]["name"], "input": {}}, index=index))
+            started = True
+            events += [event("content_block_delta", delta={"type": "input_json_delta", "partial_json": f}, index=index)
+                       for f in _fragments(tc["function"]["arguments"])]
+        if started:
+            events.append(event("content_block_stop", index=index))
+        events.append(event("message_delta", delta={"stop_reason": self._STOP.get(finish, "end_turn")}, usage=tokens))
+        events.append(event("message_stop"))
+        return Answer(200, self.sse_type, events, stream=True)
+
+    async def count_tokens(self, request, body):
+        chat = wire.read_request(wire.MESSAGES, body)
+        n = len(orjson.dumps(chat.messages)) // 4 + 1
+        return self.json(200, {"input_tokens": n, "context_management": {"original_input_tokens": n}})
 
     def error(self, status, message, kind=None):
         kind = kind or {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
@@ -724,8 +831,99 @@ class LlamaCpp(Stack):
             ("POST", "/chat/completions", self.chat), ("POST", "/completion", self.native_completion),
             ("POST", "/completions", self.native_completion), ("POST", "/apply-template", self.apply_template),
             ("GET", "/props", self.props), ("GET", "/health", self.health), ("GET", "/v1/health", self.health),
-            ("GET", "/models", self.models),
+            ("GET", "/models", self.models), ("POST", "/v1/responses", self.responses), ("POST", "/responses", self.responses),
+            ("POST", "/v1/messages", self.messages), ("POST", "/v1/messages/count_tokens", self.count_tokens),
         ]
+
+    def not_found(self) -> Answer:
+        return self.json(404, {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}})
+
+    # -- the Responses and Messages endpoints: llama-server turns each into a chat request, runs
+    # it, and writes the result back in that protocol (shapes as captured from a real llama-server
+    # in tests/data/wire; its Responses stream events carry no output_index / content_index).
+    async def responses(self, request, body):
+        out = self.converse(request.path, as_chat(wire.RESPONSES, body))
+        if isinstance(out, Answer):
+            return out
+        req, reply, content, native, finish = out
+        created, rid, mid = int(time.time()), "resp_" + _rand(_ALNUM, 32), "msg_" + _rand(_ALNUM, 32)
+        part = {"type": "output_text", "annotations": [], "logprobs": [], "text": content}
+        output: list[dict] = []
+        if content or not native:
+            output.append({"type": "message", "status": "completed", "id": mid, "content": [part], "role": "assistant"})
+        calls = [{"type": "function_call", "status": "completed", "arguments": tc["function"]["arguments"],
+                  "call_id": tc["id"], "name": tc["function"]["name"], "id": "fc_" + tc["id"]} for tc in self.native_calls(native)]
+        output += calls
+        p, c = _usage_tokens(req, content)
+        cached = self.fake.cached_tokens or 0
+        usage = {"input_tokens": p, "output_tokens": c, "total_tokens": p + c, "input_tokens_details": {"cached_tokens": cached}}
+        if not req.stream:
+            return self.json(200, {"completed_at": created, "created_at": created, "id": rid, "model": req.model,
+                                   "object": "response", "output": output, "status": "completed", "usage": usage})
+
+        def event(kind: str, **data) -> bytes:
+            return b"event: " + kind.encode() + b"\ndata: " + compact({"type": kind, **data}) + b"\n\n"
+
+        head = {"id": rid, "object": "response", "status": "in_progress"}
+        events = [event("response.created", response=head), event("response.in_progress", response=head)]
+        if content or not native:
+            events.append(event("response.output_item.added", item={"content": [], "id": mid, "role": "assistant",
+                                                                   "status": "in_progress", "type": "message"}))
+            events.append(event("response.content_part.added", item_id=mid, part={"type": "output_text", "text": ""}))
+            events += [event("response.output_text.delta", item_id=mid, delta=piece) for piece in _pieces(content)]
+            events.append(event("response.output_text.done", item_id=mid, text=content))
+            events.append(event("response.content_part.done", item_id=mid, part=part))
+            events.append(event("response.output_item.done", item=output[0]))
+        for item in calls:
+            events.append(event("response.output_item.added", item={**item, "arguments": "", "status": "in_progress"}))
+            events += [event("response.function_call_arguments.delta", item_id=item["id"], delta=f)
+                       for f in _fragments(item["arguments"])]
+            events.append(event("response.function_call_arguments.done", item_id=item["id"], arguments=item["arguments"]))
+            events.append(event("response.output_item.done", item=item))
+        events.append(event("response.completed", response={**head, "created_at": created, "status": "completed",
+                                                             "model": req.model, "output": output, "usage": usage},
+                            timings=self.timings(req, content)))
+        return Answer(200, self.sse_type, events, stream=True)
+
+    async def messages(self, request, body):
+        out = self.converse(request.path, as_chat(wire.MESSAGES, body))
+        if isinstance(out, Answer):
+            return out
+        req, reply, content, native, finish = out
+        mid = self.completion_id()
+        stop = "tool_use" if native else {"length": "max_tokens"}.get(finish, "end_turn")
+        blocks: list[dict] = [{"type": "text", "text": content}] if content else []
+        blocks += [{"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
+                    "input": orjson.loads(tc["function"]["arguments"])} for tc in self.native_calls(native)]
+        p, c = _usage_tokens(req, content)
+        cached = min(self.fake.cached_tokens or 0, p)
+        usage = {"cache_read_input_tokens": cached, "input_tokens": p - cached, "output_tokens": c}
+        message = {"id": mid, "type": "message", "role": "assistant", "content": blocks, "model": req.model,
+                   "stop_reason": stop, "stop_sequence": None, "usage": usage}
+        if not req.stream:
+            return self.json(200, message)
+
+        def event(kind: str, **data) -> bytes:
+            return b"event: " + kind.encode() + b"\ndata: " + compact({"type": kind, **data}) + b"\n\n"
+
+        events = [event("message_start", message={**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}})]
+        for index, block in enumerate(blocks):
+            if block["type"] == "text":
+                events.append(event("content_block_start", index=index, content_block={"type": "text", "text": ""}))
+                events += [event("content_block_delta", index=index, delta={"type": "text_delta", "text": piece})
+                           for piece in _pieces(content)]
+            else:
+                events.append(event("content_block_start", index=index, content_block={**block, "input": {}}))
+                events += [event("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": f})
+                           for f in _fragments(orjson.dumps(block["input"]).decode())]
+            events.append(event("content_block_stop", index=index))
+        events.append(event("message_delta", delta={"stop_reason": stop, "stop_sequence": None}, usage={"output_tokens": c}))
+        events.append(event("message_stop"))
+        return Answer(200, self.sse_type, events, stream=True)
+
+    async def count_tokens(self, request, body):
+        chat = wire.read_request(wire.MESSAGES, body)
+        return self.json(200, {"input_tokens": len(orjson.dumps(chat.messages)) // 4 + 1})
 
     def error(self, status, message, kind=None):
         kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -945,6 +1143,9 @@ class Ollama(Stack):
 
     def native_json(self, status: int, obj: Any) -> Answer:
         return Answer(status, self.native_type, [go_json(obj)])
+
+    def not_found(self) -> Answer:
+        return Answer(404, "text/plain", [b"404 page not found"])  # gin's default
 
     async def root(self, request, body):
         return Answer(200, "text/plain; charset=utf-8", [b"Ollama is running"])
@@ -1326,7 +1527,7 @@ class FakeStack:
         if handler is None:
             if any(p == request.path for _, p in table):
                 return self.stack.error(405, "Method Not Allowed")
-            return Answer(404, "text/plain; charset=utf-8", [b"404 page not found" if self.kind == "ollama" else b"Not Found"])
+            return self.stack.not_found()
         parsed: dict = {}
         if request.method == "POST":
             try:

@@ -28,7 +28,7 @@ import orjson
 from toolproxy import __version__
 from toolproxy.record.model import Record, new_id
 from toolproxy.stacks import markers
-from toolproxy.stacks.errors import error_text
+from toolproxy.wire import error_text
 from toolproxy.stacks.names import LABELS
 
 ROOT = "GET /"

@@ -1,4 +1,4 @@
-"""Reassembly of recorded response bodies: one row per wire shape a real stack produces."""
+"""Recorded response bodies through analysis.bodies and the wire decoders: one row per wire shape a real stack produces."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import os
 import orjson
 import pytest
 
-from analysis.reassemble import decode_body, endpoint_kind, reassemble
+from analysis.bodies import decode_body
+from toolproxy.wire import decode, family_of
 
 
 def sse(*events, done=True) -> bytes:
@@ -130,8 +131,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("path,ctype,body,want", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_reassemble(path, ctype, body, want):
-    r = reassemble(body, endpoint_kind(path), ctype)
+def test_decode(path, ctype, body, want):
+    r = decode(body, family_of(path), ctype)
     for key, value in want.items():
         if key == "calls":
             assert [(c.name, c.arguments) for c in r.tool_calls] == value
@@ -142,20 +143,22 @@ def test_reassemble(path, ctype, body, want):
 
 
 def test_sniffs_sse_without_content_type():
-    r = reassemble(sse(chunk({"content": "x"}, "stop")), "chat", None)
+    r = decode(sse(chunk({"content": "x"}, "stop")), "chat", None)
     assert r.streamed and r.content == "x"
 
 
 ENDPOINTS = [
     ("/v1/chat/completions", "chat"), ("/chat/completions", "chat"), ("/api/chat", "ollama_chat"),
     ("/api/generate", "ollama_generate"), ("/v1/completions", "completion"), ("/completion", "completion"),
+    ("/v1/responses", "responses"), ("/responses", "responses"), ("/v1/messages", "messages"),
+    ("/anthropic/v1/messages", "messages"), ("/v1/threads/t1/messages", None), ("/v1/messages/count_tokens", None),
     ("/v1/models", None), ("/api/tags", None), ("/v1/embeddings", None),
 ]
 
 
 @pytest.mark.parametrize("path,kind", ENDPOINTS)
-def test_endpoint_kind(path, kind):
-    assert endpoint_kind(path) == kind
+def test_family_of(path, kind):
+    assert family_of(path) == kind
 
 
 def test_decode_gzip_and_base64():

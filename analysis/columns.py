@@ -1,0 +1,135 @@
+"""Python values against the DuckDB column types the analyzer stores them in.
+
+A value that does not fit its column fails the CAST at insert, and a failed statement aborts the
+whole ingest transaction: one odd record would stop every later one from being stored. So every
+value is checked here first, in Python, where the answer can name the field and the value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from toolproxy.calls.validate import json_type
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+# Epoch seconds DuckDB can hold as a TIMESTAMP (microseconds in an int64, about +-292,000 years).
+_EPOCH_SECONDS = 9.2e12
+
+_WORDS = {
+    "VARCHAR": "a string",
+    "JSON": "JSON text",
+    "INTEGER": "a 32-bit integer",
+    "BIGINT": "a 64-bit integer",
+    "DOUBLE": "a number",
+    "TIMESTAMP": "a time in seconds since 1970",
+    "BOOLEAN": "true or false",
+    "VARCHAR[]": "a list of strings",
+}
+
+
+def _is_int(value: Any, bounds: tuple[int, int]) -> bool:
+    return type(value) is int and bounds[0] <= value <= bounds[1]
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+_FITS = {
+    "VARCHAR": lambda v: type(v) is str,
+    "JSON": lambda v: type(v) is str,
+    "INTEGER": lambda v: _is_int(v, _INT32),
+    "BIGINT": lambda v: _is_int(v, _INT64),
+    "DOUBLE": _is_number,
+    "TIMESTAMP": lambda v: _is_number(v) and -_EPOCH_SECONDS < v < _EPOCH_SECONDS,
+    "BOOLEAN": lambda v: type(v) is bool,
+    "VARCHAR[]": lambda v: type(v) is list and all(type(x) is str for x in v),
+}
+
+
+def _with_article(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
+
+
+def misfit(name: str, value: Any, sql_type: str) -> str | None:
+    """Why `value` cannot be stored in column `name` of `sql_type`, or None if it can (NULL always can)."""
+    if value is None or _FITS[sql_type](value):
+        return None
+    try:
+        shown = orjson.dumps(value, default=str).decode()
+    except TypeError:  # an int beyond 64 bits (orjson's own limit)
+        shown = str(value)
+    if len(shown) > 60:
+        shown = shown[:59] + "…"
+    return f'"{name}" is {shown} ({_with_article(json_type(value))}), which does not fit {_WORDS[sql_type]}'
+
+
+_NONE = type(None)
+_BOUNDS = {"INTEGER": _INT32, "BIGINT": _INT64, "TIMESTAMP": (-_EPOCH_SECONDS, _EPOCH_SECONDS)}
+_PY_TYPES = {
+    "VARCHAR": {str, _NONE}, "JSON": {str, _NONE}, "INTEGER": {int, _NONE}, "BIGINT": {int, _NONE},
+    "DOUBLE": {int, float, _NONE}, "TIMESTAMP": {int, float, _NONE}, "BOOLEAN": {bool, _NONE}, "VARCHAR[]": {list, _NONE},
+}
+
+
+def _column_fits(values: list, sql_type: str) -> bool:
+    """Whether every value fits, decided by C-level passes over the column (no call per value)."""
+    if not set(map(type, values)) <= _PY_TYPES[sql_type]:
+        return False
+    bounds = _BOUNDS.get(sql_type)
+    if bounds is not None:
+        present = list(filter(None, values))  # zero is in every range
+        return not present or (bounds[0] <= min(present) and max(present) <= bounds[1])
+    if sql_type == "VARCHAR[]":
+        return all(set(map(type, v)) <= {str} for v in filter(None, values))
+    return True
+
+
+class Columns:
+    """The column types of one table, checked a column at a time.
+
+    Every record of an ingest goes through here, so the common case (everything fits) costs a
+    few C-level passes per column of a batch; only a column that fails them is looked at value
+    by value.
+    """
+
+    def __init__(self, types: dict[str, str]) -> None:
+        self.types = types
+
+    def misfit(self, values: dict[str, Any]) -> str | None:
+        """The first of the columns' values in `values` (one record) that does not fit, as misfit says."""
+        for name, sql_type in self.types.items():
+            if problem := misfit(name, values.get(name), sql_type):
+                return problem
+        return None
+
+    def misfits(self, columns: dict[str, list], names: list[str]) -> dict[int, str]:
+        """Rows (by index) where one of the columns `names` holds a value that does not fit, and why."""
+        found: dict[int, str] = {}
+        for name in names:
+            sql_type, values = self.types[name], columns[name]
+            if _column_fits(values, sql_type):
+                continue
+            for i, value in enumerate(values):
+                if i not in found and (problem := misfit(name, value, sql_type)):
+                    found[i] = problem
+        return found
+
+    def fit(self, columns: dict[str, list]) -> dict[str, list]:
+        """`columns` with every value that does not fit made to: text as JSON, anything else NULL.
+
+        For values read out of bodies, which a model or a stack wrote: the exchange is still
+        stored, its raw body keeps the original, and the column holds what SQL can compare.
+        """
+        out = dict(columns)
+        for name, values in columns.items():
+            sql_type = self.types[name]
+            if _column_fits(values, sql_type):
+                continue
+            text = sql_type in ("VARCHAR", "JSON")
+            out[name] = [v if v is None or _FITS[sql_type](v) else (orjson.dumps(v, default=str).decode() if text else None)
+                         for v in values]
+        return out

@@ -1,0 +1,74 @@
+"""BFCL's single-turn categories as `toolproxy study` runs: each category under every condition.
+
+    python examples/bfcl_study.py --upstream http://127.0.0.1:8080 [--first 10] [--data DIR] [--dry-run]
+
+BFCL sends every item through one base URL, so per-item tags are impossible; instead each
+category is its own study (`bfcl-CATEGORY`, runs `bfcl-CATEGORY-CONDITION`) tagged
+`category=CATEGORY`, and the irrelevance categories also `expect=none`: no offered function fits,
+so the right move is not to call and those turns are scored by restraint, not fidelity. Items
+pair across conditions by content (the analyzer's item key), so each study's McNemar test is
+paired per item. A study that is interrupted resumes when this script is run again.
+
+bfcl-eval runs from the cached environment of the recipe checks (examples/recipes/harnesses.py;
+built on first use) unless --python names another interpreter with bfcl-eval installed. BFCL's
+own results and scores go to DATA/bfcl/CATEGORY (overwritten by each condition; its accuracy is
+printed as each run ends). At the end each study's markdown is in DATA/studies/bfcl-CATEGORY.md.
+"""
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SINGLE_TURN = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
+               "irrelevance", "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+               "live_irrelevance", "live_relevance")
+NO_CALL_DUE = ("irrelevance", "live_irrelevance")
+
+
+def commands(args: argparse.Namespace, python: str) -> list[tuple[list[str], dict[str, str]]]:
+    """One `toolproxy study` per category, with the environment BFCL needs for it."""
+    out = []
+    for category in args.categories:
+        tags = ["--tag", f"category={category}"] + (["--tag", "expect=none"] if category in NO_CALL_DUE else [])
+        argv = [sys.executable, "-m", "toolproxy.cli", "study", "--upstream", args.upstream, "--data", str(args.data),
+                "--name", f"bfcl-{category}", "--conditions", args.conditions, *tags,
+                "--", python, str(HERE / "recipes" / "bfcl.py"), "--first", str(args.first), category]
+        out.append((argv, {"BFCL_PROJECT_ROOT": str((args.data / "bfcl" / category).resolve())}))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--upstream", required=True, help="the model server's root, as for toolproxy serve")
+    parser.add_argument("--first", type=int, default=10, help="items per category")
+    parser.add_argument("--categories", type=lambda s: s.split(","), default=list(SINGLE_TURN),
+                        help="comma-separated BFCL categories (default: every single-turn one)")
+    parser.add_argument("--conditions", default="native,hint,text,constrained")
+    parser.add_argument("--data", type=Path, default=Path("toolproxy-data"))
+    parser.add_argument("--python", help="an interpreter with bfcl-eval (default: the recipes' cached environment)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    args = parser.parse_args()
+    unknown = [c for c in args.categories if c not in SINGLE_TURN]
+    if unknown:
+        parser.error(f"not a single-turn BFCL category: {', '.join(unknown)}")
+    python = args.python
+    if python is None and not args.dry_run:
+        sys.path.insert(0, str(HERE / "recipes"))
+        from harnesses import environment
+
+        python = str(environment("bfcl-eval") / "bin" / "python")
+    for argv, env in commands(args, python or "PYTHON"):
+        print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv), flush=True)
+        if not args.dry_run:
+            done = subprocess.run(argv, env={**os.environ, **env})
+            if done.returncode:  # interrupted (130) or the study could not go on: stop, rerunning resumes
+                return done.returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The scripted model behind the recipe checks: it does the one-tool task right, on any protocol.
+
+It calls get_weather until the tool's result phrase shows up in the conversation, then answers
+(through smolagents' final_answer tool when that is offered, since that is how it stops). Given
+only mini-swe-agent's `bash` tool, it runs a command whose output holds the phrase (the shell must
+compute part of it, so the phrase appears only if the harness really ran it), then submits the
+answer the way mini-swe-agent ends a task. Offered other tools only (BFCL), it calls the first with
+arguments that satisfy its schema, so a run through a correct harness and proxy scores full call
+fidelity: anything less is a real defect.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from toolproxy.stacks.fakes import ModelRequest, Reply, call, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "recipes"))
+from weather import RESULT_PHRASE  # noqa: E402
+
+ANSWER = f"It is {RESULT_PHRASE} in Paris."
+
+
+def _schemas(body: dict) -> dict[str, dict]:
+    out = {}
+    for t in body.get("tools") or []:
+        if isinstance(t, dict):
+            fn = t.get("function", t)
+            out[fn.get("name", "")] = fn.get("parameters") or fn.get("input_schema") or {}
+    return out
+
+
+def example(schema: Any) -> Any:
+    """A value that satisfies `schema`: required properties filled, the first enum value, by type."""
+    if not isinstance(schema, dict):
+        return "x"
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    kind = kind[0] if isinstance(kind, list) else kind
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") or {}
+        return {k: example(props.get(k, {})) for k in schema.get("required") or []}
+    if kind == "array":
+        return [example(schema.get("items", {}))] if schema.get("minItems") else []
+    return {"integer": 1, "number": 1.5, "boolean": True, "null": None}.get(kind, "Paris")
+
+
+def respond(req: ModelRequest) -> Reply | None:
+    tools = _schemas(req.body)
+    if not tools:
+        return text(ANSWER)
+    if set(tools) == {"bash"}:
+        if RESULT_PHRASE in json.dumps(req.body):
+            return call("bash", {"command": f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo '{ANSWER}'"})
+        return call("bash", {"command": 'echo "weather-service: sunny, $((20 + 2)) C in Paris"'})
+    if RESULT_PHRASE in json.dumps(req.body):
+        return call("final_answer", {"answer": ANSWER}) if "final_answer" in tools else text(ANSWER)
+    if "get_weather" in tools:
+        return call("get_weather", {"city": "Paris"})
+    name = next(iter(tools))
+    return call(name, example(tools[name]))

@@ -1,0 +1,119 @@
+"""`toolproxy study`: one real harness (the openai SDK) under several conditions, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from toolproxy.record.segments import read_records
+from toolproxy.stacks import fakes
+
+# Three tasks, each a call then an answer from the tool's result; the harness only acts on
+# structured tool_calls, as most do.
+HARNESS = textwrap.dedent("""
+    import os, sys, time
+    from openai import OpenAI
+    client = OpenAI()
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}}}]
+    for city in ("Paris", "Lima", "Oslo"):
+        messages = [{"role": "user", "content": f"Weather in {city}?"}]
+        for _ in range(3):
+            msg = client.chat.completions.create(model=os.environ["MODEL"], messages=messages, tools=tools).choices[0].message
+            messages.append(msg.model_dump(exclude_none=True))
+            if not msg.tool_calls:
+                break
+            for c in msg.tool_calls:
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": "sunny, 21C"})
+    if os.path.exists(os.environ.get("HOLD", "")):
+        print("holding", flush=True)
+        time.sleep(60)
+""")
+
+
+def _responder(req: fakes.ModelRequest) -> fakes.Reply:
+    last = (req.messages or [{}])[-1]
+    if last.get("role") == "tool" or "sunny, 21C" in str(last.get("content")):
+        return fakes.text("It is sunny and 21C.")
+    city = str(last.get("content", "")).split()[-1].rstrip("?")
+    return fakes.call("get_weather", {"city": city})
+
+
+@pytest.fixture
+def setup(fake_stack, tmp_path):
+    fake = fake_stack("sglang", responder=_responder)  # no --tool-call-parser: calls stay in content
+    harness = tmp_path / "agent.py"
+    harness.write_text(HARNESS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
+    env.update(MODEL=fake.model, HOLD=str(tmp_path / "hold"))
+    return fake, harness, env, tmp_path / "data"
+
+
+def _study(fake, harness, data, *extra):
+    return [sys.executable, "-m", "toolproxy.cli", "study", "--upstream", fake.url, "--data", str(data),
+            "--name", "s", "--conditions", "native,text", "--no-fingerprint", *extra, "--", sys.executable, str(harness)]
+
+
+def test_study_runs_each_condition_and_pairs_them(setup):
+    fake, harness, env, data = setup
+    done = subprocess.run(_study(fake, harness, data), env=env, text=True, capture_output=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    state = json.loads((data / "studies" / "s.json").read_text())
+    assert [(r["run"], r["status"]) for r in state["runs"]] == [("s-native", "done"), ("s-text", "done")]
+    by_run = {}
+    for r in read_records(data):
+        if r.get("kind", "exchange") == "exchange":
+            by_run.setdefault((r["run"], r["condition"]), 0)
+            by_run[(r["run"], r["condition"])] += 1
+    # native: the call stays in content, so the harness stops after one turn per task;
+    # text: the proxy hands it tool_calls, so each task is a call and an answer.
+    assert by_run == {("s-native", "native"): 3, ("s-text", "text"): 6}
+    rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if "| done |" in line}
+    assert "| 100% [" in rows["s-native"]  # call fidelity: the model made its calls ...
+    assert rows["s-native"].count("| 0% [") == 1  # ... none delivered
+    assert rows["s-text"].count("| 100% [") == 2  # text restores delivery
+    pairs = [line for line in done.stdout.splitlines() if line.startswith("| s-text | delivered")]
+    assert pairs and pairs[0].split("|")[3:6] == [" 3 ", " 0 ", " 3 "]  # 3 paired items, 0 native-only, 3 text-only
+    assert (data / "studies" / "s.md").read_text() == done.stdout
+
+    again = subprocess.run(_study(fake, harness, data), env=env, text=True, capture_output=True, timeout=180)
+    assert again.returncode == 0 and "every run is done already" in again.stderr
+    assert sum(1 for r in read_records(data) if r.get("kind", "exchange") == "exchange") == 9  # nothing rerun
+
+
+def test_ctrl_c_keeps_finished_runs_and_a_rerun_resumes(setup):
+    fake, harness, env, data = setup
+    hold = env["HOLD"]
+    open(hold, "w").close()
+    proc = subprocess.Popen(_study(fake, harness, data), env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == "holding"  # the first condition's harness finished its tasks
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in err
+    state = json.loads((data / "studies" / "s.json").read_text())
+    assert [r["status"] for r in state["runs"]] == ["interrupted", "pending"]
+
+    os.unlink(hold)
+    done = subprocess.run(_study(fake, harness, data), env=env, text=True, capture_output=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    state = json.loads((data / "studies" / "s.json").read_text())
+    assert [(r["run"], r["status"], r["attempts"]) for r in state["runs"]] == [
+        ("s-native~2", "done", ["s-native"]), ("s-text", "done", [])]
+    assert "| s-native~2 | native | done |" in done.stdout
+
+
+def test_unknown_condition_is_a_usage_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "toolproxy.cli", "study", "--upstream", "http://127.0.0.1:9",
+                           "--data", str(tmp_path), "--conditions", "native,nope", "--", "true"],
+                          text=True, capture_output=True, timeout=60)
+    assert done.returncode == 2 and "nope" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,133 @@
+"""The flow: one exchange's state, and the addons that hang on its phases.
+
+Like mitmproxy's addons, each concern of the hot path (auth, the condition, stack watching,
+counters, durability, recording) is a small object with a method per phase it cares about:
+
+    request_headers(flow)        the request line and headers are known; the body is not read yet
+    request(flow)                the body is read; a condition may rewrite what goes upstream
+    response_headers(flow, resp) the upstream's status and headers arrived
+    response_chunk(flow, chunk)  one chunk of the upstream's body, as received (may return an
+                                 awaitable: backpressure, awaited before the next chunk is read)
+    response_end(flow)           the upstream's body is complete
+    error(flow)                  the exchange ended any other way (flow.rec.error_kind says how)
+
+Exactly one of response_end and error runs per flow, once, so an addon that records or counts
+there sees every exchange exactly once. A request-phase hook stops the exchange by calling
+`flow.refuse(...)`. Hooks are plain functions (not coroutines): the per-chunk cost is a call.
+Only the phases an addon overrides are called, so an addon costs nothing where it is silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable, NoReturn
+
+from aiohttp import web
+
+from toolproxy.record.model import Record, new_id
+
+PHASES = ("request_headers", "request", "response_headers", "response_chunk", "response_end", "error")
+
+
+class Refusal(Exception):
+    """Raised by `Flow.refuse`: the proxy answers itself instead of forwarding."""
+
+    def __init__(self, status: int, kind: str, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message, self.code = status, kind, message, code
+
+
+class Flow:
+    """One exchange, from the client's request to its one record."""
+
+    __slots__ = (
+        "request", "rec", "t0", "body", "up_path", "up_query", "up_headers", "transform", "stream",
+        "out_status", "out_reason", "out_headers",
+        "spool", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait", "pool_queued_at",
+        "task", "deadline", "hard_deadline", "phase", "expired",
+    )
+
+    def __init__(self, request: web.Request, upstream: str, total_timeout: float | None, durable: bool = False) -> None:
+        self.request = request
+        self.t0 = time.perf_counter()
+        self.rec = Record(id=new_id(), started_at=time.time(), upstream=upstream)
+        # The request body: bytes, or a SpilledBody once it outgrew --spill-above.
+        self.body: Any = b""
+        self.up_path = ""
+        self.up_query = ""
+        self.up_headers: dict[str, str] = {}
+        self.transform: Any = None  # the condition's ResponseTransform, when it rewrites the reply
+        # What the client is sent: the upstream's status and headers unless an addon changes them.
+        self.out_status = 0
+        self.out_reason: str | None = None
+        self.out_headers: list[tuple[str, str]] = []
+        # bytes -> bytes for the client (called with b"" at the end for the tail), or None: as received.
+        self.stream: Callable[[bytes], bytes] | None = None
+        self.spool: Any = None  # the recorder's copy of the upstream's body (a spool.Spool)
+        self.client_chunks: list[bytes] | None = None
+        self.client_resp: web.StreamResponse | None = None
+        # Durability's hold on the response's last bytes (see durability.LastBytes), or None.
+        self.hold: Any = None
+        # --durability sync: the record must be on disk before the client gets the end of any answer,
+        # the proxy's own refusals included, so this is known before the first hook can refuse.
+        self.durable = durable
+        self.on_disk: asyncio.Future | None = None
+        self.ended = False
+        self.pool_wait: float | None = None  # ms spent waiting for a pooled upstream connection
+        self.pool_queued_at: float | None = None  # set while it waits
+        # Read by the Watchdog: the current phase's deadline, the --total-timeout one, and why it fired.
+        self.task = asyncio.current_task()
+        self.deadline: float | None = None
+        self.hard_deadline = None if total_timeout is None else asyncio.get_running_loop().time() + total_timeout
+        self.phase = "first_byte"
+        self.expired: str | None = None
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000.0
+
+    @staticmethod
+    def refuse(status: int, kind: str, message: str, code: str) -> NoReturn:
+        raise Refusal(status, kind, message, code)
+
+
+class Addon:
+    """Base for the hot path's units; override only the phases you need (see the module doc)."""
+
+    def request_headers(self, flow: Flow) -> None: ...
+    def request(self, flow: Flow) -> None: ...
+    def response_headers(self, flow: Flow, resp: Any) -> None: ...
+    def response_chunk(self, flow: Flow, chunk: bytes) -> Awaitable | None: ...
+    def response_end(self, flow: Flow) -> None: ...
+    def error(self, flow: Flow) -> None: ...
+
+
+class Hooks:
+    """The addons in order, and per phase the bound methods of those that override it."""
+
+    def __init__(self) -> None:
+        self.addons: list[Addon] = []
+        self._rebuild()
+
+    def add(self, addon: Addon) -> None:
+        self.addons.append(addon)
+        self._rebuild()
+
+    def remove(self, addon: Addon) -> None:
+        self.addons.remove(addon)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        for phase in PHASES:
+            base = getattr(Addon, phase)
+            setattr(self, phase, tuple(
+                getattr(a, phase) for a in self.addons if getattr(type(a), phase, base) is not base
+            ))
+
+    def end(self, flow: Flow) -> None:
+        """Run response_end (no error) or error hooks, once per flow."""
+        if flow.ended:
+            return
+        flow.ended = True
+        for hook in (self.error if flow.rec.error_kind is not None else self.response_end):
+            hook(flow)

@@ -1,0 +1,53 @@
+"""The record of each exchange: the upstream's body tee'd as it passes, one record submitted at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.proxy.spool import Spool
+from toolproxy.record.model import encode_body
+from toolproxy.record.spill import SpilledBody
+from toolproxy.record.writer import SegmentWriter
+
+
+class Recorder(Addon):
+    """Keeps the upstream's body (no parsing; spilled to a file when large) and hands the finished
+    record to the writer.
+
+    For a flow marked durable it submits with a waiter (`flow.on_disk`), which the handler awaits
+    before sending the response's last bytes.
+    """
+
+    def __init__(self, writer: SegmentWriter, spill_above: int, spill_dir: str) -> None:
+        self.writer = writer
+        self.spill_above = spill_above
+        self.spill_dir = spill_dir
+
+    def response_headers(self, flow: Flow, resp) -> None:
+        flow.spool = Spool(self.spill_above, self.spill_dir)
+
+    def response_chunk(self, flow: Flow, chunk: bytes):
+        return flow.spool.add(chunk)
+
+    def response_end(self, flow: Flow) -> None:
+        rec = flow.rec
+        rec.ended_at = time.time()
+        rec.duration_ms = flow.elapsed_ms()
+        rec.pool_wait_ms = flow.pool_wait
+        if flow.spool is not None:
+            body = flow.spool.finish()
+            if isinstance(body, SpilledBody):
+                rec.response_body = body  # the writer thread reads it and sets the encoding
+            else:
+                rec.response_body, rec.response_body_encoding = encode_body(body)
+        if flow.client_chunks is not None:
+            rec.client_body, rec.client_body_encoding = encode_body(b"".join(flow.client_chunks))
+        if flow.durable:
+            flow.on_disk = asyncio.get_running_loop().create_future()
+            self.writer.submit(rec, flow.on_disk)
+        else:
+            self.writer.submit(rec)
+
+    error = response_end

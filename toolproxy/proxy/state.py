@@ -1,0 +1,85 @@
+"""What one running proxy holds: its settings, writer, upstream session, addons and timers.
+
+Kept apart from the handler (`forward`) and the addons so that each of them imports this module
+and none imports another: the addons receive what they need when they are built.
+"""
+
+from __future__ import annotations
+
+import time
+
+import aiohttp
+from aiohttp import web
+
+from toolproxy import __version__
+from toolproxy.proxy import livepage
+from toolproxy.proxy.config import ProxyConfig
+from toolproxy.proxy.counters import Counters
+from toolproxy.proxy.flow import Hooks
+from toolproxy.proxy.live import LiveView
+from toolproxy.proxy.pool import PoolStats
+from toolproxy.proxy.stackwatch import StackWatch
+from toolproxy.proxy.watchdog import Watchdog
+from toolproxy.record.writer import SegmentWriter
+
+ADMIN_PREFIX = "/_toolproxy/"
+SPILL_DIR = "spill"
+
+
+class ProxyState:
+    def __init__(self, config: ProxyConfig, writer: SegmentWriter) -> None:
+        self.config = config
+        self.writer = writer
+        # Where bodies above --spill-above wait while they pass: beside the segments, on the same disk.
+        self.spill_dir = str(config.data_dir / SPILL_DIR)
+        self.session: aiohttp.ClientSession | None = None
+        self.pool = PoolStats(config.upstream_connections)
+        self.watchdog = Watchdog()
+        self.hooks = Hooks()
+        self.started = time.time()
+        self.counters = Counters()
+        self.stacks: StackWatch | None = None  # set by app.make_state when fingerprinting is on
+        self.live: LiveView | None = None  # set by app.make_state unless --no-live-page
+
+    def snapshot(self) -> dict:
+        w = self.writer.stats
+        snap = {
+            "status": "degraded" if w.degraded else "ok",
+            "version": __version__,
+            "upstream": self.config.upstream,
+            "data_dir": str(self.config.data_dir),
+            "condition": self.config.condition,
+            "stack": self.stacks.report() if self.stacks is not None else None,
+            "uptime_s": round(time.time() - self.started, 3),
+            **self.counters.report(),
+        }
+        snap["recording"] = {
+            "queue_depth": self.writer.queue_depth,
+            "written": w.written,
+            "dropped": w.dropped,
+            "dropped_reasons": dict(w.dropped_reasons),
+            "behind": self.writer.behind,
+            "write_failures": w.write_failures,
+            "segments": w.segments,
+            "last_error": w.last_error,
+            "durability": self.config.durability,
+            "on_record_failure": self.config.on_record_failure,
+        }
+        snap["upstream_pool"] = self.pool.report()
+        return snap
+
+    async def admin(self, request: web.Request) -> web.Response:
+        """Reserved routes; never forwarded upstream and never recorded as exchanges."""
+        name = request.path[len(ADMIN_PREFIX):].strip("/")
+        if self.live is not None:
+            page = await livepage.route(request, name, self.live, self.config.auth_token)
+            if page is not None:
+                return page
+        if name in ("health", "stats", ""):
+            snap = self.snapshot()
+            status = 200 if (name != "health" or snap["status"] == "ok") else 503
+            return web.json_response(snap, status=status)
+        return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)
+
+
+STATE: web.AppKey[ProxyState] = web.AppKey("toolproxy_state")

@@ -1,0 +1,142 @@
+"""Bodies too large to hold in memory: kept in an unnamed temporary file, written out in pieces.
+
+A body above the proxy's spill threshold is written, as it arrives, to a temporary file that
+has no name (it vanishes with the process, whatever kills it) by one background thread. The
+record then carries a `SpilledBody` in place of the body's text, and the writer thread streams
+it into the record's JSON line a megabyte at a time (`record_pieces`). The file closes when the
+last reference to it goes (the record after writing, the flow after forwarding): never earlier,
+since the upstream may still be reading a spilled request body when the record is written. The line on disk is the
+same as if the body had been held: text when the bytes are UTF-8, base64 otherwise. Memory per
+exchange stays near the threshold, whatever the body's size.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import concurrent.futures
+import os
+import tempfile
+from typing import Iterator
+
+import orjson
+
+from toolproxy.record.model import Record
+
+_PIECE = 3 * 256 * 1024  # a multiple of 3, so base64 pieces join without padding in between
+SPILLED_FIELDS = ("request_body", "response_body")
+
+# One thread for every spill write of the process: writes of a body stay in order, and the disk
+# sees one writer at a time. Nothing here runs on the event loop.
+_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="toolproxy-spill")
+
+
+class SpilledBody:
+    """A body being written to a temporary file; `ready` resolves once all of it is there.
+
+    If the temporary file cannot be written (disk full), the rest is kept in memory (`tail`)
+    rather than lost: the bound is given up for that body, the record is not.
+    """
+
+    def __init__(self, directory: str | None) -> None:
+        self.directory = directory
+        self.file = None
+        self.file_size = 0
+        self.size = 0
+        self.tail: list[bytes] = []
+        self.error: str | None = None
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self.utf8 = True
+        self.ready: concurrent.futures.Future | None = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def write(self, data: bytes) -> concurrent.futures.Future:
+        """Queue bytes for the file (called on the loop; returns when they are queued, not written)."""
+        self.size += len(data)
+        self.ready = _THREAD.submit(self._write, data, False)
+        return self.ready
+
+    def close(self) -> concurrent.futures.Future:
+        """No more bytes: `ready` resolves when everything is written and the encoding is known."""
+        self.ready = _THREAD.submit(self._write, b"", True)
+        return self.ready
+
+    def _write(self, data: bytes, final: bool) -> None:
+        if self.utf8:
+            try:
+                self._utf8.decode(data, final)
+            except UnicodeDecodeError:
+                self.utf8 = False
+        if not data:
+            return
+        if not self.tail:
+            try:
+                if self.file is None:
+                    if self.directory:
+                        os.makedirs(self.directory, exist_ok=True)
+                    self.file = tempfile.TemporaryFile(dir=self.directory)
+                self.file.write(data)
+                self.file_size += len(data)
+                return
+            except OSError as exc:
+                self.error = f"cannot spill a large body to {self.directory or tempfile.gettempdir()}: {exc}"
+        self.tail.append(data)
+
+    def chunks(self, size: int = _PIECE) -> Iterator[bytes]:
+        """The body's bytes in pieces of `size` (blocking: call off the event loop, after `ready`)."""
+        self.ready.result()
+        offset = 0
+        while offset < self.file_size:
+            piece = os.pread(self.file.fileno(), min(size, self.file_size - offset), offset)
+            if not piece:
+                break
+            offset += len(piece)
+            yield piece
+        yield from self.tail
+
+    def read(self) -> bytes:
+        return b"".join(self.chunks())
+
+
+def has_spilled(rec: Record) -> bool:
+    return isinstance(rec.request_body, SpilledBody) or isinstance(rec.response_body, SpilledBody)
+
+
+def record_pieces(rec: Record) -> Iterator[bytes]:
+    """The record's JSON line, any spilled body streamed in pieces (writer thread only: it blocks)."""
+    spilled = []
+    for name in SPILLED_FIELDS:
+        body = getattr(rec, name)
+        if isinstance(body, SpilledBody):
+            body.ready.result()
+            # Random, so no header or body a client sends can contain it.
+            marker = f"toolproxy-spilled-{name}-{os.urandom(16).hex()}"
+            setattr(rec, name, marker)
+            setattr(rec, name + "_encoding", "utf8" if body.utf8 else "base64")
+            spilled.append((orjson.dumps(marker), body))
+    line = orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
+    for marker, body in spilled:
+        head, line = line.split(marker, 1)
+        yield head + b'"'
+        yield from _json_string_content(body)
+        yield b'"'
+    yield line
+
+
+def _json_string_content(body: SpilledBody) -> Iterator[bytes]:
+    if body.utf8:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        for piece in body.chunks():
+            text = decoder.decode(piece)
+            if text:
+                yield orjson.dumps(text)[1:-1]
+    else:
+        carry = b""
+        for piece in body.chunks():
+            piece = carry + piece
+            cut = len(piece) - len(piece) % 3
+            carry = piece[cut:]
+            yield base64.b64encode(piece[:cut])
+        yield base64.b64encode(carry)

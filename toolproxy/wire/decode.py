@@ -1,0 +1,179 @@
+"""Bytes of a reply, in any chunking, -> events and the accumulated Reply.
+
+One decoder for every family: the framing (one JSON document, SSE, NDJSON) is taken from the
+content type or sniffed from the first bytes, each JSON document goes to the family's reader, and
+every event is folded into `reply` as it is produced. Feeding a body in any split gives the same
+events and the same reply as feeding it whole. Nothing here raises on bad input: a recording of
+a broken exchange is exactly what the analyzer must explain, and a condition must still answer.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from . import framing
+from .chat import ChatReader
+from .endpoints import CHAT, LINE_FRAMED, MESSAGES, RESPONSES
+from .errors import error_of
+from .messages import MessagesReader
+from .model import Error, Event, Reply
+from .ollama import OllamaReader
+from .responses import ResponsesReader
+
+_READERS = {RESPONSES: ResponsesReader, MESSAGES: MessagesReader}
+_UNREADABLE_HEAD = 4000
+
+
+def reader_for(family: str | None):
+    """The object-to-events reader of a family."""
+    if family in LINE_FRAMED:
+        return OllamaReader()
+    return _READERS.get(family, ChatReader)()
+
+
+class Decoder:
+    def __init__(self, family: str | None, content_type: str | None = None) -> None:
+        self.family = family or CHAT
+        self.content_type = content_type
+        self.reader = reader_for(self.family)
+        self.reply = Reply()
+        self._framer = None
+        self._kind: str | None = None
+        self._head = b""
+        # An NDJSON guess (a line-framed family, no content type) keeps the body: if no line is a
+        # document, it was one pretty-printed JSON document after all.
+        self._kept: list[bytes] | None = None
+        self._documents_seen = 0
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        if not chunk:
+            return []
+        if self._framer is None:
+            self._head += chunk
+            kind = framing.sniff(self._head, self.content_type, self.family in LINE_FRAMED)
+            if kind is None:
+                return []
+            chunk, self._head = self._head, b""
+            self._start(kind)
+        if self._kept is not None:
+            self._kept.append(chunk)
+        return self._read(self._framer.feed(chunk))
+
+    def close(self) -> list[Event]:
+        """Events for what is left once the body has ended."""
+        events: list[Event] = []
+        if self._framer is None:
+            head, self._head = self._head, b""
+            if not head.strip():
+                self.reply.empty_body = True
+                return []
+            self._start(framing.sniff(head, self.content_type, self.family in LINE_FRAMED) or framing.JSON)
+            events += self._read(self._framer.feed(head))
+            if self._kept is not None:
+                self._kept.append(head)
+        events += self._read(self._framer.close())
+        if self._kind == framing.NDJSON:
+            if self._kept is not None and self._documents_seen == 0:
+                self._kind = framing.JSON
+                events += self._read([(None, b"".join(self._kept))])
+            self.reply.streamed = self._documents_seen > 1 or "ndjson" in (self.content_type or "").lower()
+        return events
+
+    def _start(self, kind: str) -> None:
+        self._kind = kind
+        self._framer = framing.FRAMERS[kind]()
+        self.reply.streamed = kind != framing.JSON
+        if kind == framing.NDJSON and "ndjson" not in (self.content_type or "").lower():
+            self._kept = []
+
+    def _read(self, docs: list[tuple[str | None, bytes]]) -> list[Event]:
+        reply = self.reply
+        single = self._kind == framing.JSON
+        out: list[Event] = []
+        for (name, _), parsed in zip(docs, _parse_all([payload for _, payload in docs])):
+            if parsed is _DONE:
+                reply.complete = True
+                continue
+            if isinstance(parsed, orjson.JSONDecodeError):
+                if single:
+                    reply.unreadable = f"body is not JSON: {parsed}"
+                    reply.raw_text = docs[0][1][:_UNREADABLE_HEAD].decode("utf-8", "replace")
+                continue  # a torn event (a cut stream) is dropped, as a client library would
+            self._documents_seen += 1
+            if not isinstance(parsed, dict):
+                if single:
+                    reply.unreadable = f"body is JSON but not an object ({type(parsed).__name__})"
+                continue
+            out.extend(self._object(name, parsed))
+            if single:
+                reply.complete = True
+        reply.n_choices = max(reply.n_choices, self.reader.n_choices)
+        reply.settle()
+        return out
+
+    def _object(self, name: str | None, obj: dict) -> list[Event]:
+        reply = self.reply
+        if reply.first is None:
+            reply.first = obj
+        reply.last = obj
+        if reply.model is None or (reply.id is None and self._documents_seen <= _ID_DOCUMENTS):
+            self._identity(obj)
+        message = error_of(obj)
+        if message is not None:
+            events: list[Event] = [Error(message)]
+        else:
+            events = self.reader.read(name, obj)
+            if not reply.decoded and (events or self.reader.n_choices):
+                reply.decoded = True
+        apply = reply.apply
+        for event in events:
+            apply(event)
+        return events
+
+    def _identity(self, obj: dict) -> None:
+        """The reply's model and id, top level or inside a Responses/Messages envelope."""
+        inner = obj.get("response") if isinstance(obj.get("response"), dict) else obj.get("message")
+        inner = inner if isinstance(inner, dict) else {}
+        for key in ("model", "id"):
+            value = obj.get(key, inner.get(key))
+            if getattr(self.reply, key) is None and isinstance(value, str):
+                setattr(self.reply, key, value)
+
+
+# A reply names its id in its first documents when at all (Ollama never does: looking for it in
+# every line would cost each delta a lookup); the model is looked for until found (llama-server's
+# Responses stream names it only in response.completed).
+_ID_DOCUMENTS = 2
+
+
+_DONE = object()
+
+
+def _parse_all(payloads: list[bytes]) -> list:
+    """Each payload parsed (or its JSONDecodeError, or _DONE for `[DONE]`), in one C call when
+    all are good: a stream has hundreds of small documents."""
+    done = [i for i, p in enumerate(payloads) if p.strip() == framing.DONE]
+    docs = [p for p in payloads if p.strip() != framing.DONE] if done else payloads
+    try:
+        parsed = orjson.loads(b"[" + b",".join(docs) + b"]") if len(docs) > 1 else [orjson.loads(d) for d in docs]
+    except orjson.JSONDecodeError:
+        parsed = None
+    if parsed is None or len(parsed) != len(docs):  # a bad document, or one holding `a, b`
+        parsed = []
+        for doc in docs:
+            try:
+                parsed.append(orjson.loads(doc))
+            except orjson.JSONDecodeError as exc:
+                parsed.append(exc)
+    for i in done:
+        parsed.insert(i, _DONE)
+    return parsed
+
+
+def decode(raw: bytes | None, family: str | None, content_type: str | None = None) -> Reply:
+    """The reply in a whole recorded body."""
+    decoder = Decoder(family, content_type)
+    if raw:
+        decoder.feed(raw)
+    decoder.close()
+    return decoder.reply

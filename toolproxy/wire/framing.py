@@ -1,0 +1,116 @@
+"""Splitting a body into its JSON documents as the bytes arrive, in any chunking.
+
+Three framings carry the protocols: one JSON document (non-streamed bodies), Server-Sent Events
+(chat completions, completions, Responses, Messages; the `event:` name is kept because Responses
+and Messages name their events, and several `data:` lines join with a newline as the SSE
+standard says), and newline-delimited JSON (Ollama's native API). A framer yields
+(event name, payload bytes); payloads are parsed by the caller.
+"""
+
+from __future__ import annotations
+
+JSON = "json"
+SSE = "sse"
+NDJSON = "ndjson"
+DONE = b"[DONE]"
+
+
+class SSEFramer:
+    """Incremental SSE: complete events out, the unfinished tail kept for the next chunk."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._event: str | None = None
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
+        out: list[tuple[str | None, bytes]] = []
+        if b"\n" not in chunk:
+            self._buf += chunk
+            return out
+        *lines, self._buf = (self._buf + chunk).split(b"\n")
+        for line in lines:
+            self._line(line[:-1] if line[-1:] == b"\r" else line, out)
+        return out
+
+    def close(self) -> list[tuple[str | None, bytes]]:
+        out: list[tuple[str | None, bytes]] = []
+        rest, self._buf = self._buf, b""
+        if rest.strip():
+            self._line(rest.rstrip(b"\r"), out)
+        self._line(b"", out)
+        return out
+
+    def _line(self, line: bytes, out: list) -> None:
+        if line[:6] == b"data: ":  # the common case first
+            self._data.append(line[6:])
+            return
+        if not line:
+            if self._data:
+                out.append((self._event, self._data[0] if len(self._data) == 1 else b"\n".join(self._data)))
+            self._event, self._data = None, []
+            return
+        if line[:1] == b":":
+            return
+        name, _, value = line.partition(b":")
+        if value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace").strip()
+
+
+class NDJSONFramer:
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
+        self._buf += chunk
+        if b"\n" not in chunk:
+            return []
+        *lines, self._buf = self._buf.split(b"\n")
+        return [(None, line) for line in lines if line.strip()]
+
+    def close(self) -> list[tuple[str | None, bytes]]:
+        rest, self._buf = self._buf, b""
+        return [(None, rest)] if rest.strip() else []
+
+
+class JSONFramer:
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
+        self._parts.append(chunk)
+        return []
+
+    def close(self) -> list[tuple[str | None, bytes]]:
+        body, self._parts = b"".join(self._parts), []
+        return [(None, body)] if body.strip() else []
+
+
+def sniff(head: bytes, content_type: str | None, line_framed: bool) -> str | None:
+    """The framing of a body from its content type, else from its first bytes; None: not yet known.
+
+    `line_framed`: the protocol streams NDJSON (Ollama's native API), where a body of one line is
+    also its own non-streamed JSON document, so the two read the same way.
+    """
+    ct = (content_type or "").lower()
+    if "text/event-stream" in ct:
+        return SSE
+    if "ndjson" in ct:
+        return NDJSON
+    if "json" in ct:
+        return JSON
+    start = head.lstrip()
+    if not start:
+        return None
+    if start[:1] in (b"{", b"["):
+        return NDJSON if line_framed else JSON
+    if start[:1] == b":" or any(start.startswith(p[: len(start)]) for p in (b"data:", b"event:", b"id:", b"retry:")):
+        return SSE if len(start) >= 6 or start[:1] == b":" else None
+    return JSON
+
+
+FRAMERS = {SSE: SSEFramer, NDJSON: NDJSONFramer, JSON: JSONFramer}

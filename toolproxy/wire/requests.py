@@ -1,0 +1,57 @@
+"""A request body of any family <-> the shared Request, and the reply writer for a family."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import chat, messages, responses
+from .endpoints import MESSAGES, OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, streams
+from .messages import MessagesEncoder
+from .model import Request
+from .ollama import OllamaChatEncoder
+from .responses import ResponsesEncoder
+
+_READ = {RESPONSES: responses.read_request, MESSAGES: messages.read_request}
+_WRITE = {RESPONSES: responses.write_request, MESSAGES: messages.write_request}
+
+
+def read_request(family: str | None, body: dict[str, Any]) -> Request:
+    """The request in chat terms (messages, chat-shaped tools and tool choice)."""
+    request = _READ.get(family, chat.read_request)(body)
+    if family in (OLLAMA_CHAT, OLLAMA_GENERATE):
+        request.family = family
+        request.stream = streams(family, body)
+    return request
+
+
+def write_request(family: str, request: Request) -> dict[str, Any]:
+    """A body of the given family carrying the request."""
+    return _WRITE.get(family, chat.write_request)(request)
+
+
+def encoder_for(family: str | None, body: dict[str, Any], stream: bool):
+    """The reply writer for the family and streaming mode the client asked in."""
+    model = body.get("model") if isinstance(body.get("model"), str) else ""
+    if family == OLLAMA_CHAT:
+        return OllamaChatEncoder(model=model, stream=stream)
+    if family == RESPONSES:
+        return ResponsesEncoder(model=model, stream=stream)
+    if family == MESSAGES:
+        return MessagesEncoder(model=model, stream=stream)
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    return chat.ChatEncoder(model=model, stream=stream, include_usage=include_usage)
+
+
+def tool_names(tools: Any) -> list[str]:
+    """The names of a `tools` array in any family's shape (chat/Ollama `function`, Responses
+    flat, Messages `name` + `input_schema`); entries without a string name are skipped."""
+    out = []
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict):
+            spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+            if isinstance(spec.get("name"), str):
+                out.append(spec["name"])
+    return out
+
+
