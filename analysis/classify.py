@@ -1,4 +1,4 @@
-"""A single attempt's outcome, exactly in the order of SPEC section 5.
+"""A single attempt's outcome, exactly in the order README's "Analysis" gives.
 
 Pure: it sees the reassembled reply the *harness* got, the transport facts (status, error kind)
 and the tools the request offered, and returns plain data. The order matters and is the point:
@@ -73,7 +73,7 @@ def refusal(status: int, message: str | None) -> bool:
 
 
 def non_response(reply: Reply | None, status: int | None, error_kind: str | None) -> tuple[str, str] | None:
-    """(sub_kind, detail) when no model output reached the harness, else None. Step 1 of SPEC 5."""
+    """(sub_kind, detail) when no model output reached the harness, else None. The first step of that order."""
     has_output = reply is not None and reply.has_output
     if error_kind is not None and not has_output:
         kind = _ERROR_KINDS.get(error_kind)

@@ -3,6 +3,10 @@
 Items are paired by `item_key` (the explicit item tag, else the analyzer's hash of the first
 request), so the test asks "on the same tasks, did B fail where A passed more often than the
 reverse?" rather than comparing two rates that may cover different tasks.
+
+When B is a replay of A (`toolproxy replay`), an item is a turn of A: each replayed turn is
+judged on the question A's turn was asked (its role there: due a call, or expected to abstain),
+and turns where either side got no response are counted apart, not as losses of either model.
 """
 
 from __future__ import annotations
@@ -38,6 +42,17 @@ METRIC_HELP = {
              "hallucinated tool, unparseable call); prose turns such as an agent's final answer are allowed",
 }
 UNCATEGORIZED = "(none)"
+# A replayed turn's verdict, given the role of the original turn it replays (see replay_verdicts).
+# {o}/{d}: that side's outcome and delivered columns.
+TURN_METRICS = {
+    "delivered": "case when a.a_role = 'abstain' then {o} = 'prose' else {o} = 'valid_call' and {d} end",
+    "call": "case when a.a_role = 'abstain' then {o} = 'prose' else {o} = 'valid_call' end",
+    "all-valid": "{o} = 'valid_call'",
+    "any-valid": "{o} = 'valid_call'",
+    "clean": "{o} = 'valid_call'",
+}
+# The turns of A that a metric asks about: the role-aware metrics only turns due a call or an abstention.
+TURN_SCOPE = {"delivered": "a_role in ('call', 'abstain')", "call": "a_role in ('call', 'abstain')"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,9 @@ class Comparison:
     only_in_b: int
     overall: Paired
     categories: list[Paired]
+    # Set when B replays A's turns: why turns were left out of the pairing, with counts.
+    replay: bool = False
+    left_out: dict[str, int] | None = None
 
 
 def _paired(label: str, paired: int, both_pass: int, a_only: int, b_only: int) -> Paired:
@@ -76,8 +94,10 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str 
         raise ValueError(f"unknown metric {metric!r}")
     if run_a == run_b:
         raise StoreError(f"compare needs two different runs, got {run_a!r} twice")
-    verdict = METRICS[metric]
     score(con, [run_a, run_b], rules)
+    if is_replay(con, run_a, run_b):
+        return replay_compare(con, run_a, run_b, metric, by_category)
+    verdict = METRICS[metric]
     con.execute(f"""
         create or replace temp table verdicts as
         with item as (
@@ -114,11 +134,70 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str 
     if not rows:
         raise StoreError(f"no item is present in both {run_a} ({only_a} items) and {run_b} ({only_b} items): "
                          "items are paired by item_key (tag episodes with the same item in both runs)")
+    overall, categories = _tables(rows, by_category)
+    return Comparison(run_a, run_b, metric, int(only_a), int(only_b), overall, categories)
+
+
+def _tables(rows: list[tuple], by_category: bool) -> tuple[Paired, list[Paired]]:
     totals = [sum(r[i] for r in rows) for i in range(1, 5)]
-    overall = _paired("all", *totals)
     categories = []
     if by_category:
         raw = [_paired(*r) for r in rows]
         adjusted = stats.holm([c.p for c in raw])
         categories = [replace(c, p_holm=h) for c, h in zip(raw, adjusted)]
-    return Comparison(run_a, run_b, metric, int(only_a), int(only_b), overall, categories)
+    return _paired("all", *totals), categories
+
+
+def is_replay(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> bool:
+    """True when B's exchanges were replayed from A's turns."""
+    return con.execute("select exists (select 1 from exchanges where run = $b and tags->>'replay_of_run' = $a)",
+                       {"a": run_a, "b": run_b}).fetchone()[0]
+
+
+def replay_compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str, by_category: bool) -> Comparison:
+    """B replays A's turns: pair turn by turn, each judged on A's turn's question.
+
+    A turn where either side got no response says nothing about either model (a refusing launch,
+    a timeout), so it is counted by cause and left out of the test, never scored as a loss.
+    """
+    scope = TURN_SCOPE.get(metric, "true")
+    verdict = TURN_METRICS[metric]
+    con.execute(f"""
+        create or replace temp table replay_pairs as
+        with a as (
+            select turn_id, coalesce(category, $none) as category, role as a_role, outcome, delivered, sub_kind
+            from scored where run = $a
+        ), b as (
+            select item_key as turn_id, arg_max(outcome, turn_index) as outcome, arg_max(delivered, turn_index) as delivered,
+                   arg_max(sub_kind, turn_index) as sub_kind
+            from scored where run = $b and item_key is not null group by item_key
+        )
+        select a.turn_id, a.category, a.a_role, a.outcome as a_outcome, a.sub_kind as a_kind,
+               b.outcome as b_outcome, b.sub_kind as b_kind,
+               coalesce({verdict.format(o="a.outcome", d="a.delivered")}, false) as pa,
+               coalesce({verdict.format(o="b.outcome", d="b.delivered")}, false) as pb
+        from a join b using (turn_id)
+    """, {"a": run_a, "b": run_b, "none": UNCATEGORIZED})
+    left = con.execute(f"""
+        select why, count(*) from (
+            select case when a_outcome = 'non_response' then 'no response in A: ' || coalesce(a_kind, 'unknown')
+                        when b_outcome = 'non_response' then 'no response in B: ' || coalesce(b_kind, 'unknown')
+                        when not ({scope}) then 'not due a call or an abstention in A (role ' || coalesce(a_role, '-') || ')'
+                   end as why
+            from replay_pairs) where why is not null group by why order by why
+    """).fetchall()
+    rows = con.execute(f"""
+        select category, count(*), count(*) filter (where pa and pb), count(*) filter (where pa and not pb),
+               count(*) filter (where pb and not pa)
+        from replay_pairs
+        where a_outcome <> 'non_response' and b_outcome <> 'non_response' and ({scope})
+        group by category order by category
+    """).fetchall()
+    only_a, only_b = con.execute("""
+        select (select count(*) from scored where run = $a and turn_id not in (select turn_id from replay_pairs)),
+               (select count(distinct item_key) from scored where run = $b
+                and item_key not in (select turn_id from replay_pairs))
+    """, {"a": run_a, "b": run_b}).fetchone()
+    overall, categories = _tables(rows, by_category) if rows else (_paired("all", 0, 0, 0, 0), [])
+    return Comparison(run_a, run_b, metric, int(only_a), int(only_b), overall, categories,
+                      replay=True, left_out={why: int(n) for why, n in left})

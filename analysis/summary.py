@@ -65,6 +65,7 @@ class RunSummary(RunMetrics):
     harness_saw_prose: int
     valid_seen_as_prose: int
     looping_episodes: int
+    replay_of: str | None = None  # the run whose turns this run replays (toolproxy replay)
 
     @property
     def outcome_shares(self) -> dict[str, float | None]:
@@ -134,6 +135,10 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
         select run, count(*), count(*) filter (where looping) from episodes
         where run in (select run from wanted) group by run
     """).fetchall()}
+    replays = dict(con.execute("""
+        select run, any_value(tags->>'replay_of_run') from exchanges
+        where run in (select run from wanted) and tags->>'replay_of_run' is not null group by run
+    """).fetchall())
     metrics = run_metrics(con, runs, resamples=resamples, seed=seed)
 
     summaries = []
@@ -148,7 +153,7 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
             run=run, stack=stack, stack_version=version, model=model, condition=condition,
             turns=int(turns), episodes=int(episodes), outcomes={k: 0 for k in OUTCOMES} | outcomes.get(run, {}),
             calls=int(calls), text_calls=int(text_calls), harness_saw_prose=int(saw_prose),
-            valid_seen_as_prose=int(valid_prose), looping_episodes=int(looping),
+            valid_seen_as_prose=int(valid_prose), looping_episodes=int(looping), replay_of=replays.get(run),
         ))
     return Report(runs=summaries, source=source, seed=seed, resamples=resamples,
                   analyzer_version=stored_version(con), expect_rules=[str(r) for r in rules])

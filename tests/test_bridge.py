@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import ProxyProcess
+from proxyprocess import ProxyProcess
 from test_protocols import MESSAGES_TOOLS, RESPONSES_TOOLS, sql, tp
 from toolproxy.record.segments import read_records
 from toolproxy.stacks.fakes import FakeStack, ModelRequest, call, text, text_call

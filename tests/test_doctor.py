@@ -1,4 +1,4 @@
-"""doctor against the fake stacks: one verdict per layer (SPEC section 8), the stack's own evidence,
+"""doctor against the fake stacks: one verdict per layer, in the diagnosis order, the stack's own evidence,
 the per-stack fix, the repeat and template checks, the records it leaves, and its exit codes."""
 
 from __future__ import annotations

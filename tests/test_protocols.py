@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import ProxyProcess
+from proxyprocess import ProxyProcess
 from toolproxy.stacks.fakes import FakeStack, ModelRequest, call, text, text_call
 
 WEATHER = {"name": "get_weather", "description": "Current weather for a city",

@@ -26,6 +26,7 @@ COMMANDS = {
     "demo": "toolproxy.demo:demo",
     "run": "toolproxy.runner:run",
     "study": "toolproxy.study:study",
+    "replay": "toolproxy.replay:replay",
 }
 
 

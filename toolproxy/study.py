@@ -99,7 +99,7 @@ def _eta(done: list[float], left: int) -> str:
 
 async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, str], progress: Progress) -> bool:
     """Every pending run in order; False when the user interrupted (the rest stays pending)."""
-    from toolproxy.proxy.forward import STATE
+    from toolproxy.proxy.state import STATE
 
     runner, port = await start_proxy(config)
     state = runner.app[STATE]

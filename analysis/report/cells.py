@@ -118,6 +118,9 @@ def run_notes(s: RunSummary) -> list[str]:
     """What a reader must not miss about a run, in the order a diagnosis asks: did the serving
     layer refuse, did it lose calls in text, and only then what the model did."""
     notes = []
+    if s.replay_of:
+        notes.append(f"a replay of {s.replay_of}'s turns, open-loop (each turn sent with the original history, not "
+                     f"the replayed answers; each turn its own episode): `compare {s.replay_of} {s.run}` pairs them turn by turn")
     kinds = kinds_text(s.non_response_kinds, s.non_response_retries)
     if s.turns == 0:
         notes.append("no turns recorded")

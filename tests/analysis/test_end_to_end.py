@@ -1,6 +1,6 @@
 """The real proxy in front of the fake stacks, then `toolproxy analyze` on what it recorded.
 
-Each run reproduces a behaviour the project exists to tell apart (SPEC sections 5 and 7): a stack
+Each run reproduces a behaviour the project exists to tell apart (turn outcomes and stack behaviours): a stack
 that refuses tools, one that leaves the call in text, a model whose stack refuses it, a model that
 invents a tool, and a server that keeps failing until the client gives up.
 """

@@ -12,7 +12,7 @@ from analysis.stats import (NO_SPREAD, TOO_FEW_EPISODES, bootstrap_mean_ci, holm
                             wilson)
 
 # (b, c, expected p). Expected values: scipy.stats.binomtest(b, b + c, 0.5).pvalue (scipy 1.17),
-# except the first two rows, which are the figures the seed papers publish.
+# except the first two rows, which are the figures the published studies report.
 MCNEMAR = [
     (70, 25, 4.271012269463366e-06),  # published: "p ~ 4e-6"
     (66, 40, 0.01477941051703841),    # published: "p ~ 0.015"

@@ -1,4 +1,4 @@
-"""The conformance cases (SPEC section 9 plus the ones users hit): a request and a pure pass check.
+"""The conformance cases (the conformance gate's base cases plus the ones users hit): a request and a pure pass check.
 
 Each case is judged on what the harness received (native `tool_calls` and content), because that
 is what an agent acts on. One exception: inventing a tool is the model's fault whatever the

@@ -1,6 +1,6 @@
 """`toolproxy doctor`: which layer is at fault when a model "never calls tools", and what to change.
 
-It walks SPEC section 8 in order, because each layer hides the next: (1) did the serving layer
+It walks the diagnosis in order (README: "Why does my model never call tools?"), because each layer hides the next: (1) did the serving layer
 refuse or empty the request (then the model never ran); (2) was the request accepted but the call
 left as text in `content` (no or a mismatched parser); (3) only then, did the model make no call
 or an invalid one. Every probe goes through the real proxy (`checks.local`), so the evidence is
@@ -95,7 +95,7 @@ def _skipped(number: int, title: str, why: str) -> Step:
 
 
 def judge(fp: Fingerprint, control: ProbeReply, probe: ProbeReply, tools: list[dict] = TOOLS) -> Verdict:
-    """SPEC section 8, in order, from the replies to a request without tools and one with them."""
+    """The diagnosis, in order, from the replies to a request without tools and one with them."""
     who = _stack_says(fp)
     s1, s2, s3 = "Serving layer", "Call surface", "Model"
     if probe.transport_failed:

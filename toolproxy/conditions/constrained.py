@@ -18,7 +18,7 @@ outputs). No `strict`: it demands closed schemas on OpenAI's API that real tool 
 
 The schema offers one branch per tool (`name` fixed to that tool, `arguments` its parameter
 schema) plus `{"final_answer": string}` so the model can stop; `--constrained-forced` drops the
-final answer for the seed paper's call-every-turn variant.
+final answer for the original study's call-every-turn variant.
 """
 
 from __future__ import annotations

@@ -136,10 +136,16 @@ def make_data_dir(config: ProxyConfig) -> None:
 
 @click.command()
 @serve_options
-def serve(**options):
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="Processes sharing the port (SO_REUSEPORT), each with its own writer; stats and health answer for all. One process uses about one core.")
+def serve(workers, **options):
     """Forward to one upstream model server and record every exchange."""
     config = config_from_options(**options)
     make_data_dir(config)
+    from toolproxy.proxy.workers import raise_fd_limit, run_workers
+
+    raise_fd_limit()  # inherited by the workers
+    if workers > 1:
+        raise SystemExit(run_workers(config, workers))
     from toolproxy.proxy.app import run as run_proxy
 
     run_proxy(config)

@@ -43,7 +43,7 @@ class Flow:
 
     __slots__ = (
         "request", "rec", "t0", "body", "up_path", "up_query", "up_headers", "transform", "stream",
-        "out_status", "out_reason", "out_headers",
+        "out_status", "out_reason", "out_headers", "upstream_headers",
         "spool", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait", "pool_queued_at",
         "task", "deadline", "hard_deadline", "phase", "expired",
     )
@@ -62,6 +62,7 @@ class Flow:
         self.out_status = 0
         self.out_reason: str | None = None
         self.out_headers: list[tuple[str, str]] = []
+        self.upstream_headers: list[tuple[str, str]] | None = None  # as the upstream sent them
         # bytes -> bytes for the client (called with b"" at the end for the tail), or None: as received.
         self.stream: Callable[[bytes], bytes] | None = None
         self.spool: Any = None  # the recorder's copy of the upstream's body (a spool.Spool)

@@ -16,6 +16,7 @@ import time
 import aiohttp
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 from yarl import URL
 
 from toolproxy.proxy import livepage
@@ -25,8 +26,6 @@ from toolproxy.proxy.headers import (
     NOT_FORWARDED_UP,
     TAG_HEADER_PREFIX,
     connection_listed,
-    record_headers,
-    redact_headers,
     redact_query,
 )
 from toolproxy.proxy.auth import presented_token
@@ -46,7 +45,11 @@ def error_body(message: str, code: str, kind: str = "toolproxy_error") -> bytes:
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
+    """The Application's route, for proxies run inside another program (demo, doctor)."""
+    return await serve_request(request.app[STATE], request)
+
+
+async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.StreamResponse:
     raw_path = request.raw_path
     if raw_path.startswith(ADMIN_PREFIX):
         token = state.config.auth_token
@@ -131,10 +134,10 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     safe_query = redact_query(query)
     rec.client_path = path + ("?" + safe_query if query else "")
     headers = request.headers
-    rec.request_headers = record_headers(request.raw_headers)
 
     tags, path = split_path_tags(path)
-    if any(k.lower().startswith(TAG_HEADER_PREFIX) for k in headers):
+    flow.up_headers, tagged = _upstream_headers(headers)
+    if tagged:
         tags.update(header_tags(headers.items()))
     rec.run = tags.pop("run", None) or cfg.run
     rec.episode = tags.pop("episode", None)
@@ -144,7 +147,6 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     rec.path = flow.up_path = path
     rec.query = safe_query
     flow.up_query = query
-    flow.up_headers = _upstream_headers(headers)
 
     for hook in hooks.request_headers:
         hook(flow)
@@ -169,7 +171,7 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     for hook in hooks.request:
         hook(flow)
 
-    url = URL(cfg.upstream + flow.up_path + ("?" + flow.up_query if flow.up_query else ""), encoded=True)
+    url = _upstream_url(cfg.upstream + flow.up_path + ("?" + flow.up_query if flow.up_query else ""))
     return await _forward(state, flow, url)
 
 
@@ -221,6 +223,19 @@ def _too_large(flow: Flow, limit: int, declared: int | None) -> None:
     )
 
 
+_urls: dict[str, URL] = {}
+
+
+def _upstream_url(target: str) -> URL:
+    """The upstream URL object, built once per distinct target (agents use one or two paths)."""
+    url = _urls.get(target)
+    if url is None:
+        url = URL(target, encoded=True)
+        if len(_urls) < 1024:
+            _urls[target] = url
+    return url
+
+
 def _connect_cause(exc: aiohttp.ClientConnectorError) -> str:
     """The OS's words for why ("Connection refused"), not asyncio's "[Errno 111] Connect call failed"."""
     err = exc.os_error
@@ -229,20 +244,25 @@ def _connect_cause(exc: aiohttp.ClientConnectorError) -> str:
     return err.strerror or str(err) or type(err).__name__
 
 
-def _upstream_headers(headers) -> dict[str, str]:
+def _upstream_headers(headers) -> tuple[dict[str, str], bool]:
+    """The headers to forward, and whether tag headers were among them (one pass for both)."""
     drop = NOT_FORWARDED_UP
     if "Connection" in headers:
         drop = drop | connection_listed(headers.items())
     out = {}
+    tagged = False
     for k, v in headers.items():
         lk = k.lower()
-        if lk in drop or lk.startswith(TAG_HEADER_PREFIX):
+        if lk.startswith(TAG_HEADER_PREFIX):
+            tagged = True
+            continue
+        if lk in drop:
             continue
         if k in out:
             out[k] = out[k] + ", " + v
         else:
             out[k] = v
-    return out
+    return out, tagged
 
 
 async def _forward(state: ProxyState, flow: Flow, url: URL) -> web.StreamResponse:
@@ -312,16 +332,14 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
     rec.ttfb_ms = flow.elapsed_ms() - (flow.pool_wait or 0.0)
     rec.status = resp.status
     raw_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.raw_headers]
-    rec.response_headers = redact_headers(raw_headers)
+    flow.upstream_headers = raw_headers  # redacted for the record by the recorder, after the response
     drop = NOT_FORWARDED_DOWN | connection_listed(raw_headers)
     flow.out_headers = [(k, v) for k, v in raw_headers if k.lower() not in drop]
     flow.out_status, flow.out_reason = resp.status, resp.reason
     for hook in hooks.response_headers:
         hook(flow, resp)
 
-    client = web.StreamResponse(status=flow.out_status, reason=flow.out_reason)
-    for k, v in flow.out_headers:
-        client.headers.add(k, v)
+    client = web.StreamResponse(status=flow.out_status, reason=flow.out_reason, headers=CIMultiDict(flow.out_headers))
     flow.client_resp = client
     rec.client_status = client.status
 
@@ -331,15 +349,21 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
     content = resp.content
     flow.phase = "idle"
     try:
+        # Body bytes that arrived with the headers leave with them, in one write. Only when they
+        # are sure to be written at once: headers never wait for a body still to come.
+        chunk = content.read_nowait(-1) if stream is None and hold is None else b""
+        if chunk:
+            client._send_headers_immediately = False  # aiohttp's own switch (web.Response uses it)
         if hold is None or not hold.headers_only:
             await client.prepare(request)
         while True:
-            # Only the wait for the upstream is timed: a slow client is not an upstream stall.
-            flow.deadline = loop.time() + idle
-            chunk = await content.readany()
-            flow.deadline = None
             if not chunk:
-                break
+                # Only the wait for the upstream is timed: a slow client is not an upstream stall.
+                flow.deadline = loop.time() + idle
+                chunk = await content.readany()
+                flow.deadline = None
+                if not chunk:
+                    break
             for hook in chunk_hooks:
                 backlog = hook(flow, chunk)
                 if backlog is not None:
@@ -350,6 +374,7 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
                 chunk = hold.take(chunk)
             if chunk:
                 await client.write(chunk)
+            chunk = b""
         rec.response_complete = True
         if stream is not None:
             tail = stream(b"")
@@ -368,6 +393,14 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
         hooks.end(flow)
         return client
 
+    if not flow.durable:
+        # Nothing waits for the record: the client gets its last byte first, then it is made.
+        try:
+            await client.write_eof()
+        except _CLIENT_GONE:
+            pass  # the response was complete; the client left before its end reached it
+        hooks.end(flow)
+        return client
     hooks.end(flow)
     try:
         if flow.on_disk is not None:

@@ -41,11 +41,20 @@ def is_secret_name(name: str) -> bool:
     return _SECRET_WORD.search(name) is not None or not _SECRET_PART.isdisjoint(_PART_SPLIT.split(name.lower()))
 
 
+_redacted: dict[str | bytes, str] = {}
+
+
 def redact_value(value: str | bytes) -> str:
-    """A stand-in that tells keys apart without revealing them: a hash of the value's bytes."""
-    if isinstance(value, str):
-        value = value.encode("utf-8", "surrogateescape")
-    return "redacted:" + hashlib.sha256(value).hexdigest()[:8]
+    """A stand-in that tells keys apart without revealing them: a hash of the value's bytes.
+    Memoised (in memory only): a client sends the same key with every request, and a SHA-256 per
+    request showed in profiles."""
+    out = _redacted.get(value)
+    if out is None:
+        raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+        out = "redacted:" + hashlib.sha256(raw).hexdigest()[:8]
+        if len(_redacted) < 1024:
+            _redacted[value] = out
+    return out
 
 
 _secret_names: dict[str, bool] = {}

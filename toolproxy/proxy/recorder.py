@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.proxy.headers import record_headers, redact_headers
 from toolproxy.proxy.spool import Spool
 from toolproxy.record.model import encode_body
 from toolproxy.record.spill import SpilledBody
@@ -36,6 +37,10 @@ class Recorder(Addon):
         rec.ended_at = time.time()
         rec.duration_ms = flow.elapsed_ms()
         rec.pool_wait_ms = flow.pool_wait
+        # Redacted here rather than on the way in: after the response, off the client's wait.
+        rec.request_headers = record_headers(flow.request.raw_headers)
+        if flow.upstream_headers is not None:
+            rec.response_headers = redact_headers(flow.upstream_headers)
         if flow.spool is not None:
             body = flow.spool.finish()
             if isinstance(body, SpilledBody):

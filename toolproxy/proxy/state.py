@@ -40,6 +40,8 @@ class ProxyState:
         self.counters = Counters()
         self.stacks: StackWatch | None = None  # set by app.make_state when fingerprinting is on
         self.live: LiveView | None = None  # set by app.make_state unless --no-live-page
+        # Under `serve --workers N`: this process's place in the group, whose stats it merges.
+        self.peers = None
 
     def snapshot(self) -> dict:
         w = self.writer.stats
@@ -77,6 +79,8 @@ class ProxyState:
                 return page
         if name in ("health", "stats", ""):
             snap = self.snapshot()
+            if self.peers is not None:
+                snap = await self.peers.merged(snap)
             status = 200 if (name != "health" or snap["status"] == "ok") else 503
             return web.json_response(snap, status=status)
         return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)

@@ -1,4 +1,4 @@
-"""One record per exchange (SPEC section 3).
+"""One record per exchange (README: "The record and its storage").
 
 Records are data, not logs: every field below is part of a versioned schema that the analyzer
 reads. Bump RECORD_VERSION whenever a field changes meaning, and keep the reader accepting every
@@ -11,7 +11,7 @@ and orjson serialises dataclasses natively without an intermediate dict.
 from __future__ import annotations
 
 import base64
-import os
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,7 +46,7 @@ def new_id() -> str:
             _last_rand = (_last_rand + 1) & ((1 << 80) - 1)
         else:
             _last_ms = ms
-            _last_rand = int.from_bytes(os.urandom(10), "big")
+            _last_rand = random.getrandbits(80)
         rand = _last_rand
     return f"{ms:012x}{rand:020x}"
 

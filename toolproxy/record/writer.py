@@ -425,11 +425,17 @@ class SegmentWriter:
         seg.end += len(data)
 
     def _open_segment(self) -> _Segment:
-        self._seq += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        while True:
+            # O_EXCL: never append to another writer's file (a worker restarted under a reused pid).
+            self._seq += 1
+            path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+                break
+            except FileExistsError:
+                continue
         self.stats.segments += 1
         return _Segment(fd, path, time.monotonic())
 

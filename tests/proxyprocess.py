@@ -1,0 +1,126 @@
+"""`toolproxy serve` as a child process, for tests that start their own (module-scoped) proxies.
+
+Kept out of conftest.py: tests/analysis has a conftest of its own, so `from conftest import` is
+ambiguous when the whole suite runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from toolproxy.record.segments import read_records
+
+
+LISTENING = re.compile(r"listening on (http://\S+?)(?:\s|$)")
+
+
+class ProxyProcess:
+    """`toolproxy serve` running as a child process; output is drained so it never blocks."""
+
+    def __init__(self, upstream: str, data: Path, args: tuple[str, ...] = (), env: dict | None = None,
+                 startup_timeout: float = 20.0) -> None:
+        self.data = data
+        self.args = args
+        self.upstream = upstream
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", upstream,
+               "--port", "0", "--data", str(data), *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self._found = threading.Event()
+        self.url: str | None = None
+        threading.Thread(target=self._drain, args=(self.proc.stdout, self.stdout, True), daemon=True).start()
+        threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr, False), daemon=True).start()
+        deadline = time.monotonic() + startup_timeout
+        while not self._found.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"toolproxy serve did not start (rc={self.proc.returncode}):\n{self.output()}")
+        self.wait_healthy(deadline - time.monotonic())
+
+    def _drain(self, stream, sink: list[str], watch: bool) -> None:
+        for line in stream:
+            sink.append(line)
+            if watch and not self._found.is_set():
+                m = LISTENING.search(line)
+                if m:
+                    self.url = m.group(1).rstrip(";,")
+                    self._found.set()
+
+    def output(self) -> str:
+        return "".join(self.stdout) + "".join(self.stderr)
+
+    def health(self) -> tuple[int, dict]:
+        import json
+
+        try:
+            with urllib.request.urlopen(self.url + "/_toolproxy/health", timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def stats(self) -> dict:
+        import json
+
+        with urllib.request.urlopen(self.url + "/_toolproxy/stats", timeout=5) as r:
+            return json.loads(r.read())
+
+    def wait_healthy(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + max(timeout, 1.0)
+        while True:
+            try:
+                self.health()
+                return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"toolproxy never answered its health check:\n{self.output()}")
+                time.sleep(0.05)
+
+    def records(self) -> list[dict]:
+        return read_records(self.data, "exchange")
+
+    def wait_records(self, n: int, timeout: float = 5.0) -> list[dict]:
+        """Records are written by a background thread: poll until at least n are on disk."""
+        deadline = time.monotonic() + timeout
+        while True:
+            recs = self.records()
+            if len(recs) >= n or time.monotonic() > deadline:
+                return recs
+            time.sleep(0.02)
+
+    def wait_written(self, n: int, timeout: float = 5.0) -> dict:
+        """Stats once `written` (records covered by an fsync: in group mode up to a commit window
+        after they are visible on disk) reaches n, or at the timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats()
+            if stats["recording"]["written"] >= n or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.02)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM (graceful: flushes records) and wait."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no cleanup, as a crash."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)

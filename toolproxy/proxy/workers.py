@@ -1,0 +1,421 @@
+"""`serve --workers N`: N proxy processes on one port, supervised by the process the user started.
+
+One Python process forwards on one core. To use more, the supervisor starts N worker processes
+that each bind the same address with SO_REUSEPORT, so the kernel spreads new connections across
+them with no process in the data path. Each worker is the ordinary single-process proxy: its
+own event loop, upstream pool and writer thread. Writers never share a file: segment names carry
+the writing process's id, and `analyze` reads every segment in the directory.
+
+Stats and health have to answer for all workers, whichever one the kernel hands the admin
+request to. Each worker publishes its snapshot a few times a second as a small JSON file in a
+private directory (tmpfs when there is one); the admin handler reads its peers' files off the
+loop and merges them with its own live numbers. Files rather than shared memory because the
+snapshot is a nested dict whose fields grow with the proxy, a file is atomic with a rename, and
+a crashed worker's last numbers stay readable: the supervisor renames them to `retired-*` so
+counters never go backwards after a restart.
+
+The supervisor does nothing but start, watch and stop: SIGINT or SIGTERM stops every worker
+gracefully (each flushes its records), a worker that dies is reported on stderr and restarted
+with a growing back-off, and a worker that cannot start at all (say, the port is taken) stops
+the whole group with its error instead of restarting forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import pickle
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from toolproxy.proxy.config import ProxyConfig
+
+PUBLISH_EVERY = 0.25
+# A live worker whose snapshot is older than this is reported as not answering.
+STALE_AFTER = 3.0
+STOP_GRACE = 20.0  # below systemd's usual TimeoutStopSec; a worker's writer drains within 10 s
+# Numbers that describe a process rather than count events: the largest, not the sum, is right.
+NOT_SUMMED = {"uptime_s"}
+# Numbers that describe the present: a worker that is gone has none of them any more.
+GAUGES = {"in_flight", "queue_depth"}
+
+
+def raise_fd_limit() -> int:
+    """Lift this process's soft limit on open files to the hard one; the limit now in force.
+
+    Every stream holds two sockets (client and upstream), and many systems start processes with
+    a soft limit of 1024: without this, a proxy in front of a busy fleet fails at ~500 streams.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft
+    return hard
+
+
+# ---- merging snapshots (pure) ---------------------------------------------------------------
+
+def merge_snapshots(live: list[dict], retired: list[dict] = ()) -> dict:
+    """One snapshot for the whole group: counters summed, gauges from live workers only,
+    status `ok` only when every live worker says so, the first value of anything else."""
+    out: dict = {}
+    for snap in live:
+        _merge_into(out, snap)
+    for snap in retired:
+        _merge_into(out, _counters_only(snap))
+    return out
+
+
+def _counters_only(snap: dict) -> dict:
+    out = {}
+    for k, v in snap.items():
+        if k in GAUGES or k in ("status", "last_error", "degraded"):
+            continue
+        out[k] = _counters_only(v) if isinstance(v, dict) else v
+    return out
+
+
+def _merge_into(out: dict, snap: dict) -> None:
+    for key, value in snap.items():
+        if key not in out or out[key] is None:
+            out[key] = copy.deepcopy(value)
+        elif value is not None:
+            out[key] = _merge_value(key, out[key], value)
+
+
+def _merge_value(key: str, a: Any, b: Any) -> Any:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return bool(a) or bool(b)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return max(a, b) if key in NOT_SUMMED else a + b
+    if isinstance(a, dict) and isinstance(b, dict):
+        merged = dict(a)
+        _merge_into(merged, b)
+        return merged
+    if isinstance(a, list) and isinstance(b, list):
+        return a + [x for x in b if x not in a]
+    if key == "status" and a == "ok":
+        return b
+    return a
+
+
+# ---- in each worker ----------------------------------------------------------------------------
+
+@dataclass
+class Worker:
+    """What a worker process knows about its group; attached to its app's state."""
+
+    index: int
+    peers_dir: Path
+    pid: int = field(default_factory=os.getpid)
+    _task: asyncio.Task | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.peers_dir / f"worker-{self.pid}.json"
+
+    def stamped(self, snapshot: dict) -> dict:
+        return {**snapshot, "worker": {"index": self.index, "pid": self.pid, "published_at": time.time()}}
+
+    def publish(self, snapshot: dict) -> None:
+        """Write this worker's numbers for its peers (blocking: run off the loop)."""
+        snapshot = self.stamped(snapshot)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(snapshot))
+        os.replace(tmp, self.path)
+
+    def attach(self, app, state) -> None:
+        """Join the group: merged stats for this app's admin routes, a last publish at cleanup
+        (after the writer closed, so a stopped worker's final counts are on file)."""
+        state.peers = self
+
+        async def on_cleanup(app) -> None:
+            if self._task is not None:
+                self._task.cancel()
+            await asyncio.get_running_loop().run_in_executor(None, self.publish, state.snapshot())
+
+        app.on_cleanup.append(on_cleanup)
+
+    async def listening(self, state) -> None:
+        """Called once the port is bound: the first snapshot is the supervisor's sign of readiness."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.publish, state.snapshot())
+        self._task = loop.create_task(self._publish_forever(state))
+
+    async def _publish_forever(self, state) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(PUBLISH_EVERY)
+            try:
+                await loop.run_in_executor(None, self.publish, state.snapshot())
+            except OSError as exc:
+                print(f"toolproxy: worker {self.index}: cannot publish stats: {exc}", file=sys.stderr, flush=True)
+
+    async def merged(self, own: dict) -> dict:
+        """The group's snapshot: this worker's live numbers plus its peers' latest published ones."""
+        live, retired, supervisor = await asyncio.get_running_loop().run_in_executor(None, read_peers, self.peers_dir)
+        return group_snapshot(self.stamped(own), live, retired, supervisor)
+
+
+def read_peers(peers_dir: Path) -> tuple[list[dict], list[dict], dict]:
+    live, retired = [], []
+    for p in peers_dir.glob("*.json"):
+        try:
+            data = orjson.loads(p.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue  # replaced or removed under us: the next read sees it
+        if p.name.startswith("worker-"):
+            live.append(data)
+        elif p.name.startswith("retired-"):
+            retired.append(data)
+    try:
+        supervisor = orjson.loads((peers_dir / "supervisor.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        supervisor = {}
+    return live, retired, supervisor
+
+
+def group_snapshot(own: dict, live: list[dict], retired: list[dict], supervisor: dict, now: float | None = None) -> dict:
+    """Merge the workers' snapshots and say which workers answer (pure, for tests and the handler).
+
+    `own` is the answering worker's live snapshot, the others are what its peers last published;
+    every snapshot carries a `worker` entry (index, pid, published_at).
+    """
+    now = time.time() if now is None else now
+    own_pid = own["worker"]["pid"]
+    alive_pids = set(supervisor.get("pids", ())) | {own_pid}
+    peers = [s for s in live if s.get("worker", {}).get("pid") != own_pid and s.get("worker", {}).get("pid") in alive_pids]
+    snaps = [own, *peers]
+    merged = merge_snapshots(snaps, retired)
+    merged.pop("worker", None)
+    per_worker, silent = [], []
+    answered = {own_pid} | {s["worker"]["pid"] for s in peers}
+    for s in peers:
+        age = now - s["worker"]["published_at"]
+        if age > STALE_AFTER:
+            silent.append(f"worker {s['worker']['index']} (pid {s['worker']['pid']}) last reported {age:.0f}s ago")
+    for pid in sorted(alive_pids - answered):
+        silent.append(f"worker pid {pid} has not reported yet")
+    count = supervisor.get("count", len(snaps))
+    if len(alive_pids) < count:
+        silent.append(f"{count - len(alive_pids)} of {count} workers not running (being restarted after: "
+                      f"{supervisor.get('last_exit')})")
+    for s in snaps:
+        w = s["worker"]
+        per_worker.append({"index": w["index"], "pid": w["pid"], "status": s.get("status"),
+                           "exchanges": s.get("exchanges"), "in_flight": s.get("in_flight")})
+    merged["workers"] = {
+        "count": count,
+        "answering": len(snaps) - sum(1 for s in peers if now - s["worker"]["published_at"] > STALE_AFTER),
+        "restarts": supervisor.get("restarts", 0),
+        "last_exit": supervisor.get("last_exit"),
+        "per_worker": sorted(per_worker, key=lambda w: w["index"]),
+    }
+    if silent:
+        merged["status"] = "degraded"
+        merged["workers"]["problems"] = silent
+    return merged
+
+
+def worker_main() -> None:
+    """Entry point of a worker process: its settings arrive pickled on stdin, never in argv
+    (they may hold the upstream key)."""
+    config, index, peers_dir = pickle.loads(sys.stdin.buffer.read())
+    sys.stdin.close()
+    _die_with_parent()
+    from toolproxy.proxy.app import run
+
+    run(config, Worker(index, Path(peers_dir)))
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this worker if the supervisor dies without stopping it (kill -9)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+# ---- the supervisor -----------------------------------------------------------------------------
+
+class StartError(RuntimeError):
+    """The group could not start; the message says why and what to do."""
+
+
+@dataclass
+class _Slot:
+    index: int
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    failures: int = 0
+    next_start: float = 0.0
+
+
+class Supervisor:
+    def __init__(self, config: ProxyConfig, count: int) -> None:
+        self.config = config
+        self.count = count
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.peers_dir = Path(tempfile.mkdtemp(prefix="toolproxy-workers-", dir=base))
+        self.slots = [_Slot(i) for i in range(count)]
+        self.restarts = 0
+        self.last_exit: str | None = None
+        self.stopping = False
+        self._reserve: socket.socket | None = None
+
+    def reserve_port(self) -> int:
+        """Bind (not listen) the address with SO_REUSEPORT: a port taken by another program fails
+        here with a clear message, and --port 0 becomes one concrete port every worker shares."""
+        cfg = self.config
+        try:
+            infos = socket.getaddrinfo(cfg.host, cfg.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except socket.gaierror as exc:
+            raise StartError(f"cannot listen on {cfg.host}:{cfg.port}: {exc}") from None
+        family, _, _, _, addr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            sock.close()
+            raise StartError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from None
+        self._reserve = sock
+        return sock.getsockname()[1]
+
+    def _spawn(self, slot: _Slot) -> None:
+        payload = pickle.dumps((self.config, slot.index, str(self.peers_dir)))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from toolproxy.proxy.workers import worker_main; worker_main()"],
+            stdin=subprocess.PIPE,
+        )
+        proc.stdin.write(payload)
+        proc.stdin.close()
+        slot.proc = proc
+        slot.started = time.monotonic()
+        self._write_supervisor()
+
+    def _write_supervisor(self) -> None:
+        info = {"count": self.count, "pids": [s.proc.pid for s in self.slots if s.proc is not None and s.proc.poll() is None],
+                "restarts": self.restarts, "last_exit": self.last_exit}
+        tmp = self.peers_dir / "supervisor.tmp"
+        tmp.write_bytes(orjson.dumps(info))
+        os.replace(tmp, self.peers_dir / "supervisor.json")
+
+    def _ready(self, slot: _Slot) -> bool:
+        return slot.proc is not None and (self.peers_dir / f"worker-{slot.proc.pid}.json").exists()
+
+    def start(self, timeout: float = 60.0) -> None:
+        for slot in self.slots:
+            self._spawn(slot)
+        deadline = time.monotonic() + timeout
+        while not all(self._ready(s) for s in self.slots):
+            for s in self.slots:
+                if s.proc.poll() is not None:
+                    raise StartError(f"worker {s.index} exited with {_exit_text(s.proc.returncode)} while starting "
+                                     "(its error is printed above)")
+            if self.stopping:
+                return
+            if time.monotonic() > deadline:
+                raise StartError(f"workers did not start within {timeout:g}s")
+            time.sleep(0.05)
+
+    def watch(self, tick: float = 0.2) -> None:
+        """Until told to stop: restart workers that died, with back-off so a crash loop stays cheap."""
+        while not self.stopping:
+            now = time.monotonic()
+            for slot in self.slots:
+                proc = slot.proc
+                if proc is not None and proc.poll() is not None:
+                    self._retire(slot, now)
+                if slot.proc is None and now >= slot.next_start and not self.stopping:
+                    self.restarts += 1
+                    self._spawn(slot)
+            time.sleep(tick)
+
+    def _retire(self, slot: _Slot, now: float) -> None:
+        proc = slot.proc
+        live_file = self.peers_dir / f"worker-{proc.pid}.json"
+        if live_file.exists():
+            os.replace(live_file, self.peers_dir / f"retired-{proc.pid}.json")
+        slot.failures = slot.failures + 1 if now - slot.started < 30 else 1
+        delay = min(0.5 * 2 ** (slot.failures - 1), 30.0)
+        self.last_exit = f"worker {slot.index} (pid {proc.pid}) exited with {_exit_text(proc.returncode)}"
+        print(f"toolproxy: {self.last_exit}; restarting it in {delay:g}s", file=sys.stderr, flush=True)
+        slot.proc = None
+        slot.next_start = now + delay
+        self._write_supervisor()
+
+    def stop(self) -> None:
+        """SIGTERM every worker, wait for their records to be flushed, SIGKILL what hangs."""
+        self.stopping = True
+        procs = [s.proc for s in self.slots if s.proc is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"toolproxy: worker pid {p.pid} did not stop within {STOP_GRACE:g}s; killing it",
+                      file=sys.stderr, flush=True)
+                p.kill()
+                p.wait()
+        if self._reserve is not None:
+            self._reserve.close()
+        shutil.rmtree(self.peers_dir, ignore_errors=True)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+def run_workers(config: ProxyConfig, count: int) -> int:
+    """Run `count` workers until SIGINT/SIGTERM; the exit code for the CLI."""
+    from toolproxy.proxy.app import banner
+
+    sup = Supervisor(config, count)
+
+    def on_signal(signum, frame) -> None:
+        sup.stopping = True
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        port = sup.reserve_port()
+        sup.config = replace(config, port=port)
+        sup.start()
+        if not sup.stopping:
+            print(banner(config, port, count), flush=True)
+            sup.watch()
+        print("toolproxy: shutting down, flushing records", file=sys.stderr, flush=True)
+        return 0
+    except StartError as exc:
+        print(f"toolproxy: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        sup.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
