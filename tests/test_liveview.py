@@ -4,7 +4,6 @@ llama.cpp, real HTTP clients, and its counts checked against /_toolproxy/stats a
 from __future__ import annotations
 
 import html
-import importlib.util
 import json
 import os
 import re
@@ -17,21 +16,14 @@ import urllib.error
 import urllib.request
 from contextlib import ExitStack
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
+from proxyprocess import LISTENING, ProxyProcess
 
 from analysis.report.screenshot import find_browser, run_chromium, screenshot
 from toolproxy.proxy.live import LiveView, Tally, outcome_key
 from toolproxy.record.model import Record, encode_record
 from toolproxy.stacks import fakes
-
-# tests/conftest.py by path: a bare `from conftest import` finds tests/analysis/conftest.py when the
-# whole suite is collected.
-_spec = importlib.util.spec_from_file_location("toolproxy_tests_conftest", Path(__file__).with_name("conftest.py"))
-_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_conftest)
-LISTENING, ProxyProcess = _conftest.LISTENING, _conftest.ProxyProcess
 
 TOKEN = "s3cret-page-token"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
