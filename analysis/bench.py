@@ -1,6 +1,6 @@
 """Benchmark: a realistic synthetic data dir, then a timed `analyze` over it.
 
-    python -m analysis.bench --exchanges 100000 [--dir DIR] [--keep]
+    python -m toolproxy.analysis.bench --exchanges 100000 [--dir DIR] [--keep]
 
 The data dir has what real recordings have: multi-turn agent episodes whose message lists grow
 turn by turn, a ~2 KB tools array resent every turn, several stacks with their own wire shapes
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import orjson
 
-from analysis.store import default_db
+from toolproxy.analysis.store import default_db
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.writer import SEGMENT_DIR
 

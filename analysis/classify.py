@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from analysis.outcomes import HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, UNPARSEABLE, VALID_CALL
+from toolproxy.analysis.outcomes import HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, UNPARSEABLE, VALID_CALL
 from toolproxy.calls import Validation, parse_arguments, parse_text, validate_call
 from toolproxy.wire import Reply, tool_names as names_of_tools
 

@@ -30,7 +30,7 @@ def _fail(message: str) -> None:
 
 def expect_callback(_ctx, _param, values: tuple[str, ...]) -> list:
     """--expect rules parsed at the command line, so a mistyped rule is a usage error, not a traceback."""
-    from analysis.expect import RuleError, parse_rules
+    from toolproxy.analysis.expect import RuleError, parse_rules
 
     try:
         return parse_rules(values)
@@ -50,7 +50,7 @@ EXPECT_OPTION = expect_option(
 
 
 def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = "1GB"):
-    from analysis.store import StoreError, connect, default_db
+    from toolproxy.analysis.store import StoreError, connect, default_db
 
     path = db_path or default_db(data_dir)
     try:
@@ -80,9 +80,9 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     """
     import duckdb
 
-    from analysis.ingest import ingest
-    from analysis.outcomes import ANALYZER_VERSION
-    from analysis.reanalyze import rebuild, rebuild_reason, save_state
+    from toolproxy.analysis.ingest import ingest
+    from toolproxy.analysis.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.reanalyze import rebuild, rebuild_reason, save_state
     from toolproxy.progress import Progress
 
     if not data_dir.exists():
@@ -208,7 +208,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
 @click.option("--raw", is_flag=True, help="Also print the raw request and response bodies.")
 def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> None:
     """Print one exchange (a unique id prefix will do): request, response, classification."""
-    from analysis.show import render
+    from toolproxy.analysis.show import render
 
     con = _open(data_dir, db_path, read_only=True)
     try:

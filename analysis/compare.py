@@ -16,10 +16,10 @@ from typing import Sequence
 
 import duckdb
 
-from analysis import stats
-from analysis.expect import Rule
-from analysis.metrics import score
-from analysis.summary import StoreError
+from toolproxy.analysis import stats
+from toolproxy.analysis.expect import Rule
+from toolproxy.analysis.metrics import score
+from toolproxy.analysis.summary import StoreError
 
 # An item's verdict in one run, from the turns of its episode(s) in that run (repeats are pooled).
 METRICS = {

@@ -13,11 +13,11 @@ from typing import Sequence
 
 import duckdb
 
-from analysis import stats
-from analysis.compare import Comparison, compare
-from analysis.expect import Rule, parse_rules
-from analysis.metrics import score
-from analysis.summary import Report
+from toolproxy.analysis import stats
+from toolproxy.analysis.compare import Comparison, compare
+from toolproxy.analysis.expect import Rule, parse_rules
+from toolproxy.analysis.metrics import score
+from toolproxy.analysis.summary import Report
 
 # Turn positions shown one by one; later turns share the last column ("11+"), so one very long
 # episode cannot stretch the figure while the question (does fidelity decay?) still gets an answer.

@@ -29,11 +29,11 @@ from typing import Any
 
 import orjson
 
-from analysis.bodies import decode_body, header
-from analysis.classify import classify
-from analysis.columns import Columns
-from analysis.store import insert_columns
-from analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
+from toolproxy.analysis.bodies import decode_body, header
+from toolproxy.analysis.classify import classify
+from toolproxy.analysis.columns import Columns
+from toolproxy.analysis.store import insert_columns
+from toolproxy.analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
 from toolproxy.progress import Progress
 from toolproxy.record.chunks import ChunkSource, is_chunk_line
 from toolproxy.record.model import Record

@@ -23,11 +23,11 @@ from typing import Sequence
 import duckdb
 import orjson
 
-from analysis import stats
-from analysis.expect import Rule, expectation
-from analysis.outcomes import ROLES
-from analysis.reanalyze import stored_rules
-from analysis.turns import ROLE_SQL
+from toolproxy.analysis import stats
+from toolproxy.analysis.expect import Rule, expectation
+from toolproxy.analysis.outcomes import ROLES
+from toolproxy.analysis.reanalyze import stored_rules
+from toolproxy.analysis.turns import ROLE_SQL
 
 METRICS = ("call_fidelity", "delivered_fidelity", "restraint", "answer_rate", "paper_fidelity")
 METRIC_LABELS = {

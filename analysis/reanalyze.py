@@ -15,8 +15,8 @@ from typing import Sequence
 
 import orjson
 
-from analysis.expect import Rule, parse_rules
-from analysis.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.expect import Rule, parse_rules
+from toolproxy.analysis.outcomes import ANALYZER_VERSION
 
 _VERSION_KEY = "analyzer_version"
 _RULES_KEY = "expect_rules"
@@ -89,8 +89,8 @@ def _stored_record(row: dict) -> dict:
 def reclassify(con) -> int:
     """Re-run the per-exchange analysis over every stored exchange, from its raw columns; returns
     how many exchanges were reclassified. The caller re-derives turns and holds the transaction."""
-    from analysis.ingest import CALL_TYPES, EXCHANGE_TYPES, TOOL_SET_TYPES, analyze_record
-    from analysis.store import insert_columns
+    from toolproxy.analysis.ingest import CALL_TYPES, EXCHANGE_TYPES, TOOL_SET_TYPES, analyze_record
+    from toolproxy.analysis.store import insert_columns
 
     derived = [c for c in EXCHANGE_TYPES if c not in _RAW]
     types = {"id": "VARCHAR"} | {c: EXCHANGE_TYPES[c] for c in derived}
@@ -130,7 +130,7 @@ def reclassify(con) -> int:
 def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool) -> dict[str, int]:
     """Rebuild every derived table in one transaction: exchanges' classification (when the rules
     of classification may have changed) and all runs' turns, episodes and runs rows."""
-    from analysis.turns import derive
+    from toolproxy.analysis.turns import derive
 
     con.execute("BEGIN TRANSACTION")
     try:

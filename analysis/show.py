@@ -6,7 +6,7 @@ import textwrap
 
 import orjson
 
-from analysis.ingest import _request
+from toolproxy.analysis.ingest import _request
 from toolproxy.printable import printable
 from toolproxy.wire import family_of
 

@@ -1,6 +1,6 @@
 """Benchmark: what storing repeated body content once (record/chunks.py) saves and costs.
 
-    python -m analysis.storage_bench [--episodes 10] [--turns 50] [--rounds 5]
+    python -m toolproxy.analysis.storage_bench [--episodes 10] [--turns 50] [--rounds 5]
 
 Agent episodes as harnesses send them: chat-completions requests with a tools array, the whole
 history resent every turn, growing by `--growth` bytes a turn (an assistant tool call and a tool
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import orjson
 
-from analysis.bench import TOOL_NAMES, TOOLS, _args_for, _openai_reply
-from analysis.ingest import ingest
-from analysis.store import connect
+from toolproxy.analysis.bench import TOOL_NAMES, TOOLS, _args_for, _openai_reply
+from toolproxy.analysis.ingest import ingest
+from toolproxy.analysis.store import connect
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import list_segments
 from toolproxy.record.writer import SegmentWriter

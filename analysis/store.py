@@ -7,8 +7,8 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from analysis.columns import Columns
-from analysis.migrations import MIGRATIONS
+from toolproxy.analysis.columns import Columns
+from toolproxy.analysis.migrations import MIGRATIONS
 
 DB_NAME = "toolproxy.duckdb"
 

@@ -15,13 +15,13 @@ from typing import Sequence
 
 import duckdb
 
-from analysis import stats
-from analysis.expect import Rule
-from analysis.metrics import RunMetrics, by_run, run_metrics, score
-from analysis.outcomes import (ANALYZER_VERSION, HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS,
+from toolproxy.analysis import stats
+from toolproxy.analysis.expect import Rule
+from toolproxy.analysis.metrics import RunMetrics, by_run, run_metrics, score
+from toolproxy.analysis.outcomes import (ANALYZER_VERSION, HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS,
                                UNPARSEABLE, VALID_CALL)
-from analysis.reanalyze import stored_version
-from analysis.store import StoreError
+from toolproxy.analysis.reanalyze import stored_version
+from toolproxy.analysis.store import StoreError
 from toolproxy import __version__
 
 # Display order: the good outcome first, non-responses last.

@@ -26,9 +26,9 @@ from typing import Any, Iterable, Sequence
 
 import orjson
 
-from analysis.echoes import echoed_calls
-from analysis.expect import Rule, expectation
-from analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE, PROSE, VALID_CALL
+from toolproxy.analysis.echoes import echoed_calls
+from toolproxy.analysis.expect import Rule, expectation
+from toolproxy.analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE, PROSE, VALID_CALL
 
 UNTAGGED_RUN = "(untagged)"
 # An episode is flagged as looping when the same call (name + arguments) repeats in this many
@@ -459,8 +459,8 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dic
 
     `rules`: expectation rules (analysis.expect); None uses the ones stored with the analysis.
     """
-    from analysis.reanalyze import stored_rules
-    from analysis.store import insert_columns
+    from toolproxy.analysis.reanalyze import stored_rules
+    from toolproxy.analysis.store import insert_columns
 
     if rules is None:
         rules = stored_rules(con)

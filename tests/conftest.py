@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from proxyprocess import ProxyProcess
-from toolproxy.stacks.fakes import FakeStack
+from toolproxy.testing.fakes import FakeStack
 
 @pytest.fixture
 def fake_stack():

@@ -20,10 +20,10 @@ from html.parser import HTMLParser
 import pytest
 from proxyprocess import LISTENING, ProxyProcess
 
-from analysis.report.screenshot import find_browser, run_chromium, screenshot
+from toolproxy.analysis.report.screenshot import find_browser, run_chromium, screenshot
 from toolproxy.proxy.live import LiveView, Tally, outcome_key
 from toolproxy.record.model import Record, encode_record
-from toolproxy.stacks import fakes
+from toolproxy.testing import fakes
 
 TOKEN = "s3cret-page-token"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",

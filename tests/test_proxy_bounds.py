@@ -16,7 +16,7 @@ import pytest
 from toolproxy.checks.local import local_proxy
 from toolproxy.proxy import stackwatch
 from toolproxy.proxy.durability import LastBytes, expected_body_length
-from toolproxy.stacks.fakes import stall, text
+from toolproxy.testing.fakes import stall, text
 from toolproxy.stacks.fingerprint import GET_PROBES
 
 MSGS = [{"role": "user", "content": "hi"}]

@@ -14,7 +14,7 @@ import pytest
 
 from toolproxy.record.segments import list_segments, read_segment
 from toolproxy.record.writer import MAX_QUEUE_WAIT
-from toolproxy.stacks.fakes import stall, text
+from toolproxy.testing.fakes import stall, text
 
 MSGS = [{"role": "user", "content": "hi"}]
 

@@ -15,7 +15,7 @@ import pytest
 
 from toolproxy.record.model import Record, body_bytes, encode_body
 from toolproxy.record.spill import SpilledBody, record_pieces
-from toolproxy.stacks.fakes import raw, text
+from toolproxy.testing.fakes import raw, text
 
 
 def _spilled(data: bytes, directory: str | None, piece: int) -> SpilledBody:

@@ -21,9 +21,9 @@ import duckdb
 import orjson
 import pytest
 
-from analysis.ingest import ingest
-from analysis.storage_bench import episode, interleaved
-from analysis.store import connect
+from toolproxy.analysis.ingest import ingest
+from toolproxy.analysis.storage_bench import episode, interleaved
+from toolproxy.analysis.store import connect
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
 from toolproxy.record.model import RECORD_VERSION, Record, RecordEncodeError, encode_body, new_id
 from toolproxy.record.segments import batch_end, expanded_size, list_segments, read_lines, read_records, read_segment

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from toolproxy.record.segments import read_records
-from toolproxy.stacks import fakes
+from toolproxy.testing import fakes
 
 # Three tasks, each a call then an answer from the tool's result; the harness only acts on
 # structured tool_calls, as most do.

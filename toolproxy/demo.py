@@ -1,6 +1,6 @@
 """`toolproxy demo`: the whole loop on this machine, with no model server and no network.
 
-Six "serving stacks" (the emulated ones from toolproxy.stacks.fakes, which answer exactly as the
+Six "serving stacks" (the emulated ones from toolproxy.testing.fakes, which answer exactly as the
 real ones do on the wire) each sit behind a real toolproxy; a small agent harness runs the same
 tasks through every one of them; then the real `analyze`, `report` and `compare` commands run on
 what was recorded. The point it makes is the project's point: the same model behaviour shows up as
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from aiohttp import web
 
 from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ProxyConfig
-from toolproxy.stacks import fakes
+from toolproxy.testing import fakes
 
 TOOLS = [
     {"type": "function", "function": {
@@ -159,12 +160,21 @@ def _run_cli(*args: str) -> None:
         raise click.ClickException(f"`toolproxy {args[0]}` failed (exit {proc.returncode})")
 
 
+def default_data_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "toolproxy-demo"
+
+
 @click.command()
-@click.option("--data", "data_dir", default="toolproxy-demo", show_default=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Where the demo records (recreated on each run).")
+@click.option("--data", "data_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Where the demo records (recreated on each run). Default: toolproxy-demo in the user's cache "
+                   "directory ($XDG_CACHE_HOME or ~/.cache), never the current directory, so it cannot land in a "
+                   "checkout or a built package.")
 @click.option("--episodes", default=10, show_default=True, type=click.IntRange(1, 500), help="Episodes per scenario.")
-def demo(data_dir: Path, episodes: int) -> None:
+def demo(data_dir: Path | None, episodes: int) -> None:
     """Run emulated stacks behind toolproxy, drive an agent through them, then analyze and report."""
+    if data_dir is None:
+        data_dir = default_data_dir()
     if data_dir.exists() and any(data_dir.iterdir()) and not (data_dir / MARKER).exists():
         raise click.UsageError(f"{data_dir} exists and is not a previous demo's directory; choose another --data")
     shutil.rmtree(data_dir, ignore_errors=True)

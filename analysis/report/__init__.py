@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from analysis.report import csvrows, htmlpage, jsondoc, markdown, terminal
-from analysis.summary import Report
+from toolproxy.analysis.report import csvrows, htmlpage, jsondoc, markdown, terminal
+from toolproxy.analysis.summary import Report
 
 RENDERERS = {
     "table": terminal.render,

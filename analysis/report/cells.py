@@ -7,9 +7,9 @@ another.
 
 from __future__ import annotations
 
-from analysis.outcomes import ANALYZER_VERSION, ROLES
-from analysis.stats import MIN_EPISODES, NO_SPREAD, TOO_FEW_EPISODES, Rate
-from analysis.summary import NON_RESPONSE_KINDS, Report, RunSummary
+from toolproxy.analysis.outcomes import ANALYZER_VERSION, ROLES
+from toolproxy.analysis.stats import MIN_EPISODES, NO_SPREAD, TOO_FEW_EPISODES, Rate
+from toolproxy.analysis.summary import NON_RESPONSE_KINDS, Report, RunSummary
 
 REJ = "rej"
 NONE = "-"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from analysis.cli import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open, terminal_safe_csv
-from analysis.store import StoreError, default_db
+from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open, terminal_safe_csv
+from toolproxy.analysis.store import StoreError, default_db
 from toolproxy.printable import printable
 
 
@@ -55,10 +55,10 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     layer (calls left in text). A run whose every turn was a non-response shows "rej"
     (undefined), never 0%.
     """
-    from analysis import report as renderers
-    from analysis.details import page_details
-    from analysis.report import htmlpage, terminal
-    from analysis.summary import select_runs, summarize
+    from toolproxy.analysis import report as renderers
+    from toolproxy.analysis.details import page_details
+    from toolproxy.analysis.report import htmlpage, terminal
+    from toolproxy.analysis.summary import select_runs, summarize
 
     path = db_path or default_db(data_dir)
     con = _open(data_dir, path, read_only=True)
@@ -99,9 +99,9 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
 def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: str | None, metric: str, fmt: str,
             output: Path | None, expect_rules: list) -> None:
     """Paired test of RUN_A against RUN_B over the items both ran (exact McNemar, both discordant counts)."""
-    from analysis.compare import compare as paired
-    from analysis.report.comparison import RENDERERS
-    from analysis.summary import select_runs
+    from toolproxy.analysis.compare import compare as paired
+    from toolproxy.analysis.report.comparison import RENDERERS
+    from toolproxy.analysis.summary import select_runs
 
     path = db_path or default_db(data_dir)
     con = _open(data_dir, path, read_only=True)

@@ -7,9 +7,9 @@ import textwrap
 
 import orjson
 
-from analysis.compare import METRIC_HELP, Comparison, Paired
-from analysis.report.markdown import table
-from analysis.report.terminal import aligned
+from toolproxy.analysis.compare import METRIC_HELP, Comparison, Paired
+from toolproxy.analysis.report.markdown import table
+from toolproxy.analysis.report.terminal import aligned
 
 COLUMNS = ("category", "paired", "both pass", "A only", "B only", "both fail", "McNemar p", "Holm p")
 

@@ -6,8 +6,8 @@ import csv
 import dataclasses
 import io
 
-from analysis.metrics import METRICS
-from analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
+from toolproxy.analysis.metrics import METRICS
+from toolproxy.analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
 
 _RATES = (*METRICS, "non_response_rate")
 

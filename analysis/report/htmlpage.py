@@ -10,14 +10,14 @@ from html import escape
 from importlib import resources
 from typing import Callable
 
-from analysis import stats
-from analysis.compare import METRIC_HELP
-from analysis.details import TURN_COLUMNS, Count, PageDetails, Usage
-from analysis.report import comparison
-from analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct, rate_cell,
+from toolproxy.analysis import stats
+from toolproxy.analysis.compare import METRIC_HELP
+from toolproxy.analysis.details import TURN_COLUMNS, Count, PageDetails, Usage
+from toolproxy.analysis.report import comparison
+from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct, rate_cell,
                                    provenance, report_notes, row)
-from analysis.stats import Rate
-from analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
+from toolproxy.analysis.stats import Rate
+from toolproxy.analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
 
 # Okabe-Ito palette: distinguishable with every common colour-vision deficiency. Non-responses get
 # a dark grey with white hatching so they can never be mistaken for a model outcome.
@@ -410,7 +410,7 @@ def _details_sections(report: Report, d: PageDetails) -> str:
 
 def render(report: Report, details: PageDetails | None = None) -> str:
     """The page; `details` (analysis.details.page_details) adds the sections only it can fill."""
-    css = resources.files("analysis.report").joinpath("report.css").read_text(encoding="utf-8")
+    css = resources.files("toolproxy.analysis.report").joinpath("report.css").read_text(encoding="utf-8")
     notes = "".join(f"<li><strong>{_e(run)}</strong>: {_e(note)}</li>" for run, note in report_notes(report))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">

@@ -6,9 +6,9 @@ import dataclasses
 
 import orjson
 
-from analysis import stats
-from analysis.outcomes import ANALYZER_VERSION
-from analysis.summary import Report, RunSummary
+from toolproxy.analysis import stats
+from toolproxy.analysis.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.summary import Report, RunSummary
 
 
 def run_dict(s: RunSummary) -> dict:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import html
 import re
 
-from analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, episode_cell, kinds_text, legend, pct,
+from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, episode_cell, kinds_text, legend, pct,
                                    provenance, report_notes, roles_cell, row)
-from analysis.summary import Report
+from toolproxy.analysis.summary import Report
 
 _NEWLINES = re.compile(r"\r\n|\r|\n")
 

@@ -1,6 +1,6 @@
 """Render an HTML report in headless Chromium and save a PNG, to check it in a real browser.
 
-    python -m analysis.report.screenshot report.html report.png [--width 1200 --height 900]
+    python -m toolproxy.analysis.report.screenshot report.html report.png [--width 1200 --height 900]
 
 Chromium runs with networking features off and a throwaway profile, so the screenshot also
 proves the page needs nothing from the network.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import textwrap
 
-from analysis.report.cells import (DETAIL_FIRST_NUMERIC, DETAIL_HEADERS, SHORT_FIRST_NUMERIC, SHORT_HEADERS,
+from toolproxy.analysis.report.cells import (DETAIL_FIRST_NUMERIC, DETAIL_HEADERS, SHORT_FIRST_NUMERIC, SHORT_HEADERS,
                                    detail_row, legend, provenance, report_notes, short_row)
-from analysis.summary import Report
+from toolproxy.analysis.summary import Report
 
 # Name-like columns give up width (ending in "…") when the table is wider than the terminal, the
 # widest first and the run name last; numbers never do, because a clipped number is a wrong number.

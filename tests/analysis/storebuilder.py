@@ -12,11 +12,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis import store
-from analysis.outcomes import ANALYZER_VERSION
-from analysis.reanalyze import save_state
-from analysis.summary import Report, select_runs, summarize
-from analysis.turns import ROLE_SQL
+from toolproxy.analysis import store
+from toolproxy.analysis.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.reanalyze import save_state
+from toolproxy.analysis.summary import Report, select_runs, summarize
+from toolproxy.analysis.turns import ROLE_SQL
 
 CALLING = {"valid_call", "invalid_args", "hallucinated_call"}
 

@@ -12,7 +12,7 @@ import time
 import orjson
 import pytest
 
-from analysis.store import connect
+from toolproxy.analysis.store import connect
 from toolproxy.record.model import Record, encode_body, new_id
 
 sys_path_cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()"]

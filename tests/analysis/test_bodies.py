@@ -9,7 +9,7 @@ import os
 import orjson
 import pytest
 
-from analysis.bodies import decode_body
+from toolproxy.analysis.bodies import decode_body
 from toolproxy.wire import decode, family_of
 
 

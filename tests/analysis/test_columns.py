@@ -5,8 +5,8 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from analysis.columns import Columns, misfit
-from analysis.store import insert_columns
+from toolproxy.analysis.columns import Columns, misfit
+from toolproxy.analysis.store import insert_columns
 
 CASES = [
     # (sql type, value, fits)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.echoes import MAX_TEXT, echoed_calls
-from analysis.store import connect
-from analysis.turns import Attempt, build_episodes, call_signature, conversation_keys
+from toolproxy.analysis.echoes import MAX_TEXT, echoed_calls
+from toolproxy.analysis.store import connect
+from toolproxy.analysis.turns import Attempt, build_episodes, call_signature, conversation_keys
 
 CAPTURED = Path(__file__).resolve().parent.parent / "data" / "smolagents"
 # Both captures: three tasks, the second with two weather calls; smolagents ends each with final_answer.

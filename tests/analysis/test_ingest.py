@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from analysis.ingest import ingest
-from analysis.reanalyze import rebuild
-from analysis.store import connect, default_db
+from toolproxy.analysis.ingest import ingest
+from toolproxy.analysis.reanalyze import rebuild
+from toolproxy.analysis.store import connect, default_db
 from toolproxy.record.model import Record, encode_body, new_id
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analysis.stats import holm, mcnemar_exact
+from toolproxy.analysis.stats import holm, mcnemar_exact
 from storebuilder import Episode, Run, T, build_store, paired_runs
 
 TOOLPROXY = shutil.which("toolproxy", path=str(Path(sys.executable).parent)) or shutil.which("toolproxy")

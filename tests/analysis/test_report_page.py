@@ -12,12 +12,12 @@ import numpy as np
 import openai
 import pytest
 
-from analysis.details import NONE, TURN_COLUMNS, Count, page_details
-from analysis.report.htmlpage import render
-from analysis.store import connect
-from analysis.summary import select_runs, summarize
+from toolproxy.analysis.details import NONE, TURN_COLUMNS, Count, page_details
+from toolproxy.analysis.report.htmlpage import render
+from toolproxy.analysis.store import connect
+from toolproxy.analysis.summary import select_runs, summarize
 from storebuilder import Episode, Run, T, build_store, load_report
-from toolproxy.stacks.fakes import call, text
+from toolproxy.testing.fakes import call, text
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],

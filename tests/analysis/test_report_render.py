@@ -9,11 +9,11 @@ import re
 
 import pytest
 
-from analysis.metrics import METRICS
-from analysis.outcomes import ANALYZER_VERSION
-from analysis.report import FORMATS, render
-from analysis.report.cells import OUTCOME_LABELS
-from analysis.report.htmlpage import COLOURS
+from toolproxy.analysis.metrics import METRICS
+from toolproxy.analysis.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.report import FORMATS, render
+from toolproxy.analysis.report.cells import OUTCOME_LABELS
+from toolproxy.analysis.report.htmlpage import COLOURS
 from storebuilder import Episode, Run, T, build_store, load_report
 
 
@@ -47,7 +47,7 @@ def test_terminal_table_fits_100_columns_and_shows_rej(report):
 
 
 def test_terminal_table_clips_names_not_numbers():
-    from analysis.report.terminal import aligned
+    from toolproxy.analysis.report.terminal import aligned
 
     rows = [["a-very-long-run-name-indeed", "some/extremely-long-model-name-from-a-hub", "123456789"]]
     lines = aligned(["run", "model", "turns"], rows, first_numeric=2, width=40)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from analysis.stats import (NO_SPREAD, TOO_FEW_EPISODES, bootstrap_mean_ci, holm, mcnemar_exact, proportion, rate,
+from toolproxy.analysis.stats import (NO_SPREAD, TOO_FEW_EPISODES, bootstrap_mean_ci, holm, mcnemar_exact, proportion, rate,
                             wilson)
 
 # (b, c, expected p). Expected values: scipy.stats.binomtest(b, b + c, 0.5).pvalue (scipy 1.17),

@@ -3,7 +3,7 @@ attachment per file within a process."""
 
 from __future__ import annotations
 
-from analysis.store import WRITER_ROW_GROUP_SIZE, connect
+from toolproxy.analysis.store import WRITER_ROW_GROUP_SIZE, connect
 
 
 def test_writer_fills_small_row_groups(tmp_path):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.store import StoreError
-from analysis.summary import OUTCOMES
+from toolproxy.analysis.store import StoreError
+from toolproxy.analysis.summary import OUTCOMES
 from storebuilder import build_store, load_report
 
 
@@ -105,7 +105,7 @@ def test_outcome_list_matches_the_spec():
 
 
 def test_a_run_with_no_turns_is_undefined_not_rejected(tmp_path):
-    from analysis.report import render
+    from toolproxy.analysis.report import render
     from storebuilder import Run
 
     path = build_store(tmp_path / "idle.duckdb", [Run("idle", "ollama", "0.12.6", "qwen3:8b", "native", [])])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.turns import Attempt, build_episodes, call_signature, category_of, conversation_keys, loop_reason
+from toolproxy.analysis.turns import Attempt, build_episodes, call_signature, category_of, conversation_keys, loop_reason
 
 SYS = {"role": "system", "content": "You are an agent."}
 USER = {"role": "user", "content": "Weather in Oslo, then Paris?"}

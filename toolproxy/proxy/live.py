@@ -50,8 +50,8 @@ def _text(raw: bytes | None, problem: str | None) -> str:
 
 def classify_record(rec: dict) -> tuple[dict, dict]:
     """(summary row, detail) of one finished record (as written), by the analyzer's code."""
-    from analysis.ingest import EXCHANGE_TYPES, analyze_record
-    from analysis.bodies import decode_body, header
+    from toolproxy.analysis.bodies import decode_body, header
+    from toolproxy.analysis.ingest import EXCHANGE_TYPES, analyze_record
 
     analyzed = analyze_record(rec, "", 0)
     row = dict(zip(EXCHANGE_TYPES, analyzed.exchange))

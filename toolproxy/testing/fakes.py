@@ -16,7 +16,7 @@ Three layers, kept apart so a test can vary one without the others:
   transport, for the proxy's own tests.
 
 Run one from a test with `async with FakeStack("ollama").running() as url` (or `.in_thread()` for
-sync clients), or from a shell: `python -m toolproxy.stacks.fakes ollama --port 0`.
+sync clients), or from a shell: `python -m toolproxy.testing.fakes ollama --port 0`.
 """
 
 from __future__ import annotations
@@ -1601,7 +1601,7 @@ async def run_fake(stack: str, **options):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m toolproxy.stacks.fakes",
+    parser = argparse.ArgumentParser(prog="python -m toolproxy.testing.fakes",
                                      description="Serve an emulated LLM serving stack on 127.0.0.1.")
     parser.add_argument("stack", choices=NAMES + ("no_jinja",))
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
