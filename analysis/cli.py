@@ -70,8 +70,9 @@ def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit
 @expect_option("What items expect, by a rule on tags, e.g. 'category=irrelevance:none' (repeatable; the last "
                "matching rule wins over the item's expect tag). Stored with the analysis and used until replaced.")
 @click.option("--clear-expect", is_flag=True, help="Forget the stored expectation rules (items keep their expect tags).")
+@click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
 def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int | None, memory_limit: str,
-            reclassify: bool, expect_rules: list, clear_expect: bool) -> None:
+            reclassify: bool, expect_rules: list, clear_expect: bool, quiet: bool) -> None:
     """Ingest new records from DATA into DuckDB and classify every turn (incremental; safe to re-run).
 
     When the store was analysed by another analyzer version, with other --expect rules, or with
@@ -83,6 +84,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     from toolproxy.analysis.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.prune import forget_pruned
     from toolproxy.analysis.reanalyze import rebuild, rebuild_reason, save_state
+    from toolproxy.progress import Progress
 
     if not data_dir.exists():
         _fail(f"data directory {data_dir} does not exist (give --data, where `toolproxy serve` recorded)")
@@ -106,7 +108,8 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
         if forgotten["segments"]:
             click.echo(f"pruned segments: {forgotten['segments']}; their {forgotten['exchanges']} exchanges removed, "
                        f"{forgotten['runs']} runs re-derived")
-        s = ingest(con, data_dir, batch_bytes=int(batch_mb * 1024 * 1024), workers=workers)
+        with Progress("analyze: reading segments", unit="MB", scale=1e6, quiet=quiet) as progress:
+            s = ingest(con, data_dir, batch_bytes=int(batch_mb * 1024 * 1024), workers=workers, progress=progress)
     except duckdb.Error as exc:
         _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:

@@ -34,6 +34,7 @@ from toolproxy.analysis.classify import classify
 from toolproxy.analysis.columns import Columns
 from toolproxy.analysis.store import insert_columns
 from toolproxy.analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
+from toolproxy.progress import Progress
 from toolproxy.record.chunks import ChunkSource, is_chunk_line
 from toolproxy.record.model import Record
 from toolproxy.record.segments import batch_end, list_segments, parse_line
@@ -506,8 +507,10 @@ class Ingestor:
     at most a few batches in flight so memory stays bounded) and writes each batch in one
     transaction together with the segment's new offset."""
 
-    def __init__(self, con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None) -> None:
+    def __init__(self, con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None,
+                 progress: Progress | None = None) -> None:
         self.con = con
+        self.progress = progress
         self.data_dir = Path(data_dir)
         self.batch_bytes = max(1, batch_bytes)
         self.workers = workers
@@ -565,6 +568,8 @@ class Ingestor:
         t0 = time.perf_counter()
         todo = self._pending_segments()
         new_bytes = sum(p.stat().st_size - off for p, off in todo)
+        if self.progress is not None:
+            self.progress.total = new_bytes
         workers = self.workers
         if workers is None:
             # Worker processes cost ~0.5 s to start: only worth it for a real amount of data.
@@ -662,6 +667,8 @@ class Ingestor:
             self.in_txn = False
             raise
         self.known_tool_sets.update(batch.tool_sets)
+        if self.progress is not None:
+            self.progress.advance(chunk.size)
 
     def _commit(self) -> None:
         if self.in_txn:
@@ -689,10 +696,12 @@ def link_stored_responses(con, runs: set[str]) -> None:
     )
 
 
-def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None) -> Summary:
+def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None,
+           progress: Progress | None = None) -> Summary:
     """Ingest every new line of every segment under data_dir, then re-derive the affected runs.
 
     workers: processes analysing batches in parallel; None picks by the amount of new data.
+    progress: told the new bytes to read, then advanced by each batch written.
     """
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _ids (id VARCHAR)")
-    return Ingestor(con, data_dir, batch_bytes=batch_bytes, workers=workers).run()
+    return Ingestor(con, data_dir, batch_bytes=batch_bytes, workers=workers, progress=progress).run()

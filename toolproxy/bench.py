@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -368,6 +369,26 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+class _PagePoller:
+    """What an open /_toolproxy/ tab does: fetch the counters and the recent exchanges, again and again."""
+
+    def __init__(self, url: str, every: float) -> None:
+        self.url, self.every = url, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for path in ("/_toolproxy/stats", "/_toolproxy/live?limit=200"):
+                urllib.request.urlopen(self.url + path, timeout=10).read()
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
 class Fleet:
     """The processes one benchmark run starts on 127.0.0.1, each in its own session, all stopped
     together (SIGTERM, so toolproxy flushes its records; SIGKILL after 15 s)."""
@@ -389,10 +410,10 @@ class Fleet:
         self.roots[f"http://127.0.0.1:{port}"] = [p.pid]
         return port
 
-    def toolproxy(self, upstream: str, data: Path, workers: int = 1) -> tuple[str, subprocess.Popen]:
+    def toolproxy(self, upstream: str, data: Path, workers: int = 1, *extra: str) -> tuple[str, subprocess.Popen]:
         port = _free_port()
         proc = self.spawn([sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", str(port),
-                           "--data", str(data), "--quiet", "--workers", str(workers)])
+                           "--data", str(data), "--quiet", "--workers", str(workers), *extra])
         self.roots[f"http://127.0.0.1:{port}"] = [proc.pid]
         return f"http://127.0.0.1:{port}", proc
 
@@ -446,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(the bare pass-through runs as as many processes); the first must be 1")
     ap.add_argument("--no-nginx", action="store_true", help="leave nginx out even when installed")
     ap.add_argument("--json", dest="json_out", help="also write the raw numbers here")
+    ap.add_argument("--page-poll", type=float, default=None, metavar="SECONDS",
+                    help="also measure a toolproxy whose /_toolproxy/ page is open all along (its JSON polled this "
+                         "often) and one started with --no-live-page")
     ap.add_argument("_role", nargs="?", help=argparse.SUPPRESS)
     ap.add_argument("_port", nargs="?", type=int, help=argparse.SUPPRESS)
     ap.add_argument("_upstream", nargs="?", help=argparse.SUPPRESS)
@@ -481,9 +505,13 @@ def main(argv: list[str] | None = None) -> int:
             tp = proc
     for n in args.workers:
         targets["bare_aiohttp" if n == 1 else f"bare_aiohttp_w{n}"] = fleet.bare(upstream, n)
+    if args.page_poll:
+        targets["toolproxy_no_page"] = fleet.toolproxy(upstream, tmp / "data-off", 1, "--no-live-page")[0]
+        targets["toolproxy_page_open"] = fleet.toolproxy(upstream, tmp / "data-page")[0]
     if not args.no_nginx and (nginx := fleet.nginx(up_port)) is not None:
         targets["nginx"] = nginx
     data = tmp / "data-toolproxy"
+    page = None
 
     results: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
     try:
@@ -493,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         for url in targets.values():  # warm-up: connections, caches, JIT-free but allocator-warm
             _wrk(url + path, 16, 1, script)
         rss_warm = _rss_kb(tp.pid)
+        if args.page_poll:
+            page = _PagePoller(targets["toolproxy_page_open"], args.page_poll)
         for rnd in range(args.rounds):
             c1_all = _c1_interleaved(targets, path, args.c1_requests)
             for name, url in targets.items():
@@ -517,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         rss_after = _rss_kb(tp.pid)
         seg_bytes = sum(p.stat().st_size for p in (data / "segments").glob("*.jsonl"))
     finally:
+        if page is not None:
+            page.stop()
         fleet.stop()
 
     med = {n: {k: statistics.median(v) for k, v in r.items()} for n, r in results.items()}
@@ -552,6 +584,14 @@ def main(argv: list[str] | None = None) -> int:
         f"| bytes on disk per exchange | {seg_bytes / max(written, 1):.0f} B | - |",
         f"| records written / dropped | {written} / {stats['recording']['dropped']} | all / 0 |",
     ]
+    if page is not None:
+        pg, off = med["toolproxy_page_open"], med["toolproxy_no_page"]
+        lines += [
+            f"| c64 throughput, /_toolproxy/ page open (polled every {args.page_poll:g}s) vs closed | "
+            f"{pg['c64_rps'] / tpm['c64_rps']:.2f}x | >= 0.95x |",
+            f"| c1 p50 latency, page open vs closed | {pg['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.05x |",
+            f"| c64 throughput, page closed (classifier running) vs --no-live-page | {tpm['c64_rps'] / off['c64_rps']:.2f}x | >= 0.95x |",
+        ]
     for n in args.workers[1:]:
         tpn, baren = med[f"toolproxy_w{n}"], med[f"bare_aiohttp_w{n}"]
         lines += [

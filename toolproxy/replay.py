@@ -28,11 +28,11 @@ import click
 
 from toolproxy.harness import tag_prefix
 from toolproxy.printable import printable
+from toolproxy.progress import Progress, duration
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.headers import NOT_FORWARDED_UP, TAG_HEADER_PREFIX
 from toolproxy.runner import run_loop, start_proxy, toolproxy_cli
-from toolproxy.study import Progress, _duration
 
 OPEN_LOOP = ("replay is open-loop: each turn is sent with the history the original harness built, "
              "never with the replayed answers, so a turn is one question, not an episode")
@@ -257,7 +257,7 @@ class Tally:
         elapsed = time.monotonic() - self.started
         rate = self.sent / elapsed * 60 if elapsed > 0 and self.sent else 0.0
         left = (self.total - self.sent) / (self.sent / elapsed) if self.sent and elapsed > 0 else None
-        eta = f", about {_duration(left)} left" if left is not None else ""
+        eta = f", about {duration(left)} left" if left is not None else ""
         return (f"  replayed {self.sent}/{self.total} ({self.answered} answered, {self.failed} without answer, "
                 f"{self.busy_retries} busy retries), {rate:.1f} turns/min{eta}")
 
@@ -375,7 +375,7 @@ def replay(source, concurrency, limit, where, model, **options):
     interrupted = False
     if todo:
         requests = [build_request(t, new_run, model) for t in todo]
-        tally = run_loop(replay_turns(config, requests, concurrency, Progress(sys.stderr.isatty())))
+        tally = run_loop(replay_turns(config, requests, concurrency, Progress("replay")))
         interrupted = tally.sent < tally.total
         click.echo(tally.line().strip(), err=True)
     _finish(config.data_dir, source, new_run)

@@ -22,6 +22,7 @@ import click
 
 from toolproxy.conditions import NAMES
 from toolproxy.harness import harness_env, tag_prefix
+from toolproxy.progress import Progress, duration
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.runner import _parse_tags, _percent, _run_child, run_loop, start_proxy, toolproxy_cli
@@ -89,35 +90,11 @@ def _resume(path: Path, fresh: Study) -> Study:
     return saved
 
 
-class Progress:
-    """One status line while a run is going: rewritten in place on a terminal, silent when piped."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.shown = False
-
-    def show(self, text: str) -> None:
-        if self.enabled:
-            click.echo("\r\x1b[2K" + text, nl=False, err=True)
-            self.shown = True
-
-    def clear(self) -> None:
-        if self.shown:
-            click.echo("\r\x1b[2K", nl=False, err=True)
-            self.shown = False
-
-
 def _eta(done: list[float], left: int) -> str:
     if not done or not left:
         return ""
     secs = sorted(done)[len(done) // 2] * left
-    return f", about {_duration(secs)} left"
-
-
-def _duration(secs: float) -> str:
-    m, s = divmod(int(secs), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+    return f", about {duration(secs)} left"
 
 
 async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, str], progress: Progress) -> bool:
@@ -141,7 +118,7 @@ async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, st
             child = asyncio.ensure_future(_run_child(study.command, env))
             while not child.done():
                 await asyncio.wait([child], timeout=1.0)
-                progress.show(f"  {planned.run}: {state.counters.total - seen} exchanges, {_duration(time.monotonic() - start)}")
+                progress.show(f"  {planned.run}: {state.counters.total - seen} exchanges, {duration(time.monotonic() - start)}")
             progress.clear()
             result = child.result()
             planned.seconds = round(time.monotonic() - start, 1)
@@ -237,7 +214,7 @@ def study(conditions, repeat, name, tags, command, **options):
     st = _resume(path, Study.plan(name, list(command), config.upstream, wanted, repeat))
     if all(p.status == "done" for p in st.runs):
         click.echo(f"study {name}: every run is done already; showing the results", err=True)
-    progress = Progress(sys.stderr.isatty())
+    progress = Progress("study")
     completed = run_loop(_run_study(config, st, lambda: st.save(path), extra, progress))
     finish(config.data_dir, st, interrupted=not completed)
 

@@ -30,6 +30,7 @@ from toolproxy.checks.local import Probe, check_target, local_proxy
 from toolproxy.conditions import NAMES
 from toolproxy.conditions import load as load_condition
 from toolproxy.printable import printable
+from toolproxy.progress import Progress
 from toolproxy.proxy.cli import key_from_env
 from toolproxy.stacks.fingerprint import Fingerprint
 
@@ -308,7 +309,7 @@ def _conditions(value: str) -> list[str]:
 @click.option("--max-tokens", default=256, show_default=True, type=int, help="max_tokens for every request.")
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 64), help="Requests in flight at once.")
 @click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds to wait for one response.")
-@click.option("--quiet", is_flag=True, help="No progress dots on stderr.")
+@click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
 def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, output, api_key_env, stack, data_dir,
                 temperature, max_tokens, concurrency, timeout, quiet):
     """Run the conformance cases N times per condition and gate the primary one.
@@ -328,16 +329,11 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
     key = key_from_env(api_key_env, "--api-key-env")
     check_target(upstream, data_dir)
 
-    def progress(cond, case, i, probe):
-        if not quiet:
-            mark = {"transport": "x", "call": ".", "text": ".", "empty": "."}.get(probe.reply.outcome(), "r")
-            print(mark, end="", file=sys.stderr, flush=True)
-
-    res = asyncio.run(run_conformance(upstream, model, conditions, gate_on, runs, gates, data_dir, upstream_key=key,
-                                      stack=stack, temperature=temperature, max_tokens=max_tokens,
-                                      concurrency=concurrency, timeout=timeout, progress=progress))
-    if not quiet:
-        print(file=sys.stderr)
+    with Progress("conformance", len(conditions) * len(CASES) * runs, unit="requests", quiet=quiet) as bar:
+        res = asyncio.run(run_conformance(
+            upstream, model, conditions, gate_on, runs, gates, data_dir, upstream_key=key, stack=stack,
+            temperature=temperature, max_tokens=max_tokens, concurrency=concurrency, timeout=timeout,
+            progress=lambda *_: bar.advance()))
     if res.problem and not any(cell.runs for cells in res.cells.values() for cell in cells.values()):
         click.echo(printable(f"toolproxy conformance: {res.problem}"), err=True)
         sys.exit(2)

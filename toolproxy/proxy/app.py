@@ -18,6 +18,7 @@ from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.forward import handle, serve_request
+from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import upstream_session
 from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.stackwatch import StackWatch
@@ -47,6 +48,7 @@ def log_line(rec: Record) -> str:
 
 def make_state(config: ProxyConfig) -> ProxyState:
     """The state with its addons, in the order their hooks run (counters first: they see every flow)."""
+    live = LiveView() if config.live_page else None
     writer = SegmentWriter(
         config.data_dir,
         window=config.commit_window,
@@ -54,8 +56,10 @@ def make_state(config: ProxyConfig) -> ProxyState:
         segment_bytes=config.segment_bytes,
         segment_seconds=config.segment_seconds,
         log=None if config.quiet else log_line,
+        observe=live.observe if live is not None else None,
     )
     state = ProxyState(config, writer)
+    state.live = live
     state.hooks.add(state.counters)
     if config.upstream_connections:
         state.hooks.add(state.pool)
@@ -88,6 +92,8 @@ def make_app(config: ProxyConfig) -> web.Application:
         state.writer.start()
         if state.housekeeper is not None:
             state.housekeeper.start()
+        if state.live is not None:
+            state.live.start()
         state.watchdog.start()
         state.session = upstream_session(state.pool, config.connect_timeout)
         if state.stacks is not None:
@@ -103,6 +109,8 @@ def make_app(config: ProxyConfig) -> web.Application:
         if state.housekeeper is not None:
             await asyncio.get_running_loop().run_in_executor(None, state.housekeeper.stop)
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
+        if state.live is not None:
+            state.live.stop()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

@@ -84,6 +84,7 @@ SERVE_OPTIONS = (
     click.option("--max-disk", default=None, metavar="SIZE", help="Keep the recorded segments under SIZE (e.g. 20GiB)."),
     click.option("--on-disk-full", type=click.Choice(["prune", "block"]), default="prune", show_default=True, help="At --max-disk, prune: delete the oldest closed segments; block: delete nothing and answer 503."),
     click.option("--mask", multiple=True, metavar="PATTERN", help="Mask matches in recorded bodies (never in what the client receives): a regular expression, or a built-in set: email, api-key, credit-card, ipv4 (repeatable)."),
+    click.option("--no-live-page", is_flag=True, help="No /_toolproxy/ page, and no classifying of exchanges as they pass."),
     click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is."),
 )
 
@@ -107,7 +108,7 @@ def harness_serve_options(fn):
 def config_from_options(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, bridge, max_body, spill_above,
                         connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
                         segment_size, auth_token, upstream_key_env, insecure_public, quiet, upstream_connections, client_header_timeout,
-                        client_body_timeout, retain, max_disk, on_disk_full, mask, no_fingerprint) -> ProxyConfig:
+                        client_body_timeout, retain, max_disk, on_disk_full, mask, no_live_page, no_fingerprint) -> ProxyConfig:
     """Serve's flags -> a validated ProxyConfig, or a usage error that names the flag."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
@@ -121,7 +122,7 @@ def config_from_options(upstream, host, port, data_dir, run, condition, stack, c
             ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
             segment_bytes=_size(segment_size, '--segment-size'), auth_token=auth_token, upstream_key=upstream_key,
-            insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint,
+            insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint, live_page=not no_live_page,
             upstream_connections=upstream_connections, client_header_timeout=client_header_timeout,
             client_body_timeout=client_body_timeout,
             retain_seconds=parse_duration(retain) if retain is not None else None,

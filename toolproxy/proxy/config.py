@@ -57,6 +57,8 @@ class ProxyConfig:
     # previous response), and never pause longer than client_body_timeout while sending a body.
     client_header_timeout: float = 15.0
     client_body_timeout: float = 60.0
+    # The /_toolproxy/ page and the classifier process behind it.
+    live_page: bool = True
 
     def __post_init__(self) -> None:
         url = URL(self.upstream)

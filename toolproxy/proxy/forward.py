@@ -19,6 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from toolproxy.proxy import livepage
 from toolproxy.proxy.flow import Flow, Refusal
 from toolproxy.proxy.headers import (
     NOT_FORWARDED_DOWN,
@@ -52,7 +53,10 @@ async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.Stre
     raw_path = request.raw_path
     if raw_path.startswith(ADMIN_PREFIX):
         token = state.config.auth_token
-        if token is not None and not presented_token(request.headers, token)[0]:
+        if token is not None and not presented_token(request.headers, token)[0] and not livepage.has_cookie(request, token):
+            gate = await livepage.unauthorised(request, raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token)
+            if gate is not None:
+                return gate
             # The counters name the upstream and the data directory: not for anonymous callers.
             return web.Response(status=401, body=error_body(
                 "this toolproxy requires a token for its admin routes too: send 'X-Toolproxy-Token: <token>'",

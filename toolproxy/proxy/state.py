@@ -12,9 +12,11 @@ import aiohttp
 from aiohttp import web
 
 from toolproxy import __version__
+from toolproxy.proxy import livepage
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.counters import Counters
 from toolproxy.proxy.flow import Hooks
+from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.watchdog import Watchdog
@@ -38,6 +40,7 @@ class ProxyState:
         self.started = time.time()
         self.counters = Counters()
         self.stacks: StackWatch | None = None  # set by app.make_state when fingerprinting is on
+        self.live: LiveView | None = None  # set by app.make_state unless --no-live-page
         # Under `serve --workers N`: this process's place in the group, whose stats it merges.
         self.peers = None
         self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
@@ -73,6 +76,10 @@ class ProxyState:
     async def admin(self, request: web.Request) -> web.Response:
         """Reserved routes; never forwarded upstream and never recorded as exchanges."""
         name = request.path[len(ADMIN_PREFIX):].strip("/")
+        if self.live is not None:
+            page = await livepage.route(request, name, self.live, self.config.auth_token)
+            if page is not None:
+                return page
         if name in ("health", "stats", ""):
             snap = self.snapshot()
             if self.peers is not None:

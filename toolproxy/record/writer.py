@@ -94,6 +94,7 @@ class SegmentWriter:
         segment_bytes: int = 64 * 1024 * 1024,
         segment_seconds: float = 3600.0,
         log: Callable[[Record], str | None] | None = None,
+        observe: Callable[[Record], None] | None = None,
         poll: float = 0.02,
         dedup: bool = True,
         stall_timeout: float = 30.0,
@@ -103,6 +104,8 @@ class SegmentWriter:
         self.segment_bytes = segment_bytes
         self.segment_seconds = segment_seconds
         self.log = log
+        # Told every record once it is written, on this thread (the live view's feed): must be cheap.
+        self.observe = observe
         self.stats = WriterStats()
         self.poll = min(poll, window)
         self.lag_limit = min(window / 2, MAX_QUEUE_WAIT)
@@ -327,7 +330,7 @@ class SegmentWriter:
             self._hand = []
             self._write_failed(exc, len(taken), [w for _, _, w, _ in taken if w is not None], 0)
             seg = None
-        ready, data = [], b""
+        ready, data, written = [], b"", []
         if seg is not None:
             rest, spilled = [], []
             for item in taken:
@@ -344,6 +347,7 @@ class SegmentWriter:
                 self._hand = []
                 self._write_failed(exc, len(ready), waiters, len(data))
             else:
+                written = ready
                 self._last_write_ok = True
                 if self._unsynced_since is None:
                     self._unsynced_since = ready[0][3]
@@ -354,6 +358,9 @@ class SegmentWriter:
             self._unsynced_since = None
         if self.log is not None:
             self._print_log(taken)
+        if self.observe is not None:
+            for rec, _, _, _ in written:
+                self.observe(rec)
 
     def _write_spilled(self, seg: _Segment, rec: Record, waiter, submitted: float) -> None:
         """A record with a body spilled to a temporary file, streamed from it in pieces so it is

@@ -1,0 +1,368 @@
+"""The /_toolproxy/ live page: a real `toolproxy serve` with --auth-token in front of an emulated
+llama.cpp, real HTTP clients, and its counts checked against /_toolproxy/stats and `analyze`."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import ExitStack
+from html.parser import HTMLParser
+
+import pytest
+from proxyprocess import LISTENING, ProxyProcess
+
+from toolproxy.analysis.report.screenshot import find_browser, run_chromium, screenshot
+from toolproxy.proxy.live import LiveView, Tally, outcome_key
+from toolproxy.record.model import Record, encode_record
+from toolproxy.testing import fakes
+
+TOKEN = "s3cret-page-token"
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+HOSTILE = '<img src=x onerror="document.title=\'pwned\'"><b>bold</b>'
+
+# What the scripted model does per prompt, and how many times each is sent per run.
+SCRIPT = {
+    "weather": (fakes.call("get_weather", {"city": "Paris"}), 3),
+    "invent": (fakes.call("book_flight", {"to": "Rome"}), 2),
+    "chat": (fakes.text(HOSTILE), 2),
+    "in-text": (fakes.text_call("hermes", "get_weather", {"city": "Oslo"}), 1),
+    "oom": (fakes.error(500, "out of memory"), 1),
+}
+RUNS = ("alpha", "beta")
+
+
+def responder(req: fakes.ModelRequest) -> fakes.Reply:
+    return SCRIPT[req.messages[-1]["content"]][0]
+
+
+def send(url: str, path: str, body: dict | None = None, headers: dict | None = None, method: str | None = None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url + path, data=data, method=method, headers={
+        "Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def admin(url: str, path: str) -> dict:
+    status, _, body = send(url, path, headers={"X-Toolproxy-Token": TOKEN})
+    assert status == 200, body
+    return json.loads(body)
+
+
+def wait_classified(url: str, n: int, timeout: float = 15.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        live = admin(url, "/_toolproxy/live?limit=1000")
+        if live["classified"] >= n or time.monotonic() > deadline:
+            return live
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One proxy with traffic from two runs, every outcome the script makes, already classified."""
+    data = tmp_path_factory.mktemp("live")
+    with ExitStack() as stack:
+        fake = fakes.FakeStack("llamacpp", responder=responder)
+        stack.enter_context(fake.in_thread())
+        p = ProxyProcess(fake.url, data, ("--auth-token", TOKEN, "--quiet"))
+        stack.callback(p.stop)
+        total = 0
+        for run in RUNS:
+            for prompt, (_, times) in SCRIPT.items():
+                for i in range(times):
+                    status, _, _ = send(p.url, "/v1/chat/completions", {
+                        "model": fake.model, "tools": TOOLS, "messages": [{"role": "user", "content": prompt}]},
+                        {"Authorization": f"Bearer {TOKEN}", "X-Toolproxy-Run": run, "X-Toolproxy-Episode": f"{prompt}-{i}"})
+                    total += 1
+        live = wait_classified(p.url, total)
+        assert live["classified"] == total, live
+        yield p, total, data
+
+
+def test_counts_match_stats(served):
+    p, total, _ = served
+    stats = admin(p.url, "/_toolproxy/stats")
+    live = admin(p.url, "/_toolproxy/live?limit=1000")
+    assert stats["exchanges"] == total == live["observed"] == live["classified"]
+    assert live["skipped"] == 0 and live["pending"] == 0 and live["failures"] == 0 and live["broken"] is None
+    by_class: dict[str, int] = {}
+    for run in live["runs"].values():
+        for k, n in run["by_status_class"].items():
+            by_class[k] = by_class.get(k, 0) + n
+    assert by_class == stats["by_status_class"]
+    assert set(live["runs"]) == set(RUNS)
+    for run in RUNS:
+        r = live["runs"][run]
+        assert r["exchanges"] == sum(t for _, t in SCRIPT.values())
+        assert r["outcomes"] == {
+            "valid_call/native": 3, "hallucinated_call/native": 2, "prose": 2, "valid_call/text": 1,
+            "non_response/http_5xx": 1,
+        }, r["outcomes"]
+        assert r["calls"] == 3 + 2 + 1
+
+
+def test_counts_match_analyze(served):
+    """The same records through `toolproxy analyze`: the stored per-exchange outcomes agree."""
+    p, total, data = served
+    live = admin(p.url, "/_toolproxy/live?limit=1000")
+    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "analyze: reading" not in r.stderr  # piped: no progress line
+    q = ("SELECT run, outcome, CASE WHEN outcome = 'non_response' THEN sub_kind ELSE surface END, count(*) "
+         "FROM exchanges WHERE outcome IS NOT NULL GROUP BY ALL ORDER BY ALL")
+    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "sql", "--data", str(data),
+                        "--format", "json", q], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    stored: dict[str, dict[str, int]] = {}
+    for row in json.loads(r.stdout):
+        run, outcome, detail, n = row.values()
+        stored.setdefault(run, {})[f"{outcome}/{detail}" if detail else outcome] = n
+    assert stored == {run: c["outcomes"] for run, c in live["runs"].items()}
+
+
+def test_recent_filters_and_detail(served):
+    p, total, _ = served
+    live = admin(p.url, "/_toolproxy/live?limit=1000")
+    assert len(live["recent"]) == total
+    assert [x["started_at"] for x in live["recent"]] == sorted((x["started_at"] for x in live["recent"]), reverse=True)
+    beta = admin(p.url, "/_toolproxy/live?run=beta&limit=1000")["recent"]
+    assert len(beta) == total // 2 and {x["run"] for x in beta} == {"beta"}
+    halluc = admin(p.url, "/_toolproxy/live?run=alpha&outcome=hallucinated_call&limit=1000")["recent"]
+    assert len(halluc) == 2 and all(x["outcome"] == "hallucinated_call" and x["run"] == "alpha" for x in halluc)
+    surfaced = admin(p.url, "/_toolproxy/live?outcome=valid_call/text")["recent"]
+    assert len(surfaced) == 2 and {outcome_key(x) for x in surfaced} == {"valid_call/text"}
+
+    prose = admin(p.url, "/_toolproxy/live?outcome=prose&limit=1")["recent"][0]
+    d = admin(p.url, f"/_toolproxy/exchange/{prose['id']}")
+    assert d["content"] == HOSTILE == json.loads(d["response_body"])["choices"][0]["message"]["content"]
+    auth = [v for k, v in d["request_headers"] if k.lower() == "authorization"]
+    assert auth and TOKEN not in json.dumps(d) and auth[0].startswith("redacted:")
+    assert json.loads(d["request_body"])["messages"][0]["content"] == "chat"
+    call = admin(p.url, f"/_toolproxy/exchange/{halluc[0]['id']}")
+    assert call["calls"] == [{"name": "book_flight", "arguments": '{"to":"Rome"}', "surface": "native", "valid": False}]
+    status, _, body = send(p.url, "/_toolproxy/exchange/nope", headers={"X-Toolproxy-Token": TOKEN})
+    assert status == 404 and "toolproxy show" in json.loads(body)["error"]["message"]
+
+
+def test_token_gate_and_cookie(served):
+    p, _, _ = served
+    status, _, body = send(p.url, "/_toolproxy/live")
+    assert status == 401 and "token" in json.loads(body)["error"]["message"]
+    status, headers, body = send(p.url, "/_toolproxy/", headers={"Accept": "text/html"})
+    assert status == 401 and b"<form method=post" in body and b"toolproxy_page" not in body
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+    # The form posts the token in the body: a wrong one is refused, the right one gets a cookie.
+    form = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "text/html"}
+    req = urllib.request.Request(p.url + "/_toolproxy/login", data=b"token=wrong", headers=form)
+    with pytest.raises(urllib.error.HTTPError) as wrong:
+        urllib.request.urlopen(req, timeout=10)
+    assert wrong.value.code == 401 and b"not this proxy" in wrong.value.read()
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a, **k):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    req = urllib.request.Request(p.url + "/_toolproxy/login", data=f"token={TOKEN}".encode(), headers=form)
+    with pytest.raises(urllib.error.HTTPError) as ok:
+        opener.open(req, timeout=10)
+    assert ok.value.code == 303 and ok.value.headers["Location"] == "/_toolproxy/"
+    cookie = ok.value.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/_toolproxy/" in cookie
+    assert TOKEN not in cookie
+    jar = cookie.split(";")[0]
+    status, headers, body = send(p.url, "/_toolproxy/", headers={"Accept": "text/html", "Cookie": jar})
+    assert status == 200 and b"toolproxy live" in body
+    nonce = headers["Content-Security-Policy"].split("'nonce-")[1].split("'")[0]
+    assert f'<script nonce="{nonce}">'.encode() in body and b"innerHTML" not in body
+    status, _, body = send(p.url, "/_toolproxy/live", headers={"Cookie": jar})
+    assert status == 200 and json.loads(body)["classified"] > 0
+    # The cookie opens the admin routes only: it is not a way past the token for the model API.
+    status, _, _ = send(p.url, "/v1/chat/completions", {"model": "m", "messages": []}, {"Cookie": jar})
+    assert status == 401
+    # JSON clients of /_toolproxy/ still get the counters.
+    assert admin(p.url, "/_toolproxy/")["exchanges"] > 0
+
+
+def test_no_live_page(tmp_path):
+    """--no-live-page: no page, no classifier; the JSON counters stay where they were."""
+    with ExitStack() as stack:
+        fake = fakes.FakeStack("llamacpp")
+        stack.enter_context(fake.in_thread())
+        p = ProxyProcess(fake.url, tmp_path / "d", ("--no-live-page", "--quiet"))
+        stack.callback(p.stop)
+        status, _, body = send(p.url, "/_toolproxy/live")
+        assert status == 404 and "no admin route" in json.loads(body)["error"]["message"]
+        status, headers, body = send(p.url, "/_toolproxy/", headers={"Accept": "text/html"})
+        assert status == 200 and json.loads(body)["exchanges"] == 0
+
+
+def test_ctrl_c_to_the_process_group_stops_quietly(tmp_path):
+    """A terminal's Ctrl-C reaches the classifier process too: no traceback, a clean exit."""
+    with ExitStack() as stack:
+        fake = fakes.FakeStack("llamacpp")
+        stack.enter_context(fake.in_thread())
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", fake.url,
+             "--port", "0", "--data", str(tmp_path / "d"), "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stack.callback(lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
+        url = LISTENING.search(proc.stdout.readline()).group(1).rstrip(";,")
+        send(url, "/v1/chat/completions", {"model": fake.model, "messages": [{"role": "user", "content": "hi"}]})
+        deadline = time.monotonic() + 15
+        while json.loads(send(url, "/_toolproxy/live")[2])["classified"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+def _rec(i: int, run: str = "r", status: int = 200) -> Record:
+    body = json.dumps({"choices": [{"message": {"role": "assistant", "content": f"hi {i}"}, "finish_reason": "stop"}]})
+    return Record(id=f"id{i}", started_at=1000.0 + i, run=run, method="POST", path="/v1/chat/completions",
+                  status=status, request_body=json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+                  response_body=body, response_headers=[["Content-Type", "application/json"]], response_complete=True)
+
+
+def test_memory_is_bounded():
+    """A full inbox lets the oldest go (counted); the recent ring and the run table keep their size."""
+    view = LiveView(inbox=5, recent=4, max_runs=3)
+    for i in range(12):  # the classifier is not started: everything waits in the inbox
+        view.observe(_rec(i, run=f"run{i % 6}"))
+    assert view.skipped == 7 and view.observed == 12
+    view.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (rep := view.report())["classified"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first, gone = view.detail("id11"), view.detail("id7")
+    finally:
+        view.stop()
+    assert rep["classified"] == 5 and rep["pending"] == 0, rep
+    assert [x["id"] for x in rep["recent"]] == ["id11", "id10", "id9", "id8"]
+    assert list(rep["runs"]) == ["run5", "run4", "run3"]  # the run quiet the longest was let go
+    assert gone is None and first["content"] == "hi 11"
+    assert rep["runs"]["run5"]["outcomes"] == {"prose": 1}
+    assert view.report()["broken"] == "the classifier process is not running"
+
+
+def test_a_record_the_analyzer_rejects_is_counted_not_fatal():
+    tally = Tally()
+    bad = json.loads(encode_record(_rec(1)))
+    bad["response_body_encoding"] = "rot13"
+    tally.add(b"{not json")
+    tally.add(json.dumps(bad).encode())
+    tally.add(encode_record(_rec(2)))
+    rep = tally.report(None, None, 10)
+    assert rep["classified"] + rep["failures"] == 3 and rep["failures"] >= 1 and tally.answer(("detail", "id2"))
+
+
+class _Cells(HTMLParser):
+    """Text of every cell of the rows of one table (by id), as the browser left the DOM."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__()
+        self.table, self.inside, self.rows, self.cell = table, False, [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.inside = dict(attrs).get("id") == self.table
+        elif self.inside and tag == "tr":
+            self.rows.append([])
+        elif self.inside and tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.inside = False
+        elif self.inside and tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append(self.cell)
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+
+
+def _cells(dom: str, table: str) -> list[list[str]]:
+    parser = _Cells(table)
+    parser.feed(dom)
+    return parser.rows
+
+
+def _text_of(dom: str, element_id: str) -> str:
+    m = re.search(rf'id="{element_id}"[^>]*>(.*?)</', dom, re.S)
+    assert m, element_id
+    return html.unescape(m.group(1))
+
+
+@pytest.mark.skipif(find_browser() is None, reason="Chromium not installed (apt-get install -y chromium)")
+def test_page_in_headless_chromium(served, tmp_path):
+    """Chromium opens the page (token once, then the cookie) while traffic flows, then, traffic
+    stopped, the numbers it shows are those of /_toolproxy/stats and of the live counters."""
+    p, _, _ = served
+    stop = threading.Event()
+
+    def traffic() -> None:
+        prompts = list(SCRIPT)
+        i = 0
+        while not stop.is_set():
+            send(p.url, "/v1/chat/completions", {"model": "m", "tools": TOOLS, "messages": [
+                {"role": "user", "content": prompts[i % len(prompts)]}]},
+                {"X-Toolproxy-Token": TOKEN, "X-Toolproxy-Run": "gamma", "X-Toolproxy-Episode": str(i // 5)})
+            i += 1
+            stop.wait(0.01)
+
+    flowing = threading.Thread(target=traffic, daemon=True)
+    flowing.start()
+    try:
+        shot = screenshot(f"{p.url}/_toolproxy/login?token={TOKEN}", tmp_path / "live-flowing.png", 1400, 1000, wait_ms=5000)
+    finally:
+        stop.set()
+        flowing.join(30)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 40_000, len(data)
+
+    total = admin(p.url, "/_toolproxy/stats")["exchanges"]
+    assert wait_classified(p.url, total)["classified"] == total
+    stats = admin(p.url, "/_toolproxy/stats")
+    live = admin(p.url, "/_toolproxy/live?limit=1000")
+    assert stats["exchanges"] == total and live["runs"]["gamma"]["exchanges"] > 0
+    prose = admin(p.url, "/_toolproxy/live?outcome=prose&limit=1")["recent"][0]["id"]
+    page = f"{p.url}/_toolproxy/login?token={TOKEN}"
+    proc = run_chromium(page, "--dump-dom", "--virtual-time-budget=5000", "--window-size=1400,1000")
+    dom = proc.stdout
+    assert 'data-ready="1"' in dom, proc.stderr[-2000:]
+    assert _text_of(dom, "exchanges") == f"{stats['exchanges']:,}"
+    assert _text_of(dom, "health") == stats["status"]
+    rows = {r[0]: r for r in _cells(dom, "runs")[1:]}
+    assert set(rows) == set(live["runs"])
+    for run, counts in live["runs"].items():
+        row = rows[run]
+        shown = [int(x.replace(",", "")) for x in row[1:6]]
+        assert shown == [counts["exchanges"], *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none"))]
+        for key, n in counts["outcomes"].items():
+            assert f"{key} {n} (" in row[7]
+    assert sum(int(r[1]) for r in rows.values()) == stats["exchanges"]
+
+    # Opened on one exchange (as a link to it would): the model's hostile text is inert text.
+    shot2 = screenshot(f"{page}#exchange={prose}", tmp_path / "live-detail.png", 1400, 1000, wait_ms=5000)
+    assert shot2.stat().st_size > 40_000
+    proc = run_chromium(f"{page}#exchange={prose}", "--dump-dom", "--virtual-time-budget=5000")
+    assert _text_of(proc.stdout, "d-content") == HOSTILE
+    assert "<img" not in proc.stdout and "<b>bold" not in proc.stdout and "pwned</title>" not in proc.stdout
