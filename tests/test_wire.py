@@ -239,3 +239,16 @@ def test_hostile_bodies_never_raise(family):
                 d.feed(body[i:i + step])
             d.close()
             assert isinstance(d.reply.content, (str, type(None)))
+
+
+@pytest.mark.parametrize("calls", [[5, "x"], "abc", [{"id": "c", "function": "not an object"}], None])
+def test_writers_skip_tool_calls_that_are_not_objects(calls):
+    """The history is the harness's: odd tool_calls entries are skipped, never a crash."""
+    from toolproxy.wire import messages, responses
+    from toolproxy.wire.model import Request
+
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok", "tool_calls": calls},
+               {"role": "user", "content": "again"}]
+    for family, writer in (("messages", messages.write_request), ("responses", responses.write_request)):
+        body = writer(Request(family=family, messages=history))
+        assert "ok" in str(body) and "again" in str(body)

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from .model import (
-    BufferingEncoder, Call, CallArguments, CallEnd, CallStart, Event, Finish, Reasoning, Request, Text, Usage, leading_system, text_of,
+    BufferingEncoder, Call, CallArguments, CallEnd, CallStart, Event, Finish, Reasoning, Request, Text, Usage, leading_system, message_calls, text_of,
 )
 
 STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
@@ -191,8 +191,8 @@ def write_request(request: Request) -> dict[str, Any]:
             blocks.append({"type": "tool_result", "tool_use_id": msg.get("tool_call_id"), "content": text_of(msg.get("content"))})
         elif text_of(msg.get("content")):
             blocks.append({"type": "text", "text": text_of(msg.get("content"))})
-        for call in msg.get("tool_calls") or ():
-            fn = call.get("function") or {}
+        for call in message_calls(msg):
+            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
             c = Call(0, call.get("id"), fn.get("name"), fn.get("arguments"))
             blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments_object()})
         if role in ("system", "developer"):

@@ -283,6 +283,13 @@ class BufferingEncoder:
         raise NotImplementedError
 
 
+def message_calls(msg: dict) -> list[dict]:
+    """A chat message's tool_calls entries that are objects: the history is the harness's, so a
+    list of numbers or a string there is skipped, never a crash in a writer."""
+    calls = msg.get("tool_calls")
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
 def text_of(content: Any) -> str:
     """Plain text of a message content: a string, or content parts / blocks (their text joined)."""
     if content is None:

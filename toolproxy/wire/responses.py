@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from .model import (
-    BufferingEncoder, Call, CallArguments, CallEnd, CallStart, Event, Finish, Reasoning, Request, Text, Usage, leading_system, text_of,
+    BufferingEncoder, Call, CallArguments, CallEnd, CallStart, Event, Finish, Reasoning, Request, Text, Usage, leading_system, message_calls, text_of,
 )
 
 _CHAT_PARAMS = {"max_output_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p"}
@@ -196,8 +196,8 @@ def write_request(request: Request) -> dict[str, Any]:
             continue
         if text_of(msg.get("content")) or not msg.get("tool_calls"):
             items.append({"type": "message", "role": role, "content": text_of(msg.get("content"))})
-        for call in msg.get("tool_calls") or ():
-            fn = call.get("function") or {}
+        for call in message_calls(msg):
+            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
             args = fn.get("arguments")
             items.append({"type": "function_call", "call_id": call.get("id"), "name": fn.get("name"),
                           "arguments": args if isinstance(args, str) else orjson.dumps(args).decode()})
