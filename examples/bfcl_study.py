@@ -4,8 +4,10 @@
 
 BFCL sends every item through one base URL, so per-item tags are impossible; instead each
 category is its own study (`bfcl-CATEGORY`, runs `bfcl-CATEGORY-CONDITION`) tagged
-`category=CATEGORY`, and the irrelevance categories also `expect=none`: no offered function fits,
-so the right move is not to call and those turns are scored by restraint, not fidelity. Items
+`category=CATEGORY` and with what each item is due: `expect=none` for the irrelevance categories
+(no offered function fits, so the right move is not to call: scored by restraint, not fidelity)
+and `expect=call` for every other one, so a prose reply where a call was due counts as a miss
+rather than as an open question. Items
 pair across conditions by content (the analyzer's item key), so each study's McNemar test is
 paired per item. A study that is interrupted resumes when this script is run again. When every
 category is done, each condition is compared with the first over all categories at once
@@ -36,7 +38,8 @@ def commands(args: argparse.Namespace, python: str) -> list[tuple[list[str], dic
     """One `toolproxy study` per category, with the environment BFCL needs for it."""
     out = []
     for category in args.categories:
-        tags = ["--tag", f"category={category}"] + (["--tag", "expect=none"] if category in NO_CALL_DUE else [])
+        expect = "none" if category in NO_CALL_DUE else "call"
+        tags = ["--tag", f"category={category}", "--tag", f"expect={expect}"]
         argv = [sys.executable, "-m", "toolproxy.cli", "study", "--upstream", args.upstream, "--data", str(args.data),
                 "--name", f"bfcl-{category}", "--conditions", args.conditions, *tags,
                 "--", python, str(HERE / "recipes" / "bfcl.py"), "--first", str(args.first), category]
