@@ -70,7 +70,11 @@ def main() -> int:
     for argv, env in commands(args, python or "PYTHON"):
         print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv), flush=True)
         if not args.dry_run:
-            done = subprocess.run(argv, env={**os.environ, **env})
+            try:
+                done = subprocess.run(argv, env={**os.environ, **env})
+            except KeyboardInterrupt:  # the study saw the Ctrl-C too and kept its finished runs
+                print("interrupted: run this again to resume", file=sys.stderr)
+                return 130
             if done.returncode:  # interrupted (130) or the study could not go on: stop, rerunning resumes
                 return done.returncode
     if not args.dry_run:
