@@ -22,17 +22,25 @@ _KEEP = 160
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
+def _quote(text: str) -> str:
+    return quote(text, safe="-_~", errors="surrogatepass").replace(".", "%2E")
+
+
 def encode_value(name: str) -> str:
-    """The name as one safe, reversible (up to MAX_ENCODED bytes) path part."""
-    encoded = quote(name, safe="-_~", errors="surrogatepass").replace(".", "%2E")
+    """The name as one safe path part, which decodes back to the name (up to MAX_ENCODED bytes)."""
+    encoded = _quote(name)
     if name == _HIVE_NULL:
         encoded = encoded.replace("_", "%5F")
     if len(encoded) <= MAX_ENCODED:
         return encoded
-    cut = encoded[:_KEEP]
-    if "%" in cut[-2:]:  # never split a %XX escape
-        cut = cut[: cut.rindex("%")]
-    return f"{cut}~{hashlib.blake2b(name.encode('utf-8', 'surrogatepass'), digest_size=8).hexdigest()}"
+    kept, size = [], 0
+    for char in name:  # cut between characters, so the shortened part still decodes as UTF-8
+        part = _quote(char)
+        if size + len(part) > _KEEP:
+            break
+        kept.append(part)
+        size += len(part)
+    return f"{''.join(kept)}~{hashlib.blake2b(name.encode('utf-8', 'surrogatepass'), digest_size=8).hexdigest()}"
 
 
 def partition_path(date: str | None, run: str) -> str:
