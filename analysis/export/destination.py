@@ -73,9 +73,21 @@ class Destination:
             raise ExportError(f"cannot {what} at {self.url}: {_first_line(exc)}{_hint(exc)}") from None
 
     def check(self) -> None:
-        """Fail early (before any work) when the root cannot be created or listed."""
+        """Fail early (before any work) when the root cannot be created, or its bucket listed."""
         if self.local and Path(self.root).exists() and not Path(self.root).is_dir():
             raise ExportError(f"--out {self.url} is a file; give a directory (it is created if missing)")
+        if hasattr(self.fs, "split_path"):
+            # An object store (s3fs, gcsfs, adlfs): prefixes need no creating, and a missing bucket
+            # is the user's to create (with its own policies), never made here.
+            bucket = self.fs.split_path(self.root)[0]
+            try:
+                self.fs.ls(bucket, detail=False)
+            except FileNotFoundError:
+                raise ExportError(f"--out {self.url}: bucket {bucket!r} does not exist, or these credentials cannot "
+                                  "see it; create it first") from None
+            except Exception as exc:
+                raise ExportError(f"cannot list bucket {bucket!r} of {self.url}: {_first_line(exc)}{_hint(exc)}") from None
+            return
         self.call("create the export directory", self.fs.makedirs, self.root, exist_ok=True)
         self.call("list the export directory", self.fs.ls, self.root, detail=False)
 
@@ -104,15 +116,16 @@ class Destination:
             return
         self.call(f"write {rel}", self.fs.pipe_file, path, data)
 
-    def put(self, local_file: str, rel: str) -> None:
-        """Place a finished local file at `rel` (a rename when the export is local)."""
-        path = self.path(rel)
+    def put(self, files: list[tuple[str, str]]) -> None:
+        """Place finished local files at their destination paths: renames when the export is local,
+        one concurrent batch upload otherwise (object stores take one request per file)."""
         if self.local:
-            self.call(f"create {os.path.dirname(rel)}", os.makedirs, os.path.dirname(path), exist_ok=True)
-            self.call(f"move a file to {rel}", os.replace, local_file, path)
+            for local_file, rel in files:
+                path = self.path(rel)
+                self.call(f"create {os.path.dirname(rel)}", os.makedirs, os.path.dirname(path), exist_ok=True)
+                self.call(f"move a file to {rel}", os.replace, local_file, path)
             return
-        self.call(f"create {os.path.dirname(rel) or 'the root'}", self.fs.makedirs, os.path.dirname(path), exist_ok=True)
-        self.call(f"upload {rel}", self.fs.put_file, local_file, path)
+        self.call(f"upload {len(files)} files", self.fs.put, [f for f, _ in files], [self.path(rel) for _, rel in files])
 
     def get(self, rel: str, local_file: str) -> None:
         self.call(f"download {rel}", self.fs.get_file, self.path(rel), local_file)

@@ -48,6 +48,9 @@ PENDING = f"{STATE_DIR}/pending.json"
 KEYS_DIR = f"{STATE_DIR}/keys"
 # A journal older than this is from an export that died; a younger one is an export still running.
 STALE_SECONDS = 3600.0
+# Files handed to the destination at once: object stores upload a batch concurrently, and the
+# progress line moves between batches.
+_UPLOAD_BATCH = 32
 
 
 @dataclass
@@ -330,10 +333,10 @@ def export(con, dest: Destination, *, runs: list[str] | None = None, since: dt.d
         if progress is not None:
             progress.total, progress.done = float(sum(sizes)), 0.0
             progress.label = f"export: writing to {dest.url}"
-        for (local, rel), size in zip(uploads, sizes):
-            dest.put(local, rel)
+        for start in range(0, len(uploads), _UPLOAD_BATCH):
+            dest.put(uploads[start:start + _UPLOAD_BATCH])
             if progress is not None:
-                progress.advance(size)
+                progress.advance(sum(sizes[start:start + _UPLOAD_BATCH]))
         result.files = sum(t.files for t in result.tables)
         result.bytes = sum(sizes)
         new_manifest = {"format": "toolproxy-export", **v, "export_id": export_id,

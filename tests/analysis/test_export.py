@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -243,6 +244,18 @@ def test_memory_filesystem_and_a_second_machine_stay_consistent(data: Path, tmp_
     reader = duckdb.connect()
     reader.register_filesystem(fs)
     assert parquet_counts(url, reader) == db_counts(data / "toolproxy.duckdb")
+    # new traffic in an exported partition: its keys come back from the remote key files, one file is added
+    t = dt.datetime(2026, 11, 29, 12, tzinfo=dt.timezone.utc).timestamp()
+    write_segment(data, "20261129T120000-4-0001", [("..", t + i) for i in range(3)])
+    analyze(data)
+    con = connect(data / "toolproxy.duckdb", read_only=True)
+    try:
+        result = parquet.export(con, Destination(url))
+    finally:
+        con.close()
+    exchanges = next(t for t in result.tables if t.name == "exchanges")
+    assert (exchanges.new, exchanges.appended, exchanges.rewritten, exchanges.rows) == (0, 1, 0, 3)
+    assert parquet_counts(url, reader) == db_counts(data / "toolproxy.duckdb")
 
 
 def test_an_interrupted_export_is_undone_by_the_next(data: Path, tmp_path: Path, monkeypatch):
@@ -277,15 +290,17 @@ def test_filters_export_only_the_chosen_runs_and_days(data: Path, tmp_path: Path
     assert got and {r for r, _ in got} == {"a/b", ".."} and all(d >= "2026-11-29" for _, d in got)
 
 
-@pytest.mark.parametrize("out, message", [
-    ("zz://bucket/x", "unknown scheme 'zz'"),
-    ("s3://toolproxy-test-bucket/x", "pip install 'toolproxy-recorder[s3]'"),
+# The CLI in a Python where s3fs cannot be imported, as on an install without the [s3] extra.
+WITHOUT_S3FS = [sys.executable, "-c", "import sys; sys.modules['s3fs'] = None; from toolproxy.cli import main; main()"]
+
+
+@pytest.mark.parametrize("cli, out, message", [
+    (CLI, "zz://bucket/x", "unknown scheme 'zz'"),
+    (WITHOUT_S3FS, "s3://toolproxy-test-bucket/x", "pip install 'toolproxy-recorder[s3]'"),
 ])
-def test_bad_destinations_are_one_clear_line(data: Path, out: str, message: str):
-    if message.startswith("pip") and _has("s3fs"):
-        pytest.skip("s3fs is installed here")
-    proc = run_cli("export", "--data", str(data), "--out", out, check=False)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+def test_bad_destinations_are_one_clear_line(data: Path, cli: list[str], out: str, message: str):
+    proc = subprocess.run([*cli, "export", "--data", str(data), "--out", out], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_a_file_as_destination_and_a_bad_since_are_refused(data: Path, tmp_path: Path):
@@ -299,7 +314,63 @@ def test_a_file_as_destination_and_a_bad_since_are_refused(data: Path, tmp_path:
     assert proc.returncode == 2 and "toolproxy analyze" in proc.stderr
 
 
-def _has(module: str) -> bool:
-    import importlib.util
+@pytest.fixture(scope="module")
+def s3_server():
+    """moto's standalone S3 server on 127.0.0.1: a real S3 wire protocol that s3fs talks to."""
+    pytest.importorskip("s3fs")
+    server = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
+    if server is None:
+        pytest.skip("moto[server] is not installed")
+    port = _free_port()
+    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import urllib.request
 
-    return importlib.util.find_spec(module) is not None
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url, timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _s3_env(endpoint: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return env | {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                  "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull} | extra
+
+
+@pytest.mark.s3
+def test_s3_export_through_a_real_s3_server(data: Path, tmp_path: Path, s3_server: str):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": s3_server})
+    fs.mkdir("exports")
+    args = [*CLI, "export", "--data", str(data), "--out", "s3://exports/toolproxy"]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_s3_env(s3_server))
+    assert first.returncode == 0 and "wrote" in first.stdout, first.stderr
+    second = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_s3_env(s3_server))
+    assert second.returncode == 0 and "nothing new to export" in second.stdout, second.stderr
+    fs.invalidate_cache()
+    fs.get("exports/toolproxy", str(tmp_path / "copy"), recursive=True)
+    assert parquet_counts(str(tmp_path / "copy")) == db_counts(data / "toolproxy.duckdb")
+    env = _s3_env(s3_server)
+    del env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
+    for out, env, message in [("s3://exports/again", env, "no credentials found"),
+                              ("s3://no-such-bucket/x", _s3_env(s3_server), "bucket 'no-such-bucket' does not exist")]:
+        proc = subprocess.run([*CLI, "export", "--data", str(data), "--out", out], capture_output=True, text=True,
+                              timeout=120, env=env)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
