@@ -374,3 +374,29 @@ def test_s3_export_through_a_real_s3_server(data: Path, tmp_path: Path, s3_serve
         proc = subprocess.run([*CLI, "export", "--data", str(data), "--out", out], capture_output=True, text=True,
                               timeout=120, env=env)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_progress_line_on_a_terminal(data: Path, tmp_path: Path):
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        try:
+            proc = subprocess.run([*CLI, "export", "--data", str(data), "--out", str(tmp_path / "out")],
+                                  stdout=subprocess.PIPE, stderr=slave, timeout=300)
+        finally:
+            os.close(slave)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other end is closed and drained
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    text = shown.decode()
+    assert "export: writing to" in text and "MB" in text and "Traceback" not in text, text
