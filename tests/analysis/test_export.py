@@ -25,6 +25,8 @@ from toolproxy.analysis.store import connect
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.writer import SEGMENT_DIR
 
+from ptyrun import run_with_terminal_stderr
+
 TABLES = ("exchanges", "calls", "turns", "episodes", "runs")
 DAY = 86400.0
 HOSTILE = ["a/b", "..", ".", "../../escape", "x\x01y\x1b[31m", "é🙂 run", "%41", "A=B", "run=x/date=y", "", "1234",
@@ -377,26 +379,7 @@ def test_s3_export_through_a_real_s3_server(data: Path, tmp_path: Path, s3_serve
 
 
 def test_progress_line_on_a_terminal(data: Path, tmp_path: Path):
-    import pty
-
-    master, slave = pty.openpty()
-    try:
-        try:
-            proc = subprocess.run([*CLI, "export", "--data", str(data), "--out", str(tmp_path / "out")],
-                                  stdout=subprocess.PIPE, stderr=slave, timeout=300)
-        finally:
-            os.close(slave)
-        shown = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the terminal's other end is closed and drained
-                break
-            if not chunk:
-                break
-            shown += chunk
-    finally:
-        os.close(master)
+    proc, shown = run_with_terminal_stderr([*CLI, "export", "--data", str(data), "--out", str(tmp_path / "out")], timeout=300)
     assert proc.returncode == 0
     text = shown.decode()
-    assert "export: writing to" in text and "MB" in text and "Traceback" not in text, text
+    assert "\r\x1b[2Kexport: writing to" in text and "MB" in text and "Traceback" not in text, text
