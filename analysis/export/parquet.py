@@ -145,17 +145,19 @@ def recover(dest: Destination, manifest: dict | None, *, now: float) -> str | No
     committed = manifest is not None and manifest.get("export_id") == journal.get("export_id")
     gone = journal.get("obsolete", []) if committed else journal.get("new", [])
     dest.delete([p for p in gone if isinstance(p, str)])
-    if dest.local:
-        for entry in os.listdir(dest.path(STATE_DIR)):
-            if entry.startswith("staging-"):
-                shutil.rmtree(dest.path(f"{STATE_DIR}/{entry}"), ignore_errors=True)
     dest.delete([PENDING])
     verb = "finished" if committed else "undid"
     return f"{verb} the interrupted export {journal.get('export_id')} ({len(gone)} files removed)"
 
 
-def _in_list(values: list[str]) -> str:
-    return "list_contains(?::VARCHAR[], r)" if values else "TRUE"
+def _remove_stale_staging(state_dir: str, *, now: float) -> None:
+    """Delete local staging folders a killed export left behind (a live export's are younger)."""
+    if not os.path.isdir(state_dir):
+        return
+    for entry in os.listdir(state_dir):
+        path = os.path.join(state_dir, entry)
+        if entry.startswith("staging-") and now - os.path.getmtime(path) > STALE_SECONDS:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: str, export_id: str,
@@ -306,6 +308,7 @@ def export(con, dest: Destination, *, runs: list[str] | None = None, since: dt.d
     export_id = f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:12]}"
     meta = {f"toolproxy.{k}": str(val) for k, val in v.items()} | {"toolproxy.export_id": export_id}
     if dest.local:
+        _remove_stale_staging(dest.path(STATE_DIR), now=time.time())
         staging = dest.path(f"{STATE_DIR}/staging-{export_id}")
         os.makedirs(staging)
     else:

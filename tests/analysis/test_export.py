@@ -279,9 +279,14 @@ def test_an_interrupted_export_is_undone_by_the_next(data: Path, tmp_path: Path,
         parquet.export(con, Destination(str(out)))  # the journal is fresh and its process (this one) alive
     journal = orjson.loads((out / parquet.PENDING).read_bytes())
     (out / parquet.PENDING).write_bytes(orjson.dumps(journal | {"started_at": journal["started_at"] - 2 * parquet.STALE_SECONDS}))
+    killed = out / parquet.STATE_DIR / "staging-killed"  # what a SIGKILLed export leaves behind
+    (killed / "exchanges").mkdir(parents=True)
+    old = journal["started_at"] - 2 * parquet.STALE_SECONDS
+    os.utime(killed, (old, old))
     result = parquet.export(con, Destination(str(out)))
     con.close()
     assert result.recovered and result.recovered.startswith("undid")
+    assert not killed.exists()
     assert parquet_counts(str(out)) == db_counts(data / "toolproxy.duckdb")
 
 
