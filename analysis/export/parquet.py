@@ -160,55 +160,71 @@ def _remove_stale_staging(state_dir: str, *, now: float) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: str, export_id: str,
-                 meta: dict[str, str], runs: list[str] | None, since: dt.date | None, result: TableResult) -> _Staged:
-    cols = columns(con, table.name)
-    fingerprint = ", ".join(f"{quote_ident(c)} := t.{quote_ident(c)}" for c in cols if c not in table.fingerprint_skips)
-    day = table.day if table.day is not None else "NULL::DATE"
+@dataclass
+class _Plan:
+    """Each partition of one table that needs writing, by its number in _rows: "all" its rows, or
+    only the "new" ones beside its intact files."""
+    modes: dict[int, str] = field(default_factory=dict)
+    paths: dict[int, str] = field(default_factory=dict)
+    totals: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def _row_fingerprints(con, table: Table, runs: list[str] | None, since: dt.date | None) -> None:
+    """_rows: every row of the table in scope, with its key, partition, fingerprint and rowid."""
+    fingerprint = ", ".join(f"{quote_ident(c)} := t.{quote_ident(c)}" for c in columns(con, table.name)
+                            if c not in table.fingerprint_skips)
     where, params = [], []
     if runs:
         where.append(f"{table.run} IN (SELECT unnest(?::VARCHAR[]))")
         params.append(runs)
     if since is not None:
-        where.append(f"{table.day if table.day is not None else 't.last_seen::DATE'} >= ?")
+        where.append(f"{table.since_day} >= ?")
         params.append(since)
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE _rows AS SELECT k, d, r, h, rid, dense_rank() OVER (ORDER BY d, r) AS pid FROM ("
-        f"SELECT {table.key} AS k, {day} AS d, {table.run} AS r, t.rowid AS rid, "
+        f"SELECT {table.key} AS k, {table.day or 'NULL::DATE'} AS d, {table.run} AS r, t.rowid AS rid, "
         f"md5_number_lower(to_json(struct_pack({fingerprint}))::VARCHAR)::HUGEINT AS h "
         f"FROM {table.name} t {table.joins} {'WHERE ' + ' AND '.join(where) if where else ''})", params)
-    old = manifest.get("tables", {}).get(table.name, {})
-    staged = _Staged()
-    modes: dict[int, str] = {}
-    paths: dict[int, str] = {}
-    totals: dict[int, tuple[int, int]] = {}
-    check: list[int] = []
+
+
+def _plan(con, table: Table, dest: Destination, old: dict, staging: str, result: TableResult) -> _Plan:
+    """Compare the database's partitions (in _rows) with the manifest's entries `old`."""
+    plan = _Plan()
+    check: dict[int, str] = {}
     for pid, d, r, n, h in con.execute("SELECT pid, d, r, count(*), sum(h) FROM _rows GROUP BY ALL ORDER BY pid").fetchall():
         path = partition_path(d.isoformat() if d is not None else None, r)
-        paths[pid], totals[pid] = path, (n, int(h))
+        plan.paths[pid], plan.totals[pid] = path, (n, int(h))
         before = old.get(path)
         if before is None:
-            modes[pid] = "all"
+            plan.modes[pid] = "all"
             result.new += 1
         elif before.get("rows") == n and before.get("hash") == str(int(h)):
             result.unchanged += 1
         else:
-            check.append(pid)
+            check[pid] = path
     con.execute("CREATE OR REPLACE TEMP TABLE _done (pid BIGINT, file VARCHAR, k VARCHAR)")
     if check:
-        _load_exported_keys(con, table, dest, old, {pid: paths[pid] for pid in check}, staging)
-        intact = _intact_partitions(con, old, {pid: paths[pid] for pid in check})
+        _load_exported_keys(con, table, dest, old, check, staging)
+        intact = _intact_partitions(con, old, check)
         for pid in check:
-            if pid in intact:
-                modes[pid] = "new"
-                result.appended += 1
-            else:
-                modes[pid] = "all"
-                result.rewritten += 1
-    if not modes:
+            plan.modes[pid] = "new" if pid in intact else "all"
+            result.appended += pid in intact
+            result.rewritten += pid not in intact
+    return plan
+
+
+def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: str, export_id: str,
+                 meta: dict[str, str], runs: list[str] | None, since: dt.date | None, result: TableResult) -> _Staged:
+    """Write the table's changed partitions to local files, with their key files, and say where
+    they go, what they replace and the manifest entries that will list them."""
+    _row_fingerprints(con, table, runs, since)
+    old = manifest.get("tables", {}).get(table.name, {})
+    plan = _plan(con, table, dest, old, staging, result)
+    staged = _Staged()
+    if not plan.modes:
         return staged
     con.execute("CREATE OR REPLACE TEMP TABLE _todo (pid BIGINT, mode VARCHAR)")
-    con.executemany("INSERT INTO _todo VALUES (?, ?)", list(modes.items()))
+    con.executemany("INSERT INTO _todo VALUES (?, ?)", list(plan.modes.items()))
     out = os.path.join(staging, table.name)
     kv = ", ".join(f"'{k}': '{v}'" for k, v in (meta | {"toolproxy.table": table.name}).items())
     con.execute(
@@ -217,35 +233,38 @@ def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: 
         "OR NOT EXISTS (SELECT 1 FROM _done x WHERE x.pid = r.pid AND x.k = r.k)) s ON s.rid = t.rowid) "
         f"TO '{_sql_text(out)}' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (_pid), KV_METADATA {{{kv}}}, "
         f"FILENAME_PATTERN 'part-{export_id}-{{i}}')")
-    written: dict[int, list[dict]] = {pid: [] for pid in modes}
+    written: dict[int, list[dict]] = {pid: [] for pid in plan.modes}
     for pid_dir in sorted(os.listdir(out)) if os.path.isdir(out) else []:
         pid = int(pid_dir.split("=", 1)[1])
         for name in sorted(os.listdir(os.path.join(out, pid_dir))):
             local = os.path.join(out, pid_dir, name)
-            keys = local + ".keys"
-            con.execute(f"COPY (SELECT {table.key} AS k FROM read_parquet('{_sql_text(local)}', hive_partitioning=false) t) "
-                        f"TO '{_sql_text(keys)}' (FORMAT parquet, COMPRESSION zstd)")
-            n, h = con.execute(f"SELECT count(*), coalesce(sum(r.h), 0) FROM read_parquet('{_sql_text(keys)}') f "
-                               "JOIN _rows r ON r.k = f.k AND r.pid = ?", [pid]).fetchone()
-            rel = f"{paths[pid]}/{name}"
-            staged.uploads += [(local, f"{table.name}/{rel}"), (keys, _key_file(table.name, rel))]
-            written[pid].append({"name": name, "rows": n, "hash": str(int(h))})
-            result.rows += n
+            entry = _key_file_for(con, table, local, pid)
+            rel = f"{plan.paths[pid]}/{name}"
+            staged.uploads += [(local, f"{table.name}/{rel}"), (local + ".keys", _key_file(table.name, rel))]
+            written[pid].append({"name": name} | entry)
+            result.rows += entry["rows"]
             result.files += 1
-    for pid, mode in modes.items():
-        path = paths[pid]
+    for pid, mode in plan.modes.items():
+        path = plan.paths[pid]
         before = old.get(path, {}).get("files", [])
         if mode == "all":
-            files = written[pid]
             for f in before:
                 staged.obsolete += [f"{table.name}/{path}/{f['name']}", _key_file(table.name, f"{path}/{f['name']}")]
-        else:
-            files = before + written[pid]
-        n, h = totals[pid]
-        staged.partitions[path] = {"rows": n, "hash": str(h), "files": files,
+        n, h = plan.totals[pid]
+        staged.partitions[path] = {"rows": n, "hash": str(h), "files": written[pid] if mode == "all" else before + written[pid],
                                    "schema_version": meta["toolproxy.schema_version"],
                                    "analyzer_version": meta["toolproxy.analyzer_version"]}
     return staged
+
+
+def _key_file_for(con, table: Table, local: str, pid: int) -> dict:
+    """Write the keys of staged data file `local` beside it; its manifest entry's rows and fingerprint."""
+    keys = local + ".keys"
+    con.execute(f"COPY (SELECT {table.key} AS k FROM read_parquet('{_sql_text(local)}', hive_partitioning=false) t) "
+                f"TO '{_sql_text(keys)}' (FORMAT parquet, COMPRESSION zstd)")
+    n, h = con.execute(f"SELECT count(*), coalesce(sum(r.h), 0) FROM read_parquet('{_sql_text(keys)}') f "
+                       "JOIN _rows r ON r.k = f.k AND r.pid = ?", [pid]).fetchone()
+    return {"rows": n, "hash": str(int(h))}
 
 
 def _sql_text(text: str) -> str:

@@ -28,6 +28,12 @@ class Table:
     # Extra FROM clause joined to t to compute `day`.
     joins: str = ""
     fingerprint_skips: frozenset[str] = frozenset()
+    # SQL for the day `--since` compares with, when it is not `day`.
+    recent: str | None = None
+
+    @property
+    def since_day(self) -> str:
+        return self.recent or self.day or "NULL::DATE"
 
 
 TABLES: tuple[Table, ...] = (
@@ -41,7 +47,7 @@ TABLES: tuple[Table, ...] = (
     Table("episodes", key="t.episode_key", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
           joins=f"LEFT JOIN (SELECT u.episode_key, min({_EXCHANGE_DAY.format('e.')}) AS day FROM turns u JOIN exchanges e "
                 "ON e.turn_id = u.turn_id GROUP BY u.episode_key) x ON x.episode_key = t.episode_key"),
-    Table("runs", key="t.run", day=None, run="t.run"),
+    Table("runs", key="t.run", day=None, run="t.run", recent="t.last_seen::DATE"),
 )
 TABLE_NAMES = tuple(t.name for t in TABLES)
 
