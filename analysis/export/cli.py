@@ -41,7 +41,7 @@ def parse_since(text: str | None, now: float) -> dt.date | None:
               help="What to write.")
 @click.option("--out", required=True, metavar="PATH|URL",
               help="A local directory or an fsspec URL: s3://bucket/prefix (needs toolproxy-recorder[s3]), "
-                   "gs://bucket/prefix ([gcs]), file:///..., memory://...")
+                   "gs://bucket/prefix ([gcs]), or any other scheme fsspec knows.")
 @DATA_OPTION
 @DB_OPTION
 @click.option("--run", "runs", multiple=True, metavar="NAME", help="Only these runs (repeatable).")
