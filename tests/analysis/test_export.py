@@ -388,3 +388,13 @@ def test_progress_line_on_a_terminal(data: Path, tmp_path: Path):
     assert proc.returncode == 0
     text = shown.decode()
     assert "\r\x1b[2Kexport: writing to" in text and "MB" in text and "Traceback" not in text, text
+
+
+def test_a_database_analysed_by_another_analyzer_version_is_refused(data: Path, tmp_path: Path):
+    db = data / "toolproxy.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE analyzer_state SET value = '1' WHERE key = 'analyzer_version'")
+    con.close()
+    proc = run_cli("export", "--data", str(data), "--out", str(tmp_path / "out"), check=False)
+    assert proc.returncode == 2 and "analyzer version 1" in proc.stderr and "toolproxy analyze" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
