@@ -19,6 +19,7 @@ exchange at ingest (conversation_keys), so re-deriving a run reads small columns
 from __future__ import annotations
 
 import hashlib
+import heapq
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -273,13 +274,94 @@ class Episode:
     loop_reason: str | None = None
 
 
+def chain_keys(a: Attempt) -> list[str]:
+    """The keys a later request names this attempt by when it continues the conversation (its
+    parent_hashes): the conversation extended by the reply, and the echo key of the reply's calls
+    (or of an empty reply)."""
+    keys = [a.chain_hash] if a.chain_hash else []
+    if a.state_hash and a.call_signature:
+        keys.append(echo_key(a.state_hash, a.call_signature))
+    elif a.state_hash and a.outcome == NON_RESPONSE and a.sub_kind in EMPTY_KINDS:
+        keys.append(echo_key(a.state_hash, EMPTY_ECHO))
+    return keys
+
+
+def causal_order(attempts: Sequence[Attempt]) -> list[Attempt]:
+    """The attempts (given in clock order: started_at, id) in an order that follows the
+    conversations: every request after the turn whose reply it continues, and a turn's failed
+    attempts before its answered one.
+
+    Replicas on different hosts stamp exchanges with their own clocks. When those disagree by more
+    than a harness's think time, clock order puts a turn before the reply it answers, and chaining
+    would start a new episode there. What a request contains cannot be skewed: a request that
+    carries a reply came after it, and a harness resends a request only after it failed. So
+    attempts are sorted topologically on those two relations, ties (unrelated attempts) in clock
+    order. When the clocks agree with the conversations, as on one host, the order is unchanged.
+
+    What content cannot tell stays in clock order: two failed attempts of one turn (which one's
+    cause the turn keeps) and identical conversations in different episodes. Those need the
+    replicas' clocks within the harness's retry delay, which NTP keeps easily (milliseconds).
+    """
+    n = len(attempts)
+    providers: dict[str, list[int]] = {}
+    for i, a in enumerate(attempts):
+        for key in chain_keys(a):
+            providers.setdefault(key, []).append(i)
+    after: list[list[int]] = [[] for _ in range(n)]  # i -> the attempts that must come after it
+    waiting = [0] * n
+    groups: dict[tuple, list[int]] = {}  # the attempts of one turn: retries of one request
+
+    def follows(child: int, parent: int) -> None:
+        after[parent].append(child)
+        waiting[child] += 1
+
+    for i, a in enumerate(attempts):
+        parent = None
+        for h in a.parent_hashes:  # longest first: the first one found is the turn it continues
+            found = [j for j in providers.get(h, ()) if j != i]
+            if found:
+                # The latest such turn before it in clock order, as chaining would pick, else the first after.
+                earlier = [j for j in found if j < i]
+                parent = earlier[-1] if earlier else found[0]
+                follows(i, parent)
+                break
+        anchor = a.episode if a.episode is not None else parent
+        if anchor is not None and a.state_hash:
+            groups.setdefault((anchor, a.state_hash), []).append(i)
+    for members in groups.values():
+        answered = [j for j in members if attempts[j].outcome != NON_RESPONSE]
+        for j in members:
+            if attempts[j].outcome == NON_RESPONSE:
+                for k in answered:
+                    follows(k, j)
+    ready = [i for i in range(n) if not waiting[i]]
+    heapq.heapify(ready)
+    out: list[Attempt] = []
+    done = [False] * n
+    while len(out) < n:
+        if not ready:  # a cycle (only colliding hashes could make one): release the earliest
+            i = next(i for i in range(n) if not done[i])
+            waiting[i] = 0
+            heapq.heappush(ready, i)
+        i = heapq.heappop(ready)
+        if done[i]:
+            continue
+        done[i] = True
+        out.append(attempts[i])
+        for k in after[i]:
+            waiting[k] -= 1
+            if waiting[k] == 0 and not done[k]:
+                heapq.heappush(ready, k)
+    return out
+
+
 def build_episodes(run: str, attempts: Iterable[Attempt]) -> list[Episode]:
-    """Group one run's attempts (in the order the proxy saw them) into episodes of turns."""
+    """Group one run's attempts (given in clock order; see causal_order) into episodes of turns."""
     episodes: dict[str, Episode] = {}
     owner: dict[int, Episode] = {}  # id(turn) -> its episode
     by_chain: dict[str, Turn] = {}
     by_state: dict[str, Turn] = {}
-    for a in attempts:
+    for a in causal_order(list(attempts)):
         if a.episode is not None:
             key = f"{run}/{a.episode}"
             ep = episodes.get(key)
@@ -311,12 +393,8 @@ def build_episodes(run: str, attempts: Iterable[Attempt]) -> list[Episode]:
             owner[id(turn)] = ep
             if a.state_hash:
                 by_state[a.state_hash] = turn
-        if a.chain_hash:
-            by_chain[a.chain_hash] = turn
-        if a.state_hash and a.call_signature:
-            by_chain[echo_key(a.state_hash, a.call_signature)] = turn
-        elif a.state_hash and a.outcome == "non_response" and a.sub_kind in EMPTY_KINDS:
-            by_chain[echo_key(a.state_hash, EMPTY_ECHO)] = turn
+        for key in chain_keys(a):
+            by_chain[key] = turn
     out = list(episodes.values())
     for ep in out:
         first = ep.turns[0].final
