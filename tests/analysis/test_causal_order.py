@@ -55,17 +55,21 @@ def test_every_clock_order_gives_the_episodes_of_the_true_order(make, expected):
         assert canonical(build_episodes("r", list(order))) == reference, [a.id for a in order]
 
 
+def ordered(attempts):
+    return [attempts[i].id for i in causal_order(attempts)]
+
+
 @pytest.mark.parametrize("make", [untagged, retried, lambda: retried("7")])
 def test_an_order_the_clocks_got_right_is_kept(make):
     attempts = make()
-    assert [a.id for a in causal_order(attempts)] == [a.id for a in attempts]
+    assert ordered(attempts) == [a.id for a in attempts]
 
 
 def test_unrelated_attempts_keep_their_clock_order_around_a_moved_one():
     """Only what content orders moves: a turn the clock put before its parent goes right after it."""
     a1, a2, a3, b1 = untagged()
-    assert [a.id for a in causal_order([a2, b1, a1, a3])] == ["b1", "a1", "a2", "a3"]
-    assert [a.id for a in causal_order([a3, a2, a1, b1])] == ["a1", "a2", "a3", "b1"]
+    assert ordered([a2, b1, a1, a3]) == ["b1", "a1", "a2", "a3"]
+    assert ordered([a3, a2, a1, b1]) == ["a1", "a2", "a3", "b1"]
 
 
 def test_failures_of_one_turn_that_the_clock_cannot_order_keep_clock_order():
@@ -88,8 +92,21 @@ def test_retries_of_an_untagged_first_turn_keep_clock_order():
     assert shape(build_episodes("r", [ok, fail])) == [[["o1"]], [["f1"]]]
 
 
+def test_many_identical_conversations_each_follow_a_turn_they_continue():
+    """A benchmark runs the same item in many episodes: their turns share chain keys, and finding
+    a turn's parent among them is a binary search, not a scan of them all."""
+    attempts = [attempt(f"{k}.{t}", turn, reply) for k in range(3000)
+                for t, (turn, reply) in enumerate([(TURN1, REPLY1), (TURN2, REPLY2)])]
+    assert ordered(attempts) == [a.id for a in attempts]
+    # Every second turn first, as if the clocks were all wrong: each comes after a first turn it
+    # continues (which of the identical ones is for the clocks to say: see causal_order).
+    order = ordered(attempts[1::2] + attempts[0::2])
+    assert sorted(order) == sorted(a.id for a in attempts)
+    assert order[0] == "0.0" and all(x.endswith(".1") for x in order[1:3001])
+
+
 def test_a_cycle_from_colliding_hashes_loses_no_attempt():
     a, b, c = untagged()[:3]
     a = replace(a, parent_hashes=[b.chain_hash])
     b = replace(b, parent_hashes=[a.chain_hash])
-    assert sorted(x.id for x in causal_order([a, b, c])) == ["a1", "a2", "a3"]
+    assert sorted(ordered([a, b, c])) == ["a1", "a2", "a3"]

@@ -53,6 +53,9 @@ SEGMENT_SUFFIX = ".jsonl"
 # repeats across hosts (every container's proxy may be pid 1), the replica name does not.
 REPLICA_ENV = "TOOLPROXY_REPLICA"
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+# A segment's name is `<UTC time>-<pid>-<sequence>-<replica>.jsonl`; this finds the replica (group
+# 1; no match in names written before replicas were named). Python's and DuckDB's syntax alike.
+SEGMENT_REPLICA = r"^[0-9]{8}T[0-9]{6}-[0-9]+-[0-9]+-(.+)\.jsonl$"
 # Records up to this many body characters are serialised on the event loop when submitted (a few
 # microseconds): the writer thread then holds the GIL only to join and write bytes, instead of
 # taking it from the loop for whole batches. Larger ones are serialised on the writer thread, so a
