@@ -10,12 +10,11 @@ traffic's duration, so clock order puts most later turns before the turns they c
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from itertools import count
 
+from proxyprocess import sql_rows, toolproxy_cli
 from toolproxy.record.segments import list_segments
 from toolproxy.testing.fakes import call, error, text
 
@@ -82,17 +81,6 @@ def drive(fake, urls: list[str]) -> int:
     return next(sent)
 
 
-def tp(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=300)
-
-
-def sql(data, query: str) -> list[dict]:
-    r = tp("sql", "--data", str(data), "--format", "json", query)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
 # Every episode with its turns, named by what the traffic says (tagged name, or item key: a hash
 # of the first request's content), never by exchange ids, which differ between the two recordings.
 EPISODES = """
@@ -104,14 +92,14 @@ FROM episodes e JOIN turns t USING (episode_key) GROUP BY ALL ORDER BY ALL
 
 
 def analysed(data) -> tuple[list, list, dict]:
-    r = tp("analyze", "--data", str(data))
+    r = toolproxy_cli("analyze", "--data", str(data))
     assert r.returncode == 0, r.stderr
-    r = tp("report", "--data", str(data), "--format", "json")
+    r = toolproxy_cli("report", "--data", str(data), "--format", "json")
     assert r.returncode == 0, r.stderr
-    outcomes = sql(data, "SELECT outcome, sub_kind, count(*) AS n FROM turns GROUP BY ALL ORDER BY ALL")
+    outcomes = sql_rows(data, "SELECT outcome, sub_kind, count(*) AS n FROM turns GROUP BY ALL ORDER BY ALL")
     report = json.loads(r.stdout)
     del report["source"], report["generated_at"]  # where and when, not what
-    return sql(data, EPISODES), outcomes, report
+    return sql_rows(data, EPISODES), outcomes, report
 
 
 def test_three_skewed_replicas_sharing_a_data_dir_analyse_like_one_proxy(fake_stack, proxy, tmp_path):
@@ -131,9 +119,9 @@ def test_three_skewed_replicas_sharing_a_data_dir_analyse_like_one_proxy(fake_st
     writers = {seg.name.removesuffix(".jsonl").split("-", 3)[3] for seg in list_segments(shared)}
     assert writers == set(SKEWS)
     fleet, alone_ = analysed(shared), analysed(tmp_path / "alone")
-    ids = sql(shared, "SELECT count(*) AS n, count(DISTINCT id) AS ids FROM exchanges")
+    ids = sql_rows(shared, "SELECT count(*) AS n, count(DISTINCT id) AS ids FROM exchanges")
     # The clocks really disagree: by the recorded times, a request began before one whose reply it carries.
-    inverted = sql(shared, """
+    inverted = sql_rows(shared, """
         SELECT count(*) AS n FROM exchanges x JOIN exchanges earlier
           ON earlier.episode = x.episode AND earlier.n_messages < x.n_messages
         WHERE x.started_at < earlier.started_at""")
