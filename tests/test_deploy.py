@@ -209,6 +209,10 @@ def test_compose_file_matches_the_compose_specification(tmp_path):
 def test_compose_replicas_share_one_volume_behind_the_balancer_and_a_job_analyses_and_exports(compose, dockerfile):
     services = compose["services"]
     proxy, lb, job = services["proxy"], services["lb"], services["analyze"]
+    for service in (proxy, job):  # both run this repository's image
+        build = service["build"]
+        assert (DEPLOY / build["context"]).resolve() == REPO and build["dockerfile"] == "deploy/Dockerfile"
+        assert service["image"] == proxy["image"] and service["init"] is True
     image_entry = image_command(dockerfile)[:1]
     argv = image_entry + proxy["command"]
     check_invocation(argv)
