@@ -10,7 +10,7 @@ import click
 from toolproxy.conditions import NAMES, ConditionOptions
 from toolproxy.proxy.config import ConfigError, ProxyConfig
 from toolproxy.record.masking import load_key, parse_rules
-from toolproxy.record.retention import parse_duration, parse_size
+from toolproxy.quantities import parse_duration, parse_size
 from toolproxy.record.writer import SEGMENT_DIR
 
 
@@ -40,15 +40,12 @@ def key_from_env(var: str | None, option: str) -> str | None:
     return value
 
 
-def _size(value: str, option: str) -> int:
-    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
-    v = value.strip().lower().rstrip("ib").rstrip("b")
+def _flag(parse, value: str, option: str):
+    """A size or duration flag's value, or a ValueError that names the flag."""
     try:
-        if v and v[-1] in units:
-            return int(float(v[:-1]) * units[v[-1]])
-        return int(v)
-    except ValueError:
-        raise ValueError(f"{option} {value!r} is not a size: give bytes or a unit, e.g. 512k, 64MiB, 1G") from None
+        return parse(value)
+    except ValueError as exc:
+        raise ValueError(f"{option} {exc}") from None
 
 
 SERVE_OPTIONS = (
@@ -118,15 +115,15 @@ def config_from_options(upstream, host, port, data_dir, run, condition, stack, c
                                    bridge=parse_families(bridge) if bridge is not None else frozenset())
         config = ProxyConfig(
             upstream=upstream, data_dir=data_dir, host=host, port=port, run=run, condition=condition,
-            condition_options=options, max_body=_size(max_body, '--max-body'), spill_above=_size(spill_above, '--spill-above'), connect_timeout=connect_timeout,
+            condition_options=options, max_body=_flag(parse_size, max_body, '--max-body'), spill_above=_flag(parse_size, spill_above, '--spill-above'), connect_timeout=connect_timeout,
             ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
-            segment_bytes=_size(segment_size, '--segment-size'), auth_token=auth_token, upstream_key=upstream_key,
+            segment_bytes=_flag(parse_size, segment_size, '--segment-size'), auth_token=auth_token, upstream_key=upstream_key,
             insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint, live_page=not no_live_page,
             upstream_connections=upstream_connections, client_header_timeout=client_header_timeout,
             client_body_timeout=client_body_timeout,
-            retain_seconds=parse_duration(retain) if retain is not None else None,
-            max_disk=parse_size(max_disk) if max_disk is not None else None, on_disk_full=on_disk_full, mask=mask,
+            retain_seconds=_flag(parse_duration, retain, '--retain') if retain is not None else None,
+            max_disk=_flag(parse_size, max_disk, '--max-disk') if max_disk is not None else None, on_disk_full=on_disk_full, mask=mask,
         )
         parse_rules(mask)
     except (ConfigError, ValueError) as exc:
