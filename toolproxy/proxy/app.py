@@ -26,6 +26,7 @@ from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
 from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.masking import Masker, load_key, parse_rules
+from toolproxy.record.sampling import SAMPLED_OUT, load_sampler
 from toolproxy.record.writer import SegmentWriter
 
 
@@ -44,6 +45,27 @@ def log_line(rec: Record) -> str:
     err = f" !{rec.error_kind}" if rec.error_kind else ""
     ms = f"{rec.duration_ms:.0f}ms" if rec.duration_ms is not None else "-"
     return printable(f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {ms}{err}".replace("  ", " "))
+
+
+def record_transform(config: ProxyConfig):
+    """What the writer thread does to each record before it reaches disk: sample, then mask (a
+    sampled-out exchange is a stub with nothing left to mask). None when neither is asked for."""
+    steps = []
+    if config.sample is not None:
+        steps.append(load_sampler(config.sample, config.data_dir).record)
+    if config.mask:
+        steps.append(Masker(parse_rules(config.mask), load_key(config.data_dir)).record)
+    if not steps:
+        return None
+
+    def transform(rec: Record) -> Record:
+        for step in steps:
+            rec = step(rec)
+            if rec.kind == SAMPLED_OUT:
+                break
+        return rec
+
+    return transform
 
 
 def make_state(config: ProxyConfig) -> ProxyState:
@@ -67,8 +89,7 @@ def make_state(config: ProxyConfig) -> ProxyState:
         state.hooks.add(Auth(config.auth_token))
     if config.on_record_failure == "block":
         state.hooks.add(RecordingGuard(writer))
-    if config.mask:
-        writer.transform = Masker(parse_rules(config.mask), load_key(config.data_dir)).record
+    writer.transform = record_transform(config)
     if config.retain_seconds is not None or config.max_disk is not None:
         state.housekeeper = Housekeeper(config.data_dir, retain=config.retain_seconds, max_bytes=config.max_disk,
                                         on_full=config.on_disk_full, headroom=2 * config.segment_bytes)

@@ -20,9 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import os
 import re
-import secrets
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any, Callable
 
 import orjson
 
+from toolproxy.record import keys
 from toolproxy.record.model import Record
 
 KEY_FILE = "mask.key"
@@ -89,22 +88,8 @@ def parse_rules(specs: tuple[str, ...] | list[str]) -> list[Rule]:
 
 
 def load_key(data_dir: str | Path) -> bytes:
-    """The data directory's masking key, created (0600, 32 random bytes) on first use."""
-    path = Path(data_dir) / KEY_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        key = path.read_bytes()
-        if len(key) < 16:
-            raise ValueError(f"{path} is shorter than 16 bytes; restore it or delete it to start a new key") from None
-        return key
-    key = secrets.token_bytes(32)
-    try:
-        os.write(fd, key)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return key
+    """The data directory's masking key (record/keys.py)."""
+    return keys.load_key(data_dir, KEY_FILE)
 
 
 class Masker:
