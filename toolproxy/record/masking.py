@@ -10,9 +10,11 @@ Bodies are masked as the analyzer reads them: a JSON body (or each JSON line of 
 stream, or each `data:` payload of an SSE stream) is parsed and every string value is masked, then
 written back compactly, so a match inside a JSON string can never break its escaping and an
 escaped value (`\\u0040`) is matched as the text it stands for. Anything else is masked as text.
-A value split across two streamed deltas is not seen whole and is not masked; the stream's
-final message, when the stack sends one, is. Runs on the writer thread, never on the event loop;
-what the client receives is never changed (only the record is).
+A stream delivers one text in many events (an e-mail address may arrive as `jane.do` and
+`e@example.com`), so the pieces of each streamed output are joined before matching and a match
+is cut back across them: the reassembled text reads exactly as if it had been masked whole, and
+each event stays valid JSON. Runs on the writer thread, never on the event loop; what the client
+receives is never changed (only the record is).
 """
 
 from __future__ import annotations
@@ -69,6 +71,57 @@ BUILTIN: dict[str, Rule] = {
 }
 
 
+def _load(s: str) -> Any:
+    try:
+        return orjson.loads(s)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _strings(value: Any, path: tuple):
+    """(container, key, path) of every string in a JSON value. In the path a list element is
+    named by its own `index` field when it has one (a streamed choice or tool call), else by its
+    position, so the pieces of one output line up across events."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return
+    for key, item in items:
+        step = key
+        if isinstance(value, list):
+            index = item.get("index") if isinstance(item, dict) else None
+            step = ("#", index if isinstance(index, int) else key)
+        if isinstance(item, str):
+            yield value, key, (*path, step)
+        else:
+            yield from _strings(item, (*path, step))
+
+
+def _replace(parts: list[str], spans: list[tuple[int, int, str]]) -> list[str]:
+    """`parts` with each (start, end, token) span of their concatenation replaced (see Masker.pieces)."""
+    out = []
+    j = 0
+    offset = 0
+    for part in parts:
+        end = offset + len(part)
+        pieces = []
+        pos = offset
+        while j < len(spans) and spans[j][0] < end:
+            start, stop, token = spans[j]
+            if start >= pos:
+                pieces += [part[pos - offset:start - offset], token]
+            pos = max(pos, min(stop, end))
+            if stop > end:
+                break  # the match goes on into the next part
+            j += 1
+        pieces.append(part[pos - offset:])
+        out.append("".join(pieces))
+        offset = end
+    return out
+
+
 def parse_rules(specs: tuple[str, ...] | list[str]) -> list[Rule]:
     """Built-in names or regular expressions. ValueError naming the bad one."""
     rules = []
@@ -92,6 +145,15 @@ def load_key(data_dir: str | Path) -> bytes:
     return keys.load_key(data_dir, KEY_FILE)
 
 
+# Keys whose string values a stack streams in pieces, one piece per event: the chat delta's
+# `content` / `reasoning_content` / `refusal` / tool-call `arguments`, Responses' `delta`,
+# Anthropic's `text` / `partial_json` / `thinking`, Ollama's `content` / `thinking` / `response`.
+STREAMED_KEYS = frozenset(("content", "text", "arguments", "partial_json", "thinking", "reasoning_content",
+                           "reasoning", "refusal", "response", "delta"))
+# Fields of an event that say which output a piece belongs to (Responses, Anthropic).
+_EVENT_IDS = ("index", "output_index", "content_index", "item_id")
+
+
 class Masker:
     def __init__(self, rules: list[Rule], key: bytes) -> None:
         self.rules = rules
@@ -100,53 +162,71 @@ class Masker:
     def token(self, value: str) -> str:
         return "masked:" + hmac.new(self.key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:8]
 
-    def text(self, s: str, hits: Counter) -> str:
-        for rule in self.rules:
-            def sub(m: re.Match, rule: Rule = rule) -> str:
-                if rule.accept is not None and not rule.accept(m.group(0)):
-                    return m.group(0)
+    def _spans(self, rule: Rule, s: str, hits: Counter) -> list[tuple[int, int, str]]:
+        out = []
+        for m in rule.pattern.finditer(s):
+            value = m.group(0)
+            if value and (rule.accept is None or rule.accept(value)):
                 hits[rule.name] += 1
-                return self.token(m.group(0))
+                out.append((m.start(), m.end(), self.token(value)))
+        return out
 
-            s = rule.pattern.sub(sub, s)
-        return s
+    def text(self, s: str, hits: Counter) -> str:
+        return self.pieces([s], hits)[0]
 
-    def _value(self, v: Any, hits: Counter) -> Any:
-        if isinstance(v, str):
-            return self.text(v, hits)
-        if isinstance(v, list):
-            return [self._value(x, hits) for x in v]
-        if isinstance(v, dict):
-            return {k: self._value(x, hits) for k, x in v.items()}
-        return v
-
-    def _json(self, s: str, hits: Counter) -> str | None:
-        """JSON text with its strings masked (unchanged when nothing matched); None if not JSON."""
-        try:
-            doc = orjson.loads(s)
-        except orjson.JSONDecodeError:
-            return None
-        before = sum(hits.values())
-        masked = self._value(doc, hits)
-        return orjson.dumps(masked).decode() if sum(hits.values()) > before else s
-
-    def _json_or_text(self, s: str, hits: Counter) -> str:
-        masked = self._json(s, hits)
-        return self.text(s, hits) if masked is None else masked
+    def pieces(self, parts: list[str], hits: Counter) -> list[str]:
+        """Text that arrived in pieces, masked as the one text it is: a match spanning pieces
+        becomes one token, in the piece where the match starts; the pieces after it lose the
+        matched characters they held. Joined, the result is the text masked whole."""
+        for rule in self.rules:
+            spans = self._spans(rule, "".join(parts), hits)
+            if spans:
+                parts = _replace(parts, spans)
+        return parts
 
     def body(self, s: str, hits: Counter) -> str:
-        """A recorded body: whole JSON, else line by line (NDJSON, SSE `data:` payloads, text)."""
-        masked = self._json(s, hits)
-        if masked is not None:
-            return masked
-        lines = s.split("\n")
-        for i, line in enumerate(lines):
-            if line.startswith("data:"):
-                payload = line[5:]
-                lead = payload[: len(payload) - len(payload.lstrip(" "))]
-                lines[i] = "data:" + lead + self._json_or_text(payload.lstrip(" "), hits)
-            elif line.strip():
-                lines[i] = self._json_or_text(line, hits)
+        """A recorded body: whole JSON, else line by line (NDJSON, SSE `data:` payloads, text).
+
+        The strings of a stream's events are masked per output, not per event: the pieces one
+        output was streamed in (see STREAMED_KEYS) are joined, so a value split across two deltas
+        is found; every other string is masked on its own."""
+        lines = [s]
+        docs: list[tuple[int, str, list]] = []  # (line index, text before the JSON, [parsed JSON])
+        doc = _load(s)
+        if doc is not None:
+            docs.append((0, "", [doc]))
+        else:
+            lines = s.split("\n")
+            for i, line in enumerate(lines):
+                lead, payload = ("data:", line[5:]) if line.startswith("data:") else ("", line)
+                if not payload.strip():
+                    continue
+                doc = _load(payload)
+                if doc is None:
+                    lines[i] = lead + self.text(payload, hits)
+                else:
+                    docs.append((i, lead + payload[: len(payload) - len(payload.lstrip(" "))], [doc]))
+        channels: dict[Any, list[tuple[int, Any, Any]]] = {}  # output -> (doc number, container, key) of its pieces
+        for n, (_, _, holder) in enumerate(docs):
+            doc = holder[0]
+            ids = orjson.dumps([doc.get(k) for k in _EVENT_IDS], default=str) if isinstance(doc, dict) else b""
+            for container, key, path in _strings(holder, ()):
+                if path and path[-1] in STREAMED_KEYS:
+                    channel = ("stream", path, ids)
+                else:
+                    channel = ("one", n, path, id(container), key)
+                channels.setdefault(channel, []).append((n, container, key))
+        changed: set[int] = set()
+        for refs in channels.values():
+            before = [c[k] for _, c, k in refs]
+            after = self.pieces(before, hits)
+            for (n, container, key), old, new in zip(refs, before, after):
+                if new != old:
+                    container[key] = new
+                    changed.add(n)
+        for n in changed:
+            i, lead, holder = docs[n]
+            lines[i] = lead + orjson.dumps(holder[0]).decode()
         return "\n".join(lines)
 
     def record(self, rec: Record) -> Record:
