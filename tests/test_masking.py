@@ -206,3 +206,22 @@ async def test_a_secret_split_across_streamed_deltas_is_masked_in_every_protocol
             assert stored.content == expected, (rec["path"], rec["response_body"])
             assert rec["extra"]["masked"]["email"] >= 1
     assert token.startswith("masked:") and sent == 4 * (len(SPLIT_SECRET) - 1)
+
+
+async def test_bodies_spilled_to_a_file_are_masked_too(fake_stack, proxy):
+    """Bodies above --spill-above pass through a temporary file; they are read back to be masked
+    (and to be sampled) rather than written unmasked or dropped."""
+    fake = fake_stack("llamacpp", responder=lambda req: text(f"ok {SECRET} " + "x" * 4000))
+    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--durability", "sync", "--mask", "email",
+              "--spill-above", "1024", "--sample", "1")
+    body = {"model": fake.model, "messages": [{"role": "user", "content": f"mail {SECRET} " + "y" * 6000}]}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(p.url + "/v1/chat/completions", json=body) as r:
+            got = await r.read()
+    assert r.status == 200 and SECRET.encode() in got
+    (rec,) = p.wait_records(1)
+    assert p.stats()["recording"]["dropped"] == 0
+    raw = b"".join(f.read_bytes() for f in (p.data / "segments").iterdir())
+    assert SECRET.encode() not in raw and rec["extra"]["masked"] == {"email": 2}
+    assert rec["extra"]["sample"] == {"rate": 1.0, "by": "opening"}
+    assert json.loads(rec["request_body"])["messages"][0]["content"].startswith("mail masked:")

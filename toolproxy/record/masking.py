@@ -32,6 +32,7 @@ import orjson
 
 from toolproxy.record import keys
 from toolproxy.record.model import Record
+from toolproxy.record.spill import SpilledBody
 
 KEY_FILE = "mask.key"
 
@@ -241,11 +242,20 @@ class Masker:
             value = getattr(rec, field)
             if value is None:
                 continue
-            if getattr(rec, f"{field}_encoding") == "base64":
+            if isinstance(value, SpilledBody):
+                # A body too large to hold while it passed: read back whole to be masked (at most
+                # --max-body, on this thread), since a secret anywhere in it must not reach disk.
+                data = value.read()
+                if not value.utf8:
+                    unmasked.append(field)
+                    continue
+                value = data.decode("utf-8")
+                changes[f"{field}_encoding"] = "utf8"
+            elif getattr(rec, f"{field}_encoding") == "base64":
                 unmasked.append(field)
                 continue
             masked = self.body(value, hits)
-            if masked is not value:
+            if masked is not value or field + "_encoding" in changes:
                 changes[field] = masked
         up = rec.upstream_request
         if up is not None and isinstance(up.get("body"), str):
