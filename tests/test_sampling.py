@@ -253,6 +253,7 @@ async def test_a_sampled_proxy_keeps_whole_episodes_and_reports_estimated_totals
     assert {json.dumps(r["extra"]["sample"], sort_keys=True) for r in records + stubs} <= {
         json.dumps({"rate": RATE, "by": by}, sort_keys=True) for by in (BY_EPISODE, BY_OPENING)}
     assert all(r["request_body"] is None and r["response_body"] is None for r in stubs)
+    assert p.stats()["sampling"] == {"sample_rate": RATE, "kept": len(records), "sampled_out": len(stubs)}
     p.stop()
 
     db = tmp_path / "a.duckdb"

@@ -115,6 +115,12 @@ class Sampler:
     def __init__(self, rate: float, key: bytes) -> None:
         self.rate = rate
         self.key = key
+        # Exchanges decided so far (written on the writer thread, read by /_toolproxy/stats).
+        self.kept = 0
+        self.sampled_out = 0
+
+    def report(self) -> dict:
+        return {"sample_rate": self.rate, "kept": self.kept, "sampled_out": self.sampled_out}
 
     def keeps(self, material: bytes) -> bool:
         digest = hmac.new(self.key, material, hashlib.sha256).digest()
@@ -129,7 +135,9 @@ class Sampler:
             return dataclasses.replace(rec, extra={**rec.extra, "sample": {"rate": 1.0, "by": by, "of": self.rate}})
         mark = {"rate": self.rate, "by": by}
         if self.keeps(material):
+            self.kept += 1
             return dataclasses.replace(rec, extra={**rec.extra, "sample": mark})
+        self.sampled_out += 1
         return stub(rec, mark)
 
 
