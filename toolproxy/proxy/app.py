@@ -43,6 +43,8 @@ def log_line(rec: Record) -> str:
     tags = " ".join(f"{k}={v}" for k, v in (("run", rec.run), ("ep", rec.episode), ("item", rec.item)) if v)
     cond = f" [{rec.condition}]" if rec.condition != "native" else ""
     err = f" !{rec.error_kind}" if rec.error_kind else ""
+    if rec.kind == SAMPLED_OUT:
+        err += " (sampled out: counted, not stored)"
     ms = f"{rec.duration_ms:.0f}ms" if rec.duration_ms is not None else "-"
     return printable(f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {ms}{err}".replace("  ", " "))
 

@@ -151,6 +151,7 @@ def load_key(data_dir: str | Path) -> bytes:
 # Anthropic's `text` / `partial_json` / `thinking`, Ollama's `content` / `thinking` / `response`.
 STREAMED_KEYS = frozenset(("content", "text", "arguments", "partial_json", "thinking", "reasoning_content",
                            "reasoning", "refusal", "response", "delta"))
+TOKEN_CACHE = 4096
 # Fields of an event that say which output a piece belongs to (Responses, Anthropic).
 _EVENT_IDS = ("index", "output_index", "content_index", "item_id")
 
@@ -159,9 +160,17 @@ class Masker:
     def __init__(self, rules: list[Rule], key: bytes) -> None:
         self.rules = rules
         self.key = key
+        self._tokens: dict[str, str] = {}
 
     def token(self, value: str) -> str:
-        return "masked:" + hmac.new(self.key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:8]
+        # Remembered: an agent resends its whole history every turn, so the same values recur.
+        token = self._tokens.get(value)
+        if token is None:
+            if len(self._tokens) >= TOKEN_CACHE:
+                self._tokens.clear()
+            token = self._tokens[value] = "masked:" + hmac.new(
+                self.key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:8]
+        return token
 
     def _spans(self, rule: Rule, s: str, hits: Counter) -> list[tuple[int, int, str]]:
         out = []
@@ -173,7 +182,15 @@ class Masker:
         return out
 
     def text(self, s: str, hits: Counter) -> str:
-        return self.pieces([s], hits)[0]
+        for rule in self.rules:
+            def sub(m: re.Match, rule: Rule = rule) -> str:
+                if rule.accept is not None and not rule.accept(m.group(0)):
+                    return m.group(0)
+                hits[rule.name] += 1
+                return self.token(m.group(0))
+
+            s = rule.pattern.sub(sub, s)
+        return s
 
     def pieces(self, parts: list[str], hits: Counter) -> list[str]:
         """Text that arrived in pieces, masked as the one text it is: a match spanning pieces
@@ -208,19 +225,21 @@ class Masker:
                 else:
                     docs.append((i, lead + payload[: len(payload) - len(payload.lstrip(" "))], [doc]))
         channels: dict[Any, list[tuple[int, Any, Any]]] = {}  # output -> (doc number, container, key) of its pieces
+        changed: set[int] = set()
         for n, (_, _, holder) in enumerate(docs):
             doc = holder[0]
             ids = orjson.dumps([doc.get(k) for k in _EVENT_IDS], default=str) if isinstance(doc, dict) else b""
             for container, key, path in _strings(holder, ()):
-                if path and path[-1] in STREAMED_KEYS:
-                    channel = ("stream", path, ids)
+                if path[-1] in STREAMED_KEYS:
+                    channels.setdefault((path, ids), []).append((n, container, key))
                 else:
-                    channel = ("one", n, path, id(container), key)
-                channels.setdefault(channel, []).append((n, container, key))
-        changed: set[int] = set()
+                    masked = self.text(container[key], hits)
+                    if masked != container[key]:
+                        container[key] = masked
+                        changed.add(n)
         for refs in channels.values():
             before = [c[k] for _, c, k in refs]
-            after = self.pieces(before, hits)
+            after = self.pieces(before, hits) if len(before) > 1 else [self.text(before[0], hits)]
             for (n, container, key), old, new in zip(refs, before, after):
                 if new != old:
                     container[key] = new
