@@ -172,24 +172,20 @@ class Masker:
                 self.key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:8]
         return token
 
+    def _hit(self, rule: Rule, value: str, hits: Counter) -> str | None:
+        """The token for a match the rule accepts (counted), else None."""
+        if not value or (rule.accept is not None and not rule.accept(value)):
+            return None
+        hits[rule.name] += 1
+        return self.token(value)
+
     def _spans(self, rule: Rule, s: str, hits: Counter) -> list[tuple[int, int, str]]:
-        out = []
-        for m in rule.pattern.finditer(s):
-            value = m.group(0)
-            if value and (rule.accept is None or rule.accept(value)):
-                hits[rule.name] += 1
-                out.append((m.start(), m.end(), self.token(value)))
-        return out
+        return [(m.start(), m.end(), token) for m in rule.pattern.finditer(s)
+                if (token := self._hit(rule, m.group(0), hits)) is not None]
 
     def text(self, s: str, hits: Counter) -> str:
         for rule in self.rules:
-            def sub(m: re.Match, rule: Rule = rule) -> str:
-                if rule.accept is not None and not rule.accept(m.group(0)):
-                    return m.group(0)
-                hits[rule.name] += 1
-                return self.token(m.group(0))
-
-            s = rule.pattern.sub(sub, s)
+            s = rule.pattern.sub(lambda m, rule=rule: self._hit(rule, m.group(0), hits) or m.group(0), s)
         return s
 
     def pieces(self, parts: list[str], hits: Counter) -> list[str]:
