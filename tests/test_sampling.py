@@ -275,3 +275,22 @@ async def test_a_sampled_proxy_keeps_whole_episodes_and_reports_estimated_totals
     episodes = json.loads(_cli("sql", "--data", str(data), "--db", str(db), "--format", "json",
                                "select n_turns from episodes order by n_turns"))
     assert sorted(e["n_turns"] for e in episodes) == sorted(kept.values())
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--sample", "0"), "--sample '0': the share of episodes to keep must be above 0"),
+    (("--sample", "half"), "--sample 'half' is not a rate"),
+    (("--sample", "0.5", "--max-disk", "lots"), "--max-disk 'lots' is not a size"),
+])
+def test_bad_sample_flags_are_usage_errors(tmp_path, args, message):
+    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
+                        "http://127.0.0.1:9", "--data", str(tmp_path), *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_damaged_sample_key_is_a_usage_error(tmp_path):
+    (tmp_path / "sample.key").write_bytes(b"short")
+    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
+                        "http://127.0.0.1:9", "--data", str(tmp_path), "--sample", "0.5"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--sample: cannot use the key sample.key" in r.stderr and "Traceback" not in r.stderr
