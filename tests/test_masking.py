@@ -225,3 +225,12 @@ async def test_bodies_spilled_to_a_file_are_masked_too(fake_stack, proxy):
     assert SECRET.encode() not in raw and rec["extra"]["masked"] == {"email": 2}
     assert rec["extra"]["sample"] == {"rate": 1.0, "by": "opening"}
     assert json.loads(rec["request_body"])["messages"][0]["content"].startswith("mail masked:")
+
+
+@pytest.mark.parametrize("depth", [10, 300, 1000])
+def test_deeply_nested_json_is_masked(depth):
+    deep = "[" * depth + '"a@example.com"' + "]" * depth
+    for body in (deep, f"data: {deep}\n\ndata: [DONE]\n\n"):
+        hits: Counter = Counter()
+        out = M.body(body, hits)
+        assert hits["email"] == 1 and "a@example.com" not in out and M.token("a@example.com") in out

@@ -79,25 +79,25 @@ def _load(s: str) -> Any:
         return None
 
 
-def _strings(value: Any, path: tuple):
+def _strings(root: list):
     """(container, key, path) of every string in a JSON value. In the path a list element is
     named by its own `index` field when it has one (a streamed choice or tool call), else by its
-    position, so the pieces of one output line up across events."""
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return
-    for key, item in items:
-        step = key
-        if isinstance(value, list):
-            index = item.get("index") if isinstance(item, dict) else None
-            step = ("#", index if isinstance(index, int) else key)
-        if isinstance(item, str):
-            yield value, key, (*path, step)
-        else:
-            yield from _strings(item, (*path, step))
+    position, so the pieces of one output line up across events. Iterative: a body may nest as
+    deep as the JSON parser allows, deeper than Python's recursion limit."""
+    stack: list[tuple[Any, tuple]] = [(root, ())]
+    while stack:
+        value, path = stack.pop()
+        nested = []
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            step = key
+            if isinstance(value, list):
+                index = item.get("index") if isinstance(item, dict) else None
+                step = ("#", index if isinstance(index, int) else key)
+            if isinstance(item, str):
+                yield value, key, (*path, step)
+            elif isinstance(item, (dict, list)):
+                nested.append((item, (*path, step)))
+        stack.extend(reversed(nested))
 
 
 def _replace(parts: list[str], spans: list[tuple[int, int, str]]) -> list[str]:
@@ -225,7 +225,7 @@ class Masker:
         for n, (_, _, holder) in enumerate(docs):
             doc = holder[0]
             ids = orjson.dumps([doc.get(k) for k in _EVENT_IDS], default=str) if isinstance(doc, dict) else b""
-            for container, key, path in _strings(holder, ()):
+            for container, key, path in _strings(holder):
                 if path[-1] in STREAMED_KEYS:
                     channels.setdefault((path, ids), []).append((n, container, key))
                 else:
@@ -242,7 +242,10 @@ class Masker:
                     changed.add(n)
         for n in changed:
             i, lead, holder = docs[n]
-            lines[i] = lead + orjson.dumps(holder[0]).decode()
+            try:
+                lines[i] = lead + orjson.dumps(holder[0]).decode()
+            except TypeError:  # nested deeper than orjson writes: mask the JSON text itself (counted above)
+                lines[i] = self.text(lines[i], Counter())
         return "\n".join(lines)
 
     def record(self, rec: Record) -> Record:
