@@ -95,10 +95,10 @@ def episode_key(rec: Record, request_body: bytes | None) -> tuple[str, bytes | N
     if not isinstance(body, dict) or body.get("previous_response_id") is not None:
         return BY_NONE, None
     try:
-        request = read_request(family, body)
-    except Exception:  # a body no reader understands is not a turn we can place: keep it
+        material = orjson.dumps(opening(read_request(family, body).messages), option=orjson.OPT_SORT_KEYS)
+    except Exception:  # a body no reader understands (or orjson cannot write) is not a turn we can place: keep it
         return BY_NONE, None
-    return BY_OPENING, b"opening\x00" + orjson.dumps(opening(request.messages), option=orjson.OPT_SORT_KEYS)
+    return BY_OPENING, b"opening\x00" + material
 
 
 def _request_bytes(rec: Record) -> bytes | None:
