@@ -37,6 +37,7 @@ from toolproxy.analysis.turns import UNTAGGED_RUN, call_signature, conversation_
 from toolproxy.progress import Progress
 from toolproxy.record.chunks import ChunkSource, is_chunk_line
 from toolproxy.record.model import Record
+from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.record.segments import batch_end, list_segments, parse_line
 from toolproxy.stacks.markers import detect
 from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Request, decode, family_of, read_request, tool_names
@@ -159,7 +160,8 @@ def _given(value: Any, default: Any) -> Any:
 def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     """Everything the database keeps about one exchange record. Pure: no I/O."""
     path = _given(rec.get("path"), "")
-    kind = family_of(path) if rec.get("method", "POST") == "POST" else None
+    # A sampled-out exchange's stub (record/sampling.py) is counted, never analysed as a turn.
+    kind = family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
     is_attempt = kind is not None
     condition = _given(rec.get("condition"), "native")
     rewritten = rec.get("upstream_request") is not None
@@ -395,7 +397,7 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSo
             batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         elif kind == "fingerprint":
             batch.fingerprints.append(fingerprint_row(rec, segment, offset))
-        elif kind != "exchange":
+        elif kind not in ("exchange", SAMPLED_OUT):
             batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped", rid)
         elif rid in ids:
             batch.duplicates += 1

@@ -17,7 +17,8 @@ from pathlib import Path
 import click
 
 from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail
-from toolproxy.record.retention import parse_duration, prune, read_ledger
+from toolproxy.quantities import parse_duration
+from toolproxy.record.retention import prune, read_ledger
 
 _BY_SEGMENT = ("exchanges", "fingerprints", "ingest_issues", "ingest_state")
 

@@ -26,6 +26,7 @@ from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
 from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.masking import Masker, load_key, parse_rules
+from toolproxy.record.sampling import SAMPLED_OUT, Sampler, load_sampler
 from toolproxy.record.writer import SegmentWriter
 
 
@@ -42,8 +43,31 @@ def log_line(rec: Record) -> str:
     tags = " ".join(f"{k}={v}" for k, v in (("run", rec.run), ("ep", rec.episode), ("item", rec.item)) if v)
     cond = f" [{rec.condition}]" if rec.condition != "native" else ""
     err = f" !{rec.error_kind}" if rec.error_kind else ""
+    if rec.kind == SAMPLED_OUT:
+        err += " (sampled out: counted, not stored)"
     ms = f"{rec.duration_ms:.0f}ms" if rec.duration_ms is not None else "-"
     return printable(f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {ms}{err}".replace("  ", " "))
+
+
+def record_transform(config: ProxyConfig, sampler: Sampler | None):
+    """What the writer thread does to each record before it reaches disk: sample, then mask (a
+    sampled-out exchange is a stub with nothing left to mask). None when neither is asked for."""
+    steps = []
+    if sampler is not None:
+        steps.append(sampler.record)
+    if config.mask:
+        steps.append(Masker(parse_rules(config.mask), load_key(config.data_dir)).record)
+    if not steps:
+        return None
+
+    def transform(rec: Record) -> Record:
+        for step in steps:
+            rec = step(rec)
+            if rec.kind == SAMPLED_OUT:
+                break
+        return rec
+
+    return transform
 
 
 def make_state(config: ProxyConfig) -> ProxyState:
@@ -67,8 +91,9 @@ def make_state(config: ProxyConfig) -> ProxyState:
         state.hooks.add(Auth(config.auth_token))
     if config.on_record_failure == "block":
         state.hooks.add(RecordingGuard(writer))
-    if config.mask:
-        writer.transform = Masker(parse_rules(config.mask), load_key(config.data_dir)).record
+    if config.sample is not None:
+        state.sampler = load_sampler(config.sample, config.data_dir)
+    writer.transform = record_transform(config, state.sampler)
     if config.retain_seconds is not None or config.max_disk is not None:
         state.housekeeper = Housekeeper(config.data_dir, retain=config.retain_seconds, max_bytes=config.max_disk,
                                         on_full=config.on_disk_full, headroom=2 * config.segment_bytes)

@@ -34,6 +34,8 @@ class ProxyConfig:
     on_disk_full: str = "prune"
     # --mask: built-in set names or regular expressions (record/masking.py)
     mask: tuple[str, ...] = ()
+    # --sample: the share of episodes recorded whole (record/sampling.py); None records all
+    sample: float | None = None
     connect_timeout: float = 10.0
     # A CPU-only model can take minutes to read a long agent context before its first byte.
     ttfb_timeout: float = 600.0

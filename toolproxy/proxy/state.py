@@ -21,6 +21,7 @@ from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.housekeeping import Housekeeper
+from toolproxy.record.sampling import Sampler
 from toolproxy.record.writer import SegmentWriter
 
 ADMIN_PREFIX = "/_toolproxy/"
@@ -44,6 +45,7 @@ class ProxyState:
         # Under `serve --workers N`: this process's place in the group, whose stats it merges.
         self.peers = None
         self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
+        self.sampler: Sampler | None = None  # set by app.make_state for --sample
 
     def snapshot(self) -> dict:
         w = self.writer.stats
@@ -71,6 +73,7 @@ class ProxyState:
         }
         snap["upstream_pool"] = self.pool.report()
         snap["lifecycle"] = self.housekeeper.snapshot() if self.housekeeper is not None else None
+        snap["sampling"] = self.sampler.report() if self.sampler is not None else None
         return snap
 
     async def admin(self, request: web.Request) -> web.Response:

@@ -47,7 +47,7 @@ PUBLISH_EVERY = 0.25
 STALE_AFTER = 3.0
 STOP_GRACE = 20.0  # below systemd's usual TimeoutStopSec; a worker's writer drains within 10 s
 # Numbers that describe a process rather than count events: the largest, not the sum, is right.
-NOT_SUMMED = {"uptime_s"}
+NOT_SUMMED = {"uptime_s", "sample_rate"}
 # Numbers that describe the present: a worker that is gone has none of them any more.
 GAUGES = {"in_flight", "queue_depth"}
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,28 +30,6 @@ from toolproxy.record.writer import SEGMENT_DIR, SEGMENT_SUFFIX
 
 LEDGER = "pruned.jsonl"
 PRUNING_SUFFIX = ".pruned"
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$", re.IGNORECASE)
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_BYTES = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in '90s', '30m', '12h', '7d', '2w'. ValueError with a usable message otherwise."""
-    m = _DURATION.match(text or "")
-    if not m:
-        raise ValueError(f"{text!r} is not a duration; write a number and a unit: 90s, 30m, 12h, 7d, 2w")
-    return float(m.group(1)) * _SECONDS[m.group(2).lower()]
-
-
-def parse_size(text: str) -> int:
-    """Bytes in '500MB', '20GiB', '1.5g', '4096' (binary units either way)."""
-    m = _SIZE.match(text or "")
-    if not m:
-        raise ValueError(f"{text!r} is not a size; write a number and a unit: 500MB, 20GiB, 4096")
-    return int(float(m.group(1)) * _BYTES[m.group(2).lower()])
-
 
 def _lock(f: IO[bytes]) -> bool:
     """Take the lock a live writer holds on its open segment; False when a writer holds it."""
