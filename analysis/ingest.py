@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import multiprocessing
+import operator
 import os
 import stat
 import time
@@ -44,6 +45,7 @@ from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Reque
 
 # What ingest writes of an exchange: every column but those set when turns are derived.
 EXCHANGE_TYPES = {name: sql_type for name, sql_type in EXCHANGES.types.items() if name not in ("turn_id", "analyzer_version")}
+_EXCHANGE_VALUES = operator.itemgetter(*EXCHANGE_TYPES)
 CALL_TYPES = {name: sql_type for name, sql_type in CALLS.types.items() if name not in ("turn_id", "analyzer_version")}
 # Record fields stored as they are in a typed column. The proxy writes each with one JSON type; a
 # record where one has another was not written by it (or was damaged) and is set aside whole.
@@ -353,7 +355,8 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSou
     try:
         batch = _analyze_lines(segment, lines, chunks)
         rows, batch.exchanges = batch.exchanges, []
-        columns = {name: [row[name] for row in rows] for name in EXCHANGE_TYPES} if rows else {}
+        # itemgetter + zip transpose in C: a comprehension per column cost ~15 us an exchange
+        columns = dict(zip(EXCHANGE_TYPES, zip(*map(_EXCHANGE_VALUES, rows)))) if rows else {}
         bad = EXCHANGES.check.misfits(columns, RECORD_FIELDS) if columns else None
         if bad:
             _set_aside(batch, columns, bad)
@@ -427,15 +430,12 @@ def analyze_range(path: str, start: int, end: int) -> Batch:
         f.seek(start)
         data = f.read(end - start)
     lines = []
-    pos = 0
-    while pos < len(data):
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            nl = len(data)
-        line = data[pos:nl]
-        if line.strip() and not is_chunk_line(line):
-            lines.append((start + pos, line))
-        pos = nl + 1
+    pos = start
+    for line in data.split(b"\n"):
+        # isspace() stops at the first other byte; strip() would copy every line
+        if line and not line.isspace() and not is_chunk_line(line):
+            lines.append((pos, line))
+        pos += len(line) + 1
     with ChunkSource(path, data, start) as chunks:
         return analyze_lines(Path(path).name, lines, chunks)
 

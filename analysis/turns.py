@@ -76,21 +76,21 @@ def canon_calls(calls: Iterable[tuple[str | None, Any]]) -> list:
     return [[name, _args(args)] for name, args in calls]
 
 
-def _canon(role: Any, content: Any, calls: list) -> bytes:
+def _canon(role: Any, text: str, calls: list) -> bytes:
     """Serialization of a message that survives a harness resending it: ids, whitespace around
-    content, null-vs-empty content and the spelling of argument JSON do not matter."""
-    return orjson.dumps([role, _text(content), calls], option=orjson.OPT_SORT_KEYS)
+    content (`text` is _text of it), null-vs-empty content and the spelling of argument JSON do
+    not matter."""
+    return orjson.dumps([role, text, calls], option=orjson.OPT_SORT_KEYS)
 
 
-def _is_tool_result(m: dict) -> bool:
-    """A message that returns a tool's result to the model, in any of the ways harnesses write it."""
-    role = m.get("role")
+def _is_tool_result(role: Any, content: Any, text: str) -> bool:
+    """Whether a message (its role, content and _text of it) returns a tool's result to the
+    model, in any of the ways harnesses write it."""
     if role in _RESULT_ROLES:
         return True
-    content = m.get("content")
     if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in _RESULT_PARTS for p in content):
         return True
-    return role == "user" and _OBSERVATION.search(_text(content)) is not None
+    return role == "user" and _OBSERVATION.search(text) is not None
 
 
 def _message_calls(m: dict) -> list:
@@ -142,12 +142,14 @@ def conversation_keys(
     prev_role = None
     for m in messages:
         if isinstance(m, dict):
-            results += _is_tool_result(m)
             role = m.get("role")
-            calls = _message_calls(m)
+            content = m.get("content")
+            text = _text(content)
+            results += _is_tool_result(role, content, text)
+            calls = _message_calls(m) if m.get("tool_calls") else []
             if role == "assistant" and prev_role != "assistant":
                 block, block_calls, block_prefix = [], [], running.copy()
-            running.update(_canon(role, m.get("content"), calls))
+            running.update(_canon(role, text, calls))
             if role == "assistant":
                 block.append(m)
                 block_calls.extend(calls)
@@ -167,7 +169,7 @@ def conversation_keys(
     chain = None
     if reply is not None:
         extended = running.copy()
-        extended.update(_canon("assistant", reply[0], canon_calls(reply[1])))
+        extended.update(_canon("assistant", _text(reply[0]), canon_calls(reply[1])))
         chain = extended.hexdigest()
     return Keys(len(messages), state.hexdigest(), chain, parents, item.hexdigest(), results)
 
