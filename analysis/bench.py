@@ -168,6 +168,18 @@ def _ollama_native(model: str, kind: str, name, args, text, stream: bool, rnd: r
     return b"\n".join(lines) + b"\n", "application/x-ndjson"
 
 
+def _write_answered(f, rec: Record, t: float, status: int, ctype: str, body: bytes, ttfb_ms: float, duration_ms: float,
+                    headers: list | None = None) -> None:
+    """Complete a record with the upstream's answer and write it as the segment writer does."""
+    rec.status = rec.client_status = status
+    rec.response_headers = [["content-type", ctype], *(headers or [])]
+    rec.response_body, rec.response_body_encoding = encode_body(body)
+    rec.response_complete = True
+    rec.ttfb_ms, rec.duration_ms = ttfb_ms, duration_ms
+    rec.ended_at = t + duration_ms / 1000
+    f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+
+
 def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: int = 20000) -> int:
     rnd = random.Random(seed)
     seg_dir = data_dir / SEGMENT_DIR
@@ -236,14 +248,9 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
                 else:
                     body, ctype = _openai_reply(stack, model, kind, name, args, text, stream, rnd)
                     status = 200
-                rec.status = rec.client_status = status
-                rec.response_headers = [["content-type", ctype], ["date", "Sat, 29 Nov 2026 12:00:00 GMT"]]
-                rec.response_body, rec.response_body_encoding = encode_body(body)
-                rec.response_complete = True
-                rec.ttfb_ms = rnd.uniform(50, 3000)
-                rec.duration_ms = rec.ttfb_ms + rnd.uniform(10, 9000)
-                rec.ended_at = t + rec.duration_ms / 1000
-                f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+                ttfb = rnd.uniform(50, 3000)
+                _write_answered(f, rec, t, status, ctype, body, ttfb, ttfb + rnd.uniform(10, 9000),
+                                [["date", "Sat, 29 Nov 2026 12:00:00 GMT"]])
                 written += 1
             if stack in ("ollama_refuse", "vllm_refuse") or fail_all:
                 break
@@ -298,14 +305,8 @@ def generate_small(data_dir: Path, n_exchanges: int, seed: int = 11, segment_rec
                 kind, name, args, text = "prose", None, None, "The answer is " + str(rnd.randint(1, 9999)) + "."
             body, ctype = _openai_reply("ollama", "qwen3:8b", kind, name, args, text, stream, rnd)
             status = 200
-        rec.status = rec.client_status = status
-        rec.response_headers = [["content-type", ctype]]
-        rec.response_body, rec.response_body_encoding = encode_body(body)
-        rec.response_complete = True
-        rec.ttfb_ms = rnd.uniform(20, 400)
-        rec.duration_ms = rec.ttfb_ms + rnd.uniform(5, 900)
-        rec.ended_at = t + rec.duration_ms / 1000
-        f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+        ttfb = rnd.uniform(20, 400)
+        _write_answered(f, rec, t, status, ctype, body, ttfb, ttfb + rnd.uniform(5, 900))
     if f is not None:
         f.close()
     return n_exchanges
