@@ -105,6 +105,9 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
         _fail("give --expect or --clear-expect, not both")
     rules = expect_rules or ([] if clear_expect else None)
     con = _open(data_dir, db_path, read_only=False, memory_limit=memory_limit)
+    # DuckDB draws its own bar for any statement over 2 s, into pipes and logs too; analyze has
+    # its own progress line.
+    con.execute("SET enable_progress_bar = false")
     try:
         reason = rebuild_reason(con, rules=rules, force=reclassify)
         if reason is not None:

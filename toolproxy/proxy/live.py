@@ -51,10 +51,10 @@ def _text(raw: bytes | None, problem: str | None) -> str:
 def classify_record(rec: dict) -> tuple[dict, dict]:
     """(summary row, detail) of one finished record (as written), by the analyzer's code."""
     from toolproxy.analysis.bodies import decode_body, header
-    from toolproxy.analysis.ingest import EXCHANGE_TYPES, analyze_record
+    from toolproxy.analysis.ingest import analyze_record
 
     analyzed = analyze_record(rec, "", 0)
-    row = dict(zip(EXCHANGE_TYPES, analyzed.exchange))
+    row = analyzed.exchange
     g = rec.get
     status = g("client_status") if g("client_status") is not None else g("status")
     summary = {
@@ -75,7 +75,8 @@ def classify_record(rec: dict) -> tuple[dict, dict]:
         "request_body": _text(*decode_body(g("request_body"), g("request_body_encoding"), header(g("request_headers"), "content-encoding"))),
         "response_body": response,
         "content": (row["content"] or "")[:BODY_CHARS],
-        "calls": [{"name": c[2], "arguments": (c[3] or "")[:BODY_CHARS], "surface": c[5], "valid": c[9]} for c in analyzed.calls],
+        "calls": [{"name": c["name"], "arguments": (c["arguments_raw"] or "")[:BODY_CHARS], "surface": c["surface"],
+                   "valid": c["valid"]} for c in analyzed.calls],
     }
     return summary, detail
 
