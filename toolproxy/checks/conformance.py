@@ -26,6 +26,7 @@ import orjson
 
 from toolproxy import __version__
 from toolproxy.checks.cases import BY_NAME, CASES, Case
+from toolproxy.connection_errors import with_detail
 from toolproxy.checks.local import Probe, check_target, local_proxy
 from toolproxy.conditions import NAMES
 from toolproxy.conditions import load as load_condition
@@ -162,6 +163,7 @@ class Result:
     cells: dict[str, dict[str, Cell]]  # condition -> case -> cell
     started: str
     problem: str | None = None
+    problem_detail: str | None = None  # the system's own text behind it (errno and all)
 
     def status(self, condition: str) -> str:
         return condition_status(self.cells.get(condition, {}), self.gates)
@@ -252,7 +254,7 @@ async def run_conformance(upstream: str, model: str, conditions: list[str], prim
         res = Result(upstream, model, fp.to_dict(), runs, conditions, primary, gates, cells, started)
         res.fingerprint.pop("chat_template", None)
         if fp.stack == "unreachable":
-            res.problem = f"{fp.error}. Is the model server running, and is the URL right?"
+            res.problem, res.problem_detail = fp.error, fp.error_detail
             return res
         limit = asyncio.Semaphore(concurrency)
 
@@ -335,7 +337,7 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
             temperature=temperature, max_tokens=max_tokens, concurrency=concurrency, timeout=timeout,
             progress=lambda *_: bar.advance()))
     if res.problem and not any(cell.runs for cells in res.cells.values() for cell in cells.values()):
-        click.echo(printable(f"toolproxy conformance: {res.problem}"), err=True)
+        click.echo(printable(with_detail(f"toolproxy conformance: {res.problem}", res.problem_detail), lines=True), err=True)
         sys.exit(2)
     report = printable(render_markdown(res), lines=True)
     path = output or default_output(model)
@@ -347,7 +349,7 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
         sys.exit(2)
     click.echo(report, nl=False)
     if res.problem:
-        click.echo(printable(f"toolproxy conformance: {res.problem}"), err=True)
+        click.echo(printable(with_detail(f"toolproxy conformance: {res.problem}", res.problem_detail), lines=True), err=True)
     click.echo(f"written to {path}")
     sys.exit(res.exit_code)
 

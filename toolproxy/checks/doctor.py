@@ -21,6 +21,7 @@ from typing import Any
 import click
 import orjson
 
+from toolproxy.connection_errors import with_detail
 from toolproxy.checks.local import LocalProxy, check_target, local_proxy
 from toolproxy.checks.reply import ProbeReply, call_problems
 from toolproxy.printable import printable
@@ -78,6 +79,7 @@ class Verdict:
     at_fault: str | None  # serving_layer | parser | model | None
     exit_code: int
     problem: str | None = None  # a usage/transport problem that stopped the diagnosis
+    problem_detail: str | None = None  # the system's own text behind it (errno and all)
 
 
 def _quote(text: str, limit: int = 300) -> str:
@@ -290,7 +292,7 @@ async def diagnose(upstream: str, model: str, data_dir: Path, *, upstream_key: s
         fp = await lp.fingerprint(model)
         diag = Diagnosis(upstream, model, fp.to_dict(), Verdict([], False, None, EXIT_USAGE))
         if fp.stack == "unreachable":
-            diag.verdict.problem = f"{fp.error}. Is the model server running, and is the URL right?"
+            diag.verdict.problem, diag.verdict.problem_detail = fp.error, fp.error_detail
             return diag
         if fp.model_listed is False:
             diag.warnings.append(f"model {model!r} is not in the server's model list ({', '.join(fp.models[:10]) or 'empty'})")
@@ -337,7 +339,7 @@ def render(diag: Diagnosis) -> str:
         lines.append(f"warning: {w}")
     v = diag.verdict
     if v.problem:
-        lines.append(f"cannot diagnose: {v.problem}")
+        lines.append(with_detail(f"cannot diagnose: {v.problem}", v.problem_detail))
         return "\n".join(lines)
     lines.append("")
     for step in v.steps:
