@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.printable import printable
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
@@ -19,11 +18,11 @@ from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.forward import handle, serve_request
 from toolproxy.proxy.live import LiveView
+from toolproxy.proxy.logline import log_line
 from toolproxy.proxy.pool import upstream_session
 from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.state import STATE, ProxyState
-from toolproxy.record.model import Record
 from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.masking import Masker, load_key, parse_rules
 from toolproxy.record.writer import SegmentWriter
@@ -35,15 +34,6 @@ if TYPE_CHECKING:
 # Pending connections the kernel may hold (capped by net.core.somaxconn): aiohttp's default of
 # 128 makes a burst of a thousand agents connecting at once wait for SYN retransmits (1 s, 3 s).
 BACKLOG = 4096
-
-def log_line(rec: Record) -> str:
-    """The one line `serve` prints per exchange (built on the writer thread, not the loop)."""
-    status = rec.client_status if rec.client_status is not None else rec.status
-    tags = " ".join(f"{k}={v}" for k, v in (("run", rec.run), ("ep", rec.episode), ("item", rec.item)) if v)
-    cond = f" [{rec.condition}]" if rec.condition != "native" else ""
-    err = f" !{rec.error_kind}" if rec.error_kind else ""
-    ms = f"{rec.duration_ms:.0f}ms" if rec.duration_ms is not None else "-"
-    return printable(f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {ms}{err}".replace("  ", " "))
 
 
 def make_state(config: ProxyConfig) -> ProxyState:
