@@ -51,6 +51,7 @@ def make_state(config: ProxyConfig) -> ProxyState:
     state = ProxyState(config, writer)
     state.live = live
     state.hooks.add(state.counters)
+    state.hooks.add(state.upstream_health)
     if config.upstream_connections:
         state.hooks.add(state.pool)
     if config.auth_token is not None:
@@ -65,7 +66,7 @@ def make_state(config: ProxyConfig) -> ProxyState:
         writer.on_new_segment = state.housekeeper.make_room
         state.hooks.add(DiskBudgetGuard(state.housekeeper))
     if config.fingerprint:
-        state.stacks = StackWatch(config, writer, lambda: state.session)
+        state.stacks = StackWatch(config, writer, lambda: state.session, state.upstream_health)
         state.hooks.add(state.stacks)
     state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None))
     state.hooks.add(Durability(writer))
@@ -87,12 +88,14 @@ def make_app(config: ProxyConfig) -> web.Application:
         state.watchdog.start()
         state.session = upstream_session(state.pool, config.connect_timeout)
         if state.stacks is not None:
-            # In the background: serving starts now, whatever the upstream is doing.
+            # In the background: serving starts now, whatever the upstream is doing. Its first
+            # fingerprint is also the first word on whether the upstream is reachable.
             state.stacks.start()
 
     async def on_cleanup(app: web.Application) -> None:
         if state.stacks is not None:
             await state.stacks.stop()
+        await state.upstream_health.stop()
         await state.watchdog.stop()
         if state.session is not None:
             await state.session.close()
