@@ -6,6 +6,7 @@ prefix that is not a version is forwarded with the request's path appended as th
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -67,3 +68,26 @@ def test_a_hosted_api_path_prefix_is_kept_and_the_request_path_appended(fake_sta
     assert [s.path for s in fake.seen] == ["/api/v1/chat/completions"]
     rec, = p.wait_records(1)
     assert rec["status"] == 200 and rec["path"] == "/v1/chat/completions" and rec["upstream"] == fake.url + "/api"
+
+
+@pytest.mark.parametrize("command", ["doctor", "conformance"])
+@pytest.mark.parametrize("flag", ["--upstream-key-env", "--api-key-env"])
+def test_the_upstream_key_option_has_one_name_and_the_old_one_still_works(fake_stack, tmp_path, command, flag):
+    fake = fake_stack("openai")
+    extra = ("--runs", "1", "-o", str(tmp_path / "c.md")) if command == "conformance" else ("--repeat", "0")
+    done = subprocess.run([sys.executable, "-m", "toolproxy.cli", command, "--upstream", fake.url, "--model", fake.model,
+                           "--data", str(tmp_path / "d"), flag, "TP_TEST_UPSTREAM_KEY", *extra], text=True,
+                          capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "TP_TEST_UPSTREAM_KEY": "sk-upstream-secret"})
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert fake.seen and all(s.headers.get("Authorization") == "Bearer sk-upstream-secret" for s in fake.seen)
+    deprecated = "--api-key-env is deprecated; use --upstream-key-env" in done.stderr
+    assert deprecated == (flag == "--api-key-env")
+    help_text = _toolproxy(command, "--help").stdout
+    assert "--upstream-key-env" in help_text and "--api-key-env" not in help_text
+
+
+def test_both_spellings_at_once_is_a_usage_error(tmp_path):
+    done = _toolproxy("doctor", "--upstream", "http://127.0.0.1:9", "--model", "m", "--upstream-key-env", "A",
+                      "--api-key-env", "B", "--data", str(tmp_path / "d"))
+    assert done.returncode == 2 and "give --upstream-key-env only" in done.stderr and "Traceback" not in done.stderr

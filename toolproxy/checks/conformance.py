@@ -32,7 +32,7 @@ from toolproxy.conditions import NAMES
 from toolproxy.conditions import load as load_condition
 from toolproxy.printable import printable
 from toolproxy.progress import Progress
-from toolproxy.proxy.cli import key_from_env
+from toolproxy.proxy.cli import key_from_env, upstream_key_option
 from toolproxy.stacks.fingerprint import Fingerprint
 
 LEVELS = ("hard", "advisory")
@@ -304,7 +304,7 @@ def _conditions(value: str) -> list[str]:
 @click.option("--gate-on", default="native", show_default=True, help="The primary condition: its hard gates decide the exit status.")
 @click.option("--gates", "gates_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path), help="JSON file overriding the default gates (toolproxy/checks/gates.json).")
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Markdown file to write (default: runs/DATE-conformance-MODEL.md).")
-@click.option("--api-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key.")
+@upstream_key_option
 @click.option("--stack", default=None, help="Serving stack dialect for the constrained condition when fingerprinting cannot tell.")
 @click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where the requests are recorded (runs conformance-<condition>).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="Sampling temperature for every request.")
@@ -312,7 +312,7 @@ def _conditions(value: str) -> list[str]:
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 64), help="Requests in flight at once.")
 @click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds to wait for one response.")
 @click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
-def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, output, api_key_env, stack, data_dir,
+def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, output, upstream_key_env, stack, data_dir,
                 temperature, max_tokens, concurrency, timeout, quiet):
     """Run the conformance cases N times per condition and gate the primary one.
 
@@ -328,7 +328,7 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
             gates = parse_gates(orjson.loads(gates_file.read_bytes()), gates)
     except (GatesError, orjson.JSONDecodeError) as exc:
         raise click.UsageError(f"--gates {gates_file}: {exc}") from None
-    key = key_from_env(api_key_env, "--api-key-env")
+    key = key_from_env(upstream_key_env, "--upstream-key-env")
     check_target(upstream, data_dir)
 
     with Progress("conformance", len(conditions) * len(CASES) * runs, unit="requests", quiet=quiet) as bar:
