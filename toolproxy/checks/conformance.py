@@ -19,10 +19,11 @@ import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolproxy import __version__
 from toolproxy.checks.cases import BY_NAME, CASES, Case
@@ -34,9 +35,6 @@ from toolproxy.printable import printable
 from toolproxy.progress import Progress
 from toolproxy.proxy.cli import key_from_env, upstream_key_option
 from toolproxy.stacks.fingerprint import Fingerprint
-
-LEVELS = ("hard", "advisory")
-
 
 class GatesError(ValueError):
     pass
@@ -53,29 +51,57 @@ def default_gates() -> dict[str, Gate]:
     return parse_gates(raw)
 
 
+class GateEntry(BaseModel):
+    """One entry of a gates file, as a user writes it: either field may be left to the base gates."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    level: Literal["hard", "advisory"] | None = None
+    min_pass_rate: float | None = Field(default=None, ge=0, le=1)
+
+
+def _entry_problem(name: str, error: dict) -> str:
+    """One pydantic error about a gates entry, said for the person who wrote the file."""
+    field_name = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"{name}: unknown field {field_name!r}; a gate has level and min_pass_rate"
+    if not field_name:
+        return f"{name}: expected an object with level and/or min_pass_rate (got {error['input']!r})"
+    return f"{name}.{field_name}: {error['msg']} (got {error['input']!r})"
+
+
 def parse_gates(raw: Any, base: dict[str, Gate] | None = None) -> dict[str, Gate]:
-    """Gates from a JSON object, each entry optionally partial over `base`; errors name the entry."""
+    """Gates from a JSON object, each entry optionally partial over `base`; errors name the entry.
+
+    Entries are checked by GateEntry (pydantic), so a misspelt field is an error rather than a
+    gate silently left at its default. Keys starting with `_` are comments.
+    """
     if not isinstance(raw, dict):
         raise GatesError("a gates file is a JSON object: {case: {level, min_pass_rate}}")
     gates = dict(base or {})
+    problems = []
     for name, spec in raw.items():
         if name.startswith("_"):
             continue
         if name not in BY_NAME:
-            raise GatesError(f"unknown case {name!r}; cases are {', '.join(BY_NAME)}")
-        if not isinstance(spec, dict):
-            raise GatesError(f"{name}: expected an object with level and/or min_pass_rate")
+            problems.append(f"unknown case {name!r}; cases are {', '.join(BY_NAME)}")
+            continue
+        try:
+            entry = GateEntry.model_validate(spec)
+        except ValidationError as exc:
+            problems += [_entry_problem(name, e) for e in exc.errors()]
+            continue
         old = gates.get(name)
-        level = spec.get("level", old.level if old else None)
-        rate = spec.get("min_pass_rate", old.min_pass_rate if old else None)
-        if level not in LEVELS:
-            raise GatesError(f"{name}: level must be one of {', '.join(LEVELS)} (got {level!r})")
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
-            raise GatesError(f"{name}: min_pass_rate must be a number from 0 to 1 (got {rate!r})")
-        gates[name] = Gate(level, float(rate))
+        level = entry.level or (old.level if old else None)
+        rate = entry.min_pass_rate if entry.min_pass_rate is not None else (old.min_pass_rate if old else None)
+        if level is None or rate is None:
+            problems.append(f"{name}: give both level and min_pass_rate (there is no default gate to complete)")
+            continue
+        gates[name] = Gate(level, rate)
     missing = [c.name for c in CASES if c.name not in gates]
-    if missing:
-        raise GatesError(f"no gate for {', '.join(missing)}")
+    if missing and not problems:
+        problems.append(f"no gate for {', '.join(missing)}")
+    if problems:
+        raise GatesError("; ".join(problems))
     return gates
 
 
