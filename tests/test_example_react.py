@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from toolproxy.record.segments import read_records
 from toolproxy.testing import fakes
 
 AGENT = Path(__file__).resolve().parent.parent / "examples" / "react_agent.py"
@@ -64,13 +65,19 @@ def test_a_stack_that_refuses_tools_is_one_line_and_exit_1(fake_stack, proxy):
     assert [(r["episode"], r["status"]) for r in recs] == [("0", 500), ("0", 500), ("1", 500), ("1", 500)]
 
 
-def test_under_toolproxy_run_it_appends_its_tags_to_the_tagged_root(fake_stack, proxy):
+def test_under_toolproxy_run_it_appends_its_tags_to_the_run_s_tagged_root(fake_stack, tmp_path):
     fake = fake_stack("llamacpp", responder=calculator_then_answer)
-    p = proxy(fake.url, "--quiet", "--no-fingerprint")
-    done = agent("--episodes", "1", env={"TOOLPROXY_BASE_URL": p.url + "/t/run=study-hint/condition=hint"})
+    data = tmp_path / "data"
+    done = subprocess.run([sys.executable, "-m", "toolproxy.cli", "run", "--upstream", fake.url, "--run", "study-hint",
+                           "--condition", "hint", "--data", str(data), "--no-fingerprint", "--",
+                           sys.executable, "-I", "-S", str(AGENT), "--model", "qwen", "--episodes", "2"],
+                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout + done.stderr
-    recs = p.wait_records(2)
-    assert {(r["run"], r["condition"], r["episode"], r["item"]) for r in recs} == {("study-hint", "hint", "0", "task_0")}
+    recs = [r for r in read_records(data) if r.get("kind", "exchange") == "exchange"]
+    assert sorted((r["run"], r["condition"], r["episode"], r["item"]) for r in recs) == [
+        ("study-hint", "hint", "0", "task_0"), ("study-hint", "hint", "0", "task_0"),
+        ("study-hint", "hint", "1", "task_1"), ("study-hint", "hint", "1", "task_1")]
+    assert "run study-hint: 2 episodes" in done.stderr
 
 
 def test_no_proxy_there_is_exit_2_in_one_line():
