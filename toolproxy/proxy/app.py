@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.printable import printable
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
@@ -19,6 +18,7 @@ from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.forward import handle, serve_request
 from toolproxy.proxy.live import LiveView
+from toolproxy.proxy.logline import log_line
 from toolproxy.proxy.pool import upstream_session
 from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.stackwatch import StackWatch
@@ -36,17 +36,6 @@ if TYPE_CHECKING:
 # Pending connections the kernel may hold (capped by net.core.somaxconn): aiohttp's default of
 # 128 makes a burst of a thousand agents connecting at once wait for SYN retransmits (1 s, 3 s).
 BACKLOG = 4096
-
-def log_line(rec: Record) -> str:
-    """The one line `serve` prints per exchange (built on the writer thread, not the loop)."""
-    status = rec.client_status if rec.client_status is not None else rec.status
-    tags = " ".join(f"{k}={v}" for k, v in (("run", rec.run), ("ep", rec.episode), ("item", rec.item)) if v)
-    cond = f" [{rec.condition}]" if rec.condition != "native" else ""
-    err = f" !{rec.error_kind}" if rec.error_kind else ""
-    if rec.kind == SAMPLED_OUT:
-        err += " (sampled out: counted, not stored)"
-    ms = f"{rec.duration_ms:.0f}ms" if rec.duration_ms is not None else "-"
-    return printable(f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {ms}{err}".replace("  ", " "))
 
 
 def record_transform(config: ProxyConfig, sampler: Sampler | None):
@@ -85,6 +74,7 @@ def make_state(config: ProxyConfig) -> ProxyState:
     state = ProxyState(config, writer)
     state.live = live
     state.hooks.add(state.counters)
+    state.hooks.add(state.upstream_health)
     if config.upstream_connections:
         state.hooks.add(state.pool)
     if config.auth_token is not None:
@@ -100,7 +90,7 @@ def make_state(config: ProxyConfig) -> ProxyState:
         writer.on_new_segment = state.housekeeper.make_room
         state.hooks.add(DiskBudgetGuard(state.housekeeper))
     if config.fingerprint:
-        state.stacks = StackWatch(config, writer, lambda: state.session)
+        state.stacks = StackWatch(config, writer, lambda: state.session, state.upstream_health)
         state.hooks.add(state.stacks)
     state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None))
     state.hooks.add(Durability(writer))
@@ -122,12 +112,14 @@ def make_app(config: ProxyConfig) -> web.Application:
         state.watchdog.start()
         state.session = upstream_session(state.pool, config.connect_timeout)
         if state.stacks is not None:
-            # In the background: serving starts now, whatever the upstream is doing.
+            # In the background: serving starts now, whatever the upstream is doing. Its first
+            # fingerprint is also the first word on whether the upstream is reachable.
             state.stacks.start()
 
     async def on_cleanup(app: web.Application) -> None:
         if state.stacks is not None:
             await state.stacks.stop()
+        await state.upstream_health.stop()
         await state.watchdog.stop()
         if state.session is not None:
             await state.session.close()

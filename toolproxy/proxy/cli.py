@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -50,6 +51,28 @@ def _flag(parse, value: str, option: str):
         raise ValueError(f"{option} {exc}") from None
 
 
+def _upstream_key_env():
+    return click.option("--upstream-key-env", default=None, metavar="VAR",
+                        help="Environment variable holding the upstream's API key; the proxy sends it itself (it never reaches argv or disk).")
+
+
+def upstream_key_option(fn):
+    """--upstream-key-env for commands that are not serve, with their old name --api-key-env kept
+    as a hidden alias that still works (and says it is deprecated)."""
+
+    @functools.wraps(fn)
+    def command(*args, api_key_env=None, **kwargs):
+        if api_key_env is not None:
+            if kwargs.get("upstream_key_env"):
+                raise click.UsageError("give --upstream-key-env only (--api-key-env is its old name)")
+            click.echo("toolproxy: --api-key-env is deprecated; use --upstream-key-env", err=True)
+            kwargs["upstream_key_env"] = api_key_env
+        return fn(*args, **kwargs)
+
+    command = click.option("--api-key-env", default=None, metavar="VAR", hidden=True)(command)
+    return _upstream_key_env()(command)
+
+
 SERVE_OPTIONS = (
     click.option("--upstream", required=True, envvar="TOOLPROXY_UPSTREAM", show_envvar=True, help="Model server root, e.g. http://127.0.0.1:11434 (Ollama) or http://127.0.0.1:8080 (llama.cpp)."),
     click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. Non-loopback needs --auth-token."),
@@ -73,7 +96,7 @@ SERVE_OPTIONS = (
     click.option("--on-record-failure", type=click.Choice(["serve", "block"]), default="serve", show_default=True, help="serve: keep forwarding and count dropped records; block: answer 503 while recording fails."),
     click.option("--segment-size", default="64MiB", show_default=True, help="Rotate segment files at this size."),
     click.option("--auth-token", envvar="TOOLPROXY_AUTH_TOKEN", show_envvar=True, default=None, help="Clients must present this token (X-Toolproxy-Token header, or as their API key)."),
-    click.option("--upstream-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key; the proxy sends it itself."),
+    _upstream_key_env(),
     click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token."),
     click.option("--quiet", is_flag=True, help="No line per exchange."),
     click.option("--upstream-connections", default=0, show_default=True, type=int, help="Cap on connections to the upstream; 0: as many as clients need. Time a request waits for one under a cap is recorded (pool_wait_ms) and shown in stats."),

@@ -19,6 +19,7 @@ from toolproxy.proxy.flow import Hooks
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.stackwatch import StackWatch
+from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.sampling import Sampler
@@ -40,6 +41,8 @@ class ProxyState:
         self.hooks = Hooks()
         self.started = time.time()
         self.counters = Counters()
+        # Whether the upstream answers: reported beside recording health, never deciding its status.
+        self.upstream_health = UpstreamHealth(config.upstream, config.connect_timeout)
         self.stacks: StackWatch | None = None  # set by app.make_state when fingerprinting is on
         self.live: LiveView | None = None  # set by app.make_state unless --no-live-page
         # Under `serve --workers N`: this process's place in the group, whose stats it merges.
@@ -87,6 +90,10 @@ class ProxyState:
             snap = self.snapshot()
             if self.peers is not None:
                 snap = await self.peers.merged(snap)
+            # This process's own evidence, not a merge: it is the one that just refreshed it.
+            snap["upstream_health"] = await self.upstream_health.report()
+            # The status is the proxy's own health (recording): an unreachable upstream is reported
+            # above but answered 200, since restarting or bypassing the proxy would not bring it back.
             status = 200 if (name != "health" or snap["status"] == "ok") else 503
             return web.json_response(snap, status=status)
         return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)
