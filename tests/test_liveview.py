@@ -21,7 +21,7 @@ import pytest
 from proxyprocess import LISTENING, ProxyProcess
 
 from toolproxy.analysis.report.screenshot import find_browser, run_chromium, screenshot
-from toolproxy.proxy.live import LiveView, Tally, outcome_key
+from toolproxy.proxy.live import LiveView, Tally, merge_reports, outcome_key
 from toolproxy.record.model import Record, encode_record
 from toolproxy.testing import fakes
 
@@ -98,7 +98,8 @@ def test_counts_match_stats(served):
     stats = admin(p.url, "/_toolproxy/stats")
     live = admin(p.url, "/_toolproxy/live?limit=1000")
     assert stats["exchanges"] == total == live["observed"] == live["classified"]
-    assert live["skipped"] == 0 and live["pending"] == 0 and live["failures"] == 0 and live["broken"] is None
+    assert live["unclassified"] == {} and live["pending"] == 0 and live["failures"] == 0 and live["broken"] is None
+    assert live["problems"] == [] and live["workers"] == 1
     by_class: dict[str, int] = {}
     for run in live["runs"].values():
         for k, n in run["by_status_class"].items():
@@ -240,11 +241,11 @@ def _rec(i: int, run: str = "r", status: int = 200) -> Record:
 
 
 def test_memory_is_bounded():
-    """A full inbox lets the oldest go (counted); the recent ring and the run table keep their size."""
+    """A full inbox lets the oldest go (counted, not classified); the recent ring and the run table keep their size."""
     view = LiveView(inbox=5, recent=4, max_runs=3)
     for i in range(12):  # the classifier is not started: everything waits in the inbox
         view.observe(_rec(i, run=f"run{i % 6}"))
-    assert view.skipped == 7 and view.observed == 12
+    assert view.observed == 12 and len(view._inbox) == 5
     view.start()
     try:
         deadline = time.monotonic() + 30
@@ -253,12 +254,68 @@ def test_memory_is_bounded():
         first, gone = view.detail("id11"), view.detail("id7")
     finally:
         view.stop()
-    assert rep["classified"] == 5 and rep["pending"] == 0, rep
+    assert rep["classified"] == 5 and rep["pending"] == 0 and rep["unclassified"] == {"behind": 7}, rep
+    assert rep["observed"] == 12
     assert [x["id"] for x in rep["recent"]] == ["id11", "id10", "id9", "id8"]
     assert list(rep["runs"]) == ["run5", "run4", "run3"]  # the run quiet the longest was let go
     assert gone is None and first["content"] == "hi 11"
     assert rep["runs"]["run5"]["outcomes"] == {"prose": 1}
     assert view.report()["broken"] == "the classifier process is not running"
+
+
+def test_counted_when_behind_or_spilled():
+    """Exchanges the classifier never sees still count, by run and status class, with the reason."""
+    view = LiveView(inbox=2)
+    for i in range(6):
+        view.observe(_rec(i, run="busy", status=200 if i % 2 else 502))
+    view.observe(_rec(9, run="big"), None, False)
+    view.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (rep := view.report())["classified"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        view.stop()
+    assert rep["observed"] == 7 and rep["classified"] == 2 and rep["pending"] == 0, rep
+    assert rep["unclassified"] == {"behind": 4, "large": 1}
+    busy, big = rep["runs"]["busy"], rep["runs"]["big"]
+    assert busy["exchanges"] == 6 and busy["by_status_class"] == {"2xx": 3, "5xx": 3}
+    assert busy["unclassified"] == {"behind": 4} and sum(busy["outcomes"].values()) == 2
+    assert big == {**big, "exchanges": 1, "by_status_class": {"2xx": 1}, "unclassified": {"large": 1}, "outcomes": {}}
+    assert busy["first"] == 1000.0 and busy["last"] == 1005.0
+
+
+MERGE_CASES = [
+    # (worker reports' runs, merged runs)
+    ([{"a": {"exchanges": 2, "first": 5.0, "last": 9.0, "calls": 1, "by_status_class": {"2xx": 2}, "errors": {},
+             "outcomes": {"prose": 2}, "unclassified": {}, "models": {"m": 2}}},
+      {"a": {"exchanges": 3, "first": 4.0, "last": 7.0, "calls": 2, "by_status_class": {"2xx": 1, "5xx": 2},
+             "errors": {"upstream_5xx": 2}, "outcomes": {"prose": 1}, "unclassified": {"behind": 2}, "models": {"m": 1}},
+       "b": {"exchanges": 1, "first": 10.0, "last": 10.0, "calls": 0, "by_status_class": {"none": 1},
+             "errors": {"connect": 1}, "outcomes": {}, "unclassified": {}, "models": {}}}],
+     {"b": {"exchanges": 1, "first": 10.0, "last": 10.0, "calls": 0, "by_status_class": {"none": 1},
+            "errors": {"connect": 1}, "outcomes": {}, "unclassified": {}, "models": {}},
+      "a": {"exchanges": 5, "first": 4.0, "last": 9.0, "calls": 3, "by_status_class": {"2xx": 3, "5xx": 2},
+            "errors": {"upstream_5xx": 2}, "outcomes": {"prose": 3}, "unclassified": {"behind": 2}, "models": {"m": 3}}}),
+    ([{}, {}], {}),
+]
+
+
+@pytest.mark.parametrize("runs, merged", MERGE_CASES)
+def test_merge_reports(runs, merged):
+    reports = []
+    for i, r in enumerate(runs):
+        rep = Tally().report(None, None, 0)
+        rep.update(observed=10 * (i + 1), classified=i + 1, runs=r, unclassified={"behind": i},
+                   recent=[{"id": f"w{i}-{k}", "started_at": float(k * len(runs) + i)} for k in range(3)])
+        reports.append(rep)
+    out = merge_reports(reports, 4)
+    assert out["runs"] == merged and list(out["runs"]) == list(merged)
+    assert out["observed"] == sum(10 * (i + 1) for i in range(len(runs)))
+    assert out["classified"] == sum(i + 1 for i in range(len(runs)))
+    assert out["unclassified"] == {"behind": sum(range(len(runs)))}
+    starts = [x["started_at"] for x in out["recent"]]
+    assert starts == sorted(starts, reverse=True) and len(starts) == 4 and starts[0] == 3 * len(runs) - 1
 
 
 def test_a_record_the_analyzer_rejects_is_counted_not_fatal():

@@ -102,8 +102,9 @@ async def unauthorised(request: web.Request, name: str, token: str) -> web.Respo
     return None
 
 
-async def route(request: web.Request, name: str, live, token: str | None) -> web.Response | None:
-    """The page's routes (the caller has checked the token), or None for another admin name."""
+async def route(request: web.Request, name: str, live, token: str | None, peers=None) -> web.Response | None:
+    """The page's routes (the caller has checked the token), or None for another admin name.
+    `peers` lists the other workers' classifier sockets under `serve --workers N`."""
     if name == "" and wants_html(request):
         return page()
     if name == "login":
@@ -115,10 +116,10 @@ async def route(request: web.Request, name: str, live, token: str | None) -> web
         except ValueError:
             limit = 100
         report = await asyncio.get_running_loop().run_in_executor(
-            None, live.report, q.get("run") or None, q.get("outcome") or None, limit)
+            None, live.report, q.get("run") or None, q.get("outcome") or None, limit, peers)
         return _secured(web.json_response(report))
     if name.startswith("exchange/"):
-        found = await asyncio.get_running_loop().run_in_executor(None, live.detail, name[len("exchange/"):])
+        found = await asyncio.get_running_loop().run_in_executor(None, live.detail, name[len("exchange/"):], peers)
         if found is None:
             return _secured(web.json_response({"error": {"message": "not among the recent exchanges kept in memory; "
                                                                     "after `toolproxy analyze`, `toolproxy show ID` has every one"}}, status=404))
