@@ -454,10 +454,11 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 """
 
 
-def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dict[str, int]:
+def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progress=None) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
     `rules`: expectation rules (analysis.expect); None uses the ones stored with the analysis.
+    `progress` (toolproxy.progress.Progress): told the number of runs, advanced per run.
     """
     from toolproxy.analysis.reanalyze import stored_rules
     from toolproxy.analysis.store import insert_columns
@@ -472,6 +473,8 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dic
     con.execute("DELETE FROM turns WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    if progress is not None:
+        progress.total = len(runs)
     for run in runs:
         attempts = (Attempt(*row) for row in con.execute(_ATTEMPT_SQL, [run]).fetchall())
         episodes = build_episodes(run, attempts)
@@ -509,6 +512,8 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dic
         totals["episodes"] += insert_columns(con, "episodes", e_cols, _EPISODE_TYPES)
         if map_ex:
             insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
+        if progress is not None:
+            progress.advance()
     con.execute(
         "UPDATE turns SET content = e.content FROM exchanges e "
         "WHERE e.id = turns.final_exchange_id AND turns.run IN (SELECT unnest(?::VARCHAR[]))", [runs]
