@@ -79,7 +79,7 @@ def admin(url: str, path: str) -> dict:
     return json.loads(body)
 
 
-def wait_classified(url: str, n: int, timeout: float = 15.0) -> dict:
+def wait_classified(url: str, n: int, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         live = admin(url, "/_toolproxy/live?limit=1000")
@@ -530,7 +530,7 @@ def test_workers_page_merges_every_worker(tmp_path):
             statuses = list(pool.map(one, jobs))
         sent = len(jobs)
         assert statuses.count(200) == sent - 6 and statuses.count(500) == 6  # the script's "oom" turns
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # the classifier runs on idle CPU time only: slow on a busy machine
         while True:
             stats = admin(p.url, "/_toolproxy/stats")
             live = admin(p.url, "/_toolproxy/live?limit=1000")

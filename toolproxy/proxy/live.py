@@ -294,6 +294,23 @@ def ask_peer(path: str | Path, query: list, timeout: float = ASK_TIMEOUT) -> Any
         raise OSError(f"an incomplete answer ({exc})") from None
 
 
+def _lowest_priority() -> None:
+    """Run only on CPU time nothing else wants (SCHED_IDLE; nice 19 where that is refused).
+
+    Not just a low nice value: a nice-19 process that holds a core when the proxy wakes up can
+    keep it waiting for a scheduler slice (milliseconds, under saturation, on every wake-up), while
+    a SCHED_IDLE one is preempted at once. On a machine that is never idle the classifier falls
+    behind instead, which the page says.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.nice(19)
+        except OSError:
+            pass
+
+
 def _classifier(records: Connection, queries: Connection, socket_path: str | None, recent: int, max_runs: int) -> None:
     """The classifier process: batches of records in, answers to the page's questions out.
 
@@ -302,10 +319,7 @@ def _classifier(records: Connection, queries: Connection, socket_path: str | Non
     the feeder wait and the proxy's inbox, not this process, bound the backlog.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the proxy stops us itself
-    try:
-        os.nice(19)  # anything else on the machine, the proxy first, comes before classifying
-    except OSError:
-        pass
+    _lowest_priority()
     tally = Tally(recent, max_runs)
     listener = None
     if socket_path is not None:

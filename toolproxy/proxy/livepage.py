@@ -21,6 +21,7 @@ import hmac
 import secrets
 from importlib import resources
 
+import orjson
 from aiohttp import web
 
 COOKIE = "toolproxy_page"
@@ -88,6 +89,11 @@ async def login(request: web.Request, token: str | None) -> web.Response:
     return _secured(resp)
 
 
+def _dumps(obj) -> str:
+    """orjson for the page's JSON: polled every few seconds, it is the page's main cost to the proxy."""
+    return orjson.dumps(obj).decode()
+
+
 def _to_page() -> web.Response:
     return web.Response(status=303, headers={"Location": "/_toolproxy/"})
 
@@ -117,11 +123,11 @@ async def route(request: web.Request, name: str, live, token: str | None, peers=
             limit = 100
         report = await asyncio.get_running_loop().run_in_executor(
             None, live.report, q.get("run") or None, q.get("outcome") or None, limit, peers)
-        return _secured(web.json_response(report))
+        return _secured(web.json_response(report, dumps=_dumps))
     if name.startswith("exchange/"):
         found = await asyncio.get_running_loop().run_in_executor(None, live.detail, name[len("exchange/"):], peers)
         if found is None:
             return _secured(web.json_response({"error": {"message": "not among the recent exchanges kept in memory; "
                                                                     "after `toolproxy analyze`, `toolproxy show ID` has every one"}}, status=404))
-        return _secured(web.json_response(found))
+        return _secured(web.json_response(found, dumps=_dumps))
     return None
