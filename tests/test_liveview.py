@@ -230,6 +230,30 @@ def test_no_live_page(tmp_path):
         assert status == 200 and json.loads(body)["exchanges"] == 0
 
 
+def test_spilled_exchange_is_counted_not_classified(tmp_path):
+    """A body over --spill-above never sits whole in memory, so the page counts that exchange
+    (run, status) as `large` instead of classifying it; the others are classified as usual."""
+    with ExitStack() as stack:
+        fake = fakes.FakeStack("llamacpp", responder=responder)
+        stack.enter_context(fake.in_thread())
+        p = ProxyProcess(fake.url, tmp_path / "d", ("--spill-above", "1024", "--quiet", "--no-fingerprint"))
+        stack.callback(p.stop)
+        for content in ("weather", "chat"):
+            messages = [{"role": "system", "content": "x" * (4096 if content == "chat" else 10)},
+                        {"role": "user", "content": content}]
+            status, _, _ = send(p.url, "/v1/chat/completions", {"model": fake.model, "tools": TOOLS, "messages": messages},
+                                {"X-Toolproxy-Run": "big"})
+            assert status == 200
+        deadline = time.monotonic() + 60
+        while (live := json.loads(send(p.url, "/_toolproxy/live")[2]))["pending"] or live["observed"] < 2:
+            assert time.monotonic() < deadline, live
+            time.sleep(0.05)
+    run = live["runs"]["big"]
+    assert live["classified"] == 1 and live["unclassified"] == {"large": 1}, live
+    assert run["exchanges"] == 2 and run["by_status_class"] == {"2xx": 2} and run["unclassified"] == {"large": 1}
+    assert run["outcomes"] == {"valid_call/native": 1}
+
+
 def test_ctrl_c_to_the_process_group_stops_quietly(tmp_path):
     """A terminal's Ctrl-C reaches the classifier process too: no traceback, a clean exit."""
     with ExitStack() as stack:

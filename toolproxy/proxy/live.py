@@ -33,6 +33,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 from collections import Counter
 from multiprocessing.connection import Connection, wait
@@ -324,8 +325,13 @@ def _classifier(records: Connection, queries: Connection, socket_path: str | Non
     listener = None
     if socket_path is not None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(socket_path)
-        listener.listen(16)
+        try:
+            listener.bind(socket_path)
+            listener.listen(16)
+        except OSError as exc:  # the page then says this worker does not answer; its counts go on
+            print(f"toolproxy: the live page cannot ask this worker ({socket_path}: {exc})", file=sys.stderr, flush=True)
+            listener.close()
+            listener = socket_path = None
     lines: list[bytes] = []
     pos = 0
     try:
