@@ -44,11 +44,12 @@ import orjson
 
 from toolproxy.record.model import Record, encode_record
 
-INBOX = 2_000
+INBOX = 1_000
 RECENT = 300
 BODY_CHARS = 64 * 1024
 MAX_RUNS = 200
-FEED_EVERY = 0.05  # seconds between the feeder's hand-offs: one message per tick, however busy
+FEED_EVERY = 0.05  # seconds between the feeder's hand-offs
+HANDOFF = 256  # records per message to the classifier at most
 SLICE = 32  # records classified between looks for a question from the page
 ASK_TIMEOUT = 5.0
 UNTAGGED_RUN = "(untagged)"  # as the analyzer names it
@@ -113,11 +114,13 @@ def outcome_key(summary: dict) -> str | None:
     return f"{summary['outcome']}/{detail}" if detail else summary["outcome"]
 
 
-def count_key(rec: Record, why: str) -> tuple:
-    """What an exchange counted without classifying is counted by: (run, status class, error, why)."""
+def brief(rec: Record) -> tuple:
+    """What an exchange is counted by when it is not classified: (run, status class, error,
+    started_at). Plain values only: the inbox keeps this and the record's line, not the record,
+    so the proxy's heap (and its garbage collector) does not carry records waiting for the view."""
     status = rec.client_status if rec.client_status is not None else rec.status
     run = rec.run if rec.run not in (None, "") else UNTAGGED_RUN
-    return run, status_class(status), rec.error_kind, why
+    return run, status_class(status), rec.error_kind, rec.started_at
 
 
 @dataclasses.dataclass
@@ -197,7 +200,7 @@ class Tally:
         self.classified += 1
 
     def count(self, counted: dict) -> None:
-        """Exchanges the proxy counted without sending them: {count_key: [n, first, last]}."""
+        """Exchanges the proxy counted without sending them: {(run, class, error, why): (n, first, last)}."""
         for (run, cls, error, why), (n, first, last) in counted.items():
             self._run(run).add_counted(cls, error, why, n, first, last)
             self.unclassified[why] += n
@@ -343,18 +346,19 @@ def _classifier(records: Connection, queries: Connection, socket_path: str | Non
                     _answer_peer(listener, tally)
                     continue
                 try:
-                    msg = conn.recv()
+                    msg = conn.recv() if conn is queries else conn.recv_bytes()
                 except EOFError:
                     return
                 if conn is queries:
                     seq, query = msg
                     queries.send((seq, tally.answer(query)))
-                elif msg is None:
+                elif not msg:
                     return
                 else:
-                    blob, counted, tally.observed = msg
-                    tally.count(counted)
-                    lines, pos = blob.split(b"\n"), 0
+                    head, _, body = msg.partition(b"\n")
+                    tally.observed, counted = orjson.loads(head)
+                    tally.count({tuple(c[:4]): c[4:] for c in counted})
+                    lines, pos = body.split(b"\n"), 0
             for line in lines[pos:pos + SLICE]:
                 if line:
                     tally.add(line)
@@ -371,14 +375,14 @@ class LiveView:
     """The proxy's side: takes written records, feeds the classifier process, asks it for reports."""
 
     def __init__(self, *, inbox: int = INBOX, recent: int = RECENT, max_runs: int = MAX_RUNS) -> None:
-        self._inbox: collections.deque[tuple[Record, bytes | None]] = collections.deque()
+        self._inbox: collections.deque[tuple[tuple, bytes | Record]] = collections.deque()  # (brief, line or record)
         self._inbox_max = inbox
         self._recent, self._max_runs = recent, max_runs
         self._stopping = threading.Event()
         self._ask = threading.Lock()  # one question at a time on the query pipe
         self._seq = itertools.count()
         self._count_lock = threading.Lock()
-        self._counted: dict[tuple, list] = {}  # count_key -> [n, first, last], until the next hand-off
+        self._counted: dict[tuple, list] = {}  # (run, class, error, why) -> [n, first, last], until the next hand-off
         self.observed = 0
         self.broken: str | None = None
         # Set (by workers.Worker.attach) under `serve --workers N`: where this worker's classifier
@@ -417,7 +421,7 @@ class LiveView:
         if self._proc is not None:
             if not self._feeder.is_alive():  # else it is still sending: one writer per pipe, so terminate
                 try:
-                    self._records.send(None)
+                    self._records.send_bytes(b"")
                 except (OSError, ValueError):
                     pass
                 self._proc.join(timeout)
@@ -433,7 +437,7 @@ class LiveView:
             return
         self.observed += 1
         if not classifiable:
-            self._count(rec, LARGE)
+            self._count(brief(rec), LARGE)
             return
         inbox = self._inbox
         if len(inbox) >= self._inbox_max:
@@ -441,53 +445,69 @@ class LiveView:
                 self._count(inbox.popleft()[0], BEHIND)
             except IndexError:  # the feeder took them all meanwhile
                 pass
-        inbox.append((rec, line))
+        inbox.append((brief(rec), rec if line is None else line))
 
-    def _count(self, rec: Record, why: str) -> None:
-        key = count_key(rec, why)
+    def _count(self, about: tuple, why: str) -> None:
+        run, cls, error, started = about
+        key = (run, cls, error, why)
         with self._count_lock:
             counted = self._counted
             if key not in counted and len(counted) >= 4 * self._max_runs:
                 key = (OTHER_RUNS, *key[1:])  # a flood of distinct run tags: memory stays bounded
             c = counted.get(key)
             if c is None:
-                counted[key] = [1, rec.started_at, rec.started_at]
+                counted[key] = [1, started, started]
             else:
                 c[0] += 1
-                c[1] = min(c[1], rec.started_at)
-                c[2] = max(c[2], rec.started_at)
+                c[1] = min(c[1], started)
+                c[2] = max(c[2], started)
 
     def _feed(self) -> None:
-        """Every FEED_EVERY: everything that arrived, as one message (sending waits while the
-        classifier is busy with the previous one; observe keeps counting meanwhile)."""
+        """Every FEED_EVERY: what arrived, in messages of at most HANDOFF records (sending waits
+        while the classifier is busy with the previous one; observe keeps counting meanwhile).
+
+        A message is bytes, not a pickle: a JSON line (records observed so far, the counts of
+        those not sent) then the records' own lines, joined once. Small messages keep each stretch
+        this thread holds the GIL short, so the event loop never waits for it long.
+        """
         told = -1
         while True:
             stopping = self._stopping.wait(FEED_EVERY)
-            inbox, lines = self._inbox, []
-            for _ in range(len(inbox)):
-                try:
-                    rec, line = inbox.popleft()
-                except IndexError:  # observe let the oldest go meanwhile
+            while True:
+                lines = self._take(HANDOFF)
+                with self._count_lock:
+                    counted, self._counted = self._counted, {}
+                observed = self.observed
+                if not (lines or counted or observed != told):
                     break
-                if line is None:
-                    try:
-                        line = encode_record(rec)
-                    except Exception:  # noqa: BLE001 - written by the writer, but not encodable again here
-                        self._count(rec, UNENCODABLE)
-                        continue
-                lines.append(line)
-            with self._count_lock:
-                counted, self._counted = self._counted, {}
-            observed = self.observed
-            if lines or counted or observed != told:
+                head = orjson.dumps([observed, [[*key, *c] for key, c in counted.items()]])
                 try:
-                    self._records.send((b"".join(lines), counted, observed))
+                    self._records.send_bytes(b"".join([head, b"\n", *lines]))
                 except (OSError, ValueError) as exc:
                     self.broken = f"the classifier process stopped: {exc}"
                     return
                 told = observed
+                if len(lines) < HANDOFF:
+                    break
             if stopping:
                 return
+
+    def _take(self, most: int) -> list[bytes]:
+        """Up to `most` waiting records' JSON lines, oldest first (encoded here when the writer had none)."""
+        inbox, lines = self._inbox, []
+        while len(lines) < most:
+            try:
+                about, line = inbox.popleft()
+            except IndexError:  # empty, or observe let the oldest go meanwhile
+                break
+            if not isinstance(line, bytes):
+                try:
+                    line = encode_record(line)
+                except Exception:  # noqa: BLE001 - written by the writer, but not encodable again here
+                    self._count(about, UNENCODABLE)
+                    continue
+            lines.append(line)
+        return lines
 
     def _question(self, query: tuple) -> Any:
         if self.broken or self._proc is None or not self._proc.is_alive():
