@@ -127,7 +127,7 @@ def test_progress_line_on_a_terminal_only(setup):
 
     fake, harness, env, data = setup
     slow = harness.with_name("slow.py")
-    slow.write_text(f"import runpy, time\nrunpy.run_path({str(harness)!r})\ntime.sleep(2.5)\n")
+    slow.write_text(f"import runpy, time\nrunpy.run_path({str(harness)!r})\ntime.sleep(1.5)\n")
     rc, stdout, tty = on_a_terminal(_study(fake, slow, data), env=env)
     assert rc == 0, tty
     assert re.search(rb"\r\x1b\[2K  s-native: \d+ exchanges in \ds \([\d.]+/min\)", tty), tty

@@ -1,14 +1,14 @@
 """What the /_toolproxy/ page shows: per-run counts and recent exchanges, classified as they finish.
 
 The writer thread hands every record it has written to `LiveView.observe`, with the JSON line it
-already encoded when it has one; observe only appends the pair to a bounded deque. A feeder thread
-wakes a few times a second, encodes what came without a line, and sends everything that arrived as
-one message to a classifier *process*, which classifies each record with the analyzer's own
-per-record code (analysis.ingest.analyze_record: the same outcome, sub-kind and surface `analyze`
-will store) and keeps the counters and the recent exchanges. Classifying in a thread of the proxy
-cost a third of its throughput under saturation (the GIL), and so did waking a thread per record;
-in its own process, at the lowest CPU priority, fed in batches, it costs the proxy an append per
-record. The page's requests ask the process for a report off the loop.
+already encoded when it has one; observe only appends that line (or the record, when there is
+none) to a bounded deque. A feeder thread wakes every FEED_EVERY, encodes what came without a
+line, and sends what arrived in messages of at most HANDOFF records to a classifier *process*,
+which classifies each record with the analyzer's own per-record code
+(analysis.ingest.analyze_record: the same outcome, sub-kind and surface `analyze` will store) and
+keeps the counters and the recent exchanges. Classifying costs about as much CPU as forwarding,
+so it cannot share the proxy's interpreter (the GIL), and the classifier process runs only on CPU
+time nothing else wants. The page's requests ask it for a report off the loop.
 
 The proxy never waits for the classifier. When it falls behind, the inbox lets its oldest records
 go unclassified: they are still counted (run, status class, error), as `unclassified` with the
