@@ -515,11 +515,14 @@ class LiveView:
             return None
         with self._ask:
             seq = next(self._seq)
-            self._queries.send((seq, query))
-            while self._queries.poll(ASK_TIMEOUT):
-                got, answer = self._queries.recv()
-                if got == seq:  # an older question's answer, late: dropped
-                    return answer
+            try:
+                self._queries.send((seq, query))
+                while self._queries.poll(ASK_TIMEOUT):
+                    got, answer = self._queries.recv()
+                    if got == seq:  # else an older question's answer, late: dropped
+                        return answer
+            except (OSError, EOFError) as exc:
+                self.broken = f"the classifier process stopped: {exc}"
             return None
 
     def report(self, run: str | None = None, outcome: str | None = None, limit: int = 100,
