@@ -111,7 +111,8 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     try:
         reason = rebuild_reason(con, rules=rules, force=reclassify)
         if reason is not None:
-            t = rebuild(con, rules, exchanges=reclassify or reason.startswith("analyzer version"))
+            t = rebuild(con, rules, exchanges=reclassify or reason.startswith("analyzer version"),
+                        progress=Progress("analyze: reclassifying", unit="exchanges", quiet=quiet))
             click.echo(f"rebuilt derived tables ({reason}): {t['exchanges']} exchanges reclassified, "
                        f"{t['runs']} runs, {t['turns']} turns, {t['episodes']} episodes")
         else:

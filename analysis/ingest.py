@@ -588,14 +588,19 @@ class Ingestor:
                     done, fut = pending.popleft()
                     self._write(done, fut.result())
         self._commit()
+        phase = None
         self.con.execute("BEGIN TRANSACTION")
         try:
             link_stored_responses(self.con, self.affected_runs)
-            totals = derive(self.con, self.affected_runs)
+            phase = self.progress.then("analyze: turns and episodes", unit="runs") if self.progress is not None else None
+            totals = derive(self.con, self.affected_runs, progress=phase)
             self.con.execute("COMMIT")
         except Exception:
             self.con.execute("ROLLBACK")
             raise
+        finally:
+            if phase is not None:
+                phase.close()
         self.summary.turns, self.summary.episodes = totals["turns"], totals["episodes"]
         self.summary.runs = sorted(self.affected_runs)
         self.summary.seconds = time.perf_counter() - t0

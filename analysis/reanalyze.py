@@ -86,9 +86,10 @@ def _stored_record(row: dict) -> dict:
     return rec
 
 
-def reclassify(con) -> int:
+def reclassify(con, progress=None) -> int:
     """Re-run the per-exchange analysis over every stored exchange, from its raw columns; returns
-    how many exchanges were reclassified. The caller re-derives turns and holds the transaction."""
+    how many exchanges were reclassified. The caller re-derives turns and holds the transaction.
+    `progress` (toolproxy.progress.Progress): told the number of exchanges, advanced per batch."""
     from toolproxy.analysis.ingest import CALL_TYPES, EXCHANGE_TYPES, analyze_record
     from toolproxy.analysis.store import insert_columns
     from toolproxy.analysis.tables import CALLS, TOOL_SETS
@@ -96,6 +97,8 @@ def reclassify(con) -> int:
     derived = [c for c in EXCHANGE_TYPES if c not in _RAW]
     types = {"id": "VARCHAR"} | {c: EXCHANGE_TYPES[c] for c in derived}
     ids = [r[0] for r in con.execute("SELECT id FROM exchanges ORDER BY id").fetchall()]
+    if progress is not None:
+        progress.total = len(ids)
     columns = [*_RAW, "record"]
     seen_sets: set[str] = set()
     for start in range(0, len(ids), _BATCH):
@@ -122,23 +125,31 @@ def reclassify(con) -> int:
         CALLS.insert(con, {n: [c[n] for c in calls] for n in CALL_TYPES})
         if sets:
             TOOL_SETS.insert(con, TOOL_SETS.columns_of(sets), on_conflict="ON CONFLICT DO NOTHING")
+        if progress is not None:
+            progress.advance(len(batch))
     con.execute("DROP TABLE IF EXISTS _reclassified")
     return len(ids)
 
 
-def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool) -> dict[str, int]:
+def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool, progress=None) -> dict[str, int]:
     """Rebuild every derived table in one transaction: exchanges' classification (when the rules
-    of classification may have changed) and all runs' turns, episodes and runs rows."""
+    of classification may have changed) and all runs' turns, episodes and runs rows. `progress`
+    (toolproxy.progress.Progress) draws the reclassifying, then the deriving; closed here."""
     from toolproxy.analysis.turns import derive
 
     con.execute("BEGIN TRANSACTION")
     try:
-        n = reclassify(con) if exchanges else 0
+        n = reclassify(con, progress) if exchanges else 0
         save_state(con, rules)
         runs = [r[0] for r in con.execute("SELECT DISTINCT run FROM exchanges WHERE run IS NOT NULL").fetchall()]
-        totals = derive(con, runs) | {"exchanges": n, "runs": len(runs)}
+        if progress is not None:
+            progress = progress.then("analyze: turns and episodes", unit="runs")
+        totals = derive(con, runs, progress=progress) | {"exchanges": n, "runs": len(runs)}
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
         raise
+    finally:
+        if progress is not None:
+            progress.close()
     return totals

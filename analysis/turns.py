@@ -544,10 +544,11 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 """
 
 
-def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dict[str, int]:
+def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progress=None) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
     `rules`: expectation rules (analysis.expect); None uses the ones stored with the analysis.
+    `progress` (toolproxy.progress.Progress): told the number of runs, advanced per run.
     """
     from toolproxy.analysis.reanalyze import stored_rules
     from toolproxy.analysis.store import insert_columns
@@ -563,6 +564,8 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dic
     con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     replicas = dict(con.execute(_REPLICAS_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall())
+    if progress is not None:
+        progress.total = len(runs)
     for run in runs:
         attempts = (Attempt(*row) for row in con.execute(_ATTEMPT_SQL, [run]).fetchall())
         episodes = build_episodes(run, attempts, one_clock=replicas.get(run, 0) <= 1)
@@ -605,6 +608,8 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dic
         totals["episodes"] += EPISODES.insert(con, EPISODES.columns_of(episode_rows))
         if map_ex:
             insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
+        if progress is not None:
+            progress.advance()
     con.execute(
         "UPDATE turns SET content = e.content FROM exchanges e "
         "WHERE e.id = turns.final_exchange_id AND turns.run IN (SELECT unnest(?::VARCHAR[]))", [runs]

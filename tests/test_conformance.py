@@ -5,6 +5,7 @@ CLI's exit codes as a subprocess."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -307,3 +308,19 @@ def test_cli_output_is_inert(fake_stack, tmp_path):
             "-o", str(out))
     assert "# Conformance: gpt\\x1b]0;owned\\x07\\u202e on" in r.stdout, r.stdout + r.stderr
     assert not any(c in r.stdout + out.read_text() for c in "\x1b\x07\u202e")
+
+
+def test_progress_line_on_a_terminal_only(fake_stack, tmp_path):
+    """Without --quiet: a progress line with counts, rate and time left on a terminal; none in a pipe."""
+    from ptyrun import REDRAW, on_a_terminal
+
+    good = fake_stack("openai", responder=good_model)
+    args = ["--upstream", good.url, "--model", "gpt-4o-mini", "--runs", "2"]
+    cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()", "conformance", *args]
+    rc, stdout, tty = on_a_terminal([*cmd, "--data", str(tmp_path / "d"), "-o", str(tmp_path / "a.md")])
+    assert rc == 0, tty
+    assert re.search(rb"\r\x1b\[2Kconformance: \d+/\d+ requests \(\d+%\), [\d.,]+ requests/s, \S+ left", tty), tty
+    assert REDRAW + b"conformance: " in tty and b"(100%)" in tty and b"done in" in tty
+    assert REDRAW not in stdout
+    piped = subprocess.run([*cmd, "--data", str(tmp_path / "e"), "-o", str(tmp_path / "b.md")], capture_output=True, timeout=300)
+    assert piped.returncode == 0 and REDRAW not in piped.stderr and b"requests/s" not in piped.stderr

@@ -83,7 +83,8 @@ class ProxyState:
         """Reserved routes; never forwarded upstream and never recorded as exchanges."""
         name = request.path[len(ADMIN_PREFIX):].strip("/")
         if self.live is not None:
-            page = await livepage.route(request, name, self.live, self.config.auth_token)
+            peers = self.peers.peer_live_sockets if self.peers is not None else None
+            page = await livepage.route(request, name, self.live, self.config.auth_token, peers)
             if page is not None:
                 return page
         if name in ("health", "stats", ""):

@@ -165,12 +165,15 @@ def prune(
     run: str | None = None,
     dry_run: bool = False,
     now: float | None = None,
+    progress=None,
 ) -> PruneResult:
     """Delete closed segments last written more than `older_than` seconds ago, then (with
     `max_bytes`) the oldest closed ones until the segments fit in `max_bytes`.
 
     With `run`, only segments whose every record carries that run tag go: a segment shared with
     other runs is kept whole (listed in kept_mixed) and goes when it ages out for everyone.
+    `progress` (toolproxy.progress.Progress) is told the bytes of the segments considered and
+    advanced by each: with `run`, each is read through.
     """
     data_dir = Path(data_dir)
     now = time.time() if now is None else now
@@ -179,7 +182,11 @@ def prune(
         result.pruned.extend(_finish_interrupted(data_dir, "finishing an interrupted prune"))
     segments = closed_segments(data_dir)
     total = sum(s.size for s in segments)
+    if progress is not None:
+        progress.total = total
     for seg in segments:
+        if progress is not None:
+            progress.advance(seg.size)
         if seg.size == 0:
             continue  # just opened by a writer that has not locked it yet, or nothing to free
         too_old = older_than is not None and now - seg.mtime > older_than
