@@ -138,8 +138,9 @@ class SpanShipper:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Send what is waiting (for at most `timeout` seconds), then let go of the receiver."""
+    def stop(self, timeout: float = 2.0) -> None:
+        """Send what is waiting (for at most `timeout` seconds: a receiver that is down must not
+        hold up the proxy's shutdown), then let go of the receiver."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout)
@@ -214,4 +215,4 @@ class SpanShipper:
 
 def _fields(rec: Any) -> dict:
     """A Record's fields as the dict the span builder reads (the same shape as a segment line)."""
-    return {name: getattr(rec, name) for name in rec.__slots__} if hasattr(rec, "__slots__") else dict(rec)
+    return {name: getattr(rec, name) for name in rec.__slots__} if hasattr(rec, "__slots__") else vars(rec)

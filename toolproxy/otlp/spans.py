@@ -332,7 +332,8 @@ def _own(rec: dict, stack: str | None) -> dict[str, Any]:
 
 
 def _ns(seconds: Any) -> int | None:
-    return int(seconds * 1e9) if _number(seconds) is not None else None
+    """Epoch seconds (a float: microseconds are all it holds exactly) -> nanoseconds."""
+    return round(seconds * 1e6) * 1000 if _number(seconds) is not None else None
 
 
 def _number(value: Any) -> float | None:
