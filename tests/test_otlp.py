@@ -6,6 +6,8 @@ slow one that makes the bounded inbox drop and count."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 from contextlib import ExitStack
@@ -319,12 +321,51 @@ def test_slow_receiver_fills_the_inbox_and_drops_are_counted():
 
 
 def test_usage_errors(tmp_path):
-    import subprocess
-    import sys
-
     base = [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", "http://127.0.0.1:9",
             "--data", str(tmp_path)]
     for args, message in ((["--otlp-endpoint", "collector:4318"], "must be an http(s) URL"),
                           (["--otlp-content"], "--otlp-content needs --otlp-endpoint")):
         out = subprocess.run(base + args, capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def toolproxy(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_export_after_analyze_carries_the_verdicts(served):
+    p, receiver, _ = served
+    served_spans = {s["spanId"]: s for s in receiver.wait_for(3)}
+    out = toolproxy("analyze", "--data", str(p.data), "--quiet")
+    assert out.returncode == 0, out.stderr
+    with Receiver() as second:
+        out = toolproxy("export", "--data", str(p.data), "--otlp", second.url, "--quiet")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"otlp: 3 spans sent to {second.url}/v1/traces; 3 analysed exchanges read" in out.stdout
+        spans = second.wait_for(3)
+    assert {s["spanId"] for s in spans} == set(served_spans)  # the same ids as serve sent: a repeat is recognisable
+    by_prompt = {}
+    for span in spans:
+        a = attributes(span)
+        assert a["toolproxy.turn.final"] is True and a["toolproxy.turn.attempts"] == 1 and a["toolproxy.analyzer_version"] >= 1
+        assert a["gen_ai.conversation.id"] and a["toolproxy.turn.id"]
+        assert span["traceId"] == served_spans[span["spanId"]]["traceId"]
+        by_prompt[(a["toolproxy.outcome"], a.get("toolproxy.sub_kind"), a.get("toolproxy.surface"), a.get("toolproxy.turn.role"))] = span
+    assert set(by_prompt) == {("valid_call", None, "native", "call"), ("prose", None, None, "open"),
+                              ("non_response", "http_5xx", None, None)}, set(by_prompt)
+    call = by_prompt[("valid_call", None, "native", "call")]
+    event = {a["key"]: a["value"] for a in call["events"][0]["attributes"]}
+    assert event["toolproxy.call.valid"] == {"boolValue": True} and event["toolproxy.call.offered"] == {"boolValue": True}
+    assert event["gen_ai.tool.name"] == {"stringValue": "get_weather"} and "gen_ai.tool.call.id" in event
+    assert "gen_ai.tool.call.arguments" not in event
+
+
+def test_export_says_what_is_missing(tmp_path):
+    out = toolproxy("export", "--data", str(tmp_path), "--otlp", "http://127.0.0.1:9")
+    assert out.returncode == 2 and "holds no recordings" in out.stderr and "Traceback" not in out.stderr
+    (tmp_path / "segments").mkdir()
+    out = toolproxy("export", "--data", str(tmp_path), "--otlp", "http://127.0.0.1:9")
+    assert out.returncode == 2 and "run `toolproxy analyze" in out.stderr, out.stderr
+    out = toolproxy("export", "--data", str(tmp_path), "--otlp", "collector")
+    assert out.returncode == 2 and "must be an http(s) URL" in out.stderr, out.stderr

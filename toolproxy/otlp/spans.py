@@ -114,6 +114,9 @@ def span_of(rec: dict, *, content: bool = False, stack: str | None = None, extra
         attrs.update(_reply_attributes(reply))
         if calls is None:
             calls = [{"index": c.index, "id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls]
+        else:  # the analyzer's calls do not keep the call id the reply gave a structured call
+            ids = {(c.index, c.name): c.id for c in reply.tool_calls}
+            calls = [{**c, "id": c.get("id") or ids.get((c.get("index"), c.get("name")))} for c in calls]
         events = [_call_event(call, end_ns, content) for call in calls]
         if content:
             attrs.update(_content(request, reply))
