@@ -369,3 +369,21 @@ def test_export_says_what_is_missing(tmp_path):
     assert out.returncode == 2 and "run `toolproxy analyze" in out.stderr, out.stderr
     out = toolproxy("export", "--data", str(tmp_path), "--otlp", "collector")
     assert out.returncode == 2 and "must be an http(s) URL" in out.stderr, out.stderr
+
+
+def test_content_flag_sends_masked_content(fake_stack, proxy):
+    """--otlp-content puts the conversation on the span, built from the record as masked for disk."""
+    fake = fake_stack("llamacpp", responder=lambda req: fakes.text("Noted."))
+    with Receiver() as receiver:
+        p = proxy(fake.url, "--otlp-endpoint", receiver.url, "--otlp-content", "--mask", "email", "--quiet")
+        req = urllib.request.Request(p.url + "/v1/chat/completions", data=json.dumps({
+            "model": "qwen", "messages": [{"role": "user", "content": "mail ada@example.com the report"}]}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=20) as r:
+            r.read()
+        (span,) = receiver.wait_for(1)
+    a = attributes(span)
+    inputs = json.loads(a["gen_ai.input.messages"])
+    assert inputs[0]["role"] == "user" and "ada@example.com" not in a["gen_ai.input.messages"]
+    assert inputs[0]["parts"][0]["content"].startswith("mail masked:")
+    assert json.loads(a["gen_ai.output.messages"])[0]["parts"] == [{"type": "text", "content": "Noted."}]
