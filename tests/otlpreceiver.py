@@ -1,13 +1,17 @@
 """A small OTLP/HTTP trace receiver for tests: aiohttp on 127.0.0.1, decoding the real protobuf
 `ExportTraceServiceRequest` every exporter sends (opentelemetry-proto's own message classes), and
 keeping each span as the JSON the OTLP spec maps it to. `delay` makes it a slow receiver.
+Also the tagged chat request the OTLP checks send through the proxy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 
 from aiohttp import web
 from google.protobuf.json_format import MessageToDict
@@ -76,3 +80,16 @@ def plain(value: dict):
     if "intValue" in value:
         return int(value["intValue"])
     return value
+
+
+def send_chat(url: str, prompt: str, *, run: str, episode: str, model: str, tools: list, secret: str, **extra) -> int:
+    """One chat request through the proxy under run/episode path tags, with an API key; its status."""
+    req = urllib.request.Request(f"{url}/t/run={run}/episode={episode}/v1/chat/completions", data=json.dumps({
+        "model": model, "tools": tools, "messages": [{"role": "user", "content": prompt}], **extra}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {secret}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code

@@ -13,7 +13,7 @@ import urllib.request
 from contextlib import ExitStack
 
 import pytest
-from otlpreceiver import Receiver, attributes
+from otlpreceiver import Receiver, attributes, send_chat
 from proxyprocess import ProxyProcess
 
 from toolproxy.otlp.shipper import EndpointError, SpanShipper, traces_url
@@ -202,15 +202,7 @@ SCRIPT = {
 
 
 def send(url: str, prompt: str, run: str, episode: str, stream: bool = False) -> int:
-    req = urllib.request.Request(f"{url}/t/run={run}/episode={episode}/v1/chat/completions", data=json.dumps({
-        "model": "qwen", "stream": stream, "tools": TOOLS, "messages": [{"role": "user", "content": prompt}]}).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {SECRET}"})
-    try:
-        with urllib.request.urlopen(req, timeout=20) as r:
-            r.read()
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    return send_chat(url, prompt, run=run, episode=episode, model="qwen", tools=TOOLS, secret=SECRET, stream=stream)
 
 
 @pytest.fixture(scope="module")

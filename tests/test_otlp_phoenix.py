@@ -21,6 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from otlpreceiver import send_chat
 from proxyprocess import ProxyProcess
 
 from toolproxy.testing import fakes
@@ -100,15 +101,8 @@ def spans_of(url: str, project: str, n: int, timeout: float = 60.0) -> list[dict
 
 
 def send(url: str, prompt: str, episode: str) -> int:
-    req = urllib.request.Request(f"{url}/t/run=phoenix-demo/episode={episode}/v1/chat/completions", data=json.dumps({
-        "model": "qwen2.5-coder", "temperature": 0, "tools": TOOLS, "messages": [{"role": "user", "content": prompt}]}).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {SECRET}"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            r.read()
-            return r.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    return send_chat(url, prompt, run="phoenix-demo", episode=episode, model="qwen2.5-coder", tools=TOOLS, secret=SECRET,
+                     temperature=0)
 
 
 def save(name: str, spans: list[dict]) -> None:

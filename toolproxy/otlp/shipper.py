@@ -12,6 +12,7 @@ stats under "otlp".
 from __future__ import annotations
 
 import collections
+import importlib
 import logging
 import os
 import threading
@@ -45,8 +46,8 @@ def traces_url(endpoint: str) -> str:
 def missing_sdk() -> str | None:
     """Why spans cannot be sent from this installation, or None when they can."""
     try:
-        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
-        import opentelemetry.sdk.trace  # noqa: F401
+        for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
+            importlib.import_module(module)
     except ImportError as exc:
         return (f"the OpenTelemetry exporter is not installed ({exc.name}); "
                 "install it with: pip install 'toolproxy-recorder[otlp]'")
