@@ -1,10 +1,13 @@
 """Spans out of a running proxy, never in the way of the traffic (README: "OpenTelemetry").
 
 The writer thread hands every record it has written to `SpanShipper.observe`, which only appends
-it to a bounded inbox (or counts it dropped when the inbox is full). A thread of its own takes
-records in batches, builds their spans (toolproxy/otlp/spans.py) and sends them with the official
-OpenTelemetry OTLP/HTTP exporter (protobuf). The event loop never sees any of it. When the
-receiver is slow or down, the exporter's retries hold only this thread; the inbox fills and further
+it to a bounded inbox (or counts it dropped when the inbox is full). A feeder thread encodes the
+records (one orjson call each) and passes them in batches to an exporter *process*, which builds
+their spans (toolproxy/otlp/spans.py) and sends them with the official OpenTelemetry OTLP/HTTP
+exporter (protobuf). Building and encoding a span costs several times what forwarding the request
+did, so in a thread of the proxy it would take the proxy's own CPU (the GIL); in a process of its
+own, at a lower CPU priority, the proxy pays an encode per record. When the receiver is slow or
+down, the exporter's retries hold only that process; the pipe and then the inbox fill, further
 spans are dropped and counted, and forwarding goes on as before. What happened is in the proxy's
 stats under "otlp".
 """
@@ -14,19 +17,24 @@ from __future__ import annotations
 import collections
 import importlib
 import logging
+import multiprocessing
 import os
+import signal
 import threading
 from typing import Any, Callable
 
+import orjson
 from yarl import URL
 
 from toolproxy import __version__
 from toolproxy.otlp.spans import SpanData, span_of
+from toolproxy.record.model import encode_record
 
 INBOX = 4_096
 BATCH = 256
 INTERVAL = 1.0  # seconds between sends when fewer than BATCH spans are waiting
 TRACES_PATH = "/v1/traces"
+ERROR_CHARS = 500
 
 
 class EndpointError(ValueError):
@@ -113,7 +121,7 @@ class Exporter:
 
 
 class SpanShipper:
-    """The proxy's side: takes written records, builds and sends their spans on its own thread."""
+    """The proxy's side: takes written records and feeds them to the exporter process."""
 
     def __init__(self, endpoint: str, *, content: bool = False, stack: Callable[[], str | None] = lambda: None,
                  inbox: int = INBOX, batch: int = BATCH, interval: float = INTERVAL, timeout: float = 10.0) -> None:
@@ -127,27 +135,50 @@ class SpanShipper:
         self._timeout = timeout
         self._wake = threading.Event()
         self._stop = False
-        self._exporter: Exporter | None = None
+        ctx = multiprocessing.get_context("spawn")
+        self._ctx = ctx
+        # Written by the exporter process only; read here for the stats.
+        self._done = ctx.Array("q", 3, lock=False)  # exported, failed, unbuilt
+        self._error = ctx.Array("c", ERROR_CHARS, lock=False)
+        self._proc = None
+        self._pipe = None
         self.observed = 0
-        self.exported = 0
-        self.dropped = 0  # the inbox was full: the receiver (or this thread) could not keep up
-        self.failed = 0  # built and sent, but the receiver did not take them
-        self.unbuilt = 0  # a record the span builder choked on
-        self.last_error: str | None = None
-        self._thread = threading.Thread(target=self._run, name="toolproxy-otlp", daemon=True)
+        self.sent = 0  # records handed to the exporter process
+        self.dropped = 0  # the inbox was full (the receiver or the exporter could not keep up), or lost at shutdown
+        self.unencodable = 0
+        self._feeder = threading.Thread(target=self._feed, name="toolproxy-otlp", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        out, self._pipe = self._ctx.Pipe(duplex=False)
+        self._proc = self._ctx.Process(target=_export_loop, name="toolproxy-otlp",
+                                       args=(out, self.endpoint, self.content, self._timeout, self._done, self._error), daemon=True)
+        # SIGINT ignored from its first instruction (the new interpreter inherits it): a Ctrl-C to
+        # the whole group must not print a traceback from it; the proxy stops it itself.
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
+        try:
+            self._proc.start()
+        finally:
+            if in_main:
+                signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        out.close()
+        self._feeder.start()
 
     def stop(self, timeout: float = 2.0) -> None:
         """Send what is waiting (for at most `timeout` seconds: a receiver that is down must not
-        hold up the proxy's shutdown), then let go of the receiver."""
+        hold up the proxy's shutdown), then stop the exporter process."""
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout)
-        if self._exporter is not None:
-            self._exporter.shutdown()  # also cuts short a retry the receiver is making us wait for
-        self._thread.join(1.0)
+        if self._feeder.is_alive():
+            self._feeder.join(timeout)
+        if self._proc is not None:
+            self._proc.join(timeout)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(timeout)
+        self.dropped += len(self._inbox) + self._in_flight()
+        self._inbox.clear()
+        self.sent = sum(self._done)  # what was in flight is counted dropped now, not pending
 
     def observe(self, rec: Any) -> None:
         """Called by the writer thread per written record: an append, nothing more."""
@@ -162,58 +193,85 @@ class SpanShipper:
             self._wake.set()
 
     def report(self) -> dict[str, Any]:
-        return {"endpoint": self.endpoint, "content": self.content, "observed": self.observed, "exported": self.exported,
-                "pending": len(self._inbox), "dropped": self.dropped, "failed": self.failed, "unbuilt": self.unbuilt,
-                "last_error": self.last_error}
+        exported, failed, unbuilt = self._done
+        return {"endpoint": self.endpoint, "content": self.content, "observed": self.observed, "exported": exported,
+                "pending": len(self._inbox) + self._in_flight(), "dropped": self.dropped, "failed": failed,
+                "unbuilt": unbuilt + self.unencodable, "last_error": self._error.value.decode("utf-8", "replace") or None}
 
-    def _run(self) -> None:
-        try:
-            self._exporter = Exporter(self.endpoint, self._timeout)
-        except Exception as exc:  # noqa: BLE001 - counted and shown in stats; the proxy goes on
-            self.last_error = f"cannot start the OTLP exporter: {type(exc).__name__}: {exc}"
-            self._stop = True
+    def _in_flight(self) -> int:
+        return max(0, self.sent - sum(self._done))
+
+    def _feed(self) -> None:
         while True:
             if not self._stop:
                 self._wake.wait(self._interval)
                 self._wake.clear()
-            while self._inbox and self._exporter is not None:
-                self._send(self._take())
+            while self._inbox:
+                lines = []
+                while self._inbox and len(lines) < self._batch:
+                    rec = self._inbox.popleft()
+                    try:
+                        lines.append(encode_record(rec))
+                    except Exception:  # noqa: BLE001 - the writer dropped it too; counted, never sent
+                        self.unencodable += 1
+                try:
+                    self._pipe.send((self._stack(), lines))  # blocks while the exporter is behind: the inbox then bounds memory
+                except (OSError, ValueError):
+                    return  # the exporter process is gone: what waits is counted dropped at stop
+                self.sent += len(lines)
                 if not self._stop and len(self._inbox) < self._batch:
                     break
             if self._stop:
-                self.dropped += len(self._inbox)
-                self._inbox.clear()
+                try:
+                    self._pipe.send(None)
+                except (OSError, ValueError):
+                    pass
                 return
 
-    def _take(self) -> list:
-        taken = []
-        while self._inbox and len(taken) < self._batch:
-            taken.append(self._inbox.popleft())
-        return taken
 
-    def _send(self, records: list) -> None:
-        stack = self._stack()
-        spans = []
-        for rec in records:
-            try:
-                spans.append(span_of(_fields(rec), content=self.content, stack=stack))
-            except Exception as exc:  # noqa: BLE001 - one odd record costs its span only
-                self.unbuilt += 1
-                self.last_error = f"cannot build a span for {getattr(rec, 'id', '?')}: {type(exc).__name__}: {exc}"[:500]
-        if not spans:
-            return
+def _export_loop(pipe, endpoint: str, content: bool, timeout: float, done, error) -> None:
+    """The exporter process: batches of encoded records in, spans out to the receiver."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(10)  # the proxy's requests come first when the machine is busy
+    except OSError:
+        pass
+
+    def fail(message: str) -> None:
+        error.value = message.encode("utf-8", "replace")[: ERROR_CHARS - 1]
+
+    try:
+        exporter = Exporter(endpoint, timeout)
+    except Exception as exc:  # noqa: BLE001 - shown in the stats; the proxy goes on without spans
+        fail(f"cannot start the OTLP exporter: {type(exc).__name__}: {exc}")
+        exporter = None
+    while True:
         try:
-            ok = self._exporter.send(spans)
-        except Exception as exc:  # noqa: BLE001 - whatever the exporter raises, the proxy goes on
-            ok = False
-            self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            msg = pipe.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        stack, lines = msg
+        spans = []
+        for line in lines:
+            try:
+                spans.append(span_of(orjson.loads(line), content=content, stack=stack))
+            except Exception as exc:  # noqa: BLE001 - one odd record costs its span only
+                done[2] += 1
+                fail(f"cannot build a span: {type(exc).__name__}: {exc}")
+        if not spans:
+            continue
+        ok = False
+        if exporter is not None:
+            try:
+                ok = exporter.send(spans)
+            except Exception as exc:  # noqa: BLE001 - whatever the exporter raises, export goes on
+                fail(f"{type(exc).__name__}: {exc}")
         if ok:
-            self.exported += len(spans)
+            done[0] += len(spans)
         else:
-            self.failed += len(spans)
-            self.last_error = self._exporter.last_error() or self.last_error or "the receiver refused the spans"
-
-
-def _fields(rec: Any) -> dict:
-    """A Record's fields as the dict the span builder reads (the same shape as a segment line)."""
-    return {name: getattr(rec, name) for name in rec.__slots__} if hasattr(rec, "__slots__") else vars(rec)
+            done[1] += len(spans)
+            fail((exporter.last_error() if exporter is not None else None) or error.value.decode() or "the receiver refused the spans")
+    if exporter is not None:
+        exporter.shutdown()
