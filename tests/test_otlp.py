@@ -351,6 +351,10 @@ def test_export_after_analyze_carries_the_verdicts(served):
     assert event["toolproxy.call.valid"] == {"boolValue": True} and event["toolproxy.call.offered"] == {"boolValue": True}
     assert event["gen_ai.tool.name"] == {"stringValue": "get_weather"} and "gen_ai.tool.call.id" in event
     assert "gen_ai.tool.call.arguments" not in event
+    with Receiver() as third:
+        out = toolproxy("export", "--data", str(p.data), "--otlp", third.url, "--run", "beta", "--quiet")
+        assert out.returncode == 0 and "otlp: 1 spans sent" in out.stdout, out.stdout + out.stderr
+        assert [attributes(s)["toolproxy.run"] for s in third.wait_for(1)] == ["beta"]
 
 
 def test_export_says_what_is_missing(tmp_path):
