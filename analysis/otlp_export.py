@@ -5,7 +5,9 @@ record), plus what only the analyzer knows: the exchange's outcome, sub-kind and
 (outcome, role, index, attempts, whether this attempt was the turn's last), the episode and item
 keys (also for untagged traffic, whose episodes the analyzer reconstructed), and each tool call's
 verdict (offered, valid, surface: calls found written in the text are events too). Span and trace
-ids are derived from the exchange and its tags, so exporting again sends the same ids.
+ids are derived from the exchange and its tags, so exporting again sends the same ids; the span id
+differs from the live span's (a receiver keeps the first span under an id, so the verdicts would
+be lost beside a live span already sent), and the span links to it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Callable, Iterable
 import click
 import duckdb
 
-from toolproxy.otlp.spans import SpanData, span_of
+from toolproxy.otlp.spans import SpanData, as_analysed, span_of
 from toolproxy.record.segments import list_segments, read_segment
 
 BATCH = 256
@@ -73,7 +75,7 @@ def analysed_spans(data_dir: Path, extra: dict[str, dict], calls: dict[str, list
                 continue
             counts.exchanges += 1
             try:
-                yield span_of(rec, content=content, extra=extra[rec["id"]], calls=calls.get(rec["id"], []))
+                yield as_analysed(span_of(rec, content=content, extra=extra[rec["id"]], calls=calls.get(rec["id"], [])), rec["id"])
             except Exception as exc:  # noqa: BLE001 - one odd record costs its span only, and is counted
                 counts.unbuilt += 1
                 counts.last_error = f"cannot build a span for {rec.get('id')}: {type(exc).__name__}: {exc}"[:500]

@@ -336,13 +336,15 @@ def test_export_after_analyze_carries_the_verdicts(served):
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"otlp: 3 spans sent to {second.url}/v1/traces; 3 analysed exchanges read" in out.stdout
         spans = second.wait_for(3)
-    assert {s["spanId"] for s in spans} == set(served_spans)  # the same ids as serve sent: a repeat is recognisable
+    # its own span ids (a receiver keeps the first span under an id), linked to the live spans, in their traces
+    links = {s["links"][0]["spanId"]: s for s in spans}
+    assert set(links) == set(served_spans) and not {s["spanId"] for s in spans} & set(served_spans)
     by_prompt = {}
     for span in spans:
         a = attributes(span)
         assert a["toolproxy.turn.final"] is True and a["toolproxy.turn.attempts"] == 1 and a["toolproxy.analyzer_version"] >= 1
         assert a["gen_ai.conversation.id"] and a["toolproxy.turn.id"]
-        assert span["traceId"] == served_spans[span["spanId"]]["traceId"]
+        assert span["traceId"] == span["links"][0]["traceId"] == served_spans[span["links"][0]["spanId"]]["traceId"]
         by_prompt[(a["toolproxy.outcome"], a.get("toolproxy.sub_kind"), a.get("toolproxy.surface"), a.get("toolproxy.turn.role"))] = span
     assert set(by_prompt) == {("valid_call", None, "native", "call"), ("prose", None, None, "open"),
                               ("non_response", "http_5xx", None, None)}, set(by_prompt)
@@ -354,7 +356,9 @@ def test_export_after_analyze_carries_the_verdicts(served):
     with Receiver() as third:
         out = toolproxy("export", "--data", str(p.data), "--otlp", third.url, "--run", "beta", "--quiet")
         assert out.returncode == 0 and "otlp: 1 spans sent" in out.stdout, out.stdout + out.stderr
-        assert [attributes(s)["toolproxy.run"] for s in third.wait_for(1)] == ["beta"]
+        (again,) = third.wait_for(1)
+        assert attributes(again)["toolproxy.run"] == "beta"
+        assert again["spanId"] in {s["spanId"] for s in spans}  # exporting again sends the same ids
 
 
 def test_export_says_what_is_missing(tmp_path):

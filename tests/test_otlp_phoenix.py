@@ -145,7 +145,7 @@ def test_phoenix_stores_serve_and_export_spans(phoenix, tmp_path):
     assert out.returncode == 0 and f"otlp: {len(SCRIPT)} spans sent" in out.stdout, out.stdout + out.stderr
     exported = spans_of(phoenix, EXPORT_PROJECT, len(SCRIPT))
     save("export-spans.json", exported)
-    assert [s["context"]["span_id"] for s in exported] == [s["context"]["span_id"] for s in served]
+    assert [s["context"]["trace_id"] for s in exported] == [s["context"]["trace_id"] for s in served]
     verdicts = [(s["attributes"]["toolproxy.outcome"], s["attributes"].get("toolproxy.surface"),
                  s["attributes"].get("toolproxy.sub_kind")) for s in exported]
     assert verdicts == [("valid_call", "native", None), ("valid_call", "text", None), ("prose", None, None),

@@ -109,13 +109,15 @@ class Exporter:
 
     def _readable(self, span: SpanData):
         from opentelemetry.sdk.trace import Event, ReadableSpan
-        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+        from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-        context = SpanContext(span.trace_id, span.span_id, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        sampled = TraceFlags(TraceFlags.SAMPLED)
+        context = SpanContext(span.trace_id, span.span_id, is_remote=False, trace_flags=sampled)
+        links = [Link(SpanContext(trace, linked, is_remote=True, trace_flags=sampled)) for trace, linked in span.links]
         status = Status(StatusCode.ERROR, span.error) if span.error is not None else Status(StatusCode.UNSET)
         return ReadableSpan(
             span.name, context=context, parent=None, resource=self._resource, attributes=span.attributes,
-            events=[Event(name, attrs, at) for name, at, attrs in span.events], kind=SpanKind.CLIENT, status=status,
+            events=[Event(name, attrs, at) for name, at, attrs in span.events], links=links, kind=SpanKind.CLIENT, status=status,
             start_time=span.start_ns, end_time=span.end_ns, instrumentation_scope=self._scope,
         )
 

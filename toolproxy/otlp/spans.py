@@ -10,8 +10,10 @@ tool arguments, tool definitions) is sensitive and large, so, as the conventions
 out unless asked for (`content=True`), and then cut at CONTENT_CHARS per text.
 
 Ids are derived, not random: the span id from the exchange id, the trace id from the run and
-episode tags (so one tagged episode is one trace) or else from the exchange id. Exporting the
-same recording twice gives the same ids, so a receiver can tell repeats apart.
+episode tags (so one tagged episode is one trace) or else from the exchange id. Sending the same
+recording twice gives the same ids, so a receiver can tell repeats apart. The analysed span of an
+exchange (`toolproxy export --otlp`) has a span id of its own, since receivers keep the first span
+they get under an id, and links to the live one.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class SpanData:
     events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     # The status description when the exchange ended in an error; None leaves the status unset.
     error: str | None = None
+    # (trace id, span id) of related spans: an analysed span links to the live span of its exchange.
+    links: list[tuple[int, int]] = field(default_factory=list)
 
 
 def span_of(rec: dict, *, content: bool = False, stack: str | None = None, extra: dict[str, Any] | None = None,
@@ -141,6 +145,13 @@ def trace_id_of(rec: dict) -> int:
 
 def span_id_of(exchange_id: str) -> int:
     return _hash(exchange_id, 8)
+
+
+def as_analysed(span: SpanData, exchange_id: str) -> SpanData:
+    """The span re-identified as the exchange's analysed span, linked to its live one (same trace)."""
+    span.links = [(span.trace_id, span.span_id)]
+    span.span_id = _hash(f"analysed\0{exchange_id}", 8)
+    return span
 
 
 def _hash(key: str, size: int) -> int:
