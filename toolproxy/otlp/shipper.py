@@ -28,6 +28,7 @@ from yarl import URL
 
 from toolproxy import __version__
 from toolproxy.otlp.spans import SpanData, span_of
+from toolproxy.proxy.children import start_child
 from toolproxy.record.model import encode_record
 
 INBOX = 4_096
@@ -154,15 +155,7 @@ class SpanShipper:
         out, self._pipe = self._ctx.Pipe(duplex=False)
         self._proc = self._ctx.Process(target=_export_loop, name="toolproxy-otlp",
                                        args=(out, self.endpoint, self.content, self._timeout, self._done, self._error), daemon=True)
-        # SIGINT ignored from its first instruction (the new interpreter inherits it): a Ctrl-C to
-        # the whole group must not print a traceback from it; the proxy stops it itself.
-        in_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
-        try:
-            self._proc.start()
-        finally:
-            if in_main:
-                signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        start_child(self._proc)
         out.close()
         self._feeder.start()
 

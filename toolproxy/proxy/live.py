@@ -26,6 +26,7 @@ from collections import Counter
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from toolproxy.proxy.children import start_child
 from toolproxy.record.model import Record, encode_record
 
 INBOX = 2_000
@@ -222,16 +223,7 @@ class LiveView:
         self._records = rec_in
         self._proc = ctx.Process(target=_classifier, args=(rec_out, child_queries, self._recent, self._max_runs),
                                  name="toolproxy-classifier", daemon=True)
-        # Started with SIGINT ignored, which the new interpreter inherits from its first instruction:
-        # a Ctrl-C sent to the whole group while it is still importing would otherwise print a
-        # traceback before _classifier can ignore it. The proxy stops the classifier itself.
-        in_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
-        try:
-            self._proc.start()
-        finally:
-            if in_main:
-                signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        start_child(self._proc)
         rec_out.close()
         child_queries.close()
         self._feeder.start()
