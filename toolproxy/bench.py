@@ -165,6 +165,19 @@ def _bare_app(upstream: str):
     return app
 
 
+def _otlp_sink():
+    """An OTLP/HTTP receiver that takes every request and keeps nothing (what --otlp measures against)."""
+    from aiohttp import web
+
+    async def traces(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(content_type="application/x-protobuf")
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/traces", traces)
+    return app
+
+
 def _run_loop(coro_or_app, port: int | None = None) -> None:
     import uvloop
 
@@ -470,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page-poll", type=float, default=None, metavar="SECONDS",
                     help="also measure a toolproxy whose /_toolproxy/ page is open all along (its JSON polled this "
                          "often) and one started with --no-live-page")
+    ap.add_argument("--otlp", action="store_true", help="also measure toolproxy with --otlp-endpoint: to a receiver "
+                    "that takes every span, and to one that is down")
     ap.add_argument("_role", nargs="?", help=argparse.SUPPRESS)
     ap.add_argument("_port", nargs="?", type=int, help=argparse.SUPPRESS)
     ap.add_argument("_upstream", nargs="?", help=argparse.SUPPRESS)
@@ -477,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args._role == "upstream":
         _run_loop(_serve_upstream(args._port))
+        return 0
+    if args._role == "otlp_sink":
+        _run_loop(_otlp_sink(), args._port)
         return 0
     if args._role == "bare":
         _run_loop(_bare_app(args._upstream), args._port)
@@ -508,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.page_poll:
         targets["toolproxy_no_page"] = fleet.toolproxy(upstream, tmp / "data-off", 1, "--no-live-page")[0]
         targets["toolproxy_page_open"] = fleet.toolproxy(upstream, tmp / "data-page")[0]
+    if args.otlp:
+        sink = _free_port()
+        fleet.spawn([sys.executable, "-m", "toolproxy.bench", "otlp_sink", str(sink)])
+        targets["toolproxy_otlp"] = fleet.toolproxy(upstream, tmp / "data-otlp", 1, "--otlp-endpoint", f"http://127.0.0.1:{sink}")[0]
+        targets["toolproxy_otlp_down"] = fleet.toolproxy(upstream, tmp / "data-otlp-down", 1, "--otlp-endpoint",
+                                                         f"http://127.0.0.1:{_free_port()}")[0]
     if not args.no_nginx and (nginx := fleet.nginx(up_port)) is not None:
         targets["nginx"] = nginx
     data = tmp / "data-toolproxy"
@@ -545,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)
         stats = json.loads(urllib.request.urlopen(targets["toolproxy"] + "/_toolproxy/stats").read())
         rss_after = _rss_kb(tp.pid)
+        otlp = {name: json.loads(urllib.request.urlopen(targets[name] + "/_toolproxy/stats").read())["otlp"]
+                for name in ("toolproxy_otlp", "toolproxy_otlp_down") if name in targets}
         seg_bytes = sum(p.stat().st_size for p in (data / "segments").glob("*.jsonl"))
         views = {name: json.loads(urllib.request.urlopen(targets[name] + "/_toolproxy/live?limit=1").read())
                  for name in ("toolproxy", "toolproxy_page_open") if name in targets}
@@ -597,6 +623,17 @@ def main(argv: list[str] | None = None) -> int:
         for name, v in views.items():
             lines.append(f"| {name}: exchanges classified / counted unclassified (classifier behind) | "
                          f"{v['classified']} / {sum(v['unclassified'].values())} | - |")
+    if otlp:
+        up, down = med["toolproxy_otlp"], med["toolproxy_otlp_down"]
+        sent, lost = otlp["toolproxy_otlp"], otlp["toolproxy_otlp_down"]
+        lines += [
+            f"| c64 throughput, --otlp-endpoint (receiver up) vs without | {up['c64_rps'] / tpm['c64_rps']:.2f}x | >= 0.9x |",
+            f"| c64 CPU per request, without / with --otlp-endpoint | {tpm['c64_cpu_us'] / up['c64_cpu_us']:.2f}x | - |",
+            f"| c1 p50 latency, --otlp-endpoint vs without | {up['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.05x |",
+            f"| c64 throughput, receiver down vs without | {down['c64_rps'] / tpm['c64_rps']:.2f}x | >= 0.9x |",
+            f"| spans exported / dropped / failed (receiver up) | {sent['exported']} / {sent['dropped']} / {sent['failed']} of {sent['observed']} | - |",
+            f"| spans exported / dropped / failed (receiver down) | {lost['exported']} / {lost['dropped']} / {lost['failed']} of {lost['observed']} | - |",
+        ]
     for n in args.workers[1:]:
         tpn, baren = med[f"toolproxy_w{n}"], med[f"bare_aiohttp_w{n}"]
         lines += [

@@ -16,11 +16,12 @@ from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail, _open
 from toolproxy.printable import printable
 
 FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
+# `--otlp URL` sends spans instead of writing files: analysis/otlp_export.py.
 
 
 def parse_since(text: str | None, now: float) -> dt.date | None:
     """A day (2026-11-30) or a duration back from now (7d, 12h), as the first UTC day to include."""
-    from toolproxy.record.retention import parse_duration
+    from toolproxy.quantities import parse_duration
 
     if text is None:
         return None
@@ -39,17 +40,23 @@ def parse_since(text: str | None, now: float) -> dt.date | None:
 @click.command("export")
 @click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), default="parquet", show_default=True,
               help="What to write.")
-@click.option("--out", required=True, metavar="PATH|URL",
+@click.option("--out", metavar="PATH|URL",
               help="A local directory or an fsspec URL: s3://bucket/prefix (needs toolproxy-recorder[s3]), "
                    "gs://bucket/prefix ([gcs]), or any other scheme fsspec knows.")
+@click.option("--otlp", "otlp_endpoint", metavar="URL",
+              help="Instead of files, send one OpenTelemetry span per analysed exchange to this OTLP/HTTP receiver, "
+                   "e.g. http://127.0.0.1:4318 (credentials go in OTEL_EXPORTER_OTLP_HEADERS, never on the command line).")
+@click.option("--otlp-content", is_flag=True,
+              help="With --otlp: put prompts, replies, tool definitions and tool-call arguments on the spans too (sensitive).")
 @DATA_OPTION
 @DB_OPTION
 @click.option("--run", "runs", multiple=True, metavar="NAME", help="Only these runs (repeatable).")
 @click.option("--since", metavar="DAY|DURATION", help="Only days from this one on: 2026-11-30, or 7d back from now.")
 @click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
-def export(fmt: str, out: str, data_dir: Path, db_path: Path | None, runs: tuple[str, ...], since: str | None,
-           quiet: bool) -> None:
-    """Write the analysed exchanges (with raw bodies), turns, calls, episodes and runs to PATH|URL.
+def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: bool, data_dir: Path, db_path: Path | None,
+           runs: tuple[str, ...], since: str | None, quiet: bool) -> None:
+    """Write the analysed exchanges (with raw bodies), turns, calls, episodes and runs to PATH|URL,
+    or (--otlp URL) send them to an OpenTelemetry receiver as spans carrying each turn's verdict.
 
     Parquet files are partitioned hive-style by day and run (table/date=YYYY-MM-DD/run=NAME/), so
     DuckDB, Spark or pandas read them directly. Incremental and idempotent like `analyze`: only new
@@ -63,6 +70,17 @@ def export(fmt: str, out: str, data_dir: Path, db_path: Path | None, runs: tuple
     from toolproxy.analysis.export.destination import Destination, ExportError
     from toolproxy.progress import Progress
 
+    if (out is None) == (otlp_endpoint is None):
+        raise click.UsageError("give --out PATH|URL (files) or --otlp URL (spans), one of the two")
+    if otlp_endpoint is not None:
+        if since is not None:
+            raise click.UsageError("--since applies to --out; --otlp sends every analysed exchange of the runs chosen")
+        from toolproxy.analysis.otlp_export import run_export
+
+        run_export(data_dir, db_path, otlp_endpoint, runs=runs, content=otlp_content, quiet=quiet)
+        return
+    if otlp_content:
+        raise click.UsageError("--otlp-content goes with --otlp")
     first_day = parse_since(since, time.time())
     writer = importlib.import_module(FORMATS[fmt])
     try:

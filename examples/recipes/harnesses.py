@@ -42,7 +42,11 @@ HARNESSES = {h.name: h for h in (
 
 def environment(name: str) -> Path:
     """The harness's virtualenv, created with pip on first use; returns its root."""
-    h = HARNESSES[name]
+    return build(HARNESSES[name])
+
+
+def build(h: Harness) -> Path:
+    """A virtualenv holding exactly `h.requirements` (other heavy test tools, e.g. an OTLP receiver, use it too)."""
     root = CACHE / f"{h.name}-{h.version}"
     ready = root / ".toolproxy-ready"
     CACHE.mkdir(parents=True, exist_ok=True)

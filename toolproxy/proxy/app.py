@@ -6,11 +6,12 @@ import asyncio
 import functools
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
 from toolproxy import __version__
+from toolproxy.otlp.shipper import SpanShipper
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
@@ -59,9 +60,26 @@ def record_transform(config: ProxyConfig, sampler: Sampler | None):
     return transform
 
 
+def fan_out(observers: list) -> Callable[..., None] | None:
+    """The writer's one observe hook (record, its encoded line, classifiable), telling every
+    observer (live view, OTLP) in turn."""
+    if len(observers) <= 1:
+        return observers[0] if observers else None
+
+    def observe(rec: Record, line: bytes | None = None, classifiable: bool = True) -> None:
+        for see in observers:
+            see(rec, line, classifiable)
+
+    return observe
+
+
 def make_state(config: ProxyConfig) -> ProxyState:
     """The state with its addons, in the order their hooks run (counters first: they see every flow)."""
     live = LiveView() if config.live_page else None
+    otlp = SpanShipper(config.otlp_endpoint, content=config.otlp_content,
+                       stack=lambda: state.stacks.detected_stack() if state.stacks is not None else config.condition_options.stack
+                       ) if config.otlp_endpoint else None
+    observers = [o.observe for o in (live, otlp) if o is not None]
     writer = SegmentWriter(
         config.data_dir,
         window=config.commit_window,
@@ -69,10 +87,11 @@ def make_state(config: ProxyConfig) -> ProxyState:
         segment_bytes=config.segment_bytes,
         segment_seconds=config.segment_seconds,
         log=None if config.quiet else log_line,
-        observe=live.observe if live is not None else None,
+        observe=fan_out(observers),
     )
     state = ProxyState(config, writer)
     state.live = live
+    state.otlp = otlp
     state.hooks.add(state.counters)
     state.hooks.add(state.upstream_health)
     if config.upstream_connections:
@@ -109,6 +128,8 @@ def make_app(config: ProxyConfig) -> web.Application:
             state.housekeeper.start()
         if state.live is not None:
             state.live.start()
+        if state.otlp is not None:
+            state.otlp.start()
         state.watchdog.start()
         state.session = upstream_session(state.pool, config.connect_timeout)
         if state.stacks is not None:
@@ -126,6 +147,8 @@ def make_app(config: ProxyConfig) -> web.Application:
         if state.housekeeper is not None:
             await asyncio.get_running_loop().run_in_executor(None, state.housekeeper.stop)
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
+        if state.otlp is not None:  # after the writer: the last records are observed by then
+            await asyncio.get_running_loop().run_in_executor(None, state.otlp.stop)
         if state.live is not None:
             state.live.stop()
 

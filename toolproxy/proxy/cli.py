@@ -33,6 +33,20 @@ def check_condition_options(options: ConditionOptions) -> None:
             raise click.UsageError(f"--chat-template: {exc}") from None
 
 
+def check_otlp(endpoint: str | None, content: bool) -> None:
+    """Fail at start when spans were asked for but cannot be sent."""
+    if endpoint is None:
+        if content:
+            raise click.UsageError("--otlp-content needs --otlp-endpoint")
+        return
+    from toolproxy.otlp.shipper import missing_sdk, traces_url
+
+    traces_url(endpoint)
+    problem = missing_sdk()
+    if problem:
+        raise click.UsageError(f"--otlp-endpoint: {problem}")
+
+
 def key_from_env(var: str | None, option: str) -> str | None:
     """An API key named by an environment variable, so it never appears in argv or on disk."""
     if not var:
@@ -109,6 +123,8 @@ SERVE_OPTIONS = (
     click.option("--sample", default=None, metavar="RATE", help="Record this share of episodes (0.1, 25%), each kept or dropped whole; the others are forwarded as always and only counted. Reports scale counts by it."),
     click.option("--no-live-page", is_flag=True, help="No /_toolproxy/ page, and no classifying of exchanges as they pass."),
     click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is."),
+    click.option("--otlp-endpoint", default=None, metavar="URL", envvar="TOOLPROXY_OTLP_ENDPOINT", show_envvar=True, help="Send one OpenTelemetry span per exchange (GenAI conventions) to this OTLP/HTTP receiver, e.g. http://127.0.0.1:4318; sent in batches off the request path, dropped and counted when it cannot keep up."),
+    click.option("--otlp-content", is_flag=True, help="Put prompts, replies, tool definitions and tool-call arguments on the spans too (sensitive; off by default)."),
 )
 
 
@@ -131,7 +147,8 @@ def harness_serve_options(fn):
 def config_from_options(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, bridge, max_body, spill_above,
                         connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
                         segment_size, auth_token, upstream_key_env, insecure_public, quiet, upstream_connections, client_header_timeout,
-                        client_body_timeout, retain, max_disk, on_disk_full, mask, sample, no_live_page, no_fingerprint) -> ProxyConfig:
+                        client_body_timeout, retain, max_disk, on_disk_full, mask, sample, no_live_page, no_fingerprint,
+                        otlp_endpoint, otlp_content) -> ProxyConfig:
     """Serve's flags -> a validated ProxyConfig, or a usage error that names the flag."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
@@ -151,8 +168,10 @@ def config_from_options(upstream, host, port, data_dir, run, condition, stack, c
             retain_seconds=_flag(parse_duration, retain, '--retain') if retain is not None else None,
             max_disk=_flag(parse_size, max_disk, '--max-disk') if max_disk is not None else None, on_disk_full=on_disk_full, mask=mask,
             sample=_flag(parse_rate, sample, '--sample') if sample is not None else None,
+            otlp_endpoint=otlp_endpoint, otlp_content=otlp_content,
         )
         parse_rules(mask)
+        check_otlp(otlp_endpoint, otlp_content)
     except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     check_condition_options(options)

@@ -61,6 +61,9 @@ class ProxyConfig:
     client_body_timeout: float = 60.0
     # The /_toolproxy/ page and the classifier process behind it.
     live_page: bool = True
+    # One span per exchange to this OTLP/HTTP receiver (toolproxy/otlp/), message content only if asked.
+    otlp_endpoint: str | None = None
+    otlp_content: bool = False
 
     def __post_init__(self) -> None:
         url = URL(self.upstream)

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import orjson
 
+from toolproxy.proxy.children import start_child
 from toolproxy.record.model import Record, encode_record
 
 INBOX = 1_000
@@ -401,16 +402,7 @@ class LiveView:
         sock = str(self.socket_path) if self.socket_path is not None else None
         self._proc = ctx.Process(target=_classifier, args=(rec_out, child_queries, sock, self._recent, self._max_runs),
                                  name="toolproxy-classifier", daemon=True)
-        # Started with SIGINT ignored, which the new interpreter inherits from its first instruction:
-        # a Ctrl-C sent to the whole group while it is still importing would otherwise print a
-        # traceback before _classifier can ignore it. The proxy stops the classifier itself.
-        in_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
-        try:
-            self._proc.start()
-        finally:
-            if in_main:
-                signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        start_child(self._proc)
         rec_out.close()
         child_queries.close()
         self._feeder.start()

@@ -12,6 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from toolproxy import __version__
+from toolproxy.otlp.shipper import SpanShipper
 from toolproxy.proxy import livepage
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.counters import Counters
@@ -49,6 +50,7 @@ class ProxyState:
         self.peers = None
         self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
         self.sampler: Sampler | None = None  # set by app.make_state for --sample
+        self.otlp: SpanShipper | None = None  # set by app.make_state for --otlp-endpoint
 
     def snapshot(self) -> dict:
         w = self.writer.stats
@@ -77,6 +79,7 @@ class ProxyState:
         snap["upstream_pool"] = self.pool.report()
         snap["lifecycle"] = self.housekeeper.snapshot() if self.housekeeper is not None else None
         snap["sampling"] = self.sampler.report() if self.sampler is not None else None
+        snap["otlp"] = self.otlp.report() if self.otlp is not None else None
         return snap
 
     async def admin(self, request: web.Request) -> web.Response:
