@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import pickle
 import sys
 import time
@@ -45,6 +46,7 @@ from toolproxy.analysis.ingest import (CALL_TYPES, EXCHANGE_TYPES, FINGERPRINT_T
                                        _next_line_end, analyze_range, link_stored_responses)
 from toolproxy.analysis.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store import insert_columns, migrate
+from toolproxy.printable import printable
 from toolproxy.record.segments import list_segments
 
 # Bytes of segment per read task: small enough that a 2-core machine gets several tasks per
@@ -188,7 +190,7 @@ def derive_run(run: str, rows: Sequence[tuple[str, bytes]], fingerprints: Sequen
     link_stored_responses(con, {run})
     derive(con, {run}, list(rules))
     out: dict[str, object] = {
-        t: _arrow(con.execute(_select(con, t) + _run_filter(t), {"run": run})) for t in TABLES
+        t: _arrow(con, _select(con, t) + _run_filter(t), {"run": run}) for t in TABLES
     }
     out[SUMMARY] = summarize(con, [run], source, seed=seed, resamples=resamples or stats.RESAMPLES,
                              rules=()).runs[0]
@@ -196,9 +198,10 @@ def derive_run(run: str, rows: Sequence[tuple[str, bytes]], fingerprints: Sequen
     return out
 
 
-def _arrow(result):
-    """A query's result as an Arrow table (DuckDB 1.4 renamed fetch_arrow_table to to_arrow_table)."""
-    fetch = getattr(result, "to_arrow_table", None) or result.fetch_arrow_table
+def _arrow(con, query: str, params: dict | None = None):
+    """A query's result as an Arrow table (DuckDB 1.4 renamed `arrow` to `to_arrow_table`)."""
+    rel = con.sql(query, params=params)
+    fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
     return fetch()
 
 
@@ -247,7 +250,7 @@ def output_schemas() -> dict[str, object]:
 
     con = empty_database()
     try:
-        return {t: from_arrow_schema(_arrow(con.execute(_select(con, t) + " LIMIT 0")).schema) for t in TABLES}
+        return {t: from_arrow_schema(_arrow(con, _select(con, t) + " LIMIT 0").schema) for t in TABLES}
     finally:
         con.close()
 
@@ -260,7 +263,9 @@ def session(master: str | None, app_name: str = "toolproxy-analyze"):
     if master:
         builder = builder.master(master)
         if master.startswith("local"):
-            builder = builder.config("spark.pyspark.python", sys.executable).config("spark.ui.enabled", "false")
+            # One machine: as many shuffle partitions as cores, not Spark's 200 (each one a task).
+            builder = (builder.config("spark.pyspark.python", sys.executable).config("spark.ui.enabled", "false")
+                       .config("spark.sql.shuffle.partitions", str(os.cpu_count() or 2)))
     return builder.getOrCreate()
 
 
@@ -323,6 +328,11 @@ def _default_resamples() -> int:
     return stats.RESAMPLES
 
 
+def _fail(message: str) -> int:
+    print(printable(f"toolproxy-spark: {message}", lines=True), file=sys.stderr)
+    return 2
+
+
 class JobError(Exception):
     """A mistake the user can fix (no segments, bad arguments); printed without a traceback."""
 
@@ -347,18 +357,23 @@ def main(argv: list[str] | None = None) -> int:
     except RuleError as exc:
         ap.error(str(exc))
     if not Path(args.data).is_dir():
-        print(f"toolproxy-spark: {args.data} is not a directory; give the data directory the proxy records into",
-              file=sys.stderr)
-        return 2
-    spark = session(args.master)
+        return _fail(f"{args.data} is not a directory; give the data directory the proxy records into")
+    if not list_segments(args.data):
+        return _fail(f"no segments under {args.data}: is this the data directory the proxy records into?")
+    try:
+        spark = session(args.master)
+    except ImportError as exc:
+        return _fail(f"{exc.name or 'pyspark'} is not installed: pip install 'toolproxy-recorder[spark]'")
+    except Exception as exc:  # the JVM did not start: say what is missing, not a Py4J traceback
+        return _fail(f"Spark did not start ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                     "it needs Java 17 or newer (Debian: apt-get install openjdk-17-jre-headless) or JAVA_HOME set")
     spark.sparkContext.setLogLevel("WARN")
     t0 = time.perf_counter()
     try:
         report, counts = run_job(spark, args.data, args.out, rules=rules, seed=args.seed,
                                  range_bytes=max(1, int(args.range_mb * (1 << 20))))
     except JobError as exc:
-        print(f"toolproxy-spark: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     finally:
         seconds = time.perf_counter() - t0
     sys.stdout.write(render(report, args.fmt))
