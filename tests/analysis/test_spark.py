@@ -172,6 +172,7 @@ def _same(con, table: str, spark_dir: Path, columns: str = "*") -> int:
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(4 * 3600)
 def test_spark_job_matches_duckdb_analyze(recordings, tmp_path):
     cli = ("-c", "from toolproxy.cli import main; main()")
     duck, duck_s = _tool(*cli, "analyze", "--data", str(recordings))
