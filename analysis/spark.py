@@ -263,9 +263,11 @@ def session(master: str | None, app_name: str = "toolproxy-analyze"):
     if master:
         builder = builder.master(master)
         if master.startswith("local"):
-            # One machine: as many shuffle partitions as cores, not Spark's 200 (each one a task).
+            # One machine: as many shuffle partitions as cores, not Spark's 200 (each one a task), and
+            # room for a large run's rows in the one JVM (Spark's default is 1 GB).
             builder = (builder.config("spark.pyspark.python", sys.executable).config("spark.ui.enabled", "false")
-                       .config("spark.sql.shuffle.partitions", str(os.cpu_count() or 2)))
+                       .config("spark.sql.shuffle.partitions", str(os.cpu_count() or 2))
+                       .config("spark.driver.memory", os.environ.get("TOOLPROXY_SPARK_MEMORY", "4g")))
     return builder.getOrCreate()
 
 
