@@ -38,7 +38,7 @@ import pickle
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import orjson
 
@@ -67,7 +67,7 @@ PARSED_SCHEMA = ("grp string, kind string, segment string, offset long, response
                  "previous_response_id string, payload binary")
 # Stage 2's rows: one per run and output table, the table's rows for that run as Arrow IPC.
 DERIVED_SCHEMA = "tbl string, run string, data binary"
-# Output tables, and the query reading one run's rows out of a group's database.
+# The tables written under --out (the analyzer's own, one run at a time), and the per-run report row.
 TABLES = ("exchanges", "calls", "turns", "episodes", "runs")
 SUMMARY = "summary"
 
@@ -81,19 +81,20 @@ def split_segments(data_dir: str | Path, range_bytes: int = RANGE_BYTES) -> list
     return out
 
 
-def line_range(path: str, start: int, end: int) -> tuple[int, int]:
-    """The whole lines that start in [start, end) of a segment; a torn last line is left out."""
+def line_range(path: str, start: int, end: int) -> tuple[int, int, bool]:
+    """The whole lines that start in [start, end) of a segment, and whether the segment's torn
+    last line (being written, or cut by a crash; left out) falls in this range."""
     with open(path, "rb") as f:
         size = f.seek(0, io.SEEK_END)
         complete = _after_last_newline(f, 0, size)
         first = 0 if start == 0 else _next_line_end(f, min(start - 1, complete), complete)
         last = complete if end >= size else _next_line_end(f, min(end - 1, complete), complete)
-    return first, max(first, last)
+    return first, max(first, last), end >= size > complete
 
 
 def parse_range(path: str, start: int, end: int) -> dict[str, list]:
     """Stage 1 for one range: ingest's own analysis, as PARSED_SCHEMA columns."""
-    first, last = line_range(path, start, end)
+    first, last, torn = line_range(path, start, end)
     cols: dict[str, list] = {k: [] for k in ("grp", "kind", "segment", "offset", "response_id",
                                               "previous_response_id", "payload")}
 
@@ -101,6 +102,8 @@ def parse_range(path: str, start: int, end: int) -> dict[str, list]:
         for k, v in zip(cols, (grp, kind, segment, offset, response_id, previous, orjson.dumps(payload))):
             cols[k].append(v)
 
+    if torn:
+        add(None, "issue", Path(path).name, last, ["torn_tail", "incomplete last line"])
     if last <= first:
         return cols
     batch = analyze_range(path, first, last)
@@ -309,7 +312,7 @@ def run_job(spark, data_dir: str | Path, out_dir: str | Path | None, *, rules=()
 
     summaries = sorted((pickle.loads(r.data) for r in derived.filter(F.col("tbl") == SUMMARY).collect()),
                        key=lambda s: s.run)
-    counts = {"segments": len(list_segments(data_dir)), "ranges": len(ranges), "set_aside": issues}
+    counts = {"segments": len(list_segments(data_dir)), "ranges": len(ranges), "issues": issues}
     if out_dir is not None:
         out = str(out_dir).rstrip("/")
         for table, schema in output_schemas().items():
@@ -379,9 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         seconds = time.perf_counter() - t0
     sys.stdout.write(render(report, args.fmt))
-    set_aside = ", ".join(f"{v} {k}" for k, v in sorted(counts["set_aside"].items())) or "none"
+    issues = ", ".join(f"{v} {k}" for k, v in sorted(counts["issues"].items())) or "none"
     print(f"spark: {counts['exchanges']} exchanges from {counts['segments']} segments ({counts['ranges']} read tasks), "
-          f"{len(report.runs)} runs in {seconds:.1f}s; lines set aside: {set_aside}"
+          f"{len(report.runs)} runs in {seconds:.1f}s; issues: {issues}"
           + (f"; tables in {args.out}" if args.out else ""), file=sys.stderr)
     spark.stop()
     return 0

@@ -70,14 +70,16 @@ def _segment(tmp_path: Path, lines: list[bytes], tail: bytes = b"") -> Path:
 def test_ranges_cover_every_complete_line_once(tmp_path, range_bytes, tail):
     lines = [b'{"id":"a"}', b"", b'{"id":"bb","x":"' + b"y" * 40 + b'"}', b'{"id":"c"}', b'{"id":"dddd"}']
     seg = _segment(tmp_path, lines, tail)
-    starts = []
+    starts, torn = [], []
     for path, start, end in split_segments(tmp_path, range_bytes):
-        first, last = line_range(path, start, end)
+        first, last, torn_here = line_range(path, start, end)
         starts += [offset for offset, _, line in read_lines(path) if line is not None and first <= offset < last]
+        torn.append(torn_here)
         assert first <= last
     expected = [offset for offset, _, line in read_lines(seg) if line is not None]
     assert starts == expected  # each complete line in exactly one range, the torn tail in none
     assert len(expected) == 4
+    assert torn == [False] * (len(torn) - 1) + [bool(tail)]  # the torn tail is named once, by the last range
 
 
 def test_no_segments_is_a_clear_error(tmp_path):
