@@ -266,24 +266,28 @@ def session(master: str | None, app_name: str = "toolproxy-analyze"):
     if master:
         builder = builder.master(master)
         if master.startswith("local"):
-            # One machine: as many shuffle partitions as cores, not Spark's 200 (each one a task), and
-            # room for a large run's rows in the one JVM (Spark's default is 1 GB).
+            # Room for a large run's rows in the one JVM (Spark's default is 1 GB).
             builder = (builder.config("spark.pyspark.python", sys.executable).config("spark.ui.enabled", "false")
-                       .config("spark.sql.shuffle.partitions", str(os.cpu_count() or 2))
                        .config("spark.driver.memory", os.environ.get("TOOLPROXY_SPARK_MEMORY", "4g")))
     return builder.getOrCreate()
 
 
 def run_job(spark, data_dir: str | Path, out_dir: str | Path | None, *, rules=(), seed: int = 0,
-            resamples: int | None = None, range_bytes: int = RANGE_BYTES):
+            resamples: int | None = None, range_bytes: int = RANGE_BYTES, partitions: int | None = None):
     """Analyse data_dir on `spark`; write the tables under out_dir (if given); return
-    (Report, counts) where counts says what was read and set aside."""
+    (Report, counts) where counts says what was read and set aside.
+
+    partitions: groups of runs analysed in parallel (default: the cluster's cores). Set here, not
+    left to Spark's 200 shuffle partitions: the cached stages keep their partitioning, so
+    adaptive execution never merges the near-empty ones, and each costs a Python task.
+    """
     import pyarrow as pa
     from pyspark.sql import functions as F
 
     from toolproxy.analysis.summary import Report
 
     data_dir = Path(data_dir)
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions or spark.sparkContext.defaultParallelism))
     ranges = split_segments(data_dir, range_bytes)
     if not ranges:
         raise JobError(f"no segments under {data_dir}: is this the data directory the proxy records into?")
@@ -355,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expect", action="append", default=[], metavar="TAG=VALUE:call|none",
                     help="expectation rule, as for `toolproxy analyze --expect` (repeatable)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap RNG seed, as for `toolproxy report`")
+    ap.add_argument("--partitions", type=int, default=None,
+                    help="groups of runs analysed in parallel (default: the cores Spark has)")
     ap.add_argument("--range-mb", type=float, default=RANGE_BYTES / (1 << 20), help="segment bytes per read task")
     args = ap.parse_args(argv)
     try:
@@ -376,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         report, counts = run_job(spark, args.data, args.out, rules=rules, seed=args.seed,
-                                 range_bytes=max(1, int(args.range_mb * (1 << 20))))
+                                 range_bytes=max(1, int(args.range_mb * (1 << 20))), partitions=args.partitions)
     except JobError as exc:
         return _fail(str(exc))
     finally:
