@@ -12,6 +12,7 @@ and turns where either side got no response are counted apart, not as losses of 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
 from typing import Sequence
 
 import duckdb
@@ -19,7 +20,7 @@ import duckdb
 from toolproxy.analysis import stats
 from toolproxy.analysis.expect import Rule
 from toolproxy.analysis.metrics import score
-from toolproxy.analysis.summary import StoreError
+from toolproxy.analysis.summary import StoreError, is_pattern, known_runs
 
 # An item's verdict in one run, from the turns of its episode(s) in that run (repeats are pooled).
 METRICS = {
@@ -90,18 +91,26 @@ def _paired(label: str, paired: int, both_pass: int, a_only: int, b_only: int) -
 
 def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str = "delivered",
             by_category: bool = False, rules: Sequence[Rule] = ()) -> Comparison:
+    """A against B; either may be a wildcard pattern (`bfcl-*-native`) that pools every run it matches.
+
+    Pooling is how a study split into several runs (one per category, say) gets one paired answer
+    per condition: an item keeps its own verdict, so each matched run's items simply join the pairs.
+    """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}")
-    if run_a == run_b:
-        raise StoreError(f"compare needs two different runs, got {run_a!r} twice")
-    score(con, [run_a, run_b], rules)
-    if is_replay(con, run_a, run_b):
-        return replay_compare(con, run_a, run_b, metric, by_category)
+    side_a, side_b = _side(con, run_a), _side(con, run_b)
+    shared = sorted(set(side_a) & set(side_b))
+    if shared:
+        raise StoreError(f"compare needs two different sets of runs; both {run_a!r} and {run_b!r} "
+                         f"include {', '.join(shared)}")
+    score(con, [*side_a, *side_b], rules)
+    if len(side_a) == len(side_b) == 1 and is_replay(con, side_a[0], side_b[0]):
+        return replay_compare(con, side_a[0], side_b[0], metric, by_category)
     verdict = METRICS[metric]
     con.execute(f"""
         create or replace temp table verdicts as
         with item as (
-            select e.run, e.item_key,
+            select case when list_contains($a, e.run) then 'a' else 'b' end as side, e.item_key,
                    coalesce(any_value(e.category), any_value(t.category)) as category,
                    count(t.turn_id) filter (where t.outcome <> 'non_response') as produced,
                    count(t.turn_id) filter (where t.outcome = 'valid_call') as valid,
@@ -113,29 +122,39 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str 
                    count(t.turn_id) filter (where t.role = 'abstain' and t.outcome <> 'prose') as abstain_tried,
                    coalesce(bool_or(t.expect = 'none'), false) as expect_none
             from episodes e left join scored t on t.episode_key = e.episode_key
-            where e.run in ($a, $b) and e.item_key is not null
-            group by e.run, e.item_key
+            where (list_contains($a, e.run) or list_contains($b, e.run)) and e.item_key is not null
+            group by side, e.item_key
         )
-        select item_key, run, category, {verdict} as pass from item
-    """, {"a": run_a, "b": run_b})
+        select item_key, side, category, {verdict} as pass from item
+    """, {"a": side_a, "b": side_b})
     only_a, only_b = con.execute("""
-        select count(*) filter (where run = $a), count(*) filter (where run = $b) from verdicts v
-        where (select count(distinct run) from verdicts w where w.item_key = v.item_key) = 1
-    """, {"a": run_a, "b": run_b}).fetchone()
+        select count(*) filter (where side = 'a'), count(*) filter (where side = 'b') from verdicts v
+        where (select count(distinct side) from verdicts w where w.item_key = v.item_key) = 1
+    """).fetchone()
     rows = con.execute("""
         with pairs as (
             select a.item_key, coalesce(a.category, b.category, $none) as category, a.pass as pa, b.pass as pb
-            from verdicts a join verdicts b on a.item_key = b.item_key and a.run = $a and b.run = $b
+            from verdicts a join verdicts b on a.item_key = b.item_key and a.side = 'a' and b.side = 'b'
         )
         select category, count(*), count(*) filter (where pa and pb), count(*) filter (where pa and not pb),
                count(*) filter (where pb and not pa)
         from pairs group by category order by category
-    """, {"a": run_a, "b": run_b, "none": UNCATEGORIZED}).fetchall()
+    """, {"none": UNCATEGORIZED}).fetchall()
     if not rows:
         raise StoreError(f"no item is present in both {run_a} ({only_a} items) and {run_b} ({only_b} items): "
                          "items are paired by item_key (tag episodes with the same item in both runs)")
     overall, categories = _tables(rows, by_category)
     return Comparison(run_a, run_b, metric, int(only_a), int(only_b), overall, categories)
+
+
+def _side(con: duckdb.DuckDBPyConnection, run: str) -> list[str]:
+    """The runs one side of a comparison stands for: the run itself, or every run a pattern matches."""
+    if not is_pattern(run):
+        return [run]
+    matched = [r for r in known_runs(con) if fnmatchcase(r, run)]
+    if not matched:
+        raise StoreError(f"no run matches {run!r}")
+    return matched
 
 
 def _tables(rows: list[tuple], by_category: bool) -> tuple[Paired, list[Paired]]:

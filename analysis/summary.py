@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field, fields
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Sequence
 
@@ -35,17 +36,27 @@ def known_runs(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in rows if r[0] is not None]
 
 
+def is_pattern(name: str) -> bool:
+    """A run name with shell-style wildcards (`bfcl-*-native`) stands for every run it matches."""
+    return any(c in name for c in "*?[")
+
+
 def select_runs(con: duckdb.DuckDBPyConnection, wanted: Sequence[str] | None, path: Path) -> list[str]:
-    """The runs to report, checked against the store so a typo is named, not reported as empty."""
+    """The runs to report, checked against the store so a typo is named, not reported as empty.
+
+    A wanted name with wildcards expands to the matching runs (in store order); one that matches
+    nothing is an error like an unknown name, since an empty selection would report nothing.
+    """
     runs = known_runs(con)
     if not runs:
         raise StoreError(f"{path} holds no runs yet: record some traffic, then run `toolproxy analyze`")
     if not wanted:
         return runs
-    unknown = [r for r in wanted if r not in runs]
+    chosen = {r: [run for run in runs if fnmatchcase(run, r)] if is_pattern(r) else [r] * (r in runs) for r in wanted}
+    unknown = [r for r, matched in chosen.items() if not matched]
     if unknown:
         raise StoreError(f"unknown run(s): {', '.join(unknown)}; runs in {path}: {', '.join(runs)}")
-    return list(dict.fromkeys(wanted))
+    return list(dict.fromkeys(run for matched in chosen.values() for run in matched))
 
 
 @dataclass

@@ -4,10 +4,15 @@
 
 BFCL sends every item through one base URL, so per-item tags are impossible; instead each
 category is its own study (`bfcl-CATEGORY`, runs `bfcl-CATEGORY-CONDITION`) tagged
-`category=CATEGORY`, and the irrelevance categories also `expect=none`: no offered function fits,
-so the right move is not to call and those turns are scored by restraint, not fidelity. Items
+`category=CATEGORY` and with what each item is due: `expect=none` for the irrelevance categories
+(no offered function fits, so the right move is not to call: scored by restraint, not fidelity)
+and `expect=call` for every other one, so a prose reply where a call was due counts as a miss
+rather than as an open question. Items
 pair across conditions by content (the analyzer's item key), so each study's McNemar test is
-paired per item. A study that is interrupted resumes when this script is run again.
+paired per item. A study that is interrupted resumes when this script is run again. When every
+category is done, each condition is compared with the first over all categories at once
+(`toolproxy compare 'bfcl-*-native' 'bfcl-*-text' --by category`): one pooled McNemar test and a
+Holm-adjusted row per category, written to DATA/studies/bfcl.md.
 
 bfcl-eval runs from the cached environment of the recipe checks (examples/recipes/harnesses.py;
 built on first use) unless --python names another interpreter with bfcl-eval installed. BFCL's
@@ -33,7 +38,8 @@ def commands(args: argparse.Namespace, python: str) -> list[tuple[list[str], dic
     """One `toolproxy study` per category, with the environment BFCL needs for it."""
     out = []
     for category in args.categories:
-        tags = ["--tag", f"category={category}"] + (["--tag", "expect=none"] if category in NO_CALL_DUE else [])
+        expect = "none" if category in NO_CALL_DUE else "call"
+        tags = ["--tag", f"category={category}", "--tag", f"expect={expect}"]
         argv = [sys.executable, "-m", "toolproxy.cli", "study", "--upstream", args.upstream, "--data", str(args.data),
                 "--name", f"bfcl-{category}", "--conditions", args.conditions, *tags,
                 "--", python, str(HERE / "recipes" / "bfcl.py"), "--first", str(args.first), category]
@@ -67,7 +73,24 @@ def main() -> int:
             done = subprocess.run(argv, env={**os.environ, **env})
             if done.returncode:  # interrupted (130) or the study could not go on: stop, rerunning resumes
                 return done.returncode
+    if not args.dry_run:
+        pooled(args)
     return 0
+
+
+def pooled(args: argparse.Namespace) -> None:
+    """Every later condition against the first, pooled over the categories run, into DATA/studies/bfcl.md."""
+    conditions = args.conditions.split(",")
+    parts = [f"# BFCL, {len(args.categories)} categories x first {args.first} items, pooled per condition\n"]
+    for condition in conditions[1:]:
+        argv = [sys.executable, "-m", "toolproxy.cli", "compare", "--data", str(args.data), "--by", "category",
+                "--format", "markdown", f"bfcl-*-{conditions[0]}", f"bfcl-*-{condition}"]
+        done = subprocess.run(argv, capture_output=True, text=True)
+        parts.append(f"## {conditions[0]} vs {condition}\n\n`toolproxy compare --by category 'bfcl-*-{conditions[0]}' "
+                     f"'bfcl-*-{condition}'`\n\n{done.stdout if done.returncode == 0 else done.stderr}")
+    out = args.data / "studies" / "bfcl.md"
+    out.write_text("\n".join(parts))
+    print(f"pooled comparisons: {out}", flush=True)
 
 
 if __name__ == "__main__":

@@ -72,3 +72,12 @@ def test_delivered_fidelity_ranks_conditions_as_the_harness_received_them(fake_s
     doc = json.loads(tp("compare", "bfcl-native", "bfcl-text", "--data", str(p.data), "--format", "json"))
     o = doc["overall"]
     assert (o["both_pass"], o["a_only"], o["b_only"]) == (n_none, 0, n_call)
+    # A wildcard pattern pools the runs it matches; here each side matches one run, so the answer is the same.
+    pooled = json.loads(tp("compare", "bfcl-nat*", "bfcl-t?xt", "--data", str(p.data), "--format", "json"))
+    assert pooled["overall"] == o
+    assert {r["run"] for r in json.loads(tp("report", "--data", str(p.data), "--run", "bfcl-*", "--format", "json"))["runs"]} \
+        == {"bfcl-native", "bfcl-text"}
+    for args, said in ((("bfcl-*", "bfcl-text"), "include bfcl-text"), (("nope-*", "bfcl-text"), "unknown run(s): nope-*")):
+        proc = subprocess.run([sys.executable, "-m", "toolproxy.cli", "compare", *args, "--data", str(p.data)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

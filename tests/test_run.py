@@ -68,6 +68,7 @@ def test_print_env_points_every_client_at_the_tagged_proxy(tmp_path):
     assert env["ANTHROPIC_BASE_URL"].endswith(prefix)
     assert env["OLLAMA_HOST"].endswith(prefix)
     assert env["OLLAMA_BASE_URL"].endswith(prefix + "/v1")  # pydantic-ai's ollama: provider wants the /v1 root
+    assert env["TOOLPROXY_BASE_URL"].endswith(prefix)  # a script appends /episode=N/.../v1 to it
     assert env["OPENAI_API_KEY"] == "toolproxy-no-key"
     assert env["MSWEA_CONFIGURED"] == "true" and env["MSWEA_COST_TRACKING"] == "ignore_errors"  # mini-swe-agent runs unattended
     assert not (tmp_path / "d").exists()  # printing the environment creates nothing

@@ -46,10 +46,17 @@ def tag_prefix(run: str | None = None, condition: str | None = None, **tags: str
     return "/t/" + "/".join(parts) if parts else ""
 
 
+# For a script that tags its own requests (`$TOOLPROXY_BASE_URL/episode=3/item=q7/v1/...`): the
+# proxy root with the run's tag prefix, always ending in one (bare `/t` when there are no tags),
+# so appended `key=value` segments join the run's tags instead of replacing them.
+TAGGABLE_BASE_VAR = "TOOLPROXY_BASE_URL"
+
+
 def harness_env(base: str, environ: Mapping[str, str]) -> dict[str, str]:
     """What to add to `environ` so a child process talks to `base` (a tagged proxy root)."""
     base = base.rstrip("/")
     env = {name: base + suffix for name, suffix, _ in BASE_URL_VARS}
+    env[TAGGABLE_BASE_VAR] = base if "/t/" in base else base + "/t"
     env.update({k: v for k, v in UNATTENDED.items() if k not in environ})
     env.update({k: PLACEHOLDER for k in PLACEHOLDER_KEYS if not environ.get(k)})
     return env

@@ -98,7 +98,11 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
 @EXPECT_OPTION
 def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: str | None, metric: str, fmt: str,
             output: Path | None, expect_rules: list) -> None:
-    """Paired test of RUN_A against RUN_B over the items both ran (exact McNemar, both discordant counts)."""
+    """Paired test of RUN_A against RUN_B over the items both ran (exact McNemar, both discordant counts).
+
+    Either side may be a quoted wildcard pattern ('bfcl-*-native') that pools every run it
+    matches, e.g. one study per category compared condition against condition in one test.
+    """
     from toolproxy.analysis.compare import compare as paired
     from toolproxy.analysis.report.comparison import RENDERERS
     from toolproxy.analysis.summary import select_runs
