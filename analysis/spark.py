@@ -356,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--master", default=None, help="Spark master, e.g. 'local[*]' (default: what spark-submit set)")
     ap.add_argument("--format", dest="fmt", default="terminal",
                     choices=["terminal", "markdown", "json", "csv", "html"], help="report format on stdout")
+    ap.add_argument("--output", "-o", type=Path, default=None,
+                    help="write the report to this file instead of stdout (spark-submit mixes the job's stderr into stdout)")
     ap.add_argument("--expect", action="append", default=[], metavar="TAG=VALUE:call|none",
                     help="expectation rule, as for `toolproxy analyze --expect` (repeatable)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap RNG seed, as for `toolproxy report`")
@@ -387,7 +389,14 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(exc))
     finally:
         seconds = time.perf_counter() - t0
-    sys.stdout.write(render(report, args.fmt))
+    text = render(report, args.fmt)
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        try:
+            args.output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            return _fail(f"cannot write {args.output}: {exc.strerror or exc}")
     issues = ", ".join(f"{v} {k}" for k, v in sorted(counts["issues"].items())) or "none"
     print(f"spark: {counts['exchanges']} exchanges from {counts['segments']} segments ({counts['ranges']} read tasks), "
           f"{len(report.runs)} runs in {seconds:.1f}s; issues: {issues}"
