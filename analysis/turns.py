@@ -18,7 +18,9 @@ exchange at ingest (conversation_keys), so re-deriving a run reads small columns
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import heapq
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ import orjson
 from toolproxy.analysis.echoes import echoed_calls
 from toolproxy.analysis.expect import Rule, expectation
 from toolproxy.analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE, PROSE, VALID_CALL
+from toolproxy.record.writer import SEGMENT_REPLICA
 
 UNTAGGED_RUN = "(untagged)"
 # An episode is flagged as looping when the same call (name + arguments) repeats in this many
@@ -273,13 +276,105 @@ class Episode:
     loop_reason: str | None = None
 
 
-def build_episodes(run: str, attempts: Iterable[Attempt]) -> list[Episode]:
-    """Group one run's attempts (in the order the proxy saw them) into episodes of turns."""
+def chain_keys(a: Attempt) -> list[str]:
+    """The keys a later request names this attempt by when it continues the conversation (its
+    parent_hashes): the conversation extended by the reply, and the echo key of the reply's calls
+    (or of an empty reply)."""
+    keys = [a.chain_hash] if a.chain_hash else []
+    if a.state_hash and a.call_signature:
+        keys.append(echo_key(a.state_hash, a.call_signature))
+    elif a.state_hash and a.outcome == NON_RESPONSE and a.sub_kind in EMPTY_KINDS:
+        keys.append(echo_key(a.state_hash, EMPTY_ECHO))
+    return keys
+
+
+def causal_order(attempts: Sequence[Attempt], keys: Sequence[list[str]] | None = None) -> list[int]:
+    """The positions of the attempts (given in clock order: started_at, id) in an order that
+    follows the conversations: every request after the turn whose reply it continues, and a turn's
+    failed attempts before its answered one. `keys`: each attempt's chain_keys, if already known.
+
+    Replicas on different hosts stamp exchanges with their own clocks. When those disagree by more
+    than a harness's think time, clock order puts a turn before the reply it answers, and chaining
+    would start a new episode there. What a request contains cannot be skewed: a request that
+    carries a reply came after it, and a harness resends a request only after it failed. So
+    attempts are sorted topologically on those two relations, ties (unrelated attempts) in clock
+    order. When the clocks agree with the conversations, as on one host, the order is unchanged.
+
+    What content cannot tell stays in clock order: two failed attempts of one turn (which one's
+    cause the turn keeps) and identical conversations in different episodes. Those need the
+    replicas' clocks within the harness's retry delay, which NTP keeps easily (milliseconds).
+    """
+    n = len(attempts)
+    if keys is None:
+        keys = [chain_keys(a) for a in attempts]
+    providers: dict[str, list[int]] = {}  # key -> positions of the attempts it names, ascending
+    for i, ks in enumerate(keys):
+        for key in ks:
+            providers.setdefault(key, []).append(i)
+    edges: list[tuple[int, int]] = []  # (before, after)
+    groups: dict[tuple, list[int]] = {}  # the attempts of one turn: retries of one request
+    for i, a in enumerate(attempts):
+        parent = None
+        for h in a.parent_hashes:  # longest first: the first one found is the turn it continues
+            found = providers.get(h)
+            if found is None:
+                continue
+            # The latest such turn before it in clock order, as chaining would pick, else the first after.
+            pos = bisect.bisect_left(found, i)
+            if pos:
+                parent = found[pos - 1]
+            else:
+                later = found[1:] if found[0] == i else found
+                if not later:
+                    continue
+                parent = later[0]
+            edges.append((parent, i))
+            break
+        anchor = a.episode if a.episode is not None else parent
+        if anchor is not None and a.state_hash:
+            groups.setdefault((anchor, a.state_hash), []).append(i)
+    for members in groups.values():
+        answered = next((j for j in members if attempts[j].outcome != NON_RESPONSE), None)
+        if answered is not None:
+            edges += [(j, answered) for j in members if attempts[j].outcome == NON_RESPONSE]
+    if all(before < after for before, after in edges):  # the clocks got it right: nothing moves
+        return list(range(n))
+    after: list[list[int]] = [[] for _ in range(n)]
+    waiting = [0] * n
+    for before, later in edges:
+        after[before].append(later)
+        waiting[later] += 1
+    ready = [i for i in range(n) if not waiting[i]]
+    heapq.heapify(ready)
+    out: list[int] = []
+    done = [False] * n
+    while len(out) < n:
+        if not ready:  # a cycle (only colliding hashes could make one): release the earliest
+            heapq.heappush(ready, next(i for i in range(n) if not done[i]))
+        i = heapq.heappop(ready)
+        if done[i]:
+            continue
+        done[i] = True
+        out.append(i)
+        for k in after[i]:
+            waiting[k] -= 1
+            if waiting[k] == 0 and not done[k]:
+                heapq.heappush(ready, k)
+    return out
+
+
+def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = False) -> list[Episode]:
+    """Group one run's attempts (given in clock order) into episodes of turns. Unless one clock
+    stamped them all (one host: its clock order is the conversations' order), they are first put
+    in causal_order."""
     episodes: dict[str, Episode] = {}
     owner: dict[int, Episode] = {}  # id(turn) -> its episode
     by_chain: dict[str, Turn] = {}
     by_state: dict[str, Turn] = {}
-    for a in attempts:
+    attempts = list(attempts)
+    keys = None if one_clock else [chain_keys(a) for a in attempts]
+    for i in range(len(attempts)) if keys is None else causal_order(attempts, keys):
+        a = attempts[i]
         if a.episode is not None:
             key = f"{run}/{a.episode}"
             ep = episodes.get(key)
@@ -311,12 +406,8 @@ def build_episodes(run: str, attempts: Iterable[Attempt]) -> list[Episode]:
             owner[id(turn)] = ep
             if a.state_hash:
                 by_state[a.state_hash] = turn
-        if a.chain_hash:
-            by_chain[a.chain_hash] = turn
-        if a.state_hash and a.call_signature:
-            by_chain[echo_key(a.state_hash, a.call_signature)] = turn
-        elif a.state_hash and a.outcome == "non_response" and a.sub_kind in EMPTY_KINDS:
-            by_chain[echo_key(a.state_hash, EMPTY_ECHO)] = turn
+        for key in chain_keys(a) if keys is None else keys[i]:
+            by_chain[key] = turn
     out = list(episodes.values())
     for ep in out:
         first = ep.turns[0].final
@@ -360,6 +451,13 @@ SELECT id, episode, item, json_extract_string(tags, '$.category'), condition, mo
        coalesce(parent_hashes, []), item_hash, call_signature, tags::VARCHAR, tool_set IS NOT NULL,
        coalesce(tool_results, 0)
 FROM exchanges WHERE run = ? AND is_attempt ORDER BY started_at, id
+"""
+
+# How many replicas (hosts, so clocks) recorded each run's attempts, from their segments' names.
+_REPLICAS_SQL = """
+SELECT run, count(DISTINCT regexp_extract(segment, $pattern, 1))
+FROM (SELECT DISTINCT run, segment FROM exchanges WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])))
+GROUP BY run
 """
 
 # A produced turn's role, from what it did and where it stands in its episode. One definition,
@@ -472,9 +570,10 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dic
     con.execute("DELETE FROM turns WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    replicas = dict(con.execute(_REPLICAS_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall())
     for run in runs:
         attempts = (Attempt(*row) for row in con.execute(_ATTEMPT_SQL, [run]).fetchall())
-        episodes = build_episodes(run, attempts)
+        episodes = build_episodes(run, attempts, one_clock=replicas.get(run, 0) <= 1)
         t_cols: dict[str, list] = {k: [] for k in _TURN_TYPES}
         e_cols: dict[str, list] = {k: [] for k in _EPISODE_TYPES}
         map_ex: list[str] = []

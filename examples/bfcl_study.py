@@ -23,6 +23,7 @@ printed as each run ends). At the end each study's markdown is in DATA/studies/b
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -70,12 +71,31 @@ def main() -> int:
     for argv, env in commands(args, python or "PYTHON"):
         print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv), flush=True)
         if not args.dry_run:
-            done = subprocess.run(argv, env={**os.environ, **env})
-            if done.returncode:  # interrupted (130) or the study could not go on: stop, rerunning resumes
-                return done.returncode
+            returncode = study_until_done(argv, env)
+            if returncode:  # interrupted (130) or the study could not go on: stop, rerunning resumes
+                return returncode
     if not args.dry_run:
         pooled(args)
     return 0
+
+
+def study_until_done(argv: list[str], env: dict[str, str]) -> int:
+    """Run one study; on Ctrl-C let it finish saving its state instead of killing it mid-write.
+
+    A Ctrl-C at a terminal reaches the study too (same process group); a SIGINT sent to this
+    script alone is passed on. Either way the study keeps its finished runs and exits.
+    """
+    child = subprocess.Popen(argv, env={**os.environ, **env})
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGINT)
+            child.wait()
+        print("interrupted: run this again to resume", file=sys.stderr)
+        return 130
 
 
 def pooled(args: argparse.Namespace) -> None:

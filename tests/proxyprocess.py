@@ -6,6 +6,7 @@ ambiguous when the whole suite runs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -124,3 +125,16 @@ class ProxyProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+
+
+def toolproxy_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`toolproxy ARGS...` as a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def sql_rows(data: Path, query: str) -> list[dict]:
+    """`toolproxy sql --format json` on an analysed data directory."""
+    r = toolproxy_cli("sql", "--data", str(data), "--format", "json", query)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import io
-import os
-import pty
 import subprocess
 import sys
 
 import pytest
 
+from ptyrun import run_with_terminal_stderr
 from toolproxy.progress import Progress, duration, line
 
 
@@ -66,21 +65,7 @@ def _segments(data):
 def test_analyze_draws_progress_on_a_terminal_only(tmp_path):
     _segments(tmp_path / "d")
     cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(tmp_path / "d")]
-    leader, follower = pty.openpty()
-    try:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=follower, timeout=120)
-        os.close(follower)
-        out = b""
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            out += chunk
-    finally:
-        os.close(leader)
+    r, out = run_with_terminal_stderr(cmd)
     assert r.returncode == 0
     assert b"\r\x1b[2Kanalyze: reading segments:" in out and b"(100%)" in out and b"done in" in out, out
     assert b"reading segments" not in r.stdout  # results on stdout stay clean

@@ -28,6 +28,7 @@ COMMANDS = {
     "run": "toolproxy.runner:run",
     "study": "toolproxy.study:study",
     "replay": "toolproxy.replay:replay",
+    "export": "toolproxy.analysis.export.cli:export",
 }
 
 

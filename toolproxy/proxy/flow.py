@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable, NoReturn
 
 from aiohttp import web
 
-from toolproxy.record.model import Record, new_id
+from toolproxy.record.model import Record, new_id, now
 
 PHASES = ("request_headers", "request", "response_headers", "response_chunk", "response_end", "error")
 
@@ -51,7 +51,7 @@ class Flow:
     def __init__(self, request: web.Request, upstream: str, total_timeout: float | None, durable: bool = False) -> None:
         self.request = request
         self.t0 = time.perf_counter()
-        self.rec = Record(id=new_id(), started_at=time.time(), upstream=upstream)
+        self.rec = Record(id=new_id(), started_at=now(), upstream=upstream)
         # The request body: bytes, or a SpilledBody once it outgrew --spill-above.
         self.body: Any = b""
         self.up_path = ""

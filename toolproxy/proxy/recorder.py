@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from toolproxy.proxy.flow import Addon, Flow
 from toolproxy.proxy.headers import record_headers, redact_headers
 from toolproxy.proxy.spool import Spool
-from toolproxy.record.model import encode_body
+from toolproxy.record.model import encode_body, now
 from toolproxy.record.spill import SpilledBody
 from toolproxy.record.writer import SegmentWriter
 
@@ -34,7 +33,7 @@ class Recorder(Addon):
 
     def response_end(self, flow: Flow) -> None:
         rec = flow.rec
-        rec.ended_at = time.time()
+        rec.ended_at = now()
         rec.duration_ms = flow.elapsed_ms()
         rec.pool_wait_ms = flow.pool_wait
         # Redacted here rather than on the way in: after the response, off the client's wait.

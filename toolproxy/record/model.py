@@ -11,6 +11,7 @@ and orjson serialises dataclasses natively without an intermediate dict.
 from __future__ import annotations
 
 import base64
+import os
 import random
 import threading
 import time
@@ -27,19 +28,46 @@ import orjson
 # decoded as UTF-8), and text fields that were not valid UTF-8 are listed in extra["latin1_fields"].
 RECORD_VERSION = 3
 
+# Seconds added to this process's wall clock wherever it stamps a record (its id, started_at,
+# ended_at). For tests only: it stands in for a host whose clock is off, so that tests can show the
+# analysis does not depend on the replicas' clocks agreeing (tests/test_replicas.py). Never set it
+# in production: the recorded times would be wrong by that much.
+CLOCK_OFFSET_ENV = "TOOLPROXY_TEST_CLOCK_OFFSET"
+
+
+def _clock_offset() -> float:
+    try:
+        return float(os.environ.get(CLOCK_OFFSET_ENV) or 0.0)
+    except ValueError:
+        return 0.0
+
+
+_offset_s = _clock_offset()
+_offset_ms = round(_offset_s * 1000)
+
 _id_lock = threading.Lock()
 _last_ms = 0
 _last_rand = 0
 
 
-def new_id() -> str:
-    """A sortable unique id: 48-bit milliseconds + 80 random bits, as 32 lowercase hex digits.
+def now() -> float:
+    """The wall clock records are stamped with (Unix seconds)."""
+    return time.time() + _offset_s
 
-    Monotonic within a process: ids made in the same millisecond increment the random part, so
-    `ORDER BY id` is the order the proxy saw the exchanges in.
+
+def new_id() -> str:
+    """A sortable unique id: 48-bit milliseconds + 80 random bits, as 32 lowercase hex digits
+    (the layout of a UUIDv7 or ULID, without their version bits).
+
+    Monotonic within a process: ids made in the same millisecond (or after the clock stepped back)
+    increment the random part, so `ORDER BY id` is the order one proxy saw its exchanges in. Unique
+    across processes and hosts without coordination: two writers collide only if they draw random
+    parts within a few counts of each other in the same millisecond (about 2^-70 per pair). Across
+    hosts, ids sort by each host's clock, so the analyzer never orders one conversation by them
+    alone (analysis/turns.py: causal_order).
     """
     global _last_ms, _last_rand
-    ms = time.time_ns() // 1_000_000
+    ms = time.time_ns() // 1_000_000 + _offset_ms
     with _id_lock:
         if ms <= _last_ms:
             ms = _last_ms

@@ -33,6 +33,8 @@ import errno
 import fcntl
 import os
 import queue
+import re
+import socket
 import sys
 import threading
 import time
@@ -46,6 +48,14 @@ from toolproxy.record.spill import has_spilled, record_pieces
 
 SEGMENT_DIR = "segments"
 SEGMENT_SUFFIX = ".jsonl"
+# Names the writer in its segments' names (default: the host name). Proxies on several hosts may
+# share one data directory (a network volume) or sync theirs into one bucket: the process id alone
+# repeats across hosts (every container's proxy may be pid 1), the replica name does not.
+REPLICA_ENV = "TOOLPROXY_REPLICA"
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+# A segment's name is `<UTC time>-<pid>-<sequence>-<replica>.jsonl`; this finds the replica (group
+# 1; no match in names written before replicas were named). Python's and DuckDB's syntax alike.
+SEGMENT_REPLICA = r"^[0-9]{8}T[0-9]{6}-[0-9]+-[0-9]+-(.+)\.jsonl$"
 # Records up to this many body characters are serialised on the event loop when submitted (a few
 # microseconds): the writer thread then holds the GIL only to join and write bytes, instead of
 # taking it from the loop for whole batches. Larger ones are serialised on the writer thread, so a
@@ -122,6 +132,7 @@ class SegmentWriter:
         self._closed = False
         self._catchup: asyncio.Future | None = None
         self._thread = threading.Thread(target=self._run, name="toolproxy-writer", daemon=True)
+        self.replica = replica_name()
         # Writer-thread state: the open segment, the records in hand (taken, not yet written)
         # and those written but not yet handed to an fsync.
         self._seg: _Segment | None = None
@@ -439,9 +450,11 @@ class SegmentWriter:
         self.dir.mkdir(parents=True, exist_ok=True)
         while True:
             # A new file of its own (O_EXCL): two writers in one process may open in the same second.
+            # The name's time is for people (and sorts one writer's segments); the analyzer orders
+            # nothing by it, since replicas' clocks may disagree.
             self._seq += 1
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-            path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}{SEGMENT_SUFFIX}"
+            path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}-{self.replica}{SEGMENT_SUFFIX}"
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
                 break
@@ -639,6 +652,14 @@ class _SyncJob:
     records: int
     waiters: list
     close: bool
+
+
+def replica_name() -> str:
+    """This writer's name in segment names: $TOOLPROXY_REPLICA, else the host name (a pod's or a
+    container's own), reduced to letters, digits, `_`, `.` and `-` so it is safe in a file name
+    and in an object store key."""
+    raw = os.environ.get(REPLICA_ENV) or socket.gethostname()
+    return _NOT_IN_NAME.sub("_", raw).strip("._-")[:64] or "host"
 
 
 def _body_chars(rec: Record) -> int:

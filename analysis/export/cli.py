@@ -1,0 +1,91 @@
+"""`toolproxy export`: the analysis database written out for other tools, by format.
+
+Each format is one module with an `export(con, destination, runs=, since=, progress=)`
+function; adding one (OTLP spans, say) is an entry in FORMATS, not a new command.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+
+import click
+
+from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail, _open
+from toolproxy.printable import printable
+
+FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
+
+
+def parse_since(text: str | None, now: float) -> dt.date | None:
+    """A day (2026-11-30) or a duration back from now (7d, 12h), as the first UTC day to include."""
+    from toolproxy.record.retention import parse_duration
+
+    if text is None:
+        return None
+    try:
+        return dt.date.fromisoformat(text.strip())
+    except ValueError:
+        pass
+    try:
+        seconds = parse_duration(text.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a day (2026-11-30) nor a duration (90s, 30m, 12h, 7d, 2w)",
+                                 param_hint="--since") from None
+    return dt.datetime.fromtimestamp(now - seconds, dt.timezone.utc).date()
+
+
+@click.command("export")
+@click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), default="parquet", show_default=True,
+              help="What to write.")
+@click.option("--out", required=True, metavar="PATH|URL",
+              help="A local directory or an fsspec URL: s3://bucket/prefix (needs toolproxy-recorder[s3]), "
+                   "gs://bucket/prefix ([gcs]), or any other scheme fsspec knows.")
+@DATA_OPTION
+@DB_OPTION
+@click.option("--run", "runs", multiple=True, metavar="NAME", help="Only these runs (repeatable).")
+@click.option("--since", metavar="DAY|DURATION", help="Only days from this one on: 2026-11-30, or 7d back from now.")
+@click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
+def export(fmt: str, out: str, data_dir: Path, db_path: Path | None, runs: tuple[str, ...], since: str | None,
+           quiet: bool) -> None:
+    """Write the analysed exchanges (with raw bodies), turns, calls, episodes and runs to PATH|URL.
+
+    Parquet files are partitioned hive-style by day and run (table/date=YYYY-MM-DD/run=NAME/), so
+    DuckDB, Spark or pandas read them directly. Incremental and idempotent like `analyze`: only new
+    or changed partitions are written, and a destination's own manifest keeps a second machine
+    exporting there consistent. Run `toolproxy analyze` first.
+    """
+    import importlib
+
+    import duckdb
+
+    from toolproxy.analysis.export.destination import Destination, ExportError
+    from toolproxy.progress import Progress
+
+    first_day = parse_since(since, time.time())
+    writer = importlib.import_module(FORMATS[fmt])
+    try:
+        dest = Destination(out)
+    except ExportError as exc:
+        _fail(str(exc))
+    con = _open(data_dir, db_path, read_only=True)
+    try:
+        with Progress("export", unit="MB", scale=1e6, quiet=quiet) as progress:
+            result = writer.export(con, dest, runs=list(runs) or None, since=first_day, progress=progress)
+    except ExportError as exc:
+        _fail(str(exc))
+    except duckdb.Error as exc:
+        _fail(f"export failed in DuckDB: {str(exc).splitlines()[0]}")
+    finally:
+        con.close()
+    if result.recovered:
+        click.echo(result.recovered)
+    for t in result.tables:
+        click.echo(f"{t.name}: partitions {t.new} new, {t.appended} appended, {t.rewritten} rewritten, "
+                   f"{t.unchanged} unchanged; {t.rows:,} rows in {t.files} files")
+    where = printable(out)
+    if result.export_id is None:
+        click.echo(f"nothing new to export: {where} already holds every row")
+    else:
+        click.echo(f"wrote {result.files} files ({result.bytes / 1e6:.1f} MB) to {where} (export {result.export_id})")

@@ -1,0 +1,372 @@
+"""`toolproxy export --format parquet`: the analysis tables as hive-partitioned Parquet files.
+
+The destination keeps its own state, a manifest (`_toolproxy_export/manifest.json`) listing every
+partition's files with the row count and a fingerprint of the rows each holds, so an export is
+incremental and idempotent wherever it runs: a second machine exporting the same analysis to the
+same bucket reads the manifest and writes nothing it already finds there.
+
+For each partition (table, day, run) of the database:
+- not in the manifest: every row is written;
+- the same row count and fingerprint as the manifest: nothing is written;
+- otherwise the partition's exported keys (small key files under `_toolproxy_export/keys/`) are
+  compared with the database: when every exported row is still there unchanged, only the new rows
+  are written, as a new file beside the old ones; when any exported row changed or went (a
+  re-analysis under a new analyzer version, `analyze --reclassify`, turns re-derived as a run
+  grew), the partition is rewritten as one new file set that replaces the old.
+Partitions the database no longer has (pruned) are left in the export as they are.
+
+A crash never leaves a half-written state the next export trusts: data files are written first
+under new names, then the manifest is replaced in one step, then the files it no longer lists are
+deleted. A journal (`_toolproxy_export/pending.json`) written before the first file names what
+the export adds and removes, so the next run finishes or undoes it; while it is fresh it also
+keeps a second exporter off the same destination.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from toolproxy.analysis.export.destination import Destination, ExportError
+from toolproxy.analysis.export.partitions import partition_path
+from toolproxy.analysis.export.tables import TABLES, Table, columns, quote_ident
+
+# Bumped when the layout, the manifest or the meaning of a column in the files changes.
+FORMAT_VERSION = 1
+STATE_DIR = "_toolproxy_export"
+MANIFEST = f"{STATE_DIR}/manifest.json"
+PENDING = f"{STATE_DIR}/pending.json"
+KEYS_DIR = f"{STATE_DIR}/keys"
+# A journal older than this is from an export that died; a younger one is an export still running.
+STALE_SECONDS = 3600.0
+# Files handed to the destination at once: object stores upload a batch concurrently, and the
+# progress line moves between batches.
+_UPLOAD_BATCH = 32
+
+
+@dataclass
+class TableResult:
+    name: str
+    new: int = 0
+    appended: int = 0
+    rewritten: int = 0
+    unchanged: int = 0
+    rows: int = 0
+    files: int = 0
+
+
+@dataclass
+class Result:
+    tables: list[TableResult] = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
+    export_id: str | None = None
+    recovered: str | None = None
+
+
+@dataclass
+class _Staged:
+    """What one table's planning and staging produced, not yet visible at the destination."""
+    uploads: list[tuple[str, str]] = field(default_factory=list)  # (local file, destination path)
+    obsolete: list[str] = field(default_factory=list)
+    partitions: dict[str, dict] = field(default_factory=dict)  # partition path -> new manifest entry
+
+
+def versions(con) -> dict[str, int]:
+    """What the files were made from; stored in every file's key-value metadata and the manifest."""
+    from toolproxy.analysis.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.reanalyze import stored_version
+    from toolproxy.analysis.store import schema_version
+
+    built = stored_version(con)
+    if built != ANALYZER_VERSION:
+        raise ExportError(f"the database was analysed under analyzer version {built if built is not None else 'unknown'}, "
+                          f"this toolproxy is version {ANALYZER_VERSION}: run `toolproxy analyze` first so the export "
+                          "does not carry outdated classifications")
+    return {"schema_version": schema_version(con), "analyzer_version": ANALYZER_VERSION, "export_format_version": FORMAT_VERSION}
+
+
+def _key_file(table: str, rel_in_table: str) -> str:
+    """Where a data file's keys are kept: outside the table's folder, and not named *.parquet, so
+    no reader's glob picks them up as data."""
+    return f"{KEYS_DIR}/{table}/{rel_in_table}.keys"
+
+
+def _load_json(dest: Destination, rel: str) -> dict | None:
+    data = dest.read_bytes(rel)
+    if data is None:
+        return None
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise ExportError(f"{dest.url}/{rel} is not valid JSON; it is toolproxy's export state, so this destination "
+                          "was changed by something else (move it away to start the export afresh)") from None
+    if not isinstance(value, dict):
+        raise ExportError(f"{dest.url}/{rel} is not an export state object; move it away to start afresh")
+    return value
+
+
+def _process_gone(host: str, pid: Any) -> bool:
+    if host != socket.gethostname() or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def recover(dest: Destination, manifest: dict | None, *, now: float) -> str | None:
+    """Finish or undo an export that stopped between its first file and its last deletion.
+
+    Returns a sentence saying what was done, or None when there was nothing to recover. Raises
+    ExportError while another export's journal is fresh and its process may be alive.
+    """
+    journal = _load_json(dest, PENDING)
+    if journal is None:
+        return None
+    started = journal.get("started_at", 0)
+    if not _process_gone(journal.get("host"), journal.get("pid")) and now - float(started or 0) < STALE_SECONDS:
+        when = dt.datetime.fromtimestamp(float(started or 0), dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+        raise ExportError(f"another export to {dest.url} is in progress (host {journal.get('host')}, pid {journal.get('pid')}, "
+                          f"since {when}); run one export per destination at a time. If it died, its journal "
+                          f"{PENDING} is taken over {STALE_SECONDS / 60:.0f} minutes after it started, or delete it now")
+    committed = manifest is not None and manifest.get("export_id") == journal.get("export_id")
+    gone = journal.get("obsolete", []) if committed else journal.get("new", [])
+    dest.delete([p for p in gone if isinstance(p, str)])
+    dest.delete([PENDING])
+    verb = "finished" if committed else "undid"
+    return f"{verb} the interrupted export {journal.get('export_id')} ({len(gone)} files removed)"
+
+
+def _remove_stale_staging(state_dir: str, *, now: float) -> None:
+    """Delete local staging folders a killed export left behind (a live export's are younger)."""
+    if not os.path.isdir(state_dir):
+        return
+    for entry in os.listdir(state_dir):
+        path = os.path.join(state_dir, entry)
+        if entry.startswith("staging-") and now - os.path.getmtime(path) > STALE_SECONDS:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class _Plan:
+    """Each partition of one table that needs writing, by its number in _rows: "all" its rows, or
+    only the "new" ones beside its intact files."""
+    modes: dict[int, str] = field(default_factory=dict)
+    paths: dict[int, str] = field(default_factory=dict)
+    totals: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def _row_fingerprints(con, table: Table, runs: list[str] | None, since: dt.date | None) -> None:
+    """_rows: every row of the table in scope, with its key, partition, fingerprint and rowid."""
+    fingerprint = ", ".join(f"{quote_ident(c)} := t.{quote_ident(c)}" for c in columns(con, table.name)
+                            if c not in table.fingerprint_skips)
+    where, params = [], []
+    if runs:
+        where.append(f"{table.run} IN (SELECT unnest(?::VARCHAR[]))")
+        params.append(runs)
+    if since is not None:
+        where.append(f"{table.since_day} >= ?")
+        params.append(since)
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE _rows AS SELECT k, d, r, h, rid, dense_rank() OVER (ORDER BY d, r) AS pid FROM ("
+        f"SELECT {table.key} AS k, {table.day or 'NULL::DATE'} AS d, {table.run} AS r, t.rowid AS rid, "
+        f"md5_number_lower(to_json(struct_pack({fingerprint}))::VARCHAR)::HUGEINT AS h "
+        f"FROM {table.name} t {table.joins} {'WHERE ' + ' AND '.join(where) if where else ''})", params)
+
+
+def _plan(con, table: Table, dest: Destination, old: dict, staging: str, result: TableResult) -> _Plan:
+    """Compare the database's partitions (in _rows) with the manifest's entries `old`."""
+    plan = _Plan()
+    check: dict[int, str] = {}
+    for pid, d, r, n, h in con.execute("SELECT pid, d, r, count(*), sum(h) FROM _rows GROUP BY ALL ORDER BY pid").fetchall():
+        path = partition_path(d.isoformat() if d is not None else None, r)
+        plan.paths[pid], plan.totals[pid] = path, (n, int(h))
+        before = old.get(path)
+        if before is None:
+            plan.modes[pid] = "all"
+            result.new += 1
+        elif before.get("rows") == n and before.get("hash") == str(int(h)):
+            result.unchanged += 1
+        else:
+            check[pid] = path
+    con.execute("CREATE OR REPLACE TEMP TABLE _done (pid BIGINT, file VARCHAR, k VARCHAR)")
+    if check:
+        _load_exported_keys(con, table, dest, old, check, staging)
+        intact = _intact_partitions(con, old, check)
+        for pid in check:
+            plan.modes[pid] = "new" if pid in intact else "all"
+            result.appended += pid in intact
+            result.rewritten += pid not in intact
+    return plan
+
+
+def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: str, export_id: str,
+                 meta: dict[str, str], runs: list[str] | None, since: dt.date | None, result: TableResult) -> _Staged:
+    """Write the table's changed partitions to local files, with their key files, and say where
+    they go, what they replace and the manifest entries that will list them."""
+    _row_fingerprints(con, table, runs, since)
+    old = manifest.get("tables", {}).get(table.name, {})
+    plan = _plan(con, table, dest, old, staging, result)
+    staged = _Staged()
+    if not plan.modes:
+        return staged
+    con.execute("CREATE OR REPLACE TEMP TABLE _todo (pid BIGINT, mode VARCHAR)")
+    con.executemany("INSERT INTO _todo VALUES (?, ?)", list(plan.modes.items()))
+    out = os.path.join(staging, table.name)
+    kv = ", ".join(f"'{k}': '{v}'" for k, v in (meta | {"toolproxy.table": table.name}).items())
+    con.execute(
+        f"COPY (SELECT t.*, s.pid AS _pid FROM {table.name} t JOIN ("
+        "SELECT r.rid, r.pid FROM _rows r JOIN _todo USING (pid) WHERE _todo.mode = 'all' "
+        "OR NOT EXISTS (SELECT 1 FROM _done x WHERE x.pid = r.pid AND x.k = r.k)) s ON s.rid = t.rowid) "
+        f"TO '{_sql_text(out)}' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (_pid), KV_METADATA {{{kv}}}, "
+        f"FILENAME_PATTERN 'part-{export_id}-{{i}}')")
+    written: dict[int, list[dict]] = {pid: [] for pid in plan.modes}
+    for pid_dir in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        pid = int(pid_dir.split("=", 1)[1])
+        for name in sorted(os.listdir(os.path.join(out, pid_dir))):
+            local = os.path.join(out, pid_dir, name)
+            entry = _key_file_for(con, table, local, pid)
+            rel = f"{plan.paths[pid]}/{name}"
+            staged.uploads += [(local, f"{table.name}/{rel}"), (local + ".keys", _key_file(table.name, rel))]
+            written[pid].append({"name": name} | entry)
+            result.rows += entry["rows"]
+            result.files += 1
+    for pid, mode in plan.modes.items():
+        path = plan.paths[pid]
+        before = old.get(path, {}).get("files", [])
+        if mode == "all":
+            for f in before:
+                staged.obsolete += [f"{table.name}/{path}/{f['name']}", _key_file(table.name, f"{path}/{f['name']}")]
+        n, h = plan.totals[pid]
+        staged.partitions[path] = {"rows": n, "hash": str(h), "files": written[pid] if mode == "all" else before + written[pid],
+                                   "schema_version": meta["toolproxy.schema_version"],
+                                   "analyzer_version": meta["toolproxy.analyzer_version"]}
+    return staged
+
+
+def _key_file_for(con, table: Table, local: str, pid: int) -> dict:
+    """Write the keys of staged data file `local` beside it; its manifest entry's rows and fingerprint."""
+    keys = local + ".keys"
+    con.execute(f"COPY (SELECT {table.key} AS k FROM read_parquet('{_sql_text(local)}', hive_partitioning=false) t) "
+                f"TO '{_sql_text(keys)}' (FORMAT parquet, COMPRESSION zstd)")
+    n, h = con.execute(f"SELECT count(*), coalesce(sum(r.h), 0) FROM read_parquet('{_sql_text(keys)}') f "
+                       "JOIN _rows r ON r.k = f.k AND r.pid = ?", [pid]).fetchone()
+    return {"rows": n, "hash": str(int(h))}
+
+
+def _sql_text(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _load_exported_keys(con, table: Table, dest: Destination, old: dict, paths: dict[int, str], staging: str) -> None:
+    """Fill _done with the keys each listed file of these partitions holds (from its key file)."""
+    mapping: list[tuple[str, int, str]] = []
+    for pid, path in paths.items():
+        for f in old[path].get("files", []):
+            rel = _key_file(table.name, f"{path}/{f['name']}")
+            if not dest.exists(rel):
+                continue  # the partition counts as changed: its file cannot be checked
+            if dest.local:
+                local = dest.path(rel)
+            else:
+                local = os.path.join(staging, "keys", f"{len(mapping)}.parquet")
+                os.makedirs(os.path.dirname(local), exist_ok=True)
+                dest.get(rel, local)
+            mapping.append((local, pid, f["name"]))
+    if not mapping:
+        return
+    con.execute("CREATE OR REPLACE TEMP TABLE _keyfiles (filename VARCHAR, pid BIGINT, file VARCHAR)")
+    con.executemany("INSERT INTO _keyfiles VALUES (?, ?, ?)", mapping)
+    con.execute("INSERT INTO _done SELECT m.pid, m.file, f.k FROM read_parquet(?::VARCHAR[], filename=true, hive_partitioning=false) f "
+                "JOIN _keyfiles m USING (filename)", [[m[0] for m in mapping]])
+
+
+def _intact_partitions(con, old: dict, paths: dict[int, str]) -> set[int]:
+    """Partitions whose every exported file still holds exactly the rows the database has for it."""
+    seen = {(pid, file): (n_exported, n_matched, int(h)) for pid, file, n_exported, n_matched, h in con.execute(
+        "SELECT x.pid, x.file, count(*), count(r.k), coalesce(sum(r.h), 0) FROM _done x "
+        "LEFT JOIN _rows r ON r.k = x.k AND r.pid = x.pid GROUP BY ALL").fetchall()}
+    intact = set()
+    for pid, path in paths.items():
+        ok = True
+        for f in old[path].get("files", []):
+            n_exported, n_matched, h = seen.get((pid, f["name"]), (None, None, None))
+            if n_exported != f.get("rows") or n_matched != n_exported or str(h) != f.get("hash"):
+                ok = False
+                break
+        if ok:
+            intact.add(pid)
+    return intact
+
+
+def export(con, dest: Destination, *, runs: list[str] | None = None, since: dt.date | None = None,
+           progress=None) -> Result:
+    """Bring the Parquet export at `dest` in line with the database (see the module docstring)."""
+    v = versions(con)
+    dest.check()
+    result = Result()
+    manifest = _load_json(dest, MANIFEST)
+    if manifest is not None and int(manifest.get("export_format_version", 0)) > FORMAT_VERSION:
+        raise ExportError(f"{dest.url} was written by a newer toolproxy (export format {manifest.get('export_format_version')}, "
+                          f"this one writes {FORMAT_VERSION}); upgrade toolproxy to export there")
+    result.recovered = recover(dest, manifest, now=time.time())
+    manifest = manifest or {"tables": {}}
+    export_id = f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:12]}"
+    meta = {f"toolproxy.{k}": str(val) for k, val in v.items()} | {"toolproxy.export_id": export_id}
+    if dest.local:
+        _remove_stale_staging(dest.path(STATE_DIR), now=time.time())
+        staging = dest.path(f"{STATE_DIR}/staging-{export_id}")
+        os.makedirs(staging)
+    else:
+        staging = tempfile.mkdtemp(prefix="toolproxy-export-")
+    try:
+        uploads: list[tuple[str, str]] = []
+        obsolete: list[str] = []
+        tables = {name: dict(parts) for name, parts in manifest.get("tables", {}).items()}
+        for table in TABLES:
+            if progress is not None:
+                progress.show(f"export: comparing {table.name} with {dest.url}")
+            tr = TableResult(table.name)
+            s = _stage_table(con, table, dest, manifest, staging, export_id, meta, runs, since, tr)
+            result.tables.append(tr)
+            uploads += s.uploads
+            obsolete += s.obsolete
+            tables.setdefault(table.name, {}).update(s.partitions)
+        if not uploads:
+            return result
+        result.export_id = export_id
+        journal = {"export_id": export_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time(),
+                   "new": [rel for _, rel in uploads], "obsolete": obsolete}
+        dest.write_bytes(PENDING, orjson.dumps(journal))
+        sizes = [os.path.getsize(local) for local, _ in uploads]
+        if progress is not None:
+            progress.total, progress.done = float(sum(sizes)), 0.0
+            progress.label = f"export: writing to {dest.url}"
+        for start in range(0, len(uploads), _UPLOAD_BATCH):
+            dest.put(uploads[start:start + _UPLOAD_BATCH])
+            if progress is not None:
+                progress.advance(sum(sizes[start:start + _UPLOAD_BATCH]))
+        result.files = sum(t.files for t in result.tables)
+        result.bytes = sum(sizes)
+        new_manifest = {"format": "toolproxy-export", **v, "export_id": export_id,
+                        "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                        "exported_by": socket.gethostname(), "tables": tables}
+        dest.write_bytes(MANIFEST, orjson.dumps(new_manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+        dest.delete(obsolete)
+        dest.delete([PENDING])
+        return result
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,64 @@
+"""The analysis tables an export carries, and how each one's rows are keyed and partitioned.
+
+Each table is exported with every column the database has (the tables are a public interface
+whose columns are only ever added), so a later schema step reaches the export without a change
+here. A row's partition is its day (UTC) and run: the day an exchange started, the day a call's
+exchange or a turn's first attempt started, the day an episode's first turn did. A run is one
+row, partitioned by run alone: any day it carried would move as the run grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Exchange columns left out of the row fingerprint: the recorded bodies never change for an id,
+# and hashing them would make every export read all of them.
+_IMMUTABLE = frozenset({"request_body", "response_body", "client_body"})
+
+_EXCHANGE_DAY = "coalesce({0}started_at, {0}ended_at, TIMESTAMP '1970-01-01')::DATE"
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    # SQL over the table (aliased t) giving the row's key, day (a DATE, or None) and run.
+    key: str
+    day: str | None
+    run: str
+    # Extra FROM clause joined to t to compute `day`.
+    joins: str = ""
+    fingerprint_skips: frozenset[str] = frozenset()
+    # SQL for the day `--since` compares with, when it is not `day`.
+    recent: str | None = None
+
+    @property
+    def since_day(self) -> str:
+        return self.recent or self.day or "NULL::DATE"
+
+
+TABLES: tuple[Table, ...] = (
+    Table("exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", fingerprint_skips=_IMMUTABLE),
+    Table("calls", key="t.exchange_id || ':' || CAST(t.idx AS VARCHAR)", day="coalesce(x.day, DATE '1970-01-01')",
+          run="coalesce(x.run, '')",
+          joins=f"LEFT JOIN (SELECT id, run, {_EXCHANGE_DAY.format('')} AS day FROM exchanges) x ON x.id = t.exchange_id"),
+    Table("turns", key="t.turn_id", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
+          joins=f"LEFT JOIN (SELECT turn_id, min({_EXCHANGE_DAY.format('')}) AS day FROM exchanges WHERE turn_id IS NOT NULL "
+                "GROUP BY turn_id) x ON x.turn_id = t.turn_id"),
+    Table("episodes", key="t.episode_key", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
+          joins=f"LEFT JOIN (SELECT u.episode_key, min({_EXCHANGE_DAY.format('e.')}) AS day FROM turns u JOIN exchanges e "
+                "ON e.turn_id = u.turn_id GROUP BY u.episode_key) x ON x.episode_key = t.episode_key"),
+    Table("runs", key="t.run", day=None, run="t.run", recent="t.last_seen::DATE"),
+)
+TABLE_NAMES = tuple(t.name for t in TABLES)
+
+
+def columns(con, table: str) -> list[str]:
+    """The table's columns in the database's order."""
+    return [r[0] for r in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
+        "AND table_schema = current_schema() AND table_name = ? "
+        "ORDER BY ordinal_position", [table]).fetchall()]
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
