@@ -1,24 +1,32 @@
 """Benchmark: a realistic synthetic data dir, then a timed `analyze` over it.
 
-    python -m toolproxy.analysis.bench --exchanges 100000 [--dir DIR] [--keep]
+    python -m toolproxy.analysis.bench --exchanges 100000 [--mix agents|small] [--rounds 3]
+                                       [--python OTHER_VENV/bin/python ...] [--dir DIR] [--keep]
 
-The data dir has what real recordings have: multi-turn agent episodes whose message lists grow
-turn by turn, a ~2 KB tools array resent every turn, several stacks with their own wire shapes
-(Ollama /v1 and native NDJSON, vLLM SSE fragments and its default 400, SGLang calls in text,
-llama.cpp timings), streams and non-streams, retries after 500s, timeouts, hallucinated names,
-invalid arguments, prose, and one untagged run that needs prefix-chaining reconstruction.
-Records are the proxy's own Record dataclass serialised exactly as the segment writer does.
-`toolproxy analyze` runs as a subprocess, exactly as a user runs it; reported: exchanges/s (wall,
-process start and DuckDB's final checkpoint included), CPU per exchange over all processes, the
-peak RSS of the largest process, and the database size.
+The `agents` data dir (the default) has what real recordings have: multi-turn agent episodes
+whose message lists grow turn by turn, a ~2 KB tools array resent every turn, several stacks with
+their own wire shapes (Ollama /v1 and native NDJSON, vLLM SSE fragments and its default 400,
+SGLang calls in text, llama.cpp timings), streams and non-streams, retries after 500s, timeouts,
+hallucinated names, invalid arguments, prose, and one untagged run that needs prefix-chaining
+reconstruction. The `small` mix is single requests with short bodies (one small tool or none),
+the shape of a chat front end's traffic. Records are the proxy's own Record dataclass serialised
+exactly as the segment writer does.
+
+`toolproxy analyze` runs as a subprocess, exactly as a user runs it, into a fresh database each
+round; reported per round and as medians: exchanges/s (wall, process start and DuckDB's final
+checkpoint included), CPU per exchange over all its processes, its peak RSS and the database
+size. Each --python (another interpreter with another toolproxy installed, e.g. a venv of the
+main branch) analyses the same data in the same rounds, interleaved, and the ratios to this one
+are printed: on a shared, noisy machine only side-by-side numbers compare.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
-import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -160,6 +168,18 @@ def _ollama_native(model: str, kind: str, name, args, text, stream: bool, rnd: r
     return b"\n".join(lines) + b"\n", "application/x-ndjson"
 
 
+def _write_answered(f, rec: Record, t: float, status: int, ctype: str, body: bytes, ttfb_ms: float, duration_ms: float,
+                    headers: list | None = None) -> None:
+    """Complete a record with the upstream's answer and write it as the segment writer does."""
+    rec.status = rec.client_status = status
+    rec.response_headers = [["content-type", ctype], *(headers or [])]
+    rec.response_body, rec.response_body_encoding = encode_body(body)
+    rec.response_complete = True
+    rec.ttfb_ms, rec.duration_ms = ttfb_ms, duration_ms
+    rec.ended_at = t + duration_ms / 1000
+    f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+
+
 def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: int = 20000) -> int:
     rnd = random.Random(seed)
     seg_dir = data_dir / SEGMENT_DIR
@@ -228,14 +248,9 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
                 else:
                     body, ctype = _openai_reply(stack, model, kind, name, args, text, stream, rnd)
                     status = 200
-                rec.status = rec.client_status = status
-                rec.response_headers = [["content-type", ctype], ["date", "Sat, 29 Nov 2026 12:00:00 GMT"]]
-                rec.response_body, rec.response_body_encoding = encode_body(body)
-                rec.response_complete = True
-                rec.ttfb_ms = rnd.uniform(50, 3000)
-                rec.duration_ms = rec.ttfb_ms + rnd.uniform(10, 9000)
-                rec.ended_at = t + rec.duration_ms / 1000
-                f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+                ttfb = rnd.uniform(50, 3000)
+                _write_answered(f, rec, t, status, ctype, body, ttfb, ttfb + rnd.uniform(10, 9000),
+                                [["date", "Sat, 29 Nov 2026 12:00:00 GMT"]])
                 written += 1
             if stack in ("ollama_refuse", "vllm_refuse") or fail_all:
                 break
@@ -253,23 +268,80 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
     return written
 
 
-def _analyze(data_dir: Path, args: argparse.Namespace) -> tuple[float, str]:
-    """`toolproxy analyze` as a user runs it, in its own process so its peak RSS is its own."""
-    cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data_dir),
-           "--batch-mb", str(args.batch_mb), "--memory-limit", args.memory_limit]
+def generate_small(data_dir: Path, n_exchanges: int, seed: int = 11, segment_records: int = 20000) -> int:
+    """Single-turn exchanges with short bodies: a question, at most one small tool, a short reply."""
+    rnd = random.Random(seed)
+    seg_dir = data_dir / SEGMENT_DIR
+    seg_dir.mkdir(parents=True, exist_ok=True)
+    tool = TOOLS[5]
+    t = 1764000000.0
+    f = None
+    for i in range(n_exchanges):
+        if i % segment_records == 0:
+            if f is not None:
+                f.close()
+            f = open(seg_dir / f"20261129T130000-1-{i // segment_records + 1:04d}.jsonl", "wb")
+        t += rnd.random() * 0.05
+        run = f"small-{i % 4}"
+        offered = rnd.random() < 0.5
+        stream = rnd.random() < 0.3
+        req_obj = {"model": "qwen3:8b", "messages": [{"role": "user", "content": f"What is {rnd.randint(1, 99)}*{rnd.randint(1, 99)}?"}],
+                   "stream": stream}
+        if offered:
+            req_obj["tools"] = [tool]
+        req = orjson.dumps(req_obj)
+        rec = Record(id=new_id(), started_at=t, upstream="http://127.0.0.1:11434", method="POST", path="/v1/chat/completions",
+                     client_path=f"/t/run={run}/v1/chat/completions", run=run, condition="native")
+        rec.request_headers = [["Content-Type", "application/json"]]
+        rec.request_body, rec.request_body_encoding = encode_body(req)
+        rec.request_body_size = len(req)
+        r = rnd.random()
+        if r < 0.03:
+            body, status, ctype = b'{"error":{"message":"model is loading","type":"server_error","code":503}}', 503, "application/json"
+        else:
+            if offered and r < 0.6:
+                kind, name, args, text = "call", "calculator", {"expression": f"{rnd.randint(1, 99)}*{rnd.randint(1, 99)}"}, ""
+            else:
+                kind, name, args, text = "prose", None, None, "The answer is " + str(rnd.randint(1, 9999)) + "."
+            body, ctype = _openai_reply("ollama", "qwen3:8b", kind, name, args, text, stream, rnd)
+            status = 200
+        ttfb = rnd.uniform(20, 400)
+        _write_answered(f, rec, t, status, ctype, body, ttfb, ttfb + rnd.uniform(5, 900))
+    if f is not None:
+        f.close()
+    return n_exchanges
+
+
+def _analyze(python: str, data_dir: Path, args: argparse.Namespace, fresh: bool = True) -> tuple[float, float, float, str]:
+    """(wall s, CPU s, peak RSS MB, output) of `toolproxy analyze` as a user runs it (into a fresh
+    database unless not `fresh`), waited for by itself so the CPU and peak RSS are its own, its
+    workers included. It runs in the data dir so that a checkout in the current directory cannot
+    shadow the toolproxy that `python` has installed."""
+    db = default_db(data_dir)
+    for stale in (db, db.with_name(db.name + ".wal")) if fresh else ():
+        stale.unlink(missing_ok=True)
+    cmd = [python, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data_dir),
+           "--batch-mb", str(args.batch_mb), "--memory-limit", args.memory_limit, "--quiet"]
     if args.workers is not None:
         cmd += ["--workers", str(args.workers)]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, cwd=data_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = proc.stdout.read().decode("utf-8", "replace")
+    _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise SystemExit(f"analyze failed ({out.returncode}):\n{out.stdout}{out.stderr}")
-    return dt, out.stdout
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"analyze with {python} failed ({proc.returncode}):\n{out}")
+    return dt, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--exchanges", type=int, default=100_000)
+    ap.add_argument("--mix", choices=("agents", "small"), default="agents", help="which data dir to generate")
+    ap.add_argument("--rounds", type=int, default=1, help="analyses of the same data, each into a fresh database")
+    ap.add_argument("--python", action="append", default=[], metavar="PYTHON",
+                    help="another interpreter (with its own toolproxy) to run side by side, interleaved (repeatable)")
     ap.add_argument("--dir", type=Path, default=None, help="data dir to create (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the data dir and database afterwards")
     ap.add_argument("--batch-mb", type=float, default=8.0)
@@ -277,21 +349,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=None, help="analysis processes (default: by data size)")
     args = ap.parse_args(argv)
 
-    data_dir = args.dir or Path(tempfile.mkdtemp(prefix="toolproxy-bench-"))
+    data_dir = (args.dir or Path(tempfile.mkdtemp(prefix="toolproxy-bench-"))).resolve()
+    pythons = [sys.executable, *args.python]
     try:
         t0 = time.perf_counter()
-        n = generate(data_dir, args.exchanges)
+        n = (generate_small if args.mix == "small" else generate)(data_dir, args.exchanges)
         size = sum(p.stat().st_size for p in (data_dir / SEGMENT_DIR).iterdir())
-        print(f"generated {n} exchanges ({size / 1e6:.0f} MB of segments) in {time.perf_counter() - t0:.1f}s: {data_dir}")
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        dt, out = _analyze(data_dir, args)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        print(out.rstrip())
-        print(f"=> {n / dt:,.0f} exchanges/s wall ({dt:.1f}s for `toolproxy analyze`, process start and final checkpoint "
-              f"included); {cpu / n * 1e6:.0f} us CPU per exchange over all processes; "
-              f"peak RSS {after.ru_maxrss / 1024:.0f} MB (largest process); db {default_db(data_dir).stat().st_size / 1e6:.0f} MB")
-        dt2, out2 = _analyze(data_dir, args)
+        print(f"generated {n} exchanges, mix {args.mix} ({size / 1e6:.0f} MB of segments) in {time.perf_counter() - t0:.1f}s: {data_dir}")
+        results: dict[str, list[tuple[float, float, float]]] = {p: [] for p in pythons}
+        for r in range(args.rounds):
+            for python in pythons:
+                dt, cpu, rss, out = _analyze(python, data_dir, args)
+                results[python].append((n / dt, cpu / n * 1e6, rss))
+                if r == 0 and python == pythons[0]:
+                    print(out.rstrip())
+                print(f"round {r + 1} {python}: {n / dt:,.0f} exchanges/s wall ({dt:.1f}s, process start and final "
+                      f"checkpoint included); {cpu / n * 1e6:.0f} us CPU per exchange; peak RSS {rss:.0f} MB; "
+                      f"db {default_db(data_dir).stat().st_size / 1e6:.0f} MB")
+        base = statistics.median(x[0] for x in results[pythons[0]])
+        for python in pythons:
+            rate, cpu, rss = (statistics.median(x[i] for x in results[python]) for i in range(3))
+            print(f"=> median of {args.rounds}, {python}: {rate:,.0f} exchanges/s wall, {cpu:.0f} us CPU per exchange, "
+                  f"peak RSS {rss:.0f} MB" + (f"; {rate / base:.2f}x this one's rate" if python != pythons[0] else ""))
+        dt2, _, _, out2 = _analyze(pythons[0], data_dir, args, fresh=False)
         print(f"re-run: {out2.splitlines()[0]} ({dt2:.1f}s)")
     finally:
         if not args.keep and args.dir is None:

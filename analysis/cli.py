@@ -59,6 +59,15 @@ def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit
         _fail(str(exc))
 
 
+# The runs just re-derived that were recorded with --sample (record/sampling.py): the rate, and
+# how many exchanges only a stub stands for.
+_SAMPLED_QUERY = """
+select run, min(try_cast(json_extract(record, '$.extra.sample.rate') as double)) as rate,
+       count(*) filter (where kind = 'sampled_out')
+from exchanges where run in (select unnest(?::varchar[])) group by run having rate < 1 order by run
+"""
+
+
 @click.command()
 @DATA_OPTION
 @DB_OPTION
@@ -96,10 +105,14 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
         _fail("give --expect or --clear-expect, not both")
     rules = expect_rules or ([] if clear_expect else None)
     con = _open(data_dir, db_path, read_only=False, memory_limit=memory_limit)
+    # DuckDB draws its own bar for any statement over 2 s, into pipes and logs too; analyze has
+    # its own progress line.
+    con.execute("SET enable_progress_bar = false")
     try:
         reason = rebuild_reason(con, rules=rules, force=reclassify)
         if reason is not None:
-            t = rebuild(con, rules, exchanges=reclassify or reason.startswith("analyzer version"))
+            t = rebuild(con, rules, exchanges=reclassify or reason.startswith("analyzer version"),
+                        progress=Progress("analyze: reclassifying", unit="exchanges", quiet=quiet))
             click.echo(f"rebuilt derived tables ({reason}): {t['exchanges']} exchanges reclassified, "
                        f"{t['runs']} runs, {t['turns']} turns, {t['episodes']} episodes")
         else:
@@ -110,6 +123,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
                        f"{forgotten['runs']} runs re-derived")
         with Progress("analyze: reading segments", unit="MB", scale=1e6, quiet=quiet) as progress:
             s = ingest(con, data_dir, batch_bytes=int(batch_mb * 1024 * 1024), workers=workers, progress=progress)
+        sampled = con.execute(_SAMPLED_QUERY, [s.runs]).fetchall()
     except duckdb.Error as exc:
         _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:
@@ -124,6 +138,9 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
         f"runs re-derived: {len(s.runs)}{' (' + ', '.join(s.runs[:8]) + (', ...' if len(s.runs) > 8 else '') + ')' if s.runs else ''}; "
         f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s, {s.workers or 'no'} worker processes)"
     ))
+    if sampled:
+        click.echo(printable("sampled (recorded with --sample; `report` gives estimated totals): " + "; ".join(
+            f"{run} at {100 * rate:g}% of episodes, {n} exchanges forwarded and not stored" for run, rate, n in sampled)))
     if s.set_aside:
         n = sum(s.set_aside.values())
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(s.set_aside.items()))

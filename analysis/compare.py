@@ -98,6 +98,8 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str 
     """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}")
+    if run_a == run_b:
+        raise StoreError(f"compare needs two different runs, got {run_a!r} twice")
     side_a, side_b = _side(con, run_a), _side(con, run_b)
     shared = sorted(set(side_a) & set(side_b))
     if shared:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import multiprocessing
+import operator
 import os
 import stat
 import time
@@ -25,7 +26,7 @@ from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -33,49 +34,24 @@ from toolproxy.analysis.bodies import decode_body, header
 from toolproxy.analysis.classify import classify
 from toolproxy.analysis.columns import Columns
 from toolproxy.analysis.store import insert_columns
+from toolproxy.analysis.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS
 from toolproxy.analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
 from toolproxy.progress import Progress
 from toolproxy.record.chunks import ChunkSource, is_chunk_line
 from toolproxy.record.model import Record
+from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.record.segments import batch_end, list_segments, parse_line
 from toolproxy.stacks.markers import detect
 from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Request, decode, family_of, read_request, tool_names
 
-EXCHANGE_TYPES = {
-    "id": "VARCHAR", "kind": "VARCHAR", "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "ttfb_ms": "DOUBLE",
-    "duration_ms": "DOUBLE", "run": "VARCHAR", "episode": "VARCHAR", "item": "VARCHAR", "condition": "VARCHAR",
-    "tags": "JSON", "upstream": "VARCHAR", "method": "VARCHAR", "path": "VARCHAR", "query": "VARCHAR",
-    "status": "INTEGER", "client_status": "INTEGER", "error_kind": "VARCHAR", "error_message": "VARCHAR",
-    "is_attempt": "BOOLEAN", "streamed": "BOOLEAN", "model": "VARCHAR", "prompt_tokens": "BIGINT",
-    "completion_tokens": "BIGINT", "cached_tokens": "BIGINT", "tool_set": "VARCHAR", "request_body": "VARCHAR",
-    "request_body_encoding": "VARCHAR", "response_body": "VARCHAR", "response_body_encoding": "VARCHAR",
-    "client_body": "VARCHAR", "client_body_encoding": "VARCHAR", "upstream_request": "JSON",
-    "condition_note": "VARCHAR", "request_headers": "JSON", "response_headers": "JSON", "segment": "VARCHAR",
-    "segment_offset": "BIGINT", "record": "JSON", "outcome": "VARCHAR", "sub_kind": "VARCHAR", "surface": "VARCHAR",
-    "n_calls": "INTEGER", "finish_reason": "VARCHAR", "content": "VARCHAR", "reasoning_content": "VARCHAR",
-    "upstream_content": "VARCHAR", "harness_saw_prose": "BOOLEAN", "stack_marker": "VARCHAR",
-    "stack_marker_version": "VARCHAR", "n_messages": "INTEGER", "state_hash": "VARCHAR", "chain_hash": "VARCHAR",
-    "parent_hashes": "VARCHAR[]", "item_hash": "VARCHAR", "call_signature": "VARCHAR", "tool_results": "INTEGER",
-}
-CALL_TYPES = {
-    "exchange_id": "VARCHAR", "idx": "INTEGER", "name": "VARCHAR", "arguments_raw": "VARCHAR", "arguments": "JSON",
-    "surface": "VARCHAR", "format": "VARCHAR", "offered": "BOOLEAN", "validated": "BOOLEAN", "valid": "BOOLEAN",
-    "schema_errors": "JSON",
-}
-TOOL_SET_TYPES = {"hash": "VARCHAR", "tools": "JSON", "names": "VARCHAR[]"}
-FINGERPRINT_TYPES = {
-    "id": "VARCHAR", "run": "VARCHAR", "upstream": "VARCHAR", "recorded_at": "TIMESTAMP", "stack": "VARCHAR",
-    "stack_version": "VARCHAR", "model": "VARCHAR", "record": "JSON", "segment": "VARCHAR", "segment_offset": "BIGINT",
-}
-ISSUE_TYPES = {
-    "segment": "VARCHAR", "byte_offset": "BIGINT", "kind": "VARCHAR", "message": "VARCHAR", "seen_at": "TIMESTAMP",
-    "record_id": "VARCHAR",
-}
+# What ingest writes of an exchange: every column but those set when turns are derived.
+EXCHANGE_TYPES = {name: sql_type for name, sql_type in EXCHANGES.types.items() if name not in ("turn_id", "analyzer_version")}
+_EXCHANGE_VALUES = operator.itemgetter(*EXCHANGE_TYPES)
+CALL_TYPES = {name: sql_type for name, sql_type in CALLS.types.items() if name not in ("turn_id", "analyzer_version")}
 # Record fields stored as they are in a typed column. The proxy writes each with one JSON type; a
 # record where one has another was not written by it (or was damaged) and is set aside whole.
 RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
                  if name in Record.__dataclass_fields__ and sql_type != "JSON"]
-EXCHANGES = Columns(EXCHANGE_TYPES)
 _RECORD = Columns({name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS})
 # Issue kinds for lines that were not stored (the others are notes about a segment).
 SET_ASIDE = ("corrupt", "bad_type", "unknown_kind", "analyze_error")
@@ -90,11 +66,19 @@ def _json(value: Any) -> str | None:
     return orjson.dumps(value, default=str).decode()
 
 
-_TOOL_SETS: dict[bytes, tuple[str, str, list[str]]] = {}
+class ToolSet(NamedTuple):
+    """A tool_sets row: content hash, canonical JSON, names."""
+
+    hash: str
+    tools: str
+    names: list[str]
 
 
-def tool_set(tools: list) -> tuple[str, str, list[str]]:
-    """(content hash, canonical JSON, names) of a tools array.
+_TOOL_SETS: dict[bytes, ToolSet] = {}
+
+
+def tool_set(tools: list) -> ToolSet:
+    """The tool_sets row of a tools array.
 
     The hash is over the key-sorted JSON, so the same tools spelled in another key order are one
     set. Harnesses resend the identical array every turn, so the result is cached by a digest of
@@ -104,7 +88,7 @@ def tool_set(tools: list) -> tuple[str, str, list[str]]:
     hit = _TOOL_SETS.get(quick)
     if hit is None:
         canonical = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS, default=str)
-        hit = (hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names(tools))
+        hit = ToolSet(hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names(tools))
         if len(_TOOL_SETS) > 4096:
             _TOOL_SETS.clear()
         _TOOL_SETS[quick] = hit
@@ -145,9 +129,12 @@ def _reply(rec: dict, kind: str | None, which: str) -> Reply:
 
 @dataclass(slots=True)
 class Analyzed:
-    exchange: tuple
-    calls: list[tuple] = field(default_factory=list)
-    tool_set: tuple[str, str, list[str]] | None = None
+    """One exchange's rows: its exchanges row and calls rows (dicts keyed by column, as in
+    tables.EXCHANGES and CALLS, without the columns set when turns are derived) and its tools."""
+
+    exchange: dict[str, Any]
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_set: ToolSet | None = None
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -159,7 +146,8 @@ def _given(value: Any, default: Any) -> Any:
 def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     """Everything the database keeps about one exchange record. Pure: no I/O."""
     path = _given(rec.get("path"), "")
-    kind = family_of(path) if rec.get("method", "POST") == "POST" else None
+    # A sampled-out exchange's stub (record/sampling.py) is counted, never analysed as a turn.
+    kind = family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
     is_attempt = kind is not None
     condition = _given(rec.get("condition"), "native")
     rewritten = rec.get("upstream_request") is not None
@@ -168,8 +156,8 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     tools = request.tools if request is not None and request.tools else None
 
     tools_row = tool_set(tools) if tools else None
-    tool_hash = tools_row[0] if tools_row else None
-    names: list[str] = tools_row[2] if tools_row else []
+    tool_hash = tools_row.hash if tools_row else None
+    names: list[str] = tools_row.names if tools_row else []
 
     upstream_reply = None
     view = None
@@ -193,7 +181,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         mark = detect(upstream_reply.first) or detect(upstream_reply.last)
 
     outcome = sub_kind = surface = None
-    calls_out: list[tuple] = []
+    calls_out: list[dict[str, Any]] = []
     n_calls = None
     saw_prose = None
     chain_reply = None
@@ -208,10 +196,12 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         n_calls = len(c.calls)
         exchange_id = rec.get("id")
         for call in c.calls:
-            calls_out.append((
-                exchange_id, call.idx, call.name, call.arguments_raw, _json(call.arguments), call.surface,
-                call.format, call.offered, call.validated, call.valid, _json(call.schema_errors),
-            ))
+            calls_out.append({
+                "exchange_id": exchange_id, "idx": call.idx, "name": call.name, "arguments_raw": call.arguments_raw,
+                "arguments": _json(call.arguments), "surface": call.surface, "format": call.format,
+                "offered": call.offered, "validated": call.validated, "valid": call.valid,
+                "schema_errors": _json(call.schema_errors),
+            })
         if outcome != "non_response":
             chain_reply = (view.content, [(tc.name, tc.arguments) for tc in view.tool_calls])
         signature = call_signature([(call.name, call.arguments) for call in c.calls])
@@ -251,33 +241,40 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     if kind == RESPONSES:
         record_meta["response_id"] = view.id if view is not None else None
         record_meta["previous_response_id"] = request.parameters.get("previous_response_id") if request is not None else None
-    row = (
-        rec.get("id"), rec.get("kind", "exchange"), rec.get("started_at"), rec.get("ended_at"), rec.get("ttfb_ms"),
-        rec.get("duration_ms"), _given(rec.get("run"), UNTAGGED_RUN), rec.get("episode"), rec.get("item"), condition,
-        _json(rec.get("tags") or {}), rec.get("upstream"), rec.get("method"), path, rec.get("query"),
-        rec.get("status"), rec.get("client_status"), rec.get("error_kind"), rec.get("error_message"), is_attempt,
-        (view.streamed if view is not None else None), model,
-        usage.prompt_tokens if usage is not None else None,
-        usage.completion_tokens if usage is not None else None,
-        usage.cached_tokens if usage is not None else None,
-        tool_hash, rec.get("request_body"), rec.get("request_body_encoding"), rec.get("response_body"),
-        rec.get("response_body_encoding"), rec.get("client_body"), rec.get("client_body_encoding"),
-        _json(rec.get("upstream_request")), rec.get("condition_note"), _json(rec.get("request_headers")),
-        _json(rec.get("response_headers")), segment, offset, _json(record_meta),
-        outcome, sub_kind, surface, n_calls,
-        view.finish_reason if view is not None else None,
-        view.content if view is not None else None,
-        view.reasoning_content if view is not None else None,
-        upstream_reply.content if (rewritten and upstream_reply is not None) else None,
-        saw_prose, mark.stack if mark else None, mark.version if mark else None,
-        keys.n_messages if keys else None, keys.state_hash if keys else None, keys.chain_hash if keys else None,
-        keys.parent_hashes if keys else None, keys.item_hash if keys else None, signature,
-        keys.tool_results if keys else None,
-    )
+    row = {
+        "id": rec.get("id"), "kind": rec.get("kind", "exchange"), "started_at": rec.get("started_at"),
+        "ended_at": rec.get("ended_at"), "ttfb_ms": rec.get("ttfb_ms"), "duration_ms": rec.get("duration_ms"),
+        "run": _given(rec.get("run"), UNTAGGED_RUN), "episode": rec.get("episode"), "item": rec.get("item"),
+        "condition": condition, "tags": _json(rec.get("tags") or {}), "upstream": rec.get("upstream"),
+        "method": rec.get("method"), "path": path, "query": rec.get("query"), "status": rec.get("status"),
+        "client_status": rec.get("client_status"), "error_kind": rec.get("error_kind"),
+        "error_message": rec.get("error_message"), "is_attempt": is_attempt,
+        "streamed": view.streamed if view is not None else None, "model": model,
+        "prompt_tokens": usage.prompt_tokens if usage is not None else None,
+        "completion_tokens": usage.completion_tokens if usage is not None else None,
+        "cached_tokens": usage.cached_tokens if usage is not None else None,
+        "tool_set": tool_hash, "request_body": rec.get("request_body"),
+        "request_body_encoding": rec.get("request_body_encoding"), "response_body": rec.get("response_body"),
+        "response_body_encoding": rec.get("response_body_encoding"), "client_body": rec.get("client_body"),
+        "client_body_encoding": rec.get("client_body_encoding"), "upstream_request": _json(rec.get("upstream_request")),
+        "condition_note": rec.get("condition_note"), "request_headers": _json(rec.get("request_headers")),
+        "response_headers": _json(rec.get("response_headers")), "segment": segment, "segment_offset": offset,
+        "record": _json(record_meta), "outcome": outcome, "sub_kind": sub_kind, "surface": surface, "n_calls": n_calls,
+        "finish_reason": view.finish_reason if view is not None else None,
+        "content": view.content if view is not None else None,
+        "reasoning_content": view.reasoning_content if view is not None else None,
+        "upstream_content": upstream_reply.content if (rewritten and upstream_reply is not None) else None,
+        "harness_saw_prose": saw_prose, "stack_marker": mark.stack if mark else None,
+        "stack_marker_version": mark.version if mark else None,
+        "n_messages": keys.n_messages if keys else None, "state_hash": keys.state_hash if keys else None,
+        "chain_hash": keys.chain_hash if keys else None, "parent_hashes": keys.parent_hashes if keys else None,
+        "item_hash": keys.item_hash if keys else None, "call_signature": signature,
+        "tool_results": keys.tool_results if keys else None,
+    }
     return Analyzed(row, calls_out, tools_row)
 
 
-def fingerprint_row(rec: dict, segment: str, offset: int) -> tuple:
+def fingerprint_row(rec: dict, segment: str, offset: int) -> dict[str, Any]:
     """A fingerprint record (the stack as it described itself at start), kept whole as JSON.
 
     The fingerprint itself travels in the record's `extra` (toolproxy.stacks.fingerprint); a stack
@@ -293,11 +290,12 @@ def fingerprint_row(rec: dict, segment: str, offset: int) -> tuple:
         stack = stack.get("name") or stack.get("stack")
     if stack in ("unknown", "unreachable"):
         stack = version = None
-    return (
-        rec.get("id"), rec.get("run"), rec.get("upstream"), rec.get("started_at"),
-        stack if isinstance(stack, str) else None, version if isinstance(version, str) else None,
-        fp.get("model") if isinstance(fp.get("model"), str) else None, _json(rec), segment, offset,
-    )
+    return {
+        "id": rec.get("id"), "run": rec.get("run"), "upstream": rec.get("upstream"), "recorded_at": rec.get("started_at"),
+        "stack": stack if isinstance(stack, str) else None, "stack_version": version if isinstance(version, str) else None,
+        "model": fp.get("model") if isinstance(fp.get("model"), str) else None, "record": _json(rec),
+        "segment": segment, "segment_offset": offset,
+    }
 
 
 @dataclass
@@ -326,20 +324,25 @@ class Batch:
     """What one batch of lines adds to the database; built in a worker, written by the main process."""
 
     segment: str
-    exchanges: list[tuple] = field(default_factory=list)
-    # The exchanges transposed to columns (EXCHANGE_TYPES order), done in the worker by analyze_lines.
-    exchange_columns: list[tuple] = field(default_factory=list)
-    calls: list[tuple] = field(default_factory=list)
-    tool_sets: dict[str, tuple] = field(default_factory=dict)
-    fingerprints: list[tuple] = field(default_factory=list)
-    issues: list[tuple] = field(default_factory=list)
+    exchanges: list[dict] = field(default_factory=list)
+    # The exchanges transposed to columns (EXCHANGE_TYPES), done in the worker by analyze_lines.
+    exchange_columns: dict[str, list] = field(default_factory=dict)
+    calls: list[dict] = field(default_factory=list)
+    tool_sets: dict[str, ToolSet] = field(default_factory=dict)
+    fingerprints: list[dict] = field(default_factory=list)
+    issues: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     records: int = 0
     duplicates: int = 0
 
     def issue(self, offset: int, kind: str, message: str, record_id: str | None = None) -> None:
-        self.issues.append((self.segment, offset, kind, message, time.time(), record_id))
+        self.issues.append(_issue(self.segment, offset, kind, message, record_id))
         self.notes.append(f"{self.segment} @{offset}: {message}")
+
+
+def _issue(segment: str, offset: int, kind: str, message: str, record_id: str | None = None) -> dict[str, Any]:
+    return {"segment": segment, "byte_offset": offset, "kind": kind, "message": message, "seen_at": time.time(),
+            "record_id": record_id}
 
 
 def analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSource) -> Batch:
@@ -353,12 +356,13 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSou
     gc.disable()
     try:
         batch = _analyze_lines(segment, lines, chunks)
-        columns = dict(zip(EXCHANGE_TYPES, zip(*batch.exchanges))) if batch.exchanges else {}
-        batch.exchanges = []
-        bad = EXCHANGES.misfits(columns, RECORD_FIELDS) if columns else None
+        rows, batch.exchanges = batch.exchanges, []
+        # itemgetter + zip transpose in C: a comprehension per column cost ~15 us an exchange
+        columns = dict(zip(EXCHANGE_TYPES, zip(*map(_EXCHANGE_VALUES, rows)))) if rows else {}
+        bad = EXCHANGES.check.misfits(columns, RECORD_FIELDS) if columns else None
         if bad:
             _set_aside(batch, columns, bad)
-        batch.exchange_columns = list(columns.values()) if columns and columns["id"] else []
+        batch.exchange_columns = columns if columns and columns["id"] else {}
         return batch
     finally:
         if enabled:
@@ -374,7 +378,7 @@ def _set_aside(batch: Batch, columns: dict[str, list], bad: dict[int, str]) -> N
     keep = [i for i in range(len(ids)) if i not in bad]
     for name, values in columns.items():
         columns[name] = [values[i] for i in keep]
-    batch.calls = [c for c in batch.calls if c[0] not in gone]
+    batch.calls = [c for c in batch.calls if c["exchange_id"] not in gone]
 
 
 def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSource) -> Batch:
@@ -395,7 +399,7 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSo
             batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         elif kind == "fingerprint":
             batch.fingerprints.append(fingerprint_row(rec, segment, offset))
-        elif kind != "exchange":
+        elif kind not in ("exchange", SAMPLED_OUT):
             batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped", rid)
         elif rid in ids:
             batch.duplicates += 1
@@ -412,7 +416,7 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSo
             batch.exchanges.append(a.exchange)
             batch.calls.extend(a.calls)
             if a.tool_set is not None:
-                batch.tool_sets[a.tool_set[0]] = a.tool_set
+                batch.tool_sets[a.tool_set.hash] = a.tool_set
     return batch
 
 
@@ -428,15 +432,12 @@ def analyze_range(path: str, start: int, end: int) -> Batch:
         f.seek(start)
         data = f.read(end - start)
     lines = []
-    pos = 0
-    while pos < len(data):
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            nl = len(data)
-        line = data[pos:nl]
-        if line.strip() and not is_chunk_line(line):
-            lines.append((start + pos, line))
-        pos = nl + 1
+    pos = start
+    for line in data.split(b"\n"):
+        # isspace() stops at the first other byte; strip() would copy every line
+        if line and not line.isspace() and not is_chunk_line(line):
+            lines.append((pos, line))
+        pos += len(line) + 1
     with ChunkSource(path, data, start) as chunks:
         return analyze_lines(Path(path).name, lines, chunks)
 
@@ -464,10 +465,6 @@ def _next_line_end(f, pos: int, limit: int) -> int:
             return pos + i + 1
         pos += len(buf)
     return limit
-
-
-def _columns(rows: list[tuple], types: dict[str, str]) -> dict[str, list]:
-    return {name: [r[i] for r in rows] for i, name in enumerate(types)}
 
 
 def _unreadable(path: Path) -> str | None:
@@ -540,7 +537,7 @@ class Ingestor:
             size = path.stat().st_size
             if size < offset:
                 self.summary.issues.append(f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it")
-                self._write_issues([(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}", time.time(), None)])
+                self._write_issues([_issue(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}")])
                 offset = 0
             if size > offset:
                 todo.append((path, offset))
@@ -591,22 +588,27 @@ class Ingestor:
                     done, fut = pending.popleft()
                     self._write(done, fut.result())
         self._commit()
+        phase = None
         self.con.execute("BEGIN TRANSACTION")
         try:
             link_stored_responses(self.con, self.affected_runs)
-            totals = derive(self.con, self.affected_runs)
+            phase = self.progress.then("analyze: turns and episodes", unit="runs") if self.progress is not None else None
+            totals = derive(self.con, self.affected_runs, progress=phase)
             self.con.execute("COMMIT")
         except Exception:
             self.con.execute("ROLLBACK")
             raise
+        finally:
+            if phase is not None:
+                phase.close()
         self.summary.turns, self.summary.episodes = totals["turns"], totals["episodes"]
         self.summary.runs = sorted(self.affected_runs)
         self.summary.seconds = time.perf_counter() - t0
         return self.summary
 
-    def _write_issues(self, issues: list[tuple]) -> None:
+    def _write_issues(self, issues: list[dict]) -> None:
         before = self.con.execute("SELECT count(*) FROM ingest_issues").fetchall()[0][0]
-        insert_columns(self.con, "ingest_issues", _columns(issues, ISSUE_TYPES), ISSUE_TYPES, on_conflict="ON CONFLICT DO NOTHING")
+        INGEST_ISSUES.insert(self.con, INGEST_ISSUES.columns_of(issues), on_conflict="ON CONFLICT DO NOTHING")
         self.summary.new_issues += self.con.execute("SELECT count(*) FROM ingest_issues").fetchall()[0][0] - before
 
     def _write(self, chunk: _Chunk, batch: Batch) -> None:
@@ -615,18 +617,18 @@ class Ingestor:
         s.duplicates += batch.duplicates
         s.issues.extend(batch.notes)
         for issue in batch.issues:
-            if issue[2] in SET_ASIDE:
-                s.set_aside[issue[2]] = s.set_aside.get(issue[2], 0) + 1
+            if issue["kind"] in SET_ASIDE:
+                s.set_aside[issue["kind"]] = s.set_aside.get(issue["kind"], 0) + 1
         if chunk.torn_at is not None:
             s.torn_tails += 1
             s.issues.append(f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); will retry next run")
-            batch.issues.append((chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line", time.time(), None))
+            batch.issues.append(_issue(chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line"))
         if not self.in_txn:
             con.execute("BEGIN TRANSACTION")
             self.in_txn, self.txn_bytes = True, 0
         try:
             if batch.exchange_columns:
-                columns = dict(zip(EXCHANGE_TYPES, batch.exchange_columns))
+                columns = batch.exchange_columns
                 ids = columns["id"]
                 insert_columns(con, "_ids", {"id": ids}, {"id": "VARCHAR"})
                 dup = {r[0] for r in con.execute("SELECT id FROM _ids SEMI JOIN exchanges USING (id)").fetchall()}
@@ -636,20 +638,17 @@ class Ingestor:
                     s.duplicates += len(dup)
                     keep = [i for i, x in enumerate(ids) if x not in dup]
                     columns = {k: [v[i] for i in keep] for k, v in columns.items()}
-                    calls = [r for r in calls if r[0] not in dup]
-                s.new_exchanges += insert_columns(con, "exchanges", columns, EXCHANGE_TYPES)
-                insert_columns(con, "calls", _columns(calls, CALL_TYPES), CALL_TYPES)
+                    calls = [r for r in calls if r["exchange_id"] not in dup]
+                s.new_exchanges += EXCHANGES.insert(con, columns)
+                CALLS.insert(con, {name: [r[name] for r in calls] for name in CALL_TYPES})
                 self.affected_runs.update(columns["run"])
             new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]
             if new_sets:
-                insert_columns(con, "tool_sets", _columns(new_sets, TOOL_SET_TYPES), TOOL_SET_TYPES,
-                               on_conflict="ON CONFLICT DO NOTHING")
+                TOOL_SETS.insert(con, TOOL_SETS.columns_of([t._asdict() for t in new_sets]), on_conflict="ON CONFLICT DO NOTHING")
             if batch.fingerprints:
-                s.fingerprints += insert_columns(
-                    con, "fingerprints", _columns(batch.fingerprints, FINGERPRINT_TYPES), FINGERPRINT_TYPES,
-                    on_conflict="ON CONFLICT DO NOTHING",
-                )
-                self.affected_runs.update(r[1] for r in batch.fingerprints if r[1])
+                s.fingerprints += FINGERPRINTS.insert(con, FINGERPRINTS.columns_of(batch.fingerprints),
+                                                      on_conflict="ON CONFLICT DO NOTHING")
+                self.affected_runs.update(r["run"] for r in batch.fingerprints if r["run"])
             if batch.issues:
                 self._write_issues(batch.issues)
             con.execute("DELETE FROM ingest_issues WHERE segment = ? AND kind = 'torn_tail' AND byte_offset < ?", [chunk.segment, chunk.end])

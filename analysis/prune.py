@@ -17,15 +17,18 @@ from pathlib import Path
 import click
 
 from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail
-from toolproxy.record.retention import parse_duration, prune, read_ledger
+from toolproxy.progress import Progress
+from toolproxy.quantities import parse_duration
+from toolproxy.record.retention import prune, read_ledger
 
 _BY_SEGMENT = ("exchanges", "fingerprints", "ingest_issues", "ingest_state")
 
 
-def forget_pruned(con, data_dir: str | Path) -> dict[str, int]:
+def forget_pruned(con, data_dir: str | Path, progress=None) -> dict[str, int]:
     """Delete the rows of every pruned segment still in the database and re-derive their runs.
 
-    Idempotent and cheap when there is nothing to do. Returns counts of what went.
+    Idempotent and cheap when there is nothing to do. Returns counts of what went. `progress`
+    (toolproxy.progress.Progress) is advanced per run re-derived.
     """
     from toolproxy.analysis.turns import derive
 
@@ -55,7 +58,7 @@ def forget_pruned(con, data_dir: str | Path) -> dict[str, int]:
             con.execute(f"DELETE FROM {table} WHERE segment IN (SELECT segment FROM _gone)")
         # Tool schemas are recorded content too: those no remaining exchange offers go with them.
         con.execute("DELETE FROM tool_sets WHERE hash NOT IN (SELECT tool_set FROM exchanges WHERE tool_set IS NOT NULL)")
-        derive(con, runs)
+        derive(con, runs, progress=progress)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
@@ -75,7 +78,9 @@ def _mb(n: int) -> str:
 @DATA_OPTION
 @DB_OPTION
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
-def prune_command(older_than: str, run: str | None, data_dir: Path, db_path: Path | None, dry_run: bool) -> None:
+@click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
+def prune_command(older_than: str, run: str | None, data_dir: Path, db_path: Path | None, dry_run: bool,
+                  quiet: bool) -> None:
     """Delete whole recorded segments older than DURATION, and the analysis rows derived from them.
 
     A segment a running proxy is still writing is never touched. The database is brought in line
@@ -92,7 +97,8 @@ def prune_command(older_than: str, run: str | None, data_dir: Path, db_path: Pat
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     if not (data_dir / "segments").is_dir():
         _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
-    result = prune(data_dir, older_than=seconds, run=run, dry_run=dry_run, now=time.time())
+    with Progress("prune: checking segments", unit="MB", scale=1e6, quiet=quiet) as progress:
+        result = prune(data_dir, older_than=seconds, run=run, dry_run=dry_run, now=time.time(), progress=progress)
     verb = "would delete" if dry_run else "deleted"
     click.echo(f"{verb} {len(result.pruned)} segments ({_mb(result.bytes)})")
     for seg in result.pruned:
@@ -111,7 +117,8 @@ def prune_command(older_than: str, run: str | None, data_dir: Path, db_path: Pat
         click.echo(f"database not updated now ({exc}); the next `toolproxy analyze` removes the deleted segments' rows")
         return
     try:
-        c = forget_pruned(con, data_dir)
+        with Progress("prune: re-deriving runs", quiet=quiet) as progress:
+            c = forget_pruned(con, data_dir, progress)
     except duckdb.Error as exc:
         _fail(f"removing the pruned rows failed in DuckDB: {str(exc).splitlines()[0]}; "
               "the next `toolproxy analyze` retries")

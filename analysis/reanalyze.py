@@ -86,60 +86,70 @@ def _stored_record(row: dict) -> dict:
     return rec
 
 
-def reclassify(con) -> int:
+def reclassify(con, progress=None) -> int:
     """Re-run the per-exchange analysis over every stored exchange, from its raw columns; returns
-    how many exchanges were reclassified. The caller re-derives turns and holds the transaction."""
-    from toolproxy.analysis.ingest import CALL_TYPES, EXCHANGE_TYPES, TOOL_SET_TYPES, analyze_record
+    how many exchanges were reclassified. The caller re-derives turns and holds the transaction.
+    `progress` (toolproxy.progress.Progress): told the number of exchanges, advanced per batch."""
+    from toolproxy.analysis.ingest import CALL_TYPES, EXCHANGE_TYPES, analyze_record
     from toolproxy.analysis.store import insert_columns
+    from toolproxy.analysis.tables import CALLS, TOOL_SETS
 
     derived = [c for c in EXCHANGE_TYPES if c not in _RAW]
     types = {"id": "VARCHAR"} | {c: EXCHANGE_TYPES[c] for c in derived}
     ids = [r[0] for r in con.execute("SELECT id FROM exchanges ORDER BY id").fetchall()]
+    if progress is not None:
+        progress.total = len(ids)
     columns = [*_RAW, "record"]
     seen_sets: set[str] = set()
     for start in range(0, len(ids), _BATCH):
         batch = ids[start:start + _BATCH]
         cur = con.execute(f"SELECT {', '.join(columns)} FROM exchanges WHERE id IN (SELECT unnest(?::VARCHAR[]))", [batch])
         out: dict[str, list] = {c: [] for c in types}
-        calls: list[tuple] = []
-        sets: list[tuple] = []
+        calls: list[dict] = []
+        sets: list[dict] = []
         for values in cur.fetchall():
             row = dict(zip(columns, values))
             a = analyze_record(_stored_record(row), row["segment"], row["segment_offset"])
-            by_name = dict(zip(EXCHANGE_TYPES, a.exchange))
             for c in types:
-                out[c].append(by_name[c])
+                out[c].append(a.exchange[c])
             calls.extend(a.calls)
-            if a.tool_set is not None and a.tool_set[0] not in seen_sets:
-                seen_sets.add(a.tool_set[0])
-                sets.append(a.tool_set)
+            if a.tool_set is not None and a.tool_set.hash not in seen_sets:
+                seen_sets.add(a.tool_set.hash)
+                sets.append(a.tool_set._asdict())
         con.execute("CREATE OR REPLACE TEMP TABLE _reclassified AS SELECT id, "
                     f"{', '.join(derived)} FROM exchanges LIMIT 0")
         insert_columns(con, "_reclassified", out, types)
         assignments = ", ".join(f"{c} = r.{c}" for c in derived)
         con.execute(f"UPDATE exchanges SET {assignments} FROM _reclassified r WHERE exchanges.id = r.id")
         con.execute("DELETE FROM calls WHERE exchange_id IN (SELECT unnest(?::VARCHAR[]))", [batch])
-        insert_columns(con, "calls", {n: [c[i] for c in calls] for i, n in enumerate(CALL_TYPES)}, CALL_TYPES)
+        CALLS.insert(con, {n: [c[n] for c in calls] for n in CALL_TYPES})
         if sets:
-            insert_columns(con, "tool_sets", {n: [s[i] for s in sets] for i, n in enumerate(TOOL_SET_TYPES)},
-                           TOOL_SET_TYPES, on_conflict="ON CONFLICT DO NOTHING")
+            TOOL_SETS.insert(con, TOOL_SETS.columns_of(sets), on_conflict="ON CONFLICT DO NOTHING")
+        if progress is not None:
+            progress.advance(len(batch))
     con.execute("DROP TABLE IF EXISTS _reclassified")
     return len(ids)
 
 
-def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool) -> dict[str, int]:
+def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool, progress=None) -> dict[str, int]:
     """Rebuild every derived table in one transaction: exchanges' classification (when the rules
-    of classification may have changed) and all runs' turns, episodes and runs rows."""
+    of classification may have changed) and all runs' turns, episodes and runs rows. `progress`
+    (toolproxy.progress.Progress) draws the reclassifying, then the deriving; closed here."""
     from toolproxy.analysis.turns import derive
 
     con.execute("BEGIN TRANSACTION")
     try:
-        n = reclassify(con) if exchanges else 0
+        n = reclassify(con, progress) if exchanges else 0
         save_state(con, rules)
         runs = [r[0] for r in con.execute("SELECT DISTINCT run FROM exchanges WHERE run IS NOT NULL").fetchall()]
-        totals = derive(con, runs) | {"exchanges": n, "runs": len(runs)}
+        if progress is not None:
+            progress = progress.then("analyze: turns and episodes", unit="runs")
+        totals = derive(con, runs, progress=progress) | {"exchanges": n, "runs": len(runs)}
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
         raise
+    finally:
+        if progress is not None:
+            progress.close()
     return totals

@@ -60,6 +60,44 @@ def select_runs(con: duckdb.DuckDBPyConnection, wanted: Sequence[str] | None, pa
 
 
 @dataclass
+class Sampling:
+    """A run recorded with `--sample`: counts above are of the kept episodes; these are the totals
+    they stand for (each turn weighed by 1/its rate). Rates need no scaling: they are estimates
+    from the kept episodes as they are."""
+
+    rate_min: float
+    rate_max: float
+    estimated_turns: float
+    estimated_episodes: float
+    exchanges_not_stored: int
+
+
+_SAMPLING_SQL = """
+with t as (
+    select t.run, t.turn_index,
+           coalesce(try_cast(json_extract(e.record, '$.extra.sample.rate') as double), 1.0) as rate
+    from turns t join exchanges e on e.id = t.final_exchange_id
+    where t.run in (select run from wanted)
+), kept as (
+    select run, min(rate) as lo, max(rate) as hi, sum(1 / rate) as turns,
+           coalesce(sum(1 / rate) filter (where turn_index = 0), 0) as episodes
+    from t group by run
+), dropped as (
+    select run, count(*) as n from exchanges
+    where kind = 'sampled_out' and run in (select run from wanted) group by run
+)
+select run, coalesce(lo, 1.0), coalesce(hi, 1.0), coalesce(turns, 0), coalesce(episodes, 0), coalesce(n, 0)
+from kept full join dropped using (run)
+where coalesce(lo, 1.0) < 1 or coalesce(n, 0) > 0
+"""
+
+
+def sampling_by_run(con: duckdb.DuckDBPyConnection) -> dict[str, Sampling]:
+    """The sampled runs among `wanted`: their rates and estimated totals."""
+    return {r[0]: Sampling(*r[1:3], float(r[3]), float(r[4]), int(r[5])) for r in con.execute(_SAMPLING_SQL).fetchall()}
+
+
+@dataclass
 class RunSummary(RunMetrics):
     """A run's metrics (analysis.metrics) and what a reader needs beside them."""
 
@@ -77,6 +115,7 @@ class RunSummary(RunMetrics):
     valid_seen_as_prose: int
     looping_episodes: int
     replay_of: str | None = None  # the run whose turns this run replays (toolproxy replay)
+    sampling: Sampling | None = None  # recorded with `serve --sample`: the rate and estimated totals
 
     @property
     def outcome_shares(self) -> dict[str, float | None]:
@@ -151,6 +190,7 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
         where run in (select run from wanted) and tags->>'replay_of_run' is not null group by run
     """).fetchall())
     metrics = run_metrics(con, runs, resamples=resamples, seed=seed)
+    sampled = sampling_by_run(con)
 
     summaries = []
     for run in runs:
@@ -165,6 +205,7 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
             turns=int(turns), episodes=int(episodes), outcomes={k: 0 for k in OUTCOMES} | outcomes.get(run, {}),
             calls=int(calls), text_calls=int(text_calls), harness_saw_prose=int(saw_prose),
             valid_seen_as_prose=int(valid_prose), looping_episodes=int(looping), replay_of=replays.get(run),
+            sampling=sampled.get(run),
         ))
     return Report(runs=summaries, source=source, seed=seed, resamples=resamples,
                   analyzer_version=stored_version(con), expect_rules=[str(r) for r in rules])

@@ -31,6 +31,7 @@ import orjson
 from toolproxy.analysis.echoes import echoed_calls
 from toolproxy.analysis.expect import Rule, expectation
 from toolproxy.analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE, PROSE, VALID_CALL
+from toolproxy.analysis.tables import EPISODES, TURNS
 from toolproxy.record.writer import SEGMENT_REPLICA
 
 UNTAGGED_RUN = "(untagged)"
@@ -78,21 +79,21 @@ def canon_calls(calls: Iterable[tuple[str | None, Any]]) -> list:
     return [[name, _args(args)] for name, args in calls]
 
 
-def _canon(role: Any, content: Any, calls: list) -> bytes:
+def _canon(role: Any, text: str, calls: list) -> bytes:
     """Serialization of a message that survives a harness resending it: ids, whitespace around
-    content, null-vs-empty content and the spelling of argument JSON do not matter."""
-    return orjson.dumps([role, _text(content), calls], option=orjson.OPT_SORT_KEYS)
+    content (`text` is _text of it), null-vs-empty content and the spelling of argument JSON do
+    not matter."""
+    return orjson.dumps([role, text, calls], option=orjson.OPT_SORT_KEYS)
 
 
-def _is_tool_result(m: dict) -> bool:
-    """A message that returns a tool's result to the model, in any of the ways harnesses write it."""
-    role = m.get("role")
+def _is_tool_result(role: Any, content: Any, text: str) -> bool:
+    """Whether a message (its role, content and _text of it) returns a tool's result to the
+    model, in any of the ways harnesses write it."""
     if role in _RESULT_ROLES:
         return True
-    content = m.get("content")
     if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in _RESULT_PARTS for p in content):
         return True
-    return role == "user" and _OBSERVATION.search(_text(content)) is not None
+    return role == "user" and _OBSERVATION.search(text) is not None
 
 
 def _message_calls(m: dict) -> list:
@@ -144,12 +145,14 @@ def conversation_keys(
     prev_role = None
     for m in messages:
         if isinstance(m, dict):
-            results += _is_tool_result(m)
             role = m.get("role")
-            calls = _message_calls(m)
+            content = m.get("content")
+            text = _text(content)
+            results += _is_tool_result(role, content, text)
+            calls = _message_calls(m) if m.get("tool_calls") else []
             if role == "assistant" and prev_role != "assistant":
                 block, block_calls, block_prefix = [], [], running.copy()
-            running.update(_canon(role, m.get("content"), calls))
+            running.update(_canon(role, text, calls))
             if role == "assistant":
                 block.append(m)
                 block_calls.extend(calls)
@@ -169,7 +172,7 @@ def conversation_keys(
     chain = None
     if reply is not None:
         extended = running.copy()
-        extended.update(_canon("assistant", reply[0], canon_calls(reply[1])))
+        extended.update(_canon("assistant", _text(reply[0]), canon_calls(reply[1])))
         chain = extended.hexdigest()
     return Keys(len(messages), state.hexdigest(), chain, parents, item.hexdigest(), results)
 
@@ -503,19 +506,8 @@ def delivered(turns: Sequence[Turn], i: int) -> bool:
     return i + 1 < len(turns) and turns[i + 1].attempts[0].tool_results > f.tool_results
 
 
-_TURN_TYPES = {
-    "turn_id": "VARCHAR", "run": "VARCHAR", "episode_key": "VARCHAR", "turn_index": "INTEGER", "item_key": "VARCHAR",
-    "category": "VARCHAR", "condition": "VARCHAR", "model": "VARCHAR", "outcome": "VARCHAR", "sub_kind": "VARCHAR",
-    "surface": "VARCHAR", "n_attempts": "INTEGER", "n_calls": "INTEGER", "final_exchange_id": "VARCHAR",
-    "finish_reason": "VARCHAR", "harness_saw_prose": "BOOLEAN", "expect": "VARCHAR", "delivered": "BOOLEAN",
-    "offered_tools": "BOOLEAN", "tool_results": "INTEGER", "saw_result": "BOOLEAN", "is_last": "BOOLEAN",
-    "analyzer_version": "INTEGER",
-}
-_EPISODE_TYPES = {
-    "episode_key": "VARCHAR", "run": "VARCHAR", "episode": "VARCHAR", "reconstructed": "BOOLEAN", "item_key": "VARCHAR",
-    "category": "VARCHAR", "n_turns": "INTEGER", "looping": "BOOLEAN", "loop_reason": "VARCHAR", "expect": "VARCHAR",
-    "tags": "JSON", "analyzer_version": "INTEGER",
-}
+# The turns and episodes columns derive() writes (a turn's content and role are set after, in SQL).
+_TURN_COLUMNS = [name for name in TURNS.names if name not in ("content", "role")]
 
 _RUNS_SQL = """
 INSERT INTO runs
@@ -552,10 +544,11 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 """
 
 
-def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dict[str, int]:
+def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progress=None) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
     `rules`: expectation rules (analysis.expect); None uses the ones stored with the analysis.
+    `progress` (toolproxy.progress.Progress): told the number of runs, advanced per run.
     """
     from toolproxy.analysis.reanalyze import stored_rules
     from toolproxy.analysis.store import insert_columns
@@ -571,11 +564,13 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dic
     con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     replicas = dict(con.execute(_REPLICAS_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall())
+    if progress is not None:
+        progress.total = len(runs)
     for run in runs:
         attempts = (Attempt(*row) for row in con.execute(_ATTEMPT_SQL, [run]).fetchall())
         episodes = build_episodes(run, attempts, one_clock=replicas.get(run, 0) <= 1)
-        t_cols: dict[str, list] = {k: [] for k in _TURN_TYPES}
-        e_cols: dict[str, list] = {k: [] for k in _EPISODE_TYPES}
+        turn_rows: list[dict] = []
+        episode_rows: list[dict] = []
         map_ex: list[str] = []
         map_turn: list[str] = []
         for ep in episodes:
@@ -590,24 +585,31 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None) -> dic
                 tid = turn.attempts[0].id
                 item = turn.attempts[0].item or ep.item_key
                 saw_result = saw_result or f.tool_results > 0
-                row = (tid, run, ep.key, i, item, category_of(item, turn.attempts[0].category) or ep.category,
-                       f.condition, f.model, outcome, sub_kind, f.surface, len(turn.attempts), f.n_calls, f.id,
-                       f.finish_reason, f.harness_saw_prose, expect, delivered(ep.turns, i), f.offered_tools,
-                       f.tool_results, saw_result, i == len(ep.turns) - 1, ANALYZER_VERSION)
-                for k, v in zip(_TURN_TYPES, row):
-                    t_cols[k].append(v)
+                turn_rows.append({
+                    "turn_id": tid, "run": run, "episode_key": ep.key, "turn_index": i, "item_key": item,
+                    "category": category_of(item, turn.attempts[0].category) or ep.category, "condition": f.condition,
+                    "model": f.model, "outcome": outcome, "sub_kind": sub_kind, "surface": f.surface,
+                    "n_attempts": len(turn.attempts), "n_calls": f.n_calls, "final_exchange_id": f.id,
+                    "finish_reason": f.finish_reason, "harness_saw_prose": f.harness_saw_prose, "expect": expect,
+                    "delivered": delivered(ep.turns, i), "offered_tools": f.offered_tools, "tool_results": f.tool_results,
+                    "saw_result": saw_result, "is_last": i == len(ep.turns) - 1, "analyzer_version": ANALYZER_VERSION,
+                })
                 for a in turn.attempts:
                     map_ex.append(a.id)
                     map_turn.append(tid)
-            row = (ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns), ep.looping,
-                   ep.loop_reason, expect, orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(),
-                   ANALYZER_VERSION)
-            for k, v in zip(_EPISODE_TYPES, row):
-                e_cols[k].append(v)
-        totals["turns"] += insert_columns(con, "turns", t_cols, _TURN_TYPES)
-        totals["episodes"] += insert_columns(con, "episodes", e_cols, _EPISODE_TYPES)
+            episode_rows.append({
+                "episode_key": ep.key, "run": run, "episode": ep.name, "reconstructed": ep.reconstructed,
+                "item_key": ep.item_key, "category": ep.category, "n_turns": len(ep.turns), "looping": ep.looping,
+                "loop_reason": ep.loop_reason, "expect": expect,
+                "tags": orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(),
+                "analyzer_version": ANALYZER_VERSION,
+            })
+        totals["turns"] += TURNS.insert(con, {name: [r[name] for r in turn_rows] for name in _TURN_COLUMNS})
+        totals["episodes"] += EPISODES.insert(con, EPISODES.columns_of(episode_rows))
         if map_ex:
             insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
+        if progress is not None:
+            progress.advance()
     con.execute(
         "UPDATE turns SET content = e.content FROM exchanges e "
         "WHERE e.id = turns.final_exchange_id AND turns.run IN (SELECT unnest(?::VARCHAR[]))", [runs]

@@ -1,4 +1,8 @@
-"""Running a command whose stderr is a terminal (a pty), as a user's shell does, to see what it draws there."""
+"""Run a CLI command with its stderr on a pseudo-terminal, as a user at a terminal sees it.
+
+Progress lines are drawn only when stderr is a terminal: tests of them need one. stdout stays a
+pipe, so a test also sees that results never carry the redrawn line.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +10,29 @@ import os
 import pty
 import subprocess
 
+REDRAW = b"\r\x1b[2K"  # how every progress line starts: back to column 0, erase the line
 
-def run_with_terminal_stderr(cmd: list[str], timeout: float = 120) -> tuple[subprocess.CompletedProcess, bytes]:
-    """(the finished process with stdout captured, every byte it wrote to the terminal)."""
+
+def on_a_terminal(cmd: list[str], env: dict | None = None, timeout: float = 180) -> tuple[int, bytes, bytes]:
+    """(exit code, stdout, everything written to the terminal)."""
     leader, follower = pty.openpty()
     try:
-        try:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=follower, timeout=timeout)
-        finally:
-            os.close(follower)
-        shown = b""
-        while True:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=follower, stdin=subprocess.DEVNULL, env=env)
+        os.close(follower)
+        follower = -1
+        seen = bytearray()
+        while True:  # drained while it runs: a full pty buffer would block the command
             try:
                 chunk = os.read(leader, 65536)
-            except OSError:  # the other end is closed and everything read
+            except OSError:  # EIO: every writer closed the terminal
                 break
             if not chunk:
                 break
-            shown += chunk
+            seen += chunk
+        out = proc.stdout.read()
+        proc.wait(timeout)
     finally:
         os.close(leader)
-    return proc, shown
+        if follower != -1:
+            os.close(follower)
+    return proc.returncode, out, bytes(seen)

@@ -5,6 +5,7 @@ CLI's exit codes as a subprocess."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -199,11 +200,25 @@ def test_gates_file_parsing():
     assert set(base) == set(BY_NAME)
     over = parse_gates({"required_argument": {"min_pass_rate": 0.85}, "two_targets": {"level": "hard"}}, base)
     assert over["required_argument"] == Gate("hard", 0.85) and over["two_targets"] == Gate("hard", 0.5)
-    for bad, message in [({"nope": {}}, "unknown case 'nope'"), ({"enum_value": {"level": "soft"}}, "level must be"),
-                         ({"enum_value": {"min_pass_rate": 1.5}}, "from 0 to 1"), ([], "JSON object"),
-                         ({"enum_value": 3}, "expected an object")]:
-        with pytest.raises(GatesError, match=message):
+    for bad, message in [
+        ({"nope": {}}, "unknown case 'nope'"),
+        ({"enum_value": {"level": "soft"}}, "enum_value.level: Input should be 'hard' or 'advisory' (got 'soft')"),
+        ({"enum_value": {"min_pass_rate": 1.5}}, "enum_value.min_pass_rate: Input should be less than or equal to 1 (got 1.5)"),
+        ({"enum_value": {"min_pass_rate": True}}, "enum_value.min_pass_rate: Input should be a valid number (got True)"),
+        ({"enum_value": {"min_pass_rate": "0.9"}}, "enum_value.min_pass_rate: Input should be a valid number (got '0.9')"),
+        ({"enum_value": {"min_pass_rat": 0.5}}, "enum_value: unknown field 'min_pass_rat'; a gate has level and min_pass_rate"),
+        ([], "a gates file is a JSON object"),
+        ({"enum_value": 3}, "enum_value: expected an object with level and/or min_pass_rate (got 3)"),
+        ({"enum_value": {"level": "x"}, "two_targets": {"min_pass_rate": -1}},
+         "enum_value.level: Input should be 'hard' or 'advisory' (got 'x'); two_targets.min_pass_rate: Input should be "
+         "greater than or equal to 0 (got -1)"),
+    ]:
+        with pytest.raises(GatesError) as raised:
             parse_gates(bad, base)
+        assert str(raised.value).startswith(message), str(raised.value)
+    with pytest.raises(GatesError, match="required_argument: give both level and min_pass_rate"):
+        parse_gates({"required_argument": {"level": "hard"}})
+    assert parse_gates({"enum_value": {"min_pass_rate": 1}}, base)["enum_value"] == Gate("hard", 1.0)
 
 
 def test_default_output_is_dated_under_runs():
@@ -283,7 +298,7 @@ def test_cli_bad_gates_file(tmp_path):
     bad = tmp_path / "g.json"
     bad.write_text('{"enum_value": {"level": "soft"}}')
     r = cli("--upstream", "http://127.0.0.1:9", "--model", "m", "--gates", str(bad))
-    assert r.returncode == 2 and "level must be one of hard, advisory" in r.stderr
+    assert r.returncode == 2 and "enum_value.level: Input should be 'hard' or 'advisory' (got 'soft')" in r.stderr
 
 
 def test_cli_output_is_inert(fake_stack, tmp_path):
@@ -293,3 +308,19 @@ def test_cli_output_is_inert(fake_stack, tmp_path):
             "-o", str(out))
     assert "# Conformance: gpt\\x1b]0;owned\\x07\\u202e on" in r.stdout, r.stdout + r.stderr
     assert not any(c in r.stdout + out.read_text() for c in "\x1b\x07\u202e")
+
+
+def test_progress_line_on_a_terminal_only(fake_stack, tmp_path):
+    """Without --quiet: a progress line with counts, rate and time left on a terminal; none in a pipe."""
+    from ptyrun import REDRAW, on_a_terminal
+
+    good = fake_stack("openai", responder=good_model)
+    args = ["--upstream", good.url, "--model", "gpt-4o-mini", "--runs", "2"]
+    cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()", "conformance", *args]
+    rc, stdout, tty = on_a_terminal([*cmd, "--data", str(tmp_path / "d"), "-o", str(tmp_path / "a.md")])
+    assert rc == 0, tty
+    assert re.search(rb"\r\x1b\[2Kconformance: \d+/\d+ requests \(\d+%\), [\d.,]+ requests/s, \S+ left", tty), tty
+    assert REDRAW + b"conformance: " in tty and b"(100%)" in tty and b"done in" in tty
+    assert REDRAW not in stdout
+    piped = subprocess.run([*cmd, "--data", str(tmp_path / "e"), "-o", str(tmp_path / "b.md")], capture_output=True, timeout=300)
+    assert piped.returncode == 0 and REDRAW not in piped.stderr and b"requests/s" not in piped.stderr

@@ -3,7 +3,6 @@ llama.cpp, real HTTP clients, and its counts checked against /_toolproxy/stats a
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import re
@@ -16,19 +15,37 @@ import urllib.error
 import urllib.request
 from contextlib import ExitStack
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 from proxyprocess import LISTENING, ProxyProcess
 
 from toolproxy.analysis.report.screenshot import find_browser, run_chromium, screenshot
-from toolproxy.proxy.live import LiveView, Tally, outcome_key
+from toolproxy.proxy.live import LiveView, Tally, merge_reports, outcome_key
 from toolproxy.record.model import Record, encode_record
 from toolproxy.testing import fakes
 
 TOKEN = "s3cret-page-token"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-HOSTILE = '<img src=x onerror="document.title=\'pwned\'"><b>bold</b>'
+# What a model may write: HTML, a terminal's escape sequences, a direction override.
+HOSTILE = '<img src=x onerror="document.title=\'pwned\'"><b>bold</b> \x1b[31mred\x1b[0m\x07 \u202eevil'
+
+
+def visible(text: str) -> str:
+    """What the page shows for text (setText in live.html): control characters as \\xNN and
+    direction overrides as [U+NNNN], each marked."""
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if (o < 0x20 and ch not in "\t\n") or 0x7F <= o <= 0x9F:
+            out.append(f"\\x{o:02x}")
+        elif o in (0x200E, 0x200F) or 0x202A <= o <= 0x202E or 0x2066 <= o <= 0x2069:
+            out.append(f"[U+{o:04X}]")
+        else:
+            out.append(ch)
+    return "".join(out)
+
 
 # What the scripted model does per prompt, and how many times each is sent per run.
 SCRIPT = {
@@ -62,7 +79,7 @@ def admin(url: str, path: str) -> dict:
     return json.loads(body)
 
 
-def wait_classified(url: str, n: int, timeout: float = 15.0) -> dict:
+def wait_classified(url: str, n: int, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         live = admin(url, "/_toolproxy/live?limit=1000")
@@ -98,7 +115,8 @@ def test_counts_match_stats(served):
     stats = admin(p.url, "/_toolproxy/stats")
     live = admin(p.url, "/_toolproxy/live?limit=1000")
     assert stats["exchanges"] == total == live["observed"] == live["classified"]
-    assert live["skipped"] == 0 and live["pending"] == 0 and live["failures"] == 0 and live["broken"] is None
+    assert live["unclassified"] == {} and live["pending"] == 0 and live["failures"] == 0 and live["broken"] is None
+    assert live["problems"] == [] and live["workers"] == 1
     by_class: dict[str, int] = {}
     for run in live["runs"].values():
         for k, n in run["by_status_class"].items():
@@ -212,6 +230,30 @@ def test_no_live_page(tmp_path):
         assert status == 200 and json.loads(body)["exchanges"] == 0
 
 
+def test_spilled_exchange_is_counted_not_classified(tmp_path):
+    """A body over --spill-above never sits whole in memory, so the page counts that exchange
+    (run, status) as `large` instead of classifying it; the others are classified as usual."""
+    with ExitStack() as stack:
+        fake = fakes.FakeStack("llamacpp", responder=responder)
+        stack.enter_context(fake.in_thread())
+        p = ProxyProcess(fake.url, tmp_path / "d", ("--spill-above", "1024", "--quiet", "--no-fingerprint"))
+        stack.callback(p.stop)
+        for content in ("weather", "chat"):
+            messages = [{"role": "system", "content": "x" * (4096 if content == "chat" else 10)},
+                        {"role": "user", "content": content}]
+            status, _, _ = send(p.url, "/v1/chat/completions", {"model": fake.model, "tools": TOOLS, "messages": messages},
+                                {"X-Toolproxy-Run": "big"})
+            assert status == 200
+        deadline = time.monotonic() + 60
+        while (live := json.loads(send(p.url, "/_toolproxy/live")[2]))["pending"] or live["observed"] < 2:
+            assert time.monotonic() < deadline, live
+            time.sleep(0.05)
+    run = live["runs"]["big"]
+    assert live["classified"] == 1 and live["unclassified"] == {"large": 1}, live
+    assert run["exchanges"] == 2 and run["by_status_class"] == {"2xx": 2} and run["unclassified"] == {"large": 1}
+    assert run["outcomes"] == {"valid_call/native": 1}
+
+
 def test_ctrl_c_to_the_process_group_stops_quietly(tmp_path):
     """A terminal's Ctrl-C reaches the classifier process too: no traceback, a clean exit."""
     with ExitStack() as stack:
@@ -240,11 +282,11 @@ def _rec(i: int, run: str = "r", status: int = 200) -> Record:
 
 
 def test_memory_is_bounded():
-    """A full inbox lets the oldest go (counted); the recent ring and the run table keep their size."""
+    """A full inbox lets the oldest go (counted, not classified); the recent ring and the run table keep their size."""
     view = LiveView(inbox=5, recent=4, max_runs=3)
     for i in range(12):  # the classifier is not started: everything waits in the inbox
         view.observe(_rec(i, run=f"run{i % 6}"))
-    assert view.skipped == 7 and view.observed == 12
+    assert view.observed == 12 and len(view._inbox) == 5
     view.start()
     try:
         deadline = time.monotonic() + 30
@@ -253,12 +295,68 @@ def test_memory_is_bounded():
         first, gone = view.detail("id11"), view.detail("id7")
     finally:
         view.stop()
-    assert rep["classified"] == 5 and rep["pending"] == 0, rep
+    assert rep["classified"] == 5 and rep["pending"] == 0 and rep["unclassified"] == {"behind": 7}, rep
+    assert rep["observed"] == 12
     assert [x["id"] for x in rep["recent"]] == ["id11", "id10", "id9", "id8"]
     assert list(rep["runs"]) == ["run5", "run4", "run3"]  # the run quiet the longest was let go
     assert gone is None and first["content"] == "hi 11"
     assert rep["runs"]["run5"]["outcomes"] == {"prose": 1}
     assert view.report()["broken"] == "the classifier process is not running"
+
+
+def test_counted_when_behind_or_spilled():
+    """Exchanges the classifier never sees still count, by run and status class, with the reason."""
+    view = LiveView(inbox=2)
+    for i in range(6):
+        view.observe(_rec(i, run="busy", status=200 if i % 2 else 502))
+    view.observe(_rec(9, run="big"), None, False)
+    view.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (rep := view.report())["classified"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        view.stop()
+    assert rep["observed"] == 7 and rep["classified"] == 2 and rep["pending"] == 0, rep
+    assert rep["unclassified"] == {"behind": 4, "large": 1}
+    busy, big = rep["runs"]["busy"], rep["runs"]["big"]
+    assert busy["exchanges"] == 6 and busy["by_status_class"] == {"2xx": 3, "5xx": 3}
+    assert busy["unclassified"] == {"behind": 4} and sum(busy["outcomes"].values()) == 2
+    assert big == {**big, "exchanges": 1, "by_status_class": {"2xx": 1}, "unclassified": {"large": 1}, "outcomes": {}}
+    assert busy["first"] == 1000.0 and busy["last"] == 1005.0
+
+
+MERGE_CASES = [
+    # (worker reports' runs, merged runs)
+    ([{"a": {"exchanges": 2, "first": 5.0, "last": 9.0, "calls": 1, "by_status_class": {"2xx": 2}, "errors": {},
+             "outcomes": {"prose": 2}, "unclassified": {}, "models": {"m": 2}}},
+      {"a": {"exchanges": 3, "first": 4.0, "last": 7.0, "calls": 2, "by_status_class": {"2xx": 1, "5xx": 2},
+             "errors": {"upstream_5xx": 2}, "outcomes": {"prose": 1}, "unclassified": {"behind": 2}, "models": {"m": 1}},
+       "b": {"exchanges": 1, "first": 10.0, "last": 10.0, "calls": 0, "by_status_class": {"none": 1},
+             "errors": {"connect": 1}, "outcomes": {}, "unclassified": {}, "models": {}}}],
+     {"b": {"exchanges": 1, "first": 10.0, "last": 10.0, "calls": 0, "by_status_class": {"none": 1},
+            "errors": {"connect": 1}, "outcomes": {}, "unclassified": {}, "models": {}},
+      "a": {"exchanges": 5, "first": 4.0, "last": 9.0, "calls": 3, "by_status_class": {"2xx": 3, "5xx": 2},
+            "errors": {"upstream_5xx": 2}, "outcomes": {"prose": 3}, "unclassified": {"behind": 2}, "models": {"m": 3}}}),
+    ([{}, {}], {}),
+]
+
+
+@pytest.mark.parametrize("runs, merged", MERGE_CASES)
+def test_merge_reports(runs, merged):
+    reports = []
+    for i, r in enumerate(runs):
+        rep = Tally().report(None, None, 0)
+        rep.update(observed=10 * (i + 1), classified=i + 1, runs=r, unclassified={"behind": i},
+                   recent=[{"id": f"w{i}-{k}", "started_at": float(k * len(runs) + i)} for k in range(3)])
+        reports.append(rep)
+    out = merge_reports(reports, 4)
+    assert out["runs"] == merged and list(out["runs"]) == list(merged)
+    assert out["observed"] == sum(10 * (i + 1) for i in range(len(runs)))
+    assert out["classified"] == sum(i + 1 for i in range(len(runs)))
+    assert out["unclassified"] == {"behind": sum(range(len(runs)))}
+    starts = [x["started_at"] for x in out["recent"]]
+    assert starts == sorted(starts, reverse=True) and len(starts) == 4 and starts[0] == 3 * len(runs) - 1
 
 
 def test_a_record_the_analyzer_rejects_is_counted_not_fatal():
@@ -305,64 +403,182 @@ def _cells(dom: str, table: str) -> list[list[str]]:
     return parser.rows
 
 
+class _Text(HTMLParser):
+    """The text of one element (by id), nested elements included, and the classes inside it."""
+
+    def __init__(self, element_id: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.id, self.depth, self.text, self.classes = element_id, 0, "", []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if self.depth:
+            self.depth += 1
+            self.classes.append(attrs.get("class"))
+        elif attrs.get("id") == self.id:
+            self.depth = 1
+
+    def handle_endtag(self, tag):
+        if self.depth:
+            self.depth -= 1
+
+    def handle_data(self, data):
+        if self.depth:
+            self.text += data
+
+
 def _text_of(dom: str, element_id: str) -> str:
-    m = re.search(rf'id="{element_id}"[^>]*>(.*?)</', dom, re.S)
-    assert m, element_id
-    return html.unescape(m.group(1))
+    return _element(dom, element_id).text
+
+
+def _element(dom: str, element_id: str) -> _Text:
+    parser = _Text(element_id)
+    parser.feed(dom)
+    assert f'id="{element_id}"' in dom, element_id
+    return parser
+
+
+def _shown_outcomes(cell: str) -> dict[str, int]:
+    """The run row's "outcome/surface n (p%) · ..." cell, as counts."""
+    return {k: int(n) for k, n in re.findall(r"(\S+) (\d+) \(\d+%\)", cell)}
 
 
 @pytest.mark.skipif(find_browser() is None, reason="Chromium not installed (apt-get install -y chromium)")
 def test_page_in_headless_chromium(served, tmp_path):
-    """Chromium opens the page (token once, then the cookie) while traffic flows, then, traffic
-    stopped, the numbers it shows are those of /_toolproxy/stats and of the live counters."""
-    p, _, _ = served
+    """Chromium opens the page (token once, then the cookie) while traffic flows; traffic stopped,
+    the numbers it shows are those of /_toolproxy/stats and, after `analyze`, of the report.
+    Screenshots go to $TOOLPROXY_SCREENS when set (to look at), else to a temporary directory."""
+    p, _, data = served
+    screens = Path(os.environ.get("TOOLPROXY_SCREENS") or tmp_path)
+    screens.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
 
     def traffic() -> None:
         prompts = list(SCRIPT)
         i = 0
-        while not stop.is_set():
+        while not stop.is_set():  # every exchange its own episode: one turn each, as on the page
             send(p.url, "/v1/chat/completions", {"model": "m", "tools": TOOLS, "messages": [
                 {"role": "user", "content": prompts[i % len(prompts)]}]},
-                {"X-Toolproxy-Token": TOKEN, "X-Toolproxy-Run": "gamma", "X-Toolproxy-Episode": str(i // 5)})
+                {"X-Toolproxy-Token": TOKEN, "X-Toolproxy-Run": "gamma", "X-Toolproxy-Episode": f"g{i}"})
             i += 1
             stop.wait(0.01)
 
+    page = f"{p.url}/_toolproxy/login?token={TOKEN}"
     flowing = threading.Thread(target=traffic, daemon=True)
     flowing.start()
     try:
-        shot = screenshot(f"{p.url}/_toolproxy/login?token={TOKEN}", tmp_path / "live-flowing.png", 1400, 1000, wait_ms=5000)
+        shot = screenshot(page, screens / "live-overview.png", 1400, 1000, wait_ms=5000)
     finally:
         stop.set()
         flowing.join(30)
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 40_000, len(data)
+    data_png = shot.read_bytes()
+    assert data_png[:8] == b"\x89PNG\r\n\x1a\n" and len(data_png) > 40_000, len(data_png)
 
     total = admin(p.url, "/_toolproxy/stats")["exchanges"]
     assert wait_classified(p.url, total)["classified"] == total
     stats = admin(p.url, "/_toolproxy/stats")
     live = admin(p.url, "/_toolproxy/live?limit=1000")
     assert stats["exchanges"] == total and live["runs"]["gamma"]["exchanges"] > 0
-    prose = admin(p.url, "/_toolproxy/live?outcome=prose&limit=1")["recent"][0]["id"]
-    page = f"{p.url}/_toolproxy/login?token={TOKEN}"
     proc = run_chromium(page, "--dump-dom", "--virtual-time-budget=5000", "--window-size=1400,1000")
     dom = proc.stdout
     assert 'data-ready="1"' in dom, proc.stderr[-2000:]
     assert _text_of(dom, "exchanges") == f"{stats['exchanges']:,}"
     assert _text_of(dom, "health") == stats["status"]
+    assert _text_of(dom, "classified") == f"{total:,}"
     rows = {r[0]: r for r in _cells(dom, "runs")[1:]}
     assert set(rows) == set(live["runs"])
     for run, counts in live["runs"].items():
         row = rows[run]
         shown = [int(x.replace(",", "")) for x in row[1:6]]
         assert shown == [counts["exchanges"], *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none"))]
-        for key, n in counts["outcomes"].items():
-            assert f"{key} {n} (" in row[7]
-    assert sum(int(r[1]) for r in rows.values()) == stats["exchanges"]
+        assert _shown_outcomes(row[7]) == counts["outcomes"]
+        assert int(row[8].replace(",", "")) == counts["calls"]
+    assert sum(int(r[1].replace(",", "")) for r in rows.values()) == stats["exchanges"]
 
-    # Opened on one exchange (as a link to it would): the model's hostile text is inert text.
-    shot2 = screenshot(f"{page}#exchange={prose}", tmp_path / "live-detail.png", 1400, 1000, wait_ms=5000)
-    assert shot2.stat().st_size > 40_000
+    # `analyze`, then its report: per run, the turns and outcomes the page showed (every exchange
+    # here is a turn of its own episode), non-responses by kind, and the calls.
+    cli = [sys.executable, "-c", "from toolproxy.cli import main; main()"]
+    r = subprocess.run([*cli, "analyze", "--data", str(data)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([*cli, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    report = {run["run"]: run for run in json.loads(r.stdout)["runs"]}
+    assert set(report) == set(rows)
+    for run, row in rows.items():
+        shown = _shown_outcomes(row[7])
+        by_outcome: dict[str, int] = {}
+        for key, n in shown.items():
+            by_outcome[key.split("/")[0]] = by_outcome.get(key.split("/")[0], 0) + n
+        rep = report[run]
+        assert by_outcome == {k: n for k, n in rep["outcomes"].items() if n}, (run, shown, rep["outcomes"])
+        assert sum(shown.values()) == rep["turns"] == int(row[1].replace(",", ""))
+        assert {k.split("/")[1]: n for k, n in shown.items() if k.startswith("non_response/")} == rep["non_response_kinds"]
+        assert int(row[8].replace(",", "")) == rep["calls"]
+
+    # Filtered to one run and outcome, as a link to it would open it.
+    shot = screenshot(f"{page}#run=beta&outcome=hallucinated_call", screens / "live-filtered.png", 1400, 1000, wait_ms=5000)
+    assert shot.stat().st_size > 40_000
+    proc = run_chromium(f"{page}#run=beta&outcome=hallucinated_call", "--dump-dom", "--virtual-time-budget=5000")
+    listed = _cells(proc.stdout, "recent")[1:]
+    assert len(listed) == 2 and all(r[1] == "beta" and r[5] == "hallucinated_call/native" for r in listed), listed
+
+    # Opened on one exchange: the model's hostile text is inert text, its control characters visible.
+    prose = admin(p.url, "/_toolproxy/live?outcome=prose&limit=1")["recent"][0]["id"]
+    shot = screenshot(f"{page}#exchange={prose}", screens / "live-exchange.png", 1400, 1400, wait_ms=5000)
+    assert shot.stat().st_size > 40_000
     proc = run_chromium(f"{page}#exchange={prose}", "--dump-dom", "--virtual-time-budget=5000")
-    assert _text_of(proc.stdout, "d-content") == HOSTILE
+    content = _element(proc.stdout, "d-content")
+    assert content.text == visible(HOSTILE) and content.classes == ["ctl"] * 4, (content.text, content.classes)
+    assert "\x1b" not in proc.stdout and "\u202e" not in proc.stdout
     assert "<img" not in proc.stdout and "<b>bold" not in proc.stdout and "pwned</title>" not in proc.stdout
+
+
+def test_workers_page_merges_every_worker(tmp_path):
+    """`serve --workers 2`: whichever worker answers, the page's data holds both workers' exchanges,
+    its counts are /_toolproxy/stats' totals and what was sent, and any recent exchange opens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ExitStack() as stack:
+        fake = fakes.FakeStack("llamacpp", responder=responder)
+        stack.enter_context(fake.in_thread())
+        p = ProxyProcess(fake.url, tmp_path / "d", ("--workers", "2", "--auth-token", TOKEN, "--quiet", "--no-fingerprint"))
+        stack.callback(p.stop)
+        jobs = [(run, prompt) for run in RUNS for prompt, (_, times) in SCRIPT.items() for _ in range(times * 3)]
+
+        def one(job) -> int:  # one connection each: the kernel spreads them over the workers
+            run, prompt = job
+            return send(p.url, "/v1/chat/completions", {"model": fake.model, "tools": TOOLS, "messages": [
+                {"role": "user", "content": prompt}]}, {"X-Toolproxy-Token": TOKEN, "X-Toolproxy-Run": run})[0]
+
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(one, jobs))
+        sent = len(jobs)
+        assert statuses.count(200) == sent - 6 and statuses.count(500) == 6  # the script's "oom" turns
+        deadline = time.monotonic() + 60  # the classifier runs on idle CPU time only: slow on a busy machine
+        while True:
+            stats = admin(p.url, "/_toolproxy/stats")
+            live = admin(p.url, "/_toolproxy/live?limit=1000")
+            if (stats["exchanges"] == sent and live["classified"] == sent) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert all(w["exchanges"] > 0 for w in stats["workers"]["per_worker"]), stats["workers"]
+        for _ in range(6):  # several asks, so both workers answer some: each merges its peer's share
+            live = admin(p.url, "/_toolproxy/live?limit=1000")
+            assert live["workers"] == 2 and live["problems"] == [], live["problems"]
+            assert live["observed"] == live["classified"] == stats["exchanges"] == sent and live["pending"] == 0
+            assert sum(r["exchanges"] for r in live["runs"].values()) == sent
+            by_class: dict[str, int] = {}
+            for r in live["runs"].values():
+                for k, n in r["by_status_class"].items():
+                    by_class[k] = by_class.get(k, 0) + n
+            assert by_class == stats["by_status_class"]
+            assert len(live["recent"]) == sent and len({x["id"] for x in live["recent"]}) == sent
+        for run in RUNS:
+            assert live["runs"][run]["outcomes"] == {
+                "valid_call/native": 9, "hallucinated_call/native": 6, "prose": 6, "valid_call/text": 3,
+                "non_response/http_5xx": 3}
+        beta = admin(p.url, "/_toolproxy/live?run=beta&outcome=prose&limit=1000")["recent"]
+        assert len(beta) == 6 and {(x["run"], x["outcome"]) for x in beta} == {("beta", "prose")}
+        for x in live["recent"][:12]:  # held by one worker or the other; asked of whichever answers
+            d = admin(p.url, f"/_toolproxy/exchange/{x['id']}")
+            assert d["id"] == x["id"] and d["request_headers"]

@@ -132,3 +132,105 @@ def test_bad_mask_is_a_usage_error(tmp_path):
                         "http://127.0.0.1:9", "--data", str(tmp_path), "--mask", "(oops"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a valid regular expression" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("parts, masked", [
+    (["mail jane.do", "e@example.com now"], ["mail ", " now"]),
+    (["jane.doe@exa", "mple.com"], ["", ""]),
+    (["a ", "jane", ".doe@", "example", ".com", " b"], ["a ", "", "", "", "", " b"]),
+    (["a@b.co", " and ", "c@d.org"], ["", " and ", ""]),
+    (["no secret here"], ["no secret here"]),
+])
+def test_pieces_are_masked_as_one_text(parts, masked):
+    hits: Counter = Counter()
+    out = M.pieces(parts, hits)
+    assert len(out) == len(parts)
+    assert "".join(out) == M.text("".join(parts), Counter())  # reads as the text masked whole
+    # the token sits in the piece where its match starts; the pieces it spans lose their characters
+    assert [p.replace(M.token("jane.doe@example.com"), "").replace(M.token("a@b.co"), "").replace(M.token("c@d.org"), "")
+            for p in out] == masked
+
+
+SPLIT_SECRET = "jane.doe@example.com"
+SPLIT_TEXT = f"Reach {SPLIT_SECRET} now"
+
+
+async def test_a_secret_split_across_streamed_deltas_is_masked_in_every_protocol(fake_stack, proxy, monkeypatch):
+    """Each protocol's stream, with the secret cut at every position into two deltas by the
+    emulated stack; the client gets the stream as sent, the record reassembles to the masked text."""
+    from toolproxy.testing import fakes
+    from toolproxy.wire import decode, family_of
+
+    cut = {"at": None}
+
+    def pieces(s: str) -> list[str]:
+        if s != SPLIT_TEXT or cut["at"] is None:
+            return [s]
+        at = SPLIT_TEXT.index(SPLIT_SECRET) + cut["at"]
+        return [s[:at], s[at:]]
+
+    monkeypatch.setattr(fakes, "_pieces", pieces)
+    llama = fake_stack("llamacpp", responder=lambda req: text(SPLIT_TEXT))
+    ollama = fake_stack("ollama", responder=lambda req: text(SPLIT_TEXT))
+    p_llama = proxy(llama.url, "--quiet", "--no-fingerprint", "--durability", "sync", "--mask", "email")
+    p_ollama = proxy(ollama.url, "--quiet", "--no-fingerprint", "--durability", "sync", "--mask", "email")
+    user = [{"role": "user", "content": "Who?"}]
+    requests = [
+        (p_llama, "/v1/chat/completions", {"model": llama.model, "messages": user, "stream": True}),
+        (p_llama, "/v1/responses", {"model": llama.model, "input": "Who?", "stream": True}),
+        (p_llama, "/v1/messages", {"model": llama.model, "max_tokens": 64, "messages": user, "stream": True}),
+        (p_ollama, "/api/chat", {"model": ollama.model, "messages": user, "stream": True}),
+    ]
+    sent = 0
+    async with aiohttp.ClientSession() as s:
+        for at in range(1, len(SPLIT_SECRET)):
+            cut["at"] = at
+            for p, path, body in requests:
+                async with s.post(p.url + path, json=body) as r:
+                    got = await r.read()
+                assert r.status == 200
+                assert decode(got, family_of(path), r.headers["Content-Type"]).content == SPLIT_TEXT  # client untouched
+                tail = SPLIT_TEXT[SPLIT_TEXT.index(SPLIT_SECRET) + at:]
+                assert f'"{tail}"'.encode() in got  # the stack really streamed the secret in two pieces
+                sent += 1
+    token = Masker([BUILTIN["email"]], load_key(p_llama.data)).token(SPLIT_SECRET)
+    for p, n in ((p_llama, 3 * (len(SPLIT_SECRET) - 1)), (p_ollama, len(SPLIT_SECRET) - 1)):
+        recs = p.wait_records(n)
+        assert len(recs) == n
+        raw = b"".join(f.read_bytes() for f in (p.data / "segments").iterdir())
+        assert SPLIT_SECRET.encode() not in raw
+        for rec in recs:
+            content_type = next(v for k, v in rec["response_headers"] if k.lower() == "content-type")
+            stored = decode(rec["response_body"].encode(), family_of(rec["path"]), content_type)
+            expected = SPLIT_TEXT.replace(SPLIT_SECRET, Masker([BUILTIN["email"]], load_key(p.data)).token(SPLIT_SECRET))
+            assert stored.content == expected, (rec["path"], rec["response_body"])
+            assert rec["extra"]["masked"]["email"] >= 1
+    assert token.startswith("masked:") and sent == 4 * (len(SPLIT_SECRET) - 1)
+
+
+async def test_bodies_spilled_to_a_file_are_masked_too(fake_stack, proxy):
+    """Bodies above --spill-above pass through a temporary file; they are read back to be masked
+    (and to be sampled) rather than written unmasked or dropped."""
+    fake = fake_stack("llamacpp", responder=lambda req: text(f"ok {SECRET} " + "x" * 4000))
+    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--durability", "sync", "--mask", "email",
+              "--spill-above", "1024", "--sample", "1")
+    body = {"model": fake.model, "messages": [{"role": "user", "content": f"mail {SECRET} " + "y" * 6000}]}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(p.url + "/v1/chat/completions", json=body) as r:
+            got = await r.read()
+    assert r.status == 200 and SECRET.encode() in got
+    (rec,) = p.wait_records(1)
+    assert p.stats()["recording"]["dropped"] == 0
+    raw = b"".join(f.read_bytes() for f in (p.data / "segments").iterdir())
+    assert SECRET.encode() not in raw and rec["extra"]["masked"] == {"email": 2}
+    assert rec["extra"]["sample"] == {"rate": 1.0, "by": "opening"}
+    assert json.loads(rec["request_body"])["messages"][0]["content"].startswith("mail masked:")
+
+
+@pytest.mark.parametrize("depth", [10, 300, 1000])
+def test_deeply_nested_json_is_masked(depth):
+    deep = "[" * depth + '"a@example.com"' + "]" * depth
+    for body in (deep, f"data: {deep}\n\ndata: [DONE]\n\n"):
+        hits: Counter = Counter()
+        out = M.body(body, hits)
+        assert hits["email"] == 1 and "a@example.com" not in out and M.token("a@example.com") in out

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from toolproxy.printable import printable
-from toolproxy.proxy.app import log_line
+from toolproxy.proxy.logline import log_line
 from toolproxy.record.model import Record
 
 CASES = [

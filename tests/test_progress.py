@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
+import time
 
 import pytest
+from ptyrun import REDRAW, on_a_terminal
 
-from ptyrun import run_with_terminal_stderr
 from toolproxy.progress import Progress, duration, line
+
+CLI = [sys.executable, "-c", "from toolproxy.cli import main; main()"]
 
 
 @pytest.mark.parametrize("seconds, text", [(0.2, "0s"), (59.4, "59s"), (61, "1m01s"), (3599, "59m59s"), (7800, "2h10m")])
@@ -58,20 +62,38 @@ def _segments(data):
     seg = data / "segments"
     seg.mkdir(parents=True)
     rec = ('{"v":1,"kind":"exchange","id":"%s","started_at":1.0,"method":"POST","path":"/v1/chat/completions",'
-           '"status":200,"response_body":"{}","request_body":"{}"}\n')
+           '"status":200,"run":"r1","response_body":"{}","request_body":"{}"}\n')
     (seg / "seg-000001.jsonl").write_text("".join(rec % f"id{i}" for i in range(50)))
 
 
 def test_analyze_draws_progress_on_a_terminal_only(tmp_path):
     _segments(tmp_path / "d")
-    cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(tmp_path / "d")]
-    r, out = run_with_terminal_stderr(cmd)
-    assert r.returncode == 0
-    assert b"\r\x1b[2Kanalyze: reading segments:" in out and b"(100%)" in out and b"done in" in out, out
-    assert b"reading segments" not in r.stdout  # results on stdout stay clean
+    cmd = [*CLI, "analyze", "--data", str(tmp_path / "d")]
+    rc, stdout, tty = on_a_terminal(cmd)
+    assert rc == 0
+    assert REDRAW + b"analyze: reading segments:" in tty and b"(100%)" in tty and b"done in" in tty, tty
+    assert REDRAW + b"analyze: turns and episodes: 1/1 runs (100%)" in tty, tty
+    assert b"reading segments" not in stdout  # results on stdout stay clean
+    rc, _, tty = on_a_terminal([*cmd, "--reclassify"])
+    assert rc == 0 and REDRAW + b"analyze: reclassifying: 50/50 exchanges (100%)" in tty, tty
     _segments(tmp_path / "e")
     piped = subprocess.run([*cmd[:-1], str(tmp_path / "e")], capture_output=True, timeout=120)
-    assert piped.returncode == 0 and b"reading segments" not in piped.stderr
+    assert piped.returncode == 0 and b"reading segments" not in piped.stderr and REDRAW not in piped.stderr
+
+
+def test_prune_draws_progress_on_a_terminal_only(tmp_path):
+    for name in ("d", "e"):
+        _segments(tmp_path / name)
+        old = time.time() - 3600
+        for seg in (tmp_path / name / "segments").iterdir():
+            os.utime(seg, (old, old))
+    assert subprocess.run([*CLI, "analyze", "--data", str(tmp_path / "d")], capture_output=True, timeout=120).returncode == 0
+    rc, stdout, tty = on_a_terminal([*CLI, "prune", "--older-than", "1m", "--run", "r1", "--data", str(tmp_path / "d")])
+    assert rc == 0 and b"deleted 1 segments" in stdout and b"removed 50 exchanges" in stdout, stdout
+    assert REDRAW + b"prune: checking segments:" in tty and b"(100%)" in tty and b"done in" in tty, tty
+    assert REDRAW + b"prune: re-deriving runs: 1/1 (100%)" in tty, tty
+    piped = subprocess.run([*CLI, "prune", "--older-than", "1m", "--data", str(tmp_path / "e")], capture_output=True, timeout=60)
+    assert piped.returncode == 0 and b"deleted 1 segments" in piped.stdout and REDRAW not in piped.stderr, piped
 
 
 def test_free_text_line_and_clear():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -275,3 +276,21 @@ def test_retry_delay(value, attempt, wait):
 ])
 def test_unbalanced(where, bad):
     assert _unbalanced(where) is bad
+
+
+def test_progress_line_on_a_terminal_only(recorded, fake_stack):
+    """Replay draws replayed/total, the rate and the time left on a terminal, and nothing in a pipe."""
+    from ptyrun import REDRAW, on_a_terminal
+
+    _, data, root = recorded
+    fake = fake_stack("sglang", responder=_responder)
+    cmd = [sys.executable, "-m", "toolproxy.cli", "replay", "--from", "orig", "--upstream", fake.url, "--no-fingerprint"]
+    rc, stdout, tty = on_a_terminal([*cmd, "--data", str(_copy(data, root, "tty"))], env=_clean_env())
+    assert rc == 0, tty
+    assert re.search(rb"\r\x1b\[2K  replayed 1/4 \(1 answered, 0 without answer, 0 busy retries\), [\d.]+ turns/min, "
+                     rb"about \S+ left", tty), tty
+    assert REDRAW + b"  replayed 4/4" in tty and REDRAW not in stdout
+    piped = _toolproxy(*cmd[3:], "--data", str(_copy(data, root, "piped")), env=_clean_env())
+    assert piped.returncode == 0 and "\r" not in piped.stderr and "\x1b" not in piped.stderr, piped.stderr
+    # In a pipe only the summary: one line, once the replay is done.
+    assert "replayed 1/4" not in piped.stderr and re.search(r"\nreplayed 4/4 .*, done in \S+\n", piped.stderr), piped.stderr

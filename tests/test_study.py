@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,3 +118,20 @@ def test_unknown_condition_is_a_usage_error(tmp_path):
                            "--data", str(tmp_path), "--conditions", "native,nope", "--", "true"],
                           text=True, capture_output=True, timeout=60)
     assert done.returncode == 2 and "nope" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_progress_line_on_a_terminal_only(setup):
+    """While a run's harness works: its exchanges, their rate and the study's time left, on a
+    terminal only (the harness here takes a few seconds, so the line is redrawn)."""
+    from ptyrun import REDRAW, on_a_terminal
+
+    fake, harness, env, data = setup
+    slow = harness.with_name("slow.py")
+    slow.write_text(f"import runpy, time\nrunpy.run_path({str(harness)!r})\ntime.sleep(1.5)\n")
+    rc, stdout, tty = on_a_terminal(_study(fake, slow, data), env=env)
+    assert rc == 0, tty
+    assert re.search(rb"\r\x1b\[2K  s-native: \d+ exchanges in \ds \([\d.]+/min\)", tty), tty
+    assert re.search(rb"\r\x1b\[2K  s-text: \d+ exchanges in \ds \([\d.]+/min\), study about \S+ left", tty), tty
+    assert REDRAW not in stdout
+    piped = subprocess.run(_study(fake, slow, data.with_name("piped")), env=env, capture_output=True, timeout=180)
+    assert piped.returncode == 0 and REDRAW not in piped.stderr and b"/min)" not in piped.stderr, piped.stderr

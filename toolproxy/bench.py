@@ -546,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         stats = json.loads(urllib.request.urlopen(targets["toolproxy"] + "/_toolproxy/stats").read())
         rss_after = _rss_kb(tp.pid)
         seg_bytes = sum(p.stat().st_size for p in (data / "segments").glob("*.jsonl"))
+        views = {name: json.loads(urllib.request.urlopen(targets[name] + "/_toolproxy/live?limit=1").read())
+                 for name in ("toolproxy", "toolproxy_page_open") if name in targets}
     finally:
         if page is not None:
             page.stop()
@@ -592,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| c1 p50 latency, page open vs closed | {pg['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.05x |",
             f"| c64 throughput, page closed (classifier running) vs --no-live-page | {tpm['c64_rps'] / off['c64_rps']:.2f}x | >= 0.95x |",
         ]
+        for name, v in views.items():
+            lines.append(f"| {name}: exchanges classified / counted unclassified (classifier behind) | "
+                         f"{v['classified']} / {sum(v['unclassified'].values())} | - |")
     for n in args.workers[1:]:
         tpn, baren = med[f"toolproxy_w{n}"], med[f"bare_aiohttp_w{n}"]
         lines += [

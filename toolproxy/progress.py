@@ -52,6 +52,7 @@ class Progress:
     def __init__(self, label: str, total: float | None = None, *, unit: str = "", scale: float = 1.0,
                  quiet: bool = False, stream: TextIO | None = None, interval: float = 0.25) -> None:
         self.label, self.total, self.unit, self.scale = label, total, unit, scale
+        self.quiet = quiet
         self.stream = stream if stream is not None else sys.stderr
         isatty = getattr(self.stream, "isatty", None)
         self.enabled = not quiet and bool(isatty and isatty())
@@ -98,15 +99,22 @@ class Progress:
             self._shown = False
 
     def close(self) -> None:
-        """Draw the final state and end the line, so what follows starts on a fresh one."""
-        if self.enabled:
+        """Draw the final state and end the line, so what follows starts on a fresh one (nothing
+        when nothing was counted or shown: a phase that had no work leaves no line)."""
+        if self.enabled and (self._shown or self.done):
             self._draw(time.monotonic())
             try:
                 self.stream.write("\n")
                 self.stream.flush()
             except (OSError, ValueError):
                 pass
-            self.enabled = False
+        self.enabled = False
+
+    def then(self, label: str, total: float | None = None, *, unit: str = "", scale: float = 1.0) -> "Progress":
+        """End this line and start the next phase's, on the same stream and as quiet (a command
+        whose long work has several parts: reading, then deriving)."""
+        self.close()
+        return Progress(label, total, unit=unit, scale=scale, quiet=self.quiet, stream=self.stream, interval=self.interval)
 
     def __enter__(self) -> "Progress":
         return self

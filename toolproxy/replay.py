@@ -256,8 +256,12 @@ class Tally:
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
         rate = self.sent / elapsed * 60 if elapsed > 0 and self.sent else 0.0
-        left = (self.total - self.sent) / (self.sent / elapsed) if self.sent and elapsed > 0 else None
-        eta = f", about {duration(left)} left" if left is not None else ""
+        if self.sent >= self.total:
+            eta = f", done in {duration(elapsed)}"
+        elif self.sent and elapsed > 0:
+            eta = f", about {duration((self.total - self.sent) / (self.sent / elapsed))} left"
+        else:
+            eta = ""
         return (f"  replayed {self.sent}/{self.total} ({self.answered} answered, {self.failed} without answer, "
                 f"{self.busy_retries} busy retries), {rate:.1f} turns/min{eta}")
 

@@ -97,6 +97,17 @@ def _eta(done: list[float], left: int) -> str:
     return f", about {duration(secs)} left"
 
 
+def run_line(run: str, exchanges: int, elapsed: float, done: list[float], runs_after: int) -> str:
+    """The progress line while one run's harness works: its exchanges so far and their rate, and
+    the study's time left, from the median duration of the runs done (once there is one)."""
+    rate = exchanges / elapsed * 60 if elapsed > 0 else 0.0
+    text = f"  {run}: {exchanges} exchanges in {duration(elapsed)} ({rate:,.1f}/min)"
+    if done:
+        typical = sorted(done)[len(done) // 2]
+        text += f", study about {duration(max(typical - elapsed, 0.0) + typical * runs_after)} left"
+    return text
+
+
 async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, str], progress: Progress) -> bool:
     """Every pending run in order; False when the user interrupted (the rest stays pending)."""
     from toolproxy.proxy.state import STATE
@@ -118,7 +129,8 @@ async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, st
             child = asyncio.ensure_future(_run_child(study.command, env))
             while not child.done():
                 await asyncio.wait([child], timeout=1.0)
-                progress.show(f"  {planned.run}: {state.counters.total - seen} exchanges, {duration(time.monotonic() - start)}")
+                progress.show(run_line(planned.run, state.counters.total - seen, time.monotonic() - start,
+                                       durations, len(todo) - i))
             progress.clear()
             result = child.result()
             planned.seconds = round(time.monotonic() - start, 1)

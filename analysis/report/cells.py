@@ -121,6 +121,8 @@ def run_notes(s: RunSummary) -> list[str]:
     if s.replay_of:
         notes.append(f"a replay of {s.replay_of}'s turns, open-loop (each turn sent with the original history, not "
                      f"the replayed answers; each turn its own episode): `compare {s.replay_of} {s.run}` pairs them turn by turn")
+    if s.sampling is not None:
+        notes.append(sampled_note(s))
     kinds = kinds_text(s.non_response_kinds, s.non_response_retries)
     if s.turns == 0:
         notes.append("no turns recorded")
@@ -139,6 +141,15 @@ def run_notes(s: RunSummary) -> list[str]:
     if s.looping_episodes:
         notes.append(f"{s.looping_episodes} looping episodes")
     return notes
+
+
+def sampled_note(s: RunSummary) -> str:
+    """`--sample`: what share was kept, the totals the counts stand for, and what was only counted."""
+    sm = s.sampling
+    rate = f"{100 * sm.rate_min:g}%" + ("" if sm.rate_min == sm.rate_max else f" to {100 * sm.rate_max:g}%")
+    return (f"sampled at {rate} of episodes: {s.turns} turns in {s.episodes} episodes stored stand for an estimated "
+            f"{sm.estimated_turns:,.0f} turns in {sm.estimated_episodes:,.0f} episodes ({sm.exchanges_not_stored} "
+            "exchanges of the others forwarded and counted, not stored); rates are estimates from the kept episodes")
 
 
 def report_notes(report: Report) -> list[tuple[str, str]]:

@@ -7,9 +7,10 @@ import dataclasses
 import io
 
 from toolproxy.analysis.metrics import METRICS
-from toolproxy.analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
+from toolproxy.analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary, Sampling
 
 _RATES = (*METRICS, "non_response_rate")
+_SAMPLING = [f.name for f in dataclasses.fields(Sampling)]
 
 
 def _flat(s: RunSummary, kinds: list[str], outcomes: list[str], analyzer_version: int | None) -> dict:
@@ -24,6 +25,7 @@ def _flat(s: RunSummary, kinds: list[str], outcomes: list[str], analyzer_version
         **{f"non_response_{k}_retries": s.non_response_retries.get(k, 0) for k in kinds},
         "calls": s.calls, "text_calls": s.text_calls, "surfaced_as_text": s.surfaced_as_text,
         "harness_saw_prose": s.harness_saw_prose, "valid_seen_as_prose": s.valid_seen_as_prose, "looping_episodes": s.looping_episodes,
+        **{f"sampling_{k}": v for k, v in (dataclasses.asdict(s.sampling) if s.sampling else dict.fromkeys(_SAMPLING)).items()},
     }
 
 

@@ -11,14 +11,13 @@ from toolproxy.analysis.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.summary import Report, RunSummary
 
 
+# RunSummary properties each run carries beside its fields (docschema types them from their annotations).
+DERIVED = ("rejected", "outcome_shares", "surfaced_as_text", "lost_in_serving")
+
+
 def run_dict(s: RunSummary) -> dict:
     """A run's fields plus the derived shares and the `rejected` flag a consumer must not recompute."""
-    return {"run": s.run} | dataclasses.asdict(s) | {
-        "rejected": s.rejected,
-        "outcome_shares": s.outcome_shares,
-        "surfaced_as_text": s.surfaced_as_text,
-        "lost_in_serving": s.lost_in_serving,
-    }
+    return {"run": s.run} | dataclasses.asdict(s) | {name: getattr(s, name) for name in DERIVED}
 
 
 def render(report: Report) -> str:

@@ -25,7 +25,7 @@ from toolproxy.analysis.store import connect
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.writer import SEGMENT_DIR
 
-from ptyrun import run_with_terminal_stderr
+from ptyrun import REDRAW, on_a_terminal
 
 TABLES = ("exchanges", "calls", "turns", "episodes", "runs")
 DAY = 86400.0
@@ -384,10 +384,9 @@ def test_s3_export_through_a_real_s3_server(data: Path, tmp_path: Path, s3_serve
 
 
 def test_progress_line_on_a_terminal(data: Path, tmp_path: Path):
-    proc, shown = run_with_terminal_stderr([*CLI, "export", "--data", str(data), "--out", str(tmp_path / "out")], timeout=300)
-    assert proc.returncode == 0
-    text = shown.decode()
-    assert "\r\x1b[2Kexport: writing to" in text and "MB" in text and "Traceback" not in text, text
+    rc, _, shown = on_a_terminal([*CLI, "export", "--data", str(data), "--out", str(tmp_path / "out")], timeout=300)
+    assert rc == 0
+    assert REDRAW + b"export: writing to" in shown and b"MB" in shown and b"Traceback" not in shown, shown
 
 
 def test_a_database_analysed_by_another_analyzer_version_is_refused(data: Path, tmp_path: Path):

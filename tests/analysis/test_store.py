@@ -28,3 +28,17 @@ def test_second_writer_in_one_process_shares_the_database(tmp_path):
     reopened = connect(tmp_path / "x.duckdb", read_only=True)
     assert reopened.execute("SELECT sum(i) FROM t").fetchall() == [(3,)]
     reopened.close()
+
+
+def test_migrations_build_exactly_the_declared_tables(tmp_path):
+    """tables.py declares each table's columns once; the numbered steps must arrive at it."""
+    from toolproxy.analysis.tables import TABLES
+
+    con = connect(tmp_path / "x.duckdb")
+    for table in TABLES:
+        got = con.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
+            [table.name],
+        ).fetchall()
+        assert got == list(table.types.items()), table.name
+    con.close()

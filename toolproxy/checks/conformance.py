@@ -19,23 +19,22 @@ import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolproxy import __version__
 from toolproxy.checks.cases import BY_NAME, CASES, Case
+from toolproxy.connection_errors import with_detail
 from toolproxy.checks.local import Probe, check_target, local_proxy
 from toolproxy.conditions import NAMES
 from toolproxy.conditions import load as load_condition
 from toolproxy.printable import printable
 from toolproxy.progress import Progress
-from toolproxy.proxy.cli import key_from_env
+from toolproxy.proxy.cli import key_from_env, upstream_key_option
 from toolproxy.stacks.fingerprint import Fingerprint
-
-LEVELS = ("hard", "advisory")
-
 
 class GatesError(ValueError):
     pass
@@ -52,29 +51,57 @@ def default_gates() -> dict[str, Gate]:
     return parse_gates(raw)
 
 
+class GateEntry(BaseModel):
+    """One entry of a gates file, as a user writes it: either field may be left to the base gates."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    level: Literal["hard", "advisory"] | None = None
+    min_pass_rate: float | None = Field(default=None, ge=0, le=1)
+
+
+def _entry_problem(name: str, error: dict) -> str:
+    """One pydantic error about a gates entry, said for the person who wrote the file."""
+    field_name = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"{name}: unknown field {field_name!r}; a gate has level and min_pass_rate"
+    if not field_name:
+        return f"{name}: expected an object with level and/or min_pass_rate (got {error['input']!r})"
+    return f"{name}.{field_name}: {error['msg']} (got {error['input']!r})"
+
+
 def parse_gates(raw: Any, base: dict[str, Gate] | None = None) -> dict[str, Gate]:
-    """Gates from a JSON object, each entry optionally partial over `base`; errors name the entry."""
+    """Gates from a JSON object, each entry optionally partial over `base`; errors name the entry.
+
+    Entries are checked by GateEntry (pydantic), so a misspelt field is an error rather than a
+    gate silently left at its default. Keys starting with `_` are comments.
+    """
     if not isinstance(raw, dict):
         raise GatesError("a gates file is a JSON object: {case: {level, min_pass_rate}}")
     gates = dict(base or {})
+    problems = []
     for name, spec in raw.items():
         if name.startswith("_"):
             continue
         if name not in BY_NAME:
-            raise GatesError(f"unknown case {name!r}; cases are {', '.join(BY_NAME)}")
-        if not isinstance(spec, dict):
-            raise GatesError(f"{name}: expected an object with level and/or min_pass_rate")
+            problems.append(f"unknown case {name!r}; cases are {', '.join(BY_NAME)}")
+            continue
+        try:
+            entry = GateEntry.model_validate(spec)
+        except ValidationError as exc:
+            problems += [_entry_problem(name, e) for e in exc.errors()]
+            continue
         old = gates.get(name)
-        level = spec.get("level", old.level if old else None)
-        rate = spec.get("min_pass_rate", old.min_pass_rate if old else None)
-        if level not in LEVELS:
-            raise GatesError(f"{name}: level must be one of {', '.join(LEVELS)} (got {level!r})")
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
-            raise GatesError(f"{name}: min_pass_rate must be a number from 0 to 1 (got {rate!r})")
-        gates[name] = Gate(level, float(rate))
+        level = entry.level or (old.level if old else None)
+        rate = entry.min_pass_rate if entry.min_pass_rate is not None else (old.min_pass_rate if old else None)
+        if level is None or rate is None:
+            problems.append(f"{name}: give both level and min_pass_rate (there is no default gate to complete)")
+            continue
+        gates[name] = Gate(level, rate)
     missing = [c.name for c in CASES if c.name not in gates]
-    if missing:
-        raise GatesError(f"no gate for {', '.join(missing)}")
+    if missing and not problems:
+        problems.append(f"no gate for {', '.join(missing)}")
+    if problems:
+        raise GatesError("; ".join(problems))
     return gates
 
 
@@ -162,6 +189,7 @@ class Result:
     cells: dict[str, dict[str, Cell]]  # condition -> case -> cell
     started: str
     problem: str | None = None
+    problem_detail: str | None = None  # the system's own text behind it (errno and all)
 
     def status(self, condition: str) -> str:
         return condition_status(self.cells.get(condition, {}), self.gates)
@@ -252,7 +280,7 @@ async def run_conformance(upstream: str, model: str, conditions: list[str], prim
         res = Result(upstream, model, fp.to_dict(), runs, conditions, primary, gates, cells, started)
         res.fingerprint.pop("chat_template", None)
         if fp.stack == "unreachable":
-            res.problem = f"{fp.error}. Is the model server running, and is the URL right?"
+            res.problem, res.problem_detail = fp.error, fp.error_detail
             return res
         limit = asyncio.Semaphore(concurrency)
 
@@ -302,7 +330,7 @@ def _conditions(value: str) -> list[str]:
 @click.option("--gate-on", default="native", show_default=True, help="The primary condition: its hard gates decide the exit status.")
 @click.option("--gates", "gates_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path), help="JSON file overriding the default gates (toolproxy/checks/gates.json).")
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Markdown file to write (default: runs/DATE-conformance-MODEL.md).")
-@click.option("--api-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key.")
+@upstream_key_option
 @click.option("--stack", default=None, help="Serving stack dialect for the constrained condition when fingerprinting cannot tell.")
 @click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where the requests are recorded (runs conformance-<condition>).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="Sampling temperature for every request.")
@@ -310,7 +338,7 @@ def _conditions(value: str) -> list[str]:
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 64), help="Requests in flight at once.")
 @click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds to wait for one response.")
 @click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
-def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, output, api_key_env, stack, data_dir,
+def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, output, upstream_key_env, stack, data_dir,
                 temperature, max_tokens, concurrency, timeout, quiet):
     """Run the conformance cases N times per condition and gate the primary one.
 
@@ -326,7 +354,7 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
             gates = parse_gates(orjson.loads(gates_file.read_bytes()), gates)
     except (GatesError, orjson.JSONDecodeError) as exc:
         raise click.UsageError(f"--gates {gates_file}: {exc}") from None
-    key = key_from_env(api_key_env, "--api-key-env")
+    key = key_from_env(upstream_key_env, "--upstream-key-env")
     check_target(upstream, data_dir)
 
     with Progress("conformance", len(conditions) * len(CASES) * runs, unit="requests", quiet=quiet) as bar:
@@ -335,7 +363,7 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
             temperature=temperature, max_tokens=max_tokens, concurrency=concurrency, timeout=timeout,
             progress=lambda *_: bar.advance()))
     if res.problem and not any(cell.runs for cells in res.cells.values() for cell in cells.values()):
-        click.echo(printable(f"toolproxy conformance: {res.problem}"), err=True)
+        click.echo(printable(with_detail(f"toolproxy conformance: {res.problem}", res.problem_detail), lines=True), err=True)
         sys.exit(2)
     report = printable(render_markdown(res), lines=True)
     path = output or default_output(model)
@@ -347,7 +375,7 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
         sys.exit(2)
     click.echo(report, nl=False)
     if res.problem:
-        click.echo(printable(f"toolproxy conformance: {res.problem}"), err=True)
+        click.echo(printable(with_detail(f"toolproxy conformance: {res.problem}", res.problem_detail), lines=True), err=True)
     click.echo(f"written to {path}")
     sys.exit(res.exit_code)
 

@@ -21,10 +21,11 @@ from typing import Any
 import click
 import orjson
 
+from toolproxy.connection_errors import with_detail
 from toolproxy.checks.local import LocalProxy, check_target, local_proxy
 from toolproxy.checks.reply import ProbeReply, call_problems
 from toolproxy.printable import printable
-from toolproxy.proxy.cli import key_from_env
+from toolproxy.proxy.cli import key_from_env, upstream_key_option
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
 from toolproxy.stacks.fingerprint import Fingerprint
 from toolproxy.stacks.names import LABELS
@@ -78,6 +79,7 @@ class Verdict:
     at_fault: str | None  # serving_layer | parser | model | None
     exit_code: int
     problem: str | None = None  # a usage/transport problem that stopped the diagnosis
+    problem_detail: str | None = None  # the system's own text behind it (errno and all)
 
 
 def _quote(text: str, limit: int = 300) -> str:
@@ -290,7 +292,7 @@ async def diagnose(upstream: str, model: str, data_dir: Path, *, upstream_key: s
         fp = await lp.fingerprint(model)
         diag = Diagnosis(upstream, model, fp.to_dict(), Verdict([], False, None, EXIT_USAGE))
         if fp.stack == "unreachable":
-            diag.verdict.problem = f"{fp.error}. Is the model server running, and is the URL right?"
+            diag.verdict.problem, diag.verdict.problem_detail = fp.error, fp.error_detail
             return diag
         if fp.model_listed is False:
             diag.warnings.append(f"model {model!r} is not in the server's model list ({', '.join(fp.models[:10]) or 'empty'})")
@@ -337,7 +339,7 @@ def render(diag: Diagnosis) -> str:
         lines.append(f"warning: {w}")
     v = diag.verdict
     if v.problem:
-        lines.append(f"cannot diagnose: {v.problem}")
+        lines.append(with_detail(f"cannot diagnose: {v.problem}", v.problem_detail))
         return "\n".join(lines)
     lines.append("")
     for step in v.steps:
@@ -365,18 +367,18 @@ def render(diag: Diagnosis) -> str:
 @click.command()
 @click.option("--upstream", required=True, help="Model server root, e.g. http://127.0.0.1:11434 (Ollama), http://127.0.0.1:8080 (llama.cpp).")
 @click.option("--model", required=True, help="Model name as the server knows it.")
-@click.option("--api-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key.")
+@upstream_key_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout instead of prose.")
 @click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where the probes are recorded (run 'doctor').")
 @click.option("--repeat", default=3, show_default=True, type=click.IntRange(0, 50), help="Identical greedy requests to compare (0 or 1: skip).")
 @click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds to wait for one response (CPU models are slow).")
-def doctor(upstream, model, api_key_env, as_json, data_dir, repeat, timeout):
+def doctor(upstream, model, upstream_key_env, as_json, data_dir, repeat, timeout):
     """Say which layer is at fault when tool calls do not work, and what to change.
 
     Exit status: 0 tools work natively, 1 they do not (the output names the layer), 2 usage or
     transport error (e.g. the server is down).
     """
-    key = key_from_env(api_key_env, "--api-key-env")
+    key = key_from_env(upstream_key_env, "--upstream-key-env")
     check_target(upstream, data_dir)
     diag = asyncio.run(diagnose(upstream, model, data_dir, upstream_key=key, repeat=repeat, timeout=timeout))
     if as_json:

@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from toolproxy import wire
+from toolproxy.connection_errors import explain
 from toolproxy.checks.reply import ProbeReply, read_reply
 from toolproxy.conditions import ConditionOptions
 from toolproxy.proxy.app import make_app
@@ -79,7 +80,7 @@ class LocalProxy(Addon):
                 status, raw = resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             self._waiting.pop(probe_id, None)
-            reply = read_reply(None, b"", "proxy_error", f"talking to the local proxy failed: {type(exc).__name__}: {exc}")
+            reply = read_reply(None, b"", "proxy_error", f"talking to the local proxy failed: {explain(exc, self.url).what}")
             return Probe(reply, None, loop.time() - t0, tags)
         try:
             rec = await asyncio.wait_for(fut, 5.0)

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.printable import printable
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
@@ -19,6 +18,7 @@ from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.forward import handle, serve_request
 from toolproxy.proxy.live import LiveView
+from toolproxy.proxy.logline import log_line
 from toolproxy.proxy.pool import upstream_session
 from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.stackwatch import StackWatch
@@ -26,6 +26,7 @@ from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
 from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.masking import Masker, load_key, parse_rules
+from toolproxy.record.sampling import SAMPLED_OUT, Sampler, load_sampler
 from toolproxy.record.writer import SegmentWriter
 
 
@@ -36,14 +37,26 @@ if TYPE_CHECKING:
 # 128 makes a burst of a thousand agents connecting at once wait for SYN retransmits (1 s, 3 s).
 BACKLOG = 4096
 
-def log_line(rec: Record) -> str:
-    """The one line `serve` prints per exchange (built on the writer thread, not the loop)."""
-    status = rec.client_status if rec.client_status is not None else rec.status
-    tags = " ".join(f"{k}={v}" for k, v in (("run", rec.run), ("ep", rec.episode), ("item", rec.item)) if v)
-    cond = f" [{rec.condition}]" if rec.condition != "native" else ""
-    err = f" !{rec.error_kind}" if rec.error_kind else ""
-    ms = f"{rec.duration_ms:.0f}ms" if rec.duration_ms is not None else "-"
-    return printable(f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {ms}{err}".replace("  ", " "))
+
+def record_transform(config: ProxyConfig, sampler: Sampler | None):
+    """What the writer thread does to each record before it reaches disk: sample, then mask (a
+    sampled-out exchange is a stub with nothing left to mask). None when neither is asked for."""
+    steps = []
+    if sampler is not None:
+        steps.append(sampler.record)
+    if config.mask:
+        steps.append(Masker(parse_rules(config.mask), load_key(config.data_dir)).record)
+    if not steps:
+        return None
+
+    def transform(rec: Record) -> Record:
+        for step in steps:
+            rec = step(rec)
+            if rec.kind == SAMPLED_OUT:
+                break
+        return rec
+
+    return transform
 
 
 def make_state(config: ProxyConfig) -> ProxyState:
@@ -61,21 +74,23 @@ def make_state(config: ProxyConfig) -> ProxyState:
     state = ProxyState(config, writer)
     state.live = live
     state.hooks.add(state.counters)
+    state.hooks.add(state.upstream_health)
     if config.upstream_connections:
         state.hooks.add(state.pool)
     if config.auth_token is not None:
         state.hooks.add(Auth(config.auth_token))
     if config.on_record_failure == "block":
         state.hooks.add(RecordingGuard(writer))
-    if config.mask:
-        writer.transform = Masker(parse_rules(config.mask), load_key(config.data_dir)).record
+    if config.sample is not None:
+        state.sampler = load_sampler(config.sample, config.data_dir)
+    writer.transform = record_transform(config, state.sampler)
     if config.retain_seconds is not None or config.max_disk is not None:
         state.housekeeper = Housekeeper(config.data_dir, retain=config.retain_seconds, max_bytes=config.max_disk,
                                         on_full=config.on_disk_full, headroom=2 * config.segment_bytes)
         writer.on_new_segment = state.housekeeper.make_room
         state.hooks.add(DiskBudgetGuard(state.housekeeper))
     if config.fingerprint:
-        state.stacks = StackWatch(config, writer, lambda: state.session)
+        state.stacks = StackWatch(config, writer, lambda: state.session, state.upstream_health)
         state.hooks.add(state.stacks)
     state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None))
     state.hooks.add(Durability(writer))
@@ -97,12 +112,14 @@ def make_app(config: ProxyConfig) -> web.Application:
         state.watchdog.start()
         state.session = upstream_session(state.pool, config.connect_timeout)
         if state.stacks is not None:
-            # In the background: serving starts now, whatever the upstream is doing.
+            # In the background: serving starts now, whatever the upstream is doing. Its first
+            # fingerprint is also the first word on whether the upstream is reachable.
             state.stacks.start()
 
     async def on_cleanup(app: web.Application) -> None:
         if state.stacks is not None:
             await state.stacks.stop()
+        await state.upstream_health.stop()
         await state.watchdog.stop()
         if state.session is not None:
             await state.session.close()

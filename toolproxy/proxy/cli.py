@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import click
 
 from toolproxy.conditions import NAMES, ConditionOptions
 from toolproxy.proxy.config import ConfigError, ProxyConfig
-from toolproxy.record.masking import load_key, parse_rules
-from toolproxy.record.retention import parse_duration, parse_size
+from toolproxy.record import keys
+from toolproxy.record.masking import KEY_FILE as MASK_KEY, parse_rules
+from toolproxy.record.sampling import KEY_FILE as SAMPLE_KEY, parse_rate
+from toolproxy.quantities import parse_duration, parse_size
 from toolproxy.record.writer import SEGMENT_DIR
 
 
@@ -40,15 +43,34 @@ def key_from_env(var: str | None, option: str) -> str | None:
     return value
 
 
-def _size(value: str, option: str) -> int:
-    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
-    v = value.strip().lower().rstrip("ib").rstrip("b")
+def _flag(parse, value: str, option: str):
+    """A size or duration flag's value, or a ValueError that names the flag."""
     try:
-        if v and v[-1] in units:
-            return int(float(v[:-1]) * units[v[-1]])
-        return int(v)
-    except ValueError:
-        raise ValueError(f"{option} {value!r} is not a size: give bytes or a unit, e.g. 512k, 64MiB, 1G") from None
+        return parse(value)
+    except ValueError as exc:
+        raise ValueError(f"{option} {exc}") from None
+
+
+def _upstream_key_env():
+    return click.option("--upstream-key-env", default=None, metavar="VAR",
+                        help="Environment variable holding the upstream's API key; the proxy sends it itself (it never reaches argv or disk).")
+
+
+def upstream_key_option(fn):
+    """--upstream-key-env for commands that are not serve, with their old name --api-key-env kept
+    as a hidden alias that still works (and says it is deprecated)."""
+
+    @functools.wraps(fn)
+    def command(*args, api_key_env=None, **kwargs):
+        if api_key_env is not None:
+            if kwargs.get("upstream_key_env"):
+                raise click.UsageError("give --upstream-key-env only (--api-key-env is its old name)")
+            click.echo("toolproxy: --api-key-env is deprecated; use --upstream-key-env", err=True)
+            kwargs["upstream_key_env"] = api_key_env
+        return fn(*args, **kwargs)
+
+    command = click.option("--api-key-env", default=None, metavar="VAR", hidden=True)(command)
+    return _upstream_key_env()(command)
 
 
 SERVE_OPTIONS = (
@@ -74,7 +96,7 @@ SERVE_OPTIONS = (
     click.option("--on-record-failure", type=click.Choice(["serve", "block"]), default="serve", show_default=True, help="serve: keep forwarding and count dropped records; block: answer 503 while recording fails."),
     click.option("--segment-size", default="64MiB", show_default=True, help="Rotate segment files at this size."),
     click.option("--auth-token", envvar="TOOLPROXY_AUTH_TOKEN", show_envvar=True, default=None, help="Clients must present this token (X-Toolproxy-Token header, or as their API key)."),
-    click.option("--upstream-key-env", default=None, metavar="VAR", help="Environment variable holding the upstream's API key; the proxy sends it itself."),
+    _upstream_key_env(),
     click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token."),
     click.option("--quiet", is_flag=True, help="No line per exchange."),
     click.option("--upstream-connections", default=0, show_default=True, type=int, help="Cap on connections to the upstream; 0: as many as clients need. Time a request waits for one under a cap is recorded (pool_wait_ms) and shown in stats."),
@@ -84,6 +106,7 @@ SERVE_OPTIONS = (
     click.option("--max-disk", default=None, metavar="SIZE", help="Keep the recorded segments under SIZE (e.g. 20GiB)."),
     click.option("--on-disk-full", type=click.Choice(["prune", "block"]), default="prune", show_default=True, help="At --max-disk, prune: delete the oldest closed segments; block: delete nothing and answer 503."),
     click.option("--mask", multiple=True, metavar="PATTERN", help="Mask matches in recorded bodies (never in what the client receives): a regular expression, or a built-in set: email, api-key, credit-card, ipv4 (repeatable)."),
+    click.option("--sample", default=None, metavar="RATE", help="Record this share of episodes (0.1, 25%), each kept or dropped whole; the others are forwarded as always and only counted. Reports scale counts by it."),
     click.option("--no-live-page", is_flag=True, help="No /_toolproxy/ page, and no classifying of exchanges as they pass."),
     click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is."),
 )
@@ -108,7 +131,7 @@ def harness_serve_options(fn):
 def config_from_options(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, bridge, max_body, spill_above,
                         connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
                         segment_size, auth_token, upstream_key_env, insecure_public, quiet, upstream_connections, client_header_timeout,
-                        client_body_timeout, retain, max_disk, on_disk_full, mask, no_live_page, no_fingerprint) -> ProxyConfig:
+                        client_body_timeout, retain, max_disk, on_disk_full, mask, sample, no_live_page, no_fingerprint) -> ProxyConfig:
     """Serve's flags -> a validated ProxyConfig, or a usage error that names the flag."""
     upstream_key = key_from_env(upstream_key_env, "--upstream-key-env")
     try:
@@ -118,15 +141,16 @@ def config_from_options(upstream, host, port, data_dir, run, condition, stack, c
                                    bridge=parse_families(bridge) if bridge is not None else frozenset())
         config = ProxyConfig(
             upstream=upstream, data_dir=data_dir, host=host, port=port, run=run, condition=condition,
-            condition_options=options, max_body=_size(max_body, '--max-body'), spill_above=_size(spill_above, '--spill-above'), connect_timeout=connect_timeout,
+            condition_options=options, max_body=_flag(parse_size, max_body, '--max-body'), spill_above=_flag(parse_size, spill_above, '--spill-above'), connect_timeout=connect_timeout,
             ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
-            segment_bytes=_size(segment_size, '--segment-size'), auth_token=auth_token, upstream_key=upstream_key,
+            segment_bytes=_flag(parse_size, segment_size, '--segment-size'), auth_token=auth_token, upstream_key=upstream_key,
             insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint, live_page=not no_live_page,
             upstream_connections=upstream_connections, client_header_timeout=client_header_timeout,
             client_body_timeout=client_body_timeout,
-            retain_seconds=parse_duration(retain) if retain is not None else None,
-            max_disk=parse_size(max_disk) if max_disk is not None else None, on_disk_full=on_disk_full, mask=mask,
+            retain_seconds=_flag(parse_duration, retain, '--retain') if retain is not None else None,
+            max_disk=_flag(parse_size, max_disk, '--max-disk') if max_disk is not None else None, on_disk_full=on_disk_full, mask=mask,
+            sample=_flag(parse_rate, sample, '--sample') if sample is not None else None,
         )
         parse_rules(mask)
     except (ConfigError, ValueError) as exc:
@@ -141,11 +165,13 @@ def make_data_dir(config: ProxyConfig) -> None:
         segments.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise click.UsageError(f"--data {config.data_dir}: cannot create {segments}: {exc.strerror or exc}") from None
-    if config.mask:
-        try:
-            load_key(config.data_dir)  # created now, so a bad key file is a usage error, not a failure at start
-        except (OSError, ValueError) as exc:
-            raise click.UsageError(f"--mask: cannot use the masking key in {config.data_dir}: {exc}") from None
+    # Keys are created now, so a bad key file is a usage error, not a failure at start.
+    for flag, wanted, name in (("--mask", config.mask, MASK_KEY), ("--sample", config.sample is not None, SAMPLE_KEY)):
+        if wanted:
+            try:
+                keys.load_key(config.data_dir, name)
+            except (OSError, ValueError) as exc:
+                raise click.UsageError(f"{flag}: cannot use the key {name} in {config.data_dir}: {exc}") from None
 
 
 @click.command()

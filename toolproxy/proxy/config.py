@@ -34,6 +34,8 @@ class ProxyConfig:
     on_disk_full: str = "prune"
     # --mask: built-in set names or regular expressions (record/masking.py)
     mask: tuple[str, ...] = ()
+    # --sample: the share of episodes recorded whole (record/sampling.py); None records all
+    sample: float | None = None
     connect_timeout: float = 10.0
     # A CPU-only model can take minutes to read a long agent context before its first byte.
     ttfb_timeout: float = 600.0
@@ -69,6 +71,9 @@ class ProxyConfig:
         if url.query_string or url.fragment:
             raise ConfigError("--upstream must not carry a query string or fragment")
         self.upstream = str(url.with_path(url.path.rstrip("/"))).rstrip("/")
+        problem = version_suffix_problem(self.upstream)
+        if problem:
+            raise ConfigError(problem)
         if self.condition not in NAMES:
             raise ConfigError(f"--condition must be one of {', '.join(NAMES)} (got {self.condition!r})")
         if self.durability not in ("group", "sync"):
@@ -97,6 +102,29 @@ class ProxyConfig:
                 f"refusing to listen on non-loopback address {self.host!r} without --auth-token: anyone who can "
                 "reach it could use your upstream (and its key). Add --auth-token, or --insecure-public if you mean it."
             )
+
+
+def version_suffix_problem(upstream: str) -> str | None:
+    """Why an upstream ending in an API version (`/v1`) cannot work, or None.
+
+    The proxy forwards each request's path as the harness sent it, appended to the upstream's own
+    path, and harnesses send `/v1/chat/completions`, `/v1/messages` ...: an upstream ending in
+    `/v1` would receive `/v1/v1/...` and answer 404. Refusing it loses nothing: an upstream `X/v1`
+    with paths sent without `/v1` is the same as the upstream `X` with the paths as harnesses send
+    them, and it keeps the proxy's own probes (`/props`, `/api/version`, `/v1/models`) right.
+    A prefix that is not a version (`https://host/openai`, `https://host/api`) is kept and forwarded.
+    """
+    url = URL(upstream)
+    path = url.path.rstrip("/")
+    if not path.endswith("/v1"):
+        return None
+    root = str(url.with_path(path[: -len("/v1")] or "/")).rstrip("/")
+    return (
+        f"--upstream {upstream} ends in /v1; give it without that: --upstream {root}. Harnesses already send "
+        "paths starting with /v1 (e.g. /v1/chat/completions) and the proxy forwards them as sent, so this "
+        "upstream would get /v1/v1/... and answer 404. It is your harness's base URL that ends in /v1: the "
+        "proxy's address followed by /v1."
+    )
 
 
 def is_loopback(host: str) -> bool:

@@ -10,7 +10,6 @@ side, too large) ends the flow exactly once, so exactly one record is submitted.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import aiohttp
@@ -19,6 +18,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from toolproxy.connection_errors import explain
 from toolproxy.proxy import livepage
 from toolproxy.proxy.flow import Flow, Refusal
 from toolproxy.proxy.headers import (
@@ -236,14 +236,6 @@ def _upstream_url(target: str) -> URL:
     return url
 
 
-def _connect_cause(exc: aiohttp.ClientConnectorError) -> str:
-    """The OS's words for why ("Connection refused"), not asyncio's "[Errno 111] Connect call failed"."""
-    err = exc.os_error
-    if err.errno and err.errno > 0:
-        return os.strerror(err.errno)
-    return err.strerror or str(err) or type(err).__name__
-
-
 def _upstream_headers(headers) -> tuple[dict[str, str], bool]:
     """The headers to forward, and whether tag headers were among them (one pass for both)."""
     drop = NOT_FORWARDED_UP
@@ -277,7 +269,7 @@ async def _forward(state: ProxyState, flow: Flow, url: URL) -> web.StreamRespons
     except aiohttp.ClientConnectorError as exc:
         flow.refuse(
             502, "connect",
-            f"cannot connect to upstream {upstream_name}: {_connect_cause(exc)}. Is the model server running?",
+            f"cannot connect to upstream {upstream_name}: {explain(exc).sentence()}",
             "upstream_unreachable",
         )
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:

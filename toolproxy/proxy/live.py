@@ -1,38 +1,64 @@
 """What the /_toolproxy/ page shows: per-run counts and recent exchanges, classified as they finish.
 
-The writer thread hands every record it has written to `LiveView.observe`, which only appends it
-to a bounded deque. A feeder thread encodes them (one orjson call each) and sends them in batches
-to a classifier *process*, which classifies each with the analyzer's own per-record code
+The writer thread hands every record it has written to `LiveView.observe`, with the JSON line it
+already encoded when it has one; observe only appends that line (or the record, when there is
+none) to a bounded deque. A feeder thread wakes every FEED_EVERY, encodes what came without a
+line, and sends what arrived in messages of at most HANDOFF records to a classifier *process*,
+which classifies each record with the analyzer's own per-record code
 (analysis.ingest.analyze_record: the same outcome, sub-kind and surface `analyze` will store) and
-keeps the counters and the recent exchanges. Classifying in a thread of the proxy cost a third of
-its throughput under saturation (the GIL); in its own process, at a lower CPU priority, it costs
-the proxy an encode per record. The page's requests ask the process for a report off the loop.
+keeps the counters and the recent exchanges. Classifying costs about as much CPU as forwarding,
+so it cannot share the proxy's interpreter (the GIL), and the classifier process runs only on CPU
+time nothing else wants. The page's requests ask it for a report off the loop.
 
-Memory is bounded whatever the traffic: the inbox holds at most INBOX records (older ones are
-counted as skipped when the classifier cannot keep up), the recent list is a ring of RECENT
-exchanges whose bodies are cut at BODY_CHARS, and the per-run counters are integers for at most
-MAX_RUNS runs.
+The proxy never waits for the classifier. When it falls behind, the inbox lets its oldest records
+go unclassified: they are still counted (run, status class, error), as `unclassified` with the
+reason, so the page's exchange counts stay those of the proxy and it says how many turns it could
+not classify. Bodies spilled to disk (too large to hold in memory) are counted the same way.
+
+Memory is bounded whatever the traffic: the inbox holds at most INBOX records, the recent list is
+a ring of RECENT exchanges whose bodies are cut at BODY_CHARS, and the per-run counters are
+integers for at most MAX_RUNS runs.
+
+Under `serve --workers N` every worker has its own classifier, which also answers on a Unix
+socket in the group's private directory, so whichever worker serves the page merges its peers'
+counts and recent exchanges with its own (`merge_reports`), and finds an exchange a peer holds.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import multiprocessing
 import os
 import signal
+import socket
+import sys
 import threading
 from collections import Counter
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
 
 from toolproxy.record.model import Record, encode_record
 
-INBOX = 2_000
+INBOX = 1_000
 RECENT = 300
 BODY_CHARS = 64 * 1024
 MAX_RUNS = 200
-BATCH = 64
+FEED_EVERY = 0.05  # seconds between the feeder's hand-offs
+HANDOFF = 256  # records per message to the classifier at most
+SLICE = 32  # records classified between looks for a question from the page
+ASK_TIMEOUT = 5.0
+UNTAGGED_RUN = "(untagged)"  # as the analyzer names it
+OTHER_RUNS = "(other runs)"
+
+# Why an exchange was counted without being classified.
+BEHIND = "behind"  # the classifier could not keep up
+LARGE = "large"  # a body was spilled to disk while it passed: too large to classify in memory
+UNENCODABLE = "unencodable"
 
 
 def status_class(status: int | None) -> str:
@@ -51,10 +77,10 @@ def _text(raw: bytes | None, problem: str | None) -> str:
 def classify_record(rec: dict) -> tuple[dict, dict]:
     """(summary row, detail) of one finished record (as written), by the analyzer's code."""
     from toolproxy.analysis.bodies import decode_body, header
-    from toolproxy.analysis.ingest import EXCHANGE_TYPES, analyze_record
+    from toolproxy.analysis.ingest import analyze_record
 
     analyzed = analyze_record(rec, "", 0)
-    row = dict(zip(EXCHANGE_TYPES, analyzed.exchange))
+    row = analyzed.exchange
     g = rec.get
     status = g("client_status") if g("client_status") is not None else g("status")
     summary = {
@@ -75,7 +101,8 @@ def classify_record(rec: dict) -> tuple[dict, dict]:
         "request_body": _text(*decode_body(g("request_body"), g("request_body_encoding"), header(g("request_headers"), "content-encoding"))),
         "response_body": response,
         "content": (row["content"] or "")[:BODY_CHARS],
-        "calls": [{"name": c[2], "arguments": (c[3] or "")[:BODY_CHARS], "surface": c[5], "valid": c[9]} for c in analyzed.calls],
+        "calls": [{"name": c["name"], "arguments": (c["arguments_raw"] or "")[:BODY_CHARS], "surface": c["surface"],
+                   "valid": c["valid"]} for c in analyzed.calls],
     }
     return summary, detail
 
@@ -88,6 +115,15 @@ def outcome_key(summary: dict) -> str | None:
     return f"{summary['outcome']}/{detail}" if detail else summary["outcome"]
 
 
+def brief(rec: Record) -> tuple:
+    """What an exchange is counted by when it is not classified: (run, status class, error,
+    started_at). Plain values only: the inbox keeps this and the record's line, not the record,
+    so the proxy's heap (and its garbage collector) does not carry records waiting for the view."""
+    status = rec.client_status if rec.client_status is not None else rec.status
+    run = rec.run if rec.run not in (None, "") else UNTAGGED_RUN
+    return run, status_class(status), rec.error_kind, rec.started_at
+
+
 @dataclasses.dataclass
 class RunCounts:
     exchanges: int = 0
@@ -96,27 +132,35 @@ class RunCounts:
     by_status_class: Counter = dataclasses.field(default_factory=Counter)
     errors: Counter = dataclasses.field(default_factory=Counter)
     outcomes: Counter = dataclasses.field(default_factory=Counter)  # "outcome/surface" or "non_response/sub_kind"
+    unclassified: Counter = dataclasses.field(default_factory=Counter)  # why -> exchanges counted, not classified
     calls: int = 0
     models: Counter = dataclasses.field(default_factory=Counter)
 
     def add(self, s: dict) -> None:
-        self.exchanges += 1
-        self.first = self.first or s["started_at"]
-        self.last = max(self.last, s["started_at"])
-        self.by_status_class[status_class(s["status"])] += 1
-        if s["error_kind"]:
-            self.errors[s["error_kind"]] += 1
+        self._seen(1, s["started_at"], s["started_at"], status_class(s["status"]), s["error_kind"])
         if s["outcome"]:
             self.outcomes[outcome_key(s)] += 1
         self.calls += s["n_calls"] or 0
         if s["model"] and len(self.models) < 20:
             self.models[s["model"]] += 1
 
+    def add_counted(self, cls: str, error: str | None, why: str, n: int, first: float, last: float) -> None:
+        self._seen(n, first, last, cls, error)
+        self.unclassified[why] += n
+
+    def _seen(self, n: int, first: float, last: float, cls: str, error: str | None) -> None:
+        self.exchanges += n
+        self.first = min(self.first, first) if self.first else first
+        self.last = max(self.last, last)
+        self.by_status_class[cls] += n
+        if error:
+            self.errors[error] += n
+
     def report(self) -> dict:
         return {
             "exchanges": self.exchanges, "first": self.first, "last": self.last, "calls": self.calls,
             "by_status_class": dict(self.by_status_class), "errors": dict(self.errors),
-            "outcomes": dict(self.outcomes), "models": dict(self.models),
+            "outcomes": dict(self.outcomes), "unclassified": dict(self.unclassified), "models": dict(self.models),
         }
 
 
@@ -128,30 +172,39 @@ class Tally:
         self.recent_max = recent
         self.runs: dict[str, RunCounts] = {}
         self.max_runs = max_runs
+        self.observed = 0  # as the proxy last told it
         self.classified = 0
         self.failures = 0
         self.last_failure: str | None = None
+        self.unclassified: Counter = Counter()
+
+    def _run(self, name: str) -> RunCounts:
+        runs = self.runs
+        counts = runs.get(name)
+        if counts is None:
+            if len(runs) >= self.max_runs:
+                del runs[min(runs, key=lambda r: runs[r].last)]  # the run quiet the longest
+            counts = runs[name] = RunCounts()
+        return counts
 
     def add(self, line: bytes) -> None:
-        import orjson
-
         try:
             summary, detail = classify_record(orjson.loads(line))
         except Exception as exc:  # noqa: BLE001 - a record the analyzer chokes on must not stop the view
             self.failures += 1
             self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
             return
-        runs = self.runs
-        counts = runs.get(summary["run"])
-        if counts is None:
-            if len(runs) >= self.max_runs:
-                del runs[min(runs, key=lambda r: runs[r].last)]  # the run quiet the longest
-            counts = runs[summary["run"]] = RunCounts()
-        counts.add(summary)
+        self._run(summary["run"]).add(summary)
         self.recent[summary["id"]] = (summary, detail)
         if len(self.recent) > self.recent_max:
             self.recent.popitem(last=False)
         self.classified += 1
+
+    def count(self, counted: dict) -> None:
+        """Exchanges the proxy counted without sending them: {(run, class, error, why): (n, first, last)}."""
+        for (run, cls, error, why), (n, first, last) in counted.items():
+            self._run(run).add_counted(cls, error, why, n, first, last)
+            self.unclassified[why] += n
 
     def report(self, run: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
         runs = {name: c.report() for name, c in sorted(self.runs.items(), key=lambda kv: -kv[1].last)}
@@ -164,53 +217,178 @@ class Tally:
             recent.append(summary)
             if len(recent) >= limit:
                 break
-        return {"classified": self.classified, "failures": self.failures, "last_failure": self.last_failure,
+        done = self.classified + self.failures + sum(self.unclassified.values())
+        return {"observed": self.observed, "classified": self.classified, "pending": max(0, self.observed - done),
+                "unclassified": dict(self.unclassified), "failures": self.failures, "last_failure": self.last_failure,
                 "recent_kept": self.recent_max, "runs": runs, "recent": recent}
 
-    def answer(self, query: tuple) -> Any:
+    def answer(self, query: list | tuple) -> Any:
         if query[0] == "report":
             return self.report(*query[1:])
         hit = self.recent.get(query[1])
         return hit[1] if hit is not None else None
 
 
-def _classifier(records: Connection, queries: Connection, recent: int, max_runs: int) -> None:
-    """The classifier process: records in (batches of encoded lines), answers to the page's questions out."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the proxy stops us itself
+def merge_reports(reports: list[dict], limit: int) -> dict:
+    """One report for several workers' classifiers (pure): counts summed per run, the newest
+    `limit` recent exchanges of all of them."""
+    out: dict[str, Any] = {"observed": 0, "classified": 0, "pending": 0, "failures": 0, "recent_kept": 0,
+                           "unclassified": Counter(), "last_failure": None, "runs": {}, "recent": []}
+    for rep in reports:
+        for key in ("observed", "classified", "pending", "failures", "recent_kept"):
+            out[key] += rep[key]
+        out["unclassified"].update(rep["unclassified"])
+        out["last_failure"] = out["last_failure"] or rep["last_failure"]
+        for name, counts in rep["runs"].items():
+            mine = out["runs"].get(name)
+            out["runs"][name] = counts if mine is None else _merge_run(mine, counts)
+        out["recent"].extend(rep["recent"])
+    out["unclassified"] = dict(out["unclassified"])
+    out["runs"] = dict(sorted(out["runs"].items(), key=lambda kv: -kv[1]["last"]))
+    out["recent"] = sorted(out["recent"], key=lambda s: s["started_at"], reverse=True)[:limit]
+    return out
+
+
+def _merge_run(a: dict, b: dict) -> dict:
+    out = {}
+    for key, value in a.items():
+        other = b.get(key)
+        if key == "first":
+            out[key] = min(v for v in (value, other) if v) if (value or other) else 0.0
+        elif key == "last":
+            out[key] = max(value, other or 0.0)
+        elif isinstance(value, dict):
+            out[key] = dict(Counter(value) + Counter(other or {}))
+        else:
+            out[key] = value + (other or 0)
+    return out
+
+
+def _answer_peer(listener: socket.socket, tally: Tally) -> None:
+    """One question from a peer worker's page handler: a JSON line in, a JSON document out."""
     try:
-        os.nice(10)  # the proxy's requests come first when the machine is busy
+        conn, _ = listener.accept()
     except OSError:
-        pass
+        return
+    with conn:
+        try:
+            conn.settimeout(2.0)
+            data = b""
+            while not data.endswith(b"\n") and len(data) < 4096:
+                piece = conn.recv(4096)
+                if not piece:
+                    break
+                data += piece
+            conn.sendall(orjson.dumps(tally.answer(orjson.loads(data))))
+        except (OSError, ValueError, TypeError, IndexError):
+            pass  # a peer that hung up or asked nonsense: it reports the worker as not answering
+
+
+def ask_peer(path: str | Path, query: list, timeout: float = ASK_TIMEOUT) -> Any:
+    """Ask another worker's classifier (blocking: call it off the loop). OSError when it does not answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        s.sendall(orjson.dumps(query) + b"\n")
+        chunks = []
+        while piece := s.recv(1 << 16):
+            chunks.append(piece)
+    try:
+        return orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError as exc:
+        raise OSError(f"an incomplete answer ({exc})") from None
+
+
+def _lowest_priority() -> None:
+    """Run only on CPU time nothing else wants (SCHED_IDLE; nice 19 where that is refused).
+
+    Not just a low nice value: a nice-19 process that holds a core when the proxy wakes up can
+    keep it waiting for a scheduler slice (milliseconds, under saturation, on every wake-up), while
+    a SCHED_IDLE one is preempted at once. On a machine that is never idle the classifier falls
+    behind instead, which the page says.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.nice(19)
+        except OSError:
+            pass
+
+
+def _classifier(records: Connection, queries: Connection, socket_path: str | None, recent: int, max_runs: int) -> None:
+    """The classifier process: batches of records in, answers to the page's questions out.
+
+    Questions are answered between slices of a batch, so the page stays quick while a large batch
+    is classified; the next batch is received only when this one is done, which is what makes
+    the feeder wait and the proxy's inbox, not this process, bound the backlog.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the proxy stops us itself
+    _lowest_priority()
     tally = Tally(recent, max_runs)
-    while True:
-        for conn in wait([records, queries]):
-            try:
-                msg = conn.recv()
-            except EOFError:
-                return
-            if conn is queries:
-                queries.send(tally.answer(msg))
-            elif msg is None:
-                return
-            else:
-                for line in msg:
+    listener = None
+    if socket_path is not None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(socket_path)
+            listener.listen(16)
+        except OSError as exc:  # the page then says this worker does not answer; its counts go on
+            print(f"toolproxy: the live page cannot ask this worker ({socket_path}: {exc})", file=sys.stderr, flush=True)
+            listener.close()
+            listener = socket_path = None
+    lines: list[bytes] = []
+    pos = 0
+    try:
+        while True:
+            busy = pos < len(lines)
+            watch = [queries, *([listener] if listener is not None else []), *([] if busy else [records])]
+            for conn in wait(watch, timeout=0 if busy else None):
+                if conn is listener:
+                    _answer_peer(listener, tally)
+                    continue
+                try:
+                    msg = conn.recv() if conn is queries else conn.recv_bytes()
+                except EOFError:
+                    return
+                if conn is queries:
+                    seq, query = msg
+                    queries.send((seq, tally.answer(query)))
+                elif not msg:
+                    return
+                else:
+                    head, _, body = msg.partition(b"\n")
+                    tally.observed, counted = orjson.loads(head)
+                    tally.count({tuple(c[:4]): c[4:] for c in counted})
+                    lines, pos = body.split(b"\n"), 0
+            for line in lines[pos:pos + SLICE]:
+                if line:
                     tally.add(line)
+            pos += SLICE
+    finally:
+        if socket_path is not None:
+            try:
+                os.unlink(socket_path)
+            except OSError:
+                pass
 
 
 class LiveView:
     """The proxy's side: takes written records, feeds the classifier process, asks it for reports."""
 
     def __init__(self, *, inbox: int = INBOX, recent: int = RECENT, max_runs: int = MAX_RUNS) -> None:
-        self._inbox: collections.deque[Record] = collections.deque()
+        self._inbox: collections.deque[tuple[tuple, bytes | Record]] = collections.deque()  # (brief, line or record)
         self._inbox_max = inbox
         self._recent, self._max_runs = recent, max_runs
-        self._wake = threading.Event()
-        self._stop = False
+        self._stopping = threading.Event()
         self._ask = threading.Lock()  # one question at a time on the query pipe
+        self._seq = itertools.count()
+        self._count_lock = threading.Lock()
+        self._counted: dict[tuple, list] = {}  # (run, class, error, why) -> [n, first, last], until the next hand-off
         self.observed = 0
-        self.sent = 0
-        self.skipped = 0  # records let go unclassified: the inbox was full, or unencodable
         self.broken: str | None = None
+        # Set (by workers.Worker.attach) under `serve --workers N`: where this worker's classifier
+        # answers its peers.
+        self.socket_path: Path | None = None
         self._proc = None
         self._records = self._queries = None
         self._feeder = threading.Thread(target=self._feed, name="toolproxy-liveview", daemon=True)
@@ -220,7 +398,8 @@ class LiveView:
         rec_out, rec_in = ctx.Pipe(duplex=False)
         self._queries, child_queries = ctx.Pipe()
         self._records = rec_in
-        self._proc = ctx.Process(target=_classifier, args=(rec_out, child_queries, self._recent, self._max_runs),
+        sock = str(self.socket_path) if self.socket_path is not None else None
+        self._proc = ctx.Process(target=_classifier, args=(rec_out, child_queries, sock, self._recent, self._max_runs),
                                  name="toolproxy-classifier", daemon=True)
         # Started with SIGINT ignored, which the new interpreter inherits from its first instruction:
         # a Ctrl-C sent to the whole group while it is still importing would otherwise print a
@@ -237,67 +416,149 @@ class LiveView:
         self._feeder.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop = True
-        self._wake.set()
+        self._stopping.set()
         if self._feeder.is_alive():
             self._feeder.join(timeout)
         if self._proc is not None:
-            try:
-                self._records.send(None)
-            except (OSError, ValueError):
-                pass
-            self._proc.join(timeout)
+            if not self._feeder.is_alive():  # else it is still sending: one writer per pipe, so terminate
+                try:
+                    self._records.send_bytes(b"")
+                except (OSError, ValueError):
+                    pass
+                self._proc.join(timeout)
             if self._proc.is_alive():
                 self._proc.terminate()
                 self._proc.join(timeout)
 
-    def observe(self, rec: Record) -> None:
-        """Called by the writer thread per written record: an append, nothing more."""
+    def observe(self, rec: Record, line: bytes | None = None, classifiable: bool = True) -> None:
+        """Called by the writer thread per written record, with its JSON line when the writer has
+        it (None: the feeder encodes it). An append; a count instead when the inbox is full (the
+        oldest goes) or the record cannot be classified in memory (its body was spilled)."""
         if rec.kind != "exchange":  # the proxy's own fingerprint probes are not traffic
             return
         self.observed += 1
-        if len(self._inbox) >= self._inbox_max:
-            self._inbox.popleft()
-            self.skipped += 1
-        self._inbox.append(rec)
-        self._wake.set()
+        if not classifiable:
+            self._count(brief(rec), LARGE)
+            return
+        inbox = self._inbox
+        if len(inbox) >= self._inbox_max:
+            try:
+                self._count(inbox.popleft()[0], BEHIND)
+            except IndexError:  # the feeder took them all meanwhile
+                pass
+        inbox.append((brief(rec), rec if line is None else line))
+
+    def _count(self, about: tuple, why: str) -> None:
+        run, cls, error, started = about
+        key = (run, cls, error, why)
+        with self._count_lock:
+            counted = self._counted
+            if key not in counted and len(counted) >= 4 * self._max_runs:
+                key = (OTHER_RUNS, *key[1:])  # a flood of distinct run tags: memory stays bounded
+            c = counted.get(key)
+            if c is None:
+                counted[key] = [1, started, started]
+            else:
+                c[0] += 1
+                c[1] = min(c[1], started)
+                c[2] = max(c[2], started)
 
     def _feed(self) -> None:
-        while not self._stop:
-            self._wake.wait(1.0)
-            self._wake.clear()
-            while self._inbox and not self._stop:
-                batch = []
-                while self._inbox and len(batch) < BATCH:
-                    rec = self._inbox.popleft()
-                    try:
-                        batch.append(encode_record(rec))
-                    except Exception:  # noqa: BLE001 - the writer dropped it too; the view skips it
-                        self.skipped += 1
+        """Every FEED_EVERY: what arrived, in messages of at most HANDOFF records (sending waits
+        while the classifier is busy with the previous one; observe keeps counting meanwhile).
+
+        A message is bytes, not a pickle: a JSON line (records observed so far, the counts of
+        those not sent) then the records' own lines, joined once. Small messages keep each stretch
+        this thread holds the GIL short, so the event loop never waits for it long.
+        """
+        told = -1
+        while True:
+            stopping = self._stopping.wait(FEED_EVERY)
+            while True:
+                lines = self._take(HANDOFF)
+                with self._count_lock:
+                    counted, self._counted = self._counted, {}
+                observed = self.observed
+                if not (lines or counted or observed != told):
+                    break
+                head = orjson.dumps([observed, [[*key, *c] for key, c in counted.items()]])
                 try:
-                    self._records.send(batch)  # blocks while the classifier is behind: the inbox then bounds memory
+                    self._records.send_bytes(b"".join([head, b"\n", *lines]))
                 except (OSError, ValueError) as exc:
                     self.broken = f"the classifier process stopped: {exc}"
                     return
-                self.sent += len(batch)
+                told = observed
+                if len(lines) < HANDOFF:
+                    break
+            if stopping:
+                return
+
+    def _take(self, most: int) -> list[bytes]:
+        """Up to `most` waiting records' JSON lines, oldest first (encoded here when the writer had none)."""
+        inbox, lines = self._inbox, []
+        while len(lines) < most:
+            try:
+                about, line = inbox.popleft()
+            except IndexError:  # empty, or observe let the oldest go meanwhile
+                break
+            if not isinstance(line, bytes):
+                try:
+                    line = encode_record(line)
+                except Exception:  # noqa: BLE001 - written by the writer, but not encodable again here
+                    self._count(about, UNENCODABLE)
+                    continue
+            lines.append(line)
+        return lines
 
     def _question(self, query: tuple) -> Any:
         if self.broken or self._proc is None or not self._proc.is_alive():
             self.broken = self.broken or "the classifier process is not running"
             return None
         with self._ask:
-            self._queries.send(query)
-            if not self._queries.poll(10.0):
-                return None
-            return self._queries.recv()
+            seq = next(self._seq)
+            try:
+                self._queries.send((seq, query))
+                while self._queries.poll(ASK_TIMEOUT):
+                    got, answer = self._queries.recv()
+                    if got == seq:  # else an older question's answer, late: dropped
+                        return answer
+            except (OSError, EOFError) as exc:
+                self.broken = f"the classifier process stopped: {exc}"
+            return None
 
-    def report(self, run: str | None = None, outcome: str | None = None, limit: int = 100) -> dict[str, Any]:
-        """Counters per run and the newest recent exchanges matching the filters. Blocks: call it off the loop."""
-        rep = self._question(("report", run, outcome, limit)) or {
-            "classified": 0, "failures": 0, "last_failure": None, "recent_kept": self._recent, "runs": {}, "recent": []}
-        return {**rep, "observed": self.observed, "pending": len(self._inbox) + self.sent - rep["classified"] - rep["failures"],
-                "skipped": self.skipped, "broken": self.broken}
+    def report(self, run: str | None = None, outcome: str | None = None, limit: int = 100,
+               peers: Callable[[], list[Path]] | None = None) -> dict[str, Any]:
+        """Counters per run and the newest recent exchanges matching the filters, merged with the
+        peer workers' (`peers` lists their sockets). Blocks: call it off the loop."""
+        query = ("report", run, outcome, limit)
+        own = self._question(query)
+        problems = []
+        if own is None:
+            problems.append(self.broken or "this worker's classifier did not answer")
+            own = Tally(0, 0).report(None, None, 0)
+        else:
+            own["observed"] = self.observed  # fresher than the classifier's copy
+            own["pending"] = max(0, self.observed - own["classified"] - own["failures"] - sum(own["unclassified"].values()))
+        reports = [own]
+        for path in peers() if peers is not None else ():
+            try:
+                reports.append(ask_peer(path, list(query)))
+            except OSError as exc:
+                problems.append(f"the worker answering on {Path(path).name} did not: {exc}")
+        merged = merge_reports(reports, limit)
+        merged["workers"] = len(reports)
+        merged["problems"] = problems
+        merged["broken"] = self.broken
+        return merged
 
-    def detail(self, exchange_id: str) -> dict | None:
-        """One recent exchange's request and response. Blocks: call it off the loop."""
-        return self._question(("detail", exchange_id))
+    def detail(self, exchange_id: str, peers: Callable[[], list[Path]] | None = None) -> dict | None:
+        """One recent exchange's request and response, from whichever worker holds it. Blocks: call it off the loop."""
+        found = self._question(("detail", exchange_id))
+        for path in peers() if found is None and peers is not None else ():
+            try:
+                found = ask_peer(path, ["detail", exchange_id])
+            except OSError:
+                continue
+            if found is not None:
+                break
+        return found

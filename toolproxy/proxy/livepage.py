@@ -21,6 +21,7 @@ import hmac
 import secrets
 from importlib import resources
 
+import orjson
 from aiohttp import web
 
 COOKIE = "toolproxy_page"
@@ -88,6 +89,11 @@ async def login(request: web.Request, token: str | None) -> web.Response:
     return _secured(resp)
 
 
+def _dumps(obj) -> str:
+    """orjson for the page's JSON: polled every few seconds, it is the page's main cost to the proxy."""
+    return orjson.dumps(obj).decode()
+
+
 def _to_page() -> web.Response:
     return web.Response(status=303, headers={"Location": "/_toolproxy/"})
 
@@ -102,8 +108,9 @@ async def unauthorised(request: web.Request, name: str, token: str) -> web.Respo
     return None
 
 
-async def route(request: web.Request, name: str, live, token: str | None) -> web.Response | None:
-    """The page's routes (the caller has checked the token), or None for another admin name."""
+async def route(request: web.Request, name: str, live, token: str | None, peers=None) -> web.Response | None:
+    """The page's routes (the caller has checked the token), or None for another admin name.
+    `peers` lists the other workers' classifier sockets under `serve --workers N`."""
     if name == "" and wants_html(request):
         return page()
     if name == "login":
@@ -115,12 +122,12 @@ async def route(request: web.Request, name: str, live, token: str | None) -> web
         except ValueError:
             limit = 100
         report = await asyncio.get_running_loop().run_in_executor(
-            None, live.report, q.get("run") or None, q.get("outcome") or None, limit)
-        return _secured(web.json_response(report))
+            None, live.report, q.get("run") or None, q.get("outcome") or None, limit, peers)
+        return _secured(web.json_response(report, dumps=_dumps))
     if name.startswith("exchange/"):
-        found = await asyncio.get_running_loop().run_in_executor(None, live.detail, name[len("exchange/"):])
+        found = await asyncio.get_running_loop().run_in_executor(None, live.detail, name[len("exchange/"):], peers)
         if found is None:
             return _secured(web.json_response({"error": {"message": "not among the recent exchanges kept in memory; "
                                                                     "after `toolproxy analyze`, `toolproxy show ID` has every one"}}, status=404))
-        return _secured(web.json_response(found))
+        return _secured(web.json_response(found, dumps=_dumps))
     return None

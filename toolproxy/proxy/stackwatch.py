@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 
 from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.record.writer import SegmentWriter
 from toolproxy.stacks.fingerprint import Fingerprint, fingerprint_record, probe
 from toolproxy.stacks.names import STACKS
@@ -68,8 +69,10 @@ def top_level_model(body: str) -> str | None:
 
 
 class StackWatch(Addon):
-    def __init__(self, config, writer: SegmentWriter, session: Callable[[], aiohttp.ClientSession]) -> None:
+    def __init__(self, config, writer: SegmentWriter, session: Callable[[], aiohttp.ClientSession],
+                 health: UpstreamHealth | None = None) -> None:
         self.config = config
+        self.health = health  # told what each fingerprint found out about reachability
         self.writer = writer
         self.session = session
         self.fingerprints: dict[str | None, Fingerprint] = {}
@@ -81,6 +84,9 @@ class StackWatch(Addon):
         self._stack: str | None = None
 
     def start(self) -> None:
+        first = self._start_probe(None)
+        if self.health is not None:
+            self.health.track(first)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="toolproxy-stackwatch")
 
     async def stop(self) -> None:
@@ -131,6 +137,8 @@ class StackWatch(Addon):
             fp = Fingerprint(upstream=cfg.upstream, stack="unknown", model=model, error=f"{type(exc).__name__}: {exc}")
         self.fingerprints[model] = fp
         self._probing.pop(model, None)
+        if self.health is not None:
+            self.health.observe(fp.stack != "unreachable", fp.error, "fingerprint")
         self.writer.submit(fingerprint_record(fp, cfg.run, started))
         if self._stack is None and fp.stack in STACKS:
             self._stack = fp.stack

@@ -19,8 +19,10 @@ from toolproxy.proxy.flow import Hooks
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.stackwatch import StackWatch
+from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.housekeeping import Housekeeper
+from toolproxy.record.sampling import Sampler
 from toolproxy.record.writer import SegmentWriter
 
 ADMIN_PREFIX = "/_toolproxy/"
@@ -39,11 +41,14 @@ class ProxyState:
         self.hooks = Hooks()
         self.started = time.time()
         self.counters = Counters()
+        # Whether the upstream answers: reported beside recording health, never deciding its status.
+        self.upstream_health = UpstreamHealth(config.upstream, config.connect_timeout)
         self.stacks: StackWatch | None = None  # set by app.make_state when fingerprinting is on
         self.live: LiveView | None = None  # set by app.make_state unless --no-live-page
         # Under `serve --workers N`: this process's place in the group, whose stats it merges.
         self.peers = None
         self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
+        self.sampler: Sampler | None = None  # set by app.make_state for --sample
 
     def snapshot(self) -> dict:
         w = self.writer.stats
@@ -71,19 +76,25 @@ class ProxyState:
         }
         snap["upstream_pool"] = self.pool.report()
         snap["lifecycle"] = self.housekeeper.snapshot() if self.housekeeper is not None else None
+        snap["sampling"] = self.sampler.report() if self.sampler is not None else None
         return snap
 
     async def admin(self, request: web.Request) -> web.Response:
         """Reserved routes; never forwarded upstream and never recorded as exchanges."""
         name = request.path[len(ADMIN_PREFIX):].strip("/")
         if self.live is not None:
-            page = await livepage.route(request, name, self.live, self.config.auth_token)
+            peers = self.peers.peer_live_sockets if self.peers is not None else None
+            page = await livepage.route(request, name, self.live, self.config.auth_token, peers)
             if page is not None:
                 return page
         if name in ("health", "stats", ""):
             snap = self.snapshot()
             if self.peers is not None:
                 snap = await self.peers.merged(snap)
+            # This process's own evidence, not a merge: it is the one that just refreshed it.
+            snap["upstream_health"] = await self.upstream_health.report()
+            # The status is the proxy's own health (recording): an unreachable upstream is reported
+            # above but answered 200, since restarting or bypassing the proxy would not bring it back.
             status = 200 if (name != "health" or snap["status"] == "ok") else 503
             return web.json_response(snap, status=status)
         return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)

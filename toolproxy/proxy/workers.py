@@ -47,7 +47,7 @@ PUBLISH_EVERY = 0.25
 STALE_AFTER = 3.0
 STOP_GRACE = 20.0  # below systemd's usual TimeoutStopSec; a worker's writer drains within 10 s
 # Numbers that describe a process rather than count events: the largest, not the sum, is right.
-NOT_SUMMED = {"uptime_s"}
+NOT_SUMMED = {"uptime_s", "sample_rate"}
 # Numbers that describe the present: a worker that is gone has none of them any more.
 GAUGES = {"in_flight", "queue_depth"}
 
@@ -140,8 +140,11 @@ class Worker:
 
     def attach(self, app, state) -> None:
         """Join the group: merged stats for this app's admin routes, a last publish at cleanup
-        (after the writer closed, so a stopped worker's final counts are on file)."""
+        (after the writer closed, so a stopped worker's final counts are on file), and a socket
+        for its live view's classifier, where its peers' page handlers ask for its share."""
         state.peers = self
+        if state.live is not None:
+            state.live.socket_path = self.live_socket(self.pid)
 
         async def on_cleanup(app) -> None:
             if self._task is not None:
@@ -164,6 +167,17 @@ class Worker:
                 await loop.run_in_executor(None, self.publish, state.snapshot())
             except OSError as exc:
                 print(f"toolproxy: worker {self.index}: cannot publish stats: {exc}", file=sys.stderr, flush=True)
+
+    def live_socket(self, pid: int) -> Path:
+        return self.peers_dir / f"live-{pid}.sock"
+
+    def peer_live_sockets(self) -> list[Path]:
+        """The sockets of the other running workers' classifiers (blocking: a file read)."""
+        try:
+            pids = orjson.loads((self.peers_dir / "supervisor.json").read_bytes()).get("pids", ())
+        except (OSError, orjson.JSONDecodeError):
+            return []
+        return [self.live_socket(pid) for pid in pids if pid != self.pid]
 
     async def merged(self, own: dict) -> dict:
         """The group's snapshot: this worker's live numbers plus its peers' latest published ones."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,28 +30,6 @@ from toolproxy.record.writer import SEGMENT_DIR, SEGMENT_SUFFIX
 
 LEDGER = "pruned.jsonl"
 PRUNING_SUFFIX = ".pruned"
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$", re.IGNORECASE)
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_BYTES = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in '90s', '30m', '12h', '7d', '2w'. ValueError with a usable message otherwise."""
-    m = _DURATION.match(text or "")
-    if not m:
-        raise ValueError(f"{text!r} is not a duration; write a number and a unit: 90s, 30m, 12h, 7d, 2w")
-    return float(m.group(1)) * _SECONDS[m.group(2).lower()]
-
-
-def parse_size(text: str) -> int:
-    """Bytes in '500MB', '20GiB', '1.5g', '4096' (binary units either way)."""
-    m = _SIZE.match(text or "")
-    if not m:
-        raise ValueError(f"{text!r} is not a size; write a number and a unit: 500MB, 20GiB, 4096")
-    return int(float(m.group(1)) * _BYTES[m.group(2).lower()])
-
 
 def _lock(f: IO[bytes]) -> bool:
     """Take the lock a live writer holds on its open segment; False when a writer holds it."""
@@ -188,12 +165,15 @@ def prune(
     run: str | None = None,
     dry_run: bool = False,
     now: float | None = None,
+    progress=None,
 ) -> PruneResult:
     """Delete closed segments last written more than `older_than` seconds ago, then (with
     `max_bytes`) the oldest closed ones until the segments fit in `max_bytes`.
 
     With `run`, only segments whose every record carries that run tag go: a segment shared with
     other runs is kept whole (listed in kept_mixed) and goes when it ages out for everyone.
+    `progress` (toolproxy.progress.Progress) is told the bytes of the segments considered and
+    advanced by each: with `run`, each is read through.
     """
     data_dir = Path(data_dir)
     now = time.time() if now is None else now
@@ -202,7 +182,11 @@ def prune(
         result.pruned.extend(_finish_interrupted(data_dir, "finishing an interrupted prune"))
     segments = closed_segments(data_dir)
     total = sum(s.size for s in segments)
+    if progress is not None:
+        progress.total = total
     for seg in segments:
+        if progress is not None:
+            progress.advance(seg.size)
         if seg.size == 0:
             continue  # just opened by a writer that has not locked it yet, or nothing to free
         too_old = older_than is not None and now - seg.mtime > older_than

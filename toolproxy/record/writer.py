@@ -104,7 +104,7 @@ class SegmentWriter:
         segment_bytes: int = 64 * 1024 * 1024,
         segment_seconds: float = 3600.0,
         log: Callable[[Record], str | None] | None = None,
-        observe: Callable[[Record], None] | None = None,
+        observe: Callable[[Record, bytes | None, bool], None] | None = None,
         poll: float = 0.02,
         dedup: bool = True,
         stall_timeout: float = 30.0,
@@ -115,6 +115,8 @@ class SegmentWriter:
         self.segment_seconds = segment_seconds
         self.log = log
         # Told every record once it is written, on this thread (the live view's feed): must be cheap.
+        # With the record's JSON line when one was made (None: not at hand), and False when a body
+        # was spilled (the record then holds only a marker where that body was).
         self.observe = observe
         self.stats = WriterStats()
         self.poll = min(poll, window)
@@ -347,7 +349,8 @@ class SegmentWriter:
             for item in taken:
                 (spilled if item[1] is None and has_spilled(item[0]) else rest).append(item)
             for rec, _, waiter, submitted in spilled:
-                self._write_spilled(seg, rec, waiter, submitted)
+                if self._write_spilled(seg, rec, waiter, submitted) and self.observe is not None:
+                    self.observe(rec, None, False)
             ready, data = self._pack(rest, seg)
             self._hand = ready  # until the bytes are in the kernel: what an unexpected error would lose
         if ready:
@@ -370,10 +373,10 @@ class SegmentWriter:
         if self.log is not None:
             self._print_log(taken)
         if self.observe is not None:
-            for rec, _, _, _ in written:
-                self.observe(rec)
+            for rec, line, _, _ in written:
+                self.observe(rec, line, True)
 
-    def _write_spilled(self, seg: _Segment, rec: Record, waiter, submitted: float) -> None:
+    def _write_spilled(self, seg: _Segment, rec: Record, waiter, submitted: float) -> bool:
         """A record with a body spilled to a temporary file, streamed from it in pieces so it is
         never held whole (and not deduplicated), cut back whole if any piece fails."""
         start = seg.end
@@ -383,19 +386,20 @@ class SegmentWriter:
         except OSError as exc:
             self._rollback(seg, start)
             self._write_failed(exc, 1, [waiter] if waiter is not None else [], seg.end - start)
-            return
+            return False
         except Exception as exc:  # noqa: BLE001 - count it and keep recording, as _line_or_drop does
             self._rollback(seg, start)
             self._drop(1, UNENCODABLE, f"cannot serialise a record: {type(exc).__name__}: {exc}")
             if waiter is not None:
                 self._release([waiter], False)
-            return
+            return False
         self._last_write_ok = True
         if self._unsynced_since is None:
             self._unsynced_since = submitted
         self._unsynced += 1
         if waiter is not None:
             self._unsynced_waiters.append(waiter)
+        return True
 
     def _pack(self, taken: list, seg: _Segment) -> tuple[list, bytes]:
         """(the records that will be written, their bytes) for segment `seg`. The whole batch in
@@ -408,11 +412,13 @@ class SegmentWriter:
                 pass
         ready, parts = [], []
         for rec, line, waiter, submitted in taken:
-            line = self._line_or_drop(rec, waiter, seg, line)
-            if line is not None:
-                seg.pending += len(line)
-                parts.append(line)
-                ready.append((rec, line, waiter, submitted))
+            packed = self._line_or_drop(rec, waiter, seg, line)
+            if packed is not None:
+                seg.pending += len(packed)
+                parts.append(packed)
+                # Packed, the bytes are chunk lines and a record pointing at them: the record's own
+                # line (or None) is what the live view is told.
+                ready.append((rec, line if self._packer is not None else packed, waiter, submitted))
         return ready, b"".join(parts)
 
     def _write_failed(self, exc: OSError, records: int, waiters: list, size: int) -> None:

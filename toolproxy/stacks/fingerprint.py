@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 
 from toolproxy import __version__
+from toolproxy.connection_errors import explain
 from toolproxy.record.model import Record, new_id
 from toolproxy.stacks import markers
 from toolproxy.wire import error_text
@@ -60,7 +61,8 @@ class Observed:
     status: int | None
     body: bytes = b""
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
-    error: str | None = None
+    error: str | None = None  # in words (connection_errors.explain)
+    detail: str | None = None  # the system's own text for that error
 
     def json(self) -> Any:
         """The body as JSON when the probe succeeded, else None (an HTML 404 page is not data)."""
@@ -88,6 +90,7 @@ class Fingerprint:
     evidence: list[str] = field(default_factory=list)
     probes: dict[str, Any] = field(default_factory=dict)  # probe -> status, or the error text
     error: str | None = None
+    error_detail: str | None = None  # the system's own text behind `error`, for a second line
 
     @property
     def label(self) -> str:
@@ -171,7 +174,8 @@ def identify(upstream: str, obs: Mapping[str, Observed], model: str | None = Non
     fp.probes = {k: (o.status if o.status is not None else o.error) for k, o in obs.items()}
     if obs and all(o.status is None for o in obs.values()):
         fp.stack = "unreachable"
-        fp.error = next(iter(obs.values())).error
+        first = next(iter(obs.values()))
+        fp.error, fp.error_detail = first.error, first.detail
         return fp
     fp.stack, fp.evidence = detect_stack(obs)
     ids = _model_ids(obs)
@@ -269,12 +273,14 @@ async def _fetch(session: aiohttp.ClientSession, base: str, probe: str, headers:
                                        allow_redirects=False) as resp:
                 body = await resp.content.read(_MAX_BODY)
                 return Observed(resp.status, body, {k.lower(): v for k, v in resp.headers.items()})
-    except TimeoutError:
-        return Observed(None, error=f"{probe}: no answer within {timeout:g}s")
+    except TimeoutError as exc:
+        return Observed(None, error=f"{probe}: no answer within {timeout:g}s. {explain(exc, base).advice}")
     except aiohttp.ClientConnectorError as exc:
-        return Observed(None, error=f"cannot connect to {base}: {exc.os_error or exc}")
+        problem = explain(exc)
+        return Observed(None, error=f"cannot connect to {base}: {problem.sentence()}", detail=problem.detail)
     except aiohttp.ClientError as exc:
-        return Observed(None, error=f"{probe}: {type(exc).__name__}: {exc}")
+        problem = explain(exc, base)
+        return Observed(None, error=f"{probe}: {problem.sentence()}", detail=problem.detail)
 
 
 async def probe(session: aiohttp.ClientSession, upstream: str, model: str | None = None, *,

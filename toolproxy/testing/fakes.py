@@ -1371,13 +1371,15 @@ class FakeStack:
     in content); jinja: llama.cpp `--jinja` (default on; False gives the no_jinja variant);
     models: {name: capabilities} (Ollama refuses tools for models without "tools", LM Studio uses
     it for trained_for_tool_use); call_format: how unparsed calls look in content; cached_tokens:
-    the cache report; loading: llama.cpp /health answers 503.
+    the cache report; loading: llama.cpp /health answers 503; prefix: the API is mounted under this
+    path, as hosted ones are (https://openrouter.ai/api/v1/..., https://api.groq.com/openai/v1/...),
+    and anything outside it is a 404.
     """
 
     def __init__(self, stack: str, *, models: dict[str, tuple[str, ...]] | None = None, tool_parser: str | None = None,
                  jinja: bool = True, call_format: str | None = None, cached_tokens: int | None = None,
                  context_length: int = 32768, replies: list[Reply] | None = None,
-                 responder: Callable[[ModelRequest], Reply | None] | None = None) -> None:
+                 responder: Callable[[ModelRequest], Reply | None] | None = None, prefix: str = "") -> None:
         if stack == "no_jinja":
             stack, jinja = "llamacpp", False
         if stack not in STACKS:
@@ -1395,6 +1397,7 @@ class FakeStack:
         self.created = int(time.time())
         self.replies: deque[Reply] = deque(replies or ())
         self.responder = responder
+        self.prefix = prefix.rstrip("/")
         self.faults: list[Fault] = []
         self.seen: list[Seen] = []
         self.probes: list[Seen] = []
@@ -1523,9 +1526,14 @@ class FakeStack:
         raise asyncio.CancelledError  # aiohttp drops a cancelled handler without writing anything more
 
     async def _route(self, request: web.Request, body: bytes, table) -> Answer:
-        handler = table.get((request.method, request.path))
+        path = request.path
+        if self.prefix:
+            if not path.startswith(self.prefix + "/"):
+                return self.stack.not_found()
+            path = path[len(self.prefix):]
+        handler = table.get((request.method, path))
         if handler is None:
-            if any(p == request.path for _, p in table):
+            if any(p == path for _, p in table):
                 return self.stack.error(405, "Method Not Allowed")
             return self.stack.not_found()
         parsed: dict = {}

@@ -1,0 +1,78 @@
+"""The JSON report's shape (`report --format json`) as a JSON Schema, derived from its types.
+
+Each run entry is typed from RunSummary's own fields (with the Rate of every metric) and the
+return annotations of the properties jsondoc adds, by pydantic, so the schema follows the code.
+`python -m toolproxy.analysis.report.docschema` prints it; docs/report.schema.json is that output,
+and the tests check that it is current and that a real report validates against it. Every object
+is closed (`additionalProperties: false`): a key the report gains must be added to the types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, TypeAdapter, create_model
+
+from toolproxy.analysis.report.jsondoc import DERIVED
+from toolproxy.analysis.summary import RunSummary
+
+def _run_entry() -> type[BaseModel]:
+    hints = typing.get_type_hints(RunSummary)
+    fields: dict[str, Any] = {f.name: (hints[f.name], ...) for f in dataclasses.fields(RunSummary)}
+    for name in DERIVED:
+        fields[name] = (typing.get_type_hints(getattr(RunSummary, name).fget)["return"], ...)
+    return create_model("Run", __config__=ConfigDict(extra="forbid"), __doc__=RunSummary.__doc__, **fields)
+
+
+class Intervals(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pooled: Literal["wilson"]
+    confidence: float
+
+
+class Bootstrap(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    resamples: int
+    seed: int
+    confidence: float
+    unit: Literal["episode"]
+    min_episodes: int
+
+
+def _document() -> type[BaseModel]:
+    return create_model(
+        "Report", __config__=ConfigDict(extra="forbid"),
+        __doc__="What `toolproxy report --format json` prints: fractions, not percents; null when undefined.",
+        toolproxy_version=(str, ...), generated_at=(str, ...), source=(str, ...), analyzer_version=(int | None, ...),
+        analyzer_version_current=(int, ...), expect_rules=(list[str], ...), intervals=(Intervals, ...),
+        bootstrap=(Bootstrap, ...), runs=(list[_run_entry()], ...),
+    )
+
+
+def _close(node: Any) -> None:
+    """additionalProperties: false on every object schema (stdlib dataclasses do not say it)."""
+    if isinstance(node, dict):
+        if node.get("type") == "object" and "properties" in node:
+            node["additionalProperties"] = False
+        for value in node.values():
+            _close(value)
+    elif isinstance(node, list):
+        for value in node:
+            _close(value)
+
+
+def report_schema() -> dict:
+    schema = TypeAdapter(_document()).json_schema()
+    _close(schema)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def render() -> str:
+    return orjson.dumps(report_schema(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,110 @@
+"""Whether the upstream answers, for /_toolproxy/health: apart from whether recording works.
+
+The evidence is what the proxy already learns, newest wins: a fingerprint (StackWatch reports each
+one here), an exchange that could not connect (this addon's `error` hook, which runs only for
+failed exchanges, so a forwarded request pays nothing), and, when all of that is older than
+`INTERVAL` seconds, a probe of its own made when someone asks (never unasked: under
+--no-fingerprint an idle proxy sends the upstream nothing). The probe is one GET of the
+upstream's root on a session of its own (never a pooled upstream connection, so a busy pool
+neither delays it nor counts it); any HTTP answer, even a 404, means reachable. At most one
+probe runs at a time and at most one starts per INTERVAL, so a load balancer polling health every
+second costs the upstream one request every INTERVAL seconds. A caller waits for a probe at most
+WAIT seconds (on the loop, never blocking it); past that it gets the previous evidence, marked
+`checking`, and the probe finishes in the background for the next caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from toolproxy.connection_errors import explain
+from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.stacks.fingerprint import USER_AGENT
+
+INTERVAL = 10.0
+WAIT = 1.0
+PROBE_TIMEOUT = 5.0
+
+
+def _connect_failure(flow: Flow) -> bool:
+    rec = flow.rec
+    return rec.error_kind == "connect" or (rec.error_kind == "timeout" and rec.extra.get("timeout_phase") == "connect")
+
+
+class UpstreamHealth(Addon):
+    def __init__(self, upstream: str, connect_timeout: float, interval: float = INTERVAL, wait: float = WAIT) -> None:
+        self.upstream = upstream
+        self.timeout = min(connect_timeout, PROBE_TIMEOUT)
+        self.interval = interval
+        self.wait = wait
+        self.reachable: bool | None = None
+        self.last_error: str | None = None
+        self.checked_at: float | None = None  # wall clock, for people
+        self.source: str | None = None  # probe | fingerprint | exchange
+        self._checked_mono: float | None = None  # monotonic, for the interval
+        self._started_mono: float | None = None  # the last probe's start
+        self._probe: asyncio.Task | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def observe(self, reachable: bool, error: str | None, source: str) -> None:
+        self.reachable, self.last_error, self.source = reachable, None if reachable else error, source
+        self.checked_at, self._checked_mono = time.time(), time.monotonic()
+
+    def error(self, flow: Flow) -> None:
+        if _connect_failure(flow):
+            self.observe(False, flow.rec.error_message, "exchange")
+
+    def _stale(self) -> bool:
+        latest = max((t for t in (self._checked_mono, self._started_mono) if t is not None), default=None)
+        return latest is None or time.monotonic() - latest >= self.interval
+
+    def start(self) -> None:
+        """Probe now, in the background."""
+        if self._probe is None or self._probe.done():
+            self.track(asyncio.get_running_loop().create_task(self._run(), name="toolproxy-upstream-health"))
+
+    def track(self, task: asyncio.Task) -> None:
+        """A probe under way whose end brings evidence (a fingerprint's): callers wait for it as for our own."""
+        self._started_mono = time.monotonic()
+        self._probe = task
+
+    async def report(self) -> dict:
+        """The evidence as the health route shows it, refreshed first when it is stale."""
+        if self._stale():
+            self.start()
+        if self._probe is not None and not self._probe.done():
+            await asyncio.wait([self._probe], timeout=self.wait)
+        checking = self._probe is not None and not self._probe.done()
+        return {
+            "url": self.upstream,
+            "reachable": self.reachable,
+            "error": self.last_error,
+            "checked_at": self.checked_at,
+            "age_s": round(time.monotonic() - self._checked_mono, 3) if self._checked_mono is not None else None,
+            "source": self.source,
+            "checking": checking,
+        }
+
+    async def _run(self) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout), cookie_jar=aiohttp.DummyCookieJar(),
+                headers={"User-Agent": USER_AGENT})
+        try:
+            async with self._session.get(self.upstream + "/", allow_redirects=False):
+                pass  # any answer will do; the body is never read
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            self.observe(False, f"cannot reach {self.upstream}: {explain(exc, self.upstream).sentence()}", "probe")
+        else:
+            self.observe(True, None, "probe")
+
+    async def stop(self) -> None:
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
