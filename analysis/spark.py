@@ -42,10 +42,11 @@ from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.ingest import (CALL_TYPES, EXCHANGE_TYPES, FINGERPRINT_TYPES, _after_last_newline,
-                                       _next_line_end, analyze_range, link_stored_responses)
+from toolproxy.analysis.ingest import (CALL_TYPES, EXCHANGE_TYPES, _after_last_newline, _next_line_end, analyze_range,
+                                       link_stored_responses)
 from toolproxy.analysis.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store import insert_columns, migrate
+from toolproxy.analysis.tables import FINGERPRINTS
 from toolproxy.printable import printable
 from toolproxy.record.segments import list_segments
 
@@ -55,14 +56,11 @@ RANGE_BYTES = 32 << 20
 # The bodies and headers are most of a record's bytes and nothing after classification reads them.
 _LEFT_IN_SEGMENT = ("request_body", "response_body", "client_body", "upstream_request", "request_headers",
                     "response_headers")
-_EXCHANGE_FIELDS = list(EXCHANGE_TYPES)
-_DROPPED = frozenset(i for i, name in enumerate(_EXCHANGE_FIELDS) if name in _LEFT_IN_SEGMENT)
-_RUN = _EXCHANGE_FIELDS.index("run")
-_ID = _EXCHANGE_FIELDS.index("id")
-_RECORD_META = _EXCHANGE_FIELDS.index("record")
+_ID = list(EXCHANGE_TYPES).index("id")
 
 # Stage 1's rows: one per exchange, call, fingerprint or set-aside line; the payload is the row
-# ingest builds for that table, as JSON (lossless for its plain values).
+# ingest builds for that table as a JSON list in the table's column order (lossless for its plain
+# values, and the column names not repeated on every row).
 PARSED_SCHEMA = ("grp string, kind string, segment string, offset long, response_id string, "
                  "previous_response_id string, payload binary")
 # Stage 2's rows: one per run and output table, the table's rows for that run as Arrow IPC.
@@ -107,19 +105,20 @@ def parse_range(path: str, start: int, end: int) -> dict[str, list]:
     if last <= first:
         return cols
     batch = analyze_range(path, first, last)
+    columns = batch.exchange_columns
     run_of = {}
-    for row in zip(*batch.exchange_columns):
-        run_of[row[_ID]] = row[_RUN]
-        meta = orjson.loads(row[_RECORD_META]) if row[_RECORD_META] else {}
-        add(row[_RUN], "exchange", row[_EXCHANGE_FIELDS.index("segment")], row[_EXCHANGE_FIELDS.index("segment_offset")],
-            [None if i in _DROPPED else v for i, v in enumerate(row)],
+    for i, run in enumerate(columns.get("run", ())):
+        run_of[columns["id"][i]] = run
+        meta = orjson.loads(columns["record"][i]) if columns["record"][i] else {}
+        add(run, "exchange", columns["segment"][i], columns["segment_offset"][i],
+            [None if name in _LEFT_IN_SEGMENT else columns[name][i] for name in EXCHANGE_TYPES],
             meta.get("response_id"), meta.get("previous_response_id"))
     for call in batch.calls:
-        add(run_of.get(call[0]), "call", batch.segment, None, call)
+        add(run_of.get(call["exchange_id"]), "call", batch.segment, None, [call[name] for name in CALL_TYPES])
     for fp in batch.fingerprints:
-        add(None, "fingerprint", batch.segment, fp[-1], fp)
+        add(None, "fingerprint", batch.segment, fp["segment_offset"], fp)
     for issue in batch.issues:
-        add(None, "issue", issue[0], issue[1], [issue[2], issue[3]])
+        add(None, "issue", issue["segment"], issue["byte_offset"], [issue["kind"], issue["message"]])
     return cols
 
 
@@ -188,8 +187,7 @@ def derive_run(run: str, rows: Sequence[tuple[str, bytes]], fingerprints: Sequen
     calls = [c for c in calls.values() if c[0] in seen]
     insert_columns(con, "exchanges", _columns(exchanges, EXCHANGE_TYPES), EXCHANGE_TYPES)
     insert_columns(con, "calls", _columns(calls, CALL_TYPES), CALL_TYPES)
-    insert_columns(con, "fingerprints", _columns(fingerprints, FINGERPRINT_TYPES), FINGERPRINT_TYPES,
-                   on_conflict="ON CONFLICT DO NOTHING")
+    FINGERPRINTS.insert(con, FINGERPRINTS.columns_of(fingerprints), on_conflict="ON CONFLICT DO NOTHING")
     link_stored_responses(con, {run})
     derive(con, {run}, list(rules))
     out: dict[str, object] = {
