@@ -23,8 +23,13 @@ from toolproxy.analysis.metrics import score
 from toolproxy.analysis.summary import StoreError, is_pattern, known_runs
 
 # An item's verdict in one run, from the turns of its episode(s) in that run (repeats are pooled).
+# A call reached the harness: the reply it got carried calls in tool_calls (the stack's, or a
+# condition's), or it acted on a valid call written in text (`delivered`). A call left in the reply
+# text that the harness did not parse never reached it, valid or not.
+REACHED_HARNESS = ("({t}.delivered or exists (select 1 from calls c "
+                   "where c.exchange_id = {t}.final_exchange_id and c.format = 'tool_calls'))")
 METRICS = {
-    "delivered": "case when expect_none then abstain_n > 0 and abstain_tried = 0 "
+    "delivered": "case when expect_none then abstain_n > 0 and abstain_reached = 0 "
                  "else call_n > 0 and call_delivered = call_n end",
     "call": "case when expect_none then abstain_n > 0 and abstain_tried = 0 else call_n > 0 and call_valid = call_n end",
     "all-valid": "produced > 0 and valid = produced",
@@ -34,8 +39,10 @@ METRICS = {
 METRIC_HELP = {
     "delivered": "an item passes when every turn that was due a call delivered a valid call to the harness (in "
                  "tool_calls, or a text call the harness acted on) and, for an item that expects no call, when no "
-                 "call was attempted; an item with neither kind of turn fails",
-    "call": "like delivered, but a valid call counts whatever surface it came in (text the harness never saw included)",
+                 "call reached the harness (a call left unparsed in the reply text did not); an item with neither "
+                 "kind of turn fails",
+    "call": "like delivered, but judging the model whatever surface its call came in: a valid call in text the "
+            "harness never saw counts, and so does a call attempted in text on an item that expects none",
     "all-valid": "an item passes when the model produced at least one turn and every produced turn is a valid_call "
                  "(non-response turns are ignored; an item with only non-responses fails)",
     "any-valid": "an item passes when at least one turn is a valid_call",
@@ -44,9 +51,9 @@ METRIC_HELP = {
 }
 UNCATEGORIZED = "(none)"
 # A replayed turn's verdict, given the role of the original turn it replays (see replay_verdicts).
-# {o}/{d}: that side's outcome and delivered columns.
+# {o}/{d}/{r}: that side's outcome, its delivered flag, and whether a call reached the harness.
 TURN_METRICS = {
-    "delivered": "case when a.a_role = 'abstain' then {o} = 'prose' else {o} = 'valid_call' and {d} end",
+    "delivered": "case when a.a_role = 'abstain' then not {r} else {o} = 'valid_call' and {d} end",
     "call": "case when a.a_role = 'abstain' then {o} = 'prose' else {o} = 'valid_call' end",
     "all-valid": "{o} = 'valid_call'",
     "any-valid": "{o} = 'valid_call'",
@@ -122,6 +129,7 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str 
                    count(t.turn_id) filter (where t.role = 'call' and t.delivered) as call_delivered,
                    count(t.turn_id) filter (where t.role = 'abstain') as abstain_n,
                    count(t.turn_id) filter (where t.role = 'abstain' and t.outcome <> 'prose') as abstain_tried,
+                   count(t.turn_id) filter (where t.role = 'abstain' and {REACHED_HARNESS.format(t="t")}) as abstain_reached,
                    coalesce(bool_or(t.expect = 'none'), false) as expect_none
             from episodes e left join scored t on t.episode_key = e.episode_key
             where (list_contains($a, e.run) or list_contains($b, e.run)) and e.item_key is not null
@@ -186,17 +194,18 @@ def replay_compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metri
     con.execute(f"""
         create or replace temp table replay_pairs as
         with a as (
-            select turn_id, coalesce(category, $none) as category, role as a_role, outcome, delivered, sub_kind
+            select turn_id, coalesce(category, $none) as category, role as a_role, outcome, delivered, sub_kind,
+                   {REACHED_HARNESS.format(t="scored")} as reached
             from scored where run = $a
         ), b as (
             select item_key as turn_id, arg_max(outcome, turn_index) as outcome, arg_max(delivered, turn_index) as delivered,
-                   arg_max(sub_kind, turn_index) as sub_kind
+                   arg_max(sub_kind, turn_index) as sub_kind, arg_max({REACHED_HARNESS.format(t="scored")}, turn_index) as reached
             from scored where run = $b and item_key is not null group by item_key
         )
         select a.turn_id, a.category, a.a_role, a.outcome as a_outcome, a.sub_kind as a_kind,
                b.outcome as b_outcome, b.sub_kind as b_kind,
-               coalesce({verdict.format(o="a.outcome", d="a.delivered")}, false) as pa,
-               coalesce({verdict.format(o="b.outcome", d="b.delivered")}, false) as pb
+               coalesce({verdict.format(o="a.outcome", d="a.delivered", r="a.reached")}, false) as pa,
+               coalesce({verdict.format(o="b.outcome", d="b.delivered", r="b.reached")}, false) as pb
         from a join b using (turn_id)
     """, {"a": run_a, "b": run_b, "none": UNCATEGORIZED})
     left = con.execute(f"""

@@ -104,7 +104,8 @@ def _rows(runs: list[Run]) -> dict[str, list[tuple]]:
                 if has_call:
                     rows["calls"].append((turn_id, f"x-{turn_id}", 0,
                                           "book_flight" if t.outcome == "hallucinated_call" else "get_weather",
-                                          '{"city": "Paris"}', '{"city": "Paris"}', t.surface or "text", "hermes",
+                                          '{"city": "Paris"}', '{"city": "Paris"}', t.surface or "text",
+                                          "hermes" if t.saw_prose else "tool_calls",  # left in text, or what the harness got
                                           t.outcome != "hallucinated_call", True, t.outcome == "valid_call",
                                           '["missing city"]' if t.outcome == "invalid_args" else "[]"))
     return rows

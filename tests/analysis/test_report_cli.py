@@ -131,3 +131,26 @@ def test_compare_user_errors(mixed_store, tmp_path):
         Run("y", "ollama", "0.12.6", "m", "text", [Episode("0", [T("valid_call")], "item-2", "simple")]),
     ])
     assert_user_error(toolproxy("compare", "x", "y", "--db", str(disjoint)), "no item is present in both")
+
+
+def test_delivered_judges_an_item_expecting_no_call_by_what_reached_the_harness(tmp_path):
+    """A call written in text that no parser extracted never reached the harness: under `delivered`
+    that is the restraint the harness saw (as BFCL's irrelevance scoring sees it); under `call` the
+    model still attempted a call. A failed call that came in tool_calls did reach the harness."""
+    def run(name: str, turn: str) -> Run:
+        return Run(name, "llamacpp", "b1", "m", "native",
+                   [Episode(str(i), [T(turn)], f"irrelevance_{i}", "irrelevance", expect="none") for i in range(3)])
+
+    db = build_store(tmp_path / "irr.duckdb", [run("left-in-text", "valid_call@text!"), run("parsed", "valid_call@text"),
+                                                run("structured-bad", "invalid_args"), run("declined", "prose")])
+    def overall(a: str, b: str, *metric: str) -> tuple:
+        proc = toolproxy("compare", a, b, "--db", str(db), "--format", "json", *metric)
+        assert proc.returncode == 0, proc.stderr
+        o = json.loads(proc.stdout)["overall"]
+        return o["both_pass"], o["a_only"], o["b_only"], o["both_fail"]
+
+    assert overall("left-in-text", "parsed") == (0, 3, 0, 0)
+    assert overall("left-in-text", "declined") == (3, 0, 0, 0)
+    assert overall("structured-bad", "declined") == (0, 0, 3, 0)
+    assert overall("left-in-text", "parsed", "--metric", "call") == (0, 0, 0, 3)
+    assert overall("left-in-text", "declined", "--metric", "call") == (0, 0, 3, 0)
