@@ -106,8 +106,10 @@ def pooled(args: argparse.Namespace) -> None:
         argv = [sys.executable, "-m", "toolproxy.cli", "compare", "--data", str(args.data), "--by", "category",
                 "--format", "markdown", f"bfcl-*-{conditions[0]}", f"bfcl-*-{condition}"]
         done = subprocess.run(argv, capture_output=True, text=True)
-        parts.append(f"## {conditions[0]} vs {condition}\n\n`toolproxy compare --by category 'bfcl-*-{conditions[0]}' "
-                     f"'bfcl-*-{condition}'`\n\n{done.stdout if done.returncode == 0 else done.stderr}")
+        command = f"`toolproxy compare --by category 'bfcl-*-{conditions[0]}' 'bfcl-*-{condition}'`"
+        # compare's markdown carries its own heading; a failed one gets ours, with its message
+        result = done.stdout if done.returncode == 0 else f"## {conditions[0]} vs {condition}\n\n{done.stderr}"
+        parts.append(f"{result}\n{command}\n")
     out = args.data / "studies" / "bfcl.md"
     out.write_text("\n".join(parts))
     print(f"pooled comparisons: {out}", flush=True)
