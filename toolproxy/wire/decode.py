@@ -16,7 +16,8 @@ from .chat import ChatReader
 from .endpoints import CHAT, LINE_FRAMED, MESSAGES, RESPONSES
 from .errors import error_of
 from .messages import MessagesReader
-from .model import Error, Event, Reply
+from .framing import DONE
+from .model import FOLD, Error, Event, Reply
 from .ollama import OllamaReader
 from .responses import ResponsesReader
 
@@ -61,17 +62,47 @@ class Decoder:
 
     def close(self) -> list[Event]:
         """Events for what is left once the body has ended."""
-        events: list[Event] = []
         if self._framer is None:
             head, self._head = self._head, b""
             if not head.strip():
                 self.reply.empty_body = True
                 return []
             self._start(framing.sniff(head, self.content_type, self.family in LINE_FRAMED) or framing.JSON)
-            events += self._read(self._framer.feed(head))
+            events = self._read(self._framer.feed(head))
             if self._kept is not None:
                 self._kept.append(head)
-        events += self._read(self._framer.close())
+            return events + self._end()
+        return self._end()
+
+    def whole(self, body: bytes | None) -> None:
+        """Read a whole body: the reply `feed(body)` then `close()` give, without their events.
+
+        The analyzer's path: the framing is known from the first call, the framer's batches are the
+        same two (what the body holds, what closing it adds), and a batch with no document is
+        skipped since reading one changes nothing.
+        """
+        if not body or self._framer is not None or self._head:
+            if body:
+                self.feed(body)
+            self.close()
+            return
+        kind = framing.sniff(body, self.content_type, self.family in LINE_FRAMED)
+        if kind is None:
+            if not body.strip():
+                self.reply.empty_body = True
+                return
+            kind = framing.JSON
+        self._start(kind)
+        if self._kept is not None:
+            self._kept.append(body)
+        docs = self._framer.feed(body)
+        if docs:
+            self._read(docs)
+        self._end()
+
+    def _end(self) -> list[Event]:
+        """The framer's last documents, and what only the end of the body can tell."""
+        events = self._read(self._framer.close())
         if self._kind == framing.NDJSON:
             if self._kept is not None and self._documents_seen == 0:
                 self._kind = framing.JSON
@@ -91,22 +122,22 @@ class Decoder:
         single = self._kind == framing.JSON
         out: list[Event] = []
         for (name, _), parsed in zip(docs, _parse_all([payload for _, payload in docs])):
-            if parsed is _DONE:
+            if type(parsed) is dict:  # the common case first (orjson makes plain dicts)
+                self._documents_seen += 1
+                out += self._object(name, parsed)
+                if single:
+                    reply.complete = True
+            elif parsed is _DONE:
                 reply.complete = True
-                continue
-            if isinstance(parsed, orjson.JSONDecodeError):
+            elif isinstance(parsed, orjson.JSONDecodeError):
                 if single:
                     reply.unreadable = f"body is not JSON: {parsed}"
                     reply.raw_text = docs[0][1][:_UNREADABLE_HEAD].decode("utf-8", "replace")
-                continue  # a torn event (a cut stream) is dropped, as a client library would
-            self._documents_seen += 1
-            if not isinstance(parsed, dict):
+                # a torn event (a cut stream) is dropped, as a client library would
+            else:
+                self._documents_seen += 1
                 if single:
                     reply.unreadable = f"body is JSON but not an object ({type(parsed).__name__})"
-                continue
-            out.extend(self._object(name, parsed))
-            if single:
-                reply.complete = True
         reply.n_choices = max(reply.n_choices, self.reader.n_choices)
         reply.settle()
         return out
@@ -125,9 +156,8 @@ class Decoder:
             events = self.reader.read(name, obj)
             if not reply.decoded and (events or self.reader.n_choices):
                 reply.decoded = True
-        apply = reply.apply
         for event in events:
-            apply(event)
+            FOLD[type(event)](reply, event)
         return events
 
     def _identity(self, obj: dict) -> None:
@@ -152,8 +182,12 @@ _DONE = object()
 def _parse_all(payloads: list[bytes]) -> list:
     """Each payload parsed (or its JSONDecodeError, or _DONE for `[DONE]`), in one C call when
     all are good: a stream has hundreds of small documents."""
-    done = [i for i, p in enumerate(payloads) if p.strip() == framing.DONE]
-    docs = [p for p in payloads if p.strip() != framing.DONE] if done else payloads
+    done = [i for i, p in enumerate(payloads) if DONE in p and p.strip() == DONE]
+    if done:
+        skip = set(done)
+        docs = [p for i, p in enumerate(payloads) if i not in skip]
+    else:
+        docs = payloads
     try:
         parsed = orjson.loads(b"[" + b",".join(docs) + b"]") if len(docs) > 1 else [orjson.loads(d) for d in docs]
     except orjson.JSONDecodeError:
@@ -173,7 +207,5 @@ def _parse_all(payloads: list[bytes]) -> list:
 def decode(raw: bytes | None, family: str | None, content_type: str | None = None) -> Reply:
     """The reply in a whole recorded body."""
     decoder = Decoder(family, content_type)
-    if raw:
-        decoder.feed(raw)
-    decoder.close()
+    decoder.whole(raw)
     return decoder.reply

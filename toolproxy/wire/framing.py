@@ -28,9 +28,29 @@ class SSEFramer:
         if b"\n" not in chunk:
             self._buf += chunk
             return out
-        *lines, self._buf = (self._buf + chunk).split(b"\n")
-        for line in lines:
-            self._line(line[:-1] if line[-1:] == b"\r" else line, out)
+        text = self._buf + chunk
+        if b"\r" in text:
+            *lines, self._buf = text.split(b"\n")
+            for line in lines:
+                self._line(line[:-1] if line[-1:] == b"\r" else line, out)
+            return out
+        # No carriage return: split at blank lines, and an event that is one `data: ` line (what
+        # every stack writes) is its payload as it stands; any other block goes line by line. The
+        # tail after the last newline waits for the next chunk, as in the line-by-line reading.
+        end = text.rfind(b"\n") + 1
+        self._buf = text[end:]
+        *blocks, last = text[:end].split(b"\n\n")
+        line = self._line
+        for block in blocks:
+            if block[:6] == b"data: " and b"\n" not in block and not self._data and self._event is None:
+                out.append((None, block[6:]))
+            else:
+                for piece in block.split(b"\n"):
+                    line(piece, out)
+                line(b"", out)
+        if last:  # the lines of an event not yet ended by a blank line ("" when the text ends with one)
+            for piece in last[:-1].split(b"\n"):
+                line(piece, out)
         return out
 
     def close(self) -> list[tuple[str | None, bytes]]:
