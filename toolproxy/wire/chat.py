@@ -66,8 +66,8 @@ class ChatReader:
                 content = msg.get("content")
                 if content:
                     out.append(Text(content if isinstance(content, str) else _text(content)))
-                if len(msg) > 1 or content is None:
-                    out.extend(self._rare(msg))
+                if not msg.keys() <= _PLAIN:
+                    out += self._rare(msg)
             if "text" in choice and isinstance(choice["text"], str) and choice["text"]:
                 out.append(Text(choice["text"]))
             if choice.get("finish_reason"):
@@ -75,6 +75,7 @@ class ChatReader:
         return out
 
     def _rare(self, msg: dict) -> list[Event]:
+        """Reasoning and calls: what a message has beyond its role and text."""
         out: list[Event] = []
         reasoning = msg.get("reasoning_content") or msg.get("reasoning")
         if reasoning:
@@ -93,7 +94,9 @@ class ChatReader:
             if not isinstance(d, dict):
                 continue
             idx = d.get("index")
-            cid = d.get("id") if isinstance(d.get("id"), str) else None
+            cid = d.get("id")
+            if not isinstance(cid, str):
+                cid = None
             if not isinstance(idx, int):
                 if cid is not None:
                     known = [i for i, c in self.ids.items() if c == cid]
@@ -102,10 +105,14 @@ class ChatReader:
                     idx = max(self.ids) if self.ids else 0
             if idx not in self.ids or (cid and not self.ids[idx]):
                 self.ids[idx] = self.ids.get(idx) or cid
-            fn = d.get("function") if isinstance(d.get("function"), dict) else {}
-            out.append(CallStart(idx, cid, _name(fn.get("name"))))
-            if fn.get("arguments") is not None:
-                out.append(CallArguments(idx, fn["arguments"]))
+            fn = d.get("function")
+            if not isinstance(fn, dict):
+                fn = {}
+            name = fn.get("name")
+            out.append(CallStart(idx, cid, None if name is None else _name(name)))
+            arguments = fn.get("arguments")
+            if arguments is not None:
+                out.append(CallArguments(idx, arguments))
         return out
 
     def _llamacpp(self, obj: dict) -> list[Event]:
@@ -117,6 +124,10 @@ class ChatReader:
             reason = "length" if obj.get("stop_type") == "limit" or obj.get("truncated") else "stop"
             out.append(Finish(reason))
         return out
+
+
+# A message with no other keys than these has nothing for _rare to read.
+_PLAIN = frozenset(("role", "content"))
 
 
 def _text(piece: Any) -> str:

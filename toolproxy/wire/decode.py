@@ -118,13 +118,30 @@ class Decoder:
             self._kept = []
 
     def _read(self, docs: list[tuple[str | None, bytes]]) -> list[Event]:
+        """Parse a batch of documents and fold each object's events into the reply (one loop for
+        the whole batch: a stream has hundreds of documents, each a few lookups)."""
         reply = self.reply
+        reader = self.reader
         single = self._kind == framing.JSON
         out: list[Event] = []
         for (name, _), parsed in zip(docs, _parse_all([payload for _, payload in docs])):
             if type(parsed) is dict:  # the common case first (orjson makes plain dicts)
                 self._documents_seen += 1
-                out += self._object(name, parsed)
+                if reply.first is None:
+                    reply.first = parsed
+                reply.last = parsed
+                if reply.model is None or (reply.id is None and self._documents_seen <= _ID_DOCUMENTS):
+                    self._identity(parsed)
+                message = error_of(parsed)
+                if message is not None:
+                    events: list[Event] = [Error(message)]
+                else:
+                    events = reader.read(name, parsed)
+                    if not reply.decoded and (events or reader.n_choices):
+                        reply.decoded = True
+                for event in events:
+                    FOLD[type(event)](reply, event)
+                out += events
                 if single:
                     reply.complete = True
             elif parsed is _DONE:
@@ -138,36 +155,21 @@ class Decoder:
                 self._documents_seen += 1
                 if single:
                     reply.unreadable = f"body is JSON but not an object ({type(parsed).__name__})"
-        reply.n_choices = max(reply.n_choices, self.reader.n_choices)
+        if reader.n_choices > reply.n_choices:
+            reply.n_choices = reader.n_choices
         reply.settle()
         return out
-
-    def _object(self, name: str | None, obj: dict) -> list[Event]:
-        reply = self.reply
-        if reply.first is None:
-            reply.first = obj
-        reply.last = obj
-        if reply.model is None or (reply.id is None and self._documents_seen <= _ID_DOCUMENTS):
-            self._identity(obj)
-        message = error_of(obj)
-        if message is not None:
-            events: list[Event] = [Error(message)]
-        else:
-            events = self.reader.read(name, obj)
-            if not reply.decoded and (events or self.reader.n_choices):
-                reply.decoded = True
-        for event in events:
-            FOLD[type(event)](reply, event)
-        return events
 
     def _identity(self, obj: dict) -> None:
         """The reply's model and id, top level or inside a Responses/Messages envelope."""
         inner = obj.get("response") if isinstance(obj.get("response"), dict) else obj.get("message")
         inner = inner if isinstance(inner, dict) else {}
-        for key in ("model", "id"):
-            value = obj.get(key, inner.get(key))
-            if getattr(self.reply, key) is None and isinstance(value, str):
-                setattr(self.reply, key, value)
+        reply = self.reply
+        model, rid = obj.get("model", inner.get("model")), obj.get("id", inner.get("id"))
+        if reply.model is None and isinstance(model, str):
+            reply.model = model
+        if reply.id is None and isinstance(rid, str):
+            reply.id = rid
 
 
 # A reply names its id in its first documents when at all (Ollama never does: looking for it in
@@ -182,14 +184,23 @@ _DONE = object()
 def _parse_all(payloads: list[bytes]) -> list:
     """Each payload parsed (or its JSONDecodeError, or _DONE for `[DONE]`), in one C call when
     all are good: a stream has hundreds of small documents."""
-    done = [i for i, p in enumerate(payloads) if DONE in p and p.strip() == DONE]
-    if done:
+    if len(payloads) == 1:  # a whole body, one line, one event
+        try:
+            return [_DONE] if DONE in payloads[0] and payloads[0].strip() == DONE else [orjson.loads(payloads[0])]
+        except orjson.JSONDecodeError as exc:
+            return [exc]
+    # `[DONE]` ends an OpenAI stream: looked for payload by payload only when the others hold it.
+    tail = [len(payloads) - 1] if payloads and payloads[-1] == DONE else []
+    docs = payloads[:-1] if tail else payloads
+    joined = b",".join(docs)
+    done = tail
+    if DONE in joined:
+        done = [i for i, p in enumerate(payloads) if DONE in p and p.strip() == DONE]
         skip = set(done)
         docs = [p for i, p in enumerate(payloads) if i not in skip]
-    else:
-        docs = payloads
+        joined = b",".join(docs)
     try:
-        parsed = orjson.loads(b"[" + b",".join(docs) + b"]") if len(docs) > 1 else [orjson.loads(d) for d in docs]
+        parsed = orjson.loads(b"[" + joined + b"]") if len(docs) > 1 else [orjson.loads(d) for d in docs]
     except orjson.JSONDecodeError:
         parsed = None
     if parsed is None or len(parsed) != len(docs):  # a bad document, or one holding `a, b`
