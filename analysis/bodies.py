@@ -15,14 +15,9 @@ from toolproxy.record.model import body_bytes
 def header(headers: Iterable, name: str) -> str | None:
     """A header value from the record's [name, value] pairs (first one wins)."""
     lname = name.lower()
-    # A text that lower-cases to an ASCII name has that name's length (no character lower-cases
-    # to several ASCII ones), so names of another length are passed over without lower-casing.
-    size = len(lname) if lname.isascii() else None
     for pair in headers or ():
-        if len(pair) == 2:
-            key = pair[0]
-            if (size is None or type(key) is not str or len(key) == size) and key.lower() == lname:
-                return pair[1]
+        if len(pair) == 2 and pair[0].lower() == lname:
+            return pair[1]
     return None
 
 
