@@ -79,7 +79,7 @@ class Decoder:
 
         The analyzer's path: the framing is known from the first call, the framer's batches are the
         same two (what the body holds, what closing it adds), and a batch with no document is
-        skipped since reading one changes nothing.
+        skipped (see _read).
         """
         if not body or self._framer is not None or self._head:
             if body:
@@ -102,7 +102,8 @@ class Decoder:
 
     def _end(self) -> list[Event]:
         """The framer's last documents, and what only the end of the body can tell."""
-        events = self._read(self._framer.close())
+        docs = self._framer.close()
+        events = self._read(docs) if docs else []
         if self._kind == framing.NDJSON:
             if self._kept is not None and self._documents_seen == 0:
                 self._kind = framing.JSON
@@ -119,7 +120,8 @@ class Decoder:
 
     def _read(self, docs: list[tuple[str | None, bytes]]) -> list[Event]:
         """Parse a batch of documents and fold each object's events into the reply (one loop for
-        the whole batch: a stream has hundreds of documents, each a few lookups)."""
+        the whole batch: a stream has hundreds of documents, each a few lookups). Every batch
+        ends settled, so an empty batch changes nothing and need not be read."""
         reply = self.reply
         reader = self.reader
         single = self._kind == framing.JSON

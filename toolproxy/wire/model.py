@@ -191,7 +191,11 @@ class Reply:
         call = self._call(event.index)
         if isinstance(event.delta, str):
             if call.arguments is None or isinstance(call.arguments, str):
-                self._fragments.setdefault(event.index, []).append(event.delta)
+                parts = self._fragments.get(event.index)
+                if parts is None:
+                    self._fragments[event.index] = [event.delta]
+                else:
+                    parts.append(event.delta)
         elif event.delta is not None:
             call.arguments = event.delta
             self._fragments.pop(event.index, None)
