@@ -252,3 +252,73 @@ def test_writers_skip_tool_calls_that_are_not_objects(calls):
     for family, writer in (("messages", messages.write_request), ("responses", responses.write_request)):
         body = writer(Request(family=family, messages=history))
         assert "ok" in str(body) and "again" in str(body)
+
+
+def _sse_by_lines(body: bytes) -> list[tuple[str | None, bytes]]:
+    """SSE read the plain way, one line at a time (the oracle for the framer's shortcuts): a
+    trailing CR is dropped, `data` lines join with a newline, a blank line (or the end of the
+    body) ends an event, comments and unknown fields are skipped."""
+    *lines, rest = body.split(b"\n")
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    if rest.strip():
+        lines.append(rest.rstrip(b"\r"))
+    out, event, data = [], None, []
+    for line in [*lines, b""]:
+        if not line:
+            if data:
+                out.append((event, b"\n".join(data)))
+            event, data = None, []
+            continue
+        if line.startswith(b":"):
+            continue
+        name, _, value = line.partition(b":")
+        value = value[1:] if value.startswith(b" ") else value
+        if name == b"data":
+            data.append(value)
+        elif name == b"event":
+            event = value.decode("utf-8", "replace").strip()
+    return out
+
+
+def test_sse_framer_reads_any_split_like_the_plain_line_reading():
+    """The framer's shortcuts (whole one-line events split at once, blocks between blank lines)
+    give exactly what reading line by line gives, for bodies mixing every SSE line form."""
+    from toolproxy.wire.framing import SSEFramer
+
+    rng = random.Random(12)
+    lines = [b'data: {"a":1}', b"data:{}", b"data: [DONE]", b"data: ", b"data", b"event: message_start", b": ping",
+             b"id: 7", b"retry: 10", b"", b"data: x\r", b"data:  two spaces", b"event:delta\r", b"data: data: nested"]
+    for _ in range(3000):
+        seps = rng.choice([[b"\n\n"], [b"\n", b"\n\n"], [b"\n", b"\r\n", b"\n\n", b"\r\n\r\n"]])
+        body = rng.choice([b"", b"\n", b"\n\n"]) + b"".join(rng.choice(lines) + rng.choice(seps) for _ in range(rng.randint(0, 8)))
+        body += rng.choice([b"", b"data: tail", b"data: tail\r\r", b"  "])
+        cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(0, 4)))) if len(body) > 1 else []
+        framer, got = SSEFramer(), []
+        for a, b in zip([0, *cuts], [*cuts, len(body)]):
+            got += framer.feed(body[a:b])
+        got += framer.close()
+        assert got == _sse_by_lines(body), (body, cuts)
+
+
+@pytest.mark.parametrize("family", wire.FAMILIES)
+def test_decode_reads_a_whole_body_like_feeding_it(family):
+    """decode()'s one-pass reading of a whole body gives the reply feeding it in any split does,
+    for captured bodies and for the same bodies broken in hostile ways, with and without a type."""
+    rng = random.Random(family + "whole")
+    samples = [(DATA / f"{n}.body").read_bytes() for n in sorted(INDEX)]
+    odd = [b"", b"  \n", b"\x00\xff", b"data: [DONE]\n\n", b'{"error":{"message":"boom"}}\n', b"data: {}\r\n\r\n",
+           b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\ndata: {"choices"', b"[1,2]\n", b": ping\n\n"]
+    bodies = samples + odd
+    for _ in range(150):
+        base = rng.choice(samples)
+        cut = rng.randrange(len(base))
+        bodies.append(base[:cut] + rng.choice(odd) + base[cut:])
+    for body in bodies:
+        for ctype in (None, "text/event-stream", "application/x-ndjson", "application/json", "text/plain"):
+            whole = decode(body, family, ctype)
+            step = rng.randint(1, 300)
+            d = Decoder(family, ctype)
+            for i in range(0, len(body), step):
+                d.feed(body[i:i + step])
+            d.close()
+            assert whole == d.reply, (body[:200], ctype, step)
