@@ -202,7 +202,7 @@ def _parse_all(payloads: list[bytes]) -> list:
         docs = [p for i, p in enumerate(payloads) if i not in skip]
         joined = b",".join(docs)
     try:
-        parsed = orjson.loads(b"[" + joined + b"]") if len(docs) > 1 else [orjson.loads(d) for d in docs]
+        parsed = orjson.loads(b"".join((b"[", joined, b"]"))) if len(docs) > 1 else [orjson.loads(d) for d in docs]
     except orjson.JSONDecodeError:
         parsed = None
     if parsed is None or len(parsed) != len(docs):  # a bad document, or one holding `a, b`
