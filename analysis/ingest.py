@@ -33,7 +33,7 @@ import orjson
 from toolproxy.analysis.bodies import decode_body, header
 from toolproxy.analysis.classify import classify
 from toolproxy.analysis.columns import Columns
-from toolproxy.analysis.store import insert_columns
+from toolproxy.analysis.store import BODY_FIELDS, insert_columns
 from toolproxy.analysis.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS
 from toolproxy.analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys, derive
 from toolproxy.progress import Progress
@@ -52,7 +52,10 @@ CALL_TYPES = {name: sql_type for name, sql_type in CALLS.types.items() if name n
 # record where one has another was not written by it (or was damaged) and is set aside whole.
 RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
                  if name in Record.__dataclass_fields__ and sql_type != "JSON"]
-_RECORD = Columns({name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS})
+# The bodies are not stored (they are read from the segment: store.register_bodies), but a record
+# whose body is not text was not written by the proxy either.
+_BODIES = Columns({name: "VARCHAR" for name in BODY_FIELDS})
+_RECORD = Columns({**{name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS}, **_BODIES.types})
 # Issue kinds for lines that were not stored (the others are notes about a segment).
 SET_ASIDE = ("corrupt", "bad_type", "unknown_kind", "analyze_error")
 
@@ -253,10 +256,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         "prompt_tokens": usage.prompt_tokens if usage is not None else None,
         "completion_tokens": usage.completion_tokens if usage is not None else None,
         "cached_tokens": usage.cached_tokens if usage is not None else None,
-        "tool_set": tool_hash, "request_body": rec.get("request_body"),
-        "request_body_encoding": rec.get("request_body_encoding"), "response_body": rec.get("response_body"),
-        "response_body_encoding": rec.get("response_body_encoding"), "client_body": rec.get("client_body"),
-        "client_body_encoding": rec.get("client_body_encoding"), "upstream_request": _json(rec.get("upstream_request")),
+        "tool_set": tool_hash, "upstream_request": _json(rec.get("upstream_request")),
         "condition_note": rec.get("condition_note"), "request_headers": _json(rec.get("request_headers")),
         "response_headers": _json(rec.get("response_headers")), "segment": segment, "segment_offset": offset,
         "record": _json(record_meta), "outcome": outcome, "sub_kind": sub_kind, "surface": surface, "n_calls": n_calls,
@@ -403,6 +403,8 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSo
             batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped", rid)
         elif rid in ids:
             batch.duplicates += 1
+        elif problem := _BODIES.misfit(rec):
+            batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         else:
             try:
                 a = analyze_record(rec, segment, offset)

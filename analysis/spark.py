@@ -53,9 +53,9 @@ from toolproxy.record.segments import list_segments
 # Bytes of segment per read task: small enough that a 2-core machine gets several tasks per
 # segment, large enough that per-task overhead stays small.
 RANGE_BYTES = 32 << 20
-# The bodies and headers are most of a record's bytes and nothing after classification reads them.
-_LEFT_IN_SEGMENT = ("request_body", "response_body", "client_body", "upstream_request", "request_headers",
-                    "response_headers")
+# The bodies are never copied out of the segments, and the headers and rewritten request are big
+# and read by nothing after classification: they stay there too (segment + segment_offset).
+_LEFT_IN_SEGMENT = ("upstream_request", "request_headers", "response_headers")
 _ID = list(EXCHANGE_TYPES).index("id")
 
 # Stage 1's rows: one per exchange, call, fingerprint or set-aside line; the payload is the row

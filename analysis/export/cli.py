@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail, _open
+from toolproxy.analysis.store import register_bodies
 from toolproxy.printable import printable
 
 FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
@@ -88,6 +89,7 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     except ExportError as exc:
         _fail(str(exc))
     con = _open(data_dir, db_path, read_only=True)
+    reader = register_bodies(con, data_dir)
     try:
         with Progress("export", unit="MB", scale=1e6, quiet=quiet) as progress:
             result = writer.export(con, dest, runs=list(runs) or None, since=first_day, progress=progress)
@@ -97,6 +99,7 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
         _fail(f"export failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:
         con.close()
+        reader.close()
     if result.recovered:
         click.echo(result.recovered)
     for t in result.tables:

@@ -171,8 +171,7 @@ class _Plan:
 
 def _row_fingerprints(con, table: Table, runs: list[str] | None, since: dt.date | None) -> None:
     """_rows: every row of the table in scope, with its key, partition, fingerprint and rowid."""
-    fingerprint = ", ".join(f"{quote_ident(c)} := t.{quote_ident(c)}" for c in columns(con, table.name)
-                            if c not in table.fingerprint_skips)
+    fingerprint = ", ".join(f"{quote_ident(c)} := t.{quote_ident(c)}" for c in columns(con, table.name))
     where, params = [], []
     if runs:
         where.append(f"{table.run} IN (SELECT unnest(?::VARCHAR[]))")
@@ -228,7 +227,7 @@ def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: 
     out = os.path.join(staging, table.name)
     kv = ", ".join(f"'{k}': '{v}'" for k, v in (meta | {"toolproxy.table": table.name}).items())
     con.execute(
-        f"COPY (SELECT t.*, s.pid AS _pid FROM {table.name} t JOIN ("
+        f"COPY (SELECT {table.select}, s.pid AS _pid FROM {table.name} t JOIN ("
         "SELECT r.rid, r.pid FROM _rows r JOIN _todo USING (pid) WHERE _todo.mode = 'all' "
         "OR NOT EXISTS (SELECT 1 FROM _done x WHERE x.pid = r.pid AND x.k = r.k)) s ON s.rid = t.rowid) "
         f"TO '{_sql_text(out)}' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (_pid), KV_METADATA {{{kv}}}, "

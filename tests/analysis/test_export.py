@@ -21,8 +21,9 @@ from toolproxy.analysis.export import parquet
 from toolproxy.analysis.export.destination import Destination, ExportError
 from toolproxy.analysis.export.partitions import MAX_ENCODED, _quote, encode_value, partition_path
 from toolproxy.analysis.bench import generate
-from toolproxy.analysis.store import connect
+from toolproxy.analysis.store import connect, register_bodies
 from toolproxy.record.model import Record, encode_body, new_id
+from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR
 
 from ptyrun import REDRAW, on_a_terminal
@@ -177,12 +178,13 @@ def test_local_export_reads_back_in_duckdb_with_the_databases_counts(data: Path,
     for p in out.rglob("*.parquet"):
         rel = p.resolve().relative_to(out.resolve()).parts
         assert rel[0] in TABLES and len(rel) == (3 if rel[0] == "runs" else 4), rel
-    # raw bodies are in the export as recorded
-    con = duckdb.connect(str(data / "toolproxy.duckdb"), read_only=True)
-    stored = dict(con.execute("SELECT id, response_body FROM exchanges").fetchall())
-    con.close()
-    exported = dict(duckdb.sql(f"SELECT id, response_body FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall())
-    assert exported == stored
+    # raw bodies are in the export as recorded (the database itself keeps no copy of them)
+    recorded = {r["id"]: (r.get("request_body"), r.get("response_body"), r.get("response_body_encoding"))
+                for r in read_records(data, kind="exchange")}
+    exported = {r[0]: r[1:] for r in duckdb.sql(
+        f"SELECT id, request_body, response_body, response_body_encoding FROM read_parquet('{out}/exchanges/**/*.parquet')"
+    ).fetchall()}
+    assert exported == recorded and any(v[1] for v in exported.values())
     meta = dict(duckdb.sql(f"SELECT key::VARCHAR, value::VARCHAR FROM parquet_kv_metadata('{out}/turns/**/*.parquet')").fetchall())
     manifest = orjson.loads((out / "_toolproxy_export/manifest.json").read_bytes())
     assert meta["toolproxy.table"] == "turns"
@@ -237,6 +239,7 @@ def test_memory_filesystem_and_a_second_machine_stay_consistent(data: Path, tmp_
     run_cli("analyze", "--data", str(data), "--db", str(other))
     for db in (data / "toolproxy.duckdb", other):
         con = connect(db, read_only=True)
+        register_bodies(con, data)
         try:
             result = parquet.export(con, Destination(url))
         finally:
@@ -251,6 +254,7 @@ def test_memory_filesystem_and_a_second_machine_stay_consistent(data: Path, tmp_
     write_segment(data, "20261129T120000-4-0001", [("..", t + i) for i in range(3)])
     analyze(data)
     con = connect(data / "toolproxy.duckdb", read_only=True)
+    register_bodies(con, data)
     try:
         result = parquet.export(con, Destination(url))
     finally:
@@ -271,6 +275,7 @@ def test_an_interrupted_export_is_undone_by_the_next(data: Path, tmp_path: Path,
 
     monkeypatch.setattr(Destination, "write_bytes", crash_at_manifest)
     con = connect(data / "toolproxy.duckdb", read_only=True)
+    register_bodies(con, data)
     with pytest.raises(KeyboardInterrupt):
         parquet.export(con, Destination(str(out)))
     monkeypatch.setattr(Destination, "write_bytes", real)
