@@ -76,7 +76,7 @@ def reclassify(con, data_dir, progress=None) -> int:
     `progress` (toolproxy.progress.Progress): told the number of exchanges, advanced per batch.
     A record that cannot be read any more raises ReanalyzeError: derived rows are rebuilt all
     together or not at all."""
-    from toolproxy.analysis.ingest import CALL_TYPES, EXCHANGE_TYPES, analyze_record
+    from toolproxy.analysis.records import CALL_TYPES, EXCHANGE_TYPES, analyze_record
     from toolproxy.analysis.store import insert_columns
     from toolproxy.analysis.tables import CALLS, TOOL_SETS
 

@@ -6,10 +6,9 @@ import textwrap
 
 import orjson
 
-from toolproxy.analysis.ingest import _request
-from toolproxy.analysis.store import BODY_FIELDS
+from toolproxy.analysis.records import _request
 from toolproxy.printable import printable
-from toolproxy.record.segments import RecordError, RecordReader
+from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 from toolproxy.wire import family_of
 
 _FIELDS = """
@@ -48,9 +47,9 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
     try:
         with RecordReader(data_dir) as reader:
             rec = reader.record(e["segment"], e["segment_offset"])
-        e.update({name: rec.get(name) for name in BODY_FIELDS})
+        e.update({name: rec.get(name) for name in BODIES_AS_RECORDED})
     except RecordError as exc:
-        e.update(dict.fromkeys(BODY_FIELDS))
+        e.update(dict.fromkeys(BODIES_AS_RECORDED))
         out.append(f"bodies not readable: {exc}")
     tags = " ".join(f"{k}={e[k]}" for k in ("run", "episode", "item") if e[k])
     out.append(f"exchange {e['id']}  {tags}  condition={e['condition']}")

@@ -7,7 +7,7 @@ for recordings too large for one machine.
 Nothing here re-implements the analyzer: Spark only moves data between toolproxy's own functions.
 
 1. Read and classify, in parallel over byte ranges of the segments (`mapInArrow`). Each task
-   calls `ingest.analyze_range`, the function `analyze`'s worker processes call, so every record
+   calls `records.analyze_range`, the function `analyze`'s worker processes call, so every record
    is parsed, reassembled and classified exactly as there. Raw bodies and headers stay in the
    segments (each row keeps its segment and offset): what travels on are the analysed columns.
 2. Group by run (`applyInArrow`). Episodes, turns, roles, run rows and metrics never look
@@ -42,8 +42,8 @@ from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.ingest import (CALL_TYPES, EXCHANGE_TYPES, _after_last_newline, _next_line_end, analyze_range,
-                                       link_stored_responses)
+from toolproxy.analysis.ingest import _after_last_newline, _next_line_end, link_stored_responses
+from toolproxy.analysis.records import CALL_TYPES, EXCHANGE_TYPES, analyze_range
 from toolproxy.analysis.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store import insert_columns, migrate
 from toolproxy.analysis.tables import FINGERPRINTS

@@ -11,7 +11,7 @@ import orjson
 
 from toolproxy.analysis.columns import Columns
 from toolproxy.analysis.migrations import MIGRATIONS
-from toolproxy.record.segments import RecordError, RecordReader
+from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 
 DB_NAME = "toolproxy.duckdb"
 
@@ -195,19 +195,14 @@ def insert_columns(
     return n
 
 
-# What `bodies(segment, segment_offset)` returns: the record's body fields as the proxy wrote
-# them (text as recorded, and its encoding: `utf8` or `base64`).
-BODY_FIELDS = ("request_body", "request_body_encoding", "response_body", "response_body_encoding", "client_body",
-               "client_body_encoding")
-
-
 def _text_or_json(value):
     return value if value is None or isinstance(value, str) else orjson.dumps(value, default=str).decode()
 
 
 def register_bodies(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> RecordReader:
     """Make `bodies(segment, segment_offset)` callable in SQL on `con`: the exchange's recorded
-    bodies, read from its segment under data_dir, as a struct of BODY_FIELDS, e.g.
+    bodies as the proxy wrote them (each one's text and encoding: BODIES_AS_RECORDED), read from
+    its segment under data_dir, e.g.
     `SELECT id, bodies(segment, segment_offset).response_body FROM exchanges`.
 
     Copying every body into the database cost more than the rest of an ingest's writes together;
@@ -224,10 +219,10 @@ def register_bodies(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> Rec
         except RecordError as exc:
             raise StoreError(f"cannot read the bodies of an exchange: {exc}") from None
         # a field of another JSON type is not a body the ingest stored; shown as its JSON text
-        return {name: _text_or_json(rec.get(name)) for name in BODY_FIELDS}
+        return {name: _text_or_json(rec.get(name)) for name in BODIES_AS_RECORDED}
 
     text = duckdb.type("VARCHAR")
-    struct = duckdb.struct_type({name: text for name in BODY_FIELDS})
+    struct = duckdb.struct_type({name: text for name in BODIES_AS_RECORDED})
     con.create_function("bodies", bodies, [text, duckdb.type("BIGINT")], struct,
                         null_handling="special", side_effects=False)
     return reader

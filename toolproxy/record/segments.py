@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import orjson
 
-from toolproxy.record.chunks import ChunkError, ChunkSource, is_chunk_line
+from toolproxy.record.chunks import BODY_FIELDS, ChunkError, ChunkSource, is_chunk_line
 from toolproxy.record.writer import SEGMENT_DIR, SEGMENT_SUFFIX
 
 
@@ -138,6 +138,10 @@ def read_segment(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 
             else:
                 rec, error = parse_line(line, chunks)
                 yield SegmentLine(path, offset, end, rec, error)
+
+
+# A record's bodies as the proxy wrote them: each one's text and its encoding (utf8 or base64).
+BODIES_AS_RECORDED = tuple(f for name in BODY_FIELDS for f in (name, f"{name}_encoding"))
 
 
 class RecordReader:
