@@ -31,6 +31,9 @@ from toolproxy.analysis.turns import derive
 from toolproxy.progress import Progress
 from toolproxy.record.segments import batch_end, list_segments
 
+WORKERS_ABOVE_BYTES = 16 << 20
+
+
 @dataclass
 class Summary:
     segments: int = 0
@@ -180,8 +183,10 @@ class Ingestor:
             self.progress.total = new_bytes
         workers = self.workers
         if workers is None:
-            # Worker processes cost ~0.5 s to start: only worth it for a real amount of data.
-            workers = min(os.cpu_count() or 1, 4) if new_bytes > 64 * 1024 * 1024 else 0
+            # A worker costs ~0.2 s of CPU to start (it imports no database) and a record 100-200 us
+            # to analyse whatever its size, so 16 MB (2,500 agent turns, 10,000 small exchanges)
+            # already takes longer alone than split; small exchanges went serial at 64 MB.
+            workers = min(os.cpu_count() or 1, 4) if new_bytes > WORKERS_ABOVE_BYTES else 0
         self.summary.workers = workers
         if workers <= 0:
             for chunk in self._chunks(todo):
