@@ -104,7 +104,9 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
         click.echo(result.recovered)
     for t in result.tables:
         click.echo(f"{t.name}: partitions {t.new} new, {t.appended} appended, {t.rewritten} rewritten, "
-                   f"{t.unchanged} unchanged; {t.rows:,} rows in {t.files} files")
+                   f"{t.unchanged} unchanged; {t.rows:,} rows in {t.files} files"
+                   + (f"; {t.stale:,} old copies of rows that moved to another day removed from pruned partitions"
+                      if t.stale else ""))
     where = printable(out)
     if result.export_id is None:
         click.echo(f"nothing new to export: {where} already holds every row")
