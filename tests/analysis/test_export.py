@@ -313,6 +313,7 @@ def test_prune_then_export_to_an_object_store_never_holds_a_row_twice(tmp_path: 
 
     def export() -> dict:
         con = connect(data / "toolproxy.duckdb", read_only=True)
+        register_bodies(con, data)
         try:
             return {t.name: t for t in parquet.export(con, Destination(url)).tables}
         finally:
