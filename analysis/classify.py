@@ -182,7 +182,7 @@ def _validate(name: str, arguments: Any, tools: list | None, tool_set: str | Non
     if hit is None:
         if len(_VALIDATIONS) >= 65536:
             _VALIDATIONS.clear()
-        hit = _VALIDATIONS[key] = validate_call(name, arguments, tools)
+        hit = _VALIDATIONS[key] = validate_call(name, arguments, tools, tools_key=tool_set)
     return hit
 
 
