@@ -138,7 +138,9 @@ def classify(
         else:
             value, error = raw, None
             raw = None if raw is None else orjson.dumps(raw).decode()
-        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools, tool_set))
+        # A string's decoded value is a function of the string: it keys the validation cache as is.
+        key = tc.arguments if isinstance(tc.arguments, str) else None
+        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools, tool_set, key))
     attempted = False
     saw_prose = False
     if not calls:
@@ -171,11 +173,14 @@ def classify(
 _VALIDATIONS: dict[tuple, Validation] = {}
 
 
-def _validate(name: str, arguments: Any, tools: list | None, tool_set: str | None) -> Validation:
+def _validate(name: str, arguments: Any, tools: list | None, tool_set: str | None, raw: str | None) -> Validation:
+    """validate_call, cached by tool set, name and arguments: by the arguments' JSON text when the
+    call came as text (`raw`, cheap to hash), else by their key-sorted JSON (bytes, so the two
+    kinds of key never meet)."""
     if tool_set is None:
         return validate_call(name, arguments, tools)
     try:
-        key = (tool_set, name, orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS))
+        key = (tool_set, name, raw if raw is not None else orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS))
     except TypeError:
         return validate_call(name, arguments, tools)
     hit = _VALIDATIONS.get(key)
@@ -186,9 +191,10 @@ def _validate(name: str, arguments: Any, tools: list | None, tool_set: str | Non
     return hit
 
 
-def _checked(idx, name, raw, value, parse_error, surface, fmt, tools, tool_set) -> CallResult:
+def _checked(idx, name, raw, value, parse_error, surface, fmt, tools, tool_set, key=None) -> CallResult:
+    """The call's row. `key`: the arguments string `value` was decoded from, if it was (native calls)."""
     if name is None:
         return CallResult(idx, None, raw, None, surface, fmt, False, False, False, [parse_error or "no tool name recovered"])
     # Unparseable arguments go in raw so validate_call reports them as "not valid JSON".
-    v = _validate(name, raw if parse_error is not None else value, tools, tool_set)
+    v = _validate(name, raw if parse_error is not None else value, tools, tool_set, key)
     return CallResult(idx, name, raw, None if parse_error else value, surface, fmt, v.offered, v.validated, v.valid, list(v.errors))
