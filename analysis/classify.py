@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from toolproxy.analysis.outcomes import HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, UNPARSEABLE, VALID_CALL
-from toolproxy.calls import Validation, parse_arguments, parse_text, validate_call
+from toolproxy.calls import TextParse, Validation, parse_arguments, parse_text, validate_call
 from toolproxy.wire import Reply, tool_names as names_of_tools
 
 # A 4xx that names the tool interface: the stack rejected the request for what it asked, before
@@ -138,14 +138,16 @@ def classify(
         else:
             value, error = raw, None
             raw = None if raw is None else orjson.dumps(raw).decode()
-        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools, tool_set))
+        # A string's decoded value is a function of the string: it keys the validation cache as is.
+        key = tc.arguments if isinstance(tc.arguments, str) else None
+        calls.append(_checked(len(calls), tc.name, raw, value, error, call_surface, "tool_calls", tools, tool_set, key))
     attempted = False
     saw_prose = False
     if not calls:
         for text in (reply.content, reply.reasoning_content):
             if not text:
                 continue
-            parsed = parse_text(text, tool_names=names)
+            parsed = _parse_text(text, names)
             attempted = attempted or parsed.attempted
             for c in parsed.calls:
                 calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, "text", c.format, tools, tool_set))
@@ -168,27 +170,51 @@ def classify(
     return Classification(outcome, surface=surface, calls=calls, harness_saw_prose=saw_prose)
 
 
+# Replies whose text is parsed for calls, by content: a looping agent, a harness retrying, or the
+# same item run again at temperature 0 gets the same reply text, and parsing a call out of it
+# costs tens of microseconds. Results are immutable (their argument values are only read). Short
+# texts only, so the cache stays a few MB.
+_TEXT_PARSES: dict[tuple[str, tuple[str, ...]], TextParse] = {}
+_CACHED_TEXT_LEN = 4096
+
+
+def _parse_text(text: str, names: list[str]) -> TextParse:
+    if len(text) > _CACHED_TEXT_LEN:
+        return parse_text(text, tool_names=names)
+    key = (text, tuple(names))
+    hit = _TEXT_PARSES.get(key)
+    if hit is None:
+        if len(_TEXT_PARSES) >= 2048:
+            _TEXT_PARSES.clear()
+        hit = _TEXT_PARSES[key] = parse_text(text, tool_names=names)
+    return hit
+
+
 _VALIDATIONS: dict[tuple, Validation] = {}
 
 
-def _validate(name: str, arguments: Any, tools: list | None, tool_set: str | None) -> Validation:
+def _validate(name: str, arguments: Any, tools: list | None, tool_set: str | None, raw: str | None) -> Validation:
+    """validate_call, cached by tool set, name and arguments: by the arguments' JSON text when the
+    call came as text (`raw`, cheap to hash), else by their key-sorted JSON (bytes, so the two
+    kinds of key never meet)."""
     if tool_set is None:
         return validate_call(name, arguments, tools)
     try:
-        key = (tool_set, name, orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS))
+        key = (tool_set, name, raw if raw is not None else orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS))
     except TypeError:
         return validate_call(name, arguments, tools)
     hit = _VALIDATIONS.get(key)
     if hit is None:
         if len(_VALIDATIONS) >= 65536:
             _VALIDATIONS.clear()
-        hit = _VALIDATIONS[key] = validate_call(name, arguments, tools)
+        hit = _VALIDATIONS[key] = validate_call(name, arguments, tools, tools_key=tool_set)
     return hit
 
 
-def _checked(idx, name, raw, value, parse_error, surface, fmt, tools, tool_set) -> CallResult:
+def _checked(idx, name, raw, value, parse_error, surface, fmt, tools, tool_set, key=None) -> CallResult:
+    """The call's row. `key`: the arguments string `value` was decoded from, if it was (native calls)."""
     if name is None:
         return CallResult(idx, None, raw, None, surface, fmt, False, False, False, [parse_error or "no tool name recovered"])
     # Unparseable arguments go in raw so validate_call reports them as "not valid JSON".
-    v = _validate(name, raw if parse_error is not None else value, tools, tool_set)
+    v = _validate(name, raw if parse_error is not None else value, tools, tool_set, key)
     return CallResult(idx, name, raw, None if parse_error else value, surface, fmt, v.offered, v.validated, v.valid, list(v.errors))

@@ -92,7 +92,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     from toolproxy.analysis.ingest import ingest
     from toolproxy.analysis.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.prune import forget_pruned
-    from toolproxy.analysis.reanalyze import rebuild, rebuild_reason, save_state
+    from toolproxy.analysis.reanalyze import ReanalyzeError, rebuild, rebuild_reason, save_state
     from toolproxy.progress import Progress
 
     if not data_dir.exists():
@@ -111,7 +111,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     try:
         reason = rebuild_reason(con, rules=rules, force=reclassify)
         if reason is not None:
-            t = rebuild(con, rules, exchanges=reclassify or reason.startswith("analyzer version"),
+            t = rebuild(con, rules, exchanges=reclassify or reason.startswith("analyzer version"), data_dir=data_dir,
                         progress=Progress("analyze: reclassifying", unit="exchanges", quiet=quiet))
             click.echo(f"rebuilt derived tables ({reason}): {t['exchanges']} exchanges reclassified, "
                        f"{t['runs']} runs, {t['turns']} turns, {t['episodes']} episodes")
@@ -126,6 +126,8 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
         sampled = con.execute(_SAMPLED_QUERY, [s.runs]).fetchall()
     except duckdb.Error as exc:
         _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
+    except ReanalyzeError as exc:
+        _fail(str(exc))
     finally:
         con.close()
     rate = s.records / s.seconds if s.seconds > 0 else 0.0
@@ -198,7 +200,10 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
     """Run one SQL query against the analysis database (read-only) and print the result."""
     import duckdb
 
+    from toolproxy.analysis.store import register_bodies
+
     con = _open(data_dir, db_path, read_only=True)
+    reader = register_bodies(con, data_dir)
     try:
         cur = con.execute(query)
         if cur.description is None:
@@ -209,6 +214,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
         _fail(f"query failed: {str(exc).strip()}")
     finally:
         con.close()
+        reader.close()
     if fmt == "json":
         text = orjson.dumps([dict(zip(columns, r)) for r in rows], default=str, option=orjson.OPT_INDENT_2).decode()
         click.echo(printable(text, lines=True))
@@ -242,6 +248,6 @@ def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> N
         if len(ids) > 1:
             more = ", ".join(ids[:10]) + (", ..." if len(ids) > 10 else "")
             _fail(f"id prefix {exchange_id!r} is ambiguous: {more}")
-        click.echo(render(con, ids[0], raw=raw))
+        click.echo(render(con, ids[0], data_dir, raw=raw))
     finally:
         con.close()

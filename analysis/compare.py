@@ -23,11 +23,8 @@ from toolproxy.analysis.metrics import score
 from toolproxy.analysis.summary import StoreError, is_pattern, known_runs
 
 # An item's verdict in one run, from the turns of its episode(s) in that run (repeats are pooled).
-# A call reached the harness: the reply it got carried calls in tool_calls (the stack's, or a
-# condition's), or it acted on a valid call written in text (`delivered`). A call left in the reply
-# text that the harness did not parse never reached it, valid or not.
-REACHED_HARNESS = ("({t}.delivered or exists (select 1 from calls c "
-                   "where c.exchange_id = {t}.final_exchange_id and c.format = 'tool_calls'))")
+# Whether a call reached the harness is scored.reached (analysis.metrics.REACHED_HARNESS), the
+# same answer the report's delivered restraint counts.
 METRICS = {
     "delivered": "case when expect_none then abstain_n > 0 and abstain_reached = 0 "
                  "else call_n > 0 and call_delivered = call_n end",
@@ -129,7 +126,7 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str 
                    count(t.turn_id) filter (where t.role = 'call' and t.delivered) as call_delivered,
                    count(t.turn_id) filter (where t.role = 'abstain') as abstain_n,
                    count(t.turn_id) filter (where t.role = 'abstain' and t.outcome <> 'prose') as abstain_tried,
-                   count(t.turn_id) filter (where t.role = 'abstain' and {REACHED_HARNESS.format(t="t")}) as abstain_reached,
+                   count(t.turn_id) filter (where t.role = 'abstain' and t.reached) as abstain_reached,
                    coalesce(bool_or(t.expect = 'none'), false) as expect_none
             from episodes e left join scored t on t.episode_key = e.episode_key
             where (list_contains($a, e.run) or list_contains($b, e.run)) and e.item_key is not null
@@ -194,12 +191,11 @@ def replay_compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metri
     con.execute(f"""
         create or replace temp table replay_pairs as
         with a as (
-            select turn_id, coalesce(category, $none) as category, role as a_role, outcome, delivered, sub_kind,
-                   {REACHED_HARNESS.format(t="scored")} as reached
+            select turn_id, coalesce(category, $none) as category, role as a_role, outcome, delivered, sub_kind, reached
             from scored where run = $a
         ), b as (
             select item_key as turn_id, arg_max(outcome, turn_index) as outcome, arg_max(delivered, turn_index) as delivered,
-                   arg_max(sub_kind, turn_index) as sub_kind, arg_max({REACHED_HARNESS.format(t="scored")}, turn_index) as reached
+                   arg_max(sub_kind, turn_index) as sub_kind, arg_max(reached, turn_index) as reached
             from scored where run = $b and item_key is not null group by item_key
         )
         select a.turn_id, a.category, a.a_role, a.outcome as a_outcome, a.sub_kind as a_kind,

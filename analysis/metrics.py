@@ -8,7 +8,12 @@ about (turn roles: analysis.turns.ROLE_SQL):
 - delivered fidelity: `call` turns whose valid call reached the harness as a call (in tool_calls,
   from the stack or from a condition, or a text call the harness parsed and acted on) / `call`
   turns. Call minus delivered is what the serving layer lost: calls left in text.
-- restraint: `abstain` turns with no call attempt / `abstain` turns (items that expect no call).
+- restraint: `abstain` turns with no call attempt (on any surface) / `abstain` turns (items that
+  expect no call): did the model hold back?
+- delivered restraint: `abstain` turns where no call reached the harness / `abstain` turns: what
+  the harness experienced, as a benchmark such as BFCL scores irrelevance. A call the model wrote
+  in text that no parser extracted never reached it, so delivered restraint minus restraint is
+  the calls the serving layer kept from the harness on items that wanted none.
 - answer rate: episodes ending in an `answer` turn / episodes that had a call, answer or open turn.
 - paper fidelity: valid_call turns / all produced turns, the definition of the study this project
   started from, kept so its tables can be reproduced. It counts a final answer as a miss.
@@ -29,15 +34,25 @@ from toolproxy.analysis.outcomes import ROLES
 from toolproxy.analysis.reanalyze import stored_rules
 from toolproxy.analysis.turns import ROLE_SQL
 
-METRICS = ("call_fidelity", "delivered_fidelity", "restraint", "answer_rate", "paper_fidelity")
+METRICS = ("call_fidelity", "delivered_fidelity", "restraint", "delivered_restraint", "answer_rate", "paper_fidelity")
 METRIC_LABELS = {
     "call_fidelity": "call fidelity",
     "delivered_fidelity": "delivered fidelity",
     "restraint": "restraint",
+    "delivered_restraint": "delivered restraint",
     "answer_rate": "answer rate",
     "paper_fidelity": "paper fidelity (original study's definition)",
     "non_response_rate": "non-response rate",
 }
+
+# Did a call of turn `t` reach the harness? The reply it got carried calls in tool_calls (the
+# stack's, or a condition's: valid or not, the harness received them), or it acted on a valid call
+# written in text (`delivered`, see analysis.turns.delivered). A call left in the reply text that
+# the harness did not parse never reached it, valid or not. score() stores the answer per turn as
+# `scored.reached`, the one definition the report's delivered restraint and compare's delivered
+# verdict both read.
+REACHED_HARNESS = ("(coalesce(t.delivered, false) or exists (select 1 from calls c "
+                   "where c.exchange_id = t.final_exchange_id and c.format = 'tool_calls'))")
 
 # Per episode: (numerator, denominator) of every metric, in one pass over the scored turns.
 _EPISODE_COUNTS = """
@@ -47,6 +62,7 @@ select run, episode_key,
        count(*) filter (where role = 'call' and delivered) as delivered_k,
        count(*) filter (where role = 'abstain' and outcome = 'prose') as restraint_k,
        count(*) filter (where role = 'abstain') as restraint_n,
+       count(*) filter (where role = 'abstain' and not reached) as delivered_restraint_k,
        (count(*) filter (where role = 'answer') > 0)::int as answer_k,
        (count(*) filter (where role in ('call', 'answer', 'open')) > 0)::int as answer_n,
        count(*) filter (where outcome = 'valid_call') as paper_k,
@@ -59,6 +75,7 @@ _COLUMNS = {
     "call_fidelity": ("call_k", "call_n"),
     "delivered_fidelity": ("delivered_k", "call_n"),
     "restraint": ("restraint_k", "restraint_n"),
+    "delivered_restraint": ("delivered_restraint_k", "restraint_n"),
     "answer_rate": ("answer_k", "answer_n"),
     "paper_fidelity": ("paper_k", "paper_n"),
     "non_response_rate": ("nonresp_k", "nonresp_n"),
@@ -66,7 +83,8 @@ _COLUMNS = {
 
 
 def score(con: duckdb.DuckDBPyConnection, runs: Sequence[str], rules: Sequence[Rule] = ()) -> None:
-    """Create the temp tables `wanted` (the runs) and `scored` (their turns with expect and role).
+    """Create the temp tables `wanted` (the runs) and `scored` (their turns with expect, role, and
+    `reached`: whether a call reached the harness, by REACHED_HARNESS).
 
     Without `rules` the roles are the stored ones. With them (an analyst's expectations given at
     report or compare time) each episode's expectation is recomputed from its tags under the
@@ -74,8 +92,8 @@ def score(con: duckdb.DuckDBPyConnection, runs: Sequence[str], rules: Sequence[R
     """
     con.execute("create or replace temp table wanted as select unnest(?::varchar[]) as run", [list(runs)])
     if not rules:
-        con.execute("create or replace temp table scored as select * exclude (content) from turns "
-                    "where run in (select run from wanted)")
+        con.execute(f"create or replace temp table scored as select t.* exclude (content), {REACHED_HARNESS} as reached "
+                    "from turns t where t.run in (select run from wanted)")
         return
     every = [*stored_rules(con), *rules]
     rows = con.execute("select episode_key, tags::varchar from episodes where run in (select run from wanted)").fetchall()
@@ -86,7 +104,8 @@ def score(con: duckdb.DuckDBPyConnection, runs: Sequence[str], rules: Sequence[R
     con.execute(f"""
         create or replace temp table scored as
         select * exclude (role), {ROLE_SQL} as role from (
-            select t.* exclude (expect, content), x.expect from turns t left join episode_expect x using (episode_key)
+            select t.* exclude (expect, content), x.expect, {REACHED_HARNESS} as reached
+            from turns t left join episode_expect x using (episode_key)
             where t.run in (select run from wanted))
     """)
 
@@ -96,6 +115,7 @@ class RunMetrics:
     call_fidelity: stats.Rate
     delivered_fidelity: stats.Rate
     restraint: stats.Rate
+    delivered_restraint: stats.Rate
     answer_rate: stats.Rate
     paper_fidelity: stats.Rate
     non_response_rate: stats.Rate

@@ -188,4 +188,16 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         "ingest_issues names the record a set-aside line held, when it had an id",
         "ALTER TABLE ingest_issues ADD COLUMN record_id VARCHAR;",
     ),
+    (
+        4,
+        "bodies stay in the segments (read by segment and offset), no longer copied into exchanges",
+        """
+        ALTER TABLE exchanges DROP COLUMN request_body;
+        ALTER TABLE exchanges DROP COLUMN request_body_encoding;
+        ALTER TABLE exchanges DROP COLUMN response_body;
+        ALTER TABLE exchanges DROP COLUMN response_body_encoding;
+        ALTER TABLE exchanges DROP COLUMN client_body;
+        ALTER TABLE exchanges DROP COLUMN client_body_encoding;
+        """,
+    ),
 ]

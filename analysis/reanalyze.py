@@ -1,34 +1,30 @@
 """Keeping every derived row under one version of the rules.
 
-The store keeps the raw exchanges (bodies, statuses, headers as recorded) and, derived from them,
-each exchange's classification, its calls, and the turns, episodes and runs tables. Derived rows
+The store keeps each exchange's place in the segments (where its record, bodies included, stays as
+recorded) and, derived from the record, its classification, its calls, and the turns, episodes
+and runs tables. Derived rows
 record the ANALYZER_VERSION that produced them and the store records the version and the
 expectation rules its derived tables were built under. When either changes (a newer toolproxy,
 `analyze --expect ...`) or the user asks (`analyze --reclassify`), everything derived is rebuilt
-from the raw exchanges in one transaction, so a report never mixes old and new rules.
+from the recorded exchanges in one transaction, so a report never mixes old and new rules.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Sequence
 
 import orjson
 
 from toolproxy.analysis.expect import Rule, parse_rules
 from toolproxy.analysis.outcomes import ANALYZER_VERSION
+from toolproxy.record.segments import RecordError, RecordReader
 
 _VERSION_KEY = "analyzer_version"
 _RULES_KEY = "expect_rules"
-# Exchange columns that are the record as received; every other column is derived from them.
+# Exchange columns that are the record as received (the rest is derived from the record).
 _RAW = ("id", "kind", "started_at", "ended_at", "ttfb_ms", "duration_ms", "run", "episode", "item", "condition",
         "tags", "upstream", "method", "path", "query", "status", "client_status", "error_kind", "error_message",
-        "request_body", "request_body_encoding", "response_body", "response_body_encoding", "client_body",
-        "client_body_encoding", "upstream_request", "condition_note", "request_headers", "response_headers",
-        "segment", "segment_offset")
-_JSON_RAW = ("tags", "upstream_request", "request_headers", "response_headers")
-# The parts of the ingest-time `record` column that came from the record itself.
-_RECORD_META = ("v", "client_path", "request_body_size", "response_complete", "extra")
+        "upstream_request", "condition_note", "request_headers", "response_headers", "segment", "segment_offset")
 _BATCH = 500
 
 
@@ -73,65 +69,62 @@ def save_state(con, rules: Sequence[Rule] | None) -> None:
         _set_state(con, _RULES_KEY, [str(r) for r in rules])
 
 
-def _stored_record(row: dict) -> dict:
-    """The exchange record as the proxy wrote it, rebuilt from its raw columns."""
-    rec = {k: row[k] for k in _RAW}
-    for k in _JSON_RAW:
-        rec[k] = orjson.loads(rec[k]) if rec[k] is not None else None
-    for k in ("started_at", "ended_at"):
-        if isinstance(rec[k], dt.datetime):
-            rec[k] = rec[k].replace(tzinfo=dt.timezone.utc).timestamp()
-    meta = orjson.loads(row["record"]) if row["record"] else {}
-    rec.update({k: meta.get(k) for k in _RECORD_META})
-    return rec
-
-
-def reclassify(con, progress=None) -> int:
-    """Re-run the per-exchange analysis over every stored exchange, from its raw columns; returns
-    how many exchanges were reclassified. The caller re-derives turns and holds the transaction.
-    `progress` (toolproxy.progress.Progress): told the number of exchanges, advanced per batch."""
-    from toolproxy.analysis.ingest import CALL_TYPES, EXCHANGE_TYPES, analyze_record
+def reclassify(con, data_dir, progress=None) -> int:
+    """Re-run the per-exchange analysis over every stored exchange, from its record in the
+    segments under data_dir (the bodies are not copied into the database); returns how many
+    exchanges were reclassified. The caller re-derives turns and holds the transaction.
+    `progress` (toolproxy.progress.Progress): told the number of exchanges, advanced per batch.
+    A record that cannot be read any more raises ReanalyzeError: derived rows are rebuilt all
+    together or not at all."""
+    from toolproxy.analysis.records import CALL_TYPES, EXCHANGE_TYPES, analyze_record
     from toolproxy.analysis.store import insert_columns
     from toolproxy.analysis.tables import CALLS, TOOL_SETS
 
-    derived = [c for c in EXCHANGE_TYPES if c not in _RAW]
-    types = {"id": "VARCHAR"} | {c: EXCHANGE_TYPES[c] for c in derived}
-    ids = [r[0] for r in con.execute("SELECT id FROM exchanges ORDER BY id").fetchall()]
+    refs = con.execute("SELECT id, segment, segment_offset FROM exchanges ORDER BY segment, segment_offset").fetchall()
+    types = {"id": "VARCHAR"} | {c: t for c, t in EXCHANGE_TYPES.items() if c not in _RAW}
     if progress is not None:
-        progress.total = len(ids)
-    columns = [*_RAW, "record"]
+        progress.total = len(refs)
     seen_sets: set[str] = set()
-    for start in range(0, len(ids), _BATCH):
-        batch = ids[start:start + _BATCH]
-        cur = con.execute(f"SELECT {', '.join(columns)} FROM exchanges WHERE id IN (SELECT unnest(?::VARCHAR[]))", [batch])
-        out: dict[str, list] = {c: [] for c in types}
-        calls: list[dict] = []
-        sets: list[dict] = []
-        for values in cur.fetchall():
-            row = dict(zip(columns, values))
-            a = analyze_record(_stored_record(row), row["segment"], row["segment_offset"])
-            for c in types:
-                out[c].append(a.exchange[c])
-            calls.extend(a.calls)
-            if a.tool_set is not None and a.tool_set.hash not in seen_sets:
-                seen_sets.add(a.tool_set.hash)
-                sets.append(a.tool_set._asdict())
-        con.execute("CREATE OR REPLACE TEMP TABLE _reclassified AS SELECT id, "
-                    f"{', '.join(derived)} FROM exchanges LIMIT 0")
-        insert_columns(con, "_reclassified", out, types)
-        assignments = ", ".join(f"{c} = r.{c}" for c in derived)
-        con.execute(f"UPDATE exchanges SET {assignments} FROM _reclassified r WHERE exchanges.id = r.id")
-        con.execute("DELETE FROM calls WHERE exchange_id IN (SELECT unnest(?::VARCHAR[]))", [batch])
-        CALLS.insert(con, {n: [c[n] for c in calls] for n in CALL_TYPES})
-        if sets:
-            TOOL_SETS.insert(con, TOOL_SETS.columns_of(sets), on_conflict="ON CONFLICT DO NOTHING")
-        if progress is not None:
-            progress.advance(len(batch))
+    with RecordReader(data_dir) as reader:
+        for start in range(0, len(refs), _BATCH):
+            batch = refs[start:start + _BATCH]
+            out: dict[str, list] = {c: [] for c in types}
+            calls: list[dict] = []
+            sets: list[dict] = []
+            for exchange_id, segment, offset in batch:
+                try:
+                    rec = reader.record(segment, offset)
+                except RecordError as exc:
+                    raise ReanalyzeError(
+                        f"cannot reclassify exchange {exchange_id}: {exc}. The database reads bodies from the "
+                        "segments it was analysed from; give the --data that holds them") from None
+                a = analyze_record(rec, segment, offset)
+                for c in types:
+                    out[c].append(a.exchange[c])
+                calls.extend(a.calls)
+                if a.tool_set is not None and a.tool_set.hash not in seen_sets:
+                    seen_sets.add(a.tool_set.hash)
+                    sets.append(a.tool_set._asdict())
+            derived = [c for c in types if c != "id"]
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _reclassified AS SELECT id, {', '.join(derived)} FROM exchanges LIMIT 0")
+            insert_columns(con, "_reclassified", out, types)
+            assignments = ", ".join(f"{c} = r.{c}" for c in derived)
+            con.execute(f"UPDATE exchanges SET {assignments} FROM _reclassified r WHERE exchanges.id = r.id")
+            con.execute("DELETE FROM calls WHERE exchange_id IN (SELECT unnest(?::VARCHAR[]))", [[r[0] for r in batch]])
+            CALLS.insert(con, {n: [c[n] for c in calls] for n in CALL_TYPES})
+            if sets:
+                TOOL_SETS.insert(con, TOOL_SETS.columns_of(sets), on_conflict="ON CONFLICT DO NOTHING")
+            if progress is not None:
+                progress.advance(len(batch))
     con.execute("DROP TABLE IF EXISTS _reclassified")
-    return len(ids)
+    return len(refs)
 
 
-def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool, progress=None) -> dict[str, int]:
+class ReanalyzeError(Exception):
+    """Derived tables cannot be rebuilt; the message says why and what to do."""
+
+
+def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool, data_dir=None, progress=None) -> dict[str, int]:
     """Rebuild every derived table in one transaction: exchanges' classification (when the rules
     of classification may have changed) and all runs' turns, episodes and runs rows. `progress`
     (toolproxy.progress.Progress) draws the reclassifying, then the deriving; closed here."""
@@ -139,7 +132,7 @@ def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool, progress=None
 
     con.execute("BEGIN TRANSACTION")
     try:
-        n = reclassify(con, progress) if exchanges else 0
+        n = reclassify(con, data_dir, progress) if exchanges else 0
         save_state(con, rules)
         runs = [r[0] for r in con.execute("SELECT DISTINCT run FROM exchanges WHERE run IS NOT NULL").fetchall()]
         if progress is not None:

@@ -6,15 +6,15 @@ import textwrap
 
 import orjson
 
-from toolproxy.analysis.ingest import _request
+from toolproxy.analysis.records import _request
 from toolproxy.printable import printable
+from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 from toolproxy.wire import family_of
 
 _FIELDS = """
 id, kind, started_at, duration_ms, ttfb_ms, run, episode, item, condition, tags, upstream, method, path, query,
 status, client_status, error_kind, error_message, is_attempt, streamed, model, prompt_tokens, completion_tokens,
-cached_tokens, tool_set, request_body, request_body_encoding, response_body, response_body_encoding, client_body,
-client_body_encoding, upstream_request, condition_note, outcome, sub_kind, surface, finish_reason, content,
+cached_tokens, tool_set, upstream_request, condition_note, outcome, sub_kind, surface, finish_reason, content,
 reasoning_content, upstream_content, harness_saw_prose, stack_marker, record, turn_id, segment, segment_offset,
 request_headers
 """
@@ -38,11 +38,19 @@ def _content(value) -> str:
     return orjson.dumps(value).decode()
 
 
-def render(con, exchange_id: str, *, raw: bool = False) -> str:
+def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
+    """The exchange's analysis from the database, its bodies from its record under data_dir."""
     names = [f.strip() for f in _FIELDS.split(",")]
     row = con.execute(f"SELECT {', '.join(names)} FROM exchanges WHERE id = ?", [exchange_id]).fetchall()[0]
     e = dict(zip(names, row))
     out = []
+    try:
+        with RecordReader(data_dir) as reader:
+            rec = reader.record(e["segment"], e["segment_offset"])
+        e.update({name: rec.get(name) for name in BODIES_AS_RECORDED})
+    except RecordError as exc:
+        e.update(dict.fromkeys(BODIES_AS_RECORDED))
+        out.append(f"bodies not readable: {exc}")
     tags = " ".join(f"{k}={e[k]}" for k in ("run", "episode", "item") if e[k])
     out.append(f"exchange {e['id']}  {tags}  condition={e['condition']}")
     status = e["status"] if e["status"] is not None else "---"

@@ -7,7 +7,7 @@ for recordings too large for one machine.
 Nothing here re-implements the analyzer: Spark only moves data between toolproxy's own functions.
 
 1. Read and classify, in parallel over byte ranges of the segments (`mapInArrow`). Each task
-   calls `ingest.analyze_range`, the function `analyze`'s worker processes call, so every record
+   calls `records.analyze_range`, the function `analyze`'s worker processes call, so every record
    is parsed, reassembled and classified exactly as there. Raw bodies and headers stay in the
    segments (each row keeps its segment and offset): what travels on are the analysed columns.
 2. Group by run (`applyInArrow`). Episodes, turns, roles, run rows and metrics never look
@@ -42,8 +42,8 @@ from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.ingest import (CALL_TYPES, EXCHANGE_TYPES, _after_last_newline, _next_line_end, analyze_range,
-                                       link_stored_responses)
+from toolproxy.analysis.ingest import _after_last_newline, _next_line_end, link_stored_responses
+from toolproxy.analysis.records import CALL_TYPES, EXCHANGE_TYPES, analyze_range
 from toolproxy.analysis.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store import insert_columns, migrate
 from toolproxy.analysis.tables import FINGERPRINTS
@@ -53,9 +53,9 @@ from toolproxy.record.segments import list_segments
 # Bytes of segment per read task: small enough that a 2-core machine gets several tasks per
 # segment, large enough that per-task overhead stays small.
 RANGE_BYTES = 32 << 20
-# The bodies and headers are most of a record's bytes and nothing after classification reads them.
-_LEFT_IN_SEGMENT = ("request_body", "response_body", "client_body", "upstream_request", "request_headers",
-                    "response_headers")
+# The bodies are never copied out of the segments, and the headers and rewritten request are big
+# and read by nothing after classification: they stay there too (segment + segment_offset).
+_LEFT_IN_SEGMENT = ("upstream_request", "request_headers", "response_headers")
 _ID = list(EXCHANGE_TYPES).index("id")
 
 # Stage 1's rows: one per exchange, call, fingerprint or set-aside line; the payload is the row

@@ -1,4 +1,5 @@
-"""The DuckDB file: opening it with errors a user can act on, and bringing its schema up to date."""
+"""The DuckDB file: opening it with errors a user can act on, bringing its schema up to date, and
+giving SQL the recorded bodies (which stay in the segments)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import orjson
 
 from toolproxy.analysis.columns import Columns
 from toolproxy.analysis.migrations import MIGRATIONS
+from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 
 DB_NAME = "toolproxy.duckdb"
 
@@ -190,3 +193,37 @@ def insert_columns(
     con.execute(f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(exprs)} FROM {view} {on_conflict}")
     con.unregister(view)
     return n
+
+
+def _text_or_json(value):
+    return value if value is None or isinstance(value, str) else orjson.dumps(value, default=str).decode()
+
+
+def register_bodies(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> RecordReader:
+    """Make `bodies(segment, segment_offset)` callable in SQL on `con`: the exchange's recorded
+    bodies as the proxy wrote them (each one's text and encoding: BODIES_AS_RECORDED), read from
+    its segment under data_dir, e.g.
+    `SELECT id, bodies(segment, segment_offset).response_body FROM exchanges`.
+
+    Copying every body into the database cost more than the rest of an ingest's writes together;
+    reading one back is a positioned read. A record that cannot be read (its segment moved away)
+    fails the query with the reason rather than reading as NULL. Returns the reader, to close.
+    """
+    reader = RecordReader(data_dir)
+
+    def bodies(segment: str | None, offset: int | None) -> dict | None:
+        if segment is None or offset is None:
+            return None
+        try:
+            rec = reader.record(segment, offset)
+        except RecordError as exc:
+            raise StoreError(f"cannot read the bodies of an exchange: {exc}") from None
+        # a field of another JSON type is not a body the ingest stored; shown as its JSON text
+        return {name: _text_or_json(rec.get(name)) for name in BODIES_AS_RECORDED}
+
+    text = duckdb.type("VARCHAR")
+    struct = duckdb.struct_type({name: text for name in BODIES_AS_RECORDED})
+    con.create_function("bodies", bodies, [text, duckdb.type("BIGINT")], struct,
+                        null_handling="special", side_effects=False)
+    return reader
+

@@ -46,9 +46,8 @@ EXCHANGES = Table("exchanges", {
     # derived at ingest
     "is_attempt": _BOOL, "streamed": _BOOL, "model": _V, "prompt_tokens": _B, "completion_tokens": _B,
     "cached_tokens": _B, "tool_set": _V,
-    # the bodies as recorded
-    "request_body": _V, "request_body_encoding": _V, "response_body": _V, "response_body_encoding": _V,
-    "client_body": _V, "client_body_encoding": _V, "upstream_request": _J, "condition_note": _V,
+    # where the record is (its bodies are read from there: analysis/bodies.py), and what else it said
+    "upstream_request": _J, "condition_note": _V,
     "request_headers": _J, "response_headers": _J, "segment": _V, "segment_offset": _B, "record": _J,
     # the attempt's classification
     "outcome": _V, "sub_kind": _V, "surface": _V, "n_calls": _I, "finish_reason": _V, "content": _V,

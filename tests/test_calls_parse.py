@@ -76,3 +76,20 @@ def test_unknown_format_is_a_clear_error():
 def test_empty_and_non_string_input():
     assert parse_text("") == TextParse((), False, "")
     assert parse_text(None) == TextParse((), False, "")  # type: ignore[arg-type]
+
+
+def test_a_family_skipped_for_lack_of_its_lead_characters_finds_nothing_there():
+    """parse_text runs a family only where a first character of one of its start markers occurs
+    (parse._LEADS): sound only if the finder, run anyway, finds nothing. Checked on every example
+    with each such character taken out."""
+    from toolproxy.calls import parse
+
+    texts = [row[1].replace(ch, "") for row in ROWS for ch in sorted(parse._ANY_LEAD)]
+    skipped = 0
+    for text in texts:
+        for finder, _ in parse.FAMILIES:
+            if not any(ch in text for ch in parse._LEADS[finder]):
+                skipped += 1
+                found = finder(text, None, lambda i: None) if finder is parse.find_bare else finder(text, None)
+                assert found == [], (finder.__name__, text)
+    assert skipped >= len(texts)  # every text lacks one character, so some family was skipped

@@ -16,18 +16,18 @@ def test_demo_records_analyzes_and_reports(tmp_path):
             if re.match(r"^(ollama|vllm|sglang|openai)-[a-z]+ +(native|text) ", line)}
     assert set(rows) == {"ollama-qwen", "ollama-gemma", "vllm-default", "sglang-noparser", "sglang-text", "openai-halluc"}
 
-    def headline(run):  # call, delivered, lost, restraint, answered, non-response
+    def headline(run):  # call, delivered, lost, restraint, delivered restraint, answered, non-response
         cells = rows[run][4:]
         return [c for c in cells if not c.startswith("[")]
 
     # The ideal stack: a correct agent gets full marks (it scored 40% when a final answer counted as a miss).
-    assert headline("ollama-qwen") == ["100%", "100%", "0%", "100%", "100%", "0%"]
+    assert headline("ollama-qwen") == ["100%", "100%", "0%", "100%", "100%", "100%", "0%"]
     # No parser: every call was valid, none reached the harness; the text condition restores delivery.
-    assert headline("sglang-noparser") == ["100%", "0%", "100%", "100%", "0%", "0%"]
-    assert headline("sglang-text") == ["100%", "100%", "0%", "100%", "100%", "0%"]
+    assert headline("sglang-noparser") == ["100%", "0%", "100%", "100%", "100%", "0%", "0%"]
+    assert headline("sglang-text") == ["100%", "100%", "0%", "100%", "100%", "100%", "0%"]
     # Refusals are "rej" (no metric), never 0%.
-    assert headline("vllm-default") == ["rej"] * 5 + ["100%"]
-    assert headline("ollama-gemma") == ["rej"] * 5 + ["100%"]
+    assert headline("vllm-default") == ["rej"] * 6 + ["100%"]
+    assert headline("ollama-gemma") == ["rej"] * 6 + ["100%"]
     assert "0% [0-0]" not in out
     assert "lost in the serving layer: calls left in text" in out
     # compare agrees: the broken arm never wins (it won 4-0 when calls left in text counted).

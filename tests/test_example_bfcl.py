@@ -68,6 +68,7 @@ def test_delivered_fidelity_ranks_conditions_as_the_harness_received_them(fake_s
     assert (text["delivered_fidelity"]["numerator"], text["delivered_fidelity"]["denominator"]) == (n_call, n_call)
     for r in (native, text):
         assert (r["restraint"]["numerator"], r["restraint"]["denominator"]) == (n_none, n_none)
+        assert (r["delivered_restraint"]["numerator"], r["delivered_restraint"]["denominator"]) == (n_none, n_none)
         assert r["roles"]["abstain"] == n_none and r["roles"]["open"] == 0
     doc = json.loads(tp("compare", "bfcl-native", "bfcl-text", "--data", str(p.data), "--format", "json"))
     o = doc["overall"]

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -485,6 +486,10 @@ def test_page_in_headless_chromium(served, tmp_path):
     assert _text_of(dom, "exchanges") == f"{stats['exchanges']:,}"
     assert _text_of(dom, "health") == stats["status"]
     assert _text_of(dom, "classified") == f"{total:,}"
+    # the upstream answered the start fingerprint and every exchange since: reachable, since the start
+    assert _text_of(dom, "upstate") == "reachable" and stats["upstream_health"]["reachable"] is True
+    assert re.fullmatch(r"since \d{1,2}:\d{2}:\d{2}( [AP]M)? · checked \d+[smhd].* ago \((fingerprint|probe)\)",
+                        _text_of(dom, "upwhy")), _text_of(dom, "upwhy")
     rows = {r[0]: r for r in _cells(dom, "runs")[1:]}
     assert set(rows) == set(live["runs"])
     for run, counts in live["runs"].items():
@@ -531,6 +536,30 @@ def test_page_in_headless_chromium(served, tmp_path):
     assert content.text == visible(HOSTILE) and content.classes == ["ctl"] * 4, (content.text, content.classes)
     assert "\x1b" not in proc.stdout and "\u202e" not in proc.stdout
     assert "<img" not in proc.stdout and "<b>bold" not in proc.stdout and "pwned</title>" not in proc.stdout
+
+
+@pytest.mark.skipif(find_browser() is None, reason="Chromium not installed (apt-get install -y chromium)")
+def test_page_says_when_the_upstream_cannot_be_reached(tmp_path):
+    """Nothing listens at the upstream's port: the page says so in words, and since when, while
+    the proxy's own health (recording) stays ok."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = ProxyProcess(f"http://127.0.0.1:{port}", tmp_path / "data", ("--auth-token", TOKEN, "--quiet", "--no-fingerprint"))
+    try:
+        proc = run_chromium(f"{p.url}/_toolproxy/login?token={TOKEN}", "--dump-dom", "--virtual-time-budget=5000")
+        up = admin(p.url, "/_toolproxy/stats")["upstream_health"]
+    finally:
+        p.stop()
+    dom = proc.stdout
+    assert 'data-ready="1"' in dom, proc.stderr[-2000:]
+    assert _text_of(dom, "health") == "ok" and _text_of(dom, "upstate") == "unreachable"
+    why = _text_of(dom, "upwhy")
+    assert up["reachable"] is False and up["since"] is not None
+    assert re.fullmatch(re.escape(f"cannot reach http://127.0.0.1:{port}: nothing is listening at 127.0.0.1:{port} "
+                                  "(connection refused).") + r" .+ · since \d{1,2}:\d{2}:\d{2}( [AP]M)? · checked \d+s ago \(probe\)",
+                        why), why
+    assert why.startswith(up["error"] + " · ")
 
 
 def test_workers_page_merges_every_worker(tmp_path):

@@ -23,7 +23,7 @@ import pytest
 
 from toolproxy.analysis.ingest import ingest
 from toolproxy.analysis.storage_bench import episode, interleaved
-from toolproxy.analysis.store import connect
+from toolproxy.analysis.store import connect, register_bodies
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
 from toolproxy.record.model import RECORD_VERSION, Record, RecordEncodeError, encode_body, new_id
 from toolproxy.record.segments import batch_end, expanded_size, list_segments, read_lines, read_records, read_segment
@@ -279,7 +279,8 @@ def test_old_version_1_segments_stay_readable(tmp_path):
     assert got["request_body"] == body and got["v"] == 1
     con = connect(tmp_path / "db.duckdb")
     assert ingest(con, tmp_path, workers=0).new_exchanges == 1
-    assert con.execute("SELECT request_body FROM exchanges").fetchall() == [(body,)]
+    register_bodies(con, tmp_path)
+    assert con.execute("SELECT bodies(segment, segment_offset).request_body FROM exchanges").fetchall() == [(body,)]
     con.close()
 
 
@@ -332,9 +333,12 @@ async def test_proxy_records_and_show_raw_reproduce_the_wire(fake_stack, proxy, 
     tp = [sys.executable, "-c", "from toolproxy.cli import main; main()"]
     out = subprocess.run([*tp, "analyze", "--data", str(p.data)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "issues: none" in out.stdout, out.stdout + out.stderr
-    con = duckdb.connect(str(p.data / "toolproxy.duckdb"), read_only=True)
-    rows = con.execute("SELECT id, request_body, request_body_encoding FROM exchanges ORDER BY id").fetchall()
-    con.close()
+    # the database keeps no copy of the bodies: SQL reads them from the segments, chunks put back
+    query = ("SELECT id, bodies(segment, segment_offset).request_body AS t, "
+             "bodies(segment, segment_offset).request_body_encoding AS e FROM exchanges ORDER BY id")
+    out = subprocess.run([*tp, "sql", "--data", str(p.data), "--format", "json", query], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [(r["id"], r["t"], r["e"]) for r in json.loads(out.stdout)]
     assert [base64.b64decode(t) if e == "base64" else t.encode() for _, t, e in rows] == sent
     shown = subprocess.run([*tp, "show", "--data", str(p.data), "--raw", rows[-1][0]], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr

@@ -82,17 +82,21 @@ async def test_the_probe_is_rate_limited_and_refreshes_when_stale():
     try:
         first = await health.report()
         assert first["reachable"] is True and first["source"] == "probe" and not first["checking"]
+        assert first["since"] == first["checked_at"]
         for _ in range(10):
             await health.report()
         assert [s.path for s in fake.probes] == ["/"]
         await asyncio.sleep(0.35)
-        await health.report()
+        again = await health.report()
         assert [s.path for s in fake.probes] == ["/", "/"]
+        # checked again, still reachable: since when stays the first time it was seen so
+        assert again["checked_at"] > first["checked_at"] and again["since"] == first["since"]
         await fake.stop()
         # The upstream is gone now: the next stale report says so.
         await asyncio.sleep(0.35)
         gone = await health.report()
         assert gone["reachable"] is False and "connection refused" in gone["error"]
+        assert gone["since"] == gone["checked_at"] > first["since"]
     finally:
         await health.stop()
         await fake.stop()

@@ -141,7 +141,8 @@ with last as (
     group by turn_id
 )
 select t.turn_id, t.run, t.episode_key, e.episode, e.item, t.turn_index, t.expect, e.method, e.path, e.query,
-       e.request_headers::varchar, e.request_body, e.request_body_encoding, e.tags::varchar
+       e.request_headers::varchar, bodies(e.segment, e.segment_offset).request_body,
+       bodies(e.segment, e.segment_offset).request_body_encoding, e.tags::varchar
 from (select * from turns t where t.run = $run and ({where})) t join last l using (turn_id) join exchanges e on e.id = l.id
 order by e.started_at, t.turn_index
 """
@@ -155,8 +156,11 @@ where run = $new and tags->>'replay_of_run' = $run and error_kind is null and st
 
 
 def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int | None) -> tuple[list[Turn], set[str]]:
-    """(the selected turns of `run` in recorded order, the ids already replayed in `new_run`)."""
+    """(the selected turns of `run` in recorded order, the ids already replayed in `new_run`).
+    `db` is a data directory's database: the request bodies are read from its segments."""
     import duckdb
+
+    from toolproxy.analysis.store import register_bodies
     from toolproxy.record.model import body_bytes
 
     if not db.exists():
@@ -165,6 +169,7 @@ def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int
         con = duckdb.connect(str(db), read_only=True)
     except duckdb.Error as exc:
         raise SelectionError(f"cannot open {db} read-only: {exc}") from None
+    reader = register_bodies(con, db.parent)
     try:
         if not con.execute("select count(*) from turns where run = ?", [run]).fetchone()[0]:
             known = [r[0] for r in con.execute("select distinct run from turns order by 1 limit 20").fetchall()]
@@ -179,6 +184,7 @@ def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int
         done = {r[0] for r in con.execute(_DONE_SQL, {"run": run, "new": new_run}).fetchall()}
     finally:
         con.close()
+        reader.close()
     turns = []
     for (turn_id, r, episode_key, episode, item, index, expect, method, path, query, headers, body, enc, tags) in rows:
         free = json.loads(tags) if tags else {}

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail, _open
+from toolproxy.analysis.store import register_bodies
 from toolproxy.printable import printable
 
 FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
@@ -88,6 +89,7 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     except ExportError as exc:
         _fail(str(exc))
     con = _open(data_dir, db_path, read_only=True)
+    reader = register_bodies(con, data_dir)
     try:
         with Progress("export", unit="MB", scale=1e6, quiet=quiet) as progress:
             result = writer.export(con, dest, runs=list(runs) or None, since=first_day, progress=progress)
@@ -97,11 +99,14 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
         _fail(f"export failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:
         con.close()
+        reader.close()
     if result.recovered:
         click.echo(result.recovered)
     for t in result.tables:
         click.echo(f"{t.name}: partitions {t.new} new, {t.appended} appended, {t.rewritten} rewritten, "
-                   f"{t.unchanged} unchanged; {t.rows:,} rows in {t.files} files")
+                   f"{t.unchanged} unchanged; {t.rows:,} rows in {t.files} files"
+                   + (f"; {t.stale:,} old copies of rows that moved to another day removed from pruned partitions"
+                      if t.stale else ""))
     where = printable(out)
     if result.export_id is None:
         click.echo(f"nothing new to export: {where} already holds every row")

@@ -13,7 +13,12 @@ For each partition (table, day, run) of the database:
   are written, as a new file beside the old ones; when any exported row changed or went (a
   re-analysis under a new analyzer version, `analyze --reclassify`, turns re-derived as a run
   grew), the partition is rewritten as one new file set that replaces the old.
-Partitions the database no longer has (pruned) are left in the export as they are.
+Partitions the database no longer has (pruned) are kept in the export, as history, except for
+rows the database still has under another day: a turn or episode whose earliest exchanges were
+pruned (or whose earlier ones arrived late) is re-derived under a new day and exported there, so
+its old copy is cut out of the history partition's files (a file left empty is deleted). A row's
+key is never in the export twice. Only the history partitions of runs this export writes are
+read, since a row that moved is always written to its new partition.
 
 A crash never leaves a half-written state the next export trusts: data files are written first
 under new names, then the manifest is replaced in one step, then the files it no longer lists are
@@ -62,6 +67,7 @@ class TableResult:
     unchanged: int = 0
     rows: int = 0
     files: int = 0
+    stale: int = 0  # old copies of moved rows cut out of history partitions
 
 
 @dataclass
@@ -79,6 +85,7 @@ class _Staged:
     uploads: list[tuple[str, str]] = field(default_factory=list)  # (local file, destination path)
     obsolete: list[str] = field(default_factory=list)
     partitions: dict[str, dict] = field(default_factory=dict)  # partition path -> new manifest entry
+    dropped: list[str] = field(default_factory=list)  # partitions no longer in the manifest (every row moved)
 
 
 def versions(con) -> dict[str, int]:
@@ -171,8 +178,7 @@ class _Plan:
 
 def _row_fingerprints(con, table: Table, runs: list[str] | None, since: dt.date | None) -> None:
     """_rows: every row of the table in scope, with its key, partition, fingerprint and rowid."""
-    fingerprint = ", ".join(f"{quote_ident(c)} := t.{quote_ident(c)}" for c in columns(con, table.name)
-                            if c not in table.fingerprint_skips)
+    fingerprint = ", ".join(f"{quote_ident(c)} := t.{quote_ident(c)}" for c in columns(con, table.name))
     where, params = [], []
     if runs:
         where.append(f"{table.run} IN (SELECT unnest(?::VARCHAR[]))")
@@ -228,7 +234,7 @@ def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: 
     out = os.path.join(staging, table.name)
     kv = ", ".join(f"'{k}': '{v}'" for k, v in (meta | {"toolproxy.table": table.name}).items())
     con.execute(
-        f"COPY (SELECT t.*, s.pid AS _pid FROM {table.name} t JOIN ("
+        f"COPY (SELECT {table.select}, s.pid AS _pid FROM {table.name} t JOIN ("
         "SELECT r.rid, r.pid FROM _rows r JOIN _todo USING (pid) WHERE _todo.mode = 'all' "
         "OR NOT EXISTS (SELECT 1 FROM _done x WHERE x.pid = r.pid AND x.k = r.k)) s ON s.rid = t.rowid) "
         f"TO '{_sql_text(out)}' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (_pid), KV_METADATA {{{kv}}}, "
@@ -254,7 +260,64 @@ def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: 
         staged.partitions[path] = {"rows": n, "hash": str(h), "files": written[pid] if mode == "all" else before + written[pid],
                                    "schema_version": meta["toolproxy.schema_version"],
                                    "analyzer_version": meta["toolproxy.analyzer_version"]}
+    if table.moves:
+        _cut_moved_rows(con, table, dest, old, plan, staging, export_id, meta, staged, result)
     return staged
+
+
+def _cut_moved_rows(con, table: Table, dest: Destination, old: dict, plan: _Plan, staging: str, export_id: str,
+                    meta: dict[str, str], staged: _Staged, result: TableResult) -> None:
+    """Cut the old copies of rows that moved to another day out of the history partitions (those
+    the manifest lists and the database no longer has) of the runs being written.
+
+    A history file holding such a row is replaced by a new file of its other rows, with its own key
+    file; its manifest entry keeps the versions it was made under and an empty fingerprint (no
+    database row stands for history), so should the database ever hold that partition again it is
+    rewritten from the database."""
+    written_runs = {plan.paths[pid].rsplit("/", 1)[-1] for pid in plan.modes}
+    current = set(plan.paths.values())
+    history = dict(enumerate(sorted(p for p in old if p not in current and p.rsplit("/", 1)[-1] in written_runs)))
+    if not history:
+        return
+    con.execute("CREATE OR REPLACE TEMP TABLE _history (pid BIGINT, file VARCHAR, k VARCHAR)")
+    _load_exported_keys(con, table, dest, old, history, os.path.join(staging, "history-keys"), into="_history")
+    stale = con.execute("SELECT pid, file, count(*) FROM _history SEMI JOIN _rows USING (k) GROUP BY ALL ORDER BY ALL").fetchall()
+    entries: dict[str, dict] = {}
+    for n, (pid, name, moved) in enumerate(stale):
+        path = history[pid]
+        entry = entries.setdefault(path, dict(old[path], hash="", files=list(old[path].get("files", []))))
+        rel = f"{path}/{name}"
+        if dest.local:
+            source = dest.path(f"{table.name}/{rel}")
+        else:
+            source = os.path.join(staging, "history", f"{n}.parquet")
+            os.makedirs(os.path.dirname(source), exist_ok=True)
+            dest.get(f"{table.name}/{rel}", source)
+        local = os.path.join(staging, "history", table.name, str(pid), f"part-{export_id}-h{n}.parquet")
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        versions_then = {f"toolproxy.{k}": str(entry[k]) for k in ("schema_version", "analyzer_version") if k in entry}
+        kv = ", ".join(f"'{k}': '{v}'" for k, v in (meta | versions_then | {"toolproxy.table": table.name}).items())
+        kept = con.execute(
+            f"COPY (SELECT t.* FROM read_parquet('{_sql_text(source)}', hive_partitioning=false) t "
+            f"WHERE {table.key} NOT IN (SELECT k FROM _rows)) "
+            f"TO '{_sql_text(local)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})").fetchone()[0]
+        staged.obsolete += [f"{table.name}/{rel}", _key_file(table.name, rel)]
+        files = [f for f in entry["files"] if f["name"] != name]
+        if kept:
+            con.execute(f"COPY (SELECT {table.key} AS k FROM read_parquet('{_sql_text(local)}', hive_partitioning=false) t) "
+                        f"TO '{_sql_text(local)}.keys' (FORMAT parquet, COMPRESSION zstd)")
+            new = os.path.basename(local)
+            staged.uploads += [(local, f"{table.name}/{path}/{new}"), (local + ".keys", _key_file(table.name, f"{path}/{new}"))]
+            files.append({"name": new, "rows": int(kept), "hash": ""})
+            result.files += 1
+        entry["files"] = files
+        entry["rows"] = sum(f.get("rows", 0) for f in files)
+        result.stale += int(moved)
+    for path, entry in entries.items():
+        if entry["files"]:
+            staged.partitions[path] = entry
+        else:
+            staged.dropped.append(path)
 
 
 def _key_file_for(con, table: Table, local: str, pid: int) -> dict:
@@ -271,8 +334,9 @@ def _sql_text(text: str) -> str:
     return text.replace("'", "''")
 
 
-def _load_exported_keys(con, table: Table, dest: Destination, old: dict, paths: dict[int, str], staging: str) -> None:
-    """Fill _done with the keys each listed file of these partitions holds (from its key file)."""
+def _load_exported_keys(con, table: Table, dest: Destination, old: dict, paths: dict[int, str], staging: str,
+                        into: str = "_done") -> None:
+    """Fill `into` (pid, file, k) with the keys each listed file of these partitions holds (from its key file)."""
     mapping: list[tuple[str, int, str]] = []
     for pid, path in paths.items():
         for f in old[path].get("files", []):
@@ -290,8 +354,8 @@ def _load_exported_keys(con, table: Table, dest: Destination, old: dict, paths: 
         return
     con.execute("CREATE OR REPLACE TEMP TABLE _keyfiles (filename VARCHAR, pid BIGINT, file VARCHAR)")
     con.executemany("INSERT INTO _keyfiles VALUES (?, ?, ?)", mapping)
-    con.execute("INSERT INTO _done SELECT m.pid, m.file, f.k FROM read_parquet(?::VARCHAR[], filename=true, hive_partitioning=false) f "
-                "JOIN _keyfiles m USING (filename)", [[m[0] for m in mapping]])
+    con.execute(f"INSERT INTO {into} SELECT m.pid, m.file, f.k FROM read_parquet(?::VARCHAR[], filename=true, "
+                "hive_partitioning=false) f JOIN _keyfiles m USING (filename)", [[m[0] for m in mapping]])
 
 
 def _intact_partitions(con, old: dict, paths: dict[int, str]) -> set[int]:
@@ -345,7 +409,9 @@ def export(con, dest: Destination, *, runs: list[str] | None = None, since: dt.d
             uploads += s.uploads
             obsolete += s.obsolete
             tables.setdefault(table.name, {}).update(s.partitions)
-        if not uploads:
+            for path in s.dropped:
+                tables[table.name].pop(path, None)
+        if not uploads and not obsolete:
             return result
         result.export_id = export_id
         journal = {"export_id": export_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time(),

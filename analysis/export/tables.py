@@ -2,18 +2,24 @@
 
 Each table is exported with every column the database has (the tables are a public interface
 whose columns are only ever added), so a later schema step reaches the export without a change
-here. A row's partition is its day (UTC) and run: the day an exchange started, the day a call's
+here; exchanges also carry their recorded bodies, read from the segments. A row's partition is its day (UTC) and run: the day an exchange started, the day a call's
 exchange or a turn's first attempt started, the day an episode's first turn did. A run is one
 row, partitioned by run alone: any day it carried would move as the run grows.
+
+A turn's or an episode's day can move after it was exported: `prune` deleting its earliest
+exchanges, or earlier ones arriving late from another replica, and the row is re-derived under
+another day. Those tables are marked `moves`, so an export looks for stale copies of their rows
+in the partitions the database no longer has (analysis.export.parquet).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Exchange columns left out of the row fingerprint: the recorded bodies never change for an id,
-# and hashing them would make every export read all of them.
-_IMMUTABLE = frozenset({"request_body", "response_body", "client_body"})
+# The recorded bodies stay in the segments; an exported exchange carries them (read through
+# store.register_bodies, which the exporting connection has). They never change for an id, so
+# they are not part of the row fingerprint that decides what to write again.
+_WITH_BODIES = "t.*, unnest(bodies(t.segment, t.segment_offset))"
 
 _EXCHANGE_DAY = "coalesce({0}started_at, {0}ended_at, TIMESTAMP '1970-01-01')::DATE"
 
@@ -27,9 +33,12 @@ class Table:
     run: str
     # Extra FROM clause joined to t to compute `day`.
     joins: str = ""
-    fingerprint_skips: frozenset[str] = frozenset()
+    # The row as exported (aliased t).
+    select: str = "t.*"
     # SQL for the day `--since` compares with, when it is not `day`.
     recent: str | None = None
+    # A row's day can change once exported (see the module docstring).
+    moves: bool = False
 
     @property
     def since_day(self) -> str:
@@ -37,16 +46,16 @@ class Table:
 
 
 TABLES: tuple[Table, ...] = (
-    Table("exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", fingerprint_skips=_IMMUTABLE),
+    Table("exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", select=_WITH_BODIES),
     Table("calls", key="t.exchange_id || ':' || CAST(t.idx AS VARCHAR)", day="coalesce(x.day, DATE '1970-01-01')",
           run="coalesce(x.run, '')",
           joins=f"LEFT JOIN (SELECT id, run, {_EXCHANGE_DAY.format('')} AS day FROM exchanges) x ON x.id = t.exchange_id"),
     Table("turns", key="t.turn_id", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
           joins=f"LEFT JOIN (SELECT turn_id, min({_EXCHANGE_DAY.format('')}) AS day FROM exchanges WHERE turn_id IS NOT NULL "
-                "GROUP BY turn_id) x ON x.turn_id = t.turn_id"),
+                "GROUP BY turn_id) x ON x.turn_id = t.turn_id", moves=True),
     Table("episodes", key="t.episode_key", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
           joins=f"LEFT JOIN (SELECT u.episode_key, min({_EXCHANGE_DAY.format('e.')}) AS day FROM turns u JOIN exchanges e "
-                "ON e.turn_id = u.turn_id GROUP BY u.episode_key) x ON x.episode_key = t.episode_key"),
+                "ON e.turn_id = u.turn_id GROUP BY u.episode_key) x ON x.episode_key = t.episode_key", moves=True),
     Table("runs", key="t.run", day=None, run="t.run", recent="t.last_seen::DATE"),
 )
 TABLE_NAMES = tuple(t.name for t in TABLES)

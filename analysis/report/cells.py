@@ -14,12 +14,14 @@ from toolproxy.analysis.summary import NON_RESPONSE_KINDS, Report, RunSummary
 REJ = "rej"
 NONE = "-"
 LOST = "lost in the serving layer: calls left in text"
-# The run table leads with the two headline numbers side by side, then the gap between them.
+KEPT = "calls kept from the harness on items expecting none"
+# The run table leads with the two headline numbers side by side, then the gap between them; the
+# model's restraint and the restraint the harness saw sit side by side the same way.
 HEADERS = ("run", "stack", "model", "condition", "turns", "episodes", "call fidelity [95% CI]",
-           "delivered fidelity [95% CI]", "lost in serving", "restraint", "answer rate", "paper fidelity",
-           "non-response", "as text", "loops")
+           "delivered fidelity [95% CI]", "lost in serving", "restraint [95% CI]", "delivered restraint [95% CI]",
+           "answer rate", "paper fidelity", "non-response", "as text", "loops")
 # The terminal's headline table, headed tersely so it fits in 100 columns; the rest goes in DETAIL_HEADERS.
-SHORT_HEADERS = ("run", "cond", "turns", "eps", "call [95% CI]", "delivered [95% CI]", "lost", "restraint",
+SHORT_HEADERS = ("run", "cond", "turns", "eps", "call [95% CI]", "dlv [95% CI]", "lost", "restr", "dlv restr",
                  "answered", "nonresp")
 DETAIL_HEADERS = ("run", "stack", "model", "roles c/a/x/o/n", "call per ep", "delivered per ep", "paper", "text",
                   "loops")
@@ -87,7 +89,7 @@ def row(s: RunSummary, digits: int = 0) -> list[str]:
     """The human cells of one run, in HEADERS order."""
     return [s.run, stack_cell(s), s.model or NONE, s.condition or NONE, str(s.turns), str(s.episodes),
             rate_cell(s, s.call_fidelity, digits), rate_cell(s, s.delivered_fidelity, digits), lost_cell(s, digits),
-            rate_cell(s, s.restraint, digits), rate_cell(s, s.answer_rate, digits),
+            rate_cell(s, s.restraint, digits), rate_cell(s, s.delivered_restraint, digits), rate_cell(s, s.answer_rate, digits),
             rate_cell(s, s.paper_fidelity, digits, interval=False), pct(s.non_response_rate.pooled, digits),
             pct(s.surfaced_as_text, digits), str(s.looping_episodes)]
 
@@ -96,6 +98,7 @@ def short_row(s: RunSummary) -> list[str]:
     """The terminal's headline cells, in SHORT_HEADERS order."""
     return [s.run, s.condition or NONE, str(s.turns), str(s.episodes), rate_cell(s, s.call_fidelity),
             rate_cell(s, s.delivered_fidelity), lost_cell(s), rate_cell(s, s.restraint, interval=False),
+            rate_cell(s, s.delivered_restraint, interval=False),
             rate_cell(s, s.answer_rate, interval=False), pct(s.non_response_rate.pooled)]
 
 
@@ -135,6 +138,11 @@ def run_notes(s: RunSummary) -> list[str]:
         n = s.call_fidelity.numerator - s.delivered_fidelity.numerator
         notes.append(f"{LOST}: {n} of {s.call_fidelity.denominator} turns due a call held a valid call the harness "
                      f"never got as a call ({pct(s.lost_in_serving)}; no or wrong tool parser on the stack?)")
+    kept = s.delivered_restraint.numerator - s.restraint.numerator
+    if kept:
+        notes.append(f"{KEPT}: {kept} of {s.restraint.denominator} turns of items expecting no call attempted a call "
+                     f"that never reached the harness (left in text; restraint {pct(s.restraint.pooled)}, delivered "
+                     f"restraint {pct(s.delivered_restraint.pooled)})")
     if s.roles.get("open"):
         notes.append(f"{s.roles['open']} open turns (prose ending an episode that saw no tool result, item expectation "
                      "unknown): not scored; tag items expect=call|none or pass --expect")
@@ -170,8 +178,9 @@ def provenance(report: Report) -> str:
 
 def legend() -> str:
     """What the headline columns mean, in the words the README uses."""
-    return ("call fidelity = valid calls / turns due a call (any surface); delivered = of those, calls the harness "
-            "got as calls; lost = the difference, calls left in text by the serving layer. restraint = turns of "
-            "items expecting no call that made none; answer rate = episodes ending in an answer after a tool "
+    return ("call fidelity = valid calls / turns due a call (any surface); delivered (dlv) = of those, calls the harness "
+            "got as calls; lost = the difference, calls left in text by the serving layer. restraint (restr) = "
+            "turns of items expecting no call that attempted none (any surface); delivered restraint (dlv restr) = those where "
+            "no call reached the harness (a call left in text did not); answer rate = episodes ending in an answer after a tool "
             "result; paper = valid calls / all produced turns (the original study's definition). roles c/a/x/o/n "
             f"= call/answer/abstain/open/no_tools turns. {REJ} = every turn was a non-response.")

@@ -14,8 +14,8 @@ from toolproxy.analysis import stats
 from toolproxy.analysis.compare import METRIC_HELP
 from toolproxy.analysis.details import TURN_COLUMNS, Count, PageDetails, Usage
 from toolproxy.analysis.report import comparison
-from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct, rate_cell,
-                                   provenance, report_notes, row)
+from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, KEPT, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct,
+                                   rate_cell, provenance, report_notes, row)
 from toolproxy.analysis.stats import Rate
 from toolproxy.analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
 
@@ -393,6 +393,19 @@ def usage_table(report: Report, usage: dict[str, Usage]) -> str:
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
+def restraint_section(report: Report) -> str:
+    """Restraint and delivered restraint per run, drawn only when some run has items expecting no call."""
+    if not any(s.restraint.denominator for s in report.runs):
+        return ""
+    return ('<section><h2>Restraint and delivered restraint per run</h2><p class="help">Turns of items expecting no '
+            'call (e.g. BFCL irrelevance). <b>Restraint</b>: the model attempted no call, on any surface. '
+            '<b>Delivered restraint</b>: no call reached the harness, as a benchmark scoring what it received sees '
+            f'it. Where delivered restraint is higher, the difference is {_e(KEPT)}: calls left in the reply text.</p>'
+            f'<h3>Restraint</h3>{rate_chart(report, "restraint", "Restraint per run")}'
+            f'<h3>Delivered restraint</h3>{rate_chart(report, "delivered_restraint", "Delivered restraint per run")}'
+            '</section>')
+
+
 def _details_sections(report: Report, d: PageDetails) -> str:
     parts = ['<section><h2>Fidelity by turn index</h2><p class="help">Call fidelity at each position of an episode '
              '(valid calls / turns due a call there, n), with delivered fidelity (dlv) where calls were lost. A fall '
@@ -440,6 +453,7 @@ never reached the harness) are hatched grey and always shown.</p>
 {rate_chart(report, "call_fidelity", "Call fidelity per run")}
 <h3>Delivered fidelity</h3>
 {rate_chart(report, "delivered_fidelity", "Delivered fidelity per run")}</section>
+{restraint_section(report)}
 {_details_sections(report, details) if details is not None else ""}
 </main></body></html>
 """

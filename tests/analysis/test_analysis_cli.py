@@ -63,6 +63,33 @@ def test_analyze_then_sql_and_show(data):
     assert "HARNESS SAW PROSE" in r.stdout and "get_weather" in r.stdout and "Weather in Oslo?" in r.stdout
 
 
+def test_bodies_are_read_from_the_segments_and_a_missing_one_is_a_clear_error(data):
+    d, rid = data
+    assert tp("analyze", "--data", str(d)).returncode == 0
+    query = ("select bodies(segment, segment_offset).request_body as req, "
+             "bodies(segment, segment_offset).response_body_encoding as enc from exchanges")
+    r = tp("sql", "--data", str(d), "--format", "json", query)
+    assert r.returncode == 0, r.stderr
+    [row] = json.loads(r.stdout)
+    assert row["enc"] == "utf8" and json.loads(row["req"])["messages"][0]["content"] == "Weather in Oslo?"
+    # the segment goes away behind the database's back (not through prune, which drops its rows)
+    seg = d / "segments" / "20261129T120000-1-0001.jsonl"
+    seg.rename(seg.with_suffix(".moved"))
+    r = tp("sql", "--data", str(d), query)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"segment {seg.name} is not in {d / 'segments'}" in r.stderr
+    r = tp("show", "--data", str(d), "--raw", rid)
+    assert r.returncode == 0, r.stderr
+    assert "bodies not readable" in r.stdout and "outcome: valid_call" in r.stdout
+    r = tp("analyze", "--data", str(d), "--reclassify")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"cannot reclassify exchange {rid}" in r.stderr and "give the --data that holds them" in r.stderr
+    # nothing was half rebuilt: with the segment back, everything reads as before
+    seg.with_suffix(".moved").rename(seg)
+    r = tp("analyze", "--data", str(d), "--reclassify")
+    assert r.returncode == 0 and "1 exchanges reclassified" in r.stdout, r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (["analyze", "--data", "/nonexistent/dir"], "does not exist"),
     (["sql", "--data", "/nonexistent/dir", "select 1"], "no database at"),

@@ -21,8 +21,9 @@ from toolproxy.analysis.export import parquet
 from toolproxy.analysis.export.destination import Destination, ExportError
 from toolproxy.analysis.export.partitions import MAX_ENCODED, _quote, encode_value, partition_path
 from toolproxy.analysis.bench import generate
-from toolproxy.analysis.store import connect
+from toolproxy.analysis.store import connect, register_bodies
 from toolproxy.record.model import Record, encode_body, new_id
+from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR
 
 from ptyrun import REDRAW, on_a_terminal
@@ -34,9 +35,9 @@ HOSTILE = ["a/b", "..", ".", "../../escape", "x\x01y\x1b[31m", "é🙂 run", "%4
 CLI = [sys.executable, "-m", "toolproxy.cli"]
 
 
-def _record(run: str, t: float, n: int, text: str | None = None) -> bytes:
+def _record(run: str, t: float, n: int, text: str | None = None, episode: str | None = None) -> bytes:
     rec = Record(id=new_id(), started_at=t, upstream="http://127.0.0.1:9", method="POST", path="/v1/chat/completions",
-                 client_path="/v1/chat/completions", run=run, episode=f"ep{n}", item=f"item{n}")
+                 client_path="/v1/chat/completions", run=run, episode=episode or f"ep{n}", item=f"item{n}")
     req = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": f"task {n}"}],
                         "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]})
     rec.request_body, rec.request_body_encoding = encode_body(req)
@@ -177,12 +178,13 @@ def test_local_export_reads_back_in_duckdb_with_the_databases_counts(data: Path,
     for p in out.rglob("*.parquet"):
         rel = p.resolve().relative_to(out.resolve()).parts
         assert rel[0] in TABLES and len(rel) == (3 if rel[0] == "runs" else 4), rel
-    # raw bodies are in the export as recorded
-    con = duckdb.connect(str(data / "toolproxy.duckdb"), read_only=True)
-    stored = dict(con.execute("SELECT id, response_body FROM exchanges").fetchall())
-    con.close()
-    exported = dict(duckdb.sql(f"SELECT id, response_body FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall())
-    assert exported == stored
+    # raw bodies are in the export as recorded (the database itself keeps no copy of them)
+    recorded = {r["id"]: (r.get("request_body"), r.get("response_body"), r.get("response_body_encoding"))
+                for r in read_records(data, kind="exchange")}
+    exported = {r[0]: r[1:] for r in duckdb.sql(
+        f"SELECT id, request_body, response_body, response_body_encoding FROM read_parquet('{out}/exchanges/**/*.parquet')"
+    ).fetchall()}
+    assert exported == recorded and any(v[1] for v in exported.values())
     meta = dict(duckdb.sql(f"SELECT key::VARCHAR, value::VARCHAR FROM parquet_kv_metadata('{out}/turns/**/*.parquet')").fetchall())
     manifest = orjson.loads((out / "_toolproxy_export/manifest.json").read_bytes())
     assert meta["toolproxy.table"] == "turns"
@@ -230,6 +232,106 @@ def test_new_traffic_adds_files_and_rederived_rows_rewrite_their_partitions(data
     assert listed == {str(p.relative_to(out)) for p in out.rglob("*.parquet") if not str(p.relative_to(out)).startswith("_")}
 
 
+KEYS = {"exchanges": "id", "calls": "exchange_id || ':' || idx", "turns": "turn_id", "episodes": "episode_key", "runs": "run"}
+
+
+def twice(out: Path) -> dict[str, list]:
+    """Keys held by more than one exported row, per table."""
+    return {t: duckdb.sql(f"SELECT {k} AS key, count(*) FROM read_parquet('{out}/{t}/**/*.parquet', hive_partitioning=false) "
+                          "GROUP BY key HAVING count(*) > 1").fetchall() for t, k in KEYS.items()}
+
+
+def test_prune_then_export_never_holds_a_row_twice(tmp_path: Path):
+    """Episodes that began on day 1 and went on on day 2 lose their day-1 turns to `prune`, so the
+    analyzer re-derives them under day 2. The export writes them there; their old copies must leave
+    the day-1 partition (which the database no longer has, and which the export keeps as history
+    for the episodes wholly of day 1), or each would be in the export twice."""
+    data = tmp_path / "data"
+    seg = data / SEGMENT_DIR
+    seg.mkdir(parents=True)
+    day1 = dt.datetime(2026, 11, 20, 12, tzinfo=dt.timezone.utc).timestamp()
+    segments = {  # (episode, seconds after noon of day 1) per exchange of run r
+        "20261120T120000-1-0001": [("cont0", 0), ("cont1", 1), ("cont2", 2), ("day1-only0", 10), ("day1-only1", 11)],
+        "20261121T120000-1-0001": [("cont0", DAY), ("cont1", DAY + 1), ("cont2", DAY + 2), ("day2-only", DAY + 10)],
+    }
+    n = 0
+    for name, rows in segments.items():
+        with open(seg / f"{name}.jsonl", "wb") as f:
+            for episode, dt_s in rows:
+                f.write(_record("r", day1 + dt_s, n, text=None if n % 3 else "In prose.", episode=episode))
+                n += 1
+    analyze(data)
+    out = tmp_path / "out"
+    run_cli("export", "--data", str(data), "--out", str(out))
+    exported_before = parquet_counts(str(out))
+    assert exported_before == db_counts(data / "toolproxy.duckdb") and not any(twice(out).values())
+
+    old = time.time() - 3 * DAY
+    first = seg / "20261120T120000-1-0001.jsonl"
+    os.utime(first, (old, old))
+    proc = run_cli("prune", "--older-than", "1d", "--data", str(data))
+    assert "deleted 1 segments" in proc.stdout and not first.exists()
+    analyze(data)
+    con = duckdb.connect(str(data / "toolproxy.duckdb"), read_only=True)
+    episodes = sorted(con.execute("SELECT episode_key, n_turns FROM episodes").fetchall())
+    con.close()
+    assert episodes == [("r/cont0", 1), ("r/cont1", 1), ("r/cont2", 1), ("r/day2-only", 1)]
+
+    proc = run_cli("export", "--data", str(data), "--out", str(out))
+    assert twice(out) == dict.fromkeys(KEYS, [])
+    assert "episodes: partitions 0 new, 1 appended, 0 rewritten, 0 unchanged; 3 rows in 2 files; 3 old copies of rows " \
+           "that moved to another day removed from pruned partitions" in proc.stdout, proc.stdout
+    # each episode once, where the database puts it now; the day-1-only ones kept as history
+    got = sorted(duckdb.sql(f"SELECT episode_key, n_turns, date::VARCHAR FROM read_parquet('{out}/episodes/**/*.parquet', "
+                            "hive_partitioning=true)").fetchall())
+    assert got == [("r/cont0", 1, "2026-11-21"), ("r/cont1", 1, "2026-11-21"), ("r/cont2", 1, "2026-11-21"),
+                   ("r/day1-only0", 1, "2026-11-20"), ("r/day1-only1", 1, "2026-11-20"), ("r/day2-only", 1, "2026-11-21")]
+    assert parquet_counts(str(out))["exchanges"] == exported_before["exchanges"] == 9  # pruned exchanges stay exported
+    manifest = orjson.loads((out / "_toolproxy_export/manifest.json").read_bytes())
+    listed = {f"{table}/{part}/{f['name']}" for table, parts in manifest["tables"].items() for part, e in parts.items()
+              for f in e["files"]}
+    assert listed == {str(p.relative_to(out)) for p in out.rglob("*.parquet") if not str(p.relative_to(out)).startswith("_")}
+    keyfiles = {str(p.relative_to(out / "_toolproxy_export/keys"))[: -len(".keys")] for p in out.rglob("*.keys")}
+    assert keyfiles == listed
+    assert sum(e["rows"] for e in manifest["tables"]["episodes"].values()) == 6
+    assert "nothing new to export" in run_cli("export", "--data", str(data), "--out", str(out)).stdout
+
+
+def test_prune_then_export_to_an_object_store_never_holds_a_row_twice(tmp_path: Path):
+    """The same through fsspec's in-memory filesystem: history files and key files come from the
+    remote side, and the stale copies go there too."""
+    data = tmp_path / "data"
+    seg = data / SEGMENT_DIR
+    seg.mkdir(parents=True)
+    day1 = dt.datetime(2026, 11, 20, 12, tzinfo=dt.timezone.utc).timestamp()
+    first = seg / "20261120T120000-1-0001.jsonl"
+    first.write_bytes(b"".join(_record("r", day1 + i, i, episode=e) for i, e in enumerate(["a", "b", "gone"])))
+    (seg / "20261121T120000-1-0001.jsonl").write_bytes(
+        b"".join(_record("r", day1 + DAY + i, 10 + i, episode=e) for i, e in enumerate(["a", "b"])))
+    analyze(data)
+    url = f"memory://bucket-{os.getpid()}-{id(tmp_path)}/pruned"
+
+    def export() -> dict:
+        con = connect(data / "toolproxy.duckdb", read_only=True)
+        register_bodies(con, data)
+        try:
+            return {t.name: t for t in parquet.export(con, Destination(url)).tables}
+        finally:
+            con.close()
+
+    export()
+    os.utime(first, (time.time() - 3 * DAY,) * 2)
+    run_cli("prune", "--older-than", "1d", "--data", str(data))
+    episodes = export()["episodes"]
+    assert (episodes.new, episodes.rows, episodes.stale) == (1, 2, 2)
+    reader = duckdb.connect()
+    reader.register_filesystem(fsspec.filesystem("memory"))
+    assert sorted(reader.sql(f"SELECT episode_key, date::VARCHAR FROM read_parquet('{url}/episodes/**/*.parquet')").fetchall()) \
+        == [("r/a", "2026-11-21"), ("r/b", "2026-11-21"), ("r/gone", "2026-11-20")]
+    assert reader.execute(f"SELECT count(*) FROM read_parquet('{url}/exchanges/**/*.parquet')").fetchone()[0] == 5
+    assert all(t.files == 0 for t in export().values())
+
+
 def test_memory_filesystem_and_a_second_machine_stay_consistent(data: Path, tmp_path: Path):
     """Another database analysed from the same recordings exports nothing new to the same URL."""
     url = f"memory://bucket-{os.getpid()}-{id(tmp_path)}/export"
@@ -237,6 +339,7 @@ def test_memory_filesystem_and_a_second_machine_stay_consistent(data: Path, tmp_
     run_cli("analyze", "--data", str(data), "--db", str(other))
     for db in (data / "toolproxy.duckdb", other):
         con = connect(db, read_only=True)
+        register_bodies(con, data)
         try:
             result = parquet.export(con, Destination(url))
         finally:
@@ -251,6 +354,7 @@ def test_memory_filesystem_and_a_second_machine_stay_consistent(data: Path, tmp_
     write_segment(data, "20261129T120000-4-0001", [("..", t + i) for i in range(3)])
     analyze(data)
     con = connect(data / "toolproxy.duckdb", read_only=True)
+    register_bodies(con, data)
     try:
         result = parquet.export(con, Destination(url))
     finally:
@@ -271,6 +375,7 @@ def test_an_interrupted_export_is_undone_by_the_next(data: Path, tmp_path: Path,
 
     monkeypatch.setattr(Destination, "write_bytes", crash_at_manifest)
     con = connect(data / "toolproxy.duckdb", read_only=True)
+    register_bodies(con, data)
     with pytest.raises(KeyboardInterrupt):
         parquet.export(con, Destination(str(out)))
     monkeypatch.setattr(Destination, "write_bytes", real)

@@ -11,7 +11,7 @@ import pytest
 
 from toolproxy.analysis.ingest import ingest
 from toolproxy.analysis.reanalyze import rebuild
-from toolproxy.analysis.store import connect, default_db
+from toolproxy.analysis.store import connect, default_db, register_bodies
 from toolproxy.record.model import Record, encode_body, new_id
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -154,7 +154,7 @@ def test_migrations_are_recorded_and_rerun_safely(tmp_path):
     con = connect(tmp_path / "x.duckdb")
     con.close()
     con = connect(tmp_path / "x.duckdb")
-    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,)]
+    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,)]
     con.close()
 
 
@@ -232,10 +232,11 @@ def test_odd_values_in_bodies_are_stored_not_set_aside(tmp_path, db):
     assert con.execute("SELECT prompt_tokens, completion_tokens, finish_reason FROM exchanges").fetchall() == [
         (None, None, '{"why":"done"}')]
     assert con.execute("SELECT name FROM calls").fetchall() == [("5",)]
-    body = con.execute("SELECT response_body FROM exchanges").fetchall()[0][0]
+    register_bodies(con, tmp_path)
+    body = con.execute("SELECT bodies(segment, segment_offset).response_body FROM exchanges").fetchall()[0][0]
     assert orjson.loads(body) == reply
-    # rebuilding the derived tables from the stored raw exchanges meets the same values
-    assert rebuild(con, None, exchanges=True)["exchanges"] == 1
+    # rebuilding the derived tables from the recorded exchanges meets the same values
+    assert rebuild(con, None, exchanges=True, data_dir=tmp_path)["exchanges"] == 1
     assert con.execute("SELECT prompt_tokens, completion_tokens, finish_reason FROM exchanges").fetchall() == [
         (None, None, '{"why":"done"}')]
 

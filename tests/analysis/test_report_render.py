@@ -28,13 +28,13 @@ def test_terminal_table_fits_100_columns_and_shows_rej(report):
     assert all(len(line) <= 100 for line in lines[: 2 + len(report.runs)]), "table rows wider than 100 columns"
     header = lines[0].split()
     # the headline: call and delivered fidelity side by side, then what the serving layer lost
-    assert header[:8] == ["run", "cond", "turns", "eps", "call", "[95%", "CI]", "delivered"]
+    assert header[:8] == ["run", "cond", "turns", "eps", "call", "[95%", "CI]", "dlv"]
     rows = {line.split()[0]: line for line in lines[2: 2 + len(report.runs)]}
     assert set(rows) == {"gemma-vllm", "qwen-native", "qwen-sglang", "qwen-text"}
     gemma = rows["gemma-vllm"].split()
-    assert gemma.count("rej") == 5 and "100%" in gemma and "0%" not in gemma
+    assert gemma.count("rej") == 6 and "100%" in gemma and "0%" not in gemma
     # 12 of 16 call turns valid: Wilson 95% [50.5, 89.8]; 1 of 4 episodes answered; 3 of 20 turns non-responses
-    assert re.search(r"75% \[51-90\]\s+75% \[51-90\]\s+0%\s+-\s+25%\s+15%$", rows["qwen-native"])
+    assert re.search(r"75% \[51-90\]\s+75% \[51-90\]\s+0%\s+-\s+-\s+25%\s+15%$", rows["qwen-native"])
     assert re.search(r"100% \[44-100\]\s+33% \[6-79\]\s+67%", rows["qwen-sglang"])
     details = {line.split()[0]: line for line in lines[3 + len(report.runs): 5 + 2 * len(report.runs)]}
     assert re.search(r"16/1/0/0/0\s+60% \(<5 eps\)\s+60% \(<5 eps\)\s+71%\s+0%\s+1$", details["qwen-native"])
@@ -59,10 +59,10 @@ def test_terminal_table_clips_names_not_numbers():
 def test_markdown_has_both_tables_and_notes(report):
     text = render(report, "markdown")
     assert text.startswith("# toolproxy report")
-    assert ("| gemma-vllm | vllm 0.11.0 | google/gemma-3-4b-it | native | 6 | 3 | rej | rej | rej | rej | rej | rej "
+    assert ("| gemma-vllm | vllm 0.11.0 | google/gemma-3-4b-it | native | 6 | 3 | rej | rej | rej | rej | rej | rej | rej "
             "| 100.0% | - | 0 |") in text
     assert ("| qwen-sglang | sglang 0.5.3 | Qwen/Qwen3-8B | native | 4 | 2 | 100.0% [43.9-100.0] | 33.3% [6.1-79.2] "
-            "| 66.7% | - | 50.0% [9.5-90.5] | 75.0% | 0.0% | 66.7% | 0 |") in text
+            "| 66.7% | - | - | 50.0% [9.5-90.5] | 75.0% | 0.0% | 66.7% | 0 |") in text
     assert "| qwen-native | 60.0% (too few episodes) | 60.0% (too few episodes) | 16/1/0/0/0 | refused 1, http_5xx 1, timeout 1 |" in text
     assert "| qwen-native | 60.0% (12) | 10.0% (2) | 5.0% (1) | 5.0% (1) | 5.0% (1) | 15.0% (3) |" in text
     assert "## Notes" in text

@@ -106,6 +106,21 @@ EPISODES = [
 ]
 
 
+# (item, its turns as (messages, reply)): every turn is an `abstain` turn.
+IRRELEVANCE = [
+    ("declines", [([USER], "None of my tools can answer that.")]),
+    # llama.cpp without a parser for the model's format: the call stays in the text the harness got
+    ("text-call-ignored", [([USER], ("text", TEXT_CALL))]),
+    ("text-call-broken", [([USER], ("text", '<tool_call>\n{"name": "get_weather", "arguments": {"city": </tool_call>'))]),
+    ("structured-call", [([USER], CALL)]),
+    ("structured-bad-call", [([USER], BAD_CALL)]),
+    # a text-protocol harness parsed the call itself and sent its result back: it reached the harness
+    ("text-call-acted-on", [([USER], ("text", TEXT_CALL)),
+                            ([USER, {"role": "assistant", "content": TEXT_CALL}, {"role": "user", "content": "Observation: 5C"}],
+                             "5C.")]),
+]
+
+
 def write_segment(data: Path, records) -> None:
     seg = data / "segments"
     seg.mkdir(parents=True, exist_ok=True)
@@ -133,6 +148,11 @@ def build(data: Path) -> None:
     # Three episodes that all fail: the interval must not read "0% [0-0]".
     for i in range(3):
         recs.append(record(clock, "fails", str(i), [USER], BAD_CALL))
+    # Items that expect no call, answered the ways a real stack answers them; and the same items declined.
+    for name, turns in IRRELEVANCE:
+        for messages, spec in turns:
+            recs.append(record(clock, "irrelevance", name, messages, spec, tags={"expect": "none"}, item=name))
+        recs.append(record(clock, "irrelevance-declined", name, [USER], "No tool fits.", tags={"expect": "none"}, item=name))
     write_segment(data, recs)
 
 
@@ -197,6 +217,50 @@ def test_report_json_carries_every_metric_worked_by_hand(store):
     assert (r["paper_fidelity"]["numerator"], r["paper_fidelity"]["denominator"]) == (6, 17)
     assert r["non_response_kinds"] == {"refused": 1, "swallowed": 1}
     assert r["non_response_retries"] == {"refused": 2}
+
+
+def test_delivered_restraint_counts_what_reached_the_harness_restraint_what_the_model_tried(store):
+    """Seven abstain turns: the model declined in two (restraint 2/7), but only three calls reached
+    the harness (two in tool_calls, one text call the harness acted on), so it saw restraint in
+    four (delivered restraint 4/7): calls left in the text, parseable or broken, never reached it.
+    compare's delivered verdict reads the same per-turn answer, item by item."""
+    assert query(store, "select episode_key, outcome, role, delivered from turns where run = 'irrelevance' "
+                        "order by episode_key, turn_index") == [
+        ("irrelevance/declines", "prose", "abstain", False),
+        ("irrelevance/structured-bad-call", "invalid_args", "abstain", False),
+        ("irrelevance/structured-call", "valid_call", "abstain", True),
+        ("irrelevance/text-call-acted-on", "valid_call", "abstain", True),
+        ("irrelevance/text-call-acted-on", "prose", "abstain", False),
+        ("irrelevance/text-call-broken", "invalid_args", "abstain", False),
+        ("irrelevance/text-call-ignored", "valid_call", "abstain", False),
+    ]
+    runs = {r["run"]: r for r in report_json(store)["runs"]}
+    r = runs["irrelevance"]
+    assert (r["restraint"]["numerator"], r["restraint"]["denominator"]) == (2, 7)
+    d = r["delivered_restraint"]
+    assert (d["numerator"], d["denominator"], d["pooled"]) == (4, 7, pytest.approx(4 / 7))
+    assert d["wilson_low"] == pytest.approx(0.2504, abs=1e-4) and d["wilson_high"] == pytest.approx(0.8418, abs=1e-4)
+    assert d["episode_mean"] == pytest.approx(3.5 / 6) and d["interval_note"] is None and d["ci_low"] < d["ci_high"]
+    declined = runs["irrelevance-declined"]
+    assert declined["restraint"]["pooled"] == declined["delivered_restraint"]["pooled"] == 1.0
+    # no item here expects a call: neither restraint is defined for a run without abstain turns
+    assert runs["roles"]["delivered_restraint"]["denominator"] == runs["roles"]["restraint"]["denominator"] == 2
+    assert runs["fails"]["delivered_restraint"]["pooled"] is None
+    table = " ".join(ok(toolproxy("report", "--data", str(store), "--run", "irrelevance")).split())
+    assert "29% 57%" in table  # restraint, then delivered restraint, side by side
+    assert ("calls kept from the harness on items expecting none: 2 of 7 turns of items expecting no call attempted "
+            "a call that never reached the harness") in table
+    markdown = ok(toolproxy("report", "--data", str(store), "--run", "irrelevance", "--format", "markdown"))
+    assert "| restraint [95% CI] | delivered restraint [95% CI] |" in markdown
+    assert "| 28.6% [8.2-64.1] | 57.1% [25.0-84.2] |" in markdown
+    page = ok(toolproxy("report", "--data", str(store), "--run", "irrelevance", "--format", "html"))
+    assert "Delivered restraint per run" in page and "irrelevance: 57.1% [25.0-84.2]" in page
+    doc = json.loads(ok(toolproxy("compare", "irrelevance", "irrelevance-declined", "--data", str(store), "--format", "json")))
+    o = doc["overall"]
+    assert (o["paired"], o["both_pass"], o["a_only"], o["b_only"]) == (6, 3, 0, 3)
+    doc = json.loads(ok(toolproxy("compare", "irrelevance", "irrelevance-declined", "--data", str(store), "--format", "json",
+                                  "--metric", "call")))
+    assert (doc["overall"]["both_pass"], doc["overall"]["b_only"]) == (1, 5)
 
 
 def test_a_correct_call_then_answer_agent_scores_full_marks(tmp_path):

@@ -13,11 +13,11 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Collection
-from dataclasses import replace
 
 from . import functiongemma, jsonblocks, mistral, pythonic, tagged
 from .functiongemma import find_functiongemma
 from .jsonblocks import find_bare, find_fenced
+from .jsontext import respan
 from .mistral import find_mistral
 from .model import FORMATS, Group, TextCall, TextParse
 from .pythonic import find_bare_pythonic, find_python_tag, find_wrapped_pythonic
@@ -44,6 +44,16 @@ START_MARKERS: dict[str, tuple[str, ...]] = {}
 for _module in (tagged, mistral, functiongemma, pythonic, jsonblocks):
     for _format, _markers in _module.MARKERS.items():
         START_MARKERS[_format] = tuple(dict.fromkeys(START_MARKERS.get(_format, ()) + _markers))
+
+
+_ALL_FORMATS = frozenset(FORMATS)
+# family -> the characters its call syntax can start with (first characters of its formats'
+# markers): a text holding none of them cannot give that family a group, so it is not run.
+# Most replies are prose without any of them, and then no family runs at all.
+_LEADS: dict[Finder, frozenset[str]] = {
+    finder: frozenset(m[0] for f in produces for m in START_MARKERS[f]) for finder, produces in FAMILIES
+}
+_ANY_LEAD = frozenset().union(*_LEADS.values())
 
 
 def start_markers(formats: Collection[str] | None = None) -> tuple[str, ...]:
@@ -94,11 +104,14 @@ def parse_text(
     wanted = _formats(formats)
     if not isinstance(text, str) or not text:
         return TextParse((), False, text.strip() if isinstance(text, str) else "")
+    present = {ch for ch in _ANY_LEAD if ch in text}
+    if not present:
+        return TextParse((), False, text.strip())
     names = frozenset(tool_names) if tool_names is not None else None
     claims = _Claims()
     groups: list[Group] = []
     for finder, produces in FAMILIES:
-        if not produces & wanted:
+        if present.isdisjoint(_LEADS[finder]) or (wanted is not _ALL_FORMATS and not produces & wanted):
             continue
         for group in _run(finder, text, names, claims):
             calls = tuple(c for c in group.calls if c.format in wanted)
@@ -114,16 +127,17 @@ def _stretch(calls: tuple[TextCall, ...], span: tuple[int, int]) -> tuple[TextCa
     """Make the calls of a group cover its markers and tags: the first call starts where the
     group starts, the last ends where it ends (a lone call gets the whole group span)."""
     first, last = calls[0], calls[-1]
+    if len(calls) == 1:
+        return calls if first.span == span else (respan(first, *span),)
     out = list(calls)
-    out[0] = replace(first, span=(span[0], first.span[1] if len(calls) > 1 else span[1]))
-    if len(calls) > 1:
-        out[-1] = replace(last, span=(last.span[0], span[1]))
+    out[0] = respan(first, span[0], first.span[1])
+    out[-1] = respan(last, last.span[0], span[1])
     return tuple(out)
 
 
 def _formats(formats: Collection[str] | None) -> frozenset[str]:
     if formats is None:
-        return frozenset(FORMATS)
+        return _ALL_FORMATS
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         raise ValueError(f"unknown call format(s) {', '.join(unknown)}; known: {', '.join(FORMATS)}")

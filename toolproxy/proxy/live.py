@@ -5,7 +5,7 @@ already encoded when it has one; observe only appends that line (or the record, 
 none) to a bounded deque. A feeder thread wakes every FEED_EVERY, encodes what came without a
 line, and sends what arrived in messages of at most HANDOFF records to a classifier *process*,
 which classifies each record with the analyzer's own per-record code
-(analysis.ingest.analyze_record: the same outcome, sub-kind and surface `analyze` will store) and
+(analysis.records.analyze_record: the same outcome, sub-kind and surface `analyze` will store) and
 keeps the counters and the recent exchanges. Classifying costs about as much CPU as forwarding,
 so it cannot share the proxy's interpreter (the GIL), and the classifier process runs only on CPU
 time nothing else wants. The page's requests ask it for a report off the loop.
@@ -78,7 +78,7 @@ def _text(raw: bytes | None, problem: str | None) -> str:
 def classify_record(rec: dict) -> tuple[dict, dict]:
     """(summary row, detail) of one finished record (as written), by the analyzer's code."""
     from toolproxy.analysis.bodies import decode_body, header
-    from toolproxy.analysis.ingest import analyze_record
+    from toolproxy.analysis.records import analyze_record
 
     analyzed = analyze_record(rec, "", 0)
     row = analyzed.exchange

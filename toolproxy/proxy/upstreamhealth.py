@@ -11,6 +11,9 @@ probe runs at a time and at most one starts per INTERVAL, so a load balancer pol
 second costs the upstream one request every INTERVAL seconds. A caller waits for a probe at most
 WAIT seconds (on the loop, never blocking it); past that it gets the previous evidence, marked
 `checking`, and the probe finishes in the background for the next caller.
+
+`since` is when the current answer (reachable or not) was first seen: the live page says
+"unreachable since 14:02", which a single check time cannot tell.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class UpstreamHealth(Addon):
         self.reachable: bool | None = None
         self.last_error: str | None = None
         self.checked_at: float | None = None  # wall clock, for people
+        self.since: float | None = None  # wall clock of the first observation of the current `reachable`
         self.source: str | None = None  # probe | fingerprint | exchange
         self._checked_mono: float | None = None  # monotonic, for the interval
         self._started_mono: float | None = None  # the last probe's start
@@ -50,8 +54,11 @@ class UpstreamHealth(Addon):
         self._session: aiohttp.ClientSession | None = None
 
     def observe(self, reachable: bool, error: str | None, source: str) -> None:
+        now = time.time()
+        if reachable != self.reachable:
+            self.since = now
         self.reachable, self.last_error, self.source = reachable, None if reachable else error, source
-        self.checked_at, self._checked_mono = time.time(), time.monotonic()
+        self.checked_at, self._checked_mono = now, time.monotonic()
 
     def error(self, flow: Flow) -> None:
         if _connect_failure(flow):
@@ -83,6 +90,7 @@ class UpstreamHealth(Addon):
             "reachable": self.reachable,
             "error": self.last_error,
             "checked_at": self.checked_at,
+            "since": self.since,
             "age_s": round(time.monotonic() - self._checked_mono, 3) if self._checked_mono is not None else None,
             "source": self.source,
             "checking": checking,

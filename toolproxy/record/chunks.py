@@ -327,7 +327,7 @@ class ChunkSource:
             raise ChunkError(f"bad chunk reference {offset!r}")
         piece = self._cache.get(offset)
         if piece is None:
-            line = self._line(offset)
+            line = self.line_at(offset)
             if not is_chunk_line(line):
                 raise ChunkError(f"offset {offset} is not the start of a chunk line")
             piece = decode_chunk(line, offset)
@@ -335,7 +335,8 @@ class ChunkSource:
             self._cache[offset] = piece
         return piece
 
-    def _line(self, offset: int) -> bytes:
+    def line_at(self, offset: int) -> bytes:
+        """The segment's line that starts at `offset`, without its newline."""
         line = self._lines.pop(offset, None)
         if line is not None:
             return line

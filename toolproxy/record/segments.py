@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import orjson
 
-from toolproxy.record.chunks import ChunkSource, is_chunk_line
+from toolproxy.record.chunks import BODY_FIELDS, ChunkError, ChunkSource, is_chunk_line
 from toolproxy.record.writer import SEGMENT_DIR, SEGMENT_SUFFIX
 
 
@@ -138,6 +138,60 @@ def read_segment(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 
             else:
                 rec, error = parse_line(line, chunks)
                 yield SegmentLine(path, offset, end, rec, error)
+
+
+# A record's bodies as the proxy wrote them: each one's text and its encoding (utf8 or base64).
+BODIES_AS_RECORDED = tuple(f for name in BODY_FIELDS for f in (name, f"{name}_encoding"))
+
+
+class RecordReader:
+    """Records by segment file name and byte offset, the way the analyzer's database refers to
+    them, with their bodies put back.
+
+    The database keeps no copy of the bodies: this is how they are read back (show, replay,
+    export, re-classification, SQL's `bodies()`). Open segments and their chunk caches are kept
+    for the next lookup, since callers go through many records of one segment in offset order.
+    """
+
+    _OPEN = 8
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.seg_dir = Path(data_dir) / SEGMENT_DIR
+        self._sources: dict[str, ChunkSource] = {}
+
+    def __enter__(self) -> RecordReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for source in self._sources.values():
+            source.close()
+        self._sources.clear()
+
+    def record(self, segment: str, offset: int) -> dict[str, Any]:
+        """The record at `offset` of `segment`; RecordError saying why when it cannot be read
+        (the segment is not there: pruned, moved, another data directory; no record there)."""
+        source = self._sources.get(segment)
+        if source is None:
+            path = self.seg_dir / segment
+            if "/" in segment or not path.is_file():
+                raise RecordError(f"segment {segment} is not in {self.seg_dir}")
+            if len(self._sources) >= self._OPEN:
+                self._sources.pop(next(iter(self._sources))).close()
+            source = self._sources[segment] = ChunkSource(path)
+        try:
+            rec, error = parse_line(source.line_at(offset), source)
+        except ChunkError as exc:
+            rec, error = None, str(exc)
+        if rec is None:
+            raise RecordError(f"{segment} @{offset}: {error}")
+        return rec
+
+
+class RecordError(Exception):
+    pass
 
 
 def read_records(data_dir: str | Path, kind: str | None = None) -> list[dict[str, Any]]:

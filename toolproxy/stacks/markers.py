@@ -33,17 +33,18 @@ class StackMark:
     evidence: str
 
 
+_OLLAMA_FINGERPRINT = StackMark("ollama", None, "system_fingerprint fp_ollama")
+
+
 def detect(obj: Any) -> StackMark | None:
     """The stack that produced this response body / stream chunk / model list, if it says."""
     if not isinstance(obj, dict):
         return None
     fp = obj.get("system_fingerprint")
     if fp == "fp_ollama":
-        return StackMark("ollama", None, "system_fingerprint fp_ollama")
-    if isinstance(fp, str):
-        m = _LLAMACPP_BUILD.match(fp)
-        if m:
-            return StackMark("llamacpp", fp, "system_fingerprint build string")
+        return _OLLAMA_FINGERPRINT
+    if isinstance(fp, str) and _LLAMACPP_BUILD.match(fp):
+        return StackMark("llamacpp", fp, "system_fingerprint build string")
     if isinstance(obj.get("timings"), dict):
         return StackMark("llamacpp", None, "timings")
     meta = obj.get("metadata")
@@ -59,12 +60,15 @@ def detect(obj: Any) -> StackMark | None:
         return StackMark("vllm", None, "kv_transfer_params/prompt_logprobs")
     if "done" in obj and ("eval_count" in obj or "total_duration" in obj or "done_reason" in obj):
         return StackMark("ollama", None, "native done/eval_count")
-    data = obj.get("data")
-    if obj.get("object") == "list" and isinstance(data, list) and data and isinstance(data[0], dict):
-        owner = _OWNED_BY.get(str(data[0].get("owned_by", "")).lower())
-        if owner:
-            return StackMark(owner, None, f"owned_by {data[0].get('owned_by')}")
-    return _from_error(obj)
+    kind = obj.get("object")
+    if kind == "list":
+        data = obj.get("data")
+        if isinstance(data, list) and data and isinstance(data[0], dict):
+            owner = _OWNED_BY.get(str(data[0].get("owned_by", "")).lower())
+            if owner:
+                return StackMark(owner, None, f"owned_by {data[0].get('owned_by')}")
+    # Most bodies are neither: skip the call (_from_error answers None for them too).
+    return _from_error(obj) if "error" in obj or kind == "error" else None
 
 
 def _from_error(obj: dict) -> StackMark | None:
