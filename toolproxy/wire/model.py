@@ -155,8 +155,9 @@ class Reply:
 
     @property
     def has_output(self) -> bool:
-        return bool(self.tool_calls) or bool(self.content and self.content.strip()) or bool(
-            self.reasoning_content and self.reasoning_content.strip()
+        # not isspace() is not strip() without copying the text (both use Unicode whitespace)
+        return bool(self.tool_calls) or bool(self.content and not self.content.isspace()) or bool(
+            self.reasoning_content and not self.reasoning_content.isspace()
         )
 
     @property
