@@ -19,8 +19,8 @@ def attempt(aid, messages, reply=None, *, outcome="valid_call", sub_kind=None, e
             category=None, calls=None, tools=("get_weather",)):
     keys = conversation_keys(messages, tool_set="ts1", tool_names=list(tools), model="m", reply=reply)
     return Attempt(
-        id=aid, episode=episode, item=item, category=category, condition="native", model="m", outcome=outcome,
-        sub_kind=sub_kind, surface=None, n_calls=0, finish_reason=None, harness_saw_prose=False,
+        id=aid, episode=episode, item=item, category=category, condition="native", outcome=outcome,
+        sub_kind=sub_kind, harness_saw_prose=False,
         state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes,
         item_hash=keys.item_hash, call_signature=call_signature(calls or []),
     )
