@@ -93,7 +93,7 @@ def _is_tool_result(role: Any, content: Any, text: str) -> bool:
         return True
     if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in _RESULT_PARTS for p in content):
         return True
-    return role == "user" and _OBSERVATION.search(text) is not None
+    return role == "user" and "Observation:" in text and _OBSERVATION.search(text) is not None
 
 
 def _message_calls(m: dict) -> list:
