@@ -19,6 +19,8 @@ exchange at ingest (conversation_keys), so re-deriving a run reads small columns
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import hashlib
 import heapq
 import re
@@ -381,14 +383,13 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
             ep = episodes.get(key)
             if ep is None:
                 ep = episodes[key] = Episode(key, a.episode, False)
-            last = ep.turns[-1] if ep.turns else None
-            if last is not None and last.failed and last.final.state_hash == a.state_hash:
-                last.attempts.append(a)
+            if ep.turns and (final := ep.turns[-1].attempts[-1]).outcome == NON_RESPONSE and final.state_hash == a.state_hash:
+                ep.turns[-1].attempts.append(a)
             else:
                 ep.turns.append(Turn([a]))
             continue
         turn = by_state.get(a.state_hash) if a.state_hash else None
-        if turn is not None and turn.failed and owner[id(turn)].turns[-1] is turn:
+        if turn is not None and turn.attempts[-1].outcome == NON_RESPONSE and owner[id(turn)].turns[-1] is turn:
             turn.attempts.append(a)
         else:
             ep = None
@@ -411,10 +412,11 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
             by_chain[key] = turn
     out = list(episodes.values())
     for ep in out:
-        first = ep.turns[0].final
-        explicit = next((t.attempts[0].item for t in ep.turns if t.attempts[0].item), None)
+        heads = [t.attempts[0] for t in ep.turns]
+        first = ep.turns[0].attempts[-1]
+        explicit = next((h.item for h in heads if h.item), None)
         ep.item_key = explicit or (f"h:{first.item_hash}" if first.item_hash else None)
-        tag = next((t.attempts[0].category for t in ep.turns if t.attempts[0].category), None)
+        tag = next((h.category for h in heads if h.category), None)
         ep.category = category_of(ep.item_key, tag)
     mark_loops(out)
     return out
@@ -425,7 +427,7 @@ def mark_loops(episodes: list[Episode]) -> None:
         return
     median = statistics.median(len(ep.turns) for ep in episodes)
     for ep in episodes:
-        ep.loop_reason = loop_reason([t.final.call_signature for t in ep.turns], median)
+        ep.loop_reason = loop_reason([t.attempts[-1].call_signature for t in ep.turns], median)
         ep.looping = ep.loop_reason is not None
 
 
@@ -568,6 +570,20 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 """
 
 
+@contextlib.contextmanager
+def _without_gc():
+    """Cyclic garbage collection paused: derive builds a few objects per attempt (attempts, turns,
+    rows), none in cycles, and the collector's passes over that growing heap cost about as much
+    as building them."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progress=None) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
@@ -578,6 +594,11 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progre
     expectations); statements run per batch of runs, not per run, and what a turn copies from its
     final attempt is joined in SQL.
     """
+    with _without_gc():
+        return _derive(con, runs, rules, progress)
+
+
+def _derive(con, runs: Iterable[str], rules: Sequence[Rule] | None, progress) -> dict[str, int]:
     from toolproxy.analysis.reanalyze import stored_rules
     from toolproxy.analysis.store import insert_columns
 
@@ -637,6 +658,7 @@ def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule]
     map_ex: list[str] = []
     map_turn: list[str] = []
     clocked = set(clocks)
+    categories: dict[tuple, str | None] = {}  # category_of(item, tag), which repeats along an episode
     for run in runs:
         start, end = spans.get(run, (0, 0))
         for ep in build_episodes(run, attempts[start:end], one_clock=run not in clocked):
@@ -652,11 +674,17 @@ def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule]
                 tid = head.id
                 item = head.item or ep.item_key
                 saw_result = saw_result or f.tool_results > 0
-                turn_rows.append((tid, run, ep.key, i, item, category_of(item, head.category) or ep.category,
-                                  len(turn.attempts), f.id, expect, delivered(ep.turns, i), saw_result, i == last))
-                for a in turn.attempts:
-                    map_ex.append(a.id)
+                key = (item, head.category)
+                category = categories[key] if key in categories else categories.setdefault(key, category_of(*key))
+                turn_rows.append((tid, run, ep.key, i, item, category or ep.category, len(turn.attempts), f.id, expect,
+                                  delivered(ep.turns, i), saw_result, i == last))
+                if len(turn.attempts) == 1:
+                    map_ex.append(tid)
                     map_turn.append(tid)
+                else:
+                    for a in turn.attempts:
+                        map_ex.append(a.id)
+                        map_turn.append(tid)
             episode_rows.append((ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns),
                                  ep.looping, ep.loop_reason, expect,
                                  orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(), ANALYZER_VERSION))
