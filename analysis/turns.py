@@ -141,27 +141,30 @@ def conversation_keys(
     parents = []
     results = 0
     # The last run of consecutive assistant messages, its structured calls, the running hash before it.
-    block: list[dict] = []
+    block: list[str] = []  # their texts
     block_calls: list = []
     block_prefix = None
     prev_role = None
+    update = running.update
     for m in messages:
         if isinstance(m, dict):
             role = m.get("role")
             content = m.get("content")
-            text = _text(content)
+            text = content.strip() if type(content) is str else _text(content)
             results += _is_tool_result(role, content, text)
             calls = _message_calls(m) if m.get("tool_calls") else []
-            if role == "assistant" and prev_role != "assistant":
-                block, block_calls, block_prefix = [], [], running.copy()
-            running.update(_canon(role, text, calls))
             if role == "assistant":
-                block.append(m)
+                if prev_role != "assistant":
+                    block, block_calls, block_prefix = [], [], running.copy()
+                update(_canon(role, text, calls))
+                block.append(text)
                 block_calls.extend(calls)
                 parents.append(running.hexdigest())
+            else:
+                update(_canon(role, text, calls))
         else:
             role = None
-            running.update(orjson.dumps([m]))
+            update(orjson.dumps([m]))
         prev_role = role
     parents.reverse()
     state_suffix = b"\x00state" + orjson.dumps([tool_set, model])
@@ -185,9 +188,9 @@ def echo_key(state_hash: str, signature: str) -> str:
     return _digest(b"echo\x00" + state_hash.encode() + b"\x00" + signature.encode()).hex()
 
 
-def _echo_parents(block: Sequence[dict], calls: list, prefix, state_suffix: bytes, tool_names: Sequence[str]) -> list[str]:
-    """echo_key(state before, calls) of the request's last run of assistant messages (`block`,
-    with its structured `calls`; prefix: the running hash before it), for its structured calls,
+def _echo_parents(block: Sequence[str], calls: list, prefix, state_suffix: bytes, tool_names: Sequence[str]) -> list[str]:
+    """echo_key(state before, calls) of the request's last run of assistant messages (`block`: their
+    texts, with its structured `calls`; prefix: the running hash before it), for its structured calls,
     else for every reading of calls re-serialised in its text (analysis.echoes).
 
     Only the last run: it answers the turn just before this request, the one to chain to, and
@@ -197,7 +200,7 @@ def _echo_parents(block: Sequence[dict], calls: list, prefix, state_suffix: byte
     nothing it got into its history (smolagents does, then adds its error message) continues the
     episode whose turn came back empty, which exact chaining cannot follow (a non-response has
     no chain hash)."""
-    text = "\n".join(_text(m.get("content")) for m in block)
+    text = "\n".join(block)
     if calls:
         signatures = [call_signature(calls)]
     elif not text:
