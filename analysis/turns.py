@@ -259,10 +259,6 @@ class Turn:
     def final(self) -> Attempt:
         return self.attempts[-1]
 
-    @property
-    def failed(self) -> bool:
-        return self.final.outcome == "non_response"
-
     def result(self) -> tuple[str, str | None]:
         """(outcome, sub_kind): the final attempt's. When every retry failed, the cause stays named
         (`refused`, `http_5xx`, ...) and the attempt count is the turn's n_attempts."""
@@ -494,8 +490,6 @@ def delivered(turns: Sequence[Turn], i: int) -> bool:
     return i + 1 < len(turns) and turns[i + 1].attempts[0].tool_results > f.tool_results
 
 
-
-
 # One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a
 # query per run: a run's query scans the whole table, and building rows out of it is per-row work.
 _BATCH_ATTEMPTS = 200_000
@@ -678,8 +672,9 @@ def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule]
                 item = head.item or ep.item_key
                 saw_result = saw_result or f.tool_results > 0
                 key = (item, head.category)
-                category = categories[key] if key in categories else categories.setdefault(key, category_of(*key))
-                turn_rows.append((tid, run, ep.key, i, item, category or ep.category, len(turn.attempts), f.id, expect,
+                if key not in categories:
+                    categories[key] = category_of(*key)
+                turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts), f.id, expect,
                                   delivered(ep.turns, i), saw_result, i == last))
                 if len(turn.attempts) == 1:
                     map_ex.append(tid)
