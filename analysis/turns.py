@@ -19,6 +19,8 @@ exchange at ingest (conversation_keys), so re-deriving a run reads small columns
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import hashlib
 import heapq
 import re
@@ -93,7 +95,7 @@ def _is_tool_result(role: Any, content: Any, text: str) -> bool:
         return True
     if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in _RESULT_PARTS for p in content):
         return True
-    return role == "user" and _OBSERVATION.search(text) is not None
+    return role == "user" and "Observation:" in text and _OBSERVATION.search(text) is not None
 
 
 def _message_calls(m: dict) -> list:
@@ -139,27 +141,30 @@ def conversation_keys(
     parents = []
     results = 0
     # The last run of consecutive assistant messages, its structured calls, the running hash before it.
-    block: list[dict] = []
+    block: list[str] = []  # their texts
     block_calls: list = []
     block_prefix = None
     prev_role = None
+    update = running.update
     for m in messages:
         if isinstance(m, dict):
             role = m.get("role")
             content = m.get("content")
-            text = _text(content)
+            text = content.strip() if type(content) is str else _text(content)
             results += _is_tool_result(role, content, text)
             calls = _message_calls(m) if m.get("tool_calls") else []
-            if role == "assistant" and prev_role != "assistant":
-                block, block_calls, block_prefix = [], [], running.copy()
-            running.update(_canon(role, text, calls))
             if role == "assistant":
-                block.append(m)
+                if prev_role != "assistant":
+                    block, block_calls, block_prefix = [], [], running.copy()
+                update(_canon(role, text, calls))
+                block.append(text)
                 block_calls.extend(calls)
                 parents.append(running.hexdigest())
+            else:
+                update(_canon(role, text, calls))
         else:
             role = None
-            running.update(orjson.dumps([m]))
+            update(orjson.dumps([m]))
         prev_role = role
     parents.reverse()
     state_suffix = b"\x00state" + orjson.dumps([tool_set, model])
@@ -183,9 +188,9 @@ def echo_key(state_hash: str, signature: str) -> str:
     return _digest(b"echo\x00" + state_hash.encode() + b"\x00" + signature.encode()).hex()
 
 
-def _echo_parents(block: Sequence[dict], calls: list, prefix, state_suffix: bytes, tool_names: Sequence[str]) -> list[str]:
-    """echo_key(state before, calls) of the request's last run of assistant messages (`block`,
-    with its structured `calls`; prefix: the running hash before it), for its structured calls,
+def _echo_parents(block: Sequence[str], calls: list, prefix, state_suffix: bytes, tool_names: Sequence[str]) -> list[str]:
+    """echo_key(state before, calls) of the request's last run of assistant messages (`block`: their
+    texts, with its structured `calls`; prefix: the running hash before it), for its structured calls,
     else for every reading of calls re-serialised in its text (analysis.echoes).
 
     Only the last run: it answers the turn just before this request, the one to chain to, and
@@ -195,7 +200,7 @@ def _echo_parents(block: Sequence[dict], calls: list, prefix, state_suffix: byte
     nothing it got into its history (smolagents does, then adds its error message) continues the
     episode whose turn came back empty, which exact chaining cannot follow (a non-response has
     no chain hash)."""
-    text = "\n".join(_text(m.get("content")) for m in block)
+    text = "\n".join(block)
     if calls:
         signatures = [call_signature(calls)]
     elif not text:
@@ -226,17 +231,16 @@ def category_of(item_key: str | None, tag: str | None) -> str | None:
 
 @dataclass(slots=True)
 class Attempt:
+    """What grouping an attempt into its turn and episode needs of it. What a turn copies from its
+    final attempt (model, surface, content, ...) derive() joins from exchanges in SQL."""
+
     id: str
     episode: str | None
     item: str | None
     category: str | None
     condition: str | None
-    model: str | None
     outcome: str
     sub_kind: str | None
-    surface: str | None
-    n_calls: int
-    finish_reason: str | None
     harness_saw_prose: bool
     state_hash: str | None
     chain_hash: str | None
@@ -244,7 +248,6 @@ class Attempt:
     item_hash: str | None
     call_signature: str | None
     tags: str | None = None
-    offered_tools: bool = False
     tool_results: int = 0
 
 
@@ -255,10 +258,6 @@ class Turn:
     @property
     def final(self) -> Attempt:
         return self.attempts[-1]
-
-    @property
-    def failed(self) -> bool:
-        return self.final.outcome == "non_response"
 
     def result(self) -> tuple[str, str | None]:
         """(outcome, sub_kind): the final attempt's. When every retry failed, the cause stays named
@@ -383,14 +382,13 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
             ep = episodes.get(key)
             if ep is None:
                 ep = episodes[key] = Episode(key, a.episode, False)
-            last = ep.turns[-1] if ep.turns else None
-            if last is not None and last.failed and last.final.state_hash == a.state_hash:
-                last.attempts.append(a)
+            if ep.turns and (final := ep.turns[-1].attempts[-1]).outcome == NON_RESPONSE and final.state_hash == a.state_hash:
+                ep.turns[-1].attempts.append(a)
             else:
                 ep.turns.append(Turn([a]))
             continue
         turn = by_state.get(a.state_hash) if a.state_hash else None
-        if turn is not None and turn.failed and owner[id(turn)].turns[-1] is turn:
+        if turn is not None and turn.attempts[-1].outcome == NON_RESPONSE and owner[id(turn)].turns[-1] is turn:
             turn.attempts.append(a)
         else:
             ep = None
@@ -413,10 +411,11 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
             by_chain[key] = turn
     out = list(episodes.values())
     for ep in out:
-        first = ep.turns[0].final
-        explicit = next((t.attempts[0].item for t in ep.turns if t.attempts[0].item), None)
+        heads = [t.attempts[0] for t in ep.turns]
+        first = ep.turns[0].attempts[-1]
+        explicit = next((h.item for h in heads if h.item), None)
         ep.item_key = explicit or (f"h:{first.item_hash}" if first.item_hash else None)
-        tag = next((t.attempts[0].category for t in ep.turns if t.attempts[0].category), None)
+        tag = next((h.category for h in heads if h.category), None)
         ep.category = category_of(ep.item_key, tag)
     mark_loops(out)
     return out
@@ -427,7 +426,7 @@ def mark_loops(episodes: list[Episode]) -> None:
         return
     median = statistics.median(len(ep.turns) for ep in episodes)
     for ep in episodes:
-        ep.loop_reason = loop_reason([t.final.call_signature for t in ep.turns], median)
+        ep.loop_reason = loop_reason([t.attempts[-1].call_signature for t in ep.turns], median)
         ep.looping = ep.loop_reason is not None
 
 
@@ -447,21 +446,6 @@ def loop_reason(signatures: Sequence[str | None], run_median: float) -> str | No
         return f"{n} turns, run median {run_median:g}"
     return None
 
-
-_ATTEMPT_SQL = """
-SELECT id, episode, item, json_extract_string(tags, '$.category'), condition, model, outcome, sub_kind, surface,
-       coalesce(n_calls, 0), finish_reason, coalesce(harness_saw_prose, false), state_hash, chain_hash,
-       coalesce(parent_hashes, []), item_hash, call_signature, tags::VARCHAR, tool_set IS NOT NULL,
-       coalesce(tool_results, 0)
-FROM exchanges WHERE run = ? AND is_attempt ORDER BY started_at, id
-"""
-
-# How many replicas (hosts, so clocks) recorded each run's attempts, from their segments' names.
-_REPLICAS_SQL = """
-SELECT run, count(DISTINCT regexp_extract(segment, $pattern, 1))
-FROM (SELECT DISTINCT run, segment FROM exchanges WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])))
-GROUP BY run
-"""
 
 # A produced turn's role, from what it did and where it stands in its episode. One definition,
 # in SQL, so the analyzer stores it and a report recomputes it under an analyst's expectation
@@ -506,9 +490,48 @@ def delivered(turns: Sequence[Turn], i: int) -> bool:
     return i + 1 < len(turns) and turns[i + 1].attempts[0].tool_results > f.tool_results
 
 
-# The turns and episodes columns derive() writes (a turn's content and role are set after, in SQL).
-_TURN_COLUMNS = [name for name in TURNS.names if name not in ("content", "role")]
+# One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a
+# query per run: a run's query scans the whole table, and building rows out of it is per-row work.
+_BATCH_ATTEMPTS = 200_000
 
+# Per run: its attempts and how many replicas (hosts, so clocks) recorded them, from their
+# segments' names.
+_RUN_SIZES_SQL = """
+SELECT run, sum(n), count(DISTINCT regexp_extract(segment, $pattern, 1))
+FROM (SELECT run, segment, count(*) AS n FROM exchanges
+      WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run, segment)
+GROUP BY run
+"""
+
+# The attempts of a batch of runs, in clock order per run, column by column (see Attempt). parent_hashes
+# come as one space-separated string (hex hashes), which is much cheaper to fetch than a list, and
+# only where build_episodes reads them: untagged attempts, and every attempt of a run several clocks
+# recorded (causal_order).
+_ATTEMPTS_SQL = """
+SELECT run, id, episode, item, json_extract_string(tags, '$.category'), condition, outcome, sub_kind,
+       coalesce(harness_saw_prose, false), state_hash, chain_hash,
+       CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
+            THEN array_to_string(coalesce(parent_hashes, []), ' ') END,
+       item_hash, call_signature, tags::VARCHAR, coalesce(tool_results, 0)
+FROM exchanges WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id
+"""
+
+# What derive() computes of a turn in Python; the rest (_TURNS_SQL) is its final attempt's.
+_TURN_ROW = ["turn_id", "run", "episode_key", "turn_index", "item_key", "category", "n_attempts", "final_exchange_id",
+             "expect", "delivered", "saw_result", "is_last"]
+_FROM_FINAL = {
+    "condition": "e.condition", "model": "e.model", "outcome": "e.outcome", "sub_kind": "e.sub_kind",
+    "surface": "e.surface", "n_calls": "coalesce(e.n_calls, 0)", "finish_reason": "e.finish_reason",
+    "harness_saw_prose": "coalesce(e.harness_saw_prose, false)", "content": "e.content",
+    "offered_tools": "e.tool_set IS NOT NULL", "tool_results": "coalesce(e.tool_results, 0)",
+}
+_TURNS_SQL = f"""
+INSERT INTO turns ({", ".join(TURNS.names)})
+SELECT {", ".join(f"({ROLE_SQL})" if n == "role" else "$version" if n == "analyzer_version" else n for n in TURNS.names)}
+FROM (SELECT {", ".join(f"t.{n}" for n in _TURN_ROW)}, {", ".join(f"{sql} AS {n}" for n, sql in _FROM_FINAL.items())}
+      FROM _turn_rows t JOIN exchanges e ON e.id = t.final_exchange_id ORDER BY t.rowid)
+"""
+assert set(_TURN_ROW) | set(_FROM_FINAL) | {"role", "analyzer_version"} == set(TURNS.names)
 _RUNS_SQL = """
 INSERT INTO runs
 WITH ex AS (
@@ -544,12 +567,35 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 """
 
 
+@contextlib.contextmanager
+def _without_gc():
+    """Cyclic garbage collection paused: derive builds a few objects per attempt (attempts, turns,
+    rows), none in cycles, and the collector's passes over that growing heap cost about as much
+    as building them."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progress=None) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
     `rules`: expectation rules (analysis.expect); None uses the ones stored with the analysis.
     `progress` (toolproxy.progress.Progress): told the number of runs, advanced per run.
+
+    Python does only what is sequential (grouping attempts into turns and episodes, loops,
+    expectations); statements run per batch of runs, not per run, and what a turn copies from its
+    final attempt is joined in SQL.
     """
+    with _without_gc():
+        return _derive(con, runs, rules, progress)
+
+
+def _derive(con, runs: Iterable[str], rules: Sequence[Rule] | None, progress) -> dict[str, int]:
     from toolproxy.analysis.reanalyze import stored_rules
     from toolproxy.analysis.store import insert_columns
 
@@ -560,65 +606,88 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progre
     if not runs:
         return totals
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _turn_map (id VARCHAR, turn_id VARCHAR)")
+    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS _turn_rows ({', '.join(f'{n} {TURNS.types[n]}' for n in _TURN_ROW)})")
     con.execute("DELETE FROM turns WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
-    replicas = dict(con.execute(_REPLICAS_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall())
+    sizes = {run: (n, replicas) for run, n, replicas in con.execute(_RUN_SIZES_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall()}
+    clocks = [run for run in runs if sizes.get(run, (0, 0))[1] > 1]
     if progress is not None:
         progress.total = len(runs)
-    for run in runs:
-        attempts = (Attempt(*row) for row in con.execute(_ATTEMPT_SQL, [run]).fetchall())
-        episodes = build_episodes(run, attempts, one_clock=replicas.get(run, 0) <= 1)
-        turn_rows: list[dict] = []
-        episode_rows: list[dict] = []
-        map_ex: list[str] = []
-        map_turn: list[str] = []
-        for ep in episodes:
-            first = ep.turns[0].attempts[0]
-            tags = match_tags(first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category,
-                              condition=first.condition)
-            expect = expectation(tags, rules)
-            saw_result = False
-            for i, turn in enumerate(ep.turns):
-                f = turn.final
-                outcome, sub_kind = turn.result()
-                tid = turn.attempts[0].id
-                item = turn.attempts[0].item or ep.item_key
-                saw_result = saw_result or f.tool_results > 0
-                turn_rows.append({
-                    "turn_id": tid, "run": run, "episode_key": ep.key, "turn_index": i, "item_key": item,
-                    "category": category_of(item, turn.attempts[0].category) or ep.category, "condition": f.condition,
-                    "model": f.model, "outcome": outcome, "sub_kind": sub_kind, "surface": f.surface,
-                    "n_attempts": len(turn.attempts), "n_calls": f.n_calls, "final_exchange_id": f.id,
-                    "finish_reason": f.finish_reason, "harness_saw_prose": f.harness_saw_prose, "expect": expect,
-                    "delivered": delivered(ep.turns, i), "offered_tools": f.offered_tools, "tool_results": f.tool_results,
-                    "saw_result": saw_result, "is_last": i == len(ep.turns) - 1, "analyzer_version": ANALYZER_VERSION,
-                })
-                for a in turn.attempts:
-                    map_ex.append(a.id)
-                    map_turn.append(tid)
-            episode_rows.append({
-                "episode_key": ep.key, "run": run, "episode": ep.name, "reconstructed": ep.reconstructed,
-                "item_key": ep.item_key, "category": ep.category, "n_turns": len(ep.turns), "looping": ep.looping,
-                "loop_reason": ep.loop_reason, "expect": expect,
-                "tags": orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(),
-                "analyzer_version": ANALYZER_VERSION,
-            })
-        totals["turns"] += TURNS.insert(con, {name: [r[name] for r in turn_rows] for name in _TURN_COLUMNS})
-        totals["episodes"] += EPISODES.insert(con, EPISODES.columns_of(episode_rows))
-        if map_ex:
-            insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
-        if progress is not None:
-            progress.advance()
-    con.execute(
-        "UPDATE turns SET content = e.content FROM exchanges e "
-        "WHERE e.id = turns.final_exchange_id AND turns.run IN (SELECT unnest(?::VARCHAR[]))", [runs]
-    )
-    con.execute(f"UPDATE turns SET role = {ROLE_SQL} WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    batch: list[str] = []
+    size = 0
+    for k, run in enumerate(runs):
+        batch.append(run)
+        size += sizes.get(run, (0, 0))[0]
+        if size < _BATCH_ATTEMPTS and k + 1 < len(runs):
+            continue
+        turn_rows, episode_cols, map_ex, map_turn = _derive_batch(con, batch, clocks, rules, progress)
+        totals["turns"] += insert_columns(con, "_turn_rows", dict(zip(_TURN_ROW, turn_rows)), {n: TURNS.types[n] for n in _TURN_ROW})
+        totals["episodes"] += EPISODES.insert(con, episode_cols)
+        insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
+        batch, size = [], 0
+    con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION})
     con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id",
                 {"v": ANALYZER_VERSION})
     con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id",
                 {"v": ANALYZER_VERSION})
     con.execute("DELETE FROM _turn_map")
+    con.execute("DELETE FROM _turn_rows")
     con.execute(_RUNS_SQL, {"runs": runs, "version": ANALYZER_VERSION})
     return totals
+
+
+def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule], progress):
+    """The turn rows (columns of _TURN_ROW), episode columns and attempt -> turn map of a batch of runs."""
+    cols = [c.tolist() for c in con.execute(_ATTEMPTS_SQL, {"runs": runs, "clocks": clocks}).fetchnumpy().values()]
+    run_of = cols[0]
+    parents = cols[11]
+    cols[11] = [[] if p is None else p.split() for p in parents]
+    attempts = list(map(Attempt, *cols[1:]))
+    spans: dict[str, tuple[int, int]] = {}
+    start = 0
+    for end in range(1, len(run_of) + 1):
+        if end == len(run_of) or run_of[end] != run_of[start]:
+            spans[run_of[start]] = (start, end)
+            start = end
+    turn_rows: list[tuple] = []
+    episode_rows: list[tuple] = []
+    map_ex: list[str] = []
+    map_turn: list[str] = []
+    clocked = set(clocks)
+    categories: dict[tuple, str | None] = {}  # category_of(item, tag), which repeats along an episode
+    for run in runs:
+        start, end = spans.get(run, (0, 0))
+        for ep in build_episodes(run, attempts[start:end], one_clock=run not in clocked):
+            first = ep.turns[0].attempts[0]
+            tags = match_tags(first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category,
+                              condition=first.condition)
+            expect = expectation(tags, rules)
+            saw_result = False
+            last = len(ep.turns) - 1
+            for i, turn in enumerate(ep.turns):
+                head = turn.attempts[0]
+                f = turn.attempts[-1]
+                tid = head.id
+                item = head.item or ep.item_key
+                saw_result = saw_result or f.tool_results > 0
+                key = (item, head.category)
+                if key not in categories:
+                    categories[key] = category_of(*key)
+                turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts), f.id, expect,
+                                  delivered(ep.turns, i), saw_result, i == last))
+                if len(turn.attempts) == 1:
+                    map_ex.append(tid)
+                    map_turn.append(tid)
+                else:
+                    for a in turn.attempts:
+                        map_ex.append(a.id)
+                        map_turn.append(tid)
+            episode_rows.append((ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns),
+                                 ep.looping, ep.loop_reason, expect,
+                                 orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(), ANALYZER_VERSION))
+        if progress is not None:
+            progress.advance()
+    turn_cols = [list(c) for c in zip(*turn_rows)] or [[] for _ in _TURN_ROW]
+    episode_cols = dict(zip(EPISODES.names, [list(c) for c in zip(*episode_rows)] or [[] for _ in EPISODES.names]))
+    return turn_cols, episode_cols, map_ex, map_turn

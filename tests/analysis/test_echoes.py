@@ -88,9 +88,8 @@ def attempt(aid, messages, calls, *, tools=TOOLS, tool_set="ts1", content=None, 
     reply = None if empty else (content, [(n, a) for n, a in calls])
     keys = conversation_keys(messages, tool_set=tool_set, tool_names=list(tools), model="m", reply=reply)
     return Attempt(
-        id=aid, episode=None, item=None, category=None, condition="native", model="m",
-        outcome="non_response" if empty else "valid_call", sub_kind="empty" if empty else None, surface="native",
-        n_calls=len(calls), finish_reason="tool_calls", harness_saw_prose=False,
+        id=aid, episode=None, item=None, category=None, condition="native",
+        outcome="non_response" if empty else "valid_call", sub_kind="empty" if empty else None, harness_saw_prose=False,
         state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes,
         item_hash=keys.item_hash, call_signature=call_signature(calls),
     )

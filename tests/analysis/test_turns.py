@@ -19,8 +19,8 @@ def attempt(aid, messages, reply=None, *, outcome="valid_call", sub_kind=None, e
             category=None, calls=None, tools=("get_weather",)):
     keys = conversation_keys(messages, tool_set="ts1", tool_names=list(tools), model="m", reply=reply)
     return Attempt(
-        id=aid, episode=episode, item=item, category=category, condition="native", model="m", outcome=outcome,
-        sub_kind=sub_kind, surface=None, n_calls=0, finish_reason=None, harness_saw_prose=False,
+        id=aid, episode=episode, item=item, category=category, condition="native", outcome=outcome,
+        sub_kind=sub_kind, harness_saw_prose=False,
         state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes,
         item_hash=keys.item_hash, call_signature=call_signature(calls or []),
     )
@@ -137,3 +137,32 @@ def test_looping_episode_flagged_in_build():
     normal = [attempt("n1", TURN1, episode="N", calls=[("get_weather", {"city": "Oslo"})])]
     eps = build_episodes("r", looping + normal)
     assert [(e.name, e.looping, e.loop_reason) for e in eps] == [("L", True, "4 identical consecutive calls"), ("N", False, None)]
+
+
+def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch):
+    """derive() reads and writes many runs per statement (batches of about _BATCH_ATTEMPTS
+    attempts): a batch per run derives exactly what one batch for every run does."""
+    from toolproxy.analysis import turns
+    from toolproxy.analysis.bench import generate
+    from toolproxy.analysis.ingest import ingest
+    from toolproxy.analysis.store import connect, default_db
+
+    generate(tmp_path, 600, seed=5, segment_records=300)
+    con = connect(default_db(tmp_path))
+    ingest(con, tmp_path, workers=0)
+
+    def derived():
+        return {table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall() for table in ("turns", "episodes", "runs")} | {
+            "turn_ids": con.execute("SELECT id, turn_id FROM exchanges ORDER BY ALL").fetchall(),
+            "call_turn_ids": con.execute("SELECT exchange_id, idx, turn_id FROM calls ORDER BY ALL").fetchall(),
+        }
+
+    runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM exchanges").fetchall()]
+    one_batch = derived()
+    assert len(runs) > 2 and len(one_batch["turns"]) > 100 and all(t for _, t in one_batch["turn_ids"])
+    monkeypatch.setattr(turns, "_BATCH_ATTEMPTS", 1)
+    con.execute("UPDATE exchanges SET turn_id = NULL")
+    con.execute("UPDATE calls SET turn_id = NULL")
+    con.execute("DELETE FROM turns")
+    assert turns.derive(con, runs) == {"turns": len(one_batch["turns"]), "episodes": len(one_batch["episodes"])}
+    assert derived() == one_batch
