@@ -4,9 +4,6 @@ with the official openai SDK (and aiohttp for Ollama's native API)."""
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from contextlib import ExitStack
 from pathlib import Path
 
 import aiohttp
@@ -14,9 +11,8 @@ import openai
 import orjson
 import pytest
 
-from proxyprocess import ProxyProcess
 from toolproxy.conditions.toolblock import render_block
-from toolproxy.testing.fakes import FakeStack, call, calls, text
+from toolproxy.testing.fakes import call, calls, text
 
 DATA = Path(__file__).parent / "data"
 TOOLS = json.loads((DATA / "hint_tools.json").read_text())
@@ -52,60 +48,6 @@ def stream_message(stream) -> tuple[str, dict[int, dict], str | None, object, in
 def upstream_body(rec: dict) -> dict:
     return orjson.loads(rec["upstream_request"]["body"])
 
-
-class Tagged:
-    """One test's view of a shared proxy: its own run tag in the address, and only its records."""
-
-    def __init__(self, proxy: ProxyProcess, run: str) -> None:
-        self.proxy, self.run = proxy, run
-        self.url = f"{proxy.url}/t/run={run}"
-
-    def wait_records(self, n: int, timeout: float = 5.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while True:
-            recs = [r for r in self.proxy.records() if r.get("run") == self.run]
-            if len(recs) >= n or time.monotonic() > deadline:
-                return recs
-            time.sleep(0.02)
-
-
-@pytest.fixture(scope="module")
-def _pool(tmp_path_factory):
-    """Fakes and proxies started once per module, by (stack, fake options) and serve arguments."""
-    fakes: dict[tuple, FakeStack] = {}
-    proxies: dict[tuple, ProxyProcess] = {}
-    with ExitStack() as stack:
-
-        def get(kind: str, args: tuple[str, ...], options: dict) -> tuple[FakeStack, ProxyProcess]:
-            fkey = (kind, tuple(sorted(options.items())))
-            if fkey not in fakes:
-                fakes[fkey] = FakeStack(kind, **options)
-                stack.enter_context(fakes[fkey].in_thread())
-            if (fkey, args) not in proxies:
-                proxies[fkey, args] = ProxyProcess(fakes[fkey].url, tmp_path_factory.mktemp("data"), args)
-                stack.callback(proxies[fkey, args].stop)
-            return fakes[fkey], proxies[fkey, args]
-
-        yield get
-
-
-@pytest.fixture
-def served(_pool):
-    """served(stack, *serve_args, **fake_options) -> (fake, tagged proxy). The fake and the proxy
-    are shared within the module; each test starts with an empty reply queue and request log on
-    the fake and sees only the records of its own run tag, so tests stay independent."""
-    count = 0
-
-    def get(kind: str, *args: str, **options) -> tuple[FakeStack, Tagged]:
-        nonlocal count
-        count += 1
-        fake, proxy = _pool(kind, args, options)
-        fake.replies.clear()
-        fake.faults.clear()
-        fake.seen.clear()
-        return fake, Tagged(proxy, f"{uuid.uuid4().hex[:12]}-{count}")
-
-    return get
 
 
 # ---------------------------------------------------------------- text
