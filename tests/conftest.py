@@ -6,12 +6,21 @@
         ... talk to p.url ...
         recs = p.records()                               # every record in its data dir
 
+    def test_y(served):                                  # shared per module: one proxy per
+        fake, p = served("ollama", "--condition", "text")  # (stack, options, serve args);
+        ... talk to p.url ...                              # p.url carries this test's run tag,
+        recs = p.wait_records(1)                           # and only its records come back
+
 Fakes run on their own event loop thread, so sync clients (the openai SDK) and async tests
 both work against them, and a test can inspect `fake.seen` at any time.
 """
 
 from __future__ import annotations
 
+import os
+import random
+import time
+import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -19,6 +28,24 @@ import pytest
 
 from proxyprocess import ProxyProcess
 from toolproxy.testing.fakes import FakeStack
+
+FUZZ_SEED = "TOOLPROXY_FUZZ_SEED"
+
+
+def pytest_configure(config):
+    """One fuzz seed per session, drawn here (in the main process under pytest-xdist) so every
+    worker fuzzes with the same seed and the one printed at the end replays the whole run."""
+    if not hasattr(config, "workerinput") and not os.environ.get(FUZZ_SEED):
+        os.environ[FUZZ_SEED] = str(random.SystemRandom().randrange(1 << 32))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not hasattr(config, "workerinput") and any(
+            r.nodeid.startswith("tests/test_fuzz.py") for rs in terminalreporter.stats.values() for r in rs
+            if hasattr(r, "nodeid")):
+        seed = os.environ[FUZZ_SEED]
+        terminalreporter.write_line(f"fuzz seed {seed}: replay with {FUZZ_SEED}={seed}")
+
 
 @pytest.fixture
 def fake_stack():
@@ -49,3 +76,58 @@ def proxy(tmp_path):
     yield start
     for p in started:
         p.stop()
+
+
+class Tagged:
+    """One test's view of a shared proxy: its own run tag in the address, and only its records."""
+
+    def __init__(self, proxy: ProxyProcess, run: str) -> None:
+        self.proxy, self.run = proxy, run
+        self.url = f"{proxy.url}/t/run={run}"
+
+    def wait_records(self, n: int, timeout: float = 5.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            recs = [r for r in self.proxy.records() if r.get("run") == self.run]
+            if len(recs) >= n or time.monotonic() > deadline:
+                return recs
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def _pool(tmp_path_factory):
+    """Fakes and proxies started once per module, by (stack, fake options) and serve arguments."""
+    fakes: dict[tuple, FakeStack] = {}
+    proxies: dict[tuple, ProxyProcess] = {}
+    with ExitStack() as stack:
+
+        def get(kind: str, args: tuple[str, ...], options: dict) -> tuple[FakeStack, ProxyProcess]:
+            fkey = (kind, repr(sorted(options.items())))
+            if fkey not in fakes:
+                fakes[fkey] = FakeStack(kind, **options)
+                stack.enter_context(fakes[fkey].in_thread())
+            if (fkey, args) not in proxies:
+                proxies[fkey, args] = ProxyProcess(fakes[fkey].url, tmp_path_factory.mktemp("data"), args)
+                stack.callback(proxies[fkey, args].stop)
+            return fakes[fkey], proxies[fkey, args]
+
+        yield get
+
+
+@pytest.fixture
+def served(_pool):
+    """served(stack, *serve_args, **fake_options) -> (fake, tagged proxy). The fake and the proxy
+    are shared within the module; each test starts with an empty reply queue and request log on
+    the fake and sees only the records of its own run tag, so tests stay independent."""
+    count = 0
+
+    def get(kind: str, *args: str, **options) -> tuple[FakeStack, Tagged]:
+        nonlocal count
+        count += 1
+        fake, proxy = _pool(kind, args, options)
+        fake.replies.clear()
+        fake.faults.clear()
+        fake.seen.clear()
+        return fake, Tagged(proxy, f"{uuid.uuid4().hex[:12]}-{count}")
+
+    return get

@@ -3,11 +3,11 @@ random syntax soup, and 1 MB hostile inputs. The format families are also run un
 an exception the hot-path guard in parse.py would swallow still fails the suite."""
 
 import random
-import time
 
 import pytest
 
 from calls_examples import ROWS
+from scaling import FACTOR, assert_scales_linearly
 from toolproxy.calls import TextParse, parse_text
 from toolproxy.calls.parse import FAMILIES, _Claims
 
@@ -69,35 +69,37 @@ def test_every_truncation_of_every_example():
             _check(text[:cut])
 
 
-HOSTILE = {
-    "prose": "The weather is fine today, thanks for asking. " * 23_000,
-    "open_braces": "{" * 1_000_000,
-    "nested_objects": '{"name": ' * 110_000,
-    "nested_lists": "[" * 1_000_000,
-    "unclosed_tool_calls": "<tool_call>{" * 90_000,
-    "tool_call_markers": "[TOOL_CALLS]" * 85_000,
-    "pythonic_openers": "[f(" * 330_000,
-    "fence_openers": "```json\n{" * 100_000,
-    "quotes_in_braces": '{"' * 500_000,
-    "many_valid_calls": '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n' * 17_000,
-    "many_bare_calls": '{"name": "f", "arguments": {"a": 1}}; ' * 28_000,
-    "broken_bare_calls": '{"name": "f", "arguments": {"a": \n' * 30_000,
-    "functiongemma_openers": "<start_function_call>call:f{a:" * 35_000,
-    "qwen_xml_openers": "<function=f><parameter=p>" * 40_000,
+# Each input is one unit repeated: (unit, count), about 1 MB in all.
+HOSTILE_UNITS = {
+    "prose": ("The weather is fine today, thanks for asking. ", 23_000),
+    "open_braces": ("{", 1_000_000),
+    "nested_objects": ('{"name": ', 110_000),
+    "nested_lists": ("[", 1_000_000),
+    "unclosed_tool_calls": ("<tool_call>{", 90_000),
+    "tool_call_markers": ("[TOOL_CALLS]", 85_000),
+    "pythonic_openers": ("[f(", 330_000),
+    "fence_openers": ("```json\n{", 100_000),
+    "quotes_in_braces": ('{"', 500_000),
+    "many_valid_calls": ('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n', 17_000),
+    "many_bare_calls": ('{"name": "f", "arguments": {"a": 1}}; ', 28_000),
+    "broken_bare_calls": ('{"name": "f", "arguments": {"a": \n', 30_000),
+    "functiongemma_openers": ("<start_function_call>call:f{a:", 35_000),
+    "qwen_xml_openers": ("<function=f><parameter=p>", 40_000),
 }
+HOSTILE = {kind: unit * count for kind, (unit, count) in HOSTILE_UNITS.items()}
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 def test_one_megabyte_inputs_finish_fast(kind):
-    text = HOSTILE[kind]
+    """No hostile shape makes the parser super-linear: 1 MB takes about 8x what 1/8 MB takes
+    (measured in the same run, so a loaded machine slows both; see scaling.py)."""
+    unit, count = HOSTILE_UNITS[kind]
+    text, eighth = HOSTILE[kind], unit * (count // FACTOR)
     assert len(text) >= 900_000
-    started = time.perf_counter()
-    result = parse_text(text)
-    elapsed = time.perf_counter() - started
-    assert isinstance(result, TextParse)
-    # Generous for a shared 2-core machine; typical times are printed by `pytest -s` below.
-    assert elapsed < 10, f"{kind}: {elapsed:.2f}s"
-    print(f"{kind}: {elapsed:.3f}s, {len(result.calls)} calls")
+    results = []
+    ratio = assert_scales_linearly(lambda: parse_text(eighth), lambda: results.append(parse_text(text)), kind)
+    assert all(isinstance(result, TextParse) for result in results)
+    print(f"{kind}: {len(results[0].calls)} calls, {FACTOR}x the input took {ratio:.1f}x as long")
 
 
 def test_many_valid_calls_are_all_found():

@@ -49,14 +49,15 @@ def upstream_body(rec: dict) -> dict:
     return orjson.loads(rec["upstream_request"]["body"])
 
 
+
 # ---------------------------------------------------------------- text
 
 
 @pytest.mark.parametrize("stack", ["llamacpp", "vllm", "ollama", "sglang"])
-def test_text_non_streaming_gives_standard_tool_calls(fake_stack, proxy, stack):
-    fake = fake_stack(stack, tool_parser="hermes") if stack in ("vllm", "sglang") else fake_stack(stack)
+def test_text_non_streaming_gives_standard_tool_calls(served, stack):
+    options = {"tool_parser": "hermes"} if stack in ("vllm", "sglang") else {}
+    fake, p = served(stack, "--condition", "text", **options)
     fake.enqueue(call("get_weather", {"city": "Oslo"}, content="Checking."))
-    p = proxy(fake.url, "--condition", "text")
     r = client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS)
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls"
@@ -77,10 +78,9 @@ def test_text_non_streaming_gives_standard_tool_calls(fake_stack, proxy, stack):
 
 
 @pytest.mark.parametrize("include_usage", [True, False])
-def test_text_streaming_re_emits_standard_sse(fake_stack, proxy, include_usage):
-    fake = fake_stack("llamacpp")
+def test_text_streaming_re_emits_standard_sse(served, include_usage):
+    fake, p = served("llamacpp", "--condition", "text")
     fake.enqueue(calls(("get_weather", {"city": "Oslo"}), ("list_todos", {}), content="Two things to check first. "))
-    p = proxy(fake.url, "--condition", "text")
     kwargs = {"stream_options": {"include_usage": True}} if include_usage else {}
     stream = client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS, stream=True, **kwargs)
     content, found, finish, usage, pieces = stream_message(stream)
@@ -97,21 +97,19 @@ def test_text_streaming_re_emits_standard_sse(fake_stack, proxy, include_usage):
     assert rec["response_body"].count("data: ") > 3  # the raw upstream SSE is kept as it came
 
 
-def test_text_prose_reply_streams_and_ends_with_stop(fake_stack, proxy):
-    fake = fake_stack("vllm", tool_parser="hermes")
+def test_text_prose_reply_streams_and_ends_with_stop(served):
+    fake, p = served("vllm", "--condition", "text", tool_parser="hermes")
     fake.enqueue(text("It is usually mild in Oslo this time of year, no tool needed."))
-    p = proxy(fake.url, "--condition", "text")
     content, found, finish, _, pieces = stream_message(
         client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS, stream=True))
     assert content == "It is usually mild in Oslo this time of year, no tool needed."
     assert found == {} and finish == "stop" and pieces > 5
 
 
-def test_text_unparseable_call_comes_back_as_content_not_an_error(fake_stack, proxy):
-    fake = fake_stack("llamacpp")
+def test_text_unparseable_call_comes_back_as_content_not_an_error(served):
+    fake, p = served("llamacpp", "--condition", "text")
     broken = '<tool_call>{"name": "get_weather", "arguments": {"city": Oslo}}</tool_call>'
     fake.enqueue(text(broken))
-    p = proxy(fake.url, "--condition", "text")
     r = client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS)
     assert r.choices[0].message.content == broken
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
@@ -119,14 +117,13 @@ def test_text_unparseable_call_comes_back_as_content_not_an_error(fake_stack, pr
     assert rec["client_status"] == 200 and rec["condition_note"] == "call syntax held back but no call recovered"
 
 
-def test_text_three_turn_episode_round_trips_tool_results(fake_stack, proxy):
-    fake = fake_stack("ollama")
+def test_text_three_turn_episode_round_trips_tool_results(served):
+    fake, p = served("ollama", "--condition", "text")
     fake.enqueue(
         call("get_weather", {"city": "Oslo"}),
         call("search_files", {"patterns": ["*.md"]}, content="Now the notes."),
         text("Oslo is 4 C and your notes are in README.md."),
     )
-    p = proxy(fake.url, "--condition", "text")
     c = client(p)
     messages = list(ASK)
     for turn in range(3):
@@ -149,10 +146,9 @@ def test_text_three_turn_episode_round_trips_tool_results(fake_stack, proxy):
     assert [r["condition_note"] for r in recs] == ["1 call(s) parsed from the reply"] * 2 + ["no call marker in the reply"]
 
 
-async def test_text_ollama_native_chat_ndjson(fake_stack, proxy):
-    fake = fake_stack("ollama")
+async def test_text_ollama_native_chat_ndjson(served):
+    fake, p = served("ollama", "--condition", "text")
     fake.enqueue(call("get_weather", {"city": "Oslo", "days": 3.0}, content="On it."))
-    p = proxy(fake.url, "--condition", "text")
     body = {"model": fake.model, "messages": ASK, "tools": TOOLS}
     async with aiohttp.ClientSession() as s, s.post(p.url + "/api/chat", json=body) as r:
         assert r.status == 200 and r.headers["Content-Type"] == "application/x-ndjson"
@@ -164,9 +160,8 @@ async def test_text_ollama_native_chat_ndjson(fake_stack, proxy):
     assert "tools" not in fake.seen[-1].json() and fake.seen[-1].path == "/api/chat"
 
 
-def test_text_upstream_refusal_passes_through_unchanged(fake_stack, proxy):
-    fake = fake_stack("ollama")
-    p = proxy(fake.url, "--condition", "text")
+def test_text_upstream_refusal_passes_through_unchanged(served):
+    fake, p = served("ollama", "--condition", "text")
     with pytest.raises(openai.NotFoundError) as info:
         client(p).chat.completions.create(model="no-such-model", messages=ASK, tools=TOOLS)
     assert "not found" in str(info.value)
@@ -182,10 +177,9 @@ def test_text_upstream_refusal_passes_through_unchanged(fake_stack, proxy):
     ({"messages": ASK, "tools": TOOLS, "tool_choice": "none"},
      "skipped: tool_choice is 'none': the harness asked for no tool call"),
 ])
-def test_text_skips_requests_it_cannot_apply_to(fake_stack, proxy, request_kwargs, reason):
-    fake = fake_stack("llamacpp")
+def test_text_skips_requests_it_cannot_apply_to(served, request_kwargs, reason):
+    fake, p = served("llamacpp", "--condition", "text")
     fake.enqueue(text("plain"))
-    p = proxy(fake.url, "--condition", "text")
     r = client(p).chat.completions.create(model=fake.model, **request_kwargs)
     assert r.choices[0].message.content == "plain"
     [rec] = p.wait_records(1)
@@ -193,9 +187,8 @@ def test_text_skips_requests_it_cannot_apply_to(fake_stack, proxy, request_kwarg
     assert fake.seen[-1].body == rec["request_body"].encode()  # forwarded byte for byte
 
 
-async def test_text_skips_non_json_and_other_endpoints(fake_stack, proxy):
-    fake = fake_stack("llamacpp")
-    p = proxy(fake.url, "--condition", "text")
+async def test_text_skips_non_json_and_other_endpoints(served):
+    fake, p = served("llamacpp", "--condition", "text")
     async with aiohttp.ClientSession() as s:
         async with s.post(p.url + "/v1/chat/completions", data=b"{oops", headers={"Content-Type": "application/json"}) as r:
             await r.read()
@@ -208,8 +201,8 @@ async def test_text_skips_non_json_and_other_endpoints(fake_stack, proxy):
 
 def test_condition_by_path_tag_next_to_native(fake_stack, proxy):
     fake = fake_stack("llamacpp")
+    p = proxy(fake.url)  # native by default; its own proxy, for addresses without a run tag
     fake.enqueue(call("list_todos", {}), call("list_todos", {}))
-    p = proxy(fake.url)  # native by default
     tagged = client(p, "/t/run=exp/condition=text").chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS)
     native = client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS)
     assert tagged.choices[0].message.tool_calls[0].function.name == "list_todos"
@@ -224,10 +217,9 @@ def test_condition_by_path_tag_next_to_native(fake_stack, proxy):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_hint_injects_the_block_and_leaves_the_response_alone(fake_stack, proxy, stream):
-    fake = fake_stack("llamacpp")
+def test_hint_injects_the_block_and_leaves_the_response_alone(served, stream):
+    fake, p = served("llamacpp", "--condition", "hint")
     fake.enqueue(call("get_weather", {"city": "Oslo"}))
-    p = proxy(fake.url, "--condition", "hint")
     messages = [{"role": "system", "content": "You are terse."}, *ASK]
     r = client(p).chat.completions.create(model=fake.model, messages=messages, tools=TOOLS, stream=stream)
     if stream:
@@ -249,10 +241,9 @@ def test_hint_injects_the_block_and_leaves_the_response_alone(fake_stack, proxy,
 
 @pytest.mark.parametrize("stack", ["llamacpp", "vllm", "sglang", "lmstudio", "openai", "ollama"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_constrained_v1_dialect_and_tool_calls(fake_stack, proxy, stack, stream):
-    fake = fake_stack(stack)
+def test_constrained_v1_dialect_and_tool_calls(served, stack, stream):
+    fake, p = served(stack, "--condition", "constrained", "--stack", stack)
     fake.enqueue(call("get_weather", {"city": "Oslo"}))
-    p = proxy(fake.url, "--condition", "constrained", "--stack", stack)
     r = client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS, stream=stream)
     if stream:
         _, found, finish, _, _ = stream_message(r)
@@ -271,10 +262,9 @@ def test_constrained_v1_dialect_and_tool_calls(fake_stack, proxy, stack, stream)
     assert rec["condition_note"] == "schema reply: tool call"
 
 
-async def test_constrained_ollama_native_uses_format(fake_stack, proxy):
-    fake = fake_stack("ollama")
+async def test_constrained_ollama_native_uses_format(served):
+    fake, p = served("ollama", "--condition", "constrained", "--stack", "ollama")
     fake.enqueue(call("list_todos", {}))
-    p = proxy(fake.url, "--condition", "constrained", "--stack", "ollama")
     body = {"model": fake.model, "messages": ASK, "tools": TOOLS, "stream": False}
     async with aiohttp.ClientSession() as s, s.post(p.url + "/api/chat", json=body) as r:
         out = await r.json(content_type=None)
@@ -283,15 +273,14 @@ async def test_constrained_ollama_native_uses_format(fake_stack, proxy):
     assert "anyOf" in sent["format"] and "response_format" not in sent and "tools" not in sent
 
 
-def test_constrained_final_answer_ends_the_episode_and_forced_removes_it(fake_stack, proxy):
-    fake = fake_stack("llamacpp")
+def test_constrained_final_answer_ends_the_episode_and_forced_removes_it(served):
+    fake, p = served("llamacpp", "--condition", "constrained", "--stack", "llamacpp")
     fake.enqueue(text('{"final_answer": "Oslo is 4 C."}'))
-    p = proxy(fake.url, "--condition", "constrained", "--stack", "llamacpp")
     r = client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS)
     assert r.choices[0].message.content == "Oslo is 4 C." and r.choices[0].message.tool_calls is None
     assert r.choices[0].finish_reason == "stop"
 
-    forced = proxy(fake.url, "--condition", "constrained", "--stack", "llamacpp", "--constrained-forced")
+    _, forced = served("llamacpp", "--condition", "constrained", "--stack", "llamacpp", "--constrained-forced")
     fake.enqueue(call("list_todos", {}))
     client(forced).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS)
     schema = fake.seen[-1].json()["response_format"]["json_schema"]["schema"]
@@ -299,10 +288,9 @@ def test_constrained_final_answer_ends_the_episode_and_forced_removes_it(fake_st
     assert "final_answer" not in fake.seen[-1].json()["messages"][0]["content"]
 
 
-def test_constrained_history_shows_earlier_calls_as_schema_json(fake_stack, proxy):
-    fake = fake_stack("vllm")
+def test_constrained_history_shows_earlier_calls_as_schema_json(served):
+    fake, p = served("vllm", "--condition", "constrained", "--stack", "vllm")
     fake.enqueue(text('{"final_answer": "done"}'))
-    p = proxy(fake.url, "--condition", "constrained", "--stack", "vllm")
     messages = [*ASK,
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},

@@ -45,10 +45,9 @@ def _visible(headers) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("stack,opts,path,body,status", CASES, ids=[f"{c[0]}{c[2]}-{c[4]}" for c in CASES])
-async def test_byte_identical_pass_through(fake_stack, proxy, stack, opts, path, body, status):
-    fake = fake_stack(stack, **opts)
+async def test_byte_identical_pass_through(served, stack, opts, path, body, status):
+    fake, p = served(stack, "--quiet", **opts)
     fake.enqueue(call("get_weather", {"city": "Paris", "days": 3.0}))
-    p = proxy(fake.url, "--quiet")
     sent = json.dumps({"model": fake.model, **body}).encode()
     async with aiohttp.ClientSession(auto_decompress=False) as s:
         async with s.post(p.url + path, data=sent, headers={"Content-Type": "application/json"}) as r:
@@ -71,14 +70,13 @@ def rec_header(rec: dict, name: str) -> str | None:
     return next((v for k, v in rec["response_headers"] if k.lower() == name.lower()), None)
 
 
-async def test_stream_chunks_reach_the_client_before_the_upstream_finishes(fake_stack, proxy):
+async def test_stream_chunks_reach_the_client_before_the_upstream_finishes(served):
     """Never buffered whole: the first event arrives while the upstream is still stalling."""
     from toolproxy.testing.fakes import stall
 
-    fake = fake_stack("openai")
+    fake, p = served("openai", "--quiet")
     fake.enqueue(text("one two"))
     fake.inject(stall(between=0.15))
-    p = proxy(fake.url, "--quiet")
     client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="sk-x")
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -141,10 +139,9 @@ def test_path_and_header_tags_are_parsed_stripped_and_never_forwarded(fake_stack
     assert (c["run"], c["episode"]) == ("default-run", None)
 
 
-def test_openai_sdk_sync_with_tools_through_the_proxy(fake_stack, proxy):
-    fake = fake_stack("vllm", tool_parser="hermes")
+def test_openai_sdk_sync_with_tools_through_the_proxy(served):
+    fake, p = served("vllm", "--quiet", tool_parser="hermes")
     fake.enqueue(call("get_weather", {"city": "Paris"}), call("get_weather", {"city": "Rome"}))
-    p = proxy(fake.url, "--quiet")
     client = openai.OpenAI(base_url=p.url + "/v1", api_key="sk-x")
     r = client.chat.completions.create(model=fake.model, messages=MSGS, tools=TOOLS)
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}
@@ -157,10 +154,9 @@ def test_openai_sdk_sync_with_tools_through_the_proxy(fake_stack, proxy):
     assert "data: [DONE]" in recs[1]["response_body"]
 
 
-async def test_openai_sdk_async_stream_and_refusals(fake_stack, proxy):
-    ollama = fake_stack("ollama", models={"qwen2.5:7b": ("completion", "tools"), "gemma3:latest": ("completion",)})
+async def test_openai_sdk_async_stream_and_refusals(served):
+    ollama, p = served("ollama", "--quiet", models={"qwen2.5:7b": ("completion", "tools"), "gemma3:latest": ("completion",)})
     ollama.enqueue(call("get_weather", {"city": "Paris"}))
-    p = proxy(ollama.url, "--quiet")
     client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="ollama", max_retries=0)
     stream = await client.chat.completions.create(model="qwen2.5:7b", messages=MSGS, tools=TOOLS, stream=True)
     calls = [c.choices[0].delta.tool_calls for c in [c async for c in stream] if c.choices and c.choices[0].delta.tool_calls]
@@ -195,10 +191,9 @@ async def test_concurrent_exchanges_each_get_their_own_record(fake_stack, proxy)
     assert sorted(json.loads(r["request_body"])["messages"][0]["content"] for r in recs) == sorted(f"n{i}" for i in range(40))
 
 
-def test_text_call_and_reasoning_pass_untouched(fake_stack, proxy):
-    fake = fake_stack("sglang")
+def test_text_call_and_reasoning_pass_untouched(served):
+    fake, p = served("sglang", "--quiet")
     fake.enqueue(text_call("fenced", "get_weather", {"city": "Paris"}, before="Sure:\n"))
-    p = proxy(fake.url, "--quiet")
     r = openai.OpenAI(base_url=p.url + "/v1", api_key="x").chat.completions.create(
         model=fake.model, messages=MSGS, tools=TOOLS)
     assert r.choices[0].message.content.startswith("Sure:\n```json\n{\"name\": \"get_weather\"")

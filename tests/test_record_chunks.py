@@ -380,7 +380,13 @@ async def test_kill_9_while_writing_chunked_episodes(fake_stack, proxy):
                     complete[f"{a}-{turn}"] = body
 
     tasks = [asyncio.create_task(agent(a)) for a in range(6)]
-    await asyncio.sleep(1.5)
+    # Kill once enough responses are complete and the segment has rolled over, however slowly a
+    # loaded machine gets there (a fixed sleep was too short under load and wasted time when idle).
+    deadline = time.monotonic() + 60
+    while (len(complete) <= 20 or len(list_segments(p.data)) <= 1) and time.monotonic() < deadline \
+            and not all(t.done() for t in tasks):
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)  # still writing when killed
     p.kill()
     stop.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 15)

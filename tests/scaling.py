@@ -1,0 +1,42 @@
+"""Timing checks that hold on a loaded machine: compare a run on N units with a run on N/8 in the
+same process, instead of an absolute seconds bound that a busy shared machine can break.
+
+Linear work takes ~8x as long on 8x the input (less with fixed costs, a little more with cache
+effects on large inputs), quadratic ~64x. Load only ever adds time, so the best timing seen of
+each size is the truest; a few more rounds are measured before failing, so a burst of load during
+one measurement is not a failure, while a real quadratic fails every round.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+FACTOR = 8
+MAX_RATIO = FACTOR ** 2 / 2  # half of what quadratic work would take; 4x linear
+
+
+def _time(run: Callable[[], object], at_least: float = 0.05) -> float:
+    """Seconds per call, over enough calls to take `at_least` seconds: a millisecond-long call
+    timed once is mostly scheduler noise."""
+    calls, spent = 0, 0.0
+    while spent < at_least:
+        started = time.perf_counter()
+        run()
+        spent += time.perf_counter() - started
+        calls += 1
+    return spent / calls
+
+
+def assert_scales_linearly(small: Callable[[], object], big: Callable[[], object], what: str,
+                           rounds: int = 4) -> float:
+    """small() does 1/FACTOR of big()'s work. Returns the accepted best-big / best-small ratio."""
+    best_small = best_big = float("inf")
+    for _ in range(rounds):
+        best_small = min(best_small, _time(small), _time(small))
+        best_big = min(best_big, _time(big))
+        ratio = best_big / max(best_small, 1e-6)
+        if ratio < MAX_RATIO:
+            return ratio
+    raise AssertionError(f"{what}: {FACTOR}x the input took {ratio:.1f}x as long, best of {rounds} rounds "
+                         f"({best_big:.3f}s vs {best_small:.4f}s; linear is ~{FACTOR}, quadratic ~{FACTOR ** 2})")
