@@ -200,21 +200,20 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
     """Run one SQL query against the analysis database (read-only) and print the result."""
     import duckdb
 
-    from toolproxy.analysis.store import register_bodies
+    from toolproxy.analysis.store import bodies_in_sql
 
     con = _open(data_dir, db_path, read_only=True)
-    reader = register_bodies(con, data_dir)
     try:
-        cur = con.execute(query)
-        if cur.description is None:
-            return
-        columns = [d[0] for d in cur.description]
-        rows = cur.fetchall()
+        with bodies_in_sql(con, data_dir):
+            cur = con.execute(query)
+            if cur.description is None:
+                return
+            columns = [d[0] for d in cur.description]
+            rows = cur.fetchall()
     except duckdb.Error as exc:
         _fail(f"query failed: {str(exc).strip()}")
     finally:
         con.close()
-        reader.close()
     if fmt == "json":
         text = orjson.dumps([dict(zip(columns, r)) for r in rows], default=str, option=orjson.OPT_INDENT_2).decode()
         click.echo(printable(text, lines=True))

@@ -39,7 +39,7 @@ CALL_TYPES = {name: sql_type for name, sql_type in CALLS.types.items() if name n
 # record where one has another was not written by it (or was damaged) and is set aside whole.
 RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
                  if name in Record.__dataclass_fields__ and sql_type != "JSON"]
-# The bodies are not stored (they are read from the segment: store.register_bodies), but a record
+# The bodies are not stored (they are read from the segment: store.bodies_in_sql), but a record
 # whose body is not text was not written by the proxy either.
 _BODIES = Columns({name: "VARCHAR" for name in BODIES_AS_RECORDED})
 _RECORD = Columns({**{name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS}, **_BODIES.types})

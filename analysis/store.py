@@ -3,6 +3,8 @@ giving SQL the recorded bodies (which stay in the segments)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -199,15 +201,17 @@ def _text_or_json(value):
     return value if value is None or isinstance(value, str) else orjson.dumps(value, default=str).decode()
 
 
-def register_bodies(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> RecordReader:
-    """Make `bodies(segment, segment_offset)` callable in SQL on `con`: the exchange's recorded
-    bodies as the proxy wrote them (each one's text and encoding: BODIES_AS_RECORDED), read from
-    its segment under data_dir, e.g.
+@contextmanager
+def bodies_in_sql(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> Iterator[None]:
+    """While inside, `bodies(segment, segment_offset)` is callable in SQL on `con`: the exchange's
+    recorded bodies as the proxy wrote them (each one's text and encoding: BODIES_AS_RECORDED),
+    read from its segment under data_dir, e.g.
     `SELECT id, bodies(segment, segment_offset).response_body FROM exchanges`.
 
     Copying every body into the database cost more than the rest of an ingest's writes together;
     reading one back is a positioned read. A record that cannot be read (its segment moved away)
-    fails the query with the reason rather than reading as NULL. Returns the reader, to close.
+    fails the query with the reason rather than reading as NULL. On leaving, the function is
+    removed again (DuckDB refuses a second one of the same name) and the segments are closed.
     """
     reader = RecordReader(data_dir)
 
@@ -223,7 +227,22 @@ def register_bodies(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> Rec
 
     text = duckdb.type("VARCHAR")
     struct = duckdb.struct_type({name: text for name in BODIES_AS_RECORDED})
+    _retire_unfinished(con)
     con.create_function("bodies", bodies, [text, duckdb.type("BIGINT")], struct,
                         null_handling="special", side_effects=False)
-    return reader
+    try:
+        yield
+    finally:
+        try:
+            _retire_unfinished(con)
+            con.remove_function("bodies")
+        except duckdb.Error:  # the connection was closed inside
+            pass
+        reader.close()
 
+
+def _retire_unfinished(con: duckdb.DuckDBPyConnection) -> None:
+    """DuckDB refuses to add or remove a function while a result is left unfinished on the
+    connection (a query interrupted mid-way, e.g. by Ctrl-C); a new statement retires it, as any
+    next query would."""
+    con.execute("SELECT 1").fetchall()

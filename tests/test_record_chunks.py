@@ -23,7 +23,7 @@ import pytest
 
 from toolproxy.analysis.ingest import ingest
 from toolproxy.analysis.storage_bench import episode, interleaved
-from toolproxy.analysis.store import connect, register_bodies
+from toolproxy.analysis.store import bodies_in_sql, connect
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
 from toolproxy.record.model import RECORD_VERSION, Record, RecordEncodeError, encode_body, new_id
 from toolproxy.record.segments import batch_end, expanded_size, list_segments, read_lines, read_records, read_segment
@@ -279,8 +279,8 @@ def test_old_version_1_segments_stay_readable(tmp_path):
     assert got["request_body"] == body and got["v"] == 1
     con = connect(tmp_path / "db.duckdb")
     assert ingest(con, tmp_path, workers=0).new_exchanges == 1
-    register_bodies(con, tmp_path)
-    assert con.execute("SELECT bodies(segment, segment_offset).request_body FROM exchanges").fetchall() == [(body,)]
+    with bodies_in_sql(con, tmp_path):
+        assert con.execute("SELECT bodies(segment, segment_offset).request_body FROM exchanges").fetchall() == [(body,)]
     con.close()
 
 

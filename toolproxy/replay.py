@@ -160,7 +160,7 @@ def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int
     `db` is a data directory's database: the request bodies are read from its segments."""
     import duckdb
 
-    from toolproxy.analysis.store import register_bodies
+    from toolproxy.analysis.store import bodies_in_sql
     from toolproxy.record.model import body_bytes
 
     if not db.exists():
@@ -169,22 +169,23 @@ def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int
         con = duckdb.connect(str(db), read_only=True)
     except duckdb.Error as exc:
         raise SelectionError(f"cannot open {db} read-only: {exc}") from None
-    reader = register_bodies(con, db.parent)
     try:
-        if not con.execute("select count(*) from turns where run = ?", [run]).fetchone()[0]:
-            known = [r[0] for r in con.execute("select distinct run from turns order by 1 limit 20").fetchall()]
-            raise SelectionError(f"run {run!r} has no turns in {db} (runs: {', '.join(map(str, known)) or 'none'})")
-        sql = _TURNS_SQL.format(where=check_predicate(con, where))
-        if limit is not None:
-            sql += f" limit {int(limit)}"
-        try:
-            rows = con.execute(sql, {"run": run}).fetchall()
-        except duckdb.Error as exc:
-            raise SelectionError(f"--where {where!r}: {_first_line(exc)}") from None
-        done = {r[0] for r in con.execute(_DONE_SQL, {"run": run, "new": new_run}).fetchall()}
+        with bodies_in_sql(con, db.parent):
+            if not con.execute("select count(*) from turns where run = ?", [run]).fetchone()[0]:
+                known = [r[0] for r in con.execute("select distinct run from turns order by 1 limit 20").fetchall()]
+                raise SelectionError(f"run {run!r} has no turns in {db} (runs: {', '.join(map(str, known)) or 'none'})")
+            sql = _TURNS_SQL.format(where=check_predicate(con, where))
+            if limit is not None:
+                sql += f" limit {int(limit)}"
+            try:
+                rows = con.execute(sql, {"run": run}).fetchall()
+            except duckdb.Error as exc:
+                if "cannot read the bodies" in str(exc):  # a segment gone, not the predicate
+                    raise SelectionError(_first_line(exc)) from None
+                raise SelectionError(f"--where {where!r}: {_first_line(exc)}") from None
+            done = {r[0] for r in con.execute(_DONE_SQL, {"run": run, "new": new_run}).fetchall()}
     finally:
         con.close()
-        reader.close()
     turns = []
     for (turn_id, r, episode_key, episode, item, index, expect, method, path, query, headers, body, enc, tags) in rows:
         free = json.loads(tags) if tags else {}

@@ -1,6 +1,6 @@
 """`toolproxy export`: the analysis database written out for other tools, by format.
 
-Each format is one module with an `export(con, destination, runs=, since=, progress=)`
+Each format is one module with an `export(con, destination, data_dir=, runs=, since=, progress=)`
 function; adding one (OTLP spans, say) is an entry in FORMATS, not a new command.
 """
 
@@ -13,7 +13,6 @@ from pathlib import Path
 import click
 
 from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail, _open
-from toolproxy.analysis.store import register_bodies
 from toolproxy.printable import printable
 
 FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
@@ -89,17 +88,16 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     except ExportError as exc:
         _fail(str(exc))
     con = _open(data_dir, db_path, read_only=True)
-    reader = register_bodies(con, data_dir)
     try:
         with Progress("export", unit="MB", scale=1e6, quiet=quiet) as progress:
-            result = writer.export(con, dest, runs=list(runs) or None, since=first_day, progress=progress)
+            result = writer.export(con, dest, data_dir=data_dir, runs=list(runs) or None, since=first_day,
+                                   progress=progress)
     except ExportError as exc:
         _fail(str(exc))
     except duckdb.Error as exc:
         _fail(f"export failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:
         con.close()
-        reader.close()
     if result.recovered:
         click.echo(result.recovered)
     for t in result.tables:

@@ -37,6 +37,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -44,6 +45,7 @@ import orjson
 from toolproxy.analysis.export.destination import Destination, ExportError
 from toolproxy.analysis.export.partitions import partition_path
 from toolproxy.analysis.export.tables import TABLES, Table, columns, quote_ident
+from toolproxy.analysis.store import bodies_in_sql
 
 # Bumped when the layout, the manifest or the meaning of a column in the files changes.
 FORMAT_VERSION = 1
@@ -376,9 +378,15 @@ def _intact_partitions(con, old: dict, paths: dict[int, str]) -> set[int]:
     return intact
 
 
-def export(con, dest: Destination, *, runs: list[str] | None = None, since: dt.date | None = None,
-           progress=None) -> Result:
-    """Bring the Parquet export at `dest` in line with the database (see the module docstring)."""
+def export(con, dest: Destination, *, data_dir: str | Path, runs: list[str] | None = None,
+           since: dt.date | None = None, progress=None) -> Result:
+    """Bring the Parquet export at `dest` in line with the database (see the module docstring).
+    data_dir: the recordings the database was analysed from, where the exchanges' bodies are."""
+    with bodies_in_sql(con, data_dir):
+        return _export(con, dest, runs=runs, since=since, progress=progress)
+
+
+def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | None, progress) -> Result:
     v = versions(con)
     dest.check()
     result = Result()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The recorded bodies stay in the segments; an exported exchange carries them (read through
-# store.register_bodies, which the exporting connection has). They never change for an id, so
+# store.bodies_in_sql, which parquet.export sets up). They never change for an id, so
 # they are not part of the row fingerprint that decides what to write again.
 _WITH_BODIES = "t.*, unnest(bodies(t.segment, t.segment_offset))"
 

@@ -21,7 +21,7 @@ from toolproxy.analysis.export import parquet
 from toolproxy.analysis.export.destination import Destination, ExportError
 from toolproxy.analysis.export.partitions import MAX_ENCODED, _quote, encode_value, partition_path
 from toolproxy.analysis.bench import generate
-from toolproxy.analysis.store import connect, register_bodies
+from toolproxy.analysis.store import connect
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR
@@ -313,9 +313,8 @@ def test_prune_then_export_to_an_object_store_never_holds_a_row_twice(tmp_path: 
 
     def export() -> dict:
         con = connect(data / "toolproxy.duckdb", read_only=True)
-        register_bodies(con, data)
         try:
-            return {t.name: t for t in parquet.export(con, Destination(url)).tables}
+            return {t.name: t for t in parquet.export(con, Destination(url), data_dir=data).tables}
         finally:
             con.close()
 
@@ -339,9 +338,8 @@ def test_memory_filesystem_and_a_second_machine_stay_consistent(data: Path, tmp_
     run_cli("analyze", "--data", str(data), "--db", str(other))
     for db in (data / "toolproxy.duckdb", other):
         con = connect(db, read_only=True)
-        register_bodies(con, data)
         try:
-            result = parquet.export(con, Destination(url))
+            result = parquet.export(con, Destination(url), data_dir=data)
         finally:
             con.close()
     assert result.export_id is None and all(t.files == 0 for t in result.tables)
@@ -354,9 +352,8 @@ def test_memory_filesystem_and_a_second_machine_stay_consistent(data: Path, tmp_
     write_segment(data, "20261129T120000-4-0001", [("..", t + i) for i in range(3)])
     analyze(data)
     con = connect(data / "toolproxy.duckdb", read_only=True)
-    register_bodies(con, data)
     try:
-        result = parquet.export(con, Destination(url))
+        result = parquet.export(con, Destination(url), data_dir=data)
     finally:
         con.close()
     exchanges = next(t for t in result.tables if t.name == "exchanges")
@@ -375,20 +372,19 @@ def test_an_interrupted_export_is_undone_by_the_next(data: Path, tmp_path: Path,
 
     monkeypatch.setattr(Destination, "write_bytes", crash_at_manifest)
     con = connect(data / "toolproxy.duckdb", read_only=True)
-    register_bodies(con, data)
     with pytest.raises(KeyboardInterrupt):
-        parquet.export(con, Destination(str(out)))
+        parquet.export(con, Destination(str(out)), data_dir=data)
     monkeypatch.setattr(Destination, "write_bytes", real)
     assert list(out.glob("exchanges/**/*.parquet"))  # data files landed, the manifest did not
     with pytest.raises(ExportError, match="another export .* is in progress"):
-        parquet.export(con, Destination(str(out)))  # the journal is fresh and its process (this one) alive
+        parquet.export(con, Destination(str(out)), data_dir=data)  # the journal is fresh and its process (this one) alive
     journal = orjson.loads((out / parquet.PENDING).read_bytes())
     (out / parquet.PENDING).write_bytes(orjson.dumps(journal | {"started_at": journal["started_at"] - 2 * parquet.STALE_SECONDS}))
     killed = out / parquet.STATE_DIR / "staging-killed"  # what a SIGKILLed export leaves behind
     (killed / "exchanges").mkdir(parents=True)
     old = journal["started_at"] - 2 * parquet.STALE_SECONDS
     os.utime(killed, (old, old))
-    result = parquet.export(con, Destination(str(out)))
+    result = parquet.export(con, Destination(str(out)), data_dir=data)
     con.close()
     assert result.recovered and result.recovered.startswith("undid")
     assert not killed.exists()

@@ -11,7 +11,7 @@ import pytest
 
 from toolproxy.analysis.ingest import ingest
 from toolproxy.analysis.reanalyze import rebuild
-from toolproxy.analysis.store import connect, default_db, register_bodies
+from toolproxy.analysis.store import connect, default_db, bodies_in_sql
 from toolproxy.record.model import Record, encode_body, new_id
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -232,8 +232,8 @@ def test_odd_values_in_bodies_are_stored_not_set_aside(tmp_path, db):
     assert con.execute("SELECT prompt_tokens, completion_tokens, finish_reason FROM exchanges").fetchall() == [
         (None, None, '{"why":"done"}')]
     assert con.execute("SELECT name FROM calls").fetchall() == [("5",)]
-    register_bodies(con, tmp_path)
-    body = con.execute("SELECT bodies(segment, segment_offset).response_body FROM exchanges").fetchall()[0][0]
+    with bodies_in_sql(con, tmp_path):
+        body = con.execute("SELECT bodies(segment, segment_offset).response_body FROM exchanges").fetchall()[0][0]
     assert orjson.loads(body) == reply
     # rebuilding the derived tables from the recorded exchanges meets the same values
     assert rebuild(con, None, exchanges=True, data_dir=tmp_path)["exchanges"] == 1
