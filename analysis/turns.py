@@ -19,8 +19,6 @@ exchange at ingest (conversation_keys), so re-deriving a run reads small columns
 from __future__ import annotations
 
 import bisect
-import contextlib
-import gc
 import hashlib
 import heapq
 import re
@@ -34,6 +32,7 @@ from toolproxy.analysis.echoes import echoed_calls
 from toolproxy.analysis.expect import Rule, expectation
 from toolproxy.analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE, PROSE, VALID_CALL
 from toolproxy.analysis.tables import EPISODES, TURNS
+from toolproxy.gcpause import gc_paused
 from toolproxy.record.writer import SEGMENT_REPLICA
 
 UNTAGGED_RUN = "(untagged)"
@@ -567,20 +566,6 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 """
 
 
-@contextlib.contextmanager
-def _without_gc():
-    """Cyclic garbage collection paused: derive builds a few objects per attempt (attempts, turns,
-    rows), none in cycles, and the collector's passes over that growing heap cost about as much
-    as building them."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progress=None) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
@@ -591,7 +576,7 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progre
     expectations); statements run per batch of runs, not per run, and what a turn copies from its
     final attempt is joined in SQL.
     """
-    with _without_gc():
+    with gc_paused():
         return _derive(con, runs, rules, progress)
 
 

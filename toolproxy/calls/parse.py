@@ -14,6 +14,7 @@ import bisect
 import re
 from collections.abc import Callable, Collection
 
+from ..gcpause import gc_paused
 from . import functiongemma, jsonblocks, mistral, pythonic, tagged
 from .functiongemma import find_functiongemma
 from .jsonblocks import find_bare, find_fenced
@@ -110,17 +111,19 @@ def parse_text(
     names = frozenset(tool_names) if tool_names is not None else None
     claims = _Claims()
     groups: list[Group] = []
-    for finder, produces in FAMILIES:
-        if present.isdisjoint(_LEADS[finder]) or (wanted is not _ALL_FORMATS and not produces & wanted):
-            continue
-        for group in _run(finder, text, names, claims):
-            calls = tuple(c for c in group.calls if c.format in wanted)
-            if calls and not claims.overlaps(*group.span):
-                claims.add(*group.span)
-                groups.append(Group(group.span, _stretch(calls, group.span)))
-    groups.sort(key=lambda g: g.span)
-    calls = tuple(c for g in groups for c in g.calls)
-    return TextParse(calls, bool(calls), _content(text, groups))
+    # A text of thousands of call markers builds a few objects per marker; see toolproxy.gcpause.
+    with gc_paused():
+        for finder, produces in FAMILIES:
+            if present.isdisjoint(_LEADS[finder]) or (wanted is not _ALL_FORMATS and not produces & wanted):
+                continue
+            for group in _run(finder, text, names, claims):
+                calls = tuple(c for c in group.calls if c.format in wanted)
+                if calls and not claims.overlaps(*group.span):
+                    claims.add(*group.span)
+                    groups.append(Group(group.span, _stretch(calls, group.span)))
+        groups.sort(key=lambda g: g.span)
+        calls = tuple(c for g in groups for c in g.calls)
+        return TextParse(calls, bool(calls), _content(text, groups))
 
 
 def _stretch(calls: tuple[TextCall, ...], span: tuple[int, int]) -> tuple[TextCall, ...]:
