@@ -111,10 +111,15 @@ class ProxyProcess:
                 return stats
             time.sleep(0.02)
 
+    def terminate(self) -> None:
+        """SIGTERM (graceful: flushes records) without waiting; stop() waits."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM (graceful: flushes records) and wait."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -127,6 +132,28 @@ class ProxyProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+
+
+def start_all(upstream: str, runs: dict[str, tuple[Path, tuple[str, ...]]]) -> dict[str, ProxyProcess]:
+    """Several proxies in front of one upstream, {name: (data dir, serve args)}, started side by
+    side: each one's start-up (imports, its live view's classifier process) overlaps the others'."""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        futures = {name: pool.submit(ProxyProcess, upstream, *spec) for name, spec in runs.items()}
+    started = {name: f.result() for name, f in futures.items() if f.exception() is None}
+    if len(started) < len(futures):  # none is left running when one did not start
+        stop_all(started.values())
+        next(f for f in futures.values() if f.exception() is not None).result()
+    return started
+
+
+def stop_all(proxies) -> None:
+    """Stop proxies side by side: all are told first, then each is waited for (a graceful stop is
+    mostly waiting: the writer's last fsync, the live view's classifier winding down)."""
+    proxies = list(proxies)
+    for p in proxies:
+        p.terminate()
+    for p in proxies:
+        p.stop()
 
 
 def toolproxy_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

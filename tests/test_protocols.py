@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from proxyprocess import ProxyProcess, together
+from proxyprocess import ProxyProcess, start_all, stop_all, together
 from toolproxy.testing.fakes import FakeStack, ModelRequest, call, text, text_call
 
 WEATHER = {"name": "get_weather", "description": "Current weather for a city",
@@ -42,13 +42,11 @@ def fake():
 
 @pytest.fixture(scope="module")
 def proxies(fake, tmp_path_factory):
-    started = {}
-    for condition in ("native", "text", "hint", "constrained"):
-        data = tmp_path_factory.mktemp(f"data-{condition}")
-        started[condition] = ProxyProcess(fake.url, data, ("--durability", "sync", "--condition", condition))
+    started = start_all(fake.url, {
+        condition: (tmp_path_factory.mktemp(f"data-{condition}"), ("--durability", "sync", "--condition", condition))
+        for condition in ("native", "text", "hint", "constrained")})
     yield started
-    for p in started.values():
-        p.stop()
+    stop_all(started.values())
 
 
 def oa(p: ProxyProcess, run: str) -> openai.OpenAI:
