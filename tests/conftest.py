@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from proxyprocess import ProxyProcess, stop_all
+from proxyprocess import ProxyProcess, stop_in_background, wait_stopped
 from toolproxy.testing.fakes import FakeStack
 
 FUZZ_SEED = "TOOLPROXY_FUZZ_SEED"
@@ -37,6 +37,10 @@ def pytest_configure(config):
     worker fuzzes with the same seed and the one printed at the end replays the whole run."""
     if not hasattr(config, "workerinput") and not os.environ.get(FUZZ_SEED):
         os.environ[FUZZ_SEED] = str(random.SystemRandom().randrange(1 << 32))
+
+
+def pytest_sessionfinish(session):
+    wait_stopped()  # proxies stopped in the background by fixtures' teardowns
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -74,7 +78,7 @@ def proxy(tmp_path):
         return p
 
     yield start
-    stop_all(started)
+    stop_in_background(started)
 
 
 class Tagged:
@@ -111,8 +115,8 @@ def _pool(tmp_path_factory):
 
         try:
             yield get
-        finally:  # before the fakes go
-            stop_all(proxies.values())
+        finally:  # told before the fakes go
+            stop_in_background(proxies.values())
 
 
 @pytest.fixture

@@ -156,6 +156,28 @@ def stop_all(proxies) -> None:
         p.stop()
 
 
+_stopping: list[threading.Thread] = []
+
+
+def stop_in_background(proxies) -> None:
+    """Tell proxies to stop and let them finish while the next test runs: a graceful stop is
+    mostly waiting (the last fsync, the live view's classifier process winding down), and nothing
+    after a test's teardown needs its proxy gone. wait_stopped() waits for them all (at the end
+    of the session); a proxy that hangs is killed by stop() there as anywhere."""
+    proxies = list(proxies)
+    for p in proxies:
+        p.terminate()
+    if proxies:
+        t = threading.Thread(target=lambda: [p.stop() for p in proxies], name="proxy-stop", daemon=True)
+        t.start()
+        _stopping.append(t)
+
+
+def wait_stopped() -> None:
+    while _stopping:
+        _stopping.pop().join()
+
+
 def toolproxy_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`toolproxy ARGS...` as a subprocess, as a user runs it."""
     return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", *args],

@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from proxyprocess import start_all, stop_all
+from proxyprocess import start_all, stop_in_background
 from test_protocols import MESSAGES_TOOLS, RESPONSES_TOOLS, sql, tp
 from toolproxy.record.segments import read_records
 from toolproxy.testing.fakes import FakeStack, ModelRequest, call, text, text_call
@@ -42,7 +42,7 @@ def proxies(fake, tmp_path_factory):
                            ("hint", ("--bridge", "responses,messages", "--condition", "hint")))
     })
     yield started
-    stop_all(started.values())
+    stop_in_background(started.values())
 
 
 def oa(p):

@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from proxyprocess import ProxyProcess, start_all, stop_all, together
+from proxyprocess import ProxyProcess, start_all, stop_in_background, together
 from toolproxy.testing.fakes import FakeStack, ModelRequest, call, text, text_call
 
 WEATHER = {"name": "get_weather", "description": "Current weather for a city",
@@ -46,7 +46,7 @@ def proxies(fake, tmp_path_factory):
         condition: (tmp_path_factory.mktemp(f"data-{condition}"), ("--durability", "sync", "--condition", condition))
         for condition in ("native", "text", "hint", "constrained")})
     yield started
-    stop_all(started.values())
+    stop_in_background(started.values())
 
 
 def oa(p: ProxyProcess, run: str) -> openai.OpenAI:
