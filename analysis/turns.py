@@ -216,7 +216,7 @@ def _echo_parents(block: Sequence[str], calls: list, prefix, state_suffix: bytes
     elif not text:
         signatures = [EMPTY_ECHO]
     else:
-        signatures = [call_signature(canon_calls(r)) for r in echoed_calls(text, frozenset(tool_names))]
+        signatures = [call_signature(canon_calls(r)) for r in echoed_calls(text, tool_names)]
     state = prefix.copy()
     state.update(state_suffix)
     before = state.hexdigest()
