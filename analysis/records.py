@@ -42,6 +42,7 @@ RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
 # The bodies are not stored (they are read from the segment: store.bodies_in_sql), but a record
 # whose body is not text was not written by the proxy either.
 _BODIES = Columns({name: "VARCHAR" for name in BODIES_AS_RECORDED})
+_BODY_TYPES = frozenset((str, type(None)))  # all that fit: _BODIES.misfit is asked only otherwise
 _RECORD = Columns({**{name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS}, **_BODIES.types})
 # Issue kinds for lines that were not stored (the others are notes about a segment).
 SET_ASIDE = ("corrupt", "bad_type", "unknown_kind", "analyze_error")
@@ -95,9 +96,14 @@ def tool_set(tools: list) -> ToolSet:
 def _request(rec: dict, kind: str | None) -> tuple[dict | None, Request | None]:
     """The harness's request as sent (before any condition rewrite), and the same in chat terms:
     a Responses or Messages conversation becomes the message list a chat harness would send."""
-    raw, _ = decode_body(
-        rec.get("request_body"), rec.get("request_body_encoding"), header(rec.get("request_headers"), "content-encoding")
-    )
+    text, encoding = rec.get("request_body"), rec.get("request_body_encoding")
+    content_encoding = header(rec.get("request_headers"), "content-encoding")
+    if type(text) is str and encoding != "base64" and not content_encoding:
+        # UTF-8 text as recorded: orjson parses the str itself, without decode_body's encoded copy
+        # (a str that is not valid UTF-8 fails to parse instead of to encode: no request either way)
+        raw = text
+    else:
+        raw, _ = decode_body(text, encoding, content_encoding)
     if not raw:
         return None, None
     try:
@@ -371,7 +377,7 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], ch
             batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped", rid)
         elif rid in ids:
             batch.duplicates += 1
-        elif problem := _BODIES.misfit(rec):
+        elif not _BODY_TYPES.issuperset(map(type, map(rec.get, BODIES_AS_RECORDED))) and (problem := _BODIES.misfit(rec)):
             batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         else:
             try:
