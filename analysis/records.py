@@ -304,7 +304,9 @@ class Batch:
     """What one batch of lines adds to the database; built in a worker, written by the main process."""
 
     segment: str
-    exchanges: list[dict] = field(default_factory=list)
+    # Each exchange's values in EXCHANGE_TYPES order, taken from its row as soon as it is made (the
+    # row then goes while still in cache), then transposed to exchange_columns by analyze_lines.
+    exchange_rows: list[tuple] = field(default_factory=list)
     # The exchanges transposed to columns (EXCHANGE_TYPES), done in the worker by analyze_lines.
     exchange_columns: dict[str, list] = field(default_factory=dict)
     calls: list[dict] = field(default_factory=list)
@@ -333,9 +335,10 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chu
     """
     with gc_paused():
         batch = _analyze_lines(segment, lines, chunks)
-        rows, batch.exchanges = batch.exchanges, []
-        # itemgetter + zip transpose in C: a comprehension per column cost ~15 us an exchange
-        columns = dict(zip(EXCHANGE_TYPES, zip(*map(_EXCHANGE_VALUES, rows)))) if rows else {}
+        rows, batch.exchange_rows = batch.exchange_rows, []
+        # zip transposes in C: a comprehension per column cost ~15 us an exchange
+        columns = dict(zip(EXCHANGE_TYPES, zip(*rows))) if rows else {}
+        del rows
         bad = EXCHANGES.check.misfits(columns, RECORD_FIELDS) if columns else None
         if bad:
             _set_aside(batch, columns, bad)
@@ -389,7 +392,7 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], ch
                     batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}", rid)
                 continue
             ids.add(rid)
-            batch.exchanges.append(a.exchange)
+            batch.exchange_rows.append(_EXCHANGE_VALUES(a.exchange))
             batch.calls.extend(a.calls)
             if a.tool_set is not None:
                 batch.tool_sets[a.tool_set.hash] = a.tool_set
