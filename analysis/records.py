@@ -65,7 +65,7 @@ class ToolSet(NamedTuple):
     names: list[str]
 
 
-# Tool sets by the JSON of the array as sent; cleared when those keys pass _TOOL_SETS_LIMIT bytes.
+# Tool sets by the JSON of the array as sent; cleared past 4096 of them or _TOOL_SETS_LIMIT bytes of keys.
 _TOOL_SETS: dict[bytes, ToolSet] = {}
 _TOOL_SETS_LIMIT = 8 << 20
 _tool_sets_held = 0
@@ -85,7 +85,7 @@ def tool_set(tools: list) -> ToolSet:
     if hit is None:
         canonical = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS, default=str)
         hit = ToolSet(hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names(tools))
-        if _tool_sets_held > _TOOL_SETS_LIMIT:
+        if len(_TOOL_SETS) >= 4096 or _tool_sets_held > _TOOL_SETS_LIMIT:
             _TOOL_SETS.clear()
             _tool_sets_held = 0
         _TOOL_SETS[sent] = hit
