@@ -326,8 +326,31 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSou
         bad = EXCHANGES.check.misfits(columns, RECORD_FIELDS) if columns else None
         if bad:
             _set_aside(batch, columns, bad)
-        batch.exchange_columns = columns if columns and columns["id"] else {}
+        if columns and columns["id"]:
+            _share_repeats(columns)
+            batch.exchange_columns = columns
         return batch
+
+
+# Text columns whose values repeat along a batch (a run's name, its model, a stack's headers...).
+_REPEATING = ("kind", "run", "episode", "item", "condition", "tags", "upstream", "method", "path", "query",
+              "error_kind", "error_message", "model", "tool_set", "upstream_request", "condition_note",
+              "request_headers", "response_headers", "segment", "outcome", "sub_kind", "surface", "finish_reason",
+              "content", "reasoning_content", "upstream_content", "stack_marker", "stack_marker_version",
+              "call_signature")
+_TEXT = {str, type(None)}
+
+
+def _share_repeats(columns: dict[str, Any]) -> None:
+    """Make equal strings of a _REPEATING column one object: pickle then sends a repeat as a
+    reference, and the process writing the batch unpickles it in a fraction of the time (~3 us
+    less an exchange there, for ~1 us here). Only all-text columns: 1, 1.0 and True are equal
+    dict keys but not equal column values."""
+    for name in _REPEATING:
+        values = columns[name]
+        if set(map(type, values)) <= _TEXT:
+            first: dict[str | None, str | None] = {}
+            columns[name] = tuple(map(first.setdefault, values, values))
 
 
 def _set_aside(batch: Batch, columns: dict[str, list], bad: dict[int, str]) -> None:
