@@ -263,7 +263,7 @@ class Ingestor:
                     keep = [i for i, x in enumerate(ids) if x not in dup]
                     columns = {k: [v[i] for i in keep] for k, v in columns.items()}
                     calls = [r for r in calls if r["exchange_id"] not in dup]
-                s.new_exchanges += EXCHANGES.insert(con, columns)
+                s.new_exchanges += EXCHANGES.insert(con, columns, fitted=True)  # by the worker
                 CALLS.insert(con, {name: [r[name] for r in calls] for name in CALL_TYPES})
                 self.affected_runs.update(columns["run"])
             new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]

@@ -43,6 +43,8 @@ RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
 # whose body is not text was not written by the proxy either.
 _BODIES = Columns({name: "VARCHAR" for name in BODIES_AS_RECORDED})
 _RECORD = Columns({**{name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS}, **_BODIES.types})
+# The other columns, checked by Columns.fit (a misfit there is stored as JSON text or NULL).
+_DERIVED = Columns({name: sql_type for name, sql_type in EXCHANGE_TYPES.items() if name not in RECORD_FIELDS})
 # Issue kinds for lines that were not stored (the others are notes about a segment).
 SET_ASIDE = ("corrupt", "bad_type", "unknown_kind", "analyze_error")
 
@@ -292,7 +294,8 @@ class Batch:
 
     segment: str
     exchanges: list[dict] = field(default_factory=list)
-    # The exchanges transposed to columns (EXCHANGE_TYPES), done in the worker by analyze_lines.
+    # The exchanges transposed to columns (EXCHANGE_TYPES), done in the worker by analyze_lines,
+    # where every value is also made to fit its column (Columns.fit).
     exchange_columns: dict[str, list] = field(default_factory=dict)
     calls: list[dict] = field(default_factory=list)
     tool_sets: dict[str, ToolSet] = field(default_factory=dict)
@@ -327,6 +330,8 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSou
         if bad:
             _set_aside(batch, columns, bad)
         if columns and columns["id"]:
+            # what was read out of bodies is made to fit here, off the process that writes it
+            columns.update(_DERIVED.fit({name: columns[name] for name in _DERIVED.types}))
             _share_repeats(columns)
             batch.exchange_columns = columns
         return batch
