@@ -168,7 +168,6 @@ class Ingestor:
     def _chunks(self, todo: list[tuple[Path, int]]):
         """Ranges of about batch_bytes of whole lines. A torn tail (bytes after the last newline:
         being written, or cut by a crash) rides on the segment's last chunk and is not consumed."""
-        buf = bytearray(self.batch_bytes)
         for path, start in todo:
             self.summary.segments_read += 1
             size = path.stat().st_size
@@ -177,7 +176,7 @@ class Ingestor:
                 pos = start
                 while pos < complete:
                     end = _next_line_end(f, min(pos + self.batch_bytes, complete) - 1, complete)
-                    end = batch_end(f, pos, end, self.batch_bytes, buf)  # chunked bodies count in full
+                    end = batch_end(f, pos, end, self.batch_bytes)  # chunked bodies count in full
                     yield _Chunk(path, pos, end, torn_at=complete if end == complete and complete < size else None)
                     pos = end
             if complete == start and complete < size:

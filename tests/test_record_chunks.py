@@ -486,17 +486,12 @@ def test_analyze_batches_are_bounded_by_the_bytes_they_stand_for(tmp_path):
     budget = 1 << 20
     lines = {off: line for off, _, line in read_lines(seg)}
     batches = []
-    ends = []
     with open(seg, "rb") as f:
         pos, size = 0, seg.stat().st_size
         while pos < size:
             end = batch_end(f, pos, size, budget)
             batches.append(sum(expanded_size(line) for off, line in lines.items() if pos <= off < end))
-            ends.append(end)
             pos = end
-        # the same ends read through a reused buffer holding a longer earlier read's bytes
-        buf = bytearray(b"\n" * budget)
-        assert [batch_end(f, start, size, budget, buf) for start in [0, *ends[:-1]]] == ends
     assert len(batches) > sum(r.request_body_size for r in recs) // budget // 2
     assert max(batches) < budget + max(r.request_body_size for r in recs) + 4096
 

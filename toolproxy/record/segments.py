@@ -86,26 +86,20 @@ def expanded_size(line: bytes) -> int:
     return len(line) + n * (int(m.group(1)) if m else 1 << 20)
 
 
-def batch_end(f, start: int, end: int, budget: int, buf: bytearray | None = None) -> int:
+def batch_end(f, start: int, end: int, budget: int) -> int:
     """Where a batch of the whole lines in [start, end) of open segment `f` should end so that,
     bodies put back, it stands for about `budget` bytes (at least one line).
 
     Reads at most `budget` bytes: a line running past them is a body stored whole, whose size on
-    disk is already what it stands for. `buf` (of at least `budget` bytes), reused from call to
-    call, saves allocating and faulting in fresh memory for every batch, most of the cost here.
+    disk is already what it stands for.
     """
     f.seek(start)
-    size = min(end - start, budget)
-    if buf is None:
-        data = f.read(size)
-    else:
-        data = buf
-        size = f.readinto(memoryview(buf)[:size])
-    if data.find(_CHUNK_REFS, 0, size) < 0:
+    data = f.read(min(end - start, budget))
+    if data.find(_CHUNK_REFS) < 0:
         return end
     total = 0
     pos = 0
-    while (nl := data.find(b"\n", pos, size)) >= 0:
+    while (nl := data.find(b"\n", pos)) >= 0:
         # Lines without chunk references (most bytes, when bodies are stored whole) are not copied.
         total += expanded_size(data[pos:nl]) if data.find(_CHUNK_REFS, pos, nl) >= 0 else nl - pos
         pos = nl + 1
