@@ -119,6 +119,11 @@ def test_copied_segment_adds_nothing_and_unknown_kinds_are_reported(tmp_path, db
     s, con = db()
     assert (s.new_exchanges, s.duplicates) == (2, 2)
     assert sorted(k for (k,) in con.execute("SELECT kind FROM ingest_issues").fetchall()) == ["corrupt", "unknown_kind"]
+    # a copy arriving after the first analysis meets the stored rows, not the ones of its own run
+    write(tmp_path, "later-copy.jsonl", recs + [exchange(episode="3")])
+    s, con = db()
+    assert (s.new_exchanges, s.duplicates) == (1, 2)
+    assert con.execute("SELECT count(*), count(DISTINCT id) FROM exchanges").fetchall() == [(3, 3)]
 
 
 FINGERPRINTS = [
