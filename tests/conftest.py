@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from proxyprocess import ProxyProcess
+from proxyprocess import ProxyProcess, stop_all
 from toolproxy.testing.fakes import FakeStack
 
 FUZZ_SEED = "TOOLPROXY_FUZZ_SEED"
@@ -74,8 +74,7 @@ def proxy(tmp_path):
         return p
 
     yield start
-    for p in started:
-        p.stop()
+    stop_all(started)
 
 
 class Tagged:
@@ -108,10 +107,12 @@ def _pool(tmp_path_factory):
                 stack.enter_context(fakes[fkey].in_thread())
             if (fkey, args) not in proxies:
                 proxies[fkey, args] = ProxyProcess(fakes[fkey].url, tmp_path_factory.mktemp("data"), args)
-                stack.callback(proxies[fkey, args].stop)
             return fakes[fkey], proxies[fkey, args]
 
-        yield get
+        try:
+            yield get
+        finally:  # before the fakes go
+            stop_all(proxies.values())
 
 
 @pytest.fixture

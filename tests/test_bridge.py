@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from proxyprocess import ProxyProcess
+from proxyprocess import start_all, stop_all
 from test_protocols import MESSAGES_TOOLS, RESPONSES_TOOLS, sql, tp
 from toolproxy.record.segments import read_records
 from toolproxy.testing.fakes import FakeStack, ModelRequest, call, text, text_call
@@ -35,15 +35,14 @@ def fake():
 
 @pytest.fixture(scope="module")
 def proxies(fake, tmp_path_factory):
-    started = {
-        name: ProxyProcess(fake.url, tmp_path_factory.mktemp(name), ("--durability", "sync", *args))
+    started = start_all(fake.url, {
+        name: (tmp_path_factory.mktemp(name), ("--durability", "sync", *args))
         for name, args in (("plain", ()), ("bridge", ("--bridge", "responses,messages")),
                            ("text", ("--bridge", "responses,messages", "--condition", "text")),
                            ("hint", ("--bridge", "responses,messages", "--condition", "hint")))
-    }
+    })
     yield started
-    for p in started.values():
-        p.stop()
+    stop_all(started.values())
 
 
 def oa(p):

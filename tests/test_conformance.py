@@ -13,6 +13,7 @@ from collections import Counter
 import orjson
 import pytest
 
+from proxyprocess import together
 from toolproxy.record.segments import read_records
 from toolproxy.checks.cases import BY_NAME, CASES
 from toolproxy.checks.conformance import (
@@ -236,25 +237,33 @@ def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
 def test_cli_exit_codes(fake_stack, tmp_path):
     good = fake_stack("openai", responder=good_model)
     out = tmp_path / "good.md"
-    r = cli("--upstream", good.url, "--model", "gpt-4o-mini", "--runs", "2", "--data", str(tmp_path / "d"), "-o", str(out))
+    # The flaky model fails 3 of every 20 requests it sees: one fake per run, as the runs go side by side.
+    flaky = [fake_stack("openai", responder=flaky_model("Tokyo", [("get_weather", {})])) for _ in range(2)]
+    args = [("--upstream", f.url, "--model", "gpt-4o-mini", "--runs", "20", "--concurrency", "4",
+             "--data", str(tmp_path / f"d2-{i}")) for i, f in enumerate(flaky)]
+    gates = tmp_path / "gates.json"
+    gates.write_text(orjson.dumps({"required_argument": {"min_pass_rate": 0.85}}).decode())
+    r_good, r_flaky, r_gated, r_down = together(
+        lambda: cli("--upstream", good.url, "--model", "gpt-4o-mini", "--runs", "2", "--data", str(tmp_path / "d"),
+                    "-o", str(out)),
+        lambda: cli(*args[0], "-o", str(tmp_path / "flaky.md")),
+        lambda: cli(*args[1], "-o", str(tmp_path / "flaky2.md"), "--gates", str(gates)),
+        lambda: cli("--upstream", "http://127.0.0.1:9", "--model", "m", "--data", str(tmp_path / "d3"),
+                    "-o", str(tmp_path / "x.md")))
+    r = r_good
     assert r.returncode == 0, r.stdout + r.stderr
     assert out.read_text() == r.stdout.split("written to")[0]
     assert "Result: native passes every hard gate" in r.stdout
 
-    flaky = fake_stack("openai", responder=flaky_model("Tokyo", [("get_weather", {})]))
-    args = ("--upstream", flaky.url, "--model", "gpt-4o-mini", "--runs", "20", "--concurrency", "4",
-            "--data", str(tmp_path / "d2"))
-    r = cli(*args, "-o", str(tmp_path / "flaky.md"))
+    r = r_flaky
     assert r.returncode == 1, r.stdout + r.stderr
     assert "| required_argument | hard ≥100% | 17/20 ✗ |" in r.stdout
-    gates = tmp_path / "gates.json"
-    gates.write_text(orjson.dumps({"required_argument": {"min_pass_rate": 0.85}}).decode())
-    r = cli(*args, "-o", str(tmp_path / "flaky2.md"), "--gates", str(gates))
+    r = r_gated
     assert r.returncode == 0, r.stdout + r.stderr
     assert "| required_argument | hard ≥85% | 17/20 |" in r.stdout
 
     # endpoint down: a transport problem, exit 2, no traceback, nothing counted as a failed case
-    r = cli("--upstream", "http://127.0.0.1:9", "--model", "m", "--data", str(tmp_path / "d3"), "-o", str(tmp_path / "x.md"))
+    r = r_down
     assert r.returncode == 2 and "cannot connect to http://127.0.0.1:9" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "x.md").exists()
 

@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from proxyprocess import ProxyProcess
+from proxyprocess import ProxyProcess, start_all, stop_all, together
 from toolproxy.testing.fakes import FakeStack, ModelRequest, call, text, text_call
 
 WEATHER = {"name": "get_weather", "description": "Current weather for a city",
@@ -42,13 +42,11 @@ def fake():
 
 @pytest.fixture(scope="module")
 def proxies(fake, tmp_path_factory):
-    started = {}
-    for condition in ("native", "text", "hint", "constrained"):
-        data = tmp_path_factory.mktemp(f"data-{condition}")
-        started[condition] = ProxyProcess(fake.url, data, ("--durability", "sync", "--condition", condition))
+    started = start_all(fake.url, {
+        condition: (tmp_path_factory.mktemp(f"data-{condition}"), ("--durability", "sync", "--condition", condition))
+        for condition in ("native", "text", "hint", "constrained")})
     yield started
-    for p in started.values():
-        p.stop()
+    stop_all(started.values())
 
 
 def oa(p: ProxyProcess, run: str) -> openai.OpenAI:
@@ -169,23 +167,25 @@ def test_analyze_reads_responses_and_messages_like_chat(proxies):
     a.messages.create(model=MODEL, max_tokens=50, tools=MESSAGES_TOOLS, messages=[
         {"role": "user", "content": "Weather in Oslo?"}, {"role": "assistant", "content": [b.model_dump() for b in m.content]},
         {"role": "user", "content": "thanks"}])
-    p.wait_records(20)
+    # Sync durability: each record was on disk before its answer; 3 Responses and 2 Messages exchanges.
+    assert len([r for r in p.records() if r["run"] in ("resp-chain", "msg-chain")]) == 5
     r = tp("analyze", "--data", str(p.data))
     assert r.returncode == 0 and "issues: none" in r.stdout, r.stdout + r.stderr
-    turns = sql(p.data, "SELECT run, outcome, surface, count(*) AS n FROM turns WHERE run IN ('resp-chain', 'msg-chain') "
-                        "GROUP BY ALL ORDER BY run")
+    chains = "('resp-chain', 'msg-chain')"
+    turns, episodes, ex, calls = together(*[lambda q=q: sql(p.data, q) for q in (  # read-only: side by side
+        f"SELECT run, outcome, surface, count(*) AS n FROM turns WHERE run IN {chains} GROUP BY ALL ORDER BY run",
+        f"SELECT run, n_turns FROM episodes WHERE run IN {chains} ORDER BY run",
+        f"SELECT id, run, path, model, prompt_tokens, cached_tokens, stack_marker FROM exchanges "
+        f"WHERE run IN {chains} ORDER BY started_at",
+        f"SELECT DISTINCT c.name, c.surface, c.format, c.valid FROM calls c JOIN turns t USING (turn_id) "
+        f"WHERE t.run IN {chains}")])
     assert turns == [{"run": "msg-chain", "outcome": "valid_call", "surface": "text", "n": 2},
                      {"run": "resp-chain", "outcome": "valid_call", "surface": "text", "n": 3}]
-    episodes = sql(p.data, "SELECT run, n_turns FROM episodes WHERE run IN ('resp-chain', 'msg-chain') ORDER BY run")
     assert episodes == [{"run": "msg-chain", "n_turns": 2}, {"run": "resp-chain", "n_turns": 3}]
-    ex = sql(p.data, "SELECT path, model, prompt_tokens, cached_tokens, stack_marker FROM exchanges "
-                     "WHERE run IN ('resp-chain', 'msg-chain') ORDER BY started_at")
     assert {e["path"] for e in ex} == {"/v1/responses", "/v1/messages"}
     assert all(e["model"] == MODEL and e["prompt_tokens"] and e["cached_tokens"] == 7 for e in ex), ex
-    calls = sql(p.data, "SELECT DISTINCT c.name, c.surface, c.format, c.valid FROM calls c JOIN turns t USING (turn_id) "
-                        "WHERE t.run IN ('resp-chain', 'msg-chain')")
     assert calls == [{"name": "get_weather", "surface": "text", "format": "hermes", "valid": True}]
-    first_id = sql(p.data, "SELECT id FROM exchanges WHERE run = 'resp-chain' ORDER BY started_at LIMIT 1")[0]["id"]
+    first_id = next(e["id"] for e in ex if e["run"] == "resp-chain")
     shown = tp("show", "--data", str(p.data), first_id)
     assert shown.returncode == 0 and "Weather in Oslo?" in shown.stdout and "tools offered: get_weather" in shown.stdout
 

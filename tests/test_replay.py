@@ -21,6 +21,7 @@ from toolproxy.record.segments import read_records
 from toolproxy.replay import Turn, _unbalanced, build_request, retry_delay, strip_redacted_query
 from toolproxy.testing import fakes
 
+from proxyprocess import together
 from test_study import _responder  # a call for the city asked about, then an answer once the tool replied
 
 # Four tasks, the last one streamed; the harness acts only on structured tool_calls.
@@ -96,6 +97,17 @@ def _copy(data, root, name):
     return dest
 
 
+@pytest.fixture(scope="module")
+def analyzed(recorded):
+    """The recording analysed once, by the CLI. A replay analyses its data dir first: tests that
+    copy this one skip re-deriving the same turns (test_text_replay replays a fresh recording)."""
+    _, data, root = recorded
+    dest = _copy(data, root, "analyzed")
+    done = _toolproxy("analyze", "--data", str(dest))
+    assert done.returncode == 0, done.stderr
+    return dest
+
+
 def _replay(data, upstream, *args, env=None):
     return _toolproxy("replay", "--from", "orig", "--data", str(data), "--upstream", upstream, "--no-fingerprint",
                       *args, env=env or _clean_env())
@@ -135,36 +147,40 @@ def test_text_replay_delivers_the_calls_native_left_in_text(recorded, fake_stack
     streamed = [r for r in new if b'"stream":true' in r["request_body"].encode()]
     assert len(streamed) == 1 and "text/event-stream" in dict(
         (k.lower(), v) for k, v in streamed[0]["response_headers"])["content-type"]
+    compared, md, rep = together(  # read-only commands: side by side
+        lambda: _toolproxy("compare", "orig", "orig@replay-text", "--data", str(data), "--format", "json").stdout,
+        lambda: _toolproxy("report", "--data", str(data), "--run", "orig@replay-text", "--format", "markdown").stdout,
+        lambda: _toolproxy("report", "--data", str(data), "--format", "json").stdout)
     # the turn ids pair with compare's JSON view too
-    js = json.loads(_toolproxy("compare", "orig", "orig@replay-text", "--data", str(data), "--format", "json").stdout)
+    js = json.loads(compared)
     assert js["replay"] is True and js["overall"]["b_only"] == 4
     # the replay run's own report says what it is
-    md = _toolproxy("report", "--data", str(data), "--run", "orig@replay-text", "--format", "markdown").stdout
     assert "a replay of orig's turns, open-loop" in _flat(md)
-    rep = json.loads(_toolproxy("report", "--data", str(data), "--format", "json").stdout)
+    rep = json.loads(rep)
     assert {r["run"]: r["replay_of"] for r in rep["runs"]} == {"orig": None, "orig@replay-text": "orig"}
 
 
-def test_secrets_are_never_replayed_and_the_key_comes_from_the_environment(recorded, fake_stack):
-    _, data, root = recorded
-    data = _copy(data, root, "keys")
+def test_secrets_are_never_replayed_and_the_key_comes_from_the_environment(recorded, analyzed, fake_stack):
+    _, _, root = recorded
     recorded_auth = {dict((k.lower(), v) for k, v in r["request_headers"]).get("authorization")
-                     for r in _exchanges(data, "orig")}
+                     for r in _exchanges(analyzed, "orig")}
     assert all(a.startswith("redacted:") for a in recorded_auth)
-    fake = fake_stack("sglang", responder=_responder)
-    done = _replay(data, fake.url, "--run", "nokey", "--limit", "1")
-    assert done.returncode == 0, done.stderr
-    assert [s.headers.get("Authorization") for s in fake.seen] == [None]
-    done = _replay(data, fake.url, "--run", "withkey", "--limit", "1", "--upstream-key-env", "UP_KEY",
-                   env=_clean_env(UP_KEY="sk-upstream"))
-    assert done.returncode == 0, done.stderr
-    assert fake.seen[-1].headers.get("Authorization") == "Bearer sk-upstream"
-    assert not any("redacted" in v for s in fake.seen for v in s.headers.values())
+    # Without and with a key, side by side: each replay on its own copy, to its own upstream.
+    bare, keyed = fake_stack("sglang", responder=_responder), fake_stack("sglang", responder=_responder)
+    nokey, withkey = together(
+        lambda: _replay(_copy(analyzed, root, "nokey"), bare.url, "--run", "nokey", "--limit", "1"),
+        lambda: _replay(_copy(analyzed, root, "withkey"), keyed.url, "--run", "withkey", "--limit", "1",
+                        "--upstream-key-env", "UP_KEY", env=_clean_env(UP_KEY="sk-upstream")))
+    assert nokey.returncode == 0, nokey.stderr
+    assert [s.headers.get("Authorization") for s in bare.seen] == [None]
+    assert withkey.returncode == 0, withkey.stderr
+    assert [s.headers.get("Authorization") for s in keyed.seen] == ["Bearer sk-upstream"]
+    assert not any("redacted" in v for s in bare.seen + keyed.seen for v in s.headers.values())
 
 
-def test_a_refusing_stack_is_reported_as_non_responses_not_losses(recorded, fake_stack):
-    _, data, root = recorded
-    data = _copy(data, root, "refuse")
+def test_a_refusing_stack_is_reported_as_non_responses_not_losses(recorded, analyzed, fake_stack):
+    _, _, root = recorded
+    data = _copy(analyzed, root, "refuse")
     fake = fake_stack("no_jinja", responder=_responder)  # llama.cpp --no-jinja: 500 on any tools request
     done = _replay(data, fake.url, "--run", "nojinja")
     assert done.returncode == 0, done.stderr
@@ -177,27 +193,33 @@ def test_a_refusing_stack_is_reported_as_non_responses_not_losses(recorded, fake
     assert "4 already replayed, 0 to send" in again.stderr
 
 
-def test_where_and_limit_select_turns_and_a_bad_predicate_is_a_clear_error(recorded, fake_stack):
-    _, data, root = recorded
-    data = _copy(data, root, "where")
+def test_where_and_limit_select_turns_and_a_bad_predicate_is_a_clear_error(recorded, analyzed, fake_stack):
+    _, _, root = recorded
     fake = fake_stack("sglang", responder=_responder)
-    done = _replay(data, fake.url, "--run", "w", "--where", "surface = 'text' and role = 'call'", "--limit", "2")
+    idle = fake_stack("sglang", responder=_responder)  # what must send nothing talks to this one
+    bad = [("outcom = 'x'", "outcom"), ("1=1) ; drop table turns; --", "one condition"),
+           ("(((", "not valid SQL"), ("true) union select 1 from (select 1", "one condition")]
+    # Every replay on its own copy of the recording, side by side (each analyses its data dir).
+    dirs = [_copy(analyzed, root, f"where{i}") for i in range(len(bad) + 3)]
+    done, none, unknown, *outs = together(
+        lambda: _replay(dirs[0], fake.url, "--run", "w", "--where", "surface = 'text' and role = 'call'", "--limit", "2"),
+        lambda: _replay(dirs[1], idle.url, "--run", "w2", "--where", "outcome = 'non_response'"),
+        lambda: _toolproxy("replay", "--from", "nope", "--data", str(dirs[2]), "--upstream", idle.url),
+        *[lambda d=d, where=where: _replay(d, idle.url, "--run", "w3", "--where", where)
+          for d, (where, _) in zip(dirs[3:], bad)])
     assert done.returncode == 0, done.stderr
     assert "2 turns selected" in done.stderr and len(fake.seen) == 2
-    none = _replay(data, fake.url, "--run", "w2", "--where", "outcome = 'non_response'")
     assert none.returncode == 0 and "0 turns selected" in none.stderr
-    for bad, says in [("outcom = 'x'", "outcom"), ("1=1) ; drop table turns; --", "one condition"),
-                      ("(((", "not valid SQL"), ("true) union select 1 from (select 1", "one condition")]:
-        out = _replay(data, fake.url, "--run", "w3", "--where", bad)
-        assert out.returncode != 0 and "Traceback" not in out.stderr and says in out.stderr, (bad, out.stderr)
-    assert _toolproxy("sql", "--data", str(data), "select count(*) from turns").returncode == 0
-    unknown = _toolproxy("replay", "--from", "nope", "--data", str(data), "--upstream", fake.url)
+    for (where, says), out in zip(bad, outs):
+        assert out.returncode != 0 and "Traceback" not in out.stderr and says in out.stderr, (where, out.stderr)
+    assert _toolproxy("sql", "--data", str(dirs[4]), "select count(*) from turns").returncode == 0  # not dropped
     assert unknown.returncode != 0 and "'nope' has no turns" in unknown.stderr and "orig" in unknown.stderr
+    assert idle.seen == []
 
 
-def test_busy_upstream_is_retried_after_its_retry_after(recorded, fake_stack):
-    _, data, root = recorded
-    data = _copy(data, root, "busy")
+def test_busy_upstream_is_retried_after_its_retry_after(recorded, analyzed, fake_stack):
+    _, _, root = recorded
+    data = _copy(analyzed, root, "busy")
     fake = fake_stack("sglang", responder=_responder)
     fake.inject(fakes.Fault(status=429, body=b'{"error":{"message":"rate limited"}}', headers=(("Retry-After", "1"),)))
     start = time.monotonic()
@@ -208,9 +230,9 @@ def test_busy_upstream_is_retried_after_its_retry_after(recorded, fake_stack):
     assert "1 busy retries" in done.stderr and "paired turns: 1" in _flat(done.stdout)
 
 
-def test_interrupted_replay_resumes_where_it_stopped(recorded, fake_stack):
-    _, data, root = recorded
-    data = _copy(data, root, "resume")
+def test_interrupted_replay_resumes_where_it_stopped(recorded, analyzed, fake_stack):
+    _, _, root = recorded
+    data = _copy(analyzed, root, "resume")
     fake = fake_stack("sglang", responder=_responder)
     fake.inject(fakes.stall(before=30, times=None))
     cmd = [sys.executable, "-m", "toolproxy.cli", "replay", "--from", "orig", "--data", str(data),
@@ -278,19 +300,21 @@ def test_unbalanced(where, bad):
     assert _unbalanced(where) is bad
 
 
-def test_progress_line_on_a_terminal_only(recorded, fake_stack):
+def test_progress_line_on_a_terminal_only(recorded, analyzed, fake_stack):
     """Replay draws replayed/total, the rate and the time left on a terminal, and nothing in a pipe."""
     from ptyrun import REDRAW, on_a_terminal
 
-    _, data, root = recorded
+    _, _, root = recorded
     fake = fake_stack("sglang", responder=_responder)
     cmd = [sys.executable, "-m", "toolproxy.cli", "replay", "--from", "orig", "--upstream", fake.url, "--no-fingerprint"]
-    rc, stdout, tty = on_a_terminal([*cmd, "--data", str(_copy(data, root, "tty"))], env=_clean_env())
+    tty_dir, piped_dir = _copy(analyzed, root, "tty"), _copy(analyzed, root, "piped")
+    (rc, stdout, tty), piped = together(  # the terminal and the pipe side by side
+        lambda: on_a_terminal([*cmd, "--data", str(tty_dir)], env=_clean_env()),
+        lambda: _toolproxy(*cmd[3:], "--data", str(piped_dir), env=_clean_env()))
     assert rc == 0, tty
     assert re.search(rb"\r\x1b\[2K  replayed 1/4 \(1 answered, 0 without answer, 0 busy retries\), [\d.]+ turns/min, "
                      rb"about \S+ left", tty), tty
     assert REDRAW + b"  replayed 4/4" in tty and REDRAW not in stdout
-    piped = _toolproxy(*cmd[3:], "--data", str(_copy(data, root, "piped")), env=_clean_env())
     assert piped.returncode == 0 and "\r" not in piped.stderr and "\x1b" not in piped.stderr, piped.stderr
     # In a pipe only the summary: one line, once the replay is done.
     assert "replayed 1/4" not in piped.stderr and re.search(r"\nreplayed 4/4 .*, done in \S+\n", piped.stderr), piped.stderr

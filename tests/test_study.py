@@ -16,6 +16,8 @@ import pytest
 from toolproxy.record.segments import read_records
 from toolproxy.testing import fakes
 
+from proxyprocess import together
+
 # Three tasks, each a call then an answer from the tool's result; the harness only acts on
 # structured tool_calls, as most do.
 HARNESS = textwrap.dedent("""
@@ -128,10 +130,11 @@ def test_progress_line_on_a_terminal_only(setup):
     fake, harness, env, data = setup
     slow = harness.with_name("slow.py")
     slow.write_text(f"import runpy, time\nrunpy.run_path({str(harness)!r})\ntime.sleep(1.5)\n")
-    rc, stdout, tty = on_a_terminal(_study(fake, slow, data), env=env)
+    (rc, stdout, tty), piped = together(  # the terminal and the pipe side by side, each in its own data dir
+        lambda: on_a_terminal(_study(fake, slow, data), env=env),
+        lambda: subprocess.run(_study(fake, slow, data.with_name("piped")), env=env, capture_output=True, timeout=180))
     assert rc == 0, tty
     assert re.search(rb"\r\x1b\[2K  s-native: \d+ exchanges in \ds \([\d.]+/min\)", tty), tty
     assert re.search(rb"\r\x1b\[2K  s-text: \d+ exchanges in \ds \([\d.]+/min\), study about \S+ left", tty), tty
     assert REDRAW not in stdout
-    piped = subprocess.run(_study(fake, slow, data.with_name("piped")), env=env, capture_output=True, timeout=180)
     assert piped.returncode == 0 and REDRAW not in piped.stderr and b"/min)" not in piped.stderr, piped.stderr

@@ -13,6 +13,7 @@ import sys
 import openai
 import pytest
 
+from proxyprocess import together
 from toolproxy.proxy.config import version_suffix_problem
 
 COMMANDS = {
@@ -48,15 +49,32 @@ def test_version_suffix_problem_names_the_url_to_give(upstream, problem):
         assert found is not None and f"give it without that: {problem}." in found and "/v1/chat/completions" in found
 
 
+V1_UPSTREAMS = ["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/"]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory):
+    """Every command with each /v1 upstream, run once per module and side by side (each in a
+    directory of its own): {(command, upstream): (the finished run, its directory)}."""
+    cases = [(command, upstream) for upstream in V1_UPSTREAMS for command in COMMANDS]
+    dirs = [tmp_path_factory.mktemp(command) for command, _ in cases]
+
+    def run(case, cwd):
+        name, *rest = COMMANDS[case[0]]
+        return _toolproxy(name, "--upstream", case[1], "--data", str(cwd / "d"), *rest, cwd=cwd)
+
+    done = together(*[lambda case=case, cwd=cwd: run(case, cwd) for case, cwd in zip(cases, dirs)])
+    return {case: (result, cwd) for case, result, cwd in zip(cases, done, dirs)}
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=list(COMMANDS))
-@pytest.mark.parametrize("upstream", ["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/"])
-def test_every_command_refuses_an_upstream_ending_in_v1_at_start(command, upstream, tmp_path):
-    name, *rest = COMMANDS[command]
-    done = _toolproxy(name, "--upstream", upstream, "--data", str(tmp_path / "d"), *rest, cwd=tmp_path)
+@pytest.mark.parametrize("upstream", V1_UPSTREAMS)
+def test_every_command_refuses_an_upstream_ending_in_v1_at_start(command, upstream, refusals):
+    done, cwd = refusals[command, upstream]
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--upstream http://127.0.0.1:9/v1 ends in /v1; give it without that: --upstream http://127.0.0.1:9." in done.stderr
     assert "/v1/v1/" in done.stderr and "Traceback" not in done.stderr
-    assert not (tmp_path / "d").exists()  # refused before anything was created
+    assert not (cwd / "d").exists()  # refused before anything was created
 
 
 def test_a_hosted_api_path_prefix_is_kept_and_the_request_path_appended(fake_stack, proxy):

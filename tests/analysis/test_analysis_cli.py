@@ -15,6 +15,8 @@ import pytest
 from toolproxy.analysis.store import connect
 from toolproxy.record.model import Record, encode_body, new_id
 
+from proxyprocess import together
+
 sys_path_cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()"]
 
 
@@ -49,15 +51,17 @@ def test_analyze_then_sql_and_show(data):
     r = tp("analyze", "--data", str(d))
     assert r.returncode == 0 and "new exchanges: 0" in r.stdout
 
-    r = tp("sql", "--data", str(d), "--format", "json", "select outcome, surface, harness_saw_prose from turns")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == [{"outcome": "valid_call", "surface": "text", "harness_saw_prose": True}]
-    r = tp("sql", "--data", str(d), "--format", "csv", "select run, stack from runs")
-    assert r.stdout == "run,stack\nsglang-text,sglang\n"
-    r = tp("sql", "--db", str(d / "toolproxy.duckdb"), "select category, item_key from episodes")
-    assert r.returncode == 0 and "simple" in r.stdout and "simple_3" in r.stdout and "(1 row)" in r.stdout
+    as_json, as_csv, by_db, shown = together(  # read-only: side by side
+        lambda: tp("sql", "--data", str(d), "--format", "json", "select outcome, surface, harness_saw_prose from turns"),
+        lambda: tp("sql", "--data", str(d), "--format", "csv", "select run, stack from runs"),
+        lambda: tp("sql", "--db", str(d / "toolproxy.duckdb"), "select category, item_key from episodes"),
+        lambda: tp("show", "--data", str(d), rid[:12].lower()))
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == [{"outcome": "valid_call", "surface": "text", "harness_saw_prose": True}]
+    assert as_csv.stdout == "run,stack\nsglang-text,sglang\n"
+    assert by_db.returncode == 0 and "simple" in by_db.stdout and "simple_3" in by_db.stdout and "(1 row)" in by_db.stdout
 
-    r = tp("show", "--data", str(d), rid[:12].lower())
+    r = shown
     assert r.returncode == 0, r.stderr
     assert "outcome: valid_call  surface: text" in r.stdout
     assert "HARNESS SAW PROSE" in r.stdout and "get_weather" in r.stdout and "Weather in Oslo?" in r.stdout
@@ -103,10 +107,10 @@ def test_user_mistakes_exit_2_without_traceback(args, message):
 def test_bad_sql_unknown_id_and_not_a_data_dir(data, tmp_path):
     d, _ = data
     assert tp("analyze", "--data", str(d)).returncode == 0
-    r = tp("sql", "--data", str(d), "select nope from turns")
+    r, shown = together(lambda: tp("sql", "--data", str(d), "select nope from turns"),
+                        lambda: tp("show", "--data", str(d), "ZZZZ"))
     assert r.returncode == 2 and "query failed" in r.stderr and "Traceback" not in r.stderr
-    r = tp("show", "--data", str(d), "ZZZZ")
-    assert r.returncode == 2 and "no exchange with id" in r.stderr
+    assert shown.returncode == 2 and "no exchange with id" in shown.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     r = tp("analyze", "--data", str(empty))
@@ -175,24 +179,27 @@ def test_analyze_sets_aside_a_bad_record_and_says_how_to_see_it(hostile):
 def test_model_text_is_inert_on_the_terminal_and_lossless_in_data(hostile):
     d, rid, _ = hostile
     assert tp("analyze", "--data", str(d)).returncode == 0
-    r = tp("show", "--data", str(d), "--raw", rid)
+    query = "select run, content from exchanges"
+    fmts = ("table", "json", "markdown")
+    shown, table, tail, as_json, csv, *reports = together(  # read-only: side by side
+        lambda: tp("show", "--data", str(d), "--raw", rid),
+        lambda: tp("sql", "--data", str(d), query),
+        lambda: tp("sql", "--data", str(d), "select right(content, 12) as tail from exchanges"),
+        lambda: tp("sql", "--data", str(d), "--format", "json", query),
+        # CSV into a pipe or file is data: byte-exact
+        lambda: subprocess.run([*sys_path_cmd, "sql", "--data", str(d), "--format", "csv", "select content from exchanges"],
+                               capture_output=True, timeout=120),
+        *[lambda fmt=fmt: tp("report", "--data", str(d), "--format", fmt) for fmt in fmts])
+    r = shown
     assert r.returncode == 0 and inert(r.stdout), r.stdout
     assert "reply \\x1b[2J\\x1b]0;owned\\x07\\u009b31m\\u202eevil\\r<script>" in r.stdout
-    query = "select run, content from exchanges"
-    r = tp("sql", "--data", str(d), query)
-    assert r.returncode == 0 and inert(r.stdout) and "| reply \\x1b[2J\\x1b]0;owned" in r.stdout
-    r = tp("sql", "--data", str(d), "select right(content, 12) as tail from exchanges")
-    assert "|cell\\nbreak" in r.stdout
-    r = tp("sql", "--data", str(d), "--format", "json", query)
-    assert inert(r.stdout) and json.loads(r.stdout) == [{"run": "run" + HOSTILE, "content": "reply " + HOSTILE}]
-    # CSV into a pipe or file is data: byte-exact
-    r = subprocess.run([*sys_path_cmd, "sql", "--data", str(d), "--format", "csv", "select content from exchanges"],
-                       capture_output=True, timeout=120)
-    assert r.stdout.decode() == 'content\n"reply ' + HOSTILE + '"\n'
-    for fmt in ("table", "json", "markdown"):
-        r = tp("report", "--data", str(d), "--format", fmt)
+    assert table.returncode == 0 and inert(table.stdout) and "| reply \\x1b[2J\\x1b]0;owned" in table.stdout
+    assert "|cell\\nbreak" in tail.stdout
+    assert inert(as_json.stdout) and json.loads(as_json.stdout) == [{"run": "run" + HOSTILE, "content": "reply " + HOSTILE}]
+    assert csv.stdout.decode() == 'content\n"reply ' + HOSTILE + '"\n'
+    for fmt, r in zip(fmts, reports):
         assert r.returncode == 0 and inert(r.stdout), (fmt, r.stdout)
-    assert json.loads(tp("report", "--data", str(d), "--format", "json").stdout)["runs"][0]["run"] == "run" + HOSTILE
+    assert json.loads(reports[1].stdout)["runs"][0]["run"] == "run" + HOSTILE
 
 
 def test_markdown_report_escapes_html_and_table_breakers(hostile):

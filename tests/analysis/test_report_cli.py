@@ -12,6 +12,7 @@ import duckdb
 import pytest
 
 from toolproxy.analysis.stats import holm, mcnemar_exact
+from proxyprocess import together
 from storebuilder import Episode, Run, T, build_store, paired_runs
 
 TOOLPROXY = shutil.which("toolproxy", path=str(Path(sys.executable).parent)) or shutil.which("toolproxy")
@@ -61,15 +62,17 @@ def test_report_run_filter_and_seed(mixed_store):
 
 
 def test_report_user_errors(mixed_store, tmp_path):
-    assert_user_error(toolproxy("report", "--data", str(tmp_path / "nowhere")), "run `toolproxy analyze` first")
-    assert_user_error(toolproxy("report", "--db", str(mixed_store), "--run", "qwen-nativ"), "unknown run(s): qwen-nativ")
     empty = tmp_path / "empty.duckdb"
     duckdb.connect(str(empty)).close()
-    assert_user_error(toolproxy("report", "--db", str(empty)), "run `toolproxy analyze`")
     no_rows = build_store(tmp_path / "no-rows.duckdb", [])
-    assert_user_error(toolproxy("report", "--db", str(no_rows)), "holds no runs yet")
-    assert_user_error(toolproxy("report", "--db", str(mixed_store), "--format", "html", "-o", str(tmp_path / "no" / "r.html")),
-                      "cannot write")
+    cases = [(("--data", str(tmp_path / "nowhere")), "run `toolproxy analyze` first"),
+             (("--db", str(mixed_store), "--run", "qwen-nativ"), "unknown run(s): qwen-nativ"),
+             (("--db", str(empty)), "run `toolproxy analyze`"),
+             (("--db", str(no_rows)), "holds no runs yet"),
+             (("--db", str(mixed_store), "--format", "html", "-o", str(tmp_path / "no" / "r.html")), "cannot write")]
+    done = together(*[lambda args=args: toolproxy("report", *args) for args, _ in cases])  # read-only: side by side
+    for (_, says), r in zip(cases, done):
+        assert_user_error(r, says)
 
 
 def _compare_json(db: Path, *args: str) -> dict:
