@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 
 from toolproxy.analysis.outcomes import HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, UNPARSEABLE, VALID_CALL
-from toolproxy.calls import TextParse, Validation, parse_arguments, parse_text, validate_call
+from toolproxy.analysis.textparse import parsed_text
+from toolproxy.calls import Validation, parse_arguments, validate_call
 from toolproxy.wire import Reply, tool_names as names_of_tools
 
 # A 4xx that names the tool interface: the stack rejected the request for what it asked, before
@@ -147,7 +148,7 @@ def classify(
         for text in (reply.content, reply.reasoning_content):
             if not text:
                 continue
-            parsed = _parse_text(text, names)
+            parsed = parsed_text(text, names)
             attempted = attempted or parsed.attempted
             for c in parsed.calls:
                 calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, "text", c.format, tools, tool_set))
@@ -168,26 +169,6 @@ def classify(
     else:
         outcome = PROSE
     return Classification(outcome, surface=surface, calls=calls, harness_saw_prose=saw_prose)
-
-
-# Replies whose text is parsed for calls, by content: a looping agent, a harness retrying, or the
-# same item run again at temperature 0 gets the same reply text, and parsing a call out of it
-# costs tens of microseconds. Results are immutable (their argument values are only read). Short
-# texts only, so the cache stays a few MB.
-_TEXT_PARSES: dict[tuple[str, tuple[str, ...]], TextParse] = {}
-_CACHED_TEXT_LEN = 4096
-
-
-def _parse_text(text: str, names: list[str]) -> TextParse:
-    if len(text) > _CACHED_TEXT_LEN:
-        return parse_text(text, tool_names=names)
-    key = (text, tuple(names))
-    hit = _TEXT_PARSES.get(key)
-    if hit is None:
-        if len(_TEXT_PARSES) >= 2048:
-            _TEXT_PARSES.clear()
-        hit = _TEXT_PARSES[key] = parse_text(text, tool_names=names)
-    return hit
 
 
 _VALIDATIONS: dict[tuple, Validation] = {}

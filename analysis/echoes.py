@@ -14,12 +14,12 @@ Input is model- and harness-written text, so everything here is bounded and neve
 from __future__ import annotations
 
 import ast
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import orjson
 
-from toolproxy.calls.parse import parse_text
+from toolproxy.analysis.textparse import parsed_text
 
 # Longest text searched for an echo, and the most bracketed spans tried in it: an echo is a few
 # hundred bytes; a huge assistant message is prose or code, not a call list.
@@ -29,7 +29,7 @@ _ARGUMENT_KEYS = ("arguments", "parameters", "args", "input")
 _CLOSE = {"[": "]", "{": "}"}
 
 
-def echoed_calls(text: str, tool_names: Collection[str]) -> list[list[tuple[str, Any]]]:
+def echoed_calls(text: str, tool_names: Sequence[str]) -> list[list[tuple[str, Any]]]:
     """The calls to offered tools serialised in `text`, as every reading that finds some: the
     model-side formats toolproxy parses, then JSON or Python literals anywhere in the text.
 
@@ -39,11 +39,13 @@ def echoed_calls(text: str, tool_names: Collection[str]) -> list[list[tuple[str,
     count, so prose that merely contains braces echoes nothing."""
     if not text or len(text) > MAX_TEXT or not any(n and n in text for n in tool_names):
         return []
-    parsed = [(c.name, c.arguments) for c in parse_text(text, tool_names=tool_names).calls
-              if c.error is None and c.name in tool_names]
+    # The text is most often a reply classify parsed a turn earlier: parsed_text remembers it.
+    offered = frozenset(tool_names)
+    parsed = [(c.name, c.arguments) for c in parsed_text(text, tool_names).calls
+              if c.error is None and c.name in offered]
     literal: list[tuple[str, Any]] = []
     for value in _literals(text):
-        _collect(value, tool_names, literal, 0)
+        _collect(value, offered, literal, 0)
     return [calls for i, calls in enumerate((parsed, literal)) if calls and (i == 0 or calls != parsed)]
 
 

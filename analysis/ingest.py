@@ -20,9 +20,13 @@ import os
 import stat
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import duckdb
 
 from toolproxy.analysis.records import CALL_TYPES, SET_ASIDE, Batch, _issue, analyze_range
 from toolproxy.analysis.store import insert_columns
@@ -134,6 +138,10 @@ class Ingestor:
         self.commit_bytes = 256 * 1024 * 1024
         self.in_txn = False
         self.txn_bytes = 0
+        # Per segment, the offset this transaction reached and the records it read: written to
+        # ingest_state once, just before COMMIT (an upsert per batch cost ~4 ms).
+        self.reached: dict[str, tuple[int, int]] = {}
+        self.stored = _StoredIds(con)
 
     def _pending_segments(self) -> list[tuple[Path, int]]:
         state = dict(self.con.execute("SELECT segment, byte_offset FROM ingest_state").fetchall())
@@ -188,22 +196,23 @@ class Ingestor:
             # already takes longer alone than split; small exchanges went serial at 64 MB.
             workers = min(os.cpu_count() or 1, 4) if new_bytes > WORKERS_ABOVE_BYTES else 0
         self.summary.workers = workers
-        if workers <= 0:
-            for chunk in self._chunks(todo):
-                self._write(chunk, analyze_range(str(chunk.path), chunk.start, chunk.end))
-        else:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-                pending: deque = deque()
+        with _one_thread(self.con):
+            if workers <= 0:
                 for chunk in self._chunks(todo):
-                    pending.append((chunk, pool.submit(analyze_range, str(chunk.path), chunk.start, chunk.end)))
-                    if len(pending) > 2 * workers:
+                    self._write(chunk, analyze_range(str(chunk.path), chunk.start, chunk.end))
+            else:
+                ctx = multiprocessing.get_context("spawn")
+                with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+                    pending: deque = deque()
+                    for chunk in self._chunks(todo):
+                        pending.append((chunk, pool.submit(analyze_range, str(chunk.path), chunk.start, chunk.end)))
+                        if len(pending) > 2 * workers:
+                            done, fut = pending.popleft()
+                            self._write(done, fut.result())
+                    while pending:
                         done, fut = pending.popleft()
                         self._write(done, fut.result())
-                while pending:
-                    done, fut = pending.popleft()
-                    self._write(done, fut.result())
-        self._commit()
+            self._commit()
         phase = None
         self.con.execute("BEGIN TRANSACTION")
         try:
@@ -246,16 +255,14 @@ class Ingestor:
             if batch.exchange_columns:
                 columns = batch.exchange_columns
                 ids = columns["id"]
-                insert_columns(con, "_ids", {"id": ids}, {"id": "VARCHAR"})
-                dup = {r[0] for r in con.execute("SELECT id FROM _ids SEMI JOIN exchanges USING (id)").fetchall()}
-                con.execute("DELETE FROM _ids")
+                dup = self.stored.among(ids)
                 calls = batch.calls
                 if dup:
                     s.duplicates += len(dup)
                     keep = [i for i, x in enumerate(ids) if x not in dup]
                     columns = {k: [v[i] for i in keep] for k, v in columns.items()}
                     calls = [r for r in calls if r["exchange_id"] not in dup]
-                s.new_exchanges += EXCHANGES.insert(con, columns)
+                s.new_exchanges += EXCHANGES.insert(con, columns, fitted=True)  # by the worker
                 CALLS.insert(con, {name: [r[name] for r in calls] for name in CALL_TYPES})
                 self.affected_runs.update(columns["run"])
             new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]
@@ -267,28 +274,102 @@ class Ingestor:
                 self.affected_runs.update(r["run"] for r in batch.fingerprints if r["run"])
             if batch.issues:
                 self._write_issues(batch.issues)
-            con.execute("DELETE FROM ingest_issues WHERE segment = ? AND kind = 'torn_tail' AND byte_offset < ?", [chunk.segment, chunk.end])
-            con.execute(
-                "INSERT INTO ingest_state VALUES (?, ?, ?, ?, now()::TIMESTAMP) ON CONFLICT (segment) DO UPDATE SET "
-                "byte_offset = excluded.byte_offset, size_seen = excluded.size_seen, "
-                "n_records = ingest_state.n_records + excluded.n_records, updated_at = excluded.updated_at",
-                [chunk.segment, chunk.end, chunk.end, batch.records],
-            )
+            _, records = self.reached.get(chunk.segment, (0, 0))
+            self.reached[chunk.segment] = (chunk.end, records + batch.records)
             self.txn_bytes += chunk.size
             if self.txn_bytes >= self.commit_bytes:
                 self._commit()
         except Exception:
-            con.execute("ROLLBACK")
-            self.in_txn = False
+            self._rollback()
             raise
         self.known_tool_sets.update(batch.tool_sets)
         if self.progress is not None:
             self.progress.advance(chunk.size)
 
     def _commit(self) -> None:
-        if self.in_txn:
-            self.con.execute("COMMIT")
-            self.in_txn = False
+        """Record how far each segment was read, then commit that with the rows it covers."""
+        if not self.in_txn:
+            return
+        if self.reached:
+            segments = list(self.reached)
+            ends = [end for end, _ in self.reached.values()]
+            records = [n for _, n in self.reached.values()]
+            try:
+                # a torn tail that is complete now was read: its issue goes
+                self.con.execute(
+                    "DELETE FROM ingest_issues AS i USING (SELECT unnest($segments) AS segment, unnest($ends) AS reached) AS r "
+                    "WHERE i.segment = r.segment AND i.kind = 'torn_tail' AND i.byte_offset < r.reached",
+                    {"segments": segments, "ends": ends},
+                )
+                self.con.execute(
+                    "INSERT INTO ingest_state SELECT unnest($segments), unnest($ends), unnest($ends), unnest($records), "
+                    "now()::TIMESTAMP ON CONFLICT (segment) DO UPDATE SET byte_offset = excluded.byte_offset, "
+                    "size_seen = excluded.size_seen, n_records = ingest_state.n_records + excluded.n_records, "
+                    "updated_at = excluded.updated_at",
+                    {"segments": segments, "ends": ends, "records": records},
+                )
+            except Exception:
+                self._rollback()
+                raise
+        self.con.execute("COMMIT")
+        self.in_txn = False
+        self.reached = {}
+        self.stored.committed()
+
+    def _rollback(self) -> None:
+        self.con.execute("ROLLBACK")
+        self.in_txn = False
+        self.reached = {}
+
+
+@contextmanager
+def _one_thread(con) -> Iterator[None]:
+    """DuckDB on one thread while batches are written. Appending a batch scans Python objects on
+    one thread anyway, and the worker processes have the cores: more DuckDB threads only added
+    their synchronisation (~10% more CPU in this process, more on a loaded machine)."""
+    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
+    con.execute("SET threads = 1")
+    try:
+        yield
+    finally:
+        try:
+            con.execute(f"SET threads = {int(threads)}")
+        except duckdb.Error:  # refused in an aborted transaction: the error on its way out says more
+            pass
+
+
+class _StoredIds:
+    """Which exchange ids of a batch are stored already (a segment copied twice, a re-read range):
+    those rows are skipped.
+
+    Asking the database scans the whole id column for every batch (~4 us an exchange at 100k rows,
+    growing with the table), so the ids this run stored are remembered in a set, which answers for
+    them. The database is asked only when it held exchanges before the run, or once the set has
+    grown past MAX_REMEMBERED at a commit (memory stays bounded; the database knows them all).
+    A failed transaction ends the run, so nothing remembered is ever rolled back.
+    """
+
+    MAX_REMEMBERED = 1_000_000
+
+    def __init__(self, con) -> None:
+        self.con = con
+        self.ask_db = con.execute("SELECT EXISTS (SELECT 1 FROM exchanges)").fetchall()[0][0]
+        self.seen: set[str] = set()
+
+    def among(self, ids: list[str]) -> set[str]:
+        """The ids (unique among themselves) stored already; the others count as stored from now on."""
+        if self.ask_db:
+            insert_columns(self.con, "_ids", {"id": ids}, {"id": "VARCHAR"})
+            dup = {r[0] for r in self.con.execute("SELECT id FROM _ids SEMI JOIN exchanges USING (id)").fetchall()}
+            self.con.execute("DELETE FROM _ids")
+        else:
+            dup = self.seen.intersection(ids)
+            self.seen.update(ids)
+        return dup
+
+    def committed(self) -> None:
+        if not self.ask_db and len(self.seen) > self.MAX_REMEMBERED:
+            self.ask_db, self.seen = True, set()
 
 
 def link_stored_responses(con, runs: set[str]) -> None:

@@ -25,7 +25,7 @@ from toolproxy.analysis.columns import Columns
 from toolproxy.analysis.tables import CALLS, EXCHANGES
 from toolproxy.analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys
 from toolproxy.gcpause import gc_paused
-from toolproxy.record.chunks import ChunkSource, is_chunk_line
+from toolproxy.record.chunks import CHUNK_PREFIX, ChunkSource
 from toolproxy.record.model import Record
 from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.record.segments import BODIES_AS_RECORDED, parse_line
@@ -42,7 +42,10 @@ RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
 # The bodies are not stored (they are read from the segment: store.bodies_in_sql), but a record
 # whose body is not text was not written by the proxy either.
 _BODIES = Columns({name: "VARCHAR" for name in BODIES_AS_RECORDED})
+_BODY_TYPES = frozenset((str, type(None)))  # all that fit: _BODIES.misfit is asked only otherwise
 _RECORD = Columns({**{name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS}, **_BODIES.types})
+# The other columns, checked by Columns.fit (a misfit there is stored as JSON text or NULL).
+_DERIVED = Columns({name: sql_type for name, sql_type in EXCHANGE_TYPES.items() if name not in RECORD_FIELDS})
 # Issue kinds for lines that were not stored (the others are notes about a segment).
 SET_ASIDE = ("corrupt", "bad_type", "unknown_kind", "analyze_error")
 
@@ -64,33 +67,45 @@ class ToolSet(NamedTuple):
     names: list[str]
 
 
+# Tool sets by the JSON of the array as sent; cleared past 4096 of them or _TOOL_SETS_LIMIT bytes of keys.
 _TOOL_SETS: dict[bytes, ToolSet] = {}
+_TOOL_SETS_LIMIT = 8 << 20
+_tool_sets_held = 0
 
 
 def tool_set(tools: list) -> ToolSet:
     """The tool_sets row of a tools array.
 
     The hash is over the key-sorted JSON, so the same tools spelled in another key order are one
-    set. Harnesses resend the identical array every turn, so the result is cached by a digest of
-    the array as sent, which is much cheaper than re-canonicalising it.
+    set. Harnesses resend the identical array every turn, so the result is cached by the array as
+    sent (its JSON, a dict key hashed and compared in C: a digest of it cost more than the lookup),
+    which is much cheaper than re-canonicalising it.
     """
-    quick = hashlib.blake2b(orjson.dumps(tools, default=str), digest_size=16).digest()
-    hit = _TOOL_SETS.get(quick)
+    global _tool_sets_held
+    sent = orjson.dumps(tools, default=str)
+    hit = _TOOL_SETS.get(sent)
     if hit is None:
         canonical = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS, default=str)
         hit = ToolSet(hashlib.blake2b(canonical, digest_size=16).hexdigest(), canonical.decode(), tool_names(tools))
-        if len(_TOOL_SETS) > 4096:
+        if len(_TOOL_SETS) >= 4096 or _tool_sets_held > _TOOL_SETS_LIMIT:
             _TOOL_SETS.clear()
-        _TOOL_SETS[quick] = hit
+            _tool_sets_held = 0
+        _TOOL_SETS[sent] = hit
+        _tool_sets_held += len(sent)
     return hit
 
 
 def _request(rec: dict, kind: str | None) -> tuple[dict | None, Request | None]:
     """The harness's request as sent (before any condition rewrite), and the same in chat terms:
     a Responses or Messages conversation becomes the message list a chat harness would send."""
-    raw, _ = decode_body(
-        rec.get("request_body"), rec.get("request_body_encoding"), header(rec.get("request_headers"), "content-encoding")
-    )
+    text, encoding = rec.get("request_body"), rec.get("request_body_encoding")
+    content_encoding = header(rec.get("request_headers"), "content-encoding")
+    if type(text) is str and encoding != "base64" and not content_encoding:
+        # UTF-8 text as recorded: orjson parses the str itself, without decode_body's encoded copy
+        # (a str that is not valid UTF-8 fails to parse instead of to encode: no request either way)
+        raw = text
+    else:
+        raw, _ = decode_body(text, encoding, content_encoding)
     if not raw:
         return None, None
     try:
@@ -291,8 +306,11 @@ class Batch:
     """What one batch of lines adds to the database; built in a worker, written by the main process."""
 
     segment: str
-    exchanges: list[dict] = field(default_factory=list)
-    # The exchanges transposed to columns (EXCHANGE_TYPES), done in the worker by analyze_lines.
+    # Each exchange's values in EXCHANGE_TYPES order, taken from its row as soon as it is made (the
+    # row then goes while still in cache), then transposed to exchange_columns by analyze_lines.
+    exchange_rows: list[tuple] = field(default_factory=list)
+    # The exchanges transposed to columns (EXCHANGE_TYPES), done in the worker by analyze_lines,
+    # where every value is also made to fit its column (Columns.fit).
     exchange_columns: dict[str, list] = field(default_factory=dict)
     calls: list[dict] = field(default_factory=list)
     tool_sets: dict[str, ToolSet] = field(default_factory=dict)
@@ -312,7 +330,7 @@ def _issue(segment: str, offset: int, kind: str, message: str, record_id: str | 
             "record_id": record_id}
 
 
-def analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSource) -> Batch:
+def analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource) -> Batch:
     """Parse and analyse a batch of raw segment lines. Runs in worker processes: no database.
 
     The cyclic garbage collector is paused meanwhile (see toolproxy.gcpause): its passes over a
@@ -320,14 +338,40 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSou
     """
     with gc_paused():
         batch = _analyze_lines(segment, lines, chunks)
-        rows, batch.exchanges = batch.exchanges, []
-        # itemgetter + zip transpose in C: a comprehension per column cost ~15 us an exchange
-        columns = dict(zip(EXCHANGE_TYPES, zip(*map(_EXCHANGE_VALUES, rows)))) if rows else {}
+        rows, batch.exchange_rows = batch.exchange_rows, []
+        # zip transposes in C: a comprehension per column cost ~15 us an exchange
+        columns = dict(zip(EXCHANGE_TYPES, zip(*rows))) if rows else {}
+        del rows
         bad = EXCHANGES.check.misfits(columns, RECORD_FIELDS) if columns else None
         if bad:
             _set_aside(batch, columns, bad)
-        batch.exchange_columns = columns if columns and columns["id"] else {}
+        if columns and columns["id"]:
+            # what was read out of bodies is made to fit here, off the process that writes it
+            columns.update(_DERIVED.fit({name: columns[name] for name in _DERIVED.types}))
+            _share_repeats(columns)
+            batch.exchange_columns = columns
         return batch
+
+
+# Text columns whose values repeat along a batch (a run's name, its model, a stack's headers...).
+_REPEATING = ("kind", "run", "episode", "item", "condition", "tags", "upstream", "method", "path", "query",
+              "error_kind", "error_message", "model", "tool_set", "upstream_request", "condition_note",
+              "request_headers", "response_headers", "segment", "outcome", "sub_kind", "surface", "finish_reason",
+              "content", "reasoning_content", "upstream_content", "stack_marker", "stack_marker_version",
+              "call_signature")
+_TEXT = {str, type(None)}
+
+
+def _share_repeats(columns: dict[str, Any]) -> None:
+    """Make equal strings of a _REPEATING column one object: pickle then sends a repeat as a
+    reference: the process writing the batch unpickles it in ~1.8 us an exchange instead of 3.2,
+    and here the sharing costs about what the smaller pickle saves. Only all-text columns: 1, 1.0
+    and True are equal dict keys but not equal column values."""
+    for name in _REPEATING:
+        values = columns[name]
+        if set(map(type, values)) <= _TEXT:
+            first: dict[str | None, str | None] = {}
+            columns[name] = tuple(map(first.setdefault, values, values))
 
 
 def _set_aside(batch: Batch, columns: dict[str, list], bad: dict[int, str]) -> None:
@@ -342,7 +386,7 @@ def _set_aside(batch: Batch, columns: dict[str, list], bad: dict[int, str]) -> N
     batch.calls = [c for c in batch.calls if c["exchange_id"] not in gone]
 
 
-def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSource) -> Batch:
+def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource) -> Batch:
     batch = Batch(segment)
     ids: set[str] = set()
     for offset, line in lines:
@@ -364,7 +408,7 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSo
             batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped", rid)
         elif rid in ids:
             batch.duplicates += 1
-        elif problem := _BODIES.misfit(rec):
+        elif not _BODY_TYPES.issuperset(map(type, map(rec.get, BODIES_AS_RECORDED))) and (problem := _BODIES.misfit(rec)):
             batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         else:
             try:
@@ -376,7 +420,7 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes]], chunks: ChunkSo
                     batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}", rid)
                 continue
             ids.add(rid)
-            batch.exchanges.append(a.exchange)
+            batch.exchange_rows.append(_EXCHANGE_VALUES(a.exchange))
             batch.calls.extend(a.calls)
             if a.tool_set is not None:
                 batch.tool_sets[a.tool_set.hash] = a.tool_set
@@ -394,12 +438,19 @@ def analyze_range(path: str, start: int, end: int) -> Batch:
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
-    lines = []
-    pos = start
-    for line in data.split(b"\n"):
-        # isspace() stops at the first other byte; strip() would copy every line
-        if line and not line.isspace() and not is_chunk_line(line):
-            lines.append((pos, line))
-        pos += len(line) + 1
+    # Lines are views of `data` (orjson parses them in place): splitting copied the whole range,
+    # ~3 ms of an 8 MB batch. Blank lines are skipped (isspace only ever copies one that starts
+    # with whitespace), and so are chunk lines.
+    view = memoryview(data)
+    find, starts_with = data.find, data.startswith
+    lines: list[tuple[int, memoryview]] = []
+    pos, size = 0, len(data)
+    while pos < size:
+        nl = find(b"\n", pos)
+        if nl < 0:
+            nl = size
+        if nl > pos and not starts_with(CHUNK_PREFIX, pos) and not (data[pos:pos + 1].isspace() and data[pos:nl].isspace()):
+            lines.append((start + pos, view[pos:nl]))
+        pos = nl + 1
     with ChunkSource(path, data, start) as chunks:
         return analyze_lines(Path(path).name, lines, chunks)

@@ -153,6 +153,7 @@ def insert_columns(
     types: dict[str, str],
     *,
     on_conflict: str = "",
+    fitted: bool = False,
 ) -> int:
     """Bulk-insert column lists in one statement; returns the row count.
 
@@ -164,9 +165,10 @@ def insert_columns(
     A value that does not fit its column is stored as its JSON text (text columns) or NULL: a
     failed CAST would abort the caller's whole transaction. Values read out of bodies are like
     that; a caller that must refuse misfits instead checks first (ingest sets aside a record whose
-    own fields do not fit).
+    own fields do not fit). `fitted`: the caller made them fit already (Columns.fit).
     """
-    columns = Columns(types).fit(columns)
+    if not fitted:
+        columns = Columns(types).fit(columns)
     names = list(columns)
     n = len(columns[names[0]]) if names else 0
     if n == 0:

@@ -131,3 +131,24 @@ def test_a_schema_the_fast_check_rejects_still_gets_jsonschemas_messages():
         "wrong type at $.city: 7 is not of type 'string'",
         "enum at $.unit: 'k' is not one of ['c', 'f']",
     )
+
+
+EQUALITY_CASES = [None, True, False, 0, 1, 1.0, -0.0, 0.0, 2, float("nan"), float("inf"), "", "1", "a", [], [1], [True], [1.0],
+                  [0], [False], [[1]], [[True]], {}, {"a": 1}, {"a": True}, {"a": 1.0}, {"b": 1}, {"a": 1, "b": 2},
+                  {"a": [False]}, {"a": [0]}, [1, 2], [2, 1], [{"a": None}], [{"a": 0}]]
+
+
+@pytest.mark.parametrize("one", EQUALITY_CASES, ids=repr)
+def test_json_equality_is_jsonschemas_const(one):
+    """The fast check's enum/const equality answers what jsonschema's const keyword answers, for
+    every pair of JSON values that tell bool, int, float, nesting and key sets apart."""
+    validator = Draft202012Validator({"const": one})
+    for two in EQUALITY_CASES:
+        assert V._json_equal(two, one) == validator.is_valid(two), (one, two)
+        assert V._json_equal(one, two) == V._json_equal(two, one), (one, two)
+
+
+def test_json_equality_steps_aside_for_values_that_are_not_json():
+    for one, two in [(decimal.Decimal(1), 1), ([1], (1,)), ({"a": decimal.Decimal("1.5")}, {"a": 1.5})]:
+        with pytest.raises(V._Unsure):
+            V._json_equal(one, two)

@@ -66,6 +66,19 @@ def test_echoed_calls(text, expected):
     assert echoed_calls(text, TOOLS) == expected
 
 
+@pytest.mark.parametrize("text,expected", ECHOES)
+def test_echoed_calls_read_the_names_as_a_set_and_after_classify_parsed_the_text(text, expected):
+    """Echoes share classify's memo of parsed texts (keyed by the names as given): the order the
+    names come in, or the reply having been classified first, changes nothing."""
+    from toolproxy.analysis.classify import classify
+    from toolproxy.wire import Reply
+
+    reply = Reply()
+    reply.content = text
+    classify(reply, status=200, error_kind=None, tools=None, tool_names=list(TOOLS))
+    assert echoed_calls(text, list(TOOLS)) == echoed_calls(text, list(reversed(TOOLS))) == expected
+
+
 SYS = {"role": "system", "content": [{"type": "text", "text": "You solve tasks with tool calls."}]}
 
 

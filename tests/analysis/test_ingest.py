@@ -96,6 +96,22 @@ def test_torn_tail_is_retried_and_corrupt_lines_reported(tmp_path, db, batch_byt
     assert con.execute("SELECT count(*) FROM exchanges").fetchall()[0][0] == 2
 
 
+@pytest.mark.parametrize("batch_bytes", [1, 8 << 20], ids=["a chunk per line", "one chunk"])
+def test_whitespace_lines_are_skipped_and_indented_records_read(tmp_path, db, batch_bytes):
+    """A worker cuts its range into lines itself: a line of whitespace is no record (nor a
+    corrupt one), a record line may start with whitespace or end with a carriage return, and a
+    corrupt line is reported at its own offset."""
+    a, b = exchange(), exchange(episode="2")
+    path = write(tmp_path, "a.jsonl", [b"   \r\n", b"\t" + orjson.dumps(a) + b"\r\n", b"\n\x0c\n", b"{oops\n",
+                                       b" " + orjson.dumps(b, option=orjson.OPT_APPEND_NEWLINE)])
+    s, con = db(batch_bytes=batch_bytes)
+    assert s.new_exchanges == 2
+    data = path.read_bytes()
+    assert con.execute("SELECT kind, byte_offset FROM ingest_issues").fetchall() == [("corrupt", data.index(b"{oops"))]
+    assert con.execute("SELECT id, segment_offset FROM exchanges ORDER BY segment_offset").fetchall() == [
+        (a.id, data.index(b"\t")), (b.id, data.index(b"{oops") + 6)]
+
+
 def test_copied_segment_adds_nothing_and_unknown_kinds_are_reported(tmp_path, db):
     recs = [exchange(), exchange(episode="2")]
     write(tmp_path, "a.jsonl", recs)
@@ -103,6 +119,11 @@ def test_copied_segment_adds_nothing_and_unknown_kinds_are_reported(tmp_path, db
     s, con = db()
     assert (s.new_exchanges, s.duplicates) == (2, 2)
     assert sorted(k for (k,) in con.execute("SELECT kind FROM ingest_issues").fetchall()) == ["corrupt", "unknown_kind"]
+    # a copy arriving after the first analysis meets the stored rows, not the ones of its own run
+    write(tmp_path, "later-copy.jsonl", recs + [exchange(episode="3")])
+    s, con = db()
+    assert (s.new_exchanges, s.duplicates) == (1, 2)
+    assert con.execute("SELECT count(*), count(DISTINCT id) FROM exchanges").fetchall() == [(3, 3)]
 
 
 FINGERPRINTS = [

@@ -22,7 +22,6 @@ from functools import lru_cache
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema._utils import equal as _json_equal  # jsonschema's own enum/const equality (1 != True)
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
@@ -307,6 +306,24 @@ def _additional_properties(value: Any, schema: dict) -> KeywordCheck | None:
     if check is None:
         return None
     return lambda v, t: t is not dict or all(check(v[k]) for k in v if k not in known)
+
+
+def _json_equal(one: Any, two: Any) -> bool:
+    """Equality as jsonschema judges enum and const: a bool is never a number, also inside
+    arrays and objects (1 != True, [0] != [False]), while 1 == 1.0. Only plain JSON types are
+    judged; anything else raises _Unsure and jsonschema decides."""
+    if one is two:
+        return True
+    t1, t2 = type(one), type(two)
+    if t1 not in _JSON_TYPES or t2 not in _JSON_TYPES:
+        raise _Unsure
+    if t1 is list and t2 is list:
+        return len(one) == len(two) and all(map(_json_equal, one, two))
+    if t1 is dict and t2 is dict:
+        return len(one) == len(two) and all(k in two and _json_equal(v, two[k]) for k, v in one.items())
+    if t1 is bool or t2 is bool:
+        return t1 is t2 and one == two
+    return one == two
 
 
 def _enum(value: Any, schema: dict) -> KeywordCheck | None:

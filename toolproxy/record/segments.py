@@ -67,7 +67,9 @@ def read_lines(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 10
 
 
 _REQUEST_SIZE = re.compile(rb'"request_body_size":(\d+)')
-_CHUNK_REFS = b'_chunks":['
+# Every chunked field ends so (request_body_chunks, ..., upstream_request.body_chunks); the longer
+# needle is also found faster than `_chunks":[`.
+_CHUNK_REFS = b'body_chunks":['
 
 
 def expanded_size(line: bytes) -> int:
