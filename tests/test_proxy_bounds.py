@@ -146,6 +146,13 @@ async def llamacpp_closing_after_streams():
     closes the connection anyway."""
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
+        if head.startswith(b"GET "):  # the proxy's health probe of the root: llama.cpp serves its web page there
+            page = b"<!doctype html><title>llama.cpp</title>"
+            writer.write(b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(page), page))
+            await writer.drain()
+            writer.close()
+            return
         length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
         await reader.readexactly(length)
         writer.write(b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\nX-Accel-Buffering: no\r\n"
