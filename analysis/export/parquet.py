@@ -234,7 +234,7 @@ def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: 
     con.execute("CREATE OR REPLACE TEMP TABLE _todo (pid BIGINT, mode VARCHAR)")
     con.executemany("INSERT INTO _todo VALUES (?, ?)", list(plan.modes.items()))
     out = os.path.join(staging, table.name)
-    kv = ", ".join(f"'{k}': '{v}'" for k, v in (meta | {"toolproxy.table": table.name}).items())
+    kv = _kv_metadata(meta | {"toolproxy.table": table.name})
     con.execute(
         f"COPY (SELECT {table.select}, s.pid AS _pid FROM {table.name} t JOIN ("
         "SELECT r.rid, r.pid FROM _rows r JOIN _todo USING (pid) WHERE _todo.mode = 'all' "
@@ -298,7 +298,7 @@ def _cut_moved_rows(con, table: Table, dest: Destination, old: dict, plan: _Plan
         local = os.path.join(staging, "history", table.name, str(pid), f"part-{export_id}-h{n}.parquet")
         os.makedirs(os.path.dirname(local), exist_ok=True)
         versions_then = {f"toolproxy.{k}": str(entry[k]) for k in ("schema_version", "analyzer_version") if k in entry}
-        kv = ", ".join(f"'{k}': '{v}'" for k, v in (meta | versions_then | {"toolproxy.table": table.name}).items())
+        kv = _kv_metadata(meta | versions_then | {"toolproxy.table": table.name})
         kept = con.execute(
             f"COPY (SELECT t.* FROM read_parquet('{_sql_text(source)}', hive_partitioning=false) t "
             f"WHERE {table.key} NOT IN (SELECT k FROM _rows)) "
@@ -330,6 +330,11 @@ def _key_file_for(con, table: Table, local: str, pid: int) -> dict:
     n, h = con.execute(f"SELECT count(*), coalesce(sum(r.h), 0) FROM read_parquet('{_sql_text(keys)}') f "
                        "JOIN _rows r ON r.k = f.k AND r.pid = ?", [pid]).fetchone()
     return {"rows": n, "hash": str(int(h))}
+
+
+def _kv_metadata(items: dict[str, str]) -> str:
+    """The body of a COPY ... KV_METADATA {...} option: the files' key/value metadata."""
+    return ", ".join(f"'{_sql_text(k)}': '{_sql_text(v)}'" for k, v in items.items())
 
 
 def _sql_text(text: str) -> str:
