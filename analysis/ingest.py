@@ -317,9 +317,15 @@ class Ingestor:
         self.stored.committed()
 
     def _rollback(self) -> None:
-        self.con.execute("ROLLBACK")
-        self.in_txn = False
-        self.reached = {}
+        """Undo the open transaction, once: a failure inside _commit rolls back before _write's
+        handler sees it, and a second ROLLBACK would raise over the error that caused the first."""
+        if self.in_txn:
+            self.in_txn = False
+            self.reached = {}
+            try:
+                self.con.execute("ROLLBACK")
+            except duckdb.Error:  # DuckDB ended it already (a failed COMMIT): the cause is on its way out
+                pass
 
 
 @contextmanager

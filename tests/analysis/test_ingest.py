@@ -280,3 +280,23 @@ def test_an_unreadable_segment_is_skipped_with_a_note(tmp_path, db):
     write(tmp_path, "a.jsonl", [exchange()]).chmod(0)
     s, con = db()
     assert s.new_exchanges == 1 and s.issues == ["a.jsonl: cannot be read (Permission denied); skipped"]
+
+
+def test_a_failure_while_committing_surfaces_its_own_error(tmp_path):
+    """A statement that fails inside the commit rolls the batch back once; the caller's handler
+    rolling back again must not raise "no transaction is active" over the real cause."""
+    import duckdb
+
+    from toolproxy.analysis.ingest import Ingestor
+
+    (tmp_path / "segments").mkdir()
+    con = connect(default_db(tmp_path))
+    ingestor = Ingestor(con, tmp_path)
+    con.execute("BEGIN TRANSACTION")
+    ingestor.in_txn = True
+    ingestor.reached = {"seg.jsonl": ("not an offset", 1)}
+    with pytest.raises(duckdb.Error, match="BIGINT"):  # the offset's type, not a rollback's complaint
+        ingestor._commit()
+    ingestor._rollback()  # what _write's handler does next
+    assert not ingestor.in_txn
+    assert con.execute("SELECT count(*) FROM ingest_state").fetchall() == [(0,)]
