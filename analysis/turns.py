@@ -23,6 +23,7 @@ import hashlib
 import heapq
 import re
 import statistics
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -148,30 +149,20 @@ def conversation_keys(
     block_prefix = None
     prev_role = None
     update = running.update
-    # Agent requests resend ~10 messages a turn: the loop inlines _canon, and _is_tool_result for
-    # text content (no content parts to look at), which was a third of its time.
-    dumps, sort_keys = orjson.dumps, orjson.OPT_SORT_KEYS
     for m in messages:
         if isinstance(m, dict):
             role = m.get("role")
             content = m.get("content")
-            if type(content) is str:
-                text = content.strip()
-                if role in _RESULT_ROLES or (role == "user" and "Observation:" in text and _OBSERVATION.search(text) is not None):
-                    results += 1
-            else:
-                text = _text(content)
-                results += _is_tool_result(role, content, text)
+            text = content.strip() if type(content) is str else _text(content)
+            results += _is_tool_result(role, content, text)
             calls = _message_calls(m) if m.get("tool_calls") else []
+            if role == "assistant" and prev_role != "assistant":
+                block, block_calls, block_prefix = [], [], running.copy()
+            update(_canon(role, text, calls))
             if role == "assistant":
-                if prev_role != "assistant":
-                    block, block_calls, block_prefix = [], [], running.copy()
-                update(dumps([role, text, calls], option=sort_keys))
                 block.append(text)
                 block_calls.extend(calls)
                 parents.append(running.hexdigest())
-            else:
-                update(dumps([role, text, calls], option=sort_keys))
         else:
             role = None
             update(orjson.dumps([m]))
@@ -526,6 +517,9 @@ SELECT run, id, episode, item, json_extract_string(tags, '$.category'), conditio
 FROM exchanges WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id
 """
 
+# _ATTEMPTS_SQL's columns are run, then Attempt's fields in order; parent_hashes come as one string.
+_PARENTS = 1 + [f.name for f in dataclasses.fields(Attempt)].index("parent_hashes")
+
 # What derive() computes of a turn in Python; the rest (_TURNS_SQL) is its final attempt's.
 _TURN_ROW = ["turn_id", "run", "episode_key", "turn_index", "item_key", "category", "n_attempts", "final_exchange_id",
              "expect", "delivered", "saw_result", "is_last"]
@@ -637,8 +631,7 @@ def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule]
     """The turn rows (columns of _TURN_ROW), episode columns and attempt -> turn map of a batch of runs."""
     cols = [c.tolist() for c in con.execute(_ATTEMPTS_SQL, {"runs": runs, "clocks": clocks}).fetchnumpy().values()]
     run_of = cols[0]
-    parents = cols[11]
-    cols[11] = [[] if p is None else p.split() for p in parents]
+    cols[_PARENTS] = [[] if p is None else p.split() for p in cols[_PARENTS]]
     attempts = list(map(Attempt, *cols[1:]))
     spans: dict[str, tuple[int, int]] = {}
     start = 0
