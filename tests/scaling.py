@@ -33,14 +33,17 @@ def _time(run: Callable[[], object], at_least: float = 0.05) -> float:
 
 
 def assert_scales_linearly(small: Callable[[], object], big: Callable[[], object], what: str,
-                           rounds: int = 4) -> float:
-    """small() does 1/FACTOR of big()'s work. Returns the accepted best-big / best-small ratio."""
+                           max_seconds: float, rounds: int = 4) -> float:
+    """small() does 1/FACTOR of big()'s work, and big() must also finish within max_seconds (its
+    best time): a ratio alone passes work that is linear but far too slow. Returns the accepted
+    best-big / best-small ratio."""
     best_small = best_big = float("inf")
     for _ in range(rounds):
         best_small = min(best_small, _time(small), _time(small))
         best_big = min(best_big, _time(big))
         ratio = best_big / max(best_small, 1e-6)
         if ratio < MAX_RATIO or best_big < FAST_ENOUGH:
+            assert best_big < max_seconds, f"{what}: the full input took {best_big:.2f}s (at most {max_seconds:g}s)"
             return ratio
     raise AssertionError(f"{what}: {FACTOR}x the input took {ratio:.1f}x as long, best of {rounds} rounds "
                          f"({best_big:.3f}s vs {best_small:.4f}s; linear is ~{FACTOR}, quadratic ~{FACTOR ** 2})")
