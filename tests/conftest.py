@@ -89,12 +89,7 @@ class Tagged:
         self.url = f"{proxy.url}/t/run={run}"
 
     def wait_records(self, n: int, timeout: float = 5.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while True:
-            recs = [r for r in self.proxy.records() if r.get("run") == self.run]
-            if len(recs) >= n or time.monotonic() > deadline:
-                return recs
-            time.sleep(0.02)
+        return self.proxy.wait_records(n, timeout, run=self.run)
 
 
 @pytest.fixture(scope="module")

@@ -92,11 +92,14 @@ class ProxyProcess:
     def records(self) -> list[dict]:
         return read_records(self.data, "exchange")
 
-    def wait_records(self, n: int, timeout: float = 5.0) -> list[dict]:
-        """Records are written by a background thread: poll until at least n are on disk."""
+    def wait_records(self, n: int, timeout: float = 5.0, run: str | None = None) -> list[dict]:
+        """Records are written by a background thread: poll until at least n (of `run`, if given)
+        are on disk."""
         deadline = time.monotonic() + timeout
         while True:
             recs = self.records()
+            if run is not None:
+                recs = [r for r in recs if r.get("run") == run]
             if len(recs) >= n or time.monotonic() > deadline:
                 return recs
             time.sleep(0.02)
@@ -159,16 +162,28 @@ def stop_all(proxies) -> None:
 _stopping: list[threading.Thread] = []
 
 
+_stop_failures: list[str] = []
+
+
 def stop_in_background(proxies) -> None:
     """Tell proxies to stop and let them finish while the next test runs: a graceful stop is
     mostly waiting (the last fsync, the live view's classifier process winding down), and nothing
     after a test's teardown needs its proxy gone. wait_stopped() waits for them all (at the end
-    of the session); a proxy that hangs is killed by stop() there as anywhere."""
+    of the session) and fails if any could not be stopped; a proxy that hangs is killed by stop()
+    there as anywhere, and one that fails to stop does not keep the others from stopping."""
     proxies = list(proxies)
     for p in proxies:
         p.terminate()
+
+    def stop_each() -> None:
+        for p in proxies:
+            try:
+                p.stop()
+            except Exception as exc:  # noqa: BLE001 - reported by wait_stopped, after the rest are stopped
+                _stop_failures.append(f"{p.url}: {type(exc).__name__}: {exc}")
+
     if proxies:
-        t = threading.Thread(target=lambda: [p.stop() for p in proxies], name="proxy-stop", daemon=True)
+        t = threading.Thread(target=stop_each, name="proxy-stop", daemon=True)
         t.start()
         _stopping.append(t)
 
@@ -176,6 +191,8 @@ def stop_in_background(proxies) -> None:
 def wait_stopped() -> None:
     while _stopping:
         _stopping.pop().join()
+    if _stop_failures:
+        raise RuntimeError("proxies that could not be stopped: " + "; ".join(_stop_failures))
 
 
 def toolproxy_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
