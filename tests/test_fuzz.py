@@ -55,7 +55,6 @@ def inert(text: str) -> bool:
 def test_seed_is_printed(capsys):
     """Past pytest's output capture, so a passing run shows it too (conftest.py prints it again in
     the run's summary, which is where it shows when pytest-xdist workers run the tests)."""
-    assert int(os.environ["TOOLPROXY_FUZZ_SEED"]) == SEED  # every worker fuzzes with the session's seed
     with capsys.disabled():
         print(f" (fuzz seed {SEED}: replay with TOOLPROXY_FUZZ_SEED={SEED})", end=" ")
 

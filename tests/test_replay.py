@@ -212,7 +212,8 @@ def test_where_and_limit_select_turns_and_a_bad_predicate_is_a_clear_error(recor
     assert none.returncode == 0 and "0 turns selected" in none.stderr
     for (where, says), out in zip(bad, outs):
         assert out.returncode != 0 and "Traceback" not in out.stderr and says in out.stderr, (where, out.stderr)
-    assert _toolproxy("sql", "--data", str(dirs[4]), "select count(*) from turns").returncode == 0  # not dropped
+    dropping = 3 + next(i for i, (where, _) in enumerate(bad) if "drop table" in where)
+    assert _toolproxy("sql", "--data", str(dirs[dropping]), "select count(*) from turns").returncode == 0  # not dropped
     assert unknown.returncode != 0 and "'nope' has no turns" in unknown.stderr and "orig" in unknown.stderr
     assert idle.seen == []
 
