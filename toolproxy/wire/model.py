@@ -171,12 +171,6 @@ class Reply:
             out["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
         return out
 
-    def apply(self, event: Event) -> None:
-        """Fold one event into the message (argument fragments are joined onto calls by settle)."""
-        fold = FOLD.get(type(event))
-        if fold is not None:
-            fold(self, event)
-
     def _text(self, event: Text) -> None:
         self._content.append(event.text)
 
