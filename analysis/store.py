@@ -203,8 +203,15 @@ def _text_or_json(value):
     return value if value is None or isinstance(value, str) else orjson.dumps(value, default=str).decode()
 
 
+class BodiesAccess:
+    """What bodies_in_sql yields: `failure` is why a body could not be read, once one could not, so
+    a caller can tell that from any other failure of its query without matching message text."""
+
+    failure: str | None = None
+
+
 @contextmanager
-def bodies_in_sql(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> Iterator[None]:
+def bodies_in_sql(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> Iterator[BodiesAccess]:
     """While inside, `bodies(segment, segment_offset)` is callable in SQL on `con`: the exchange's
     recorded bodies as the proxy wrote them (each one's text and encoding: BODIES_AS_RECORDED),
     read from its segment under data_dir, e.g.
@@ -216,6 +223,7 @@ def bodies_in_sql(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> Itera
     removed again (DuckDB refuses a second one of the same name) and the segments are closed.
     """
     reader = RecordReader(data_dir)
+    access = BodiesAccess()
 
     def bodies(segment: str | None, offset: int | None) -> dict | None:
         if segment is None or offset is None:
@@ -223,7 +231,8 @@ def bodies_in_sql(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> Itera
         try:
             rec = reader.record(segment, offset)
         except RecordError as exc:
-            raise StoreError(f"cannot read the bodies of an exchange: {exc}") from None
+            access.failure = f"cannot read the bodies of an exchange: {exc}"
+            raise StoreError(access.failure) from None
         # a field of another JSON type is not a body the ingest stored; shown as its JSON text
         return {name: _text_or_json(rec.get(name)) for name in BODIES_AS_RECORDED}
 
@@ -233,7 +242,7 @@ def bodies_in_sql(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> Itera
     con.create_function("bodies", bodies, [text, duckdb.type("BIGINT")], struct,
                         null_handling="special", side_effects=False)
     try:
-        yield
+        yield access
     finally:
         try:
             _retire_unfinished(con)

@@ -319,3 +319,15 @@ def test_progress_line_on_a_terminal_only(recorded, analyzed, fake_stack):
     assert piped.returncode == 0 and "\r" not in piped.stderr and "\x1b" not in piped.stderr, piped.stderr
     # In a pipe only the summary: one line, once the replay is done.
     assert "replayed 1/4" not in piped.stderr and re.search(r"\nreplayed 4/4 .*, done in \S+\n", piped.stderr), piped.stderr
+
+
+def test_a_recording_whose_segments_moved_away_is_reported_as_such_not_as_a_bad_where(recorded, analyzed, fake_stack):
+    _, _, root = recorded
+    data = _copy(analyzed, root, "moved")
+    for segment in (data / "segments").iterdir():
+        segment.rename(root / f"moved-{segment.name}")
+    idle = fake_stack("sglang", responder=_responder)
+    out = _replay(data, idle.url, "--run", "m", "--where", "true")
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert "cannot read the bodies of an exchange" in out.stderr and "--where" not in out.stderr, out.stderr
+    assert idle.seen == []

@@ -170,7 +170,7 @@ def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int
     except duckdb.Error as exc:
         raise SelectionError(f"cannot open {db} read-only: {exc}") from None
     try:
-        with bodies_in_sql(con, db.parent):
+        with bodies_in_sql(con, db.parent) as bodies:
             if not con.execute("select count(*) from turns where run = ?", [run]).fetchone()[0]:
                 known = [r[0] for r in con.execute("select distinct run from turns order by 1 limit 20").fetchall()]
                 raise SelectionError(f"run {run!r} has no turns in {db} (runs: {', '.join(map(str, known)) or 'none'})")
@@ -180,8 +180,8 @@ def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int
             try:
                 rows = con.execute(sql, {"run": run}).fetchall()
             except duckdb.Error as exc:
-                if "cannot read the bodies" in str(exc):  # a segment gone, not the predicate
-                    raise SelectionError(_first_line(exc)) from None
+                if bodies.failure is not None:  # a segment gone, not the predicate
+                    raise SelectionError(bodies.failure) from None
                 raise SelectionError(f"--where {where!r}: {_first_line(exc)}") from None
             done = {r[0] for r in con.execute(_DONE_SQL, {"run": run, "new": new_run}).fetchall()}
     finally:
