@@ -139,22 +139,36 @@ async def test_a_request_that_times_out_in_the_pool_queue_says_so(fake_stack, pr
     assert pool["waiting_now"] == 0 and pool["requests_waited"] == 1  # the cancelled wait was settled
 
 
+async def _answer_probe(head: bytes, writer: asyncio.StreamWriter) -> bool:
+    """The proxy's health probe of the root: llama.cpp serves its web page there."""
+    if not head.startswith(b"GET "):
+        return False
+    page = b"<!doctype html><title>llama.cpp</title>"
+    writer.write(b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(page), page))
+    await writer.drain()
+    writer.close()
+    return True
+
+
+async def _read_request(reader: asyncio.StreamReader, head: bytes) -> bytes:
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    return await reader.readexactly(length)
+
+
 @contextlib.asynccontextmanager
-async def llamacpp_closing_after_streams():
+async def llamacpp_closing_after_streams(close_after: float = 0.0, read: list | None = None):
     """Behaves as llama.cpp's server does on the wire after a streamed reply (checked against
-    b6xxx): it announces `Keep-Alive: timeout=5, max=100`, sends the terminating chunk, and then
-    closes the connection anyway."""
+    llama-server 0c1e570): it announces `Keep-Alive: timeout=5, max=100`, sends the terminating
+    chunk, and then closes the connection anyway, reading nothing more. `close_after` is how long
+    its thread takes to get there (a loaded server); each request it reads goes into `read`."""
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
-        if head.startswith(b"GET "):  # the proxy's health probe of the root: llama.cpp serves its web page there
-            page = b"<!doctype html><title>llama.cpp</title>"
-            writer.write(b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(page), page))
-            await writer.drain()
-            writer.close()
+        if await _answer_probe(head, writer):
             return
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
-        await reader.readexactly(length)
+        body = await _read_request(reader, head)
+        if read is not None:
+            read.append(body)
         writer.write(b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\nX-Accel-Buffering: no\r\n"
                      b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n")
         for event in (b'data: {"choices":[{"delta":{"content":"hi"},"index":0}]}\n\n', b"data: [DONE]\n\n"):
@@ -162,6 +176,7 @@ async def llamacpp_closing_after_streams():
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+        await asyncio.sleep(close_after)
         writer.close()
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
@@ -169,13 +184,86 @@ async def llamacpp_closing_after_streams():
         yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
-async def test_a_capped_pool_in_front_of_llamacpp_answers_every_queued_request(proxy):
-    """The connection llama.cpp is about to close can reach a queued request first: sent again, never a 502."""
-    async with llamacpp_closing_after_streams() as upstream:
+@pytest.mark.parametrize("close_after", [0.0, 0.5])
+async def test_a_capped_pool_in_front_of_llamacpp_answers_every_queued_request(proxy, close_after):
+    """The connection llama.cpp is about to close can reach a queued request first: sent again, never a 502.
+    With the close half a second late, every queued request meets it; the server reads each request once."""
+    read: list[bytes] = []
+    async with llamacpp_closing_after_streams(close_after, read) as upstream:
         p = proxy(upstream, "--quiet", "--upstream-connections", "1", "--no-fingerprint")
         await _stream_all(p.url + "/v1/chat/completions", 4)
         recs = p.wait_records(4)
     assert [r["client_status"] for r in recs] == [200] * 4 and all(r["response_complete"] for r in recs)
+    assert len(read) == 4
+    resent = [r["extra"]["resent"] for r in recs if "resent" in r["extra"]]
+    if close_after:
+        assert resent and all(reason.startswith("the upstream closed a kept-alive connection before answering")
+                              for reason in resent), resent
+
+
+async def test_a_request_the_upstream_may_have_read_is_not_sent_again(proxy):
+    """An upstream that reads a request and closes without a byte may have acted on it: a 502, never a
+    second copy, when the connection was fresh, or when the close came long after the request."""
+    read: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if await _answer_probe(head, writer):
+            return
+        read.append(await _read_request(reader, head))
+        if b"keep" in read[-1]:  # answer, keep the connection for the next request
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            read.append(await _read_request(reader, head))
+            await asyncio.sleep(1.2)  # works on it longer than a close racing a handover takes
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with server:
+        p = proxy(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", "--quiet", "--no-fingerprint")
+        async with aiohttp.ClientSession() as s:
+            statuses = []
+            for content in ("fresh", "keep", "slow"):
+                async with s.post(p.url + "/v1/chat/completions",
+                                  json={"model": "m", "messages": [{"role": "user", "content": content}]}) as r:
+                    statuses.append(r.status)
+        recs = sorted(p.wait_records(3), key=lambda r: r["started_at"])
+    assert statuses == [502, 200, 502]
+    assert [b"fresh" in b for b in read] == [True, False, False] and len(read) == 3  # each read once
+    for rec in (recs[0], recs[2]):
+        assert rec["error_kind"] == "upstream_closed" and "resent" not in rec["extra"]
+
+
+@pytest.mark.slow
+async def test_the_pool_lets_go_of_idle_connections_before_llamacpp_does(proxy):
+    """cpp-httplib (llama.cpp's server) closes a connection idle for 5 s: the pool lets go first, so
+    a request never meets that close. Here the upstream counts connections and closes none."""
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if await _answer_probe(head, writer):
+                    return
+                await _read_request(reader, head)
+                writer.write(b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 2\r\nKeep-Alive: timeout=5, max=100\r\n\r\n{}")
+                await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with server:
+        p = proxy(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", "--quiet", "--no-fingerprint")
+        async with aiohttp.ClientSession() as s:
+            for pause in (0.0, 0.5, 4.5):  # reused after half a second; not after 4.5 s, close to the 5
+                await asyncio.sleep(pause)
+                async with s.post(p.url + "/v1/chat/completions", json={"model": "m", "messages": MSGS}) as r:
+                    assert r.status == 200
+        assert len(p.wait_records(3)) == 3
+    assert connections == 3  # the probe's, the first request's, and a new one after 4.5 s idle
 
 
 async def test_the_default_upstream_pool_follows_the_clients(fake_stack, proxy):

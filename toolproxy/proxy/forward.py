@@ -10,6 +10,7 @@ side, too large) ends the flow exactly once, so exactly one record is submitted.
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 
 import aiohttp
@@ -29,6 +30,7 @@ from toolproxy.proxy.headers import (
     redact_query,
 )
 from toolproxy.proxy.auth import presented_token
+from toolproxy.proxy.pool import CONNECTION
 from toolproxy.proxy.spool import Spool, file_payload
 from toolproxy.proxy.state import ADMIN_PREFIX, STATE, ProxyState
 from toolproxy.proxy.tags import header_tags, split_path_tags
@@ -291,20 +293,57 @@ async def _forward(state: ProxyState, flow: Flow, url: URL) -> web.StreamRespons
 
 
 async def _send(state: ProxyState, flow: Flow, url: URL) -> aiohttp.ClientResponse:
-    """The upstream's response; a request whose body could not be written at all is sent once more.
+    """The upstream's response; a request the upstream cannot have read is sent once more.
 
-    llama.cpp closes a kept-alive connection right after a streamed response while announcing
-    `Keep-Alive`. With a capped pool, aiohttp hands that connection to a queued request in the
-    instant before the close arrives, and writing fails: the upstream never read that request,
-    so sending it again on another connection cannot make it run twice.
+    A proxy must not resend a request that may have been acted on (RFC 9110 9.2.2; aiohttp, Go
+    and nginx resend a written POST only when told it is idempotent). Two failures qualify:
+
+    - the body could not be written at all: the connection was closed before the request left;
+    - a kept-alive connection, handed over moments ago, was closed by the upstream before one
+      byte of a response. Servers close kept-alive connections *between* requests: after an idle
+      time (cpp-httplib, uvicorn, Node: 5 s; the pool lets go at 4), after N requests, and
+      llama.cpp after every streamed response while announcing `Keep-Alive`. With a capped pool,
+      aiohttp hands such a connection to a queued request in the instant before the close
+      arrives; the server's connection loop has ended and never reads that request.
+
+    What this cannot tell apart: a server that read the request and died (or aborted) within
+    _CLOSE_RACE_S without a byte. That one gets the request once more, as its client's SDK would
+    after a 502 (openai and anthropic retry connection errors by default). A close after
+    _CLOSE_RACE_S (a gateway's read timeout during a long generation: the upstream worked) and a
+    close of a fresh connection are never resent. Either way the record says so in
+    `extra.resent`: one exchange, one record, the resend visible.
     """
+    CONNECTION.set(None)
     try:
         return await _request(state, flow, url)
-    except aiohttp.ClientOSError as exc:
-        if _UNWRITTEN not in str(exc):
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        reason = _unread(exc)
+        if reason is None:
             raise
-        flow.rec.extra["resent"] = str(exc)
+        flow.rec.extra["resent"] = f"{reason}: {exc}"
     return await _request(state, flow, url)
+
+
+_CLOSE_RACE_S = 1.0  # a close racing a handover arrives within a round trip plus scheduling
+_RESET = (errno.ECONNRESET, errno.EPIPE)
+
+
+def _unread(exc: aiohttp.ClientError) -> str | None:
+    """Why the upstream cannot have read the request that failed with `exc`, or None."""
+    if _UNWRITTEN in str(exc):
+        return "not written"
+    connection = CONNECTION.get()
+    if isinstance(exc, aiohttp.ClientConnectorError) or connection is None:
+        return None  # no connection was made: nothing to race
+    reused, handed_over = connection
+    if not reused or time.monotonic() - handed_over > _CLOSE_RACE_S:
+        return None
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        if not isinstance(exc.message, str):
+            return None  # part of a response head came: the upstream read the request
+    elif exc.errno not in _RESET:
+        return None
+    return "the upstream closed a kept-alive connection before answering"
 
 
 def _request(state: ProxyState, flow: Flow, url: URL):

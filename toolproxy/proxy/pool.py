@@ -10,11 +10,40 @@ tracing cost on the hot path.
 from __future__ import annotations
 
 import time
+import weakref
+from contextvars import ContextVar
 from types import SimpleNamespace
 
 import aiohttp
 
 from toolproxy.proxy.flow import Addon, Flow
+
+# Idle pooled connections are dropped after this long, before the upstream drops them: llama.cpp's
+# server (cpp-httplib) closes a connection idle for 5 s (measured on llama-server 0c1e570), as
+# uvicorn (vLLM, SGLang) and Node do by default. aiohttp's default, 15 s, hands out connections
+# the upstream may be closing at that very moment.
+KEEPALIVE_S = 4.0
+
+# For the exchange in hand (its task's context): whether its upstream connection had served an
+# earlier request, and when it was handed over (see forward._send).
+CONNECTION: ContextVar[tuple[bool, float] | None] = ContextVar("toolproxy_upstream_connection", default=None)
+
+
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connector, noting in CONNECTION whether each connection it hands out is reused."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._served: weakref.WeakSet = weakref.WeakSet()
+
+    async def connect(self, req, traces, timeout):
+        conn = await super().connect(req, traces, timeout)
+        protocol = conn.protocol
+        reused = protocol in self._served
+        if not reused:
+            self._served.add(protocol)
+        CONNECTION.set((reused, time.monotonic()))
+        return conn
 
 
 class PoolStats(Addon):
@@ -76,7 +105,7 @@ class PoolStats(Addon):
 def upstream_session(pool: PoolStats, connect_timeout: float) -> aiohttp.ClientSession:
     """The one session every exchange and probe shares; it forwards bytes as they are."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=pool.limit, ttl_dns_cache=300),
+        connector=_Connector(limit=pool.limit, ttl_dns_cache=300, keepalive_timeout=KEEPALIVE_S),
         # sock_connect, not connect: aiohttp's connect timeout includes the wait for a pooled
         # connection, which is queueing (timed by --ttfb-timeout), not the upstream failing to answer.
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=None),
