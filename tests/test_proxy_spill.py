@@ -33,6 +33,7 @@ def _spilled(data: bytes, directory: str | None, piece: int) -> SpilledBody:
     "\x00\x1f\x7f control characters".encode() * 1000,
     os.urandom(1_000_003),  # not UTF-8: base64, with a length that is not a multiple of 3
     b"\xff" + b"a" * 70_000,
+    b"last piece smaller than a file buffer " * 3_473,  # 2 x 65,537 + 900 bytes: the 900 must reach the file too
 ])
 @pytest.mark.parametrize("writable", [True, False])
 def test_a_spilled_body_serialises_exactly_like_a_held_one(tmp_path, data, writable):
@@ -54,6 +55,16 @@ def test_a_spilled_body_serialises_exactly_like_a_held_one(tmp_path, data, writa
     assert body_bytes(line["request_body"], line["request_body_encoding"]) == data
 
 
+# A request the proxy never answers fails its test after this long, saying so, rather than at
+# pytest's timeout: nothing here takes a tenth of it even on a loaded machine.
+_ANSWER_WITHIN = 120
+
+
+def _unanswered(fake, sent: int) -> str:
+    return (f"the proxy did not answer within {_ANSWER_WITHIN}s; the upstream received {len(fake.seen)} of "
+            f"{sent} requests whole (a spilled body short of its Content-Length leaves it waiting)")
+
+
 def _hwm_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -66,7 +77,7 @@ async def test_large_bodies_pass_through_in_bounded_memory_and_are_recorded_whol
     fake = fake_stack("openai")
     fake.responder = lambda req: text(reply_text)
     p = proxy(fake.url, "--quiet", "--no-fingerprint", "--spill-above", "256KiB")
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_ANSWER_WITHIN)) as s:
         async with s.post(p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}) as r:
             await r.read()  # warm up: the baseline includes everything a first exchange loads
         base = _hwm_kb(p.proc.pid)
@@ -77,7 +88,10 @@ async def test_large_bodies_pass_through_in_bounded_memory_and_are_recorded_whol
                 assert r.status == 200
                 return sent, await r.read()
 
-        results = await asyncio.gather(*(one(i) for i in range(3)))
+        try:
+            results = await asyncio.gather(*(one(i) for i in range(3)))
+        except TimeoutError:
+            pytest.fail(_unanswered(fake, 4), pytrace=False)
     recs = p.wait_records(4, timeout=30)
     grown_mb = (_hwm_kb(p.proc.pid) - base) / 1024
     # 3 x (~10 MB request + ~22 MB response) passed at once; held in memory they took several times that.
@@ -90,6 +104,29 @@ async def test_large_bodies_pass_through_in_bounded_memory_and_are_recorded_whol
         assert json.loads(got)["choices"][0]["message"]["content"] == reply_text
     assert sorted(s.body for s in fake.seen[1:]) == sorted(sent for sent, _ in results)  # forwarded byte for byte
     assert not list((p.data / "spill").iterdir())  # unnamed temporary files: nothing left behind
+
+
+async def test_a_spilled_request_whose_last_piece_is_small_is_forwarded_and_recorded_whole(fake_stack, proxy):
+    """The spool's last write to the file is a few bytes: they reach the upstream and the record too."""
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--spill-above", "1KiB")
+    body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "z" * 300_000}]}).encode()
+
+    async def pieces():
+        yield body[:-10]
+        await asyncio.sleep(0.2)  # the last 10 bytes arrive alone, so the spool writes them alone
+        yield body[-10:]
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_ANSWER_WITHIN)) as s:
+        try:
+            async with s.post(p.url + "/v1/chat/completions", data=pieces(),
+                              headers={"Content-Type": "application/json", "Content-Length": str(len(body))}) as r:
+                assert r.status == 200
+        except TimeoutError:
+            pytest.fail(_unanswered(fake, 1), pytrace=False)
+    assert [seen.body for seen in fake.seen] == [body]
+    rec = p.wait_records(1)[0]
+    assert rec["request_body"].encode() == body and rec["request_body_size"] == len(body)
 
 
 async def test_a_large_binary_response_is_recorded_as_base64(fake_stack, proxy):

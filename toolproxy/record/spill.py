@@ -76,9 +76,15 @@ class SpilledBody:
                 if self.file is None:
                     if self.directory:
                         os.makedirs(self.directory, exist_ok=True)
-                    self.file = tempfile.TemporaryFile(dir=self.directory)
-                self.file.write(data)
-                self.file_size += len(data)
+                    # Unbuffered: `chunks` reads by descriptor up to `file_size`, so every byte
+                    # counted must be in the file. Buffered, a last piece smaller than the buffer
+                    # stayed in this process: a forwarded body fell short of its Content-Length
+                    # (the upstream waited for the rest) and a recorded one was cut.
+                    self.file = tempfile.TemporaryFile(dir=self.directory, buffering=0)
+                while data:
+                    written = self.file.write(data)
+                    self.file_size += written
+                    data = data[written:]
                 return
             except OSError as exc:
                 self.error = f"cannot spill a large body to {self.directory or tempfile.gettempdir()}: {exc}"
