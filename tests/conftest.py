@@ -106,7 +106,10 @@ def _pool(tmp_path_factory):
                 stack.enter_context(fakes[fkey].in_thread())
             if (fkey, args) not in proxies:
                 proxies[fkey, args] = ProxyProcess(fakes[fkey].url, tmp_path_factory.mktemp("data"), args)
-            return fakes[fkey], proxies[fkey, args]
+            proxy = proxies[fkey, args]
+            if proxy.proc.poll() is not None:  # an earlier test of the module took it down
+                raise RuntimeError(f"the module's shared proxy exited (rc={proxy.proc.returncode}):\n{proxy.output()}")
+            return fakes[fkey], proxy
 
         try:
             yield get

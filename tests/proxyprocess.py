@@ -207,9 +207,16 @@ T = TypeVar("T")
 def together(*calls: Callable[[], T]) -> list[T]:
     """Run independent calls (CLI subprocesses that only read, or each in its own data dir) at the
     same time and return their results in order: a CLI run is mostly its own start-up CPU, so on a
-    two-core machine runs that overlap take about half the wall time of runs in a row."""
+    two-core machine runs that overlap take about half the wall time of runs in a row. Every call
+    that fails is reported: one failure as itself, several as one group."""
     with ThreadPoolExecutor(len(calls)) as pool:
-        return [f.result() for f in [pool.submit(call) for call in calls]]
+        futures = [pool.submit(call) for call in calls]
+        failed = [exc for exc in (f.exception() for f in futures) if exc is not None]
+    if len(failed) == 1:
+        raise failed[0]
+    if failed:
+        raise BaseExceptionGroup(f"{len(failed)} of {len(calls)} side-by-side calls failed", failed)
+    return [f.result() for f in futures]
 
 
 def sql_rows(data: Path, query: str) -> list[dict]:

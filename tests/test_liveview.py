@@ -90,7 +90,7 @@ def wait_classified(url: str, n: int, timeout: float = 60.0) -> dict:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def live_proxy(tmp_path_factory):
     """One proxy with traffic from two runs, every outcome the script makes, already classified."""
     data = tmp_path_factory.mktemp("live")
     with ExitStack() as stack:
@@ -111,8 +111,8 @@ def served(tmp_path_factory):
         yield p, total, data
 
 
-def test_counts_match_stats(served):
-    p, total, _ = served
+def test_counts_match_stats(live_proxy):
+    p, total, _ = live_proxy
     stats = admin(p.url, "/_toolproxy/stats")
     live = admin(p.url, "/_toolproxy/live?limit=1000")
     assert stats["exchanges"] == total == live["observed"] == live["classified"]
@@ -134,9 +134,9 @@ def test_counts_match_stats(served):
         assert r["calls"] == 3 + 2 + 1
 
 
-def test_counts_match_analyze(served):
+def test_counts_match_analyze(live_proxy):
     """The same records through `toolproxy analyze`: the stored per-exchange outcomes agree."""
-    p, total, data = served
+    p, total, data = live_proxy
     live = admin(p.url, "/_toolproxy/live?limit=1000")
     r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
                        capture_output=True, text=True, timeout=120)
@@ -154,8 +154,8 @@ def test_counts_match_analyze(served):
     assert stored == {run: c["outcomes"] for run, c in live["runs"].items()}
 
 
-def test_recent_filters_and_detail(served):
-    p, total, _ = served
+def test_recent_filters_and_detail(live_proxy):
+    p, total, _ = live_proxy
     live = admin(p.url, "/_toolproxy/live?limit=1000")
     assert len(live["recent"]) == total
     assert [x["started_at"] for x in live["recent"]] == sorted((x["started_at"] for x in live["recent"]), reverse=True)
@@ -178,8 +178,8 @@ def test_recent_filters_and_detail(served):
     assert status == 404 and "toolproxy show" in json.loads(body)["error"]["message"]
 
 
-def test_token_gate_and_cookie(served):
-    p, _, _ = served
+def test_token_gate_and_cookie(live_proxy):
+    p, _, _ = live_proxy
     status, _, body = send(p.url, "/_toolproxy/live")
     assert status == 401 and "token" in json.loads(body)["error"]["message"]
     status, headers, body = send(p.url, "/_toolproxy/", headers={"Accept": "text/html"})
@@ -445,11 +445,11 @@ def _shown_outcomes(cell: str) -> dict[str, int]:
 
 
 @pytest.mark.skipif(find_browser() is None, reason="Chromium not installed (apt-get install -y chromium)")
-def test_page_in_headless_chromium(served, tmp_path):
+def test_page_in_headless_chromium(live_proxy, tmp_path):
     """Chromium opens the page (token once, then the cookie) while traffic flows; traffic stopped,
     the numbers it shows are those of /_toolproxy/stats and, after `analyze`, of the report.
     Screenshots go to $TOOLPROXY_SCREENS when set (to look at), else to a temporary directory."""
-    p, _, data = served
+    p, _, data = live_proxy
     screens = Path(os.environ.get("TOOLPROXY_SCREENS") or tmp_path)
     screens.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()

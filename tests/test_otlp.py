@@ -206,7 +206,7 @@ def send(url: str, prompt: str, run: str, episode: str, stream: bool = False) ->
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def traced(tmp_path_factory):
     """One proxy sending to one receiver, with a call, prose (streamed) and an upstream failure."""
     with ExitStack() as stack:
         fake = fakes.FakeStack("llamacpp", responder=lambda req: SCRIPT[req.messages[-1]["content"]])
@@ -219,8 +219,8 @@ def served(tmp_path_factory):
         yield p, receiver, statuses
 
 
-def test_serve_sends_one_span_per_exchange(served):
-    p, receiver, statuses = served
+def test_serve_sends_one_span_per_exchange(traced):
+    p, receiver, statuses = traced
     assert statuses == [200, 200, 500]
     spans = receiver.wait_for(3)
     assert len(spans) == 3
@@ -247,15 +247,15 @@ def test_serve_sends_one_span_per_exchange(served):
     assert abs(start - rec["started_at"] * 1e9) < 1e3 and int(call["endTimeUnixNano"]) >= start
 
 
-def test_serve_spans_never_carry_secrets_or_content(served):
-    _, receiver, _ = served
+def test_serve_spans_never_carry_secrets_or_content(traced):
+    _, receiver, _ = traced
     text = json.dumps(receiver.wait_for(3))
     for fragment in (SECRET, "Bearer", "Just chatting", "Paris", "gen_ai.input.messages"):
         assert fragment not in text, fragment
 
 
-def test_serve_stats_count_exported(served):
-    p, receiver, _ = served
+def test_serve_stats_count_exported(traced):
+    p, receiver, _ = traced
     receiver.wait_for(3)
     deadline = time.monotonic() + 10
     while (otlp := p.stats()["otlp"])["exported"] < 3 and time.monotonic() < deadline:
@@ -326,8 +326,8 @@ def toolproxy(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def test_export_after_analyze_carries_the_verdicts(served):
-    p, receiver, _ = served
+def test_export_after_analyze_carries_the_verdicts(traced):
+    p, receiver, _ = traced
     served_spans = {s["spanId"]: s for s in receiver.wait_for(3)}
     out = toolproxy("analyze", "--data", str(p.data), "--quiet")
     assert out.returncode == 0, out.stderr

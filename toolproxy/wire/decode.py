@@ -67,19 +67,14 @@ class Decoder:
             if not head.strip():
                 self.reply.empty_body = True
                 return []
-            self._start(framing.sniff(head, self.content_type, self.family in LINE_FRAMED) or framing.JSON)
-            events = self._read(self._framer.feed(head))
-            if self._kept is not None:
-                self._kept.append(head)
-            return events + self._end()
+            return self._rest(head, framing.sniff(head, self.content_type, self.family in LINE_FRAMED) or framing.JSON)
         return self._end()
 
     def whole(self, body: bytes | None) -> None:
-        """Read a whole body: the reply `feed(body)` then `close()` give, without their events.
+        """Read a whole body: the reply `feed(body)` then `close()` give.
 
-        The analyzer's path: the framing is known from the first call, the framer's batches are the
-        same two (what the body holds, what closing it adds), and a batch with no document is
-        skipped (see _read).
+        The analyzer's path: with the whole body in hand the framing is known from the first call,
+        so the body is framed once, with no head kept aside and copied as `feed` must.
         """
         if not body or self._framer is not None or self._head:
             if body:
@@ -87,18 +82,19 @@ class Decoder:
             self.close()
             return
         kind = framing.sniff(body, self.content_type, self.family in LINE_FRAMED)
-        if kind is None:
-            if not body.strip():
-                self.reply.empty_body = True
-                return
-            kind = framing.JSON
+        if kind is None and not body.strip():
+            self.reply.empty_body = True
+            return
+        self._rest(body, kind or framing.JSON)
+
+    def _rest(self, data: bytes, kind: str) -> list[Event]:
+        """Start framing as `kind` once the body has ended, read its last unframed bytes, and end.
+        A batch with no document is not read (see _read)."""
         self._start(kind)
         if self._kept is not None:
-            self._kept.append(body)
-        docs = self._framer.feed(body)
-        if docs:
-            self._read(docs)
-        self._end()
+            self._kept.append(data)
+        docs = self._framer.feed(data)
+        return (self._read(docs) if docs else []) + self._end()
 
     def _end(self) -> list[Event]:
         """The framer's last documents, and what only the end of the body can tell."""
