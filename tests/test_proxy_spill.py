@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 import pytest
 
+from toolproxy.proxy.spool import file_payload
 from toolproxy.record.model import Record, body_bytes, encode_body
 from toolproxy.record.spill import SpilledBody, record_pieces
 from toolproxy.testing.fakes import raw, text
@@ -63,6 +64,14 @@ _ANSWER_WITHIN = 120
 def _unanswered(fake, sent: int) -> str:
     return (f"the proxy did not answer within {_ANSWER_WITHIN}s; the upstream received {len(fake.seen)} of "
             f"{sent} requests whole (a spilled body short of its Content-Length leaves it waiting)")
+
+
+async def test_a_spilled_request_body_that_reads_back_short_fails_instead_of_leaving_the_upstream_waiting(tmp_path):
+    body = _spilled(b"q" * 300_000, str(tmp_path), 65_536)
+    assert b"".join([piece async for piece in file_payload(body)]) == b"q" * 300_000
+    os.ftruncate(body.file.fileno(), 299_000)
+    with pytest.raises(RuntimeError, match="read back 299000 of its 300000 bytes"):
+        [piece async for piece in file_payload(body)]
 
 
 def _hwm_kb(pid: int) -> int:

@@ -57,11 +57,20 @@ class Spool:
 
 
 async def file_payload(body: SpilledBody) -> AsyncIterator[bytes]:
-    """A spilled request body for the upstream, read in pieces off the event loop."""
+    """A spilled request body for the upstream, read in pieces off the event loop.
+
+    It goes with `Content-Length: len(body)`, which aiohttp does not check: an upstream owed
+    bytes that never come waits for them, and the exchange with it hangs. A shortfall fails the
+    request here instead (a 502 naming it).
+    """
     loop = asyncio.get_running_loop()
     pieces = body.chunks()
+    sent = 0
     while True:
         piece = await loop.run_in_executor(None, next, pieces, None)
         if piece is None:
-            return
+            break
+        sent += len(piece)
         yield piece
+    if sent != len(body):
+        raise RuntimeError(f"a spilled request body read back {sent} of its {len(body)} bytes")
