@@ -295,8 +295,8 @@ async def _forward(state: ProxyState, flow: Flow, url: URL) -> web.StreamRespons
 async def _send(state: ProxyState, flow: Flow, url: URL) -> aiohttp.ClientResponse:
     """The upstream's response; a request the upstream cannot have read is sent once more.
 
-    A proxy must not resend a request that may have been acted on (RFC 9110 9.2.2; aiohttp, Go
-    and nginx resend a written POST only when told it is idempotent). Two failures qualify:
+    A proxy must not resend a request that may have been acted on (RFC 9110 9.2.2; aiohttp never
+    resends a written POST, Go and nginx only when told it is idempotent). Two failures qualify:
 
     - the body could not be written at all: the connection was closed before the request left;
     - a kept-alive connection, handed over moments ago, was closed by the upstream before one
