@@ -200,4 +200,17 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE exchanges DROP COLUMN client_body_encoding;
         """,
     ),
+    (
+        5,
+        "turns and episodes without primary keys: derive deletes and rewrites a run's rows whole, and "
+        "the key's index made each deleted row cost ~30 us (re-deriving a run of 14k turns took 3x as long)",
+        """
+        CREATE TABLE turns_v5 AS SELECT * FROM turns;
+        DROP TABLE turns;
+        ALTER TABLE turns_v5 RENAME TO turns;
+        CREATE TABLE episodes_v5 AS SELECT * FROM episodes;
+        DROP TABLE episodes;
+        ALTER TABLE episodes_v5 RENAME TO episodes;
+        """,
+    ),
 ]

@@ -72,6 +72,9 @@ def test_incremental_and_idempotent(tmp_path, db):
     assert con.execute("SELECT run, n_exchanges, n_episodes, n_turns, stack FROM runs ORDER BY run").fetchall() == [
         ("r1", 3, 3, 3, "ollama"), ("r2", 1, 1, 1, "ollama")]
     assert con.execute("SELECT count(*) FROM turns").fetchall()[0][0] == 4
+    # r1 was derived twice: its rows were replaced, not added (turns and episodes have no key since step 5)
+    assert con.execute("SELECT count(*), count(DISTINCT turn_id) FROM turns").fetchall()[0] == (4, 4)
+    assert con.execute("SELECT count(*), count(DISTINCT episode_key) FROM episodes").fetchall()[0] == (4, 4)
     assert con.execute("SELECT count(*), count(DISTINCT turn_id) FROM calls").fetchall()[0] == (4, 4)
     assert con.execute("SELECT count(*) FROM tool_sets").fetchall()[0][0] == 1
 
@@ -175,7 +178,43 @@ def test_migrations_are_recorded_and_rerun_safely(tmp_path):
     con = connect(tmp_path / "x.duckdb")
     con.close()
     con = connect(tmp_path / "x.duckdb")
-    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,)]
+    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,), (5,)]
+    con.close()
+
+
+def test_a_database_analysed_before_step_5_keeps_its_turns_and_episodes(tmp_path):
+    """Step 5 rebuilds turns and episodes without their keys: same columns, same rows, and a run's
+    rows are then deleted and rewritten by the next derive like any other."""
+    import duckdb
+
+    from toolproxy.analysis.migrations import MIGRATIONS
+
+    write(tmp_path, "a.jsonl", [exchange(episode="1"), exchange(episode="2")])
+    path = tmp_path / "old.duckdb"
+    old = duckdb.connect(str(path))
+    old.execute("CREATE TABLE schema_version (version INTEGER, applied_at TIMESTAMP)")
+    for version, _, sql in MIGRATIONS[:4]:
+        old.execute(sql)
+        old.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [version])
+    columns = "SELECT table_name, column_name, data_type FROM information_schema.columns " \
+              "WHERE table_name IN ('turns', 'episodes') ORDER BY table_name, ordinal_position"
+    before = old.execute(columns).fetchall()
+    old.execute("INSERT INTO turns (turn_id, run, turn_index) VALUES ('t0', 'r0', 0)")
+    old.execute("INSERT INTO episodes (episode_key, run, n_turns) VALUES ('e0', 'r0', 1)")
+    old.close()
+    con = connect(path)
+    assert con.execute(columns).fetchall() == before
+    assert con.execute("SELECT count(*) FROM information_schema.table_constraints "
+                       "WHERE table_name IN ('turns', 'episodes')").fetchall() == [(0,)]
+    assert con.execute("SELECT turn_id, run, turn_index FROM turns").fetchall() == [("t0", "r0", 0)]
+    assert con.execute("SELECT episode_key, run, n_turns FROM episodes").fetchall() == [("e0", "r0", 1)]
+    assert ingest(con, tmp_path).new_exchanges == 2
+    rows = con.execute("SELECT turn_id, episode_key FROM turns WHERE run = 'r1'").fetchall()
+    write(tmp_path, "a.jsonl", [exchange(episode="3")])
+    assert ingest(con, tmp_path).runs == ["r1"]
+    after = con.execute("SELECT turn_id, episode_key FROM turns WHERE run = 'r1'").fetchall()
+    assert len(rows) == 2 and len(after) == 3 and set(rows) < set(after)
+    assert con.execute("SELECT count(*), count(DISTINCT episode_key) FROM episodes").fetchall()[0] == (4, 4)
     con.close()
 
 
