@@ -371,6 +371,7 @@ async def test_fingerprint_cache_is_size_bounded(fake_stack, tmp_path, monkeypat
     (("--max-body", "1x"), "--max-body '1x' is not a size"),
     (("--upstream-connections", "-1"), "--upstream-connections must be 0 (no limit) or a positive number"),
     (("--client-body-timeout", "0"), "must be positive"),
+    (("--run", ""), "--run '' names an empty run"),
 ])
 def test_bound_flags_are_checked_at_start(tmp_path, args, message):
     r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import openai
@@ -137,6 +138,19 @@ def test_path_and_header_tags_are_parsed_stripped_and_never_forwarded(fake_stack
     assert a["path"] == "/v1/chat/completions" and a["client_path"].startswith("/t/run=qwen-native/")
     assert (b["run"], b["episode"], b["item"], b["tags"]) == ("hdr-run", "7", "it-9", {"split": "dev"})
     assert (c["run"], c["episode"]) == ("default-run", None)
+
+
+def test_a_run_pattern_names_each_untagged_request_by_its_utc_start(fake_stack, proxy):
+    """`--run prod-%Y-%m-%d`: a run a day for traffic nobody tags; a run tag still wins."""
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet", "--run", "prod-%Y-%m-%d-%H%%")
+    openai.OpenAI(base_url=p.url + "/v1", api_key="sk-x").chat.completions.create(model="gpt-4o-mini", messages=MSGS)
+    openai.OpenAI(base_url=p.url + "/t/run=tagged/v1", api_key="sk-x").chat.completions.create(model="gpt-4o-mini", messages=MSGS)
+    by_tag = {r["run"] == "tagged": r for r in p.wait_records(2)}
+    untagged, tagged = by_tag[False], by_tag[True]
+    started = time.gmtime(untagged["started_at"])
+    assert untagged["run"] == time.strftime("prod-%Y-%m-%d-%H", started) + "%"
+    assert tagged["run"] == "tagged"
 
 
 def test_openai_sdk_sync_with_tools_through_the_proxy(served):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,15 @@ class ProxyConfig:
     otlp_endpoint: str | None = None
     otlp_content: bool = False
 
+    def default_run(self, started_at: float) -> str | None:
+        """The run of a request that names none: `--run`, its strftime fields (`%Y`, `%m`, `%d`,
+        `%H`...) filled in from the request's start in UTC. `prod-%Y-%m-%d` starts a run a day:
+        `analyze` derives a run whole, in memory, and again whenever it gains a record, so traffic
+        that nobody tags is best cut into bounded runs."""
+        if self.run is None or "%" not in self.run:
+            return self.run
+        return time.strftime(self.run, time.gmtime(started_at))
+
     def __post_init__(self) -> None:
         url = URL(self.upstream)
         if url.scheme not in ("http", "https") or not url.host:
@@ -98,6 +108,13 @@ class ProxyConfig:
             )
         if self.spill_above < 1024:
             raise ConfigError("--spill-above must be at least 1024 bytes")
+        if self.run is not None:
+            try:
+                named = self.default_run(time.time())
+            except ValueError as exc:
+                raise ConfigError(f"--run {self.run!r} cannot name a run: {exc}") from None
+            if not named:
+                raise ConfigError(f"--run {self.run!r} names an empty run")
         if self.max_body < 1024:
             raise ConfigError("--max-body must be at least 1024 bytes")
         if not is_loopback(self.host) and not self.auth_token and not self.insecure_public:

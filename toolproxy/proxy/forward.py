@@ -141,7 +141,7 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     flow.up_headers, tagged = _upstream_headers(headers)
     if tagged:
         tags.update(header_tags(headers.items()))
-    rec.run = tags.pop("run", None) or cfg.run
+    rec.run = tags.pop("run", None) or cfg.default_run(rec.started_at)
     rec.episode = tags.pop("episode", None)
     rec.item = tags.pop("item", None)
     rec.condition = tags.pop("condition", None) or cfg.condition

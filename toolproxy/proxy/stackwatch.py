@@ -139,7 +139,7 @@ class StackWatch(Addon):
         self._probing.pop(model, None)
         if self.health is not None:
             self.health.observe(fp.stack != "unreachable", fp.error, "fingerprint")
-        self.writer.submit(fingerprint_record(fp, cfg.run, started))
+        self.writer.submit(fingerprint_record(fp, cfg.default_run(started), started))
         if self._stack is None and fp.stack in STACKS:
             self._stack = fp.stack
         return fp
