@@ -627,9 +627,28 @@ def _derive(con, runs: Iterable[str], rules: Sequence[Rule] | None, progress) ->
     return totals
 
 
+# Attempt columns whose values repeat along a run (its name, an episode's tags, an outcome...):
+# one string object per distinct value instead of one per attempt. A run is held whole while its
+# episodes are grouped, so this is most of what an attempt costs in memory.
+_REPEATING = frozenset(("run", "episode", "item", "category", "condition", "outcome", "sub_kind", "tags"))
+_ATTEMPT_COLUMNS = ["run", *(f.name for f in dataclasses.fields(Attempt))]
+
+
+def _columns(arrays: dict) -> list[list]:
+    """_ATTEMPTS_SQL's result as lists, each array let go once converted."""
+    out = []
+    for name, key in zip(_ATTEMPT_COLUMNS, list(arrays), strict=True):
+        values = arrays.pop(key).tolist()
+        if name in _REPEATING:
+            seen: dict = {}
+            values = [seen.setdefault(v, v) for v in values]
+        out.append(values)
+    return out
+
+
 def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule], progress):
     """The turn rows (columns of _TURN_ROW), episode columns and attempt -> turn map of a batch of runs."""
-    cols = [c.tolist() for c in con.execute(_ATTEMPTS_SQL, {"runs": runs, "clocks": clocks}).fetchnumpy().values()]
+    cols = _columns(con.execute(_ATTEMPTS_SQL, {"runs": runs, "clocks": clocks}).fetchnumpy())
     run_of = cols[0]
     cols[_PARENTS] = [[] if p is None else p.split() for p in cols[_PARENTS]]
     attempts = list(map(Attempt, *cols[1:]))
