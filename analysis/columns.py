@@ -7,6 +7,7 @@ value is checked here first, in Python, where the answer can name the field and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -28,6 +29,20 @@ _WORDS = {
     "BOOLEAN": "true or false",
     "VARCHAR[]": "a list of strings",
 }
+
+
+_TEXT = {str, type(None)}
+
+
+def share_strings(values: Sequence) -> Sequence:
+    """The values with equal strings made one object: a column whose values repeat (a run's name,
+    its model, a stack's headers) then holds one object per distinct value, and pickle sends a
+    repeat as a reference. Only a column of text and None: 1, 1.0 and True are equal dict keys but
+    not equal column values, so any other column comes back as it was."""
+    if not set(map(type, values)) <= _TEXT:
+        return values
+    first: dict[str | None, str | None] = {}
+    return tuple(map(first.setdefault, values, values))
 
 
 def _is_int(value: Any, bounds: tuple[int, int]) -> bool:

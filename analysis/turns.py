@@ -29,6 +29,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 import orjson
 
+from toolproxy.analysis.columns import share_strings
 from toolproxy.analysis.echoes import echoed_calls
 from toolproxy.analysis.expect import Rule, expectation
 from toolproxy.analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE, PROSE, VALID_CALL
@@ -628,21 +629,18 @@ def _derive(con, runs: Iterable[str], rules: Sequence[Rule] | None, progress) ->
 
 
 # Attempt columns whose values repeat along a run (its name, an episode's tags, an outcome...):
-# one string object per distinct value instead of one per attempt. A run is held whole while its
+# one string object per distinct value instead of one per attempt (share_strings). A run is held whole while its
 # episodes are grouped, so this is most of what an attempt costs in memory.
 _REPEATING = frozenset(("run", "episode", "item", "category", "condition", "outcome", "sub_kind", "tags"))
 _ATTEMPT_COLUMNS = ["run", *(f.name for f in dataclasses.fields(Attempt))]
 
 
-def _columns(arrays: dict) -> list[list]:
+def _columns(arrays: dict) -> list[Sequence]:
     """_ATTEMPTS_SQL's result as lists, each array let go once converted."""
     out = []
     for name, key in zip(_ATTEMPT_COLUMNS, list(arrays), strict=True):
         values = arrays.pop(key).tolist()
-        if name in _REPEATING:
-            seen: dict = {}
-            values = [seen.setdefault(v, v) for v in values]
-        out.append(values)
+        out.append(share_strings(values) if name in _REPEATING else values)
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from toolproxy.analysis.columns import Columns, misfit
+from toolproxy.analysis.columns import Columns, misfit, share_strings
 from toolproxy.analysis.store import insert_columns
 
 CASES = [
@@ -66,3 +66,19 @@ def test_insert_columns_stores_what_does_not_fit_instead_of_aborting_the_transac
     assert con.execute("SELECT s, n, epoch(ts) FROM t ORDER BY n NULLS LAST").fetchall() == [
         ("ok", 1, 0.0), ('{"k":1}', None, None)]
     con.close()
+
+
+@pytest.mark.parametrize("values", [
+    ["run-a", "".join(["run-", "a"]), None, "run-b", None],  # two equal strings, two objects
+    [],
+    [1, 1.0, True, "1"],  # equal as dict keys, not as column values
+    ["x", b"x", "x"],
+])
+def test_share_strings_keeps_every_value_and_shares_only_equal_strings(values):
+    shared = share_strings(values)
+    assert list(shared) == values and [type(v) for v in shared] == [type(v) for v in values]
+    if not set(map(type, values)) <= {str, type(None)}:
+        assert shared is values  # a column of other types comes back as it was
+    else:
+        firsts = {}
+        assert all(v is firsts.setdefault(v, v) for v in shared)
