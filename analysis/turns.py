@@ -101,15 +101,12 @@ def _is_tool_result(role: Any, content: Any, text: str) -> bool:
 
 def _message_calls(m: dict) -> list:
     """canon_calls of a chat message's tool_calls (entries that are not objects are skipped)."""
-    out = []
+    pairs = []
     for tc in m.get("tool_calls") or ():
         if isinstance(tc, dict):
             fn = tc.get("function")
-            if isinstance(fn, dict):
-                out.append([fn.get("name"), _args(fn.get("arguments"))])
-            else:
-                out.append([None, None])
-    return out
+            pairs.append((fn.get("name"), fn.get("arguments")) if isinstance(fn, dict) else (None, None))
+    return canon_calls(pairs)
 
 
 class Keys(NamedTuple):
