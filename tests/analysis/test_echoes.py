@@ -67,16 +67,29 @@ def test_echoed_calls(text, expected):
 
 
 @pytest.mark.parametrize("text,expected", ECHOES)
-def test_echoed_calls_read_the_names_as_a_set_and_after_classify_parsed_the_text(text, expected):
-    """Echoes share classify's memo of parsed texts (keyed by the names as given): the order the
-    names come in, or the reply having been classified first, changes nothing."""
+def test_echoed_calls_read_the_names_as_a_set_and_after_classify_parsed_the_text(text, expected, monkeypatch):
+    """Echoes share classify's memo of parsed texts (keyed by the names as given): a text classify
+    parsed is answered from the memo, and the order the names come in changes nothing."""
+    from toolproxy.analysis import textparse
     from toolproxy.analysis.classify import classify
     from toolproxy.wire import Reply
 
+    class Memo(dict):
+        hits = 0
+
+        def get(self, key, default=None):
+            Memo.hits += key in self
+            return super().get(key, default)
+
+    monkeypatch.setattr(textparse, "_PARSES", Memo())
     reply = Reply()
     reply.content = text
     classify(reply, status=200, error_kind=None, tools=None, tool_names=list(TOOLS))
-    assert echoed_calls(text, list(TOOLS)) == echoed_calls(text, list(reversed(TOOLS))) == expected
+    remembered = len(textparse._PARSES)
+    assert echoed_calls(text, list(TOOLS)) == expected
+    if remembered and any(name in text for name in TOOLS):  # echoes parses only such texts
+        assert Memo.hits == 1
+    assert echoed_calls(text, list(reversed(TOOLS))) == expected
 
 
 SYS = {"role": "system", "content": [{"type": "text", "text": "You solve tasks with tool calls."}]}
