@@ -141,15 +141,16 @@ def test_path_and_header_tags_are_parsed_stripped_and_never_forwarded(fake_stack
 
 
 def test_a_run_pattern_names_each_untagged_request_by_its_utc_start(fake_stack, proxy):
-    """`--run prod-%Y-%m-%d`: a run a day for traffic nobody tags; a run tag still wins."""
+    """`--run prod-%Y-%m-%d`: a run a day for traffic nobody tags, in UTC whatever the host's zone
+    (+05:45 here, so local hours and minutes never equal UTC's); a run tag still wins."""
     fake = fake_stack("openai")
-    p = proxy(fake.url, "--quiet", "--run", "prod-%Y-%m-%d-%H%%")
+    p = proxy(fake.url, "--quiet", "--run", "prod-%Y-%m-%d-%H%M%%", env={"TZ": "Asia/Kathmandu"})
     openai.OpenAI(base_url=p.url + "/v1", api_key="sk-x").chat.completions.create(model="gpt-4o-mini", messages=MSGS)
     openai.OpenAI(base_url=p.url + "/t/run=tagged/v1", api_key="sk-x").chat.completions.create(model="gpt-4o-mini", messages=MSGS)
     by_tag = {r["run"] == "tagged": r for r in p.wait_records(2)}
     untagged, tagged = by_tag[False], by_tag[True]
     started = time.gmtime(untagged["started_at"])
-    assert untagged["run"] == time.strftime("prod-%Y-%m-%d-%H", started) + "%"
+    assert untagged["run"] == time.strftime("prod-%Y-%m-%d-%H%M", started) + "%"
     assert tagged["run"] == "tagged"
 
 
