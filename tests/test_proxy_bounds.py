@@ -16,6 +16,8 @@ import pytest
 from toolproxy.checks.local import local_proxy
 from toolproxy.proxy import stackwatch
 from toolproxy.proxy.durability import LastBytes, expected_body_length
+from toolproxy.proxy.forward import _CLOSE_RACE_S
+from toolproxy.proxy.pool import KEEPALIVE_S, PoolStats, upstream_session
 from toolproxy.testing.fakes import stall, text
 from toolproxy.stacks.fingerprint import GET_PROBES
 
@@ -184,10 +186,11 @@ async def llamacpp_closing_after_streams(close_after: float = 0.0, read: list | 
         yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
-@pytest.mark.parametrize("close_after", [0.0, 0.5])
+@pytest.mark.parametrize("close_after", [0.0, _CLOSE_RACE_S / 4])
 async def test_a_capped_pool_in_front_of_llamacpp_answers_every_queued_request(proxy, close_after):
     """The connection llama.cpp is about to close can reach a queued request first: sent again, never a 502.
-    With the close half a second late, every queued request meets it; the server reads each request once."""
+    With the close late (well within the resend window), every queued request meets it; the server
+    reads each request once."""
     read: list[bytes] = []
     async with llamacpp_closing_after_streams(close_after, read) as upstream:
         p = proxy(upstream, "--quiet", "--upstream-connections", "1", "--no-fingerprint")
@@ -205,18 +208,21 @@ async def test_a_request_the_upstream_may_have_read_is_not_sent_again(proxy):
     """An upstream that reads a request and closes without a byte may have acted on it: a 502, never a
     second copy, when the connection was fresh, or when the close came long after the request."""
     read: list[bytes] = []
+    on: list[object] = []  # the connection each request in `read` came on
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         if await _answer_probe(head, writer):
             return
         read.append(await _read_request(reader, head))
+        on.append(writer)
         if b"keep" in read[-1]:  # answer, keep the connection for the next request
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
             await writer.drain()
             head = await reader.readuntil(b"\r\n\r\n")
             read.append(await _read_request(reader, head))
-            await asyncio.sleep(1.2)  # works on it longer than a close racing a handover takes
+            on.append(writer)
+            await asyncio.sleep(_CLOSE_RACE_S + 0.5)  # works on it longer than a close racing a handover takes
         writer.close()
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
@@ -230,9 +236,21 @@ async def test_a_request_the_upstream_may_have_read_is_not_sent_again(proxy):
                     statuses.append(r.status)
         recs = sorted(p.wait_records(3), key=lambda r: r["started_at"])
     assert statuses == [502, 200, 502]
-    assert [b"fresh" in b for b in read] == [True, False, False] and len(read) == 3  # each read once
+    # each read once, in order; "slow" went on the connection "keep" left open (a reused one)
+    assert [next(c for c in ("fresh", "keep", "slow") if c.encode() in b) for b in read] == ["fresh", "keep", "slow"]
+    assert on[0] is not on[1] and on[1] is on[2]
     for rec in (recs[0], recs[2]):
         assert rec["error_kind"] == "upstream_closed" and "resent" not in rec["extra"]
+
+
+async def test_the_upstream_pool_lets_go_of_idle_connections_before_common_servers_close_them():
+    """cpp-httplib, uvicorn and Node close a connection idle for 5 s; the behaviour itself is the
+    slow test below (it waits the seconds out)."""
+    session = upstream_session(PoolStats(0), 5.0)
+    try:
+        assert session.connector._keepalive_timeout == KEEPALIVE_S < 5
+    finally:
+        await session.close()
 
 
 @pytest.mark.slow
