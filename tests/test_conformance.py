@@ -250,22 +250,18 @@ def test_cli_exit_codes(fake_stack, tmp_path):
         lambda: cli(*args[1], "-o", str(tmp_path / "flaky2.md"), "--gates", str(gates)),
         lambda: cli("--upstream", "http://127.0.0.1:9", "--model", "m", "--data", str(tmp_path / "d3"),
                     "-o", str(tmp_path / "x.md")))
-    r = r_good
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert out.read_text() == r.stdout.split("written to")[0]
-    assert "Result: native passes every hard gate" in r.stdout
+    assert r_good.returncode == 0, r_good.stdout + r_good.stderr
+    assert out.read_text() == r_good.stdout.split("written to")[0]
+    assert "Result: native passes every hard gate" in r_good.stdout
 
-    r = r_flaky
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "| required_argument | hard ≥100% | 17/20 ✗ |" in r.stdout
-    r = r_gated
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "| required_argument | hard ≥85% | 17/20 |" in r.stdout
+    assert r_flaky.returncode == 1, r_flaky.stdout + r_flaky.stderr
+    assert "| required_argument | hard ≥100% | 17/20 ✗ |" in r_flaky.stdout
+    assert r_gated.returncode == 0, r_gated.stdout + r_gated.stderr
+    assert "| required_argument | hard ≥85% | 17/20 |" in r_gated.stdout
 
     # endpoint down: a transport problem, exit 2, no traceback, nothing counted as a failed case
-    r = r_down
-    assert r.returncode == 2 and "cannot connect to http://127.0.0.1:9" in r.stderr
-    assert "Traceback" not in r.stderr and not (tmp_path / "x.md").exists()
+    assert r_down.returncode == 2 and "cannot connect to http://127.0.0.1:9" in r_down.stderr
+    assert "Traceback" not in r_down.stderr and not (tmp_path / "x.md").exists()
 
 
 def test_cli_default_output_under_runs(fake_stack, tmp_path):

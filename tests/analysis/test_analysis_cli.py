@@ -61,10 +61,9 @@ def test_analyze_then_sql_and_show(data):
     assert as_csv.stdout == "run,stack\nsglang-text,sglang\n"
     assert by_db.returncode == 0 and "simple" in by_db.stdout and "simple_3" in by_db.stdout and "(1 row)" in by_db.stdout
 
-    r = shown
-    assert r.returncode == 0, r.stderr
-    assert "outcome: valid_call  surface: text" in r.stdout
-    assert "HARNESS SAW PROSE" in r.stdout and "get_weather" in r.stdout and "Weather in Oslo?" in r.stdout
+    assert shown.returncode == 0, shown.stderr
+    assert "outcome: valid_call  surface: text" in shown.stdout
+    assert "HARNESS SAW PROSE" in shown.stdout and "get_weather" in shown.stdout and "Weather in Oslo?" in shown.stdout
 
 
 def test_bodies_are_read_from_the_segments_and_a_missing_one_is_a_clear_error(data):
