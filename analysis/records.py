@@ -30,7 +30,8 @@ from toolproxy.record.model import Record
 from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.record.segments import BODIES_AS_RECORDED, parse_line
 from toolproxy.stacks.markers import detect
-from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Request, decode, family_of, read_request, tool_names
+from toolproxy.wire import (OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Request, decode, family_of, read_request,
+                           stop_strings, tool_names)
 
 EXCHANGE_TYPES = {name: sql_type for name, sql_type in EXCHANGES.types.items() if name not in ("turn_id", "analyzer_version")}
 _EXCHANGE_VALUES = operator.itemgetter(*EXCHANGE_TYPES)
@@ -195,7 +196,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         c = classify(
             view, status=view_status, error_kind=rec.get("error_kind"), tools=tools,
             call_surface=_REWRITTEN_SURFACE.get(condition, "native") if rewritten else "native", tool_names=names,
-            tool_set=tool_hash,
+            tool_set=tool_hash, stops=stop_strings(req), stack_reply=upstream_reply if upstream_reply is not view else None,
         )
         outcome, sub_kind, surface, saw_prose = c.outcome, c.sub_kind, c.surface, c.harness_saw_prose
         n_calls = len(c.calls)
