@@ -496,8 +496,13 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
         row = rows[run]
         shown = [int(x.replace(",", "")) for x in row[1:6]]
         assert shown == [counts["exchanges"], *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none"))]
-        assert _shown_outcomes(row[7]) == counts["outcomes"]
-        assert int(row[8].replace(",", "")) == counts["calls"]
+        assert _shown_outcomes(row[9]) == counts["outcomes"]
+        assert int(row[10].replace(",", "")) == counts["calls"]
+        h = counts["headline"]
+        if h["verdict"]:  # every exchange a non-response: rej and its cause, never a rate
+            assert (row[7], row[8]) == ("rej", h["cause"])
+        else:
+            assert (row[7], row[8]) == (h["call"], h["delivered"] + (f" · {h['lost']} lost in text" if h["lost"] else ""))
     assert sum(int(r[1].replace(",", "")) for r in rows.values()) == stats["exchanges"]
 
     # `analyze`, then its report: per run, the turns and outcomes the page showed (every exchange
@@ -510,7 +515,7 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
     report = {run["run"]: run for run in json.loads(r.stdout)["runs"]}
     assert set(report) == set(rows)
     for run, row in rows.items():
-        shown = _shown_outcomes(row[7])
+        shown = _shown_outcomes(row[9])
         by_outcome: dict[str, int] = {}
         for key, n in shown.items():
             by_outcome[key.split("/")[0]] = by_outcome.get(key.split("/")[0], 0) + n
@@ -518,7 +523,13 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
         assert by_outcome == {k: n for k, n in rep["outcomes"].items() if n}, (run, shown, rep["outcomes"])
         assert sum(shown.values()) == rep["turns"] == int(row[1].replace(",", ""))
         assert {k.split("/")[1]: n for k, n in shown.items() if k.startswith("non_response/")} == rep["non_response_kinds"]
-        assert int(row[8].replace(",", "")) == rep["calls"]
+        assert int(row[10].replace(",", "")) == rep["calls"]
+        # every exchange its own one-turn episode: the page's call and delivered are the report's
+        if rep["rejected"]:
+            assert row[7] == "rej"
+            continue
+        for cell, metric in ((row[7], "call_fidelity"), (row[8], "delivered_fidelity")):
+            assert f"({rep[metric]['numerator']}/{rep[metric]['denominator']})" in cell, (run, cell, rep[metric])
 
     # Filtered to one run and outcome, as a link to it would open it.
     shot = screenshot(f"{page}#run=beta&outcome=hallucinated_call", screens / "live-filtered.png", 1400, 1000, wait_ms=5000)
