@@ -22,6 +22,7 @@ import orjson
 from toolproxy.analysis.bodies import decode_body, header
 from toolproxy.analysis.classify import classify
 from toolproxy.analysis.columns import Columns, share_strings
+from toolproxy.analysis.probes import probe_of
 from toolproxy.analysis.tables import CALLS, EXCHANGES
 from toolproxy.analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys
 from toolproxy.gcpause import gc_paused
@@ -154,10 +155,12 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     path = _given(rec.get("path"), "")
     # A sampled-out exchange's stub (record/sampling.py) is counted, never analysed as a turn.
     kind = family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
-    is_attempt = kind is not None
     condition = _given(rec.get("condition"), "native")
     rewritten = rec.get("upstream_request") is not None
-    req, request = _request(rec, kind) if is_attempt else (None, None)
+    req, request = _request(rec, kind) if kind is not None else (None, None)
+    # A harness's capability probe asks the model, but is no turn of its task (analysis.probes).
+    probe = probe_of(kind, req)
+    is_attempt = kind is not None and probe is None
     messages = request.messages if request is not None else []
     tools = request.tools if request is not None and request.tools else None
 
@@ -242,6 +245,8 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         "classification_detail": None,
         "extra": rec.get("extra") or None,
     }
+    if probe is not None:
+        record_meta["probe"] = probe
     if view is not None and outcome == "non_response":
         record_meta["classification_detail"] = c.detail
     if kind == RESPONSES:
