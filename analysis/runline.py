@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from toolproxy.analysis.outcomes import NON_RESPONSE, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, SUB_KINDS, UNKNOWN, VALID_CALL
+from toolproxy.analysis.outcomes import (HARNESS, MODEL, NON_RESPONSE, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, SERVING, SUB_KINDS,
+                                        UNKNOWN, VALID_CALL, whose)
 
 REJ = "rej"
 CAUSE_CHARS = 120
@@ -102,10 +103,8 @@ def _cut(text: str) -> str:
 def cause_text(kind: str, n: int | None = None, said: str | None = None) -> str:
     """One non-response cause: its name (and count), what the record said or the cause in words,
     and whose it is."""
-    owner = NON_RESPONSE_OWNER.get(kind, UNKNOWN)
-    whose = "a serving failure" if owner == "serving layer" else "cause unknown" if owner == UNKNOWN else f"the {owner}'s"
     words = _cut(said) if said else NON_RESPONSE_WORDS.get(kind, kind)
-    return f"{kind}{f' {n}' if n is not None else ''}: {words} ({whose})"
+    return f"{kind}{f' {n}' if n is not None else ''}: {words} ({whose(kind)})"
 
 
 def _share(metric: dict | None) -> Share:
@@ -164,7 +163,7 @@ SEGMENTS = (
     ("nr-harness", "non-response: the harness's stop string cut the reply"),
     ("nr-unknown", "non-response: cause unknown"),
 )
-_OWNER_SEGMENT = {"serving layer": "nr-serving", "model": "nr-model", "harness": "nr-harness"}
+_OWNER_SEGMENT = {SERVING: "nr-serving", MODEL: "nr-model", HARNESS: "nr-harness"}
 
 
 def segments(outcomes: dict[str, int], delivered: int) -> list[dict]:

@@ -155,9 +155,11 @@ EXCHANGES = [
     ({"outcome": "hallucinated_call", "surface": "native", "delivered": None}, "hallucinated_call/native"),
     ({"outcome": "prose", "surface": None, "delivered": None}, "prose"),
     ({"outcome": "non_response", "sub_kind": "model_stopped", "detail": None},
-     "non_response/model_stopped: the model ended its turn at once (its end token, no text) (the model's)"),
+     "non_response/model_stopped: the model ended its turn at once (its end token, no text) "
+     "(the model's doing, not a serving failure)"),
     ({"outcome": "non_response", "sub_kind": "stop_string", "detail": "a stop string the harness sent cut the reply: 'Observation:'"},
-     "non_response/stop_string: a stop string the harness sent cut the reply: 'Observation:' (the harness's)"),
+     "non_response/stop_string: a stop string the harness sent cut the reply: 'Observation:' "
+     "(the harness's doing, not a serving failure)"),
     ({"outcome": "non_response", "sub_kind": "http_5xx", "detail": "out of memory\n" + "x" * 300},
      "non_response/http_5xx: out of memory " + "x" * 103 + "... (a serving failure)"),
 ]

@@ -2,7 +2,7 @@
 
     python tests/recipes/truth.py                                   # the emulated llama.cpp (seconds per harness)
     python tests/recipes/truth.py --upstream http://127.0.0.1:18431 # a real stack (minutes per harness)
-    python tests/recipes/truth.py --only smolagents,dspy --data DIR --timeout 300
+    python tests/recipes/truth.py --only smolagents,dspy --data DIR --timeout 300 [--condition text]
 
 Each harness runs once per task (the weather in Paris, then in Tokyo) through `toolproxy run`,
 untagged (one run per harness, no episode tags: toolproxy rebuilds the episodes), in the pinned
@@ -14,7 +14,8 @@ Then the data directory is analysed and one table printed, also written to DATA/
 
 "ours" is the report's: episodes, turns with role `call`, call turns whose valid call reached the
 harness, episodes ending in an `answer` turn. The harness's: tasks it ran, tool executions it
-logged, final answers it returned. A recipe whose harness ends by calling a tool (smolagents'
+logged, final answers it returned after the tool ran (a reply it returned as its answer without the
+tool ever running, e.g. a call left in text, is counted apart in the notes). A recipe whose harness ends by calling a tool (smolagents'
 final_answer, inspect-ai's submit, mini-swe-agent's submit command) delivers that call too, and
 gives its answer through it rather than in an answer turn; the notes column says so. Not part of
 the test suite or the wheel: rerun it by hand (the lead reruns it on merged main).
@@ -51,20 +52,23 @@ ROWS = {
 ENDS_BY_TOOL = {"smolagents": "final_answer", "inspect-ai": "submit", "mini-swe-agent": "its submit command"}
 
 
-def _truth(log: Path, workdir: Path, check) -> tuple[int, int]:
-    """(tool executions, final answers) by the harness's own account."""
+def _truth(log: Path, workdir: Path, check) -> tuple[int, int, int]:
+    """(tool executions, final answers after the tool ran, replies returned as the answer without
+    the tool ever running) by the harness's own account."""
     if check.trajectory:
         path = workdir / check.trajectory
         if not path.exists():
-            return 0, 0
+            return 0, 0, 0
         traj = json.loads(path.read_text())
         ran = sum(1 for m in traj.get("messages", []) if m.get("role") == "tool")
-        return ran, int(bool((traj.get("info") or {}).get("submission", "").strip()))
+        submitted = bool((traj.get("info") or {}).get("submission", "").strip())
+        return ran, int(submitted and ran > 0), int(submitted and not ran)
     events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return (sum(e["event"] == "tool" for e in events), sum(e["event"] == "answer" and bool(e.get("answer")) for e in events))
+    answers = [e for e in events if e["event"] == "answer" and e.get("answer")]
+    return sum(e["event"] == "tool" for e in events), sum(e["tool_ran"] for e in answers), sum(not e["tool_ran"] for e in answers)
 
 
-def _run(check, upstream: str, data: Path, city: str, timeout: float) -> dict:
+def _run(check, upstream: str, data: Path, city: str, timeout: float, condition: str) -> dict:
     bindir = environment(check.harness) / "bin"
     argv = [a.format(python=bindir / "python", bin=bindir) for a in check.argv]
     workdir = Path(tempfile.mkdtemp(prefix=f"truth-{check.id}-", dir=data.parent))
@@ -73,16 +77,17 @@ def _run(check, upstream: str, data: Path, city: str, timeout: float) -> dict:
     if check.trajectory:  # mini-swe-agent takes its task on the command line
         argv = [a.replace("Paris", city) for a in argv]
     cmd = [sys.executable, "-m", "toolproxy.cli", "run", "--upstream", upstream, "--run", check.id, "--data", str(data),
-           "--no-analyze", "--", *argv]
+           "--condition", condition, "--no-analyze", "--", *argv]
     started = time.monotonic()
     try:
         done = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=timeout)
         code, tail = done.returncode, (done.stderr or done.stdout)[-400:]
     except subprocess.TimeoutExpired:
         code, tail = "timeout", f"stopped after {timeout:g}s"
-    ran, answered = _truth(log, workdir, check)
+    ran, answered, untooled = _truth(log, workdir, check)
     shutil.rmtree(workdir, ignore_errors=True)
-    return {"exit": code, "executions": ran, "answers": answered, "seconds": time.monotonic() - started, "tail": tail}
+    return {"exit": code, "executions": ran, "answers": answered, "answers_without_tool": untooled,
+            "seconds": time.monotonic() - started, "tail": tail}
 
 
 def _report(data: Path) -> dict[str, dict]:
@@ -108,6 +113,10 @@ def table(stack: str, results: dict[str, list[dict]], report: dict[str, dict]) -
         notes = []
         if check_id in ENDS_BY_TOOL:
             notes.append(f"ends by calling {ENDS_BY_TOOL[check_id]}: delivered counts it, the answer is that call")
+        untooled = sum(x["answers_without_tool"] for x in runs)
+        if untooled:
+            notes.append(f"the harness returned {untooled} repl{'ies' if untooled != 1 else 'y'} as its answer without "
+                         "running the tool (not counted as answers)")
         kinds = r.get("non_response_kinds") or {}
         if kinds:
             notes.append("non-responses " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
@@ -127,6 +136,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, help="where to record (default: a new temporary directory); it is emptied first")
     ap.add_argument("--only", help="comma-separated check ids (default: all of " + ", ".join(ROWS) + ")")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per harness run (default 600)")
+    ap.add_argument("--condition", default="native", help="the interface condition of every run (default native)")
     args = ap.parse_args()
     wanted = args.only.split(",") if args.only else list(ROWS)
     unknown = set(wanted) - set(ROWS)
@@ -142,11 +152,12 @@ def main() -> None:
         for check_id in wanted:
             results[check_id] = []
             for city in TASKS:
-                out = _run(checks[check_id], upstream, data, city, args.timeout)
+                out = _run(checks[check_id], upstream, data, city, args.timeout, args.condition)
                 results[check_id].append(out)
                 print(f"{check_id} {city}: exit {out['exit']}, {out['executions']} executions, {out['answers']} answers, "
                       f"{out['seconds']:.0f}s", file=sys.stderr, flush=True)
-    stack = "emulated llama.cpp" if fake is not None else f"real ({args.upstream})"
+    stack = ("emulated llama.cpp" if fake is not None else f"real ({args.upstream})") + \
+        (f", {args.condition}" if args.condition != "native" else "")
     text = table(stack, results, _report(data))
     (data / "truth.md").write_text(text)
     (data / "truth.json").write_text(json.dumps(results, indent=1) + "\n")
