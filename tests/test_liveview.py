@@ -327,6 +327,25 @@ def test_counted_when_behind_or_spilled():
     assert busy["first"] == 1000.0 and busy["last"] == 1005.0
 
 
+def test_a_run_tag_that_is_not_unicode_is_counted_under_its_stored_name():
+    """A header's odd bytes arrive as surrogate escapes; an exchange counted without being
+    classified (its body spilled) is sent to the classifier as JSON all the same, under the name
+    its record line stores, and the feeder goes on (it died there, and every later exchange went
+    unclassified)."""
+    view = LiveView()
+    view.observe(_rec(1, run="caf\udce9"), None, False)
+    view.observe(_rec(2, run="plain"))
+    view.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (rep := view.report())["classified"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        view.stop()
+    assert rep["classified"] == 1 and rep["broken"] is None and rep["unclassified"] == {"large": 1}, rep
+    assert rep["runs"]["caf\xe9"]["unclassified"] == {"large": 1}
+
+
 MERGE_CASES = [
     # (worker reports' runs, merged runs)
     ([{"a": {"exchanges": 2, "first": 5.0, "last": 9.0, "calls": 1, "by_status_class": {"2xx": 2}, "errors": {},

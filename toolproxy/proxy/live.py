@@ -43,7 +43,7 @@ from typing import Any, Callable
 import orjson
 
 from toolproxy.proxy.children import start_child
-from toolproxy.record.model import Record, encode_record
+from toolproxy.record.model import Record, encode_record, stored_text
 
 INBOX = 1_000
 RECENT = 300
@@ -139,7 +139,9 @@ def brief(rec: Record) -> tuple:
     started_at). Plain values only: the inbox keeps this and the record's line, not the record,
     so the proxy's heap (and its garbage collector) does not carry records waiting for the view."""
     status = rec.client_status if rec.client_status is not None else rec.status
-    run = rec.run if rec.run not in (None, "") else UNTAGGED_RUN
+    # a run tag may hold any byte (a header): kept as its record line stores it, which is also the
+    # name the classifier sees, and which the feeder can send as JSON
+    run = stored_text(rec.run) if rec.run not in (None, "") else UNTAGGED_RUN
     return run, status_class(status), rec.error_kind, rec.started_at
 
 
