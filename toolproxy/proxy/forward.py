@@ -31,6 +31,7 @@ from toolproxy.proxy.headers import (
 )
 from toolproxy.proxy.auth import presented_token
 from toolproxy.proxy.pool import CONNECTION
+from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
 from toolproxy.proxy.spool import Spool, file_payload
 from toolproxy.proxy.state import ADMIN_PREFIX, STATE, ProxyState
 from toolproxy.proxy.tags import header_tags, split_path_tags
@@ -60,6 +61,7 @@ async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.Stre
             if gate is not None:
                 return gate
             # The counters name the upstream and the data directory: not for anonymous callers.
+            state.refusals.count(ADMIN_UNAUTHORIZED)
             return web.Response(status=401, body=error_body(
                 "this toolproxy requires a token for its admin routes too: send 'X-Toolproxy-Token: <token>'",
                 "toolproxy_unauthorized"), content_type="application/json")
@@ -154,7 +156,7 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
         hook(flow)
     if not path.startswith("/"):
         flow.refuse(
-            400, "proxy_error",
+            400, "not_a_forward_proxy",
             "absolute-form request targets are refused: toolproxy forwards only to its configured upstream "
             f"({cfg.upstream}); send requests to its own address instead",
             "not_a_forward_proxy",

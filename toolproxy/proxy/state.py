@@ -19,6 +19,7 @@ from toolproxy.proxy.counters import Counters
 from toolproxy.proxy.flow import Hooks
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import PoolStats
+from toolproxy.proxy.refusals import RefusalBudget
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.proxy.watchdog import Watchdog
@@ -51,6 +52,7 @@ class ProxyState:
         self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
         self.sampler: Sampler | None = None  # set by app.make_state for --sample
         self.otlp: SpanShipper | None = None  # set by app.make_state for --otlp-endpoint
+        self.refusals: RefusalBudget | None = None  # set by app.make_state
 
     def snapshot(self) -> dict:
         w = self.writer.stats
@@ -63,6 +65,7 @@ class ProxyState:
             "stack": self.stacks.report() if self.stacks is not None else None,
             "uptime_s": round(time.time() - self.started, 3),
             **self.counters.report(),
+            "refused": self.refusals.report(),
         }
         snap["recording"] = {
             "queue_depth": self.writer.queue_depth,

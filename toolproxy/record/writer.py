@@ -48,14 +48,18 @@ from toolproxy.record.spill import has_spilled, record_pieces
 
 SEGMENT_DIR = "segments"
 SEGMENT_SUFFIX = ".jsonl"
+# The stream of refused requests' records (proxy/refusals.py) has segments of its own, named like
+# the others with this before the suffix: a disk budget can then tell them apart and never prune
+# an exchange's record to make room for them.
+REFUSALS_STREAM = ".refused"
 # Names the writer in its segments' names (default: the host name). Proxies on several hosts may
 # share one data directory (a network volume) or sync theirs into one bucket: the process id alone
 # repeats across hosts (every container's proxy may be pid 1), the replica name does not.
 REPLICA_ENV = "TOOLPROXY_REPLICA"
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
-# A segment's name is `<UTC time>-<pid>-<sequence>-<replica>.jsonl`; this finds the replica (group
-# 1; no match in names written before replicas were named). Python's and DuckDB's syntax alike.
-SEGMENT_REPLICA = r"^[0-9]{8}T[0-9]{6}-[0-9]+-[0-9]+-(.+)\.jsonl$"
+# A segment's name is `<UTC time>-<pid>-<sequence>-<replica>[.refused].jsonl`; this finds the replica
+# (group 1; no match in names written before replicas were named). Python's and DuckDB's syntax alike.
+SEGMENT_REPLICA = r"^[0-9]{8}T[0-9]{6}-[0-9]+-[0-9]+-(.+?)(?:\.refused)?\.jsonl$"
 # Records up to this many body characters are serialised on the event loop when submitted (a few
 # microseconds): the writer thread then holds the GIL only to join and write bytes, instead of
 # taking it from the loop for whole batches. Larger ones are serialised on the writer thread, so a
@@ -72,6 +76,7 @@ MAX_QUEUE_WAIT = 0.1
 QUEUE_FULL = "queue_full"
 DISK = "disk"
 UNENCODABLE = "unencodable"
+DISK_BUDGET = "disk_budget"
 WRITER_ERROR = "writer_error"
 STOPPED = "stopped"
 
@@ -108,8 +113,10 @@ class SegmentWriter:
         poll: float = 0.02,
         dedup: bool = True,
         stall_timeout: float = 30.0,
+        stream: str = "",
     ) -> None:
         self.dir = Path(data_dir) / SEGMENT_DIR
+        self.stream = stream
         self.window = window
         self.segment_bytes = segment_bytes
         self.segment_seconds = segment_seconds
@@ -156,6 +163,9 @@ class SegmentWriter:
         # Applied on this thread to every record before it is serialised (record/masking.py); while
         # set, submit leaves serialising to this thread so the event loop never does the work.
         self.transform: Callable[[Record], Record] | None = None
+        # `--on-disk-full block` (record/housekeeping.py): asked before every append whether its
+        # bytes fit (raises OverBudget if not), told of every byte appended or cut back.
+        self.budget = None
 
     # ---- called from the event loop -------------------------------------------------------
 
@@ -422,11 +432,14 @@ class SegmentWriter:
         return ready, b"".join(parts)
 
     def _write_failed(self, exc: OSError, records: int, waiters: list, size: int) -> None:
-        self.stats.write_failures += 1
         self._last_write_ok = False
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            self._room_needed = max(size, 1)
-        self._drop(records, DISK, f"cannot write segment in {self.dir}: {exc}")
+        if isinstance(exc, OverBudget):
+            self._drop(records, DISK_BUDGET, str(exc))
+        else:
+            self.stats.write_failures += 1
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self._room_needed = max(size, 1)
+            self._drop(records, DISK, f"cannot write segment in {self.dir}: {exc}")
         self._release(waiters, False)
 
     def _writable_segment(self) -> _Segment:
@@ -441,6 +454,9 @@ class SegmentWriter:
     def _append(self, seg: _Segment, data: bytes) -> None:
         start = seg.end
         seg.pending = 0
+        budget = self.budget
+        if budget is not None:
+            budget.check(len(data))  # before a byte is written: OverBudget leaves the segment as it was
         view = memoryview(data)
         try:
             while view:
@@ -449,6 +465,8 @@ class SegmentWriter:
             self._rollback(seg, start)
             raise
         seg.end += len(data)
+        if budget is not None:
+            budget.appended(len(data))
 
     def _open_segment(self) -> _Segment:
         if self.on_new_segment is not None:
@@ -460,7 +478,7 @@ class SegmentWriter:
             # nothing by it, since replicas' clocks may disagree.
             self._seq += 1
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-            path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}-{self.replica}{SEGMENT_SUFFIX}"
+            path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}-{self.replica}{self.stream}{SEGMENT_SUFFIX}"
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
                 break
@@ -581,6 +599,8 @@ class SegmentWriter:
         seg.pending = 0
         try:
             os.ftruncate(seg.fd, size)
+            if self.budget is not None and seg.end - size:
+                self.budget.appended(size - seg.end)
             seg.end = size
             seg.broken = False
         except OSError:
@@ -666,6 +686,10 @@ def replica_name() -> str:
     and in an object store key."""
     raw = os.environ.get(REPLICA_ENV) or socket.gethostname()
     return _NOT_IN_NAME.sub("_", raw).strip("._-")[:64] or "host"
+
+
+class OverBudget(OSError):
+    """An append that would take the segments past `--max-disk` under `--on-disk-full block`."""
 
 
 def _body_chars(rec: Record) -> int:
