@@ -30,6 +30,7 @@ from toolproxy.proxy.headers import (
     redact_query,
 )
 from toolproxy.proxy.auth import presented_token
+from toolproxy.proxy.durability import late_hold
 from toolproxy.proxy.pool import CONNECTION
 from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
 from toolproxy.proxy.spool import Spool, file_payload
@@ -376,7 +377,7 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
     flow.client_resp = client
     rec.client_status = client.status
 
-    chunk_hooks, stream, hold = hooks.response_chunk, flow.stream, flow.hold
+    chunk_hooks, stream, hold, spool, writer = hooks.response_chunk, flow.stream, flow.hold, flow.spool, state.writer
     loop = asyncio.get_running_loop()
     idle = cfg.idle_timeout
     content = resp.content
@@ -401,6 +402,9 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
                 backlog = hook(flow, chunk)
                 if backlog is not None:
                     await backlog
+            if hold is None and (writer.behind or writer.writing_large or spool.spilled is not None):
+                # Its record may now miss the crash bound: this response's end waits for it too.
+                hold = late_hold(flow, spool.size - len(chunk))
             if stream is not None:
                 chunk = stream(chunk)
             if hold is not None:
@@ -426,6 +430,8 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
         hooks.end(flow)
         return client
 
+    if not flow.durable and (writer.behind or writer.writing_large):
+        flow.durable = True  # since the last chunk: a chunked response's end can still wait
     if not flow.durable:
         # Nothing waits for the record: the client gets its last byte first, then it is made.
         try:

@@ -19,10 +19,16 @@ What the counters promise, because operators act on them:
   marks recording degraded with the cause, answers their sync waiters, and the loop goes on.
 - fsync runs on its own thread, so a slow disk delays `written` and sync waiters but never the
   next write.
-- Backpressure: when the oldest queued record has waited longer than MAX_QUEUE_WAIT (or half a
-  window), `behind` turns true; the proxy then holds new work and answers responses as in sync
-  mode until the writer catches up, so a slow writer slows responses instead of widening the
-  window of records a crash can take with it.
+- Backpressure: when the oldest record the writer holds (queued, or taken and not yet written)
+  for a response already answered has waited longer than MAX_QUEUE_WAIT (or half a window),
+  `behind` turns true; the proxy then holds new work and answers responses as in sync mode
+  until the writer catches up, so a slow writer slows responses instead of widening the window
+  of records a crash can take with it.
+- No record waits long behind another: what the writer takes is written in slices (at most
+  SLICE_CHARS of bodies, SLICE_SECONDS of masking), and a record with a body spilled past
+  `--spill-above`, whose copy can take longer than the bound, goes last and alone. While one is
+  being written `writing_large` is true: responses that end meanwhile wait for their records,
+  and those that ended before it was set are written ahead of it.
 """
 
 from __future__ import annotations
@@ -71,6 +77,10 @@ INLINE_SERIALIZE_CHARS = 256 * 1024
 # it (or half a commit window, if shorter) the writer is `behind` and the proxy applies
 # backpressure: this is the bound on what a crash of the proxy process can lose.
 MAX_QUEUE_WAIT = 0.1
+# A slice of the records in hand, written before the next is masked and packed: a busy writer
+# reaches the kernel every few milliseconds, never only once a whole batch is done.
+SLICE_CHARS = 1024 * 1024
+SLICE_SECONDS = 0.02
 
 # Why a record was not written; the keys of WriterStats.dropped_reasons.
 QUEUE_FULL = "queue_full"
@@ -132,8 +142,9 @@ class SegmentWriter:
         self._packer = ChunkPacker() if dedup else None
         self._inline_chars = INLINE_BODY_CHARS if dedup else INLINE_SERIALIZE_CHARS
         self.stall_timeout = stall_timeout
-        # Read by the event loop on every request (a plain attribute: no lock, no I/O).
+        # Read by the event loop on every request (plain attributes: no lock, no I/O).
         self.behind = False
+        self.writing_large = False
         self._buf: collections.deque = collections.deque()  # (record, line | None, waiter, submitted)
         self._wake = threading.Event()
         self._stats_lock = threading.Lock()
@@ -142,11 +153,15 @@ class SegmentWriter:
         self._catchup: asyncio.Future | None = None
         self._thread = threading.Thread(target=self._run, name="toolproxy-writer", daemon=True)
         self.replica = replica_name()
-        # Writer-thread state: the open segment, the records in hand (taken, not yet written)
-        # and those written but not yet handed to an fsync.
+        # Writer-thread state: the open segment, the records taken from the queue (waiting for
+        # their slice, then in hand until written) and those written but not yet handed to an fsync.
         self._seg: _Segment | None = None
         self._seq = 0
+        self._waiting: collections.deque = collections.deque()
         self._hand: list = []
+        # When the oldest record taken but not yet written, of a response already answered, was
+        # queued: what the backpressure counts beside the queue (read by the event loop).
+        self._held_since: float | None = None
         self._unsynced = 0
         self._unsynced_waiters: list[asyncio.Future] = []
         self._unsynced_since: float | None = None
@@ -197,7 +212,8 @@ class SegmentWriter:
             if line is None:
                 return False
         now = time.monotonic()
-        if buf and now - buf[0][3] > self.lag_limit:
+        held = self._held_since
+        if (buf and now - buf[0][3] > self.lag_limit) or (held is not None and now - held > self.lag_limit):
             self.behind = True
         buf.append((record, line, waiter, now))
         if waiter is not None:
@@ -327,12 +343,20 @@ class SegmentWriter:
             self._wake.wait(self.poll)
             self._wake.clear()
         self._collect_syncs()
-        taken = self._take_all()
-        self._hand.extend(taken)  # in hand first: should the transform fail, they are counted dropped
-        if self.transform is not None and taken:
-            self._hand[-len(taken):] = [(self.transform(rec), line, waiter, t) for rec, line, waiter, t in taken]
-        if self._hand:
-            self._write_hand()
+        self._hold(self._take_all())
+        try:
+            while self._waiting:
+                if not self.writing_large and _is_large(self._waiting[0]):
+                    # Copying it may take longer than the crash bound: from now on a response that
+                    # ends waits for its record (forward.py), and the records of those that ended
+                    # before this was set go ahead of it.
+                    self.writing_large = True
+                    self._hold(self._take_all())
+                self._next_slice()
+                self._write_hand()
+        finally:
+            self.writing_large = False
+            self._held_since = None
         if self._unsynced and self._syncing is None and (
             self._unsynced_waiters or stopping or self.stats.degraded
             or time.monotonic() - self._unsynced_since >= self.window
@@ -344,6 +368,45 @@ class SegmentWriter:
             if fut is not None:
                 self._release([fut], True)
         return stopping and not buf
+
+    def _hold(self, taken: list) -> None:
+        """Records taken from the queue wait for their slice in order, except that those with a
+        spilled body go behind all the others."""
+        if not taken:
+            return
+        waiting = self._waiting
+        if (waiting and _is_large(waiting[-1])) or any(map(_is_large, taken)):
+            ordered = sorted([*waiting, *taken], key=_is_large)  # stable: order kept otherwise
+            waiting.clear()
+            waiting.extend(ordered)
+        else:
+            waiting.extend(taken)
+
+    def _next_slice(self) -> None:
+        """Move the next records into hand, transformed (masked, sampled): until they hold
+        SLICE_CHARS of bodies (or what the open segment has room for: rotation is checked before
+        each slice, so a segment ends at most a record past its size) or took SLICE_SECONDS, or
+        one large record alone. A record goes in hand before its transform runs, so a failing
+        transform counts it dropped."""
+        waiting, hand, transform = self._waiting, self._hand, self.transform
+        self._held_since = next((t for _, _, waiter, t in waiting if waiter is None), None)
+        seg = self._seg
+        room = self.segment_bytes - seg.end if seg is not None and seg.end < self.segment_bytes else self.segment_bytes
+        limit = min(SLICE_CHARS, room)
+        started = time.monotonic()
+        chars = 0
+        while waiting:
+            large = _is_large(waiting[0])
+            if hand and (large or chars >= limit or time.monotonic() - started >= SLICE_SECONDS):
+                return
+            item = waiting.popleft()
+            hand.append(item)
+            rec, line, waiter, submitted = item
+            if transform is not None:
+                hand[-1] = (transform(rec), line, waiter, submitted)
+            if large:
+                return
+            chars += _body_chars(rec) if line is None else len(line)
 
     def _write_hand(self) -> None:
         taken = self._hand
@@ -625,8 +688,9 @@ class SegmentWriter:
                 pass
 
     def _abandon(self, reason: str, message: str) -> None:
-        """After an unexpected error: count every record in hand or unsynced, answer their waiters."""
-        hand, self._hand = self._hand, []
+        """After an unexpected error: count every record taken, in hand or unsynced, answer their waiters."""
+        hand, self._hand = [*self._hand, *self._waiting], []
+        self._waiting.clear()
         waiters = [w for _, _, w, _ in hand if w is not None] + self._unsynced_waiters
         lost = len(hand) + self._unsynced
         self._unsynced, self._unsynced_waiters, self._unsynced_since = 0, [], None
@@ -690,6 +754,11 @@ def replica_name() -> str:
 
 class OverBudget(OSError):
     """An append that would take the segments past `--max-disk` under `--on-disk-full block`."""
+
+
+def _is_large(item: tuple) -> bool:
+    """Whether a queued record has a body spilled to a file (its copy is the writer's long work)."""
+    return item[1] is None and has_spilled(item[0])
 
 
 def _body_chars(rec: Record) -> int:
