@@ -324,6 +324,7 @@ async def _send(state: ProxyState, flow: Flow, url: URL) -> aiohttp.ClientRespon
         if reason is None:
             raise
         flow.rec.extra["resent"] = f"{reason}: {exc}"
+        state.counters.resent += 1
     return await _request(state, flow, url)
 
 

@@ -100,8 +100,9 @@ class ProxyState:
             # This process's own evidence, not a merge: it is the one that just refreshed it.
             snap["upstream_health"] = await self.upstream_health.report()
             # The status is the proxy's own health (recording): an unreachable upstream is reported
-            # above but answered 200, since restarting or bypassing the proxy would not bring it back.
-            status = 200 if (name != "health" or snap["status"] == "ok") else 503
+            # above but answered 200, since restarting or bypassing the proxy would not bring it back;
+            # so are a group's partial counts (a worker was killed), since the proxy still serves and records.
+            status = 200 if (name != "health" or snap["status"] in ("ok", "partial")) else 503
             return web.json_response(snap, status=status)
         return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)
 
