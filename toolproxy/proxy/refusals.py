@@ -118,12 +118,11 @@ class RefusalBudget:
     """The counts of refused requests and the budget their records are kept within (module doc)."""
 
     def __init__(self, writer: SegmentWriter, exchanges: SegmentWriter, upstream: str,
-                 default_run: Callable[[float], str | None], clock: Callable[[], float] = time.monotonic) -> None:
+                 default_run: Callable[[float], str | None]) -> None:
         self.writer = writer  # the refusals' own segments
         self.exchanges = exchanges  # the exchanges' writer (recording_failed refusals)
         self.upstream = upstream
         self.default_run = default_run
-        self.clock = clock
         self.by_kind: dict[str, int] = {}
         self.recorded = 0
         self.not_recorded = 0
@@ -167,7 +166,7 @@ class RefusalBudget:
 
     def _room(self) -> bool:
         """Whether this interval still takes a record; counts the refusal as not recorded if not."""
-        interval = int(self.clock() // INTERVAL)
+        interval = int(time.monotonic() // INTERVAL)
         if interval != self._interval:
             self._interval, self._records, self._bytes = interval, 0, 0
         if self._records >= RECORDS:
