@@ -134,7 +134,7 @@ async def test_disk_budget_block_holds_against_clients_retrying_hard(fake_stack,
     bound = BUDGET + SEGMENT + (refusals.KEEP + 1) * refusals.segment_bytes(SEGMENT) + (refusals.KEEP + 2) * 16 * 1024
     statuses: list[int] = []
     peak = 0
-    end = time.monotonic() + 4.0
+    end = time.monotonic() + 2.5
 
     async def client(s: aiohttp.ClientSession, c: int) -> None:
         i = 0

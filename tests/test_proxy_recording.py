@@ -226,7 +226,7 @@ async def test_group_mode_loss_bound_holds_with_a_huge_spilled_body_in_the_batch
     fake.responder = lambda req: text("reply to " + req.messages[-1]["content"][:9] + " with some words in it")
     # 4-byte characters, the slowest text to copy into a JSON line: the copy lasts long enough
     # (0.9 s here) to be caught under way.
-    fake.inject(raw(("\U0001F600" * (HUGE // 4)).encode(), path="/v1/huge"), stall(between=0.002, times=None))
+    fake.inject(raw("\U0001F600".encode() * (HUGE // 4), path="/v1/huge"), stall(between=0.002, times=None))
     p = proxy(fake.url, "--commit-window", "2")
 
     async def huge(finished: list) -> None:
