@@ -15,21 +15,19 @@ executions, answers and steps) in OUT_DIR/harness.json.
 from __future__ import annotations
 
 import argparse
-import re
+import contextlib
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 from toolproxy.testing.fakes import FakeStack
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 from models import MODELS  # noqa: E402
-
-LISTENING = re.compile(r"listening on (http://\S+?)(?:\s|$)")
+from proxyprocess import ProxyProcess  # noqa: E402
 
 # case -> (harness script, scripted model, emulated stack)
 CASES = {
@@ -42,62 +40,28 @@ CASES = {
 }
 
 
-def start_proxy(upstream: str, data: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", "0", "--data", str(data),
-         "--durability", "sync"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    found: list[str] = []
-    ready = threading.Event()
-
-    def drain() -> None:
-        for line in proc.stdout:
-            m = LISTENING.search(line)
-            if m and not found:
-                found.append(m.group(1).rstrip(";,"))
-                ready.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not ready.wait(20):
-        proc.terminate()
-        raise SystemExit("toolproxy serve did not start")
-    return proc, found[0]
-
-
 def run(case: str, out: Path, python: str, upstream: str | None, timeout: float) -> int:
     script, model, stack = CASES[case]
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         fake = None if upstream else FakeStack(stack, responder=MODELS[model])
-        with (fake.in_thread() if fake else _given(upstream)) as url:
-            proc, proxy = start_proxy(url, data)
+        with fake.in_thread() if fake else contextlib.nullcontext(upstream) as url:
+            proxy = ProxyProcess(url, data, ("--durability", "sync"))
             try:
                 model_id = fake.model if fake else "qwen"
-                cmd = [python, str(HERE / "harnesses" / script), "--base-url", proxy + "/v1", "--model", model_id,
+                cmd = [python, str(HERE / "harnesses" / script), "--base-url", proxy.url + "/v1", "--model", model_id,
                        "--record", str(out / "harness.json")] + ([] if fake else ["--max-tokens", "200"])
                 try:
                     code = subprocess.run(cmd, timeout=timeout, cwd=tmp).returncode
                 except subprocess.TimeoutExpired:  # a slow real model: keep what was recorded so far
                     code = 124
             finally:
-                proc.terminate()
-                proc.wait(10)
+                proxy.stop()
         (out / "segments").mkdir(exist_ok=True)
         for seg in sorted((data / "segments").glob("*.jsonl")):
             shutil.copy(seg, out / "segments" / seg.name)
     return code
-
-
-class _given:
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __enter__(self) -> str:
-        return self.url
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ cannot parse), then a CodeAgent (tools as Python functions in the prompt, calls 
 from __future__ import annotations
 
 import smolagents
-from smolagents import CodeAgent, OpenAIServerModel, Tool, ToolCallingAgent
+from smolagents import CodeAgent, OpenAIServerModel, ToolCallingAgent, tool
 
 from common import Log, arguments, weather
 
@@ -12,16 +12,16 @@ LOG: Log | None = None
 CURRENT = {"episode": "?"}
 
 
-class Weather(Tool):
-    name = "get_weather"
-    description = "Current weather for a city."
-    inputs = {"city": {"type": "string", "description": "City name"}}
-    output_type = "string"
+@tool
+def get_weather(city: str) -> str:
+    """Current weather for a city.
 
-    def forward(self, city: str) -> str:
-        result = weather(city)
-        LOG.executed(CURRENT["episode"], "get_weather", {"city": city}, result)
-        return result
+    Args:
+        city: City name
+    """
+    result = weather(city)
+    LOG.executed(CURRENT["episode"], "get_weather", {"city": city}, result)
+    return result
 
 
 def steps(agent) -> list[dict]:
@@ -46,9 +46,9 @@ def main() -> None:
     extra = {"max_tokens": args.max_tokens} if args.max_tokens else {}
     model = OpenAIServerModel(model_id=args.model, api_base=args.base_url, api_key="sk-capture", **extra)
     for name, make, task in [
-        ("tool-calling", lambda: ToolCallingAgent(tools=[Weather()], model=model, max_steps=2, verbosity_level=0),
+        ("tool-calling", lambda: ToolCallingAgent(tools=[get_weather], model=model, max_steps=2, verbosity_level=0),
          "What is the weather in Paris?"),
-        ("code", lambda: CodeAgent(tools=[Weather()], model=model, max_steps=3, verbosity_level=0),
+        ("code", lambda: CodeAgent(tools=[get_weather], model=model, max_steps=3, verbosity_level=0),
          "What is the weather in Oslo?"),
     ]:
         CURRENT["episode"] = name
