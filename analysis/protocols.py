@@ -287,7 +287,11 @@ def _literal(text: str) -> Any:
 # ---------------------------------------------------------------- react: Thought / Action / Action Input / Observation
 
 _ACTION_LIST = re.compile(r"(?m)^Action:[^\n\[]*\[([^\]\n]{1,2000})\][ \t]*$")
-_ACTION = re.compile(r"Action\s*\d*\s*:[\s]*(.*?)[\s]*Action\s*\d*\s*Input\s*\d*\s*:[\s]*(.*)", re.DOTALL)
+# LangChain's reading (ReActSingleInputOutputParser), in two linear steps: its one regex,
+# `Action:(.*?)Action Input:(.*)`, rescans the rest of the text from every "Action:" that has no
+# "Action Input:" after it.
+_ACTION = re.compile(r"Action\s*\d*\s*:")
+_ACTION_INPUT = re.compile(r"Action\s*\d*\s*Input\s*\d*\s*:")
 _QUESTION = re.compile(r"(?m)^Question:[^\n]*\n")
 _NAME = re.compile(r"[A-Za-z_][\w.-]{0,127}")
 _OBSERVATION = "\nObservation:"
@@ -321,7 +325,8 @@ def _read_react(messages: Sequence[Any], texts: list[str | None]) -> Reading | N
 def _react_tool(name: str, listing: str) -> dict:
     """The tool `name` as the prompt describes it: `name(sig) - description` (LangChain) or
     `name: description`. Without a signature it takes one string, as a single-input tool does."""
-    m = re.search(rf"(?m)^{re.escape(name)}(\([^\n]*?\)(?:\s*->\s*[^\n]*?)?)?\s*(?: - |: )([^\n]*)$", listing)
+    line = re.compile(rf"{re.escape(name)}(\([^\n]*?\)(?:\s*->\s*[^\n]*?)?)?\s*(?: - |: )(.*)")
+    m = next((hit for text in listing.splitlines() if len(text) <= 2000 and (hit := line.fullmatch(text))), None)
     params = _signature(m.group(1), typed=True) if m and m.group(1) else None
     if params is None:
         params = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
@@ -357,8 +362,19 @@ def _assistant(content: str, calls: list) -> dict:
             "tool_calls": [{"id": None, "type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}
 
 
+def _action(text: str) -> tuple[int, str, str] | None:
+    """(where it starts, the action, its input) of the first action a reply writes, or None."""
+    m = _ACTION.search(text)
+    if m is None:
+        return None
+    given = _ACTION_INPUT.search(text, m.end())
+    if given is None:
+        return None
+    return m.start(), text[m.end():given.start()].strip(), text[given.end():].strip()
+
+
 def _react_thought(text: str) -> str:
-    head = text.split("Action", 1)[0] if _ACTION.search(text) else text
+    head = text.split("Action", 1)[0] if _action(text) else text
     head = head.strip()
     while head.startswith("Thought:"):
         head = head[len("Thought:"):].strip()
@@ -366,12 +382,12 @@ def _react_thought(text: str) -> str:
 
 
 def _react_reply(text: str, tools: list[dict] | None) -> TextParse:
-    m = _ACTION.search(text)
-    if m is None:
-        attempted = "Final Answer:" not in text and re.search(r"(?m)^\s*Action\s*\d*\s*:", text) is not None
+    found = _action(text)
+    if found is None:
+        attempted = "Final Answer:" not in text and re.search(r"(?m)^[ \t]*Action\s*\d*\s*:", text) is not None
         return TextParse((), attempted, text)
-    name = m.group(1).strip()
-    raw = m.group(2).split(_OBSERVATION, 1)[0].strip(" ").strip('"').strip()
+    start, name, raw = found
+    raw = raw.split(_OBSERVATION, 1)[0].strip(" ").strip('"').strip()
     value, error = parse_arguments(raw)
     if error is not None or not isinstance(value, dict):
         params = _order(tools).get(name, [])
@@ -381,7 +397,7 @@ def _react_reply(text: str, tools: list[dict] | None) -> TextParse:
             error = f"Action Input is not a JSON object for a tool taking {len(params)} arguments"
         else:
             error = f"Action Input is not JSON for a tool taking {len(params)} arguments"
-    call = TextCall(name or None, value if error is None else None, raw, REACT, m.span(), error)
+    call = TextCall(name or None, value if error is None else None, raw, REACT, (start, len(text)), error)
     return TextParse((call,), True, text)
 
 
@@ -512,7 +528,7 @@ def _code_call(node: ast.Call, params: list[str]) -> TextCall:
     for kw in node.keywords:
         if kw.arg is not None:
             args[kw.arg] = _value(kw.value)
-    raw = ast.unparse(node)
+    raw = _source(node)
     error = f"{extra} positional arguments beyond the tool's parameters" if extra else None
     return TextCall(node.func.id, None if error else args, raw, CODE, (node.col_offset, node.end_col_offset or 0), error)
 
@@ -521,4 +537,11 @@ def _value(node: ast.AST) -> Any:
     try:
         return ast.literal_eval(node)
     except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
+        return _source(node)
+
+
+def _source(node: ast.AST) -> str:
+    try:
         return ast.unparse(node)
+    except (ValueError, RecursionError, MemoryError):
+        return "<expression>"
