@@ -197,3 +197,10 @@ def test_a_code_agent_reply_without_code_written_back_with_its_closing_tag_chain
                              {"role": "user", "content": "Error:\nError in code parsing:\nYour code snippet is invalid, because "
                                                          "the regex pattern <code>(.*?)</code> was not found in it."}])
     assert chain(first, reply).chain_hash in later.parent_hashes and later.rejects
+
+
+@pytest.mark.timeout(5)
+def test_a_reply_of_actions_without_input_is_read_in_linear_time():
+    """LangChain's one regex took 10 s on this 40 KB reply (it rescans from every 'Action:')."""
+    for text in ("Action: " * 5000, "Action Input: x\n" + "Action: " * 5000):
+        assert read_reply(REACT, text, TOOLS).calls == ()
