@@ -202,6 +202,7 @@ async def test_a_capped_pool_in_front_of_llamacpp_answers_every_queued_request(p
     if close_after:
         assert resent and all(reason.startswith("the upstream closed a kept-alive connection before answering")
                               for reason in resent), resent
+    assert p.stats()["resent"] == len(resent)  # counted, not only visible record by record
 
 
 async def test_a_request_the_upstream_may_have_read_is_not_sent_again(proxy):
@@ -241,6 +242,7 @@ async def test_a_request_the_upstream_may_have_read_is_not_sent_again(proxy):
     assert on[0] is not on[1] and on[1] is on[2]
     for rec in (recs[0], recs[2]):
         assert rec["error_kind"] == "upstream_closed" and "resent" not in rec["extra"]
+    assert p.stats()["resent"] == 0
 
 
 async def test_the_upstream_pool_lets_go_of_idle_connections_before_common_servers_close_them():

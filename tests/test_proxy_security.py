@@ -100,6 +100,8 @@ def test_auth_token(fake_stack, proxy):
     assert request(p.url, "GET", "/_toolproxy/stats", {}, b"")[0] == 401
     status, answer = request(p.url, "GET", "/_toolproxy/stats", {"X-Toolproxy-Token": "tok-SECRET-888"}, b"")
     assert status == 200 and json.loads(answer)["upstream"] == fake.url
+    # Every refusal is counted, the admin routes' too (the start-up health check was one).
+    assert json.loads(answer)["refused"]["by_kind"] == {"unauthorized": 3, "admin_unauthorized": 3}
 
     assert request(p.url, "POST", "/v1/chat/completions",
                    {**ct, "X-Toolproxy-Token": "tok-SECRET-888", "Authorization": "Bearer sk-upstream"}, body)[0] == 200
@@ -111,7 +113,8 @@ def test_auth_token(fake_stack, proxy):
     assert r.choices[0].message.content
     assert "authorization" not in {k.lower() for k, _ in fake.seen[-1].header_list}  # the token is ours, not theirs
 
-    recs = p.wait_records(5)
+    # Refusals have segments of their own: in the order they happened, by id.
+    recs = sorted(p.wait_records(5), key=lambda r: r["id"])
     assert [r["client_status"] for r in recs] == [401, 401, 401, 200, 200]
     assert [r["error_kind"] for r in recs[:3]] == ["unauthorized"] * 3
     p.stop()
@@ -150,7 +153,8 @@ def test_absolute_form_target_and_host_header_cannot_redirect(fake_stack, proxy)
     host = {k.lower(): v for k, v in upstream.seen[0].header_list}["host"]
     assert host == urlsplit(upstream.url).netloc
     stats = p.stats()  # the refused request went through the counters like any other
-    assert stats["in_flight"] == 0 and stats["errors"]["proxy_error"] == 1
+    assert stats["in_flight"] == 0 and stats["errors"]["not_a_forward_proxy"] == 1
+    assert stats["refused"]["by_kind"] == {"not_a_forward_proxy": 1} and stats["refused"]["recorded"] == 1
 
 
 def test_admin_routes_are_never_forwarded_or_recorded(fake_stack, proxy):

@@ -17,7 +17,9 @@ from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
+from toolproxy.proxy import refusals
 from toolproxy.proxy.forward import handle, serve_request
+from toolproxy.proxy.listener import ListeningServer
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.logline import log_line
 from toolproxy.proxy.pool import upstream_session
@@ -28,7 +30,7 @@ from toolproxy.record.model import Record
 from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.masking import Masker, load_key, parse_rules
 from toolproxy.record.sampling import SAMPLED_OUT, Sampler, load_sampler
-from toolproxy.record.writer import SegmentWriter
+from toolproxy.record.writer import REFUSALS_STREAM, SegmentWriter
 
 
 if TYPE_CHECKING:
@@ -90,6 +92,13 @@ def make_state(config: ProxyConfig) -> ProxyState:
         observe=fan_out(observers),
     )
     state = ProxyState(config, writer)
+    # Refused requests' records: a writer of their own (no crash bound to keep: a slow poll).
+    refusal_segment = refusals.segment_bytes(config.segment_bytes)
+    refused = SegmentWriter(config.data_dir, window=1.0, max_queue=10 * refusals.RECORDS, segment_bytes=refusal_segment,
+                            segment_seconds=config.segment_seconds, log=None if config.quiet else log_line,
+                            observe=fan_out(observers), poll=0.25, stream=REFUSALS_STREAM)
+    refused.on_new_segment = refusals.rotation(config.data_dir, refusal_segment)
+    state.refusals = refusals.RefusalBudget(refused, writer, config.upstream, config.default_run)
     state.live = live
     state.otlp = otlp
     state.hooks.add(state.counters)
@@ -102,18 +111,21 @@ def make_state(config: ProxyConfig) -> ProxyState:
         state.hooks.add(RecordingGuard(writer))
     if config.sample is not None:
         state.sampler = load_sampler(config.sample, config.data_dir)
-    writer.transform = record_transform(config, state.sampler)
+    writer.transform = refused.transform = record_transform(config, state.sampler)
     if config.retain_seconds is not None or config.max_disk is not None:
         state.housekeeper = Housekeeper(config.data_dir, retain=config.retain_seconds, max_bytes=config.max_disk,
-                                        on_full=config.on_disk_full, headroom=2 * config.segment_bytes)
+                                        on_full=config.on_disk_full, headroom=2 * config.segment_bytes,
+                                        slack=config.segment_bytes)
         writer.on_new_segment = state.housekeeper.make_room
+        if config.max_disk is not None and config.on_disk_full == "block":
+            writer.budget = state.housekeeper  # enforced before each write, not only by the scan
         state.hooks.add(DiskBudgetGuard(state.housekeeper))
     if config.fingerprint:
         state.stacks = StackWatch(config, writer, lambda: state.session, state.upstream_health)
         state.hooks.add(state.stacks)
     state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None))
     state.hooks.add(Durability(writer))
-    state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir))
+    state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir, state.refusals))
     return state
 
 
@@ -124,6 +136,7 @@ def make_app(config: ProxyConfig) -> web.Application:
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()
+        state.refusals.writer.start()
         if state.housekeeper is not None:
             state.housekeeper.start()
         if state.live is not None:
@@ -147,6 +160,7 @@ def make_app(config: ProxyConfig) -> web.Application:
         if state.housekeeper is not None:
             await asyncio.get_running_loop().run_in_executor(None, state.housekeeper.stop)
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
+        await asyncio.get_running_loop().run_in_executor(None, state.refusals.writer.close)
         if state.otlp is not None:  # after the writer: the last records are observed by then
             await asyncio.get_running_loop().run_in_executor(None, state.otlp.stop)
         if state.live is not None:
@@ -186,7 +200,8 @@ async def serve(config: ProxyConfig, worker: "Worker | None" = None) -> None:
     # about a tenth of the CPU a forwarded request costs.
     app.freeze()
     await app.startup()
-    server = web.Server(functools.partial(serve_request, app[STATE]), **server_settings(config))
+    server = ListeningServer(functools.partial(serve_request, app[STATE]), app[STATE].refusals.parser_rejected,
+                             **server_settings(config))
     runner = web.ServerRunner(server)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True,

@@ -6,6 +6,7 @@ import asyncio
 
 from toolproxy.proxy.flow import Addon, Flow
 from toolproxy.proxy.headers import record_headers, redact_headers
+from toolproxy.proxy.refusals import REFUSED, RefusalBudget
 from toolproxy.proxy.spool import Spool
 from toolproxy.record.model import encode_body, now
 from toolproxy.record.spill import SpilledBody
@@ -17,13 +18,14 @@ class Recorder(Addon):
     record to the writer.
 
     For a flow marked durable it submits with a waiter (`flow.on_disk`), which the handler awaits
-    before sending the response's last bytes.
+    before sending the response's last bytes. A refused request goes to the refusal budget instead.
     """
 
-    def __init__(self, writer: SegmentWriter, spill_above: int, spill_dir: str) -> None:
+    def __init__(self, writer: SegmentWriter, spill_above: int, spill_dir: str, refusals: RefusalBudget) -> None:
         self.writer = writer
         self.spill_above = spill_above
         self.spill_dir = spill_dir
+        self.refusals = refusals
 
     def response_headers(self, flow: Flow, resp) -> None:
         flow.spool = Spool(self.spill_above, self.spill_dir)
@@ -54,4 +56,8 @@ class Recorder(Addon):
         else:
             self.writer.submit(rec)
 
-    error = response_end
+    def error(self, flow: Flow) -> None:
+        if flow.rec.error_kind in REFUSED:
+            self.refusals.take(flow)
+        else:
+            self.response_end(flow)

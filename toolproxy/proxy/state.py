@@ -19,6 +19,7 @@ from toolproxy.proxy.counters import Counters
 from toolproxy.proxy.flow import Hooks
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import PoolStats
+from toolproxy.proxy.refusals import RefusalBudget
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.proxy.watchdog import Watchdog
@@ -51,6 +52,7 @@ class ProxyState:
         self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
         self.sampler: Sampler | None = None  # set by app.make_state for --sample
         self.otlp: SpanShipper | None = None  # set by app.make_state for --otlp-endpoint
+        self.refusals: RefusalBudget | None = None  # set by app.make_state
 
     def snapshot(self) -> dict:
         w = self.writer.stats
@@ -63,6 +65,7 @@ class ProxyState:
             "stack": self.stacks.report() if self.stacks is not None else None,
             "uptime_s": round(time.time() - self.started, 3),
             **self.counters.report(),
+            "refused": self.refusals.report(),
         }
         snap["recording"] = {
             "queue_depth": self.writer.queue_depth,
@@ -97,8 +100,9 @@ class ProxyState:
             # This process's own evidence, not a merge: it is the one that just refreshed it.
             snap["upstream_health"] = await self.upstream_health.report()
             # The status is the proxy's own health (recording): an unreachable upstream is reported
-            # above but answered 200, since restarting or bypassing the proxy would not bring it back.
-            status = 200 if (name != "health" or snap["status"] == "ok") else 503
+            # above but answered 200, since restarting or bypassing the proxy would not bring it back;
+            # so are a group's partial counts (a worker was killed), since the proxy still serves and records.
+            status = 200 if (name != "health" or snap["status"] in ("ok", "partial")) else 503
             return web.json_response(snap, status=status)
         return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)
 
