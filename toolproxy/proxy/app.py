@@ -12,6 +12,7 @@ from aiohttp import web
 
 from toolproxy import __version__
 from toolproxy.otlp.shipper import SpanShipper
+from toolproxy.proxy import serverlog
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
@@ -93,6 +94,8 @@ def make_state(config: ProxyConfig) -> ProxyState:
     state.live = live
     state.otlp = otlp
     state.hooks.add(state.counters)
+    if not state.exposure.off:
+        state.hooks.add(state.exposure)
     state.hooks.add(state.upstream_health)
     if config.upstream_connections:
         state.hooks.add(state.pool)
@@ -111,9 +114,10 @@ def make_state(config: ProxyConfig) -> ProxyState:
     if config.fingerprint:
         state.stacks = StackWatch(config, writer, lambda: state.session, state.upstream_health)
         state.hooks.add(state.stacks)
-    state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None))
+    state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None,
+                              state.redactor))
     state.hooks.add(Durability(writer))
-    state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir))
+    state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir, state.redactor))
     return state
 
 
@@ -121,6 +125,7 @@ def make_app(config: ProxyConfig) -> web.Application:
     app = web.Application(client_max_size=config.max_body)
     state = make_state(config)
     app[STATE] = state
+    serverlog.install(state.redactor)
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()

@@ -10,6 +10,7 @@ import click
 
 from toolproxy.conditions import NAMES, ConditionOptions
 from toolproxy.proxy.config import ConfigError, ProxyConfig
+from toolproxy.proxy.headers import REDACT_KEY
 from toolproxy.record import keys
 from toolproxy.record.masking import KEY_FILE as MASK_KEY, parse_rules
 from toolproxy.record.sampling import KEY_FILE as SAMPLE_KEY, parse_rate
@@ -112,6 +113,8 @@ SERVE_OPTIONS = (
     click.option("--auth-token", envvar="TOOLPROXY_AUTH_TOKEN", show_envvar=True, default=None, help="Clients must present this token (X-Toolproxy-Token header, or as their API key)."),
     _upstream_key_env(),
     click.option("--insecure-public", is_flag=True, help="Allow a non-loopback --host without --auth-token."),
+    click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", envvar="TOOLPROXY_ALLOWED_HOSTS", show_envvar=True,
+                 help="A name (or IP) clients reach this proxy by, besides localhost and the --host address: requests whose Host, or whose browser Origin on a POST, names anything else are refused 403 (against DNS rebinding and cross-site pages). Repeatable; '*' turns the checks off."),
     click.option("--quiet", is_flag=True, help="No line per exchange."),
     click.option("--upstream-connections", default=0, show_default=True, type=int, help="Cap on connections to the upstream; 0: as many as clients need. Time a request waits for one under a cap is recorded (pool_wait_ms) and shown in stats."),
     click.option("--client-header-timeout", default=15.0, show_default=True, type=float, help="Seconds a client has to send a complete request head after connecting or after its previous response; idle connections close then too."),
@@ -146,7 +149,7 @@ def harness_serve_options(fn):
 
 def config_from_options(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, bridge, max_body, spill_above,
                         connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
-                        segment_size, auth_token, upstream_key_env, insecure_public, quiet, upstream_connections, client_header_timeout,
+                        segment_size, auth_token, upstream_key_env, insecure_public, allowed_hosts, quiet, upstream_connections, client_header_timeout,
                         client_body_timeout, retain, max_disk, on_disk_full, mask, sample, no_live_page, no_fingerprint,
                         otlp_endpoint, otlp_content) -> ProxyConfig:
     """Serve's flags -> a validated ProxyConfig, or a usage error that names the flag."""
@@ -162,7 +165,7 @@ def config_from_options(upstream, host, port, data_dir, run, condition, stack, c
             ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
             segment_bytes=_flag(parse_size, segment_size, '--segment-size'), auth_token=auth_token, upstream_key=upstream_key,
-            insecure_public=insecure_public, quiet=quiet, fingerprint=not no_fingerprint, live_page=not no_live_page,
+            insecure_public=insecure_public, allowed_hosts=tuple(allowed_hosts), quiet=quiet, fingerprint=not no_fingerprint, live_page=not no_live_page,
             upstream_connections=upstream_connections, client_header_timeout=client_header_timeout,
             client_body_timeout=client_body_timeout,
             retain_seconds=_flag(parse_duration, retain, '--retain') if retain is not None else None,
@@ -184,8 +187,10 @@ def make_data_dir(config: ProxyConfig) -> None:
         segments.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise click.UsageError(f"--data {config.data_dir}: cannot create {segments}: {exc.strerror or exc}") from None
-    # Keys are created now, so a bad key file is a usage error, not a failure at start.
-    for flag, wanted, name in (("--mask", config.mask, MASK_KEY), ("--sample", config.sample is not None, SAMPLE_KEY)):
+    # Keys are created now, so a bad key file is a usage error, not a failure at start, and every
+    # worker of `--workers N` finds the same one.
+    for flag, wanted, name in (("--data", True, REDACT_KEY), ("--mask", config.mask, MASK_KEY),
+                               ("--sample", config.sample is not None, SAMPLE_KEY)):
         if wanted:
             try:
                 keys.load_key(config.data_dir, name)

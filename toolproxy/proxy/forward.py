@@ -27,7 +27,6 @@ from toolproxy.proxy.headers import (
     NOT_FORWARDED_UP,
     TAG_HEADER_PREFIX,
     connection_listed,
-    redact_query,
 )
 from toolproxy.proxy.auth import presented_token
 from toolproxy.proxy.pool import CONNECTION
@@ -54,9 +53,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
 async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.StreamResponse:
     raw_path = request.raw_path
     if raw_path.startswith(ADMIN_PREFIX):
+        refused = state.exposure.refusal(request.method, request.headers)
+        if refused is not None:
+            return web.Response(status=403, body=error_body(refused[2], refused[1]), content_type="application/json")
         token = state.config.auth_token
         if token is not None and not presented_token(request.headers, token)[0] and not livepage.has_cookie(request, token):
-            gate = await livepage.unauthorised(request, raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token)
+            gate = await livepage.unauthorised(request, raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token,
+                                               state.config.client_body_timeout)
             if gate is not None:
                 return gate
             # The counters name the upstream and the data directory: not for anonymous callers.
@@ -133,7 +136,7 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     request, rec, cfg, hooks = flow.request, flow.rec, state.config, state.hooks
     rec.method = request.method
     path, _, query = raw_path.partition("?")
-    safe_query = redact_query(query)
+    safe_query = state.redactor.query(query)
     rec.client_path = path + ("?" + safe_query if query else "")
     headers = request.headers
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from toolproxy.proxy.flow import Addon, Flow
-from toolproxy.proxy.headers import record_headers, redact_headers
+from toolproxy.proxy.headers import Redactor
 from toolproxy.proxy.spool import Spool
 from toolproxy.record.model import encode_body, now
 from toolproxy.record.spill import SpilledBody
@@ -20,8 +20,9 @@ class Recorder(Addon):
     before sending the response's last bytes.
     """
 
-    def __init__(self, writer: SegmentWriter, spill_above: int, spill_dir: str) -> None:
+    def __init__(self, writer: SegmentWriter, spill_above: int, spill_dir: str, redactor: Redactor) -> None:
         self.writer = writer
+        self.redactor = redactor
         self.spill_above = spill_above
         self.spill_dir = spill_dir
 
@@ -37,9 +38,9 @@ class Recorder(Addon):
         rec.duration_ms = flow.elapsed_ms()
         rec.pool_wait_ms = flow.pool_wait
         # Redacted here rather than on the way in: after the response, off the client's wait.
-        rec.request_headers = record_headers(flow.request.raw_headers)
+        rec.request_headers = self.redactor.record_headers(flow.request.raw_headers)
         if flow.upstream_headers is not None:
-            rec.response_headers = redact_headers(flow.upstream_headers)
+            rec.response_headers = self.redactor.headers(flow.upstream_headers)
         if flow.spool is not None:
             body = flow.spool.finish()
             if isinstance(body, SpilledBody):
