@@ -23,6 +23,7 @@ from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.logline import log_line
 from toolproxy.proxy.pool import upstream_session
 from toolproxy.proxy.recorder import Recorder
+from toolproxy.proxy.spillmask import SpillMasking
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
@@ -40,14 +41,14 @@ if TYPE_CHECKING:
 BACKLOG = 4096
 
 
-def record_transform(config: ProxyConfig, sampler: Sampler | None):
-    """What the writer thread does to each record before it reaches disk: sample, then mask (a
-    sampled-out exchange is a stub with nothing left to mask). None when neither is asked for."""
+def record_transform(sampler: Sampler | None, masker: Masker | None):
+    """What is done to each record before it reaches disk: sample, then mask (a sampled-out
+    exchange is a stub with nothing left to mask). None when neither is asked for."""
     steps = []
     if sampler is not None:
         steps.append(sampler.record)
-    if config.mask:
-        steps.append(Masker(parse_rules(config.mask), load_key(config.data_dir)).record)
+    if masker is not None:
+        steps.append(masker.record)
     if not steps:
         return None
 
@@ -105,7 +106,12 @@ def make_state(config: ProxyConfig) -> ProxyState:
         state.hooks.add(RecordingGuard(writer))
     if config.sample is not None:
         state.sampler = load_sampler(config.sample, config.data_dir)
-    writer.transform = record_transform(config, state.sampler)
+    masker = Masker(parse_rules(config.mask), load_key(config.data_dir)) if config.mask else None
+    writer.transform = record_transform(state.sampler, masker)
+    if masker is not None:
+        state.spill_masking = SpillMasking(writer, writer.transform)
+        masker.stop = state.spill_masking.stopping
+        writer.transform = state.spill_masking.writer_transform
     if config.retain_seconds is not None or config.max_disk is not None:
         state.housekeeper = Housekeeper(config.data_dir, retain=config.retain_seconds, max_bytes=config.max_disk,
                                         on_full=config.on_disk_full, headroom=2 * config.segment_bytes)
@@ -117,7 +123,8 @@ def make_state(config: ProxyConfig) -> ProxyState:
     state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None,
                               state.redactor))
     state.hooks.add(Durability(writer))
-    state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir, state.redactor))
+    state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir, state.redactor, config.max_response,
+                             state.spill_masking.submit if state.spill_masking is not None else None))
     return state
 
 
@@ -129,6 +136,8 @@ def make_app(config: ProxyConfig) -> web.Application:
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()
+        if state.spill_masking is not None:
+            state.spill_masking.start()
         if state.housekeeper is not None:
             state.housekeeper.start()
         if state.live is not None:
@@ -151,6 +160,8 @@ def make_app(config: ProxyConfig) -> web.Application:
             await state.session.close()
         if state.housekeeper is not None:
             await asyncio.get_running_loop().run_in_executor(None, state.housekeeper.stop)
+        if state.spill_masking is not None:
+            await asyncio.get_running_loop().run_in_executor(None, state.spill_masking.stop)
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
         if state.otlp is not None:  # after the writer: the last records are observed by then
             await asyncio.get_running_loop().run_in_executor(None, state.otlp.stop)

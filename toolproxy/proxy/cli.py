@@ -101,6 +101,7 @@ SERVE_OPTIONS = (
     click.option("--constrained-forced", is_flag=True, help="Constrained schema without a final-answer branch (the original study's variant, where an episode cannot end by answering)."),
     click.option("--bridge", default=None, metavar="PROTOCOLS", help="Translate these protocols (responses, messages; comma-separated) to chat completions for an upstream that only speaks chat, and the replies back."),
     click.option("--max-body", default="64MiB", show_default=True, help="Largest request body accepted (413 above)."),
+    click.option("--max-response", default="256MiB", show_default=True, help="Largest response body passed on and recorded: one announced larger gets 502, one that grows larger is cut there (the client sees a truncated response); recorded as response_too_large either way."),
     click.option("--spill-above", default="1MiB", show_default=True, help="Request and response bodies larger than this wait in a temporary file under --data instead of memory."),
     click.option("--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect to the upstream."),
     click.option("--ttfb-timeout", default=600.0, show_default=True, type=float, help="Seconds to wait for the upstream's response to begin (CPU models read long prompts slowly)."),
@@ -147,7 +148,7 @@ def harness_serve_options(fn):
     return fn
 
 
-def config_from_options(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, bridge, max_body, spill_above,
+def config_from_options(upstream, host, port, data_dir, run, condition, stack, chat_template, parser, constrained_forced, bridge, max_body, max_response, spill_above,
                         connect_timeout, ttfb_timeout, idle_timeout, total_timeout, durability, commit_window, on_record_failure,
                         segment_size, auth_token, upstream_key_env, insecure_public, allowed_hosts, quiet, upstream_connections, client_header_timeout,
                         client_body_timeout, retain, max_disk, on_disk_full, mask, sample, no_live_page, no_fingerprint,
@@ -161,7 +162,8 @@ def config_from_options(upstream, host, port, data_dir, run, condition, stack, c
                                    bridge=parse_families(bridge) if bridge is not None else frozenset())
         config = ProxyConfig(
             upstream=upstream, data_dir=data_dir, host=host, port=port, run=run, condition=condition,
-            condition_options=options, max_body=_flag(parse_size, max_body, '--max-body'), spill_above=_flag(parse_size, spill_above, '--spill-above'), connect_timeout=connect_timeout,
+            condition_options=options, max_body=_flag(parse_size, max_body, '--max-body'),
+            max_response=_flag(parse_size, max_response, '--max-response'), spill_above=_flag(parse_size, spill_above, '--spill-above'), connect_timeout=connect_timeout,
             ttfb_timeout=ttfb_timeout, idle_timeout=idle_timeout, total_timeout=total_timeout,
             durability=durability, commit_window=commit_window, on_record_failure=on_record_failure,
             segment_bytes=_flag(parse_size, segment_size, '--segment-size'), auth_token=auth_token, upstream_key=upstream_key,

@@ -30,6 +30,8 @@ class ProxyConfig:
     condition: str = "native"
     condition_options: ConditionOptions = field(default_factory=ConditionOptions)
     max_body: int = 64 * 1024 * 1024
+    # The largest response passed on (and recorded); above it the exchange is cut (proxy/recorder.py).
+    max_response: int = 256 * 1024 * 1024
     # Bodies above this many bytes wait in a temporary file instead of memory (proxy/spool.py).
     spill_above: int = 1024 * 1024
     # Data lifecycle (record/housekeeping.py): delete segments older than retain_seconds; keep
@@ -123,6 +125,8 @@ class ProxyConfig:
                 raise ConfigError(f"--run {self.run!r} names an empty run")
         if self.max_body < 1024:
             raise ConfigError("--max-body must be at least 1024 bytes")
+        if self.max_response < 1024:
+            raise ConfigError("--max-response must be at least 1024 bytes")
         for name in self.allowed_hosts:
             if name != "*" and not _HOST_NAME.fullmatch(name):
                 raise ConfigError(f"--allowed-host {name!r}: give a host name or an IP address (no scheme, port or "

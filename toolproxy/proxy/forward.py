@@ -21,7 +21,7 @@ from yarl import URL
 
 from toolproxy.connection_errors import explain
 from toolproxy.proxy import livepage
-from toolproxy.proxy.flow import Flow, Refusal
+from toolproxy.proxy.flow import Cut, Flow, Refusal
 from toolproxy.proxy.headers import (
     NOT_FORWARDED_DOWN,
     NOT_FORWARDED_UP,
@@ -418,6 +418,9 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
                 await client.write(tail)
     except aiohttp.ClientPayloadError as exc:
         rec.set_error("upstream_closed", f"upstream {cfg.upstream} closed the connection mid-response: {exc}")
+        return await _cut(state, flow, client)
+    except Cut as exc:
+        rec.set_error(exc.kind, exc.message)
         return await _cut(state, flow, client)
     except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
         rec.set_error("upstream_closed", f"upstream {cfg.upstream} connection failed mid-response: {exc}")

@@ -21,6 +21,7 @@ from toolproxy.proxy.flow import Hooks
 from toolproxy.proxy.headers import load_redactor
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import PoolStats
+from toolproxy.proxy.spillmask import SpillMasking
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.proxy.watchdog import Watchdog
@@ -54,6 +55,7 @@ class ProxyState:
         self.peers = None
         self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
         self.sampler: Sampler | None = None  # set by app.make_state for --sample
+        self.spill_masking: SpillMasking | None = None  # set by app.make_state for --mask
         self.otlp: SpanShipper | None = None  # set by app.make_state for --otlp-endpoint
 
     def snapshot(self) -> dict:
@@ -84,6 +86,8 @@ class ProxyState:
         snap["upstream_pool"] = self.pool.report()
         snap["lifecycle"] = self.housekeeper.snapshot() if self.housekeeper is not None else None
         snap["sampling"] = self.sampler.report() if self.sampler is not None else None
+        if self.spill_masking is not None:
+            snap["recording"]["masking"] = self.spill_masking.report()
         snap["otlp"] = self.otlp.report() if self.otlp is not None else None
         return snap
 
