@@ -338,7 +338,6 @@ def test_masking_a_large_reply_takes_bounded_memory(fake_stack, proxy):
             assert rec["extra"]["masked"] == {"email": 1} and EMAIL not in rec["response_body"]
         del rec
         p.stop()
-    print("PEAKS", peaks)
     assert peaks["masked"] < 2 * peaks["plain"], peaks
 
 
