@@ -31,9 +31,10 @@ ADVERSARIAL = {
     "email": lambda n: "a" * n,  # a run of address characters with no @
     "email-domain": lambda n: "a@" + "b." * (n // 2),
     "api-key": lambda n: "sk-" + "a" * n + "!",
-    "credit-card": lambda n: "1 " * (n // 2),
-    "ipv4": lambda n: "1." * (n // 2),
+    "credit-card": lambda n: "1 2 3 4 5 6 7 8 9 0 1 2 x " * (n // 26),  # 12 digits, never 13
+    "ipv4": lambda n: "1.1.1.a " * (n // 8),
     "bearer": lambda n: "Bearer " + " " * n,
+    "lines": lambda n: 'data: {"choices":[{"delta":{"content":"a"}}]}\n' * (n // 46),  # a stream of small events
 }
 
 TIMING = r"""
@@ -49,10 +50,10 @@ for name, make in ADVERSARIAL.items():
         s = make(n)
         doc = json.dumps({{"messages": [{{"role": "user", "content": s}}]}})
         t = []
-        for _ in range(3):
+        for _ in range(5):
             m = Masker(list(BUILTIN.values()), b"k" * 32)  # nothing remembered from the last round
             t0 = time.perf_counter()
-            m.text(s, Counter()); m.body(doc, Counter()); m.pieces([s[: n // 2], s[n // 2:]], Counter())
+            m.text(s, Counter()); m.body(doc, Counter()); m.body(s, Counter()); m.pieces([s[: n // 2], s[n // 2:]], Counter())
             t.append(time.perf_counter() - t0)
         best.append(min(t))
     out[name] = best
@@ -61,15 +62,16 @@ print(json.dumps(out))
 
 
 def test_every_builtin_pattern_scales_linearly_on_adversarial_input():
-    """8x the text may take at most 8x the time and a generous margin (quadratic would be 64x);
+    """8x the text may take at most 8x the time and a generous margin for a shared machine
+    (quadratic would be 64x, and minutes);
     run in a child with a deadline, since a quadratic matcher holds the GIL and ignores signals."""
-    small, large = 20_000, 160_000
+    small, large = 300_000, 2_400_000  # both longer than a parsed line (LINE_CHARS): one path for both
     code = TIMING.format(tests=str(__import__("pathlib").Path(__file__).parent), small=small, large=large)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     times = json.loads(r.stdout)
     for name, (t_small, t_large) in times.items():
-        assert t_large < 24 * max(t_small, 1e-4) and t_large < 2.0, (name, t_small, t_large)
+        assert t_large < 32 * max(t_small, 1e-3) and t_large < 10.0, (name, t_small, t_large)
 
 
 def test_user_patterns_are_linear_too_and_rre2_refuses_what_it_cannot_run():
@@ -257,10 +259,13 @@ def test_a_huge_body_is_masked_while_other_requests_pass_and_sigterm_still_stops
     big.start()
     big.join(60)
     assert done and done[0][0] == 200
-    waits = [_post(p.url, _chat(f"small {i}", fake.model))[2] for i in range(20)]
+    waits = []
+    for i in range(40):  # for two seconds: past the writer's backpressure bound (0.1 s)
+        waits.append(_post(p.url, _chat(f"small {i}", fake.model))[2])
+        time.sleep(0.05)
     assert max(waits) < 1.0, waits
-    recs = p.wait_records(21, timeout=60)
-    assert len(recs) == 21 and p.stats()["recording"]["dropped"] == 0
+    recs = p.wait_records(41, timeout=60)
+    assert len(recs) == 41 and p.stats()["recording"]["dropped"] == 0
     raw = b"".join(f.read_bytes() for f in (p.data / "segments").iterdir())
     assert EMAIL.encode() not in raw
     (rec,) = [r for r in recs if r["request_body_size"] > 1_000_000]

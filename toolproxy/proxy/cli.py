@@ -123,7 +123,7 @@ SERVE_OPTIONS = (
     click.option("--retain", default=None, metavar="DURATION", help="Delete recorded segments last written longer ago than this (90s, 12h, 7d, 2w), continuously; see `toolproxy prune`."),
     click.option("--max-disk", default=None, metavar="SIZE", help="Keep the recorded segments under SIZE (e.g. 20GiB)."),
     click.option("--on-disk-full", type=click.Choice(["prune", "block"]), default="prune", show_default=True, help="At --max-disk, prune: delete the oldest closed segments; block: delete nothing and answer 503."),
-    click.option("--mask", multiple=True, metavar="PATTERN", help="Mask matches in recorded bodies (never in what the client receives): a regular expression, or a built-in set: email, api-key, credit-card, ipv4 (repeatable)."),
+    click.option("--mask", multiple=True, metavar="PATTERN", help="Mask matches in recorded bodies, object keys included (never in what the client receives): a regular expression in RE2 syntax (linear time: no backreferences or lookarounds), or a built-in set: email, api-key, credit-card, ipv4 (repeatable)."),
     click.option("--sample", default=None, metavar="RATE", help="Record this share of episodes (0.1, 25%), each kept or dropped whole; the others are forwarded as always and only counted. Reports scale counts by it."),
     click.option("--no-live-page", is_flag=True, help="No /_toolproxy/ page, and no classifying of exchanges as they pass."),
     click.option("--no-fingerprint", is_flag=True, help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is."),

@@ -472,9 +472,11 @@ class _Lines:
         self.first = True
 
     def feed(self, text: str) -> Iterator[str]:
-        while text:
-            cut = text.find("\n")
-            piece, text = (text, "") if cut < 0 else (text[:cut], text[cut + 1:])
+        pos = 0
+        while pos < len(text):
+            cut = text.find("\n", pos)
+            piece = text[pos:] if cut < 0 else text[pos:cut]
+            pos = len(text) if cut < 0 else cut + 1
             if self.long is not None:
                 yield from self.long.feed(piece)
             else:
