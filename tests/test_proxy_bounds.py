@@ -311,7 +311,7 @@ async def test_slow_request_heads_are_cut_off(fake_stack, proxy):
     socks = [_connect(p.url) for _ in range(40)]
     t0 = time.monotonic()
     for s in socks:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     for _ in range(3):  # trickle one header line per socket every half second
         await asyncio.sleep(0.5)
         for s in socks:
@@ -338,7 +338,7 @@ async def test_a_stalled_request_body_is_a_408_and_recorded(fake_stack, proxy):
     fake = fake_stack("openai")
     p = proxy(fake.url, "--quiet", "--client-body-timeout", "1", "--no-fingerprint")
     s = _connect(p.url)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: 100\r\n\r\n{\"model\": ")
     t0 = time.monotonic()
     s.settimeout(5)

@@ -132,6 +132,10 @@ async def test_recording_failure_keeps_serving_and_reports_degraded(fake_stack, 
         await asyncio.sleep(0.02)
     assert status == 503 and health["status"] == "degraded"
     assert health["recording"]["dropped"] == 3 and health["recording"]["last_error"]
+    for _ in range(250):  # printed before the count moved, but read from the pipe by a thread of ours
+        if "RECORDING FAILED" in p.output():
+            break
+        await asyncio.sleep(0.02)
     assert "RECORDING FAILED" in p.output()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import socket
@@ -13,7 +14,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from toolproxy.proxy.headers import redact_value
+from toolproxy.proxy.headers import load_redactor
 from toolproxy.record.segments import list_segments
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -62,6 +63,9 @@ def test_secrets_are_forwarded_but_never_written(fake_stack, proxy):
     headers = {k.lower(): v for k, v in rec["request_headers"]}
     assert headers["authorization"].startswith("redacted:") and len(headers["authorization"]) == len("redacted:") + 8
     assert headers["x-api-key"] != headers["api-key"]  # different keys stay distinguishable
+    # keyed by the data directory's key: a guess at a short secret cannot be checked offline
+    assert headers["authorization"] == load_redactor(p.data).value(secrets["Authorization"])
+    assert headers["authorization"] != "redacted:" + hashlib.sha256(secrets["Authorization"].encode()).hexdigest()[:8]
     assert "alt=json" in rec["query"] and "SECRET" not in rec["client_path"]
 
 
@@ -205,4 +209,4 @@ def test_query_secrets_follow_the_header_rules(fake_stack, proxy):
         assert f"SECRET-Q{i}".encode() not in disk
     # Every other parameter keeps its exact spelling.
     assert rec["query"].endswith("&alt=json&keyword=caf%C3%A9+au+lait&q=a%2Fb")
-    assert rec["query"].split("&")[0] == "x-api-key=" + redact_value("SECRET-Q1")
+    assert rec["query"].split("&")[0] == "x-api-key=" + load_redactor(p.data).value("SECRET-Q1")

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from toolproxy.proxy import refusals
+from toolproxy.proxy.headers import Redactor
 from toolproxy.proxy.refusals import HEADER_CHARS, TEXT_CHARS, bound_fields, bounded_headers
 from toolproxy.record.model import Record
 from toolproxy.record.segments import list_segments, read_records, read_segment
@@ -21,6 +22,7 @@ from toolproxy.record.segments import list_segments, read_records, read_segment
 TOKEN = "tok-refusals-777"
 BUDGET = 512 * 1024
 SEGMENT = 32 * 1024
+REDACTOR = Redactor(b"k" * 32)
 
 
 def segment_bytes(data) -> int:
@@ -162,12 +164,12 @@ async def test_requests_the_parser_rejects_are_counted_and_recorded_without_thei
     ([(b"X-A", b"caf\xc3\xa9")], 100, [["X-A", "caf\xc3\xa9"]], None),
 ])
 def test_bounded_headers(raw, limit, stored, cut):
-    assert bounded_headers(raw, limit) == (stored, cut)
+    assert bounded_headers(raw, REDACTOR, limit) == (stored, cut)
 
 
 def test_bounded_headers_redacts_a_secret_that_fits_whole():
-    headers, cut = bounded_headers([(b"X-Api-Key", b"sk-live-123")], HEADER_CHARS)
-    assert cut is None and headers[0][0] == "X-Api-Key" and headers[0][1].startswith("redacted:")
+    headers, cut = bounded_headers([(b"X-Api-Key", b"sk-live-123")], REDACTOR, HEADER_CHARS)
+    assert cut is None and headers == [["X-Api-Key", REDACTOR.value(b"sk-live-123")]]
     assert "sk-live" not in headers[0][1]
 
 

@@ -21,13 +21,12 @@ from yarl import URL
 
 from toolproxy.connection_errors import explain
 from toolproxy.proxy import livepage
-from toolproxy.proxy.flow import Flow, Refusal
+from toolproxy.proxy.flow import Cut, Flow, Refusal
 from toolproxy.proxy.headers import (
     NOT_FORWARDED_DOWN,
     NOT_FORWARDED_UP,
     TAG_HEADER_PREFIX,
     connection_listed,
-    redact_query,
 )
 from toolproxy.proxy.auth import presented_token
 from toolproxy.proxy.durability import late_hold
@@ -56,9 +55,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
 async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.StreamResponse:
     raw_path = request.raw_path
     if raw_path.startswith(ADMIN_PREFIX):
+        refused = state.exposure.refusal(request.method, request.headers)
+        if refused is not None:
+            return web.Response(status=403, body=error_body(refused[2], refused[1]), content_type="application/json")
         token = state.config.auth_token
         if token is not None and not presented_token(request.headers, token)[0] and not livepage.has_cookie(request, token):
-            gate = await livepage.unauthorised(request, raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token)
+            gate = await livepage.unauthorised(request, raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token,
+                                               state.config.client_body_timeout)
             if gate is not None:
                 return gate
             # The counters name the upstream and the data directory: not for anonymous callers.
@@ -136,7 +139,7 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     request, rec, cfg, hooks = flow.request, flow.rec, state.config, state.hooks
     rec.method = request.method
     path, _, query = raw_path.partition("?")
-    safe_query = redact_query(query)
+    safe_query = state.redactor.query(query)
     rec.client_path = path + ("?" + safe_query if query else "")
     headers = request.headers
 
@@ -422,6 +425,9 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
                 await client.write(tail)
     except aiohttp.ClientPayloadError as exc:
         rec.set_error("upstream_closed", f"upstream {cfg.upstream} closed the connection mid-response: {exc}")
+        return await _cut(state, flow, client)
+    except Cut as exc:
+        rec.set_error(exc.kind, exc.message)
         return await _cut(state, flow, client)
     except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
         rec.set_error("upstream_closed", f"upstream {cfg.upstream} connection failed mid-response: {exc}")

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from toolproxy.proxy.flow import Flow
-from toolproxy.proxy.headers import is_secret_header, redact_value
+from toolproxy.proxy.headers import Redactor, is_secret_header
 from toolproxy.record.model import Record, new_id, now
 from toolproxy.record.retention import prune
 from toolproxy.record.writer import SegmentWriter
@@ -45,7 +45,8 @@ UNAUTHORIZED = "unauthorized"
 PARSER_REJECTED = "parser_rejected"
 RECORDING_FAILED = "recording_failed"
 ADMIN_UNAUTHORIZED = "admin_unauthorized"  # counted, never recorded: admin routes never are
-REFUSED = frozenset({UNAUTHORIZED, "not_a_forward_proxy", PARSER_REJECTED, "disk_budget_full", RECORDING_FAILED})
+REFUSED = frozenset({UNAUTHORIZED, "host_refused", "origin_refused", "not_a_forward_proxy", PARSER_REJECTED,
+                     "disk_budget_full", RECORDING_FAILED})
 
 INTERVAL = 10.0
 RECORDS = 100
@@ -61,9 +62,10 @@ OVERHEAD = 1024
 _TEXTS = ("client_path", "path", "query", "run", "episode", "item", "condition")
 
 
-def bounded_headers(raw: Iterable[tuple[bytes, bytes]], limit: int = HEADER_CHARS) -> tuple[list[list[str]], int | None]:
-    """Request headers as a record stores them (wire bytes as ISO-8859-1, secret values
-    redacted), in order while names and values total at most `limit` characters; the first that
+def bounded_headers(raw: Iterable[tuple[bytes, bytes]], redactor: Redactor,
+                    limit: int = HEADER_CHARS) -> tuple[list[list[str]], int | None]:
+    """Request headers as a record stores them (wire bytes as ISO-8859-1, secret values replaced
+    by the redactor's stand-ins), in order while names and values total at most `limit` characters; the first that
     does not fit is cut to the room left and the rest are left out. Returns the headers and, when
     anything was cut, the characters all of them took."""
     out: list[list[str]] = []
@@ -76,7 +78,7 @@ def bounded_headers(raw: Iterable[tuple[bytes, bytes]], limit: int = HEADER_CHAR
             continue
         name = k.decode("latin-1")
         # Redacted before it is cut: a hash of a secret's first characters could be guessed.
-        value = redact_value(v) if is_secret_header(name) else v.decode("latin-1")
+        value = redactor.value(v) if is_secret_header(name) else v.decode("latin-1")
         room = limit - used
         if len(name) + len(value) > room:
             name, value = name[:room], value[:max(0, room - len(name))]
@@ -118,11 +120,12 @@ class RefusalBudget:
     """The counts of refused requests and the budget their records are kept within (module doc)."""
 
     def __init__(self, writer: SegmentWriter, exchanges: SegmentWriter, upstream: str,
-                 default_run: Callable[[float], str | None]) -> None:
+                 default_run: Callable[[float], str | None], redactor: Redactor) -> None:
         self.writer = writer  # the refusals' own segments
         self.exchanges = exchanges  # the exchanges' writer (recording_failed refusals)
         self.upstream = upstream
         self.default_run = default_run
+        self.redactor = redactor
         self.by_kind: dict[str, int] = {}
         self.recorded = 0
         self.not_recorded = 0
@@ -142,7 +145,7 @@ class RefusalBudget:
             return
         rec.ended_at = now()
         rec.duration_ms = flow.elapsed_ms()
-        rec.request_headers, headers = bounded_headers(flow.request.raw_headers)
+        rec.request_headers, headers = bounded_headers(flow.request.raw_headers, self.redactor)
         cut = bound_fields(rec)
         if headers is not None:
             cut["request_headers"] = headers

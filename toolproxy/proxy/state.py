@@ -16,10 +16,13 @@ from toolproxy.otlp.shipper import SpanShipper
 from toolproxy.proxy import livepage
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.counters import Counters
+from toolproxy.proxy.exposure import Exposure
 from toolproxy.proxy.flow import Hooks
+from toolproxy.proxy.headers import load_redactor
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.refusals import RefusalBudget
+from toolproxy.proxy.spillmask import SpillMasking
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.proxy.watchdog import Watchdog
@@ -43,6 +46,8 @@ class ProxyState:
         self.hooks = Hooks()
         self.started = time.time()
         self.counters = Counters()
+        self.redactor = load_redactor(config.data_dir)
+        self.exposure = Exposure(config.host, config.allowed_hosts)
         # Whether the upstream answers: reported beside recording health, never deciding its status.
         self.upstream_health = UpstreamHealth(config.upstream, config.connect_timeout)
         self.stacks: StackWatch | None = None  # set by app.make_state when fingerprinting is on
@@ -51,6 +56,7 @@ class ProxyState:
         self.peers = None
         self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
         self.sampler: Sampler | None = None  # set by app.make_state for --sample
+        self.spill_masking: SpillMasking | None = None  # set by app.make_state for --mask
         self.otlp: SpanShipper | None = None  # set by app.make_state for --otlp-endpoint
         self.refusals: RefusalBudget | None = None  # set by app.make_state
 
@@ -79,9 +85,12 @@ class ProxyState:
             "durability": self.config.durability,
             "on_record_failure": self.config.on_record_failure,
         }
+        snap["exposure"] = self.exposure.report()
         snap["upstream_pool"] = self.pool.report()
         snap["lifecycle"] = self.housekeeper.snapshot() if self.housekeeper is not None else None
         snap["sampling"] = self.sampler.report() if self.sampler is not None else None
+        if self.spill_masking is not None:
+            snap["recording"]["masking"] = self.spill_masking.report()
         snap["otlp"] = self.otlp.report() if self.otlp is not None else None
         return snap
 
@@ -90,7 +99,7 @@ class ProxyState:
         name = request.path[len(ADMIN_PREFIX):].strip("/")
         if self.live is not None:
             peers = self.peers.peer_live_sockets if self.peers is not None else None
-            page = await livepage.route(request, name, self.live, self.config.auth_token, peers)
+            page = await livepage.route(request, name, self.live, self.config.auth_token, self.config.client_body_timeout, peers)
             if page is not None:
                 return page
         if name in ("health", "stats", ""):

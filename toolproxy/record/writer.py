@@ -274,6 +274,10 @@ class SegmentWriter:
         if news:
             print(f"toolproxy: RECORDING FAILED: {message}", file=sys.stderr, flush=True)
 
+    def drop(self, n: int, reason: str, message: str) -> None:
+        """Count records lost before they reached the writer (from any thread)."""
+        self._drop(n, reason, message)
+
     def _drop(self, n: int, reason: str, message: str) -> None:
         self._mark_degraded(message)
         with self._stats_lock:
