@@ -16,6 +16,7 @@ import orjson
 
 from toolproxy.analysis.outcomes import (HALLUCINATED, INVALID_ARGS, MODEL_STOPPED, NON_RESPONSE, PROSE, STOP_STRING,
                                         UNPARSEABLE, VALID_CALL)
+from toolproxy.analysis.protocols import read_reply
 from toolproxy.analysis.textparse import parsed_text
 from toolproxy.calls import Validation, parse_arguments, validate_call
 from toolproxy.wire import Reply, tool_names as names_of_tools
@@ -168,6 +169,7 @@ def classify(
     tool_set: str | None = None,
     stops: Sequence[str] = (),
     stack_reply: Reply | None = None,
+    protocol: str | None = None,
 ) -> Classification:
     """The outcome of one attempt.
 
@@ -177,7 +179,9 @@ def classify(
     the caller already has the offered names (it caches them per tool set), and `tool_set` (the
     tools array's content hash) lets validation results be reused across attempts: harnesses
     resend the same tools, and looping agents the same call, many times. `stops` and `stack_reply`
-    say why an empty reply was empty (see empty_cause).
+    say why an empty reply was empty (see empty_cause). `protocol`: the prompt protocol the request
+    was read under (analysis.protocols); calls in the reply text are then read by its rules and
+    have the surface "prompt" (the harness asked for them there and parses them).
     """
     nr = non_response(reply, status, error_kind, stops, stack_reply)
     if nr is not None:
@@ -198,13 +202,14 @@ def classify(
     attempted = False
     saw_prose = False
     if not calls:
-        for text in (reply.content, reply.reasoning_content):
+        for text in (reply.content, reply.reasoning_content) if protocol is None else (reply.content,):
             if not text:
                 continue
-            parsed = parsed_text(text, names)
+            parsed = parsed_text(text, names) if protocol is None else read_reply(protocol, text, tools)
             attempted = attempted or parsed.attempted
+            surface = "text" if protocol is None else "prompt"
             for c in parsed.calls:
-                calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, "text", c.format, tools, tool_set))
+                calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, surface, c.format, tools, tool_set))
             if calls:
                 break
         saw_prose = any(c.valid for c in calls)

@@ -213,4 +213,19 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE episodes_v5 RENAME TO episodes;
         """,
     ),
+    (
+        6,
+        "prompt protocols, the keys that tell identical episodes apart and follow harness retries and "
+        "wrap-ups, harness rejections and finishing calls",
+        """
+        ALTER TABLE exchanges ADD COLUMN protocol VARCHAR;
+        ALTER TABLE exchanges ADD COLUMN reply_keys VARCHAR[];
+        ALTER TABLE exchanges ADD COLUMN rejects BOOLEAN;
+        ALTER TABLE exchanges ADD COLUMN finishes BOOLEAN;
+        ALTER TABLE turns ADD COLUMN protocol VARCHAR;
+        ALTER TABLE turns ADD COLUMN rejected BOOLEAN;
+        ALTER TABLE turns ADD COLUMN finishes BOOLEAN;
+        ALTER TABLE turns ADD COLUMN last_with_tools BOOLEAN;
+        """,
+    ),
 ]

@@ -19,10 +19,12 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from toolproxy.analysis import harnesses
 from toolproxy.analysis.bodies import decode_body, header
 from toolproxy.analysis.classify import classify
 from toolproxy.analysis.columns import Columns, share_strings
 from toolproxy.analysis.probes import probe_of
+from toolproxy.analysis.protocols import read_prompt, reply_message
 from toolproxy.analysis.tables import CALLS, EXCHANGES
 from toolproxy.analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys
 from toolproxy.gcpause import gc_paused
@@ -163,6 +165,12 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     is_attempt = kind is not None and probe is None
     messages = request.messages if request is not None else []
     tools = request.tools if request is not None and request.tools else None
+    # A request without tools may still offer some in its prompt (dspy, ReAct text loops, code
+    # agents): it is then analysed as the chat conversation that prompt stands for.
+    reading = read_prompt(messages) if tools is None and messages else None
+    protocol = None
+    if reading is not None:
+        protocol, messages, tools = reading.protocol, reading.messages, reading.tools
 
     tools_row = tool_set(tools) if tools else None
     tool_hash = tools_row.hash if tools_row else None
@@ -194,12 +202,15 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     n_calls = None
     saw_prose = None
     chain_reply = None
+    reply_ids: list = []
     signature = None
+    finishes = None
     if view is not None:
         c = classify(
             view, status=view_status, error_kind=rec.get("error_kind"), tools=tools,
             call_surface=_REWRITTEN_SURFACE.get(condition, "native") if rewritten else "native", tool_names=names,
-            tool_set=tool_hash, stops=stop_strings(req), stack_reply=upstream_reply if upstream_reply is not view else None,
+            tool_set=tool_hash, protocol=protocol, stops=stop_strings(req),
+            stack_reply=upstream_reply if upstream_reply is not view else None,
         )
         outcome, sub_kind, surface, saw_prose = c.outcome, c.sub_kind, c.surface, c.harness_saw_prose
         n_calls = len(c.calls)
@@ -212,8 +223,15 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
                 "schema_errors": _json(call.schema_errors),
             })
         if outcome != "non_response":
-            chain_reply = (view.content, [(tc.name, tc.arguments) for tc in view.tool_calls])
+            if protocol is None:
+                chain_reply = (view.content, [(tc.name, tc.arguments) for tc in view.tool_calls])
+                reply_ids = [tc.id for tc in view.tool_calls]
+            else:
+                chain_reply = reply_message(protocol, view.content, [
+                    (call.name, call.arguments if call.arguments is not None else call.arguments_raw) for call in c.calls])
         signature = call_signature([(call.name, call.arguments) for call in c.calls])
+        # Named and offered, valid or not: a harness that stops there took it as the answer.
+        finishes = outcome in ("valid_call", "invalid_args") and harnesses.finishes(protocol, [call.name for call in c.calls])
 
     keys = None
     model = None
@@ -232,7 +250,8 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
             # earlier conversation is the server's state, named by id, so it is part of this
             # request's state too (its link to the earlier turn is made after ingest).
             messages = [{"role": "previous_response", "content": previous}, *messages]
-        keys = conversation_keys(messages, tool_set=tool_hash, tool_names=names, model=model, reply=chain_reply)
+        keys = conversation_keys(messages, tool_set=tool_hash, tool_names=names, model=model, reply=chain_reply,
+                                 reply_ids=reply_ids)
 
     usage = upstream_reply if upstream_reply is not None else view
     record_meta = {
@@ -277,7 +296,8 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         "n_messages": keys.n_messages if keys else None, "state_hash": keys.state_hash if keys else None,
         "chain_hash": keys.chain_hash if keys else None, "parent_hashes": keys.parent_hashes if keys else None,
         "item_hash": keys.item_hash if keys else None, "call_signature": signature,
-        "tool_results": keys.tool_results if keys else None,
+        "tool_results": keys.tool_results if keys else None, "protocol": protocol,
+        "reply_keys": keys.reply_keys if keys else None, "rejects": keys.rejects if keys else None, "finishes": finishes,
     }
     return Analyzed(row, calls_out, tools_row)
 
@@ -364,7 +384,7 @@ _REPEATING = ("kind", "run", "episode", "item", "condition", "tags", "upstream",
               "error_kind", "error_message", "model", "tool_set", "upstream_request", "condition_note",
               "request_headers", "response_headers", "segment", "outcome", "sub_kind", "surface", "finish_reason",
               "content", "reasoning_content", "upstream_content", "stack_marker", "stack_marker_version",
-              "call_signature")
+              "call_signature", "protocol")
 def _share_repeats(columns: dict[str, Any]) -> None:
     """Equal strings of each _REPEATING column as one object (share_strings): the process writing
     the batch unpickles it in ~1.8 us an exchange instead of 3.2, and here the sharing costs about

@@ -60,6 +60,10 @@ EXCHANGES = Table("exchanges", {
     # set when turns are derived
     "turn_id": _V,
     "tool_results": _I, "analyzer_version": _I,
+    # the prompt protocol the request was read under (analysis.protocols), the other keys a later
+    # request names its reply by, whether it says the harness rejected the reply before it, and
+    # whether its reply ends the episode through the harness's finishing tool
+    "protocol": _V, "reply_keys": "VARCHAR[]", "rejects": _BOOL, "finishes": _BOOL,
 })
 TOOL_SETS = Table("tool_sets", {"hash": _V, "tools": _J, "names": "VARCHAR[]"})
 TURNS = Table("turns", {
@@ -67,7 +71,7 @@ TURNS = Table("turns", {
     "model": _V, "outcome": _V, "sub_kind": _V, "surface": _V, "n_attempts": _I, "n_calls": _I,
     "final_exchange_id": _V, "finish_reason": _V, "harness_saw_prose": _BOOL, "content": _V, "role": _V, "expect": _V,
     "delivered": _BOOL, "offered_tools": _BOOL, "tool_results": _I, "saw_result": _BOOL, "is_last": _BOOL,
-    "analyzer_version": _I,
+    "analyzer_version": _I, "protocol": _V, "rejected": _BOOL, "finishes": _BOOL, "last_with_tools": _BOOL,
 })
 CALLS = Table("calls", {
     "turn_id": _V, "exchange_id": _V, "idx": _I, "name": _V, "arguments_raw": _V, "arguments": _J, "surface": _V,

@@ -6,7 +6,10 @@ cause of its last failure (a refusal stays `refused`) with the attempt count bes
 come from the `episode` tag; without one they are reconstructed by message-prefix chaining: a
 later request whose message list starts with an earlier request's messages *plus the reply it
 got* continues that episode. Harnesses that resend an earlier call as assistant text chain by an
-echo key instead (request + the calls it echoes).
+echo key instead (request + the calls it echoes); one that dropped a reply and added a note of its
+own, by the state of the request before it; one that swapped its system prompt to wrap up, by the
+conversation without it. Identical episodes running at the same time are told apart by the ids of
+their replies' calls, and each is continued once even when nothing tells them apart.
 
 Every produced turn then gets a role (ROLE_SQL), which says what the turn was for and so which
 metric counts it: a correct agent that calls a tool and then answers in prose must score full
@@ -24,11 +27,13 @@ import heapq
 import re
 import statistics
 import dataclasses
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import orjson
 
+from toolproxy.analysis import harnesses
 from toolproxy.analysis.columns import share_strings
 from toolproxy.analysis.echoes import echoed_calls
 from toolproxy.analysis.expect import Rule, expectation
@@ -114,6 +119,15 @@ class Keys(NamedTuple):
     parent_hashes: list[str]
     item_hash: str
     tool_results: int
+    reply_keys: list[str]
+    rejects: bool
+
+
+# A harness that drops a useless reply resends the conversation before it plus a note of its own
+# (pydantic-ai: "Please return text or call a tool."): the request names the states of its
+# prefixes that end after its last assistant message, at most this many, as dropped-reply parents.
+DROPPED_PREFIXES = 3
+_SYSTEM_ROLES = frozenset(("system", "developer"))
 
 
 def conversation_keys(
@@ -123,26 +137,43 @@ def conversation_keys(
     tool_names: Sequence[str],
     model: str | None,
     reply: tuple[str | None, list] | None,
+    reply_ids: Sequence[str] = (),
 ) -> Keys:
     """Hashes that place one attempt in its conversation.
 
     state_hash: messages + tool set + model (equal for retries of one turn).
     chain_hash: the message list extended by the reply the harness got (content, canon calls);
       the next turn of the same episode lists it as a parent.
-    parent_hashes: the rolling hash after each assistant message in this request, longest first,
-      then the echo keys of its last assistant messages (see _echo_parents).
+    parent_hashes: the keys of the turns this request may continue, in the order they are tried
+      (build_episodes takes the first one it knows): the dropped-reply keys of the prefixes after
+      the last assistant message (longest first), the ids key of the last assistant messages' calls,
+      the rolling hash after each assistant message (longest first), the echo keys of the last
+      assistant messages (_echo_parents), and the tail key (the conversation without its leading
+      system messages, up to the last assistant message).
     item_hash: messages + offered tool names, for pairing the same item across runs.
     tool_results: how many messages return a tool's result to the model (see _is_tool_result).
+    reply_keys: the keys beside chain_hash that a later request names this reply by: its ids key
+      (the reply's call ids, `reply_ids`: what tells identical conversations apart) and its tail key.
+    rejects: the messages after the last assistant message say the harness could not use the reply
+      before them (analysis.harnesses).
     """
     # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
     # hash is a copy of the running state, which keeps this linear in the conversation length.
     running = hashlib.blake2b(digest_size=12)
+    # The same without the leading system messages: a harness that swaps its system prompt for
+    # another (smolagents' summary at max_steps, dspy's extract step) keeps the rest.
+    tail = hashlib.blake2b(b"tail", digest_size=12)
+    leading = True
     parents = []
     results = 0
-    # The last run of consecutive assistant messages, its structured calls, the running hash before it.
+    # The last run of consecutive assistant messages, its structured calls and ids, the running hash before it.
     block: list[str] = []  # their texts
     block_calls: list = []
+    block_ids: list[str] = []
     block_prefix = None
+    tail_parent = None
+    after: list = []  # running hashes after each message since the last assistant one (and the first non-system one)
+    after_texts: list[str] = []  # those messages' texts
     prev_role = None
     update = running.update
     for m in messages:
@@ -153,30 +184,74 @@ def conversation_keys(
             results += _is_tool_result(role, content, text)
             calls = _message_calls(m) if m.get("tool_calls") else []
             if role == "assistant" and prev_role != "assistant":
-                block, block_calls, block_prefix = [], [], running.copy()
-            update(_canon(role, text, calls))
+                block, block_calls, block_ids, block_prefix = [], [], [], running.copy()
+            canon = _canon(role, text, calls)
+            update(canon)
+            leading = leading and role in _SYSTEM_ROLES
+            if not leading:
+                tail.update(canon)
             if role == "assistant":
                 block.append(text)
                 block_calls.extend(calls)
+                block_ids.extend(_call_ids(m))
                 parents.append(running.hexdigest())
+                tail_parent = tail.hexdigest()
+                after, after_texts = [], []
+            elif not leading:
+                after.append(running.copy())
+                after_texts.append(text)
+                del after[:-DROPPED_PREFIXES - 1]
         else:
             role = None
             update(orjson.dumps([m]))
         prev_role = role
     parents.reverse()
     state_suffix = b"\x00state" + orjson.dumps([tool_set, model])
+    dropped = []
+    for prefix in reversed(after[:-1]):  # longest first; the whole list is this request's own state
+        prefix.update(state_suffix)
+        dropped.append(dropped_key(prefix.hexdigest()))
+    if block_ids and parents:
+        parents.insert(0, ids_key(parents[0], block_ids))
     if block_prefix is not None:
         parents += _echo_parents(block, block_calls, block_prefix, state_suffix, tool_names)
+    if tail_parent is not None:
+        parents.append(tail_parent)
     state = running.copy()
     state.update(state_suffix)
     item = running.copy()
     item.update(b"\x00item" + orjson.dumps(sorted(tool_names)))
     chain = None
+    reply_keys = []
     if reply is not None:
+        canon = _canon("assistant", _text(reply[0]), canon_calls(reply[1]))
         extended = running.copy()
-        extended.update(_canon("assistant", _text(reply[0]), canon_calls(reply[1])))
+        extended.update(canon)
         chain = extended.hexdigest()
-    return Keys(len(messages), state.hexdigest(), chain, parents, item.hexdigest(), results)
+        ids = [i for i in reply_ids if isinstance(i, str) and i]
+        if ids:
+            reply_keys.append(ids_key(chain, ids))
+        tail.update(canon)
+        reply_keys.append(tail.hexdigest())
+    rejected = block_prefix is not None and harnesses.rejects(after_texts)
+    return Keys(len(messages), state.hexdigest(), chain, dropped + parents, item.hexdigest(), results, reply_keys, rejected)
+
+
+def _call_ids(m: dict) -> list[str]:
+    """The ids of a chat message's tool calls (the stack made them up per reply, so they tell apart
+    identical conversations running at the same time)."""
+    return [tc["id"] for tc in m.get("tool_calls") or () if isinstance(tc, dict) and isinstance(tc.get("id"), str) and tc["id"]]
+
+
+def ids_key(chain_hash: str, ids: Sequence[str]) -> str:
+    """The key of a reply's calls by their ids: its chain hash + the ids, in order."""
+    return _digest(b"ids\x00" + chain_hash.encode() + b"\x00" + "\x00".join(ids).encode()).hex()
+
+
+def dropped_key(state_hash: str) -> str:
+    """The key a request that dropped a reply names the turn by: the state of the request the
+    reply answered."""
+    return _digest(b"dropped\x00" + state_hash.encode()).hex()
 
 
 def echo_key(state_hash: str, signature: str) -> str:
@@ -246,6 +321,9 @@ class Attempt:
     call_signature: str | None
     tags: str | None = None
     tool_results: int = 0
+    reply_keys: list[str] = field(default_factory=list)
+    rejects: bool = False  # its request says the harness could not use the reply before it
+    offered: bool = True  # its request offered tools (in a `tools` field or its prompt)
 
 
 @dataclass(slots=True)
@@ -277,13 +355,16 @@ class Episode:
 
 def chain_keys(a: Attempt) -> list[str]:
     """The keys a later request names this attempt by when it continues the conversation (its
-    parent_hashes): the conversation extended by the reply, and the echo key of the reply's calls
-    (or of an empty reply)."""
+    parent_hashes): the conversation extended by the reply, that reply's ids and tail keys, the
+    echo key of the reply's calls (or of an empty reply), and its request's dropped-reply key."""
     keys = [a.chain_hash] if a.chain_hash else []
+    keys += a.reply_keys
     if a.state_hash and a.call_signature:
         keys.append(echo_key(a.state_hash, a.call_signature))
     elif a.state_hash and a.outcome == NON_RESPONSE and a.sub_kind in EMPTY_REPLIES:
         keys.append(echo_key(a.state_hash, EMPTY_ECHO))
+    if a.state_hash:
+        keys.append(dropped_key(a.state_hash))
     return keys
 
 
@@ -327,6 +408,9 @@ def causal_order(attempts: Sequence[Attempt], keys: Sequence[list[str]] | None =
                 if not later:
                     continue
                 parent = later[0]
+            if attempts[parent].episode != a.episode:  # a request only continues turns of its own episode
+                parent = None
+                continue
             edges.append((parent, i))
             break
         anchor = a.episode if a.episode is not None else parent
@@ -365,11 +449,31 @@ def causal_order(attempts: Sequence[Attempt], keys: Sequence[list[str]] | None =
 def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = False) -> list[Episode]:
     """Group one run's attempts (given in clock order) into episodes of turns. Unless one clock
     stamped them all (one host: its clock order is the conversations' order), they are first put
-    in causal_order."""
+    in causal_order.
+
+    Several episodes may be open on the same conversation at once (a benchmark's epochs, threads
+    asking one question): every key names all the turns it was given by, and a request continues
+    the first of them, in clock order, that is still its episode's last turn. The keys that tell
+    such copies apart (the ids of the calls a reply made) come first in a request's parents, so a
+    copy follows its own reply; copies that nothing tells apart are still each continued once. The
+    first key a request names that any turn was given by decides: when all its turns were
+    continued already, the request starts an episode of its own (the same step taken again)."""
     episodes: dict[str, Episode] = {}
     owner: dict[int, Episode] = {}  # id(turn) -> its episode
-    by_chain: dict[str, Turn] = {}
-    by_state: dict[str, Turn] = {}
+    by_chain: dict[str, deque[Turn]] = {}
+    by_state: dict[str, deque[Turn]] = {}  # turns whose last attempt failed, by their request's state
+
+    def is_open(turn: Turn) -> bool:
+        return owner[id(turn)].turns[-1] is turn
+
+    def oldest(queue: deque[Turn], usable) -> Turn | None:
+        while queue and not usable(queue[0]):  # a turn that stops being usable never is again
+            queue.popleft()
+        return queue[0] if queue else None
+
+    def retried(turn: Turn) -> bool:
+        return turn.attempts[-1].outcome == NON_RESPONSE and is_open(turn)
+
     attempts = list(attempts)
     keys = None if one_clock else [chain_keys(a) for a in attempts]
     for i in range(len(attempts)) if keys is None else causal_order(attempts, keys):
@@ -384,17 +488,18 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
             else:
                 ep.turns.append(Turn([a]))
             continue
-        turn = by_state.get(a.state_hash) if a.state_hash else None
-        if turn is not None and turn.attempts[-1].outcome == NON_RESPONSE and owner[id(turn)].turns[-1] is turn:
+        failed = by_state.get(a.state_hash) if a.state_hash else None
+        turn = oldest(failed, retried) if failed else None
+        if turn is not None:
             turn.attempts.append(a)
         else:
             ep = None
             for h in a.parent_hashes:
-                parent = by_chain.get(h)
-                if parent is not None:
-                    cand = owner[id(parent)]
-                    if cand.turns[-1] is parent:
-                        ep = cand
+                queue = by_chain.get(h)
+                if queue is not None:
+                    parent = oldest(queue, is_open)
+                    if parent is not None:
+                        ep = owner[id(parent)]
                     break
             if ep is None:
                 name = f"~{a.id}"
@@ -402,10 +507,10 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
             turn = Turn([a])
             ep.turns.append(turn)
             owner[id(turn)] = ep
-            if a.state_hash:
-                by_state[a.state_hash] = turn
+        if a.outcome == NON_RESPONSE and a.state_hash and not (failed and failed[-1] is turn):
+            by_state.setdefault(a.state_hash, deque()).append(turn)
         for key in chain_keys(a) if keys is None else keys[i]:
-            by_chain[key] = turn
+            by_chain.setdefault(key, deque()).append(turn)
     out = list(episodes.values())
     for ep in out:
         heads = [t.attempts[0] for t in ep.turns]
@@ -449,15 +554,21 @@ def loop_reason(signatures: Sequence[str | None], run_median: float) -> str | No
 # rules the same way:
 #   no_tools  the request offered no tools (left out of every tool metric)
 #   abstain   the item expects no call (scored by restraint)
-#   call      any call attempt, or prose the harness answered with another turn (it had to nudge)
-#   answer    prose ending the episode after a tool result came back: the model finished
-#   call      prose ending an item that expects a call
-#   open      prose ending an episode that saw no tool result and has no expectation: unknowable
+#   call      any call attempt, or prose the harness answered with another turn offering tools (it
+#             had to nudge), or a reply the harness rejected (analysis.harnesses)
+#   answer    prose, or a valid call to the harness's finishing tool (smolagents' final_answer,
+#             dspy's finish), ending the episode's tool use after a tool result came back
+#   call      the same ending an item that expects a call
+#   open      the same ending an episode that saw no tool result and has no expectation: unknowable
+# An episode's tool use ends with its last turn that offered tools: a harness may wrap up after it
+# with a request that offers none (dspy's extract step, smolagents' summary at max_steps), and
+# that turn is `no_tools`. Stores derived before those columns existed read as they did.
 ROLE_SQL = f"""CASE
     WHEN outcome = '{NON_RESPONSE}' THEN NULL
     WHEN NOT offered_tools THEN 'no_tools'
     WHEN expect = 'none' THEN 'abstain'
-    WHEN outcome <> '{PROSE}' OR NOT is_last THEN 'call'
+    WHEN coalesce(rejected, false) OR NOT coalesce(last_with_tools, is_last)
+         OR NOT (outcome = '{PROSE}' OR coalesce(finishes, false)) THEN 'call'
     WHEN saw_result THEN 'answer'
     WHEN expect = 'call' THEN 'call'
     ELSE 'open' END"""
@@ -477,14 +588,18 @@ def delivered(turns: Sequence[Turn], i: int) -> bool:
     A call in tool_calls (the stack's, or one a condition produced) was delivered. A call left in
     the reply text counts only when the harness parsed it itself and acted on it, which shows as
     the episode's next request carrying more tool results than this one (smolagents and other
-    text-protocol harnesses); a harness that ignored it got prose.
+    text-protocol harnesses) and not saying it could not use the reply; a harness that ignored it
+    got prose.
     """
     f = turns[i].final
     if f.outcome != VALID_CALL:
         return False
     if not f.harness_saw_prose:
         return True
-    return i + 1 < len(turns) and turns[i + 1].attempts[0].tool_results > f.tool_results
+    if i + 1 >= len(turns):
+        return False
+    after = turns[i + 1].attempts[0]
+    return after.tool_results > f.tool_results and not after.rejects
 
 
 # One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a
@@ -509,21 +624,25 @@ SELECT run, id, episode, item, json_extract_string(tags, '$.category'), conditio
        coalesce(harness_saw_prose, false), state_hash, chain_hash,
        CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
             THEN array_to_string(coalesce(parent_hashes, []), ' ') END,
-       item_hash, call_signature, tags::VARCHAR, coalesce(tool_results, 0)
+       item_hash, call_signature, tags::VARCHAR, coalesce(tool_results, 0),
+       CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
+            THEN array_to_string(coalesce(reply_keys, []), ' ') END,
+       coalesce(rejects, false), tool_set IS NOT NULL
 FROM exchanges WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id
 """
 
-# _ATTEMPTS_SQL's columns are run, then Attempt's fields in order; parent_hashes come as one string.
-_PARENTS = 1 + [f.name for f in dataclasses.fields(Attempt)].index("parent_hashes")
+# _ATTEMPTS_SQL's columns are run, then Attempt's fields in order; the key lists come as one string each.
+_KEY_LISTS = [1 + [f.name for f in dataclasses.fields(Attempt)].index(name) for name in ("parent_hashes", "reply_keys")]
 
 # What derive() computes of a turn in Python; the rest (_TURNS_SQL) is its final attempt's.
 _TURN_ROW = ["turn_id", "run", "episode_key", "turn_index", "item_key", "category", "n_attempts", "final_exchange_id",
-             "expect", "delivered", "saw_result", "is_last"]
+             "expect", "delivered", "saw_result", "is_last", "rejected", "last_with_tools"]
 _FROM_FINAL = {
     "condition": "e.condition", "model": "e.model", "outcome": "e.outcome", "sub_kind": "e.sub_kind",
     "surface": "e.surface", "n_calls": "coalesce(e.n_calls, 0)", "finish_reason": "e.finish_reason",
     "harness_saw_prose": "coalesce(e.harness_saw_prose, false)", "content": "e.content",
     "offered_tools": "e.tool_set IS NOT NULL", "tool_results": "coalesce(e.tool_results, 0)",
+    "finishes": "coalesce(e.finishes, false)", "protocol": "e.protocol",
 }
 _TURNS_SQL = f"""
 INSERT INTO turns ({", ".join(TURNS.names)})
@@ -643,7 +762,8 @@ def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule]
     """The turn rows (columns of _TURN_ROW), episode columns and attempt -> turn map of a batch of runs."""
     cols = _columns(con.execute(_ATTEMPTS_SQL, {"runs": runs, "clocks": clocks}).fetchnumpy())
     run_of = cols[0]
-    cols[_PARENTS] = [[] if p is None else p.split() for p in cols[_PARENTS]]
+    for k in _KEY_LISTS:
+        cols[k] = [[] if p is None else p.split() for p in cols[k]]
     attempts = list(map(Attempt, *cols[1:]))
     spans: dict[str, tuple[int, int]] = {}
     start = 0
@@ -666,6 +786,7 @@ def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule]
             expect = expectation(tags, rules)
             saw_result = False
             last = len(ep.turns) - 1
+            last_tools = max((i for i, t in enumerate(ep.turns) if t.attempts[-1].offered), default=-1)
             for i, turn in enumerate(ep.turns):
                 head = turn.attempts[0]
                 f = turn.attempts[-1]
@@ -675,8 +796,9 @@ def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule]
                 key = (item, head.category)
                 if key not in categories:
                     categories[key] = category_of(*key)
+                rejected = i < last and ep.turns[i + 1].attempts[0].rejects
                 turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts), f.id, expect,
-                                  delivered(ep.turns, i), saw_result, i == last))
+                                  delivered(ep.turns, i), saw_result, i == last, rejected, i == last_tools))
                 if len(turn.attempts) == 1:
                     map_ex.append(tid)
                     map_turn.append(tid)

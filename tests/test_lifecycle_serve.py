@@ -11,8 +11,9 @@ import time
 
 import aiohttp
 
+from toolproxy.proxy import refusals
 from toolproxy.record.retention import LEDGER, closed_segments, read_ledger
-from toolproxy.record.segments import list_segments, read_records
+from toolproxy.record.segments import list_segments, read_records, read_segment
 
 BUDGET = 512 * 1024
 SEGMENT = 32 * 1024
@@ -90,8 +91,21 @@ async def test_disk_budget_block_refuses_with_503_and_resumes_after_prune(fake_s
     assert not (p.data / LEDGER).exists()
     assert p.stats()["lifecycle"]["refusing"] is True
     assert p.stats()["recording"]["dropped"] == 0
-    # The refusals are recorded too: every exchange, served or not, is on disk.
-    assert len(read_records(p.data, "exchange")) == len(statuses) + 1
+    # Every exchange served is on disk; every refusal is counted, and recorded within the refusal
+    # budget, in segments the budget does not count.
+    refused = statuses.count(503) + 1
+    deadline = time.monotonic() + 5
+    while True:
+        stats = p.stats()["refused"]
+        recs = read_records(p.data, "exchange")
+        if len(recs) == statuses.count(200) + stats["recorded"] or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert stats["by_kind"] == {"disk_budget_full": refused}
+    assert stats["recorded"] + stats["not_recorded"] == refused and stats["recorded"] >= 1
+    assert sorted(r["client_status"] for r in recs) == [200] * statuses.count(200) + [503] * stats["recorded"]
+    assert all(seg.name.endswith(".refused.jsonl") for seg in list_segments(p.data)
+               if any(line.record and line.record.get("error_kind") for line in read_segment(seg)))
 
     t = time.time() - 3600
     for seg in list_segments(p.data):
@@ -105,6 +119,49 @@ async def test_disk_budget_block_refuses_with_503_and_resumes_after_prune(fake_s
     async with aiohttp.ClientSession() as s:
         async with s.post(p.url + "/v1/chat/completions", json=body(1)) as r:
             assert r.status == 200
+
+
+async def test_disk_budget_block_holds_against_clients_retrying_hard(fake_stack, proxy):
+    """`block` bounds the disk: the budget is charged before each write (refusing starts at the
+    append that reaches it, not at the next scan), the exchanges already in flight may take it
+    at most a segment past, and the 503s of clients retrying at once are counted, recorded only
+    within the refusals' own small cap."""
+    fake = fake_stack("llamacpp")
+    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--segment-size", str(SEGMENT), "--max-disk", str(BUDGET),
+              "--on-disk-full", "block")
+    # As README says: a segment past the budget for exchanges in flight, the refusals' own cap, and
+    # a record past the size of each segment written meanwhile.
+    bound = BUDGET + SEGMENT + (refusals.KEEP + 1) * refusals.segment_bytes(SEGMENT) + (refusals.KEEP + 2) * 16 * 1024
+    statuses: list[int] = []
+    peak = 0
+    end = time.monotonic() + 2.5
+
+    async def client(s: aiohttp.ClientSession, c: int) -> None:
+        i = 0
+        while time.monotonic() < end:  # a 503 is retried at once
+            async with s.post(p.url + "/v1/chat/completions", json=body(c * 100_000 + i)) as r:
+                await r.read()
+                statuses.append(r.status)
+            i += 1
+
+    async def watch() -> None:
+        nonlocal peak
+        while time.monotonic() < end + 1.0:
+            peak = max(peak, sum(seg.size for seg in closed_segments(p.data)))
+            await asyncio.sleep(0.005)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16)) as s:
+        await asyncio.gather(watch(), *(client(s, c) for c in range(16)))
+    served, refused = statuses.count(200), statuses.count(503)
+    print(f"peak {peak} bytes of segments under a budget of {BUDGET} (bound {bound}); {served} served, {refused} refused")
+    assert served + refused == len(statuses) and refused > 1000, (served, refused)
+    assert peak <= bound, (peak, bound)
+    stats = p.stats()
+    assert stats["lifecycle"]["refusing"] and stats["refused"]["by_kind"] == {"disk_budget_full": refused}
+    # Every exchange served is on disk or counted dropped (past the budget by more than a segment).
+    lost = stats["recording"]["dropped_reasons"].get("disk_budget", 0)
+    assert stats["recording"]["dropped"] == lost and stats["recording"]["written"] == served - lost
+    assert len([r for r in read_records(p.data, "exchange") if r["client_status"] == 200]) == served - lost
 
 
 async def test_retain_deletes_aged_segments_while_serving(fake_stack, proxy):

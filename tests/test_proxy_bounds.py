@@ -202,6 +202,7 @@ async def test_a_capped_pool_in_front_of_llamacpp_answers_every_queued_request(p
     if close_after:
         assert resent and all(reason.startswith("the upstream closed a kept-alive connection before answering")
                               for reason in resent), resent
+    assert p.stats()["resent"] == len(resent)  # counted, not only visible record by record
 
 
 async def test_a_request_the_upstream_may_have_read_is_not_sent_again(proxy):
@@ -241,6 +242,7 @@ async def test_a_request_the_upstream_may_have_read_is_not_sent_again(proxy):
     assert on[0] is not on[1] and on[1] is on[2]
     for rec in (recs[0], recs[2]):
         assert rec["error_kind"] == "upstream_closed" and "resent" not in rec["extra"]
+    assert p.stats()["resent"] == 0
 
 
 async def test_the_upstream_pool_lets_go_of_idle_connections_before_common_servers_close_them():
@@ -309,7 +311,7 @@ async def test_slow_request_heads_are_cut_off(fake_stack, proxy):
     socks = [_connect(p.url) for _ in range(40)]
     t0 = time.monotonic()
     for s in socks:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     for _ in range(3):  # trickle one header line per socket every half second
         await asyncio.sleep(0.5)
         for s in socks:
@@ -336,7 +338,7 @@ async def test_a_stalled_request_body_is_a_408_and_recorded(fake_stack, proxy):
     fake = fake_stack("openai")
     p = proxy(fake.url, "--quiet", "--client-body-timeout", "1", "--no-fingerprint")
     s = _connect(p.url)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: 100\r\n\r\n{\"model\": ")
     t0 = time.monotonic()
     s.settimeout(5)

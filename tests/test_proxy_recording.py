@@ -14,7 +14,7 @@ import pytest
 
 from toolproxy.record.segments import list_segments, read_segment
 from toolproxy.record.writer import MAX_QUEUE_WAIT
-from toolproxy.testing.fakes import stall, text
+from toolproxy.testing.fakes import raw, stall, text
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -75,10 +75,11 @@ async def test_segments_rotate_by_size_and_stay_ordered(fake_stack, proxy):
     assert all(line.error is None for seg in segs for line in read_segment(seg))
 
 
-async def load_then_kill(p, workers: int, seconds: float, pad: str = "") -> tuple[float, list[tuple[float, str]]]:
+async def load_then_kill(p, workers: int, seconds: float, pad: str = "", until=None) -> tuple[float, list[tuple[float, str]]]:
     """Clients post chat requests (every other one streamed) until the proxy is killed -9 after
-    `seconds`. Returns when it was killed, and (when, marker) for every response received complete;
-    a request's message is its marker (w<worker>-<n>, 9 characters) followed by `pad`."""
+    `seconds` (or once `until(finished)` returns). Returns when it was killed, and (when, marker) for
+    every response received complete; a request's message is its marker (w<worker>-<n>, 9
+    characters) followed by `pad`."""
     finished: list[tuple[float, str]] = []
     stop = asyncio.Event()
 
@@ -101,6 +102,8 @@ async def load_then_kill(p, workers: int, seconds: float, pad: str = "") -> tupl
 
     tasks = [asyncio.create_task(worker(w)) for w in range(workers)]
     await asyncio.sleep(seconds)
+    if until is not None:
+        await until(finished)
     killed_at = time.monotonic()
     p.kill()
     await asyncio.sleep(0.2)
@@ -129,6 +132,10 @@ async def test_recording_failure_keeps_serving_and_reports_degraded(fake_stack, 
         await asyncio.sleep(0.02)
     assert status == 503 and health["status"] == "degraded"
     assert health["recording"]["dropped"] == 3 and health["recording"]["last_error"]
+    for _ in range(250):  # printed before the count moved, but read from the pipe by a thread of ours
+        if "RECORDING FAILED" in p.output():
+            break
+        await asyncio.sleep(0.02)
     assert "RECORDING FAILED" in p.output()
 
 
@@ -201,6 +208,55 @@ async def test_group_mode_loss_bound_on_kill_9_under_load(fake_stack, proxy):
     assert len(finished) > 50
 
     recorded = {json.loads(r["request_body"])["messages"][0]["content"][:9] for r in p.records()}
+    lost = sorted((round(killed_at - t, 3), m) for t, m in finished if m not in recorded)
+    too_old = [(age, m) for age, m in lost if age > MAX_QUEUE_WAIT]
+    assert not too_old, (f"{len(too_old)} of {len(finished)} responses that finished more than {MAX_QUEUE_WAIT}s "
+                         f"before the kill have no record; oldest: {too_old[-5:]}")
+
+
+HUGE = 256 * 1024 * 1024
+
+
+def segment_bytes(data) -> int:
+    return sum(seg.stat().st_size for seg in list_segments(data))
+
+
+async def test_group_mode_loss_bound_holds_with_a_huge_spilled_body_in_the_batch(fake_stack, proxy):
+    """A record with a body spilled past --spill-above takes longer to copy into its segment than
+    the bound: no smaller exchange's record waits behind it, and its own response waits for it.
+    Killed -9 while it is being copied, the proxy has lost no record of a response answered more
+    than MAX_QUEUE_WAIT before."""
+    fake = fake_stack("openai")
+    fake.responder = lambda req: text("reply to " + req.messages[-1]["content"][:9] + " with some words in it")
+    # 4-byte characters, the slowest text to copy into a JSON line: the copy lasts long enough
+    # (0.9 s here) to be caught under way.
+    fake.inject(raw("\U0001F600".encode() * (HUGE // 4), path="/v1/huge"), stall(between=0.002, times=None))
+    p = proxy(fake.url, "--commit-window", "2")
+
+    async def huge(finished: list) -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(p.url + "/v1/huge", timeout=aiohttp.ClientTimeout(total=60)) as r:
+                size = 0
+                async for piece in r.content.iter_any():
+                    size += len(piece)
+        if size == HUGE:
+            finished.append((time.monotonic(), "huge"))
+
+    async def during_the_copy(finished: list) -> None:
+        """Until the huge record's copy into its segment is well under way."""
+        asyncio.create_task(huge(finished))
+        base = segment_bytes(p.data)
+        deadline = time.monotonic() + 60
+        while segment_bytes(p.data) < base + HUGE // 64:
+            assert time.monotonic() < deadline, "the huge record was never written"
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.2)
+
+    killed_at, finished = await load_then_kill(p, workers=4, seconds=0.5, until=during_the_copy)
+    recs = p.records()
+    assert not any(r["path"] == "/v1/huge" for r in recs), "the copy ended before the kill: nothing was tested"
+    assert len(finished) > 20
+    recorded = {json.loads(r["request_body"])["messages"][0]["content"][:9] for r in recs if r["path"] != "/v1/huge"}
     lost = sorted((round(killed_at - t, 3), m) for t, m in finished if m not in recorded)
     too_old = [(age, m) for age, m in lost if age > MAX_QUEUE_WAIT]
     assert not too_old, (f"{len(too_old)} of {len(finished)} responses that finished more than {MAX_QUEUE_WAIT}s "

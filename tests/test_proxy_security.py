@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import socket
@@ -13,7 +14,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from toolproxy.proxy.headers import redact_value
+from toolproxy.proxy.headers import load_redactor
 from toolproxy.record.segments import list_segments
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -62,6 +63,9 @@ def test_secrets_are_forwarded_but_never_written(fake_stack, proxy):
     headers = {k.lower(): v for k, v in rec["request_headers"]}
     assert headers["authorization"].startswith("redacted:") and len(headers["authorization"]) == len("redacted:") + 8
     assert headers["x-api-key"] != headers["api-key"]  # different keys stay distinguishable
+    # keyed by the data directory's key: a guess at a short secret cannot be checked offline
+    assert headers["authorization"] == load_redactor(p.data).value(secrets["Authorization"])
+    assert headers["authorization"] != "redacted:" + hashlib.sha256(secrets["Authorization"].encode()).hexdigest()[:8]
     assert "alt=json" in rec["query"] and "SECRET" not in rec["client_path"]
 
 
@@ -100,6 +104,8 @@ def test_auth_token(fake_stack, proxy):
     assert request(p.url, "GET", "/_toolproxy/stats", {}, b"")[0] == 401
     status, answer = request(p.url, "GET", "/_toolproxy/stats", {"X-Toolproxy-Token": "tok-SECRET-888"}, b"")
     assert status == 200 and json.loads(answer)["upstream"] == fake.url
+    # Every refusal is counted, the admin routes' too (the start-up health check was one).
+    assert json.loads(answer)["refused"]["by_kind"] == {"unauthorized": 3, "admin_unauthorized": 3}
 
     assert request(p.url, "POST", "/v1/chat/completions",
                    {**ct, "X-Toolproxy-Token": "tok-SECRET-888", "Authorization": "Bearer sk-upstream"}, body)[0] == 200
@@ -111,7 +117,8 @@ def test_auth_token(fake_stack, proxy):
     assert r.choices[0].message.content
     assert "authorization" not in {k.lower() for k, _ in fake.seen[-1].header_list}  # the token is ours, not theirs
 
-    recs = p.wait_records(5)
+    # Refusals have segments of their own: in the order they happened, by id.
+    recs = sorted(p.wait_records(5), key=lambda r: r["id"])
     assert [r["client_status"] for r in recs] == [401, 401, 401, 200, 200]
     assert [r["error_kind"] for r in recs[:3]] == ["unauthorized"] * 3
     p.stop()
@@ -150,7 +157,8 @@ def test_absolute_form_target_and_host_header_cannot_redirect(fake_stack, proxy)
     host = {k.lower(): v for k, v in upstream.seen[0].header_list}["host"]
     assert host == urlsplit(upstream.url).netloc
     stats = p.stats()  # the refused request went through the counters like any other
-    assert stats["in_flight"] == 0 and stats["errors"]["proxy_error"] == 1
+    assert stats["in_flight"] == 0 and stats["errors"]["not_a_forward_proxy"] == 1
+    assert stats["refused"]["by_kind"] == {"not_a_forward_proxy": 1} and stats["refused"]["recorded"] == 1
 
 
 def test_admin_routes_are_never_forwarded_or_recorded(fake_stack, proxy):
@@ -201,4 +209,4 @@ def test_query_secrets_follow_the_header_rules(fake_stack, proxy):
         assert f"SECRET-Q{i}".encode() not in disk
     # Every other parameter keeps its exact spelling.
     assert rec["query"].endswith("&alt=json&keyword=caf%C3%A9+au+lait&q=a%2Fb")
-    assert rec["query"].split("&")[0] == "x-api-key=" + redact_value("SECRET-Q1")
+    assert rec["query"].split("&")[0] == "x-api-key=" + load_redactor(p.data).value("SECRET-Q1")

@@ -82,12 +82,17 @@ async def test_workers_share_the_port_merge_stats_survive_a_crash_and_stop_toget
                        capture_output=True, text=True, timeout=120)
     assert json.loads(r.stdout) == [{"n": 240, "ids": 240}]
 
-    # A worker that dies is reported and replaced; the group's counters do not go backwards.
-    victim = per[0]["pid"]
+    # A worker that dies is reported and replaced; the group's counters do not go backwards, and
+    # say they may miss what the killed worker did after its last report.
+    victim, victim_index = per[0]["pid"], per[0]["index"]
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: "exited with signal SIGKILL; restarting it" in p.output(), "the crash to be reported")
     stats = wait_for(lambda: (s := p.stats())["workers"]["restarts"] == 1 and s["workers"]["answering"] == 2
-                     and s["status"] == "ok" and s, "the worker to be restarted")
+                     and s["status"] != "degraded" and s, "the worker to be restarted")
+    assert stats["status"] == "partial" and p.health()[0] == 200  # serving and recording: not a failure
+    [missing] = stats["workers"]["counts_missing"]
+    assert f"worker {victim_index} (pid {victim}) exited with signal SIGKILL" in missing and "partial" in missing
+    assert {w["index"]: w["restarts"] for w in stats["workers"]["per_worker"]} == {victim_index: 1, 1 - victim_index: 0}
     new_pids = {w["pid"] for w in stats["workers"]["per_worker"]}
     assert victim not in new_pids and len(new_pids) == 2
     assert stats["exchanges"] == 240 and stats["recording"]["written"] == 240
@@ -186,6 +191,32 @@ def test_a_silent_worker_degrades_the_group():
     restarting = group_snapshot(own, [peer_fresh], [], {"count": 3, "pids": [10, 11], "last_exit": "worker 2 (pid 9) exited with signal SIGKILL"}, now=now)
     assert restarting["status"] == "degraded"
     assert restarting["workers"]["problems"] == ["1 of 3 workers not running (being restarted after: worker 2 (pid 9) exited with signal SIGKILL)"]
+
+
+def test_a_killed_workers_counts_are_said_to_be_partial_and_a_stopped_ones_are_not():
+    now = 1000.0
+    own = {"status": "ok", "exchanges": 1, "worker": {"index": 0, "pid": 10, "published_at": now}}
+    peer = {"status": "ok", "exchanges": 2, "worker": {"index": 1, "pid": 12, "published_at": now}}
+    killed = {"status": "ok", "exchanges": 4, "worker": {"index": 1, "pid": 11, "published_at": now - 5.25,
+                                                         "exit": "signal SIGKILL", "exited_at": now - 5.0}}
+    stopped = {"status": "ok", "exchanges": 8, "worker": {"index": 1, "pid": 9, "published_at": now - 60, "final": True,
+                                                          "exit": "code 0", "exited_at": now - 60}}
+    supervisor = {"count": 2, "pids": [10, 12], "restarts": 2,
+                  "slots": [{"index": 0, "pid": 10, "restarts": 0}, {"index": 1, "pid": 12, "restarts": 2}]}
+    snap = group_snapshot(own, [peer], [killed, stopped], supervisor, now=now)
+    assert snap["exchanges"] == 15 and snap["status"] == "partial"
+    assert snap["workers"]["counts_missing"] == [
+        "worker 1 (pid 11) exited with signal SIGKILL, 0.25s after its last report: what it did after that report "
+        "(exchanges, records written) is in no count, so these totals are partial"]
+    assert [w["restarts"] for w in snap["workers"]["per_worker"]] == [0, 2]
+    complete = group_snapshot(own, [peer], [stopped], supervisor, now=now)
+    assert complete["status"] == "ok" and "counts_missing" not in complete["workers"]
+    # A degraded group says so first; the partial counts are still named.
+    down = group_snapshot(own, [peer], [killed], {**supervisor, "count": 3}, now=now)
+    assert down["status"] == "degraded" and down["workers"]["counts_missing"]
+    restarting = group_snapshot(own, [], [killed], {**supervisor, "pids": [10], "slots": [
+        {"index": 0, "pid": 10, "restarts": 0}, {"index": 1, "pid": None, "restarts": 2}]}, now=now)
+    assert restarting["workers"]["not_running"] == [1]
 
 
 def test_a_writer_never_appends_to_a_segment_it_did_not_create(tmp_path):

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import time
 
+import duckdb
 import pytest
 
 from toolproxy.record.model import CLOCK_OFFSET_ENV, Record, new_id
 from toolproxy.record.segments import list_segments, read_records
-from toolproxy.record.writer import REPLICA_ENV, SEGMENT_REPLICA, SegmentWriter, replica_name
+from toolproxy.record.writer import REFUSALS_STREAM, REPLICA_ENV, SEGMENT_REPLICA, SegmentWriter, replica_name
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -52,6 +53,22 @@ def test_two_writers_named_apart_share_a_directory_and_their_names_say_who_wrote
     assert sorted(re.match(SEGMENT_REPLICA, p.name).group(1) for p in segments) == ["host-a", "host-b"]
     assert sorted(r["path"] for r in read_records(tmp_path)) == [f"/{i}" for i in range(6)]
     assert re.match(SEGMENT_REPLICA, "20261129T120000-1-0001.jsonl") is None  # names from before replicas
+
+
+def test_a_refusals_stream_is_named_apart_yet_names_the_same_replica(monkeypatch, tmp_path):
+    """Refused requests' segments are told apart by their name, and are the same host's (one clock)
+    to the analyzer, which counts replicas by name."""
+    monkeypatch.setenv(REPLICA_ENV, "host-a.b")
+    writers = [SegmentWriter(tmp_path, window=0.01), SegmentWriter(tmp_path, window=0.01, stream=REFUSALS_STREAM)]
+    for i, w in enumerate(writers):
+        w.start()
+        w.submit(Record(id=new_id(), started_at=time.time(), path=f"/{i}"))
+        w.close()
+    names = sorted(p.name for p in list_segments(tmp_path))
+    assert [name.endswith(".refused.jsonl") for name in names] == [False, True]
+    assert [re.match(SEGMENT_REPLICA, name).group(1) for name in names] == ["host-a.b", "host-a.b"]
+    assert duckdb.sql(f"select distinct regexp_extract(n, '{SEGMENT_REPLICA}', 1) from "
+                      f"(select unnest({names}) as n)").fetchall() == [("host-a.b",)]
 
 
 def test_ids_are_sortable_unique_and_follow_the_clock():

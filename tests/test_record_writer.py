@@ -12,6 +12,7 @@ import time
 import orjson
 import pytest
 
+from toolproxy.record.masking import Masker, parse_rules
 from toolproxy.record.model import Record, encode_record, new_id
 from toolproxy.record.segments import list_segments, read_records, read_segment
 from toolproxy.record.writer import SegmentWriter
@@ -215,6 +216,61 @@ async def test_the_writer_falling_behind_raises_backpressure_until_it_catches_up
     assert await asyncio.wait_for(waiting, 5)
     assert not w.behind
     await until(lambda: w.stats.written == 3)
+
+
+async def test_a_record_stuck_in_a_write_counts_for_the_backpressure(writer, tmp_path):
+    """A record the writer has taken from the queue but not yet written is as much at risk in a
+    crash as a queued one: its wait raises the backpressure too."""
+    w = writer(window=0.1)
+    w.write_gate.clear()
+    w.submit(rec(0))
+    await until(w.writing.is_set)  # taken, and stuck in its write: the queue is empty
+    await asyncio.sleep(w.lag_limit + 0.05)
+    w.submit(rec(1))
+    assert w.behind
+    w.write_gate.set()
+    await until(lambda: w.stats.written == 2 and not w.behind)
+
+
+def test_a_long_batch_reaches_the_kernel_a_slice_at_a_time(tmp_path):
+    """Records taken together are masked and written in slices: the first is in its segment
+    before the last is masked, not once the whole batch is."""
+    events: list[tuple[str, str]] = []
+    masker = Masker(parse_rules(("email",)), os.urandom(32))
+    w = SegmentWriter(tmp_path, window=0.05, observe=lambda r, line, ok: events.append(("written", r.path)))
+    w.transform = lambda r: (events.append(("masked", r.path)), masker.record(r))[1]
+    text = " ".join(f"word{i} jane{i}@example.com" for i in range(2500))[:48 * 1024]
+    for i in range(60):  # queued before the writer starts: one batch, 2.9 MB of bodies
+        r = rec(i)
+        r.request_body = orjson.dumps({"messages": [{"role": "user", "content": text}]}).decode()
+        w.submit(r)
+    w.start()
+    w.close()
+    assert sorted(events) == sorted([(e, f"/r{i}") for i in range(60) for e in ("masked", "written")])
+    first_written = events.index(("written", "/r0"))
+    last_masked = events.index(("masked", "/r59"))
+    assert first_written < last_masked, events[:5]
+    assert [path for e, path in events if e == "written"] == [f"/r{i}" for i in range(60)]
+
+
+def test_a_record_with_a_spilled_body_is_written_after_the_others_taken_with_it(tmp_path):
+    """Copying a spilled body can take longer than the crash bound: records taken with it go first."""
+    from toolproxy.record.spill import SpilledBody
+
+    body = SpilledBody(str(tmp_path / "spill"))
+    body.write(b"x" * (2 * 1024 * 1024))
+    body.close().result()
+    order: list[str] = []
+    w = SegmentWriter(tmp_path, window=0.05, observe=lambda r, line, ok: order.append(r.path))
+    big = rec(0)
+    big.request_body = body
+    for r in (rec(1), big, rec(2), rec(3)):
+        w.submit(r)
+    w.start()
+    w.close()
+    assert order == ["/r1", "/r2", "/r3", "/r0"]
+    assert [r["path"] for r in read_records(tmp_path)] == ["/r1", "/r2", "/r3", "/r0"]
+    assert read_records(tmp_path)[-1]["request_body"] == "x" * (2 * 1024 * 1024)
 
 
 async def test_a_writer_that_never_catches_up_turns_health_degraded(writer, tmp_path):

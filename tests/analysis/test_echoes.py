@@ -5,15 +5,13 @@ real smolagents traffic in tests/data/smolagents run through `toolproxy analyze`
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import captured
+from captured import by_episode
 from toolproxy.analysis.echoes import MAX_TEXT, echoed_calls
-from toolproxy.analysis.store import connect
 from toolproxy.analysis.turns import Attempt, build_episodes, call_signature, conversation_keys
 
 CAPTURED = Path(__file__).resolve().parent.parent / "data" / "smolagents"
@@ -181,22 +179,7 @@ def test_prose_and_echo_split_over_two_assistant_messages():
 
 
 def analyzed(tmp_path, capture: str, expect_summary: str):
-    """`toolproxy analyze` over a copy of one capture; a read-only connection to its store."""
-    data = tmp_path / "data"
-    shutil.copytree(CAPTURED / capture / "segments", data / "segments")
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert expect_summary in r.stdout
-    return connect(data / "toolproxy.duckdb", read_only=True)
-
-
-def by_episode(rows) -> list[list[tuple]]:
-    """(episode_key, *turn) rows in request order -> the turns of each episode, episodes in order."""
-    episodes: dict[str, list] = {}
-    for key, *turn in rows:
-        episodes.setdefault(key, []).append(tuple(turn))
-    return list(episodes.values())
+    return captured.analyzed(tmp_path, CAPTURED / capture / "segments", expect_summary)
 
 
 @pytest.mark.parametrize("stack,surface", [("openai", "native"), ("sglang", "text")])
@@ -222,7 +205,9 @@ def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path, stack, surf
     assert by_episode(rows) == EXPECTED_EPISODES
     assert reconstructed and surfaces == [surface]
     last = [False, True, False, False, True, False, True]  # request order: episodes of 2, 3, 2 turns
-    assert delivered == (["call"] * 7, [True] * 7 if stack == "openai" else [not x for x in last])
+    # Each episode ends with smolagents' final_answer call after a tool result: its answer.
+    roles = ["answer" if x else "call" for x in last]
+    assert delivered == (roles, [True] * 7 if stack == "openai" else [not x for x in last])
 
 
 def test_real_llamacpp_smolagents_traffic_rebuilds_its_episodes(tmp_path):

@@ -16,13 +16,14 @@ def call_msg(name, args, cid):
 
 
 def attempt(aid, messages, reply=None, *, outcome="valid_call", sub_kind=None, episode=None, item=None,
-            category=None, calls=None, tools=("get_weather",)):
-    keys = conversation_keys(messages, tool_set="ts1", tool_names=list(tools), model="m", reply=reply)
+            category=None, calls=None, tools=("get_weather",), ids=()):
+    keys = conversation_keys(messages, tool_set="ts1", tool_names=list(tools), model="m", reply=reply, reply_ids=ids)
     return Attempt(
         id=aid, episode=episode, item=item, category=category, condition="native", outcome=outcome,
         sub_kind=sub_kind, harness_saw_prose=False,
         state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes,
-        item_hash=keys.item_hash, call_signature=call_signature(calls or []),
+        item_hash=keys.item_hash, call_signature=call_signature(calls or []), reply_keys=keys.reply_keys,
+        rejects=keys.rejects,
     )
 
 
@@ -166,3 +167,84 @@ def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch):
     con.execute("DELETE FROM turns")
     assert turns.derive(con, runs) == {"turns": len(one_batch["turns"]), "episodes": len(one_batch["episodes"])}
     assert derived() == one_batch
+
+
+def copies(names=("A", "B", "C"), ids=True, answer_order=(2, 0, 1)):
+    """Identical episodes in flight together: the same first request three times, answered with the
+    same call under different ids (as a stack makes them up; `ids=False`: none), then each copy's
+    second request in another order than the first ones went (whichever tool finished first)."""
+    first = [attempt(f"{n}1", TURN1, REPLY1, ids=[n] if ids else ()) for n in names]
+    return first + [attempt(f"{names[k]}2", second(names[k] if ids else "x"), ("Oslo is 5C.", [])) for k in answer_order]
+
+
+def second(cid):
+    return TURN1 + [call_msg("get_weather", '{"city":"Oslo"}', cid), {"role": "tool", "tool_call_id": cid, "content": "5C"}]
+
+
+def test_identical_episodes_at_the_same_time_each_follow_their_own_reply():
+    """inspect-ai's epochs, threads asking one question: the copies are told apart by their calls' ids."""
+    assert shape(build_episodes("r", copies())) == [[["A1"], ["A2"]], [["B1"], ["B2"]], [["C1"], ["C2"]]]
+
+
+def test_identical_episodes_nothing_tells_apart_are_each_continued_once():
+    """Without ids (a harness that makes its own, calls in text...): which copy a second request
+    continues cannot be known, but three copies stay three episodes of two turns."""
+    eps = build_episodes("r", copies(ids=False))
+    assert [len(ep.turns) for ep in eps] == [2, 2, 2]
+
+
+def test_the_same_step_sent_again_after_its_copy_continued_starts_an_episode():
+    a1, b1, c1, c2, a2, b2 = copies()
+    again = attempt("A2x", second("A"), ("Oslo is 5C.", []))
+    assert shape(build_episodes("r", [a1, b1, a2, again])) == [[["A1"], ["A2"]], [["B1"]], [["A2x"]]]
+
+
+def test_copies_come_out_the_same_whatever_order_several_clocks_put_them_in():
+    import itertools
+
+    attempts = copies(names=("A", "B"), answer_order=(1, 0))
+    want = sorted(shape(build_episodes("r", attempts)))
+    for order in itertools.permutations(attempts):
+        assert sorted(shape(build_episodes("r", list(order)))) == want, [a.id for a in order]
+
+
+NOTE = {"role": "system", "content": "Please return text or call a tool."}
+
+
+def test_a_request_that_dropped_the_reply_before_it_continues_that_episode():
+    """pydantic-ai drops an empty reply and resends the history plus a note of its own."""
+    empty = attempt("a2", TURN2, outcome="non_response", sub_kind="empty")
+    eps = build_episodes("r", [attempt("a1", TURN1, REPLY1), empty, attempt("a3", TURN2 + [NOTE], ("Oslo 5C.", []))])
+    assert shape(eps) == [[["a1"], ["a2"], ["a3"]]]
+    # the note in place of nothing: a request that only begins like another is not its retry
+    assert shape(build_episodes("r", [attempt("b1", [SYS], ("Hi.", [])), attempt("b2", [SYS, USER], REPLY1)])) == [[["b1"]], [["b2"]]]
+
+
+def test_a_summary_under_another_system_prompt_belongs_to_the_episode_it_summarises():
+    """smolagents at max_steps, dspy's extract step: a new system prompt, the same history."""
+    summary = [{"role": "system", "content": "Summarise what the agent found."}] + TURN3[1:] + [
+        {"role": "assistant", "content": "Oslo 5C, Paris 9C."}, {"role": "user", "content": "Answer the task now."}]
+    eps = build_episodes("r", [attempt("a1", TURN1, REPLY1), attempt("a2", TURN2, REPLY2),
+                               attempt("a3", TURN3, ("Oslo 5C, Paris 9C.", [])), attempt("s", summary, ("Done.", []), tools=())])
+    assert shape(eps) == [[["a1"], ["a2"], ["a3"], ["s"]]]
+    # a request that extends the full conversation is preferred to one that only shares its tail
+    other = [{"role": "system", "content": "Another agent."}] + TURN2[1:]
+    eps = build_episodes("r", [attempt("a1", TURN1, REPLY1), attempt("o", other, REPLY2), attempt("a2", TURN2, REPLY2)])
+    assert shape(eps) == [[["a1"], ["o"]], [["a2"]]]
+
+
+REJECTS = [
+    ([*TURN1, {"role": "assistant", "content": "Action:"},
+      {"role": "user", "content": "Error:\nError while parsing tool call from model output: no JSON blob."}], True),
+    ([*TURN1, {"role": "assistant", "content": "x"}, {"role": "tool", "content": "Invalid Format: Missing 'Action:' after 'Thought:'"}], True),
+    ([*TURN1, {"role": "assistant", "content": "x"}, {"role": "user", "content": "Observation: sunny"}], False),
+    # the words before the last reply are history, not a verdict on it
+    ([{"role": "user", "content": "Error while parsing tool call from model output"}, {"role": "assistant", "content": "x"},
+      {"role": "user", "content": "thanks"}], False),
+    ([{"role": "user", "content": "Error while parsing tool call from model output"}], False),
+]
+
+
+@pytest.mark.parametrize("messages,rejects", REJECTS)
+def test_a_request_says_when_the_harness_rejected_the_reply_before_it(messages, rejects):
+    assert conversation_keys(messages, tool_set=None, tool_names=[], model="m", reply=None).rejects is rejects

@@ -64,7 +64,7 @@ CHECKS = [
           ONE_CALL_THEN_ANSWER, stack="ollama"),
     Check("langchain-openai", "langchain-openai", script("langchain-openai.py"), CHAT, ONE_CALL_THEN_ANSWER),
     Check("langgraph", "langgraph", script("langgraph-agent.py"), CHAT, ONE_CALL_THEN_ANSWER),
-    Check("smolagents", "smolagents", script("smolagents-agent.py"), CHAT, {"call": 2}),
+    Check("smolagents", "smolagents", script("smolagents-agent.py"), CHAT, {"call": 1, "answer": 1}),
     Check("mini-swe-agent", "mini-swe-agent",
           ("{bin}/mini", "-m", "openai/local", "-t", "What is the weather in Paris?", "--yolo", "--exit-immediately",
            "-o", "trajectory.json"), CHAT, {"call": 2}, trajectory="trajectory.json"),

@@ -12,23 +12,27 @@ from aiohttp import web
 
 from toolproxy import __version__
 from toolproxy.otlp.shipper import SpanShipper
+from toolproxy.proxy import serverlog
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import Condition
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
+from toolproxy.proxy import refusals
 from toolproxy.proxy.forward import handle, serve_request
+from toolproxy.proxy.listener import ListeningServer
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.logline import log_line
 from toolproxy.proxy.pool import upstream_session
 from toolproxy.proxy.recorder import Recorder
+from toolproxy.proxy.spillmask import SpillMasking
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
 from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.masking import Masker, load_key, parse_rules
 from toolproxy.record.sampling import SAMPLED_OUT, Sampler, load_sampler
-from toolproxy.record.writer import SegmentWriter
+from toolproxy.record.writer import REFUSALS_STREAM, SegmentWriter
 
 
 if TYPE_CHECKING:
@@ -39,14 +43,14 @@ if TYPE_CHECKING:
 BACKLOG = 4096
 
 
-def record_transform(config: ProxyConfig, sampler: Sampler | None):
-    """What the writer thread does to each record before it reaches disk: sample, then mask (a
-    sampled-out exchange is a stub with nothing left to mask). None when neither is asked for."""
+def record_transform(sampler: Sampler | None, masker: Masker | None):
+    """What is done to each record before it reaches disk: sample, then mask (a sampled-out
+    exchange is a stub with nothing left to mask). None when neither is asked for."""
     steps = []
     if sampler is not None:
         steps.append(sampler.record)
-    if config.mask:
-        steps.append(Masker(parse_rules(config.mask), load_key(config.data_dir)).record)
+    if masker is not None:
+        steps.append(masker.record)
     if not steps:
         return None
 
@@ -96,9 +100,18 @@ def make_state(config: ProxyConfig) -> ProxyState:
         observe=fan_out(observers),
     )
     state = ProxyState(config, writer)
+    # Refused requests' records: a writer of their own (no crash bound to keep: a slow poll).
+    refusal_segment = refusals.segment_bytes(config.segment_bytes)
+    refused = SegmentWriter(config.data_dir, window=1.0, max_queue=10 * refusals.RECORDS, segment_bytes=refusal_segment,
+                            segment_seconds=config.segment_seconds, log=None if config.quiet else log_line,
+                            observe=fan_out(observers), poll=0.25, stream=REFUSALS_STREAM)
+    refused.on_new_segment = refusals.rotation(config.data_dir, refusal_segment)
+    state.refusals = refusals.RefusalBudget(refused, writer, config.upstream, config.default_run, state.redactor)
     state.live = live
     state.otlp = otlp
     state.hooks.add(state.counters)
+    if not state.exposure.off:
+        state.hooks.add(state.exposure)
     state.hooks.add(state.upstream_health)
     if config.upstream_connections:
         state.hooks.add(state.pool)
@@ -108,18 +121,28 @@ def make_state(config: ProxyConfig) -> ProxyState:
         state.hooks.add(RecordingGuard(writer))
     if config.sample is not None:
         state.sampler = load_sampler(config.sample, config.data_dir)
-    writer.transform = record_transform(config, state.sampler)
+    masker = Masker(parse_rules(config.mask), load_key(config.data_dir)) if config.mask else None
+    writer.transform = refused.transform = record_transform(state.sampler, masker)
+    if masker is not None:
+        state.spill_masking = SpillMasking(writer, writer.transform)
+        masker.stop = state.spill_masking.stopping
+        writer.transform = state.spill_masking.writer_transform
     if config.retain_seconds is not None or config.max_disk is not None:
         state.housekeeper = Housekeeper(config.data_dir, retain=config.retain_seconds, max_bytes=config.max_disk,
-                                        on_full=config.on_disk_full, headroom=2 * config.segment_bytes)
+                                        on_full=config.on_disk_full, headroom=2 * config.segment_bytes,
+                                        slack=config.segment_bytes)
         writer.on_new_segment = state.housekeeper.make_room
+        if config.max_disk is not None and config.on_disk_full == "block":
+            writer.budget = state.housekeeper  # enforced before each write, not only by the scan
         state.hooks.add(DiskBudgetGuard(state.housekeeper))
     if config.fingerprint:
         state.stacks = StackWatch(config, writer, lambda: state.session, state.upstream_health)
         state.hooks.add(state.stacks)
-    state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None))
+    state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None,
+                              state.redactor))
     state.hooks.add(Durability(writer))
-    state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir))
+    state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir, state.redactor, config.max_response,
+                             state.refusals, state.spill_masking.submit if state.spill_masking is not None else None))
     return state
 
 
@@ -127,9 +150,13 @@ def make_app(config: ProxyConfig) -> web.Application:
     app = web.Application(client_max_size=config.max_body)
     state = make_state(config)
     app[STATE] = state
+    serverlog.install(state.redactor)
 
     async def on_startup(app: web.Application) -> None:
         state.writer.start()
+        state.refusals.writer.start()
+        if state.spill_masking is not None:
+            state.spill_masking.start()
         if state.housekeeper is not None:
             state.housekeeper.start()
         if state.live is not None:
@@ -152,7 +179,10 @@ def make_app(config: ProxyConfig) -> web.Application:
             await state.session.close()
         if state.housekeeper is not None:
             await asyncio.get_running_loop().run_in_executor(None, state.housekeeper.stop)
+        if state.spill_masking is not None:
+            await asyncio.get_running_loop().run_in_executor(None, state.spill_masking.stop)
         await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
+        await asyncio.get_running_loop().run_in_executor(None, state.refusals.writer.close)
         if state.otlp is not None:  # after the writer: the last records are observed by then
             await asyncio.get_running_loop().run_in_executor(None, state.otlp.stop)
         if state.live is not None:
@@ -192,7 +222,8 @@ async def serve(config: ProxyConfig, worker: "Worker | None" = None) -> None:
     # about a tenth of the CPU a forwarded request costs.
     app.freeze()
     await app.startup()
-    server = web.Server(functools.partial(serve_request, app[STATE]), **server_settings(config))
+    server = ListeningServer(functools.partial(serve_request, app[STATE]), app[STATE].refusals.parser_rejected,
+                             **server_settings(config))
     runner = web.ServerRunner(server)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True,

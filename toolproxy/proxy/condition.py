@@ -12,13 +12,14 @@ from typing import Callable
 
 from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip, bridge, load
 from toolproxy.proxy.flow import Addon, Flow
-from toolproxy.proxy.headers import redact_headers
+from toolproxy.proxy.headers import Redactor
 from toolproxy.record.model import encode_body
 
 
 class Condition(Addon):
-    def __init__(self, options: ConditionOptions, detected_stack: Callable[[], str | None]) -> None:
+    def __init__(self, options: ConditionOptions, detected_stack: Callable[[], str | None], redactor: Redactor) -> None:
         self.options = options
+        self.redactor = redactor
         self.detected_stack = detected_stack
 
     def request(self, flow: Flow) -> None:
@@ -54,14 +55,14 @@ class Condition(Addon):
             flow.refuse(outcome.status, "condition_rejected", outcome.message, "condition_rejected")
         self._apply(flow, outcome)
 
-    @staticmethod
-    def _apply(flow: Flow, plan: Plan) -> None:
+    def _apply(self, flow: Flow, plan: Plan) -> None:
         rec = flow.rec
         flow.body = plan.body
         flow.up_headers.update(plan.headers)
         flow.up_headers["Accept-Encoding"] = "identity"  # the transform must read the body
         flow.up_path, _, flow.up_query = plan.path.partition("?")
-        rec.upstream_request = {"path": flow.up_path, "query": flow.up_query, "headers": redact_headers(plan.headers.items())}
+        rec.upstream_request = {"path": flow.up_path, "query": self.redactor.query(flow.up_query),
+                                "headers": self.redactor.headers(plan.headers.items())}
         rec.upstream_request["body"], rec.upstream_request["body_encoding"] = encode_body(plan.body)
         transform = plan.transform
         if transform is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,9 @@ from pathlib import Path
 from yarl import URL
 
 from toolproxy.conditions import NAMES, ConditionOptions
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?\.?|\[?[0-9A-Fa-f:.]+\]?")
 
 
 class ConfigError(ValueError):
@@ -26,6 +30,8 @@ class ProxyConfig:
     condition: str = "native"
     condition_options: ConditionOptions = field(default_factory=ConditionOptions)
     max_body: int = 64 * 1024 * 1024
+    # The largest response passed on (and recorded); above it the exchange is cut (proxy/recorder.py).
+    max_response: int = 256 * 1024 * 1024
     # Bodies above this many bytes wait in a temporary file instead of memory (proxy/spool.py).
     spill_above: int = 1024 * 1024
     # Data lifecycle (record/housekeeping.py): delete segments older than retain_seconds; keep
@@ -51,6 +57,8 @@ class ProxyConfig:
     auth_token: str | None = None
     upstream_key: str | None = None
     insecure_public: bool = False
+    # --allowed-host: names (and IPs) the Host and Origin checks accept besides the local ones; "*": no check
+    allowed_hosts: tuple[str, ...] = ()
     quiet: bool = False
     # Probe the upstream's own endpoints at start and per new model (kind=fingerprint records).
     fingerprint: bool = True
@@ -117,6 +125,12 @@ class ProxyConfig:
                 raise ConfigError(f"--run {self.run!r} names an empty run")
         if self.max_body < 1024:
             raise ConfigError("--max-body must be at least 1024 bytes")
+        if self.max_response < 1024:
+            raise ConfigError("--max-response must be at least 1024 bytes")
+        for name in self.allowed_hosts:
+            if name != "*" and not _HOST_NAME.fullmatch(name):
+                raise ConfigError(f"--allowed-host {name!r}: give a host name or an IP address (no scheme, port or "
+                                  "path), or '*' to turn the Host and Origin checks off")
         if not is_loopback(self.host) and not self.auth_token and not self.insecure_public:
             raise ConfigError(
                 f"refusing to listen on non-loopback address {self.host!r} without --auth-token: anyone who can "

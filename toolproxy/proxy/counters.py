@@ -1,4 +1,4 @@
-"""Live counts of exchanges for /_toolproxy/stats: by status class, by error, in flight."""
+"""Live counts of exchanges for /_toolproxy/stats: by status class, by error, in flight, resent."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ class Counters(Addon):
         self.in_flight = 0
         self.by_class: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
+        # Requests sent upstream a second time (forward._send: a kept-alive connection closed under them).
+        self.resent = 0
 
     def request_headers(self, flow: Flow) -> None:
         self.in_flight += 1
@@ -34,4 +36,5 @@ class Counters(Addon):
             "in_flight": self.in_flight,
             "by_status_class": dict(self.by_class),
             "errors": dict(self.errors),
+            "resent": self.resent,
         }

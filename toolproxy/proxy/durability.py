@@ -12,7 +12,13 @@ its second). So every chunk is forwarded as it arrives and only the end of the r
 
 Whatever the protocol inside (SSE `[DONE]`, Anthropic `message_stop`, Ollama's `"done": true`),
 an HTTP client cannot take the message for complete without that end, so no protocol-specific
-terminal event needs to be recognised. `--on-record-failure block` then cuts the connection
+terminal event needs to be recognised.
+
+`--durability group` holds the end the same way whenever its record could not reach the kernel
+within the crash bound (record/writer.py): while the writer is `behind` or `writing_large` (a
+response that is under way when either turns true is held from its next chunk on, `late_hold`),
+and for an exchange with a body spilled past `--spill-above`, whose own record takes longer to
+copy than the bound. `--on-record-failure block` then cuts the connection
 instead of sending the end, and refuses new requests while recording fails. (An HTTP/1.0 client
 reading until the close cannot tell a cut from an end; no proxy can change that.)
 """
@@ -20,6 +26,7 @@ reading until the close cannot tell a cut from an end; no proxy can change that.
 from __future__ import annotations
 
 from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.record.spill import SpilledBody
 from toolproxy.record.writer import SegmentWriter
 
 
@@ -56,17 +63,29 @@ class LastBytes:
         return b""
 
 
+def late_hold(flow: Flow, sent: int) -> LastBytes:
+    """Hold the end of a response already under way (`sent` bytes of its body have gone): it
+    becomes durable, its end waiting for its record."""
+    flow.durable = True
+    expected = expected_body_length(flow.request.method, flow.out_status, flow.out_headers)
+    flow.hold = LastBytes(None if expected is None else expected - sent)
+    return flow.hold
+
+
 class Durability(Addon):
     """Holds the end of each durable response: every one under `--durability sync` (the flow is
-    marked when it is made), and in group mode every one answered while the writer is `behind`,
-    so a crash cannot take the records of responses that finished long before it."""
+    marked when it is made), and in group mode every one answered while the writer is `behind` or
+    `writing_large`, or whose request body was spilled, so a crash cannot take the records of
+    responses that finished long before it. (The handler does the same for a response during
+    which either turns true, or whose own body spills: `late_hold`.)"""
 
     def __init__(self, writer: SegmentWriter) -> None:
         self.writer = writer
 
     def response_headers(self, flow: Flow, resp) -> None:
         if not flow.durable:
-            if not self.writer.behind:
+            writer = self.writer
+            if not (writer.behind or writer.writing_large or isinstance(flow.rec.request_body, SpilledBody)):
                 return
             flow.durable = True
         flow.hold = LastBytes(expected_body_length(flow.request.method, flow.out_status, flow.out_headers))

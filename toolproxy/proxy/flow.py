@@ -38,6 +38,15 @@ class Refusal(Exception):
         self.status, self.kind, self.message, self.code = status, kind, message, code
 
 
+class Cut(Exception):
+    """Raised by a response_chunk hook: the response stops here, the client keeps what it got
+    (the handler closes the connection) and the record says why (`kind`)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
 class Flow:
     """One exchange, from the client's request to its one record."""
 

@@ -21,16 +21,17 @@ from yarl import URL
 
 from toolproxy.connection_errors import explain
 from toolproxy.proxy import livepage
-from toolproxy.proxy.flow import Flow, Refusal
+from toolproxy.proxy.flow import Cut, Flow, Refusal
 from toolproxy.proxy.headers import (
     NOT_FORWARDED_DOWN,
     NOT_FORWARDED_UP,
     TAG_HEADER_PREFIX,
     connection_listed,
-    redact_query,
 )
 from toolproxy.proxy.auth import presented_token
+from toolproxy.proxy.durability import late_hold
 from toolproxy.proxy.pool import CONNECTION
+from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
 from toolproxy.proxy.spool import Spool, file_payload
 from toolproxy.proxy.state import ADMIN_PREFIX, STATE, ProxyState
 from toolproxy.proxy.tags import header_tags, split_path_tags
@@ -54,12 +55,17 @@ async def handle(request: web.Request) -> web.StreamResponse:
 async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.StreamResponse:
     raw_path = request.raw_path
     if raw_path.startswith(ADMIN_PREFIX):
+        refused = state.exposure.refusal(request.method, request.headers)
+        if refused is not None:
+            return web.Response(status=403, body=error_body(refused[2], refused[1]), content_type="application/json")
         token = state.config.auth_token
         if token is not None and not presented_token(request.headers, token)[0] and not livepage.has_cookie(request, token):
-            gate = await livepage.unauthorised(request, raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token)
+            gate = await livepage.unauthorised(request, raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token,
+                                               state.config.client_body_timeout)
             if gate is not None:
                 return gate
             # The counters name the upstream and the data directory: not for anonymous callers.
+            state.refusals.count(ADMIN_UNAUTHORIZED)
             return web.Response(status=401, body=error_body(
                 "this toolproxy requires a token for its admin routes too: send 'X-Toolproxy-Token: <token>'",
                 "toolproxy_unauthorized"), content_type="application/json")
@@ -133,7 +139,7 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     request, rec, cfg, hooks = flow.request, flow.rec, state.config, state.hooks
     rec.method = request.method
     path, _, query = raw_path.partition("?")
-    safe_query = redact_query(query)
+    safe_query = state.redactor.query(query)
     rec.client_path = path + ("?" + safe_query if query else "")
     headers = request.headers
 
@@ -154,7 +160,7 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
         hook(flow)
     if not path.startswith("/"):
         flow.refuse(
-            400, "proxy_error",
+            400, "not_a_forward_proxy",
             "absolute-form request targets are refused: toolproxy forwards only to its configured upstream "
             f"({cfg.upstream}); send requests to its own address instead",
             "not_a_forward_proxy",
@@ -321,6 +327,7 @@ async def _send(state: ProxyState, flow: Flow, url: URL) -> aiohttp.ClientRespon
         if reason is None:
             raise
         flow.rec.extra["resent"] = f"{reason}: {exc}"
+        state.counters.resent += 1
     return await _request(state, flow, url)
 
 
@@ -374,7 +381,7 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
     flow.client_resp = client
     rec.client_status = client.status
 
-    chunk_hooks, stream, hold = hooks.response_chunk, flow.stream, flow.hold
+    chunk_hooks, stream, hold, spool, writer = hooks.response_chunk, flow.stream, flow.hold, flow.spool, state.writer
     loop = asyncio.get_running_loop()
     idle = cfg.idle_timeout
     content = resp.content
@@ -399,6 +406,9 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
                 backlog = hook(flow, chunk)
                 if backlog is not None:
                     await backlog
+            if hold is None and (writer.behind or writer.writing_large or spool.spilled is not None):
+                # Its record may now miss the crash bound: this response's end waits for it too.
+                hold = late_hold(flow, spool.size - len(chunk))
             if stream is not None:
                 chunk = stream(chunk)
             if hold is not None:
@@ -416,6 +426,9 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
     except aiohttp.ClientPayloadError as exc:
         rec.set_error("upstream_closed", f"upstream {cfg.upstream} closed the connection mid-response: {exc}")
         return await _cut(state, flow, client)
+    except Cut as exc:
+        rec.set_error(exc.kind, exc.message)
+        return await _cut(state, flow, client)
     except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
         rec.set_error("upstream_closed", f"upstream {cfg.upstream} connection failed mid-response: {exc}")
         return await _cut(state, flow, client)
@@ -424,6 +437,8 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
         hooks.end(flow)
         return client
 
+    if not flow.durable and (writer.behind or writer.writing_large):
+        flow.durable = True  # since the last chunk: a chunked response's end can still wait
     if not flow.durable:
         # Nothing waits for the record: the client gets its last byte first, then it is made.
         try:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
 import re
+import secrets
+import sys
 from typing import Iterable
 from urllib.parse import unquote_plus, unquote_to_bytes
+
+from toolproxy.record import keys
 
 # RFC 9110 section 7.6.1 hop-by-hop fields, plus the ones this proxy owns or recomputes.
 HOP_BY_HOP = frozenset(
@@ -41,22 +47,6 @@ def is_secret_name(name: str) -> bool:
     return _SECRET_WORD.search(name) is not None or not _SECRET_PART.isdisjoint(_PART_SPLIT.split(name.lower()))
 
 
-_redacted: dict[str | bytes, str] = {}
-
-
-def redact_value(value: str | bytes) -> str:
-    """A stand-in that tells keys apart without revealing them: a hash of the value's bytes.
-    Memoised (in memory only): a client sends the same key with every request, and a SHA-256 per
-    request showed in profiles."""
-    out = _redacted.get(value)
-    if out is None:
-        raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
-        out = "redacted:" + hashlib.sha256(raw).hexdigest()[:8]
-        if len(_redacted) < 1024:
-            _redacted[value] = out
-    return out
-
-
 _secret_names: dict[str, bool] = {}
 
 
@@ -70,19 +60,71 @@ def is_secret_header(name: str) -> bool:
     return secret
 
 
-def redact_headers(items: Iterable[tuple[str, str]]) -> list[list[str]]:
-    return [[k, redact_value(v) if is_secret_header(k) else v] for k, v in items]
+REDACT_KEY = "redact.key"
 
 
-def record_headers(raw: Iterable[tuple[bytes, bytes]]) -> list[list[str]]:
-    """Headers as a record stores them: the wire bytes read as ISO-8859-1, one character per byte,
-    so any byte a client sends survives (`value.encode("latin-1")` gives it back), and secret
-    values replaced by a hash of their wire bytes."""
-    out = []
-    for k, v in raw:
-        name = k.decode("latin-1")
-        out.append([name, redact_value(v) if is_secret_header(name) else v.decode("latin-1")])
-    return out
+def load_redactor(data_dir: str | os.PathLike) -> Redactor:
+    """The data directory's Redactor; with a key of this process alone when the directory cannot
+    hold one (then nothing is recorded there either, and stand-ins differ only across restarts)."""
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        return Redactor(keys.load_key(data_dir, REDACT_KEY))
+    except (OSError, ValueError) as exc:
+        print(f"toolproxy: cannot use {REDACT_KEY} in {data_dir} ({exc}); redacted values are keyed by this process only",
+              file=sys.stderr, flush=True)
+        return Redactor(secrets.token_bytes(32))
+
+
+class Redactor:
+    """Stand-ins for secret values that tell keys apart without revealing them: `redacted:` and
+    the first 8 hex of an HMAC-SHA256 of the value's bytes, under the data directory's key
+    (`redact.key`, see record/keys.py). Unkeyed, a stored hash of a low-entropy secret (a Basic
+    password, a short token) could be checked offline by anyone holding the recordings; keyed,
+    only with the key. The same key across restarts and workers keeps one key's stand-in the same
+    everywhere. Memoised (in memory only): a client sends the same key with every request, and
+    an HMAC per request showed in profiles."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self._memo: dict[str | bytes, str] = {}
+
+    def value(self, value: str | bytes) -> str:
+        out = self._memo.get(value)
+        if out is None:
+            raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
+            out = "redacted:" + hmac.new(self.key, raw, hashlib.sha256).hexdigest()[:8]
+            if len(self._memo) < 1024:
+                self._memo[value] = out
+        return out
+
+    def headers(self, items: Iterable[tuple[str, str]]) -> list[list[str]]:
+        return [[k, self.value(v) if is_secret_header(k) else v] for k, v in items]
+
+    def record_headers(self, raw: Iterable[tuple[bytes, bytes]]) -> list[list[str]]:
+        """Headers as a record stores them: the wire bytes read as ISO-8859-1, one character per
+        byte, so any byte a client sends survives (`value.encode("latin-1")` gives it back), and
+        secret values replaced by a stand-in of their wire bytes."""
+        out = []
+        for k, v in raw:
+            name = k.decode("latin-1")
+            out.append([name, self.value(v) if is_secret_header(name) else v.decode("latin-1")])
+        return out
+
+    def query(self, query: str) -> str:
+        """Query strings carry keys too (e.g. `?key=` on hosted APIs); the same name rule as headers.
+
+        Works on the raw `name=value` pieces so every other parameter keeps its exact spelling.
+        """
+        if not query or "=" not in query:
+            return query
+        parts = query.split("&")
+        changed = False
+        for i, part in enumerate(parts):
+            name, sep, value = part.partition("=")
+            if sep and is_secret_name(unquote_plus(name)):
+                parts[i] = f"{name}={self.value(unquote_to_bytes(value.replace('+', ' ')))}"
+                changed = True
+        return "&".join(parts) if changed else query
 
 
 def connection_listed(items: Iterable[tuple[str, str]]) -> frozenset[str]:
@@ -94,18 +136,3 @@ def connection_listed(items: Iterable[tuple[str, str]]) -> frozenset[str]:
     return frozenset(names)
 
 
-def redact_query(query: str) -> str:
-    """Query strings carry keys too (e.g. `?key=` on hosted APIs); the same name rule as headers.
-
-    Works on the raw `name=value` pieces so every other parameter keeps its exact spelling.
-    """
-    if not query or "=" not in query:
-        return query
-    parts = query.split("&")
-    changed = False
-    for i, part in enumerate(parts):
-        name, sep, value = part.partition("=")
-        if sep and is_secret_name(unquote_plus(name)):
-            parts[i] = f"{name}={redact_value(unquote_to_bytes(value.replace('+', ' ')))}"
-            changed = True
-    return "&".join(parts) if changed else query

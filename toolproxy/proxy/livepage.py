@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import secrets
 from importlib import resources
+from urllib.parse import parse_qs
 
 import orjson
 from aiohttp import web
@@ -72,12 +73,51 @@ input{{font:inherit;padding:.4em;width:100%;box-sizing:border-box;margin:.5em 0}
     return _secured(web.Response(text=html, status=status, content_type="text/html", charset="utf-8"), nonce)
 
 
-async def login(request: web.Request, token: str | None) -> web.Response:
+# A token form is a few dozen bytes; anything larger is not one.
+FORM_MAX = 4096
+
+
+async def read_form(request: web.BaseRequest, body_timeout: float) -> dict[str, str] | web.StreamResponse:
+    """The form's fields, read within `--client-body-timeout` in all and at most FORM_MAX bytes;
+    else the answer already sent (408, 413). A client trickling a form must not hold a connection
+    (and its handler) open for ever: the login route is open to anyone who can reach the proxy."""
+    too_large = "a login form is at most 4096 bytes\n"
+    if request.content_length is not None and request.content_length > FORM_MAX:
+        return await _refuse_form(request, 413, too_large)
+    body = bytearray()
+    try:
+        async with asyncio.timeout(body_timeout):
+            while chunk := await request.content.readany():
+                body += chunk
+                if len(body) > FORM_MAX:
+                    return await _refuse_form(request, 413, too_large)
+    except TimeoutError:
+        return await _refuse_form(request, 408, f"the login form did not arrive within {body_timeout:g}s (--client-body-timeout)\n")
+    if request.content_type != "application/x-www-form-urlencoded":
+        return {}
+    return {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "surrogateescape"), errors="surrogateescape").items()}
+
+
+async def _refuse_form(request: web.BaseRequest, status: int, message: str) -> web.StreamResponse:
+    """Sent, then the connection closed: aiohttp would otherwise go on reading the rest of the
+    body for its lingering time, which is the wait this bounds."""
+    resp = web.Response(status=status, text=message)
+    resp.force_close()
+    await resp.prepare(request)
+    await resp.write_eof()
+    if request.transport is not None:
+        request.transport.close()
+    return resp
+
+
+async def login(request: web.Request, token: str | None, body_timeout: float) -> web.StreamResponse:
     """POST token=... (the form) or GET ?token=... (scripts): set the cookie, go to the page."""
     if token is None:
         return _to_page()
     if request.method == "POST":
-        form = await request.post()
+        form = await read_form(request, body_timeout)
+        if isinstance(form, web.StreamResponse):
+            return form
         given = form.get("token")
     else:
         given = request.query.get("token")
@@ -98,23 +138,24 @@ def _to_page() -> web.Response:
     return web.Response(status=303, headers={"Location": "/_toolproxy/"})
 
 
-async def unauthorised(request: web.Request, name: str, token: str) -> web.Response | None:
+async def unauthorised(request: web.Request, name: str, token: str, body_timeout: float) -> web.Response | None:
     """For a caller without the header or the cookie: the login route, or a browser's form; None
     for everything else (the caller answers 401 as for any admin route)."""
     if name == "login":
-        return await login(request, token)
+        return await login(request, token, body_timeout)
     if name == "" and wants_html(request):
         return login_form()
     return None
 
 
-async def route(request: web.Request, name: str, live, token: str | None, peers=None) -> web.Response | None:
+async def route(request: web.Request, name: str, live, token: str | None, body_timeout: float,
+                peers=None) -> web.Response | None:
     """The page's routes (the caller has checked the token), or None for another admin name.
     `peers` lists the other workers' classifier sockets under `serve --workers N`."""
     if name == "" and wants_html(request):
         return page()
     if name == "login":
-        return await login(request, token)
+        return await login(request, token, body_timeout)
     if name == "live":
         q = request.query
         try:

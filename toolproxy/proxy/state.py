@@ -16,9 +16,13 @@ from toolproxy.otlp.shipper import SpanShipper
 from toolproxy.proxy import livepage
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.counters import Counters
+from toolproxy.proxy.exposure import Exposure
 from toolproxy.proxy.flow import Hooks
+from toolproxy.proxy.headers import load_redactor
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import PoolStats
+from toolproxy.proxy.refusals import RefusalBudget
+from toolproxy.proxy.spillmask import SpillMasking
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.proxy.watchdog import Watchdog
@@ -42,6 +46,8 @@ class ProxyState:
         self.hooks = Hooks()
         self.started = time.time()
         self.counters = Counters()
+        self.redactor = load_redactor(config.data_dir)
+        self.exposure = Exposure(config.host, config.allowed_hosts)
         # Whether the upstream answers: reported beside recording health, never deciding its status.
         self.upstream_health = UpstreamHealth(config.upstream, config.connect_timeout)
         self.stacks: StackWatch | None = None  # set by app.make_state when fingerprinting is on
@@ -50,7 +56,9 @@ class ProxyState:
         self.peers = None
         self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
         self.sampler: Sampler | None = None  # set by app.make_state for --sample
+        self.spill_masking: SpillMasking | None = None  # set by app.make_state for --mask
         self.otlp: SpanShipper | None = None  # set by app.make_state for --otlp-endpoint
+        self.refusals: RefusalBudget | None = None  # set by app.make_state
 
     def snapshot(self) -> dict:
         w = self.writer.stats
@@ -63,6 +71,7 @@ class ProxyState:
             "stack": self.stacks.report() if self.stacks is not None else None,
             "uptime_s": round(time.time() - self.started, 3),
             **self.counters.report(),
+            "refused": self.refusals.report(),
         }
         snap["recording"] = {
             "queue_depth": self.writer.queue_depth,
@@ -76,9 +85,12 @@ class ProxyState:
             "durability": self.config.durability,
             "on_record_failure": self.config.on_record_failure,
         }
+        snap["exposure"] = self.exposure.report()
         snap["upstream_pool"] = self.pool.report()
         snap["lifecycle"] = self.housekeeper.snapshot() if self.housekeeper is not None else None
         snap["sampling"] = self.sampler.report() if self.sampler is not None else None
+        if self.spill_masking is not None:
+            snap["recording"]["masking"] = self.spill_masking.report()
         snap["otlp"] = self.otlp.report() if self.otlp is not None else None
         return snap
 
@@ -87,7 +99,7 @@ class ProxyState:
         name = request.path[len(ADMIN_PREFIX):].strip("/")
         if self.live is not None:
             peers = self.peers.peer_live_sockets if self.peers is not None else None
-            page = await livepage.route(request, name, self.live, self.config.auth_token, peers)
+            page = await livepage.route(request, name, self.live, self.config.auth_token, self.config.client_body_timeout, peers)
             if page is not None:
                 return page
         if name in ("health", "stats", ""):
@@ -97,8 +109,9 @@ class ProxyState:
             # This process's own evidence, not a merge: it is the one that just refreshed it.
             snap["upstream_health"] = await self.upstream_health.report()
             # The status is the proxy's own health (recording): an unreachable upstream is reported
-            # above but answered 200, since restarting or bypassing the proxy would not bring it back.
-            status = 200 if (name != "health" or snap["status"] == "ok") else 503
+            # above but answered 200, since restarting or bypassing the proxy would not bring it back;
+            # so are a group's partial counts (a worker was killed), since the proxy still serves and records.
+            status = 200 if (name != "health" or snap["status"] in ("ok", "partial")) else 503
             return web.json_response(snap, status=status)
         return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)
 

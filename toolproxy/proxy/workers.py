@@ -12,7 +12,11 @@ private directory (tmpfs when there is one); the admin handler reads its peers' 
 loop and merges them with its own live numbers. Files rather than shared memory because the
 snapshot is a nested dict whose fields grow with the proxy, a file is atomic with a rename, and
 a crashed worker's last numbers stay readable: the supervisor renames them to `retired-*` so
-counters never go backwards after a restart.
+counters never go backwards after a restart. A worker that stops gracefully publishes once more
+after its writer has closed, marked `final`: its counts are complete. One that was killed (or
+crashed) leaves its last periodic numbers, up to PUBLISH_EVERY old: whatever it did after them is
+in no count, so the group's totals are partial from then on and the merged stats say so, naming
+the worker, with status `partial` (health still answers 200: the group serves and records).
 
 The supervisor does nothing but start, watch and stop: SIGINT or SIGTERM stops every worker
 gracefully (each flushes its records), a worker that dies is reported on stderr and restarted
@@ -128,12 +132,16 @@ class Worker:
     def path(self) -> Path:
         return self.peers_dir / f"worker-{self.pid}.json"
 
-    def stamped(self, snapshot: dict) -> dict:
-        return {**snapshot, "worker": {"index": self.index, "pid": self.pid, "published_at": time.time()}}
+    def stamped(self, snapshot: dict, final: bool = False) -> dict:
+        worker = {"index": self.index, "pid": self.pid, "published_at": time.time()}
+        if final:
+            worker["final"] = True
+        return {**snapshot, "worker": worker}
 
-    def publish(self, snapshot: dict) -> None:
-        """Write this worker's numbers for its peers (blocking: run off the loop)."""
-        snapshot = self.stamped(snapshot)
+    def publish(self, snapshot: dict, final: bool = False) -> None:
+        """Write this worker's numbers for its peers (blocking: run off the loop); `final` once its
+        writer has closed, so nothing it did is missing from them."""
+        snapshot = self.stamped(snapshot, final)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps(snapshot))
         os.replace(tmp, self.path)
@@ -149,7 +157,7 @@ class Worker:
         async def on_cleanup(app) -> None:
             if self._task is not None:
                 self._task.cancel()
-            await asyncio.get_running_loop().run_in_executor(None, self.publish, state.snapshot())
+            await asyncio.get_running_loop().run_in_executor(None, self.publish, state.snapshot(), True)
 
         app.on_cleanup.append(on_cleanup)
 
@@ -228,10 +236,12 @@ def group_snapshot(own: dict, live: list[dict], retired: list[dict], supervisor:
     if len(alive_pids) < count:
         silent.append(f"{count - len(alive_pids)} of {count} workers not running (being restarted after: "
                       f"{supervisor.get('last_exit')})")
+    restarts = {slot["index"]: slot.get("restarts", 0) for slot in supervisor.get("slots", ())}
     for s in snaps:
         w = s["worker"]
         per_worker.append({"index": w["index"], "pid": w["pid"], "status": s.get("status"),
-                           "exchanges": s.get("exchanges"), "in_flight": s.get("in_flight")})
+                           "exchanges": s.get("exchanges"), "in_flight": s.get("in_flight"),
+                           "restarts": restarts.get(w["index"], 0)})
     merged["workers"] = {
         "count": count,
         "answering": len(snaps) - sum(1 for s in peers if now - s["worker"]["published_at"] > STALE_AFTER),
@@ -239,10 +249,29 @@ def group_snapshot(own: dict, live: list[dict], retired: list[dict], supervisor:
         "last_exit": supervisor.get("last_exit"),
         "per_worker": sorted(per_worker, key=lambda w: w["index"]),
     }
+    down = [slot["index"] for slot in supervisor.get("slots", ()) if slot.get("pid") is None]
+    if down:
+        merged["workers"]["not_running"] = down
+    missing = [_missing_counts(s["worker"]) for s in retired if not s.get("worker", {}).get("final")]
+    if missing:
+        merged["workers"]["counts_missing"] = missing
+        if merged.get("status") == "ok":
+            merged["status"] = "partial"
     if silent:
         merged["status"] = "degraded"
         merged["workers"]["problems"] = silent
     return merged
+
+
+def _missing_counts(worker: dict) -> str:
+    """Why the group's totals lack part of what a worker that did not stop gracefully did."""
+    name = f"worker {worker.get('index')} (pid {worker.get('pid')})"
+    exit_text, exited, published = worker.get("exit"), worker.get("exited_at"), worker.get("published_at")
+    how = f"exited with {exit_text}" if exit_text else "stopped without a final report"
+    since = (f", {exited - published:.2f}s after its last report"
+             if isinstance(exited, (int, float)) and isinstance(published, (int, float)) else "")
+    return (f"{name} {how}{since}: what it did after that report (exchanges, records written) is in no "
+            "count, so these totals are partial")
 
 
 def worker_main() -> None:
@@ -280,6 +309,7 @@ class _Slot:
     started: float = 0.0
     failures: int = 0
     next_start: float = 0.0
+    restarts: int = 0
 
 
 class Supervisor:
@@ -327,8 +357,9 @@ class Supervisor:
         self._write_supervisor()
 
     def _write_supervisor(self) -> None:
-        info = {"count": self.count, "pids": [s.proc.pid for s in self.slots if s.proc is not None and s.proc.poll() is None],
-                "restarts": self.restarts, "last_exit": self.last_exit}
+        running = {s.index: s.proc.pid for s in self.slots if s.proc is not None and s.proc.poll() is None}
+        info = {"count": self.count, "pids": list(running.values()), "restarts": self.restarts, "last_exit": self.last_exit,
+                "slots": [{"index": s.index, "pid": running.get(s.index), "restarts": s.restarts} for s in self.slots]}
         tmp = self.peers_dir / "supervisor.tmp"
         tmp.write_bytes(orjson.dumps(info))
         os.replace(tmp, self.peers_dir / "supervisor.json")
@@ -361,6 +392,7 @@ class Supervisor:
                     self._retire(slot, now)
                 if slot.proc is None and now >= slot.next_start and not self.stopping:
                     self.restarts += 1
+                    slot.restarts += 1
                     self._spawn(slot)
             time.sleep(tick)
 
@@ -368,7 +400,7 @@ class Supervisor:
         proc = slot.proc
         live_file = self.peers_dir / f"worker-{proc.pid}.json"
         if live_file.exists():
-            os.replace(live_file, self.peers_dir / f"retired-{proc.pid}.json")
+            retire_snapshot(live_file, self.peers_dir / f"retired-{proc.pid}.json", _exit_text(proc.returncode))
         slot.failures = slot.failures + 1 if now - slot.started < 30 else 1
         delay = min(0.5 * 2 ** (slot.failures - 1), 30.0)
         self.last_exit = f"worker {slot.index} (pid {proc.pid}) exited with {_exit_text(proc.returncode)}"
@@ -396,6 +428,19 @@ class Supervisor:
         if self._reserve is not None:
             self._reserve.close()
         shutil.rmtree(self.peers_dir, ignore_errors=True)
+
+
+def retire_snapshot(live: Path, retired: Path, exit_text: str) -> None:
+    """Keep a dead worker's last numbers, marked with how and when it exited."""
+    try:
+        snap = orjson.loads(live.read_bytes())
+        snap["worker"].update({"exit": exit_text, "exited_at": time.time()})
+        tmp = retired.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(snap))
+        os.replace(tmp, retired)
+        live.unlink()
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        os.replace(live, retired)  # unmarked (a full tmpfs, an odd file) rather than lost
 
 
 def _exit_text(code: int | None) -> str:

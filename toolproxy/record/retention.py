@@ -13,12 +13,17 @@ readable. Three rules keep a prune from losing or corrupting anything:
   database never points at deleted bytes, whichever process pruned and whenever analyze runs next.
   A crash between the steps is finished by the next prune.
 - Age is the segment's last write (its mtime): every record in it is at least that old.
+
+Refused requests' records have segments of their own (`...<replica>.refused.jsonl`,
+proxy/refusals.py). `refusals` picks which a call considers: None every segment, False only the
+exchanges' segments (a disk budget's), True only the refusals' (their own small cap).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +31,14 @@ from typing import IO
 
 import orjson
 
-from toolproxy.record.writer import SEGMENT_DIR, SEGMENT_SUFFIX
+from toolproxy.record.writer import REFUSALS_STREAM, SEGMENT_DIR, SEGMENT_SUFFIX
 
 LEDGER = "pruned.jsonl"
 PRUNING_SUFFIX = ".pruned"
+REFUSALS_SUFFIX = REFUSALS_STREAM + SEGMENT_SUFFIX
+# One prune at a time in a process: the writer threads (before a new segment) and the
+# housekeeping thread all prune, and two of them finishing one interrupted prune would clash.
+_PRUNING = threading.Lock()
 
 def _lock(f: IO[bytes]) -> bool:
     """Take the lock a live writer holds on its open segment; False when a writer holds it."""
@@ -58,14 +67,18 @@ class PruneResult:
         return sum(s.size for s in self.pruned)
 
 
-def closed_segments(data_dir: str | Path) -> list[Segment]:
+def is_refusals(name: str) -> bool:
+    return name.endswith(REFUSALS_SUFFIX)
+
+
+def closed_segments(data_dir: str | Path, refusals: bool | None = None) -> list[Segment]:
     """Segments oldest first (by last write), with their size; files that vanish meanwhile are left out."""
     seg_dir = Path(data_dir) / SEGMENT_DIR
     if not seg_dir.is_dir():
         return []
     out = []
     for p in seg_dir.iterdir():
-        if not p.name.endswith(SEGMENT_SUFFIX):
+        if not p.name.endswith(SEGMENT_SUFFIX) or (refusals is not None and is_refusals(p.name) != refusals):
             continue
         try:
             st = p.stat()
@@ -75,9 +88,9 @@ def closed_segments(data_dir: str | Path) -> list[Segment]:
     return sorted(out, key=lambda s: (s.mtime, s.path.name))
 
 
-def data_dir_bytes(data_dir: str | Path) -> int:
+def data_dir_bytes(data_dir: str | Path, refusals: bool | None = None) -> int:
     """Bytes the segments take (what a disk budget governs; the DuckDB file is the analyzer's)."""
-    return sum(s.size for s in closed_segments(data_dir))
+    return sum(s.size for s in closed_segments(data_dir, refusals))
 
 
 def runs_in(path: Path) -> set[str | None]:
@@ -166,6 +179,7 @@ def prune(
     dry_run: bool = False,
     now: float | None = None,
     progress=None,
+    refusals: bool | None = None,
 ) -> PruneResult:
     """Delete closed segments last written more than `older_than` seconds ago, then (with
     `max_bytes`) the oldest closed ones until the segments fit in `max_bytes`.
@@ -173,14 +187,19 @@ def prune(
     With `run`, only segments whose every record carries that run tag go: a segment shared with
     other runs is kept whole (listed in kept_mixed) and goes when it ages out for everyone.
     `progress` (toolproxy.progress.Progress) is told the bytes of the segments considered and
-    advanced by each: with `run`, each is read through.
+    advanced by each: with `run`, each is read through. `refusals`: which segments count (module doc).
     """
-    data_dir = Path(data_dir)
+    with _PRUNING:
+        return _prune(Path(data_dir), older_than, max_bytes, run, dry_run, now, progress, refusals)
+
+
+def _prune(data_dir: Path, older_than: float | None, max_bytes: int | None, run: str | None, dry_run: bool,
+           now: float | None, progress, refusals: bool | None) -> PruneResult:
     now = time.time() if now is None else now
     result = PruneResult()
     if not dry_run and (data_dir / SEGMENT_DIR).is_dir():
         result.pruned.extend(_finish_interrupted(data_dir, "finishing an interrupted prune"))
-    segments = closed_segments(data_dir)
+    segments = closed_segments(data_dir, refusals)
     total = sum(s.size for s in segments)
     if progress is not None:
         progress.total = total

@@ -8,6 +8,12 @@ last reference to it goes (the record after writing, the flow after forwarding):
 since the upstream may still be reading a spilled request body when the record is written. The line on disk is the
 same as if the body had been held: text when the bytes are UTF-8, base64 otherwise. Memory per
 exchange stays near the threshold, whatever the body's size.
+
+What lies in the file is encrypted (AES-256-CTR under a key this process draws at start and
+holds only in memory; a fresh nonce per file): a body is on disk for as long as its exchange
+runs, unmasked (it has to be forwarded as sent), and a crash, a disk image or a later reader of
+the freed blocks must not find prompts and secrets there. Without the process's memory the file
+is noise; the record, written from it, is the only copy that stays, masked when `--mask` says so.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import tempfile
 from typing import Iterator
 
 import orjson
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from toolproxy.record.model import Record, encode_record
 
@@ -29,6 +36,14 @@ SPILLED_FIELDS = ("request_body", "response_body")
 # One thread for every spill write of the process: writes of a body stay in order, and the disk
 # sees one writer at a time. Nothing here runs on the event loop.
 _THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="toolproxy-spill")
+# The spill files' key: this process's only, never written anywhere.
+_KEY = os.urandom(32)
+_BLOCK = 16
+
+
+def _cipher(nonce: bytes, block: int):
+    """AES-CTR positioned at block `block` of a file."""
+    return Cipher(algorithms.AES(_KEY), modes.CTR(nonce + block.to_bytes(8, "big")))
 
 
 class SpilledBody:
@@ -42,12 +57,15 @@ class SpilledBody:
         self.directory = directory
         self.file = None
         self.file_size = 0
+        self.file_written = 0  # file_size before the write under way
         self.size = 0
         self.tail: list[bytes] = []
         self.error: str | None = None
         self._utf8 = codecs.getincrementaldecoder("utf-8")()
         self.utf8 = True
         self.ready: concurrent.futures.Future | None = None
+        self._nonce = os.urandom(8)
+        self._encrypt = _cipher(self._nonce, 0).encryptor()
 
     def __len__(self) -> int:
         return self.size
@@ -62,6 +80,18 @@ class SpilledBody:
         """No more bytes: `ready` resolves when everything is written and the encoding is known."""
         self.ready = _THREAD.submit(self._write, b"", True)
         return self.ready
+
+    def append(self, data: bytes) -> None:
+        """Bytes written now, on the calling thread: for a body made off the event loop (a masked
+        copy, record/masking.py), which has no reader until it is sealed."""
+        self.size += len(data)
+        self._write(data, False)
+
+    def seal(self) -> None:
+        """The last of append()'s bytes: ready from now on."""
+        self._write(b"", True)
+        self.ready = concurrent.futures.Future()
+        self.ready.set_result(None)
 
     def _write(self, data: bytes, final: bool) -> None:
         if self.utf8:
@@ -81,13 +111,16 @@ class SpilledBody:
                     # stayed in this process: a forwarded body fell short of its Content-Length
                     # (the upstream waited for the rest) and a recorded one was cut.
                     self.file = tempfile.TemporaryFile(dir=self.directory, buffering=0)
-                while data:
-                    written = self.file.write(data)
-                    self.file_size += written
-                    data = data[written:]
+                sealed = self._encrypt.update(data)
+                done = 0
+                while done < len(sealed):
+                    done += self.file.write(sealed[done:])
+                    self.file_size = self.file_written + done
+                self.file_written = self.file_size
                 return
             except OSError as exc:
                 self.error = f"cannot spill a large body to {self.directory or tempfile.gettempdir()}: {exc}"
+                data = data[self.file_size - self.file_written:]  # what did not reach the file, in clear
         self.tail.append(data)
 
     def chunks(self, size: int = _PIECE) -> Iterator[bytes]:
@@ -98,6 +131,8 @@ class SpilledBody:
             piece = os.pread(self.file.fileno(), min(size, self.file_size - offset), offset)
             if not piece:
                 break
+            skip = offset % _BLOCK  # 0 unless a read came back short
+            piece = _cipher(self._nonce, offset // _BLOCK).decryptor().update(bytes(skip) + piece)[skip:]
             offset += len(piece)
             yield piece
         yield from self.tail

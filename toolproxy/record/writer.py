@@ -19,10 +19,16 @@ What the counters promise, because operators act on them:
   marks recording degraded with the cause, answers their sync waiters, and the loop goes on.
 - fsync runs on its own thread, so a slow disk delays `written` and sync waiters but never the
   next write.
-- Backpressure: when the oldest queued record has waited longer than MAX_QUEUE_WAIT (or half a
-  window), `behind` turns true; the proxy then holds new work and answers responses as in sync
-  mode until the writer catches up, so a slow writer slows responses instead of widening the
-  window of records a crash can take with it.
+- Backpressure: when the oldest record the writer holds (queued, or taken and not yet written)
+  for a response already answered has waited longer than MAX_QUEUE_WAIT (or half a window),
+  `behind` turns true; the proxy then holds new work and answers responses as in sync mode
+  until the writer catches up, so a slow writer slows responses instead of widening the window
+  of records a crash can take with it.
+- No record waits long behind another: what the writer takes is written in slices (at most
+  SLICE_CHARS of bodies, SLICE_SECONDS of masking), and a record with a body spilled past
+  `--spill-above`, whose copy can take longer than the bound, goes last and alone. While one is
+  being written `writing_large` is true: responses that end meanwhile wait for their records,
+  and those that ended before it was set are written ahead of it.
 """
 
 from __future__ import annotations
@@ -48,14 +54,18 @@ from toolproxy.record.spill import has_spilled, record_pieces
 
 SEGMENT_DIR = "segments"
 SEGMENT_SUFFIX = ".jsonl"
+# The stream of refused requests' records (proxy/refusals.py) has segments of its own, named like
+# the others with this before the suffix: a disk budget can then tell them apart and never prune
+# an exchange's record to make room for them.
+REFUSALS_STREAM = ".refused"
 # Names the writer in its segments' names (default: the host name). Proxies on several hosts may
 # share one data directory (a network volume) or sync theirs into one bucket: the process id alone
 # repeats across hosts (every container's proxy may be pid 1), the replica name does not.
 REPLICA_ENV = "TOOLPROXY_REPLICA"
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
-# A segment's name is `<UTC time>-<pid>-<sequence>-<replica>.jsonl`; this finds the replica (group
-# 1; no match in names written before replicas were named). Python's and DuckDB's syntax alike.
-SEGMENT_REPLICA = r"^[0-9]{8}T[0-9]{6}-[0-9]+-[0-9]+-(.+)\.jsonl$"
+# A segment's name is `<UTC time>-<pid>-<sequence>-<replica>[.refused].jsonl`; this finds the replica
+# (group 1; no match in names written before replicas were named). Python's and DuckDB's syntax alike.
+SEGMENT_REPLICA = r"^[0-9]{8}T[0-9]{6}-[0-9]+-[0-9]+-(.+?)(?:\.refused)?\.jsonl$"
 # Records up to this many body characters are serialised on the event loop when submitted (a few
 # microseconds): the writer thread then holds the GIL only to join and write bytes, instead of
 # taking it from the loop for whole batches. Larger ones are serialised on the writer thread, so a
@@ -67,11 +77,16 @@ INLINE_SERIALIZE_CHARS = 256 * 1024
 # it (or half a commit window, if shorter) the writer is `behind` and the proxy applies
 # backpressure: this is the bound on what a crash of the proxy process can lose.
 MAX_QUEUE_WAIT = 0.1
+# A slice of the records in hand, written before the next is masked and packed: a busy writer
+# reaches the kernel every few milliseconds, never only once a whole batch is done.
+SLICE_CHARS = 1024 * 1024
+SLICE_SECONDS = 0.02
 
 # Why a record was not written; the keys of WriterStats.dropped_reasons.
 QUEUE_FULL = "queue_full"
 DISK = "disk"
 UNENCODABLE = "unencodable"
+DISK_BUDGET = "disk_budget"
 WRITER_ERROR = "writer_error"
 STOPPED = "stopped"
 
@@ -108,8 +123,10 @@ class SegmentWriter:
         poll: float = 0.02,
         dedup: bool = True,
         stall_timeout: float = 30.0,
+        stream: str = "",
     ) -> None:
         self.dir = Path(data_dir) / SEGMENT_DIR
+        self.stream = stream
         self.window = window
         self.segment_bytes = segment_bytes
         self.segment_seconds = segment_seconds
@@ -125,8 +142,9 @@ class SegmentWriter:
         self._packer = ChunkPacker() if dedup else None
         self._inline_chars = INLINE_BODY_CHARS if dedup else INLINE_SERIALIZE_CHARS
         self.stall_timeout = stall_timeout
-        # Read by the event loop on every request (a plain attribute: no lock, no I/O).
+        # Read by the event loop on every request (plain attributes: no lock, no I/O).
         self.behind = False
+        self.writing_large = False
         self._buf: collections.deque = collections.deque()  # (record, line | None, waiter, submitted)
         self._wake = threading.Event()
         self._stats_lock = threading.Lock()
@@ -135,11 +153,15 @@ class SegmentWriter:
         self._catchup: asyncio.Future | None = None
         self._thread = threading.Thread(target=self._run, name="toolproxy-writer", daemon=True)
         self.replica = replica_name()
-        # Writer-thread state: the open segment, the records in hand (taken, not yet written)
-        # and those written but not yet handed to an fsync.
+        # Writer-thread state: the open segment, the records taken from the queue (waiting for
+        # their slice, then in hand until written) and those written but not yet handed to an fsync.
         self._seg: _Segment | None = None
         self._seq = 0
+        self._waiting: collections.deque = collections.deque()
         self._hand: list = []
+        # When the oldest record taken but not yet written, of a response already answered, was
+        # queued: what the backpressure counts beside the queue (read by the event loop).
+        self._held_since: float | None = None
         self._unsynced = 0
         self._unsynced_waiters: list[asyncio.Future] = []
         self._unsynced_since: float | None = None
@@ -156,6 +178,9 @@ class SegmentWriter:
         # Applied on this thread to every record before it is serialised (record/masking.py); while
         # set, submit leaves serialising to this thread so the event loop never does the work.
         self.transform: Callable[[Record], Record] | None = None
+        # `--on-disk-full block` (record/housekeeping.py): asked before every append whether its
+        # bytes fit (raises OverBudget if not), told of every byte appended or cut back.
+        self.budget = None
 
     # ---- called from the event loop -------------------------------------------------------
 
@@ -187,7 +212,8 @@ class SegmentWriter:
             if line is None:
                 return False
         now = time.monotonic()
-        if buf and now - buf[0][3] > self.lag_limit:
+        held = self._held_since
+        if (buf and now - buf[0][3] > self.lag_limit) or (held is not None and now - held > self.lag_limit):
             self.behind = True
         buf.append((record, line, waiter, now))
         if waiter is not None:
@@ -247,6 +273,10 @@ class SegmentWriter:
         self.stats.last_error = message
         if news:
             print(f"toolproxy: RECORDING FAILED: {message}", file=sys.stderr, flush=True)
+
+    def drop(self, n: int, reason: str, message: str) -> None:
+        """Count records lost before they reached the writer (from any thread)."""
+        self._drop(n, reason, message)
 
     def _drop(self, n: int, reason: str, message: str) -> None:
         self._mark_degraded(message)
@@ -317,12 +347,20 @@ class SegmentWriter:
             self._wake.wait(self.poll)
             self._wake.clear()
         self._collect_syncs()
-        taken = self._take_all()
-        self._hand.extend(taken)  # in hand first: should the transform fail, they are counted dropped
-        if self.transform is not None and taken:
-            self._hand[-len(taken):] = [(self.transform(rec), line, waiter, t) for rec, line, waiter, t in taken]
-        if self._hand:
-            self._write_hand()
+        self._hold(self._take_all())
+        try:
+            while self._waiting:
+                if not self.writing_large and _is_large(self._waiting[0]):
+                    # Copying it may take longer than the crash bound: from now on a response that
+                    # ends waits for its record (forward.py), and the records of those that ended
+                    # before this was set go ahead of it.
+                    self.writing_large = True
+                    self._hold(self._take_all())
+                self._next_slice()
+                self._write_hand()
+        finally:
+            self.writing_large = False
+            self._held_since = None
         if self._unsynced and self._syncing is None and (
             self._unsynced_waiters or stopping or self.stats.degraded
             or time.monotonic() - self._unsynced_since >= self.window
@@ -334,6 +372,45 @@ class SegmentWriter:
             if fut is not None:
                 self._release([fut], True)
         return stopping and not buf
+
+    def _hold(self, taken: list) -> None:
+        """Records taken from the queue wait for their slice in order, except that those with a
+        spilled body go behind all the others."""
+        if not taken:
+            return
+        waiting = self._waiting
+        if (waiting and _is_large(waiting[-1])) or any(map(_is_large, taken)):
+            ordered = sorted([*waiting, *taken], key=_is_large)  # stable: order kept otherwise
+            waiting.clear()
+            waiting.extend(ordered)
+        else:
+            waiting.extend(taken)
+
+    def _next_slice(self) -> None:
+        """Move the next records into hand, transformed (masked, sampled): until they hold
+        SLICE_CHARS of bodies (or what the open segment has room for: rotation is checked before
+        each slice, so a segment ends at most a record past its size) or took SLICE_SECONDS, or
+        one large record alone. A record goes in hand before its transform runs, so a failing
+        transform counts it dropped."""
+        waiting, hand, transform = self._waiting, self._hand, self.transform
+        self._held_since = next((t for _, _, waiter, t in waiting if waiter is None), None)
+        seg = self._seg
+        room = self.segment_bytes - seg.end if seg is not None and seg.end < self.segment_bytes else self.segment_bytes
+        limit = min(SLICE_CHARS, room)
+        started = time.monotonic()
+        chars = 0
+        while waiting:
+            large = _is_large(waiting[0])
+            if hand and (large or chars >= limit or time.monotonic() - started >= SLICE_SECONDS):
+                return
+            item = waiting.popleft()
+            hand.append(item)
+            rec, line, waiter, submitted = item
+            if transform is not None:
+                hand[-1] = (transform(rec), line, waiter, submitted)
+            if large:
+                return
+            chars += _body_chars(rec) if line is None else len(line)
 
     def _write_hand(self) -> None:
         taken = self._hand
@@ -422,11 +499,14 @@ class SegmentWriter:
         return ready, b"".join(parts)
 
     def _write_failed(self, exc: OSError, records: int, waiters: list, size: int) -> None:
-        self.stats.write_failures += 1
         self._last_write_ok = False
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            self._room_needed = max(size, 1)
-        self._drop(records, DISK, f"cannot write segment in {self.dir}: {exc}")
+        if isinstance(exc, OverBudget):
+            self._drop(records, DISK_BUDGET, str(exc))
+        else:
+            self.stats.write_failures += 1
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self._room_needed = max(size, 1)
+            self._drop(records, DISK, f"cannot write segment in {self.dir}: {exc}")
         self._release(waiters, False)
 
     def _writable_segment(self) -> _Segment:
@@ -441,6 +521,9 @@ class SegmentWriter:
     def _append(self, seg: _Segment, data: bytes) -> None:
         start = seg.end
         seg.pending = 0
+        budget = self.budget
+        if budget is not None:
+            budget.check(len(data))  # before a byte is written: OverBudget leaves the segment as it was
         view = memoryview(data)
         try:
             while view:
@@ -449,6 +532,8 @@ class SegmentWriter:
             self._rollback(seg, start)
             raise
         seg.end += len(data)
+        if budget is not None:
+            budget.appended(len(data))
 
     def _open_segment(self) -> _Segment:
         if self.on_new_segment is not None:
@@ -460,7 +545,7 @@ class SegmentWriter:
             # nothing by it, since replicas' clocks may disagree.
             self._seq += 1
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-            path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}-{self.replica}{SEGMENT_SUFFIX}"
+            path = self.dir / f"{stamp}-{os.getpid()}-{self._seq:04d}-{self.replica}{self.stream}{SEGMENT_SUFFIX}"
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
                 break
@@ -581,6 +666,8 @@ class SegmentWriter:
         seg.pending = 0
         try:
             os.ftruncate(seg.fd, size)
+            if self.budget is not None and seg.end - size:
+                self.budget.appended(size - seg.end)
             seg.end = size
             seg.broken = False
         except OSError:
@@ -605,8 +692,9 @@ class SegmentWriter:
                 pass
 
     def _abandon(self, reason: str, message: str) -> None:
-        """After an unexpected error: count every record in hand or unsynced, answer their waiters."""
-        hand, self._hand = self._hand, []
+        """After an unexpected error: count every record taken, in hand or unsynced, answer their waiters."""
+        hand, self._hand = [*self._hand, *self._waiting], []
+        self._waiting.clear()
         waiters = [w for _, _, w, _ in hand if w is not None] + self._unsynced_waiters
         lost = len(hand) + self._unsynced
         self._unsynced, self._unsynced_waiters, self._unsynced_since = 0, [], None
@@ -666,6 +754,15 @@ def replica_name() -> str:
     and in an object store key."""
     raw = os.environ.get(REPLICA_ENV) or socket.gethostname()
     return _NOT_IN_NAME.sub("_", raw).strip("._-")[:64] or "host"
+
+
+class OverBudget(OSError):
+    """An append that would take the segments past `--max-disk` under `--on-disk-full block`."""
+
+
+def _is_large(item: tuple) -> bool:
+    """Whether a queued record has a body spilled to a file (its copy is the writer's long work)."""
+    return item[1] is None and has_spilled(item[0])
 
 
 def _body_chars(rec: Record) -> int:
