@@ -77,10 +77,10 @@ CHECKS = [
     # sends a probe request, recorded but not an episode.
     Check("inspect-ai", "inspect-ai", script("inspect-ai.py", "openai-api/llm/local"), CHAT, {"call": 2}),
     Check("inspect-ai-responses", "inspect-ai", script("inspect-ai.py", "openai/local"), RESPONSES, {"call": 2}),
-    # dspy's ReAct writes its tools into the prompt and sends none: until prompt protocols are
-    # recognised (issue 20, item 4) each of its steps is a no_tools turn of an episode of its own.
-    Check("dspy", "dspy", script("dspy-react.py"), CHAT, {"no_tools": 3}, rates={"call_fidelity": None},
-          episodes=3),
+    # dspy's ReAct writes its tools into the prompt and sends none; read by its prompt protocol, its
+    # get_weather step is a call and its finish step the answer, and the extract step after it
+    # (no tools offered) a no_tools turn, all of one episode.
+    Check("dspy", "dspy", script("dspy-react.py"), CHAT, {"call": 1, "answer": 1, "no_tools": 1}),
     # BFCL scores the scripted model's placeholder arguments 0%; toolproxy must still see a valid
     # call per item. On irrelevance items (expect=none) both must agree the model did not abstain.
     Check("bfcl-simple", "bfcl-eval", script("bfcl.py", "--first", "3", "simple_python"), CHAT, {"call": 3},
