@@ -14,11 +14,11 @@ Then the data directory is analysed and one table printed, also written to DATA/
 
 "ours" is the report's: episodes, turns with role `call`, call turns whose valid call reached the
 harness, episodes ending in an `answer` turn. The harness's: tasks it ran, tool executions it
-logged, final answers it returned after the tool ran (a reply it returned as its answer without the
-tool ever running, e.g. a call left in text, is counted apart in the notes). A recipe whose harness ends by calling a tool (smolagents'
-final_answer, inspect-ai's submit, mini-swe-agent's submit command) delivers that call too, and
-gives its answer through it rather than in an answer turn; the notes column says so. Not part of
-the test suite or the wheel: rerun it by hand (the lead reruns it on merged main).
+logged, final answers it returned after the tool ran (a reply it returned as its answer without
+the tool ever running, e.g. a call left in text, is counted apart in the notes). A harness that
+ends by calling a tool (smolagents' final_answer, inspect-ai's submit, mini-swe-agent's submit
+command) delivers that call too; where the report does not read that call as the answer, the
+notes column says so. Not part of the test suite or the wheel: rerun it by hand.
 """
 
 from __future__ import annotations
@@ -111,8 +111,9 @@ def table(stack: str, results: dict[str, list[dict]], report: dict[str, dict]) -
         r = report.get(check_id, {})
         roles = r.get("roles") or {}
         notes = []
-        if check_id in ENDS_BY_TOOL:
-            notes.append(f"ends by calling {ENDS_BY_TOOL[check_id]}: delivered counts it, the answer is that call")
+        ours_answers = (r.get("answer_rate") or {}).get("numerator")
+        if check_id in ENDS_BY_TOOL and ours_answers != sum(x["answers"] for x in runs):
+            notes.append(f"ends by calling {ENDS_BY_TOOL[check_id]}, which is not read as its answer")
         untooled = sum(x["answers_without_tool"] for x in runs)
         if untooled:
             notes.append(f"the harness returned {untooled} repl{'ies' if untooled != 1 else 'y'} as its answer without "
@@ -125,7 +126,7 @@ def table(stack: str, results: dict[str, list[dict]], report: dict[str, dict]) -
         lines.append(" | ".join([
             f"| {ROWS[check_id]}", stack, _pair(r.get("episodes"), len(runs)), str(roles.get("call", 0)),
             _pair((r.get("delivered_fidelity") or {}).get("numerator"), sum(x["executions"] for x in runs)),
-            _pair((r.get("answer_rate") or {}).get("numerator"), sum(x["answers"] for x in runs)),
+            _pair(ours_answers, sum(x["answers"] for x in runs)),
             ", ".join(str(x["exit"]) for x in runs), "; ".join(notes) or "-"]) + " |")
     return "\n".join(lines) + "\n"
 
