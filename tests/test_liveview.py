@@ -305,19 +305,25 @@ def test_memory_is_bounded():
     assert view.report()["broken"] == "the classifier process is not running"
 
 
+def _classified(view: LiveView, n: int) -> dict:
+    """Start the view, wait (at most 30 s) until it has classified n records, stop it: its report."""
+    view.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (rep := view.report())["classified"] < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        view.stop()
+    return rep
+
+
 def test_counted_when_behind_or_spilled():
     """Exchanges the classifier never sees still count, by run and status class, with the reason."""
     view = LiveView(inbox=2)
     for i in range(6):
         view.observe(_rec(i, run="busy", status=200 if i % 2 else 502))
     view.observe(_rec(9, run="big"), None, False)
-    view.start()
-    try:
-        deadline = time.monotonic() + 30
-        while (rep := view.report())["classified"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        view.stop()
+    rep = _classified(view, 2)
     assert rep["observed"] == 7 and rep["classified"] == 2 and rep["pending"] == 0, rep
     assert rep["unclassified"] == {"behind": 4, "large": 1}
     busy, big = rep["runs"]["busy"], rep["runs"]["big"]
@@ -335,13 +341,7 @@ def test_a_run_tag_that_is_not_unicode_is_counted_under_its_stored_name():
     view = LiveView()
     view.observe(_rec(1, run="caf\udce9"), None, False)
     view.observe(_rec(2, run="plain"))
-    view.start()
-    try:
-        deadline = time.monotonic() + 30
-        while (rep := view.report())["classified"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        view.stop()
+    rep = _classified(view, 1)
     assert rep["classified"] == 1 and rep["broken"] is None and rep["unclassified"] == {"large": 1}, rep
     assert rep["runs"]["caf\xe9"]["unclassified"] == {"large": 1}
 
