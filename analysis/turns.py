@@ -11,7 +11,7 @@ own, by the state of the request before it; one that swapped its system prompt t
 conversation without it. Identical episodes running at the same time are told apart by the ids of
 their replies' calls, and each is continued once even when nothing tells them apart.
 
-Every produced turn then gets a role (ROLE_SQL), which says what the turn was for and so which
+Every produced turn then gets a role (analysis.roles), which says what the turn was for and so which
 metric counts it: a correct agent that calls a tool and then answers in prose must score full
 marks, so its final answer is an `answer`, not a missed call.
 
@@ -37,7 +37,8 @@ from toolproxy.analysis import harnesses
 from toolproxy.analysis.columns import share_strings
 from toolproxy.analysis.echoes import echoed_calls
 from toolproxy.analysis.expect import Rule, expectation
-from toolproxy.analysis.outcomes import ANALYZER_VERSION, EMPTY_REPLIES, NON_RESPONSE, PROSE, VALID_CALL
+from toolproxy.analysis.outcomes import ANALYZER_VERSION, EMPTY_REPLIES, NON_RESPONSE, VALID_CALL
+from toolproxy.analysis.roles import ROLE_SQL
 from toolproxy.analysis.tables import EPISODES, TURNS
 from toolproxy.gcpause import gc_paused
 from toolproxy.record.writer import SEGMENT_REPLICA
@@ -138,6 +139,7 @@ def conversation_keys(
     model: str | None,
     reply: tuple[str | None, list] | None,
     reply_ids: Sequence[str] = (),
+    asks_again: bool = False,
 ) -> Keys:
     """Hashes that place one attempt in its conversation.
 
@@ -145,17 +147,21 @@ def conversation_keys(
     chain_hash: the message list extended by the reply the harness got (content, canon calls);
       the next turn of the same episode lists it as a parent.
     parent_hashes: the keys of the turns this request may continue, in the order they are tried
-      (build_episodes takes the first one it knows): the dropped-reply keys of the prefixes after
-      the last assistant message (longest first), the ids key of the last assistant messages' calls,
-      the rolling hash after each assistant message (longest first), the echo keys of the last
-      assistant messages (_echo_parents), and the tail key (the conversation without its leading
-      system messages, up to the last assistant message).
+      (build_episodes takes the first one it knows), longest conversation first: the dropped-reply
+      keys of the prefixes after the last assistant message (longest first), the ids key of the last
+      assistant messages' calls, the rolling hash after the last assistant message, the echo keys
+      of the last assistant messages (_echo_parents), the tail key (the conversation without its
+      leading system messages, up to the last assistant message), then the rolling hash after each
+      earlier assistant message (longest first).
     item_hash: messages + offered tool names, for pairing the same item across runs.
     tool_results: how many messages return a tool's result to the model (see _is_tool_result).
     reply_keys: the keys beside chain_hash that a later request names this reply by: its ids key
       (the reply's call ids, `reply_ids`: what tells identical conversations apart) and its tail key.
     rejects: the messages after the last assistant message say the harness could not use the reply
       before them (analysis.harnesses).
+    asks_again: the request may be the one before it asked again in the harness's fallback format
+      (analysis.protocols.Reading.fallback): its own state's dropped-reply key is tried first, so it
+      continues the turn that asked the same (turn_facts then reads that turn as rejected).
     """
     # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
     # hash is a copy of the running state, which keeps this linear in the conversation length.
@@ -211,14 +217,24 @@ def conversation_keys(
     for prefix in reversed(after[:-1]):  # longest first; the whole list is this request's own state
         prefix.update(state_suffix)
         dropped.append(dropped_key(prefix.hexdigest()))
+    # Longest conversation first: every key that ends at the last assistant message (its exact
+    # hash, then the same conversation as an echo or without its system prompt) comes before the
+    # exact hash of any earlier one. An earlier one may name a turn another request continued
+    # already (smolagents resends a call as text, which only its echo key matches, after a reply
+    # it kept as it came), and the first key known decides.
+    earlier = parents[1:]
+    del parents[1:]
     if block_ids and parents:
         parents.insert(0, ids_key(parents[0], block_ids))
     if block_prefix is not None:
         parents += _echo_parents(block, block_calls, block_prefix, state_suffix, tool_names)
     if tail_parent is not None:
         parents.append(tail_parent)
+    parents += earlier
     state = running.copy()
     state.update(state_suffix)
+    if asks_again:
+        dropped.insert(0, dropped_key(state.hexdigest()))
     item = running.copy()
     item.update(b"\x00item" + orjson.dumps(sorted(tool_names)))
     chain = None
@@ -549,31 +565,6 @@ def loop_reason(signatures: Sequence[str | None], run_median: float) -> str | No
     return None
 
 
-# A produced turn's role, from what it did and where it stands in its episode. One definition,
-# in SQL, so the analyzer stores it and a report recomputes it under an analyst's expectation
-# rules the same way:
-#   no_tools  the request offered no tools (left out of every tool metric)
-#   abstain   the item expects no call (scored by restraint)
-#   call      any call attempt, or prose the harness answered with another turn offering tools (it
-#             had to nudge), or a reply the harness rejected (analysis.harnesses)
-#   answer    prose, or a valid call to the harness's finishing tool (smolagents' final_answer,
-#             dspy's finish), ending the episode's tool use after a tool result came back
-#   call      the same ending an item that expects a call
-#   open      the same ending an episode that saw no tool result and has no expectation: unknowable
-# An episode's tool use ends with its last turn that offered tools: a harness may wrap up after it
-# with a request that offers none (dspy's extract step, smolagents' summary at max_steps), and
-# that turn is `no_tools`. Stores derived before those columns existed read as they did.
-ROLE_SQL = f"""CASE
-    WHEN outcome = '{NON_RESPONSE}' THEN NULL
-    WHEN NOT offered_tools THEN 'no_tools'
-    WHEN expect = 'none' THEN 'abstain'
-    WHEN coalesce(rejected, false) OR NOT coalesce(last_with_tools, is_last)
-         OR NOT (outcome = '{PROSE}' OR coalesce(finishes, false)) THEN 'call'
-    WHEN saw_result THEN 'answer'
-    WHEN expect = 'call' THEN 'call'
-    ELSE 'open' END"""
-
-
 def match_tags(tags_json: str | None, **known: str | None) -> dict[str, str | None]:
     """The tags an expectation rule sees for an episode: its free tags plus the named ones."""
     free = orjson.loads(tags_json) if tags_json else {}
@@ -600,6 +591,44 @@ def delivered(turns: Sequence[Turn], i: int) -> bool:
         return False
     after = turns[i + 1].attempts[0]
     return after.tool_results > f.tool_results and not after.rejects
+
+
+class TurnFacts(NamedTuple):
+    """What a turn's place in its episode says of it (the rest of a turn is its final attempt's)."""
+
+    delivered: bool  # its valid call reached the harness as a call (see delivered)
+    saw_result: bool  # a tool result came back in the episode by this turn
+    is_last: bool
+    rejected: bool  # the next request says the harness could not use this reply
+    last_with_tools: bool  # no later turn of the episode offered tools
+
+
+def turn_facts(turns: Sequence[Turn]) -> list[TurnFacts]:
+    """TurnFacts of each turn of one episode, in order."""
+    last = len(turns) - 1
+    last_tools = max((i for i, t in enumerate(turns) if t.attempts[-1].offered), default=-1)
+    out = []
+    saw_result = False
+    for i, turn in enumerate(turns):
+        saw_result = saw_result or turn.attempts[-1].tool_results > 0
+        out.append(TurnFacts(delivered(turns, i), saw_result, i == last, i < last and _rejected(turn, turns[i + 1]),
+                             i == last_tools))
+    return out
+
+
+def _rejected(turn: Turn, after: Turn) -> bool:
+    """Whether the harness could not use `turn`'s reply, by the next turn of its episode: the request
+    says so, or asks exactly what `turn` asked (dspy's fallback format after fields it could not parse)."""
+    head = after.attempts[0]
+    return head.rejects or (head.state_hash is not None and head.state_hash == turn.attempts[-1].state_hash)
+
+
+def episode_expectation(run: str, ep: Episode, rules: Sequence[Rule]) -> tuple[dict, str | None]:
+    """(the tags an expectation rule sees for the episode, what it expects: call, none or None)."""
+    first = ep.turns[0].attempts[0]
+    tags = match_tags(first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category,
+                      condition=first.condition)
+    return tags, expectation(tags, rules)
 
 
 # One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a
@@ -636,13 +665,13 @@ _KEY_LISTS = [1 + [f.name for f in dataclasses.fields(Attempt)].index(name) for 
 
 # What derive() computes of a turn in Python; the rest (_TURNS_SQL) is its final attempt's.
 _TURN_ROW = ["turn_id", "run", "episode_key", "turn_index", "item_key", "category", "n_attempts", "final_exchange_id",
-             "expect", "delivered", "saw_result", "is_last", "rejected", "last_with_tools"]
+             "expect", *TurnFacts._fields]
 _FROM_FINAL = {
     "condition": "e.condition", "model": "e.model", "outcome": "e.outcome", "sub_kind": "e.sub_kind",
     "surface": "e.surface", "n_calls": "coalesce(e.n_calls, 0)", "finish_reason": "e.finish_reason",
     "harness_saw_prose": "coalesce(e.harness_saw_prose, false)", "content": "e.content",
     "offered_tools": "e.tool_set IS NOT NULL", "tool_results": "coalesce(e.tool_results, 0)",
-    "finishes": "coalesce(e.finishes, false)", "protocol": "e.protocol",
+    "finishes": "coalesce(e.finishes, false)", "protocol": "e.protocol", "finisher": "e.finisher",
 }
 _TURNS_SQL = f"""
 INSERT INTO turns ({", ".join(TURNS.names)})
@@ -780,25 +809,16 @@ def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule]
     for run in runs:
         start, end = spans.get(run, (0, 0))
         for ep in build_episodes(run, attempts[start:end], one_clock=run not in clocked):
-            first = ep.turns[0].attempts[0]
-            tags = match_tags(first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category,
-                              condition=first.condition)
-            expect = expectation(tags, rules)
-            saw_result = False
-            last = len(ep.turns) - 1
-            last_tools = max((i for i, t in enumerate(ep.turns) if t.attempts[-1].offered), default=-1)
-            for i, turn in enumerate(ep.turns):
+            tags, expect = episode_expectation(run, ep, rules)
+            for i, (turn, facts) in enumerate(zip(ep.turns, turn_facts(ep.turns))):
                 head = turn.attempts[0]
-                f = turn.attempts[-1]
                 tid = head.id
                 item = head.item or ep.item_key
-                saw_result = saw_result or f.tool_results > 0
                 key = (item, head.category)
                 if key not in categories:
                     categories[key] = category_of(*key)
-                rejected = i < last and ep.turns[i + 1].attempts[0].rejects
-                turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts), f.id, expect,
-                                  delivered(ep.turns, i), saw_result, i == last, rejected, i == last_tools))
+                turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts),
+                                  turn.attempts[-1].id, expect, *facts))
                 if len(turn.attempts) == 1:
                     map_ex.append(tid)
                     map_turn.append(tid)

@@ -71,6 +71,29 @@ CASES = [
                                   ("prose", "no_tools", False, "dspy")]], 1),
     # LangChain ReAct: "Action: get_weather(city='Paris')" four times, "not a valid tool" each time.
     Case("llamacpp/langchain-react", [[("hallucinated_call", "call", False, "react")] * 4], 0),
+    # The truth rig's recordings (`toolproxy run`, two tasks each). smolagents parses the calls left
+    # in the text itself: Paris is get_weather, then final_answer (the answer). Tokyo runs to
+    # max_steps and is one episode, although smolagents writes a call it ran back as text
+    # ("Calling tools:") after one it kept as it came (an unknown tool): only that echo continues it.
+    Case("llamacpp/truth-smolagents", [
+        [CALL, ("valid_call", "answer", False, None)],
+        [CALL, ("hallucinated_call", "call", False, None), CALL, ("hallucinated_call", "call", False, None),
+         ("hallucinated_call", "no_tools", False, None)],
+    ], 1),
+    # dspy could not parse the ChatAdapter's fields and asked the same step again through its JSON
+    # fallback: the same episode, the unparsed reply rejected. Both runs stopped by the rig's timeout.
+    Case("llamacpp/truth-dspy", [[("hallucinated_call", "call", False, "dspy"), ("invalid_args", "call", False, "dspy")],
+                                 [("invalid_args", "call", False, "dspy")]], 0),
+    # mini-swe-agent ends only by its submit command as a bash call: a reply without a tool call is
+    # answered "No tool calls found" and dropped, and three in a row end the task unanswered (the
+    # last one here the submit command in a bash fence: prose to the harness, not its answer).
+    Case("llamacpp/truth-mini-swe-agent", [
+        [("prose", "call", False, None), TEXT_CALL, ("prose", "call", False, None)],
+        [("prose", "call", False, None), CALL, TEXT_CALL, TEXT_CALL, ("prose", "call", False, None)],
+    ], 0),
+    # inspect-ai's react agent: get_weather and then submit, both left in the text, so inspect never
+    # got its submit call and returned the last text at its message limit: calls lost, not answers.
+    Case("llamacpp/truth-inspect-ai", [[TEXT_CALL] * 3] * 2, 0, "2 final texts are calls left in the text"),
 ]
 
 
