@@ -178,3 +178,34 @@ def test_the_report_counts_what_the_harnesses_counted(tmp_path):
     assert (a["numerator"], a["denominator"]) == (sum(answered(r) for r in records), 11) == (10, 11)
     c = run["call_fidelity"]
     assert (c["numerator"], c["denominator"]) == (11, 12)  # the one miss: the reply smolagents rejected
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.path for c in CASES])
+def test_the_live_page_derives_the_turns_the_analyzer_stores(stores, case):
+    """The live classifier, fed the same records one by one, derives the same episodes, turns,
+    roles and figures as `analyze` and `report` (the same code: analysis.turns and analysis.roles)."""
+    import orjson
+
+    from toolproxy.analysis.metrics import run_metrics, score
+    from toolproxy.proxy.live import Tally, summarised
+    from toolproxy.record.segments import read_records
+
+    tally = Tally()
+    for rec in read_records(DATA / case.path, "exchange"):
+        assert tally.add(orjson.dumps(rec)) is not None
+    live = {name: summarised(name, counts) for name, counts in tally.report(None, None, 0)["runs"].items()}
+    con = stores(case.path)
+    runs = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
+    score(con, runs)
+    report = run_metrics(con, runs, resamples=0)
+    assert sorted(live) == runs
+    for run, m in report.items():
+        page = live[run]
+        n_turns, n_episodes = con.execute("SELECT n_turns, n_episodes FROM runs WHERE run = ?", [run]).fetchone()
+        assert (page["turns"], page["episodes"]) == (n_turns, n_episodes)
+        assert page["roles"] == {k: v for k, v in m.roles.items() if v}
+        assert (page["valid_turns"], page["delivered_turns"], page["call_turns"]) == (
+            m.call_fidelity.numerator, m.delivered_fidelity.numerator, m.call_fidelity.denominator)
+        assert (page["answered"], page["answerable"]) == (m.answer_rate.numerator, m.answer_rate.denominator)
+        assert page["turn_non_responses"] == m.non_response_kinds
+        assert page["partial"] is None
