@@ -255,6 +255,33 @@ def test_spilled_exchange_is_counted_not_classified(tmp_path):
     assert run["outcomes"] == {"valid_call/native": 1}
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(") ", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc")
+def test_the_classifier_is_one_light_process(live_proxy):
+    """One child, the classifier module in a fresh interpreter: no multiprocessing resource tracker
+    beside it, and neither the proxy's server, its event loop nor the spill cipher loaded in it
+    (multiprocessing's spawn re-imported the proxy's whole main module there)."""
+    p, total, _ = live_proxy
+    children = _children(p.proc.pid)
+    assert len(children) == 1, [Path(f"/proc/{c}/cmdline").read_bytes() for c in children]
+    child = children[0]
+    assert b"toolproxy.proxy.classifier" in Path(f"/proc/{child}/cmdline").read_bytes()
+    loaded = Path(f"/proc/{child}/maps").read_text()
+    assert "orjson" in loaded  # it did load what it uses
+    for heavy in ("aiohttp", "uvloop", "cryptography", "duckdb", "re2"):
+        assert f"/{heavy}" not in loaded, heavy
+
+
 def test_ctrl_c_to_the_process_group_stops_quietly(tmp_path):
     """A terminal's Ctrl-C reaches the classifier process too: no traceback, a clean exit."""
     with ExitStack() as stack:
@@ -303,6 +330,28 @@ def test_memory_is_bounded():
     assert gone is None and first["content"] == "hi 11"
     assert rep["runs"]["run5"]["outcomes"] == {"prose": 1}
     assert view.report()["broken"] == "the classifier process is not running"
+
+
+def test_the_inbox_is_bounded_in_bytes_too():
+    """Long contexts waiting for a starved classifier hold at most inbox_bytes (and always the
+    newest record); the ones let go are counted, and what is kept is classified."""
+    view = LiveView(inbox=1000, inbox_bytes=250_000)
+    big = "x" * 100_000
+    for i in range(10):
+        rec = _rec(i)
+        rec.request_body = json.dumps({"model": "m", "messages": [{"role": "user", "content": big}]})
+        view.observe(rec, encode_record(rec) if i % 2 else None)  # with its line, or the feeder encodes it
+    assert len(view._inbox) == 2 and view._inbox_bytes <= 250_000
+    view.observe(_rec(10, run="huge"), b"y" * 400_000)  # larger than the bound alone: kept, the rest go
+    assert [entry[0][0] for entry in view._inbox] == ["huge"]
+    view.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (rep := view.report())["classified"] + rep["failures"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        view.stop()
+    assert rep["observed"] == 11 and rep["unclassified"] == {"behind": 10} and rep["pending"] == 0, rep
 
 
 def test_counted_when_behind_or_spilled():
