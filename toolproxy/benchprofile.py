@@ -29,7 +29,7 @@ PARTS: tuple[tuple[str, str, str], ...] = (
     ("toolproxy/proxy/headers.py", "Redactor.query", "request: path tags, query redaction"),
     ("toolproxy/proxy/headers.py", "connection_listed", "headers: copied up and down"),
     ("toolproxy/proxy/forward.py", "_upstream_headers", "headers: copied up and down"),
-    ("toolproxy/proxy/forward.py", "<listcomp>", "headers: copied up and down"),
+    ("toolproxy/proxy/forward.py", "_relay.<locals>.<listcomp>", "headers: copied up and down"),
     ("toolproxy/proxy/headers.py", "", "headers: redacted for the record"),
     ("toolproxy/proxy/flow.py", "Flow.", "record: Flow and Record built (ids, clocks, body text)"),
     ("toolproxy/record/model.py", "new_id", "record: Flow and Record built (ids, clocks, body text)"),
@@ -80,7 +80,7 @@ WRITER_PARTS: tuple[tuple[str, str, str], ...] = (
 )
 WRITER_OTHER = "writer: its loop, wake-ups, counters"
 CLASSIFIER = "live page: classifier process"
-OTHER_PROCESS = "helper processes (multiprocessing's resource tracker, ...)"
+OTHER_PROCESS = "other processes of the tree (unsampled: a starved classifier, a resource tracker)"
 
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*?)(?::\d+)?\)$")
 _THREAD = re.compile(r"thread \((?P<tid>\d+)\)(?:: (?P<name>.*))?$")
@@ -150,8 +150,8 @@ def attribute(samples: dict[int, tuple[str, str, collections.Counter]], cpu: dic
               requests: int, main_pids: set[int]) -> dict[str, float]:
     """{part: CPU microseconds per request}: each thread's CPU split by its samples' parts (pure).
 
-    A thread that used CPU but was never sampled is a part of its own (a thread with no Python
-    frames); an unsampled process's main thread counts as helper processes."""
+    A thread of the proxy's own process that used CPU but was never sampled is a part of its own
+    (a thread with no Python frames); one of another process in the tree counts as OTHER_PROCESS."""
     out: collections.Counter = collections.Counter()
     for tid, (pid, comm, seconds) in cpu.items():
         if seconds <= 0:
