@@ -56,6 +56,8 @@ RAW = "\n".join([
     f"{PROXY};thread (103): toolproxy-fsync;Thread.run (threading.py:982) 1",
     f"{CLASSIFIER};thread (101): MainThread;run (toolproxy/proxy/classifier.py:70) 5",
     "a line that is not a sample",
+    # a command line with a ';' of its own (python -c "a; b") does not hide the thread
+    'process 106:"python -c import sys; main() serve";thread (106): MainThread;' + ";".join(ROOT) + " 1",
 ])
 
 
@@ -64,6 +66,7 @@ def test_samples_split_each_threads_cpu_by_their_parts():
     assert samples[100][2] == collections.Counter({"the handler (forward.py, bench.py)": 3, bp.EVENT_LOOP: 1})
     assert samples[102][2] == collections.Counter({"writer: write(2) of each batch": 2, bp.WRITER_OTHER: 2})
     assert samples[101][2] == collections.Counter({bp.CLASSIFIER: 5})
+    assert samples[106][2] == collections.Counter({bp.EVENT_LOOP: 1})
     cpu = {100: (100, "python", 0.8), 102: (100, "toolproxy-write", 0.2), 103: (100, "toolproxy-fsync", 0.0),
            101: (101, "python", 0.1), 104: (100, "uv-thread", 0.01), 105: (200, "python", 0.02)}
     us = bp.attribute(samples, cpu, 1000, {100})  # 1,000 requests: 1 s of CPU is 1,000 us per request

@@ -372,13 +372,13 @@ http {{
 NGINX_UPSTREAM_CONF = """
 worker_processes 1;
 worker_rlimit_nofile {nofile};
-pid {tmp}/nginx-up.pid;
-error_log {tmp}/nginx-up-error.log warn;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
 events {{ worker_connections {conns}; }}
 http {{
   access_log off;
-  client_body_temp_path {tmp}/body-up; proxy_temp_path {tmp}/proxy-up;
-  fastcgi_temp_path {tmp}/fcgi-up; uwsgi_temp_path {tmp}/uwsgi-up; scgi_temp_path {tmp}/scgi-up;
+  client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy;
+  fastcgi_temp_path {tmp}/fcgi; uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
   keepalive_requests 10000000;
   keepalive_timeout 300s;
   server {{
@@ -509,30 +509,27 @@ class Fleet:
     def nginx_upstream(self, reply: bytes, connections: int = 4096) -> int | None:
         """nginx answering every request with `reply` (no streaming); its port, or None when nginx
         is not installed."""
-        binary = nginx_binary()
-        if binary is None:
-            return None
-        port = _free_port()
-        for sub in ("body-up", "proxy-up", "fcgi-up", "uwsgi-up", "scgi-up"):
-            (self.tmp / sub).mkdir(exist_ok=True)
-        conf = self.tmp / "nginx-upstream.conf"
-        conf.write_text(NGINX_UPSTREAM_CONF.format(tmp=self.tmp, port=port, conns=connections, nofile=connections * 2 + 64,
-                                                   reply=reply.decode().replace("\\", "\\\\").replace("'", "\\'")))
-        self.roots[f"http://127.0.0.1:{port}"] = [self.spawn([binary, "-c", str(conf), "-g", "daemon off;"]).pid]
-        return port
+        text = reply.decode().replace("\\", "\\\\").replace("'", "\\'")  # as an nginx single-quoted string
+        return self._start_nginx("nginx-upstream", NGINX_UPSTREAM_CONF, connections, reply=text)
 
     def nginx(self, up_port: int, connections: int = 4096) -> str | None:
         """nginx proxy_pass with buffering off (Debian's `nginx`), or None when it is not installed."""
+        port = self._start_nginx("nginx-proxy", NGINX_CONF, connections, up=up_port)
+        return None if port is None else f"http://127.0.0.1:{port}"
+
+    def _start_nginx(self, name: str, template: str, connections: int, **fields) -> int | None:
+        """An nginx of `template` on a free port, its temporary files under a directory of its own; its port."""
         binary = nginx_binary()
         if binary is None:
             return None
         port = _free_port()
+        temp = self.tmp / name
         for sub in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
-            (self.tmp / sub).mkdir(exist_ok=True)
-        conf = self.tmp / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(tmp=self.tmp, up=up_port, port=port, conns=connections, nofile=connections * 2 + 64))
+            (temp / sub).mkdir(parents=True, exist_ok=True)
+        conf = temp / "nginx.conf"
+        conf.write_text(template.format(tmp=temp, port=port, conns=connections, nofile=connections * 2 + 64, **fields))
         self.roots[f"http://127.0.0.1:{port}"] = [self.spawn([binary, "-c", str(conf), "-g", "daemon off;"]).pid]
-        return f"http://127.0.0.1:{port}"
+        return port
 
     def tree(self, url: str) -> list[int]:
         """Every process serving `url`: its roots and their children (workers, the classifier)."""

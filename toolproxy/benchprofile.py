@@ -106,10 +106,12 @@ def read_samples(raw: str) -> dict[int, tuple[str, str, collections.Counter]]:
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        process, thread, *frames = stack.split(";")
-        m = _THREAD.search(thread)
-        if m is None:
+        parts = stack.split(";")
+        # The process's command line may hold a ';' of its own: the thread part is the first that reads as one.
+        at = next((i for i, part in enumerate(parts) if i and _THREAD.match(part)), None)
+        if at is None:
             continue
+        process, m, frames = ";".join(parts[:at]), _THREAD.match(parts[at]), parts[at + 1:]
         tid, name = int(m["tid"]), m["name"] or ""
         if "spawn_main" in process or "toolproxy.proxy.classifier" in process:
             part = CLASSIFIER
