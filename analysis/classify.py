@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 
-from toolproxy.analysis.outcomes import HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, UNPARSEABLE, VALID_CALL
+from toolproxy.analysis.outcomes import (HALLUCINATED, INVALID_ARGS, MODEL_STOPPED, NON_RESPONSE, PROSE, STOP_STRING,
+                                        UNPARSEABLE, VALID_CALL)
 from toolproxy.analysis.protocols import read_reply
 from toolproxy.analysis.textparse import parsed_text
 from toolproxy.calls import Validation, parse_arguments, validate_call
@@ -74,8 +75,14 @@ def refusal(status: int, message: str | None) -> bool:
     return _REFUSAL_5XX.search(message) is not None
 
 
-def non_response(reply: Reply | None, status: int | None, error_kind: str | None) -> tuple[str, str] | None:
-    """(sub_kind, detail) when no model output reached the harness, else None. The first step of that order."""
+def non_response(reply: Reply | None, status: int | None, error_kind: str | None, stops: Sequence[str] = (),
+                 stack: Reply | None = None) -> tuple[str, str] | None:
+    """(sub_kind, detail) when no model output reached the harness, else None. The first step of that order.
+
+    `stops`: the stop strings the harness's request asked for; `stack`: the upstream's own reply
+    when a condition rewrote what the harness got (its token counts and stop reason are the
+    stack's word; `reply` stays what the harness got). Both only matter for an empty reply.
+    """
     has_output = reply is not None and reply.has_output
     if error_kind is not None and not has_output:
         kind = _ERROR_KINDS.get(error_kind)
@@ -100,12 +107,55 @@ def non_response(reply: Reply | None, status: int | None, error_kind: str | None
     if not has_output:
         if reply.streamed and not reply.complete:
             return "truncated", "stream ended before any content"
-        if reply.completion_tokens:
-            # The stack says the model generated tokens, yet none reached the harness: the model
-            # ran and the server ate its output (a parser that consumed the text, a filter).
-            return "swallowed", f"nothing delivered although the stack reports {reply.completion_tokens} completion tokens"
-        return "empty", "no content and no tool calls" if reply.n_choices else "no choices"
+        return empty_cause(reply, stops, stack)
     return None
+
+
+def empty_cause(reply: Reply, stops: Sequence[str] = (), stack: Reply | None = None) -> tuple[str, str]:
+    """Why a complete reply delivered nothing: (sub_kind, detail), from the evidence the record holds.
+
+    Three causes, told apart the same way on every protocol, streamed or not:
+    - `model_stopped`: the model emitted its end token first. The stack counts that one token (a
+      few more if it wrote only whitespace, which is delivered as such), or says `eos`.
+    - `stop_string`: a stop string the harness sent was the first thing the model wrote, and the
+      stack cut the reply there. The stack names the string (llama.cpp `stopping_word`, SGLang
+      `matched_stop`, Anthropic `stop_sequence`), or the request sent stop strings and the count
+      is no more than the longest of them could take (a token is at least one byte).
+    - `swallowed`: the stack reports more tokens than either accounts for: the model generated
+      text and the stack delivered none (a parser that consumed it, Ollama dropping a call to a
+      tool it was not offered). The only one of the three that is a serving failure.
+    Without a token count or a stop reason nothing tells them apart: `empty`.
+    """
+    src = stack if stack is not None else reply
+    tokens = src.completion_tokens if src.completion_tokens is not None else reply.completion_tokens
+    said = src.stop_type or reply.stop_type
+    word = src.stop_word or reply.stop_word
+    blank = len((reply.content or "").encode()) + len((reply.reasoning_content or "").encode())
+    candidates = [word] if word else list(stops)
+    if tokens is None or tokens == 0 and said is None:
+        if said == "eos":
+            return MODEL_STOPPED, "the model ended its turn at once: the stack says it stopped at its end token, with no text"
+        if said == "word":
+            return STOP_STRING, f"a stop string the harness sent cut the reply before any text{_which(word)}"
+        return "empty", "no content and no tool calls" if reply.n_choices else "no choices"
+    if said != "word" and tokens <= blank + 1:
+        return MODEL_STOPPED, (f"the model ended its turn at once: {_tokens(tokens)}, its end token"
+                               + (" and whitespace" if blank else "") + ", and no text")
+    if said != "eos" and candidates and tokens <= blank + max(len(w.encode()) for w in candidates) + 1:
+        if said == "word":
+            return STOP_STRING, f"a stop string the harness sent cut the reply before any text{_which(word)} ({_tokens(tokens)})"
+        return STOP_STRING, (f"a stop string the harness sent cut the reply before any text: it asked to stop at "
+                             f"{', '.join(repr(c) for c in candidates)}, and {_tokens(tokens)} are no more than that accounts for")
+    return "swallowed", (f"nothing delivered although the stack reports {_tokens(tokens)}, more than an end token"
+                         + (" or the stop strings sent" if candidates else "") + " accounts for")
+
+
+def _tokens(n: int) -> str:
+    return f"{n} completion token{'s' if n != 1 else ''}"
+
+
+def _which(word: str | None) -> str:
+    return f": {word!r}" if word else ""
 
 
 def classify(
@@ -117,6 +167,8 @@ def classify(
     call_surface: str = "native",
     tool_names: list[str] | None = None,
     tool_set: str | None = None,
+    stops: Sequence[str] = (),
+    stack_reply: Reply | None = None,
     protocol: str | None = None,
 ) -> Classification:
     """The outcome of one attempt.
@@ -126,11 +178,12 @@ def classify(
     "constrained" when they came from schema-constrained output. `tool_names` may be passed when
     the caller already has the offered names (it caches them per tool set), and `tool_set` (the
     tools array's content hash) lets validation results be reused across attempts: harnesses
-    resend the same tools, and looping agents the same call, many times. `protocol`: the prompt
-    protocol the request was read under (analysis.protocols); calls in the reply text are then read
-    by its rules and have the surface "prompt" (the harness asked for them there and parses them).
+    resend the same tools, and looping agents the same call, many times. `stops` and `stack_reply`
+    say why an empty reply was empty (see empty_cause). `protocol`: the prompt protocol the request
+    was read under (analysis.protocols); calls in the reply text are then read by its rules and
+    have the surface "prompt" (the harness asked for them there and parses them).
     """
-    nr = non_response(reply, status, error_kind)
+    nr = non_response(reply, status, error_kind, stops, stack_reply)
     if nr is not None:
         return Classification(NON_RESPONSE, sub_kind=nr[0], detail=nr[1])
     assert reply is not None

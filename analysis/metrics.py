@@ -124,10 +124,11 @@ class RunMetrics:
     non_response_retries: dict[str, int]
 
 
-def by_run(rows: list[tuple]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
+def by_run(rows: list[tuple], int_values: bool = True) -> dict[str, dict]:
+    """(run, key, value) rows -> {run: {key: value}}, values as ints unless told otherwise."""
+    out: dict[str, dict] = {}
     for run, key, n in rows:
-        out.setdefault(run, {})[key] = int(n)
+        out.setdefault(run, {})[key] = int(n) if int_values else n
     return out
 
 

@@ -6,7 +6,7 @@ and the reports that count it; kept apart from classify so a report does not loa
 # from the stored raw bodies when the store was analysed under another version, so old and new
 # rules are never mixed. The rule: bump it in the same commit as any change to classification
 # (classify.py, the call parsers), to turns/episodes/roles (turns.py) or to what a metric counts.
-ANALYZER_VERSION = 4
+ANALYZER_VERSION = 5
 
 NON_RESPONSE = "non_response"
 HALLUCINATED = "hallucinated_call"
@@ -17,8 +17,38 @@ PROSE = "prose"
 # In the order classification decides them.
 OUTCOMES = (NON_RESPONSE, HALLUCINATED, INVALID_ARGS, VALID_CALL, UNPARSEABLE, PROSE)
 # Why nothing reached the harness. A turn the harness retried keeps its cause (the last attempt's);
-# the number of attempts is kept beside it, so retries never hide a refusal.
-SUB_KINDS = ("refused", "http_4xx", "http_5xx", "timeout", "connect", "swallowed", "empty", "truncated")
+# the number of attempts is kept beside it, so retries never hide a refusal. The serving layer's
+# failures first; then the two empty replies that are nobody's failure in the serving layer: the
+# model ended its turn at once (its end token, no text), or a stop string the harness itself sent
+# cut the reply before any text. Those count where the original study counts an empty model turn
+# (a non-response, out of every fidelity denominator) but are never blamed on the server.
+MODEL_STOPPED = "model_stopped"
+STOP_STRING = "stop_string"
+SUB_KINDS = ("refused", "http_4xx", "http_5xx", "timeout", "connect", "swallowed", "empty", "truncated",
+             MODEL_STOPPED, STOP_STRING)
+# The sub-kinds of a complete 200 reply that held nothing (a harness may write that nothing into
+# its history, and its next request continues from it).
+EMPTY_REPLIES = frozenset({"empty", "swallowed", MODEL_STOPPED, STOP_STRING})
+# Whose a non-response is: the serving layer's (the model never ran, or its output was lost), the
+# model's, or the harness's. `empty` says nothing either way (no token count, no stop reason).
+SERVING, MODEL, HARNESS, UNKNOWN = "serving layer", "model", "harness", "unknown"
+NON_RESPONSE_OWNER = {
+    "refused": SERVING, "http_4xx": SERVING, "http_5xx": SERVING, "timeout": SERVING, "connect": SERVING,
+    "swallowed": SERVING, "truncated": SERVING, "empty": UNKNOWN, MODEL_STOPPED: MODEL, STOP_STRING: HARNESS,
+}
+# Each cause in words, for the report's notes, `show` and the live page.
+NON_RESPONSE_WORDS = {
+    "refused": "the stack refused the request before the model ran",
+    "http_4xx": "the stack answered an HTTP 4xx error",
+    "http_5xx": "the stack answered an HTTP 5xx error",
+    "timeout": "no answer in time",
+    "connect": "the stack could not be reached",
+    "swallowed": "the model generated text the stack did not deliver",
+    "empty": "an empty reply with nothing in the record to say why",
+    "truncated": "the stream was cut before any content",
+    MODEL_STOPPED: "the model ended its turn at once (its end token, no text)",
+    STOP_STRING: "a stop string the harness sent cut the reply before any text",
+}
 
 # What a produced turn was for (non-responses have no role: the model's output never arrived).
 NO_TOOLS = "no_tools"
@@ -29,3 +59,13 @@ OPEN = "open"
 ROLES = (CALL, ANSWER, ABSTAIN, OPEN, NO_TOOLS)
 # What an item expects, from its `expect` tag or an analyst's rule.
 EXPECTATIONS = ("call", "none")
+
+
+def whose(sub_kind: str | None) -> str:
+    """Whose a non-response is, in words: a serving failure, or the model's or harness's doing."""
+    owner = NON_RESPONSE_OWNER.get(sub_kind or "", UNKNOWN)
+    if owner == SERVING:
+        return "a serving failure"
+    if owner == UNKNOWN:
+        return "nothing in the record says whose"
+    return f"the {owner}'s doing, not a serving failure"

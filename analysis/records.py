@@ -23,6 +23,7 @@ from toolproxy.analysis import harnesses
 from toolproxy.analysis.bodies import decode_body, header
 from toolproxy.analysis.classify import classify
 from toolproxy.analysis.columns import Columns, share_strings
+from toolproxy.analysis.probes import probe_of
 from toolproxy.analysis.protocols import read_prompt, reply_message
 from toolproxy.analysis.tables import CALLS, EXCHANGES
 from toolproxy.analysis.turns import UNTAGGED_RUN, call_signature, conversation_keys
@@ -32,7 +33,8 @@ from toolproxy.record.model import Record
 from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.record.segments import BODIES_AS_RECORDED, parse_line
 from toolproxy.stacks.markers import detect
-from toolproxy.wire import OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Request, decode, family_of, read_request, tool_names
+from toolproxy.wire import (OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Request, decode, family_of, read_request,
+                           stop_strings, tool_names)
 
 EXCHANGE_TYPES = {name: sql_type for name, sql_type in EXCHANGES.types.items() if name not in ("turn_id", "analyzer_version")}
 _EXCHANGE_VALUES = operator.itemgetter(*EXCHANGE_TYPES)
@@ -155,10 +157,12 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     path = _given(rec.get("path"), "")
     # A sampled-out exchange's stub (record/sampling.py) is counted, never analysed as a turn.
     kind = family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
-    is_attempt = kind is not None
     condition = _given(rec.get("condition"), "native")
     rewritten = rec.get("upstream_request") is not None
-    req, request = _request(rec, kind) if is_attempt else (None, None)
+    req, request = _request(rec, kind) if kind is not None else (None, None)
+    # A harness's capability probe asks the model, but is no turn of its task (analysis.probes).
+    probe = probe_of(kind, req)
+    is_attempt = kind is not None and probe is None
     messages = request.messages if request is not None else []
     tools = request.tools if request is not None and request.tools else None
     # A request without tools may still offer some in its prompt (dspy, ReAct text loops, code
@@ -205,7 +209,8 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         c = classify(
             view, status=view_status, error_kind=rec.get("error_kind"), tools=tools,
             call_surface=_REWRITTEN_SURFACE.get(condition, "native") if rewritten else "native", tool_names=names,
-            tool_set=tool_hash, protocol=protocol,
+            tool_set=tool_hash, protocol=protocol, stops=stop_strings(req),
+            stack_reply=upstream_reply if upstream_reply is not view else None,
         )
         outcome, sub_kind, surface, saw_prose = c.outcome, c.sub_kind, c.surface, c.harness_saw_prose
         n_calls = len(c.calls)
@@ -259,6 +264,8 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         "classification_detail": None,
         "extra": rec.get("extra") or None,
     }
+    if probe is not None:
+        record_meta["probe"] = probe
     if view is not None and outcome == "non_response":
         record_meta["classification_detail"] = c.detail
     if kind == RESPONSES:

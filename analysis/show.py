@@ -6,6 +6,7 @@ import textwrap
 
 import orjson
 
+from toolproxy.analysis.outcomes import NON_RESPONSE, whose
 from toolproxy.analysis.records import _request
 from toolproxy.printable import printable
 from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
@@ -36,6 +37,21 @@ def _content(value) -> str:
     if isinstance(value, str):
         return value
     return orjson.dumps(value).decode()
+
+
+def _upstream_text(e: dict, calls: list[tuple]) -> list[str]:
+    """What the stack wrote, beside what the harness got, in the words of what the condition did
+    with it: turned it into calls, passed it on as text, or left the reply alone (it rewrote the
+    request only, as `hint` does)."""
+    condition = e["condition"]
+    if e["client_body"] is None:
+        return [f"  (the {condition} condition rewrote only the request: the harness got this reply as the stack sent it)"]
+    made = [c for c in calls if c[4] == "tool_calls" and c[3] != "native"]
+    if made:
+        said = f"before the {condition} condition turned it into {len(made)} tool call{'s' if len(made) != 1 else ''}"
+    else:
+        said = f"the {condition} condition found no call in it and passed it on as text"
+    return [f"  upstream's raw text ({said}):", _clip(e["upstream_content"])]
 
 
 def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
@@ -108,8 +124,7 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
     if e["finish_reason"]:
         out.append(f"  finish_reason: {e['finish_reason']}")
     if e["upstream_content"] is not None:
-        out.append("  upstream's raw text (before the condition turned it into tool_calls):")
-        out.append(_clip(e["upstream_content"]))
+        out += _upstream_text(e, calls)
 
     out += ["", "== classification"]
     if e["is_attempt"]:
@@ -118,7 +133,8 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
         out.append(f"  outcome: {kind}  surface: {e['surface'] or '-'}"
                    f"{'  HARNESS SAW PROSE: the call was in text, no tool parser extracted it' if e['harness_saw_prose'] else ''}")
         if meta.get("classification_detail"):
-            out.append(f"  why: {meta['classification_detail']}")
+            owner = f" ({whose(e['sub_kind'])})" if e["outcome"] == NON_RESPONSE else ""
+            out.append(f"  why{owner}: {meta['classification_detail']}")
         for idx, name, args, surface, fmt, offered, validated, valid, errors in calls:
             verdict = "valid" if valid else ("NOT OFFERED" if not offered else "INVALID")
             if valid and not validated:

@@ -116,6 +116,9 @@ class RunSummary(RunMetrics):
     looping_episodes: int
     replay_of: str | None = None  # the run whose turns this run replays (toolproxy replay)
     sampling: Sampling | None = None  # recorded with `serve --sample`: the rate and estimated totals
+    # Per non-response cause, what the record said of its latest turn (the stack's error message,
+    # or the analyzer's why): "refused" -> "tools param requires --jinja flag".
+    non_response_causes: dict[str, str] = field(default_factory=dict)
 
     @property
     def outcome_shares(self) -> dict[str, float | None]:
@@ -191,6 +194,11 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
     """).fetchall())
     metrics = run_metrics(con, runs, resamples=resamples, seed=seed)
     sampled = sampling_by_run(con)
+    causes = by_run(con.execute("""
+        select t.run, t.sub_kind, arg_max(json_extract_string(e.record, '$.classification_detail'), e.started_at)
+        from scored t join exchanges e on e.id = t.final_exchange_id
+        where t.outcome = 'non_response' and t.sub_kind is not null group by all
+    """).fetchall(), int_values=False)
 
     summaries = []
     for run in runs:
@@ -205,7 +213,7 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
             turns=int(turns), episodes=int(episodes), outcomes={k: 0 for k in OUTCOMES} | outcomes.get(run, {}),
             calls=int(calls), text_calls=int(text_calls), harness_saw_prose=int(saw_prose),
             valid_seen_as_prose=int(valid_prose), looping_episodes=int(looping), replay_of=replays.get(run),
-            sampling=sampled.get(run),
+            sampling=sampled.get(run), non_response_causes={k: v for k, v in causes.get(run, {}).items() if v},
         ))
     return Report(runs=summaries, source=source, seed=seed, resamples=resamples,
                   analyzer_version=stored_version(con), expect_rules=[str(r) for r in rules])

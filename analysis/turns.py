@@ -37,7 +37,7 @@ from toolproxy.analysis import harnesses
 from toolproxy.analysis.columns import share_strings
 from toolproxy.analysis.echoes import echoed_calls
 from toolproxy.analysis.expect import Rule, expectation
-from toolproxy.analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE, PROSE, VALID_CALL
+from toolproxy.analysis.outcomes import ANALYZER_VERSION, EMPTY_REPLIES, NON_RESPONSE, PROSE, VALID_CALL
 from toolproxy.analysis.tables import EPISODES, TURNS
 from toolproxy.gcpause import gc_paused
 
@@ -55,10 +55,8 @@ _SEP = re.compile(r"[_-]")
 _OBSERVATION = re.compile(r"(?m)^\s*Observation:")
 _RESULT_ROLES = frozenset(("tool", "function", "ipython"))
 _RESULT_PARTS = frozenset(("tool_result", "function_call_output"))
-# The signature an echo of an empty reply carries, and the non-response kinds of a reply that came
-# back with nothing in it (a harness may write that nothing into its history).
+# The signature an echo of an empty reply carries (outcomes.EMPTY_REPLIES: the kinds of such a reply).
 EMPTY_ECHO = "empty"
-EMPTY_KINDS = frozenset({"empty", "swallowed"})
 
 
 def _digest(data: bytes) -> bytes:
@@ -362,7 +360,7 @@ def chain_keys(a: Attempt) -> list[str]:
     keys += a.reply_keys
     if a.state_hash and a.call_signature:
         keys.append(echo_key(a.state_hash, a.call_signature))
-    elif a.state_hash and a.outcome == NON_RESPONSE and a.sub_kind in EMPTY_KINDS:
+    elif a.state_hash and a.outcome == NON_RESPONSE and a.sub_kind in EMPTY_REPLIES:
         keys.append(echo_key(a.state_hash, EMPTY_ECHO))
     if a.state_hash:
         keys.append(dropped_key(a.state_hash))

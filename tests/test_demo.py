@@ -30,6 +30,10 @@ def test_demo_records_analyzes_and_reports(tmp_path):
     assert headline("ollama-gemma") == ["rej"] * 6 + ["100%"]
     assert "0% [0-0]" not in out
     assert "lost in the serving layer: calls left in text" in out
+    # The line per run says the same: the lost calls, and rej with the stack's own words.
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines() if line.startswith("  run ")}
+    assert "delivered 0% [" in lines["run sglang-noparser"] and "valid calls left in text, lost in serving" in lines["run sglang-noparser"]
+    assert ": rej: every one a non-response" in lines["run vllm-default"] and "--enable-auto-tool-choice" in lines["run vllm-default"]
     # compare agrees: the broken arm never wins (it won 4-0 when calls left in text counted).
     compare = out[out.index("$ toolproxy compare sglang-noparser sglang-text"):]
     assert "metric delivered" in compare

@@ -49,7 +49,8 @@ async def run(fake, model_name, tmp_path, **kw):
          "serving_layer", 1, ['HTTP 500 "Failed to parse input at pos 0', "did not match the tool-call format"],
          ["--chat-template-file"]),
         ("ollama", {}, "qwen2.5:7b", call("get_time", {}), "serving_layer", 1,
-         ["EMPTIED by the serving layer", "drops a call to a tool name that was not offered"], ["--condition text"]),
+         ["EMPTIED by the serving layer", "The model ran: nothing delivered although the stack reports",
+          "drops a call to a tool name that was not offered"], ["--condition text"]),
         # 2. accepted, but the call came back as text
         ("sglang", {}, "Qwen/Qwen2.5-7B-Instruct", call("get_weather", PARIS), "parser", 2,
          ["the call came back as TEXT", "Hermes/Qwen `<tool_call>", 'get_weather({"city": "Paris"}) and the call itself is valid'],
@@ -71,10 +72,14 @@ async def run(fake, model_name, tmp_path, **kw):
          ['NO CALL: the model answered in prose: "I cannot check live weather, sorry."'], ["--condition hint"]),
         ("openai", {}, "gpt-4o-mini", call("get_weather", {"town": "Paris"}), "model", 3,
          ["INVALID CALL", "'city' is a required property"], ["--condition constrained"]),
+        # the model emitted its end token first (Qwen2.5-Coder-0.5B on llama.cpp does): nothing was lost in serving
+        ("llamacpp", {}, "qwen", text(""), "model", 3,
+         ["NO OUTPUT: the model ended its turn at once: 1 completion token, its end token, and no text",
+          "the model's doing, not the server's"], ["--condition hint"]),
     ],
     ids=["ollama-refuses", "vllm-refuses", "llamacpp-no-jinja", "llamacpp-parse-500", "ollama-drops-unknown-tool",
          "sglang-no-parser", "vllm-fenced-json", "vllm-wrong-parser", "lmstudio-text", "llamacpp-text",
-         "llamacpp-other-format", "model-prose", "model-invalid"],
+         "llamacpp-other-format", "model-prose", "model-invalid", "model-stopped-at-once"],
 )
 async def test_verdict_per_stack(fake_stack, tmp_path, kind, options, model_name, reply, at_fault, step, says, fix):
     fake = fake_stack(kind, responder=model(reply), **options)

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -297,8 +298,22 @@ def every_exchange_recorded_once_and_counted(fake, proxy, probes, answers):
 
 
 def log_lines_inert(proxy, probes):
+    """serve's line per exchange is printed by the live classifier once it has dealt with the
+    exchange (classified it, or counted it without): wait for that, then every exchange has one.
+    The classifier only runs on CPU nothing else wants, so on a busy machine that takes a while."""
+    deadline = time.monotonic() + 180
+    while True:
+        with urllib.request.urlopen(proxy.url + "/_toolproxy/live?limit=1", timeout=10) as r:
+            live = orjson.loads(r.read())
+        dealt = live["classified"] + live["failures"] + sum(live["unclassified"].values())
+        if dealt >= live["observed"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)  # the classifier prints a slice's lines once the slice is counted
     lines = "".join(proxy.stdout)
     assert len(lines.splitlines()) > len(probes) / 2
+    outcomes = [line for line in lines.splitlines() if not line.startswith("toolproxy ") and " -> " in line]
+    assert len(outcomes) == live["observed"], replay(f"{live['observed']} exchanges, {len(outcomes)} lines with an outcome")
     assert inert(lines), replay("serve printed raw control characters: " + repr(
         next(line for line in proxy.stdout if not inert(line))))
 

@@ -332,26 +332,38 @@ def test_memory_is_bounded():
     assert view.report()["broken"] == "the classifier process is not running"
 
 
+def _classified(view: LiveView, n: int) -> dict:
+    """Start the view, wait (at most 30 s) until it has classified n records, stop it: its report."""
+    view.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (rep := view.report())["classified"] < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        view.stop()
+    return rep
+
+
 def test_the_inbox_is_bounded_in_bytes_too():
     """Long contexts waiting for a starved classifier hold at most inbox_bytes (and always the
     newest record); the ones let go are counted, and what is kept is classified."""
     view = LiveView(inbox=1000, inbox_bytes=250_000)
-    big = "x" * 100_000
+
+    def long(i: int, chars: int, run: str = "r") -> Record:
+        rec = _rec(i, run=run)
+        rec.request_body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * chars}]})
+        return rec
+
     for i in range(10):
-        rec = _rec(i)
-        rec.request_body = json.dumps({"model": "m", "messages": [{"role": "user", "content": big}]})
+        rec = long(i, 100_000)
         view.observe(rec, encode_record(rec) if i % 2 else None)  # with its line, or the feeder encodes it
     assert len(view._inbox) == 2 and view._inbox_bytes <= 250_000
-    view.observe(_rec(10, run="huge"), b"y" * 400_000)  # larger than the bound alone: kept, the rest go
+    huge = long(10, 400_000, run="huge")
+    view.observe(huge, encode_record(huge))  # larger than the bound alone: kept, the rest go
     assert [entry[0][0] for entry in view._inbox] == ["huge"]
-    view.start()
-    try:
-        deadline = time.monotonic() + 30
-        while (rep := view.report())["classified"] + rep["failures"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        view.stop()
-    assert rep["observed"] == 11 and rep["unclassified"] == {"behind": 10} and rep["pending"] == 0, rep
+    rep = _classified(view, 1)
+    assert rep["observed"] == 11 and rep["classified"] == 1 and rep["unclassified"] == {"behind": 10}, rep
+    assert rep["pending"] == 0 and list(rep["runs"]["huge"]["outcomes"].values()) == [1]
 
 
 def test_counted_when_behind_or_spilled():
@@ -360,13 +372,7 @@ def test_counted_when_behind_or_spilled():
     for i in range(6):
         view.observe(_rec(i, run="busy", status=200 if i % 2 else 502))
     view.observe(_rec(9, run="big"), None, False)
-    view.start()
-    try:
-        deadline = time.monotonic() + 30
-        while (rep := view.report())["classified"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        view.stop()
+    rep = _classified(view, 2)
     assert rep["observed"] == 7 and rep["classified"] == 2 and rep["pending"] == 0, rep
     assert rep["unclassified"] == {"behind": 4, "large": 1}
     busy, big = rep["runs"]["busy"], rep["runs"]["big"]
@@ -374,6 +380,19 @@ def test_counted_when_behind_or_spilled():
     assert busy["unclassified"] == {"behind": 4} and sum(busy["outcomes"].values()) == 2
     assert big == {**big, "exchanges": 1, "by_status_class": {"2xx": 1}, "unclassified": {"large": 1}, "outcomes": {}}
     assert busy["first"] == 1000.0 and busy["last"] == 1005.0
+
+
+def test_a_run_tag_that_is_not_unicode_is_counted_under_its_stored_name():
+    """A header's odd bytes arrive as surrogate escapes; an exchange counted without being
+    classified (its body spilled) is sent to the classifier as JSON all the same, under the name
+    its record line stores, and the feeder goes on (it died there, and every later exchange went
+    unclassified)."""
+    view = LiveView()
+    view.observe(_rec(1, run="caf\udce9"), None, False)
+    view.observe(_rec(2, run="plain"))
+    rep = _classified(view, 1)
+    assert rep["classified"] == 1 and rep["broken"] is None and rep["unclassified"] == {"large": 1}, rep
+    assert rep["runs"]["caf\xe9"]["unclassified"] == {"large": 1}
 
 
 MERGE_CASES = [
@@ -545,8 +564,13 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
         row = rows[run]
         shown = [int(x.replace(",", "")) for x in row[1:6]]
         assert shown == [counts["exchanges"], *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none"))]
-        assert _shown_outcomes(row[7]) == counts["outcomes"]
-        assert int(row[8].replace(",", "")) == counts["calls"]
+        assert _shown_outcomes(row[9]) == counts["outcomes"]
+        assert int(row[10].replace(",", "")) == counts["calls"]
+        h = counts["headline"]
+        if h["verdict"]:  # every exchange a non-response: rej and its cause, never a rate
+            assert (row[7], row[8]) == ("rej", h["cause"])
+        else:
+            assert (row[7], row[8]) == (h["call"], h["delivered"] + (f" · {h['lost']} lost in text" if h["lost"] else ""))
     assert sum(int(r[1].replace(",", "")) for r in rows.values()) == stats["exchanges"]
 
     # `analyze`, then its report: per run, the turns and outcomes the page showed (every exchange
@@ -559,7 +583,7 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
     report = {run["run"]: run for run in json.loads(r.stdout)["runs"]}
     assert set(report) == set(rows)
     for run, row in rows.items():
-        shown = _shown_outcomes(row[7])
+        shown = _shown_outcomes(row[9])
         by_outcome: dict[str, int] = {}
         for key, n in shown.items():
             by_outcome[key.split("/")[0]] = by_outcome.get(key.split("/")[0], 0) + n
@@ -567,7 +591,13 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
         assert by_outcome == {k: n for k, n in rep["outcomes"].items() if n}, (run, shown, rep["outcomes"])
         assert sum(shown.values()) == rep["turns"] == int(row[1].replace(",", ""))
         assert {k.split("/")[1]: n for k, n in shown.items() if k.startswith("non_response/")} == rep["non_response_kinds"]
-        assert int(row[8].replace(",", "")) == rep["calls"]
+        assert int(row[10].replace(",", "")) == rep["calls"]
+        # every exchange its own one-turn episode: the page's call and delivered are the report's
+        if rep["rejected"]:
+            assert row[7] == "rej"
+            continue
+        for cell, metric in ((row[7], "call_fidelity"), (row[8], "delivered_fidelity")):
+            assert f"({rep[metric]['numerator']}/{rep[metric]['denominator']})" in cell, (run, cell, rep[metric])
 
     # Filtered to one run and outcome, as a link to it would open it.
     shot = screenshot(f"{page}#run=beta&outcome=hallucinated_call", screens / "live-filtered.png", 1400, 1000, wait_ms=5000)

@@ -55,6 +55,7 @@ def test_run_records_the_harness_and_exits_with_its_code(fake_stack, harness, tm
     assert records[0]["run"] == "r1" and records[0]["path"] == "/v1/chat/completions"
     assert records[0]["status"] == 200
     assert "run r1:" in done.stderr and "1 episodes" in done.stderr
+    assert "toolproxy run: the harness exited with code 3 (toolproxy run exits with it too)" in done.stderr
     assert (data / "reports" / "r1.html").is_file()
 
 
@@ -70,6 +71,8 @@ def test_print_env_points_every_client_at_the_tagged_proxy(tmp_path):
     assert env["OLLAMA_BASE_URL"].endswith(prefix + "/v1")  # pydantic-ai's ollama: provider wants the /v1 root
     assert env["TOOLPROXY_BASE_URL"].endswith(prefix)  # a script appends /episode=N/.../v1 to it
     assert env["OPENAI_API_KEY"] == "toolproxy-no-key"
+    # inspect-ai's openai-api/llm/MODEL exits 1 without a word unless both of its variables are set
+    assert env["LLM_API_KEY"] == "toolproxy-no-key" and env["LLM_BASE_URL"].endswith(prefix + "/v1")
     assert env["MSWEA_CONFIGURED"] == "true" and env["MSWEA_COST_TRACKING"] == "ignore_errors"  # mini-swe-agent runs unattended
     assert not (tmp_path / "d").exists()  # printing the environment creates nothing
 

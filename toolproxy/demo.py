@@ -160,6 +160,17 @@ def _run_cli(*args: str) -> None:
         raise click.ClickException(f"`toolproxy {args[0]}` failed (exit {proc.returncode})")
 
 
+def _run_lines(data_dir: Path) -> list[str]:
+    """Each run's line from the report's JSON, by the one definition `run` and the live page use."""
+    from toolproxy.analysis.runline import from_report
+
+    proc = subprocess.run([sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data_dir), "--format", "json"],
+                          text=True, capture_output=True)
+    if proc.returncode != 0:
+        raise click.ClickException(f"`toolproxy report` failed (exit {proc.returncode}): {proc.stderr.strip()}")
+    return [from_report(run).text() for run in json.loads(proc.stdout)["runs"]]
+
+
 def default_data_dir() -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "toolproxy-demo"
@@ -186,6 +197,9 @@ def demo(data_dir: Path | None, episodes: int) -> None:
         click.echo(f"  {sc.run:<16} {sc.story}\n  {'':<16} the harness saw -> {ends}")
     click.echo()
     _run_cli("analyze", "--data", str(data_dir))
+    click.echo("\nWhat toolproxy measured, a line per run (as `toolproxy run` prints it):")
+    for line in _run_lines(data_dir):
+        click.echo(f"  {line}")
     click.echo()
     _run_cli("report", "--data", str(data_dir))
     html = data_dir / "report.html"

@@ -20,12 +20,14 @@ BASE_URL_VARS: tuple[tuple[str, str, str], ...] = (
     ("OLLAMA_BASE_URL", "/v1", "pydantic-ai's ollama: models (Ollama's OpenAI-compatible endpoint)"),
     ("HOSTED_VLLM_API_BASE", "/v1", "litellm's hosted_vllm/ provider"),
     ("LM_STUDIO_API_BASE", "/v1", "litellm's lm_studio/ provider"),
-    ("LLM_BASE_URL", "/v1", "OpenHands-style harnesses"),
+    ("LLM_BASE_URL", "/v1", "OpenHands-style harnesses; inspect-ai's openai-api/llm/MODEL (with LLM_API_KEY)"),
 )
 
 # Set only when the harness's environment lacks them: the SDKs refuse to start without a key,
 # and the proxy does not need one (use serve's --upstream-key-env for a real upstream key).
-PLACEHOLDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+# inspect-ai's openai-api/SERVICE/MODEL reads SERVICE_BASE_URL and SERVICE_API_KEY and exits when
+# either is missing: LLM_* is the service name that both OpenHands-style harnesses and it read.
+PLACEHOLDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "LLM_API_KEY")
 PLACEHOLDER = "toolproxy-no-key"
 
 # Settings that keep common harnesses from reaching the internet or stopping for a person.

@@ -20,6 +20,7 @@ import click
 from aiohttp import web
 
 from toolproxy.harness import harness_env, tag_prefix
+from toolproxy.printable import printable
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 
@@ -110,21 +111,11 @@ def analyze_and_summarise(data_dir: Path, runs: list[str]) -> list[dict]:
     return json.loads(rep.stdout).get("runs", [])
 
 
-def _percent(metric: dict | None) -> str:
-    if not metric or metric.get("pooled") is None:
-        return "n/a"
-    lo, hi = metric.get("wilson_low"), metric.get("wilson_high")  # the pooled rate's own interval
-    ci = f" [{lo * 100:.0f}-{hi * 100:.0f}]" if lo is not None and hi is not None else ""
-    return f"{metric['pooled'] * 100:.0f}%{ci}"
-
-
 def one_line(run: dict) -> str:
-    """The run's numbers in one line: call and delivered fidelity side by side, then what failed."""
-    roles = run.get("roles") or {}
-    return (f"run {run['run']}: {run.get('episodes', 0)} episodes, {run.get('turns', 0)} turns "
-            f"({roles.get('call', 0)} due a call); call fidelity {_percent(run.get('call_fidelity'))}, "
-            f"delivered {_percent(run.get('delivered_fidelity'))}; "
-            f"non-responses {(run.get('outcomes') or {}).get('non_response', 0)}")
+    """The run's numbers in one line, as the report reads them (analysis.runline)."""
+    from toolproxy.analysis.runline import from_report
+
+    return from_report(run).text()
 
 
 def write_html_report(data_dir: Path, runs: list[str], out: Path) -> Path | None:
@@ -163,6 +154,11 @@ def run(tags, print_env, no_analyze, command, **options):
     result = run_loop(run_harness(config, list(command), extra))
     if result.interrupted:
         click.echo("toolproxy run: harness interrupted; what it recorded is kept", err=True)
+    elif result.returncode != 0:
+        # A harness that fails at start (a missing key variable, a bad model name) may print
+        # nothing at all: say that it failed, so its silence is not read as success.
+        click.echo(f"toolproxy run: the harness exited with code {result.returncode} (toolproxy run exits with it too)",
+                   err=True)
     if not no_analyze:
         _summarise(config.data_dir, config.run)
     sys.exit(result.returncode)
@@ -191,7 +187,7 @@ def _summarise(data_dir: Path, run_name: str | None) -> None:
         click.echo(f"toolproxy run: {exc.message}", err=True)
         return
     for s in summaries:
-        click.echo(one_line(s), err=True)
+        click.echo(printable(one_line(s)), err=True)
     name = run_name or "all-runs"
     html = write_html_report(data_dir, runs, data_dir / "reports" / f"{name}.html")
     if html is not None:

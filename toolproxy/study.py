@@ -25,7 +25,8 @@ from toolproxy.harness import harness_env, tag_prefix
 from toolproxy.progress import Progress, duration
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
-from toolproxy.runner import _parse_tags, _percent, _run_child, run_loop, start_proxy, toolproxy_cli
+from toolproxy.analysis.runline import from_report
+from toolproxy.runner import _parse_tags, _run_child, run_loop, start_proxy, toolproxy_cli
 from toolproxy.printable import printable
 
 STUDY_DIR = "studies"
@@ -163,11 +164,6 @@ def _compare(data_dir: Path, a: str, b: str) -> dict | None:
     return json.loads(done.stdout) if done.returncode == 0 else None
 
 
-def _non_responses(run: dict) -> str:
-    kinds = run.get("non_response_kinds") or {}
-    return ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"
-
-
 def render(study: Study, reports: dict[str, dict], comparisons: dict[str, dict | None], html: Path | None) -> str:
     """The study as markdown: what ran, per run the two fidelities, and each condition against the first."""
     lines = [f"# Study {study.name}", "",
@@ -176,10 +172,13 @@ def render(study: Study, reports: dict[str, dict], comparisons: dict[str, dict |
              "| run | condition | status | episodes | call fidelity [95% CI] | delivered fidelity [95% CI] | non-responses |",
              "|---|---|---|---|---|---|---|"]
     for p in study.runs:
-        r = reports.get(p.run, {})
-        lines.append(f"| {p.run} | {p.condition} | {p.status} | {r.get('episodes', 0)} | "
-                     f"{_percent(r.get('call_fidelity'))} | {_percent(r.get('delivered_fidelity'))} | "
-                     f"{_non_responses(r) if r else '-'} |")
+        r = reports.get(p.run)
+        if r is None:
+            lines.append(f"| {p.run} | {p.condition} | {p.status} | 0 | - | - | - |")
+            continue
+        cells = from_report(r).cells()
+        lines.append(f"| {p.run} | {p.condition} | {p.status} | {r.get('episodes', 0)} | {cells['call']} | "
+                     f"{cells['delivered']} | {cells['cause'] or 'none'} |")
     if comparisons:
         lines += ["", f"Paired against {study.conditions[0]} over the same items (exact McNemar; "
                   "A = the first condition, B = the other):", "",

@@ -7,7 +7,7 @@ another.
 
 from __future__ import annotations
 
-from toolproxy.analysis.outcomes import ANALYZER_VERSION, ROLES
+from toolproxy.analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, ROLES, SERVING, UNKNOWN
 from toolproxy.analysis.stats import MIN_EPISODES, NO_SPREAD, TOO_FEW_EPISODES, Rate
 from toolproxy.analysis.summary import NON_RESPONSE_KINDS, Report, RunSummary
 
@@ -117,6 +117,21 @@ def kinds_text(kinds: dict[str, int], retries: dict[str, int] | None = None) -> 
     return ", ".join(f"{k} {kinds[k]}" + (f" (after {retries[k]} retries)" if retries.get(k) else "") for k in ordered)
 
 
+def causes_text(kinds: dict[str, int], retries: dict[str, int] | None = None) -> str:
+    """The non-responses by whose they are, each cause in words: "serving layer: refused 2 (the
+    stack refused the request before the model ran); model: model_stopped 1 (...)". An empty reply
+    the model or the harness made is never read as the server's failure."""
+    by_owner: dict[str, dict[str, int]] = {}
+    for k, n in kinds.items():
+        by_owner.setdefault(NON_RESPONSE_OWNER.get(k, UNKNOWN), {})[k] = n
+    parts = []
+    for owner, mine in sorted(by_owner.items(), key=lambda kv: (kv[0] != SERVING, kv[0] == UNKNOWN)):
+        text = kinds_text(mine, retries)
+        words = "; ".join(NON_RESPONSE_WORDS[k] for k in NON_RESPONSE_KINDS if k in mine)
+        parts.append(f"{owner if owner != UNKNOWN else 'cause unknown'}: {text}" + (f" ({words})" if words else ""))
+    return "; ".join(parts)
+
+
 def run_notes(s: RunSummary) -> list[str]:
     """What a reader must not miss about a run, in the order a diagnosis asks: did the serving
     layer refuse, did it lose calls in text, and only then what the model did."""
@@ -126,12 +141,13 @@ def run_notes(s: RunSummary) -> list[str]:
                      f"the replayed answers; each turn its own episode): `compare {s.replay_of} {s.run}` pairs them turn by turn")
     if s.sampling is not None:
         notes.append(sampled_note(s))
-    kinds = kinds_text(s.non_response_kinds, s.non_response_retries)
+    kinds = causes_text(s.non_response_kinds, s.non_response_retries)
     if s.turns == 0:
         notes.append("no turns recorded")
     elif s.rejected:
+        served = all(NON_RESPONSE_OWNER.get(k) == SERVING for k in s.non_response_kinds)
         notes.append(f"every turn was a non-response ({kinds}): no metric is defined ({REJ}), "
-                     "the model's output never reached the harness")
+                     + ("the model's output never reached the harness" if served else "no turn produced output"))
     elif s.non_response_rate.numerator:
         notes.append(f"{s.non_response_rate.numerator} non-responses kept out of every metric ({kinds})")
     if s.lost_in_serving:

@@ -16,6 +16,7 @@ from toolproxy.analysis.details import TURN_COLUMNS, Count, PageDetails, Usage
 from toolproxy.analysis.report import comparison
 from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, KEPT, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct,
                                    rate_cell, provenance, report_notes, row)
+from toolproxy.analysis.outcomes import NON_RESPONSE_WORDS, whose
 from toolproxy.analysis.stats import Rate
 from toolproxy.analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
 
@@ -204,7 +205,7 @@ def _legend(report: Report) -> str:
                     for k in OUTCOMES)
     kinds = [k for k in _KIND_HATCH if any(s.non_response_kinds.get(k) for s in report.runs)]
     items += "".join(f'<li><span class="swatch hatch" style="--grey:{_KIND_HATCH[k][0]};--angle:{_KIND_HATCH[k][1] + 90}deg">'
-                     f'</span>non-response: {_e(k)}</li>' for k in kinds)
+                     f'</span>non-response: {_e(k)} ({_e(NON_RESPONSE_WORDS[k])}: {_e(whose(k))})</li>' for k in kinds)
     if any(s.valid_seen_as_prose for s in report.runs):
         items += '<li><span class="swatch seen_as_prose"></span>valid call the harness saw as prose (stack did not parse it)</li>'
     return f'<ul class="legend" aria-label="outcome colours">{items}</ul>'

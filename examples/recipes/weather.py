@@ -2,9 +2,18 @@
 
 The tool's result carries a fixed phrase, so an answer that repeats it shows the harness ran the
 tool and fed its result back to the model; the recipe checks look for exactly that.
+
+`WEATHER_CITY` picks the city asked about (Paris unless set). With `WEATHER_TRUTH_LOG` set to a
+file, every real execution of the tool and the harness's final answer are appended to it as JSON
+lines: the harness's own record of what it did, which examples/recipes/truth.py sets beside
+toolproxy's numbers.
 """
 
-QUESTION = "What is the weather in Paris right now? Use the get_weather tool."
+import json
+import os
+
+CITY = os.environ.get("WEATHER_CITY") or "Paris"
+QUESTION = f"What is the weather in {CITY} right now? Use the get_weather tool."
 SYSTEM = "You are a helpful assistant. Use a tool when one fits the question."
 DESCRIPTION = "Current weather for a city."
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
@@ -12,8 +21,16 @@ PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "descr
 RESULT_PHRASE = "sunny, 22 C"
 
 
+def _truth(event: str, **fields) -> None:
+    path = os.environ.get("WEATHER_TRUTH_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n")
+
+
 def get_weather(city: str) -> str:
     """Current weather for a city."""
+    _truth("tool", city=city)
     return f"weather-service: {RESULT_PHRASE} in {city}"
 
 
@@ -21,8 +38,10 @@ CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "descriptio
                                               "parameters": PARAMETERS}}
 
 
-def finish(answer: str | None, tool_ran: bool) -> None:
+def finish(answer, tool_ran: bool) -> None:
     """Print the harness's final answer and exit 0 only when the tool ran and an answer came back."""
+    answer = None if answer is None else str(answer)
+    _truth("answer", answer=answer, tool_ran=tool_ran)
     print(f"final answer: {answer!r}")
     if not tool_ran:
         raise SystemExit("the harness never ran get_weather (no valid call reached it)")

@@ -221,9 +221,10 @@ def test_real_llamacpp_smolagents_traffic_rebuilds_its_episodes(tmp_path):
     finally:
         con.close()
     # The first call stayed in the text, but smolagents parsed and ran it (the rebuilt episode's next
-    # request carries the result): delivered.
+    # request carries the result): delivered. The empty reply is smolagents' own stop string
+    # (`Observation:`, 3 completion tokens), not text the server ate.
     assert by_episode(rows) == [
-        [(0, "valid_call", None, 2, True), (1, "non_response", "swallowed", 4, False), (2, "invalid_args", None, 6, False)],
+        [(0, "valid_call", None, 2, True), (1, "non_response", "stop_string", 4, False), (2, "invalid_args", None, 6, False)],
         [(0, "hallucinated_call", None, 2, False), (1, "hallucinated_call", None, 4, False),
          (2, "non_response", "truncated", 6, False)],
     ]

@@ -41,7 +41,8 @@ def test_terminal_table_fits_100_columns_and_shows_rej(report):
     prose = " ".join(text.split())  # notes are wrapped to the width
     assert ("qwen-sglang: lost in the serving layer: calls left in text: 2 of 3 turns due a call held a valid call "
             "the harness never got as a call") in prose
-    assert "gemma-vllm: every turn was a non-response (refused 6)" in prose
+    assert ("gemma-vllm: every turn was a non-response (serving layer: refused 6 (the stack refused the request before "
+            "the model ran)): no metric is defined (rej), the model's output never reached the harness") in prose
     assert f"analyzer v{ANALYZER_VERSION}" in prose
     assert all(len(line) <= 100 for line in lines), "notes or legend wider than 100 columns"
 
@@ -127,7 +128,7 @@ def test_html_is_one_offline_file_with_both_charts(report):
                                               | {f"url({h})" for h in hatches} | {"url(#seen-prose)"})
     assert "qwen-native: non-response (timeout), 1 of 20 turns (5.0%)" in page
     assert "gemma-vllm: non-response (refused), 6 of 6 turns (100.0%)" in page
-    assert ">refused 100.0%</text>" in page and "non-response: http_5xx</li>" in page
+    assert ">refused 100.0%</text>" in page and "non-response: http_5xx (the stack answered an HTTP 5xx error: a serving failure)</li>" in page
     assert page.count("rej: every turn was a non-response") == 3  # gemma-vllm in the headline, call, delivered
     # qwen-sglang's two valid calls left in the text are striped over its valid-call segment
     assert re.findall(r'fill="url\(#seen-prose\)" class="segment"><title>([^:]+): (\d+) valid calls', page) == [("qwen-sglang", "2")]

@@ -47,6 +47,7 @@ class Check:
     trajectory: str | None = None  # a mini-swe-agent trajectory file whose submission must be `output`
     tags: tuple[str, ...] = ()  # --tag KEY=VALUE for toolproxy run
     rates: dict[str, float | None] = field(default_factory=lambda: FULL_FIDELITY)  # pooled rates in the report
+    episodes: int = 1  # episodes the report must count (one task: one episode; a probe is none)
 
 
 def script(name: str, *args: str) -> tuple[str, ...]:
@@ -62,6 +63,7 @@ CHECKS = [
     Check("pydantic-ai-ollama", "pydantic-ai", script("pydantic-ai.py", "ollama:qwen2.5:7b"), CHAT,
           ONE_CALL_THEN_ANSWER, stack="ollama"),
     Check("langchain-openai", "langchain-openai", script("langchain-openai.py"), CHAT, ONE_CALL_THEN_ANSWER),
+    Check("langgraph", "langgraph", script("langgraph-agent.py"), CHAT, ONE_CALL_THEN_ANSWER),
     Check("smolagents", "smolagents", script("smolagents-agent.py"), CHAT, {"call": 1, "answer": 1}),
     Check("mini-swe-agent", "mini-swe-agent",
           ("{bin}/mini", "-m", "openai/local", "-t", "What is the weather in Paris?", "--yolo", "--exit-immediately",
@@ -71,13 +73,21 @@ CHECKS = [
           ONE_CALL_THEN_ANSWER, stack="ollama"),
     Check("ollama", "ollama", script("ollama-python.py", "qwen2.5:7b"), OLLAMA, ONE_CALL_THEN_ANSWER, stack="ollama"),
     Check("anthropic", "anthropic", script("anthropic-sdk.py"), MESSAGES, ONE_CALL_THEN_ANSWER),
+    # inspect-ai's react agent ends by calling its submit tool: two calls. Under openai/ it first
+    # sends a probe request, recorded but not an episode.
+    Check("inspect-ai", "inspect-ai", script("inspect-ai.py", "openai-api/llm/local"), CHAT, {"call": 2}),
+    Check("inspect-ai-responses", "inspect-ai", script("inspect-ai.py", "openai/local"), RESPONSES, {"call": 2}),
+    # dspy's ReAct writes its tools into the prompt and sends none; read by its prompt protocol, its
+    # get_weather step is a call and its finish step the answer, and the extract step after it
+    # (no tools offered) a no_tools turn, all of one episode.
+    Check("dspy", "dspy", script("dspy-react.py"), CHAT, {"call": 1, "answer": 1, "no_tools": 1}),
     # BFCL scores the scripted model's placeholder arguments 0%; toolproxy must still see a valid
     # call per item. On irrelevance items (expect=none) both must agree the model did not abstain.
     Check("bfcl-simple", "bfcl-eval", script("bfcl.py", "--first", "3", "simple_python"), CHAT, {"call": 3},
-          output="Test completed: simple_python. 🎯 Accuracy: 0.00%", tags=("category=simple_python",)),
+          output="Test completed: simple_python. 🎯 Accuracy: 0.00%", tags=("category=simple_python",), episodes=3),
     Check("bfcl-irrelevance", "bfcl-eval", script("bfcl.py", "--first", "3", "irrelevance"), CHAT, {"abstain": 3},
           output="Test completed: irrelevance. 🎯 Accuracy: 0.00%", tags=("category=irrelevance", "expect=none"),
-          rates={"call_fidelity": None, "restraint": 0.0}),
+          rates={"call_fidelity": None, "restraint": 0.0}, episodes=3),
 ]
 
 
@@ -130,5 +140,6 @@ def test_recipe(check: Check, tmp_path: Path):
     assert report.returncode == 0, report.stderr
     (run,) = json.loads(report.stdout)["runs"]
     assert {k: v for k, v in run["roles"].items() if v} == check.roles
+    assert run["episodes"] == check.episodes
     assert {name: run[name]["pooled"] for name in check.rates} == check.rates
     assert run["outcomes"]["non_response"] == 0

@@ -43,6 +43,7 @@ def _tool(name: str, parameters: dict | None = None) -> dict:
 
 
 ASK = [{"role": "user", "content": "weather in Paris?"}]
+DSPY_STEP = "[[ ## next_thought ## ]]\n{next_thought}\n\n[[ ## next_tool_name ## ]]\n{next_tool_name}"
 AFTER_RESULT = ASK + [{"role": "tool", "tool_call_id": "1", "content": f"weather-service: {RESULT_PHRASE} in Paris"}]
 CASES = [
     ("asks for the weather", [CHAT_TOOL], ASK, ("get_weather", {"city": "Paris"})),
@@ -55,7 +56,19 @@ CASES = [
      ("bash", {"command": f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo '{ANSWER}'"})),
     ("BFCL: the first offered function", [_tool("area", SCHEMAS[1]), _tool("other")], ASK,
      ("area", {"n": 1, "x": 1.5, "ok": True})),
+    ("inspect-ai's react agent ends through submit", [CHAT_TOOL, _tool("submit")], AFTER_RESULT,
+     ("submit", {"answer": ANSWER})),
+    ("the city asked about", [CHAT_TOOL], [{"role": "user", "content": "What is the weather in Tokyo right now?"}],
+     ("get_weather", {"city": "Tokyo"})),
     ("no tools: prose", [], ASK, ANSWER),
+    ("dspy ReAct: a step chooses the tool in its fields", [], [{"role": "system", "content": DSPY_STEP}, *ASK],
+     "[[ ## next_thought ## ]]\nI need the weather.\n\n[[ ## next_tool_name ## ]]\nget_weather\n\n"
+     '[[ ## next_tool_args ## ]]\n{"city": "Paris"}\n\n[[ ## completed ## ]]\n'),
+    ("dspy ReAct: after the observation it finishes", [], [{"role": "system", "content": DSPY_STEP}, *AFTER_RESULT],
+     "[[ ## next_thought ## ]]\nI have the weather.\n\n[[ ## next_tool_name ## ]]\nfinish\n\n"
+     "[[ ## next_tool_args ## ]]\n{}\n\n[[ ## completed ## ]]\n"),
+    ("dspy ReAct: the extract step answers", [], [{"role": "system", "content": "[[ ## answer ## ]]\n{answer}"}, *AFTER_RESULT],
+     f"[[ ## reasoning ## ]]\nThe tool said so.\n\n[[ ## answer ## ]]\n{ANSWER}\n\n[[ ## completed ## ]]\n"),
 ]
 
 

@@ -23,6 +23,8 @@ import orjson
 
 from toolproxy.connection_errors import with_detail
 from toolproxy.checks.local import LocalProxy, check_target, local_proxy
+from toolproxy.analysis.classify import empty_cause
+from toolproxy.analysis.outcomes import MODEL_STOPPED, STOP_STRING
 from toolproxy.checks.reply import ProbeReply, call_problems
 from toolproxy.printable import printable
 from toolproxy.proxy.cli import key_from_env, upstream_key_option
@@ -125,9 +127,21 @@ def judge(fp: Fingerprint, control: ProbeReply, probe: ProbeReply, tools: list[d
         return Verdict([Step(1, s1, "fail", summary, fix, evidence),
                         _skipped(2, s2, "the model never ran"), _skipped(3, s3, "the model never ran")],
                        False, "serving_layer", EXIT_NOT_NATIVE)
-    if probe.empty:
+    cause = empty_cause(probe.message) if probe.empty else None
+    if cause is not None and cause[0] in (MODEL_STOPPED, STOP_STRING):
+        # Nothing was lost in the server: the model ended its turn before writing anything.
+        evidence["completion_tokens"] = probe.message.completion_tokens
+        return Verdict([Step(1, s1, "pass", f"accepted: {who} answered HTTP {probe.status} to a request with tools.",
+                             None, evidence),
+                        Step(2, s2, "pass", "nothing was generated to extract: no call was left in text."),
+                        Step(3, s3, "fail", f"NO OUTPUT: {cause[1]} (the model's doing, not the server's).", MODEL_FIX,
+                             {"finish_reason": probe.finish_reason})],
+                       False, "model", EXIT_NOT_NATIVE)
+    if cause is not None:
         summary = (f"EMPTIED by the serving layer: {who} accepted the request (HTTP {probe.status}) but returned "
                    f"no content and no tool calls (finish_reason {probe.finish_reason!r}).")
+        if cause[0] == "swallowed":
+            summary += f" The model ran: {cause[1]}."
         if fp.stack == "ollama":
             summary += " Ollama's tool parser drops a call to a tool name that was not offered and returns nothing."
         if probe.finish_reason == "tool_calls":

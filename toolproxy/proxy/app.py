@@ -65,6 +65,11 @@ def record_transform(sampler: Sampler | None, masker: Masker | None):
     return transform
 
 
+def _unless(printed_elsewhere: Callable[[Record], bool], log: Callable[[Record], str]) -> Callable[[Record], str | None]:
+    """The writer's line per record, except for the records another printer prints."""
+    return lambda rec: None if printed_elsewhere(rec) else log(rec)
+
+
 def fan_out(observers: list) -> Callable[..., None] | None:
     """The writer's one observe hook (record, its encoded line, classifiable), telling every
     observer (live view, OTLP) in turn."""
@@ -80,7 +85,8 @@ def fan_out(observers: list) -> Callable[..., None] | None:
 
 def make_state(config: ProxyConfig) -> ProxyState:
     """The state with its addons, in the order their hooks run (counters first: they see every flow)."""
-    live = LiveView() if config.live_page else None
+    # With the live page on, its classifier prints each exchange's line, with the outcome.
+    live = LiveView(log=None if config.quiet else log_line) if config.live_page else None
     otlp = SpanShipper(config.otlp_endpoint, content=config.otlp_content,
                        stack=lambda: state.stacks.detected_stack() if state.stacks is not None else config.condition_options.stack
                        ) if config.otlp_endpoint else None
@@ -91,7 +97,7 @@ def make_state(config: ProxyConfig) -> ProxyState:
         max_queue=config.max_queue,
         segment_bytes=config.segment_bytes,
         segment_seconds=config.segment_seconds,
-        log=None if config.quiet else log_line,
+        log=None if config.quiet else log_line if live is None else _unless(live.prints, log_line),
         observe=fan_out(observers),
     )
     state = ProxyState(config, writer)

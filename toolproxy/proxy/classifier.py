@@ -1,4 +1,5 @@
-"""The live page's classifier process: batches of written records in, answers to the page out.
+"""The live page's classifier process: batches of written records in, answers to the page out,
+and serve's line per exchange once it is classified.
 
 Started by `LiveView.start` as `python -m toolproxy.proxy.classifier RECORDS_FD QUERIES_FD SOCKET
 RECENT MAX_RUNS`, a fresh interpreter that imports only this module, the view's tally and the
@@ -17,7 +18,7 @@ from multiprocessing.connection import Connection, wait
 
 import orjson
 
-from toolproxy.proxy.live import SLICE, Tally
+from toolproxy.proxy.live import SLICE, Tally, print_lines
 
 
 def _answer_peer(listener: socket.socket, tally: Tally) -> None:
@@ -57,6 +58,21 @@ def _lowest_priority() -> None:
             pass
 
 
+def _log_lines(tally: Tally, lines: list[bytes], texts: list[str | None]) -> str:
+    """Classify each record, and serve's line for each that has one, with its outcome appended
+    (analysis.runline.exchange_text): the line says what the report will say of the exchange."""
+    from toolproxy.analysis.runline import exchange_text
+    from toolproxy.printable import printable
+
+    out = []
+    for line, text in zip(lines, texts):
+        summary = tally.add(line)
+        if text:
+            said = exchange_text(summary) if summary is not None else "not classified: the analyzer could not read it"
+            out.append(f"{text} -> {printable(said)}\n")
+    return "".join(out)
+
+
 def run(records: Connection, queries: Connection, socket_path: str | None, recent: int, max_runs: int) -> None:
     """The classifier process: batches of records in, answers to the page's questions out.
 
@@ -78,6 +94,7 @@ def run(records: Connection, queries: Connection, socket_path: str | None, recen
             listener.close()
             listener = socket_path = None
     lines: list[bytes] = []
+    texts: list[str | None] = []
     pos = 0
     try:
         while True:
@@ -98,12 +115,12 @@ def run(records: Connection, queries: Connection, socket_path: str | None, recen
                     return
                 else:
                     head, _, body = msg.partition(b"\n")
-                    tally.observed, counted = orjson.loads(head)
+                    tally.observed, counted, texts = orjson.loads(head)
                     tally.count({tuple(c[:4]): c[4:] for c in counted})
-                    lines, pos = body.split(b"\n"), 0
-            for line in lines[pos:pos + SLICE]:
-                if line:
-                    tally.add(line)
+                    lines, pos = [line for line in body.split(b"\n") if line], 0
+            printed = _log_lines(tally, lines[pos:pos + SLICE], texts[pos:pos + SLICE])
+            if printed:
+                print_lines(printed)
             pos += SLICE
     finally:
         if socket_path is not None:

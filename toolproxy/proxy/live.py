@@ -44,7 +44,7 @@ from typing import Any, Callable
 import orjson
 
 from toolproxy.proxy.children import sigint_ignored
-from toolproxy.record.model import Record, encode_record
+from toolproxy.record.model import Record, encode_record, stored_text
 
 INBOX = 1_000
 INBOX_BYTES = 1 << 20
@@ -62,6 +62,8 @@ OTHER_RUNS = "(other runs)"
 BEHIND = "behind"  # the classifier could not keep up
 LARGE = "large"  # a body was spilled to disk while it passed: too large to classify in memory
 UNENCODABLE = "unencodable"
+_WHY = {BEHIND: "the classifier is behind", LARGE: "a body too large to hold in memory",
+        UNENCODABLE: "the record could not be encoded again"}
 
 
 def status_class(status: int | None) -> str:
@@ -77,21 +79,37 @@ def _text(raw: bytes | None, problem: str | None) -> str:
     return text if len(text) <= BODY_CHARS else text[:BODY_CHARS] + f"\n... ({len(raw):,} bytes in all; `toolproxy show ID` after analyze has the rest)"
 
 
-def classify_record(rec: dict) -> tuple[dict, dict]:
-    """(summary row, detail) of one finished record (as written), by the analyzer's code."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Links:
+    """How an exchange joins its conversation (analysis.turns.conversation_keys): the key a later
+    request names it by, the keys it names, and the tool results it carries. With them the tally
+    sees a harness act on a call it was given only as text, as the report's delivered does."""
+
+    chain_hash: str | None = None
+    parent_hashes: tuple[str, ...] = ()
+    tool_results: int = 0
+
+
+def classify_record(rec: dict) -> tuple[dict, dict, Links]:
+    """(summary row, detail, links) of one finished record (as written), by the analyzer's code."""
     from toolproxy.analysis.bodies import decode_body, header
     from toolproxy.analysis.records import analyze_record
+    from toolproxy.analysis.runline import delivered_now
 
     analyzed = analyze_record(rec, "", 0)
     row = analyzed.exchange
     g = rec.get
     status = g("client_status") if g("client_status") is not None else g("status")
+    why = orjson.loads(row["record"]).get("classification_detail") if row["record"] else None
     summary = {
         "id": g("id"), "started_at": g("started_at"), "run": row["run"], "episode": g("episode"), "item": g("item"),
         "condition": row["condition"], "method": g("method"), "path": g("path"), "status": status,
         "duration_ms": g("duration_ms"), "error_kind": g("error_kind"), "model": row["model"],
         "outcome": row["outcome"], "sub_kind": row["sub_kind"], "surface": row["surface"], "n_calls": row["n_calls"],
+        "delivered": delivered_now(row["outcome"], row["harness_saw_prose"]),
+        "detail": why[:BODY_CHARS] if isinstance(why, str) else None,
     }
+    links = Links(row["chain_hash"], tuple(row["parent_hashes"] or ()), row["tool_results"] or 0)
     if g("client_body") is not None:
         response = _text(*decode_body(g("client_body"), g("client_body_encoding")))
     else:
@@ -107,7 +125,7 @@ def classify_record(rec: dict) -> tuple[dict, dict]:
         "calls": [{"name": c["name"], "arguments": (c["arguments_raw"] or "")[:BODY_CHARS], "surface": c["surface"],
                    "valid": c["valid"]} for c in analyzed.calls],
     }
-    return summary, detail
+    return summary, detail, links
 
 
 def outcome_key(summary: dict) -> str | None:
@@ -128,7 +146,9 @@ def brief(rec: Record) -> tuple:
     started_at). Plain values only: the inbox keeps this and the record's line, not the record,
     so the proxy's heap (and its garbage collector) does not carry records waiting for the view."""
     status = rec.client_status if rec.client_status is not None else rec.status
-    run = rec.run if rec.run not in (None, "") else UNTAGGED_RUN
+    # a run tag may hold any byte (a header): kept as its record line stores it, which is also the
+    # name the classifier sees, and which the feeder can send as JSON
+    run = stored_text(rec.run) if rec.run not in (None, "") else UNTAGGED_RUN
     return run, status_class(status), rec.error_kind, rec.started_at
 
 
@@ -143,12 +163,23 @@ class RunCounts:
     unclassified: Counter = dataclasses.field(default_factory=Counter)  # why -> exchanges counted, not classified
     calls: int = 0
     models: Counter = dataclasses.field(default_factory=Counter)
+    attempts: int = 0  # exchanges with a call attempt (valid or not, any surface)
+    valid: int = 0  # exchanges with a valid call
+    delivered: int = 0  # of those, the ones whose call reached the harness as a call
+    causes: dict = dataclasses.field(default_factory=dict)  # non-response sub-kind -> what the latest said
 
     def add(self, s: dict) -> None:
+        from toolproxy.analysis.runline import CALL_ATTEMPTS
+
         self._seen(1, s["started_at"], s["started_at"], status_class(s["status"]), s["error_kind"])
         if s["outcome"]:
             self.outcomes[outcome_key(s)] += 1
         self.calls += s["n_calls"] or 0
+        self.attempts += s["outcome"] in CALL_ATTEMPTS
+        self.valid += s["delivered"] is not None
+        self.delivered += s["delivered"] is True
+        if s["outcome"] == "non_response" and s["detail"]:
+            self.causes[s["sub_kind"]] = s["detail"][:300]
         if s["model"] and len(self.models) < 20:
             self.models[s["model"]] += 1
 
@@ -169,6 +200,7 @@ class RunCounts:
             "exchanges": self.exchanges, "first": self.first, "last": self.last, "calls": self.calls,
             "by_status_class": dict(self.by_status_class), "errors": dict(self.errors),
             "outcomes": dict(self.outcomes), "unclassified": dict(self.unclassified), "models": dict(self.models),
+            "attempts": self.attempts, "valid": self.valid, "delivered": self.delivered, "causes": dict(self.causes),
         }
 
 
@@ -185,6 +217,10 @@ class Tally:
         self.failures = 0
         self.last_failure: str | None = None
         self.unclassified: Counter = Counter()
+        # Valid calls given to the harness only as text, by the key its next request would name
+        # them by: (run, exchange id, tool results then). Bounded like the recent list.
+        self.in_text: collections.OrderedDict[str, tuple[str, str, int]] = collections.OrderedDict()
+        self.log = None  # set when this process prints serve's line per exchange (see _classifier)
 
     def _run(self, name: str) -> RunCounts:
         runs = self.runs
@@ -195,18 +231,43 @@ class Tally:
             counts = runs[name] = RunCounts()
         return counts
 
-    def add(self, line: bytes) -> None:
+    def add(self, line: bytes) -> dict | None:
+        """Classify one record and count it; its summary (None when the analyzer could not read it)."""
         try:
-            summary, detail = classify_record(orjson.loads(line))
+            summary, detail, links = classify_record(orjson.loads(line))
         except Exception as exc:  # noqa: BLE001 - a record the analyzer chokes on must not stop the view
             self.failures += 1
             self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
-            return
-        self._run(summary["run"]).add(summary)
+            return None
+        self._acted_on(links)
+        counts = self._run(summary["run"])
+        counts.add(summary)
+        if summary["delivered"] is False and links.chain_hash:
+            self.in_text[links.chain_hash] = (summary["run"], summary["id"], links.tool_results)
+            if len(self.in_text) > self.recent_max * 16:
+                self.in_text.popitem(last=False)
         self.recent[summary["id"]] = (summary, detail)
         if len(self.recent) > self.recent_max:
             self.recent.popitem(last=False)
         self.classified += 1
+        return summary
+
+    def _acted_on(self, links: Links) -> None:
+        """A request that continues a reply whose valid call was only in its text, carrying more
+        tool results than that request did: the harness parsed the call and ran it (the report's
+        delivered, analysis.turns.delivered). That call counts as delivered from now on."""
+        for key in links.parent_hashes:
+            found = self.in_text.pop(key, None)
+            if found is None:
+                continue
+            run, exchange_id, results = found
+            if links.tool_results > results:
+                if run in self.runs:
+                    self.runs[run].delivered += 1
+                hit = self.recent.get(exchange_id)
+                if hit is not None:
+                    hit[0]["delivered"] = hit[1]["delivered"] = True
+            return
 
     def count(self, counted: dict) -> None:
         """Exchanges the proxy counted without sending them: {(run, class, error, why): (n, first, last)}."""
@@ -257,11 +318,29 @@ def merge_reports(reports: list[dict], limit: int) -> dict:
     return out
 
 
+def summarised(name: str, counts: dict) -> dict:
+    """A run's counters and what the report says of such counts (analysis.runline): its one line,
+    the cells beside it (call, delivered, lost, rej and its cause) and its bar's segments."""
+    from toolproxy.analysis.runline import RunLine, Share, segments
+
+    nr = Counter()
+    for key, n in counts["outcomes"].items():
+        outcome, _, kind = key.partition("/")
+        if outcome == "non_response":
+            nr[kind or "empty"] += n
+    line = RunLine(name, "exchanges", sum(counts["outcomes"].values()), Share(counts["valid"], counts["attempts"]),
+                   Share(counts["delivered"], counts["attempts"]), dict(nr), counts["causes"])
+    return {**counts, "line": line.text(), "headline": line.cells(),
+            "bar": segments(counts["outcomes"], counts["delivered"])}
+
+
 def _merge_run(a: dict, b: dict) -> dict:
     out = {}
     for key, value in a.items():
         other = b.get(key)
-        if key == "first":
+        if key == "causes":
+            out[key] = {**value, **(other or {})}
+        elif key == "first":
             out[key] = min(v for v in (value, other) if v) if (value or other) else 0.0
         elif key == "last":
             out[key] = max(value, other or 0.0)
@@ -287,13 +366,29 @@ def ask_peer(path: str | Path, query: list, timeout: float = ASK_TIMEOUT) -> Any
         raise OSError(f"an incomplete answer ({exc})") from None
 
 
+def print_lines(text: str) -> None:
+    """serve's lines on stdout, whichever process has them; a closed stdout costs no records."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+
+
 class LiveView:
-    """The proxy's side: takes written records, feeds the classifier process, asks it for reports."""
+    """The proxy's side: takes written records, feeds the classifier process, asks it for reports.
+
+    With `log` (serve's line per record, record -> str), the exchanges' lines are printed once
+    classified, by the classifier process, with their outcome; an exchange counted without being
+    classified gets its line at once, saying so.
+    """
 
     def __init__(self, *, inbox: int = INBOX, inbox_bytes: int = INBOX_BYTES, recent: int = RECENT,
-                 max_runs: int = MAX_RUNS) -> None:
-        # (brief, line or record, its size): the writer thread appends, the feeder takes.
-        self._inbox: collections.deque[tuple[tuple, bytes | Record, int]] = collections.deque()
+                 max_runs: int = MAX_RUNS, log: Callable[[Record], str | None] | None = None) -> None:
+        self.log = log
+        # (brief, line or record, serve's line for it or None, its size): the writer thread
+        # appends, the feeder takes.
+        self._inbox: collections.deque[tuple[tuple, bytes | Record, str | None, int]] = collections.deque()
         self._inbox_max, self._inbox_bytes_max = inbox, inbox_bytes
         self._inbox_bytes = 0
         self._inbox_lock = threading.Lock()
@@ -358,20 +453,30 @@ class LiveView:
         if rec.kind != "exchange":  # the proxy's own fingerprint probes are not traffic
             return
         self.observed += 1
+        text = self.log(rec) if self.log is not None else None
         if not classifiable:
-            self._count(brief(rec), LARGE)
+            self._count(brief(rec), LARGE, text)
             return
         inbox = self._inbox
         size = len(line) if line is not None else _body_chars(rec)
+        dropped = []
         with self._inbox_lock:
-            inbox.append((brief(rec), rec if line is None else line, size))
+            inbox.append((brief(rec), rec if line is None else line, text, size))
             self._inbox_bytes += size
             while len(inbox) > self._inbox_max or (self._inbox_bytes > self._inbox_bytes_max and len(inbox) > 1):
-                about, _, dropped = inbox.popleft()
-                self._inbox_bytes -= dropped
-                self._count(about, BEHIND)
+                oldest = inbox.popleft()
+                self._inbox_bytes -= oldest[3]
+                dropped.append(oldest)
+        for about, _, said, _ in dropped:  # counted (and its line printed) outside the lock
+            self._count(about, BEHIND, said)
 
-    def _count(self, about: tuple, why: str) -> None:
+    def prints(self, rec: Record) -> bool:
+        """Whether this view prints `rec`'s line (the writer then leaves it out)."""
+        return self.log is not None and rec.kind == "exchange"
+
+    def _count(self, about: tuple, why: str, text: str | None = None) -> None:
+        if text:
+            print_lines(f"{text} -> not classified live ({_WHY[why]})\n")
         run, cls, error, started = about
         key = (run, cls, error, why)
         with self._count_lock:
@@ -398,13 +503,13 @@ class LiveView:
         while True:
             stopping = self._stopping.wait(FEED_EVERY)
             while True:
-                lines = self._take(HANDOFF)
+                lines, texts = self._take(HANDOFF)
                 with self._count_lock:
                     counted, self._counted = self._counted, {}
                 observed = self.observed
                 if not (lines or counted or observed != told):
                     break
-                head = orjson.dumps([observed, [[*key, *c] for key, c in counted.items()]])
+                head = orjson.dumps([observed, [[*key, *c] for key, c in counted.items()], texts])
                 try:
                     self._records.send_bytes(b"".join([head, b"\n", *lines]))
                 except (OSError, ValueError) as exc:
@@ -416,23 +521,25 @@ class LiveView:
             if stopping:
                 return
 
-    def _take(self, most: int) -> list[bytes]:
-        """Up to `most` waiting records' JSON lines, oldest first (encoded here when the writer had none)."""
-        inbox, lines = self._inbox, []
+    def _take(self, most: int) -> tuple[list[bytes], list[str | None]]:
+        """Up to `most` waiting records' JSON lines, oldest first (encoded here when the writer had
+        none), and serve's line for each."""
+        inbox, lines, texts = self._inbox, [], []
         while len(lines) < most:
             with self._inbox_lock:
                 if not inbox:
                     break
-                about, line, size = inbox.popleft()
+                about, line, text, size = inbox.popleft()
                 self._inbox_bytes -= size
             if not isinstance(line, bytes):
                 try:
                     line = encode_record(line)
                 except Exception:  # noqa: BLE001 - written by the writer, but not encodable again here
-                    self._count(about, UNENCODABLE)
+                    self._count(about, UNENCODABLE, text)
                     continue
             lines.append(line)
-        return lines
+            texts.append(text)
+        return lines, texts
 
     def _question(self, query: tuple) -> Any:
         if self.broken or not self._running():
@@ -470,6 +577,7 @@ class LiveView:
             except OSError as exc:
                 problems.append(f"the worker answering on {Path(path).name} did not: {exc}")
         merged = merge_reports(reports, limit)
+        merged["runs"] = {name: summarised(name, counts) for name, counts in merged["runs"].items()}
         merged["workers"] = len(reports)
         merged["problems"] = problems
         merged["broken"] = self.broken

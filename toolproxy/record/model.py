@@ -201,7 +201,7 @@ def _latin1_repair(value: Any, path: str, repaired: list[str]) -> Any:
             return value
         except UnicodeEncodeError:
             repaired.append(path)
-            return _original_bytes(value).decode("latin-1")
+            return stored_text(value)
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
@@ -211,6 +211,16 @@ def _latin1_repair(value: Any, path: str, repaired: list[str]) -> Any:
     if isinstance(value, (list, tuple)):
         return [_latin1_repair(v, f"{path}[{i}]", repaired) for i, v in enumerate(value)]
     return value
+
+
+def stored_text(text: str) -> str:
+    """A str as a record line stores it: unchanged when it is valid Unicode, else one character
+    per original byte (see encode_record), so it can go into any JSON document."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _original_bytes(text).decode("latin-1")
 
 
 def _original_bytes(text: str) -> bytes:

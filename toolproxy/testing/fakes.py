@@ -160,6 +160,11 @@ class ModelRequest:
     stream: bool
     prompt: str | None = None
     constraint: Any = None
+    stops: list[str] = field(default_factory=list)  # the stop strings the request asked for
+    # Set by the stack when one of them cut the model's output: the string that matched.
+    stopped: str | None = None
+    # What the model generated that the stack's parser consumed and returned nothing for.
+    eaten: str = ""
 
 
 DEFAULT_REPLY = text("Hello! How can I help you today?")
@@ -304,10 +309,26 @@ _LOWER = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 
 def _usage_tokens(req: ModelRequest, out: str) -> tuple[int, int]:
-    """Deterministic stand-ins for token counts (about four bytes a token)."""
+    """Deterministic stand-ins for token counts (about four bytes a token, plus the end token).
+
+    A stop string that cut the output was generated too, and so was text the stack's parser ate:
+    both are counted though never delivered, as real stacks count them (llama-server: 3 tokens for
+    an `Observation:` it cut; Ollama: the whole call it dropped)."""
     prompt = len(orjson.dumps(req.messages or req.prompt or "")) // 4 + 1
-    completion = len(out.encode()) // 4 + 1
+    completion = len((out + (req.stopped or "") + req.eaten).encode()) // 4 + 1
     return prompt, completion
+
+
+def cut_at_stop(req: ModelRequest, text: str) -> str:
+    """The model's output up to the first stop string the request asked for (which every stack
+    honours the same way: generation ends there and the string itself is not returned); notes
+    which one matched on `req`."""
+    found = [(text.find(s), s) for s in req.stops if s in text]
+    if not found:
+        return text
+    at, word = min(found)
+    req.stopped = word
+    return text[:at]
 
 
 # ---------------------------------------------------------------- the stacks
@@ -406,6 +427,10 @@ class Stack:
                 return outcome
             reply = outcome
         content, native = self.resolve(req, reply)
+        if req.stops:
+            cut = cut_at_stop(req, content)
+            if req.stopped is not None:
+                content, native = cut, []  # generation ended at the stop string: no call came after it
         return reply, content, native
 
     def raw_text(self, reply: Reply) -> str:
@@ -453,8 +478,8 @@ class Stack:
         cid, created = self.completion_id(), int(time.time())
         events = []
 
-        def chunk(delta: dict, finish_reason: str | None = None, **extra) -> bytes:
-            return sse(self.chunk_obj(req, cid, created, delta, finish_reason, **extra), self.event_dumps)
+        def chunk(delta: dict, finish_reason: str | None = None, out: str = "") -> bytes:
+            return sse(self.chunk_obj(req, cid, created, delta, finish_reason, out), self.event_dumps)
 
         events.append(chunk(self.first_delta()))
         if reply.reasoning:
@@ -467,10 +492,11 @@ class Stack:
                                                  "function": {"name": fn["name"], "arguments": ""}}]}))
             events.extend(chunk({"tool_calls": [{"index": i, "function": {"arguments": f}}]})
                           for f in _fragments(fn["arguments"]))
-        events.append(chunk(self.last_delta(), finish))
+        out = content + "".join(c.name for c in native)  # what the token counts count
+        events.append(chunk(self.last_delta(), finish, out))
         so = req.body.get("stream_options")
         if isinstance(so, dict) and so.get("include_usage"):
-            events.append(sse(self.usage_chunk(req, cid, created, content + "".join(c.name for c in native)), self.event_dumps))
+            events.append(sse(self.usage_chunk(req, cid, created, out), self.event_dumps))
         events.append(SSE_DONE)
         return events
 
@@ -480,9 +506,9 @@ class Stack:
     def last_delta(self) -> dict:
         return {}
 
-    def chunk_obj(self, req, cid, created, delta, finish_reason, **extra) -> dict:
+    def chunk_obj(self, req, cid, created, delta, finish_reason, out="") -> dict:
         return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}], **extra}
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
 
     def usage_chunk(self, req, cid, created, out) -> dict:
         return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
@@ -495,7 +521,7 @@ class Stack:
         reply = self.fake.next_reply(req)
         if reply.error is not None:
             return self.error(*reply.error)
-        out = self.raw_text(reply)
+        out = cut_at_stop(req, self.raw_text(reply))
         cid, created = "cmpl-" + _rand(_ALNUM, 29), int(time.time())
         base = {"id": cid, "object": "text_completion", "created": created, "model": req.model}
         if req.stream:
@@ -550,7 +576,7 @@ class OpenAI(Stack):
     def first_delta(self):
         return {"role": "assistant", "content": "", "refusal": None}
 
-    def chunk_obj(self, req, cid, created, delta, finish_reason, **extra):
+    def chunk_obj(self, req, cid, created, delta, finish_reason, out=""):
         obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
                "service_tier": "default", "system_fingerprint": self.fingerprint,
                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
@@ -641,7 +667,8 @@ class VLLM(Stack):
                         "input": orjson.loads(tc["function"]["arguments"])} for tc in calls]
             message = {"id": cid, "type": "message", "role": "assistant", "content": blocks, "model": req.model}
             if finish in self._STOP:
-                message["stop_reason"] = self._STOP[finish]
+                message["stop_reason"] = "stop_sequence" if req.stopped else self._STOP[finish]
+                message["stop_sequence"] = req.stopped
             return self.json(200, {**message, "usage": tokens})
 
         def event(kind: str, **data) -> bytes:
@@ -667,7 +694,8 @@ class VLLM(Stack):
                        for f in _fragments(tc["function"]["arguments"])]
         if started:
             events.append(event("content_block_stop", index=index))
-        events.append(event("message_delta", delta={"stop_reason": self._STOP.get(finish, "end_turn")}, usage=tokens))
+        events.append(event("message_delta", delta={"stop_reason": "stop_sequence" if req.stopped else self._STOP.get(finish, "end_turn"),
+                                                   "stop_sequence": req.stopped}, usage=tokens))
         events.append(event("message_stop"))
         return Answer(200, self.sse_type, events, stream=True)
 
@@ -720,16 +748,17 @@ class VLLM(Stack):
         usage = self.usage(req, content)
         usage["prompt_tokens_details"] = None if self.fake.cached_tokens is None else {"cached_tokens": self.fake.cached_tokens}
         return {"id": self.completion_id(), "object": "chat.completion", "created": int(time.time()), "model": req.model,
-                "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish, "stop_reason": None}],
+                "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish,
+                             "stop_reason": req.stopped}],
                 "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None}
 
     def last_delta(self):
         return {"content": ""}
 
-    def chunk_obj(self, req, cid, created, delta, finish_reason, **extra):
+    def chunk_obj(self, req, cid, created, delta, finish_reason, out=""):
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         if finish_reason is not None:
-            choice["stop_reason"] = None
+            choice["stop_reason"] = req.stopped  # the stop string that matched; None for the end token
         return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model, "choices": [choice]}
 
     def model_entry(self, name):
@@ -792,15 +821,19 @@ class SGLang(VLLM):
         usage["prompt_tokens_details"] = None if self.fake.cached_tokens is None else {"cached_tokens": self.fake.cached_tokens}
         return {"id": self.completion_id(), "object": "chat.completion", "created": int(time.time()), "model": req.model,
                 "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish,
-                             "matched_stop": 151645 if finish == "stop" else None}],
+                             "matched_stop": self.matched(req, finish)}],
                 "usage": usage, "metadata": {"weight_version": "default"}}
 
-    def chunk_obj(self, req, cid, created, delta, finish_reason, **extra):
+    def chunk_obj(self, req, cid, created, delta, finish_reason, out=""):
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         if finish_reason is not None:
-            choice["matched_stop"] = 151645 if finish_reason == "stop" else None
+            choice["matched_stop"] = self.matched(req, finish_reason)
         return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
                 "choices": [choice], "usage": None}
+
+    def matched(self, req, finish):
+        """matched_stop: the stop string that ended generation, or the id of the end token (Qwen's <|im_end|>)."""
+        return req.stopped if req.stopped is not None else 151645 if finish == "stop" else None
 
     def model_entry(self, name):
         return {"id": name, "object": "model", "created": self.fake.created, "owned_by": "sglang", "root": name,
@@ -842,14 +875,16 @@ class LlamaCpp(Stack):
     # it, and writes the result back in that protocol (shapes as captured from a real llama-server
     # in tests/data/wire; its Responses stream events carry no output_index / content_index).
     async def responses(self, request, body):
-        out = self.converse(request.path, as_chat(wire.RESPONSES, body))
+        # llama-server honours a `stop` field on its Responses endpoint too (captured), though the API has none
+        chat = {**as_chat(wire.RESPONSES, body), **({"stop": body["stop"]} if "stop" in body else {})}
+        out = self.converse(request.path, chat)
         if isinstance(out, Answer):
             return out
         req, reply, content, native, finish = out
         created, rid, mid = int(time.time()), "resp_" + _rand(_ALNUM, 32), "msg_" + _rand(_ALNUM, 32)
         part = {"type": "output_text", "annotations": [], "logprobs": [], "text": content}
         output: list[dict] = []
-        if content or not native:
+        if content:  # an empty reply has no output item at all (tests/data/wire/empty)
             output.append({"type": "message", "status": "completed", "id": mid, "content": [part], "role": "assistant"})
         calls = [{"type": "function_call", "status": "completed", "arguments": tc["function"]["arguments"],
                   "call_id": tc["id"], "name": tc["function"]["name"], "id": "fc_" + tc["id"]} for tc in self.native_calls(native)]
@@ -866,7 +901,7 @@ class LlamaCpp(Stack):
 
         head = {"id": rid, "object": "response", "status": "in_progress"}
         events = [event("response.created", response=head), event("response.in_progress", response=head)]
-        if content or not native:
+        if content:
             events.append(event("response.output_item.added", item={"content": [], "id": mid, "role": "assistant",
                                                                    "status": "in_progress", "type": "message"}))
             events.append(event("response.content_part.added", item_id=mid, part={"type": "output_text", "text": ""}))
@@ -898,8 +933,9 @@ class LlamaCpp(Stack):
         p, c = _usage_tokens(req, content)
         cached = min(self.fake.cached_tokens or 0, p)
         usage = {"cache_read_input_tokens": cached, "input_tokens": p - cached, "output_tokens": c}
+        # llama-server says end_turn after a stop string too, and names it in stop_sequence (as captured)
         message = {"id": mid, "type": "message", "role": "assistant", "content": blocks, "model": req.model,
-                   "stop_reason": stop, "stop_sequence": None, "usage": usage}
+                   "stop_reason": stop, "stop_sequence": req.stopped, "usage": usage}
         if not req.stream:
             return self.json(200, message)
 
@@ -917,7 +953,7 @@ class LlamaCpp(Stack):
                 events += [event("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": f})
                            for f in _fragments(orjson.dumps(block["input"]).decode())]
             events.append(event("content_block_stop", index=index))
-        events.append(event("message_delta", delta={"stop_reason": stop, "stop_sequence": None}, usage={"output_tokens": c}))
+        events.append(event("message_delta", delta={"stop_reason": stop, "stop_sequence": req.stopped}, usage={"output_tokens": c}))
         events.append(event("message_stop"))
         return Answer(200, self.sse_type, events, stream=True)
 
@@ -985,11 +1021,11 @@ class LlamaCpp(Stack):
     def first_delta(self):
         return {"role": "assistant", "content": None}
 
-    def chunk_obj(self, req, cid, created, delta, finish_reason, **extra):
+    def chunk_obj(self, req, cid, created, delta, finish_reason, out=""):
         obj = {"choices": [{"finish_reason": finish_reason, "index": 0, "delta": delta}], "created": created, "id": cid,
                "model": req.model, "system_fingerprint": self.build, "object": "chat.completion.chunk"}
         if finish_reason is not None:
-            obj["timings"] = self.timings(req, "")
+            obj["timings"] = self.timings(req, out)  # on the last chunk, usage block asked for or not
         return obj
 
     def usage_chunk(self, req, cid, created, out):
@@ -1046,12 +1082,13 @@ class LlamaCpp(Stack):
         reply = self.fake.next_reply(req)
         if reply.error is not None:
             return self.error(*reply.error)
-        out = self.raw_text(reply)
+        out = cut_at_stop(req, self.raw_text(reply))
         p, c = _usage_tokens(req, out)
         final = {"index": 0, "content": "" if req.stream else out, "tokens": [], "id_slot": 0, "stop": True,
                  "model": req.model, "tokens_predicted": c, "tokens_evaluated": p,
                  "generation_settings": {"n_predict": -1, "temperature": 0.8}, "prompt": req.prompt or "",
-                 "has_new_line": "\n" in out, "truncated": False, "stop_type": "eos", "stopping_word": "",
+                 "has_new_line": "\n" in out, "truncated": False, "stop_type": "word" if req.stopped else "eos",
+                 "stopping_word": req.stopped or "",
                  "tokens_cached": (self.fake.cached_tokens or 0) + p, "timings": self.timings(req, out)}
         if not req.stream:
             return self.json(200, final)
@@ -1092,7 +1129,7 @@ class LMStudio(Stack):
     def call_id(self):
         return "".join(secrets.choice("0123456789") for _ in range(9))
 
-    def chunk_obj(self, req, cid, created, delta, finish_reason, **extra):
+    def chunk_obj(self, req, cid, created, delta, finish_reason, out=""):
         return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
                 "system_fingerprint": req.model,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
@@ -1202,7 +1239,9 @@ class Ollama(Stack):
         offered = set(req.tools)
         kept = [ToolCall(c.name, go_numbers(c.arguments)) for c in native if c.name in offered]
         if native and not kept:
-            return "", []  # the generic parser matched nothing it was offered: the call is dropped
+            # the generic parser matched nothing it was offered: the call is dropped, its tokens counted
+            req.eaten = render_calls(self.fake.call_format or self.call_format, native)
+            return "", []
         return content, kept
 
     def call_id(self):
@@ -1429,7 +1468,7 @@ class FakeStack:
         tools = [t.get("function", t).get("name", "") for t in body.get("tools") or [] if isinstance(t, dict)]
         return ModelRequest(stack=stack.name, path=path, model=str(body.get("model") or self.model), body=body,
                             messages=list(body.get("messages") or []), tools=tools, stream=bool(body.get("stream")),
-                            prompt=body.get("prompt"), constraint=stack.constraint(body))
+                            prompt=body.get("prompt"), constraint=stack.constraint(body), stops=wire.stop_strings(body))
 
     def next_reply(self, req: ModelRequest) -> Reply:
         if self.replies:

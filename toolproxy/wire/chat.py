@@ -19,13 +19,22 @@ from .model import BufferingEncoder, Call, CallArguments, CallStart, Event, Fini
 
 
 def usage_event(usage: Any, timings: Any = None) -> Usage | None:
-    """Token counts from an OpenAI `usage` object and/or llama.cpp `timings`."""
+    """Token counts from an OpenAI `usage` object and/or llama.cpp `timings`.
+
+    llama-server streams its `timings` (`predicted_n`: tokens generated) on the last chunk even
+    when the client asked for no usage block, so a streamed reply's completion count is known
+    either way; `prompt_n` is only the part of the prompt not served from the cache, so the
+    prompt count comes from `usage` alone.
+    """
     u = usage if isinstance(usage, dict) else {}
+    t = timings if isinstance(timings, dict) else {}
     details = u.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if cached is None and isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
-        cached = timings["cache_n"]
+    if cached is None and isinstance(t.get("cache_n"), int):
+        cached = t["cache_n"]
     prompt, completion = u.get("prompt_tokens"), u.get("completion_tokens")
+    if completion is None and isinstance(t.get("predicted_n"), int):
+        completion = t["predicted_n"]
     if prompt is None and completion is None and cached is None:
         return None
     return Usage(prompt, completion, cached)
@@ -71,7 +80,7 @@ class ChatReader:
             if "text" in choice and isinstance(choice["text"], str) and choice["text"]:
                 out.append(Text(choice["text"]))
             if choice.get("finish_reason"):
-                out.append(Finish(choice["finish_reason"]))
+                out.append(_finish(choice["finish_reason"], choice.get("matched_stop", choice.get("stop_reason"))))
         return out
 
     def _rare(self, msg: dict) -> list[Event]:
@@ -121,9 +130,21 @@ class ChatReader:
         if isinstance(obj.get("tokens_evaluated"), int) or isinstance(obj.get("tokens_predicted"), int):
             out.append(Usage(obj.get("tokens_evaluated"), obj.get("tokens_predicted")))
         if obj.get("stop"):
-            reason = "length" if obj.get("stop_type") == "limit" or obj.get("truncated") else "stop"
-            out.append(Finish(reason))
+            kind = obj.get("stop_type") if isinstance(obj.get("stop_type"), str) else None
+            reason = "length" if kind == "limit" or obj.get("truncated") else "stop"
+            word = obj.get("stopping_word")
+            out.append(Finish(reason, kind or None, word if isinstance(word, str) and word else None))
         return out
+
+
+def _finish(reason: Any, matched: Any) -> Finish:
+    """A choice's finish, with SGLang's `matched_stop` or vLLM's `stop_reason`: the stop string that
+    matched, or the id of the stop token (an end-of-sequence token) that ended generation."""
+    if isinstance(matched, str) and matched:
+        return Finish(reason, "word", matched)
+    if isinstance(matched, int) and not isinstance(matched, bool):
+        return Finish(reason, "eos")
+    return Finish(reason)
 
 
 # A message with no other keys than these has nothing for _rare to read.

@@ -88,9 +88,9 @@ class MessagesReader:
             u = _usage(obj.get("usage"))
             if u is not None:
                 out.append(u)
-            reason = (obj.get("delta") or {}).get("stop_reason") if isinstance(obj.get("delta"), dict) else None
-            if reason:
-                out.append(Finish(STOP_REASONS.get(reason, reason)))
+            delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
+            if delta.get("stop_reason"):
+                out.append(_finish(delta))
             return out
         return []
 
@@ -114,8 +114,18 @@ class MessagesReader:
         if u is not None:
             out.append(u)
         if msg.get("stop_reason"):
-            out.append(Finish(STOP_REASONS.get(msg["stop_reason"], msg["stop_reason"])))
+            out.append(_finish(msg))
         return out
+
+
+def _finish(msg: dict) -> Finish:
+    """The message's stop_reason, and the stop sequence that ended it when one did: Anthropic says
+    `stop_reason: stop_sequence`; llama-server says `end_turn` but still names the `stop_sequence`."""
+    reason = msg["stop_reason"]
+    word = msg.get("stop_sequence")
+    if isinstance(word, str) and word:
+        return Finish(STOP_REASONS.get(reason, reason), "word", word)
+    return Finish(STOP_REASONS.get(reason, reason), "word" if reason == "stop_sequence" else None)
 
 
 def _blocks_text(content: Any) -> str:

@@ -61,9 +61,17 @@ class Usage:
 
 @dataclass(slots=True)
 class Finish:
-    """The generation ended; `reason` in chat-completions words (stop, length, tool_calls, ...)."""
+    """The generation ended; `reason` in chat-completions words (stop, length, tool_calls, ...).
+
+    `stop_type` is the stack's own word for why, where it says one: `eos` (the model's end token),
+    `word` (a stop string matched; `stop_word` is which) or `limit` (llama.cpp `/completion`
+    stop_type, SGLang `matched_stop`, Anthropic `stop_sequence`). A finish reason alone cannot
+    tell an end token from a stop string: both are "stop".
+    """
 
     reason: str | None
+    stop_type: str | None = None
+    stop_word: str | None = None
 
 
 @dataclass(slots=True)
@@ -115,6 +123,9 @@ class Reply:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    # Finish.stop_type and stop_word: why the stack says generation stopped, where it says so.
+    stop_type: str | None = None
+    stop_word: str | None = None
     # Why the body could not be read at all (not JSON, unknown encoding, ...); None if it could.
     unreadable: str | None = None
     # The start of an unreadable body, so a plain-text error page can still be read and judged.
@@ -205,6 +216,8 @@ class Reply:
 
     def _finish(self, event: Finish) -> None:
         self.finish_reason = event.reason or self.finish_reason
+        self.stop_type = event.stop_type or self.stop_type
+        self.stop_word = event.stop_word or self.stop_word
         self.complete = True
 
     def _error(self, event: Error) -> None:

@@ -55,3 +55,19 @@ def tool_names(tools: Any) -> list[str]:
     return out
 
 
+
+
+def stop_strings(body: Any) -> list[str]:
+    """The stop strings a request asked for, in any family's field: `stop` (chat, completions,
+    llama.cpp, and llama-server's Responses), `stop_sequences` (Messages), `options.stop` (Ollama).
+    A harness may send one string or a list; anything else is not a stop string."""
+    if not isinstance(body, dict):
+        return []
+    options = body.get("options")
+    found = [body.get("stop"), body.get("stop_sequences"), options.get("stop") if isinstance(options, dict) else None]
+    out: list[str] = []
+    for value in found:
+        for s in [value] if isinstance(value, str) else value if isinstance(value, list) else ():
+            if isinstance(s, str) and s and s not in out:
+                out.append(s)
+    return out

@@ -57,19 +57,24 @@ def requests() -> dict[str, tuple[str, dict]]:
     return out
 
 
-def main(base: str) -> None:
+def capture(base: str, wanted: dict[str, tuple[str, dict]], folder: Path) -> None:
+    """Send each request to `base` and write its response body, status and content type to `folder`."""
     index = {}
-    for name, (path, body) in requests().items():
+    for name, (path, body) in wanted.items():
         req = urllib.request.Request(base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=300) as resp:
                 status, ctype, data = resp.status, resp.headers.get("Content-Type"), resp.read()
         except urllib.error.HTTPError as exc:
             status, ctype, data = exc.code, exc.headers.get("Content-Type"), exc.read()
-        (HERE / f"{name}.body").write_bytes(data)
+        (folder / f"{name}.body").write_bytes(data)
         index[name] = {"path": path, "request": body, "status": status, "content_type": ctype}
         print(name, status, len(data), file=sys.stderr)
-    (HERE / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    (folder / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+
+
+def main(base: str) -> None:
+    capture(base, requests(), HERE)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,170 @@
+"""The truth rig: every recipe's harness on two one-tool tasks, toolproxy's numbers beside the harness's own.
+
+    python tests/recipes/truth.py                                   # the emulated llama.cpp (seconds per harness)
+    python tests/recipes/truth.py --upstream http://127.0.0.1:18431 # a real stack (minutes per harness)
+    python tests/recipes/truth.py --only smolagents,dspy --data DIR --timeout 300 [--condition text]
+
+Each harness runs once per task (the weather in Paris, then in Tokyo) through `toolproxy run`,
+untagged (one run per harness, no episode tags: toolproxy rebuilds the episodes), in the pinned
+virtualenv the recipe checks use, with WEATHER_TRUTH_LOG set: the recipe appends a line for every
+real execution of its tool and for its final answer (mini-swe-agent's come from its trajectory).
+Then the data directory is analysed and one table printed, also written to DATA/truth.md:
+
+    harness | stack | episodes (ours / harness) | call turns | delivered (ours / executions) | answers (ours / harness)
+
+"ours" is the report's: episodes, turns with role `call`, call turns whose valid call reached the
+harness, episodes ending in an `answer` turn. The harness's: tasks it ran, tool executions it
+logged, final answers it returned after the tool ran (a reply it returned as its answer without
+the tool ever running, e.g. a call left in text, is counted apart in the notes). A harness that
+ends by calling a tool (smolagents' final_answer, inspect-ai's submit, mini-swe-agent's submit
+command) delivers that call too; where the report does not read that call as the answer, the
+notes column says so. Not part of the test suite or the wheel: rerun it by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from test_recipes import CHECKS, _clean_env, environment  # noqa: E402
+from weather_model import respond  # noqa: E402
+
+from toolproxy.testing.fakes import FakeStack  # noqa: E402
+
+TASKS = ("Paris", "Tokyo")
+# The eleven harnesses of issue 20, as the recipe checks run them (check id -> row name).
+ROWS = {
+    "openai-python": "openai", "openai-agents-chat": "openai-agents (chat)", "openai-agents-responses": "openai-agents (Responses)",
+    "pydantic-ai": "pydantic-ai", "langgraph": "langgraph", "langchain-openai": "langchain-openai",
+    "smolagents": "smolagents (ToolCallingAgent)", "litellm": "litellm", "anthropic": "anthropic",
+    "inspect-ai": "inspect-ai", "dspy": "dspy (ReAct)", "mini-swe-agent": "mini-swe-agent",
+}
+ENDS_BY_TOOL = {"smolagents": "final_answer", "inspect-ai": "submit", "mini-swe-agent": "its submit command"}
+
+
+def _truth(log: Path, workdir: Path, check) -> tuple[int, int, int]:
+    """(tool executions, final answers after the tool ran, replies returned as the answer without
+    the tool ever running) by the harness's own account."""
+    if check.trajectory:
+        path = workdir / check.trajectory
+        if not path.exists():
+            return 0, 0, 0
+        traj = json.loads(path.read_text())
+        ran = sum(1 for m in traj.get("messages", []) if m.get("role") == "tool")
+        submitted = bool((traj.get("info") or {}).get("submission", "").strip())
+        return ran, int(submitted and ran > 0), int(submitted and not ran)
+    events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    answers = [e for e in events if e["event"] == "answer" and e.get("answer")]
+    return sum(e["event"] == "tool" for e in events), sum(e["tool_ran"] for e in answers), sum(not e["tool_ran"] for e in answers)
+
+
+def _run(check, upstream: str, data: Path, city: str, timeout: float, condition: str) -> dict:
+    bindir = environment(check.harness) / "bin"
+    argv = [a.format(python=bindir / "python", bin=bindir) for a in check.argv]
+    workdir = Path(tempfile.mkdtemp(prefix=f"truth-{check.id}-", dir=data.parent))
+    log = workdir / "truth.jsonl"
+    env = {**_clean_env(bindir), "WEATHER_CITY": city, "WEATHER_TRUTH_LOG": str(log)}
+    if check.trajectory:  # mini-swe-agent takes its task on the command line
+        argv = [a.replace("Paris", city) for a in argv]
+    cmd = [sys.executable, "-m", "toolproxy.cli", "run", "--upstream", upstream, "--run", check.id, "--data", str(data),
+           "--condition", condition, "--no-analyze", "--", *argv]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=timeout)
+        code, tail = done.returncode, (done.stderr or done.stdout)[-400:]
+    except subprocess.TimeoutExpired:
+        code, tail = "timeout", f"stopped after {timeout:g}s"
+    ran, answered, untooled = _truth(log, workdir, check)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {"exit": code, "executions": ran, "answers": answered, "answers_without_tool": untooled,
+            "seconds": time.monotonic() - started, "tail": tail}
+
+
+def _report(data: Path) -> dict[str, dict]:
+    tp = [sys.executable, "-m", "toolproxy.cli"]
+    done = subprocess.run([*tp, "analyze", "--data", str(data)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"analyze failed: {done.stderr}")
+    rep = subprocess.run([*tp, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True)
+    return {r["run"]: r for r in json.loads(rep.stdout)["runs"]} if rep.returncode == 0 else {}
+
+
+def _pair(ours: int | None, theirs: int) -> str:
+    mark = "" if ours == theirs else " ≠"
+    return f"{'-' if ours is None else ours} / {theirs}{mark}"
+
+
+def table(stack: str, results: dict[str, list[dict]], report: dict[str, dict]) -> str:
+    lines = ["| harness | stack | episodes (ours / harness) | call turns | delivered (ours / executions) | "
+             "answers (ours / harness) | harness exits | notes |", "|---|---|---|---|---|---|---|---|"]
+    for check_id, runs in results.items():
+        r = report.get(check_id, {})
+        roles = r.get("roles") or {}
+        notes = []
+        ours_answers = (r.get("answer_rate") or {}).get("numerator")
+        if check_id in ENDS_BY_TOOL and ours_answers != sum(x["answers"] for x in runs):
+            notes.append(f"ends by calling {ENDS_BY_TOOL[check_id]}, which is not read as its answer")
+        untooled = sum(x["answers_without_tool"] for x in runs)
+        if untooled:
+            notes.append(f"the harness returned {untooled} repl{'ies' if untooled != 1 else 'y'} as its answer without "
+                         "running the tool (not counted as answers)")
+        kinds = r.get("non_response_kinds") or {}
+        if kinds:
+            notes.append("non-responses " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+        if roles.get("no_tools"):
+            notes.append(f"{roles['no_tools']} no_tools turns")
+        lines.append(" | ".join([
+            f"| {ROWS[check_id]}", stack, _pair(r.get("episodes"), len(runs)), str(roles.get("call", 0)),
+            _pair((r.get("delivered_fidelity") or {}).get("numerator"), sum(x["executions"] for x in runs)),
+            _pair(ours_answers, sum(x["answers"] for x in runs)),
+            ", ".join(str(x["exit"]) for x in runs), "; ".join(notes) or "-"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--upstream", help="a real stack's root URL (default: an emulated llama.cpp started here)")
+    ap.add_argument("--data", type=Path, help="where to record (default: a new temporary directory); it is emptied first")
+    ap.add_argument("--only", help="comma-separated check ids (default: all of " + ", ".join(ROWS) + ")")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per harness run (default 600)")
+    ap.add_argument("--condition", default="native", help="the interface condition of every run (default native)")
+    args = ap.parse_args()
+    wanted = args.only.split(",") if args.only else list(ROWS)
+    unknown = set(wanted) - set(ROWS)
+    if unknown:
+        raise SystemExit(f"unknown check ids: {', '.join(sorted(unknown))}; choose from {', '.join(ROWS)}")
+    data = args.data or Path(tempfile.mkdtemp(prefix="toolproxy-truth-")) / "data"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    checks = {c.id: c for c in CHECKS}
+    fake = None if args.upstream else FakeStack("llamacpp", responder=respond)
+    results: dict[str, list[dict]] = {}
+    with fake.in_thread() if fake is not None else nullcontext(args.upstream) as upstream:
+        for check_id in wanted:
+            results[check_id] = []
+            for city in TASKS:
+                out = _run(checks[check_id], upstream, data, city, args.timeout, args.condition)
+                results[check_id].append(out)
+                print(f"{check_id} {city}: exit {out['exit']}, {out['executions']} executions, {out['answers']} answers, "
+                      f"{out['seconds']:.0f}s", file=sys.stderr, flush=True)
+    stack = ("emulated llama.cpp" if fake is not None else f"real ({args.upstream})") + \
+        (f", {args.condition}" if args.condition != "native" else "")
+    text = table(stack, results, _report(data))
+    (data / "truth.md").write_text(text)
+    (data / "truth.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(text)
+    print(f"recorded in {data}; toolproxy report --data {data}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
