@@ -342,7 +342,8 @@ async def _ttfb(url: str, n: int) -> list[float]:
     return times
 
 
-NGINX_CONF = """
+# What every nginx here has: one worker, its files in its own directory, no access log.
+_NGINX_HEAD = """
 worker_processes 1;
 worker_rlimit_nofile {nofile};
 pid {tmp}/nginx.pid;
@@ -352,7 +353,9 @@ http {{
   access_log off;
   client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy;
   fastcgi_temp_path {tmp}/fcgi; uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
-  upstream up {{ server 127.0.0.1:{up}; keepalive 128; }}
+"""
+
+NGINX_CONF = _NGINX_HEAD + """  upstream up {{ server 127.0.0.1:{up}; keepalive 128; }}
   server {{
     listen 127.0.0.1:{port};
     client_max_body_size 64m;
@@ -369,17 +372,7 @@ http {{
 
 # nginx as the upstream: the reply from memory, keep-alive without a request limit (a proxy's pool
 # reconnecting every 1,000 requests would be measured otherwise).
-NGINX_UPSTREAM_CONF = """
-worker_processes 1;
-worker_rlimit_nofile {nofile};
-pid {tmp}/nginx.pid;
-error_log {tmp}/nginx-error.log warn;
-events {{ worker_connections {conns}; }}
-http {{
-  access_log off;
-  client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy;
-  fastcgi_temp_path {tmp}/fcgi; uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
-  keepalive_requests 10000000;
+NGINX_UPSTREAM_CONF = _NGINX_HEAD + """  keepalive_requests 10000000;
   keepalive_timeout 300s;
   server {{
     listen 127.0.0.1:{port} backlog=4096;
