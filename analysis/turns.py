@@ -41,7 +41,6 @@ from toolproxy.analysis.outcomes import ANALYZER_VERSION, EMPTY_REPLIES, NON_RES
 from toolproxy.analysis.roles import ROLE_SQL
 from toolproxy.analysis.tables import EPISODES, TURNS
 from toolproxy.gcpause import gc_paused
-from toolproxy.record.writer import SEGMENT_REPLICA
 
 UNTAGGED_RUN = "(untagged)"
 # An episode is flagged as looping when the same call (name + arguments) repeats in this many
@@ -750,6 +749,9 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progre
 def _derive(con, runs: Iterable[str], rules: Sequence[Rule] | None, progress) -> dict[str, int]:
     from toolproxy.analysis.reanalyze import stored_rules
     from toolproxy.analysis.store import insert_columns
+    # Here, not at the top: the live page's classifier imports this module for per-record work,
+    # and the writer module brings the spill cipher (cryptography) and asyncio with it.
+    from toolproxy.record.writer import SEGMENT_REPLICA
 
     if rules is None:
         rules = stored_rules(con)

@@ -255,6 +255,33 @@ def test_spilled_exchange_is_counted_not_classified(tmp_path):
     assert run["outcomes"] == {"valid_call/native": 1}
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(") ", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc")
+def test_the_classifier_is_one_light_process(live_proxy):
+    """One child, the classifier module in a fresh interpreter: no multiprocessing resource tracker
+    beside it, and neither the proxy's server, its event loop nor the spill cipher loaded in it
+    (multiprocessing's spawn re-imported the proxy's whole main module there)."""
+    p, total, _ = live_proxy
+    children = _children(p.proc.pid)
+    assert len(children) == 1, [Path(f"/proc/{c}/cmdline").read_bytes() for c in children]
+    child = children[0]
+    assert b"toolproxy.proxy.classifier" in Path(f"/proc/{child}/cmdline").read_bytes()
+    loaded = Path(f"/proc/{child}/maps").read_text()
+    assert "orjson" in loaded  # it did load what it uses
+    for heavy in ("aiohttp", "uvloop", "cryptography", "duckdb", "re2"):
+        assert f"/{heavy}" not in loaded, heavy
+
+
 def test_ctrl_c_to_the_process_group_stops_quietly(tmp_path):
     """A terminal's Ctrl-C reaches the classifier process too: no traceback, a clean exit."""
     with ExitStack() as stack:
@@ -338,6 +365,28 @@ def _classified(view: LiveView, n: int) -> dict:
     finally:
         view.stop()
     return rep
+
+
+def test_the_inbox_is_bounded_in_bytes_too():
+    """Long contexts waiting for a starved classifier hold at most inbox_bytes (and always the
+    newest record); the ones let go are counted, and what is kept is classified."""
+    view = LiveView(inbox=1000, inbox_bytes=250_000)
+
+    def long(i: int, chars: int, run: str = "r") -> Record:
+        rec = _rec(i, run=run)
+        rec.request_body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * chars}]})
+        return rec
+
+    for i in range(10):
+        rec = long(i, 100_000)
+        view.observe(rec, encode_record(rec) if i % 2 else None)  # with its line, or the feeder encodes it
+    assert len(view._inbox) == 2 and view._inbox_bytes <= 250_000
+    huge = long(10, 400_000, run="huge")
+    view.observe(huge, encode_record(huge))  # larger than the bound alone: kept, the rest go
+    assert [entry[0][0] for entry in view._inbox] == ["huge"]
+    rep = _classified(view, 1)
+    assert rep["observed"] == 11 and rep["classified"] == 1 and rep["unclassified"] == {"behind": 10}, rep
+    assert rep["pending"] == 0 and list(rep["runs"]["huge"]["outcomes"].values()) == [1]
 
 
 def test_counted_when_behind_or_spilled():

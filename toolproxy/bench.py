@@ -30,23 +30,41 @@ import time
 import urllib.request
 from pathlib import Path
 
+from toolproxy import benchprofile
+
+# A ~1.9 KB chat request of an agent's second turn: system prompt, a tool call and its result, two
+# tools (the size the independent rig used).
 CHAT_BODY = json.dumps(
     {
         "model": "bench",
         "messages": [
-            {"role": "system", "content": "You are a helpful assistant with tools."},
-            {"role": "user", "content": "What is the weather in Paris? " * 8},
+            {"role": "system", "content": "You are a careful assistant with tools. Call a tool when it helps; "
+                                          "answer in one short paragraph otherwise. " * 4},
+            {"role": "user", "content": "What is the weather in Paris, and should I take an umbrella to the museum "
+                                        "this afternoon? " * 2},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+            ]},
+            {"role": "tool", "tool_call_id": "call_0",
+             "content": "{\"city\": \"Paris\", \"temperature_c\": 14, \"conditions\": \"light rain\", \"wind_kmh\": 12}"},
+            {"role": "user", "content": "And tomorrow in Lyon?"},
         ],
         "tools": [
-            {
-                "type": "function",
-                "function": {
-                    "name": "get_weather",
-                    "description": "Current weather for a city",
-                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-                },
-            }
+            {"type": "function", "function": {
+                "name": "get_weather", "description": "Current weather for a city: temperature, conditions, wind and humidity",
+                "parameters": {"type": "object", "properties": {
+                    "city": {"type": "string", "description": "City name"},
+                    "day": {"type": "string", "enum": ["today", "tomorrow"]}}, "required": ["city"]}}},
+            {"type": "function", "function": {
+                "name": "search_events", "description": "Events in a city on a given day, with opening hours and prices",
+                "parameters": {"type": "object", "properties": {
+                    "city": {"type": "string"}, "date": {"type": "string", "format": "date"},
+                    "category": {"type": "string", "enum": ["museum", "music", "sport", "food"]}},
+                    "required": ["city", "date"]}}},
         ],
+        "tool_choice": "auto",
+        "temperature": 0.2,
+        "max_tokens": 256,
     }
 ).encode()
 
@@ -178,7 +196,7 @@ def _otlp_sink():
     return app
 
 
-def _run_loop(coro_or_app, port: int | None = None) -> None:
+def _run_loop(coro_or_app, port: int | None = None, use_uvloop: bool = True) -> None:
     import uvloop
 
     if port is None:
@@ -186,7 +204,8 @@ def _run_loop(coro_or_app, port: int | None = None) -> None:
         return
     from aiohttp import web
 
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    if use_uvloop:
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     web.run_app(coro_or_app, host="127.0.0.1", port=port, print=None, access_log=None, reuse_port=True, backlog=4096)
 
 
@@ -216,12 +235,17 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def _wrk(url: str, conns: int, seconds: float, script: Path) -> dict:
+def _wrk_command(url: str, conns: int, seconds: float, script: Path) -> list[str]:
     threads = 1 if conns == 1 else 2
-    out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
-        capture_output=True, text=True, timeout=seconds + 60,
-    ).stdout
+    return ["wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url]
+
+
+def _wrk(url: str, conns: int, seconds: float, script: Path) -> dict:
+    out = subprocess.run(_wrk_command(url, conns, seconds, script), capture_output=True, text=True, timeout=seconds + 60).stdout
+    return _wrk_result(url, out)
+
+
+def _wrk_result(url: str, out: str) -> dict:
     def lat(label: str) -> float:
         m = re.search(rf"^\s*{label}\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
         if not m:
@@ -318,7 +342,8 @@ async def _ttfb(url: str, n: int) -> list[float]:
     return times
 
 
-NGINX_CONF = """
+# What every nginx here has: one worker, its files in its own directory, no access log.
+_NGINX_HEAD = """
 worker_processes 1;
 worker_rlimit_nofile {nofile};
 pid {tmp}/nginx.pid;
@@ -328,7 +353,9 @@ http {{
   access_log off;
   client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy;
   fastcgi_temp_path {tmp}/fcgi; uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
-  upstream up {{ server 127.0.0.1:{up}; keepalive 128; }}
+"""
+
+NGINX_CONF = _NGINX_HEAD + """  upstream up {{ server 127.0.0.1:{up}; keepalive 128; }}
   server {{
     listen 127.0.0.1:{port};
     client_max_body_size 64m;
@@ -341,6 +368,27 @@ http {{
   }}
 }}
 """
+
+
+# nginx as the upstream: the reply from memory, keep-alive without a request limit (a proxy's pool
+# reconnecting every 1,000 requests would be measured otherwise).
+NGINX_UPSTREAM_CONF = _NGINX_HEAD + """  keepalive_requests 10000000;
+  keepalive_timeout 300s;
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    client_max_body_size 64m;
+    client_body_buffer_size 64k;
+    location / {{
+      default_type application/json;
+      return 200 '{reply}';
+    }}
+  }}
+}}
+"""
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 
 
 def process_tree(pid: int) -> list[int]:
@@ -358,6 +406,17 @@ def process_tree(pid: int) -> list[int]:
         out.append(p)
         todo.extend(children.get(p, ()))
     return out
+
+
+def rss_kb(pids: list[int]) -> int:
+    """Resident memory of these processes, summed (what `ps` shows per process, added up)."""
+    total = 0
+    for pid in pids:
+        try:
+            total += _rss_kb(pid)
+        except OSError:
+            continue
+    return total
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -430,30 +489,48 @@ class Fleet:
         self.roots[f"http://127.0.0.1:{port}"] = [proc.pid]
         return f"http://127.0.0.1:{port}", proc
 
-    def bare(self, upstream: str, processes: int = 1) -> str:
-        """The bare aiohttp pass-through; several processes share the port as toolproxy's workers do."""
+    def bare(self, upstream: str, processes: int = 1, use_uvloop: bool = True) -> str:
+        """The bare aiohttp pass-through; several processes share the port as toolproxy's workers do.
+        Without uvloop it is the floor: the plainest aiohttp proxy anyone would write."""
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
-        self.roots[url] = [self.spawn([sys.executable, "-m", "toolproxy.bench", "bare", str(port), upstream]).pid
+        role = "bare" if use_uvloop else "bare_asyncio"
+        self.roots[url] = [self.spawn([sys.executable, "-m", "toolproxy.bench", role, str(port), upstream]).pid
                            for _ in range(processes)]
         return url
 
+    def nginx_upstream(self, reply: bytes, connections: int = 4096) -> int | None:
+        """nginx answering every request with `reply` (no streaming); its port, or None when nginx
+        is not installed."""
+        text = reply.decode().replace("\\", "\\\\").replace("'", "\\'")  # as an nginx single-quoted string
+        return self._start_nginx("nginx-upstream", NGINX_UPSTREAM_CONF, connections, reply=text)
+
     def nginx(self, up_port: int, connections: int = 4096) -> str | None:
         """nginx proxy_pass with buffering off (Debian's `nginx`), or None when it is not installed."""
-        binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        port = self._start_nginx("nginx-proxy", NGINX_CONF, connections, up=up_port)
+        return None if port is None else f"http://127.0.0.1:{port}"
+
+    def _start_nginx(self, name: str, template: str, connections: int, **fields) -> int | None:
+        """An nginx of `template` on a free port, its temporary files under a directory of its own; its port."""
+        binary = nginx_binary()
         if binary is None:
             return None
         port = _free_port()
+        temp = self.tmp / name
         for sub in ("body", "proxy", "fcgi", "uwsgi", "scgi"):
-            (self.tmp / sub).mkdir(exist_ok=True)
-        conf = self.tmp / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(tmp=self.tmp, up=up_port, port=port, conns=connections, nofile=connections * 2 + 64))
+            (temp / sub).mkdir(parents=True, exist_ok=True)
+        conf = temp / "nginx.conf"
+        conf.write_text(template.format(tmp=temp, port=port, conns=connections, nofile=connections * 2 + 64, **fields))
         self.roots[f"http://127.0.0.1:{port}"] = [self.spawn([binary, "-c", str(conf), "-g", "daemon off;"]).pid]
-        return f"http://127.0.0.1:{port}"
+        return port
+
+    def tree(self, url: str) -> list[int]:
+        """Every process serving `url`: its roots and their children (workers, the classifier)."""
+        return [pid for root in self.roots[url] for pid in process_tree(root)]
 
     def cpu_s(self, url: str) -> float:
         """CPU seconds used so far by everything serving `url` (workers and threads included)."""
-        return cpu_seconds([pid for root in self.roots[url] for pid in process_tree(root)])
+        return cpu_seconds(self.tree(url))
 
     def stop(self) -> None:
         for p in self.procs:
@@ -469,6 +546,19 @@ class Fleet:
                 p.wait()
 
 
+FLOOR = "bare_aiohttp_asyncio"
+
+
+def pinned_cores() -> tuple[int, int] | None:
+    """(the core the proxies and their upstream share, the core the load generator gets), or None
+    when this process may run on fewer than two."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return (cores[0], cores[1]) if len(cores) >= 2 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="wrk duration per measurement")
@@ -478,13 +568,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--c1-requests", type=int, default=2000, help="sequential requests per target per round for c1 latency")
     ap.add_argument("--workers", type=_int_list, default=[1], help="toolproxy --workers counts to measure, e.g. 1,2 "
                     "(the bare pass-through runs as as many processes); the first must be 1")
-    ap.add_argument("--no-nginx", action="store_true", help="leave nginx out even when installed")
+    ap.add_argument("--layout", choices=("pinned", "free"), default="pinned",
+                    help="pinned (default): every proxy and its upstream on one core, the load generator on another; "
+                         "free: wherever the scheduler puts them (a proxy's writer thread may then have a core of its own)")
+    ap.add_argument("--upstream", choices=("nginx", "fake"), default=None,
+                    help="what answers behind the proxies: nginx (the default where installed; no streaming, so no "
+                         "TTFB column) or the built-in fake (streams too)")
+    ap.add_argument("--no-nginx", action="store_true", help="leave nginx out as a proxy target even when installed")
     ap.add_argument("--json", dest="json_out", help="also write the raw numbers here")
     ap.add_argument("--page-poll", type=float, default=None, metavar="SECONDS",
-                    help="also measure a toolproxy whose /_toolproxy/ page is open all along (its JSON polled this "
-                         "often) and one started with --no-live-page")
+                    help="also measure a toolproxy whose /_toolproxy/ page is open all along (its JSON polled this often)")
     ap.add_argument("--otlp", action="store_true", help="also measure toolproxy with --otlp-endpoint: to a receiver "
                     "that takes every span, and to one that is down")
+    ap.add_argument("--profile", type=float, default=None, metavar="SECONDS",
+                    help="after the rounds, sample toolproxy, toolproxy_no_page, bare_aiohttp and the floor with py-spy "
+                         "for this long each under c64 and print where each one's CPU per request goes")
+    ap.add_argument("--py-spy", default=None, help="the py-spy to use (default: on PATH; pip install py-spy)")
     ap.add_argument("_role", nargs="?", help=argparse.SUPPRESS)
     ap.add_argument("_port", nargs="?", type=int, help=argparse.SUPPRESS)
     ap.add_argument("_upstream", nargs="?", help=argparse.SUPPRESS)
@@ -496,57 +595,99 @@ def main(argv: list[str] | None = None) -> int:
     if args._role == "otlp_sink":
         _run_loop(_otlp_sink(), args._port)
         return 0
-    if args._role == "bare":
-        _run_loop(_bare_app(args._upstream), args._port)
+    if args._role in ("bare", "bare_asyncio"):
+        _run_loop(_bare_app(args._upstream), args._port, use_uvloop=args._role == "bare")
         return 0
     if args.workers[0] != 1:
         ap.error("--workers: the first count must be 1 (the ratios compare single processes)")
-
     if not shutil.which("wrk"):
         print("toolproxy.bench needs wrk (Debian: apt-get install wrk)", file=sys.stderr)
         return 2
+    if args.profile is not None:
+        args.py_spy = args.py_spy or shutil.which("py-spy")
+        if args.py_spy is None:
+            print("toolproxy.bench --profile needs py-spy (pip install py-spy; it is not a toolproxy dependency), "
+                  "or --py-spy PATH", file=sys.stderr)
+            return 2
+    upstream_kind = args.upstream or ("nginx" if nginx_binary() else "fake")
+    if upstream_kind == "nginx" and nginx_binary() is None:
+        print("toolproxy.bench: --upstream nginx needs nginx (Debian: apt-get install nginx)", file=sys.stderr)
+        return 2
+    cores = pinned_cores() if args.layout == "pinned" else None
+    if args.layout == "pinned" and cores is None:
+        print("toolproxy.bench: --layout pinned needs two cores; measuring unpinned", file=sys.stderr)
 
     tmp = Path(tempfile.mkdtemp(prefix="toolproxy-bench-"))
+    try:
+        return _bench(args, tmp, upstream_kind, cores)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bench(args, tmp: Path, upstream_kind: str, cores: tuple[int, int] | None) -> int:
     script = tmp / "post.lua"
     script.write_text(
         "wrk.method = 'POST'\nwrk.headers['Content-Type'] = 'application/json'\n"
         f"wrk.headers['Authorization'] = 'Bearer sk-bench'\nwrk.body = [[{CHAT_BODY.decode()}]]\n"
     )
+    everywhere = os.sched_getaffinity(0)
+    if cores is not None:
+        os.sched_setaffinity(0, {cores[0]})  # inherited by every process the fleet starts
     fleet = Fleet(tmp)
-    up_port = fleet.upstream("toolproxy.bench")
-    upstream = f"http://127.0.0.1:{up_port}"
-    targets = {"direct": upstream}
-    for n in args.workers:
-        name = "toolproxy" if n == 1 else f"toolproxy_w{n}"
-        targets[name], proc = fleet.toolproxy(upstream, tmp / f"data-{name}", n)
-        if n == 1:
-            tp = proc
-    for n in args.workers:
-        targets["bare_aiohttp" if n == 1 else f"bare_aiohttp_w{n}"] = fleet.bare(upstream, n)
-    if args.page_poll:
-        targets["toolproxy_no_page"] = fleet.toolproxy(upstream, tmp / "data-off", 1, "--no-live-page")[0]
-        targets["toolproxy_page_open"] = fleet.toolproxy(upstream, tmp / "data-page")[0]
-    if args.otlp:
-        sink = _free_port()
-        fleet.spawn([sys.executable, "-m", "toolproxy.bench", "otlp_sink", str(sink)])
-        targets["toolproxy_otlp"] = fleet.toolproxy(upstream, tmp / "data-otlp", 1, "--otlp-endpoint", f"http://127.0.0.1:{sink}")[0]
-        targets["toolproxy_otlp_down"] = fleet.toolproxy(upstream, tmp / "data-otlp-down", 1, "--otlp-endpoint",
-                                                         f"http://127.0.0.1:{_free_port()}")[0]
-    if not args.no_nginx and (nginx := fleet.nginx(up_port)) is not None:
-        targets["nginx"] = nginx
-    data = tmp / "data-toolproxy"
-    page = None
-
-    results: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
     try:
-        for url in targets.values():
-            _wait_http(url)
-        path = "/v1/chat/completions"
-        for url in targets.values():  # warm-up: connections, caches, JIT-free but allocator-warm
-            _wrk(url + path, 16, 1, script)
-        rss_warm = _rss_kb(tp.pid)
+        if upstream_kind == "nginx":
+            up_port = fleet.nginx_upstream(REPLY)
+        else:
+            up_port = fleet.upstream("toolproxy.bench")
+        upstream = f"http://127.0.0.1:{up_port}"
+        targets = {"direct": upstream}
+        tp = None
+        for n in args.workers:
+            name = "toolproxy" if n == 1 else f"toolproxy_w{n}"
+            targets[name], proc = fleet.toolproxy(upstream, tmp / f"data-{name}", n)
+            tp = tp or proc
+        targets["toolproxy_no_page"] = fleet.toolproxy(upstream, tmp / "data-off", 1, "--no-live-page")[0]
+        for n in args.workers:
+            targets["bare_aiohttp" if n == 1 else f"bare_aiohttp_w{n}"] = fleet.bare(upstream, n)
+        targets[FLOOR] = fleet.bare(upstream, 1, use_uvloop=False)
         if args.page_poll:
-            page = _PagePoller(targets["toolproxy_page_open"], args.page_poll)
+            targets["toolproxy_page_open"] = fleet.toolproxy(upstream, tmp / "data-page")[0]
+        if args.otlp:
+            sink = _free_port()
+            fleet.spawn([sys.executable, "-m", "toolproxy.bench", "otlp_sink", str(sink)])
+            targets["toolproxy_otlp"] = fleet.toolproxy(upstream, tmp / "data-otlp", 1, "--otlp-endpoint", f"http://127.0.0.1:{sink}")[0]
+            targets["toolproxy_otlp_down"] = fleet.toolproxy(upstream, tmp / "data-otlp-down", 1, "--otlp-endpoint",
+                                                             f"http://127.0.0.1:{_free_port()}")[0]
+        if not args.no_nginx and (nginx := fleet.nginx(up_port)) is not None:
+            targets["nginx"] = nginx
+        os.sched_setaffinity(0, everywhere if cores is None else {cores[1]})  # the load generator's core
+        measured = _measure(args, fleet, targets, tp, script, streams=upstream_kind == "fake")
+        if args.profile is not None:
+            measured["profiles"] = {name: _profile(args, fleet, targets[name], script)
+                                    for name in ("toolproxy", "toolproxy_no_page", "bare_aiohttp", FLOOR)}
+    finally:
+        fleet.stop()
+    print(_report(args, measured, upstream_kind, cores))
+    if args.profile is not None:
+        print(f"\nWhere the CPU per request goes: py-spy samples over {args.profile:g}s of c64 per target, each thread's "
+              f"CPU split by its samples (toolproxy.benchprofile); load average {os.getloadavg()[0]:.1f}\n")
+        print(benchprofile.breakdown_table(measured["profiles"], FLOOR))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(measured, indent=2))
+    return 0
+
+
+def _measure(args, fleet: Fleet, targets: dict[str, str], tp: subprocess.Popen, script: Path, streams: bool) -> dict:
+    """Every measurement of one run, as plain data: per target and round, and toolproxy's own counts."""
+    path = "/v1/chat/completions"
+    results: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
+    for url in targets.values():
+        _wait_http(url)
+    for url in targets.values():  # warm-up: connections, caches, JIT-free but allocator-warm
+        _wrk(url + path, 16, 1, script)
+    rss_warm = _rss_kb(tp.pid)
+    page = _PagePoller(targets["toolproxy_page_open"], args.page_poll) if args.page_poll else None
+    try:
         for rnd in range(args.rounds):
             c1_all = _c1_interleaved(targets, path, args.c1_requests)
             for name, url in targets.items():
@@ -554,75 +695,129 @@ def main(argv: list[str] | None = None) -> int:
                 cpu0 = fleet.cpu_s(url)
                 c64 = _wrk(url + path, 64, args.seconds, script)
                 cpu_per_req = (fleet.cpu_s(url) - cpu0) / max(c64["requests"], 1) * 1e6
-                ttfb = asyncio.run(_ttfb(url + path, args.ttfb_requests))
                 r = results[name]
                 for key, val in (("c1_p50", c1["p50_us"]), ("c1_p99", c1["p99_us"]), ("c64_rps", c64["rps"]),
-                                 ("c64_p99", c64["p99_us"]), ("c64_cpu_us", cpu_per_req), ("ttfb_p50", statistics.median(ttfb)),
+                                 ("c64_p99", c64["p99_us"]), ("c64_cpu_us", cpu_per_req),
                                  ("errors", c1["non2xx"] + c64["non2xx"])):
                     r.setdefault(key, []).append(val)
-                print(f"round {rnd + 1}/{args.rounds} {name}: c1 p50 {c1['p50_us']:.0f}us, c64 {c64['rps']:.0f} req/s ({cpu_per_req:.0f} us CPU/req), "
-                      f"ttfb p50 {statistics.median(ttfb):.0f}us", file=sys.stderr, flush=True)
-        stats = json.loads(urllib.request.urlopen(targets["toolproxy"] + "/_toolproxy/stats").read())
+                line = (f"round {rnd + 1}/{args.rounds} {name}: c1 p50 {c1['p50_us']:.0f}us, c64 {c64['rps']:.0f} req/s "
+                        f"({cpu_per_req:.0f} us CPU/req)")
+                if streams:
+                    ttfb = statistics.median(asyncio.run(_ttfb(url + path, args.ttfb_requests)))
+                    r.setdefault("ttfb_p50", []).append(ttfb)
+                    line += f", ttfb p50 {ttfb:.0f}us"
+                print(line, file=sys.stderr, flush=True)
+        rss_trees = {name: rss_kb(fleet.tree(url)) for name, url in targets.items() if name != "direct"}
+        stats = _stats(targets["toolproxy"])
         while stats["exchanges"] < args.total:
             _wrk(targets["toolproxy"] + path, 64, 5, script)
-            stats = json.loads(urllib.request.urlopen(targets["toolproxy"] + "/_toolproxy/stats").read())
+            stats = _stats(targets["toolproxy"])
         time.sleep(1.0)
-        stats = json.loads(urllib.request.urlopen(targets["toolproxy"] + "/_toolproxy/stats").read())
+        stats = _stats(targets["toolproxy"])
         rss_after = _rss_kb(tp.pid)
-        otlp = {name: json.loads(urllib.request.urlopen(targets[name] + "/_toolproxy/stats").read())["otlp"]
-                for name in ("toolproxy_otlp", "toolproxy_otlp_down") if name in targets}
+        otlp = {name: _stats(targets[name])["otlp"] for name in ("toolproxy_otlp", "toolproxy_otlp_down") if name in targets}
+        data = fleet.tmp / "data-toolproxy"
         seg_bytes = sum(p.stat().st_size for p in (data / "segments").glob("*.jsonl"))
         views = {name: json.loads(urllib.request.urlopen(targets[name] + "/_toolproxy/live?limit=1").read())
                  for name in ("toolproxy", "toolproxy_page_open") if name in targets}
     finally:
         if page is not None:
             page.stop()
-        fleet.stop()
+    return {"medians": {n: {k: statistics.median(v) for k, v in r.items()} for n, r in results.items()}, "raw": results,
+            "rss_tree_kb": rss_trees, "rss_warm_kb": rss_warm, "rss_after_kb": rss_after, "segment_bytes": seg_bytes,
+            "proxy_stats": stats, "otlp": otlp, "views": views, "load_average": os.getloadavg()}
 
-    med = {n: {k: statistics.median(v) for k, v in r.items()} for n, r in results.items()}
-    direct = med["direct"]
+
+def _profile(args, fleet: Fleet, url: str, script: Path) -> dict[str, float]:
+    """{part: CPU us per request} of the processes serving `url` under c64 (toolproxy.benchprofile)."""
+    path = "/v1/chat/completions"
+    pids = fleet.tree(url)
+    cpu0 = benchprofile.thread_cpu(pids)
+    load = subprocess.Popen(_wrk_command(url + path, 64, args.profile + 2, script), stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    raw = benchprofile.record(args.py_spy, fleet.roots[url][0], args.profile, fleet.tmp / "profile.txt")
+    out, _ = load.communicate(timeout=args.profile + 60)
+    cpu1 = benchprofile.thread_cpu(fleet.tree(url))
+    cpu = {tid: (pid, comm, seconds - cpu0.get(tid, (0, "", 0.0))[2]) for tid, (pid, comm, seconds) in cpu1.items()}
+    return benchprofile.attribute(benchprofile.read_samples(raw), cpu, _wrk_result(url, out)["requests"],
+                                  set(fleet.roots[url]))
+
+
+def _stats(url: str) -> dict:
+    return json.loads(urllib.request.urlopen(url + "/_toolproxy/stats").read())
+
+
+def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | None) -> str:
+    med, results, stats = measured["medians"], measured["raw"], measured["proxy_stats"]
+    direct, floor = med["direct"], med[FLOOR]
+    layout = (f"pinned: proxies and upstream on core {cores[0]}, wrk and the c1 client on core {cores[1]}"
+              if cores is not None else "unpinned")
     lines = [
-        f"toolproxy.bench: {args.rounds} interleaved rounds x {args.seconds:g}s per measurement, medians; "
-        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; c1: {args.c1_requests} requests per target "
-        "per round, targets taking turns request by request; c64: wrk on 127.0.0.1",
+        f"toolproxy.bench: {args.rounds} interleaved rounds x {args.seconds:g}s per measurement, medians; {layout}; "
+        f"upstream {upstream_kind}; request {len(CHAT_BODY):,} B; {os.cpu_count()} cores, load average "
+        f"{measured['load_average'][0]:.1f} at the end; c1: {args.c1_requests} requests per target per round, targets "
+        "taking turns request by request; c64: wrk on 127.0.0.1",
         "",
-        "| target | c1 p50 (us) | added p50 (us) | c1 p99 (us) | c64 req/s | c64 p99 (us) | c64 CPU/req (us) | stream TTFB p50 (us) | TTFB overhead (us) | non-2xx |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| target | c1 p50 (us) | added p50 (us) | c1 p99 (us) | c64 req/s | c64 p99 (us) | c64 CPU/req (us) | RSS of its processes (MiB) |"
+        + (" stream TTFB p50 (us) | TTFB overhead (us) |" if "ttfb_p50" in direct else "") + " non-2xx |",
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if "ttfb_p50" in direct else "") + "---|",
     ]
     for name, m in med.items():
+        rss = measured["rss_tree_kb"].get(name)
+        row = (f"| {name} | {m['c1_p50']:.0f} | {m['c1_p50'] - direct['c1_p50']:.0f} | {m['c1_p99']:.0f} | {m['c64_rps']:.0f} | "
+               f"{m['c64_p99']:.0f} | {m['c64_cpu_us']:.0f} | {'-' if rss is None else f'{rss / 1024:.1f}'} |")
+        if "ttfb_p50" in direct:
+            row += f" {m['ttfb_p50']:.0f} | {m['ttfb_p50'] - direct['ttfb_p50']:.0f} |"
+        lines.append(row + f" {int(sum(results[name]['errors']))} |")
+
+    added_floor = floor["c1_p50"] - direct["c1_p50"]
+    lines += ["", f"Against the floor ({FLOOR}: the bare aiohttp pass-through without uvloop; target >= 1.0x):", "",
+              "| target | c64 req/s vs floor | CPU/req: floor / target | added c1 p50: target / floor | RSS vs floor |",
+              "|---|---|---|---|---|"]
+    rss_floor = measured["rss_tree_kb"][FLOOR]
+    for name, m in med.items():
+        if name in ("direct", FLOOR):
+            continue
         added = m["c1_p50"] - direct["c1_p50"]
-        ttfb_over = m["ttfb_p50"] - direct["ttfb_p50"]
-        lines.append(
-            f"| {name} | {m['c1_p50']:.0f} | {added:.0f} | {m['c1_p99']:.0f} | {m['c64_rps']:.0f} | {m['c64_p99']:.0f} | {m['c64_cpu_us']:.0f} | "
-            f"{m['ttfb_p50']:.0f} | {ttfb_over:.0f} | {int(sum(results[name]['errors']))} |"
-        )
+        lines.append(f"| {name} | {m['c64_rps'] / floor['c64_rps']:.2f}x | {floor['c64_cpu_us'] / m['c64_cpu_us']:.2f}x | "
+                     + (f"{added / added_floor:.2f}x" if added_floor > 0 else "n/a")
+                     + f" | {measured['rss_tree_kb'][name] / rss_floor:.2f}x |")
+
     tpm, bare = med["toolproxy"], med["bare_aiohttp"]
     added_tp = tpm["c1_p50"] - direct["c1_p50"]
     added_bare = bare["c1_p50"] - direct["c1_p50"]
     written = stats["recording"]["written"]
     lines += [
         "",
-        "| ratio (toolproxy vs bare aiohttp pass-through) | value | target |",
+        "| ratio (toolproxy vs bare aiohttp pass-through with uvloop) | value | target |",
         "|---|---|---|",
         f"| c64 throughput | {tpm['c64_rps'] / bare['c64_rps']:.2f}x | >= 1.0x |",
         f"| c64 CPU per request (bare / toolproxy: throughput a free core would give) | {bare['c64_cpu_us'] / tpm['c64_cpu_us']:.2f}x | >= 1.0x |",
         f"| added p50 latency at c1 | {added_tp / added_bare:.2f}x | <= 1.1x |" if added_bare > 0 else "| added p50 latency at c1 | n/a | <= 1.1x |",
-        f"| stream TTFB overhead vs direct | {(tpm['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | < 2 ms |",
-        f"| RSS after warm-up -> after {stats['exchanges']} exchanges | {rss_warm / 1024:.1f} MiB -> {rss_after / 1024:.1f} MiB | flat |",
-        f"| bytes on disk per exchange | {seg_bytes / max(written, 1):.0f} B | - |",
-        f"| records written / dropped | {written} / {stats['recording']['dropped']} | all / 0 |",
     ]
-    if page is not None:
-        pg, off = med["toolproxy_page_open"], med["toolproxy_no_page"]
+    if "ttfb_p50" in direct:
+        lines.append(f"| stream TTFB overhead vs direct | {(tpm['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | < 2 ms |")
+    off = med["toolproxy_no_page"]
+    lines += [
+        f"| RSS after warm-up -> after {stats['exchanges']} exchanges | {measured['rss_warm_kb'] / 1024:.1f} MiB -> "
+        f"{measured['rss_after_kb'] / 1024:.1f} MiB | flat |",
+        f"| bytes on disk per exchange | {measured['segment_bytes'] / max(written, 1):.0f} B | - |",
+        f"| records written / dropped | {written} / {stats['recording']['dropped']} | all / 0 |",
+        f"| c64 throughput, live page on (classifier running) vs --no-live-page | {tpm['c64_rps'] / off['c64_rps']:.2f}x | >= 0.95x |",
+        f"| RSS of the process tree, live page on vs --no-live-page | {measured['rss_tree_kb']['toolproxy'] / 1024:.1f} MiB vs "
+        f"{measured['rss_tree_kb']['toolproxy_no_page'] / 1024:.1f} MiB | - |",
+    ]
+    if args.page_poll:
+        pg = med["toolproxy_page_open"]
         lines += [
             f"| c64 throughput, /_toolproxy/ page open (polled every {args.page_poll:g}s) vs closed | "
             f"{pg['c64_rps'] / tpm['c64_rps']:.2f}x | >= 0.95x |",
             f"| c1 p50 latency, page open vs closed | {pg['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.05x |",
-            f"| c64 throughput, page closed (classifier running) vs --no-live-page | {tpm['c64_rps'] / off['c64_rps']:.2f}x | >= 0.95x |",
         ]
-        for name, v in views.items():
-            lines.append(f"| {name}: exchanges classified / counted unclassified (classifier behind) | "
-                         f"{v['classified']} / {sum(v['unclassified'].values())} | - |")
+    for name, v in measured["views"].items():
+        lines.append(f"| {name}: exchanges classified / counted unclassified (classifier behind) | "
+                     f"{v['classified']} / {sum(v['unclassified'].values())} | - |")
+    otlp = measured["otlp"]
     if otlp:
         up, down = med["toolproxy_otlp"], med["toolproxy_otlp_down"]
         sent, lost = otlp["toolproxy_otlp"], otlp["toolproxy_otlp_down"]
@@ -641,13 +836,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| c64 throughput, {n} processes vs 1 (bare aiohttp) | {baren['c64_rps'] / bare['c64_rps']:.2f}x | - |",
             f"| c64 throughput, toolproxy vs bare, {n} processes each | {tpn['c64_rps'] / baren['c64_rps']:.2f}x | - |",
         ]
-    print("\n".join(lines))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"medians": med, "raw": results, "rss_warm_kb": rss_warm,
-                                                   "rss_after_kb": rss_after, "segment_bytes": seg_bytes,
-                                                   "proxy_stats": stats}, indent=2))
-    shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable
 from aiohttp import web
 
 from toolproxy import __version__
+from toolproxy.gcpause import settle_for_serving
 from toolproxy.otlp.shipper import SpanShipper
 from toolproxy.proxy import serverlog
 from toolproxy.proxy.auth import Auth
@@ -222,6 +223,7 @@ async def serve(config: ProxyConfig, worker: "Worker | None" = None) -> None:
     # about a tenth of the CPU a forwarded request costs.
     app.freeze()
     await app.startup()
+    settle_for_serving()
     server = ListeningServer(functools.partial(serve_request, app[STATE]), app[STATE].refusals.parser_rejected,
                              **server_settings(config))
     runner = web.ServerRunner(server)

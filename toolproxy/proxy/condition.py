@@ -26,6 +26,8 @@ class Condition(Addon):
         rec = flow.rec
         if rec.condition == "native":
             # Under native the only rewrite is --bridge's translation for a chat-only upstream.
+            if not self.options.bridge:
+                return
             planned = bridge.plan(RequestView(flow.request.method, rec.path, flow.up_query, flow.up_headers, flow.body),
                                   self.options)
             if isinstance(planned, Reject):

@@ -7,16 +7,18 @@ line, and sends what arrived in messages of at most HANDOFF records to a classif
 which classifies each record with the analyzer's own per-record code
 (analysis.records.analyze_record: the same outcome, sub-kind and surface `analyze` will store) and
 keeps the counters, the recent exchanges and each run's attempts, from which it derives turns,
-episodes and roles as the report does when the page asks (toolproxy.proxy.liveturns). Classifying costs about as much CPU as forwarding,
-so it cannot share the proxy's interpreter (the GIL), and the classifier process runs only on CPU
-time nothing else wants. The page's requests ask it for a report off the loop.
+episodes and roles as the report does when the page asks (toolproxy.proxy.liveturns). Classifying
+costs about as much CPU as forwarding, so it cannot share the proxy's interpreter (the GIL), and
+the classifier process runs only on CPU time nothing else wants. The page's requests ask it for a report off the loop.
 
 The proxy never waits for the classifier. When it falls behind, the inbox lets its oldest records
 go unclassified: they are still counted (run, status class, error), as `unclassified` with the
 reason, so the page's exchange counts stay those of the proxy and it says how many turns it could
 not classify. Bodies spilled to disk (too large to hold in memory) are counted the same way.
 
-Memory is bounded whatever the traffic: the inbox holds at most INBOX records, the recent list is
+Memory is bounded whatever the traffic: the inbox holds at most INBOX records and INBOX_BYTES of
+them (a count alone let a flood of long contexts hold hundreds of megabytes, and even short ones,
+held while the classifier is starved, spread over the proxy's heap), the recent list is
 a ring of RECENT exchanges whose bodies are cut at BODY_CHARS, the per-run counters are
 integers for at most MAX_RUNS runs, and the attempts kept for the turns are bounded per run and in
 all (liveturns).
@@ -33,30 +35,30 @@ import dataclasses
 import itertools
 import multiprocessing
 import os
-import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections import Counter
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
-from toolproxy.proxy.children import start_child
+from toolproxy.proxy.children import sigint_ignored
 from toolproxy.record.model import Record, encode_record, stored_text
 
 if TYPE_CHECKING:  # the analyzer's modules load in the classifier process only
     from toolproxy.proxy.liveturns import Held
 
 INBOX = 1_000
+INBOX_BYTES = 1 << 20
 RECENT = 300
 BODY_CHARS = 64 * 1024
 MAX_RUNS = 200
 FEED_EVERY = 0.05  # seconds between the feeder's hand-offs
 HANDOFF = 256  # records per message to the classifier at most
-SLICE = 32  # records classified between looks for a question from the page
+SLICE = 32  # records the classifier classifies between looks for a question from the page
 ASK_TIMEOUT = 5.0
 UNTAGGED_RUN = "(untagged)"  # as the analyzer names it
 OTHER_RUNS = "(other runs)"
@@ -126,6 +128,11 @@ def outcome_key(summary: dict) -> str | None:
     from toolproxy.analysis.runline import composition_key
 
     return composition_key(summary["outcome"], summary["sub_kind"], summary["surface"])
+
+
+def _body_chars(rec: Record) -> int:
+    """What a record without its line holds, near enough: its bodies."""
+    return sum(len(b) for b in (rec.request_body, rec.response_body, rec.client_body) if isinstance(b, str))
 
 
 def brief(rec: Record) -> tuple:
@@ -347,26 +354,6 @@ def _merge_run(a: dict, b: dict) -> dict:
     return out
 
 
-def _answer_peer(listener: socket.socket, tally: Tally) -> None:
-    """One question from a peer worker's page handler: a JSON line in, a JSON document out."""
-    try:
-        conn, _ = listener.accept()
-    except OSError:
-        return
-    with conn:
-        try:
-            conn.settimeout(2.0)
-            data = b""
-            while not data.endswith(b"\n") and len(data) < 4096:
-                piece = conn.recv(4096)
-                if not piece:
-                    break
-                data += piece
-            conn.sendall(orjson.dumps(tally.answer(orjson.loads(data))))
-        except (OSError, ValueError, TypeError, IndexError):
-            pass  # a peer that hung up or asked nonsense: it reports the worker as not answering
-
-
 def ask_peer(path: str | Path, query: list, timeout: float = ASK_TIMEOUT) -> Any:
     """Ask another worker's classifier (blocking: call it off the loop). OSError when it does not answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -382,96 +369,7 @@ def ask_peer(path: str | Path, query: list, timeout: float = ASK_TIMEOUT) -> Any
         raise OSError(f"an incomplete answer ({exc})") from None
 
 
-def _lowest_priority() -> None:
-    """Run only on CPU time nothing else wants (SCHED_IDLE; nice 19 where that is refused).
-
-    Not just a low nice value: a nice-19 process that holds a core when the proxy wakes up can
-    keep it waiting for a scheduler slice (milliseconds, under saturation, on every wake-up), while
-    a SCHED_IDLE one is preempted at once. On a machine that is never idle the classifier falls
-    behind instead, which the page says.
-    """
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        try:
-            os.nice(19)
-        except OSError:
-            pass
-
-
-def _log_lines(tally: Tally, lines: list[bytes], texts: list[str | None]) -> str:
-    """Classify each record, and serve's line for each that has one, with its outcome appended
-    (analysis.runline.exchange_text): the line says what the report will say of the exchange."""
-    from toolproxy.analysis.runline import exchange_text
-    from toolproxy.printable import printable
-
-    out = []
-    for line, text in zip(lines, texts):
-        summary = tally.add(line)
-        if text:
-            said = exchange_text(summary) if summary is not None else "not classified: the analyzer could not read it"
-            out.append(f"{text} -> {printable(said)}\n")
-    return "".join(out)
-
-
-def _classifier(records: Connection, queries: Connection, socket_path: str | None, recent: int, max_runs: int) -> None:
-    """The classifier process: batches of records in, answers to the page's questions out.
-
-    Questions are answered between slices of a batch, so the page stays quick while a large batch
-    is classified; the next batch is received only when this one is done, which is what makes
-    the feeder wait and the proxy's inbox, not this process, bound the backlog.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the proxy stops us itself
-    _lowest_priority()
-    tally = Tally(recent, max_runs)
-    listener = None
-    if socket_path is not None:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(socket_path)
-            listener.listen(16)
-        except OSError as exc:  # the page then says this worker does not answer; its counts go on
-            print(f"toolproxy: the live page cannot ask this worker ({socket_path}: {exc})", file=sys.stderr, flush=True)
-            listener.close()
-            listener = socket_path = None
-    lines: list[bytes] = []
-    texts: list[str | None] = []
-    pos = 0
-    try:
-        while True:
-            busy = pos < len(lines)
-            watch = [queries, *([listener] if listener is not None else []), *([] if busy else [records])]
-            for conn in wait(watch, timeout=0 if busy else None):
-                if conn is listener:
-                    _answer_peer(listener, tally)
-                    continue
-                try:
-                    msg = conn.recv() if conn is queries else conn.recv_bytes()
-                except EOFError:
-                    return
-                if conn is queries:
-                    seq, query = msg
-                    queries.send((seq, tally.answer(query)))
-                elif not msg:
-                    return
-                else:
-                    head, _, body = msg.partition(b"\n")
-                    tally.observed, counted, texts = orjson.loads(head)
-                    tally.count({tuple(c[:4]): c[4:] for c in counted})
-                    lines, pos = [line for line in body.split(b"\n") if line], 0
-            printed = _log_lines(tally, lines[pos:pos + SLICE], texts[pos:pos + SLICE])
-            if printed:
-                _print(printed)
-            pos += SLICE
-    finally:
-        if socket_path is not None:
-            try:
-                os.unlink(socket_path)
-            except OSError:
-                pass
-
-
-def _print(text: str) -> None:
+def print_lines(text: str) -> None:
     """serve's lines on stdout, whichever process has them; a closed stdout costs no records."""
     try:
         sys.stdout.write(text)
@@ -488,12 +386,15 @@ class LiveView:
     classified gets its line at once, saying so.
     """
 
-    def __init__(self, *, inbox: int = INBOX, recent: int = RECENT, max_runs: int = MAX_RUNS,
-                 log: Callable[[Record], str | None] | None = None) -> None:
+    def __init__(self, *, inbox: int = INBOX, inbox_bytes: int = INBOX_BYTES, recent: int = RECENT,
+                 max_runs: int = MAX_RUNS, log: Callable[[Record], str | None] | None = None) -> None:
         self.log = log
-        # (brief, line or record, serve's line for it or None)
-        self._inbox: collections.deque[tuple[tuple, bytes | Record, str | None]] = collections.deque()
-        self._inbox_max = inbox
+        # (brief, line or record, serve's line for it or None, its size): the writer thread
+        # appends, the feeder takes.
+        self._inbox: collections.deque[tuple[tuple, bytes | Record, str | None, int]] = collections.deque()
+        self._inbox_max, self._inbox_bytes_max = inbox, inbox_bytes
+        self._inbox_bytes = 0
+        self._inbox_lock = threading.Lock()
         self._recent, self._max_runs = recent, max_runs
         self._stopping = threading.Event()
         self._ask = threading.Lock()  # one question at a time on the query pipe
@@ -510,17 +411,22 @@ class LiveView:
         self._feeder = threading.Thread(target=self._feed, name="toolproxy-liveview", daemon=True)
 
     def start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        rec_out, rec_in = ctx.Pipe(duplex=False)
-        self._queries, child_queries = ctx.Pipe()
+        rec_out, rec_in = multiprocessing.Pipe(duplex=False)
+        self._queries, child_queries = multiprocessing.Pipe()
         self._records = rec_in
-        sock = str(self.socket_path) if self.socket_path is not None else None
-        self._proc = ctx.Process(target=_classifier, args=(rec_out, child_queries, sock, self._recent, self._max_runs),
-                                 name="toolproxy-classifier", daemon=True)
-        start_child(self._proc)
+        # The child finds toolproxy where this process did (as multiprocessing's spawn would tell it).
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        fds = (rec_out.fileno(), child_queries.fileno())
+        cmd = [sys.executable, "-m", "toolproxy.proxy.classifier", *map(str, fds),
+               str(self.socket_path or ""), str(self._recent), str(self._max_runs)]
+        with sigint_ignored():
+            self._proc = subprocess.Popen(cmd, pass_fds=fds, env=env, stdin=subprocess.DEVNULL)
         rec_out.close()
         child_queries.close()
         self._feeder.start()
+
+    def _running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
@@ -532,10 +438,16 @@ class LiveView:
                     self._records.send_bytes(b"")
                 except (OSError, ValueError):
                     pass
-                self._proc.join(timeout)
-            if self._proc.is_alive():
+                self._wait(timeout)
+            if self._running():
                 self._proc.terminate()
-                self._proc.join(timeout)
+                self._wait(timeout)
+
+    def _wait(self, timeout: float) -> None:
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
 
     def observe(self, rec: Record, line: bytes | None = None, classifiable: bool = True) -> None:
         """Called by the writer thread per written record, with its JSON line when the writer has
@@ -549,13 +461,17 @@ class LiveView:
             self._count(brief(rec), LARGE, text)
             return
         inbox = self._inbox
-        if len(inbox) >= self._inbox_max:
-            try:
-                about, _, oldest = inbox.popleft()
-                self._count(about, BEHIND, oldest)
-            except IndexError:  # the feeder took them all meanwhile
-                pass
-        inbox.append((brief(rec), rec if line is None else line, text))
+        size = len(line) if line is not None else _body_chars(rec)
+        dropped = []
+        with self._inbox_lock:
+            inbox.append((brief(rec), rec if line is None else line, text, size))
+            self._inbox_bytes += size
+            while len(inbox) > self._inbox_max or (self._inbox_bytes > self._inbox_bytes_max and len(inbox) > 1):
+                oldest = inbox.popleft()
+                self._inbox_bytes -= oldest[3]
+                dropped.append(oldest)
+        for about, _, said, _ in dropped:  # counted (and its line printed) outside the lock
+            self._count(about, BEHIND, said)
 
     def prints(self, rec: Record) -> bool:
         """Whether this view prints `rec`'s line (the writer then leaves it out)."""
@@ -563,7 +479,7 @@ class LiveView:
 
     def _count(self, about: tuple, why: str, text: str | None = None) -> None:
         if text:
-            _print(f"{text} -> not classified live ({_WHY[why]})\n")
+            print_lines(f"{text} -> not classified live ({_WHY[why]})\n")
         run, cls, error, started = about
         key = (run, cls, error, why)
         with self._count_lock:
@@ -613,10 +529,11 @@ class LiveView:
         none), and serve's line for each."""
         inbox, lines, texts = self._inbox, [], []
         while len(lines) < most:
-            try:
-                about, line, text = inbox.popleft()
-            except IndexError:  # empty, or observe let the oldest go meanwhile
-                break
+            with self._inbox_lock:
+                if not inbox:
+                    break
+                about, line, text, size = inbox.popleft()
+                self._inbox_bytes -= size
             if not isinstance(line, bytes):
                 try:
                     line = encode_record(line)
@@ -628,7 +545,7 @@ class LiveView:
         return lines, texts
 
     def _question(self, query: tuple) -> Any:
-        if self.broken or self._proc is None or not self._proc.is_alive():
+        if self.broken or not self._running():
             self.broken = self.broken or "the classifier process is not running"
             return None
         with self._ask:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Awaitable
 
+# The spill files' cipher, loaded with the proxy rather than by its first spill, on the loop.
+import cryptography.hazmat.primitives.ciphers  # noqa: F401
+
 from toolproxy.record.spill import SpilledBody
 
 _BATCH = 1024 * 1024

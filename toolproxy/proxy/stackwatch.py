@@ -32,6 +32,9 @@ ATTEMPT_PATHS = ("/chat/completions", "/completions", "/api/chat", "/api/generat
 _KEY = '"model"'
 _MAX_PENDING = 256
 MAX_MODELS = 32
+# Characters of bodies scanned between yields to the loop: a yield per body (a step of this task
+# per request) cost more than scanning a short body, and a long one still yields right after it.
+SCAN_BATCH_CHARS = 64 * 1024
 PROBE_GAP = 5.0
 
 
@@ -157,8 +160,11 @@ class StackWatch(Addon):
         while True:
             await self._wake.wait()
             self._wake.clear()
+            scanned = 0
             while self._pending:
-                name = self._new_model(self._pending.popleft())
+                body = self._pending.popleft()
+                scanned += len(body)
+                name = self._new_model(body)
                 if name is not None:
                     if len(self.fingerprints) > MAX_MODELS:
                         self.not_probed += 1
@@ -166,4 +172,6 @@ class StackWatch(Addon):
                         await asyncio.sleep(max(0.0, next_probe - loop.time()))
                         next_probe = loop.time() + PROBE_GAP
                         await self.fingerprint(name)
-                await asyncio.sleep(0)  # let requests run between bodies
+                if scanned >= SCAN_BATCH_CHARS:
+                    scanned = 0
+                    await asyncio.sleep(0)  # let requests run between batches of bodies

@@ -20,7 +20,11 @@ from typing import Any, Iterator
 import orjson
 
 from toolproxy.record.chunks import BODY_FIELDS, ChunkError, ChunkSource, is_chunk_line
-from toolproxy.record.writer import SEGMENT_DIR, SEGMENT_SUFFIX
+
+# Where the writer (record/writer.py) puts its segments; named here, with the reader, so that what
+# only reads records never imports the writer.
+SEGMENT_DIR = "segments"
+SEGMENT_SUFFIX = ".jsonl"
 
 
 @dataclass(frozen=True, slots=True)

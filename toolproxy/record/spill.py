@@ -26,7 +26,6 @@ import tempfile
 from typing import Iterator
 
 import orjson
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from toolproxy.record.model import Record, encode_record
 
@@ -42,7 +41,11 @@ _BLOCK = 16
 
 
 def _cipher(nonce: bytes, block: int):
-    """AES-CTR positioned at block `block` of a file."""
+    """AES-CTR positioned at block `block` of a file. (cryptography is imported here, not with the
+    module: the analyzer and the live page's classifier import this module for its names and never
+    spill; the proxy loads it at startup, proxy/spool.py.)"""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     return Cipher(algorithms.AES(_KEY), modes.CTR(nonce + block.to_bytes(8, "big")))
 
 

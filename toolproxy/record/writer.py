@@ -50,10 +50,9 @@ from typing import Callable
 
 from toolproxy.record.chunks import INLINE_BODY_CHARS, ChunkPacker
 from toolproxy.record.model import Record, encode_record
+from toolproxy.record.segments import SEGMENT_DIR, SEGMENT_SUFFIX
 from toolproxy.record.spill import has_spilled, record_pieces
 
-SEGMENT_DIR = "segments"
-SEGMENT_SUFFIX = ".jsonl"
 # The stream of refused requests' records (proxy/refusals.py) has segments of its own, named like
 # the others with this before the suffix: a disk budget can then tell them apart and never prune
 # an exchange's record to make room for them.
