@@ -139,6 +139,7 @@ def conversation_keys(
     reply: tuple[str | None, list] | None,
     reply_ids: Sequence[str] = (),
     asks_again: bool = False,
+    reply_unread: bool = False,
 ) -> Keys:
     """Hashes that place one attempt in its conversation.
 
@@ -146,20 +147,24 @@ def conversation_keys(
     chain_hash: the message list extended by the reply the harness got (content, canon calls);
       the next turn of the same episode lists it as a parent.
     parent_hashes: the keys of the turns this request may continue, in the order they are tried
-      (build_episodes takes the first one it knows), longest conversation first: the dropped-reply
-      keys of the prefixes after the last assistant message (longest first), the ids key of the last
+      (build_episodes takes the first one it knows), longest conversation first: the request keys
+      of the prefixes after the last assistant message (longest first), the ids key of the last
       assistant messages' calls, the rolling hash after the last assistant message, the echo keys
       of the last assistant messages (_echo_parents), the tail key (the conversation without its
-      leading system messages, up to the last assistant message), then the rolling hash after each
-      earlier assistant message (longest first).
+      leading system messages, up to the last assistant message), the unread keys of the state
+      before those messages and of its tail (the request they answered, if its reply could not be
+      read whole), then the rolling hash after each earlier assistant message (longest first).
     item_hash: messages + offered tool names, for pairing the same item across runs.
     tool_results: how many messages return a tool's result to the model (see _is_tool_result).
     reply_keys: the keys beside chain_hash that a later request names this reply by: its ids key
-      (the reply's call ids, `reply_ids`: what tells identical conversations apart) and its tail key.
+      (the reply's call ids, `reply_ids`: what tells identical conversations apart), its tail key,
+      and, when `reply_unread` (a call's arguments did not parse, so the reply's canonical form may
+      not be the one the harness writes back: dspy repairs the JSON), the unread keys of this
+      request and of its tail.
     rejects: the messages after the last assistant message say the harness could not use the reply
       before them (analysis.harnesses).
     asks_again: the request may be the one before it asked again in the harness's fallback format
-      (analysis.protocols.Reading.fallback): its own state's dropped-reply key is tried first, so it
+      (analysis.protocols.Reading.fallback): its own state's request key is tried first, so it
       continues the turn that asked the same (turn_facts then reads that turn as rejected).
     """
     # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
@@ -175,7 +180,7 @@ def conversation_keys(
     block: list[str] = []  # their texts
     block_calls: list = []
     block_ids: list[str] = []
-    block_prefix = None
+    block_prefix = block_tail = None  # the running hash before it, and the tail hash
     tail_parent = None
     after: list = []  # running hashes after each message since the last assistant one (and the first non-system one)
     after_texts: list[str] = []  # those messages' texts
@@ -189,7 +194,7 @@ def conversation_keys(
             results += _is_tool_result(role, content, text)
             calls = _message_calls(m) if m.get("tool_calls") else []
             if role == "assistant" and prev_role != "assistant":
-                block, block_calls, block_ids, block_prefix = [], [], [], running.copy()
+                block, block_calls, block_ids, block_prefix, block_tail = [], [], [], running.copy(), tail.hexdigest()
             canon = _canon(role, text, calls)
             update(canon)
             leading = leading and role in _SYSTEM_ROLES
@@ -215,7 +220,7 @@ def conversation_keys(
     dropped = []
     for prefix in reversed(after[:-1]):  # longest first; the whole list is this request's own state
         prefix.update(state_suffix)
-        dropped.append(dropped_key(prefix.hexdigest()))
+        dropped.append(request_key(prefix.hexdigest()))
     # Longest conversation first: every key that ends at the last assistant message (its exact
     # hash, then the same conversation as an echo or without its system prompt) comes before the
     # exact hash of any earlier one. An earlier one may name a turn another request continued
@@ -226,18 +231,25 @@ def conversation_keys(
     if block_ids and parents:
         parents.insert(0, ids_key(parents[0], block_ids))
     if block_prefix is not None:
-        parents += _echo_parents(block, block_calls, block_prefix, state_suffix, tool_names)
+        before = block_prefix.copy()
+        before.update(state_suffix)
+        before_last = before.hexdigest()
+        parents += _echo_parents(block, block_calls, before_last, tool_names)
     if tail_parent is not None:
         parents.append(tail_parent)
+    if block_prefix is not None:  # the request those messages answered, when its reply's reading lost something
+        parents += [unread_key(before_last), unread_key(block_tail)]
     parents += earlier
     state = running.copy()
     state.update(state_suffix)
     if asks_again:
-        dropped.insert(0, dropped_key(state.hexdigest()))
+        dropped.insert(0, request_key(state.hexdigest()))
     item = running.copy()
     item.update(b"\x00item" + orjson.dumps(sorted(tool_names)))
     chain = None
     reply_keys = []
+    if reply is not None and reply_unread:
+        reply_keys += [unread_key(state.hexdigest()), unread_key(tail.hexdigest())]
     if reply is not None:
         canon = _canon("assistant", _text(reply[0]), canon_calls(reply[1]))
         extended = running.copy()
@@ -263,10 +275,19 @@ def ids_key(chain_hash: str, ids: Sequence[str]) -> str:
     return _digest(b"ids\x00" + chain_hash.encode() + b"\x00" + "\x00".join(ids).encode()).hex()
 
 
-def dropped_key(state_hash: str) -> str:
-    """The key a request that dropped a reply names the turn by: the state of the request the
-    reply answered."""
+def request_key(state_hash: str) -> str:
+    """The key a later request names a turn by through the state of the request that turn answered,
+    without its reply: the harness dropped the reply and added words of its own, or asked the same
+    again in another format."""
     return _digest(b"dropped\x00" + state_hash.encode()).hex()
+
+
+def unread_key(state_hash: str) -> str:
+    """The key of a turn whose reply could not be read whole (a call's arguments did not parse), by
+    the state (or tail) of its request: a later request that extends that request by one assistant
+    message continues it, whatever the harness made of the reply (dspy repairs the JSON a model
+    broke before it writes the step into its next prompt)."""
+    return _digest(b"unread\x00" + state_hash.encode()).hex()
 
 
 def echo_key(state_hash: str, signature: str) -> str:
@@ -275,10 +296,10 @@ def echo_key(state_hash: str, signature: str) -> str:
     return _digest(b"echo\x00" + state_hash.encode() + b"\x00" + signature.encode()).hex()
 
 
-def _echo_parents(block: Sequence[str], calls: list, prefix, state_suffix: bytes, tool_names: Sequence[str]) -> list[str]:
-    """echo_key(state before, calls) of the request's last run of assistant messages (`block`: their
-    texts, with its structured `calls`; prefix: the running hash before it), for its structured calls,
-    else for every reading of calls re-serialised in its text (analysis.echoes).
+def _echo_parents(block: Sequence[str], calls: list, before: str, tool_names: Sequence[str]) -> list[str]:
+    """echo_key(before, calls) of the request's last run of assistant messages (`block`: their
+    texts, with its structured `calls`; `before`: the state of the conversation before it), for its
+    structured calls, else for every reading of calls re-serialised in its text (analysis.echoes).
 
     Only the last run: it answers the turn just before this request, the one to chain to, and
     looking no further keeps the text search at one block per request, not one per turn.
@@ -294,9 +315,6 @@ def _echo_parents(block: Sequence[str], calls: list, prefix, state_suffix: bytes
         signatures = [EMPTY_ECHO]
     else:
         signatures = [call_signature(canon_calls(r)) for r in echoed_calls(text, tool_names)]
-    state = prefix.copy()
-    state.update(state_suffix)
-    before = state.hexdigest()
     return [echo_key(before, sig) for sig in signatures]
 
 
@@ -389,7 +407,7 @@ class Episode:
 def chain_keys(a: Attempt) -> list[str]:
     """The keys a later request names this attempt by when it continues the conversation (its
     parent_hashes): the conversation extended by the reply, that reply's ids and tail keys, the
-    echo key of the reply's calls (or of an empty reply), and its request's dropped-reply key."""
+    echo key of the reply's calls (or of an empty reply), and its request's request key."""
     keys = [a.chain_hash] if a.chain_hash else []
     keys += a.reply_keys
     if a.state_hash and a.call_signature:
@@ -397,7 +415,7 @@ def chain_keys(a: Attempt) -> list[str]:
     elif a.state_hash and a.outcome == NON_RESPONSE and a.sub_kind in EMPTY_REPLIES:
         keys.append(echo_key(a.state_hash, EMPTY_ECHO))
     if a.state_hash:
-        keys.append(dropped_key(a.state_hash))
+        keys.append(request_key(a.state_hash))
     return keys
 
 

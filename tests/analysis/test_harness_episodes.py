@@ -33,6 +33,8 @@ class Case:
 
 CALL, ANSWER = ("valid_call", "call", True, None), ("prose", "answer", False, None)
 TEXT_CALL = ("valid_call", "call", False, None)  # a call the stack left in the text; the harness took it for an answer
+DSPY_REJECTED = ("hallucinated_call", "call", False, "dspy")  # fields dspy could not parse: asked again
+DSPY_BAD_ARGS = ("invalid_args", "call", False, "dspy")
 CASES = [
     # Identical episodes at the same time: three threads, one question, calls told apart by their ids.
     Case("emulated/openai-threads", [[CALL, ANSWER]] * 3, 3),
@@ -81,9 +83,14 @@ CASES = [
          ("hallucinated_call", "no_tools", False, None)],
     ], 1),
     # dspy could not parse the ChatAdapter's fields and asked the same step again through its JSON
-    # fallback: the same episode, the unparsed reply rejected. Both runs stopped by the rig's timeout.
-    Case("llamacpp/truth-dspy", [[("hallucinated_call", "call", False, "dspy"), ("invalid_args", "call", False, "dspy")],
-                                 [("invalid_args", "call", False, "dspy")]], 0),
+    # fallback: the same episode, the unparsed reply rejected. Paris ran out of iterations, its last
+    # step's arguments broken JSON that dspy repaired before writing the step into its extract
+    # prompt: still one episode, the extraction its no_tools wrap-up. Tokyo chose finish after its
+    # tool's error: an answer to the report (a tool result came back), not after the tool ran.
+    Case("llamacpp/truth-dspy", [
+        [DSPY_REJECTED, DSPY_BAD_ARGS] * 3 + [DSPY_BAD_ARGS, ("prose", "no_tools", False, "dspy")],
+        [DSPY_REJECTED] + [DSPY_BAD_ARGS] * 3 + [("invalid_args", "answer", False, "dspy"), ("prose", "no_tools", False, "dspy")],
+    ], 1, "-1: finish came after the tool failed on its arguments: the harness's tool never ran"),
     # mini-swe-agent ends only by its submit command as a bash call: a reply without a tool call is
     # answered "No tool calls found" and dropped, and three in a row end the task unanswered (the
     # last one here the submit command in a bash fence: prose to the harness, not its answer).
@@ -98,7 +105,10 @@ CASES = [
 
 
 def answered(record: dict) -> int:
-    """The episodes the harness itself ended with an answer, by its own account."""
+    """The episodes the harness itself ended with an answer, by its own account (the truth rig's:
+    the agent's own answer after the tool ran)."""
+    if all("tool_ran" in e for e in record["episodes"]):
+        return sum(bool(e["answer"]) and e["tool_ran"] and not e["stopped"] for e in record["episodes"])
     harness = record["harness"]
     if harness.startswith("smolagents"):
         return sum(e.get("state") == "success" for e in record["episodes"])

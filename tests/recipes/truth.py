@@ -147,9 +147,14 @@ def table(stack: str, results: dict[str, list[dict]], report: dict[str, dict]) -
         roles = r.get("roles") or {}
         notes = []
         untooled = sum(x["answers_without_tool"] for x in runs)
+        ours_answers = (r.get("answer_rate") or {}).get("numerator")
+        theirs = sum(x["answers"] for x in runs)
         if untooled:
             notes.append(f"the harness returned {_plural(untooled, 'reply', 'replies')} as its answer without the tool "
-                         "ever running (a call left in text: lost, not answered)")
+                         "ever running (a call left in the text is lost, not answered)")
+            if ours_answers is not None and 0 < ours_answers - theirs <= untooled:
+                notes.append(f"{ours_answers - theirs} of those came after a tool result that was an error (the tool "
+                             "failed before it ran): an answer to the report, which counts any tool result")
         forced = sum(x["forced_answers"] for x in runs)
         if forced:
             notes.append(f"{_plural(forced, 'answer', 'answers')} the harness asked for itself after a limit stopped the "
@@ -166,7 +171,7 @@ def table(stack: str, results: dict[str, list[dict]], report: dict[str, dict]) -
         lines.append(" | ".join([
             f"| {ROWS[check_id]}", stack, _pair(r.get("episodes"), len(runs)), str(roles.get("call", 0)),
             _pair((r.get("delivered_fidelity") or {}).get("numerator"), sum(x["executions"] for x in runs)),
-            _pair((r.get("answer_rate") or {}).get("numerator"), sum(x["answers"] for x in runs)),
+            _pair(ours_answers, theirs),
             ", ".join(str(x["exit"]) for x in runs), "; ".join(notes) or "-"]) + " |")
     return "\n".join(lines) + "\n"
 
