@@ -96,39 +96,39 @@ class _Not(_Expr):
 
 
 @dataclass(frozen=True)
-class _Any(_Expr):
+class _Join(_Expr):
+    """parts joined by OR (any) or AND (all)."""
+
+    word: str
     parts: tuple
 
     def sql(self) -> str:
-        return "(" + " OR ".join(p.sql() for p in self.parts) + ")"
+        return "(" + f" {self.word} ".join(p.sql() for p in self.parts) + ")"
 
     def value(self, row):
         values = [p.value(row) for p in self.parts]
-        return True if True in values else None if None in values else False
+        decisive = self.word == "OR"  # the value that settles it: a true part of an OR, a false one of an AND
+        return decisive if decisive in values else None if None in values else not decisive
 
 
-@dataclass(frozen=True)
-class _All(_Expr):
-    parts: tuple
+def _any(*parts: _Expr) -> _Join:
+    return _Join("OR", parts)
 
-    def sql(self) -> str:
-        return "(" + " AND ".join(p.sql() for p in self.parts) + ")"
 
-    def value(self, row):
-        values = [p.value(row) for p in self.parts]
-        return False if False in values else None if None in values else True
+def _all(*parts: _Expr) -> _Join:
+    return _Join("AND", parts)
 
 
 _OUTCOME = _Col("outcome")
 # What may end an episode as its answer: the harness's finishing call, or prose where the harness
 # has no finishing tool of its own.
-_ANSWERS = _Any((_Col("finishes", False), _All((_Is(_OUTCOME, PROSE), _Null(_Col("finisher"))))))
+_ANSWERS = _any(_Col("finishes", False), _all(_Is(_OUTCOME, PROSE), _Null(_Col("finisher"))))
 # (role, when), tried in order; a turn none fits is `open`.
 RULES: tuple[tuple[str | None, _Expr], ...] = (
     (None, _Is(_OUTCOME, NON_RESPONSE)),
     (NO_TOOLS, _Not(_Col("offered_tools"))),
     (ABSTAIN, _Is(_Col("expect"), "none")),
-    (CALL, _Any((_Col("rejected", False), _Not(_Col("last_with_tools", _Col("is_last"))), _Not(_ANSWERS)))),
+    (CALL, _any(_Col("rejected", False), _Not(_Col("last_with_tools", _Col("is_last"))), _Not(_ANSWERS))),
     (ANSWER, _Col("saw_result")),
     (CALL, _Is(_Col("expect"), "call")),
 )
