@@ -1,7 +1,7 @@
 """The metrics of a run, in one place, counted by DuckDB over the turns and their roles.
 
 A metric must give a correct agent full marks, so each counts only the turns its question is
-about (turn roles: analysis.turns.ROLE_SQL):
+about (turn roles: analysis.roles):
 
 - call fidelity (the headline): valid_call turns / `call` turns, whatever the surface the call
   came in: did the model produce a valid call when one was due?
@@ -32,7 +32,7 @@ from toolproxy.analysis import stats
 from toolproxy.analysis.expect import Rule, expectation
 from toolproxy.analysis.outcomes import ROLES
 from toolproxy.analysis.reanalyze import stored_rules
-from toolproxy.analysis.turns import ROLE_SQL
+from toolproxy.analysis.roles import ROLE_SQL
 
 METRICS = ("call_fidelity", "delivered_fidelity", "restraint", "delivered_restraint", "answer_rate", "paper_fidelity")
 METRIC_LABELS = {

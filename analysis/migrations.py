@@ -228,4 +228,12 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE turns ADD COLUMN last_with_tools BOOLEAN;
         """,
     ),
+    (
+        7,
+        "the harness whose finishing tool a request offered: its call, not prose, answers there",
+        """
+        ALTER TABLE exchanges ADD COLUMN finisher VARCHAR;
+        ALTER TABLE turns ADD COLUMN finisher VARCHAR;
+        """,
+    ),
 ]

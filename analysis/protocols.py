@@ -50,11 +50,14 @@ _MAX_TOOLS = 128
 class Reading:
     """A request read under a prompt protocol. `tools`: the tools its prompt offers (chat-completions
     function tools), None when this step offers none (dspy's extract); `messages`: the conversation
-    in chat terms."""
+    in chat terms. `fallback`: written in the format the harness falls back to when it could not
+    parse a reply (dspy's JSONAdapter after the ChatAdapter's fields), so it may be the step just
+    asked, asked again."""
 
     protocol: str
     tools: list[dict] | None
     messages: list[dict]
+    fallback: bool = False
 
 
 def _text(content: Any) -> str | None:
@@ -97,7 +100,7 @@ def reply_message(protocol: str, text: str | None, calls: list) -> tuple[str, li
     canonical form read_prompt gives the same step when the harness writes it back."""
     text = text or ""
     if protocol == DSPY:
-        fields = _fields(text)
+        fields = _fields(text) or _json_fields(text)
         return (fields.get("next_thought", text) if fields else text).strip(), calls
     if protocol == REACT:
         return _react_thought(text), calls
@@ -170,6 +173,10 @@ _DSPY_TOOL = re.compile(r"\((\d+)\) ([A-Za-z_][\w.-]{0,127}), whose description 
 _DSPY_ARGS = "</desc>. It takes arguments "
 _RESPOND = "\n\nRespond with "
 _STEP = re.compile(r"(thought|tool_name|tool_args|observation)_(\d+)")
+# The adapter's part of a system message, between dspy's field list and the task's instructions.
+_STRUCTURE = "All interactions will be structured in the following way"
+_OBJECTIVE = "In adhering to this structure, your objective is:"
+_JSON_OUTPUTS = "Outputs will be a JSON object with the following fields."
 
 
 def _fields(text: str) -> dict[str, str]:
@@ -203,7 +210,10 @@ def _dspy_tools(system: str) -> list[dict]:
 def _read_dspy(messages: Sequence[Any], texts: list[str | None]) -> Reading | None:
     system, user = texts[0] if texts else None, texts[-1]
     if not system or not user or len(messages) < 2 or "Your output fields are:" not in system \
-            or "[[ ## completed ## ]]" not in system or len(system) > MAX_TEXT or len(user) > MAX_TEXT:
+            or len(system) > MAX_TEXT or len(user) > MAX_TEXT:
+        return None
+    json_format = _JSON_OUTPUTS in system
+    if not json_format and "[[ ## completed ## ]]" not in system:
         return None
     if not (isinstance(messages[0], dict) and messages[0].get("role") == "system"
             and isinstance(messages[-1], dict) and messages[-1].get("role") == "user"):
@@ -222,14 +232,24 @@ def _read_dspy(messages: Sequence[Any], texts: list[str | None]) -> Reading | No
         return None  # a dspy program without tools: no protocol to read
     asked = "\n\n".join(f"[[ ## {k} ## ]]\n{v}" for k, v in fields.items()
                         if k != "trajectory" and _STEP.fullmatch(k) is None)
-    canonical = [messages[0], *messages[1:-1], {"role": "user", "content": asked}]
+    canonical = [{"role": "system", "content": _dspy_task(system)}, *messages[1:-1], {"role": "user", "content": asked}]
     for thought, name, args, observation in steps:
         value, error = parse_arguments(args)
         call = {"id": None, "type": "function", "function": {"name": name, "arguments": value if error is None else args}}
         canonical.append({"role": "assistant", "content": thought, "tool_calls": [call]})
         if observation is not None:
             canonical.append({"role": "tool", "content": observation})
-    return Reading(DSPY, tools, canonical)
+    return Reading(DSPY, tools, canonical, fallback=json_format)
+
+
+def _dspy_task(system: str) -> str:
+    """The system message without the part its adapter writes (how fields are laid out, as
+    `[[ ## name ## ]]` sections or as a JSON object): one step reads the same under either."""
+    start = system.find(_STRUCTURE)
+    end = system.find(_OBJECTIVE, start)
+    if start < 0 or end < 0:
+        return system
+    return system[:start] + system[end:]
 
 
 def _trajectory(fields: dict[str, str]) -> list[tuple[str, str, str, str | None]]:

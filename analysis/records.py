@@ -176,6 +176,10 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     tool_hash = tools_row.hash if tools_row else None
     names: list[str] = tools_row.names if tools_row else []
 
+    # The harness's own finishing tool, when the request offers one (analysis.harnesses): its call,
+    # not prose, is then the episode's answer.
+    finisher = harnesses.finisher(protocol, tools, request.messages) if tools else None
+
     upstream_reply = None
     view = None
     if is_attempt:
@@ -205,6 +209,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     reply_ids: list = []
     signature = None
     finishes = None
+    unread = False  # a call's arguments did not parse: the reply's canonical form may not be the harness's
     if view is not None:
         c = classify(
             view, status=view_status, error_kind=rec.get("error_kind"), tools=tools,
@@ -230,8 +235,10 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
                 chain_reply = reply_message(protocol, view.content, [
                     (call.name, call.arguments if call.arguments is not None else call.arguments_raw) for call in c.calls])
         signature = call_signature([(call.name, call.arguments) for call in c.calls])
+        unread = any(call.arguments is None and call.arguments_raw is not None for call in c.calls)
         # Named and offered, valid or not: a harness that stops there took it as the answer.
-        finishes = outcome in ("valid_call", "invalid_args") and harnesses.finishes(protocol, [call.name for call in c.calls])
+        finishes = outcome in ("valid_call", "invalid_args") and harnesses.finishes(
+            finisher, [(call.name, call.arguments) for call in c.calls], any(call.format != "tool_calls" for call in c.calls))
 
     keys = None
     model = None
@@ -251,7 +258,8 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
             # request's state too (its link to the earlier turn is made after ingest).
             messages = [{"role": "previous_response", "content": previous}, *messages]
         keys = conversation_keys(messages, tool_set=tool_hash, tool_names=names, model=model, reply=chain_reply,
-                                 reply_ids=reply_ids)
+                                 reply_ids=reply_ids, asks_again=reading is not None and reading.fallback,
+                                 reply_unread=unread)
 
     usage = upstream_reply if upstream_reply is not None else view
     record_meta = {
@@ -298,6 +306,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         "item_hash": keys.item_hash if keys else None, "call_signature": signature,
         "tool_results": keys.tool_results if keys else None, "protocol": protocol,
         "reply_keys": keys.reply_keys if keys else None, "rejects": keys.rejects if keys else None, "finishes": finishes,
+        "finisher": finisher.harness if finisher is not None else None,
     }
     return Analyzed(row, calls_out, tools_row)
 

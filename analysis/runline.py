@@ -42,17 +42,17 @@ class Share:
 
 @dataclass(frozen=True)
 class RunLine:
-    """What one line says of a run. `unit` is what was counted: the report's turns, or the live
-    page's exchanges (a harness's retry of one turn is one turn there, two exchanges here)."""
+    """What one line says of a run, counted in turns (a harness's retries of one request are one
+    turn) whether the report or the live page counted them."""
 
     run: str
-    unit: str
-    total: int
+    total: int  # turns
     call: Share  # valid calls / those due a call
     delivered: Share  # of those, the calls that reached the harness as calls
     non_responses: dict[str, int] = field(default_factory=dict)
     causes: dict[str, str] = field(default_factory=dict)  # sub-kind -> the record's words for it
     episodes: int | None = None
+    answers: Share | None = None  # episodes ending in an answer / those with a call, answer or open turn
 
     @property
     def rejected(self) -> bool:
@@ -73,12 +73,13 @@ class RunLine:
         """The parts a table or a page shows: call, delivered, lost, and the verdict (rej or None)."""
         undefined = REJ if self.rejected else "-"
         return {"call": self.call.text(undefined), "delivered": self.delivered.text(undefined),
+                "answered": (self.answers or Share(0, 0)).text(undefined),
                 "lost": self.lost, "verdict": REJ if self.rejected else None,
                 "non_responses": sum(self.non_responses.values()), "cause": self.cause() or None}
 
     def text(self) -> str:
         head = f"run {self.run}: " + (f"{self.episodes} episodes, " if self.episodes is not None else "") + \
-            f"{self.total} {self.unit}"
+            f"{self.total} turns"
         if self.total == 0:
             return head + ": nothing classified yet"
         if self.rejected:
@@ -86,6 +87,8 @@ class RunLine:
         out = f"{head} ({self.call.n} due a call); call fidelity {self.call.text()}, delivered {self.delivered.text()}"
         if self.lost:
             out += f"; {self.lost} valid call{'s' if self.lost != 1 else ''} left in text, lost in serving"
+        if self.answers is not None:
+            out += f"; answered {self.answers.text()}"
         n = sum(self.non_responses.values())
         out += f"; non-responses {n}" + (f" ({self.cause()})" if n else "")
         return out
@@ -114,9 +117,9 @@ def _share(metric: dict | None) -> Share:
 
 def from_report(run: dict) -> RunLine:
     """A run of `report --format json`."""
-    return RunLine(run["run"], "turns", int(run.get("turns") or 0), _share(run.get("call_fidelity")),
+    return RunLine(run["run"], int(run.get("turns") or 0), _share(run.get("call_fidelity")),
                    _share(run.get("delivered_fidelity")), dict(run.get("non_response_kinds") or {}),
-                   dict(run.get("non_response_causes") or {}), run.get("episodes"))
+                   dict(run.get("non_response_causes") or {}), run.get("episodes"), _share(run.get("answer_rate")))
 
 
 # ---------------------------------------------------------------- one exchange, as it happens
@@ -146,6 +149,15 @@ def exchange_text(summary: dict) -> str:
     if got is False:
         return f"{key}: left in text, the harness got prose (lost unless it parses text itself)"
     return key
+
+
+def composition_key(outcome: str | None, sub_kind: str | None, surface: str | None) -> str | None:
+    """outcome/surface for a produced turn or exchange, non_response/sub-kind for a non-response
+    (as the report splits them)."""
+    if not outcome:
+        return None
+    detail = sub_kind if outcome == NON_RESPONSE else surface
+    return f"{outcome}/{detail}" if detail else outcome
 
 
 # What a turn's outcome looks like in a composition bar: a valid call that reached the harness is

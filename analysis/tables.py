@@ -62,8 +62,9 @@ EXCHANGES = Table("exchanges", {
     "tool_results": _I, "analyzer_version": _I,
     # the prompt protocol the request was read under (analysis.protocols), the other keys a later
     # request names its reply by, whether it says the harness rejected the reply before it, and
-    # whether its reply ends the episode through the harness's finishing tool
-    "protocol": _V, "reply_keys": "VARCHAR[]", "rejects": _BOOL, "finishes": _BOOL,
+    # whether its reply ends the episode through the harness's finishing tool; the harness whose
+    # finishing tool the request offered (analysis.harnesses: its call, not prose, is the answer)
+    "protocol": _V, "reply_keys": "VARCHAR[]", "rejects": _BOOL, "finishes": _BOOL, "finisher": _V,
 })
 TOOL_SETS = Table("tool_sets", {"hash": _V, "tools": _J, "names": "VARCHAR[]"})
 TURNS = Table("turns", {
@@ -72,6 +73,7 @@ TURNS = Table("turns", {
     "final_exchange_id": _V, "finish_reason": _V, "harness_saw_prose": _BOOL, "content": _V, "role": _V, "expect": _V,
     "delivered": _BOOL, "offered_tools": _BOOL, "tool_results": _I, "saw_result": _BOOL, "is_last": _BOOL,
     "analyzer_version": _I, "protocol": _V, "rejected": _BOOL, "finishes": _BOOL, "last_with_tools": _BOOL,
+    "finisher": _V,
 })
 CALLS = Table("calls", {
     "turn_id": _V, "exchange_id": _V, "idx": _I, "name": _V, "arguments_raw": _V, "arguments": _J, "surface": _V,

@@ -11,7 +11,7 @@ own, by the state of the request before it; one that swapped its system prompt t
 conversation without it. Identical episodes running at the same time are told apart by the ids of
 their replies' calls, and each is continued once even when nothing tells them apart.
 
-Every produced turn then gets a role (ROLE_SQL), which says what the turn was for and so which
+Every produced turn then gets a role (analysis.roles), which says what the turn was for and so which
 metric counts it: a correct agent that calls a tool and then answers in prose must score full
 marks, so its final answer is an `answer`, not a missed call.
 
@@ -37,7 +37,8 @@ from toolproxy.analysis import harnesses
 from toolproxy.analysis.columns import share_strings
 from toolproxy.analysis.echoes import echoed_calls
 from toolproxy.analysis.expect import Rule, expectation
-from toolproxy.analysis.outcomes import ANALYZER_VERSION, EMPTY_REPLIES, NON_RESPONSE, PROSE, VALID_CALL
+from toolproxy.analysis.outcomes import ANALYZER_VERSION, EMPTY_REPLIES, NON_RESPONSE, VALID_CALL
+from toolproxy.analysis.roles import ROLE_SQL
 from toolproxy.analysis.tables import EPISODES, TURNS
 from toolproxy.gcpause import gc_paused
 
@@ -137,6 +138,8 @@ def conversation_keys(
     model: str | None,
     reply: tuple[str | None, list] | None,
     reply_ids: Sequence[str] = (),
+    asks_again: bool = False,
+    reply_unread: bool = False,
 ) -> Keys:
     """Hashes that place one attempt in its conversation.
 
@@ -144,17 +147,25 @@ def conversation_keys(
     chain_hash: the message list extended by the reply the harness got (content, canon calls);
       the next turn of the same episode lists it as a parent.
     parent_hashes: the keys of the turns this request may continue, in the order they are tried
-      (build_episodes takes the first one it knows): the dropped-reply keys of the prefixes after
-      the last assistant message (longest first), the ids key of the last assistant messages' calls,
-      the rolling hash after each assistant message (longest first), the echo keys of the last
-      assistant messages (_echo_parents), and the tail key (the conversation without its leading
-      system messages, up to the last assistant message).
+      (build_episodes takes the first one it knows), longest conversation first: the request keys
+      of the prefixes after the last assistant message (longest first), the ids key of the last
+      assistant messages' calls, the rolling hash after the last assistant message, the echo keys
+      of the last assistant messages (_echo_parents), the tail key (the conversation without its
+      leading system messages, up to the last assistant message), the unread keys of the state
+      before those messages and of its tail (the request they answered, if its reply could not be
+      read whole), then the rolling hash after each earlier assistant message (longest first).
     item_hash: messages + offered tool names, for pairing the same item across runs.
     tool_results: how many messages return a tool's result to the model (see _is_tool_result).
     reply_keys: the keys beside chain_hash that a later request names this reply by: its ids key
-      (the reply's call ids, `reply_ids`: what tells identical conversations apart) and its tail key.
+      (the reply's call ids, `reply_ids`: what tells identical conversations apart), its tail key,
+      and, when `reply_unread` (a call's arguments did not parse, so the reply's canonical form may
+      not be the one the harness writes back: dspy repairs the JSON), the unread keys of this
+      request and of its tail.
     rejects: the messages after the last assistant message say the harness could not use the reply
       before them (analysis.harnesses).
+    asks_again: the request may be the one before it asked again in the harness's fallback format
+      (analysis.protocols.Reading.fallback): its own state's request key is tried first, so it
+      continues the turn that asked the same (turn_facts then reads that turn as rejected).
     """
     # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
     # hash is a copy of the running state, which keeps this linear in the conversation length.
@@ -169,7 +180,7 @@ def conversation_keys(
     block: list[str] = []  # their texts
     block_calls: list = []
     block_ids: list[str] = []
-    block_prefix = None
+    block_prefix = block_tail = None  # the running hash before it, and the tail hash
     tail_parent = None
     after: list = []  # running hashes after each message since the last assistant one (and the first non-system one)
     after_texts: list[str] = []  # those messages' texts
@@ -183,7 +194,7 @@ def conversation_keys(
             results += _is_tool_result(role, content, text)
             calls = _message_calls(m) if m.get("tool_calls") else []
             if role == "assistant" and prev_role != "assistant":
-                block, block_calls, block_ids, block_prefix = [], [], [], running.copy()
+                block, block_calls, block_ids, block_prefix, block_tail = [], [], [], running.copy(), tail.hexdigest()
             canon = _canon(role, text, calls)
             update(canon)
             leading = leading and role in _SYSTEM_ROLES
@@ -209,19 +220,36 @@ def conversation_keys(
     dropped = []
     for prefix in reversed(after[:-1]):  # longest first; the whole list is this request's own state
         prefix.update(state_suffix)
-        dropped.append(dropped_key(prefix.hexdigest()))
+        dropped.append(request_key(prefix.hexdigest()))
+    # Longest conversation first: every key that ends at the last assistant message (its exact
+    # hash, then the same conversation as an echo or without its system prompt) comes before the
+    # exact hash of any earlier one. An earlier one may name a turn another request continued
+    # already (smolagents resends a call as text, which only its echo key matches, after a reply
+    # it kept as it came), and the first key known decides.
+    earlier = parents[1:]
+    del parents[1:]
     if block_ids and parents:
         parents.insert(0, ids_key(parents[0], block_ids))
     if block_prefix is not None:
-        parents += _echo_parents(block, block_calls, block_prefix, state_suffix, tool_names)
+        before = block_prefix.copy()
+        before.update(state_suffix)
+        before_last = before.hexdigest()
+        parents += _echo_parents(block, block_calls, before_last, tool_names)
     if tail_parent is not None:
         parents.append(tail_parent)
+    if block_prefix is not None:  # the request those messages answered, when its reply's reading lost something
+        parents += [unread_key(before_last), unread_key(block_tail)]
+    parents += earlier
     state = running.copy()
     state.update(state_suffix)
+    if asks_again:
+        dropped.insert(0, request_key(state.hexdigest()))
     item = running.copy()
     item.update(b"\x00item" + orjson.dumps(sorted(tool_names)))
     chain = None
     reply_keys = []
+    if reply is not None and reply_unread:
+        reply_keys += [unread_key(state.hexdigest()), unread_key(tail.hexdigest())]
     if reply is not None:
         canon = _canon("assistant", _text(reply[0]), canon_calls(reply[1]))
         extended = running.copy()
@@ -247,10 +275,19 @@ def ids_key(chain_hash: str, ids: Sequence[str]) -> str:
     return _digest(b"ids\x00" + chain_hash.encode() + b"\x00" + "\x00".join(ids).encode()).hex()
 
 
-def dropped_key(state_hash: str) -> str:
-    """The key a request that dropped a reply names the turn by: the state of the request the
-    reply answered."""
+def request_key(state_hash: str) -> str:
+    """The key a later request names a turn by through the state of the request that turn answered,
+    without its reply: the harness dropped the reply and added words of its own, or asked the same
+    again in another format."""
     return _digest(b"dropped\x00" + state_hash.encode()).hex()
+
+
+def unread_key(state_hash: str) -> str:
+    """The key of a turn whose reply could not be read whole (a call's arguments did not parse), by
+    the state (or tail) of its request: a later request that extends that request by one assistant
+    message continues it, whatever the harness made of the reply (dspy repairs the JSON a model
+    broke before it writes the step into its next prompt)."""
+    return _digest(b"unread\x00" + state_hash.encode()).hex()
 
 
 def echo_key(state_hash: str, signature: str) -> str:
@@ -259,10 +296,10 @@ def echo_key(state_hash: str, signature: str) -> str:
     return _digest(b"echo\x00" + state_hash.encode() + b"\x00" + signature.encode()).hex()
 
 
-def _echo_parents(block: Sequence[str], calls: list, prefix, state_suffix: bytes, tool_names: Sequence[str]) -> list[str]:
-    """echo_key(state before, calls) of the request's last run of assistant messages (`block`: their
-    texts, with its structured `calls`; prefix: the running hash before it), for its structured calls,
-    else for every reading of calls re-serialised in its text (analysis.echoes).
+def _echo_parents(block: Sequence[str], calls: list, before: str, tool_names: Sequence[str]) -> list[str]:
+    """echo_key(before, calls) of the request's last run of assistant messages (`block`: their
+    texts, with its structured `calls`; `before`: the state of the conversation before it), for its
+    structured calls, else for every reading of calls re-serialised in its text (analysis.echoes).
 
     Only the last run: it answers the turn just before this request, the one to chain to, and
     looking no further keeps the text search at one block per request, not one per turn.
@@ -278,9 +315,6 @@ def _echo_parents(block: Sequence[str], calls: list, prefix, state_suffix: bytes
         signatures = [EMPTY_ECHO]
     else:
         signatures = [call_signature(canon_calls(r)) for r in echoed_calls(text, tool_names)]
-    state = prefix.copy()
-    state.update(state_suffix)
-    before = state.hexdigest()
     return [echo_key(before, sig) for sig in signatures]
 
 
@@ -325,6 +359,24 @@ class Attempt:
     offered: bool = True  # its request offered tools (in a `tools` field or its prompt)
 
 
+def attempt_of(row: dict, share=lambda value: value) -> Attempt:
+    """The Attempt of an exchanges row as analysis.records makes it (what derive's _ATTEMPTS_SQL
+    reads back of it). `share` maps each string that repeats along a run (its tags, outcome, the
+    conversation keys later requests name again) to the object to keep, so it is held once."""
+    tags = orjson.loads(row["tags"]) if row.get("tags") else {}
+    category = tags.get("category") if isinstance(tags, dict) else None
+    if category is not None and not isinstance(category, str):
+        category = orjson.dumps(category).decode()
+    kept = [None if v is None else share(v) for v in (row["episode"], row["item"], category, row["condition"],
+                                                        row["outcome"], row["sub_kind"], row["tags"])]
+    episode, item, category, condition, outcome, sub_kind, tags_text = kept
+    return Attempt(
+        row["id"], episode, item, category, condition, outcome, sub_kind, bool(row["harness_saw_prose"]),
+        row["state_hash"], row["chain_hash"], [share(k) for k in row["parent_hashes"] or ()], row["item_hash"],
+        row["call_signature"], tags_text, row["tool_results"] or 0, [share(k) for k in row["reply_keys"] or ()],
+        bool(row["rejects"]), row["tool_set"] is not None)
+
+
 @dataclass(slots=True)
 class Turn:
     attempts: list[Attempt]
@@ -355,7 +407,7 @@ class Episode:
 def chain_keys(a: Attempt) -> list[str]:
     """The keys a later request names this attempt by when it continues the conversation (its
     parent_hashes): the conversation extended by the reply, that reply's ids and tail keys, the
-    echo key of the reply's calls (or of an empty reply), and its request's dropped-reply key."""
+    echo key of the reply's calls (or of an empty reply), and its request's request key."""
     keys = [a.chain_hash] if a.chain_hash else []
     keys += a.reply_keys
     if a.state_hash and a.call_signature:
@@ -363,7 +415,7 @@ def chain_keys(a: Attempt) -> list[str]:
     elif a.state_hash and a.outcome == NON_RESPONSE and a.sub_kind in EMPTY_REPLIES:
         keys.append(echo_key(a.state_hash, EMPTY_ECHO))
     if a.state_hash:
-        keys.append(dropped_key(a.state_hash))
+        keys.append(request_key(a.state_hash))
     return keys
 
 
@@ -548,31 +600,6 @@ def loop_reason(signatures: Sequence[str | None], run_median: float) -> str | No
     return None
 
 
-# A produced turn's role, from what it did and where it stands in its episode. One definition,
-# in SQL, so the analyzer stores it and a report recomputes it under an analyst's expectation
-# rules the same way:
-#   no_tools  the request offered no tools (left out of every tool metric)
-#   abstain   the item expects no call (scored by restraint)
-#   call      any call attempt, or prose the harness answered with another turn offering tools (it
-#             had to nudge), or a reply the harness rejected (analysis.harnesses)
-#   answer    prose, or a valid call to the harness's finishing tool (smolagents' final_answer,
-#             dspy's finish), ending the episode's tool use after a tool result came back
-#   call      the same ending an item that expects a call
-#   open      the same ending an episode that saw no tool result and has no expectation: unknowable
-# An episode's tool use ends with its last turn that offered tools: a harness may wrap up after it
-# with a request that offers none (dspy's extract step, smolagents' summary at max_steps), and
-# that turn is `no_tools`. Stores derived before those columns existed read as they did.
-ROLE_SQL = f"""CASE
-    WHEN outcome = '{NON_RESPONSE}' THEN NULL
-    WHEN NOT offered_tools THEN 'no_tools'
-    WHEN expect = 'none' THEN 'abstain'
-    WHEN coalesce(rejected, false) OR NOT coalesce(last_with_tools, is_last)
-         OR NOT (outcome = '{PROSE}' OR coalesce(finishes, false)) THEN 'call'
-    WHEN saw_result THEN 'answer'
-    WHEN expect = 'call' THEN 'call'
-    ELSE 'open' END"""
-
-
 def match_tags(tags_json: str | None, **known: str | None) -> dict[str, str | None]:
     """The tags an expectation rule sees for an episode: its free tags plus the named ones."""
     free = orjson.loads(tags_json) if tags_json else {}
@@ -599,6 +626,44 @@ def delivered(turns: Sequence[Turn], i: int) -> bool:
         return False
     after = turns[i + 1].attempts[0]
     return after.tool_results > f.tool_results and not after.rejects
+
+
+class TurnFacts(NamedTuple):
+    """What a turn's place in its episode says of it (the rest of a turn is its final attempt's)."""
+
+    delivered: bool  # its valid call reached the harness as a call (see delivered)
+    saw_result: bool  # a tool result came back in the episode by this turn
+    is_last: bool
+    rejected: bool  # the next request says the harness could not use this reply
+    last_with_tools: bool  # no later turn of the episode offered tools
+
+
+def turn_facts(turns: Sequence[Turn]) -> list[TurnFacts]:
+    """TurnFacts of each turn of one episode, in order."""
+    last = len(turns) - 1
+    last_tools = max((i for i, t in enumerate(turns) if t.attempts[-1].offered), default=-1)
+    out = []
+    saw_result = False
+    for i, turn in enumerate(turns):
+        saw_result = saw_result or turn.attempts[-1].tool_results > 0
+        out.append(TurnFacts(delivered(turns, i), saw_result, i == last, i < last and _rejected(turn, turns[i + 1]),
+                             i == last_tools))
+    return out
+
+
+def _rejected(turn: Turn, after: Turn) -> bool:
+    """Whether the harness could not use `turn`'s reply, by the next turn of its episode: the request
+    says so, or asks exactly what `turn` asked (dspy's fallback format after fields it could not parse)."""
+    head = after.attempts[0]
+    return head.rejects or (head.state_hash is not None and head.state_hash == turn.attempts[-1].state_hash)
+
+
+def episode_expectation(run: str, ep: Episode, rules: Sequence[Rule]) -> tuple[dict, str | None]:
+    """(the tags an expectation rule sees for the episode, what it expects: call, none or None)."""
+    first = ep.turns[0].attempts[0]
+    tags = match_tags(first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category,
+                      condition=first.condition)
+    return tags, expectation(tags, rules)
 
 
 # One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a
@@ -635,13 +700,13 @@ _KEY_LISTS = [1 + [f.name for f in dataclasses.fields(Attempt)].index(name) for 
 
 # What derive() computes of a turn in Python; the rest (_TURNS_SQL) is its final attempt's.
 _TURN_ROW = ["turn_id", "run", "episode_key", "turn_index", "item_key", "category", "n_attempts", "final_exchange_id",
-             "expect", "delivered", "saw_result", "is_last", "rejected", "last_with_tools"]
+             "expect", *TurnFacts._fields]
 _FROM_FINAL = {
     "condition": "e.condition", "model": "e.model", "outcome": "e.outcome", "sub_kind": "e.sub_kind",
     "surface": "e.surface", "n_calls": "coalesce(e.n_calls, 0)", "finish_reason": "e.finish_reason",
     "harness_saw_prose": "coalesce(e.harness_saw_prose, false)", "content": "e.content",
     "offered_tools": "e.tool_set IS NOT NULL", "tool_results": "coalesce(e.tool_results, 0)",
-    "finishes": "coalesce(e.finishes, false)", "protocol": "e.protocol",
+    "finishes": "coalesce(e.finishes, false)", "protocol": "e.protocol", "finisher": "e.finisher",
 }
 _TURNS_SQL = f"""
 INSERT INTO turns ({", ".join(TURNS.names)})
@@ -782,25 +847,16 @@ def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule]
     for run in runs:
         start, end = spans.get(run, (0, 0))
         for ep in build_episodes(run, attempts[start:end], one_clock=run not in clocked):
-            first = ep.turns[0].attempts[0]
-            tags = match_tags(first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category,
-                              condition=first.condition)
-            expect = expectation(tags, rules)
-            saw_result = False
-            last = len(ep.turns) - 1
-            last_tools = max((i for i, t in enumerate(ep.turns) if t.attempts[-1].offered), default=-1)
-            for i, turn in enumerate(ep.turns):
+            tags, expect = episode_expectation(run, ep, rules)
+            for i, (turn, facts) in enumerate(zip(ep.turns, turn_facts(ep.turns))):
                 head = turn.attempts[0]
-                f = turn.attempts[-1]
                 tid = head.id
                 item = head.item or ep.item_key
-                saw_result = saw_result or f.tool_results > 0
                 key = (item, head.category)
                 if key not in categories:
                     categories[key] = category_of(*key)
-                rejected = i < last and ep.turns[i + 1].attempts[0].rejects
-                turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts), f.id, expect,
-                                  delivered(ep.turns, i), saw_result, i == last, rejected, i == last_tools))
+                turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts),
+                                  turn.attempts[-1].id, expect, *facts))
                 if len(turn.attempts) == 1:
                     map_ex.append(tid)
                     map_turn.append(tid)

@@ -332,6 +332,29 @@ def test_memory_is_bounded():
     assert view.report()["broken"] == "the classifier process is not running"
 
 
+def test_the_turns_kept_are_bounded_and_a_run_that_outgrew_them_says_so():
+    """At most so many attempts per run and in all; past that a run's oldest quarter goes and its
+    figures say they are partial. Worked out again only when a run changed."""
+    from toolproxy.proxy.live import classify_record, summarised
+    from toolproxy.proxy.liveturns import LiveTurns
+
+    turns = LiveTurns(per_run=8, total=12)
+    for i in range(10):
+        turns.add("a", classify_record(json.loads(encode_record(_rec(i, run="a"))))[2])
+    a = turns.figures("a")
+    assert (a["held"], a["let_go"], a["turns"]) == (8, 2, 8) and turns.figures("a") is a  # not worked out again
+    for i in range(10, 18):
+        turns.add("b", classify_record(json.loads(encode_record(_rec(i, run="b"))))[2])
+    assert turns.held == sum(len(t.held) for t in turns.runs.values()) <= 12
+    assert turns.figures("a") is not a and turns.figures("b")["held"] + turns.figures("a")["held"] == turns.held
+    counts = {"causes": {}, "unclassified": {}, **turns.figures("a")}
+    assert summarised("a", counts)["partial"] == (f"it outgrew what the page keeps: the figures cover its latest "
+                                                  f"{counts['held']} attempts ({counts['let_go']} earlier ones let go)")
+    assert summarised("a", {**counts, "let_go": 0, "held": 8})["partial"] is None
+    turns.drop("a")
+    assert turns.figures("a") is None and turns.held == len(turns.runs["b"].held)
+
+
 def _classified(view: LiveView, n: int) -> dict:
     """Start the view, wait (at most 30 s) until it has classified n records, stop it: its report."""
     view.start()
@@ -562,19 +585,21 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
     assert set(rows) == set(live["runs"])
     for run, counts in live["runs"].items():
         row = rows[run]
-        shown = [int(x.replace(",", "")) for x in row[1:6]]
-        assert shown == [counts["exchanges"], *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none"))]
-        assert _shown_outcomes(row[9]) == counts["outcomes"]
-        assert int(row[10].replace(",", "")) == counts["calls"]
+        shown = [int(x.replace(",", "")) for x in row[1:8]]
+        assert shown == [counts["exchanges"], *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none")),
+                         counts["episodes"], counts["turns"]]
+        assert _shown_outcomes(row[12]) == counts["turn_outcomes"]
+        assert int(row[13].replace(",", "")) == counts["calls"]
         h = counts["headline"]
-        if h["verdict"]:  # every exchange a non-response: rej and its cause, never a rate
-            assert (row[7], row[8]) == ("rej", h["cause"])
+        if h["verdict"]:  # every turn a non-response: rej and its cause, never a rate
+            assert (row[9], row[10], row[11]) == ("rej", h["cause"], "rej")
         else:
-            assert (row[7], row[8]) == (h["call"], h["delivered"] + (f" · {h['lost']} lost in text" if h["lost"] else ""))
+            assert (row[9], row[10], row[11]) == (h["call"], h["delivered"] + (f" · {h['lost']} lost in text" if h["lost"] else ""),
+                                                  h["answered"])
     assert sum(int(r[1].replace(",", "")) for r in rows.values()) == stats["exchanges"]
 
-    # `analyze`, then its report: per run, the turns and outcomes the page showed (every exchange
-    # here is a turn of its own episode), non-responses by kind, and the calls.
+    # `analyze`, then its report: per run, the episodes, turns and outcomes the page showed,
+    # non-responses by kind, the calls, and the call, delivered and answer figures.
     cli = [sys.executable, "-c", "from toolproxy.cli import main; main()"]
     r = subprocess.run([*cli, "analyze", "--data", str(data)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -583,20 +608,20 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
     report = {run["run"]: run for run in json.loads(r.stdout)["runs"]}
     assert set(report) == set(rows)
     for run, row in rows.items():
-        shown = _shown_outcomes(row[9])
+        shown = _shown_outcomes(row[12])
         by_outcome: dict[str, int] = {}
         for key, n in shown.items():
             by_outcome[key.split("/")[0]] = by_outcome.get(key.split("/")[0], 0) + n
         rep = report[run]
         assert by_outcome == {k: n for k, n in rep["outcomes"].items() if n}, (run, shown, rep["outcomes"])
-        assert sum(shown.values()) == rep["turns"] == int(row[1].replace(",", ""))
+        assert sum(shown.values()) == rep["turns"] == int(row[7].replace(",", ""))
+        assert rep["episodes"] == int(row[6].replace(",", ""))
         assert {k.split("/")[1]: n for k, n in shown.items() if k.startswith("non_response/")} == rep["non_response_kinds"]
-        assert int(row[10].replace(",", "")) == rep["calls"]
-        # every exchange its own one-turn episode: the page's call and delivered are the report's
+        assert int(row[13].replace(",", "")) == rep["calls"]
         if rep["rejected"]:
-            assert row[7] == "rej"
+            assert row[9] == row[11] == "rej"
             continue
-        for cell, metric in ((row[7], "call_fidelity"), (row[8], "delivered_fidelity")):
+        for cell, metric in ((row[9], "call_fidelity"), (row[10], "delivered_fidelity"), (row[11], "answer_rate")):
             assert f"({rep[metric]['numerator']}/{rep[metric]['denominator']})" in cell, (run, cell, rep[metric])
 
     # Filtered to one run and outcome, as a link to it would open it.

@@ -26,4 +26,7 @@ def get_weather(city: str) -> str:
 
 dspy.configure(lm=dspy.LM(sys.argv[1] if len(sys.argv) > 1 else "openai/local", cache=False, num_retries=0))
 agent = dspy.ReAct("question -> answer", tools=[get_weather], max_iters=4)
-finish(agent(question=QUESTION).answer, bool(calls))
+prediction = agent(question=QUESTION)
+# ReAct extracts an answer whether the model chose `finish` or ran out of iterations
+chose = [v for k, v in prediction.trajectory.items() if k.startswith("tool_name_")]
+finish(prediction.answer, bool(calls), None if "finish" in chose else "max_iters")

@@ -42,4 +42,7 @@ task = Task(dataset=[Sample(input=QUESTION, target=RESULT_PHRASE)],
 log = inspect_eval(task, model=sys.argv[1] if len(sys.argv) > 1 else "openai-api/llm/local", display="none",
                    log_dir="logs", max_retries=0)[0]
 sample = (log.samples or [None])[0]
-finish(sample.output.completion if sample is not None and log.status == "success" else None, bool(calls))
+# a sample that hit a limit ended there, its completion the last text whether the agent submitted or not
+limit = sample.limit.type if sample is not None and sample.limit is not None else None
+finish(sample.output.completion if sample is not None and log.status == "success" else None, bool(calls),
+       f"{limit} limit" if limit else None)

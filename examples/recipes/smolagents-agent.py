@@ -29,4 +29,6 @@ def get_weather(city: str) -> str:
 
 model = OpenAIModel(model_id=sys.argv[1] if len(sys.argv) > 1 else "local")
 agent = ToolCallingAgent(tools=[get_weather], model=model, max_steps=4, verbosity_level=0)
-finish(agent.run(QUESTION), bool(calls))
+result = agent.run(QUESTION, return_full_result=True)
+# at max_steps smolagents answers with a summary request of its own: state "max_steps_error"
+finish(result.output, bool(calls), None if result.state == "success" else result.state)

@@ -4,9 +4,9 @@ The tool's result carries a fixed phrase, so an answer that repeats it shows the
 tool and fed its result back to the model; the recipe checks look for exactly that.
 
 `WEATHER_CITY` picks the city asked about (Paris unless set). With `WEATHER_TRUTH_LOG` set to a
-file, every real execution of the tool and the harness's final answer are appended to it as JSON
-lines: the harness's own record of what it did, which examples/recipes/truth.py sets beside
-toolproxy's numbers.
+file, every real execution of the tool and the harness's final answer (and whether the agent ended
+the task itself or a limit of the harness did) are appended to it as JSON lines: the harness's own
+record of what it did, which tests/recipes/truth.py sets beside toolproxy's numbers.
 """
 
 import json
@@ -38,10 +38,12 @@ CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "descriptio
                                               "parameters": PARAMETERS}}
 
 
-def finish(answer, tool_ran: bool) -> None:
-    """Print the harness's final answer and exit 0 only when the tool ran and an answer came back."""
+def finish(answer, tool_ran: bool, stopped: str | None = None) -> None:
+    """Print the harness's final answer and exit 0 only when the tool ran and an answer came back.
+    `stopped`: what ended the task when the agent did not end it itself (a step or message limit,
+    after which the harness wraps up on its own), as the harness reports it."""
     answer = None if answer is None else str(answer)
-    _truth("answer", answer=answer, tool_ran=tool_ran)
+    _truth("answer", answer=answer, tool_ran=tool_ran, stopped=stopped)
     print(f"final answer: {answer!r}")
     if not tool_ran:
         raise SystemExit("the harness never ran get_weather (no valid call reached it)")

@@ -16,7 +16,7 @@ from toolproxy.analysis import store
 from toolproxy.analysis.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.reanalyze import save_state
 from toolproxy.analysis.summary import Report, select_runs, summarize
-from toolproxy.analysis.turns import ROLE_SQL
+from toolproxy.analysis.roles import ROLE_SQL
 
 CALLING = {"valid_call", "invalid_args", "hallucinated_call"}
 

@@ -33,6 +33,8 @@ class Case:
 
 CALL, ANSWER = ("valid_call", "call", True, None), ("prose", "answer", False, None)
 TEXT_CALL = ("valid_call", "call", False, None)  # a call the stack left in the text; the harness took it for an answer
+DSPY_REJECTED = ("hallucinated_call", "call", False, "dspy")  # fields dspy could not parse: asked again
+DSPY_BAD_ARGS = ("invalid_args", "call", False, "dspy")
 CASES = [
     # Identical episodes at the same time: three threads, one question, calls told apart by their ids.
     Case("emulated/openai-threads", [[CALL, ANSWER]] * 3, 3),
@@ -71,11 +73,42 @@ CASES = [
                                   ("prose", "no_tools", False, "dspy")]], 1),
     # LangChain ReAct: "Action: get_weather(city='Paris')" four times, "not a valid tool" each time.
     Case("llamacpp/langchain-react", [[("hallucinated_call", "call", False, "react")] * 4], 0),
+    # The truth rig's recordings (`toolproxy run`, two tasks each). smolagents parses the calls left
+    # in the text itself: Paris is get_weather, then final_answer (the answer). Tokyo runs to
+    # max_steps and is one episode, although smolagents writes a call it ran back as text
+    # ("Calling tools:") after one it kept as it came (an unknown tool): only that echo continues it.
+    Case("llamacpp/truth-smolagents", [
+        [CALL, ("valid_call", "answer", False, None)],
+        [CALL, ("hallucinated_call", "call", False, None), CALL, ("hallucinated_call", "call", False, None),
+         ("hallucinated_call", "no_tools", False, None)],
+    ], 1),
+    # dspy could not parse the ChatAdapter's fields and asked the same step again through its JSON
+    # fallback: the same episode, the unparsed reply rejected. Paris ran out of iterations, its last
+    # step's arguments broken JSON that dspy repaired before writing the step into its extract
+    # prompt: still one episode, the extraction its no_tools wrap-up. Tokyo chose finish after its
+    # tool's error: an answer to the report (a tool result came back), not after the tool ran.
+    Case("llamacpp/truth-dspy", [
+        [DSPY_REJECTED, DSPY_BAD_ARGS] * 3 + [DSPY_BAD_ARGS, ("prose", "no_tools", False, "dspy")],
+        [DSPY_REJECTED] + [DSPY_BAD_ARGS] * 3 + [("invalid_args", "answer", False, "dspy"), ("prose", "no_tools", False, "dspy")],
+    ], 1, "-1: finish came after the tool failed on its arguments: the harness's tool never ran"),
+    # mini-swe-agent ends only by its submit command as a bash call: a reply without a tool call is
+    # answered "No tool calls found" and dropped, and three in a row end the task unanswered (the
+    # last one here the submit command in a bash fence: prose to the harness, not its answer).
+    Case("llamacpp/truth-mini-swe-agent", [
+        [("prose", "call", False, None), TEXT_CALL, ("prose", "call", False, None)],
+        [("prose", "call", False, None), CALL, TEXT_CALL, TEXT_CALL, ("prose", "call", False, None)],
+    ], 0),
+    # inspect-ai's react agent: get_weather and then submit, both left in the text, so inspect never
+    # got its submit call and returned the last text at its message limit: calls lost, not answers.
+    Case("llamacpp/truth-inspect-ai", [[TEXT_CALL] * 3] * 2, 0, "2 final texts are calls left in the text"),
 ]
 
 
 def answered(record: dict) -> int:
-    """The episodes the harness itself ended with an answer, by its own account."""
+    """The episodes the harness itself ended with an answer, by its own account (the truth rig's:
+    the agent's own answer after the tool ran)."""
+    if all("tool_ran" in e for e in record["episodes"]):
+        return sum(bool(e["answer"]) and e["tool_ran"] and not e["stopped"] for e in record["episodes"])
     harness = record["harness"]
     if harness.startswith("smolagents"):
         return sum(e.get("state") == "success" for e in record["episodes"])
@@ -155,3 +188,34 @@ def test_the_report_counts_what_the_harnesses_counted(tmp_path):
     assert (a["numerator"], a["denominator"]) == (sum(answered(r) for r in records), 11) == (10, 11)
     c = run["call_fidelity"]
     assert (c["numerator"], c["denominator"]) == (11, 12)  # the one miss: the reply smolagents rejected
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.path for c in CASES])
+def test_the_live_page_derives_the_turns_the_analyzer_stores(stores, case):
+    """The live classifier, fed the same records one by one, derives the same episodes, turns,
+    roles and figures as `analyze` and `report` (the same code: analysis.turns and analysis.roles)."""
+    import orjson
+
+    from toolproxy.analysis.metrics import run_metrics, score
+    from toolproxy.proxy.live import Tally, summarised
+    from toolproxy.record.segments import read_records
+
+    tally = Tally()
+    for rec in read_records(DATA / case.path, "exchange"):
+        assert tally.add(orjson.dumps(rec)) is not None
+    live = {name: summarised(name, counts) for name, counts in tally.report(None, None, 0)["runs"].items()}
+    con = stores(case.path)
+    runs = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
+    score(con, runs)
+    report = run_metrics(con, runs, resamples=0)
+    assert sorted(live) == runs
+    for run, m in report.items():
+        page = live[run]
+        n_turns, n_episodes = con.execute("SELECT n_turns, n_episodes FROM runs WHERE run = ?", [run]).fetchone()
+        assert (page["turns"], page["episodes"]) == (n_turns, n_episodes)
+        assert page["roles"] == {k: v for k, v in m.roles.items() if v}
+        assert (page["valid_turns"], page["delivered_turns"], page["call_turns"]) == (
+            m.call_fidelity.numerator, m.delivered_fidelity.numerator, m.call_fidelity.denominator)
+        assert (page["answered"], page["answerable"]) == (m.answer_rate.numerator, m.answer_rate.denominator)
+        assert page["turn_non_responses"] == m.non_response_kinds
+        assert page["partial"] is None

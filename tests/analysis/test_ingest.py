@@ -178,7 +178,7 @@ def test_migrations_are_recorded_and_rerun_safely(tmp_path):
     con = connect(tmp_path / "x.duckdb")
     con.close()
     con = connect(tmp_path / "x.duckdb")
-    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,)]
+    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
     con.close()
 
 
@@ -204,7 +204,8 @@ def test_a_database_analysed_before_step_5_keeps_its_turns_and_episodes(tmp_path
     old.execute("INSERT INTO episodes (episode_key, run, n_turns) VALUES ('e0', 'r0', 1)")
     old.close()
     con = connect(path)
-    later = [("turns", name, TURNS.types[name]) for name in ("protocol", "rejected", "finishes", "last_with_tools")]  # step 6
+    later = [("turns", name, TURNS.types[name])  # steps 6 and 7
+             for name in ("protocol", "rejected", "finishes", "last_with_tools", "finisher")]
     assert con.execute(columns).fetchall() == before + later
     assert con.execute("SELECT count(*) FROM information_schema.table_constraints "
                        "WHERE table_name IN ('turns', 'episodes')").fetchall() == [(0,)]

@@ -37,6 +37,13 @@ def assistant_call(args='{"city":"Oslo"}'):
 
 
 TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "5C"}
+# inspect-ai's react() offers its own submit tool beside the task's: its call is the answer
+SUBMIT = {"type": "function", "function": {"name": "submit", "description": "Submit an answer for evaluation.", "parameters": {
+    "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+# a tool that only shares the name
+CRM_SUBMIT = {"type": "function", "function": {"name": "submit", "description": "Submit the form to the CRM.", "parameters": {
+    "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+SUBMITTED = ("call", '{"answer":"5C"}', "submit")
 
 
 def reply(spec) -> tuple[int, dict]:
@@ -46,7 +53,8 @@ def reply(spec) -> tuple[int, dict]:
     message: dict = {"role": "assistant", "content": None}
     usage = {"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}
     if isinstance(spec, tuple) and spec[0] == "call":
-        message["tool_calls"] = [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": spec[1]}}]
+        name = spec[2] if len(spec) > 2 else "get_weather"
+        message["tool_calls"] = [{"id": "c1", "type": "function", "function": {"name": name, "arguments": spec[1]}}]
     elif isinstance(spec, tuple) and spec[0] == "swallowed":
         message["content"] = ""
     else:
@@ -66,7 +74,7 @@ class Clock:
 def record(clock, run, episode, messages, spec, *, tools=True, tags=None, item=None) -> Record:
     rec = Record(id=new_id(), started_at=clock(), run=run, episode=episode, item=item, method="POST",
                  path="/v1/chat/completions", upstream="http://127.0.0.1:9", tags=tags or {})
-    body = {"model": "m", "messages": messages} | ({"tools": TOOLS} if tools else {})
+    body = {"model": "m", "messages": messages} | ({"tools": TOOLS if tools is True else tools} if tools else {})
     rec.request_body, rec.request_body_encoding = encode_body(orjson.dumps(body))
     status, payload = reply(spec)
     rec.status = rec.client_status = status
@@ -103,6 +111,19 @@ EPISODES = [
     ("refused-three-times", [None], [False], [([USER], REFUSED, {})] * 3),
     ("swallowed", [None], [False], [([USER], ("swallowed",), {})]),
     ("irrelevance-untagged", ["open"], [False], [([USER], "I cannot help with that.", {"tags": {"category": "irrelevance"}})]),
+]
+# A harness with a finishing tool of its own, in a run of their own (the run above is worked by hand below).
+FINISHING = [
+    ("call-then-submit", ["call", "answer"], [True, True], [
+        ([USER], CALL, {"tools": [*TOOLS, SUBMIT]}),
+        ([USER, assistant_call(), TOOL_RESULT], SUBMITTED, {"tools": [*TOOLS, SUBMIT]})]),
+    # where the harness ends only by its submit tool, prose ends nothing: the due call was not made
+    ("call-then-prose-where-the-harness-submits", ["call", "call"], [True, False], [
+        ([USER], CALL, {"tools": [*TOOLS, SUBMIT]}),
+        ([USER, assistant_call(), TOOL_RESULT], "It is 5C.", {"tools": [*TOOLS, SUBMIT]})]),
+    ("call-then-an-unrelated-submit-tool", ["call", "call"], [True, True], [
+        ([USER], CALL, {"tools": [*TOOLS, CRM_SUBMIT]}),
+        ([USER, assistant_call(), TOOL_RESULT], SUBMITTED, {"tools": [*TOOLS, CRM_SUBMIT]})]),
 ]
 
 
@@ -142,9 +163,10 @@ def ok(proc: subprocess.CompletedProcess) -> str:
 def build(data: Path) -> None:
     clock = Clock()
     recs = []
-    for name, _, _, turns in EPISODES:
-        for messages, spec, opts in turns:
-            recs.append(record(clock, "roles", name, messages, spec, **opts))
+    for run, episodes in (("roles", EPISODES), ("finishing", FINISHING)):
+        for name, _, _, turns in episodes:
+            for messages, spec, opts in turns:
+                recs.append(record(clock, run, name, messages, spec, **opts))
     # Three episodes that all fail: the interval must not read "0% [0-0]".
     for i in range(3):
         recs.append(record(clock, "fails", str(i), [USER], BAD_CALL))
@@ -178,10 +200,11 @@ def report_json(data: Path, *args: str) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("name,roles,delivered", [e[:3] for e in EPISODES], ids=[e[0] for e in EPISODES])
-def test_role_and_delivery_of_every_turn(store, name, roles, delivered):
+@pytest.mark.parametrize("run,name,roles,delivered", [("roles", *e[:3]) for e in EPISODES] + [("finishing", *e[:3]) for e in FINISHING],
+                         ids=[e[0] for e in EPISODES + FINISHING])
+def test_role_and_delivery_of_every_turn(store, run, name, roles, delivered):
     rows = query(store, "select role, delivered, analyzer_version from turns where episode_key = ? order by turn_index",
-                 [f"roles/{name}"])
+                 [f"{run}/{name}"])
     assert [r[0] for r in rows] == roles
     assert [r[1] for r in rows] == delivered
     assert {r[2] for r in rows} == {ANALYZER_VERSION}

@@ -57,6 +57,23 @@ def test_different_reply_is_not_the_same_episode():
     assert shape(eps) == [[["a1"]], [["a2"]]]
 
 
+def test_a_reply_whose_arguments_did_not_parse_continues_however_the_harness_wrote_it_back():
+    """dspy repairs the JSON a model broke before it writes the step into its next prompt: the
+    request extends a1's by that step, and a1's reply could not be read whole."""
+    broken = (None, [("get_weather", '{"city": "Oslo"]')])
+    keys = conversation_keys(TURN1, tool_set="ts1", tool_names=["get_weather"], model="m", reply=broken, reply_unread=True)
+    a1 = Attempt(id="a1", episode=None, item=None, category=None, condition="native", outcome="invalid_args", sub_kind=None,
+                 harness_saw_prose=False, state_hash=keys.state_hash, chain_hash=keys.chain_hash,
+                 parent_hashes=keys.parent_hashes, item_hash=keys.item_hash, call_signature=None, reply_keys=keys.reply_keys)
+    assert shape(build_episodes("r", [a1, attempt("a2", TURN2, REPLY2)])) == [[["a1"], ["a2"]]]
+    # the same under another system prompt (dspy's extract step after its last step)
+    wrap_up = [{"role": "system", "content": "Extract the answer."}, *TURN2[1:]]
+    assert shape(build_episodes("r", [a1, attempt("a2", wrap_up, ("Oslo: 5C.", []))])) == [[["a1"], ["a2"]]]
+    # a reply read whole is continued only by a request that carries it
+    a1_read = attempt("a1", TURN1, (None, [("get_weather", '{"city": "Rome"}')]))
+    assert shape(build_episodes("r", [a1_read, attempt("a2", wrap_up, ("Oslo: 5C.", []))])) == [[["a1"]], [["a2"]]]
+
+
 def test_retries_after_failures_are_one_turn_outcome_of_the_last():
     eps = build_episodes("r", [
         attempt("a1", TURN1, outcome="non_response", sub_kind="http_5xx"),

@@ -65,18 +65,20 @@ CHECKS = [
     Check("langchain-openai", "langchain-openai", script("langchain-openai.py"), CHAT, ONE_CALL_THEN_ANSWER),
     Check("langgraph", "langgraph", script("langgraph-agent.py"), CHAT, ONE_CALL_THEN_ANSWER),
     Check("smolagents", "smolagents", script("smolagents-agent.py"), CHAT, {"call": 1, "answer": 1}),
+    # mini-swe-agent ends by running its submit command (`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`)
+    # through its bash tool: that call is its answer.
     Check("mini-swe-agent", "mini-swe-agent",
           ("{bin}/mini", "-m", "openai/local", "-t", "What is the weather in Paris?", "--yolo", "--exit-immediately",
-           "-o", "trajectory.json"), CHAT, {"call": 2}, trajectory="trajectory.json"),
+           "-o", "trajectory.json"), CHAT, ONE_CALL_THEN_ANSWER, trajectory="trajectory.json"),
     Check("litellm", "litellm", script("litellm-sdk.py", "openai/local"), CHAT, ONE_CALL_THEN_ANSWER),
     Check("litellm-ollama", "litellm", script("litellm-sdk.py", "ollama_chat/qwen2.5:7b"), OLLAMA,
           ONE_CALL_THEN_ANSWER, stack="ollama"),
     Check("ollama", "ollama", script("ollama-python.py", "qwen2.5:7b"), OLLAMA, ONE_CALL_THEN_ANSWER, stack="ollama"),
     Check("anthropic", "anthropic", script("anthropic-sdk.py"), MESSAGES, ONE_CALL_THEN_ANSWER),
-    # inspect-ai's react agent ends by calling its submit tool: two calls. Under openai/ it first
-    # sends a probe request, recorded but not an episode.
-    Check("inspect-ai", "inspect-ai", script("inspect-ai.py", "openai-api/llm/local"), CHAT, {"call": 2}),
-    Check("inspect-ai-responses", "inspect-ai", script("inspect-ai.py", "openai/local"), RESPONSES, {"call": 2}),
+    # inspect-ai's react agent ends by calling its submit tool: that call is its answer. Under
+    # openai/ it first sends a probe request, recorded but not an episode.
+    Check("inspect-ai", "inspect-ai", script("inspect-ai.py", "openai-api/llm/local"), CHAT, ONE_CALL_THEN_ANSWER),
+    Check("inspect-ai-responses", "inspect-ai", script("inspect-ai.py", "openai/local"), RESPONSES, ONE_CALL_THEN_ANSWER),
     # dspy's ReAct writes its tools into the prompt and sends none; read by its prompt protocol, its
     # get_weather step is a call and its finish step the answer, and the extract step after it
     # (no tools offered) a no_tools turn, all of one episode.

@@ -14,11 +14,19 @@ Then the data directory is analysed and one table printed, also written to DATA/
 
 "ours" is the report's: episodes, turns with role `call`, call turns whose valid call reached the
 harness, episodes ending in an `answer` turn. The harness's: tasks it ran, tool executions it
-logged, final answers it returned after the tool ran (a reply it returned as its answer without
-the tool ever running, e.g. a call left in text, is counted apart in the notes). A harness that
-ends by calling a tool (smolagents' final_answer, inspect-ai's submit, mini-swe-agent's submit
-command) delivers that call too; where the report does not read that call as the answer, the
-notes column says so. Not part of the test suite or the wheel: rerun it by hand.
+logged (mini-swe-agent: tool messages in its trajectory, not the one it pads in for the submit
+command, which it checks, not runs), and answers the agent itself gave after the tool ran. A
+harness that ends by calling a tool of its own (smolagents' final_answer, inspect-ai's submit,
+mini-swe-agent's submit command) answers by that call, which is neither an execution nor a call
+turn. Two kinds of answer the harness returns are not the agent's, and the notes column counts
+them apart: a reply it took as the answer without the tool ever running (a call left in the text:
+lost, not answered), and the wrap-up it asks for itself when a limit stopped the agent (smolagents'
+summary at max_steps, dspy's extraction after max_iters, inspect-ai's last text at its message
+limit). A run stopped by --timeout is sent SIGTERM (toolproxy run passes it to the harness and
+writes what it recorded), SIGKILL only if it is still there after GRACE seconds.
+
+Each run's own record (the recipe's log lines, mini-swe-agent's trajectory) is kept under
+DATA/truth/, beside the recordings. Not part of the test suite or the wheel: rerun it by hand.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,23 +58,31 @@ ROWS = {
     "smolagents": "smolagents (ToolCallingAgent)", "litellm": "litellm", "anthropic": "anthropic",
     "inspect-ai": "inspect-ai", "dspy": "dspy (ReAct)", "mini-swe-agent": "mini-swe-agent",
 }
-ENDS_BY_TOOL = {"smolagents": "final_answer", "inspect-ai": "submit", "mini-swe-agent": "its submit command"}
+GRACE = 30.0  # seconds a timed-out run gets to stop after SIGTERM
+# What mini-swe-agent pads its history with for an action it did not run (its submit command ends
+# the task inside the environment, before an observation is written).
+NOT_EXECUTED = "action was not executed"
 
 
-def _truth(log: Path, workdir: Path, check) -> tuple[int, int, int]:
-    """(tool executions, final answers after the tool ran, replies returned as the answer without
-    the tool ever running) by the harness's own account."""
-    if check.trajectory:
-        path = workdir / check.trajectory
-        if not path.exists():
-            return 0, 0, 0
-        traj = json.loads(path.read_text())
-        ran = sum(1 for m in traj.get("messages", []) if m.get("role") == "tool")
-        submitted = bool((traj.get("info") or {}).get("submission", "").strip())
-        return ran, int(submitted and ran > 0), int(submitted and not ran)
-    events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    answers = [e for e in events if e["event"] == "answer" and e.get("answer")]
-    return sum(e["event"] == "tool" for e in events), sum(e["tool_ran"] for e in answers), sum(not e["tool_ran"] for e in answers)
+def _truth(log: Path, trajectory: Path | None) -> dict:
+    """The harness's own account of one task: tool executions, answers the agent gave after the
+    tool ran, replies it returned as the answer without the tool running, answers it forced after
+    a limit stopped the agent."""
+    out = {"executions": 0, "answers": 0, "answers_without_tool": 0, "forced_answers": 0}
+    if trajectory is not None:
+        if trajectory.exists():
+            traj = json.loads(trajectory.read_text())
+            out["executions"] = sum(1 for m in traj.get("messages", []) if m.get("role") == "tool"
+                                    and (m.get("extra") or {}).get("exception_info") != NOT_EXECUTED)
+            submitted = bool((traj.get("info") or {}).get("submission", "").strip())
+            out["answers" if out["executions"] else "answers_without_tool"] += submitted
+        return out
+    for e in (json.loads(line) for line in log.read_text().splitlines()) if log.exists() else ():
+        if e["event"] == "tool":
+            out["executions"] += 1
+        elif e["event"] == "answer" and e.get("answer"):
+            out["forced_answers" if e.get("stopped") else "answers" if e["tool_ran"] else "answers_without_tool"] += 1
+    return out
 
 
 def _run(check, upstream: str, data: Path, city: str, timeout: float, condition: str) -> dict:
@@ -79,15 +96,29 @@ def _run(check, upstream: str, data: Path, city: str, timeout: float, condition:
     cmd = [sys.executable, "-m", "toolproxy.cli", "run", "--upstream", upstream, "--run", check.id, "--data", str(data),
            "--condition", condition, "--no-analyze", "--", *argv]
     started = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        done = subprocess.run(cmd, env=env, cwd=workdir, capture_output=True, text=True, timeout=timeout)
-        code, tail = done.returncode, (done.stderr or done.stdout)[-400:]
+        out, err = proc.communicate(timeout=timeout)
+        code, tail = proc.returncode, (err or out)[-400:]
     except subprocess.TimeoutExpired:
-        code, tail = "timeout", f"stopped after {timeout:g}s"
-    ran, answered, untooled = _truth(log, workdir, check)
+        proc.send_signal(signal.SIGTERM)  # to toolproxy run alone: it stops the harness and writes its records
+        try:
+            proc.communicate(timeout=GRACE)
+            code, tail = "timeout", f"stopped after {timeout:g}s"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            code, tail = "killed", f"stopped after {timeout:g}s, killed {GRACE:g}s later"
+    trajectory = workdir / check.trajectory if check.trajectory else None
+    truth = _truth(log, trajectory)
+    kept = data / "truth"
+    kept.mkdir(exist_ok=True)
+    for src in (log, trajectory):
+        if src is not None and src.exists():
+            shutil.copy(src, kept / f"{check.id}-{city}-{src.name}")
     shutil.rmtree(workdir, ignore_errors=True)
-    return {"exit": code, "executions": ran, "answers": answered, "answers_without_tool": untooled,
-            "seconds": time.monotonic() - started, "tail": tail}
+    return {"exit": code, **truth, "seconds": time.monotonic() - started, "tail": tail}
 
 
 def _report(data: Path) -> dict[str, dict]:
@@ -104,6 +135,10 @@ def _pair(ours: int | None, theirs: int) -> str:
     return f"{'-' if ours is None else ours} / {theirs}{mark}"
 
 
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def table(stack: str, results: dict[str, list[dict]], report: dict[str, dict]) -> str:
     lines = ["| harness | stack | episodes (ours / harness) | call turns | delivered (ours / executions) | "
              "answers (ours / harness) | harness exits | notes |", "|---|---|---|---|---|---|---|---|"]
@@ -111,22 +146,32 @@ def table(stack: str, results: dict[str, list[dict]], report: dict[str, dict]) -
         r = report.get(check_id, {})
         roles = r.get("roles") or {}
         notes = []
-        ours_answers = (r.get("answer_rate") or {}).get("numerator")
-        if check_id in ENDS_BY_TOOL and ours_answers != sum(x["answers"] for x in runs):
-            notes.append(f"ends by calling {ENDS_BY_TOOL[check_id]}, which is not read as its answer")
         untooled = sum(x["answers_without_tool"] for x in runs)
+        ours_answers = (r.get("answer_rate") or {}).get("numerator")
+        theirs = sum(x["answers"] for x in runs)
         if untooled:
-            notes.append(f"the harness returned {untooled} repl{'ies' if untooled != 1 else 'y'} as its answer without "
-                         "running the tool (not counted as answers)")
+            notes.append(f"the harness returned {_plural(untooled, 'reply', 'replies')} as its answer without the tool "
+                         "ever running (a call left in the text is lost, not answered)")
+            if ours_answers is not None and 0 < ours_answers - theirs <= untooled:
+                notes.append(f"{ours_answers - theirs} of those came after a tool result that was an error (the tool "
+                             "failed before it ran): an answer to the report, which counts any tool result")
+        forced = sum(x["forced_answers"] for x in runs)
+        if forced:
+            notes.append(f"{_plural(forced, 'answer', 'answers')} the harness asked for itself after a limit stopped the "
+                         "agent (its wrap-up, not the agent's answer)")
+        stopped = [x for x in runs if x["exit"] in ("timeout", "killed")]
+        if stopped:
+            notes.append(f"{_plural(len(stopped), 'run', 'runs')} stopped by the rig's timeout: the harness's record "
+                         "ends there")
         kinds = r.get("non_response_kinds") or {}
         if kinds:
             notes.append("non-responses " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
         if roles.get("no_tools"):
-            notes.append(f"{roles['no_tools']} no_tools turns")
+            notes.append(f"{_plural(roles['no_tools'], 'no_tools turn', 'no_tools turns')}")
         lines.append(" | ".join([
             f"| {ROWS[check_id]}", stack, _pair(r.get("episodes"), len(runs)), str(roles.get("call", 0)),
             _pair((r.get("delivered_fidelity") or {}).get("numerator"), sum(x["executions"] for x in runs)),
-            _pair(ours_answers, sum(x["answers"] for x in runs)),
+            _pair(ours_answers, theirs),
             ", ".join(str(x["exit"]) for x in runs), "; ".join(notes) or "-"]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -155,7 +200,8 @@ def main() -> None:
             for city in TASKS:
                 out = _run(checks[check_id], upstream, data, city, args.timeout, args.condition)
                 results[check_id].append(out)
-                print(f"{check_id} {city}: exit {out['exit']}, {out['executions']} executions, {out['answers']} answers, "
+                print(f"{check_id} {city}: exit {out['exit']}, {out['executions']} executions, {out['answers']} answers "
+                      f"(+{out['answers_without_tool']} without the tool, +{out['forced_answers']} forced), "
                       f"{out['seconds']:.0f}s", file=sys.stderr, flush=True)
     stack = ("emulated llama.cpp" if fake is not None else f"real ({args.upstream})") + \
         (f", {args.condition}" if args.condition != "native" else "")

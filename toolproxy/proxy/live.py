@@ -6,9 +6,10 @@ none) to a bounded deque. A feeder thread wakes every FEED_EVERY, encodes what c
 line, and sends what arrived in messages of at most HANDOFF records to a classifier *process*,
 which classifies each record with the analyzer's own per-record code
 (analysis.records.analyze_record: the same outcome, sub-kind and surface `analyze` will store) and
-keeps the counters and the recent exchanges. Classifying costs about as much CPU as forwarding,
-so it cannot share the proxy's interpreter (the GIL), and the classifier process runs only on CPU
-time nothing else wants. The page's requests ask it for a report off the loop.
+keeps the counters, the recent exchanges and each run's attempts, from which it derives turns,
+episodes and roles as the report does when the page asks (toolproxy.proxy.liveturns). Classifying
+costs about as much CPU as forwarding, so it cannot share the proxy's interpreter (the GIL), and
+the classifier process runs only on CPU time nothing else wants. The page's requests ask it for a report off the loop.
 
 The proxy never waits for the classifier. When it falls behind, the inbox lets its oldest records
 go unclassified: they are still counted (run, status class, error), as `unclassified` with the
@@ -18,8 +19,9 @@ not classify. Bodies spilled to disk (too large to hold in memory) are counted t
 Memory is bounded whatever the traffic: the inbox holds at most INBOX records and INBOX_BYTES of
 them (a count alone let a flood of long contexts hold hundreds of megabytes, and even short ones,
 held while the classifier is starved, spread over the proxy's heap), the recent list is
-a ring of RECENT exchanges whose bodies are cut at BODY_CHARS, and the per-run counters are
-integers for at most MAX_RUNS runs.
+a ring of RECENT exchanges whose bodies are cut at BODY_CHARS, the per-run counters are
+integers for at most MAX_RUNS runs, and the attempts kept for the turns are bounded per run and in
+all (liveturns).
 
 Under `serve --workers N` every worker has its own classifier, which also answers on a Unix
 socket in the group's private directory, so whichever worker serves the page merges its peers'
@@ -39,12 +41,15 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
 from toolproxy.proxy.children import sigint_ignored
 from toolproxy.record.model import Record, encode_record, stored_text
+
+if TYPE_CHECKING:  # the analyzer's modules load in the classifier process only
+    from toolproxy.proxy.liveturns import Held
 
 INBOX = 1_000
 INBOX_BYTES = 1 << 20
@@ -79,22 +84,13 @@ def _text(raw: bytes | None, problem: str | None) -> str:
     return text if len(text) <= BODY_CHARS else text[:BODY_CHARS] + f"\n... ({len(raw):,} bytes in all; `toolproxy show ID` after analyze has the rest)"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Links:
-    """How an exchange joins its conversation (analysis.turns.conversation_keys): the key a later
-    request names it by, the keys it names, and the tool results it carries. With them the tally
-    sees a harness act on a call it was given only as text, as the report's delivered does."""
-
-    chain_hash: str | None = None
-    parent_hashes: tuple[str, ...] = ()
-    tool_results: int = 0
-
-
-def classify_record(rec: dict) -> tuple[dict, dict, Links]:
-    """(summary row, detail, links) of one finished record (as written), by the analyzer's code."""
+def classify_record(rec: dict) -> tuple[dict, dict, Held | None]:
+    """(summary row, detail, the attempt as the turns are derived from it, if it is one) of one
+    finished record (as written), by the analyzer's code."""
     from toolproxy.analysis.bodies import decode_body, header
     from toolproxy.analysis.records import analyze_record
     from toolproxy.analysis.runline import delivered_now
+    from toolproxy.proxy.liveturns import held_of
 
     analyzed = analyze_record(rec, "", 0)
     row = analyzed.exchange
@@ -109,7 +105,6 @@ def classify_record(rec: dict) -> tuple[dict, dict, Links]:
         "delivered": delivered_now(row["outcome"], row["harness_saw_prose"]),
         "detail": why[:BODY_CHARS] if isinstance(why, str) else None,
     }
-    links = Links(row["chain_hash"], tuple(row["parent_hashes"] or ()), row["tool_results"] or 0)
     if g("client_body") is not None:
         response = _text(*decode_body(g("client_body"), g("client_body_encoding")))
     else:
@@ -125,15 +120,14 @@ def classify_record(rec: dict) -> tuple[dict, dict, Links]:
         "calls": [{"name": c["name"], "arguments": (c["arguments_raw"] or "")[:BODY_CHARS], "surface": c["surface"],
                    "valid": c["valid"]} for c in analyzed.calls],
     }
-    return summary, detail, links
+    return summary, detail, held_of(row)
 
 
 def outcome_key(summary: dict) -> str | None:
-    """outcome/surface for a turn, non_response/sub-kind for a non-response (as the report splits them)."""
-    if not summary["outcome"]:
-        return None
-    detail = summary["sub_kind"] if summary["outcome"] == "non_response" else summary["surface"]
-    return f"{summary['outcome']}/{detail}" if detail else summary["outcome"]
+    """outcome/surface for an exchange, non_response/sub-kind for a non-response (as the report splits them)."""
+    from toolproxy.analysis.runline import composition_key
+
+    return composition_key(summary["outcome"], summary["sub_kind"], summary["surface"])
 
 
 def _body_chars(rec: Record) -> int:
@@ -163,21 +157,13 @@ class RunCounts:
     unclassified: Counter = dataclasses.field(default_factory=Counter)  # why -> exchanges counted, not classified
     calls: int = 0
     models: Counter = dataclasses.field(default_factory=Counter)
-    attempts: int = 0  # exchanges with a call attempt (valid or not, any surface)
-    valid: int = 0  # exchanges with a valid call
-    delivered: int = 0  # of those, the ones whose call reached the harness as a call
     causes: dict = dataclasses.field(default_factory=dict)  # non-response sub-kind -> what the latest said
 
     def add(self, s: dict) -> None:
-        from toolproxy.analysis.runline import CALL_ATTEMPTS
-
         self._seen(1, s["started_at"], s["started_at"], status_class(s["status"]), s["error_kind"])
         if s["outcome"]:
             self.outcomes[outcome_key(s)] += 1
         self.calls += s["n_calls"] or 0
-        self.attempts += s["outcome"] in CALL_ATTEMPTS
-        self.valid += s["delivered"] is not None
-        self.delivered += s["delivered"] is True
         if s["outcome"] == "non_response" and s["detail"]:
             self.causes[s["sub_kind"]] = s["detail"][:300]
         if s["model"] and len(self.models) < 20:
@@ -200,12 +186,14 @@ class RunCounts:
             "exchanges": self.exchanges, "first": self.first, "last": self.last, "calls": self.calls,
             "by_status_class": dict(self.by_status_class), "errors": dict(self.errors),
             "outcomes": dict(self.outcomes), "unclassified": dict(self.unclassified), "models": dict(self.models),
-            "attempts": self.attempts, "valid": self.valid, "delivered": self.delivered, "causes": dict(self.causes),
+            "causes": dict(self.causes),
         }
 
 
 class Tally:
-    """The classifier process's state: counters per run and the ring of recent exchanges."""
+    """The classifier process's state: counters per run, each run's attempts (its turns, episodes
+    and roles are derived from them when the page asks: toolproxy.proxy.liveturns) and the ring of
+    recent exchanges."""
 
     def __init__(self, recent: int = RECENT, max_runs: int = MAX_RUNS) -> None:
         self.recent: collections.OrderedDict[str, tuple[dict, dict]] = collections.OrderedDict()
@@ -217,9 +205,7 @@ class Tally:
         self.failures = 0
         self.last_failure: str | None = None
         self.unclassified: Counter = Counter()
-        # Valid calls given to the harness only as text, by the key its next request would name
-        # them by: (run, exchange id, tool results then). Bounded like the recent list.
-        self.in_text: collections.OrderedDict[str, tuple[str, str, int]] = collections.OrderedDict()
+        self.turns = None  # toolproxy.proxy.liveturns.LiveTurns, once an attempt came (the analyzer loads then)
         self.log = None  # set when this process prints serve's line per exchange (see _classifier)
 
     def _run(self, name: str) -> RunCounts:
@@ -227,47 +213,34 @@ class Tally:
         counts = runs.get(name)
         if counts is None:
             if len(runs) >= self.max_runs:
-                del runs[min(runs, key=lambda r: runs[r].last)]  # the run quiet the longest
+                quiet = min(runs, key=lambda r: runs[r].last)  # the run quiet the longest
+                del runs[quiet]
+                if self.turns is not None:
+                    self.turns.drop(quiet)
             counts = runs[name] = RunCounts()
         return counts
 
     def add(self, line: bytes) -> dict | None:
         """Classify one record and count it; its summary (None when the analyzer could not read it)."""
         try:
-            summary, detail, links = classify_record(orjson.loads(line))
+            summary, detail, held = classify_record(orjson.loads(line))
         except Exception as exc:  # noqa: BLE001 - a record the analyzer chokes on must not stop the view
             self.failures += 1
             self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
             return None
-        self._acted_on(links)
         counts = self._run(summary["run"])
         counts.add(summary)
-        if summary["delivered"] is False and links.chain_hash:
-            self.in_text[links.chain_hash] = (summary["run"], summary["id"], links.tool_results)
-            if len(self.in_text) > self.recent_max * 16:
-                self.in_text.popitem(last=False)
+        if held is not None:
+            if self.turns is None:
+                from toolproxy.proxy.liveturns import LiveTurns
+
+                self.turns = LiveTurns()
+            self.turns.add(summary["run"], held)
         self.recent[summary["id"]] = (summary, detail)
         if len(self.recent) > self.recent_max:
             self.recent.popitem(last=False)
         self.classified += 1
         return summary
-
-    def _acted_on(self, links: Links) -> None:
-        """A request that continues a reply whose valid call was only in its text, carrying more
-        tool results than that request did: the harness parsed the call and ran it (the report's
-        delivered, analysis.turns.delivered). That call counts as delivered from now on."""
-        for key in links.parent_hashes:
-            found = self.in_text.pop(key, None)
-            if found is None:
-                continue
-            run, exchange_id, results = found
-            if links.tool_results > results:
-                if run in self.runs:
-                    self.runs[run].delivered += 1
-                hit = self.recent.get(exchange_id)
-                if hit is not None:
-                    hit[0]["delivered"] = hit[1]["delivered"] = True
-            return
 
     def count(self, counted: dict) -> None:
         """Exchanges the proxy counted without sending them: {(run, class, error, why): (n, first, last)}."""
@@ -276,7 +249,7 @@ class Tally:
             self.unclassified[why] += n
 
     def report(self, run: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
-        runs = {name: c.report() for name, c in sorted(self.runs.items(), key=lambda kv: -kv[1].last)}
+        runs = {name: {**c.report(), **self._turn_figures(name)} for name, c in sorted(self.runs.items(), key=lambda kv: -kv[1].last)}
         recent = []
         for summary, _ in reversed(self.recent.values()):
             if run and summary["run"] != run:
@@ -290,6 +263,20 @@ class Tally:
         return {"observed": self.observed, "classified": self.classified, "pending": max(0, self.observed - done),
                 "unclassified": dict(self.unclassified), "failures": self.failures, "last_failure": self.last_failure,
                 "recent_kept": self.recent_max, "runs": runs, "recent": recent}
+
+    def _turn_figures(self, run: str) -> dict:
+        """The run's turn figures (worked out now if it changed), and each recent exchange whose call,
+        left in the text, its harness acted on marked delivered (as the report's turns say)."""
+        figures = self.turns.figures(run) if self.turns is not None else None
+        if figures is None:
+            return {}
+        out = dict(figures)
+        for exchange_id in out.pop("through_text"):
+            hit = self.recent.get(exchange_id)
+            if hit is not None:
+                hit[0]["delivered"] = hit[1]["delivered"] = True
+        out["derived_by"] = 1  # workers whose turns these are (summed when they are merged)
+        return out
 
     def answer(self, query: list | tuple) -> Any:
         if query[0] == "report":
@@ -320,18 +307,34 @@ def merge_reports(reports: list[dict], limit: int) -> dict:
 
 def summarised(name: str, counts: dict) -> dict:
     """A run's counters and what the report says of such counts (analysis.runline): its one line,
-    the cells beside it (call, delivered, lost, rej and its cause) and its bar's segments."""
+    the cells beside it (call, delivered, answered, lost, rej and its cause), its bar's segments,
+    and a note when its figures cover only part of the run."""
     from toolproxy.analysis.runline import RunLine, Share, segments
 
-    nr = Counter()
-    for key, n in counts["outcomes"].items():
-        outcome, _, kind = key.partition("/")
-        if outcome == "non_response":
-            nr[kind or "empty"] += n
-    line = RunLine(name, "exchanges", sum(counts["outcomes"].values()), Share(counts["valid"], counts["attempts"]),
-                   Share(counts["delivered"], counts["attempts"]), dict(nr), counts["causes"])
-    return {**counts, "line": line.text(), "headline": line.cells(),
-            "bar": segments(counts["outcomes"], counts["delivered"])}
+    line = RunLine(name, counts.get("turns", 0), Share(counts.get("valid_turns", 0), counts.get("call_turns", 0)),
+                   Share(counts.get("delivered_turns", 0), counts.get("call_turns", 0)),
+                   dict(counts.get("turn_non_responses") or {}), counts["causes"], counts.get("episodes"),
+                   Share(counts.get("answered", 0), counts.get("answerable", 0)))
+    return {**counts, "line": line.text(), "headline": line.cells(), "partial": partial(counts),
+            "bar": segments(counts.get("turn_outcomes") or {}, counts.get("delivered_calls", 0))}
+
+
+def partial(counts: dict) -> str | None:
+    """Why a run's turn figures are not the report's, in words, or None."""
+    why = []
+    unclassified = sum((counts.get("unclassified") or {}).values())
+    if unclassified:
+        why.append(f"{unclassified:,} of its exchanges were counted without being classified")
+    if counts.get("let_go"):
+        why.append(f"it outgrew what the page keeps: the figures cover its latest {counts.get('held', 0):,} attempts "
+                   f"({counts['let_go']:,} earlier ones let go)")
+    if counts.get("not_yet_counted"):
+        why.append(f"{counts['not_yet_counted']:,} attempts came since its figures were worked out (a run this large "
+                   "is worked out again only every so often)")
+    if counts.get("derived_by", 0) > 1:
+        why.append(f"its turns were derived per worker ({counts['derived_by']} workers): an episode whose requests "
+                   "reached different workers is split there")
+    return "; ".join(why) or None
 
 
 def _merge_run(a: dict, b: dict) -> dict:
