@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import orjson
 
-from toolproxy.printable import printable
+from toolproxy.term.printable import printable
 
 DATA_OPTION = click.option(
     "--data", "data_dir", default="toolproxy-data", show_default=True, envvar="TOOLPROXY_DATA",
@@ -93,7 +93,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     from toolproxy.analysis.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.prune import forget_pruned
     from toolproxy.analysis.reanalyze import ReanalyzeError, rebuild, rebuild_reason, save_state
-    from toolproxy.progress import Progress
+    from toolproxy.term.progress import Progress
 
     if not data_dir.exists():
         _fail(f"data directory {data_dir} does not exist (give --data, where `toolproxy serve` recorded)")

@@ -32,8 +32,8 @@ from toolproxy.analysis.records import CALL_TYPES, SET_ASIDE, Batch, _issue, ana
 from toolproxy.analysis.store import insert_columns
 from toolproxy.analysis.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS
 from toolproxy.analysis.turns import derive
-from toolproxy.progress import Progress
 from toolproxy.record.segments import batch_end, list_segments
+from toolproxy.term.progress import Progress
 
 WORKERS_ABOVE_BYTES = 16 << 20
 

@@ -117,8 +117,8 @@ def run_export(data_dir: Path, db_path: Path | None, endpoint: str, *, runs: tup
     from toolproxy.analysis.cli import _fail, _open
     from toolproxy.analysis.store import default_db
     from toolproxy.otlp.shipper import EndpointError, missing_sdk, traces_url
-    from toolproxy.printable import printable
-    from toolproxy.progress import Progress
+    from toolproxy.term.printable import printable
+    from toolproxy.term.progress import Progress
 
     try:
         url = traces_url(endpoint)

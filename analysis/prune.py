@@ -17,9 +17,9 @@ from pathlib import Path
 import click
 
 from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail
-from toolproxy.progress import Progress
-from toolproxy.quantities import parse_duration
 from toolproxy.record.retention import prune, read_ledger
+from toolproxy.term.progress import Progress
+from toolproxy.term.quantities import parse_duration
 
 _BY_SEGMENT = ("exchanges", "fingerprints", "ingest_issues", "ingest_state")
 
@@ -28,7 +28,7 @@ def forget_pruned(con, data_dir: str | Path, progress=None) -> dict[str, int]:
     """Delete the rows of every pruned segment still in the database and re-derive their runs.
 
     Idempotent and cheap when there is nothing to do. Returns counts of what went. `progress`
-    (toolproxy.progress.Progress) is advanced per run re-derived.
+    (toolproxy.term.progress.Progress) is advanced per run re-derived.
     """
     from toolproxy.analysis.turns import derive
 

@@ -73,7 +73,7 @@ def reclassify(con, data_dir, progress=None) -> int:
     """Re-run the per-exchange analysis over every stored exchange, from its record in the
     segments under data_dir (the bodies are not copied into the database); returns how many
     exchanges were reclassified. The caller re-derives turns and holds the transaction.
-    `progress` (toolproxy.progress.Progress): told the number of exchanges, advanced per batch.
+    `progress` (toolproxy.term.progress.Progress): told the number of exchanges, advanced per batch.
     A record that cannot be read any more raises ReanalyzeError: derived rows are rebuilt all
     together or not at all."""
     from toolproxy.analysis.records import CALL_TYPES, EXCHANGE_TYPES, analyze_record
@@ -127,7 +127,7 @@ class ReanalyzeError(Exception):
 def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool, data_dir=None, progress=None) -> dict[str, int]:
     """Rebuild every derived table in one transaction: exchanges' classification (when the rules
     of classification may have changed) and all runs' turns, episodes and runs rows. `progress`
-    (toolproxy.progress.Progress) draws the reclassifying, then the deriving; closed here."""
+    (toolproxy.term.progress.Progress) draws the reclassifying, then the deriving; closed here."""
     from toolproxy.analysis.turns import derive
 
     con.execute("BEGIN TRANSACTION")

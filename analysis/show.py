@@ -8,8 +8,8 @@ import orjson
 
 from toolproxy.analysis.outcomes import NON_RESPONSE, whose
 from toolproxy.analysis.records import _request
-from toolproxy.printable import printable
 from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
+from toolproxy.term.printable import printable
 from toolproxy.wire import family_of
 
 _FIELDS = """

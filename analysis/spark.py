@@ -47,8 +47,8 @@ from toolproxy.analysis.records import CALL_TYPES, EXCHANGE_TYPES, analyze_range
 from toolproxy.analysis.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store import insert_columns, migrate
 from toolproxy.analysis.tables import FINGERPRINTS
-from toolproxy.printable import printable
 from toolproxy.record.segments import list_segments
+from toolproxy.term.printable import printable
 
 # Bytes of segment per read task: small enough that a 2-core machine gets several tasks per
 # segment, large enough that per-task overhead stays small.

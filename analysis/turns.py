@@ -40,7 +40,7 @@ from toolproxy.analysis.expect import Rule, expectation
 from toolproxy.analysis.outcomes import ANALYZER_VERSION, EMPTY_REPLIES, NON_RESPONSE, VALID_CALL
 from toolproxy.analysis.roles import ROLE_SQL
 from toolproxy.analysis.tables import EPISODES, TURNS
-from toolproxy.gcpause import gc_paused
+from toolproxy.calls.gcpause import gc_paused
 
 UNTAGGED_RUN = "(untagged)"
 # An episode is flagged as looping when the same call (name + arguments) repeats in this many
@@ -754,7 +754,7 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progre
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
     `rules`: expectation rules (analysis.expect); None uses the ones stored with the analysis.
-    `progress` (toolproxy.progress.Progress): told the number of runs, advanced per run.
+    `progress` (toolproxy.term.progress.Progress): told the number of runs, advanced per run.
 
     Python does only what is sequential (grouping attempts into turns and episodes, loops,
     expectations); statements run per batch of runs, not per run, and what a turn copies from its

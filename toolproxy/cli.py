@@ -24,10 +24,10 @@ COMMANDS = {
     "show-hint": "toolproxy.conditions.cli:show_hint",
     "report": "toolproxy.analysis.report.cli:report",
     "compare": "toolproxy.analysis.report.cli:compare",
-    "demo": "toolproxy.demo:demo",
-    "run": "toolproxy.runner:run",
-    "study": "toolproxy.study:study",
-    "replay": "toolproxy.replay:replay",
+    "demo": "toolproxy.drive.demo:demo",
+    "run": "toolproxy.drive.run:run",
+    "study": "toolproxy.drive.study:study",
+    "replay": "toolproxy.drive.replay:replay",
     "export": "toolproxy.analysis.export.cli:export",
 }
 

@@ -13,7 +13,7 @@ import click
 
 from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open, terminal_safe_csv
 from toolproxy.analysis.store import StoreError, default_db
-from toolproxy.printable import printable
+from toolproxy.term.printable import printable
 
 
 def _write(text: str, output: Path | None, fmt: str) -> None:

@@ -20,7 +20,6 @@ import orjson
 from aiohttp import web
 
 from toolproxy import wire
-from toolproxy.connection_errors import explain
 from toolproxy.checks.reply import ProbeReply, read_reply
 from toolproxy.conditions import ConditionOptions
 from toolproxy.proxy.app import make_app
@@ -29,6 +28,7 @@ from toolproxy.proxy.flow import Addon, Flow
 from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.model import Record
 from toolproxy.stacks.fingerprint import Fingerprint
+from toolproxy.term.connection_errors import explain
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.gcpause import settle_for_serving
+from toolproxy.calls.gcpause import settle_for_serving
 from toolproxy.otlp.shipper import SpanShipper
 from toolproxy.proxy import serverlog
 from toolproxy.proxy.auth import Auth

@@ -62,7 +62,7 @@ def _log_lines(tally: Tally, lines: list[bytes], texts: list[str | None]) -> str
     """Classify each record, and serve's line for each that has one, with its outcome appended
     (analysis.runline.exchange_text): the line says what the report will say of the exchange."""
     from toolproxy.analysis.runline import exchange_text
-    from toolproxy.printable import printable
+    from toolproxy.term.printable import printable
 
     out = []
     for line, text in zip(lines, texts):

@@ -26,9 +26,9 @@ import aiohttp
 import orjson
 
 from toolproxy import __version__
-from toolproxy.connection_errors import explain
 from toolproxy.record.model import Record, new_id
 from toolproxy.stacks import markers
+from toolproxy.term.connection_errors import explain
 from toolproxy.wire import error_text
 from toolproxy.stacks.names import LABELS
 

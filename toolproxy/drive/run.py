@@ -1,7 +1,7 @@
 """`toolproxy run -- CMD`: one harness process behind an in-process proxy, then its numbers.
 
 The proxy listens on a free loopback port for exactly as long as the child runs; the child gets
-the environment every common client reads (toolproxy.harness), so it needs no change. The exit
+the environment every common client reads (toolproxy.drive.harness), so it needs no change. The exit
 code is the child's, so `toolproxy run` drops into scripts and CI in place of the bare command.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 import click
 from aiohttp import web
 
-from toolproxy.harness import harness_env, tag_prefix
-from toolproxy.printable import printable
+from toolproxy.drive.harness import harness_env, tag_prefix
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
+from toolproxy.term.printable import printable
 
 
 @dataclass

@@ -26,13 +26,13 @@ from urllib.parse import parse_qsl, urlencode
 
 import click
 
-from toolproxy.harness import tag_prefix
-from toolproxy.printable import printable
-from toolproxy.progress import Progress, duration
+from toolproxy.drive.harness import tag_prefix
+from toolproxy.drive.run import run_loop, start_proxy, toolproxy_cli
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.headers import NOT_FORWARDED_UP, TAG_HEADER_PREFIX
-from toolproxy.runner import run_loop, start_proxy, toolproxy_cli
+from toolproxy.term.printable import printable
+from toolproxy.term.progress import Progress, duration
 
 OPEN_LOOP = ("replay is open-loop: each turn is sent with the history the original harness built, "
              "never with the replayed answers, so a turn is one question, not an episode")
