@@ -1,7 +1,7 @@
 """The Spark job against `toolproxy analyze` on the same recordings: identical turns, episodes,
 runs, calls, classified exchanges and report.
 
-The recordings mix a generated bulk (analysis.bench: several stacks, streams, retries after 500s,
+The recordings mix a generated bulk (toolproxy.testing.corpus: several stacks, streams, retries after 500s,
 timeouts, refusals, an untagged run that needs reconstruction) with traffic recorded by four real
 proxies, one per condition, sharing one data directory in front of the emulated llama-server:
 chat (streamed and not), Responses chained by `previous_response_id` (once across runs) and
@@ -33,9 +33,9 @@ import openai
 import pytest
 
 from proxyprocess import ProxyProcess
-from toolproxy.analysis.bench import generate
 from toolproxy.analysis.spark import line_range, split_segments
 from toolproxy.record.segments import read_lines
+from toolproxy.testing.corpus import generate
 from toolproxy.testing.fakes import FakeStack, ModelRequest, error, text, text_call
 
 EXCHANGES = int(os.environ.get("TOOLPROXY_SPARK_EXCHANGES", "3000"))

@@ -161,9 +161,9 @@ def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch):
     """derive() reads and writes many runs per statement (batches of about _BATCH_ATTEMPTS
     attempts): a batch per run derives exactly what one batch for every run does."""
     from toolproxy.analysis import turns
-    from toolproxy.analysis.bench import generate
     from toolproxy.analysis.ingest import ingest
     from toolproxy.analysis.store import connect, default_db
+    from toolproxy.testing.corpus import generate
 
     generate(tmp_path, 600, seed=5, segment_records=300)
     con = connect(default_db(tmp_path))

@@ -31,7 +31,7 @@ def gc_paused() -> Iterator[None]:
 # The young generation's threshold while serving. At CPython's 700, the proxy's in-flight requests
 # alone (coroutines, futures, headers, records: freed by reference counting as each ends) push
 # the count past it every few requests, and each pass walks what is alive: a tenth of the CPU a
-# request costs, measured (toolproxy.bench --profile). Objects that only the collector frees are
+# request costs, measured (benchmarks.proxy --profile). Objects that only the collector frees are
 # a few per request, so passes become rare and hold a few MB of garbage at most.
 SERVING_YOUNG_THRESHOLD = 20_000
 

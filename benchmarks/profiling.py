@@ -50,7 +50,7 @@ PARTS: tuple[tuple[str, str, str], ...] = (
     ("toolproxy/proxy/watchdog.py", "", "other addons' hooks (counters, exposure, health, durability, ...)"),
     ("toolproxy/proxy/pool.py", "", "upstream connection pool and its trace hooks"),
     ("toolproxy/proxy/forward.py", "", "the handler (forward.py, bench.py)"),
-    ("toolproxy/bench.py", "", "the handler (forward.py, bench.py)"),
+    ("benchmarks/proxy.py", "", "the handler (forward.py, bench.py)"),
     ("toolproxy/proxy/listener.py", "", "aiohttp server: read, parse, request object"),
     ("aiohttp/web_app.py", "", "aiohttp Application and router"),
     ("aiohttp/web_urldispatcher.py", "", "aiohttp Application and router"),

@@ -1,12 +1,12 @@
 """Production-shaped benchmark: thousands of concurrent SSE streams through each proxy at once.
 
-    python -m toolproxy.bench_streams [--streams 1000,2000] [--rate 10] [--seconds 10] [--rounds 1]
+    python -m benchmarks.streams [--streams 1000,2000] [--rate 10] [--seconds 10] [--rounds 1]
 
 An inference fleet holds many long streams open at the same time, each trickling tokens. Here a
 burst of N clients opens N streams at once (each on its own connection); the fake upstream sends
 `--rate` events a second for `--seconds` per stream, stamping each event with the monotonic
 clock when it leaves. Targets are measured in interleaved rounds: the upstream directly, toolproxy
-(recording), the bare aiohttp pass-through from `toolproxy.bench`, and nginx when installed.
+(recording), the bare aiohttp pass-through from `benchmarks.proxy`, and nginx when installed.
 
 Per target: time to first event (p50/p99), how long an event took from the upstream's write to the
 client's read (p50/p99, and what the proxy adds over direct), wall time of the whole burst (ideal:
@@ -34,7 +34,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from toolproxy.bench import Fleet, _int_list, _run_loop, _serve_upstream, _Upstream, _wait_http, cpu_seconds, process_tree
+from benchmarks.proxy import Fleet, _int_list, _run_loop, _serve_upstream, _Upstream, _wait_http, cpu_seconds, process_tree
 from toolproxy.proxy.workers import raise_fd_limit
 
 PATH = "/v1/chat/completions"
@@ -233,7 +233,7 @@ def _measure(pid: int | None, port: int, path: str, streams: int, events: int, d
     cpu0 = cpu_seconds(pids)
     sampler.start()
     out = subprocess.run(
-        [sys.executable, "-m", "toolproxy.bench_streams", "client", str(port), path, str(streams), str(events), str(deadline)],
+        [sys.executable, "-m", "benchmarks.streams", "client", str(port), path, str(streams), str(events), str(deadline)],
         capture_output=True, text=True, timeout=deadline + 60,
     )
     sampler.stop.set()
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = args.seconds * 3 + 30
     tmp = Path(tempfile.mkdtemp(prefix="toolproxy-bench-streams-"))
     fleet = Fleet(tmp)
-    up_port = fleet.upstream("toolproxy.bench_streams", str(events), str(1.0 / args.rate))
+    up_port = fleet.upstream("benchmarks.streams", str(events), str(1.0 / args.rate))
     upstream = f"http://127.0.0.1:{up_port}"
     targets: dict[str, tuple[str, int | None]] = {"direct": (upstream, fleet.procs[-1].pid)}
     data: dict[str, Path] = {}
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
 
     load = os.getloadavg()
     lines = [
-        f"toolproxy.bench_streams: {args.rounds} interleaved round(s); bursts of N concurrent SSE streams, "
+        f"benchmarks.streams: {args.rounds} interleaved round(s); bursts of N concurrent SSE streams, "
         f"{args.rate:g} events/s for {args.seconds:g}s each ({events} events); {os.cpu_count()} cores, "
         f"load average {load[0]:.1f} at the end; medians over rounds",
         "",

@@ -1,7 +1,7 @@
 """How long `toolproxy export` takes: a first export, a second one with nothing new, and one after
 new traffic, on a synthetic data directory (the analyzer benchmark's generator).
 
-    python -m toolproxy.analysis.export.bench --exchanges 30000
+    python -m benchmarks.export --exchanges 30000
 
 Every step is the CLI as a user runs it, in its own process; the machine's load moves the
 seconds, so compare runs made side by side.
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from toolproxy.analysis.bench import generate
+from toolproxy.testing.corpus import generate
 
 _CLI = [sys.executable, "-c", "from toolproxy.cli import main; main()"]
 

@@ -1,6 +1,6 @@
 """Benchmark: what storing repeated body content once (record/chunks.py) saves and costs.
 
-    python -m toolproxy.analysis.storage_bench [--episodes 10] [--turns 50] [--rounds 5]
+    python -m benchmarks.storage [--episodes 10] [--turns 50] [--rounds 5]
 
 Agent episodes as harnesses send them: chat-completions requests with a tools array, the whole
 history resent every turn, growing by `--growth` bytes a turn (an assistant tool call and a tool
@@ -27,87 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import orjson
-
-from toolproxy.analysis.bench import TOOL_NAMES, TOOLS, _args_for, _openai_reply
 from toolproxy.analysis.ingest import ingest
 from toolproxy.analysis.store import connect
-from toolproxy.record.model import Record, encode_body, new_id
+from toolproxy.record.model import Record
 from toolproxy.record.segments import list_segments
 from toolproxy.record.writer import SegmentWriter
-
-WORDS = (
-    "the a of to in is that for it as with was on be by this are from at or an have not which but all were when we "
-    "there can has more if will one about up out their so what other into its time only could new some these them "
-    "file line function return value error test module class import path config request response result data list "
-    "string number field table query index build run check update found missing expected passed failed warning"
-).split()
-MODEL = "Qwen/Qwen2.5-Coder-7B-Instruct"
-
-
-def _text(rnd: random.Random, n_bytes: int) -> str:
-    out: list[str] = []
-    size = 0
-    while size < n_bytes:
-        word = rnd.choice(WORDS) if rnd.random() < 0.9 else f"{rnd.choice(WORDS)}_{rnd.randint(0, 9999)}.py:{rnd.randint(1, 999)}"
-        out.append(word)
-        size += len(word) + 1
-        if rnd.random() < 0.08:
-            out.append("\n")
-    return " ".join(out)[:n_bytes]
-
-
-def episode(rnd: random.Random, n: int, turns: int, growth: int) -> list[Record]:
-    """One agent episode, `turns` exchanges; each request's history is `growth` bytes longer."""
-    messages = [
-        {"role": "system", "content": "You are a coding agent working in a repository. " + _text(rnd, 1200)},
-        {"role": "user", "content": f"Task {n}: " + _text(rnd, 400)},
-    ]
-    records = []
-    for turn in range(turns):
-        req = orjson.dumps({"model": MODEL, "messages": messages, "tools": TOOLS, "tool_choice": "auto",
-                            "temperature": 0.2, "stream": False})
-        name = rnd.choice(TOOL_NAMES)
-        args = _args_for(name, rnd)
-        body, ctype = _openai_reply("vllm", MODEL, "call", name, args, "", False, rnd)
-        rec = Record(id=new_id(), started_at=1764000000.0 + turn, upstream="http://127.0.0.1:8000", method="POST",
-                     path="/v1/chat/completions", client_path=f"/t/run=bench/episode={n}/v1/chat/completions",
-                     run="bench", episode=str(n), status=200, client_status=200, response_complete=True)
-        rec.request_headers = [["Host", "127.0.0.1:8787"], ["Content-Type", "application/json"],
-                               ["Authorization", "redacted:1a2b3c4d"], ["User-Agent", "OpenAI/Python 1.99.0"],
-                               ["Content-Length", str(len(req))]]
-        rec.request_body, rec.request_body_encoding = encode_body(req)
-        rec.request_body_size = len(req)
-        rec.response_headers = [["content-type", ctype], ["date", "Sat, 29 Nov 2026 12:00:00 GMT"],
-                                ["content-length", str(len(body))]]
-        rec.response_body, rec.response_body_encoding = encode_body(body)
-        rec.ttfb_ms = rec.duration_ms = 900.0 + turn
-        rec.ended_at = rec.started_at + 1
-        records.append(rec)
-        call = {"id": f"call_{n}_{turn}", "type": "function", "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
-        before = len(orjson.dumps(messages))
-        messages = messages + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                               {"role": "tool", "tool_call_id": call["id"], "content": ""}]
-        messages[-1]["content"] = _text(rnd, max(0, growth - (len(orjson.dumps(messages)) - before)))
-    return records
-
-
-def interleaved(episodes: list[list[Record]]) -> list[Record]:
-    """Turn t of every episode before turn t+1 of any: concurrent agents."""
-    return [ep[t] for t in range(max(map(len, episodes))) for ep in episodes if t < len(ep)]
-
-
-def small_records(n: int) -> list[Record]:
-    rnd = random.Random(3)
-    out = []
-    for i in range(n):
-        rec = Record(id=new_id(), started_at=1764000000.0 + i, method="POST", path="/v1/chat/completions", status=200)
-        rec.request_body, rec.request_body_encoding = encode_body(orjson.dumps(
-            {"model": MODEL, "messages": [{"role": "user", "content": _text(rnd, 600)}]}))
-        rec.response_body, rec.response_body_encoding = encode_body(b'{"choices":[{"message":{"content":"ok"}}]}')
-        out.append(rec)
-    return out
-
+from toolproxy.testing.corpus import episode, interleaved, small_records
 
 def write(data_dir: Path, records: list[Record], dedup: bool) -> tuple[float, float]:
     """(wall, CPU) seconds from the first submit until every record is fsync'ed and the writer

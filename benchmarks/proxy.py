@@ -1,6 +1,6 @@
 """Side-by-side benchmark: direct vs toolproxy (recording) vs a bare aiohttp pass-through vs nginx.
 
-    python -m toolproxy.bench [--seconds 5] [--rounds 3] [--total 100000] [--workers 1,2] [--c1-requests 2000]
+    python -m benchmarks.proxy [--seconds 5] [--rounds 3] [--total 100000] [--workers 1,2] [--c1-requests 2000]
 
 Everything runs on 127.0.0.1 in separate processes: a fast fake upstream, each target in front
 of it, and `wrk` (Debian package) as the load generator. Targets are measured in interleaved
@@ -30,7 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from toolproxy import benchprofile
+from benchmarks import profiling as benchprofile
 
 # A ~1.9 KB chat request of an agent's second turn: system prompt, a tool call and its result, two
 # tools (the size the independent rig used).
@@ -495,7 +495,7 @@ class Fleet:
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         role = "bare" if use_uvloop else "bare_asyncio"
-        self.roots[url] = [self.spawn([sys.executable, "-m", "toolproxy.bench", role, str(port), upstream]).pid
+        self.roots[url] = [self.spawn([sys.executable, "-m", "benchmarks.proxy", role, str(port), upstream]).pid
                            for _ in range(processes)]
         return url
 
@@ -601,21 +601,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers[0] != 1:
         ap.error("--workers: the first count must be 1 (the ratios compare single processes)")
     if not shutil.which("wrk"):
-        print("toolproxy.bench needs wrk (Debian: apt-get install wrk)", file=sys.stderr)
+        print("benchmarks.proxy needs wrk (Debian: apt-get install wrk)", file=sys.stderr)
         return 2
     if args.profile is not None:
         args.py_spy = args.py_spy or shutil.which("py-spy")
         if args.py_spy is None:
-            print("toolproxy.bench --profile needs py-spy (pip install py-spy; it is not a toolproxy dependency), "
+            print("benchmarks.proxy --profile needs py-spy (pip install py-spy; it is not a toolproxy dependency), "
                   "or --py-spy PATH", file=sys.stderr)
             return 2
     upstream_kind = args.upstream or ("nginx" if nginx_binary() else "fake")
     if upstream_kind == "nginx" and nginx_binary() is None:
-        print("toolproxy.bench: --upstream nginx needs nginx (Debian: apt-get install nginx)", file=sys.stderr)
+        print("benchmarks.proxy: --upstream nginx needs nginx (Debian: apt-get install nginx)", file=sys.stderr)
         return 2
     cores = pinned_cores() if args.layout == "pinned" else None
     if args.layout == "pinned" and cores is None:
-        print("toolproxy.bench: --layout pinned needs two cores; measuring unpinned", file=sys.stderr)
+        print("benchmarks.proxy: --layout pinned needs two cores; measuring unpinned", file=sys.stderr)
 
     tmp = Path(tempfile.mkdtemp(prefix="toolproxy-bench-"))
     try:
@@ -638,7 +638,7 @@ def _bench(args, tmp: Path, upstream_kind: str, cores: tuple[int, int] | None) -
         if upstream_kind == "nginx":
             up_port = fleet.nginx_upstream(REPLY)
         else:
-            up_port = fleet.upstream("toolproxy.bench")
+            up_port = fleet.upstream("benchmarks.proxy")
         upstream = f"http://127.0.0.1:{up_port}"
         targets = {"direct": upstream}
         tp = None
@@ -654,7 +654,7 @@ def _bench(args, tmp: Path, upstream_kind: str, cores: tuple[int, int] | None) -
             targets["toolproxy_page_open"] = fleet.toolproxy(upstream, tmp / "data-page")[0]
         if args.otlp:
             sink = _free_port()
-            fleet.spawn([sys.executable, "-m", "toolproxy.bench", "otlp_sink", str(sink)])
+            fleet.spawn([sys.executable, "-m", "benchmarks.proxy", "otlp_sink", str(sink)])
             targets["toolproxy_otlp"] = fleet.toolproxy(upstream, tmp / "data-otlp", 1, "--otlp-endpoint", f"http://127.0.0.1:{sink}")[0]
             targets["toolproxy_otlp_down"] = fleet.toolproxy(upstream, tmp / "data-otlp-down", 1, "--otlp-endpoint",
                                                              f"http://127.0.0.1:{_free_port()}")[0]
@@ -670,7 +670,7 @@ def _bench(args, tmp: Path, upstream_kind: str, cores: tuple[int, int] | None) -
     print(_report(args, measured, upstream_kind, cores))
     if args.profile is not None:
         print(f"\nWhere the CPU per request goes: py-spy samples over {args.profile:g}s of c64 per target, each thread's "
-              f"CPU split by its samples (toolproxy.benchprofile); load average {os.getloadavg()[0]:.1f}\n")
+              f"CPU split by its samples (benchmarks.profiling); load average {os.getloadavg()[0]:.1f}\n")
         print(benchprofile.breakdown_table(measured["profiles"], FLOOR))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(measured, indent=2))
@@ -729,7 +729,7 @@ def _measure(args, fleet: Fleet, targets: dict[str, str], tp: subprocess.Popen, 
 
 
 def _profile(args, fleet: Fleet, url: str, script: Path) -> dict[str, float]:
-    """{part: CPU us per request} of the processes serving `url` under c64 (toolproxy.benchprofile)."""
+    """{part: CPU us per request} of the processes serving `url` under c64 (benchmarks.profiling)."""
     path = "/v1/chat/completions"
     pids = fleet.tree(url)
     cpu0 = benchprofile.thread_cpu(pids)
@@ -753,7 +753,7 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
     layout = (f"pinned: proxies and upstream on core {cores[0]}, wrk and the c1 client on core {cores[1]}"
               if cores is not None else "unpinned")
     lines = [
-        f"toolproxy.bench: {args.rounds} interleaved rounds x {args.seconds:g}s per measurement, medians; {layout}; "
+        f"benchmarks.proxy: {args.rounds} interleaved rounds x {args.seconds:g}s per measurement, medians; {layout}; "
         f"upstream {upstream_kind}; request {len(CHAT_BODY):,} B; {os.cpu_count()} cores, load average "
         f"{measured['load_average'][0]:.1f} at the end; c1: {args.c1_requests} requests per target per round, targets "
         "taking turns request by request; c64: wrk on 127.0.0.1",
