@@ -30,7 +30,7 @@ def _fail(message: str) -> None:
 
 def expect_callback(_ctx, _param, values: tuple[str, ...]) -> list:
     """--expect rules parsed at the command line, so a mistyped rule is a usage error, not a traceback."""
-    from toolproxy.analysis.expect import RuleError, parse_rules
+    from toolproxy.analysis.measure.expectations import RuleError, parse_rules
 
     try:
         return parse_rules(values)
@@ -50,7 +50,7 @@ EXPECT_OPTION = expect_option(
 
 
 def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = "1GB"):
-    from toolproxy.analysis.store import StoreError, connect, default_db
+    from toolproxy.analysis.store.connection import StoreError, connect, default_db
 
     path = db_path or default_db(data_dir)
     try:
@@ -89,10 +89,10 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     """
     import duckdb
 
-    from toolproxy.analysis.ingest import ingest
-    from toolproxy.analysis.outcomes import ANALYZER_VERSION
-    from toolproxy.analysis.prune import forget_pruned
-    from toolproxy.analysis.reanalyze import ReanalyzeError, rebuild, rebuild_reason, save_state
+    from toolproxy.analysis.ingest.pipeline import ingest
+    from toolproxy.analysis.lifecycle.prune import forget_pruned
+    from toolproxy.analysis.lifecycle.reanalyze import ReanalyzeError, rebuild, rebuild_reason, save_state
+    from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
     from toolproxy.term.progress import Progress
 
     if not data_dir.exists():
@@ -200,7 +200,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
     """Run one SQL query against the analysis database (read-only) and print the result."""
     import duckdb
 
-    from toolproxy.analysis.store import bodies_in_sql
+    from toolproxy.analysis.store.connection import bodies_in_sql
 
     con = _open(data_dir, db_path, read_only=True)
     try:
@@ -235,7 +235,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
 @click.option("--raw", is_flag=True, help="Also print the raw request and response bodies.")
 def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> None:
     """Print one exchange (a unique id prefix will do): request, response, classification."""
-    from toolproxy.analysis.show import render
+    from toolproxy.analysis.report.show import render
 
     con = _open(data_dir, db_path, read_only=True)
     try:

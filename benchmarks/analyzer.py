@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from toolproxy.analysis.store import default_db
+from toolproxy.analysis.store.connection import default_db
 from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.testing.corpus import generate, generate_small
 

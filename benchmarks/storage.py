@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from toolproxy.analysis.ingest import ingest
-from toolproxy.analysis.store import connect
+from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.store.connection import connect
 from toolproxy.record.model import Record
 from toolproxy.record.segments import list_segments
 from toolproxy.record.writer import SegmentWriter

@@ -21,8 +21,8 @@ import duckdb
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest import ingest
-from toolproxy.analysis.store import bodies_in_sql, connect
+from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.store.connection import bodies_in_sql, connect
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
 from toolproxy.record.model import RECORD_VERSION, Record, RecordEncodeError, encode_body, new_id
 from toolproxy.record.segments import batch_end, expanded_size, list_segments, read_lines, read_records, read_segment

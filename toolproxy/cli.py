@@ -20,7 +20,7 @@ COMMANDS = {
     "analyze": "toolproxy.analysis.cli:analyze",
     "sql": "toolproxy.analysis.cli:sql",
     "show": "toolproxy.analysis.cli:show",
-    "prune": "toolproxy.analysis.prune:prune_command",
+    "prune": "toolproxy.analysis.lifecycle.prune:prune_command",
     "show-hint": "toolproxy.conditions.cli:show_hint",
     "report": "toolproxy.analysis.report.cli:report",
     "compare": "toolproxy.analysis.report.cli:compare",

@@ -16,7 +16,7 @@ from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail, _open
 from toolproxy.term.printable import printable
 
 FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
-# `--otlp URL` sends spans instead of writing files: analysis/otlp_export.py.
+# `--otlp URL` sends spans instead of writing files: analysis/export/otlp.py.
 
 
 def parse_since(text: str | None, now: float) -> dt.date | None:
@@ -75,7 +75,7 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     if otlp_endpoint is not None:
         if since is not None:
             raise click.UsageError("--since applies to --out; --otlp sends every analysed exchange of the runs chosen")
-        from toolproxy.analysis.otlp_export import run_export
+        from toolproxy.analysis.export.otlp import run_export
 
         run_export(data_dir, db_path, otlp_endpoint, runs=runs, content=otlp_content, quiet=quiet)
         return

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 from toolproxy.analysis.export import parquet
 from toolproxy.analysis.export.destination import Destination, ExportError
 from toolproxy.analysis.export.partitions import MAX_ENCODED, _quote, encode_value, partition_path
-from toolproxy.analysis.store import connect
+from toolproxy.analysis.store.connection import connect
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR

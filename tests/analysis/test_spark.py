@@ -33,7 +33,7 @@ import openai
 import pytest
 
 from proxyprocess import ProxyProcess
-from toolproxy.analysis.spark import line_range, split_segments
+from toolproxy.analysis.export.spark import line_range, split_segments
 from toolproxy.record.segments import read_lines
 from toolproxy.testing.corpus import generate
 from toolproxy.testing.fakes import FakeStack, ModelRequest, error, text, text_call
@@ -83,7 +83,7 @@ def test_ranges_cover_every_complete_line_once(tmp_path, range_bytes, tail):
 
 
 def test_no_segments_is_a_clear_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "toolproxy.analysis.spark", "--data", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "toolproxy.analysis.export.spark", "--data", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "no segments under" in r.stderr and "Traceback" not in r.stderr
@@ -182,7 +182,7 @@ def test_spark_job_matches_duckdb_analyze(recordings, tmp_path):
     report, _ = _tool(*cli, "report", "--data", str(recordings), "--format", "json")
     assert report.returncode == 0, report.stderr
     out = tmp_path / "spark-out"
-    spark, spark_s = _tool("-m", "toolproxy.analysis.spark", "--data", str(recordings), "--out", str(out),
+    spark, spark_s = _tool("-m", "toolproxy.analysis.export.spark", "--data", str(recordings), "--out", str(out),
                            "--master", "local[2]", "--format", "json")
     assert spark.returncode == 0, spark.stderr[-5000:]
 

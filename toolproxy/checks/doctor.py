@@ -21,9 +21,9 @@ from typing import Any
 import click
 import orjson
 
+from toolproxy.analysis.measure.classify import empty_cause
+from toolproxy.analysis.measure.outcomes import MODEL_STOPPED, STOP_STRING
 from toolproxy.checks.local import LocalProxy, check_target, local_proxy
-from toolproxy.analysis.classify import empty_cause
-from toolproxy.analysis.outcomes import MODEL_STOPPED, STOP_STRING
 from toolproxy.checks.reply import ProbeReply, call_problems
 from toolproxy.proxy.cli import key_from_env, upstream_key_option
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix

@@ -162,7 +162,7 @@ def _run_cli(*args: str) -> None:
 
 def _run_lines(data_dir: Path) -> list[str]:
     """Each run's line from the report's JSON, by the one definition `run` and the live page use."""
-    from toolproxy.analysis.runline import from_report
+    from toolproxy.analysis.measure.runline import from_report
 
     proc = subprocess.run([sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data_dir), "--format", "json"],
                           text=True, capture_output=True)

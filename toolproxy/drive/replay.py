@@ -160,7 +160,7 @@ def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int
     `db` is a data directory's database: the request bodies are read from its segments."""
     import duckdb
 
-    from toolproxy.analysis.store import bodies_in_sql
+    from toolproxy.analysis.store.connection import bodies_in_sql
     from toolproxy.record.model import body_bytes
 
     if not db.exists():

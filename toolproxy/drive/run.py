@@ -112,8 +112,8 @@ def analyze_and_summarise(data_dir: Path, runs: list[str]) -> list[dict]:
 
 
 def one_line(run: dict) -> str:
-    """The run's numbers in one line, as the report reads them (analysis.runline)."""
-    from toolproxy.analysis.runline import from_report
+    """The run's numbers in one line, as the report reads them (analysis.measure.runline)."""
+    from toolproxy.analysis.measure.runline import from_report
 
     return from_report(run).text()
 

@@ -11,7 +11,7 @@ own, by the state of the request before it; one that swapped its system prompt t
 conversation without it. Identical episodes running at the same time are told apart by the ids of
 their replies' calls, and each is continued once even when nothing tells them apart.
 
-Every produced turn then gets a role (analysis.roles), which says what the turn was for and so which
+Every produced turn then gets a role (analysis.episodes.roles), which says what the turn was for and so which
 metric counts it: a correct agent that calls a tool and then answers in prose must score full
 marks, so its final answer is an `answer`, not a missed call.
 
@@ -33,13 +33,13 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 import orjson
 
-from toolproxy.analysis import harnesses
-from toolproxy.analysis.columns import share_strings
-from toolproxy.analysis.echoes import echoed_calls
-from toolproxy.analysis.expect import Rule, expectation
-from toolproxy.analysis.outcomes import ANALYZER_VERSION, EMPTY_REPLIES, NON_RESPONSE, VALID_CALL
-from toolproxy.analysis.roles import ROLE_SQL
-from toolproxy.analysis.tables import EPISODES, TURNS
+from toolproxy.analysis.episodes.roles import ROLE_SQL
+from toolproxy.analysis.ingest import harnesses
+from toolproxy.analysis.ingest.echoes import echoed_calls
+from toolproxy.analysis.measure.expectations import Rule, expectation
+from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION, EMPTY_REPLIES, NON_RESPONSE, VALID_CALL
+from toolproxy.analysis.store.columns import share_strings
+from toolproxy.analysis.store.tables import EPISODES, TURNS
 from toolproxy.calls.gcpause import gc_paused
 
 UNTAGGED_RUN = "(untagged)"
@@ -162,9 +162,9 @@ def conversation_keys(
       not be the one the harness writes back: dspy repairs the JSON), the unread keys of this
       request and of its tail.
     rejects: the messages after the last assistant message say the harness could not use the reply
-      before them (analysis.harnesses).
+      before them (analysis.ingest.harnesses).
     asks_again: the request may be the one before it asked again in the harness's fallback format
-      (analysis.protocols.Reading.fallback): its own state's request key is tried first, so it
+      (analysis.ingest.protocols.Reading.fallback): its own state's request key is tried first, so it
       continues the turn that asked the same (turn_facts then reads that turn as rejected).
     """
     # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
@@ -299,7 +299,7 @@ def echo_key(state_hash: str, signature: str) -> str:
 def _echo_parents(block: Sequence[str], calls: list, before: str, tool_names: Sequence[str]) -> list[str]:
     """echo_key(before, calls) of the request's last run of assistant messages (`block`: their
     texts, with its structured `calls`; `before`: the state of the conversation before it), for its
-    structured calls, else for every reading of calls re-serialised in its text (analysis.echoes).
+    structured calls, else for every reading of calls re-serialised in its text (analysis.ingest.echoes).
 
     Only the last run: it answers the turn just before this request, the one to chain to, and
     looking no further keeps the text search at one block per request, not one per turn.
@@ -360,7 +360,7 @@ class Attempt:
 
 
 def attempt_of(row: dict, share=lambda value: value) -> Attempt:
-    """The Attempt of an exchanges row as analysis.records makes it (what derive's _ATTEMPTS_SQL
+    """The Attempt of an exchanges row as analysis.ingest.records makes it (what derive's _ATTEMPTS_SQL
     reads back of it). `share` maps each string that repeats along a run (its tags, outcome, the
     conversation keys later requests name again) to the object to keep, so it is held once."""
     tags = orjson.loads(row["tags"]) if row.get("tags") else {}
@@ -753,7 +753,7 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progress=None) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
-    `rules`: expectation rules (analysis.expect); None uses the ones stored with the analysis.
+    `rules`: expectation rules (analysis.measure.expectations); None uses the ones stored with the analysis.
     `progress` (toolproxy.term.progress.Progress): told the number of runs, advanced per run.
 
     Python does only what is sequential (grouping attempts into turns and episodes, loops,
@@ -765,8 +765,8 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progre
 
 
 def _derive(con, runs: Iterable[str], rules: Sequence[Rule] | None, progress) -> dict[str, int]:
-    from toolproxy.analysis.reanalyze import stored_rules
-    from toolproxy.analysis.store import insert_columns
+    from toolproxy.analysis.lifecycle.reanalyze import stored_rules
+    from toolproxy.analysis.store.connection import insert_columns
     # Here, not at the top: the live page's classifier imports this module for per-record work,
     # and the writer module brings the spill cipher (cryptography) and asyncio with it.
     from toolproxy.record.writer import SEGMENT_REPLICA

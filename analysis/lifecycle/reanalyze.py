@@ -15,8 +15,8 @@ from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.expect import Rule, parse_rules
-from toolproxy.analysis.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.measure.expectations import Rule, parse_rules
+from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 from toolproxy.record.segments import RecordError, RecordReader
 
 _VERSION_KEY = "analyzer_version"
@@ -76,9 +76,9 @@ def reclassify(con, data_dir, progress=None) -> int:
     `progress` (toolproxy.term.progress.Progress): told the number of exchanges, advanced per batch.
     A record that cannot be read any more raises ReanalyzeError: derived rows are rebuilt all
     together or not at all."""
-    from toolproxy.analysis.records import CALL_TYPES, EXCHANGE_TYPES, analyze_record
-    from toolproxy.analysis.store import insert_columns
-    from toolproxy.analysis.tables import CALLS, TOOL_SETS
+    from toolproxy.analysis.ingest.records import CALL_TYPES, EXCHANGE_TYPES, analyze_record
+    from toolproxy.analysis.store.connection import insert_columns
+    from toolproxy.analysis.store.tables import CALLS, TOOL_SETS
 
     refs = con.execute("SELECT id, segment, segment_offset FROM exchanges ORDER BY segment, segment_offset").fetchall()
     types = {"id": "VARCHAR"} | {c: t for c, t in EXCHANGE_TYPES.items() if c not in _RAW}
@@ -128,7 +128,7 @@ def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool, data_dir=None
     """Rebuild every derived table in one transaction: exchanges' classification (when the rules
     of classification may have changed) and all runs' turns, episodes and runs rows. `progress`
     (toolproxy.term.progress.Progress) draws the reclassifying, then the deriving; closed here."""
-    from toolproxy.analysis.turns import derive
+    from toolproxy.analysis.episodes.turns import derive
 
     con.execute("BEGIN TRANSACTION")
     try:

@@ -9,7 +9,7 @@ exactly the tables declared here, so changing a declaration without a step fails
 
 from __future__ import annotations
 
-from toolproxy.analysis.columns import Columns
+from toolproxy.analysis.store.columns import Columns
 
 
 class Table:
@@ -27,7 +27,7 @@ class Table:
 
     def insert(self, con, columns: dict[str, list], *, on_conflict: str = "", fitted: bool = False) -> int:
         """Insert column lists (any subset of the table's columns); returns the row count."""
-        from toolproxy.analysis.store import insert_columns
+        from toolproxy.analysis.store.connection import insert_columns
 
         return insert_columns(con, self.name, columns, {name: self.types[name] for name in columns},
                               on_conflict=on_conflict, fitted=fitted)
@@ -47,7 +47,7 @@ EXCHANGES = Table("exchanges", {
     # derived at ingest
     "is_attempt": _BOOL, "streamed": _BOOL, "model": _V, "prompt_tokens": _B, "completion_tokens": _B,
     "cached_tokens": _B, "tool_set": _V,
-    # where the record is (its bodies are read from there: analysis/bodies.py), and what else it said
+    # where the record is (its bodies are read from there: analysis/ingest/bodies.py), and what else it said
     "upstream_request": _J, "condition_note": _V,
     "request_headers": _J, "response_headers": _J, "segment": _V, "segment_offset": _B, "record": _J,
     # the attempt's classification
@@ -60,10 +60,10 @@ EXCHANGES = Table("exchanges", {
     # set when turns are derived
     "turn_id": _V,
     "tool_results": _I, "analyzer_version": _I,
-    # the prompt protocol the request was read under (analysis.protocols), the other keys a later
+    # the prompt protocol the request was read under (analysis.ingest.protocols), the other keys a later
     # request names its reply by, whether it says the harness rejected the reply before it, and
     # whether its reply ends the episode through the harness's finishing tool; the harness whose
-    # finishing tool the request offered (analysis.harnesses: its call, not prose, is the answer)
+    # finishing tool the request offered (analysis.ingest.harnesses: its call, not prose, is the answer)
     "protocol": _V, "reply_keys": "VARCHAR[]", "rejects": _BOOL, "finishes": _BOOL, "finisher": _V,
 })
 TOOL_SETS = Table("tool_sets", {"hash": _V, "tools": _J, "names": "VARCHAR[]"})

@@ -30,7 +30,7 @@ def forget_pruned(con, data_dir: str | Path, progress=None) -> dict[str, int]:
     Idempotent and cheap when there is nothing to do. Returns counts of what went. `progress`
     (toolproxy.term.progress.Progress) is advanced per run re-derived.
     """
-    from toolproxy.analysis.turns import derive
+    from toolproxy.analysis.episodes.turns import derive
 
     gone = sorted(read_ledger(data_dir))
     counts = {"segments": 0, "exchanges": 0, "runs": 0}
@@ -89,7 +89,7 @@ def prune_command(older_than: str, run: str | None, data_dir: Path, db_path: Pat
     """
     import duckdb
 
-    from toolproxy.analysis.store import StoreError, connect, default_db
+    from toolproxy.analysis.store.connection import StoreError, connect, default_db
 
     try:
         seconds = parse_duration(older_than)

@@ -11,8 +11,8 @@ import duckdb
 import numpy as np
 import orjson
 
-from toolproxy.analysis.columns import Columns
-from toolproxy.analysis.migrations import MIGRATIONS
+from toolproxy.analysis.store.columns import Columns
+from toolproxy.analysis.store.migrations import MIGRATIONS
 from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 
 DB_NAME = "toolproxy.duckdb"

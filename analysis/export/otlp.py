@@ -115,7 +115,7 @@ def run_export(data_dir: Path, db_path: Path | None, endpoint: str, *, runs: tup
                quiet: bool = False) -> None:
     """The --otlp half of `toolproxy export`: checks, the export, one summary line; exit 1 if spans were refused."""
     from toolproxy.analysis.cli import _fail, _open
-    from toolproxy.analysis.store import default_db
+    from toolproxy.analysis.store.connection import default_db
     from toolproxy.otlp.shipper import EndpointError, missing_sdk, traces_url
     from toolproxy.term.printable import printable
     from toolproxy.term.progress import Progress

@@ -2,7 +2,7 @@
 for recordings too large for one machine.
 
     spark-submit deploy/spark/analyze.py --data /shared/toolproxy-data --out /shared/analysis
-    python -m toolproxy.analysis.spark --data DIR --out OUT [--master 'local[*]']
+    python -m toolproxy.analysis.export.spark --data DIR --out OUT [--master 'local[*]']
 
 Nothing here re-implements the analyzer: Spark only moves data between toolproxy's own functions.
 
@@ -42,11 +42,11 @@ from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.ingest import _after_last_newline, _next_line_end, link_stored_responses
-from toolproxy.analysis.records import CALL_TYPES, EXCHANGE_TYPES, analyze_range
-from toolproxy.analysis.outcomes import ANALYZER_VERSION
-from toolproxy.analysis.store import insert_columns, migrate
-from toolproxy.analysis.tables import FINGERPRINTS
+from toolproxy.analysis.ingest.pipeline import _after_last_newline, _next_line_end, link_stored_responses
+from toolproxy.analysis.ingest.records import CALL_TYPES, EXCHANGE_TYPES, analyze_range
+from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.store.connection import insert_columns, migrate
+from toolproxy.analysis.store.tables import FINGERPRINTS
 from toolproxy.record.segments import list_segments
 from toolproxy.term.printable import printable
 
@@ -171,9 +171,9 @@ def derive_run(run: str, rows: Sequence[tuple[str, bytes]], fingerprints: Sequen
                seed: int = 0, resamples: int | None = None, source: str = "") -> dict[str, object]:
     """Stage 2 for one run: its rows (kind, payload) in segment order, through the analyzer's own
     derivation and summary. Returns each output table's rows as an Arrow table, and the summary."""
-    from toolproxy.analysis import stats
-    from toolproxy.analysis.summary import summarize
-    from toolproxy.analysis.turns import derive
+    from toolproxy.analysis.episodes.turns import derive
+    from toolproxy.analysis.measure import stats
+    from toolproxy.analysis.measure.summary import summarize
 
     con = empty_database()
     exchanges, calls, seen = [], {}, set()
@@ -282,7 +282,7 @@ def run_job(spark, data_dir: str | Path, out_dir: str | Path | None, *, rules=()
     import pyarrow as pa
     from pyspark.sql import functions as F
 
-    from toolproxy.analysis.summary import Report
+    from toolproxy.analysis.measure.summary import Report
 
     data_dir = Path(data_dir)
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions or spark.sparkContext.defaultParallelism))
@@ -330,7 +330,7 @@ def run_job(spark, data_dir: str | Path, out_dir: str | Path | None, *, rules=()
 
 
 def _default_resamples() -> int:
-    from toolproxy.analysis import stats
+    from toolproxy.analysis.measure import stats
 
     return stats.RESAMPLES
 
@@ -345,7 +345,7 @@ class JobError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from toolproxy.analysis.expect import RuleError, parse_rules
+    from toolproxy.analysis.measure.expectations import RuleError, parse_rules
     from toolproxy.analysis.report import render
 
     ap = argparse.ArgumentParser(prog="toolproxy-spark", description=__doc__.split("\n\n")[0])

@@ -1,8 +1,8 @@
 """What only the HTML report shows beside the per-run numbers: fidelity by turn index, by category,
 the paired comparisons between runs, and latency and tokens per run.
 
-Read from the same store, runs and expectation rules as analysis.summary, scored the same way
-(analysis.metrics.score), so the page's figures count exactly the turns its headline counts.
+Read from the same store, runs and expectation rules as analysis.measure.summary, scored the same way
+(analysis.measure.metrics.score), so the page's figures count exactly the turns its headline counts.
 DuckDB does the counting; out come plain dataclasses.
 """
 
@@ -13,11 +13,11 @@ from typing import Sequence
 
 import duckdb
 
-from toolproxy.analysis import stats
-from toolproxy.analysis.compare import Comparison, compare
-from toolproxy.analysis.expect import Rule, parse_rules
-from toolproxy.analysis.metrics import score
-from toolproxy.analysis.summary import Report
+from toolproxy.analysis.measure import stats
+from toolproxy.analysis.measure.compare import Comparison, compare
+from toolproxy.analysis.measure.expectations import Rule, parse_rules
+from toolproxy.analysis.measure.metrics import score
+from toolproxy.analysis.measure.summary import Report
 
 # Turn positions shown one by one; later turns share the last column ("11+"), so one very long
 # episode cannot stretch the figure while the question (does fidelity decay?) still gets an answer.
@@ -45,7 +45,7 @@ class Count:
 
 
 NONE = Count(0, 0, 0)
-# Call and delivered fidelity counts over the scored turns (analysis.metrics.score), grouped by the caller.
+# Call and delivered fidelity counts over the scored turns (analysis.measure.metrics.score), grouped by the caller.
 _COUNTS = ("count(*) filter (where role = 'call' and outcome = 'valid_call'), "
            "count(*) filter (where role = 'call' and delivered), count(*) filter (where role = 'call')")
 

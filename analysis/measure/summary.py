@@ -1,7 +1,7 @@
 """One row of numbers per run, read from the analyzed DuckDB store.
 
 DuckDB does the counting (it is built for it and the store can be larger than memory); numpy only
-draws the bootstrap; the metrics themselves are defined in analysis.metrics. What comes out is
+draws the bootstrap; the metrics themselves are defined in analysis.measure.metrics. What comes out is
 plain dataclasses that every renderer shares, so the terminal table, the JSON and the HTML chart
 can never disagree about a number.
 """
@@ -16,14 +16,14 @@ from typing import Sequence
 
 import duckdb
 
-from toolproxy.analysis import stats
-from toolproxy.analysis.expect import Rule
-from toolproxy.analysis.metrics import RunMetrics, by_run, run_metrics, score
-from toolproxy.analysis.outcomes import (ANALYZER_VERSION, HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS,
+from toolproxy.analysis.measure import stats
+from toolproxy.analysis.measure.expectations import Rule
+from toolproxy.analysis.measure.metrics import RunMetrics, by_run, run_metrics, score
+from toolproxy.analysis.measure.outcomes import (ANALYZER_VERSION, HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS,
                                UNPARSEABLE, VALID_CALL)
-from toolproxy.analysis.reanalyze import stored_version
-from toolproxy.analysis.store import StoreError
 from toolproxy import __version__
+from toolproxy.analysis.lifecycle.reanalyze import stored_version
+from toolproxy.analysis.store.connection import StoreError
 
 # Display order: the good outcome first, non-responses last.
 OUTCOMES = (VALID_CALL, INVALID_ARGS, HALLUCINATED, UNPARSEABLE, PROSE, NON_RESPONSE)
@@ -99,7 +99,7 @@ def sampling_by_run(con: duckdb.DuckDBPyConnection) -> dict[str, Sampling]:
 
 @dataclass
 class RunSummary(RunMetrics):
-    """A run's metrics (analysis.metrics) and what a reader needs beside them."""
+    """A run's metrics (analysis.measure.metrics) and what a reader needs beside them."""
 
     run: str
     stack: str | None
@@ -163,7 +163,7 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
               resamples: int = stats.RESAMPLES, rules: Sequence[Rule] = ()) -> Report:
     """Aggregate the chosen runs; each query groups by run once rather than looping over runs.
 
-    `rules`: expectation rules for this report only (see analysis.metrics.score).
+    `rules`: expectation rules for this report only (see analysis.measure.metrics.score).
     """
     score(con, runs, rules)
     meta = {r[0]: r[1:] for r in con.execute("""

@@ -17,13 +17,13 @@ from typing import Sequence
 
 import duckdb
 
-from toolproxy.analysis import stats
-from toolproxy.analysis.expect import Rule
-from toolproxy.analysis.metrics import score
-from toolproxy.analysis.summary import StoreError, is_pattern, known_runs
+from toolproxy.analysis.measure import stats
+from toolproxy.analysis.measure.expectations import Rule
+from toolproxy.analysis.measure.metrics import score
+from toolproxy.analysis.measure.summary import StoreError, is_pattern, known_runs
 
 # An item's verdict in one run, from the turns of its episode(s) in that run (repeats are pooled).
-# Whether a call reached the harness is scored.reached (analysis.metrics.REACHED_HARNESS), the
+# Whether a call reached the harness is scored.reached (analysis.measure.metrics.REACHED_HARNESS), the
 # same answer the report's delivered restraint counts.
 METRICS = {
     "delivered": "case when expect_none then abstain_n > 0 and abstain_reached = 0 "

@@ -1,7 +1,7 @@
 """The metrics of a run, in one place, counted by DuckDB over the turns and their roles.
 
 A metric must give a correct agent full marks, so each counts only the turns its question is
-about (turn roles: analysis.roles):
+about (turn roles: analysis.episodes.roles):
 
 - call fidelity (the headline): valid_call turns / `call` turns, whatever the surface the call
   came in: did the model produce a valid call when one was due?
@@ -28,11 +28,11 @@ from typing import Sequence
 import duckdb
 import orjson
 
-from toolproxy.analysis import stats
-from toolproxy.analysis.expect import Rule, expectation
-from toolproxy.analysis.outcomes import ROLES
-from toolproxy.analysis.reanalyze import stored_rules
-from toolproxy.analysis.roles import ROLE_SQL
+from toolproxy.analysis.episodes.roles import ROLE_SQL
+from toolproxy.analysis.lifecycle.reanalyze import stored_rules
+from toolproxy.analysis.measure import stats
+from toolproxy.analysis.measure.expectations import Rule, expectation
+from toolproxy.analysis.measure.outcomes import ROLES
 
 METRICS = ("call_fidelity", "delivered_fidelity", "restraint", "delivered_restraint", "answer_rate", "paper_fidelity")
 METRIC_LABELS = {
@@ -47,7 +47,7 @@ METRIC_LABELS = {
 
 # Did a call of turn `t` reach the harness? The reply it got carried calls in tool_calls (the
 # stack's, or a condition's: valid or not, the harness received them), or it acted on a valid call
-# written in text (`delivered`, see analysis.turns.delivered). A call left in the reply text that
+# written in text (`delivered`, see analysis.episodes.turns.delivered). A call left in the reply text that
 # the harness did not parse never reached it, valid or not. score() stores the answer per turn as
 # `scored.reached`, the one definition the report's delivered restraint and compare's delivered
 # verdict both read.
