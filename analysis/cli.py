@@ -5,59 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import shlex
-import sys
 from pathlib import Path
 
 import click
 import orjson
 
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, _fail, _open, expect_option, terminal_safe_csv
 from toolproxy.term.printable import printable
-
-DATA_OPTION = click.option(
-    "--data", "data_dir", default="toolproxy-data", show_default=True, envvar="TOOLPROXY_DATA",
-    type=click.Path(path_type=Path), help="Data directory the proxy records into.",
-)
-DB_OPTION = click.option(
-    "--db", "db_path", default=None, type=click.Path(path_type=Path),
-    help="DuckDB file (default: DATA/toolproxy.duckdb).",
-)
-
-
-def _fail(message: str) -> None:
-    click.echo(printable(f"toolproxy: {message}", lines=True), err=True)
-    sys.exit(2)
-
-
-def expect_callback(_ctx, _param, values: tuple[str, ...]) -> list:
-    """--expect rules parsed at the command line, so a mistyped rule is a usage error, not a traceback."""
-    from toolproxy.analysis.measure.expectations import RuleError, parse_rules
-
-    try:
-        return parse_rules(values)
-    except RuleError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def expect_option(help_text: str):
-    return click.option("--expect", "expect_rules", multiple=True, metavar="TAG=VALUE:call|none",
-                        callback=expect_callback, help=help_text)
-
-
-EXPECT_OPTION = expect_option(
-    "Override what items expect for this output only, by a rule on tags, e.g. 'category=irrelevance:none' "
-    "(repeatable; the last matching rule wins over stored rules and expect tags)."
-)
-
-
-def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = "1GB"):
-    from toolproxy.analysis.store.connection import StoreError, connect, default_db
-
-    path = db_path or default_db(data_dir)
-    try:
-        return connect(path, read_only=read_only, memory_limit=memory_limit)
-    except StoreError as exc:
-        _fail(str(exc))
-
 
 # The runs just re-derived that were recorded with --sample (record/sampling.py): the rate, and
 # how many exchanges only a stub stands for.
@@ -91,8 +45,9 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
 
     from toolproxy.analysis.ingest.pipeline import ingest
     from toolproxy.analysis.lifecycle.prune import forget_pruned
-    from toolproxy.analysis.lifecycle.reanalyze import ReanalyzeError, rebuild, rebuild_reason, save_state
+    from toolproxy.analysis.lifecycle.reanalyze import ReanalyzeError, rebuild, rebuild_reason
     from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.store.state import save_state
     from toolproxy.term.progress import Progress
 
     if not data_dir.exists():
@@ -171,13 +126,6 @@ def _cell(value) -> str:
     if isinstance(value, (list, dict)):
         return orjson.dumps(value, default=str).decode()
     return str(value)
-
-
-def terminal_safe_csv(text: str) -> str:
-    """CSV has no escapes of its own, so it is left byte-exact when it goes to a file or a pipe
-    (it is data there; echo it with color=True, or click strips escape sequences) and made inert
-    only when it goes to a terminal."""
-    return printable(text, lines=True) if sys.stdout.isatty() else text
 
 
 def format_table(columns: list[str], rows: list[tuple], max_width: int = 60) -> str:

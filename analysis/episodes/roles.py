@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
-from toolproxy.analysis.measure.outcomes import ABSTAIN, ANSWER, CALL, NO_TOOLS, NON_RESPONSE, OPEN, PROSE
+from toolproxy.analysis.episodes.model import Turn
+from toolproxy.analysis.measure.outcomes import ABSTAIN, ANSWER, CALL, NO_TOOLS, NON_RESPONSE, OPEN, PROSE, VALID_CALL
 
 
 class _Expr:
@@ -148,3 +149,53 @@ def role_of(row: Mapping[str, Any]) -> str | None:
         if when.value(row) is True:
             return role
     return OTHERWISE
+
+
+def delivered(turns: Sequence[Turn], i: int) -> bool:
+    """Did turn i's valid call reach the harness as a call it acted on?
+
+    A call in tool_calls (the stack's, or one a condition produced) was delivered. A call left in
+    the reply text counts only when the harness parsed it itself and acted on it, which shows as
+    the episode's next request carrying more tool results than this one (smolagents and other
+    text-protocol harnesses) and not saying it could not use the reply; a harness that ignored it
+    got prose.
+    """
+    f = turns[i].final
+    if f.outcome != VALID_CALL:
+        return False
+    if not f.harness_saw_prose:
+        return True
+    if i + 1 >= len(turns):
+        return False
+    after = turns[i + 1].attempts[0]
+    return after.tool_results > f.tool_results and not after.rejects
+
+
+class TurnFacts(NamedTuple):
+    """What a turn's place in its episode says of it (the rest of a turn is its final attempt's)."""
+
+    delivered: bool  # its valid call reached the harness as a call (see delivered)
+    saw_result: bool  # a tool result came back in the episode by this turn
+    is_last: bool
+    rejected: bool  # the next request says the harness could not use this reply
+    last_with_tools: bool  # no later turn of the episode offered tools
+
+
+def turn_facts(turns: Sequence[Turn]) -> list[TurnFacts]:
+    """TurnFacts of each turn of one episode, in order."""
+    last = len(turns) - 1
+    last_tools = max((i for i, t in enumerate(turns) if t.attempts[-1].offered), default=-1)
+    out = []
+    saw_result = False
+    for i, turn in enumerate(turns):
+        saw_result = saw_result or turn.attempts[-1].tool_results > 0
+        out.append(TurnFacts(delivered(turns, i), saw_result, i == last, i < last and _rejected(turn, turns[i + 1]),
+                             i == last_tools))
+    return out
+
+
+def _rejected(turn: Turn, after: Turn) -> bool:
+    """Whether the harness could not use `turn`'s reply, by the next turn of its episode: the request
+    says so, or asks exactly what `turn` asked (dspy's fallback format after fields it could not parse)."""
+    head = after.attempts[0]
+    return head.rejects or (head.state_hash is not None and head.state_hash == turn.attempts[-1].state_hash)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail, _open
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, _fail, _open
 from toolproxy.term.printable import printable
 
 FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}

@@ -114,7 +114,7 @@ def export_otlp(con: duckdb.DuckDBPyConnection, data_dir: Path, endpoint: str, *
 def run_export(data_dir: Path, db_path: Path | None, endpoint: str, *, runs: tuple[str, ...] = (), content: bool = False,
                quiet: bool = False) -> None:
     """The --otlp half of `toolproxy export`: checks, the export, one summary line; exit 1 if spans were refused."""
-    from toolproxy.analysis.cli import _fail, _open
+    from toolproxy.analysis.options import _fail, _open
     from toolproxy.analysis.store.connection import default_db
     from toolproxy.otlp.shipper import EndpointError, missing_sdk, traces_url
     from toolproxy.term.printable import printable

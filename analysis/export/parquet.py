@@ -92,9 +92,9 @@ class _Staged:
 
 def versions(con) -> dict[str, int]:
     """What the files were made from; stored in every file's key-value metadata and the manifest."""
-    from toolproxy.analysis.lifecycle.reanalyze import stored_version
     from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.store.connection import schema_version
+    from toolproxy.analysis.store.state import stored_version
 
     built = stored_version(con)
     if built != ANALYZER_VERSION:

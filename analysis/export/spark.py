@@ -171,7 +171,7 @@ def derive_run(run: str, rows: Sequence[tuple[str, bytes]], fingerprints: Sequen
                seed: int = 0, resamples: int | None = None, source: str = "") -> dict[str, object]:
     """Stage 2 for one run: its rows (kind, payload) in segment order, through the analyzer's own
     derivation and summary. Returns each output table's rows as an Arrow table, and the summary."""
-    from toolproxy.analysis.episodes.turns import derive
+    from toolproxy.analysis.episodes.derive import derive
     from toolproxy.analysis.measure import stats
     from toolproxy.analysis.measure.summary import summarize
 

@@ -1,6 +1,6 @@
 """What particular harnesses write, kept as data in one place.
 
-Episode building and roles are generic (analysis.episodes.turns), but two facts can only be read in words
+Episode building and roles are generic (analysis.episodes), but two facts can only be read in words
 a harness chooses: that it rejected the model's last reply (it could not parse a call out of it,
 and says so in its next request), and that a call ends the episode as the model's answer (the
 harness's own finishing tool, as it describes it when it offers it). Each entry names the harness

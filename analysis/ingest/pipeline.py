@@ -28,7 +28,7 @@ from pathlib import Path
 
 import duckdb
 
-from toolproxy.analysis.episodes.turns import derive
+from toolproxy.analysis.episodes.derive import derive
 from toolproxy.analysis.ingest.records import CALL_TYPES, SET_ASIDE, Batch, _issue, analyze_range
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS

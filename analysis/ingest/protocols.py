@@ -20,7 +20,7 @@ A recognised request is read into the conversation a chat harness would have sen
 on that alone): the tools as function tools, the trajectory as assistant messages whose calls are
 the steps' calls, followed by `tool` messages holding the observations. A reply is read into its
 calls by the same rules, so a step's reply and the same step written back into the next prompt
-give one canonical message, and episodes chain as they do for any harness (analysis.episodes.turns).
+give one canonical message, and episodes chain as they do for any harness (analysis.episodes.build).
 
 Input is model- and harness-written text: everything is bounded and never raises.
 """

@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from toolproxy.analysis.episodes.turns import UNTAGGED_RUN, call_signature, conversation_keys
 from toolproxy.analysis.ingest import harnesses
 from toolproxy.analysis.ingest.bodies import decode_body, header
+from toolproxy.analysis.ingest.keys import UNTAGGED_RUN, call_signature, conversation_keys
 from toolproxy.analysis.ingest.probes import probe_of
 from toolproxy.analysis.ingest.protocols import read_prompt, reply_message
 from toolproxy.analysis.measure.classify import classify

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, _fail
 from toolproxy.record.retention import prune, read_ledger
 from toolproxy.term.progress import Progress
 from toolproxy.term.quantities import parse_duration
@@ -30,7 +30,7 @@ def forget_pruned(con, data_dir: str | Path, progress=None) -> dict[str, int]:
     Idempotent and cheap when there is nothing to do. Returns counts of what went. `progress`
     (toolproxy.term.progress.Progress) is advanced per run re-derived.
     """
-    from toolproxy.analysis.episodes.turns import derive
+    from toolproxy.analysis.episodes.derive import derive
 
     gone = sorted(read_ledger(data_dir))
     counts = {"segments": 0, "exchanges": 0, "runs": 0}

@@ -13,40 +13,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import orjson
-
-from toolproxy.analysis.measure.expectations import Rule, parse_rules
+from toolproxy.analysis.measure.expectations import Rule
 from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.store.state import save_state, stored_rules, stored_version
 from toolproxy.record.segments import RecordError, RecordReader
 
-_VERSION_KEY = "analyzer_version"
-_RULES_KEY = "expect_rules"
 # Exchange columns that are the record as received (the rest is derived from the record).
 _RAW = ("id", "kind", "started_at", "ended_at", "ttfb_ms", "duration_ms", "run", "episode", "item", "condition",
         "tags", "upstream", "method", "path", "query", "status", "client_status", "error_kind", "error_message",
         "upstream_request", "condition_note", "request_headers", "response_headers", "segment", "segment_offset")
 _BATCH = 500
-
-
-def _state(con, key: str):
-    row = con.execute("SELECT value FROM analyzer_state WHERE key = ?", [key]).fetchone()
-    return orjson.loads(row[0]) if row and row[0] is not None else None
-
-
-def _set_state(con, key: str, value) -> None:
-    con.execute("INSERT OR REPLACE INTO analyzer_state VALUES (?, ?)", [key, orjson.dumps(value).decode()])
-
-
-def stored_rules(con) -> list[Rule]:
-    """The expectation rules the derived tables were built with (none until `analyze --expect`)."""
-    return parse_rules(_state(con, _RULES_KEY) or [])
-
-
-def stored_version(con) -> int | None:
-    """The analyzer version the derived tables were built under; None for a new store or one
-    analysed before versions were recorded (whose derived tables are therefore out of date)."""
-    version = _state(con, _VERSION_KEY)
-    return int(version) if version is not None else None
 
 
 def rebuild_reason(con, *, rules: Sequence[Rule] | None, force: bool) -> str | None:
@@ -61,12 +37,6 @@ def rebuild_reason(con, *, rules: Sequence[Rule] | None, force: bool) -> str | N
     if rules is not None and [str(r) for r in rules] != [str(r) for r in stored_rules(con)]:
         return "expectation rules changed"
     return None
-
-
-def save_state(con, rules: Sequence[Rule] | None) -> None:
-    _set_state(con, _VERSION_KEY, ANALYZER_VERSION)
-    if rules is not None:
-        _set_state(con, _RULES_KEY, [str(r) for r in rules])
 
 
 def reclassify(con, data_dir, progress=None) -> int:
@@ -128,7 +98,7 @@ def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool, data_dir=None
     """Rebuild every derived table in one transaction: exchanges' classification (when the rules
     of classification may have changed) and all runs' turns, episodes and runs rows. `progress`
     (toolproxy.term.progress.Progress) draws the reclassifying, then the deriving; closed here."""
-    from toolproxy.analysis.episodes.turns import derive
+    from toolproxy.analysis.episodes.derive import derive
 
     con.execute("BEGIN TRANSACTION")
     try:

@@ -29,10 +29,10 @@ import duckdb
 import orjson
 
 from toolproxy.analysis.episodes.roles import ROLE_SQL
-from toolproxy.analysis.lifecycle.reanalyze import stored_rules
 from toolproxy.analysis.measure import stats
 from toolproxy.analysis.measure.expectations import Rule, expectation
 from toolproxy.analysis.measure.outcomes import ROLES
+from toolproxy.analysis.store.state import stored_rules
 
 METRICS = ("call_fidelity", "delivered_fidelity", "restraint", "delivered_restraint", "answer_rate", "paper_fidelity")
 METRIC_LABELS = {
@@ -47,7 +47,7 @@ METRIC_LABELS = {
 
 # Did a call of turn `t` reach the harness? The reply it got carried calls in tool_calls (the
 # stack's, or a condition's: valid or not, the harness received them), or it acted on a valid call
-# written in text (`delivered`, see analysis.episodes.turns.delivered). A call left in the reply text that
+# written in text (`delivered`, see analysis.episodes.roles.delivered). A call left in the reply text that
 # the harness did not parse never reached it, valid or not. score() stores the answer per turn as
 # `scored.reached`, the one definition the report's delivered restraint and compare's delivered
 # verdict both read.

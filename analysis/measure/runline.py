@@ -128,7 +128,7 @@ def from_report(run: dict) -> RunLine:
 def delivered_now(outcome: str | None, harness_saw_prose: bool | None) -> bool | None:
     """Whether an exchange's valid call reached the harness as a call when it was answered (None:
     no valid call). A call left in the text did not; the report counts it delivered only once the
-    harness's next request shows it parsed the text and acted on it (analysis.episodes.turns.delivered)."""
+    harness's next request shows it parsed the text and acted on it (analysis.episodes.roles.delivered)."""
     if outcome != VALID_CALL:
         return None
     return not harness_saw_prose

@@ -22,8 +22,8 @@ from toolproxy.analysis.measure.metrics import RunMetrics, by_run, run_metrics, 
 from toolproxy.analysis.measure.outcomes import (ANALYZER_VERSION, HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS,
                                UNPARSEABLE, VALID_CALL)
 from toolproxy import __version__
-from toolproxy.analysis.lifecycle.reanalyze import stored_version
 from toolproxy.analysis.store.connection import StoreError
+from toolproxy.analysis.store.state import stored_version
 
 # Display order: the good outcome first, non-responses last.
 OUTCOMES = (VALID_CALL, INVALID_ARGS, HALLUCINATED, UNPARSEABLE, PROSE, NON_RESPONSE)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open, terminal_safe_csv
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open, terminal_safe_csv
 from toolproxy.analysis.store.connection import StoreError, default_db
 from toolproxy.term.printable import printable
 

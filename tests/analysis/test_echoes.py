@@ -11,8 +11,10 @@ import pytest
 
 import captured
 from captured import by_episode
-from toolproxy.analysis.episodes.turns import Attempt, build_episodes, call_signature, conversation_keys
+from toolproxy.analysis.episodes.build import build_episodes
+from toolproxy.analysis.episodes.model import Attempt
 from toolproxy.analysis.ingest.echoes import MAX_TEXT, echoed_calls
+from toolproxy.analysis.ingest.keys import call_signature, conversation_keys
 
 CAPTURED = Path(__file__).resolve().parent.parent / "data" / "smolagents"
 # Both captures: three tasks, the second with two weather calls; smolagents ends each with final_answer.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolproxy.analysis.episodes.turns import conversation_keys
+from toolproxy.analysis.ingest.keys import conversation_keys
 from toolproxy.analysis.ingest.protocols import CODE, DSPY, REACT, read_prompt, read_reply, reply_message
 
 DSPY_SYSTEM = (

@@ -4,7 +4,7 @@ classifier holds, so the page counts what the report counts.
 Counting exchanges cannot say what the report says: a harness's retries of one request are one
 turn, prose the harness nudged after is a missed call (not an answer), a call the harness parsed
 out of the text itself was delivered. So the classifier keeps each run's attempts (as
-analysis.episodes.turns.Attempt) and, when the page asks, groups them with analysis.episodes.turns.build_episodes,
+analysis.episodes.model.Attempt) and, when the page asks, groups them with analysis.episodes.build.build_episodes,
 gives each turn its place (turn_facts), its expectation (from its tags: rules given to `analyze
 --expect` are not known here) and its role (analysis.episodes.roles.role_of, ROLE_SQL's own rules), and
 counts them as analysis.measure.metrics does. Only a run that changed since the page last asked is
@@ -26,8 +26,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from toolproxy.analysis.episodes.roles import role_of
-from toolproxy.analysis.episodes.turns import Attempt, attempt_of, build_episodes, episode_expectation, turn_facts
+from toolproxy.analysis.episodes.build import build_episodes, episode_expectation
+from toolproxy.analysis.episodes.model import Attempt, attempt_of
+from toolproxy.analysis.episodes.roles import role_of, turn_facts
 from toolproxy.analysis.measure.outcomes import CALL, NON_RESPONSE, VALID_CALL
 from toolproxy.analysis.measure.runline import composition_key
 
