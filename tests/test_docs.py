@@ -103,33 +103,25 @@ def test_readme_links_into_docs_resolve(anchors):
     assert not broken(refs, anchors)
 
 
-def code_files():
+def code_texts():
+    """(path under the root, text) of every text file in CODE_TREES."""
     for tree in CODE_TREES:
         for path in sorted((ROOT / tree).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".gguf", ".png"):
-                yield path
+            if path.is_file() and "__pycache__" not in path.parts:
+                try:
+                    yield path.relative_to(ROOT).as_posix(), path.read_text()
+                except UnicodeDecodeError:
+                    continue
 
 
 def test_doc_references_in_code_point_at_pages_and_anchors(anchors):
-    refs = []
-    for path in code_files():
-        try:
-            text = path.read_text()
-        except UnicodeDecodeError:
-            continue
-        refs += [(path.relative_to(ROOT).as_posix(), m.group(1), m.group(2)) for m in DOC_REF.finditer(text)]
+    refs = [(where, m.group(1), m.group(2)) for where, text in code_texts() for m in DOC_REF.finditer(text)]
     assert len(refs) >= 15, f"found only {len(refs)} docs/ references in {', '.join(CODE_TREES)}"
     assert not broken(refs, anchors), "references to pages or anchors that do not exist"
 
 
 def test_code_cites_no_readme_section_and_no_missing_file():
-    stale = []
-    for path in code_files():
-        try:
-            text = path.read_text()
-        except UnicodeDecodeError:
-            continue
-        stale += [f"{path.relative_to(ROOT)}: README: ..." for _ in re.finditer(r"README(?::|'s) \"", text)]
+    stale = [where for where, text in code_texts() if re.search(r"README(?::|'s) \"", text)]
     assert not stale, "cite the page instead: its path under docs/ and #anchor"
 
 
