@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
@@ -132,48 +133,71 @@ def make_state(config: ProxyConfig) -> ProxyState:
     return state
 
 
+@dataclass(frozen=True)
+class Service:
+    """What a proxy starts before it serves and stops after it stopped listening."""
+
+    name: str
+    start: Callable[[], None]
+    stop: Callable[[], Awaitable[None] | None]
+    off_loop: bool = False  # stop blocks (joins a thread, fsyncs): run it in an executor
+
+
+def _nothing() -> None: ...
+
+
+def services(state: ProxyState) -> list[Service]:
+    """The proxy's services in start order; they stop in reverse, each once, and only those that
+    started. The observers come first, so they stop last: the writers' final records (flushed at
+    their stop) still reach the live view and the OTLP shipper. Masking and the housekeeper feed
+    the writer and stop before it; the upstream session comes before the stack watcher that
+    probes through it."""
+    config = state.config
+    out = []
+    if state.live is not None:
+        out.append(Service("live view", state.live.start, state.live.stop))
+    if state.otlp is not None:
+        out.append(Service("otlp", state.otlp.start, state.otlp.stop, off_loop=True))
+    out.append(Service("refusals writer", state.refusals.writer.start, state.refusals.writer.close, off_loop=True))
+    out.append(Service("writer", state.writer.start, state.writer.close, off_loop=True))
+    if state.spill_masking is not None:
+        out.append(Service("spill masking", state.spill_masking.start, state.spill_masking.stop, off_loop=True))
+    if state.housekeeper is not None:
+        out.append(Service("housekeeper", state.housekeeper.start, state.housekeeper.stop, off_loop=True))
+    out.append(Service("watchdog", state.watchdog.start, state.watchdog.stop))
+    out.append(Service("upstream health", _nothing, state.upstream_health.stop))
+
+    def open_session() -> None:
+        state.session = upstream_session(state.pool, config.connect_timeout)
+
+    out.append(Service("upstream session", open_session, lambda: state.session.close()))
+    if state.stacks is not None:
+        # In the background: serving starts now, whatever the upstream is doing. Its first
+        # fingerprint is also the first word on whether the upstream is reachable.
+        out.append(Service("stack watch", state.stacks.start, state.stacks.stop))
+    return out
+
+
+def lifecycle(service: Service) -> Callable[[web.Application], AsyncIterator[None]]:
+    """The service as an aiohttp cleanup context: started at the app's startup, stopped at its cleanup."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        service.start()
+        yield
+        if service.off_loop:
+            await asyncio.get_running_loop().run_in_executor(None, service.stop)
+        else:
+            stopped = service.stop()
+            if stopped is not None:
+                await stopped
+
+    return context
+
+
 def make_app(config: ProxyConfig) -> web.Application:
     app = web.Application(client_max_size=config.max_body)
     state = make_state(config)
     app[STATE] = state
     serverlog.install(state.redactor)
-
-    async def on_startup(app: web.Application) -> None:
-        state.writer.start()
-        state.refusals.writer.start()
-        if state.spill_masking is not None:
-            state.spill_masking.start()
-        if state.housekeeper is not None:
-            state.housekeeper.start()
-        if state.live is not None:
-            state.live.start()
-        if state.otlp is not None:
-            state.otlp.start()
-        state.watchdog.start()
-        state.session = upstream_session(state.pool, config.connect_timeout)
-        if state.stacks is not None:
-            # In the background: serving starts now, whatever the upstream is doing. Its first
-            # fingerprint is also the first word on whether the upstream is reachable.
-            state.stacks.start()
-
-    async def on_cleanup(app: web.Application) -> None:
-        if state.stacks is not None:
-            await state.stacks.stop()
-        await state.upstream_health.stop()
-        await state.watchdog.stop()
-        if state.session is not None:
-            await state.session.close()
-        if state.housekeeper is not None:
-            await asyncio.get_running_loop().run_in_executor(None, state.housekeeper.stop)
-        if state.spill_masking is not None:
-            await asyncio.get_running_loop().run_in_executor(None, state.spill_masking.stop)
-        await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
-        await asyncio.get_running_loop().run_in_executor(None, state.refusals.writer.close)
-        if state.otlp is not None:  # after the writer: the last records are observed by then
-            await asyncio.get_running_loop().run_in_executor(None, state.otlp.stop)
-        if state.live is not None:
-            state.live.stop()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
+    app.cleanup_ctx.extend(lifecycle(service) for service in services(state))
     return app

@@ -88,7 +88,11 @@ async def start_proxy(config: ProxyConfig, *, reuse_port: bool = False,
     # its lifecycle (startup/cleanup), but requests skip its router, middlewares and signals,
     # about a tenth of the CPU a forwarded request costs.
     app.freeze()
-    await app.startup()
+    try:
+        await app.startup()
+    except BaseException:
+        await app.cleanup()  # what started stops again, in reverse: no writer thread outlives it
+        raise
     state = app[STATE]
     server = ListeningServer(functools.partial(serve_request, state), state.refusals.parser_rejected,
                              **server_settings(config))
