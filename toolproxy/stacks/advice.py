@@ -1,6 +1,6 @@
 """What each stack's refusals mean and what to change, as data: the knowledge `doctor` prints.
 
-Error texts are the stacks' own (STACKS.md; llama.cpp tools/server/server-common.cpp, vLLM
+Error texts are the stacks' own (docs/stacks.md#refusals; llama.cpp tools/server/server-common.cpp, vLLM
 serving_chat.py, Ollama server/images.go). A new refusal pattern is one more row.
 """
 

@@ -4,7 +4,7 @@ Two halves, kept apart so the knowledge can be table-tested against each stack's
 `identify` is a pure function from observed responses (status, headers, body per probe) to a
 Fingerprint; `probe` does the cheap, read-only HTTP requests that produce those observations.
 
-Every probe is an endpoint the stack documents for itself (STACKS.md, checked in the sources):
+Every probe is an endpoint the stack documents for itself (docs/stacks.md#how-toolproxy-tells-them-apart, checked in the sources):
 Ollama `GET /` ("Ollama is running"), `GET /api/version`, `POST /api/show`; llama.cpp `GET /props`
 (build_info, chat_template, chat_template_caps) and `Server: llama.cpp`; vLLM `GET /version`;
 SGLang `GET /get_server_info` (newer: `/server_info`); LM Studio `GET /api/v1/models`

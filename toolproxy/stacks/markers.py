@@ -4,7 +4,7 @@ Fingerprinting asks a stack directly at start; this is the fallback for recordin
 one (and a cross-check for them): each stack leaves its own fields in ordinary responses. Pure
 function over one parsed JSON object so the proxy's fingerprinting and the analyzer share it.
 
-Marks (STACKS.md, checked against the stacks' sources):
+Marks (docs/stacks.md#how-toolproxy-tells-them-apart, checked against the stacks' sources):
 - Ollama: `system_fingerprint: "fp_ollama"` on /v1; native bodies carry `done` + `eval_count` /
   `total_duration`; refusals say "does not support tools".
 - llama.cpp: `timings` (prompt_n, predicted_n, cache_n...); `system_fingerprint` is the build
