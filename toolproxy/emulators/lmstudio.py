@@ -18,7 +18,7 @@ class LMStudio(Emulator):
     call_format = "lmstudio"
 
     def routes(self):
-        return super().routes() + [("GET", "/api/v1/models", self.native_models), ("GET", "/api/v0/models", self.native_models)]
+        return super().routes() + [("GET", "/api/v1/models", self.native_models), ("GET", "/api/v0/models", self.beta_models)]
 
     dumps = staticmethod(pretty_json)
 
@@ -56,4 +56,12 @@ class LMStudio(Emulator):
             "size_bytes": 4683073952, "params_string": "7B", "loaded_instances": [],
             "max_context_length": self.fake.context_length, "format": "gguf",
             "capabilities": {"vision": False, "trained_for_tool_use": "tools" in self.fake.capabilities_of(m)},
+        } for m in self.fake.models]})
+
+    async def beta_models(self, request, body):
+        """The older REST API (/api/v0, LM Studio 0.3.6+): an OpenAI-style list with LM Studio's fields."""
+        return self.json(200, {"object": "list", "data": [{
+            "id": m, "object": "model", "type": "llm", "publisher": "lmstudio-community", "arch": "qwen2",
+            "compatibility_type": "gguf", "quantization": "Q4_K_M", "state": "not-loaded",
+            "max_context_length": self.fake.context_length,
         } for m in self.fake.models]})
