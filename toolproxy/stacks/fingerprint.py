@@ -6,7 +6,7 @@ Fingerprint; `probe` does the cheap, read-only HTTP requests that produce those 
 
 Every probe is an endpoint the stack documents for itself, listed with the answer that marks it in
 the stack's catalog entry (`toolproxy.stacks.catalog`; how each stack behaves: docs/stacks.md):
-Ollama `GET /` ("Ollama is running"), `GET /api/version`, `POST /api/show`; llama.cpp `GET /props`
+Ollama `GET /` (its banner), `GET /api/version`, `POST /api/show`; llama.cpp `GET /props`
 (build_info, chat_template, chat_template_caps) and `Server: llama.cpp`; vLLM `GET /version`;
 SGLang `GET /get_server_info` (newer: `/server_info`); LM Studio `GET /api/v1/models`
 (`capabilities.trained_for_tool_use`) and `GET /api/v0/models`; and `GET /v1/models` everywhere
