@@ -2,9 +2,11 @@
 
 Fingerprinting asks a stack directly at start; this is the fallback for recordings made without
 one (and a cross-check for them): each stack leaves its own fields in ordinary responses. Pure
-function over one parsed JSON object so the proxy's fingerprinting and the analyzer share it.
+function over one parsed JSON object so the proxy's fingerprinting and the analyzer share it. The
+texts and constants it looks for are the stacks' catalog entries (`toolproxy.stacks.catalog`); the
+field shapes are listed here (how each stack behaves: docs/stacks.md).
 
-Marks (STACKS.md, checked against the stacks' sources):
+Marks (checked against the stacks' sources):
 - Ollama: its constant `system_fingerprint` on /v1; native bodies carry `done` + `eval_count` /
   `total_duration`; its failure texts (a tools refusal, a model to pull).
 - llama.cpp: `timings` (prompt_n, predicted_n, cache_n...); `system_fingerprint` is the build
