@@ -38,7 +38,7 @@ import orjson
 from toolproxy.analysis.store import default_db
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.writer import SEGMENT_DIR
-from toolproxy.stacks.catalog import OLLAMA, TOOLS, VLLM
+from toolproxy.stacks.catalog import OLLAMA, TOOL_REFUSAL, VLLM
 
 TOOLS = [
     {"type": "function", "function": {
@@ -228,11 +228,11 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
                 rec.request_body_size = len(req)
                 failing = (a < attempts - 1) or fail_all
                 if stack == "vllm_refuse":
-                    refusal = VLLM.failures[TOOLS]
+                    refusal = VLLM.failures[TOOL_REFUSAL]
                     body = orjson.dumps({"error": {"message": refusal.text(), "type": "BadRequestError", "param": None, "code": refusal.status}})
                     status, ctype = refusal.status, "application/json"
                 elif stack == "ollama_refuse":
-                    refusal = OLLAMA.failures[TOOLS]
+                    refusal = OLLAMA.failures[TOOL_REFUSAL]
                     body = orjson.dumps({"error": {"message": refusal.text(model=f"registry.ollama.ai/library/{model}"), "type": "invalid_request_error", "param": None, "code": None}})
                     status, ctype = refusal.status, "application/json"
                 elif failing and rnd.random() < 0.3:

@@ -19,7 +19,7 @@ from toolproxy.analysis.outcomes import (HALLUCINATED, INVALID_ARGS, MODEL_STOPP
 from toolproxy.analysis.protocols import read_reply
 from toolproxy.analysis.textparse import parsed_text
 from toolproxy.calls import Validation, parse_arguments, validate_call
-from toolproxy.stacks.catalog import LLAMACPP, OLLAMA, TOOLS
+from toolproxy.stacks.catalog import LLAMACPP, OLLAMA, TOOL_REFUSAL
 from toolproxy.wire import Reply, tool_names as names_of_tools
 
 # A 4xx that names the tool interface: the stack rejected the request for what it asked, before
@@ -34,7 +34,7 @@ _REFUSAL_4XX = re.compile(
 # that matters here; so is Ollama's tools refusal should it come as a 5xx. Other 5xx that mention
 # tools (e.g. llama.cpp's parse failure, "Failed to parse input at pos N: <tool_call>...") are
 # failures *after* generation and stay http_5xx.
-_REFUSAL_5XX = re.compile("|".join(re.escape(s.failures[TOOLS].needle) for s in (LLAMACPP, OLLAMA)), re.IGNORECASE)
+_REFUSAL_5XX = re.compile("|".join(re.escape(s.failures[TOOL_REFUSAL].needle) for s in (LLAMACPP, OLLAMA)), re.IGNORECASE)
 
 # error_kind (from the proxy) -> sub-kind when nothing usable reached the harness
 _ERROR_KINDS = {

@@ -169,7 +169,7 @@ async def test_a_secret_split_across_streamed_deltas_is_masked_in_every_protocol
         at = SPLIT_TEXT.index(SPLIT_SECRET) + cut["at"]
         return [s[:at], s[at:]]
 
-    monkeypatch.setattr(fakes, "_pieces", pieces)
+    monkeypatch.setattr(fakes.encoding, "pieces", pieces)
     llama = fake_stack("llamacpp", responder=lambda req: text(SPLIT_TEXT))
     ollama = fake_stack("ollama", responder=lambda req: text(SPLIT_TEXT))
     p_llama = proxy(llama.url, "--quiet", "--no-fingerprint", "--durability", "sync", "--mask", "email")

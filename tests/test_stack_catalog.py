@@ -29,16 +29,16 @@ NAMES = [s.name for s in catalog.CATALOG]
 
 # How a client provokes each catalogued failure: emulator options, path, request body.
 PROVOKE = {
-    (catalog.OLLAMA.name, catalog.TOOLS): ({}, "/v1/chat/completions", {"model": "gemma3", "tools": TOOLS}),
-    (catalog.OLLAMA.name, catalog.MODEL): ({}, "/api/chat", {"model": "nope:1b", "stream": False}),
-    (catalog.OLLAMA.name, catalog.PARSE): ({}, "/api/chat", {"model": "qwen2.5:7b", "tools": TOOLS, "stream": False}),
-    (catalog.LLAMACPP.name, catalog.TOOLS): ({"jinja": False}, "/v1/chat/completions", {"model": "m", "tools": TOOLS}),
-    (catalog.LLAMACPP.name, catalog.TOOL_CHOICE): ({"jinja": False}, "/v1/chat/completions",
+    (catalog.OLLAMA.name, catalog.TOOL_REFUSAL): ({}, "/v1/chat/completions", {"model": "gemma3", "tools": TOOLS}),
+    (catalog.OLLAMA.name, catalog.UNKNOWN_MODEL): ({}, "/api/chat", {"model": "nope:1b", "stream": False}),
+    (catalog.OLLAMA.name, catalog.PARSE_FAILURE): ({}, "/api/chat", {"model": "qwen2.5:7b", "tools": TOOLS, "stream": False}),
+    (catalog.LLAMACPP.name, catalog.TOOL_REFUSAL): ({"jinja": False}, "/v1/chat/completions", {"model": "m", "tools": TOOLS}),
+    (catalog.LLAMACPP.name, catalog.TOOL_CHOICE_REFUSAL): ({"jinja": False}, "/v1/chat/completions",
                                                    {"model": "m", "tool_choice": "auto"}),
-    (catalog.LLAMACPP.name, catalog.PARSE): ({}, "/v1/chat/completions", {"model": "m", "tools": TOOLS}),
-    (catalog.VLLM.name, catalog.TOOLS): ({}, "/v1/chat/completions", {"model": catalog.QWEN_HF, "tools": TOOLS}),
-    (catalog.VLLM.name, catalog.MODEL): ({}, "/v1/chat/completions", {"model": "nope"}),
-    (catalog.OPENAI.name, catalog.MODEL): ({}, "/v1/chat/completions", {"model": "nope"}),
+    (catalog.LLAMACPP.name, catalog.PARSE_FAILURE): ({}, "/v1/chat/completions", {"model": "m", "tools": TOOLS}),
+    (catalog.VLLM.name, catalog.TOOL_REFUSAL): ({}, "/v1/chat/completions", {"model": catalog.QWEN_HF, "tools": TOOLS}),
+    (catalog.VLLM.name, catalog.UNKNOWN_MODEL): ({}, "/v1/chat/completions", {"model": "nope"}),
+    (catalog.OPENAI.name, catalog.UNKNOWN_MODEL): ({}, "/v1/chat/completions", {"model": "nope"}),
 }
 FAILURES = [(s.name, kind) for s in catalog.CATALOG for kind in s.failures]
 BROKEN = '<tool_call>{"name": "get_weather", "arguments": {"city": '
@@ -152,7 +152,7 @@ async def test_each_failure_is_sent_as_catalogued_and_recognised(name, kind):
     failure = entry.failures[kind]
     options, path, body = PROVOKE[name, kind]
     fake = FakeStack(name, **options)
-    if kind == catalog.PARSE:
+    if kind == catalog.PARSE_FAILURE:
         fake.enqueue(broken_call(BROKEN))
     async with fake.running() as url:
         async with aiohttp.ClientSession() as s:
@@ -165,11 +165,11 @@ async def test_each_failure_is_sent_as_catalogued_and_recognised(name, kind):
     literal = re.compile("^" + re.sub(r"\\\{\w+\\\}", ".*", re.escape(failure.message)) + "$", re.S)
     assert literal.match(message), (message, failure.message)
     assert failure.needle in message.lower()
-    if kind in (catalog.TOOLS, catalog.PARSE):  # the failures doctor explains
+    if kind in (catalog.TOOL_REFUSAL, catalog.PARSE_FAILURE):  # the failures doctor explains
         refusal = explain_refusal(name, message)
         assert refusal is not None and refusal.needle == failure.needle
     mark = markers.detect(obj)
-    if failure.marks and (kind == catalog.TOOLS or isinstance(err, str)):
+    if failure.marks and (kind == catalog.TOOL_REFUSAL or isinstance(err, str)):
         assert mark is not None and mark.stack == name, (obj, mark)  # the markers read it as this stack
     assert mark is None or mark.stack == name  # (c) never another stack's
     others = [f for s in catalog.CATALOG if s.name != name for f in s.failures.values()]
@@ -196,7 +196,7 @@ def _spelled() -> dict[str, str]:
         for kind, f in s.failures.items():
             for part in _fragments(f.message):
                 marks[part.strip()] = f"{s.name} {kind} message"
-            if kind in (catalog.TOOLS, catalog.PARSE) and not f.needle.startswith("--"):
+            if kind in (catalog.TOOL_REFUSAL, catalog.PARSE_FAILURE) and not f.needle.startswith("--"):
                 marks[f.needle] = f"{s.name} {kind} needle"
         for value, what in ((s.banner, "banner"), (s.system_fingerprint, "system_fingerprint"),
                             (s.version, "version"), (s.chat_template, "chat template")):

@@ -15,7 +15,8 @@ import orjson
 from aiohttp import web
 
 from toolproxy import wire
-from toolproxy.emulators.encoding import ALNUM, SSE_DONE, compact, fragments, pieces, random_text, sse
+from toolproxy.emulators import encoding
+from toolproxy.emulators.encoding import ALNUM, SSE_DONE, compact, fragments, random_text, sse
 from toolproxy.emulators.model import ModelRequest, Reply, ToolCall, args_compact, render_calls, text
 from toolproxy.stacks import catalog
 
@@ -222,9 +223,9 @@ class Emulator:
 
         events.append(chunk(self.first_delta()))
         if reply.reasoning:
-            events.extend(chunk({"reasoning_content": p}) for p in pieces(reply.reasoning))
+            events.extend(chunk({"reasoning_content": p}) for p in encoding.pieces(reply.reasoning))
         if content:
-            events.extend(chunk({"content": p}) for p in pieces(content))
+            events.extend(chunk({"content": p}) for p in encoding.pieces(content))
         for i, tc in enumerate(self.native_calls(native)):
             fn = tc["function"]
             events.append(chunk({"tool_calls": [{"index": i, "id": tc["id"], "type": "function",
@@ -265,7 +266,7 @@ class Emulator:
         base = {"id": cid, "object": "text_completion", "created": created, "model": req.model}
         if req.stream:
             events = [sse({**base, "choices": [{"index": 0, "text": p, "logprobs": None, "finish_reason": None}]},
-                          self.event_dumps) for p in pieces(out)]
+                          self.event_dumps) for p in encoding.pieces(out)]
             events.append(sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
                                                     "finish_reason": reply.finish_reason or "stop"}]}, self.event_dumps))
             events.append(SSE_DONE)

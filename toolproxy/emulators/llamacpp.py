@@ -10,7 +10,8 @@ import orjson
 
 from toolproxy import wire
 from toolproxy.emulators.base import Answer, Emulator, as_chat, cut_at_stop, usage_tokens
-from toolproxy.emulators.encoding import ALNUM, compact, fragments, pieces, random_text, sse
+from toolproxy.emulators import encoding
+from toolproxy.emulators.encoding import ALNUM, compact, fragments, random_text, sse
 from toolproxy.emulators.model import text
 from toolproxy.stacks import catalog
 
@@ -68,7 +69,7 @@ class LlamaCpp(Emulator):
             events.append(event("response.output_item.added", item={"content": [], "id": mid, "role": "assistant",
                                                                    "status": "in_progress", "type": "message"}))
             events.append(event("response.content_part.added", item_id=mid, part={"type": "output_text", "text": ""}))
-            events += [event("response.output_text.delta", item_id=mid, delta=piece) for piece in pieces(content)]
+            events += [event("response.output_text.delta", item_id=mid, delta=piece) for piece in encoding.pieces(content)]
             events.append(event("response.output_text.done", item_id=mid, text=content))
             events.append(event("response.content_part.done", item_id=mid, part=part))
             events.append(event("response.output_item.done", item=output[0]))
@@ -110,7 +111,7 @@ class LlamaCpp(Emulator):
             if block["type"] == "text":
                 events.append(event("content_block_start", index=index, content_block={"type": "text", "text": ""}))
                 events += [event("content_block_delta", index=index, delta={"type": "text_delta", "text": piece})
-                           for piece in pieces(content)]
+                           for piece in encoding.pieces(content)]
             else:
                 events.append(event("content_block_start", index=index, content_block={**block, "input": {}}))
                 events += [event("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": f})
@@ -134,9 +135,9 @@ class LlamaCpp(Emulator):
             return None
         if req.body.get("tools"):
             # Thrown while parsing the request, before any streaming starts: plain JSON even for stream:true.
-            return self.failure(catalog.TOOLS)
+            return self.failure(catalog.TOOL_REFUSAL)
         if req.body.get("tool_choice") not in (None,):
-            return self.failure(catalog.TOOL_CHOICE)
+            return self.failure(catalog.TOOL_CHOICE_REFUSAL)
         return None
 
     def parses_calls(self, req):
@@ -152,7 +153,7 @@ class LlamaCpp(Emulator):
         if not (self.fake.jinja and req.tools):
             return text(raw_text)
         pos = max(0, min((raw_text.find(m) for m in ("<tool_call>", "{", "[") if m in raw_text), default=0))
-        return self.failure(catalog.PARSE, pos=pos, rest=raw_text[pos:])
+        return self.failure(catalog.PARSE_FAILURE, pos=pos, rest=raw_text[pos:])
 
     def call_id(self):
         return random_text(ALNUM, 32)
@@ -231,7 +232,7 @@ class LlamaCpp(Emulator):
         # the Hermes template renders each tool with tojson into the system turn.
         tools = body.get("tools") or []
         if tools and not self.fake.jinja:
-            return self.failure(catalog.TOOLS)
+            return self.failure(catalog.TOOL_REFUSAL)
         msgs = body.get("messages") or []
         prompt = "".join(f"<|im_start|>{m.get('role')}\n{m.get('content') or ''}<|im_end|>\n" for m in msgs)
         if tools:
@@ -256,6 +257,6 @@ class LlamaCpp(Emulator):
         if not req.stream:
             return self.json(200, final)
         events = [sse({"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": -1, "tokens_predicted": i + 1,
-                       "tokens_evaluated": p}) for i, piece in enumerate(pieces(out))]
+                       "tokens_evaluated": p}) for i, piece in enumerate(encoding.pieces(out))]
         events.append(sse(final))
         return Answer(200, self.sse_type, events, stream=True)

@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from toolproxy.emulators.base import Answer, Emulator
-from toolproxy.emulators.encoding import LOWER, go_encoder, go_json, go_numbers, pieces, random_text, sse, SSE_DONE
+from toolproxy.emulators import encoding
+from toolproxy.emulators.encoding import LOWER, go_encoder, go_json, go_numbers, random_text, sse, SSE_DONE
 from toolproxy.emulators.model import ModelRequest, ToolCall, args_compact, render_calls, text
 from toolproxy.emulators.base import usage_tokens
 from toolproxy.stacks import catalog
@@ -69,13 +70,13 @@ class Ollama(Emulator):
         return (self.native_error if native else self.error)(f.status, f.text(**values))
 
     def unknown_model(self, model):
-        return None if self.resolve_model(model) else self.failed(catalog.MODEL, False, model=model)
+        return None if self.resolve_model(model) else self.failed(catalog.UNKNOWN_MODEL, False, model=model)
 
     def _refuses(self, req: ModelRequest) -> bool:
         return bool(req.body.get("tools")) and "tools" not in self.fake.capabilities_of(self.resolve_model(req.model) or req.model)
 
     def refuse_tools(self, req):
-        return self.failed(catalog.TOOLS, False, model=self.full_name(req.model)) if self._refuses(req) else None
+        return self.failed(catalog.TOOL_REFUSAL, False, model=self.full_name(req.model)) if self._refuses(req) else None
 
     def constraint(self, body):
         if "format" in body and body["format"] not in (None, ""):
@@ -84,7 +85,7 @@ class Ollama(Emulator):
 
     def broken(self, req, raw_text):
         if req.tools:
-            return self.failed(catalog.PARSE, not req.path.startswith("/v1"))
+            return self.failed(catalog.PARSE_FAILURE, not req.path.startswith("/v1"))
         return text(raw_text)
 
     def resolve(self, req, reply):
@@ -127,7 +128,7 @@ class Ollama(Emulator):
                         "choices": [{"index": 0, "delta": {"role": "assistant", **delta}, "finish_reason": finish_reason}]},
                        go_json)
 
-        events = [chunk({"content": p}) for p in pieces(content)] if content else []
+        events = [chunk({"content": p}) for p in encoding.pieces(content)] if content else []
         if native:
             events.append(chunk({"content": "", "tool_calls": self.native_calls(native)}))
         events.append(chunk({"content": ""}, finish))
@@ -183,9 +184,9 @@ class Ollama(Emulator):
             req.stream = True  # Ollama's native API streams unless told not to
         model = self.resolve_model(req.model)
         if model is None:
-            return self.failed(catalog.MODEL, True, model=req.model)
+            return self.failed(catalog.UNKNOWN_MODEL, True, model=req.model)
         if self._refuses(req):
-            return self.failed(catalog.TOOLS, True, model=self.full_name(req.model))
+            return self.failed(catalog.TOOL_REFUSAL, True, model=self.full_name(req.model))
         out = self.model_output(req, self.native_error)
         if isinstance(out, Answer):
             return out
@@ -206,10 +207,10 @@ class Ollama(Emulator):
         lines = []
         if reply.reasoning:
             lines += [{**base, "created_at": self._stamp(), "message": {"role": "assistant", "content": "", "thinking": p},
-                       "done": False} for p in pieces(reply.reasoning)]
+                       "done": False} for p in encoding.pieces(reply.reasoning)]
         if content:
             lines += [{**base, "created_at": self._stamp(), "message": {"role": "assistant", "content": p}, "done": False}
-                      for p in pieces(content)]
+                      for p in encoding.pieces(content)]
         if tool_calls:
             lines.append({**base, "created_at": self._stamp(),
                           "message": {"role": "assistant", "content": "", "tool_calls": tool_calls}, "done": False})
@@ -222,7 +223,7 @@ class Ollama(Emulator):
         if "stream" not in body:
             req.stream = True
         if self.resolve_model(req.model) is None:
-            return self.failed(catalog.MODEL, True, model=req.model)
+            return self.failed(catalog.UNKNOWN_MODEL, True, model=req.model)
         reply = self.fake.next_reply(req)
         if reply.error is not None:
             return self.native_error(*reply.error)
@@ -235,6 +236,6 @@ class Ollama(Emulator):
         if not req.stream:
             return self.native_json(200, {**base, "created_at": self._stamp(), "response": out, **tail,
                                       **self._metrics(req, out)})
-        lines = [{**base, "created_at": self._stamp(), "response": p, "done": False} for p in pieces(out)]
+        lines = [{**base, "created_at": self._stamp(), "response": p, "done": False} for p in encoding.pieces(out)]
         lines.append({**base, "created_at": self._stamp(), "response": "", **tail, **self._metrics(req, out)})
         return Answer(200, self.ndjson_type, [go_json(line) + b"\n" for line in lines], stream=True)

@@ -8,7 +8,8 @@ import orjson
 
 from toolproxy import wire
 from toolproxy.emulators.base import Answer, Emulator, as_chat
-from toolproxy.emulators.encoding import pieces, pretty_json
+from toolproxy.emulators import encoding
+from toolproxy.emulators.encoding import pretty_json
 from toolproxy.stacks import catalog
 
 class OpenAI(Emulator):
@@ -26,7 +27,7 @@ class OpenAI(Emulator):
     def unknown_model(self, model):
         if model in self.fake.models:
             return None
-        f = self.profile.failures[catalog.MODEL]
+        f = self.profile.failures[catalog.UNKNOWN_MODEL]
         return self.error(f.status, f.text(model=model), code="model_not_found")
 
     def chat_body(self, req, content, native, finish, reply):
@@ -79,7 +80,7 @@ class OpenAI(Emulator):
                  for i, tc in enumerate(self.native_calls(native))]
         usage = self.usage(req, content)
         usage["prompt_tokens_details"] = {"cached_tokens": self.fake.cached_tokens or 0}
-        raw = b"".join(encoder.delta(p) for p in pieces(content)) if content else b""
+        raw = b"".join(encoder.delta(p) for p in encoding.pieces(content)) if content else b""
         raw += encoder.end("", calls, finish, usage)
         if not req.stream:
             return self.json(200, orjson.loads(raw))

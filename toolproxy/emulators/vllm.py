@@ -10,7 +10,8 @@ import orjson
 
 from toolproxy import wire
 from toolproxy.emulators.base import Answer, Emulator, as_chat
-from toolproxy.emulators.encoding import compact, fragments, pieces
+from toolproxy.emulators import encoding
+from toolproxy.emulators.encoding import compact, fragments
 from toolproxy.emulators.model import args_text
 from toolproxy.stacks import catalog
 
@@ -73,7 +74,7 @@ class VLLM(Emulator):
                                                   "stop_sequence": None,
                                                   "usage": {"input_tokens": tokens["input_tokens"], "output_tokens": 0}})]
         index, started = 0, False
-        for piece in pieces(content) if content else ():
+        for piece in encoding.pieces(content) if content else ():
             if not started:
                 events.append(event("content_block_start", content_block={"type": "text", "text": ""}, index=index))
                 started = True
@@ -106,7 +107,7 @@ class VLLM(Emulator):
     def unknown_model(self, model):
         if model in self.fake.models:
             return None
-        return self.failure(catalog.MODEL, model=model)
+        return self.failure(catalog.UNKNOWN_MODEL, model=model)
 
     def tool_choice(self, body: dict) -> Any:
         if "tool_choice" in body and body["tool_choice"] is not None:
@@ -115,7 +116,7 @@ class VLLM(Emulator):
 
     def refuse_tools(self, req):
         if self.tool_choice(req.body) == "auto" and not self.fake.tool_parser:
-            return self.failure(catalog.TOOLS)
+            return self.failure(catalog.TOOL_REFUSAL)
         return None
 
     def parses_calls(self, req):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolproxy.stacks.catalog import LABELS, LLAMACPP, LMSTUDIO, OLLAMA, PARSE, SGLANG, TOOLS, VLLM
+from toolproxy.stacks.catalog import LABELS, LLAMACPP, LMSTUDIO, OLLAMA, PARSE_FAILURE, SGLANG, TOOL_REFUSAL, VLLM
 
 TOOLPROXY_WORKAROUND = (
     "or keep the stack as it is and serve through toolproxy with `--condition text` "
@@ -26,28 +26,28 @@ class Refusal:
 
 
 REFUSALS = (
-    Refusal(OLLAMA.name, OLLAMA.failures[TOOLS].needle,
+    Refusal(OLLAMA.name, OLLAMA.failures[TOOL_REFUSAL].needle,
             "Ollama refuses `tools` for a model whose capabilities lack 'tools' (its template has no tool "
             "section); the model never ran",
             "pick a model (or tag) whose template supports tools: `ollama show MODEL` must list 'tools' "
             "under Capabilities; " + TOOLPROXY_WORKAROUND),
-    Refusal(None, VLLM.failures[TOOLS].needle,
+    Refusal(None, VLLM.failures[TOOL_REFUSAL].needle,
             "vLLM refuses tool requests with tool_choice 'auto' unless it was launched with a tool parser; "
             "the model never ran",
             "relaunch vLLM with `--enable-auto-tool-choice --tool-call-parser NAME` (hermes for Qwen2.5 and "
             "Hermes-style models, llama3_json for Llama 3.x, mistral, pythonic, qwen3_coder...); "
             + TOOLPROXY_WORKAROUND),
-    Refusal(None, LLAMACPP.failures[TOOLS].needle,
+    Refusal(None, LLAMACPP.failures[TOOL_REFUSAL].needle,
             "This llama-server was started with --no-jinja, so it cannot render tools into the prompt; "
             "the model never ran",
             "restart llama-server with `--jinja` (the default in recent builds: drop `--no-jinja`); "
             + TOOLPROXY_WORKAROUND),
-    Refusal(LLAMACPP.name, LLAMACPP.failures[PARSE].needle,
+    Refusal(LLAMACPP.name, LLAMACPP.failures[PARSE_FAILURE].needle,
             "The model ran, but its output did not match the tool-call format llama-server detected "
             "from the chat template, and llama-server answered 500 instead of returning the text",
             "start llama-server with `--jinja --chat-template-file` pointing at the model maker's template "
             "(so the detected format is the one the model writes); " + TOOLPROXY_WORKAROUND),
-    Refusal(OLLAMA.name, OLLAMA.failures[PARSE].needle,
+    Refusal(OLLAMA.name, OLLAMA.failures[PARSE_FAILURE].needle,
             "Ollama's model-specific tool parser failed on the model's output and answered 500",
             "try a newer Ollama or another tag of the model; " + TOOLPROXY_WORKAROUND),
     Refusal(None, "does not support tool",

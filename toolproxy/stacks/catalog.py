@@ -46,10 +46,10 @@ class Failure:
 
 
 # Failure kinds, the keys of Stack.failures.
-TOOLS = "tools"  # a request with `tools` the stack, as launched, cannot serve
-TOOL_CHOICE = "tool_choice"  # a `tool_choice` without tools the stack, as launched, cannot serve
-MODEL = "model"  # a model name the stack does not serve
-PARSE = "parse"  # the model wrote call-shaped text the stack's parser failed on
+TOOL_REFUSAL = "tools"  # a request with `tools` the stack, as launched, cannot serve
+TOOL_CHOICE_REFUSAL = "tool_choice"  # a `tool_choice` without tools the stack, as launched, cannot serve
+UNKNOWN_MODEL = "model"  # a model name the stack does not serve
+PARSE_FAILURE = "parse"  # the model wrote call-shaped text the stack's parser failed on
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +107,10 @@ OLLAMA = Stack(
     system_fingerprint="fp_ollama",
     owned_by="library",
     failures=_frozen({
-        TOOLS: Failure(400, "{model} does not support tools", "does not support tools", ("does not support tools",)),
-        MODEL: Failure(404, 'model "{model}" not found, try pulling it first', "try pulling it first",
+        TOOL_REFUSAL: Failure(400, "{model} does not support tools", "does not support tools", ("does not support tools",)),
+        UNKNOWN_MODEL: Failure(404, 'model "{model}" not found, try pulling it first', "try pulling it first",
                        ("try pulling it first",)),
-        PARSE: Failure(500, "failed to parse JSON: unexpected end of JSON input", "failed to parse json"),
+        PARSE_FAILURE: Failure(500, "failed to parse JSON: unexpected end of JSON input", "failed to parse json"),
     }),
     models=_frozen({"qwen2.5:7b": ("completion", "tools"), "gemma3:latest": ("completion", "vision")}),
     chat_template=OLLAMA_TEMPLATE,
@@ -124,9 +124,9 @@ LLAMACPP = Stack(
     owned_by="llamacpp",
     owner_marks=("llamacpp", "llama.cpp"),
     failures=_frozen({
-        TOOLS: Failure(500, "tools param requires --jinja flag", "requires --jinja", ("--jinja",)),
-        TOOL_CHOICE: Failure(500, "Unsupported param: tool_choice", "unsupported param: tool_choice"),
-        PARSE: Failure(500, "Failed to parse input at pos {pos}: {rest}", "failed to parse input"),
+        TOOL_REFUSAL: Failure(500, "tools param requires --jinja flag", "requires --jinja", ("--jinja",)),
+        TOOL_CHOICE_REFUSAL: Failure(500, "Unsupported param: tool_choice", "unsupported param: tool_choice"),
+        PARSE_FAILURE: Failure(500, "Failed to parse input at pos {pos}: {rest}", "failed to parse input"),
     }),
     models=_frozen({"qwen2.5-7b-instruct-q4_k_m.gguf": ("completion", "tools")}),
     chat_template=HERMES_JINJA,
@@ -140,9 +140,9 @@ VLLM = Stack(
     owned_by="vllm",
     owner_marks=("vllm",),
     failures=_frozen({
-        TOOLS: Failure(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+        TOOL_REFUSAL: Failure(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
                        "--enable-auto-tool-choice", ("--enable-auto-tool-choice", "--tool-call-parser")),
-        MODEL: Failure(404, "The model `{model}` does not exist.", "does not exist"),
+        UNKNOWN_MODEL: Failure(404, "The model `{model}` does not exist.", "does not exist"),
     }),
     models=_frozen({QWEN_HF: ("completion", "tools")}),
 )
@@ -173,7 +173,7 @@ OPENAI = Stack(
     system_fingerprint="fp_" + "f33640a400",
     owned_by="system",
     failures=_frozen({
-        MODEL: Failure(404, "The model `{model}` does not exist or you do not have access to it.",
+        UNKNOWN_MODEL: Failure(404, "The model `{model}` does not exist or you do not have access to it.",
                        "does not exist or you do not have access"),
     }),
     models=_frozen({"gpt-4o-mini": ("completion", "tools"), "gpt-4.1": ("completion", "tools")}),

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from toolproxy.stacks.catalog import CATALOG, LLAMACPP, OLLAMA, SGLANG, TOOLS, VLLM
+from toolproxy.stacks.catalog import CATALOG, LLAMACPP, OLLAMA, SGLANG, TOOL_REFUSAL, VLLM
 
 _LLAMACPP_BUILD = re.compile(r"^b(\d+)(?:-([0-9a-f]+))?$")
 _OWNED_BY = {mark: stack.name for stack in CATALOG for mark in stack.owner_marks}
@@ -32,7 +32,7 @@ _OWNED_BY = {mark: stack.name for stack in CATALOG for mark in stack.owner_marks
 _OLLAMA_TEXTS = tuple(mark for f in OLLAMA.failures.values() for mark in f.marks)
 # In a nested or flat-object error only a tools refusal's texts are read (launch flags, the
 # refusal sentence), in this order; the evidence each gives.
-_REFUSAL_TEXTS = tuple((stack.name, stack.failures[TOOLS].marks, evidence) for stack, evidence in (
+_REFUSAL_TEXTS = tuple((stack.name, stack.failures[TOOL_REFUSAL].marks, evidence) for stack, evidence in (
     (VLLM, "error names vLLM launch flags"), (LLAMACPP, "error names --jinja"), (OLLAMA, "error text")))
 
 
