@@ -1,4 +1,4 @@
-"""A single attempt's outcome, exactly in the order README's "Analysis" gives.
+"""A single attempt's outcome, exactly in the order docs/analysis.md gives.
 
 Pure: it sees the reassembled reply the *harness* got, the transport facts (status, error kind)
 and the tools the request offered, and returns plain data. The order matters and is the point:

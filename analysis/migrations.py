@@ -53,7 +53,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             segment VARCHAR,
             segment_offset BIGINT,
             record JSON,
-            -- per-exchange classification (SPEC section 5), the attempt's view
+            -- per-exchange classification (docs/analysis.md), the attempt's view
             outcome VARCHAR,
             sub_kind VARCHAR,
             surface VARCHAR,

@@ -1,4 +1,4 @@
-"""`toolproxy export --otlp URL`: the analysed exchanges as OpenTelemetry spans (README: "OpenTelemetry").
+"""`toolproxy export --otlp URL`: the analysed exchanges as OpenTelemetry spans (docs/export.md#after-analysis).
 
 The same span as `serve --otlp-endpoint` sends (toolproxy/otlp/spans.py, built from the recorded
 record), plus what only the analyzer knows: the exchange's outcome, sub-kind and surface, its turn

@@ -1,4 +1,4 @@
-"""The outcome and role vocabulary (README: "Analysis", "Roles and metrics"), shared by the analyzer that assigns it
+"""The outcome and role vocabulary (docs/analysis.md, docs/metrics.md), shared by the analyzer that assigns it
 and the reports that count it; kept apart from classify so a report does not load the call validators."""
 
 # The version of the rules that turn raw records into outcomes, roles and metrics. Every derived

@@ -1,7 +1,9 @@
-"""Start the real llama.cpp server from ../shared/realstack and a toolproxy in front of it.
+"""Start a real llama.cpp server and a toolproxy in front of it.
+
+Where the server and its models are expected: docs/stacks.md#a-real-llamacpp-for-the-real-stack-scripts.
 
 Shared by the real-stack check scripts in this folder (not by CI: the server takes ~10 minutes
-to build once per machine, with `../shared/realstack/setup.sh`).
+to build once per machine).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def llama_server(model: str = "qwen", *extra: str):
     binary = REALSTACK / "bin" / "llama-server"
     gguf = REALSTACK / "models" / MODELS[model]
     if not binary.exists() or not gguf.exists():
-        sys.exit(f"real stack missing under {REALSTACK}: run ../shared/realstack/setup.sh first")
+        sys.exit(f"real stack missing under {REALSTACK}: see docs/stacks.md#a-real-llamacpp-for-the-real-stack-scripts")
     port = free_port()
     log = open(tempfile.mktemp(prefix="llama-server-", suffix=".log"), "w")
     proc = subprocess.Popen(

@@ -3,8 +3,8 @@
 # real llama.cpp llama-server with Qwen2.5-Coder-0.5B, once as launched by default (--jinja) and
 # once with --no-jinja (which refuses tools with HTTP 500). Starts and stops llama-server itself.
 #
-# Needs the real stack from ../shared/realstack/setup.sh (llama-server + models in
-# ${TOOLPROXY_REALSTACK:-~/.cache/toolproxy-realstack}) and `toolproxy` on PATH (or TOOLPROXY=...).
+# Needs a real llama-server and its models in ${TOOLPROXY_REALSTACK:-~/.cache/toolproxy-realstack}
+# (docs/stacks.md#a-real-llamacpp-for-the-real-stack-scripts) and `toolproxy` on PATH (or TOOLPROXY=...).
 # Usage: examples/realstack_doctor.sh [OUTPUT_DIR]     (default: a new temporary directory)
 # Env: RUNS (default 3), MAX_TOKENS per reply (default 96: calls fit; keeps a CPU run short), TOOLPROXY.
 set -uo pipefail
@@ -18,7 +18,7 @@ RUNS=${RUNS:-3}
 mkdir -p "$OUT"
 
 for f in "$BIN" "$MODEL_FILE"; do
-  [ -e "$f" ] || { echo "missing $f: run ../shared/realstack/setup.sh first" >&2; exit 2; }
+  [ -e "$f" ] || { echo "missing $f: see docs/stacks.md#a-real-llamacpp-for-the-real-stack-scripts" >&2; exit 2; }
 done
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

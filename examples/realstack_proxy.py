@@ -2,7 +2,7 @@
 a real llama.cpp server, with tools, streaming and not. Shows that the client got exactly the
 bytes the server sent and that each exchange was recorded.
 
-    ../shared/realstack/setup.sh && python examples/realstack_proxy.py
+    python examples/realstack_proxy.py      # the real stack: docs/stacks.md#a-real-llamacpp-for-the-real-stack-scripts
 """
 
 from __future__ import annotations

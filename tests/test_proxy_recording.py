@@ -196,7 +196,7 @@ async def test_kill_9_under_load_then_restart(fake_stack, proxy):
 
 async def test_group_mode_loss_bound_on_kill_9_under_load(fake_stack, proxy):
     """Group durability: a crash of the proxy loses no record of a response that finished more than
-    MAX_QUEUE_WAIT (0.1 s) before it, the bound README states, however long the commit window."""
+    MAX_QUEUE_WAIT (0.1 s) before it, the bound docs/record.md#durability-what-is-guaranteed states, however long the commit window."""
     # A long window, so the bound is seen to depend on the writer's queue, not on the fsync cadence
     # (it used to: records sat in a userspace buffer until the next fsync).
     window = 2.0

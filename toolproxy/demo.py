@@ -25,11 +25,10 @@ from pathlib import Path
 
 import aiohttp
 import click
-from aiohttp import web
 
-from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy import emulators
+from toolproxy.proxy.server import RunningProxy, start_proxy
 
 TOOLS = [
     {"type": "function", "function": {
@@ -117,37 +116,35 @@ async def _agent(session: aiohttp.ClientSession, base: str, model: str, task: tu
     return "turn limit"
 
 
+async def scenario_proxy(sc: Scenario, upstream: str, data: Path) -> RunningProxy:
+    """The proxy `serve` runs, in front of one scenario's stack, recording its run."""
+    cfg = ProxyConfig(upstream=upstream, data_dir=data, run=sc.run, condition=sc.condition,
+                      port=0, quiet=True, commit_window=0.05)
+    return await start_proxy(cfg)
+
+
 async def _drive(data: Path, episodes: int) -> list[tuple[Scenario, dict[str, int]]]:
     results = []
-    runners = []
+    started = []
     try:
         async with aiohttp.ClientSession() as session:
             for sc in SCENARIOS:
                 fake = emulators.FakeStack(sc.stack, tool_parser=sc.tool_parser, responder=_model(sc))
                 await fake.start()
-                runners.append(fake)
-                cfg = ProxyConfig(upstream=fake.url, data_dir=data, run=sc.run, condition=sc.condition,
-                                  port=0, quiet=True, commit_window=0.05)
-                runner = web.AppRunner(make_app(cfg), handler_cancellation=True, access_log=None)
-                await runner.setup()
-                site = web.TCPSite(runner, "127.0.0.1", 0)
-                await site.start()
-                runners.append(runner)
-                port = runner.addresses[0][1]
+                started.append(fake)
+                proxy = await scenario_proxy(sc, fake.url, data)
+                started.append(proxy)
                 tally: dict[str, int] = {}
                 for ep in range(episodes):
                     task = TASKS[ep % len(TASKS)]
                     expect = "call" if task[2] else "none"
-                    base = f"http://127.0.0.1:{port}/t/episode={ep}/item={task[0]}_{ep % len(TASKS)}/expect={expect}"
+                    base = f"{proxy.url}/t/episode={ep}/item={task[0]}_{ep % len(TASKS)}/expect={expect}"
                     end = await _agent(session, base, sc.model, task)
                     tally[end] = tally.get(end, 0) + 1
                 results.append((sc, tally))
     finally:
-        for r in reversed(runners):
-            if isinstance(r, web.AppRunner):
-                await r.cleanup()
-            else:
-                await r.stop()
+        for r in reversed(started):
+            await r.stop()
     return results
 
 

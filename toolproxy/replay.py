@@ -40,6 +40,9 @@ OPEN_LOOP = ("replay is open-loop: each turn is sent with the history the origin
 BUSY = (429, 503)
 MAX_BUSY_RETRIES = 6
 MAX_BACKOFF = 120.0
+# aiohttp's client adds these when a request lacks them: a replayed turn carries only what the
+# harness sent, or the upstream sees (and may answer) a request the harness never made.
+CLIENT_DEFAULTS = ("Accept", "Accept-Encoding", "User-Agent")
 REPLAY_TAGS = ("replay_of_run", "replay_of_episode", "replay_of_item", "replay_of_turn", "replay_of_turn_index")
 
 
@@ -87,10 +90,21 @@ def build_request(turn: Turn, new_run: str, model: str | None = None) -> Request
     if model is not None and body is not None:
         body = with_model(body, model)
     query = strip_redacted_query(turn.query or "")
-    headers = [(k, v) for k, v in turn.headers
+    headers = [(k, as_sent(v)) for k, v in turn.headers
                if k.lower() not in NOT_FORWARDED_UP and not k.lower().startswith(TAG_HEADER_PREFIX)
                and not v.startswith("redacted:")]
     return Request(turn.method, prefix + turn.path + (f"?{query}" if query else ""), headers, body)
+
+
+def as_sent(value: str) -> str:
+    """A recorded header value (each byte as one latin-1 character) in the form aiohttp writes
+    back as those same bytes: the proxy's own server reads headers as UTF-8 with surrogate
+    escapes, and its client writes them so. Sent as recorded, a byte above 0x7f would leave
+    as two (UTF-8) and the replayed request would not be the harness's."""
+    try:
+        return value.encode("latin-1").decode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # not a recorded value: it has characters no byte gives
+        return value
 
 
 def with_model(body: bytes, model: str) -> bytes:
@@ -314,8 +328,8 @@ async def replay_turns(config: ProxyConfig, requests: list[Request], concurrency
     import aiohttp
 
     tally = Tally(total=len(requests), started=time.monotonic())
-    runner, port = await start_proxy(config)
-    base = f"http://127.0.0.1:{port}"
+    proxy = await start_proxy(config)
+    base = proxy.url
     queue = iter(requests)
     pause = Pause()
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
@@ -328,7 +342,7 @@ async def replay_turns(config: ProxyConfig, requests: list[Request], concurrency
 
     loop = asyncio.get_running_loop()
     try:
-        async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
+        async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False, skip_auto_headers=CLIENT_DEFAULTS) as session:
             tasks = [asyncio.ensure_future(worker(session)) for _ in range(max(1, min(concurrency, len(requests))))]
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, lambda: [t.cancel() for t in tasks])
@@ -339,7 +353,7 @@ async def replay_turns(config: ProxyConfig, requests: list[Request], concurrency
                     loop.remove_signal_handler(sig)
     finally:
         progress.clear()
-        await runner.cleanup()
+        await proxy.stop()
     return tally
 
 

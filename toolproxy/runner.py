@@ -15,14 +15,16 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from aiohttp import web
-
 from toolproxy.harness import harness_env, tag_prefix
 from toolproxy.printable import printable
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
+
+if TYPE_CHECKING:
+    from toolproxy.proxy.server import RunningProxy
 
 
 @dataclass
@@ -31,19 +33,14 @@ class ChildResult:
     interrupted: bool
 
 
-async def start_proxy(config: ProxyConfig) -> tuple[web.AppRunner, int]:
-    """A proxy on this loop; returns its runner (cleanup flushes the records) and its port."""
-    from toolproxy.proxy.app import make_app
+async def start_proxy(config: ProxyConfig) -> RunningProxy:
+    """The proxy `serve` runs, on this loop (stop() flushes the records); a taken port is a usage error."""
+    from toolproxy.proxy.server import CannotListen, start_proxy as start
 
-    runner = web.AppRunner(make_app(config), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
     try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise click.ClickException(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
-    return runner, runner.addresses[0][1]
+        return await start(config)
+    except CannotListen as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
@@ -74,13 +71,13 @@ async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
 
 
 async def run_harness(config: ProxyConfig, argv: list[str], tags: dict[str, str]) -> ChildResult:
-    runner, port = await start_proxy(config)
+    proxy = await start_proxy(config)
     try:
-        base = f"http://127.0.0.1:{port}" + tag_prefix(config.run, **tags)
+        base = proxy.url + tag_prefix(config.run, **tags)
         env = {**os.environ, **harness_env(base, os.environ)}
         return await _run_child(argv, env)
     finally:
-        await runner.cleanup()
+        await proxy.stop()
 
 
 def run_loop(coro):

@@ -111,10 +111,8 @@ def run_line(run: str, exchanges: int, elapsed: float, done: list[float], runs_a
 
 async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, str], progress: Progress) -> bool:
     """Every pending run in order; False when the user interrupted (the rest stays pending)."""
-    from toolproxy.proxy.state import STATE
-
-    runner, port = await start_proxy(config)
-    state = runner.app[STATE]
+    proxy = await start_proxy(config)
+    state = proxy.state
     todo = [p for p in study.runs if p.status != "done"]
     durations = [p.seconds for p in study.runs if p.status == "done" and p.seconds]
     try:
@@ -124,7 +122,7 @@ async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, st
                 planned.run = f"{run_name(study.name, planned.condition, planned.repeat, study.repeat)}~{len(planned.attempts) + 1}"
             label = f"[{i}/{len(todo)}] {planned.run} (condition {planned.condition})"
             click.echo(f"study {study.name}: {label}{_eta(durations, len(todo) - i + 1)}", err=True)
-            base = f"http://127.0.0.1:{port}" + tag_prefix(planned.run, planned.condition, **tags)
+            base = proxy.url + tag_prefix(planned.run, planned.condition, **tags)
             env = {**os.environ, **harness_env(base, os.environ)}
             start, seen = time.monotonic(), state.counters.total
             child = asyncio.ensure_future(_run_child(study.command, env))
@@ -146,7 +144,7 @@ async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, st
             durations.append(planned.seconds)
         return True
     finally:
-        await runner.cleanup()
+        await proxy.stop()
 
 
 def _report_runs(data_dir: Path, runs: list[str]) -> dict[str, dict]:

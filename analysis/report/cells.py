@@ -193,7 +193,7 @@ def provenance(report: Report) -> str:
 
 
 def legend() -> str:
-    """What the headline columns mean, in the words the README uses."""
+    """What the headline columns mean, in the words docs/metrics.md#the-metrics uses."""
     return ("call fidelity = valid calls / turns due a call (any surface); delivered (dlv) = of those, calls the harness "
             "got as calls; lost = the difference, calls left in text by the serving layer. restraint (restr) = "
             "turns of items expecting no call that attempted none (any surface); delivered restraint (dlv restr) = those where "

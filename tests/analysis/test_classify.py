@@ -1,4 +1,4 @@
-"""The turn outcomes (README: "Analysis"), one row per real-world reply: every outcome, every non-response sub-kind."""
+"""The turn outcomes (docs/analysis.md), one row per real-world reply: every outcome, every non-response sub-kind."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tool calls that a model wrote as text (STACKS.md, "Tool calls that surface as text"), and
+"""Tool calls that a model wrote as text (docs/stacks.md#tool-calls-left-in-text), and
 argument validation against the request's tool schemas.
 
 One parser, two users: the analyzer classifies recorded turns with it, and the `text` and

@@ -1,6 +1,6 @@
 """`toolproxy doctor`: which layer is at fault when a model "never calls tools", and what to change.
 
-It walks the diagnosis in order (README: "Why does my model never call tools?"), because each layer hides the next: (1) did the serving layer
+It walks the diagnosis in order (docs/doctor.md), because each layer hides the next: (1) did the serving layer
 refuse or empty the request (then the model never ran); (2) was the request accepted but the call
 left as text in `content` (no or a mismatched parser); (3) only then, did the model make no call
 or an invalid one. Every probe goes through the real proxy (`checks.local`), so the evidence is

@@ -17,16 +17,15 @@ from typing import AsyncIterator
 import aiohttp
 import click
 import orjson
-from aiohttp import web
 
 from toolproxy import wire
 from toolproxy.connection_errors import explain
 from toolproxy.checks.reply import ProbeReply, read_reply
 from toolproxy.conditions import ConditionOptions
-from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ConfigError, ProxyConfig
 from toolproxy.proxy.flow import Addon, Flow
-from toolproxy.proxy.state import STATE, ProxyState
+from toolproxy.proxy.server import start_proxy
+from toolproxy.proxy.state import ProxyState
 from toolproxy.record.model import Record
 from toolproxy.stacks.fingerprint import Fingerprint
 
@@ -101,18 +100,13 @@ async def local_proxy(upstream: str, data_dir: Path, run: str, *, upstream_key: 
         upstream_key=upstream_key, condition_options=ConditionOptions(stack=stack),
         connect_timeout=min(10.0, timeout), ttfb_timeout=timeout, idle_timeout=timeout,
     )
-    app = make_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
+    proxy = await start_proxy(config)
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
         client_timeout = aiohttp.ClientTimeout(total=timeout + 30)
         async with aiohttp.ClientSession(timeout=client_timeout) as session:
-            yield LocalProxy(f"http://127.0.0.1:{port}", app[STATE], session)
+            yield LocalProxy(proxy.url, proxy.state, session)
     finally:
-        await runner.cleanup()
+        await proxy.stop()
 
 
 def check_target(upstream: str, data_dir: Path) -> None:

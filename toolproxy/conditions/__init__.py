@@ -1,4 +1,4 @@
-"""Interface conditions (README: "Interface conditions"): a request rewrite paired with a response synthesis.
+"""Interface conditions (docs/conditions.md): a request rewrite paired with a response synthesis.
 
 `native` is the identity and never reaches this package: the proxy's hot path forwards bytes
 untouched. Every other condition is a module `toolproxy.conditions.<name>` exposing CONDITION, an

@@ -1,1 +1,1 @@
-"""OpenTelemetry out: one span per recorded exchange, in the GenAI semantic conventions (README: "OpenTelemetry")."""
+"""OpenTelemetry out: one span per recorded exchange, in the GenAI semantic conventions (docs/export.md#opentelemetry)."""

@@ -1,4 +1,4 @@
-"""Spans out of a running proxy, never in the way of the traffic (README: "OpenTelemetry").
+"""Spans out of a running proxy, never in the way of the traffic (docs/export.md#never-in-the-way).
 
 The writer thread hands every record it has written to `SpanShipper.observe`, which only appends
 it to a bounded inbox (or counts it dropped when the inbox is full). A feeder thread encodes the

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-import signal
-import sys
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from toolproxy import __version__
-from toolproxy.gcpause import settle_for_serving
 from toolproxy.otlp.shipper import SpanShipper
 from toolproxy.proxy import serverlog
 from toolproxy.proxy.auth import Auth
@@ -20,8 +16,6 @@ from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy import refusals
-from toolproxy.proxy.forward import handle, serve_request
-from toolproxy.proxy.listener import ListeningServer
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.logline import log_line
 from toolproxy.proxy.pool import upstream_session
@@ -34,14 +28,6 @@ from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.masking import Masker, load_key, parse_rules
 from toolproxy.record.sampling import SAMPLED_OUT, Sampler, load_sampler
 from toolproxy.record.writer import REFUSALS_STREAM, SegmentWriter
-
-
-if TYPE_CHECKING:
-    from toolproxy.proxy.workers import Worker
-
-# Pending connections the kernel may hold (capped by net.core.somaxconn): aiohttp's default of
-# 128 makes a burst of a thousand agents connecting at once wait for SYN retransmits (1 s, 3 s).
-BACKLOG = 4096
 
 
 def record_transform(sampler: Sampler | None, masker: Masker | None):
@@ -147,131 +133,71 @@ def make_state(config: ProxyConfig) -> ProxyState:
     return state
 
 
+@dataclass(frozen=True)
+class Service:
+    """What a proxy starts before it serves and stops after it stopped listening."""
+
+    name: str
+    start: Callable[[], None]
+    stop: Callable[[], Awaitable[None] | None]
+    off_loop: bool = False  # stop blocks (joins a thread, fsyncs): run it in an executor
+
+
+def _nothing() -> None: ...
+
+
+def services(state: ProxyState) -> list[Service]:
+    """The proxy's services in start order; they stop in reverse, each once, and only those that
+    started. The observers come first, so they stop last: the writers' final records (flushed at
+    their stop) still reach the live view and the OTLP shipper. Masking and the housekeeper feed
+    the writer and stop before it; the upstream session comes before the stack watcher that
+    probes through it."""
+    config = state.config
+    out = []
+    if state.live is not None:
+        out.append(Service("live view", state.live.start, state.live.stop))
+    if state.otlp is not None:
+        out.append(Service("otlp", state.otlp.start, state.otlp.stop, off_loop=True))
+    out.append(Service("refusals writer", state.refusals.writer.start, state.refusals.writer.close, off_loop=True))
+    out.append(Service("writer", state.writer.start, state.writer.close, off_loop=True))
+    if state.spill_masking is not None:
+        out.append(Service("spill masking", state.spill_masking.start, state.spill_masking.stop, off_loop=True))
+    if state.housekeeper is not None:
+        out.append(Service("housekeeper", state.housekeeper.start, state.housekeeper.stop, off_loop=True))
+    out.append(Service("watchdog", state.watchdog.start, state.watchdog.stop))
+    out.append(Service("upstream health", _nothing, state.upstream_health.stop))
+
+    def open_session() -> None:
+        state.session = upstream_session(state.pool, config.connect_timeout)
+
+    out.append(Service("upstream session", open_session, lambda: state.session.close()))
+    if state.stacks is not None:
+        # In the background: serving starts now, whatever the upstream is doing. Its first
+        # fingerprint is also the first word on whether the upstream is reachable.
+        out.append(Service("stack watch", state.stacks.start, state.stacks.stop))
+    return out
+
+
+def lifecycle(service: Service) -> Callable[[web.Application], AsyncIterator[None]]:
+    """The service as an aiohttp cleanup context: started at the app's startup, stopped at its cleanup."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        service.start()
+        yield
+        if service.off_loop:
+            await asyncio.get_running_loop().run_in_executor(None, service.stop)
+        else:
+            stopped = service.stop()
+            if stopped is not None:
+                await stopped
+
+    return context
+
+
 def make_app(config: ProxyConfig) -> web.Application:
     app = web.Application(client_max_size=config.max_body)
     state = make_state(config)
     app[STATE] = state
     serverlog.install(state.redactor)
-
-    async def on_startup(app: web.Application) -> None:
-        state.writer.start()
-        state.refusals.writer.start()
-        if state.spill_masking is not None:
-            state.spill_masking.start()
-        if state.housekeeper is not None:
-            state.housekeeper.start()
-        if state.live is not None:
-            state.live.start()
-        if state.otlp is not None:
-            state.otlp.start()
-        state.watchdog.start()
-        state.session = upstream_session(state.pool, config.connect_timeout)
-        if state.stacks is not None:
-            # In the background: serving starts now, whatever the upstream is doing. Its first
-            # fingerprint is also the first word on whether the upstream is reachable.
-            state.stacks.start()
-
-    async def on_cleanup(app: web.Application) -> None:
-        if state.stacks is not None:
-            await state.stacks.stop()
-        await state.upstream_health.stop()
-        await state.watchdog.stop()
-        if state.session is not None:
-            await state.session.close()
-        if state.housekeeper is not None:
-            await asyncio.get_running_loop().run_in_executor(None, state.housekeeper.stop)
-        if state.spill_masking is not None:
-            await asyncio.get_running_loop().run_in_executor(None, state.spill_masking.stop)
-        await asyncio.get_running_loop().run_in_executor(None, state.writer.close)
-        await asyncio.get_running_loop().run_in_executor(None, state.refusals.writer.close)
-        if state.otlp is not None:  # after the writer: the last records are observed by then
-            await asyncio.get_running_loop().run_in_executor(None, state.otlp.stop)
-        if state.live is not None:
-            state.live.stop()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    app.router.add_route("*", "/{tail:.*}", handle)
+    app.cleanup_ctx.extend(lifecycle(service) for service in services(state))
     return app
-
-
-def server_settings(config: ProxyConfig) -> dict:
-    """What every entry point's server is told: its keep-alive timer is also the request-head timeout.
-
-    aiohttp arms that timer when a connection opens or goes idle and disarms it only when a whole
-    request head has arrived, so a client trickling its headers is closed when it fires.
-    """
-    # auto_decompress off: a transparent proxy forwards and records a compressed request body as
-    # sent; aiohttp would inflate it (and fail with a 500 on a body that is not what it claims).
-    return {"handler_cancellation": True, "access_log": None, "keepalive_timeout": config.client_header_timeout,
-            "auto_decompress": False}
-
-
-def runner_for(app: web.Application, config: ProxyConfig) -> web.AppRunner:
-    """The runner for a proxy inside another program (demo, doctor)."""
-    return web.AppRunner(app, **server_settings(config))
-
-
-async def serve(config: ProxyConfig, worker: "Worker | None" = None) -> None:
-    """Run until SIGINT/SIGTERM; prints where it listens and where it records (a worker leaves
-    that to its supervisor and shares the port with its peers)."""
-    app = make_app(config)
-    if worker is not None:
-        worker.attach(app, app[STATE])
-    # aiohttp's low-level server with the handler bound to the state: the Application stays for
-    # its lifecycle (startup/cleanup), but requests skip its router, middlewares and signals,
-    # about a tenth of the CPU a forwarded request costs.
-    app.freeze()
-    await app.startup()
-    settle_for_serving()
-    server = ListeningServer(functools.partial(serve_request, app[STATE]), app[STATE].refusals.parser_rejected,
-                             **server_settings(config))
-    runner = web.ServerRunner(server)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True,
-                       reuse_port=worker is not None, backlog=BACKLOG)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        await app.shutdown()
-        await app.cleanup()
-        raise SystemExit(f"toolproxy: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
-    if worker is None:
-        print(banner(config, runner.addresses[0][1] if runner.addresses else config.port), flush=True)
-    else:
-        await worker.listening(app[STATE])
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
-    try:
-        await stop.wait()
-    finally:
-        if worker is None:
-            print("toolproxy: shutting down, flushing records", file=sys.stderr, flush=True)
-        await runner.cleanup()
-        await app.shutdown()
-        await app.cleanup()
-
-
-def banner(config: ProxyConfig, port: int, workers: int = 1) -> str:
-    """The line users (and tests) read the proxy's address from."""
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    group = f"{workers} workers, " if workers > 1 else ""
-    return (
-        f"toolproxy {__version__}: listening on http://{host}:{port} -> upstream {config.upstream}; "
-        f"recording to {config.data_dir.resolve()} ({group}condition {config.condition}, durability {config.durability})"
-    )
-
-
-def run(config: ProxyConfig, worker: "Worker | None" = None) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(config, worker))
-    else:
-        uvloop.run(serve(config, worker))

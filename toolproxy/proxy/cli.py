@@ -212,6 +212,6 @@ def serve(workers, **options):
     raise_fd_limit()  # inherited by the workers
     if workers > 1:
         raise SystemExit(run_workers(config, workers))
-    from toolproxy.proxy.app import run as run_proxy
+    from toolproxy.proxy.server import run as run_proxy
 
     run_proxy(config)

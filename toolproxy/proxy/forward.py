@@ -33,7 +33,7 @@ from toolproxy.proxy.durability import late_hold
 from toolproxy.proxy.pool import CONNECTION
 from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
 from toolproxy.proxy.spool import Spool, file_payload
-from toolproxy.proxy.state import ADMIN_PREFIX, STATE, ProxyState
+from toolproxy.proxy.state import ADMIN_PREFIX, ProxyState
 from toolproxy.proxy.tags import header_tags, split_path_tags
 from toolproxy.record.model import encode_body
 from toolproxy.record.spill import SpilledBody
@@ -45,11 +45,6 @@ _UNWRITTEN = "Can not write request body"  # aiohttp's words when the connection
 def error_body(message: str, code: str, kind: str = "toolproxy_error") -> bytes:
     """OpenAI-style error JSON, so harnesses surface the cause instead of a parse failure."""
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
-
-
-async def handle(request: web.Request) -> web.StreamResponse:
-    """The Application's route, for proxies run inside another program (demo, doctor)."""
-    return await serve_request(request.app[STATE], request)
 
 
 async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.StreamResponse:

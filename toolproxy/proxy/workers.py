@@ -146,10 +146,13 @@ class Worker:
         tmp.write_bytes(orjson.dumps(snapshot))
         os.replace(tmp, self.path)
 
-    def attach(self, app, state) -> None:
+    def attach(self, app) -> None:
         """Join the group: merged stats for this app's admin routes, a last publish at cleanup
         (after the writer closed, so a stopped worker's final counts are on file), and a socket
         for its live view's classifier, where its peers' page handlers ask for its share."""
+        from toolproxy.proxy.state import STATE
+
+        state = app[STATE]
         state.peers = self
         if state.live is not None:
             state.live.socket_path = self.live_socket(self.pid)
@@ -280,9 +283,10 @@ def worker_main() -> None:
     config, index, peers_dir = pickle.loads(sys.stdin.buffer.read())
     sys.stdin.close()
     _die_with_parent()
-    from toolproxy.proxy.app import run
+    from toolproxy.proxy.server import run
 
-    run(config, Worker(index, Path(peers_dir)))
+    worker = Worker(index, Path(peers_dir))
+    run(config, worker.attach, worker.listening)
 
 
 def _die_with_parent() -> None:
@@ -454,7 +458,7 @@ def _exit_text(code: int | None) -> str:
 
 def run_workers(config: ProxyConfig, count: int) -> int:
     """Run `count` workers until SIGINT/SIGTERM; the exit code for the CLI."""
-    from toolproxy.proxy.app import banner
+    from toolproxy.proxy.server import banner
 
     sup = Supervisor(config, count)
 

@@ -1,4 +1,4 @@
-"""One record per exchange (README: "The record and its storage").
+"""One record per exchange (docs/record.md).
 
 Records are data, not logs: every field below is part of a versioned schema that the analyzer
 reads. Bump RECORD_VERSION whenever a field changes meaning, and keep the reader accepting every

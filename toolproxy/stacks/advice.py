@@ -1,8 +1,8 @@
 """What each stack's refusals mean and what to change, as data: the knowledge `doctor` prints.
 
 The texts that identify a refusal are the stacks' own, in their catalog entries
-(`toolproxy.stacks.catalog`; how each stack behaves: docs/stacks.md). A new refusal pattern is
-one more failure there and one more row here.
+(`toolproxy.stacks.catalog`; how each stack refuses: docs/stacks.md#refusals). A new refusal
+pattern is one more failure there and one more row here.
 """
 
 from __future__ import annotations

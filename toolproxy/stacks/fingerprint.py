@@ -5,7 +5,7 @@ Two halves, kept apart so the knowledge can be table-tested against each stack's
 Fingerprint; `probe` does the cheap, read-only HTTP requests that produce those observations.
 
 Every probe is an endpoint the stack documents for itself, listed with the answer that marks it in
-the stack's catalog entry (`toolproxy.stacks.catalog`; how each stack behaves: docs/stacks.md):
+the stack's catalog entry (`toolproxy.stacks.catalog`; docs/stacks.md#how-toolproxy-tells-them-apart):
 Ollama `GET /` (its banner), `GET /api/version`, `POST /api/show`; llama.cpp `GET /props`
 (build_info, chat_template, chat_template_caps) and `Server: llama.cpp`; vLLM `GET /version`;
 SGLang `GET /get_server_info` (newer: `/server_info`); LM Studio `GET /api/v1/models`

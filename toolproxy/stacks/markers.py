@@ -6,7 +6,7 @@ function over one parsed JSON object so the proxy's fingerprinting and the analy
 texts and constants it looks for are the stacks' catalog entries (`toolproxy.stacks.catalog`); the
 field shapes are listed here (how each stack behaves: docs/stacks.md).
 
-Marks (checked against the stacks' sources):
+Marks (docs/stacks.md#how-toolproxy-tells-them-apart, checked against the stacks' sources):
 - Ollama: its constant `system_fingerprint` on /v1; native bodies carry `done` + `eval_count` /
   `total_duration`; its failure texts (a tools refusal, a model to pull).
 - llama.cpp: `timings` (prompt_n, predicted_n, cache_n...); `system_fingerprint` is the build

@@ -1,0 +1,158 @@
+"""How a proxy starts listening: one function for every command that runs one.
+
+`serve`, `run`, `study`, `replay`, `demo`, `doctor` and `conformance` all forward and record
+through `start_proxy`, so a request is parsed, timed, forwarded and recorded the same whichever
+command the user started. Each used to build its own aiohttp runner with aiohttp's defaults: a
+gzip-encoded request body reached the upstream inflated but still labelled gzip, the header
+timeout did not apply and the HTTP parser's rejections went uncounted, only under `serve`'s own
+listener did none of that happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from toolproxy import __version__
+from toolproxy.gcpause import settle_for_serving
+from toolproxy.proxy.app import make_app
+from toolproxy.proxy.config import ProxyConfig
+from toolproxy.proxy.forward import serve_request
+from toolproxy.proxy.listener import ListeningServer
+from toolproxy.proxy.state import STATE, ProxyState
+
+# Pending connections the kernel may hold (capped by net.core.somaxconn): aiohttp's default of
+# 128 makes a burst of a thousand agents connecting at once wait for SYN retransmits (1 s, 3 s).
+BACKLOG = 4096
+
+
+def server_settings(config: ProxyConfig) -> dict:
+    """What every proxy's server is told: its keep-alive timer is also the request-head timeout.
+
+    aiohttp arms that timer when a connection opens or goes idle and disarms it only when a whole
+    request head has arrived, so a client trickling its headers is closed when it fires.
+    """
+    # auto_decompress off: a transparent proxy forwards and records a compressed request body as
+    # sent; aiohttp would inflate it (and fail with a 500 on a body that is not what it claims).
+    return {"handler_cancellation": True, "access_log": None, "keepalive_timeout": config.client_header_timeout,
+            "auto_decompress": False}
+
+
+class CannotListen(Exception):
+    """The address could not be bound; the message names it and says why."""
+
+
+@dataclass
+class RunningProxy:
+    """A started proxy: its state (addons, counters, writer) and where it listens."""
+
+    app: web.Application
+    runner: web.ServerRunner
+
+    @property
+    def state(self) -> ProxyState:
+        return self.app[STATE]
+
+    @property
+    def port(self) -> int:
+        return self.runner.addresses[0][1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def stop(self) -> None:
+        """Stop listening, then stop the addons (the writer flushes every record)."""
+        await self.runner.cleanup()
+        await self.app.shutdown()
+        await self.app.cleanup()
+
+
+async def start_proxy(config: ProxyConfig, *, reuse_port: bool = False,
+                      before_start: Callable[[web.Application], None] | None = None) -> RunningProxy:
+    """Start the proxy for `config` on this loop, listening once its addons have started.
+
+    `before_start` may add to the application's lifecycle before it is frozen (a worker joins
+    its group there). Raises CannotListen when the address is taken or invalid.
+    """
+    app = make_app(config)
+    if before_start is not None:
+        before_start(app)
+    # aiohttp's low-level server with the handler bound to the state: the Application stays for
+    # its lifecycle (startup/cleanup), but requests skip its router, middlewares and signals,
+    # about a tenth of the CPU a forwarded request costs.
+    app.freeze()
+    try:
+        await app.startup()
+    except BaseException:
+        await app.cleanup()  # what started stops again, in reverse: no writer thread outlives it
+        raise
+    state = app[STATE]
+    server = ListeningServer(functools.partial(serve_request, state), state.refusals.parser_rejected,
+                             **server_settings(config))
+    runner = web.ServerRunner(server)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True, reuse_port=reuse_port or None,
+                       backlog=BACKLOG)
+    proxy = RunningProxy(app, runner)
+    try:
+        await site.start()
+    except OSError as exc:
+        await proxy.stop()
+        raise CannotListen(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+    return proxy
+
+
+async def serve(config: ProxyConfig, join_group: Callable[[web.Application], None] | None = None,
+                listening: Callable[[ProxyState], Awaitable[None]] | None = None) -> None:
+    """Run until SIGINT/SIGTERM; prints where it listens and where it records. A worker of a
+    group passes `join_group` and `listening` instead: it shares the port with its peers and
+    its supervisor tells the user."""
+    try:
+        proxy = await start_proxy(config, reuse_port=join_group is not None, before_start=join_group)
+    except CannotListen as exc:
+        raise SystemExit(f"toolproxy: {exc}") from None
+    settle_for_serving()
+    if listening is None:
+        print(banner(config, proxy.port), flush=True)
+    else:
+        await listening(proxy.state)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    try:
+        await stop.wait()
+    finally:
+        if listening is None:
+            print("toolproxy: shutting down, flushing records", file=sys.stderr, flush=True)
+        await proxy.stop()
+
+
+def banner(config: ProxyConfig, port: int, workers: int = 1) -> str:
+    """The line users (and tests) read the proxy's address from."""
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    group = f"{workers} workers, " if workers > 1 else ""
+    return (
+        f"toolproxy {__version__}: listening on http://{host}:{port} -> upstream {config.upstream}; "
+        f"recording to {config.data_dir.resolve()} ({group}condition {config.condition}, durability {config.durability})"
+    )
+
+
+def run(config: ProxyConfig, join_group: Callable[[web.Application], None] | None = None,
+        listening: Callable[[ProxyState], Awaitable[None]] | None = None) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(config, join_group, listening))
+    else:
+        uvloop.run(serve(config, join_group, listening))
