@@ -55,15 +55,25 @@ def modules() -> dict[str, Path]:
     return found
 
 
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
     """(module imported, lazily or not) for each import statement in one module; `from X import Y`
-    counts as importing X.Y when that is a module, else X."""
+    counts as importing X.Y when that is a module, else X. Imports under `if TYPE_CHECKING:` never
+    run (names for type hints only), so they are no edge."""
     known = modules()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
 
     def visit(node: ast.AST, lazy: bool) -> None:
         for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child.test):
+                for other in child.orelse:
+                    visit(ast.Module(body=[other], type_ignores=[]), lazy)
+                continue
             inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(child, ast.Import):
                 found.extend((alias.name, lazy) for alias in child.names)
@@ -145,6 +155,12 @@ def test_the_table_sees_lazy_and_relative_imports():
     assert Edge("toolproxy.calls.parse", "toolproxy.calls.gcpause", False) in table  # from .gcpause import
     assert Edge("toolproxy.drive.replay", "toolproxy.analysis.store.connection", True) in table  # inside a function
     assert Edge("toolproxy.analysis.ingest.records", "toolproxy.analysis.ingest.keys", False) in table
+
+
+def test_type_checking_imports_are_no_edge():
+    table = set(edges())
+    assert Edge("toolproxy.emulators.server", "toolproxy.emulators.base", False) in table
+    assert not any(e.importer == "toolproxy.emulators.base" and e.imported == "toolproxy.emulators.server" for e in table)
 
 
 def test_circles_are_found():

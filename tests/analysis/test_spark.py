@@ -35,8 +35,8 @@ import pytest
 from proxyprocess import ProxyProcess
 from toolproxy.analysis.export.spark import line_range, split_segments
 from toolproxy.record.segments import read_lines
+from toolproxy.emulators import FakeStack, ModelRequest, error, text, text_call
 from toolproxy.testing.corpus import generate
-from toolproxy.testing.fakes import FakeStack, ModelRequest, error, text, text_call
 
 EXCHANGES = int(os.environ.get("TOOLPROXY_SPARK_EXCHANGES", "3000"))
 MODEL = "qwen2.5-coder-0.5b"

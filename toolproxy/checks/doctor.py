@@ -28,7 +28,7 @@ from toolproxy.checks.reply import ProbeReply, call_problems
 from toolproxy.proxy.cli import key_from_env, upstream_key_option
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
 from toolproxy.stacks.fingerprint import Fingerprint
-from toolproxy.stacks.names import LABELS
+from toolproxy.stacks.catalog import LABELS
 from toolproxy.stacks.templates import TemplateFinding, check_ollama_template, check_rendered_prompt
 from toolproxy.term.connection_errors import with_detail
 from toolproxy.term.printable import printable

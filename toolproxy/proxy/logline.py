@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from toolproxy.record.model import Record
 from toolproxy.record.sampling import SAMPLED_OUT
-from toolproxy.stacks.names import LABELS
+from toolproxy.stacks.catalog import LABELS
 from toolproxy.term.printable import printable
 
 MESSAGE_CHARS = 200
