@@ -5,59 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import shlex
-import sys
 from pathlib import Path
 
 import click
 import orjson
 
-from toolproxy.printable import printable
-
-DATA_OPTION = click.option(
-    "--data", "data_dir", default="toolproxy-data", show_default=True, envvar="TOOLPROXY_DATA",
-    type=click.Path(path_type=Path), help="Data directory the proxy records into.",
-)
-DB_OPTION = click.option(
-    "--db", "db_path", default=None, type=click.Path(path_type=Path),
-    help="DuckDB file (default: DATA/toolproxy.duckdb).",
-)
-
-
-def _fail(message: str) -> None:
-    click.echo(printable(f"toolproxy: {message}", lines=True), err=True)
-    sys.exit(2)
-
-
-def expect_callback(_ctx, _param, values: tuple[str, ...]) -> list:
-    """--expect rules parsed at the command line, so a mistyped rule is a usage error, not a traceback."""
-    from toolproxy.analysis.expect import RuleError, parse_rules
-
-    try:
-        return parse_rules(values)
-    except RuleError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def expect_option(help_text: str):
-    return click.option("--expect", "expect_rules", multiple=True, metavar="TAG=VALUE:call|none",
-                        callback=expect_callback, help=help_text)
-
-
-EXPECT_OPTION = expect_option(
-    "Override what items expect for this output only, by a rule on tags, e.g. 'category=irrelevance:none' "
-    "(repeatable; the last matching rule wins over stored rules and expect tags)."
-)
-
-
-def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = "1GB"):
-    from toolproxy.analysis.store import StoreError, connect, default_db
-
-    path = db_path or default_db(data_dir)
-    try:
-        return connect(path, read_only=read_only, memory_limit=memory_limit)
-    except StoreError as exc:
-        _fail(str(exc))
-
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, _fail, _open, expect_option, terminal_safe_csv
+from toolproxy.term.printable import printable
 
 # The runs just re-derived that were recorded with --sample (record/sampling.py): the rate, and
 # how many exchanges only a stub stands for.
@@ -89,11 +43,12 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     """
     import duckdb
 
-    from toolproxy.analysis.ingest import ingest
-    from toolproxy.analysis.outcomes import ANALYZER_VERSION
-    from toolproxy.analysis.prune import forget_pruned
-    from toolproxy.analysis.reanalyze import ReanalyzeError, rebuild, rebuild_reason, save_state
-    from toolproxy.progress import Progress
+    from toolproxy.analysis.ingest.pipeline import ingest
+    from toolproxy.analysis.lifecycle.prune import forget_pruned
+    from toolproxy.analysis.lifecycle.reanalyze import ReanalyzeError, rebuild, rebuild_reason
+    from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.store.state import save_state
+    from toolproxy.term.progress import Progress
 
     if not data_dir.exists():
         _fail(f"data directory {data_dir} does not exist (give --data, where `toolproxy serve` recorded)")
@@ -173,13 +128,6 @@ def _cell(value) -> str:
     return str(value)
 
 
-def terminal_safe_csv(text: str) -> str:
-    """CSV has no escapes of its own, so it is left byte-exact when it goes to a file or a pipe
-    (it is data there; echo it with color=True, or click strips escape sequences) and made inert
-    only when it goes to a terminal."""
-    return printable(text, lines=True) if sys.stdout.isatty() else text
-
-
 def format_table(columns: list[str], rows: list[tuple], max_width: int = 60) -> str:
     """Aligned plain-text table; long cells are cut with an ellipsis so rows stay one line."""
     columns = [printable(c) for c in columns]
@@ -200,7 +148,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
     """Run one SQL query against the analysis database (read-only) and print the result."""
     import duckdb
 
-    from toolproxy.analysis.store import bodies_in_sql
+    from toolproxy.analysis.store.connection import bodies_in_sql
 
     con = _open(data_dir, db_path, read_only=True)
     try:
@@ -235,7 +183,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
 @click.option("--raw", is_flag=True, help="Also print the raw request and response bodies.")
 def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> None:
     """Print one exchange (a unique id prefix will do): request, response, classification."""
-    from toolproxy.analysis.show import render
+    from toolproxy.analysis.report.show import render
 
     con = _open(data_dir, db_path, read_only=True)
     try:

@@ -7,10 +7,13 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from toolproxy.bench import CHAT_BODY, FLOOR
+from benchmarks.proxy import CHAT_BODY, FLOOR
+
+CHECKOUT = Path(__file__).resolve().parent.parent  # `-m benchmarks.NAME` runs from a checkout
 
 pytestmark = pytest.mark.skipif(shutil.which("wrk") is None, reason="needs wrk (Debian: apt-get install wrk)")
 
@@ -18,9 +21,9 @@ pytestmark = pytest.mark.skipif(shutil.which("wrk") is None, reason="needs wrk (
 def test_one_round_measures_every_target_pinned_and_records_every_exchange(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run(
-        [sys.executable, "-m", "toolproxy.bench", "--rounds", "1", "--seconds", "1", "--total", "10",
+        [sys.executable, "-m", "benchmarks.proxy", "--rounds", "1", "--seconds", "1", "--total", "10",
          "--c1-requests", "30", "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, cwd=CHECKOUT,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(out.read_text())

@@ -6,14 +6,17 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parent.parent  # `-m benchmarks.NAME` runs from a checkout
 
 
 def test_a_small_burst_through_every_target_completes_and_loses_no_record(tmp_path):
     out = tmp_path / "streams.json"
     r = subprocess.run(
-        [sys.executable, "-m", "toolproxy.bench_streams", "--streams", "40", "--rate", "20", "--seconds", "1",
+        [sys.executable, "-m", "benchmarks.streams", "--streams", "40", "--rate", "20", "--seconds", "1",
          "--workers", "1,2", "--json", str(out)],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True, text=True, timeout=240, cwd=CHECKOUT,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(out.read_text())

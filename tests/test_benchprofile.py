@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from toolproxy import benchprofile as bp
+from benchmarks import profiling as bp
 
 ROOT = ["_run_module_as_main (<frozen runpy>:198)", "run (toolproxy/proxy/app.py:271)", "Runner.run (asyncio/runners.py:118)"]
 
@@ -32,7 +32,7 @@ PART_CASES = [
     (ROOT + ["_relay (toolproxy/proxy/forward.py:417)", "StreamResponse.write (aiohttp/web_response.py:565)",
              "StreamWriter._writelines (aiohttp/http_writer.py:116)"], "aiohttp server: response headers and writes"),
     (ROOT + ["_relay (toolproxy/proxy/forward.py:396)"], "the handler (forward.py, bench.py)"),
-    (["run_app (aiohttp/web.py:502)", "_bare_app.<locals>.handle (toolproxy/bench.py:159)"], "the handler (forward.py, bench.py)"),
+    (["run_app (aiohttp/web.py:502)", "_bare_app.<locals>.handle (benchmarks/proxy.py:159)"], "the handler (forward.py, bench.py)"),
     (["run_app (aiohttp/web.py:502)", "Application._handle (aiohttp/web_app.py:563)"], "aiohttp Application and router"),
     # no Python frame of either: the loop's own work
     (ROOT, bp.EVENT_LOOP),

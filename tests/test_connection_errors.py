@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
-from toolproxy.connection_errors import explain, with_detail
+from toolproxy.term.connection_errors import explain, with_detail
 
 
 def _connector(os_error: OSError, cls=aiohttp.ClientConnectorError) -> aiohttp.ClientConnectorError:

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from proxyprocess import ProxyProcess, toolproxy_cli
 
+from toolproxy.analysis.measure.runline import exchange_text, from_report
 from toolproxy.analysis.report.screenshot import find_browser, run_chromium
-from toolproxy.analysis.runline import exchange_text, from_report
 from toolproxy import emulators as fakes
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,6 +20,7 @@ def test_every_package_folder_is_listed():
     assert set(setuptools["packages"]) == _folders()
     assert setuptools["package-dir"]["toolproxy.analysis"] == "analysis"
     assert not any(p == "analysis" or p.startswith("analysis.") for p in setuptools["packages"])
+    assert not any(p == "benchmarks" or p.startswith("benchmarks.") for p in setuptools["packages"])
 
 
 def test_the_analyzer_imports_under_toolproxy():

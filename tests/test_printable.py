@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from toolproxy.printable import printable
 from toolproxy.proxy.logline import log_line
 from toolproxy.record.model import Record
+from toolproxy.term.printable import printable
 
 CASES = [
     # (text, one line, lines=True)

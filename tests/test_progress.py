@@ -11,7 +11,7 @@ import time
 import pytest
 from ptyrun import REDRAW, on_a_terminal
 
-from toolproxy.progress import Progress, duration, line
+from toolproxy.term.progress import Progress, duration, line
 
 CLI = [sys.executable, "-c", "from toolproxy.cli import main; main()"]
 

@@ -45,7 +45,7 @@ def converse(base: str, opener: str, turns: int) -> None:
 
 def snapshot(data) -> dict:
     """The derived state that must agree, without timestamps."""
-    from toolproxy.analysis.store import connect
+    from toolproxy.analysis.store.connection import connect
 
     con = connect(data / "toolproxy.duckdb", read_only=True)
     try:

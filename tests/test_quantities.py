@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolproxy.quantities import parse_duration, parse_size
+from toolproxy.term.quantities import parse_duration, parse_size
 
 K, M, G = 1024, 1024**2, 1024**3
 

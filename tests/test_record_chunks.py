@@ -21,13 +21,13 @@ import duckdb
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest import ingest
-from toolproxy.analysis.storage_bench import episode, interleaved
-from toolproxy.analysis.store import bodies_in_sql, connect
+from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.store.connection import bodies_in_sql, connect
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
 from toolproxy.record.model import RECORD_VERSION, Record, RecordEncodeError, encode_body, new_id
 from toolproxy.record.segments import batch_end, expanded_size, list_segments, read_lines, read_records, read_segment
 from toolproxy.record.writer import SegmentWriter
+from toolproxy.testing.corpus import episode, interleaved
 
 TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing " * 40,
                                            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
+from toolproxy.drive.replay import Turn, _unbalanced, build_request, retry_delay, strip_redacted_query
 from toolproxy.record.segments import read_records
-from toolproxy.replay import Turn, _unbalanced, build_request, retry_delay, strip_redacted_query
 from toolproxy import emulators as fakes
 
 from proxyprocess import together

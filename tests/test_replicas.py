@@ -70,7 +70,7 @@ def drive(fake, urls: list[str]) -> int:
                 reply = text(f"{CITIES[k]} 5C, {CITIES[(k + 1) % 6]} 9C.")
             stream = turn == 2 and k == 4
             # A first turn is retried only when tagged: untagged, a failed first request and an
-            # answered one cannot be told from two episodes that began alike (analysis/turns.py).
+            # answered one cannot be told from two episodes that began alike (analysis/episodes/build.py).
             fail_first = (tagged and turn == 0 and k != 4) or (turn == 1 and k in (1, 2))
             out = send(path, {"model": "gpt-4o-mini", "messages": messages, "tools": TOOLS, "stream": stream},
                        reply, fail_first)

@@ -120,7 +120,7 @@ def through_serve(upstream, tmp_path_factory):
 
 async def through_demo(upstream: str, data: Path) -> dict[str, int]:
     """A demo scenario's proxy, as `demo` starts it (its scripted agent cannot send these requests)."""
-    from toolproxy.demo import SCENARIOS, scenario_proxy
+    from toolproxy.drive.demo import SCENARIOS, scenario_proxy
 
     proxy = await scenario_proxy(next(sc for sc in SCENARIOS if sc.condition == "native"), upstream, data)
     try:

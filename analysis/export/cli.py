@@ -12,16 +12,16 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, _fail, _open
-from toolproxy.printable import printable
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, _fail, _open
+from toolproxy.term.printable import printable
 
 FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
-# `--otlp URL` sends spans instead of writing files: analysis/otlp_export.py.
+# `--otlp URL` sends spans instead of writing files: analysis/export/otlp.py.
 
 
 def parse_since(text: str | None, now: float) -> dt.date | None:
     """A day (2026-11-30) or a duration back from now (7d, 12h), as the first UTC day to include."""
-    from toolproxy.quantities import parse_duration
+    from toolproxy.term.quantities import parse_duration
 
     if text is None:
         return None
@@ -68,14 +68,14 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     import duckdb
 
     from toolproxy.analysis.export.destination import Destination, ExportError
-    from toolproxy.progress import Progress
+    from toolproxy.term.progress import Progress
 
     if (out is None) == (otlp_endpoint is None):
         raise click.UsageError("give --out PATH|URL (files) or --otlp URL (spans), one of the two")
     if otlp_endpoint is not None:
         if since is not None:
             raise click.UsageError("--since applies to --out; --otlp sends every analysed exchange of the runs chosen")
-        from toolproxy.analysis.otlp_export import run_export
+        from toolproxy.analysis.export.otlp import run_export
 
         run_export(data_dir, db_path, otlp_endpoint, runs=runs, content=otlp_content, quiet=quiet)
         return

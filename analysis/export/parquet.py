@@ -45,7 +45,7 @@ import orjson
 from toolproxy.analysis.export.destination import Destination, ExportError
 from toolproxy.analysis.export.partitions import partition_path
 from toolproxy.analysis.export.tables import TABLES, Table, columns, quote_ident
-from toolproxy.analysis.store import bodies_in_sql
+from toolproxy.analysis.store.connection import bodies_in_sql
 
 # Bumped when the layout, the manifest or the meaning of a column in the files changes.
 FORMAT_VERSION = 1
@@ -92,9 +92,9 @@ class _Staged:
 
 def versions(con) -> dict[str, int]:
     """What the files were made from; stored in every file's key-value metadata and the manifest."""
-    from toolproxy.analysis.outcomes import ANALYZER_VERSION
-    from toolproxy.analysis.reanalyze import stored_version
-    from toolproxy.analysis.store import schema_version
+    from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.store.connection import schema_version
+    from toolproxy.analysis.store.state import stored_version
 
     built = stored_version(con)
     if built != ANALYZER_VERSION:

@@ -1,9 +1,9 @@
-"""Renderers: one module per output format, all fed the same `analysis.summary.Report`."""
+"""Renderers: one module per output format, all fed the same `analysis.measure.summary.Report`."""
 
 from __future__ import annotations
 
+from toolproxy.analysis.measure.summary import Report
 from toolproxy.analysis.report import csvrows, htmlpage, jsondoc, markdown, terminal
-from toolproxy.analysis.summary import Report
 
 RENDERERS = {
     "table": terminal.render,

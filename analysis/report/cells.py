@@ -7,9 +7,9 @@ another.
 
 from __future__ import annotations
 
-from toolproxy.analysis.outcomes import ANALYZER_VERSION, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, ROLES, SERVING, UNKNOWN
-from toolproxy.analysis.stats import MIN_EPISODES, NO_SPREAD, TOO_FEW_EPISODES, Rate
-from toolproxy.analysis.summary import NON_RESPONSE_KINDS, Report, RunSummary
+from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, ROLES, SERVING, UNKNOWN
+from toolproxy.analysis.measure.stats import MIN_EPISODES, NO_SPREAD, TOO_FEW_EPISODES, Rate
+from toolproxy.analysis.measure.summary import NON_RESPONSE_KINDS, Report, RunSummary
 
 REJ = "rej"
 NONE = "-"

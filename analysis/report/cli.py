@@ -1,4 +1,4 @@
-"""`toolproxy report` and `toolproxy compare`: thin commands over analysis.summary and analysis.compare.
+"""`toolproxy report` and `toolproxy compare`: thin commands over analysis.measure.summary and analysis.measure.compare.
 
 Both open the store read-only, so they can run while `toolproxy analyze` is not, and never migrate it.
 """
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.cli import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open, terminal_safe_csv
-from toolproxy.analysis.store import StoreError, default_db
-from toolproxy.printable import printable
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open, terminal_safe_csv
+from toolproxy.analysis.store.connection import StoreError, default_db
+from toolproxy.term.printable import printable
 
 
 def _write(text: str, output: Path | None, fmt: str) -> None:
@@ -56,9 +56,9 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     (undefined), never 0%.
     """
     from toolproxy.analysis import report as renderers
-    from toolproxy.analysis.details import page_details
+    from toolproxy.analysis.measure.summary import select_runs, summarize
     from toolproxy.analysis.report import htmlpage, terminal
-    from toolproxy.analysis.summary import select_runs, summarize
+    from toolproxy.analysis.report.details import page_details
 
     path = db_path or default_db(data_dir)
     con = _open(data_dir, path, read_only=True)
@@ -103,9 +103,9 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
     Either side may be a quoted wildcard pattern ('bfcl-*-native') that pools every run it
     matches, e.g. one study per category compared condition against condition in one test.
     """
-    from toolproxy.analysis.compare import compare as paired
+    from toolproxy.analysis.measure.compare import compare as paired
+    from toolproxy.analysis.measure.summary import select_runs
     from toolproxy.analysis.report.comparison import RENDERERS
-    from toolproxy.analysis.summary import select_runs
 
     path = db_path or default_db(data_dir)
     con = _open(data_dir, path, read_only=True)

@@ -7,7 +7,7 @@ import textwrap
 
 import orjson
 
-from toolproxy.analysis.compare import METRIC_HELP, Comparison, Paired
+from toolproxy.analysis.measure.compare import METRIC_HELP, Comparison, Paired
 from toolproxy.analysis.report.markdown import table
 from toolproxy.analysis.report.terminal import aligned
 

@@ -6,8 +6,8 @@ import csv
 import dataclasses
 import io
 
-from toolproxy.analysis.metrics import METRICS
-from toolproxy.analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary, Sampling
+from toolproxy.analysis.measure.metrics import METRICS
+from toolproxy.analysis.measure.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary, Sampling
 
 _RATES = (*METRICS, "non_response_rate")
 _SAMPLING = [f.name for f in dataclasses.fields(Sampling)]

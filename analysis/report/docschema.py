@@ -16,8 +16,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter, create_model
 
+from toolproxy.analysis.measure.summary import RunSummary
 from toolproxy.analysis.report.jsondoc import DERIVED
-from toolproxy.analysis.summary import RunSummary
 
 def _run_entry() -> type[BaseModel]:
     hints = typing.get_type_hints(RunSummary)

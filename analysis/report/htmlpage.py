@@ -10,15 +10,15 @@ from html import escape
 from importlib import resources
 from typing import Callable
 
-from toolproxy.analysis import stats
-from toolproxy.analysis.compare import METRIC_HELP
-from toolproxy.analysis.details import TURN_COLUMNS, Count, PageDetails, Usage
+from toolproxy.analysis.measure import stats
+from toolproxy.analysis.measure.compare import METRIC_HELP
 from toolproxy.analysis.report import comparison
+from toolproxy.analysis.report.details import TURN_COLUMNS, Count, PageDetails, Usage
 from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, KEPT, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct,
                                    rate_cell, provenance, report_notes, row)
-from toolproxy.analysis.outcomes import NON_RESPONSE_WORDS, whose
-from toolproxy.analysis.stats import Rate
-from toolproxy.analysis.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
+from toolproxy.analysis.measure.outcomes import NON_RESPONSE_WORDS, whose
+from toolproxy.analysis.measure.stats import Rate
+from toolproxy.analysis.measure.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
 
 # Okabe-Ito palette: distinguishable with every common colour-vision deficiency. Non-responses get
 # a dark grey with white hatching so they can never be mistaken for a model outcome.
@@ -423,7 +423,7 @@ def _details_sections(report: Report, d: PageDetails) -> str:
 
 
 def render(report: Report, details: PageDetails | None = None) -> str:
-    """The page; `details` (analysis.details.page_details) adds the sections only it can fill."""
+    """The page; `details` (analysis.report.details.page_details) adds the sections only it can fill."""
     css = resources.files("toolproxy.analysis.report").joinpath("report.css").read_text(encoding="utf-8")
     notes = "".join(f"<li><strong>{_e(run)}</strong>: {_e(note)}</li>" for run, note in report_notes(report))
     return f"""<!doctype html>

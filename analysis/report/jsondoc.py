@@ -6,9 +6,9 @@ import dataclasses
 
 import orjson
 
-from toolproxy.analysis import stats
-from toolproxy.analysis.outcomes import ANALYZER_VERSION
-from toolproxy.analysis.summary import Report, RunSummary
+from toolproxy.analysis.measure import stats
+from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.measure.summary import Report, RunSummary
 
 
 # RunSummary properties each run carries beside its fields (docschema types them from their annotations).

@@ -7,7 +7,7 @@ import re
 
 from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, OUTCOME_LABELS, episode_cell, kinds_text, legend, pct,
                                    provenance, report_notes, roles_cell, row)
-from toolproxy.analysis.summary import Report
+from toolproxy.analysis.measure.summary import Report
 
 _NEWLINES = re.compile(r"\r\n|\r|\n")
 

@@ -6,7 +6,7 @@ import textwrap
 
 from toolproxy.analysis.report.cells import (DETAIL_FIRST_NUMERIC, DETAIL_HEADERS, SHORT_FIRST_NUMERIC, SHORT_HEADERS,
                                    detail_row, legend, provenance, report_notes, short_row)
-from toolproxy.analysis.summary import Report
+from toolproxy.analysis.measure.summary import Report
 
 # Name-like columns give up width (ending in "…") when the table is wider than the terminal, the
 # widest first and the run name last; numbers never do, because a clipped number is a wrong number.

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from toolproxy.analysis.store import connect
+from toolproxy.analysis.store.connection import connect
 
 
 def analyzed(tmp_path: Path, segments: Path, expect_summary: str | None = None):

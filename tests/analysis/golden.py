@@ -14,7 +14,7 @@ import json
 
 import duckdb
 
-from toolproxy.analysis.metrics import run_metrics, score
+from toolproxy.analysis.measure.metrics import run_metrics, score
 
 _GROUPED = {
     "exchanges": "run, kind, condition, is_attempt, streamed, model, status, client_status, error_kind, outcome, sub_kind, "

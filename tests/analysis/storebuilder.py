@@ -12,11 +12,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolproxy.analysis import store
-from toolproxy.analysis.outcomes import ANALYZER_VERSION
-from toolproxy.analysis.reanalyze import save_state
-from toolproxy.analysis.summary import Report, select_runs, summarize
-from toolproxy.analysis.roles import ROLE_SQL
+from toolproxy.analysis.episodes.roles import ROLE_SQL
+from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.measure.summary import Report, select_runs, summarize
+from toolproxy.analysis.store import connection as store
+from toolproxy.analysis.store.state import save_state
 
 CALLING = {"valid_call", "invalid_args", "hallucinated_call"}
 

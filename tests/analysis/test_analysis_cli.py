@@ -12,7 +12,7 @@ import time
 import orjson
 import pytest
 
-from toolproxy.analysis.store import connect
+from toolproxy.analysis.store.connection import connect
 from toolproxy.record.model import Record, encode_body, new_id
 
 from proxyprocess import together

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from test_turns import REPLY1, REPLY2, SYS, TURN1, TURN2, TURN3, attempt, shape
-from toolproxy.analysis.turns import build_episodes, causal_order
+from toolproxy.analysis.episodes.build import build_episodes
+from toolproxy.analysis.episodes.order import causal_order
 
 OTHER = [SYS, {"role": "user", "content": "Something else"}]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from toolproxy.analysis.columns import Columns, misfit, share_strings
-from toolproxy.analysis.store import insert_columns
+from toolproxy.analysis.store.columns import Columns, misfit, share_strings
+from toolproxy.analysis.store.connection import insert_columns
 
 CASES = [
     # (sql type, value, fits)

@@ -20,11 +20,11 @@ from urllib.parse import unquote
 from toolproxy.analysis.export import parquet
 from toolproxy.analysis.export.destination import Destination, ExportError
 from toolproxy.analysis.export.partitions import MAX_ENCODED, _quote, encode_value, partition_path
-from toolproxy.analysis.bench import generate
-from toolproxy.analysis.store import connect
+from toolproxy.analysis.store.connection import connect
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR
+from toolproxy.testing.corpus import generate
 
 from ptyrun import REDRAW, on_a_terminal
 

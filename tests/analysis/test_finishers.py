@@ -1,5 +1,5 @@
 """A harness's own finishing tool, told apart from a tool that only shares its name, and the role
-rules that read it: one definition (analysis.roles.RULES) read as SQL and in Python, equal on
+rules that read it: one definition (analysis.episodes.roles.RULES) read as SQL and in Python, equal on
 every combination of the columns it reads, NULLs included."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import re
 import duckdb
 import pytest
 
-from toolproxy.analysis.harnesses import finisher, finishes
-from toolproxy.analysis.roles import COLUMNS, ROLE_SQL, role_of
+from toolproxy.analysis.episodes.roles import COLUMNS, ROLE_SQL, role_of
+from toolproxy.analysis.ingest.harnesses import finisher, finishes
 
 
 def chat_tool(name: str, description: str | None, **params: str) -> dict:

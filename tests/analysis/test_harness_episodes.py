@@ -193,10 +193,10 @@ def test_the_report_counts_what_the_harnesses_counted(tmp_path):
 @pytest.mark.parametrize("case", CASES, ids=[c.path for c in CASES])
 def test_the_live_page_derives_the_turns_the_analyzer_stores(stores, case):
     """The live classifier, fed the same records one by one, derives the same episodes, turns,
-    roles and figures as `analyze` and `report` (the same code: analysis.turns and analysis.roles)."""
+    roles and figures as `analyze` and `report` (the same code: analysis.episodes)."""
     import orjson
 
-    from toolproxy.analysis.metrics import run_metrics, score
+    from toolproxy.analysis.measure.metrics import run_metrics, score
     from toolproxy.proxy.live import Tally, summarised
     from toolproxy.record.segments import read_records
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest import ingest
-from toolproxy.analysis.reanalyze import rebuild
-from toolproxy.analysis.store import connect, default_db, bodies_in_sql
+from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.lifecycle.reanalyze import rebuild
+from toolproxy.analysis.store.connection import connect, default_db, bodies_in_sql
 from toolproxy.record.model import Record, encode_body, new_id
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -187,8 +187,8 @@ def test_a_database_analysed_before_step_5_keeps_its_turns_and_episodes(tmp_path
     rows are then deleted and rewritten by the next derive like any other."""
     import duckdb
 
-    from toolproxy.analysis.migrations import MIGRATIONS
-    from toolproxy.analysis.tables import TURNS
+    from toolproxy.analysis.store.migrations import MIGRATIONS
+    from toolproxy.analysis.store.tables import TURNS
 
     write(tmp_path, "a.jsonl", [exchange(episode="1"), exchange(episode="2")])
     path = tmp_path / "old.duckdb"
@@ -329,7 +329,7 @@ def test_a_failure_while_committing_surfaces_its_own_error(tmp_path):
     rolling back again must not raise "no transaction is active" over the real cause."""
     import duckdb
 
-    from toolproxy.analysis.ingest import Ingestor
+    from toolproxy.analysis.ingest.pipeline import Ingestor
 
     (tmp_path / "segments").mkdir()
     con = connect(default_db(tmp_path))

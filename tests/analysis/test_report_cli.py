@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from toolproxy.analysis.stats import holm, mcnemar_exact
+from toolproxy.analysis.measure.stats import holm, mcnemar_exact
 from proxyprocess import together
 from storebuilder import Episode, Run, T, build_store, paired_runs
 

@@ -12,10 +12,10 @@ import numpy as np
 import openai
 import pytest
 
-from toolproxy.analysis.details import NONE, TURN_COLUMNS, Count, page_details
+from toolproxy.analysis.measure.summary import select_runs, summarize
+from toolproxy.analysis.report.details import NONE, TURN_COLUMNS, Count, page_details
 from toolproxy.analysis.report.htmlpage import render
-from toolproxy.analysis.store import connect
-from toolproxy.analysis.summary import select_runs, summarize
+from toolproxy.analysis.store.connection import connect
 from storebuilder import Episode, Run, T, build_store, load_report
 from toolproxy.emulators import call, text
 

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from toolproxy.analysis.metrics import METRICS
-from toolproxy.analysis.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.measure.metrics import METRICS
+from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.report import FORMATS, render
 from toolproxy.analysis.report.cells import OUTCOME_LABELS
 from toolproxy.analysis.report.htmlpage import COLOURS

@@ -1,7 +1,7 @@
 """The Spark job against `toolproxy analyze` on the same recordings: identical turns, episodes,
 runs, calls, classified exchanges and report.
 
-The recordings mix a generated bulk (analysis.bench: several stacks, streams, retries after 500s,
+The recordings mix a generated bulk (toolproxy.testing.corpus: several stacks, streams, retries after 500s,
 timeouts, refusals, an untagged run that needs reconstruction) with traffic recorded by four real
 proxies, one per condition, sharing one data directory in front of the emulated llama-server:
 chat (streamed and not), Responses chained by `previous_response_id` (once across runs) and
@@ -33,10 +33,10 @@ import openai
 import pytest
 
 from proxyprocess import ProxyProcess
-from toolproxy.analysis.bench import generate
-from toolproxy.analysis.spark import line_range, split_segments
+from toolproxy.analysis.export.spark import line_range, split_segments
 from toolproxy.record.segments import read_lines
 from toolproxy.emulators import FakeStack, ModelRequest, error, text, text_call
+from toolproxy.testing.corpus import generate
 
 EXCHANGES = int(os.environ.get("TOOLPROXY_SPARK_EXCHANGES", "3000"))
 MODEL = "qwen2.5-coder-0.5b"
@@ -83,7 +83,7 @@ def test_ranges_cover_every_complete_line_once(tmp_path, range_bytes, tail):
 
 
 def test_no_segments_is_a_clear_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "toolproxy.analysis.spark", "--data", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "toolproxy.analysis.export.spark", "--data", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "no segments under" in r.stderr and "Traceback" not in r.stderr
@@ -182,7 +182,7 @@ def test_spark_job_matches_duckdb_analyze(recordings, tmp_path):
     report, _ = _tool(*cli, "report", "--data", str(recordings), "--format", "json")
     assert report.returncode == 0, report.stderr
     out = tmp_path / "spark-out"
-    spark, spark_s = _tool("-m", "toolproxy.analysis.spark", "--data", str(recordings), "--out", str(out),
+    spark, spark_s = _tool("-m", "toolproxy.analysis.export.spark", "--data", str(recordings), "--out", str(out),
                            "--master", "local[2]", "--format", "json")
     assert spark.returncode == 0, spark.stderr[-5000:]
 

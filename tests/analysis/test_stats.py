@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from toolproxy.analysis.stats import (NO_SPREAD, TOO_FEW_EPISODES, bootstrap_mean_ci, holm, mcnemar_exact, proportion, rate,
+from toolproxy.analysis.measure.stats import (NO_SPREAD, TOO_FEW_EPISODES, bootstrap_mean_ci, holm, mcnemar_exact, proportion, rate,
                             wilson)
 
 # (b, c, expected p). Expected values: scipy.stats.binomtest(b, b + c, 0.5).pvalue (scipy 1.17),
@@ -150,7 +150,7 @@ def test_bootstrap_degenerate_inputs(values, expected):
 
 
 def wilson_by_hand(k: int, n: int) -> tuple[float, float]:
-    """The closed form, written out independently of analysis.stats (z for 95% is 1.959963984540054)."""
+    """The closed form, written out independently of analysis.measure.stats (z for 95% is 1.959963984540054)."""
     z = 1.959963984540054
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)

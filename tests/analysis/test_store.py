@@ -3,7 +3,7 @@ attachment per file within a process."""
 
 from __future__ import annotations
 
-from toolproxy.analysis.store import WRITER_ROW_GROUP_SIZE, connect
+from toolproxy.analysis.store.connection import WRITER_ROW_GROUP_SIZE, connect
 
 
 def test_writer_fills_small_row_groups(tmp_path):
@@ -32,7 +32,7 @@ def test_second_writer_in_one_process_shares_the_database(tmp_path):
 
 def test_migrations_build_exactly_the_declared_tables(tmp_path):
     """tables.py declares each table's columns once; the numbered steps must arrive at it."""
-    from toolproxy.analysis.tables import TABLES
+    from toolproxy.analysis.store.tables import TABLES
 
     con = connect(tmp_path / "x.duckdb")
     for table in TABLES:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from toolproxy.analysis.store import StoreError
-from toolproxy.analysis.summary import OUTCOMES
+from toolproxy.analysis.measure.summary import OUTCOMES
+from toolproxy.analysis.store.connection import StoreError
 from storebuilder import build_store, load_report
 
 

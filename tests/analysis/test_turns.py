@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from toolproxy.analysis.turns import Attempt, build_episodes, call_signature, category_of, conversation_keys, loop_reason
+from toolproxy.analysis.episodes.build import build_episodes, category_of
+from toolproxy.analysis.episodes.loops import loop_reason
+from toolproxy.analysis.episodes.model import Attempt
+from toolproxy.analysis.ingest.keys import call_signature, conversation_keys
 
 SYS = {"role": "system", "content": "You are an agent."}
 USER = {"role": "user", "content": "Weather in Oslo, then Paris?"}
@@ -160,10 +163,10 @@ def test_looping_episode_flagged_in_build():
 def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch):
     """derive() reads and writes many runs per statement (batches of about _BATCH_ATTEMPTS
     attempts): a batch per run derives exactly what one batch for every run does."""
-    from toolproxy.analysis import turns
-    from toolproxy.analysis.bench import generate
-    from toolproxy.analysis.ingest import ingest
-    from toolproxy.analysis.store import connect, default_db
+    from toolproxy.analysis.episodes import derive as turns
+    from toolproxy.analysis.ingest.pipeline import ingest
+    from toolproxy.analysis.store.connection import connect, default_db
+    from toolproxy.testing.corpus import generate
 
     generate(tmp_path, 600, seed=5, segment_records=300)
     con = connect(default_db(tmp_path))

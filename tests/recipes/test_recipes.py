@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from toolproxy.harness import BASE_URL_VARS, PLACEHOLDER_KEYS
+from toolproxy.drive.harness import BASE_URL_VARS, PLACEHOLDER_KEYS
 from toolproxy.record.segments import read_records
 from toolproxy.emulators import FakeStack
 

@@ -27,14 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolproxy import __version__
 from toolproxy.checks.cases import BY_NAME, CASES, Case
-from toolproxy.connection_errors import with_detail
 from toolproxy.checks.local import Probe, check_target, local_proxy
 from toolproxy.conditions import NAMES
 from toolproxy.conditions import load as load_condition
-from toolproxy.printable import printable
-from toolproxy.progress import Progress
 from toolproxy.proxy.cli import key_from_env, upstream_key_option
 from toolproxy.stacks.fingerprint import Fingerprint
+from toolproxy.term.connection_errors import with_detail
+from toolproxy.term.printable import printable
+from toolproxy.term.progress import Progress
 
 class GatesError(ValueError):
     pass

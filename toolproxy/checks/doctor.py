@@ -21,17 +21,17 @@ from typing import Any
 import click
 import orjson
 
-from toolproxy.connection_errors import with_detail
+from toolproxy.analysis.measure.classify import empty_cause
+from toolproxy.analysis.measure.outcomes import MODEL_STOPPED, STOP_STRING
 from toolproxy.checks.local import LocalProxy, check_target, local_proxy
-from toolproxy.analysis.classify import empty_cause
-from toolproxy.analysis.outcomes import MODEL_STOPPED, STOP_STRING
 from toolproxy.checks.reply import ProbeReply, call_problems
-from toolproxy.printable import printable
 from toolproxy.proxy.cli import key_from_env, upstream_key_option
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
 from toolproxy.stacks.fingerprint import Fingerprint
 from toolproxy.stacks.catalog import LABELS
 from toolproxy.stacks.templates import TemplateFinding, check_ollama_template, check_rendered_prompt
+from toolproxy.term.connection_errors import with_detail
+from toolproxy.term.printable import printable
 from toolproxy.wire.framing import SSEFramer
 
 WEATHER_TOOL = {

@@ -19,7 +19,6 @@ import click
 import orjson
 
 from toolproxy import wire
-from toolproxy.connection_errors import explain
 from toolproxy.checks.reply import ProbeReply, read_reply
 from toolproxy.conditions import ConditionOptions
 from toolproxy.proxy.config import ConfigError, ProxyConfig
@@ -28,6 +27,7 @@ from toolproxy.proxy.server import start_proxy
 from toolproxy.proxy.state import ProxyState
 from toolproxy.record.model import Record
 from toolproxy.stacks.fingerprint import Fingerprint
+from toolproxy.term.connection_errors import explain
 
 
 @dataclass(slots=True)

@@ -60,9 +60,9 @@ def _lowest_priority() -> None:
 
 def _log_lines(tally: Tally, lines: list[bytes], texts: list[str | None]) -> str:
     """Classify each record, and serve's line for each that has one, with its outcome appended
-    (analysis.runline.exchange_text): the line says what the report will say of the exchange."""
-    from toolproxy.analysis.runline import exchange_text
-    from toolproxy.printable import printable
+    (analysis.measure.runline.exchange_text): the line says what the report will say of the exchange."""
+    from toolproxy.analysis.measure.runline import exchange_text
+    from toolproxy.term.printable import printable
 
     out = []
     for line, text in zip(lines, texts):

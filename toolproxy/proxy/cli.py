@@ -14,8 +14,8 @@ from toolproxy.proxy.headers import REDACT_KEY
 from toolproxy.record import keys
 from toolproxy.record.masking import KEY_FILE as MASK_KEY, parse_rules
 from toolproxy.record.sampling import KEY_FILE as SAMPLE_KEY, parse_rate
-from toolproxy.quantities import parse_duration, parse_size
 from toolproxy.record.writer import SEGMENT_DIR
+from toolproxy.term.quantities import parse_duration, parse_size
 
 
 def check_condition_options(options: ConditionOptions) -> None:

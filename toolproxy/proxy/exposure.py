@@ -26,8 +26,8 @@ from collections import Counter
 from typing import Iterable
 from urllib.parse import urlsplit
 
-from toolproxy.printable import printable
 from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.term.printable import printable
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain"})

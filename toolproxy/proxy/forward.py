@@ -19,9 +19,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from toolproxy.connection_errors import explain
 from toolproxy.proxy import livepage
 from toolproxy.proxy.flow import Cut, Flow, Refusal
+from toolproxy.term.connection_errors import explain
 from toolproxy.proxy.headers import (
     NOT_FORWARDED_DOWN,
     NOT_FORWARDED_UP,

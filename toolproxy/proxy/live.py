@@ -5,7 +5,7 @@ already encoded when it has one; observe only appends that line (or the record, 
 none) to a bounded deque. A feeder thread wakes every FEED_EVERY, encodes what came without a
 line, and sends what arrived in messages of at most HANDOFF records to a classifier *process*,
 which classifies each record with the analyzer's own per-record code
-(analysis.records.analyze_record: the same outcome, sub-kind and surface `analyze` will store) and
+(analysis.ingest.records.analyze_record: the same outcome, sub-kind and surface `analyze` will store) and
 keeps the counters, the recent exchanges and each run's attempts, from which it derives turns,
 episodes and roles as the report does when the page asks (toolproxy.proxy.liveturns). Classifying
 costs about as much CPU as forwarding, so it cannot share the proxy's interpreter (the GIL), and
@@ -87,9 +87,9 @@ def _text(raw: bytes | None, problem: str | None) -> str:
 def classify_record(rec: dict) -> tuple[dict, dict, Held | None]:
     """(summary row, detail, the attempt as the turns are derived from it, if it is one) of one
     finished record (as written), by the analyzer's code."""
-    from toolproxy.analysis.bodies import decode_body, header
-    from toolproxy.analysis.records import analyze_record
-    from toolproxy.analysis.runline import delivered_now
+    from toolproxy.analysis.ingest.bodies import decode_body, header
+    from toolproxy.analysis.ingest.records import analyze_record
+    from toolproxy.analysis.measure.runline import delivered_now
     from toolproxy.proxy.liveturns import held_of
 
     analyzed = analyze_record(rec, "", 0)
@@ -125,7 +125,7 @@ def classify_record(rec: dict) -> tuple[dict, dict, Held | None]:
 
 def outcome_key(summary: dict) -> str | None:
     """outcome/surface for an exchange, non_response/sub-kind for a non-response (as the report splits them)."""
-    from toolproxy.analysis.runline import composition_key
+    from toolproxy.analysis.measure.runline import composition_key
 
     return composition_key(summary["outcome"], summary["sub_kind"], summary["surface"])
 
@@ -306,10 +306,10 @@ def merge_reports(reports: list[dict], limit: int) -> dict:
 
 
 def summarised(name: str, counts: dict) -> dict:
-    """A run's counters and what the report says of such counts (analysis.runline): its one line,
+    """A run's counters and what the report says of such counts (analysis.measure.runline): its one line,
     the cells beside it (call, delivered, answered, lost, rej and its cause), its bar's segments,
     and a note when its figures cover only part of the run."""
-    from toolproxy.analysis.runline import RunLine, Share, segments
+    from toolproxy.analysis.measure.runline import RunLine, Share, segments
 
     line = RunLine(name, counts.get("turns", 0), Share(counts.get("valid_turns", 0), counts.get("call_turns", 0)),
                    Share(counts.get("delivered_turns", 0), counts.get("call_turns", 0)),

@@ -4,10 +4,10 @@ classifier holds, so the page counts what the report counts.
 Counting exchanges cannot say what the report says: a harness's retries of one request are one
 turn, prose the harness nudged after is a missed call (not an answer), a call the harness parsed
 out of the text itself was delivered. So the classifier keeps each run's attempts (as
-analysis.turns.Attempt) and, when the page asks, groups them with analysis.turns.build_episodes,
+analysis.episodes.model.Attempt) and, when the page asks, groups them with analysis.episodes.build.build_episodes,
 gives each turn its place (turn_facts), its expectation (from its tags: rules given to `analyze
---expect` are not known here) and its role (analysis.roles.role_of, ROLE_SQL's own rules), and
-counts them as analysis.metrics does. Only a run that changed since the page last asked is
+--expect` are not known here) and its role (analysis.episodes.roles.role_of, ROLE_SQL's own rules), and
+counts them as analysis.measure.metrics does. Only a run that changed since the page last asked is
 worked out again.
 
 Bounded: at most ATTEMPTS_PER_RUN attempts of a run and ATTEMPTS_HELD in all are kept (an attempt
@@ -26,10 +26,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from toolproxy.analysis.outcomes import CALL, NON_RESPONSE, VALID_CALL
-from toolproxy.analysis.roles import role_of
-from toolproxy.analysis.runline import composition_key
-from toolproxy.analysis.turns import Attempt, attempt_of, build_episodes, episode_expectation, turn_facts
+from toolproxy.analysis.episodes.build import build_episodes, episode_expectation
+from toolproxy.analysis.episodes.model import Attempt, attempt_of
+from toolproxy.analysis.episodes.roles import role_of, turn_facts
+from toolproxy.analysis.measure.outcomes import CALL, NON_RESPONSE, VALID_CALL
+from toolproxy.analysis.measure.runline import composition_key
 
 ATTEMPTS_PER_RUN = 5_000
 ATTEMPTS_HELD = 10_000
@@ -50,7 +51,7 @@ class Held:
 
 
 def held_of(row: dict) -> Held | None:
-    """An analysed exchange row (analysis.records) as the live view keeps it; None when it is no
+    """An analysed exchange row (analysis.ingest.records) as the live view keeps it; None when it is no
     turn of a task (not a model request, or a harness's probe)."""
     if not row.get("is_attempt"):
         return None

@@ -7,10 +7,10 @@ it says that it is the proxy's probe of the upstream and what the probe found, i
 
 from __future__ import annotations
 
-from toolproxy.printable import printable
 from toolproxy.record.model import Record
 from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.stacks.catalog import LABELS
+from toolproxy.term.printable import printable
 
 MESSAGE_CHARS = 200
 

@@ -20,7 +20,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.gcpause import settle_for_serving
+from toolproxy.calls.gcpause import settle_for_serving
 from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.forward import serve_request

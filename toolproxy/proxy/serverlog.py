@@ -18,8 +18,8 @@ import re
 
 from aiohttp.http_exceptions import HttpProcessingError
 
-from toolproxy.printable import printable
 from toolproxy.proxy.headers import Redactor, is_secret_name
+from toolproxy.term.printable import printable
 
 LOGGER = "aiohttp.server"
 SHOWN_BYTES = 200  # of a rejected line (aiohttp quotes up to a whole 8 KiB line)

@@ -23,9 +23,9 @@ import time
 
 import aiohttp
 
-from toolproxy.connection_errors import explain
 from toolproxy.proxy.flow import Addon, Flow
 from toolproxy.stacks.fingerprint import USER_AGENT
+from toolproxy.term.connection_errors import explain
 
 INTERVAL = 10.0
 WAIT = 1.0

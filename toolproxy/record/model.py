@@ -64,7 +64,7 @@ def new_id() -> str:
     across processes and hosts without coordination: two writers collide only if they draw random
     parts within a few counts of each other in the same millisecond (about 2^-70 per pair). Across
     hosts, ids sort by each host's clock, so the analyzer never orders one conversation by them
-    alone (analysis/turns.py: causal_order).
+    alone (analysis/episodes/order.py: causal_order).
     """
     global _last_ms, _last_rand
     ms = time.time_ns() // 1_000_000 + _offset_ms

@@ -186,7 +186,7 @@ def prune(
 
     With `run`, only segments whose every record carries that run tag go: a segment shared with
     other runs is kept whole (listed in kept_mixed) and goes when it ages out for everyone.
-    `progress` (toolproxy.progress.Progress) is told the bytes of the segments considered and
+    `progress` (toolproxy.term.progress.Progress) is told the bytes of the segments considered and
     advanced by each: with `run`, each is read through. `refusals`: which segments count (module doc).
     """
     with _PRUNING:

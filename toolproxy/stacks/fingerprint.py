@@ -28,11 +28,11 @@ import aiohttp
 import orjson
 
 from toolproxy import __version__
-from toolproxy.connection_errors import explain
 from toolproxy.record.model import Record, new_id
 from toolproxy.stacks import markers
 from toolproxy.stacks.catalog import (CATALOG, LABELS, LLAMACPP, LMSTUDIO, OLLAMA, OPENAI, SGLANG, UNKNOWN,
                                       UNREACHABLE, VLLM)
+from toolproxy.term.connection_errors import explain
 from toolproxy.wire import error_text
 
 ROOT, OLLAMA_VERSION = (p.endpoint for p in OLLAMA.probes)

@@ -1,0 +1,1 @@
+"""Attempts -> turns (with their roles) -> episodes, derived from the stored exchanges."""

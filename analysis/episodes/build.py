@@ -1,0 +1,139 @@
+"""Attempts -> turns -> episodes: a run's attempts grouped into episodes of turns.
+
+A harness may retry the same request (same messages, same tools) after a failure: those attempts
+are one turn, whose outcome is the last attempt's; a turn whose every attempt failed keeps the
+cause of its last failure (a refusal stays `refused`) with the attempt count beside it. Episodes
+come from the `episode` tag; without one they are reconstructed by message-prefix chaining: a
+later request whose message list starts with an earlier request's messages *plus the reply it
+got* continues that episode. Harnesses that resend an earlier call as assistant text chain by an
+echo key instead (request + the calls it echoes); one that dropped a reply and added a note of its
+own, by the state of the request before it; one that swapped its system prompt to wrap up, by the
+conversation without it. Identical episodes running at the same time are told apart by the ids of
+their replies' calls, and each is continued once even when nothing tells them apart.
+
+Every produced turn then gets a role (analysis.episodes.roles), which says what the turn was for and so which
+metric counts it: a correct agent that calls a tool and then answers in prose must score full
+marks, so its final answer is an `answer`, not a missed call.
+
+Everything keyed on conversation content uses canonical message hashes computed once per
+exchange at ingest (conversation_keys), so re-deriving a run reads small columns, not bodies.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Iterable, Sequence
+
+import orjson
+
+from toolproxy.analysis.episodes.loops import mark_loops
+from toolproxy.analysis.episodes.model import Attempt, Episode, Turn
+from toolproxy.analysis.episodes.order import causal_order, chain_keys
+from toolproxy.analysis.measure.expectations import Rule, expectation
+from toolproxy.analysis.measure.outcomes import NON_RESPONSE
+
+_SEP = re.compile(r"[_-]")
+
+
+def category_of(item_key: str | None, tag: str | None) -> str | None:
+    """The `category` tag, else the item key's prefix before the first `_` or `-` (BFCL `simple_12`)."""
+    if tag:
+        return tag
+    if not item_key or item_key.startswith("h:"):
+        return None
+    parts = _SEP.split(item_key, 1)
+    return parts[0] if len(parts) == 2 and parts[0] else None
+
+
+def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = False) -> list[Episode]:
+    """Group one run's attempts (given in clock order) into episodes of turns. Unless one clock
+    stamped them all (one host: its clock order is the conversations' order), they are first put
+    in causal_order.
+
+    Several episodes may be open on the same conversation at once (a benchmark's epochs, threads
+    asking one question): every key names all the turns it was given by, and a request continues
+    the first of them, in clock order, that is still its episode's last turn. The keys that tell
+    such copies apart (the ids of the calls a reply made) come first in a request's parents, so a
+    copy follows its own reply; copies that nothing tells apart are still each continued once. The
+    first key a request names that any turn was given by decides: when all its turns were
+    continued already, the request starts an episode of its own (the same step taken again)."""
+    episodes: dict[str, Episode] = {}
+    owner: dict[int, Episode] = {}  # id(turn) -> its episode
+    by_chain: dict[str, deque[Turn]] = {}
+    by_state: dict[str, deque[Turn]] = {}  # turns whose last attempt failed, by their request's state
+
+    def is_open(turn: Turn) -> bool:
+        return owner[id(turn)].turns[-1] is turn
+
+    def oldest(queue: deque[Turn], usable) -> Turn | None:
+        while queue and not usable(queue[0]):  # a turn that stops being usable never is again
+            queue.popleft()
+        return queue[0] if queue else None
+
+    def retried(turn: Turn) -> bool:
+        return turn.attempts[-1].outcome == NON_RESPONSE and is_open(turn)
+
+    attempts = list(attempts)
+    keys = None if one_clock else [chain_keys(a) for a in attempts]
+    for i in range(len(attempts)) if keys is None else causal_order(attempts, keys):
+        a = attempts[i]
+        if a.episode is not None:
+            key = f"{run}/{a.episode}"
+            ep = episodes.get(key)
+            if ep is None:
+                ep = episodes[key] = Episode(key, a.episode, False)
+            if ep.turns and (final := ep.turns[-1].attempts[-1]).outcome == NON_RESPONSE and final.state_hash == a.state_hash:
+                ep.turns[-1].attempts.append(a)
+            else:
+                ep.turns.append(Turn([a]))
+            continue
+        failed = by_state.get(a.state_hash) if a.state_hash else None
+        turn = oldest(failed, retried) if failed else None
+        if turn is not None:
+            turn.attempts.append(a)
+        else:
+            ep = None
+            for h in a.parent_hashes:
+                queue = by_chain.get(h)
+                if queue is not None:
+                    parent = oldest(queue, is_open)
+                    if parent is not None:
+                        ep = owner[id(parent)]
+                    break
+            if ep is None:
+                name = f"~{a.id}"
+                ep = episodes[f"{run}/{name}"] = Episode(f"{run}/{name}", name, True)
+            turn = Turn([a])
+            ep.turns.append(turn)
+            owner[id(turn)] = ep
+        if a.outcome == NON_RESPONSE and a.state_hash and not (failed and failed[-1] is turn):
+            by_state.setdefault(a.state_hash, deque()).append(turn)
+        for key in chain_keys(a) if keys is None else keys[i]:
+            by_chain.setdefault(key, deque()).append(turn)
+    out = list(episodes.values())
+    for ep in out:
+        heads = [t.attempts[0] for t in ep.turns]
+        first = ep.turns[0].attempts[-1]
+        explicit = next((h.item for h in heads if h.item), None)
+        ep.item_key = explicit or (f"h:{first.item_hash}" if first.item_hash else None)
+        tag = next((h.category for h in heads if h.category), None)
+        ep.category = category_of(ep.item_key, tag)
+    mark_loops(out)
+    return out
+
+
+def match_tags(tags_json: str | None, **known: str | None) -> dict[str, str | None]:
+    """The tags an expectation rule sees for an episode: its free tags plus the named ones."""
+    free = orjson.loads(tags_json) if tags_json else {}
+    if not isinstance(free, dict):
+        free = {}
+    return {str(k): v if v is None or isinstance(v, str) else str(v) for k, v in free.items()} | known
+
+
+def episode_expectation(run: str, ep: Episode, rules: Sequence[Rule]) -> tuple[dict, str | None]:
+    """(the tags an expectation rule sees for the episode, what it expects: call, none or None)."""
+    first = ep.turns[0].attempts[0]
+    tags = match_tags(first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category,
+                      condition=first.condition)
+    return tags, expectation(tags, rules)

@@ -1,0 +1,226 @@
+"""The turns, episodes and runs tables derived in DuckDB from the stored exchanges.
+
+Python does only what is sequential (grouping attempts into turns and episodes, loops,
+expectations); statements run per batch of runs, and what a turn copies from its final attempt is
+joined in SQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Sequence
+
+import orjson
+
+from toolproxy.analysis.episodes.build import build_episodes, category_of, episode_expectation
+from toolproxy.analysis.episodes.model import Attempt
+from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
+from toolproxy.analysis.measure.expectations import Rule
+from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.store.columns import share_strings
+from toolproxy.analysis.store.connection import insert_columns
+from toolproxy.analysis.store.state import stored_rules
+from toolproxy.analysis.store.tables import EPISODES, TURNS
+from toolproxy.calls.gcpause import gc_paused
+from toolproxy.record.writer import SEGMENT_REPLICA
+
+# One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a
+# query per run: a run's query scans the whole table, and building rows out of it is per-row work.
+_BATCH_ATTEMPTS = 200_000
+
+# Per run: its attempts and how many replicas (hosts, so clocks) recorded them, from their
+# segments' names.
+_RUN_SIZES_SQL = """
+SELECT run, sum(n), count(DISTINCT regexp_extract(segment, $pattern, 1))
+FROM (SELECT run, segment, count(*) AS n FROM exchanges
+      WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run, segment)
+GROUP BY run
+"""
+
+# The attempts of a batch of runs, in clock order per run, column by column (see Attempt). parent_hashes
+# come as one space-separated string (hex hashes), which is much cheaper to fetch than a list, and
+# only where build_episodes reads them: untagged attempts, and every attempt of a run several clocks
+# recorded (causal_order).
+_ATTEMPTS_SQL = """
+SELECT run, id, episode, item, json_extract_string(tags, '$.category'), condition, outcome, sub_kind,
+       coalesce(harness_saw_prose, false), state_hash, chain_hash,
+       CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
+            THEN array_to_string(coalesce(parent_hashes, []), ' ') END,
+       item_hash, call_signature, tags::VARCHAR, coalesce(tool_results, 0),
+       CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
+            THEN array_to_string(coalesce(reply_keys, []), ' ') END,
+       coalesce(rejects, false), tool_set IS NOT NULL
+FROM exchanges WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id
+"""
+
+# _ATTEMPTS_SQL's columns are run, then Attempt's fields in order; the key lists come as one string each.
+_KEY_LISTS = [1 + [f.name for f in dataclasses.fields(Attempt)].index(name) for name in ("parent_hashes", "reply_keys")]
+
+# What derive() computes of a turn in Python; the rest (_TURNS_SQL) is its final attempt's.
+_TURN_ROW = ["turn_id", "run", "episode_key", "turn_index", "item_key", "category", "n_attempts", "final_exchange_id",
+             "expect", *TurnFacts._fields]
+_FROM_FINAL = {
+    "condition": "e.condition", "model": "e.model", "outcome": "e.outcome", "sub_kind": "e.sub_kind",
+    "surface": "e.surface", "n_calls": "coalesce(e.n_calls, 0)", "finish_reason": "e.finish_reason",
+    "harness_saw_prose": "coalesce(e.harness_saw_prose, false)", "content": "e.content",
+    "offered_tools": "e.tool_set IS NOT NULL", "tool_results": "coalesce(e.tool_results, 0)",
+    "finishes": "coalesce(e.finishes, false)", "protocol": "e.protocol", "finisher": "e.finisher",
+}
+_TURNS_SQL = f"""
+INSERT INTO turns ({", ".join(TURNS.names)})
+SELECT {", ".join(f"({ROLE_SQL})" if n == "role" else "$version" if n == "analyzer_version" else n for n in TURNS.names)}
+FROM (SELECT {", ".join(f"t.{n}" for n in _TURN_ROW)}, {", ".join(f"{sql} AS {n}" for n, sql in _FROM_FINAL.items())}
+      FROM _turn_rows t JOIN exchanges e ON e.id = t.final_exchange_id ORDER BY t.rowid)
+"""
+assert set(_TURN_ROW) | set(_FROM_FINAL) | {"role", "analyzer_version"} == set(TURNS.names)
+_RUNS_SQL = """
+INSERT INTO runs
+WITH ex AS (
+    SELECT run,
+           count(*) AS n_exchanges,
+           min(started_at) AS first_seen,
+           max(coalesce(ended_at, started_at)) AS last_seen,
+           mode(model) FILTER (WHERE is_attempt) AS model,
+           string_agg(DISTINCT condition, ',' ORDER BY condition) FILTER (WHERE is_attempt) AS condition,
+           mode(stack_marker) AS marker,
+           mode(stack_marker_version) AS marker_version,
+           mode(upstream) AS upstream
+    FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
+),
+fp_run AS (
+    SELECT run, arg_max(stack, recorded_at) AS stack, arg_max(stack_version, recorded_at) AS version
+    FROM fingerprints WHERE run IS NOT NULL GROUP BY run
+),
+fp_up AS (
+    SELECT upstream, arg_max(stack, recorded_at) AS stack, arg_max(stack_version, recorded_at) AS version
+    FROM fingerprints WHERE upstream IS NOT NULL GROUP BY upstream
+)
+SELECT ex.run,
+       coalesce(fp_run.stack, fp_up.stack, ex.marker),
+       CASE WHEN fp_run.stack IS NOT NULL THEN fp_run.version
+            WHEN fp_up.stack IS NOT NULL THEN fp_up.version
+            ELSE ex.marker_version END,
+       ex.model, ex.condition, ex.n_exchanges,
+       (SELECT count(*) FROM episodes e WHERE e.run = ex.run),
+       (SELECT count(*) FROM turns t WHERE t.run = ex.run),
+       ex.first_seen, ex.last_seen, $version
+FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstream = ex.upstream
+"""
+
+
+def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progress=None) -> dict[str, int]:
+    """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
+
+    `rules`: expectation rules (analysis.measure.expectations); None uses the ones stored with the analysis.
+    `progress` (toolproxy.term.progress.Progress): told the number of runs, advanced per run.
+
+    Python does only what is sequential (grouping attempts into turns and episodes, loops,
+    expectations); statements run per batch of runs, not per run, and what a turn copies from its
+    final attempt is joined in SQL.
+    """
+    with gc_paused():
+        return _derive(con, runs, rules, progress)
+
+
+def _derive(con, runs: Iterable[str], rules: Sequence[Rule] | None, progress) -> dict[str, int]:
+    if rules is None:
+        rules = stored_rules(con)
+    runs = sorted(set(runs))
+    totals = {"turns": 0, "episodes": 0}
+    if not runs:
+        return totals
+    con.execute("CREATE TEMP TABLE IF NOT EXISTS _turn_map (id VARCHAR, turn_id VARCHAR)")
+    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS _turn_rows ({', '.join(f'{n} {TURNS.types[n]}' for n in _TURN_ROW)})")
+    con.execute("DELETE FROM turns WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    sizes = {run: (n, replicas) for run, n, replicas in con.execute(_RUN_SIZES_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall()}
+    clocks = [run for run in runs if sizes.get(run, (0, 0))[1] > 1]
+    if progress is not None:
+        progress.total = len(runs)
+    batch: list[str] = []
+    size = 0
+    for k, run in enumerate(runs):
+        batch.append(run)
+        size += sizes.get(run, (0, 0))[0]
+        if size < _BATCH_ATTEMPTS and k + 1 < len(runs):
+            continue
+        turn_rows, episode_cols, map_ex, map_turn = _derive_batch(con, batch, clocks, rules, progress)
+        totals["turns"] += insert_columns(con, "_turn_rows", dict(zip(_TURN_ROW, turn_rows)), {n: TURNS.types[n] for n in _TURN_ROW})
+        totals["episodes"] += EPISODES.insert(con, episode_cols)
+        insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
+        batch, size = [], 0
+    con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION})
+    con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id",
+                {"v": ANALYZER_VERSION})
+    con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id",
+                {"v": ANALYZER_VERSION})
+    con.execute("DELETE FROM _turn_map")
+    con.execute("DELETE FROM _turn_rows")
+    con.execute(_RUNS_SQL, {"runs": runs, "version": ANALYZER_VERSION})
+    return totals
+
+
+# Attempt columns whose values repeat along a run (its name, an episode's tags, an outcome...):
+# one string object per distinct value instead of one per attempt (share_strings). A run is held whole while its
+# episodes are grouped, so this is most of what an attempt costs in memory.
+_REPEATING = frozenset(("run", "episode", "item", "category", "condition", "outcome", "sub_kind", "tags"))
+_ATTEMPT_COLUMNS = ["run", *(f.name for f in dataclasses.fields(Attempt))]
+
+
+def _columns(arrays: dict) -> list[Sequence]:
+    """_ATTEMPTS_SQL's result as lists, each array let go once converted."""
+    out = []
+    for name, key in zip(_ATTEMPT_COLUMNS, list(arrays), strict=True):
+        values = arrays.pop(key).tolist()
+        out.append(share_strings(values) if name in _REPEATING else values)
+    return out
+
+
+def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule], progress):
+    """The turn rows (columns of _TURN_ROW), episode columns and attempt -> turn map of a batch of runs."""
+    cols = _columns(con.execute(_ATTEMPTS_SQL, {"runs": runs, "clocks": clocks}).fetchnumpy())
+    run_of = cols[0]
+    for k in _KEY_LISTS:
+        cols[k] = [[] if p is None else p.split() for p in cols[k]]
+    attempts = list(map(Attempt, *cols[1:]))
+    spans: dict[str, tuple[int, int]] = {}
+    start = 0
+    for end in range(1, len(run_of) + 1):
+        if end == len(run_of) or run_of[end] != run_of[start]:
+            spans[run_of[start]] = (start, end)
+            start = end
+    turn_rows: list[tuple] = []
+    episode_rows: list[tuple] = []
+    map_ex: list[str] = []
+    map_turn: list[str] = []
+    clocked = set(clocks)
+    categories: dict[tuple, str | None] = {}  # category_of(item, tag), which repeats along an episode
+    for run in runs:
+        start, end = spans.get(run, (0, 0))
+        for ep in build_episodes(run, attempts[start:end], one_clock=run not in clocked):
+            tags, expect = episode_expectation(run, ep, rules)
+            for i, (turn, facts) in enumerate(zip(ep.turns, turn_facts(ep.turns))):
+                head = turn.attempts[0]
+                tid = head.id
+                item = head.item or ep.item_key
+                key = (item, head.category)
+                if key not in categories:
+                    categories[key] = category_of(*key)
+                turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts),
+                                  turn.attempts[-1].id, expect, *facts))
+                if len(turn.attempts) == 1:
+                    map_ex.append(tid)
+                    map_turn.append(tid)
+                else:
+                    for a in turn.attempts:
+                        map_ex.append(a.id)
+                        map_turn.append(tid)
+            episode_rows.append((ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns),
+                                 ep.looping, ep.loop_reason, expect,
+                                 orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(), ANALYZER_VERSION))
+        if progress is not None:
+            progress.advance()
+    turn_cols = [list(c) for c in zip(*turn_rows)] or [[] for _ in _TURN_ROW]
+    episode_cols = dict(zip(EPISODES.names, [list(c) for c in zip(*episode_rows)] or [[] for _ in EPISODES.names]))
+    return turn_cols, episode_cols, map_ex, map_turn

@@ -1,0 +1,42 @@
+"""Episodes that loop: the same call over and over, or far more turns than the run's others."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+from toolproxy.analysis.episodes.model import Episode
+
+
+# An episode is flagged as looping when the same call (name + arguments) repeats in this many
+# consecutive turns, or when it has at least LOOP_MIN_TURNS turns and LOOP_MEDIAN_FACTOR times
+# the run's median turn count.
+LOOP_REPEATS = 3
+LOOP_MEDIAN_FACTOR = 3.0
+LOOP_MIN_TURNS = 10
+
+
+def mark_loops(episodes: list[Episode]) -> None:
+    if not episodes:
+        return
+    median = statistics.median(len(ep.turns) for ep in episodes)
+    for ep in episodes:
+        ep.loop_reason = loop_reason([t.attempts[-1].call_signature for t in ep.turns], median)
+        ep.looping = ep.loop_reason is not None
+
+
+def loop_reason(signatures: Sequence[str | None], run_median: float) -> str | None:
+    """Why an episode counts as looping, or None. See LOOP_* for the thresholds."""
+    best = streak = 0
+    prev = None
+    for sig in signatures:
+        streak = streak + 1 if sig is not None and sig == prev else 1
+        prev = sig
+        if sig is not None:
+            best = max(best, streak)
+    if best >= LOOP_REPEATS:
+        return f"{best} identical consecutive calls"
+    n = len(signatures)
+    if n >= LOOP_MIN_TURNS and n >= LOOP_MEDIAN_FACTOR * run_median:
+        return f"{n} turns, run median {run_median:g}"
+    return None

@@ -1,0 +1,107 @@
+"""Benchmark: a realistic synthetic data dir, then a timed `analyze` over it.
+
+    python -m benchmarks.analyzer --exchanges 100000 [--mix agents|small] [--rounds 3]
+                                       [--python OTHER_VENV/bin/python ...] [--dir DIR] [--keep]
+
+The `agents` data dir (the default) has what real recordings have: multi-turn agent episodes
+whose message lists grow turn by turn, a ~2 KB tools array resent every turn, several stacks with
+their own wire shapes (Ollama /v1 and native NDJSON, vLLM SSE fragments and its default 400,
+SGLang calls in text, llama.cpp timings), streams and non-streams, retries after 500s, timeouts,
+hallucinated names, invalid arguments, prose, and one untagged run that needs prefix-chaining
+reconstruction. The `small` mix is single requests with short bodies (one small tool or none),
+the shape of a chat front end's traffic. Records are the proxy's own Record dataclass serialised
+exactly as the segment writer does.
+
+`toolproxy analyze` runs as a subprocess, exactly as a user runs it, into a fresh database each
+round; reported per round and as medians: exchanges/s (wall, process start and DuckDB's final
+checkpoint included), CPU per exchange over all its processes, its peak RSS and the database
+size. Each --python (another interpreter with another toolproxy installed, e.g. a venv of the
+main branch) analyses the same data in the same rounds, interleaved, and the ratios to this one
+are printed: on a shared, noisy machine only side-by-side numbers compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from toolproxy.analysis.store.connection import default_db
+from toolproxy.record.writer import SEGMENT_DIR
+from toolproxy.testing.corpus import generate, generate_small
+
+
+def _analyze(python: str, data_dir: Path, args: argparse.Namespace, fresh: bool = True) -> tuple[float, float, float, str]:
+    """(wall s, CPU s, peak RSS MB, output) of `toolproxy analyze` as a user runs it (into a fresh
+    database unless not `fresh`), waited for by itself so the CPU and peak RSS are its own, its
+    workers included. It runs in the data dir so that a checkout in the current directory cannot
+    shadow the toolproxy that `python` has installed."""
+    db = default_db(data_dir)
+    for stale in (db, db.with_name(db.name + ".wal")) if fresh else ():
+        stale.unlink(missing_ok=True)
+    cmd = [python, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data_dir),
+           "--batch-mb", str(args.batch_mb), "--memory-limit", args.memory_limit, "--quiet"]
+    if args.workers is not None:
+        cmd += ["--workers", str(args.workers)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=data_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = proc.stdout.read().decode("utf-8", "replace")
+    _, status, usage = os.wait4(proc.pid, 0)
+    dt = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"analyze with {python} failed ({proc.returncode}):\n{out}")
+    return dt, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--exchanges", type=int, default=100_000)
+    ap.add_argument("--mix", choices=("agents", "small"), default="agents", help="which data dir to generate")
+    ap.add_argument("--rounds", type=int, default=1, help="analyses of the same data, each into a fresh database")
+    ap.add_argument("--python", action="append", default=[], metavar="PYTHON",
+                    help="another interpreter (with its own toolproxy) to run side by side, interleaved (repeatable)")
+    ap.add_argument("--dir", type=Path, default=None, help="data dir to create (default: a temporary one)")
+    ap.add_argument("--keep", action="store_true", help="keep the data dir and database afterwards")
+    ap.add_argument("--batch-mb", type=float, default=8.0)
+    ap.add_argument("--memory-limit", default="1GB", help="DuckDB memory limit, as for analyze")
+    ap.add_argument("--workers", type=int, default=None, help="analysis processes (default: by data size)")
+    args = ap.parse_args(argv)
+
+    data_dir = (args.dir or Path(tempfile.mkdtemp(prefix="toolproxy-bench-"))).resolve()
+    pythons = [sys.executable, *args.python]
+    try:
+        t0 = time.perf_counter()
+        n = (generate_small if args.mix == "small" else generate)(data_dir, args.exchanges)
+        size = sum(p.stat().st_size for p in (data_dir / SEGMENT_DIR).iterdir())
+        print(f"generated {n} exchanges, mix {args.mix} ({size / 1e6:.0f} MB of segments) in {time.perf_counter() - t0:.1f}s: {data_dir}")
+        results: dict[str, list[tuple[float, float, float]]] = {p: [] for p in pythons}
+        for r in range(args.rounds):
+            for python in pythons:
+                dt, cpu, rss, out = _analyze(python, data_dir, args)
+                results[python].append((n / dt, cpu / n * 1e6, rss))
+                if r == 0 and python == pythons[0]:
+                    print(out.rstrip())
+                print(f"round {r + 1} {python}: {n / dt:,.0f} exchanges/s wall ({dt:.1f}s, process start and final "
+                      f"checkpoint included); {cpu / n * 1e6:.0f} us CPU per exchange; peak RSS {rss:.0f} MB; "
+                      f"db {default_db(data_dir).stat().st_size / 1e6:.0f} MB")
+        base = statistics.median(x[0] for x in results[pythons[0]])
+        for python in pythons:
+            rate, cpu, rss = (statistics.median(x[i] for x in results[python]) for i in range(3))
+            print(f"=> median of {args.rounds}, {python}: {rate:,.0f} exchanges/s wall, {cpu:.0f} us CPU per exchange, "
+                  f"peak RSS {rss:.0f} MB" + (f"; {rate / base:.2f}x this one's rate" if python != pythons[0] else ""))
+        dt2, _, _, out2 = _analyze(pythons[0], data_dir, args, fresh=False)
+        print(f"re-run: {out2.splitlines()[0]} ({dt2:.1f}s)")
+    finally:
+        if not args.keep and args.dir is None:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""`toolproxy run -- CMD`: one harness process behind an in-process proxy, then its numbers.
+
+The proxy listens on a free loopback port for exactly as long as the child runs; the child gets
+the environment every common client reads (toolproxy.drive.harness), so it needs no change. The exit
+code is the child's, so `toolproxy run` drops into scripts and CI in place of the bare command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from toolproxy.drive.harness import harness_env, tag_prefix
+from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
+from toolproxy.proxy.config import ProxyConfig
+from toolproxy.term.printable import printable
+
+if TYPE_CHECKING:
+    from toolproxy.proxy.server import RunningProxy
+
+
+@dataclass
+class ChildResult:
+    returncode: int
+    interrupted: bool
+
+
+async def start_proxy(config: ProxyConfig) -> RunningProxy:
+    """The proxy `serve` runs, on this loop (stop() flushes the records); a taken port is a usage error."""
+    from toolproxy.proxy.server import CannotListen, start_proxy as start
+
+    try:
+        return await start(config)
+    except CannotListen as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
+    """Run the harness; SIGINT/SIGTERM sent to us are passed on, and we wait for it to finish."""
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, env=env)
+    except FileNotFoundError:
+        raise click.ClickException(f"{argv[0]}: command not found") from None
+    except PermissionError:
+        raise click.ClickException(f"{argv[0]}: permission denied (is it executable?)") from None
+    loop = asyncio.get_running_loop()
+    interrupted = False
+
+    def forward(sig: int) -> None:
+        nonlocal interrupted
+        interrupted = True
+        if proc.returncode is None:
+            proc.send_signal(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, forward, sig)
+    try:
+        code = await proc.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return ChildResult(returncode=code if code >= 0 else 128 - code, interrupted=interrupted)
+
+
+async def run_harness(config: ProxyConfig, argv: list[str], tags: dict[str, str]) -> ChildResult:
+    proxy = await start_proxy(config)
+    try:
+        base = proxy.url + tag_prefix(config.run, **tags)
+        env = {**os.environ, **harness_env(base, os.environ)}
+        return await _run_child(argv, env)
+    finally:
+        await proxy.stop()
+
+
+def run_loop(coro):
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def toolproxy_cli(*args: str, capture: bool = True) -> subprocess.CompletedProcess:
+    """Another toolproxy command in its own process (the analyzer loads DuckDB; the proxy must not)."""
+    return subprocess.run([sys.executable, "-m", "toolproxy.cli", *args], text=True,
+                          capture_output=capture, stdin=subprocess.DEVNULL)
+
+
+def analyze_and_summarise(data_dir: Path, runs: list[str]) -> list[dict]:
+    """Analyze DATA, then the report's JSON objects for `runs` (empty when nothing was recorded)."""
+    done = toolproxy_cli("analyze", "--data", str(data_dir))
+    if done.returncode != 0:
+        raise click.ClickException(f"analyze failed: {done.stderr.strip() or done.stdout.strip()}")
+    args = ["report", "--data", str(data_dir), "--format", "json"]
+    for r in runs:
+        args += ["--run", r]
+    rep = toolproxy_cli(*args)
+    if rep.returncode != 0:
+        return []
+    return json.loads(rep.stdout).get("runs", [])
+
+
+def one_line(run: dict) -> str:
+    """The run's numbers in one line, as the report reads them (analysis.measure.runline)."""
+    from toolproxy.analysis.measure.runline import from_report
+
+    return from_report(run).text()
+
+
+def write_html_report(data_dir: Path, runs: list[str], out: Path) -> Path | None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args = ["report", "--data", str(data_dir), "--format", "html", "-o", str(out)]
+    for r in runs:
+        args += ["--run", r]
+    return out if toolproxy_cli(*args).returncode == 0 else None
+
+
+@click.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
+@harness_serve_options
+@click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE", help="Extra tag on every request (repeatable), e.g. category=simple.")
+@click.option("--print-env", is_flag=True, help="Print the environment the harness would get, and exit.")
+@click.option("--no-analyze", is_flag=True, help="Do not analyze when the harness exits.")
+@click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
+def run(tags, print_env, no_analyze, command, **options):
+    """Run a harness behind a proxy: toolproxy run --upstream URL --run NAME -- CMD ARGS...
+
+    The proxy starts on a free loopback port for as long as CMD runs; CMD gets the base-URL
+    variables every common client reads (OPENAI_BASE_URL, ANTHROPIC_BASE_URL, OLLAMA_HOST, ...)
+    pointing at it with the run's tags, so it needs no change. Signals are passed to CMD, the
+    exit code is CMD's, and when it exits the run is analyzed and summarised in one line.
+    """
+    extra = _parse_tags(tags)
+    options["quiet"] = True
+    config = config_from_options(**options)
+    if print_env:
+        base = f"http://127.0.0.1:{config.port or 'PORT'}" + tag_prefix(config.run, **extra)
+        for name, value in sorted(harness_env(base, os.environ).items()):
+            click.echo(f"{name}={value}")
+        return
+    if not command:
+        raise click.UsageError("give the harness command after --, e.g. toolproxy run --upstream URL -- python agent.py")
+    make_data_dir(config)
+    result = run_loop(run_harness(config, list(command), extra))
+    if result.interrupted:
+        click.echo("toolproxy run: harness interrupted; what it recorded is kept", err=True)
+    elif result.returncode != 0:
+        # A harness that fails at start (a missing key variable, a bad model name) may print
+        # nothing at all: say that it failed, so its silence is not read as success.
+        click.echo(f"toolproxy run: the harness exited with code {result.returncode} (toolproxy run exits with it too)",
+                   err=True)
+    if not no_analyze:
+        _summarise(config.data_dir, config.run)
+    sys.exit(result.returncode)
+
+
+def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for t in tags:
+        key, sep, value = t.partition("=")
+        if not sep or not key or "/" in key or "/" in value:
+            raise click.BadParameter(f"{t!r}: expected KEY=VALUE without '/'", param_hint="--tag")
+        out[key] = value
+    return out
+
+
+def _summarise(data_dir: Path, run_name: str | None) -> None:
+    from toolproxy.record.writer import SEGMENT_DIR
+
+    if not any((data_dir / SEGMENT_DIR).glob("*")):
+        click.echo("toolproxy run: nothing was recorded (did the harness call the model?)", err=True)
+        return
+    runs = [run_name] if run_name else []
+    try:
+        summaries = analyze_and_summarise(data_dir, runs)
+    except click.ClickException as exc:
+        click.echo(f"toolproxy run: {exc.message}", err=True)
+        return
+    for s in summaries:
+        click.echo(printable(one_line(s)), err=True)
+    name = run_name or "all-runs"
+    html = write_html_report(data_dir, runs, data_dir / "reports" / f"{name}.html")
+    if html is not None:
+        click.echo(f"report: {html}  (toolproxy report --data {data_dir}{' --run ' + run_name if run_name else ''})", err=True)
