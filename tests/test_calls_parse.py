@@ -87,7 +87,7 @@ def test_a_family_skipped_for_lack_of_its_lead_characters_finds_nothing_there():
     texts = [row[1].replace(ch, "") for row in ROWS for ch in sorted(parse._ANY_LEAD)]
     skipped = 0
     for text in texts:
-        for finder, _ in parse.FAMILIES:
+        for finder, _ in parse.FINDERS:
             if not any(ch in text for ch in parse._LEADS[finder]):
                 skipped += 1
                 found = finder(text, None, lambda i: None) if finder is parse.find_bare else finder(text, None)

@@ -9,7 +9,7 @@ import pytest
 from calls_examples import ROWS
 from scaling import FACTOR, assert_scales_linearly
 from toolproxy.calls import TextParse, parse_text
-from toolproxy.calls.parse import FAMILIES, _Claims
+from toolproxy.calls.parse import FINDERS, _Claims
 
 CORPUS = [row[1] for row in ROWS]
 SOUP = list('{}[]()<>"\'\\:;,=\n `') + ["<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<function=f>",
@@ -32,7 +32,7 @@ def _check(text: str) -> None:
         assert call.name is None or isinstance(call.name, str)
         assert isinstance(call.raw_arguments, str)
         assert (call.arguments is None) == (call.error is not None)
-    for finder, _ in FAMILIES:
+    for finder, _ in FINDERS:
         args = (text, None, _Claims().covering) if finder.__name__ == "find_bare" else (text, None)
         for group in finder(*args):
             assert group.calls and 0 <= group.span[0] <= group.span[1] <= len(text)

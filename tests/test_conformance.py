@@ -28,7 +28,7 @@ from toolproxy.checks.conformance import (
     run_conformance,
 )
 from toolproxy.checks.reply import read_reply
-from toolproxy.emulators import ModelRequest, Reply, ToolCall, render_calls, text
+from toolproxy.emulators import ModelRequest, ScriptedReply, ToolCall, render_calls, text
 
 CALLS = {
     "Tokyo": [("get_weather", {"city": "Tokyo"})],
@@ -54,7 +54,7 @@ def case_of(req: ModelRequest) -> str:
     raise AssertionError(f"unrecognised request: {convo[:200]}")
 
 
-def answer(req: ModelRequest, calls: list[tuple[str, dict]] | None, prose: str | None) -> Reply:
+def answer(req: ModelRequest, calls: list[tuple[str, dict]] | None, prose: str | None) -> ScriptedReply:
     """The same intent, written the way the interface asks: native calls, text calls, or schema JSON."""
     if req.constraint is not None:
         obj = {"final_answer": prose} if calls is None else {"name": calls[0][0], "arguments": calls[0][1]}
@@ -63,20 +63,20 @@ def answer(req: ModelRequest, calls: list[tuple[str, dict]] | None, prose: str |
         return text(prose)
     tcs = [ToolCall(n, a) for n, a in calls]
     if req.tools:
-        return Reply(calls=tuple(tcs))
+        return ScriptedReply(calls=tuple(tcs))
     return text(render_calls("hermes", tcs))
 
 
-def good_model(req: ModelRequest) -> Reply:
+def good_model(req: ModelRequest) -> ScriptedReply:
     key = case_of(req)
     return answer(req, CALLS.get(key), ANSWERS.get(key))
 
 
-def flaky_model(case_key: str, bad: Reply | list, every: int = 20, fails: int = 3):
+def flaky_model(case_key: str, bad: ScriptedReply | list, every: int = 20, fails: int = 3):
     """Good, except that `fails` of every `every` requests of one case get the bad reply (17/20)."""
     seen = Counter()
 
-    def respond(req: ModelRequest) -> Reply:
+    def respond(req: ModelRequest) -> ScriptedReply:
         key = case_of(req)
         seen[key] += 1
         if key == case_key and (seen[key] - 1) % every < fails:

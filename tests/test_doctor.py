@@ -11,15 +11,15 @@ import pytest
 
 from toolproxy.record.segments import read_records
 from toolproxy.checks.doctor import diagnose, render
-from toolproxy.emulators import ModelRequest, Reply, broken_call, call, text, text_call
+from toolproxy.emulators import ModelRequest, ScriptedReply, broken_call, call, text, text_call
 
 PARIS = {"city": "Paris"}
 
 
-def model(on_tools: Reply, on_plain: Reply = text("ready")):
+def model(on_tools: ScriptedReply, on_plain: ScriptedReply = text("ready")):
     """A scripted model: answers the tool probe one way and the plain control request another."""
 
-    def respond(req: ModelRequest) -> Reply:
+    def respond(req: ModelRequest) -> ScriptedReply:
         return on_tools if req.tools else on_plain
 
     return respond

@@ -29,7 +29,7 @@ def _example():
 
 
 def _correct_model(items):
-    def respond(req: fakes.ModelRequest) -> fakes.Reply:
+    def respond(req: fakes.ModelRequest) -> fakes.ScriptedReply:
         asked = json.dumps(req.messages)
         for _, question, _, expected in items:
             if json.dumps(question)[1:-1] in asked:

@@ -23,7 +23,7 @@ from toolproxy import emulators as fakes
 AGENT = Path(__file__).resolve().parent.parent / "examples" / "react_agent.py"
 
 
-def calculator_then_answer(req: fakes.ModelRequest) -> fakes.Reply:
+def calculator_then_answer(req: fakes.ModelRequest) -> fakes.ScriptedReply:
     if any(m.get("role") == "tool" for m in req.messages):
         return fakes.text(f"The answer is {req.messages[-1]['content']}.")
     return fakes.call("calculator", {"expression": "(17 * 23) + 11"})

@@ -223,7 +223,7 @@ def _nudging_model():
     first time its opening request comes, the call when it is sent again, then the answer."""
     seen: dict[str, int] = {}
 
-    def respond(req: fakes.ModelRequest) -> fakes.Reply:
+    def respond(req: fakes.ModelRequest) -> fakes.ScriptedReply:
         roles = [m.get("role") for m in req.messages]
         task = req.messages[0]["content"]
         if "tool" in roles:

@@ -59,7 +59,7 @@ SCRIPT = {
 RUNS = ("alpha", "beta")
 
 
-def responder(req: fakes.ModelRequest) -> fakes.Reply:
+def responder(req: fakes.ModelRequest) -> fakes.ScriptedReply:
     return SCRIPT[req.messages[-1]["content"]][0]
 
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from toolproxy.drive.replay import Turn, _unbalanced, build_request, retry_delay, strip_redacted_query
+from toolproxy.drive.replay import RecordedTurn, _unbalanced, build_request, retry_delay, strip_redacted_query
 from toolproxy.record.segments import read_records
 from toolproxy import emulators as fakes
 
@@ -258,7 +258,7 @@ def test_interrupted_replay_resumes_where_it_stopped(recorded, analyzed, fake_st
     assert "4 already replayed, 0 to send" in again.stderr and "paired turns: 4" in _flat(again.stdout)
 
 
-TURN = Turn(turn_id="t1", run="orig", episode="e1", item="it1", turn_index=2, expect="none", method="POST",
+TURN = RecordedTurn(turn_id="t1", run="orig", episode="e1", item="it1", turn_index=2, expect="none", method="POST",
             path="/v1/chat/completions", query="key=redacted:ab12cd34&x=1",
             headers=[["Authorization", "redacted:0011aabb"], ["Content-Type", "application/json"],
                      ["Content-Length", "12"], ["X-Toolproxy-Run", "orig"], ["Host", "h"], ["User-Agent", "sdk/1"]],
@@ -274,7 +274,7 @@ def test_build_request_keeps_the_bytes_and_drops_secrets_and_tags():
                  "replay_of_turn=t1", "replay_of_turn_index=2", "category=simple", "expect=none"):
         assert f"/{part}/" in req.target, part
     assert json.loads(build_request(TURN, "new", model="b").body)["model"] == "b"
-    odd = Turn(**{**TURN.__dict__, "body": b"\xff not json"})
+    odd = RecordedTurn(**{**TURN.__dict__, "body": b"\xff not json"})
     assert build_request(odd, "new", model="b").body == b"\xff not json"
 
 

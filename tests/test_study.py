@@ -42,7 +42,7 @@ HARNESS = textwrap.dedent("""
 """)
 
 
-def _responder(req: fakes.ModelRequest) -> fakes.Reply:
+def _responder(req: fakes.ModelRequest) -> fakes.ScriptedReply:
     last = (req.messages or [{}])[-1]
     if last.get("role") == "tool" or "sunny, 21C" in str(last.get("content")):
         return fakes.text("It is sunny and 21C.")

@@ -1,7 +1,7 @@
 """`toolproxy export`: the analysis database written out for other tools, by format.
 
 Each format is one module with an `export(con, destination, data_dir=, runs=, since=, progress=)`
-function; adding one (OTLP spans, say) is an entry in FORMATS, not a new command.
+function; adding one (OTLP spans, say) is an entry in EXPORT_FORMATS, not a new command.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import click
 from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, _fail, _open
 from toolproxy.term.printable import printable
 
-FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
+EXPORT_FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
 # `--otlp URL` sends spans instead of writing files: analysis/export/otlp.py.
 
 
@@ -38,7 +38,7 @@ def parse_since(text: str | None, now: float) -> dt.date | None:
 
 
 @click.command("export")
-@click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), default="parquet", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(sorted(EXPORT_FORMATS)), default="parquet", show_default=True,
               help="What to write.")
 @click.option("--out", metavar="PATH|URL",
               help="A local directory or an fsspec URL: s3://bucket/prefix (needs toolproxy-recorder[s3]), "
@@ -82,7 +82,7 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     if otlp_content:
         raise click.UsageError("--otlp-content goes with --otlp")
     first_day = parse_since(since, time.time())
-    writer = importlib.import_module(FORMATS[fmt])
+    writer = importlib.import_module(EXPORT_FORMATS[fmt])
     try:
         dest = Destination(out)
     except ExportError as exc:

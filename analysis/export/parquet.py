@@ -44,7 +44,7 @@ import orjson
 
 from toolproxy.analysis.export.destination import Destination, ExportError
 from toolproxy.analysis.export.partitions import partition_path
-from toolproxy.analysis.export.tables import TABLES, Table, columns, quote_ident
+from toolproxy.analysis.export.tables import TABLES, ExportTable, columns, quote_ident
 from toolproxy.analysis.store.connection import bodies_in_sql
 
 # Bumped when the layout, the manifest or the meaning of a column in the files changes.
@@ -73,7 +73,7 @@ class TableResult:
 
 
 @dataclass
-class Result:
+class ExportResult:
     tables: list[TableResult] = field(default_factory=list)
     files: int = 0
     bytes: int = 0
@@ -178,7 +178,7 @@ class _Plan:
     totals: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
-def _row_fingerprints(con, table: Table, runs: list[str] | None, since: dt.date | None) -> None:
+def _row_fingerprints(con, table: ExportTable, runs: list[str] | None, since: dt.date | None) -> None:
     """_rows: every row of the table in scope, with its key, partition, fingerprint and rowid."""
     fingerprint = ", ".join(f"{quote_ident(c)} := t.{quote_ident(c)}" for c in columns(con, table.name))
     where, params = [], []
@@ -195,7 +195,7 @@ def _row_fingerprints(con, table: Table, runs: list[str] | None, since: dt.date 
         f"FROM {table.name} t {table.joins} {'WHERE ' + ' AND '.join(where) if where else ''})", params)
 
 
-def _plan(con, table: Table, dest: Destination, old: dict, staging: str, result: TableResult) -> _Plan:
+def _plan(con, table: ExportTable, dest: Destination, old: dict, staging: str, result: TableResult) -> _Plan:
     """Compare the database's partitions (in _rows) with the manifest's entries `old`."""
     plan = _Plan()
     check: dict[int, str] = {}
@@ -221,7 +221,7 @@ def _plan(con, table: Table, dest: Destination, old: dict, staging: str, result:
     return plan
 
 
-def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: str, export_id: str,
+def _stage_table(con, table: ExportTable, dest: Destination, manifest: dict, staging: str, export_id: str,
                  meta: dict[str, str], runs: list[str] | None, since: dt.date | None, result: TableResult) -> _Staged:
     """Write the table's changed partitions to local files, with their key files, and say where
     they go, what they replace and the manifest entries that will list them."""
@@ -267,7 +267,7 @@ def _stage_table(con, table: Table, dest: Destination, manifest: dict, staging: 
     return staged
 
 
-def _cut_moved_rows(con, table: Table, dest: Destination, old: dict, plan: _Plan, staging: str, export_id: str,
+def _cut_moved_rows(con, table: ExportTable, dest: Destination, old: dict, plan: _Plan, staging: str, export_id: str,
                     meta: dict[str, str], staged: _Staged, result: TableResult) -> None:
     """Cut the old copies of rows that moved to another day out of the history partitions (those
     the manifest lists and the database no longer has) of the runs being written.
@@ -322,7 +322,7 @@ def _cut_moved_rows(con, table: Table, dest: Destination, old: dict, plan: _Plan
             staged.dropped.append(path)
 
 
-def _key_file_for(con, table: Table, local: str, pid: int) -> dict:
+def _key_file_for(con, table: ExportTable, local: str, pid: int) -> dict:
     """Write the keys of staged data file `local` beside it; its manifest entry's rows and fingerprint."""
     keys = local + ".keys"
     con.execute(f"COPY (SELECT {table.key} AS k FROM read_parquet('{_sql_text(local)}', hive_partitioning=false) t) "
@@ -341,7 +341,7 @@ def _sql_text(text: str) -> str:
     return text.replace("'", "''")
 
 
-def _load_exported_keys(con, table: Table, dest: Destination, old: dict, paths: dict[int, str], staging: str,
+def _load_exported_keys(con, table: ExportTable, dest: Destination, old: dict, paths: dict[int, str], staging: str,
                         into: str = "_done") -> None:
     """Fill `into` (pid, file, k) with the keys each listed file of these partitions holds (from its key file)."""
     mapping: list[tuple[str, int, str]] = []
@@ -384,17 +384,17 @@ def _intact_partitions(con, old: dict, paths: dict[int, str]) -> set[int]:
 
 
 def export(con, dest: Destination, *, data_dir: str | Path, runs: list[str] | None = None,
-           since: dt.date | None = None, progress=None) -> Result:
+           since: dt.date | None = None, progress=None) -> ExportResult:
     """Bring the Parquet export at `dest` in line with the database (see the module docstring).
     data_dir: the recordings the database was analysed from, where the exchanges' bodies are."""
     with bodies_in_sql(con, data_dir):
         return _export(con, dest, runs=runs, since=since, progress=progress)
 
 
-def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | None, progress) -> Result:
+def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | None, progress) -> ExportResult:
     v = versions(con)
     dest.check()
-    result = Result()
+    result = ExportResult()
     manifest = _load_json(dest, MANIFEST)
     if manifest is not None and int(manifest.get("export_format_version", 0)) > FORMAT_VERSION:
         raise ExportError(f"{dest.url} was written by a newer toolproxy (export format {manifest.get('export_format_version')}, "

@@ -25,7 +25,7 @@ _EXCHANGE_DAY = "coalesce({0}started_at, {0}ended_at, TIMESTAMP '1970-01-01')::D
 
 
 @dataclass(frozen=True)
-class Table:
+class ExportTable:
     name: str
     # SQL over the table (aliased t) giving the row's key, day (a DATE, or None) and run.
     key: str
@@ -45,18 +45,18 @@ class Table:
         return self.recent or self.day or "NULL::DATE"
 
 
-TABLES: tuple[Table, ...] = (
-    Table("exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", select=_WITH_BODIES),
-    Table("calls", key="t.exchange_id || ':' || CAST(t.idx AS VARCHAR)", day="coalesce(x.day, DATE '1970-01-01')",
+TABLES: tuple[ExportTable, ...] = (
+    ExportTable("exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", select=_WITH_BODIES),
+    ExportTable("calls", key="t.exchange_id || ':' || CAST(t.idx AS VARCHAR)", day="coalesce(x.day, DATE '1970-01-01')",
           run="coalesce(x.run, '')",
           joins=f"LEFT JOIN (SELECT id, run, {_EXCHANGE_DAY.format('')} AS day FROM exchanges) x ON x.id = t.exchange_id"),
-    Table("turns", key="t.turn_id", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
+    ExportTable("turns", key="t.turn_id", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
           joins=f"LEFT JOIN (SELECT turn_id, min({_EXCHANGE_DAY.format('')}) AS day FROM exchanges WHERE turn_id IS NOT NULL "
                 "GROUP BY turn_id) x ON x.turn_id = t.turn_id", moves=True),
-    Table("episodes", key="t.episode_key", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
+    ExportTable("episodes", key="t.episode_key", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
           joins=f"LEFT JOIN (SELECT u.episode_key, min({_EXCHANGE_DAY.format('e.')}) AS day FROM turns u JOIN exchanges e "
                 "ON e.turn_id = u.turn_id GROUP BY u.episode_key) x ON x.episode_key = t.episode_key", moves=True),
-    Table("runs", key="t.run", day=None, run="t.run", recent="t.last_seen::DATE"),
+    ExportTable("runs", key="t.run", day=None, run="t.run", recent="t.last_seen::DATE"),
 )
 TABLE_NAMES = tuple(t.name for t in TABLES)
 

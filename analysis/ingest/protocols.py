@@ -39,7 +39,7 @@ import orjson
 from toolproxy.calls import TextCall, TextParse, parse_arguments
 
 DSPY, REACT, CODE = "dspy", "react", "code"
-PROTOCOLS = (DSPY, REACT, CODE)
+PROMPT_PROTOCOLS = (DSPY, REACT, CODE)
 # Longest message read for a protocol: prompts are a few KB; a huge message is not a tool list.
 MAX_TEXT = 256 * 1024
 _MAX_STEPS = 256

@@ -27,7 +27,7 @@ class RuleError(ValueError):
 
 
 @dataclass(frozen=True)
-class Rule:
+class ExpectationRule:
     key: str
     pattern: str
     expect: str
@@ -40,7 +40,7 @@ class Rule:
         return value is not None and fnmatchcase(str(value), self.pattern)
 
 
-def parse_rule(text: str) -> Rule:
+def parse_rule(text: str) -> ExpectationRule:
     """`KEY=PATTERN:EXPECT`, e.g. `category=irrelevance:none`."""
     selector, sep, expect = text.strip().rpartition(":")
     key, eq, pattern = selector.partition("=")
@@ -50,10 +50,10 @@ def parse_rule(text: str) -> Rule:
     expect = expect.strip().lower()
     if expect not in EXPECTATIONS:
         raise RuleError(f"expectation rule {text!r} ends in {expect!r}; it must end in :call or :none")
-    return Rule(key, pattern.strip(), expect)
+    return ExpectationRule(key, pattern.strip(), expect)
 
 
-def parse_rules(texts: Sequence[str]) -> list[Rule]:
+def parse_rules(texts: Sequence[str]) -> list[ExpectationRule]:
     return [parse_rule(t) for t in texts]
 
 
@@ -65,7 +65,7 @@ def tag_expectation(value: str | None) -> str | None:
     return value if value in EXPECTATIONS else None
 
 
-def expectation(tags: Mapping[str, str | None], rules: Sequence[Rule]) -> str | None:
+def expectation(tags: Mapping[str, str | None], rules: Sequence[ExpectationRule]) -> str | None:
     """The item's expectation: the last matching rule, else its `expect` tag, else None (unknown)."""
     for rule in reversed(rules):
         if rule.matches(tags):

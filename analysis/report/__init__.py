@@ -12,7 +12,7 @@ RENDERERS = {
     "csv": csvrows.render,
     "html": htmlpage.render,
 }
-FORMATS = tuple(RENDERERS)
+OUTPUT_FORMATS = tuple(RENDERERS)
 
 
 def render(report: Report, fmt: str) -> str:

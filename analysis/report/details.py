@@ -51,7 +51,7 @@ _COUNTS = ("count(*) filter (where role = 'call' and outcome = 'valid_call'), "
 
 
 @dataclass(frozen=True)
-class Usage:
+class RunUsage:
     """One run's speed and size, over the attempts the model answered (non-responses left out: a
     refusal in 2 ms says nothing about how fast the model is). Token sums are over the attempts
     whose stack reported usage; cached is None when no response reported a cache figure."""
@@ -79,7 +79,7 @@ class PageDetails:
     by_category: dict[tuple[str, str], Count]  # (run, category) -> Count
     comparisons: list[Comparison]
     pairs_left_out: int
-    usage: dict[str, Usage]
+    usage: dict[str, RunUsage]
 
 
 def by_turn_index(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, list[Count]]:
@@ -120,7 +120,7 @@ def comparisons(con: duckdb.DuckDBPyConnection, runs: Sequence[str], models: dic
     return out, max(0, len(pairs) - MAX_PAIRS)
 
 
-def usage(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, Usage]:
+def usage(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, RunUsage]:
     rows = con.execute("""
         select run, count(*) filter (where outcome <> 'non_response'),
                quantile_cont(ttfb_ms, 0.5) filter (where outcome <> 'non_response'),
@@ -131,7 +131,7 @@ def usage(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, Usag
                coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), sum(cached_tokens)
         from exchanges where is_attempt and run in (select unnest(?::varchar[])) group by run
     """, [list(runs)]).fetchall()
-    return {r[0]: Usage(r[0], int(r[1]), *r[2:6], int(r[6]), int(r[7]), int(r[8]),
+    return {r[0]: RunUsage(r[0], int(r[1]), *r[2:6], int(r[6]), int(r[7]), int(r[8]),
                         None if r[9] is None else int(r[9])) for r in rows}
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 from toolproxy.analysis.measure import stats
 from toolproxy.analysis.measure.compare import METRIC_HELP
 from toolproxy.analysis.report import comparison
-from toolproxy.analysis.report.details import TURN_COLUMNS, Count, PageDetails, Usage
+from toolproxy.analysis.report.details import TURN_COLUMNS, Count, PageDetails, RunUsage
 from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, KEPT, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct,
                                    rate_cell, provenance, report_notes, row)
 from toolproxy.analysis.measure.outcomes import NON_RESPONSE_WORDS, whose
@@ -375,7 +375,7 @@ def _tokens(total: int, per: int) -> str:
     return f"{total:,} ({total / per:,.0f}/request)" if per else "-"
 
 
-def usage_table(report: Report, usage: dict[str, Usage]) -> str:
+def usage_table(report: Report, usage: dict[str, RunUsage]) -> str:
     heads = ("run", "answered", "TTFB p50", "TTFB p95", "total p50", "total p95", "prompt tokens", "completion tokens",
              "cached tokens")
     head = "".join(f'<th scope="col"{" class=num" if i else ""}>{h}</th>' for i, h in enumerate(heads))

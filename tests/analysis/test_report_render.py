@@ -11,7 +11,7 @@ import pytest
 
 from toolproxy.analysis.measure.metrics import METRICS
 from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
-from toolproxy.analysis.report import FORMATS, render
+from toolproxy.analysis.report import OUTPUT_FORMATS, render
 from toolproxy.analysis.report.cells import OUTCOME_LABELS
 from toolproxy.analysis.report.htmlpage import COLOURS
 from storebuilder import Episode, Run, T, build_store, load_report
@@ -147,5 +147,5 @@ def test_html_escapes_names(tmp_path):
 
 
 def test_every_format_renders(report):
-    for fmt in FORMATS:
+    for fmt in OUTPUT_FORMATS:
         assert "qwen-native" in render(report, fmt)

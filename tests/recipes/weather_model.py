@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toolproxy.emulators import ModelRequest, Reply, call, text
+from toolproxy.emulators import ModelRequest, ScriptedReply, call, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "recipes"))
 from weather import RESULT_PHRASE  # noqa: E402
@@ -38,7 +38,7 @@ def _fields(**values: str) -> str:
     return "".join(f"[[ ## {k} ## ]]\n{v}\n\n" for k, v in values.items()) + "[[ ## completed ## ]]\n"
 
 
-def _prompt_protocol(req: ModelRequest, done: bool) -> Reply | None:
+def _prompt_protocol(req: ModelRequest, done: bool) -> ScriptedReply | None:
     """dspy ReAct's step and extract prompts (its tools are listed in the system text)."""
     system = next((m.get("content") for m in req.messages if m.get("role") == "system"), None) or ""
     if "[[ ## next_tool_name ## ]]" in system:
@@ -76,7 +76,7 @@ def example(schema: Any) -> Any:
     return {"integer": 1, "number": 1.5, "boolean": True, "null": None}.get(kind, "Paris")
 
 
-def respond(req: ModelRequest) -> Reply | None:
+def respond(req: ModelRequest) -> ScriptedReply | None:
     tools = _schemas(req.body)
     done = RESULT_PHRASE in json.dumps(req.body)
     if not tools:

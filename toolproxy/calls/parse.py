@@ -27,7 +27,7 @@ from .tagged import find_hermes, find_lmstudio, find_qwen_xml
 Finder = Callable[..., list[Group]]
 
 # (finder, the formats its calls can have), in claiming order.
-FAMILIES: tuple[tuple[Finder, frozenset[str]], ...] = (
+FINDERS: tuple[tuple[Finder, frozenset[str]], ...] = (
     (find_hermes, frozenset({"hermes", "qwen_xml"})),
     (find_lmstudio, frozenset({"lmstudio", "qwen_xml"})),
     (find_mistral, frozenset({"mistral"})),
@@ -52,7 +52,7 @@ _ALL_FORMATS = frozenset(FORMATS)
 # markers): a text holding none of them cannot give that family a group, so it is not run.
 # Most replies are prose without any of them, and then no family runs at all.
 _LEADS: dict[Finder, frozenset[str]] = {
-    finder: frozenset(m[0] for f in produces for m in START_MARKERS[f]) for finder, produces in FAMILIES
+    finder: frozenset(m[0] for f in produces for m in START_MARKERS[f]) for finder, produces in FINDERS
 }
 _ANY_LEAD = frozenset().union(*_LEADS.values())
 
@@ -113,7 +113,7 @@ def parse_text(
     groups: list[Group] = []
     # A text of thousands of call markers builds a few objects per marker; see toolproxy.calls.gcpause.
     with gc_paused():
-        for finder, produces in FAMILIES:
+        for finder, produces in FINDERS:
             if present.isdisjoint(_LEADS[finder]) or (wanted is not _ALL_FORMATS and not produces & wanted):
                 continue
             for group in _run(finder, text, names, claims):

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolproxy import __version__
 from toolproxy.checks.cases import BY_NAME, CASES, Case
-from toolproxy.checks.local import Probe, check_target, local_proxy
+from toolproxy.checks.local import ProbeExchange, check_target, local_proxy
 from toolproxy.conditions import NAMES
 from toolproxy.conditions import load as load_condition
 from toolproxy.proxy.cli import key_from_env, upstream_key_option
@@ -120,7 +120,7 @@ class Cell:
     def unmeasured(self) -> int:
         return self.transport + self.skipped
 
-    def add(self, probe: Probe, case: Case) -> None:
+    def add(self, probe: ProbeExchange, case: Case) -> None:
         self.runs += 1
         reply = probe.reply
         if reply.transport_failed:
@@ -178,7 +178,7 @@ def _cell_text(cell: Cell, gate: Gate) -> str:
 
 
 @dataclass(slots=True)
-class Result:
+class ConformanceResult:
     upstream: str
     model: str
     fingerprint: dict[str, Any]
@@ -205,7 +205,7 @@ class Result:
         return {"pass": 0, "fail": 1, "unknown": 2}[self.status(self.primary)]
 
 
-def render_markdown(res: Result) -> str:
+def render_markdown(res: ConformanceResult) -> str:
     fp = Fingerprint(**res.fingerprint)
     lines = [
         f"# Conformance: {res.model} on {fp.label}",
@@ -233,7 +233,7 @@ def render_markdown(res: Result) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary_line(res: Result) -> str:
+def summary_line(res: ConformanceResult) -> str:
     passing = res.passing
     status = res.status(res.primary)
     head = {"pass": f"{res.primary} passes every hard gate",
@@ -244,7 +244,7 @@ def summary_line(res: Result) -> str:
     return f"Result: {head}; {tail}."
 
 
-def _failure_notes(res: Result) -> list[str]:
+def _failure_notes(res: ConformanceResult) -> list[str]:
     """The most common reason per failing cell; one line when every case failed for the same one."""
     out = []
     for c in res.conditions:
@@ -271,13 +271,13 @@ async def run_conformance(upstream: str, model: str, conditions: list[str], prim
                           gates: dict[str, Gate], data_dir: Path, *, upstream_key: str | None = None,
                           stack: str | None = None, temperature: float = 0.0, max_tokens: int = 256,
                           concurrency: int = 1, timeout: float = 300.0,
-                          progress=None) -> Result:
+                          progress=None) -> ConformanceResult:
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cells = {c: {case.name: Cell() for case in CASES} for c in conditions}
     async with local_proxy(upstream, data_dir, "conformance", upstream_key=upstream_key, stack=stack,
                            timeout=timeout) as lp:
         fp = await lp.fingerprint(model)
-        res = Result(upstream, model, fp.to_dict(), runs, conditions, primary, gates, cells, started)
+        res = ConformanceResult(upstream, model, fp.to_dict(), runs, conditions, primary, gates, cells, started)
         res.fingerprint.pop("chat_template", None)
         if fp.stack == "unreachable":
             res.problem, res.problem_detail = fp.error, fp.error_detail

@@ -31,7 +31,7 @@ from toolproxy.term.connection_errors import explain
 
 
 @dataclass(slots=True)
-class Probe:
+class ProbeExchange:
     """One probe's reply together with its record (what the proxy saw and did)."""
 
     reply: ProbeReply
@@ -65,7 +65,7 @@ class LocalProxy(Addon):
     async def fingerprint(self, model: str | None) -> Fingerprint:
         return await self.state.stacks.fingerprint(model)
 
-    async def post(self, path: str, body: dict, **tags: str) -> Probe:
+    async def post(self, path: str, body: dict, **tags: str) -> ProbeExchange:
         """POST a JSON body through the proxy, tagged; returns the reply and its record."""
         probe_id = f"{next(self._ids)}"
         prefix = "/t/" + "".join(f"{k}={v}/" for k, v in {**tags, "probe": probe_id}.items() if v is not None)
@@ -80,7 +80,7 @@ class LocalProxy(Addon):
         except (aiohttp.ClientError, TimeoutError) as exc:
             self._waiting.pop(probe_id, None)
             reply = read_reply(None, b"", "proxy_error", f"talking to the local proxy failed: {explain(exc, self.url).what}")
-            return Probe(reply, None, loop.time() - t0, tags)
+            return ProbeExchange(reply, None, loop.time() - t0, tags)
         try:
             rec = await asyncio.wait_for(fut, 5.0)
         except TimeoutError:
@@ -88,7 +88,7 @@ class LocalProxy(Addon):
         self._waiting.pop(probe_id, None)
         kind = rec.error_kind if rec is not None else None
         message = rec.error_message if rec is not None else None
-        return Probe(read_reply(status, raw, kind, message, wire.family_of(path) or wire.CHAT), rec, loop.time() - t0, tags)
+        return ProbeExchange(read_reply(status, raw, kind, message, wire.family_of(path) or wire.CHAT), rec, loop.time() - t0, tags)
 
 
 @contextlib.asynccontextmanager

@@ -22,7 +22,7 @@ from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Sk
 from toolproxy.conditions.messages import read_chat_request
 from toolproxy.conditions.text import chat_reply
 
-FAMILIES = (wire.RESPONSES, wire.MESSAGES)
+BRIDGED_FAMILIES = (wire.RESPONSES, wire.MESSAGES)
 
 
 class Relay:
@@ -41,9 +41,9 @@ class Relay:
 def parse_families(text: str) -> frozenset[str]:
     """`--bridge responses,messages` -> the families; a ValueError names what is not bridgeable."""
     names = frozenset(n.strip() for n in text.split(",") if n.strip())
-    unknown = sorted(names - set(FAMILIES))
+    unknown = sorted(names - set(BRIDGED_FAMILIES))
     if unknown or not names:
-        raise ValueError(f"--bridge takes a comma-separated list of {', '.join(FAMILIES)} (got {text!r})")
+        raise ValueError(f"--bridge takes a comma-separated list of {', '.join(BRIDGED_FAMILIES)} (got {text!r})")
     return names
 
 
@@ -51,7 +51,7 @@ def plan(request: RequestView, options: ConditionOptions) -> Plan | Reject | Non
     """The bridged request under the native condition, or None when it is not bridged."""
     if not options.bridge:
         return None
-    chat = read_chat_request(request, need_tools=False, families=tuple(f for f in FAMILIES if f in options.bridge),
+    chat = read_chat_request(request, need_tools=False, families=tuple(f for f in BRIDGED_FAMILIES if f in options.bridge),
                              bridge=options.bridge)
     if isinstance(chat, Skip):
         return None

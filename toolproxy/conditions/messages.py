@@ -19,7 +19,7 @@ from toolproxy import wire
 from toolproxy.conditions import Reject, RequestView, Skip
 from toolproxy.conditions.toolblock import tool_functions
 
-FAMILIES = (wire.CHAT, wire.OLLAMA_CHAT, wire.RESPONSES, wire.MESSAGES)
+REWRITABLE_FAMILIES = (wire.CHAT, wire.OLLAMA_CHAT, wire.RESPONSES, wire.MESSAGES)
 PATHS = {wire.CHAT: "/v1/chat/completions", wire.OLLAMA_CHAT: "/api/chat", wire.RESPONSES: "/v1/responses",
          wire.MESSAGES: "/v1/messages"}
 # Fields that would make the stack render or parse tools itself, in any dialect.
@@ -83,7 +83,7 @@ class ChatRequest:
         return upstream_path(request, base + "/chat/completions")
 
 
-def read_chat_request(request: RequestView, *, need_tools: bool = True, families=FAMILIES,
+def read_chat_request(request: RequestView, *, need_tools: bool = True, families=REWRITABLE_FAMILIES,
                       bridge: frozenset[str] = frozenset()) -> ChatRequest | Skip | Reject:
     """The request as a ChatRequest, or a Skip that says why the condition cannot apply to it.
     A family in `bridge` is sent upstream as chat completions; a Reject when that cannot carry it."""

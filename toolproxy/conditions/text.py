@@ -39,7 +39,7 @@ def chat_reply(chat: ChatRequest, interpreter: Interpreter) -> ReplyTransform:
     return ReplyTransform(wire.Decoder(chat.sent_family), interpreter, encoder)
 
 
-class Text:
+class TextCondition:
     name = "text"
 
     def prepare(self, request: RequestView, options: ConditionOptions) -> Plan | Skip | Reject:
@@ -53,4 +53,4 @@ class Text:
         return Plan(path=chat.upstream_path(request), body=orjson.dumps(body), transform=chat_reply(chat, scanner))
 
 
-CONDITION = Text()
+CONDITION = TextCondition()

@@ -78,7 +78,7 @@ SCENARIOS = [
 def _model(scenario: Scenario):
     """The scripted model: call the task's tool, then answer from the tool result."""
 
-    def respond(req: emulators.ModelRequest) -> emulators.Reply:
+    def respond(req: emulators.ModelRequest) -> emulators.ScriptedReply:
         messages = req.messages or []
         last = messages[-1] if messages else {}
         if last.get("role") == "tool" or "Tool result" in str(last.get("content", "")):

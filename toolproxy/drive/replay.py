@@ -47,7 +47,7 @@ REPLAY_TAGS = ("replay_of_run", "replay_of_episode", "replay_of_item", "replay_o
 
 
 @dataclass(frozen=True)
-class Turn:
+class RecordedTurn:
     """One turn of the original run: its identity and its last attempt's request as recorded."""
 
     turn_id: str
@@ -65,14 +65,14 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class Request:
+class ReplayRequest:
     method: str
     target: str  # path with the tag prefix and query, relative to the proxy
     headers: list[tuple[str, str]]
     body: bytes | None
 
 
-def build_request(turn: Turn, new_run: str, model: str | None = None) -> Request:
+def build_request(turn: RecordedTurn, new_run: str, model: str | None = None) -> ReplayRequest:
     """The request to send for `turn`: its own bytes, tagged for the new run, without secrets.
 
     Redacted values never go out (the proxy adds the upstream key itself), nor do the original's
@@ -93,7 +93,7 @@ def build_request(turn: Turn, new_run: str, model: str | None = None) -> Request
     headers = [(k, as_sent(v)) for k, v in turn.headers
                if k.lower() not in NOT_FORWARDED_UP and not k.lower().startswith(TAG_HEADER_PREFIX)
                and not v.startswith("redacted:")]
-    return Request(turn.method, prefix + turn.path + (f"?{query}" if query else ""), headers, body)
+    return ReplayRequest(turn.method, prefix + turn.path + (f"?{query}" if query else ""), headers, body)
 
 
 def as_sent(value: str) -> str:
@@ -169,7 +169,7 @@ where run = $new and tags->>'replay_of_run' = $run and error_kind is null and st
 """
 
 
-def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int | None) -> tuple[list[Turn], set[str]]:
+def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int | None) -> tuple[list[RecordedTurn], set[str]]:
     """(the selected turns of `run` in recorded order, the ids already replayed in `new_run`).
     `db` is a data directory's database: the request bodies are read from its segments."""
     import duckdb
@@ -203,7 +203,7 @@ def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int
     turns = []
     for (turn_id, r, episode_key, episode, item, index, expect, method, path, query, headers, body, enc, tags) in rows:
         free = json.loads(tags) if tags else {}
-        turns.append(Turn(turn_id=turn_id, run=r, episode=episode or episode_key, item=item, turn_index=int(index),
+        turns.append(RecordedTurn(turn_id=turn_id, run=r, episode=episode or episode_key, item=item, turn_index=int(index),
                           expect=expect, method=method or "POST", path=path or "/", query=query,
                           headers=[list(h) for h in json.loads(headers)] if headers else [],
                           body=body_bytes(body, enc) if body is not None else None,
@@ -266,7 +266,7 @@ def _first_line(exc: Exception) -> str:
 
 
 @dataclass
-class Tally:
+class ReplayTally:
     total: int
     sent: int = 0
     answered: int = 0
@@ -301,7 +301,7 @@ class Pause:
             await asyncio.sleep(left)
 
 
-async def _send(session, base: str, req: Request, tally: Tally, pause: Pause) -> None:
+async def _send(session, base: str, req: ReplayRequest, tally: ReplayTally, pause: Pause) -> None:
     import aiohttp
 
     for attempt in range(MAX_BUSY_RETRIES + 1):
@@ -323,11 +323,11 @@ async def _send(session, base: str, req: Request, tally: Tally, pause: Pause) ->
         return
 
 
-async def replay_turns(config: ProxyConfig, requests: list[Request], concurrency: int, progress: Progress) -> Tally:
+async def replay_turns(config: ProxyConfig, requests: list[ReplayRequest], concurrency: int, progress: Progress) -> ReplayTally:
     """Send every request through an in-process proxy, `concurrency` at a time; Ctrl-C stops cleanly."""
     import aiohttp
 
-    tally = Tally(total=len(requests), started=time.monotonic())
+    tally = ReplayTally(total=len(requests), started=time.monotonic())
     proxy = await start_proxy(config)
     base = proxy.url
     queue = iter(requests)

@@ -20,7 +20,7 @@ Three layers, kept apart so a test can vary one without the others:
 """
 
 from toolproxy.emulators.faults import Fault, close_mid_stream, gzipped, raw, stall
-from toolproxy.emulators.model import (CALL_FORMATS, ModelRequest, Reply, ToolCall, broken_call, call, calls, error,
+from toolproxy.emulators.model import (CALL_FORMATS, ModelRequest, ScriptedReply, ToolCall, broken_call, call, calls, error,
                                        render_calls, text, text_call)
 from toolproxy.emulators.server import FakeStack, Seen, run_fake
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from toolproxy.emulators.model import CALL_FORMATS, ModelRequest, Reply, call
+from toolproxy.emulators.model import CALL_FORMATS, ModelRequest, ScriptedReply, call
 from toolproxy.emulators.server import FakeStack
 from toolproxy.stacks import catalog
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="text: the model answers with a greeting; call: it always calls the first offered tool with {}")
     args = parser.parse_args(argv)
 
-    def respond(req: ModelRequest) -> Reply | None:
+    def respond(req: ModelRequest) -> ScriptedReply | None:
         return call(req.tools[0], {}) if args.reply == "call" and req.tools else None
 
     fake = FakeStack(args.stack, tool_parser=args.tool_parser, jinja=not args.no_jinja, call_format=args.call_format,

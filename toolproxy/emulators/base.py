@@ -17,7 +17,7 @@ from aiohttp import web
 from toolproxy import wire
 from toolproxy.emulators import encoding
 from toolproxy.emulators.encoding import ALNUM, SSE_DONE, compact, fragments, random_text, sse
-from toolproxy.emulators.model import ModelRequest, Reply, ToolCall, args_compact, render_calls, text
+from toolproxy.emulators.model import ModelRequest, ScriptedReply, ToolCall, args_compact, render_calls, text
 from toolproxy.stacks import catalog
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class Emulator:
             return {"type": "object"}
         return None
 
-    def broken(self, req: ModelRequest, raw_text: str) -> Answer | Reply:
+    def broken(self, req: ModelRequest, raw_text: str) -> Answer | ScriptedReply:
         """Default: the parser gives up and the whole raw text becomes content (vLLM hermes)."""
         return text(raw_text)
 
@@ -143,7 +143,7 @@ class Emulator:
             return Answer(200, self.sse_type, self.chat_stream(req, content, native, finish, reply), stream=True)
         return self.json(200, self.chat_body(req, content, native, finish, reply))
 
-    def converse(self, path: str, body: dict) -> Answer | tuple[ModelRequest, Reply, str, list[ToolCall], str]:
+    def converse(self, path: str, body: dict) -> Answer | tuple[ModelRequest, ScriptedReply, str, list[ToolCall], str]:
         """A chat request through this stack's checks, the model and its parser; an Answer when it errors."""
         req = self.fake.model_request(self, path, body)
         if (a := self.unknown_model(req.model)) is not None:
@@ -156,7 +156,7 @@ class Emulator:
         reply, content, native = out
         return req, reply, content, native, reply.finish_reason or ("tool_calls" if native else "stop")
 
-    def model_output(self, req: ModelRequest, error: Callable[[int, str], Answer]) -> Answer | tuple[Reply, str, list]:
+    def model_output(self, req: ModelRequest, error: Callable[[int, str], Answer]) -> Answer | tuple[ScriptedReply, str, list]:
         """Run the scripted model, then this stack's parser; an Answer when the stack errors instead."""
         reply = self.fake.next_reply(req)
         if reply.error is not None:
@@ -173,13 +173,13 @@ class Emulator:
                 content, native = cut, []  # generation ended at the stop string: no call came after it
         return reply, content, native
 
-    def raw_text(self, reply: Reply) -> str:
+    def raw_text(self, reply: ScriptedReply) -> str:
         """The model's output on raw-completion endpoints, where no tool parser runs."""
         if reply.broken is not None:
             return reply.broken
         return reply.content + (render_calls(self.fake.call_format or self.call_format, list(reply.calls)) if reply.calls else "")
 
-    def resolve(self, req: ModelRequest, reply: Reply) -> tuple[str, list[ToolCall]]:
+    def resolve(self, req: ModelRequest, reply: ScriptedReply) -> tuple[str, list[ToolCall]]:
         """(content, native calls) once this stack's parser has seen the model's output."""
         if not reply.calls:
             return reply.content, []

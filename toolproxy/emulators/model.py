@@ -22,7 +22,7 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
-class Reply:
+class ScriptedReply:
     """What the model produced for one request.
 
     `calls` are calls in the format the stack's parser expects: a stack with a parser returns them
@@ -39,34 +39,34 @@ class Reply:
     error: tuple[int, str] | None = None
 
 
-def text(content: str, *, reasoning: str | None = None, finish_reason: str | None = None) -> Reply:
+def text(content: str, *, reasoning: str | None = None, finish_reason: str | None = None) -> ScriptedReply:
     """Plain text, returned verbatim as `content` by every stack (never parsed)."""
-    return Reply(content=content, reasoning=reasoning, finish_reason=finish_reason)
+    return ScriptedReply(content=content, reasoning=reasoning, finish_reason=finish_reason)
 
 
-def call(name: str, arguments: Any = None, *, content: str = "") -> Reply:
+def call(name: str, arguments: Any = None, *, content: str = "") -> ScriptedReply:
     """One well-formed call in the model's trained format."""
-    return Reply(content=content, calls=(ToolCall(name, {} if arguments is None else arguments),))
+    return ScriptedReply(content=content, calls=(ToolCall(name, {} if arguments is None else arguments),))
 
 
-def calls(*items: ToolCall | tuple[str, Any], content: str = "") -> Reply:
+def calls(*items: ToolCall | tuple[str, Any], content: str = "") -> ScriptedReply:
     """Parallel calls: `calls(("a", {...}), ("b", {...}))`."""
-    return Reply(content=content, calls=tuple(c if isinstance(c, ToolCall) else ToolCall(*c) for c in items))
+    return ScriptedReply(content=content, calls=tuple(c if isinstance(c, ToolCall) else ToolCall(*c) for c in items))
 
 
-def text_call(fmt: str, name: str, arguments: Any = None, *, before: str = "", after: str = "") -> Reply:
+def text_call(fmt: str, name: str, arguments: Any = None, *, before: str = "", after: str = "") -> ScriptedReply:
     """Text that holds a call in some format (see CALL_FORMATS); no stack parses it."""
     return text(before + render_calls(fmt, [ToolCall(name, {} if arguments is None else arguments)]) + after)
 
 
-def broken_call(raw: str) -> Reply:
+def broken_call(raw: str) -> ScriptedReply:
     """Call-shaped output the stack's parser fails on (llama.cpp 500, Ollama 500, others: text)."""
-    return Reply(broken=raw)
+    return ScriptedReply(broken=raw)
 
 
-def error(status: int, message: str) -> Reply:
+def error(status: int, message: str) -> ScriptedReply:
     """The stack answers `status` in its own error format (e.g. out of memory, context too long)."""
-    return Reply(error=(status, message))
+    return ScriptedReply(error=(status, message))
 
 
 def args_text(arguments: Any) -> str:

@@ -25,7 +25,7 @@ from toolproxy import wire
 from toolproxy.emulators import llamacpp, lmstudio, ollama, openai, sglang, vllm  # noqa: F401
 from toolproxy.emulators.base import EMULATORS, Answer, Emulator
 from toolproxy.emulators.faults import Fault
-from toolproxy.emulators.model import DEFAULT_REPLY, ModelRequest, Reply
+from toolproxy.emulators.model import DEFAULT_REPLY, ModelRequest, ScriptedReply
 from toolproxy.stacks import catalog
 from toolproxy.stacks.fingerprint import USER_AGENT_PREFIX
 
@@ -62,8 +62,8 @@ class FakeStack:
 
     def __init__(self, stack: str, *, models: dict[str, tuple[str, ...]] | None = None, tool_parser: str | None = None,
                  jinja: bool = True, call_format: str | None = None, cached_tokens: int | None = None,
-                 context_length: int = 32768, replies: list[Reply] | None = None,
-                 responder: Callable[[ModelRequest], Reply | None] | None = None, prefix: str = "") -> None:
+                 context_length: int = 32768, replies: list[ScriptedReply] | None = None,
+                 responder: Callable[[ModelRequest], ScriptedReply | None] | None = None, prefix: str = "") -> None:
         if stack == "no_jinja":
             stack, jinja = "llamacpp", False
         if stack not in EMULATORS:
@@ -79,7 +79,7 @@ class FakeStack:
         self.context_length = context_length
         self.loading = False
         self.created = int(time.time())
-        self.replies: deque[Reply] = deque(replies or ())
+        self.replies: deque[ScriptedReply] = deque(replies or ())
         self.responder = responder
         self.prefix = prefix.rstrip("/")
         self.faults: list[Fault] = []
@@ -91,7 +91,7 @@ class FakeStack:
         self._runner: web.AppRunner | None = None
 
     # -- scripting
-    def enqueue(self, *replies: Reply) -> "FakeStack":
+    def enqueue(self, *replies: ScriptedReply) -> "FakeStack":
         self.replies.extend(replies)
         return self
 
@@ -115,7 +115,7 @@ class FakeStack:
                             messages=list(body.get("messages") or []), tools=tools, stream=bool(body.get("stream")),
                             prompt=body.get("prompt"), constraint=stack.constraint(body), stops=wire.stop_strings(body))
 
-    def next_reply(self, req: ModelRequest) -> Reply:
+    def next_reply(self, req: ModelRequest) -> ScriptedReply:
         if self.replies:
             return self.replies.popleft()
         if self.responder is not None:

@@ -11,7 +11,7 @@ from aiohttp import web
 from toolproxy.otlp.shipper import SpanShipper
 from toolproxy.proxy import serverlog
 from toolproxy.proxy.auth import Auth
-from toolproxy.proxy.condition import Condition
+from toolproxy.proxy.condition import ConditionAddon
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
@@ -125,7 +125,7 @@ def make_state(config: ProxyConfig) -> ProxyState:
     if config.fingerprint:
         state.stacks = StackWatch(config, writer, lambda: state.session, state.upstream_health)
         state.hooks.add(state.stacks)
-    state.hooks.add(Condition(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None,
+    state.hooks.add(ConditionAddon(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None,
                               state.redactor))
     state.hooks.add(Durability(writer))
     state.hooks.add(Recorder(writer, config.spill_above, state.spill_dir, state.redactor, config.max_response,

@@ -16,7 +16,7 @@ from toolproxy.proxy.headers import Redactor
 from toolproxy.record.model import encode_body
 
 
-class Condition(Addon):
+class ConditionAddon(Addon):
     def __init__(self, options: ConditionOptions, detected_stack: Callable[[], str | None], redactor: Redactor) -> None:
         self.options = options
         self.redactor = redactor

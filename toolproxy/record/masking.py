@@ -94,26 +94,26 @@ def compile_pattern(pattern: str):
 
 
 @dataclass(frozen=True)
-class Rule:
+class MaskRule:
     name: str
     pattern: Any  # a compiled RE2 pattern
     accept: Callable[[str], bool] | None = None
 
 
-BUILTIN: dict[str, Rule] = {
+BUILTIN: dict[str, MaskRule] = {
     r.name: r
     for r in (
-        Rule("email", compile_pattern(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")),
-        Rule("api-key", compile_pattern(
+        MaskRule("email", compile_pattern(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")),
+        MaskRule("api-key", compile_pattern(
             r"\bBearer\s+[A-Za-z0-9._~+/=-]{16,}|\b(?:sk|pk|rk)-[A-Za-z0-9_-]{16,}|\bgh[pousr]_[A-Za-z0-9]{30,}"
             r"|\bAKIA[0-9A-Z]{16}\b|\bxox[abpr]-[A-Za-z0-9-]{10,}|\bAIza[0-9A-Za-z_-]{35}")),
-        Rule("credit-card", compile_pattern(r"\b\d(?:[ -]?\d){12,18}\b"), _card),
-        Rule("ipv4", compile_pattern(r"\b(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\b")),
+        MaskRule("credit-card", compile_pattern(r"\b\d(?:[ -]?\d){12,18}\b"), _card),
+        MaskRule("ipv4", compile_pattern(r"\b(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\b")),
     )
 }
 
 
-def parse_rules(specs: tuple[str, ...] | list[str]) -> list[Rule]:
+def parse_rules(specs: tuple[str, ...] | list[str]) -> list[MaskRule]:
     """Built-in names or regular expressions (RE2 syntax). ValueError naming the bad one."""
     rules = []
     for spec in specs:
@@ -128,7 +128,7 @@ def parse_rules(specs: tuple[str, ...] | list[str]) -> list[Rule]:
                              f"regular expression for RE2 (linear-time: no backreferences or lookarounds): {reason}") from None
         if pattern.match("") is not None:
             raise ValueError(f"--mask {spec!r} matches the empty string; it would mask nothing useful")
-        rules.append(Rule(spec, pattern))
+        rules.append(MaskRule(spec, pattern))
     return rules
 
 
@@ -160,7 +160,7 @@ class Stopped(Exception):
 
 
 class Masker:
-    def __init__(self, rules: list[Rule], key: bytes) -> None:
+    def __init__(self, rules: list[MaskRule], key: bytes) -> None:
         self.rules = rules
         self.key = key
         # Set at shutdown: a spilled body being masked stops at its next window (Stopped).
@@ -328,7 +328,7 @@ def _merge(kept: list[Span], new: list[Span]) -> list[Span]:
     return out
 
 
-def _any_of(rules: list[Rule]):
+def _any_of(rules: list[MaskRule]):
     """One pattern matching where any rule's does; None when there is nothing to match. Patterns
     that cannot be joined (two name one group alike) give one that always matches, so every rule
     is run."""

@@ -18,7 +18,7 @@ TOOLPROXY_WORKAROUND = (
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class KnownRefusal:
     stack: str | None  # None: any stack
     needle: str  # lower-case substring of the error text
     meaning: str  # a sentence, capitalised: printed after the stack's own words
@@ -26,31 +26,31 @@ class Refusal:
 
 
 REFUSALS = (
-    Refusal(OLLAMA.name, OLLAMA.failures[TOOL_REFUSAL].needle,
+    KnownRefusal(OLLAMA.name, OLLAMA.failures[TOOL_REFUSAL].needle,
             "Ollama refuses `tools` for a model whose capabilities lack 'tools' (its template has no tool "
             "section); the model never ran",
             "pick a model (or tag) whose template supports tools: `ollama show MODEL` must list 'tools' "
             "under Capabilities; " + TOOLPROXY_WORKAROUND),
-    Refusal(None, VLLM.failures[TOOL_REFUSAL].needle,
+    KnownRefusal(None, VLLM.failures[TOOL_REFUSAL].needle,
             "vLLM refuses tool requests with tool_choice 'auto' unless it was launched with a tool parser; "
             "the model never ran",
             "relaunch vLLM with `--enable-auto-tool-choice --tool-call-parser NAME` (hermes for Qwen2.5 and "
             "Hermes-style models, llama3_json for Llama 3.x, mistral, pythonic, qwen3_coder...); "
             + TOOLPROXY_WORKAROUND),
-    Refusal(None, LLAMACPP.failures[TOOL_REFUSAL].needle,
+    KnownRefusal(None, LLAMACPP.failures[TOOL_REFUSAL].needle,
             "This llama-server was started with --no-jinja, so it cannot render tools into the prompt; "
             "the model never ran",
             "restart llama-server with `--jinja` (the default in recent builds: drop `--no-jinja`); "
             + TOOLPROXY_WORKAROUND),
-    Refusal(LLAMACPP.name, LLAMACPP.failures[PARSE_FAILURE].needle,
+    KnownRefusal(LLAMACPP.name, LLAMACPP.failures[PARSE_FAILURE].needle,
             "The model ran, but its output did not match the tool-call format llama-server detected "
             "from the chat template, and llama-server answered 500 instead of returning the text",
             "start llama-server with `--jinja --chat-template-file` pointing at the model maker's template "
             "(so the detected format is the one the model writes); " + TOOLPROXY_WORKAROUND),
-    Refusal(OLLAMA.name, OLLAMA.failures[PARSE_FAILURE].needle,
+    KnownRefusal(OLLAMA.name, OLLAMA.failures[PARSE_FAILURE].needle,
             "Ollama's model-specific tool parser failed on the model's output and answered 500",
             "try a newer Ollama or another tag of the model; " + TOOLPROXY_WORKAROUND),
-    Refusal(None, "does not support tool",
+    KnownRefusal(None, "does not support tool",
             "The server refuses tools for this model",
             "use a model the server marks as tool-capable; " + TOOLPROXY_WORKAROUND),
 )
@@ -81,7 +81,7 @@ FORMAT_LABELS = {
 }
 
 
-def explain_refusal(stack: str, error_text: str) -> Refusal | None:
+def explain_refusal(stack: str, error_text: str) -> KnownRefusal | None:
     """The known refusal this error text is, preferring the rows for this stack."""
     text = error_text.lower()
     rows = sorted(REFUSALS, key=lambda r: r.stack != stack)

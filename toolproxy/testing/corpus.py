@@ -43,7 +43,7 @@ TOOLS = [
     ]
 ]
 TOOL_NAMES = [t["function"]["name"] for t in TOOLS]
-STACKS = {
+RUN_SETUPS = {
     "ollama-qwen-native": ("ollama", "native"),
     "ollama-gemma-refused": ("ollama_refuse", "native"),
     "vllm-default": ("vllm_refuse", "native"),
@@ -177,7 +177,7 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
     seg_no = 0
     f = None
     t = 1764000000.0
-    runs = list(STACKS)
+    runs = list(RUN_SETUPS)
     episode_no = 0
     while written < n_exchanges:
         if f is None or written // segment_records >= seg_no:
@@ -186,7 +186,7 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
             seg_no += 1
             f = open(seg_dir / f"20261129T120000-1-{seg_no:04d}.jsonl", "wb")
         run = runs[episode_no % len(runs)]
-        stack, condition = STACKS[run]
+        stack, condition = RUN_SETUPS[run]
         episode_no += 1
         model = {"ollama_refuse": "gemma3:4b", "ollama": "qwen3:8b", "ollama_native": "qwen3:8b"}.get(stack, "Qwen/Qwen3-8B")
         path = "/api/chat" if stack == "ollama_native" else "/v1/chat/completions"

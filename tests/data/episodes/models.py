@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from toolproxy.emulators import ModelRequest, Reply, call, text
+from toolproxy.emulators import ModelRequest, ScriptedReply, call, text
 
 ANSWER = "It is sunny, 21 C in Paris."
 
@@ -18,12 +18,12 @@ def _has_tool_result(req: ModelRequest) -> bool:
     return any(isinstance(m, dict) and m.get("role") == "tool" for m in req.messages)
 
 
-def weather_chat(req: ModelRequest) -> Reply:
+def weather_chat(req: ModelRequest) -> ScriptedReply:
     """Calls get_weather(Paris), then answers once the result is in the conversation."""
     return text(ANSWER) if _has_tool_result(req) else call("get_weather", {"city": "Paris"})
 
 
-def empty_once(req: ModelRequest) -> Reply:
+def empty_once(req: ModelRequest) -> ScriptedReply:
     """Calls, then replies with nothing (as a small model that emits only its end token does), and
     answers once the harness has asked again."""
     if not _has_tool_result(req):
@@ -31,7 +31,7 @@ def empty_once(req: ModelRequest) -> Reply:
     return text(ANSWER) if "Please return text or call a tool" in _flat(req) else text("")
 
 
-def smolagents_steps(req: ModelRequest) -> Reply:
+def smolagents_steps(req: ModelRequest) -> ScriptedReply:
     """ToolCallingAgent: a call, then "Action:" with nothing after it (smolagents cannot parse it),
     then at max_steps its summary request, answered in prose. CodeAgent: code that calls the tool
     and prints, then code that calls final_answer."""
@@ -48,7 +48,7 @@ def smolagents_steps(req: ModelRequest) -> Reply:
     return call("get_weather", {"city": "Paris"})
 
 
-def dspy_react(req: ModelRequest) -> Reply:
+def dspy_react(req: ModelRequest) -> ScriptedReply:
     """dspy ChatAdapter fields: get_weather, then finish, then the extract step's answer."""
     system = req.messages[0].get("content", "") if req.messages else ""
     user = req.messages[-1].get("content", "") if req.messages else ""
@@ -61,7 +61,7 @@ def dspy_react(req: ModelRequest) -> Reply:
     return text(f"[[ ## reasoning ## ]]\nThe tool said sunny, 21 C.\n\n[[ ## answer ## ]]\n{ANSWER}\n\n[[ ## completed ## ]]")
 
 
-def langchain_react(req: ModelRequest) -> Reply:
+def langchain_react(req: ModelRequest) -> ScriptedReply:
     """The classic ReAct text protocol: an Action, then the Final Answer after the Observation."""
     if "Observation: sunny" in _flat(req):
         return text(f" I now know the final answer\nFinal Answer: {ANSWER}")
