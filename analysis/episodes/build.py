@@ -30,7 +30,7 @@ import orjson
 from toolproxy.analysis.episodes.loops import mark_loops
 from toolproxy.analysis.episodes.model import Attempt, Episode, Turn
 from toolproxy.analysis.episodes.order import causal_order, chain_keys
-from toolproxy.analysis.measure.expectations import Rule, expectation
+from toolproxy.analysis.measure.expectations import ExpectationRule, expectation
 from toolproxy.analysis.measure.outcomes import NON_RESPONSE
 
 _SEP = re.compile(r"[_-]")
@@ -131,7 +131,7 @@ def match_tags(tags_json: str | None, **known: str | None) -> dict[str, str | No
     return {str(k): v if v is None or isinstance(v, str) else str(v) for k, v in free.items()} | known
 
 
-def episode_expectation(run: str, ep: Episode, rules: Sequence[Rule]) -> tuple[dict, str | None]:
+def episode_expectation(run: str, ep: Episode, rules: Sequence[ExpectationRule]) -> tuple[dict, str | None]:
     """(the tags an expectation rule sees for the episode, what it expects: call, none or None)."""
     first = ep.turns[0].attempts[0]
     tags = match_tags(first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category,

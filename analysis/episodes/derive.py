@@ -15,7 +15,7 @@ import orjson
 from toolproxy.analysis.episodes.build import build_episodes, category_of, episode_expectation
 from toolproxy.analysis.episodes.model import Attempt
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
-from toolproxy.analysis.measure.expectations import Rule
+from toolproxy.analysis.measure.expectations import ExpectationRule
 from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.columns import share_strings
 from toolproxy.analysis.store.connection import insert_columns
@@ -108,7 +108,7 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 """
 
 
-def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progress=None) -> dict[str, int]:
+def derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None = None, progress=None) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
     `rules`: expectation rules (analysis.measure.expectations); None uses the ones stored with the analysis.
@@ -122,7 +122,7 @@ def derive(con, runs: Iterable[str], rules: Sequence[Rule] | None = None, progre
         return _derive(con, runs, rules, progress)
 
 
-def _derive(con, runs: Iterable[str], rules: Sequence[Rule] | None, progress) -> dict[str, int]:
+def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, progress) -> dict[str, int]:
     if rules is None:
         rules = stored_rules(con)
     runs = sorted(set(runs))
@@ -177,7 +177,7 @@ def _columns(arrays: dict) -> list[Sequence]:
     return out
 
 
-def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[Rule], progress):
+def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule], progress):
     """The turn rows (columns of _TURN_ROW), episode columns and attempt -> turn map of a batch of runs."""
     cols = _columns(con.execute(_ATTEMPTS_SQL, {"runs": runs, "clocks": clocks}).fetchnumpy())
     run_of = cols[0]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from toolproxy.analysis.measure.expectations import Rule
+from toolproxy.analysis.measure.expectations import ExpectationRule
 from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.state import save_state, stored_rules, stored_version
 from toolproxy.record.segments import RecordError, RecordReader
@@ -25,7 +25,7 @@ _RAW = ("id", "kind", "started_at", "ended_at", "ttfb_ms", "duration_ms", "run",
 _BATCH = 500
 
 
-def rebuild_reason(con, *, rules: Sequence[Rule] | None, force: bool) -> str | None:
+def rebuild_reason(con, *, rules: Sequence[ExpectationRule] | None, force: bool) -> str | None:
     """Why the derived tables must be rebuilt before ingesting, or None when they are current."""
     if con.execute("SELECT count(*) FROM exchanges").fetchone()[0] == 0:
         return None
@@ -94,7 +94,7 @@ class ReanalyzeError(Exception):
     """Derived tables cannot be rebuilt; the message says why and what to do."""
 
 
-def rebuild(con, rules: Sequence[Rule] | None, *, exchanges: bool, data_dir=None, progress=None) -> dict[str, int]:
+def rebuild(con, rules: Sequence[ExpectationRule] | None, *, exchanges: bool, data_dir=None, progress=None) -> dict[str, int]:
     """Rebuild every derived table in one transaction: exchanges' classification (when the rules
     of classification may have changed) and all runs' turns, episodes and runs rows. `progress`
     (toolproxy.term.progress.Progress) draws the reclassifying, then the deriving; closed here."""

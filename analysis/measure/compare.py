@@ -18,7 +18,7 @@ from typing import Sequence
 import duckdb
 
 from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.expectations import Rule
+from toolproxy.analysis.measure.expectations import ExpectationRule
 from toolproxy.analysis.measure.metrics import score
 from toolproxy.analysis.measure.summary import StoreError, is_pattern, known_runs
 
@@ -94,7 +94,7 @@ def _paired(label: str, paired: int, both_pass: int, a_only: int, b_only: int) -
 
 
 def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str = "delivered",
-            by_category: bool = False, rules: Sequence[Rule] = ()) -> Comparison:
+            by_category: bool = False, rules: Sequence[ExpectationRule] = ()) -> Comparison:
     """A against B; either may be a wildcard pattern (`bfcl-*-native`) that pools every run it matches.
 
     Pooling is how a study split into several runs (one per category, say) gets one paired answer

@@ -30,7 +30,7 @@ import orjson
 
 from toolproxy.analysis.episodes.roles import ROLE_SQL
 from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.expectations import Rule, expectation
+from toolproxy.analysis.measure.expectations import ExpectationRule, expectation
 from toolproxy.analysis.measure.outcomes import ROLES
 from toolproxy.analysis.store.state import stored_rules
 
@@ -82,7 +82,7 @@ _COLUMNS = {
 }
 
 
-def score(con: duckdb.DuckDBPyConnection, runs: Sequence[str], rules: Sequence[Rule] = ()) -> None:
+def score(con: duckdb.DuckDBPyConnection, runs: Sequence[str], rules: Sequence[ExpectationRule] = ()) -> None:
     """Create the temp tables `wanted` (the runs) and `scored` (their turns with expect, role, and
     `reached`: whether a call reached the harness, by REACHED_HARNESS).
 

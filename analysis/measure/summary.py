@@ -17,7 +17,7 @@ from typing import Sequence
 import duckdb
 
 from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.expectations import Rule
+from toolproxy.analysis.measure.expectations import ExpectationRule
 from toolproxy.analysis.measure.metrics import RunMetrics, by_run, run_metrics, score
 from toolproxy.analysis.measure.outcomes import (ANALYZER_VERSION, HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS,
                                UNPARSEABLE, VALID_CALL)
@@ -160,7 +160,7 @@ class Report:
 
 
 def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, seed: int = 0,
-              resamples: int = stats.RESAMPLES, rules: Sequence[Rule] = ()) -> Report:
+              resamples: int = stats.RESAMPLES, rules: Sequence[ExpectationRule] = ()) -> Report:
     """Aggregate the chosen runs; each query groups by run once rather than looping over runs.
 
     `rules`: expectation rules for this report only (see analysis.measure.metrics.score).

@@ -15,7 +15,7 @@ import duckdb
 
 from toolproxy.analysis.measure import stats
 from toolproxy.analysis.measure.compare import Comparison, compare
-from toolproxy.analysis.measure.expectations import Rule, parse_rules
+from toolproxy.analysis.measure.expectations import ExpectationRule, parse_rules
 from toolproxy.analysis.measure.metrics import score
 from toolproxy.analysis.measure.summary import Report
 
@@ -102,7 +102,7 @@ def by_category(con: duckdb.DuckDBPyConnection) -> tuple[list[str], dict[tuple[s
 
 
 def comparisons(con: duckdb.DuckDBPyConnection, runs: Sequence[str], models: dict[str, str | None],
-                rules: Sequence[Rule] = ()) -> tuple[list[Comparison], int]:
+                rules: Sequence[ExpectationRule] = ()) -> tuple[list[Comparison], int]:
     """compare() for every pair of runs that share items, by category (Holm) when the pair's items
     fall in more than one category. Pairs of one model (an interface or stack compared on fixed
     weights, the usual question) come first, then report order. Returns the comparisons and how

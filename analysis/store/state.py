@@ -8,7 +8,7 @@ from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.measure.expectations import Rule, parse_rules
+from toolproxy.analysis.measure.expectations import ExpectationRule, parse_rules
 from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 
 _VERSION_KEY = "analyzer_version"
@@ -24,7 +24,7 @@ def _set_state(con, key: str, value) -> None:
     con.execute("INSERT OR REPLACE INTO analyzer_state VALUES (?, ?)", [key, orjson.dumps(value).decode()])
 
 
-def stored_rules(con) -> list[Rule]:
+def stored_rules(con) -> list[ExpectationRule]:
     """The expectation rules the derived tables were built with (none until `analyze --expect`)."""
     return parse_rules(_state(con, _RULES_KEY) or [])
 
@@ -36,7 +36,7 @@ def stored_version(con) -> int | None:
     return int(version) if version is not None else None
 
 
-def save_state(con, rules: Sequence[Rule] | None) -> None:
+def save_state(con, rules: Sequence[ExpectationRule] | None) -> None:
     _set_state(con, _VERSION_KEY, ANALYZER_VERSION)
     if rules is not None:
         _set_state(con, _RULES_KEY, [str(r) for r in rules])
