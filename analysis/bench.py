@@ -38,6 +38,7 @@ import orjson
 from toolproxy.analysis.store import default_db
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.writer import SEGMENT_DIR
+from toolproxy.stacks.catalog import OLLAMA, TOOL_REFUSAL, VLLM
 
 TOOLS = [
     {"type": "function", "function": {
@@ -101,7 +102,7 @@ def _openai_reply(stack: str, model: str, kind: str, name, args, text, stream: b
     cid = f"chatcmpl-{rnd.getrandbits(48):x}"
     base = {"id": cid, "object": "chat.completion", "created": 1764000000, "model": model}
     if stack == "ollama":
-        base["system_fingerprint"] = "fp_ollama"
+        base["system_fingerprint"] = OLLAMA.system_fingerprint
     if stack == "llamacpp":
         base["system_fingerprint"] = "b6512-a1b2c3d4"
     if stack == "sglang":
@@ -227,11 +228,13 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
                 rec.request_body_size = len(req)
                 failing = (a < attempts - 1) or fail_all
                 if stack == "vllm_refuse":
-                    body = orjson.dumps({"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set', "type": "BadRequestError", "param": None, "code": 400}})
-                    status, ctype = 400, "application/json"
+                    refusal = VLLM.failures[TOOL_REFUSAL]
+                    body = orjson.dumps({"error": {"message": refusal.text(), "type": "BadRequestError", "param": None, "code": refusal.status}})
+                    status, ctype = refusal.status, "application/json"
                 elif stack == "ollama_refuse":
-                    body = orjson.dumps({"error": {"message": f"registry.ollama.ai/library/{model} does not support tools", "type": "invalid_request_error", "param": None, "code": None}})
-                    status, ctype = 400, "application/json"
+                    refusal = OLLAMA.failures[TOOL_REFUSAL]
+                    body = orjson.dumps({"error": {"message": refusal.text(model=f"registry.ollama.ai/library/{model}"), "type": "invalid_request_error", "param": None, "code": None}})
+                    status, ctype = refusal.status, "application/json"
                 elif failing and rnd.random() < 0.3:
                     rec.set_error("timeout", "upstream http://127.0.0.1:8000 sent no response within 600s (--ttfb-timeout)")
                     rec.client_status = 504

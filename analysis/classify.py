@@ -19,6 +19,7 @@ from toolproxy.analysis.outcomes import (HALLUCINATED, INVALID_ARGS, MODEL_STOPP
 from toolproxy.analysis.protocols import read_reply
 from toolproxy.analysis.textparse import parsed_text
 from toolproxy.calls import Validation, parse_arguments, validate_call
+from toolproxy.stacks.catalog import LLAMACPP, OLLAMA, TOOL_REFUSAL
 from toolproxy.wire import Reply, tool_names as names_of_tools
 
 # A 4xx that names the tool interface: the stack rejected the request for what it asked, before
@@ -27,12 +28,13 @@ from toolproxy.wire import Reply, tool_names as names_of_tools
 _REFUSAL_4XX = re.compile(
     r"\btools?\b|tool[ _-]?(?:choice|calls?|parser)|function[ _]?call|capabilit|jinja|chat[ _]template", re.IGNORECASE
 )
-# llama.cpp started with --no-jinja answers a tools request with HTTP 500 "tools param requires
-# --jinja flag". It is a 5xx only by that server's choice of status code: it is deterministic,
+# llama.cpp started with --no-jinja answers a tools request with HTTP 500 (its tools refusal in
+# the stack catalog). It is a 5xx only by that server's choice of status code: it is deterministic,
 # happens before the model runs and is about the tools parameter, i.e. a refusal in every sense
-# that matters here. Other 5xx that mention tools (e.g. llama.cpp "Failed to parse input at
-# pos N: <tool_call>...") are failures *after* generation and stay http_5xx.
-_REFUSAL_5XX = re.compile(r"requires --jinja|tools param requires|does not support tools", re.IGNORECASE)
+# that matters here; so is Ollama's tools refusal should it come as a 5xx. Other 5xx that mention
+# tools (e.g. llama.cpp's parse failure, "Failed to parse input at pos N: <tool_call>...") are
+# failures *after* generation and stay http_5xx.
+_REFUSAL_5XX = re.compile("|".join(re.escape(s.failures[TOOL_REFUSAL].needle) for s in (LLAMACPP, OLLAMA)), re.IGNORECASE)
 
 # error_kind (from the proxy) -> sub-kind when nothing usable reached the harness
 _ERROR_KINDS = {

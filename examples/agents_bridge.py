@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from realstack import proxy  # noqa: E402
 
 from toolproxy.record.segments import read_records  # noqa: E402
-from toolproxy.testing.fakes import FakeStack, ModelRequest, call, text  # noqa: E402
+from toolproxy.emulators import FakeStack, ModelRequest, call, text  # noqa: E402
 
 MODEL = "qwen2.5-7b-instruct"  # no "/": openai-agents reads "a/b" as provider "a"
 

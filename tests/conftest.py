@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from proxyprocess import ProxyProcess, stop_in_background, wait_stopped
-from toolproxy.testing.fakes import FakeStack
+from toolproxy.emulators import FakeStack
 
 FUZZ_SEED = "TOOLPROXY_FUZZ_SEED"
 

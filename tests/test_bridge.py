@@ -13,7 +13,7 @@ import pytest
 from proxyprocess import start_all, stop_in_background
 from test_protocols import MESSAGES_TOOLS, RESPONSES_TOOLS, sql, tp
 from toolproxy.record.segments import read_records
-from toolproxy.testing.fakes import FakeStack, ModelRequest, call, text, text_call
+from toolproxy.emulators import FakeStack, ModelRequest, call, text, text_call
 
 MODEL = "qwen2.5:7b"
 

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from toolproxy.conditions.toolblock import render_block
-from toolproxy.testing.fakes import call, calls, text
+from toolproxy.emulators import call, calls, text
 
 DATA = Path(__file__).parent / "data"
 TOOLS = json.loads((DATA / "hint_tools.json").read_text())

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from toolproxy.conditions.chat_template import TemplateError, load_template
-from toolproxy.testing.fakes import call, text
+from toolproxy.emulators import call, text
 
 DATA = Path(__file__).parent / "data"
 QWEN = DATA / "qwen2.5" / "tokenizer_config.json"

@@ -28,7 +28,7 @@ from toolproxy.checks.conformance import (
     run_conformance,
 )
 from toolproxy.checks.reply import read_reply
-from toolproxy.testing.fakes import ModelRequest, Reply, ToolCall, render_calls, text
+from toolproxy.emulators import ModelRequest, Reply, ToolCall, render_calls, text
 
 CALLS = {
     "Tokyo": [("get_weather", {"city": "Tokyo"})],
@@ -274,7 +274,7 @@ def test_cli_default_output_under_runs(fake_stack, tmp_path):
 
 async def test_transport_failures_shown_as_such_not_as_failed_cases(fake_stack, tmp_path):
     """The upstream stalls past the timeout for some requests: those runs are unmeasured."""
-    from toolproxy.testing.fakes import stall
+    from toolproxy.emulators import stall
 
     fake = fake_stack("openai", responder=good_model)
     fake.inject(stall(before=6.0, times=2, path="/v1/chat/completions"))

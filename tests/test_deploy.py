@@ -30,7 +30,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from toolproxy.cli import main
-from toolproxy.testing.fakes import text
+from toolproxy.emulators import text
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 REPO = DEPLOY.parent

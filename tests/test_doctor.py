@@ -11,7 +11,7 @@ import pytest
 
 from toolproxy.record.segments import read_records
 from toolproxy.checks.doctor import diagnose, render
-from toolproxy.testing.fakes import ModelRequest, Reply, broken_call, call, text, text_call
+from toolproxy.emulators import ModelRequest, Reply, broken_call, call, text, text_call
 
 PARIS = {"city": "Paris"}
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from toolproxy.testing import fakes
+from toolproxy import emulators as fakes
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "bfcl_style.py"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from toolproxy.record.segments import read_records
-from toolproxy.testing import fakes
+from toolproxy import emulators as fakes
 
 AGENT = Path(__file__).resolve().parent.parent / "examples" / "react_agent.py"
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from toolproxy.proxy.exposure import Exposure, host_name
-from toolproxy.testing.fakes import text
+from toolproxy.emulators import text
 
 MSGS = [{"role": "user", "content": "the prompt that a web page must not read"}]
 

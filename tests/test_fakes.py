@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from toolproxy.testing.fakes import (
+from toolproxy.emulators import (
     FakeStack,
     broken_call,
     call,
@@ -240,7 +240,7 @@ def test_openai_sdk_against_a_threaded_fake(fake_stack):
 
 
 def test_command_line_prints_its_url():
-    proc = subprocess.Popen([sys.executable, "-m", "toolproxy.testing.fakes", "sglang", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "toolproxy.emulators", "sglang", "--port", "0"],
                             stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

@@ -15,7 +15,7 @@ from toolproxy.record.segments import read_records
 from toolproxy.proxy.stackwatch import model_candidates, top_level_model
 from toolproxy.checks.doctor import TOOL_MESSAGES, WEATHER_TOOL
 from toolproxy.checks.local import local_proxy
-from toolproxy.testing.fakes import call
+from toolproxy.emulators import call
 from toolproxy.stacks.fingerprint import (
     LLAMACPP_PROPS,
     LMSTUDIO_V0,

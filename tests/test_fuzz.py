@@ -31,7 +31,7 @@ import pytest
 
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
-from toolproxy.testing.fakes import ModelRequest, call, text, text_call
+from toolproxy.emulators import ModelRequest, call, text, text_call
 
 SEED = int(os.environ.get("TOOLPROXY_FUZZ_SEED") or random.SystemRandom().randrange(1 << 32))
 REQUESTS = 600

@@ -26,7 +26,7 @@ from proxyprocess import ProxyProcess, toolproxy_cli
 
 from toolproxy.analysis.report.screenshot import find_browser, run_chromium
 from toolproxy.analysis.runline import exchange_text, from_report
-from toolproxy.testing import fakes
+from toolproxy import emulators as fakes
 
 REPO = Path(__file__).resolve().parents[1]
 REACT = REPO / "examples" / "react_agent.py"

@@ -24,7 +24,7 @@ from proxyprocess import LISTENING, ProxyProcess
 from toolproxy.analysis.report.screenshot import find_browser, run_chromium, screenshot
 from toolproxy.proxy.live import LiveView, Tally, merge_reports, outcome_key
 from toolproxy.record.model import Record, encode_record
-from toolproxy.testing import fakes
+from toolproxy import emulators as fakes
 
 TOKEN = "s3cret-page-token"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",

@@ -15,7 +15,7 @@ import pytest
 
 from toolproxy.record.masking import BUILTIN, Masker, load_key, luhn, parse_rules
 from toolproxy.record.segments import read_records
-from toolproxy.testing.fakes import text
+from toolproxy.emulators import text
 
 KEY = b"k" * 32
 M = Masker(list(BUILTIN.values()), KEY)
@@ -158,7 +158,7 @@ SPLIT_TEXT = f"Reach {SPLIT_SECRET} now"
 async def test_a_secret_split_across_streamed_deltas_is_masked_in_every_protocol(fake_stack, proxy, monkeypatch):
     """Each protocol's stream, with the secret cut at every position into two deltas by the
     emulated stack; the client gets the stream as sent, the record reassembles to the masked text."""
-    from toolproxy.testing import fakes
+    from toolproxy import emulators as fakes
     from toolproxy.wire import decode, family_of
 
     cut = {"at": None}
@@ -169,7 +169,7 @@ async def test_a_secret_split_across_streamed_deltas_is_masked_in_every_protocol
         at = SPLIT_TEXT.index(SPLIT_SECRET) + cut["at"]
         return [s[:at], s[at:]]
 
-    monkeypatch.setattr(fakes, "_pieces", pieces)
+    monkeypatch.setattr(fakes.encoding, "pieces", pieces)
     llama = fake_stack("llamacpp", responder=lambda req: text(SPLIT_TEXT))
     ollama = fake_stack("ollama", responder=lambda req: text(SPLIT_TEXT))
     p_llama = proxy(llama.url, "--quiet", "--no-fingerprint", "--durability", "sync", "--mask", "email")

@@ -249,7 +249,7 @@ def test_a_huge_body_is_masked_while_other_requests_pass_and_sigterm_still_stops
     import threading
     import time
 
-    from toolproxy.testing.fakes import text
+    from toolproxy.emulators import text
 
     fake = fake_stack("llamacpp", responder=lambda req: text("ok"))
     p = proxy(fake.url, "--quiet", "--no-fingerprint", "--no-live-page", "--mask", "email")
@@ -287,7 +287,7 @@ def test_spilled_bodies_are_encrypted_in_their_temporary_file(fake_stack, proxy)
     import threading
     import time
 
-    from toolproxy.testing.fakes import stall
+    from toolproxy.emulators import stall
 
     fake = fake_stack("llamacpp")
     fake.inject(stall(before=4))
@@ -327,7 +327,7 @@ def _peak_rss_kib(pid: int) -> int:
 def test_masking_a_large_reply_takes_bounded_memory(fake_stack, proxy):
     """A 200 MB reply peaked at 912 MB masked (56 MB not): read back whole, decoded, parsed and
     written again. Masked as it is read back now; measured against the same reply unmasked."""
-    from toolproxy.testing.fakes import text
+    from toolproxy.emulators import text
 
     content = ("lorem ipsum dolor sit amet " * 2_400_000) + EMAIL  # ~65 MB
     fake = fake_stack("llamacpp", responder=lambda req: text(content))
@@ -350,7 +350,7 @@ def test_a_response_above_max_response_is_refused_or_cut_and_recorded(fake_stack
     import http.client
     from urllib.parse import urlsplit
 
-    from toolproxy.testing.fakes import text
+    from toolproxy.emulators import text
 
     big = "x" * 300_000
     fake = fake_stack("llamacpp", responder=lambda req: text(big))
@@ -382,7 +382,7 @@ def test_keys_are_masked_in_the_record_and_on_the_live_page(fake_stack, proxy):
     import time
     import urllib.request
 
-    from toolproxy.testing.fakes import text
+    from toolproxy.emulators import text
 
     fake = fake_stack("llamacpp", responder=lambda req: text("done"))
     p = proxy(fake.url, "--quiet", "--no-fingerprint", "--mask", "email", "--durability", "sync")

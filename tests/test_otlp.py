@@ -19,7 +19,7 @@ from proxyprocess import ProxyProcess
 from toolproxy.otlp.shipper import EndpointError, SpanShipper, traces_url
 from toolproxy.otlp.spans import CONTENT_CHARS, span_of, trace_id_of
 from toolproxy.record.model import Record
-from toolproxy.testing import fakes
+from toolproxy import emulators as fakes
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

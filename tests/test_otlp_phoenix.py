@@ -24,7 +24,7 @@ import pytest
 from otlpreceiver import send_chat
 from proxyprocess import ProxyProcess
 
-from toolproxy.testing import fakes
+from toolproxy import emulators as fakes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "recipes"))

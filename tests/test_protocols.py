@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from proxyprocess import ProxyProcess, start_all, stop_in_background, together
-from toolproxy.testing.fakes import FakeStack, ModelRequest, call, text, text_call
+from toolproxy.emulators import FakeStack, ModelRequest, call, text, text_call
 
 WEATHER = {"name": "get_weather", "description": "Current weather for a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -18,7 +18,7 @@ from toolproxy.proxy import stackwatch
 from toolproxy.proxy.durability import LastBytes, expected_body_length
 from toolproxy.proxy.forward import _CLOSE_RACE_S
 from toolproxy.proxy.pool import KEEPALIVE_S, PoolStats, upstream_session
-from toolproxy.testing.fakes import stall, text
+from toolproxy.emulators import stall, text
 from toolproxy.stacks.fingerprint import GET_PROBES
 
 MSGS = [{"role": "user", "content": "hi"}]

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from toolproxy.record.model import body_bytes
-from toolproxy.testing.fakes import close_mid_stream, gzipped, raw, stall, text
+from toolproxy.emulators import close_mid_stream, gzipped, raw, stall, text
 
 MSGS = [{"role": "user", "content": "hi"}]
 

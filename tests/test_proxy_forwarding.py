@@ -12,7 +12,7 @@ import pytest
 
 from toolproxy.proxy.headers import HOP_BY_HOP
 from toolproxy.record.model import body_bytes
-from toolproxy.testing.fakes import call, text, text_call
+from toolproxy.emulators import call, text, text_call
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -73,7 +73,7 @@ def rec_header(rec: dict, name: str) -> str | None:
 
 async def test_stream_chunks_reach_the_client_before_the_upstream_finishes(served):
     """Never buffered whole: the first event arrives while the upstream is still stalling."""
-    from toolproxy.testing.fakes import stall
+    from toolproxy.emulators import stall
 
     fake, p = served("openai", "--quiet")
     fake.enqueue(text("one two"))

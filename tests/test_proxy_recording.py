@@ -14,7 +14,7 @@ import pytest
 
 from toolproxy.record.segments import list_segments, read_segment
 from toolproxy.record.writer import MAX_QUEUE_WAIT
-from toolproxy.testing.fakes import raw, stall, text
+from toolproxy.emulators import raw, stall, text
 
 MSGS = [{"role": "user", "content": "hi"}]
 

@@ -16,7 +16,7 @@ import pytest
 from toolproxy.proxy.spool import file_payload
 from toolproxy.record.model import Record, body_bytes, encode_body
 from toolproxy.record.spill import SpilledBody, record_pieces
-from toolproxy.testing.fakes import raw, text
+from toolproxy.emulators import raw, text
 
 
 def _spilled(data: bytes, directory: str | None, piece: int) -> SpilledBody:

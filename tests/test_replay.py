@@ -19,7 +19,7 @@ import pytest
 
 from toolproxy.record.segments import read_records
 from toolproxy.replay import Turn, _unbalanced, build_request, retry_delay, strip_redacted_query
-from toolproxy.testing import fakes
+from toolproxy import emulators as fakes
 
 from proxyprocess import together
 from test_study import _responder  # a call for the city asked about, then an answer once the tool replied

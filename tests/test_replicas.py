@@ -16,7 +16,7 @@ from itertools import count
 
 from proxyprocess import sql_rows, toolproxy_cli
 from toolproxy.record.segments import list_segments
-from toolproxy.testing.fakes import call, error, text
+from toolproxy.emulators import call, error, text
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

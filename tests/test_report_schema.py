@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from toolproxy.analysis.report.docschema import render
-from toolproxy.testing import fakes
+from toolproxy import emulators as fakes
 
 SCHEMA = Path(__file__).resolve().parent.parent / "docs" / "report.schema.json"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -17,7 +17,7 @@ import pytest
 from toolproxy.record.model import Record, encode_body
 from toolproxy.record.sampling import BY_EPISODE, BY_NONE, BY_OPENING, SAMPLED_OUT, Sampler, episode_key, opening, parse_rate
 from toolproxy.record.segments import read_records
-from toolproxy.testing.fakes import call, text
+from toolproxy.emulators import call, text
 
 KEY = b"s" * 32
 RATE = 0.5

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from toolproxy.record.segments import read_records
-from toolproxy.testing import fakes
+from toolproxy import emulators as fakes
 
 from proxyprocess import together
 

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
-from toolproxy.testing.fakes import FakeStack
+from toolproxy.emulators import FakeStack
 
 
 def _closed_port() -> int:

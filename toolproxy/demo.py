@@ -1,6 +1,6 @@
 """`toolproxy demo`: the whole loop on this machine, with no model server and no network.
 
-Six "serving stacks" (the emulated ones from toolproxy.testing.fakes, which answer exactly as the
+Six "serving stacks" (the emulated ones from toolproxy.emulators, which answer exactly as the
 real ones do on the wire) each sit behind a real toolproxy; a small agent harness runs the same
 tasks through every one of them; then the real `analyze`, `report` and `compare` commands run on
 what was recorded. The point it makes is the project's point: the same model behaviour shows up as
@@ -27,8 +27,8 @@ import aiohttp
 import click
 
 from toolproxy.proxy.config import ProxyConfig
+from toolproxy import emulators
 from toolproxy.proxy.server import RunningProxy, start_proxy
-from toolproxy.testing import fakes
 
 TOOLS = [
     {"type": "function", "function": {
@@ -78,18 +78,18 @@ SCENARIOS = [
 def _model(scenario: Scenario):
     """The scripted model: call the task's tool, then answer from the tool result."""
 
-    def respond(req: fakes.ModelRequest) -> fakes.Reply:
+    def respond(req: emulators.ModelRequest) -> emulators.Reply:
         messages = req.messages or []
         last = messages[-1] if messages else {}
         if last.get("role") == "tool" or "Tool result" in str(last.get("content", "")):
-            return fakes.text("Here is what I found: " + str(last.get("content", ""))[:80])
+            return emulators.text("Here is what I found: " + str(last.get("content", ""))[:80])
         task = next((t for t in TASKS if t[1] in json.dumps(messages)), TASKS[-1])
         if task[2] is None:
-            return fakes.text("Olá!")
+            return emulators.text("Olá!")
         digest = int(hashlib.sha256(json.dumps(messages).encode()).hexdigest(), 16)
         if scenario.hallucinate_every and digest % scenario.hallucinate_every == 0:
-            return fakes.call("web_search", {"query": task[1]})
-        return fakes.call(task[2], task[3])
+            return emulators.call("web_search", {"query": task[1]})
+        return emulators.call(task[2], task[3])
 
     return respond
 
@@ -129,7 +129,7 @@ async def _drive(data: Path, episodes: int) -> list[tuple[Scenario, dict[str, in
     try:
         async with aiohttp.ClientSession() as session:
             for sc in SCENARIOS:
-                fake = fakes.FakeStack(sc.stack, tool_parser=sc.tool_parser, responder=_model(sc))
+                fake = emulators.FakeStack(sc.stack, tool_parser=sc.tool_parser, responder=_model(sc))
                 await fake.start()
                 started.append(fake)
                 proxy = await scenario_proxy(sc, fake.url, data)

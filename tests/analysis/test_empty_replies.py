@@ -20,7 +20,7 @@ import pytest
 from toolproxy.analysis.classify import classify, empty_cause
 from toolproxy.analysis.outcomes import MODEL_STOPPED, NON_RESPONSE, STOP_STRING
 from toolproxy.analysis.records import analyze_record
-from toolproxy.testing.fakes import FakeStack, call, text
+from toolproxy.emulators import FakeStack, call, text
 from toolproxy.wire import decode, family_of, stop_strings
 
 DATA = Path(__file__).parents[1] / "data" / "wire" / "empty"

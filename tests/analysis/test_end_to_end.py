@@ -14,7 +14,7 @@ import sys
 import openai
 import pytest
 
-from toolproxy.testing.fakes import call, text
+from toolproxy.emulators import call, text
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],

@@ -10,7 +10,7 @@ import pytest
 from proxyprocess import sql_rows, toolproxy_cli
 
 from toolproxy.analysis.probes import probe_of
-from toolproxy.testing.fakes import FakeStack, call, text
+from toolproxy.emulators import FakeStack, call, text
 
 # As inspect-ai 0.3.285 sent it through toolproxy run (examples/recipes/inspect-ai.py openai/local).
 INSPECT_PROBE = {"model": "local", "input": "Please say 'hello, world'", "reasoning": {"effort": "low", "summary": "auto"}}

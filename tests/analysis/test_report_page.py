@@ -17,7 +17,7 @@ from toolproxy.analysis.report.htmlpage import render
 from toolproxy.analysis.store import connect
 from toolproxy.analysis.summary import select_runs, summarize
 from storebuilder import Episode, Run, T, build_store, load_report
-from toolproxy.testing.fakes import call, text
+from toolproxy.emulators import call, text
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],

@@ -9,7 +9,7 @@ import urllib.request
 
 from proxyprocess import sql_rows, toolproxy_cli
 
-from toolproxy.testing.fakes import FakeStack, text, text_call
+from toolproxy.emulators import FakeStack, text, text_call
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

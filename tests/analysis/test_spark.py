@@ -36,7 +36,7 @@ from proxyprocess import ProxyProcess
 from toolproxy.analysis.bench import generate
 from toolproxy.analysis.spark import line_range, split_segments
 from toolproxy.record.segments import read_lines
-from toolproxy.testing.fakes import FakeStack, ModelRequest, error, text, text_call
+from toolproxy.emulators import FakeStack, ModelRequest, error, text, text_call
 
 EXCHANGES = int(os.environ.get("TOOLPROXY_SPARK_EXCHANGES", "3000"))
 MODEL = "qwen2.5-coder-0.5b"

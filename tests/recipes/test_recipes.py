@@ -21,7 +21,7 @@ import pytest
 
 from toolproxy.harness import BASE_URL_VARS, PLACEHOLDER_KEYS
 from toolproxy.record.segments import read_records
-from toolproxy.testing.fakes import FakeStack
+from toolproxy.emulators import FakeStack
 
 from weather_model import ANSWER, respond
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from toolproxy.testing.fakes import ModelRequest
+from toolproxy.emulators import ModelRequest
 from weather_model import ANSWER, example, respond
 from weather import CHAT_TOOL, RESULT_PHRASE
 

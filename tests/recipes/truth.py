@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE))
 from test_recipes import CHECKS, _clean_env, environment  # noqa: E402
 from weather_model import respond  # noqa: E402
 
-from toolproxy.testing.fakes import FakeStack  # noqa: E402
+from toolproxy.emulators import FakeStack  # noqa: E402
 
 TASKS = ("Paris", "Tokyo")
 # The eleven harnesses of issue 20, as the recipe checks run them (check id -> row name).

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toolproxy.testing.fakes import ModelRequest, Reply, call, text
+from toolproxy.emulators import ModelRequest, Reply, call, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "recipes"))
 from weather import RESULT_PHRASE  # noqa: E402

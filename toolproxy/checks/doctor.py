@@ -30,7 +30,7 @@ from toolproxy.printable import printable
 from toolproxy.proxy.cli import key_from_env, upstream_key_option
 from toolproxy.stacks.advice import FORMAT_LABELS, MODEL_FIX, explain_refusal, text_surface_fix
 from toolproxy.stacks.fingerprint import Fingerprint
-from toolproxy.stacks.names import LABELS
+from toolproxy.stacks.catalog import LABELS
 from toolproxy.stacks.templates import TemplateFinding, check_ollama_template, check_rendered_prompt
 from toolproxy.wire.framing import SSEFramer
 

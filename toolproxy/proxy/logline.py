@@ -10,7 +10,7 @@ from __future__ import annotations
 from toolproxy.printable import printable
 from toolproxy.record.model import Record
 from toolproxy.record.sampling import SAMPLED_OUT
-from toolproxy.stacks.names import LABELS
+from toolproxy.stacks.catalog import LABELS
 
 MESSAGE_CHARS = 200
 

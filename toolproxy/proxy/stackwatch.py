@@ -26,7 +26,7 @@ from toolproxy.proxy.flow import Addon, Flow, Service
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.record.writer import SegmentWriter
 from toolproxy.stacks.fingerprint import Fingerprint, fingerprint_record, probe
-from toolproxy.stacks.names import STACKS
+from toolproxy.stacks.catalog import STACKS
 
 ATTEMPT_PATHS = ("/chat/completions", "/completions", "/api/chat", "/api/generate", "/v1/messages", "/responses")
 _KEY = '"model"'

@@ -1,1 +1,1 @@
-"""Serving stacks: their known behaviour as data, fingerprinting, and the fakes tests run against."""
+"""Serving stacks: each described once as data (catalog), fingerprinting, markers, advice and template checks."""

@@ -1,14 +1,15 @@
 """What each stack's refusals mean and what to change, as data: the knowledge `doctor` prints.
 
-Error texts are the stacks' own (docs/stacks.md#refusals; llama.cpp tools/server/server-common.cpp, vLLM
-serving_chat.py, Ollama server/images.go). A new refusal pattern is one more row.
+The texts that identify a refusal are the stacks' own, in their catalog entries
+(`toolproxy.stacks.catalog`; how each stack refuses: docs/stacks.md#refusals). A new refusal
+pattern is one more failure there and one more row here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolproxy.stacks.names import LABELS
+from toolproxy.stacks.catalog import LABELS, LLAMACPP, LMSTUDIO, OLLAMA, PARSE_FAILURE, SGLANG, TOOL_REFUSAL, VLLM
 
 TOOLPROXY_WORKAROUND = (
     "or keep the stack as it is and serve through toolproxy with `--condition text` "
@@ -25,28 +26,28 @@ class Refusal:
 
 
 REFUSALS = (
-    Refusal("ollama", "does not support tools",
+    Refusal(OLLAMA.name, OLLAMA.failures[TOOL_REFUSAL].needle,
             "Ollama refuses `tools` for a model whose capabilities lack 'tools' (its template has no tool "
             "section); the model never ran",
             "pick a model (or tag) whose template supports tools: `ollama show MODEL` must list 'tools' "
             "under Capabilities; " + TOOLPROXY_WORKAROUND),
-    Refusal(None, "--enable-auto-tool-choice",
+    Refusal(None, VLLM.failures[TOOL_REFUSAL].needle,
             "vLLM refuses tool requests with tool_choice 'auto' unless it was launched with a tool parser; "
             "the model never ran",
             "relaunch vLLM with `--enable-auto-tool-choice --tool-call-parser NAME` (hermes for Qwen2.5 and "
             "Hermes-style models, llama3_json for Llama 3.x, mistral, pythonic, qwen3_coder...); "
             + TOOLPROXY_WORKAROUND),
-    Refusal(None, "requires --jinja",
+    Refusal(None, LLAMACPP.failures[TOOL_REFUSAL].needle,
             "This llama-server was started with --no-jinja, so it cannot render tools into the prompt; "
             "the model never ran",
             "restart llama-server with `--jinja` (the default in recent builds: drop `--no-jinja`); "
             + TOOLPROXY_WORKAROUND),
-    Refusal("llamacpp", "failed to parse input",
+    Refusal(LLAMACPP.name, LLAMACPP.failures[PARSE_FAILURE].needle,
             "The model ran, but its output did not match the tool-call format llama-server detected "
             "from the chat template, and llama-server answered 500 instead of returning the text",
             "start llama-server with `--jinja --chat-template-file` pointing at the model maker's template "
             "(so the detected format is the one the model writes); " + TOOLPROXY_WORKAROUND),
-    Refusal("ollama", "failed to parse json",
+    Refusal(OLLAMA.name, OLLAMA.failures[PARSE_FAILURE].needle,
             "Ollama's model-specific tool parser failed on the model's output and answered 500",
             "try a newer Ollama or another tag of the model; " + TOOLPROXY_WORKAROUND),
     Refusal(None, "does not support tool",
@@ -90,28 +91,28 @@ def explain_refusal(stack: str, error_text: str) -> Refusal | None:
 def text_surface_fix(stack: str, fmt: str | None) -> str:
     """What to change when the stack accepted tools but left the call in `content`."""
     vllm_parser, sglang_parser = PARSERS.get(fmt or "", (None, None))
-    if stack == "vllm":
+    if stack == VLLM.name:
         if vllm_parser:
             return f"relaunch vLLM with `--enable-auto-tool-choice --tool-call-parser {vllm_parser}` (the parser that reads this format); " + TOOLPROXY_WORKAROUND
         return "no vLLM tool parser reads this format: " + TOOLPROXY_WORKAROUND.removeprefix("or ")
-    if stack == "sglang":
+    if stack == SGLANG.name:
         if sglang_parser:
             renamed = " (called `qwen` in newer SGLang releases)" if sglang_parser == "qwen25" else ""
             return f"relaunch SGLang with `--tool-call-parser {sglang_parser}`{renamed}; " + TOOLPROXY_WORKAROUND
         return "no SGLang tool parser reads this format: " + TOOLPROXY_WORKAROUND.removeprefix("or ")
-    if stack in ("llamacpp", "ollama") and fmt in PLAIN_JSON:
-        server = "llama-server" if stack == "llamacpp" else "Ollama"
+    if stack in (LLAMACPP.name, OLLAMA.name) and fmt in PLAIN_JSON:
+        server = "llama-server" if stack == LLAMACPP.name else OLLAMA.label
         return (f"the model wrote plain JSON instead of the call format its chat template asks for, and no {server} "
                 "setting parses plain JSON: serve through toolproxy with `--condition text` (reads plain JSON calls) "
                 "or `--condition constrained`, or use a model that follows its template's tool format")
-    if stack == "llamacpp":
+    if stack == LLAMACPP.name:
         return ("llama-server picks its parser from the chat template, and this model wrote a different format: "
                 "run it with `--jinja --chat-template-file` set to a template of the format the model writes; "
                 + TOOLPROXY_WORKAROUND)
-    if stack == "ollama":
+    if stack == OLLAMA.name:
         return ("Ollama parses calls with the format its model template declares, and this model wrote another: "
                 "use a model tag whose template matches (or set TEMPLATE in a Modelfile); " + TOOLPROXY_WORKAROUND)
-    if stack == "lmstudio":
+    if stack == LMSTUDIO.name:
         return ("use a model LM Studio marks as trained for tool use (native parsing), or one that writes "
                 "`[TOOL_REQUEST]`; " + TOOLPROXY_WORKAROUND)
     return f"{LABELS.get(stack, stack)} did not extract the call: " + TOOLPROXY_WORKAROUND.removeprefix("or ")

@@ -4,8 +4,9 @@ Two halves, kept apart so the knowledge can be table-tested against each stack's
 `identify` is a pure function from observed responses (status, headers, body per probe) to a
 Fingerprint; `probe` does the cheap, read-only HTTP requests that produce those observations.
 
-Every probe is an endpoint the stack documents for itself (docs/stacks.md#how-toolproxy-tells-them-apart, checked in the sources):
-Ollama `GET /` ("Ollama is running"), `GET /api/version`, `POST /api/show`; llama.cpp `GET /props`
+Every probe is an endpoint the stack documents for itself, listed with the answer that marks it in
+the stack's catalog entry (`toolproxy.stacks.catalog`; docs/stacks.md#how-toolproxy-tells-them-apart):
+Ollama `GET /` (its banner), `GET /api/version`, `POST /api/show`; llama.cpp `GET /props`
 (build_info, chat_template, chat_template_caps) and `Server: llama.cpp`; vLLM `GET /version`;
 SGLang `GET /get_server_info` (newer: `/server_info`); LM Studio `GET /api/v1/models`
 (`capabilities.trained_for_tool_use`) and `GET /api/v0/models`; and `GET /v1/models` everywhere
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -29,22 +31,22 @@ from toolproxy import __version__
 from toolproxy.connection_errors import explain
 from toolproxy.record.model import Record, new_id
 from toolproxy.stacks import markers
+from toolproxy.stacks.catalog import (CATALOG, LABELS, LLAMACPP, LMSTUDIO, OLLAMA, OPENAI, SGLANG, UNKNOWN,
+                                      UNREACHABLE, VLLM)
 from toolproxy.wire import error_text
-from toolproxy.stacks.names import LABELS
 
-ROOT = "GET /"
-OLLAMA_VERSION = "GET /api/version"
-OLLAMA_SHOW = "POST /api/show"
-LLAMACPP_PROPS = "GET /props"
-VLLM_VERSION = "GET /version"
-SGLANG_INFO = "GET /get_server_info"
-SGLANG_INFO_NEW = "GET /server_info"
-LMSTUDIO_V1 = "GET /api/v1/models"
-LMSTUDIO_V0 = "GET /api/v0/models"
-MODELS = "GET /v1/models"
+ROOT, OLLAMA_VERSION = (p.endpoint for p in OLLAMA.probes)
+OLLAMA_SHOW = OLLAMA.model_probe.endpoint
+(LLAMACPP_PROPS,) = (p.endpoint for p in LLAMACPP.probes)
+(VLLM_VERSION,) = (p.endpoint for p in VLLM.probes)
+SGLANG_INFO, SGLANG_INFO_NEW = (p.endpoint for p in SGLANG.probes)
+LMSTUDIO_V1, LMSTUDIO_V0 = (p.endpoint for p in LMSTUDIO.probes)
+(MODELS,) = (p.endpoint for p in OPENAI.probes)
 
-GET_PROBES = (ROOT, OLLAMA_VERSION, LLAMACPP_PROPS, VLLM_VERSION, SGLANG_INFO, SGLANG_INFO_NEW,
-              LMSTUDIO_V1, LMSTUDIO_V0, MODELS)
+GET_PROBES = tuple(p.endpoint for stack in CATALOG for p in stack.probes)
+# A Server header only one stack sends names it (vLLM and SGLang both answer as uvicorn).
+_HEADER_COUNTS = Counter(s.server_header for s in CATALOG if s.server_header)
+SERVER_HEADERS = {s.server_header: s.name for s in CATALOG if _HEADER_COUNTS[s.server_header] == 1}
 
 _BUILD = re.compile(r"^(b\d+)(?:-[0-9a-f]+)?$")
 _MAX_BODY = 4 * 1024 * 1024  # /api/show carries the license and modelfile: tens of KB, not MBs
@@ -77,7 +79,7 @@ class Observed:
 @dataclass(slots=True)
 class Fingerprint:
     upstream: str
-    stack: str  # one of toolproxy.stacks.STACKS, "unknown" or "unreachable"
+    stack: str  # one of catalog.STACKS, catalog.UNKNOWN or catalog.UNREACHABLE
     version: str | None = None
     build: str | None = None
     model: str | None = None
@@ -115,46 +117,53 @@ def _answer(obs: Mapping[str, Observed], probe: str) -> Any:
     return o.json() if o is not None else None
 
 
-def detect_stack(obs: Mapping[str, Observed]) -> tuple[str, list[str]]:
-    """(stack, evidence) from the probes' responses; strongest, most specific markers first."""
+def evidence_by_stack(obs: Mapping[str, Observed]) -> dict[str, list[str]]:
+    """Every stack the probes' responses point at, with the evidence for each, in the order found."""
     votes: dict[str, list[str]] = {}
 
     def vote(stack: str, why: str) -> None:
         votes.setdefault(stack, []).append(why)
 
     root = obs.get(ROOT)
-    if root is not None and root.status == 200 and root.body.strip() == b"Ollama is running":
-        vote("ollama", 'GET / says "Ollama is running"')
+    if root is not None and root.status == 200 and root.body.strip() == OLLAMA.banner.encode():
+        vote(OLLAMA.name, OLLAMA.probes[0].evidence)
     if isinstance(_dict(_answer(obs, OLLAMA_VERSION)).get("version"), str):
-        vote("ollama", "GET /api/version answers")
+        vote(OLLAMA.name, OLLAMA.probes[1].evidence)
     props = _dict(_answer(obs, LLAMACPP_PROPS))
     if "build_info" in props or ("default_generation_settings" in props and "chat_template" in props):
-        vote("llamacpp", "GET /props has llama-server's fields")
-    for key in (SGLANG_INFO, SGLANG_INFO_NEW):
-        info = _dict(_answer(obs, key))
+        vote(LLAMACPP.name, LLAMACPP.probes[0].evidence)
+    for sglang_probe in SGLANG.probes:
+        info = _dict(_answer(obs, sglang_probe.endpoint))
         if "version" in info and ("model_path" in info or "tp_size" in info or "server_args" in info):
-            vote("sglang", f"{key} answers with server args")
+            vote(SGLANG.name, sglang_probe.evidence)
             break
     v1 = _dict(_answer(obs, LMSTUDIO_V1))
     if any("loaded_instances" in m or "trained_for_tool_use" in _dict(m.get("capabilities"))
            for m in _list(v1.get("models")) if isinstance(m, dict)):
-        vote("lmstudio", "GET /api/v1/models lists LM Studio models")
+        vote(LMSTUDIO.name, LMSTUDIO.probes[0].evidence)
     v0 = _dict(_answer(obs, LMSTUDIO_V0))
     if any("compatibility_type" in m for m in _list(v0.get("data")) if isinstance(m, dict)):
-        vote("lmstudio", "GET /api/v0/models lists LM Studio models")
+        vote(LMSTUDIO.name, LMSTUDIO.probes[1].evidence)
     mark = markers.detect(_answer(obs, MODELS))
     if mark is not None:
         vote(mark.stack, f"GET /v1/models: {mark.evidence}")
-    if any(o.headers.get("server") == "llama.cpp" for o in obs.values()):
-        vote("llamacpp", "answers with Server: llama.cpp")
+    for header, stack in SERVER_HEADERS.items():
+        if any(o.headers.get("server") == header for o in obs.values()):
+            vote(stack, f"answers with Server: {header}")
     if not votes and isinstance(_dict(_answer(obs, VLLM_VERSION)).get("version"), str):
         # Weak on its own (many servers have a /version); only when nothing more specific spoke.
-        vote("vllm", "GET /version answers {version}")
+        vote(VLLM.name, VLLM.probes[0].evidence)
+    return votes
+
+
+def detect_stack(obs: Mapping[str, Observed]) -> tuple[str, list[str]]:
+    """(stack, evidence) from the probes' responses; the stack with the most evidence wins."""
+    votes = evidence_by_stack(obs)
     if not votes:
         models = _answer(obs, MODELS)
         if isinstance(_dict(models).get("data"), list):
-            return "openai", ["GET /v1/models answers, no stack-specific markers"]
-        return "unknown", []
+            return OPENAI.name, [OPENAI.probes[0].evidence]
+        return UNKNOWN, []
     stack = max(votes, key=lambda s: len(votes[s]))
     return stack, votes[stack]
 
@@ -170,10 +179,10 @@ def _ollama_name(name: str) -> str:
 
 def identify(upstream: str, obs: Mapping[str, Observed], model: str | None = None) -> Fingerprint:
     """Everything the observed responses say about the stack and, when given, the model."""
-    fp = Fingerprint(upstream=upstream, stack="unknown", model=model)
+    fp = Fingerprint(upstream=upstream, stack=UNKNOWN, model=model)
     fp.probes = {k: (o.status if o.status is not None else o.error) for k, o in obs.items()}
     if obs and all(o.status is None for o in obs.values()):
-        fp.stack = "unreachable"
+        fp.stack = UNREACHABLE
         first = next(iter(obs.values()))
         fp.error, fp.error_detail = first.error, first.detail
         return fp
@@ -258,7 +267,7 @@ def _lmstudio(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
                 fp.capabilities.append("vision")
 
 
-_EXTRACT = {"ollama": _ollama, "llamacpp": _llamacpp, "vllm": _vllm, "sglang": _sglang, "lmstudio": _lmstudio}
+_EXTRACT = {OLLAMA.name: _ollama, LLAMACPP.name: _llamacpp, VLLM.name: _vllm, SGLANG.name: _sglang, LMSTUDIO.name: _lmstudio}
 
 
 async def _fetch(session: aiohttp.ClientSession, base: str, probe: str, headers: Mapping[str, str],
@@ -290,8 +299,8 @@ async def probe(session: aiohttp.ClientSession, upstream: str, model: str | None
     headers = headers or {}
     results = await asyncio.gather(*(_fetch(session, base, p, headers, timeout) for p in GET_PROBES))
     obs = dict(zip(GET_PROBES, results))
-    stack, _ = detect_stack(obs) if any(o.status is not None for o in results) else ("unreachable", [])
-    if stack == "ollama" and model is not None:
+    stack, _ = detect_stack(obs) if any(o.status is not None for o in results) else (UNREACHABLE, [])
+    if stack == OLLAMA.name and model is not None:
         obs[OLLAMA_SHOW] = await _fetch(session, base, OLLAMA_SHOW, headers, timeout, {"model": model})
     return identify(upstream, obs, model)
 
@@ -302,6 +311,6 @@ def fingerprint_record(fp: Fingerprint, run: str | None, started_at: float) -> R
     return Record(
         id=new_id(), started_at=started_at, ended_at=now, duration_ms=(now - started_at) * 1000.0,
         kind="fingerprint", run=run, upstream=fp.upstream, extra=fp.to_dict(),
-        error_kind="connect" if fp.stack == "unreachable" else None,
-        error_message=fp.error if fp.stack == "unreachable" else None,
+        error_kind="connect" if fp.stack == UNREACHABLE else None,
+        error_message=fp.error if fp.stack == UNREACHABLE else None,
     )

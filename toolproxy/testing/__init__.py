@@ -1,1 +1,1 @@
-"""Emulated serving stacks and other test doubles: used by the tests and the demo, never by the proxy."""
+"""Builders the tests use; never imported by the proxy. (The emulated stacks, which the demo needs too, are `toolproxy.emulators`.)"""

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from toolproxy.testing.fakes import FakeStack
+from toolproxy.emulators import FakeStack
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1])]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from toolproxy.testing.fakes import ModelRequest, Reply, call, text
+from toolproxy.emulators import ModelRequest, Reply, call, text
 
 ANSWER = "It is sunny, 21 C in Paris."
 

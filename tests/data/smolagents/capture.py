@@ -24,7 +24,7 @@ from pathlib import Path
 
 from smolagents import OpenAIServerModel, Tool, ToolCallingAgent
 
-from toolproxy.testing.fakes import FakeStack, call
+from toolproxy.emulators import FakeStack, call
 
 LISTENING = re.compile(r"listening on (http://\S+?)(?:\s|$)")
 

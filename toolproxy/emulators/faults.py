@@ -1,0 +1,44 @@
+"""Transport faults a test injects into an emulator: stalls, cuts, raw bodies, gzip, repeated failures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Fault:
+    """A disturbance for the next `times` matching requests (None: every request).
+
+    status/body replace the whole answer (raw bytes, sent as given: non-UTF-8, non-JSON...);
+    close_after drops the connection after that many stream events (or body bytes when not
+    streaming); stall_before delays the status line; stall_between delays every event; gzip
+    compresses the body with Content-Encoding: gzip; headers are added to the answer (repeats kept).
+    """
+
+    times: int | None = 1
+    path: str | None = None
+    status: int | None = None
+    body: bytes | None = None
+    content_type: str = "application/json"
+    stall_before: float = 0.0
+    stall_between: float = 0.0
+    close_after: int | None = None
+    gzip: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def stall(before: float = 0.0, between: float = 0.0, times: int | None = 1, path: str | None = None) -> Fault:
+    return Fault(times=times, path=path, stall_before=before, stall_between=between)
+
+
+def close_mid_stream(after: int = 2, times: int | None = 1, path: str | None = None) -> Fault:
+    return Fault(times=times, path=path, close_after=after)
+
+
+def raw(body: bytes, status: int = 200, content_type: str = "application/json", times: int | None = 1,
+        path: str | None = None) -> Fault:
+    return Fault(times=times, path=path, status=status, body=body, content_type=content_type)
+
+
+def gzipped(times: int | None = 1, path: str | None = None) -> Fault:
+    return Fault(times=times, path=path, gzip=True)

@@ -1,0 +1,136 @@
+"""The scripted model behind every emulator: what it replies, and how it writes calls as text.
+
+A test decides what the model produced (`Reply` values queued on the server or a responder
+given each `ModelRequest`); the emulated stack decides what of it reaches the wire, so the same
+model behaviour can be seen through every stack.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import orjson
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call as the model meant it. `arguments` may be a str to script malformed JSON."""
+
+    name: str
+    arguments: Any = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the model produced for one request.
+
+    `calls` are calls in the format the stack's parser expects: a stack with a parser returns them
+    as native `tool_calls`, one without leaves them in `content` as text (see FakeStack.call_format).
+    `broken` is call-shaped text the stack's parser chokes on. `error` makes the stack answer with
+    its own error format instead of running the model.
+    """
+
+    content: str = ""
+    calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    finish_reason: str | None = None
+    broken: str | None = None
+    error: tuple[int, str] | None = None
+
+
+def text(content: str, *, reasoning: str | None = None, finish_reason: str | None = None) -> Reply:
+    """Plain text, returned verbatim as `content` by every stack (never parsed)."""
+    return Reply(content=content, reasoning=reasoning, finish_reason=finish_reason)
+
+
+def call(name: str, arguments: Any = None, *, content: str = "") -> Reply:
+    """One well-formed call in the model's trained format."""
+    return Reply(content=content, calls=(ToolCall(name, {} if arguments is None else arguments),))
+
+
+def calls(*items: ToolCall | tuple[str, Any], content: str = "") -> Reply:
+    """Parallel calls: `calls(("a", {...}), ("b", {...}))`."""
+    return Reply(content=content, calls=tuple(c if isinstance(c, ToolCall) else ToolCall(*c) for c in items))
+
+
+def text_call(fmt: str, name: str, arguments: Any = None, *, before: str = "", after: str = "") -> Reply:
+    """Text that holds a call in some format (see CALL_FORMATS); no stack parses it."""
+    return text(before + render_calls(fmt, [ToolCall(name, {} if arguments is None else arguments)]) + after)
+
+
+def broken_call(raw: str) -> Reply:
+    """Call-shaped output the stack's parser fails on (llama.cpp 500, Ollama 500, others: text)."""
+    return Reply(broken=raw)
+
+
+def error(status: int, message: str) -> Reply:
+    """The stack answers `status` in its own error format (e.g. out of memory, context too long)."""
+    return Reply(error=(status, message))
+
+
+def args_text(arguments: Any) -> str:
+    """Arguments as a model writes them in text (Python-json spacing), or verbatim when scripted as str."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def args_compact(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+
+
+def _pythonic_value(v: Any) -> str:
+    return repr(v) if not isinstance(v, (dict, list, bool)) or isinstance(v, bool) else orjson.dumps(v).decode()
+
+
+CALL_FORMATS: dict[str, Callable[[list[ToolCall]], str]] = {
+    "hermes": lambda cs: "\n".join(
+        '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (c.name, args_text(c.arguments)) for c in cs
+    ),
+    "llama3": lambda cs: "; ".join('{"name": "%s", "parameters": %s}' % (c.name, args_text(c.arguments)) for c in cs),
+    "mistral": lambda cs: "[TOOL_CALLS]["
+    + ", ".join('{"name": "%s", "arguments": %s}' % (c.name, args_text(c.arguments)) for c in cs)
+    + "]",
+    "pythonic": lambda cs: "["
+    + ", ".join(
+        f"{c.name}(" + ", ".join(f"{k}={_pythonic_value(v)}" for k, v in (c.arguments or {}).items()) + ")" for c in cs
+    )
+    + "]",
+    "lmstudio": lambda cs: "".join(
+        '[TOOL_REQUEST]{"name": "%s", "arguments": %s}[END_TOOL_REQUEST]' % (c.name, args_text(c.arguments))
+        for c in cs
+    ),
+    "fenced": lambda cs: "\n".join(
+        '```json\n{"name": "%s", "arguments": %s}\n```' % (c.name, args_text(c.arguments)) for c in cs
+    ),
+    "json": lambda cs: "\n".join('{"name": "%s", "arguments": %s}' % (c.name, args_text(c.arguments)) for c in cs),
+}
+
+
+def render_calls(fmt: str, cs: list[ToolCall]) -> str:
+    try:
+        return CALL_FORMATS[fmt](cs)
+    except KeyError:
+        raise ValueError(f"unknown call format {fmt!r}; choose one of {', '.join(CALL_FORMATS)}") from None
+
+
+@dataclass
+class ModelRequest:
+    """What a responder sees: the parsed request, whatever endpoint it came through."""
+
+    stack: str
+    path: str
+    model: str
+    body: dict
+    messages: list
+    tools: list[str]
+    stream: bool
+    prompt: str | None = None
+    constraint: Any = None
+    stops: list[str] = field(default_factory=list)  # the stop strings the request asked for
+    # Set by the stack when one of them cut the model's output: the string that matched.
+    stopped: str | None = None
+    # What the model generated that the stack's parser consumed and returned nothing for.
+    eaten: str = ""
+
+
+DEFAULT_REPLY = text("Hello! How can I help you today?")

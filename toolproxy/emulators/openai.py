@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+"""api.openai.com, the reference shape every OpenAI-compatible server copies."""
+
+import time
+
+import orjson
+
+from toolproxy import wire
+from toolproxy.emulators.base import Answer, Emulator, as_chat
+from toolproxy.emulators import encoding
+from toolproxy.emulators.encoding import pretty_json
+from toolproxy.stacks import catalog
+
+class OpenAI(Emulator):
+    """api.openai.com: the reference shape. Non-streamed bodies are pretty-printed (2 spaces)."""
+
+    profile = catalog.OPENAI
+
+    dumps = staticmethod(pretty_json)
+
+    def error(self, status, message, kind=None, code=None):
+        kind = kind or {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+                        429: "rate_limit_exceeded"}.get(status, "server_error")
+        return self.json(status, {"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+    def unknown_model(self, model):
+        if model in self.fake.models:
+            return None
+        f = self.profile.failures[catalog.UNKNOWN_MODEL]
+        return self.error(f.status, f.text(model=model), code="model_not_found")
+
+    def chat_body(self, req, content, native, finish, reply):
+        msg = {"role": "assistant", "content": None if native else content, "refusal": None, "annotations": []}
+        if native:
+            msg["tool_calls"] = self.native_calls(native)
+        usage = self.usage(req, content)
+        usage["prompt_tokens_details"] = {"cached_tokens": self.fake.cached_tokens or 0, "audio_tokens": 0}
+        usage["completion_tokens_details"] = {"reasoning_tokens": 0, "audio_tokens": 0,
+                                              "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
+        return {"id": self.completion_id(), "object": "chat.completion", "created": int(time.time()),
+                "model": req.model, "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
+                "usage": usage, "service_tier": "default", "system_fingerprint": self.profile.system_fingerprint}
+
+    def first_delta(self):
+        return {"role": "assistant", "content": "", "refusal": None}
+
+    def chunk_obj(self, req, cid, created, delta, finish_reason, out=""):
+        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
+               "service_tier": "default", "system_fingerprint": self.profile.system_fingerprint,
+               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+        so = req.body.get("stream_options")
+        if isinstance(so, dict) and so.get("include_usage"):
+            obj["usage"] = None
+        return obj
+
+    def usage_chunk(self, req, cid, created, out):
+        usage = self.usage(req, out)
+        usage["prompt_tokens_details"] = {"cached_tokens": self.fake.cached_tokens or 0, "audio_tokens": 0}
+        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
+                "service_tier": "default", "system_fingerprint": self.profile.system_fingerprint, "choices": [], "usage": usage}
+
+    def model_entry(self, name):
+        return {"id": name, "object": "model", "created": self.fake.created, "owned_by": "system"}
+
+    def routes(self):
+        return super().routes() + [("POST", "/v1/responses", self.responses)]
+
+    def not_found(self) -> Answer:
+        return self.error(404, "Invalid URL")
+
+    async def responses(self, request, body):
+        """The Responses API in the reference shape (toolproxy.wire's encoder writes it)."""
+        out = self.converse(request.path, as_chat(wire.RESPONSES, body))
+        if isinstance(out, Answer):
+            return out
+        req, reply, content, native, finish = out
+        encoder = wire.encoder_for(wire.RESPONSES, body, req.stream)
+        calls = [wire.Call(i, tc["id"], tc["function"]["name"], tc["function"]["arguments"])
+                 for i, tc in enumerate(self.native_calls(native))]
+        usage = self.usage(req, content)
+        usage["prompt_tokens_details"] = {"cached_tokens": self.fake.cached_tokens or 0}
+        raw = b"".join(encoder.delta(p) for p in encoding.pieces(content)) if content else b""
+        raw += encoder.end("", calls, finish, usage)
+        if not req.stream:
+            return self.json(200, orjson.loads(raw))
+        return Answer(200, self.sse_type, [e + b"\n\n" for e in raw.split(b"\n\n") if e], stream=True)
