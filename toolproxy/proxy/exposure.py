@@ -62,9 +62,12 @@ class Exposure(Addon):
     addon it refuses forwarded requests (recorded, as every refusal is); the handler asks it
     directly for the admin routes, which are never recorded."""
 
+    stats_key = "exposure"
+
     def __init__(self, bind_host: str, allowed: Iterable[str] = ()) -> None:
         allowed = tuple(allowed)
         self.off = ANY in allowed
+        self.hooked = not self.off
         self.allowed = allowed
         self.names = set(LOCAL_NAMES)
         self.ips: set = set()

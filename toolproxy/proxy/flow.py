@@ -10,24 +10,31 @@ counters, durability, recording) is a small object with a method per phase it ca
                                  awaitable: backpressure, awaited before the next chunk is read)
     response_end(flow)           the upstream's body is complete
     error(flow)                  the exchange ended any other way (flow.rec.error_kind says how)
+    recorded(rec, line, classifiable)
+                                 the writer wrote a record (on the writer's thread: an addon
+                                 that does more than append hands it to its own thread)
 
 Exactly one of response_end and error runs per flow, once, so an addon that records or counts
 there sees every exchange exactly once. A request-phase hook stops the exchange by calling
 `flow.refuse(...)`. Hooks are plain functions (not coroutines): the per-chunk cost is a call.
 Only the phases an addon overrides are called, so an addon costs nothing where it is silent.
+
+An addon also owns what it starts and stops (`service`) and what `/_toolproxy/stats` shows for
+it (`stats_key` and `report`); the proxy's addons, in order, come from `addons.addons`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, NoReturn
 
 from aiohttp import web
 
 from toolproxy.record.model import Record, new_id, now
 
-PHASES = ("request_headers", "request", "response_headers", "response_chunk", "response_end", "error")
+PHASES = ("request_headers", "request", "response_headers", "response_chunk", "response_end", "error", "recorded")
 
 
 class Refusal(Exception):
@@ -101,8 +108,23 @@ class Flow:
         raise Refusal(status, kind, message, code)
 
 
+@dataclass(frozen=True)
+class Service:
+    """What a proxy starts before it serves and stops after it stopped listening."""
+
+    name: str
+    start: Callable[[], None]
+    stop: Callable[[], Awaitable[None] | None]
+    off_loop: bool = False  # stop blocks (joins a thread, fsyncs): run it in an executor
+
+
 class Addon:
-    """Base for the hot path's units; override only the phases you need (see the module doc)."""
+    """Base for the proxy's units; override only what you need (see the module doc)."""
+
+    # The /_toolproxy/stats key this addon's report() fills, or None: it shows nothing there.
+    stats_key: str | None = None
+    # False: present for its service and its stats only; none of its hooks is called.
+    hooked = True
 
     def request_headers(self, flow: Flow) -> None: ...
     def request(self, flow: Flow) -> None: ...
@@ -110,13 +132,26 @@ class Addon:
     def response_chunk(self, flow: Flow, chunk: bytes) -> Awaitable | None: ...
     def response_end(self, flow: Flow) -> None: ...
     def error(self, flow: Flow) -> None: ...
+    def recorded(self, rec: Record, line: bytes | None, classifiable: bool) -> None: ...
+
+    def service(self) -> Service | None:
+        """What this addon starts and stops with the proxy, or None."""
+        return None
+
+    def report(self) -> Any:
+        return None
+
+    def stats(self) -> dict:
+        """Its entries of /_toolproxy/stats (one key unless an addon owns several)."""
+        return {self.stats_key: self.report()} if self.stats_key is not None else {}
 
 
 class Hooks:
-    """The addons in order, and per phase the bound methods of those that override it."""
+    """The addons in order, and per phase the bound methods of those that override it: built
+    when the list changes (at startup), so a phase costs one loop over the hooks it has."""
 
-    def __init__(self) -> None:
-        self.addons: list[Addon] = []
+    def __init__(self, addons: list[Addon] | None = None) -> None:
+        self.addons: list[Addon] = list(addons or ())
         self._rebuild()
 
     def add(self, addon: Addon) -> None:
@@ -130,9 +165,24 @@ class Hooks:
     def _rebuild(self) -> None:
         for phase in PHASES:
             base = getattr(Addon, phase)
+            # An override on the class or on the instance (an addon that hands a hook on as it is).
             setattr(self, phase, tuple(
-                getattr(a, phase) for a in self.addons if getattr(type(a), phase, base) is not base
+                hook for a in self.addons if a.hooked
+                for hook in (getattr(a, phase),) if getattr(hook, "__func__", hook) is not base
             ))
+
+    def observer(self) -> Callable[[Record, bytes | None, bool], None] | None:
+        """The writers' one observe callback: the recorded hooks in order (None: no addon
+        listens, and the writer does no work for it)."""
+        hooks = self.recorded
+        if len(hooks) <= 1:
+            return hooks[0] if hooks else None
+
+        def observe(rec: Record, line: bytes | None = None, classifiable: bool = True) -> None:
+            for see in hooks:
+                see(rec, line, classifiable)
+
+        return observe
 
     def end(self, flow: Flow) -> None:
         """Run response_end (no error) or error hooks, once per flow."""

@@ -26,9 +26,12 @@ from toolproxy.proxy.headers import (
     NOT_FORWARDED_DOWN,
     NOT_FORWARDED_UP,
     TAG_HEADER_PREFIX,
+    Redactor,
     connection_listed,
 )
+from toolproxy.proxy.admission import writer_backpressure
 from toolproxy.proxy.auth import presented_token
+from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.durability import late_hold
 from toolproxy.proxy.pool import CONNECTION
 from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
@@ -131,10 +134,29 @@ async def _timed_out(state: ProxyState, flow: Flow) -> web.StreamResponse:
 
 
 async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamResponse:
-    request, rec, cfg, hooks = flow.request, flow.rec, state.config, state.hooks
+    cfg, hooks = state.config, state.hooks
+    label(flow, raw_path, state.redactor, cfg)
+    for hook in hooks.request_headers:
+        hook(flow)
+    if state.writer.behind:  # checked here: a writer that keeps up costs no await
+        await writer_backpressure(flow, state.writer)
+    await _read_body(state, flow)
+    for hook in hooks.request:
+        hook(flow)
+
+    url = _upstream_url(cfg.upstream + flow.up_path + ("?" + flow.up_query if flow.up_query else ""))
+    return await _forward(state, flow, url)
+
+
+def label(flow: Flow, raw_path: str, redactor: Redactor, cfg: ProxyConfig) -> None:
+    """The record's labels (run, episode, item, condition, free tags) from the path's `/t/...`
+    prefix and the X-Toolproxy-* headers, and what goes upstream without them: the path with
+    the prefix taken off, the headers less tags and hop-by-hop ones, the query as sent (the
+    record keeps it with its secrets redacted). Header tags win over path tags."""
+    request, rec = flow.request, flow.rec
     rec.method = request.method
     path, _, query = raw_path.partition("?")
-    safe_query = state.redactor.query(query)
+    safe_query = redactor.query(query)
     rec.client_path = path + ("?" + safe_query if query else "")
     headers = request.headers
 
@@ -150,32 +172,6 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     rec.path = flow.up_path = path
     rec.query = safe_query
     flow.up_query = query
-
-    for hook in hooks.request_headers:
-        hook(flow)
-    if not path.startswith("/"):
-        flow.refuse(
-            400, "not_a_forward_proxy",
-            "absolute-form request targets are refused: toolproxy forwards only to its configured upstream "
-            f"({cfg.upstream}); send requests to its own address instead",
-            "not_a_forward_proxy",
-        )
-    if cfg.upstream_key is not None:
-        for k in [k for k in flow.up_headers if k.lower() == "authorization"]:
-            del flow.up_headers[k]
-        flow.up_headers["Authorization"] = f"Bearer {cfg.upstream_key}"
-
-    if state.writer.behind:  # backpressure: new work waits while the writer catches up
-        waited = time.perf_counter()
-        await state.writer.caught_up()
-        rec.extra["recording_wait_ms"] = round((time.perf_counter() - waited) * 1000.0, 3)
-
-    await _read_body(state, flow)
-    for hook in hooks.request:
-        hook(flow)
-
-    url = _upstream_url(cfg.upstream + flow.up_path + ("?" + flow.up_query if flow.up_query else ""))
-    return await _forward(state, flow, url)
 
 
 async def _read_body(state: ProxyState, flow: Flow) -> None:

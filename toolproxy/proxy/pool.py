@@ -54,8 +54,11 @@ class PoolStats(Addon):
     never drifts and the record still shows how long it waited.
     """
 
+    stats_key = "upstream_pool"
+
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.hooked = bool(limit)  # uncapped, nothing waits: only its (zero) counts are shown
         self.waited = 0
         self.waiting = 0
         self.wait_ms_total = 0.0

@@ -22,7 +22,7 @@ from typing import Callable
 import aiohttp
 import orjson
 
-from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.proxy.flow import Addon, Flow, Service
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.record.writer import SegmentWriter
 from toolproxy.stacks.fingerprint import Fingerprint, fingerprint_record, probe
@@ -85,6 +85,13 @@ class StackWatch(Addon):
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._stack: str | None = None
+
+    stats_key = "stack"
+
+    def service(self) -> Service:
+        # In the background: serving starts now, whatever the upstream is doing. Its first
+        # fingerprint is also the first word on whether the upstream is reachable.
+        return Service("stack watch", self.start, self.stop)
 
     def start(self) -> None:
         first = self._start_probe(None)

@@ -12,7 +12,6 @@ import aiohttp
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.otlp.shipper import SpanShipper
 from toolproxy.proxy import livepage
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.counters import Counters
@@ -22,16 +21,17 @@ from toolproxy.proxy.headers import load_redactor
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.refusals import RefusalBudget
-from toolproxy.proxy.spillmask import SpillMasking
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.proxy.watchdog import Watchdog
-from toolproxy.record.housekeeping import Housekeeper
-from toolproxy.record.sampling import Sampler
 from toolproxy.record.writer import SegmentWriter
 
 ADMIN_PREFIX = "/_toolproxy/"
 SPILL_DIR = "spill"
+# /_toolproxy/stats after its head (status, version, upstream, data_dir, condition): each key
+# filled by the addon whose stats_key it is, null when no addon fills it (the feature is off).
+STATS_KEYS = ("stack", "uptime_s", "exchanges", "in_flight", "by_status_class", "errors", "resent", "refused",
+              "recording", "exposure", "upstream_pool", "lifecycle", "sampling", "otlp")
 
 
 class ProxyState:
@@ -50,49 +50,26 @@ class ProxyState:
         self.exposure = Exposure(config.host, config.allowed_hosts)
         # Whether the upstream answers: reported beside recording health, never deciding its status.
         self.upstream_health = UpstreamHealth(config.upstream, config.connect_timeout)
-        self.stacks: StackWatch | None = None  # set by app.make_state when fingerprinting is on
-        self.live: LiveView | None = None  # set by app.make_state unless --no-live-page
+        # Set by addons.addons: what the handler, the admin routes and the commands ask for by name.
+        self.stacks: StackWatch | None = None  # when fingerprinting is on
+        self.live: LiveView | None = None  # unless --no-live-page
+        self.refusals: RefusalBudget | None = None
         # Under `serve --workers N`: this process's place in the group, whose stats it merges.
         self.peers = None
-        self.housekeeper: Housekeeper | None = None  # set by app.make_state for --retain / --max-disk
-        self.sampler: Sampler | None = None  # set by app.make_state for --sample
-        self.spill_masking: SpillMasking | None = None  # set by app.make_state for --mask
-        self.otlp: SpanShipper | None = None  # set by app.make_state for --otlp-endpoint
-        self.refusals: RefusalBudget | None = None  # set by app.make_state
 
     def snapshot(self) -> dict:
-        w = self.writer.stats
-        snap = {
-            "status": "degraded" if w.degraded else "ok",
+        owned: dict = {"uptime_s": round(time.time() - self.started, 3)}
+        for addon in self.hooks.addons:
+            owned.update(addon.stats())
+        return {
+            "status": "degraded" if self.writer.stats.degraded else "ok",
             "version": __version__,
             "upstream": self.config.upstream,
             "data_dir": str(self.config.data_dir),
             "condition": self.config.condition,
-            "stack": self.stacks.report() if self.stacks is not None else None,
-            "uptime_s": round(time.time() - self.started, 3),
-            **self.counters.report(),
-            "refused": self.refusals.report(),
+            **{key: owned.pop(key, None) for key in STATS_KEYS},
+            **owned,
         }
-        snap["recording"] = {
-            "queue_depth": self.writer.queue_depth,
-            "written": w.written,
-            "dropped": w.dropped,
-            "dropped_reasons": dict(w.dropped_reasons),
-            "behind": self.writer.behind,
-            "write_failures": w.write_failures,
-            "segments": w.segments,
-            "last_error": w.last_error,
-            "durability": self.config.durability,
-            "on_record_failure": self.config.on_record_failure,
-        }
-        snap["exposure"] = self.exposure.report()
-        snap["upstream_pool"] = self.pool.report()
-        snap["lifecycle"] = self.housekeeper.snapshot() if self.housekeeper is not None else None
-        snap["sampling"] = self.sampler.report() if self.sampler is not None else None
-        if self.spill_masking is not None:
-            snap["recording"]["masking"] = self.spill_masking.report()
-        snap["otlp"] = self.otlp.report() if self.otlp is not None else None
-        return snap
 
     async def admin(self, request: web.Request) -> web.Response:
         """Reserved routes; never forwarded upstream and never recorded as exchanges."""

@@ -23,7 +23,7 @@ import time
 
 import aiohttp
 
-from toolproxy.proxy.flow import Addon, Flow
+from toolproxy.proxy.flow import Addon, Flow, Service
 from toolproxy.stacks.fingerprint import USER_AGENT
 from toolproxy.term.connection_errors import explain
 
@@ -35,6 +35,9 @@ PROBE_TIMEOUT = 5.0
 def _connect_failure(flow: Flow) -> bool:
     rec = flow.rec
     return rec.error_kind == "connect" or (rec.error_kind == "timeout" and rec.extra.get("timeout_phase") == "connect")
+
+
+def _nothing() -> None: ...
 
 
 class UpstreamHealth(Addon):
@@ -59,6 +62,10 @@ class UpstreamHealth(Addon):
             self.since = now
         self.reachable, self.last_error, self.source = reachable, None if reachable else error, source
         self.checked_at, self._checked_mono = now, time.monotonic()
+
+    def service(self) -> Service:
+        """Nothing to start (it probes when asked); its probe and session stop with the proxy."""
+        return Service("upstream health", _nothing, self.stop)
 
     def error(self, flow: Flow) -> None:
         if _connect_failure(flow):

@@ -12,12 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from toolproxy.proxy.flow import Addon, Service
 
-class Watchdog:
+
+class Watchdog(Addon):
+    """An addon for its service only: the handler adds and removes each flow itself."""
+
     def __init__(self, tick: float = 0.25) -> None:
         self.tick = tick
         self.active: set = set()
         self._task: asyncio.Task | None = None
+
+    def service(self) -> Service:
+        return Service("watchdog", self.start, self.stop)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
