@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks.proxy import CHAT_BODY, FLOOR
-
-CHECKOUT = Path(__file__).resolve().parent.parent  # `-m benchmarks.NAME` runs from a checkout
+from benchrun import run_benchmark
 
 pytestmark = pytest.mark.skipif(shutil.which("wrk") is None, reason="needs wrk (Debian: apt-get install wrk)")
 
 
 def test_one_round_measures_every_target_pinned_and_records_every_exchange(tmp_path):
     out = tmp_path / "bench.json"
-    r = subprocess.run(
-        [sys.executable, "-m", "benchmarks.proxy", "--rounds", "1", "--seconds", "1", "--total", "10",
-         "--c1-requests", "30", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=CHECKOUT,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    result = json.loads(out.read_text())
+    r, result = run_benchmark("proxy", ["--rounds", "1", "--seconds", "1", "--total", "10", "--c1-requests", "30"],
+                              out, timeout=300)
     nginx = shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
     targets = {"direct", "toolproxy", "toolproxy_no_page", "bare_aiohttp", FLOOR} | ({"nginx"} if nginx else set())
     assert set(result["medians"]) == targets

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parent.parent  # `-m benchmarks.NAME` runs from a checkout
+from benchrun import run_benchmark
 
 
 def test_a_small_burst_through_every_target_completes_and_loses_no_record(tmp_path):
     out = tmp_path / "streams.json"
-    r = subprocess.run(
-        [sys.executable, "-m", "benchmarks.streams", "--streams", "40", "--rate", "20", "--seconds", "1",
-         "--workers", "1,2", "--json", str(out)],
-        capture_output=True, text=True, timeout=240, cwd=CHECKOUT,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    result = json.loads(out.read_text())
+    r, result = run_benchmark("streams", ["--streams", "40", "--rate", "20", "--seconds", "1", "--workers", "1,2"],
+                              out, timeout=240)
     targets = {"direct", "toolproxy", "toolproxy_w2", "bare_aiohttp"} | ({"nginx"} if shutil.which("nginx") else set())
     assert {k.split("@")[0] for k in result["raw"]} == targets
     for key, runs in result["raw"].items():
