@@ -157,22 +157,29 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
     return totals
 
 
-def derive_changes(con, runs: Iterable[str], new_episodes: dict[str, set[str]], untagged: set[str],
-                   progress=None) -> dict:
-    """Bring turns, episodes and runs rows up to date after an ingest added attempts to `runs`:
-    `new_episodes` the episode tags of each run's new attempts, `untagged` the runs that gained an
-    attempt without one. Returns the turns and episodes the runs hold, the runs derived in part
-    (`in_part`) and how many of their episodes were derived again (`episodes_in_part`).
+def derive_changes(con, runs: Iterable[str], progress=None) -> dict:
+    """Bring turns, episodes and runs rows up to date after an ingest added records to `runs`.
+    Returns the runs derived (these and any with attempts left underived), the turns and episodes
+    they hold, the runs derived in part (`in_part`) and how many of their episodes were derived
+    again (`episodes_in_part`).
 
-    A tagged episode of a run one clock recorded depends on its own attempts alone (its turns are
-    its attempts in clock order, grouped by retries) and, for its loop flag, on the run's median
-    episode length; so only the episodes that gained an attempt are derived again, at a cost that
-    follows the new data rather than the run. A run gaining untagged attempts (reconstruction may
-    chain them to any of its conversations), one several clocks recorded (causal order runs over the
-    whole run) and a run not derived before are derived whole."""
-    runs = sorted(set(runs))
+    What is new is what no derivation has seen: attempts without a turn, which also finds those
+    an analyze interrupted between storing and deriving left behind. A tagged episode of a run one
+    clock recorded depends on its own attempts alone (its turns are its attempts in clock order,
+    grouped by retries) and, for its loop flag, on the run's median episode length; so there only
+    the episodes with new attempts are derived again, at a cost that follows the new data rather
+    than the run. A run with new untagged attempts (reconstruction may chain them to any of its
+    conversations), one several clocks recorded (causal order runs over the whole run) and a run not
+    derived before are derived whole."""
+    pending = con.execute("SELECT run, episode FROM exchanges WHERE is_attempt AND turn_id IS NULL GROUP BY ALL").fetchall()
+    runs = sorted(set(runs) | {run for run, _ in pending})
     if not runs:
-        return {"turns": 0, "episodes": 0, "in_part": [], "episodes_in_part": 0}
+        return {"runs": [], "turns": 0, "episodes": 0, "in_part": [], "episodes_in_part": 0}
+    new_episodes: dict[str, set[str]] = {}
+    for run, episode in pending:
+        if episode is not None:
+            new_episodes.setdefault(run, set()).add(episode)
+    untagged = {run for run, episode in pending if episode is None}
     derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
     sizes = _run_sizes(con, runs)
     partial = [r for r in runs if r in derived and r not in untagged and sizes.get(r, (0, 1))[1] <= 1]
@@ -183,7 +190,7 @@ def derive_changes(con, runs: Iterable[str], new_episodes: dict[str, set[str]], 
     turns, episodes = con.execute(
         "SELECT (SELECT count(*) FROM turns WHERE run IN (SELECT unnest($runs::VARCHAR[]))), "
         "(SELECT count(*) FROM episodes WHERE run IN (SELECT unnest($runs::VARCHAR[])))", {"runs": runs}).fetchone()
-    return {"turns": turns, "episodes": episodes, "in_part": partial,
+    return {"runs": runs, "turns": turns, "episodes": episodes, "in_part": partial,
             "episodes_in_part": sum(len(new_episodes.get(r, ())) for r in partial)}
 
 

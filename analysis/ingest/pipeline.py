@@ -135,10 +135,6 @@ class Ingestor:
         self.known_tool_sets: set[str] = {r[0] for r in con.execute("SELECT hash FROM tool_sets").fetchall()}
         self.summary = Summary()
         self.affected_runs: set[str] = set()
-        # What the new attempts of each run are, so that only what they can change is derived again
-        # (derive_changes): their episode tags, and the runs that gained an untagged one.
-        self.new_episodes: dict[str, set[str]] = {}
-        self.untagged_runs: set[str] = set()
         # Rows and the segment offsets that cover them commit together, every commit_bytes of
         # input: per-batch commits made the WAL fsyncs dominate, and one commit per run would
         # lose all progress on a crash.
@@ -225,7 +221,7 @@ class Ingestor:
         try:
             link_stored_responses(self.con, self.affected_runs)
             phase = self.progress.then("analyze: turns and episodes", unit="runs") if self.progress is not None else None
-            totals = derive_changes(self.con, self.affected_runs, self.new_episodes, self.untagged_runs, progress=phase)
+            totals = derive_changes(self.con, self.affected_runs, progress=phase)
             self.con.execute("COMMIT")
         except Exception:
             self.con.execute("ROLLBACK")
@@ -235,7 +231,7 @@ class Ingestor:
                 phase.close()
         self.summary.turns, self.summary.episodes = totals["turns"], totals["episodes"]
         self.summary.runs_in_part, self.summary.episodes_in_part = totals["in_part"], totals["episodes_in_part"]
-        self.summary.runs = sorted(self.affected_runs)
+        self.summary.runs = totals["runs"]
         self.summary.seconds = time.perf_counter() - t0
         return self.summary
 
@@ -273,13 +269,6 @@ class Ingestor:
                 s.new_exchanges += EXCHANGES.insert(con, columns, fitted=True)  # by the worker
                 CALLS.insert(con, {name: [r[name] for r in calls] for name in CALL_TYPES})
                 self.affected_runs.update(columns["run"])
-                for run, episode, attempt in zip(columns["run"], columns["episode"], columns["is_attempt"]):
-                    if not attempt:
-                        continue
-                    if episode is None:
-                        self.untagged_runs.add(run)
-                    else:
-                        self.new_episodes.setdefault(run, set()).add(episode)
             new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]
             if new_sets:
                 TOOL_SETS.insert(con, TOOL_SETS.columns_of([t._asdict() for t in new_sets]), on_conflict="ON CONFLICT DO NOTHING")

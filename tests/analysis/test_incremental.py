@@ -146,3 +146,23 @@ def test_only_the_episodes_with_new_attempts_are_derived_again(segments: list[Pa
     con.close()
     assert len(tags) < total / 3
     assert_same_as_fresh(data, tmp_path / "fresh")
+
+
+def test_attempts_an_interrupted_analyze_left_underived_are_derived_by_the_next(segments: list[Path], tmp_path: Path):
+    """An analyze stores records in transactions as it reads and derives at the end; killed in
+    between, it leaves stored attempts with no turn. The next analyze, with nothing new to read,
+    derives them (in part for a tagged run, whole for the untagged one)."""
+    data = tmp_path / "data"
+    deliver(data, segments[:4])
+    analyze(data)
+    con = duckdb.connect(str(default_db(data)))
+    lost = con.execute("SELECT DISTINCT turn_id FROM exchanges WHERE segment = ? AND run IN ('vllm-hermes', '(untagged)')",
+                       [segments[3].name]).fetchall()
+    con.execute("DELETE FROM turns WHERE turn_id IN (SELECT unnest(?::VARCHAR[]))", [[t for (t,) in lost]])
+    con.execute("UPDATE exchanges SET turn_id = NULL WHERE segment = ? AND run IN ('vllm-hermes', '(untagged)')",
+                [segments[3].name])
+    con.close()
+    out = analyze(data)
+    assert "new exchanges: 0" in out and "runs re-derived: 2 ((untagged), vllm-hermes)" in out
+    assert "derived in part: 1 of those runs" in out
+    assert_same_as_fresh(data, tmp_path / "fresh")
