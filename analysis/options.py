@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from toolproxy.analysis.store.memory import DEFAULT_MEMORY_LIMIT
 from toolproxy.term.printable import printable
 
 DATA_OPTION = click.option(
@@ -18,6 +19,23 @@ DATA_OPTION = click.option(
 DB_OPTION = click.option(
     "--db", "db_path", default=None, type=click.Path(path_type=Path),
     help="DuckDB file (default: DATA/toolproxy.duckdb).",
+)
+
+
+
+def _memory_limit_callback(_ctx, _param, value: str) -> str:
+    from toolproxy.analysis.store.memory import MemoryLimitError, parse_memory_limit
+
+    try:
+        parse_memory_limit(value)
+    except MemoryLimitError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+MEMORY_LIMIT_OPTION = click.option(
+    "--memory-limit", default=DEFAULT_MEMORY_LIMIT, show_default=True, envvar="TOOLPROXY_MEMORY_LIMIT", callback=_memory_limit_callback,
+    help="Memory DuckDB may use (1GB, 512MB, 25% of RAM); past it, it spills to DB.tmp beside the database.",
 )
 
 
@@ -47,7 +65,7 @@ EXPECT_OPTION = expect_option(
 )
 
 
-def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = "1GB"):
+def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = DEFAULT_MEMORY_LIMIT):
     from toolproxy.analysis.store.connection import StoreError, connect, default_db
 
     path = db_path or default_db(data_dir)
