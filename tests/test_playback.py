@@ -467,3 +467,60 @@ def test_a_body_that_is_not_json_matches_by_its_bytes_and_body_off_by_path_alone
     assert not isinstance(first, Miss) and first.path == "/api/generate"
     strict = Matcher(exchanges, parse_rules([]))
     assert isinstance(strict.take("POST", "/api/generate", "", b"\x00garbage", None), Miss)
+
+
+# ------------------------------------------------------------------ run --playback
+
+TAGGED_AGENT = """
+import os
+from openai import OpenAI
+
+tools = %(tools)s
+for i, city in enumerate(("Paris", "Lima")):
+    client = OpenAI(base_url=os.environ["TOOLPROXY_BASE_URL"] + f"/episode={i}/item=q{i}/v1", max_retries=0)
+    messages = [{"role": "user", "content": f"Weather in {city}?"}]
+    for _ in range(3):
+        msg = client.chat.completions.create(model="m", messages=messages, tools=tools).choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        if not msg.tool_calls:
+            print(msg.content)
+            break
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": "sunny, 21C"} for c in msg.tool_calls]
+"""
+
+
+def test_run_playback_is_an_offline_agent_test_recorded_as_a_run_of_its_own(tmp_path):
+    agent = tmp_path / "agent.py"
+    agent.write_text(TAGGED_AGENT % {"tools": repr(TOOLS)})
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "TOOLPROXY_"))}
+
+    def toolproxy(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "toolproxy.cli", *args], capture_output=True, text=True,
+                              timeout=120, env=env)
+
+    with fakes.FakeStack("llamacpp", responder=_responder).in_thread() as url:
+        first = toolproxy("run", "--upstream", url, "--data", str(data), "--run", RUN, "--no-fingerprint",
+                          "--no-analyze", "--", sys.executable, str(agent))
+    assert first.returncode == 0, first.stderr
+    again = toolproxy("run", "--playback", RUN, "--data", str(data), "--", sys.executable, str(agent))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout == "It is sunny, 21C.\nIt is sunny, 21C.\n"
+    assert f"playback of {RUN}: played 4 of 4 recorded exchanges, 0 misses" in again.stderr
+    assert f"toolproxy compare {RUN} {RUN}@playback --data {data}" in again.stderr
+    original = [r for r in read_records(data, "exchange") if r["run"] == RUN]
+    replayed = [r for r in read_records(data, "exchange") if r["run"] == f"{RUN}@playback"]
+    assert [(r["item"], r["request_body"], r["response_body"]) for r in replayed] == \
+        [(r["item"], r["request_body"], r["response_body"]) for r in original]
+    compared = toolproxy("compare", RUN, f"{RUN}@playback", "--data", str(data))
+    assert compared.returncode == 0, compared.stderr
+    row = [line.split() for line in compared.stdout.splitlines() if line.startswith("all")][0]
+    assert row[1:6] == ["2", "2", "0", "0", "0"]  # both items paired, the same outcome
+
+    miss = toolproxy("run", "--playback", RUN, "--data", str(data), "--run", "changed", "--", sys.executable, "-c",
+                     "import os, urllib.request as u; u.urlopen(u.Request(os.environ['OPENAI_BASE_URL'] + "
+                     "'/chat/completions', data=b'{\"model\": \"other\"}', headers={'Content-Type': 'application/json'}))")
+    assert miss.returncode == 1 and "no recorded exchange matches this request" in miss.stderr
+    assert "model: recorded \"m\", here \"other\"" in miss.stderr
+    neither = toolproxy("run", "--data", str(data), "--", sys.executable, "-c", "pass")
+    assert neither.returncode == 2 and "give --upstream URL (the model server), or --playback RUN" in neither.stderr

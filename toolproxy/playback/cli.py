@@ -10,42 +10,9 @@ from pathlib import Path
 
 import click
 
-from toolproxy.playback.fixture import FixtureError, load_fixture
-from toolproxy.playback.match import MatchError, parse_rules
-from toolproxy.playback.server import ON_MISS, PACES, CannotPlay, PlaybackOptions, start_playback
+from toolproxy.playback.options import load, miss_line, playback_options
+from toolproxy.playback.server import CannotPlay, PlaybackOptions, start_playback
 from toolproxy.term.printable import printable
-
-
-def _miss_line(message: str) -> None:
-    click.echo(printable(message), err=True)
-
-
-def playback_options(fn):
-    """What `playback` and `run --playback` share: how requests are matched and misses handled."""
-    for option in reversed((
-        click.option("--on-miss", type=click.Choice(ON_MISS), default="fail", show_default=True,
-                     help="fail: answer 404 naming the closest recorded request and the first difference; forward: send "
-                          "the request to --upstream; record: send it through a recording proxy so it joins the run."),
-        click.option("--pace", type=click.Choice(PACES), default="fast", show_default=True,
-                     help="fast: each reply at once; recorded: streams piece by piece with the recorded timing."),
-        click.option("--match", "match", multiple=True, metavar="RULE",
-                     help="Tune matching (repeatable): ignore=PATH (e.g. temperature, messages.*.name), keep=FIELD (a "
-                          "default-ignored field), mask=REGEX (blank what it finds in every string), body=off, episodes=off."),
-    )):
-        fn = option(fn)
-    return fn
-
-
-def load(data_dir: Path, run: str, match: tuple[str, ...]):
-    """(the run's exchanges, the match rules), or a usage error that says what is wrong."""
-    try:
-        rules = parse_rules(match)
-    except MatchError as exc:
-        raise click.BadParameter(str(exc), param_hint="--match") from None
-    try:
-        return load_fixture(data_dir, run), rules
-    except FixtureError as exc:
-        raise click.ClickException(printable(str(exc))) from None
 
 
 @click.command()
@@ -70,7 +37,7 @@ def playback(source, data_dir, upstream, host, port, allowed_hosts, on_miss, pac
                                  "it listens on a loopback address only (127.0.0.1, ::1, localhost)", param_hint="--host")
     exchanges, rules = load(data_dir, source, match)
     options = PlaybackOptions(run=source, on_miss=on_miss, upstream=upstream, pace=pace, host=host, port=port,
-                              allowed_hosts=tuple(allowed_hosts), data_dir=data_dir, on_missed=_miss_line)
+                              allowed_hosts=tuple(allowed_hosts), data_dir=data_dir, on_missed=miss_line)
     if on_miss != "fail" and not upstream:
         raise click.UsageError(f"--on-miss {on_miss} needs --upstream URL (where a miss is sent)")
     from toolproxy.drive.run import run_loop

@@ -161,48 +161,61 @@ class Miss:
 
 
 class Matcher:
-    """The fixture's exchanges by (method, path, query, normalised body) and episode, each queue in
-    recorded order; `take` hands each one out once."""
+    """The fixture's exchanges by (method, path, query, normalised body), each queue in recorded
+    order, once for the whole run and once per episode; `take` hands each exchange out once."""
 
     def __init__(self, exchanges: list[RecordedExchange], rules: MatchRules) -> None:
         self.rules = rules
         self.exchanges = exchanges
         self.normalised = [normalise(x.request_body, rules) for x in exchanges]
         self.canon = [canonical(doc) for doc in self.normalised]
-        self.queues: dict[tuple, deque[int]] = defaultdict(deque)
+        self.pooled: dict[tuple, deque[int]] = defaultdict(deque)
+        self.by_episode: dict[tuple, deque[int]] = defaultdict(deque)
         self.episodes = {x.episode for x in exchanges if x.episode is not None} if rules.episodes else set()
+        self.used: set[int] = set()
         self.played: dict[tuple, list[int]] = defaultdict(list)
         for i, x in enumerate(exchanges):
-            self.queues[self._key(x.method, x.path, x.query, self.canon[i], x.episode)].append(i)
+            key = self._key(x.method, x.path, x.query, self.canon[i])
+            self.pooled[key].append(i)
+            if x.episode in self.episodes:
+                self.by_episode[key + (x.episode,)].append(i)
 
-    def _key(self, method: str, path: str, query: str, canon: bytes, episode: str | None) -> tuple:
-        return (method.upper(), path, query_key(query), canon, episode if episode in self.episodes else None)
+    @staticmethod
+    def _key(method: str, path: str, query: str, canon: bytes) -> tuple:
+        return (method.upper(), path, query_key(query), canon)
 
     def take(self, method: str, path: str, query: str, body: bytes, episode: str | None) -> RecordedExchange | Miss:
         doc = normalise(body, self.rules)
-        key = self._key(method, path, query, canonical(doc), episode)
-        queue = self.queues.get(key)
+        key = self._key(method, path, query, canonical(doc))
+        own = episode in self.episodes
+        queue = self.by_episode.get(key + (episode,)) if own else self.pooled.get(key)
+        while queue and queue[0] in self.used:  # taken through the other index
+            queue.popleft()
+        played = self.played[key + ((episode,) if own else ())]
         if queue:
-            self.played[key].append(queue[0])
-            return self.exchanges[queue.popleft()]
-        played = self.played.get(key)
+            i = queue.popleft()
+            self.used.add(i)
+            played.append(i)
+            return self.exchanges[i]
         if played:
             return Miss(self.exchanges[played[-1]], "", len(played))
-        return self._closest(method, path, key[2], doc, key[4])
+        return self._closest(method, path, key[2], doc, episode if own else None)
 
     def _closest(self, method: str, path: str, query: str, doc: Any, episode: str | None) -> Miss:
-        same = [i for i, x in enumerate(self.exchanges)
-                if x.method.upper() == method.upper() and x.path == path
-                and (episode is None or x.episode == episode)]
+        same = [i for i, x in enumerate(self.exchanges) if x.method.upper() == method.upper() and x.path == path]
         if not same:
             paths = sorted({f"{x.method} {x.path}" for x in self.exchanges})
             return Miss(None, f"{method} {path} was never recorded; recorded: {', '.join(paths[:8])}", 0)
         mine = canonical(doc)
-        best = max(same, key=lambda i: (_common_start(self.canon[i], mine), -abs(len(self.canon[i]) - len(mine)), -i))
+        best = max(same, key=lambda i: (self.exchanges[i].episode == episode, _common_start(self.canon[i], mine),
+                                        -abs(len(self.canon[i]) - len(mine)), -i))
         x = self.exchanges[best]
         if query_key(x.query) != query:
             return Miss(x, f"query: recorded {x.query!r}, here {query!r}", 0)
-        return Miss(x, first_difference(self.normalised[best], doc) or "the bodies differ", 0)
+        found = first_difference(self.normalised[best], doc)
+        if found is None:  # the same request, recorded in another episode only
+            found = f"recorded in episode {x.episode}, asked in episode {episode} (--match episodes=off pools them)"
+        return Miss(x, found, 0)
 
 
 def _common_start(a: bytes, b: bytes) -> int:
