@@ -467,6 +467,10 @@ def test_a_body_that_is_not_json_matches_by_its_bytes_and_body_off_by_path_alone
     assert not isinstance(first, Miss) and first.path == "/api/generate"
     strict = Matcher(exchanges, parse_rules([]))
     assert isinstance(strict.take("POST", "/api/generate", "", b"\x00garbage", None), Miss)
+    again = Matcher(exchanges, parse_rules(["reuse=on"]))
+    body = json.dumps(REPEATED).encode()
+    replies = [again.take("POST", "/v1/chat/completions", "", body, None) for _ in range(4)]
+    assert [b"second joke" in x.body for x in replies] == [False, True, True, True]
 
 
 # ------------------------------------------------------------------ run --playback

@@ -10,7 +10,9 @@ The rules, in the spirit of mitmproxy's server replay options:
 - `--match` tunes this: `ignore=PATH` drops more (`temperature`, `messages.*.name`: dots go
   down, `*` is every item or key), `keep=FIELD` keeps a volatile field, `mask=REGEX` blanks
   what the pattern finds in every string (a date the harness writes into its prompt),
-  `body=off` matches on method and path alone, `episodes=off` pools all episodes.
+  `body=off` matches on method and path alone, `episodes=off` pools all episodes, `reuse=on`
+  plays the last recorded reply again once a request's recorded replies are used up (an agent
+  that polls, a load test).
 - Several recorded exchanges can match: each is used once, in recorded order, so an agent that
   asks the same thing twice gets the two recorded replies in turn (a recorded retry gets its
   recorded 429 first, then the reply).
@@ -50,17 +52,18 @@ class MatchRules:
     masks: tuple[re.Pattern, ...] = ()
     body: bool = True
     episodes: bool = True
+    reuse: bool = False
 
 
 def parse_rules(values: Iterable[str]) -> MatchRules:
-    """`--match` values (`ignore=PATH`, `keep=FIELD`, `mask=REGEX`, `body=on|off`, `episodes=on|off`)
+    """`--match` values (`ignore=PATH`, `keep=FIELD`, `mask=REGEX`, `body=`, `episodes=`, `reuse=on|off`)
     applied in order to the default rules."""
     rules = MatchRules()
     for value in values:
         key, sep, arg = value.partition("=")
         if not sep or not arg:
             raise MatchError(f"--match {value!r}: expected KEY=VALUE, one of ignore=PATH, keep=FIELD, mask=REGEX, "
-                             "body=on|off, episodes=on|off")
+                             "body=on|off, episodes=on|off, reuse=on|off")
         if key == "ignore":
             rules = replace(rules, ignore=rules.ignore + (tuple(arg.split(".")),))
         elif key == "keep":
@@ -70,12 +73,12 @@ def parse_rules(values: Iterable[str]) -> MatchRules:
                 rules = replace(rules, masks=rules.masks + (re.compile(arg),))
             except re.error as exc:
                 raise MatchError(f"--match mask={arg!r} is not a regular expression: {exc}") from None
-        elif key in ("body", "episodes"):
+        elif key in ("body", "episodes", "reuse"):
             if arg not in ("on", "off"):
                 raise MatchError(f"--match {key}= takes on or off (got {arg!r})")
             rules = replace(rules, **{key: arg == "on"})
         else:
-            raise MatchError(f"--match {value!r}: unknown key {key!r} (ignore, keep, mask, body, episodes)")
+            raise MatchError(f"--match {value!r}: unknown key {key!r} (ignore, keep, mask, body, episodes, reuse)")
     return rules
 
 
@@ -198,6 +201,8 @@ class Matcher:
             played.append(i)
             return self.exchanges[i]
         if played:
+            if self.rules.reuse:
+                return self.exchanges[played[-1]]
             return Miss(self.exchanges[played[-1]], "", len(played))
         return self._closest(method, path, key[2], doc, episode if own else None)
 

@@ -26,7 +26,8 @@ def playback_options(fn):
                      help="fast: each reply at once; recorded: streams piece by piece with the recorded timing."),
         click.option("--match", "match", multiple=True, metavar="RULE",
                      help="Tune matching (repeatable): ignore=PATH (e.g. temperature, messages.*.name), keep=FIELD (a "
-                          "default-ignored field), mask=REGEX (blank what it finds in every string), body=off, episodes=off."),
+                          "default-ignored field), mask=REGEX (blank what it finds in every string), body=off, episodes=off, "
+                          "reuse=on (the last recorded reply again once they are used up)."),
     )):
         fn = option(fn)
     return fn

@@ -67,12 +67,15 @@ class PlaybackStats:
     relayed: int = 0
     refused: Counter = field(default_factory=Counter)
 
+    used: int = 0  # recorded exchanges that answered at least once
+
     def as_dict(self) -> dict:
-        return {"recorded": self.recorded, "played": self.played, "unplayed": self.recorded - self.played,
+        return {"recorded": self.recorded, "played": self.played, "used": self.used, "unused": self.recorded - self.used,
                 "missed": self.missed, "relayed": self.relayed, "refused": dict(self.refused)}
 
     def line(self) -> str:
-        return (f"played {self.played} of {self.recorded} recorded exchanges, {self.missed} misses"
+        again = f" ({self.played - self.used} replayed again, --match reuse=on)" if self.played > self.used else ""
+        return (f"played {self.used} of {self.recorded} recorded exchanges{again}, {self.missed} misses"
                 + (f" ({self.relayed} relayed upstream)" if self.relayed else ""))
 
 
@@ -114,6 +117,7 @@ class Playback:
                 return _error(MISS_STATUS, message, "playback_miss", miss=True)
             return await self._relay(request, tags, path, query, body)
         self.stats.played += 1
+        self.stats.used = len(self.matcher.used)
         return await self._play(request, found)
 
     async def _play(self, request: web.BaseRequest, x: RecordedExchange) -> web.StreamResponse:
