@@ -95,6 +95,9 @@ REPLY = json.dumps(
     }
 ).encode()
 
+# The same request asking for a stream (the TTFB column).
+STREAM_BODY = CHAT_BODY.replace(b'"model": "bench"', b'"model": "bench", "stream": true')
+
 STREAM_CHUNKS = 8
 STREAM_GAP = 0.01
 
@@ -334,12 +337,11 @@ def _recv(sock: socket.socket) -> bytes:
 async def _ttfb(url: str, n: int) -> list[float]:
     import aiohttp
 
-    body = CHAT_BODY.replace(b'"model": "bench"', b'"model": "bench", "stream": true')
     times = []
     async with aiohttp.ClientSession(auto_decompress=False) as s:
         for _ in range(n):
             t0 = time.perf_counter()
-            async with s.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+            async with s.post(url, data=STREAM_BODY, headers={"Content-Type": "application/json"}) as r:
                 await r.content.readany()
                 times.append((time.perf_counter() - t0) * 1e6)
                 await r.read()
@@ -494,11 +496,13 @@ class Fleet:
         return f"http://127.0.0.1:{port}", proc
 
     def playback(self, upstream: str, data: Path) -> str:
-        """`toolproxy playback` of the benchmark's request as `serve` recorded it from `upstream`."""
+        """`toolproxy playback` of the benchmark's requests (whole and streamed) as `serve` recorded
+        them from `upstream`."""
         recorder, proc = self.toolproxy(upstream, data, 1, "--run", PLAYED, "--durability", "sync", "--no-fingerprint")
         _wait_http(recorder)
-        urllib.request.urlopen(urllib.request.Request(recorder + "/v1/chat/completions", data=CHAT_BODY, headers={
-            "Content-Type": "application/json"})).read()
+        for body in (CHAT_BODY, STREAM_BODY):
+            urllib.request.urlopen(urllib.request.Request(recorder + "/v1/chat/completions", data=body, headers={
+                "Content-Type": "application/json"})).read()
         os.killpg(proc.pid, signal.SIGTERM)  # flushes the record
         proc.wait(timeout=15)
         port = _free_port()

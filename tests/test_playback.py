@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -185,6 +186,14 @@ async def test_volatile_fields_are_ignored_and_the_tag_prefix_is_taken_off(recor
             status, got, _ = await _ask(s, running.url + "/t/run=ci/item=q1/v1/chat/completions", body,
                                         {"Authorization": "Bearer sk-other", "X-Toolproxy-Tag-Shard": "3"})
         assert (status, got) == recording.sent["chat-stream"]
+
+
+async def test_a_long_history_is_read_whole(recording):
+    """Agent histories run to megabytes: a body past aiohttp's 1 MiB default is matched, not refused."""
+    async with playing(recording) as running:
+        async with aiohttp.ClientSession() as s:
+            status, got, _ = await _ask(s, running.url + "/v1/chat/completions", _chat("x" * (3 << 20), False))
+        assert status == 404 and b"playback_miss" in got
 
 
 async def test_episodes_are_answered_from_their_own_exchanges(recording):
@@ -467,6 +476,11 @@ def test_a_body_that_is_not_json_matches_by_its_bytes_and_body_off_by_path_alone
     assert not isinstance(first, Miss) and first.path == "/api/generate"
     strict = Matcher(exchanges, parse_rules([]))
     assert isinstance(strict.take("POST", "/api/generate", "", b"\x00garbage", None), Miss)
+    deep = b'{"messages": ' + b"[" * 1000 + b"1" + b"]" * 1000 + b"}"
+    nested = Matcher([replace(exchanges[0], request_body=deep)], parse_rules([]))
+    miss = nested.take(exchanges[0].method, exchanges[0].path, "", deep.replace(b"1", b"2"), None)
+    assert isinstance(miss, Miss) and "nested too deep to say where" in miss.message()  # never a RecursionError
+    assert normalise(deep, parse_rules(["mask=x"]))
     again = Matcher(exchanges, parse_rules(["reuse=on"]))
     body = json.dumps(REPEATED).encode()
     replies = [again.take("POST", "/v1/chat/completions", "", body, None) for _ in range(4)]

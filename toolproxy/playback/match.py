@@ -96,7 +96,12 @@ def normalise(body: bytes, rules: MatchRules) -> Any:
             return body.hex()
     for path in rules.ignore:
         doc = _drop(doc, path)
-    return _mask(doc, rules.masks) if rules.masks else doc
+    if not rules.masks:
+        return doc
+    try:
+        return _mask(doc, rules.masks)
+    except RecursionError:  # nested deeper than Python recurses: compared unmasked
+        return doc
 
 
 def _drop(doc: Any, path: tuple[str, ...]) -> Any:
@@ -140,8 +145,13 @@ def query_key(query: str) -> str:
     return urlencode([(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if not is_secret_name(k)])
 
 
-def canonical(doc: Any) -> bytes:
-    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+def canonical(doc: Any, body: bytes) -> bytes:
+    """The normalised body as compared: sorted-key JSON, or, for a document nested deeper than
+    orjson writes (254 levels), the body's own bytes (such a body matches only itself)."""
+    try:
+        return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return b"\0" + body
 
 
 @dataclass(frozen=True)
@@ -171,7 +181,7 @@ class Matcher:
         self.rules = rules
         self.exchanges = exchanges
         self.normalised = [normalise(x.request_body, rules) for x in exchanges]
-        self.canon = [canonical(doc) for doc in self.normalised]
+        self.canon = [canonical(doc, x.request_body) for doc, x in zip(self.normalised, exchanges)]
         self.pooled: dict[tuple, deque[int]] = defaultdict(deque)
         self.by_episode: dict[tuple, deque[int]] = defaultdict(deque)
         self.episodes = {x.episode for x in exchanges if x.episode is not None} if rules.episodes else set()
@@ -189,7 +199,8 @@ class Matcher:
 
     def take(self, method: str, path: str, query: str, body: bytes, episode: str | None) -> RecordedExchange | Miss:
         doc = normalise(body, self.rules)
-        key = self._key(method, path, query, canonical(doc))
+        mine = canonical(doc, body)
+        key = self._key(method, path, query, mine)
         own = episode in self.episodes
         queue = self.by_episode.get(key + (episode,)) if own else self.pooled.get(key)
         while queue and queue[0] in self.used:  # taken through the other index
@@ -204,20 +215,22 @@ class Matcher:
             if self.rules.reuse:
                 return self.exchanges[played[-1]]
             return Miss(self.exchanges[played[-1]], "", len(played))
-        return self._closest(method, path, key[2], doc, episode if own else None)
+        return self._closest(method, path, key[2], doc, mine, episode if own else None)
 
-    def _closest(self, method: str, path: str, query: str, doc: Any, episode: str | None) -> Miss:
+    def _closest(self, method: str, path: str, query: str, doc: Any, mine: bytes, episode: str | None) -> Miss:
         same = [i for i, x in enumerate(self.exchanges) if x.method.upper() == method.upper() and x.path == path]
         if not same:
             paths = sorted({f"{x.method} {x.path}" for x in self.exchanges})
             return Miss(None, f"{method} {path} was never recorded; recorded: {', '.join(paths[:8])}", 0)
-        mine = canonical(doc)
         best = max(same, key=lambda i: (self.exchanges[i].episode == episode, _common_start(self.canon[i], mine),
                                         -abs(len(self.canon[i]) - len(mine)), -i))
         x = self.exchanges[best]
         if query_key(x.query) != query:
             return Miss(x, f"query: recorded {x.query!r}, here {query!r}", 0)
-        found = first_difference(self.normalised[best], doc)
+        try:
+            found = first_difference(self.normalised[best], doc)
+        except (RecursionError, TypeError):  # TypeError: a value nested too deep for orjson to show
+            return Miss(x, "the bodies differ (nested too deep to say where)", 0)
         if found is None:  # the same request, recorded in another episode only
             found = f"recorded in episode {x.episode}, asked in episode {episode} (--match episodes=off pools them)"
         return Miss(x, found, 0)

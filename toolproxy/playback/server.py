@@ -39,6 +39,8 @@ from toolproxy.proxy.tags import header_tags, split_path_tags
 ON_MISS = ("fail", "forward", "record")
 PACES = ("fast", "recorded")
 MISS_STATUS = 404
+# As `serve`'s default --max-body: a long agent history is megabytes (aiohttp's own read stops at 1 MiB).
+MAX_BODY = 64 * 1024 * 1024
 REPLY_HEADER = "X-Toolproxy-Playback"
 STATS_PATH = "/_toolproxy/playback"
 # aiohttp's client adds these when a request lacks them; a relayed request carries only the harness's.
@@ -106,7 +108,12 @@ class Playback:
             return web.json_response(self.stats.as_dict())
         tags, path = split_path_tags(path)
         tags.update(header_tags(request.headers.items()))
-        body = await request.read()
+        body = bytearray()
+        async for piece in request.content.iter_any():
+            body += piece
+            if len(body) > MAX_BODY:
+                return _error(413, f"request body is larger than playback's limit of {MAX_BODY} bytes", "request_too_large")
+        body = bytes(body)
         found = self.matcher.take(request.method, path, query, body, tags.get("episode"))
         if isinstance(found, Miss):
             self.stats.missed += 1
