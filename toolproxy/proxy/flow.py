@@ -61,7 +61,7 @@ class Flow:
     __slots__ = (
         "request", "rec", "t0", "body", "up_path", "up_query", "up_headers", "transform", "stream",
         "out_status", "out_reason", "out_headers", "upstream_headers",
-        "spool", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait", "pool_queued_at",
+        "spool", "pieces", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait", "pool_queued_at",
         "task", "deadline", "hard_deadline", "phase", "expired",
     )
 
@@ -83,6 +83,7 @@ class Flow:
         # bytes -> bytes for the client (called with b"" at the end for the tail), or None: as received.
         self.stream: Callable[[bytes], bytes] | None = None
         self.spool: Any = None  # the recorder's copy of the upstream's body (a spool.Spool)
+        self.pieces: Any = None  # when each piece of it came (a record.pacing.PieceTimes)
         self.client_chunks: list[bytes] | None = None
         self.client_resp: web.StreamResponse | None = None
         # Durability's hold on the response's last bytes (see durability.LastBytes), or None.
