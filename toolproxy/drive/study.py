@@ -169,7 +169,7 @@ def run_line(run: str, exchanges: int, elapsed: float, done: list[float], runs_a
     return text
 
 
-class Relay:
+class HarnessOutput:
     """The harness's output passed through while a progress line is drawn on the same terminal:
     the line is erased before each piece and drawn again only at the start of a line, so the two
     never run into each other."""
@@ -208,7 +208,7 @@ async def _run_cells(study: Study, proxies: dict, save, tags: dict[str, str], pr
     todo = [p for p in study.runs if p.status != "done"]
     durations = [p.seconds for p in study.runs if p.status == "done" and p.seconds]
     finished = len(study.runs) - len(todo)
-    relay = Relay(progress) if progress.enabled else None
+    relay = HarnessOutput(progress) if progress.enabled else None
     for i, planned in enumerate(todo, 1):
         if planned.status in ("interrupted", "failed"):
             planned.attempts.append(planned.run)
