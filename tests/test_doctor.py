@@ -67,6 +67,9 @@ async def run(fake, model_name, tmp_path, **kw):
          ["a fenced ```json block"], ["no llama-server setting parses plain JSON", "--condition text"]),
         ("llamacpp", {"call_format": "llama3"}, "qwen", text_call("llama3", "get_weather", PARIS), "parser", 2,
          ["Llama 3 JSON"], ["picks its parser from the chat template", "--chat-template-file"]),
+        # llama-cpp-python drops tools under tool_choice auto: the call the model writes anyway stays in content
+        ("llama-cpp-python", {}, "qwen", call("get_weather", PARIS), "parser", 2,
+         ["the call came back as TEXT", "a bare JSON object"], ["--chat_format chatml-function-calling"]),
         # 3. the model made no call, or an invalid one
         ("ollama", {}, "qwen2.5:7b", text("I cannot check live weather, sorry."), "model", 3,
          ['NO CALL: the model answered in prose: "I cannot check live weather, sorry."'], ["--condition hint"]),
@@ -79,7 +82,7 @@ async def run(fake, model_name, tmp_path, **kw):
     ],
     ids=["ollama-refuses", "vllm-refuses", "llamacpp-no-jinja", "llamacpp-parse-500", "ollama-drops-unknown-tool",
          "sglang-no-parser", "vllm-fenced-json", "vllm-wrong-parser", "lmstudio-text", "llamacpp-text",
-         "llamacpp-other-format", "model-prose", "model-invalid", "model-stopped-at-once"],
+         "llamacpp-other-format", "llama-cpp-python-drops-tools", "model-prose", "model-invalid", "model-stopped-at-once"],
 )
 async def test_verdict_per_stack(fake_stack, tmp_path, kind, options, model_name, reply, at_fault, step, says, fix):
     fake = fake_stack(kind, responder=model(reply), **options)

@@ -215,6 +215,8 @@ def judge_repeats(replies: list[ProbeReply], stack: str) -> dict[str, Any]:
             summary += " (SGLang reports it with --enable-cache-report)"
         elif stack == "ollama":
             summary += " (Ollama always caches prompts and cannot turn it off per request)"
+        elif stack == "llama-cpp-python":
+            summary += " (llama-cpp-python caches prompts only when launched with --cache, and never says so)"
     elif len(set(known)) > 1:
         summary += (f"; cached prompt tokens differ between identical requests ({', '.join(map(str, cached))}): "
                     "the prompt cache is reused, which can change greedy outputs")

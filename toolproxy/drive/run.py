@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import click
 
@@ -58,12 +58,35 @@ def proxy_address_line(command: str, proxy: RunningProxy, config: ProxyConfig) -
 
 async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
     """Run the harness; SIGINT/SIGTERM sent to us are passed on, and we wait for it to finish."""
+    return await _supervise(await _spawn(argv, env))
+
+
+async def run_child_relayed(argv: list[str], env: dict[str, str], relay: Callable[[int, bytes], None]) -> ChildResult:
+    """As _run_child, with the harness's output read here and handed to `relay(fd, bytes)` as it
+    comes (1: its stdout, 2: its stderr), so a caller that draws a progress line on the same
+    terminal can keep the two apart."""
+    proc = await _spawn(argv, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    async def pump(stream: asyncio.StreamReader, fd: int) -> None:
+        while chunk := await stream.read(65536):
+            relay(fd, chunk)
+
+    pumps = [asyncio.ensure_future(pump(proc.stdout, 1)), asyncio.ensure_future(pump(proc.stderr, 2))]
+    result = await _supervise(proc)
+    await asyncio.gather(*pumps)
+    return result
+
+
+async def _spawn(argv: list[str], env: dict[str, str], **streams) -> asyncio.subprocess.Process:
     try:
-        proc = await asyncio.create_subprocess_exec(*argv, env=env)
+        return await asyncio.create_subprocess_exec(*argv, env=env, **streams)
     except FileNotFoundError:
         raise click.ClickException(f"{argv[0]}: command not found") from None
     except PermissionError:
         raise click.ClickException(f"{argv[0]}: permission denied (is it executable?)") from None
+
+
+async def _supervise(proc: asyncio.subprocess.Process) -> ChildResult:
     loop = asyncio.get_running_loop()
     interrupted = False
 

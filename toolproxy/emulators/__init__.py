@@ -11,7 +11,7 @@ Three layers, kept apart so a test can vary one without the others:
 
 * the model (model.py): `Reply` values (`text`, `call`, `calls`, `text_call`, `broken_call`,
   `error`) queued with `FakeStack.enqueue` or produced by a responder given a `ModelRequest`;
-* the stack: one module per stack (ollama.py, llamacpp.py, vllm.py, sglang.py, lmstudio.py,
+* the stack: one module per stack (ollama.py, llamacpp.py, llamacpp_python.py, vllm.py, sglang.py, lmstudio.py,
   openai.py) on the shared `Emulator` base (base.py), turning a Reply into that stack's bytes;
 * faults (faults.py): stall, close mid-stream, raw bodies, gzip, N failures, for the proxy's tests;
   calls lost only when streaming, for replay's.

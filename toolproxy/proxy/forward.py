@@ -34,6 +34,7 @@ from toolproxy.proxy.admission import writer_backpressure
 from toolproxy.proxy.auth import presented_token
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.durability import late_hold
+from toolproxy.proxy.modelswap import TAG as MODEL_TAG
 from toolproxy.proxy.pool import CONNECTION
 from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
 from toolproxy.proxy.spool import Spool, file_payload
@@ -230,7 +231,7 @@ async def _read_body(state: ProxyState, flow: Flow) -> None:
     flow.body = body
     if isinstance(body, SpilledBody):
         rec.request_body = body  # the writer thread reads it and sets the encoding
-        if rec.condition != "native":  # a condition rewrites the body: it needs all of it
+        if rec.condition != "native" or MODEL_TAG in rec.tags:  # a rewrite needs all of the body
             flow.body = await loop.run_in_executor(None, body.read)
     else:
         rec.request_body, rec.request_body_encoding = encode_body(body)
