@@ -526,6 +526,8 @@ def test_run_playback_is_an_offline_agent_test_recorded_as_a_run_of_its_own(tmp_
     assert again.stdout == first.stdout == "It is sunny, 21C.\nIt is sunny, 21C.\n"
     assert f"playback of {RUN}: played 4 of 4 recorded exchanges, 0 misses" in again.stderr
     assert f"toolproxy compare {RUN} {RUN}@playback --data {data}" in again.stderr
+    shown = [line.split() for line in again.stderr.splitlines() if line.startswith("all ")]
+    assert shown and shown[0][1:6] == ["2", "2", "0", "0", "0"]  # run printed the comparison itself
     original = [r for r in read_records(data, "exchange") if r["run"] == RUN]
     replayed = [r for r in read_records(data, "exchange") if r["run"] == f"{RUN}@playback"]
     assert [(r["item"], r["request_body"], r["response_body"]) for r in replayed] == \
