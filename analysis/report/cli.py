@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open, terminal_safe_csv
+from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, EXPECT_OPTION, MEMORY_LIMIT_OPTION, _fail, _open,
+                                        analyze_if_stale, terminal_safe_csv)
 from toolproxy.analysis.store.connection import StoreError, default_db
 from toolproxy.term.printable import printable
 
@@ -46,8 +47,9 @@ OUTPUT_OPTION = click.option("-o", "--output", type=click.Path(dir_okay=False, p
 @click.option("--run", "runs", multiple=True, metavar="RUN", help="Only this run (repeatable; default: every run).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap RNG seed (reports are reproducible).")
 @EXPECT_OPTION
+@MEMORY_LIMIT_OPTION
 def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, runs: tuple[str, ...], seed: int,
-           expect_rules: list) -> None:
+           expect_rules: list, memory_limit: str) -> None:
     """One row per run: call and delivered fidelity with 95% CIs, restraint, answers, non-responses.
 
     Call fidelity = valid_call turns / turns that were due a call; delivered fidelity counts only
@@ -60,8 +62,9 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     from toolproxy.analysis.report import htmlpage, terminal
     from toolproxy.analysis.report.details import page_details
 
+    analyze_if_stale("report", data_dir, db_path)
     path = db_path or default_db(data_dir)
-    con = _open(data_dir, path, read_only=True)
+    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed, rules=expect_rules)
         details = page_details(con, summary) if fmt == "html" else None
@@ -96,8 +99,9 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
               help="Output format.")
 @OUTPUT_OPTION
 @EXPECT_OPTION
+@MEMORY_LIMIT_OPTION
 def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: str | None, metric: str, fmt: str,
-            output: Path | None, expect_rules: list) -> None:
+            output: Path | None, expect_rules: list, memory_limit: str) -> None:
     """Paired test of RUN_A against RUN_B over the items both ran (exact McNemar, both discordant counts).
 
     Either side may be a quoted wildcard pattern ('bfcl-*-native') that pools every run it
@@ -107,8 +111,9 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
     from toolproxy.analysis.measure.summary import select_runs
     from toolproxy.analysis.report.comparison import RENDERERS
 
+    analyze_if_stale("compare", data_dir, db_path)
     path = db_path or default_db(data_dir)
-    con = _open(data_dir, path, read_only=True)
+    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         select_runs(con, [run_a, run_b], path)
         result = paired(con, run_a, run_b, metric=metric, by_category=by == "category", rules=expect_rules)

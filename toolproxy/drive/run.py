@@ -45,6 +45,17 @@ async def start_proxy(config: ProxyConfig) -> RunningProxy:
         raise click.ClickException(str(exc)) from None
 
 
+def proxy_address_line(command: str, proxy: RunningProxy, config: ProxyConfig) -> str:
+    """Where the in-process proxy listens, said before the harness starts: its port is a free one
+    picked at start, so without this line the live page cannot be found."""
+    from toolproxy.proxy.state import ADMIN_PREFIX
+
+    text = f"toolproxy {command}: proxy on {proxy.url} -> upstream {printable(config.upstream)}"
+    if config.live_page:
+        text += f"; live page {proxy.url}{ADMIN_PREFIX}"
+    return text
+
+
 async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
     """Run the harness; SIGINT/SIGTERM sent to us are passed on, and we wait for it to finish."""
     try:
@@ -74,6 +85,7 @@ async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
 
 async def run_harness(config: ProxyConfig, argv: list[str], tags: dict[str, str]) -> ChildResult:
     proxy = await start_proxy(config)
+    click.echo(proxy_address_line("run", proxy, config), err=True)
     try:
         base = proxy.url + tag_prefix(config.run, **tags)
         env = {**os.environ, **harness_env(base, os.environ)}

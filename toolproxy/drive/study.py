@@ -23,7 +23,7 @@ import click
 from toolproxy.analysis.measure.runline import from_report
 from toolproxy.conditions import NAMES
 from toolproxy.drive.harness import harness_env, tag_prefix
-from toolproxy.drive.run import _parse_tags, _run_child, run_loop, start_proxy, toolproxy_cli
+from toolproxy.drive.run import _parse_tags, _run_child, proxy_address_line, run_loop, start_proxy, toolproxy_cli
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.term.printable import printable
@@ -112,6 +112,7 @@ def run_line(run: str, exchanges: int, elapsed: float, done: list[float], runs_a
 async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, str], progress: Progress) -> bool:
     """Every pending run in order; False when the user interrupted (the rest stays pending)."""
     proxy = await start_proxy(config)
+    click.echo(proxy_address_line("study", proxy, config), err=True)
     state = proxy.state
     todo = [p for p in study.runs if p.status != "done"]
     durations = [p.seconds for p in study.runs if p.status == "done" and p.seconds]

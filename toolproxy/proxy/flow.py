@@ -40,9 +40,10 @@ PHASES = ("request_headers", "request", "response_headers", "response_chunk", "r
 class Refusal(Exception):
     """Raised by `Flow.refuse`: the proxy answers itself instead of forwarding."""
 
-    def __init__(self, status: int, kind: str, message: str, code: str) -> None:
+    def __init__(self, status: int, kind: str, message: str, code: str, family: str | None = None) -> None:
         super().__init__(message)
         self.status, self.kind, self.message, self.code = status, kind, message, code
+        self.family = family  # the protocol whose error shape the answer takes (None: OpenAI's)
 
 
 class Cut(Exception):
@@ -105,8 +106,8 @@ class Flow:
         return (time.perf_counter() - self.t0) * 1000.0
 
     @staticmethod
-    def refuse(status: int, kind: str, message: str, code: str) -> NoReturn:
-        raise Refusal(status, kind, message, code)
+    def refuse(status: int, kind: str, message: str, code: str, family: str | None = None) -> NoReturn:
+        raise Refusal(status, kind, message, code, family)
 
 
 @dataclass(frozen=True)
