@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 import orjson
 
-from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, _fail, _open, expect_option,
-                                        terminal_safe_csv)
+from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, _fail, _open, analyze_if_stale,
+                                        expect_option, terminal_safe_csv)
 from toolproxy.term.printable import printable
 
 # The runs just re-derived that were recorded with --sample (record/sampling.py): the rate, and
@@ -189,6 +189,7 @@ def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> N
     """Print one exchange (a unique id prefix will do): request, response, classification."""
     from toolproxy.analysis.report.show import render
 
+    analyze_if_stale("show", data_dir, db_path)
     con = _open(data_dir, db_path, read_only=True)
     try:
         ids = [r[0] for r in con.execute(

@@ -7,6 +7,7 @@ to a flow, and the list that assembles them (order, hooks per phase, services, s
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -20,6 +21,7 @@ from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.exposure import Exposure
 from toolproxy.proxy.flow import Addon, Hooks, Service
+from toolproxy.proxy.modelswap import ModelSwap
 from toolproxy.proxy.headers import Redactor
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.recorder import Recorder
@@ -52,7 +54,7 @@ def test_the_list_in_order_with_everything_on(tmp_path):
     assert _names(state) == [
         "live view", "otlp", "refused", "recording", "spill masking", "lifecycle", "sampling", "Watchdog", "Counters",
         "Exposure", "UpstreamHealth", "PoolStats", "upstream session", "Auth", "RecordingGuard", "DiskBudgetGuard",
-        "OriginFormOnly", "UpstreamKey", "StackWatch", "ConditionAddon", "Durability", "Recorder"]
+        "OriginFormOnly", "UpstreamKey", "ModelSwap", "StackWatch", "ConditionAddon", "Durability", "Recorder"]
     assert [s.name for s in proxy_app.services(state)] == [
         "live view", "otlp", "refusals writer", "writer", "spill masking", "housekeeper", "watchdog",
         "upstream health", "upstream session", "stack watch"]
@@ -64,7 +66,7 @@ def test_hooks_per_phase_only_from_the_addons_that_hook_it(tmp_path):
     hooks = _state(tmp_path, auth_token="t", upstream_key="sk").hooks
     assert [h.__self__.__class__.__name__ for h in hooks.request_headers] == [
         "Counters", "Exposure", "Auth", "OriginFormOnly", "UpstreamKey"]
-    assert [h.__self__.__class__.__name__ for h in hooks.request] == ["StackWatch", "ConditionAddon"]
+    assert [h.__self__.__class__.__name__ for h in hooks.request] == ["ModelSwap", "StackWatch", "ConditionAddon"]
     assert [h.__self__.__class__.__name__ for h in hooks.response_chunk] == ["Recorder"]
     assert [h.__self__.__class__.__name__ for h in hooks.error] == ["Counters", "UpstreamHealth", "Recorder"]
     assert [h.__self__.__class__.__name__ for h in hooks.recorded] == ["LiveView"]
@@ -275,6 +277,45 @@ async def test_condition_rewrites_what_goes_upstream_and_the_reply(tmp_path):
     await Context(condition).cycle(text)
     assert text.body != body and b'"tools"' not in text.body, text.rec.condition_note
     assert text.rec.upstream_request["path"] == "/v1/chat/completions" and text.stream is not None
+
+
+async def test_model_swap_sends_the_tagged_model_and_the_condition_keeps_it(tmp_path):
+    """The tag's model goes upstream (the condition rewrites the swapped body, the stack watcher
+    reads the body as sent); the harness's body stays the record's request_body."""
+    cfg = flows.config(data_dir=tmp_path)
+    redactor = Redactor(flows.KEY)
+    body = (b'{"model":"harness-m","messages":[{"role":"user","content":"hi"}],'
+            b'"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}')
+    ctx = Context(ModelSwap(redactor), ConditionAddon(cfg.condition_options, lambda: None, redactor))
+    native = flows.flow("/t/run=r/upstream_model=qwen%2F0.5b/v1/chat/completions", body=body)
+    await ctx.cycle(native)
+    assert json.loads(native.body) == {**json.loads(body), "model": "qwen/0.5b"}
+    assert native.rec.extra["model_sent"] == "qwen/0.5b" and native.rec.request_body == body.decode()
+    assert json.loads(native.rec.upstream_request["body"])["model"] == "qwen/0.5b"
+    text = flows.flow("/t/condition=text/upstream_model=q/v1/chat/completions", body=body)
+    await ctx.cycle(text)
+    assert json.loads(text.body)["model"] == "q" and b'"tools"' not in text.body
+    assert json.loads(text.rec.upstream_request["body"])["model"] == "q"
+
+
+@pytest.mark.parametrize("path, method, body, note", [
+    ("/t/upstream_model=q/v1/models", "GET", b"", None),  # not a model call: nothing to rewrite
+    ("/v1/chat/completions", "POST", b'{"model":"m","messages":[]}', None),  # untagged
+    ("/t/upstream_model=q/v1/chat/completions", "POST", b"[1, 2]", "the request body is not a JSON object"),
+    ("/t/upstream_model=q/v1/chat/completions", "POST", b"\xff{", "the request body is not a JSON object"),
+])
+async def test_model_swap_leaves_alone_what_it_cannot_or_need_not_rewrite(path, method, body, note):
+    f = flows.flow(path, method=method, body=body)
+    await Context(ModelSwap(Redactor(flows.KEY))).cycle(f)
+    assert f.body == body and f.rec.upstream_request is None and "model_sent" not in f.rec.extra
+    assert f.rec.extra.get("model_not_sent") == note
+
+
+async def test_model_swap_of_a_body_already_naming_the_model_sends_it_as_it_came():
+    body = b'{"model": "q",  "messages": []}'
+    f = flows.flow("/t/upstream_model=q/api/chat", body=body)
+    await Context(ModelSwap(Redactor(flows.KEY))).cycle(f)
+    assert f.body == body and f.rec.upstream_request is None and f.rec.extra["model_sent"] == "q"
 
 
 async def test_durability_holds_the_end_of_a_durable_response(tmp_path):

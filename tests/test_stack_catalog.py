@@ -39,6 +39,7 @@ PROVOKE = {
     (catalog.VLLM.name, catalog.TOOL_REFUSAL): ({}, "/v1/chat/completions", {"model": catalog.QWEN_HF, "tools": TOOLS}),
     (catalog.VLLM.name, catalog.UNKNOWN_MODEL): ({}, "/v1/chat/completions", {"model": "nope"}),
     (catalog.OPENAI.name, catalog.UNKNOWN_MODEL): ({}, "/v1/chat/completions", {"model": "nope"}),
+    (catalog.LLAMACPP_PYTHON.name, catalog.INVALID_REQUEST): ({}, "/v1/chat/completions", {"model": "m", "messages": "x"}),
 }
 FAILURES = [(s.name, kind) for s in catalog.CATALOG for kind in s.failures]
 BROKEN = '<tool_call>{"name": "get_weather", "arguments": {"city": '

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, _fail, _open
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, _fail, _open, analyze_if_stale
 from toolproxy.term.printable import printable
 
 EXPORT_FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
@@ -62,7 +62,7 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     Parquet files are partitioned hive-style by day and run (table/date=YYYY-MM-DD/run=NAME/), so
     DuckDB, Spark or pandas read them directly. Incremental and idempotent like `analyze`: only new
     or changed partitions are written, and a destination's own manifest keeps a second machine
-    exporting there consistent. Run `toolproxy analyze` first.
+    exporting there consistent. Records not analyzed yet are analyzed first.
     """
     import importlib
 
@@ -73,6 +73,7 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
 
     if (out is None) == (otlp_endpoint is None):
         raise click.UsageError("give --out PATH|URL (files) or --otlp URL (spans), one of the two")
+    analyze_if_stale("export", data_dir, db_path, memory_limit)
     if otlp_endpoint is not None:
         if since is not None:
             raise click.UsageError("--since applies to --out; --otlp sends every analysed exchange of the runs chosen")

@@ -29,7 +29,7 @@ from toolproxy.analysis.store.columns import Columns, share_strings
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES
 from toolproxy.calls.gcpause import gc_paused
 from toolproxy.record.chunks import CHUNK_PREFIX, ChunkSource
-from toolproxy.record.model import Record
+from toolproxy.record.model import MODEL_SENT, Record
 from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.record.segments import BODIES_AS_RECORDED, parse_line
 from toolproxy.stacks.markers import detect
@@ -243,8 +243,12 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     keys = None
     model = None
     stream_asked = None
+    harness_model = None
     if is_attempt:
-        model = req.get("model") if req is not None and isinstance(req.get("model"), str) else None
+        # The model the stack was asked for: the harness's, unless a study sent another (modelswap).
+        harness_model = req.get("model") if req is not None and isinstance(req.get("model"), str) else None
+        sent = (rec.get("extra") or {}).get(MODEL_SENT) if isinstance(rec.get("extra"), dict) else None
+        model = sent if isinstance(sent, str) and sent else harness_model
         if model is None and upstream_reply is not None:
             model = upstream_reply.model
         if req is not None:
@@ -274,6 +278,8 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
     }
     if probe is not None:
         record_meta["probe"] = probe
+    if harness_model is not None and harness_model != model:
+        record_meta["harness_model"] = harness_model
     if view is not None and outcome == "non_response":
         record_meta["classification_detail"] = c.detail
     if kind == RESPONSES:

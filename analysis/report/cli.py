@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, EXPECT_OPTION, MEMORY_LIMIT_OPTION, _fail, _open, terminal_safe_csv
+from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, EXPECT_OPTION, MEMORY_LIMIT_OPTION, _fail, _open,
+                                        analyze_if_stale, terminal_safe_csv)
 from toolproxy.analysis.store.connection import StoreError, default_db
 from toolproxy.term.printable import printable
 
@@ -61,6 +62,7 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     from toolproxy.analysis.report import htmlpage, terminal
     from toolproxy.analysis.report.details import page_details
 
+    analyze_if_stale("report", data_dir, db_path, memory_limit)
     path = db_path or default_db(data_dir)
     con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
@@ -109,6 +111,7 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
     from toolproxy.analysis.measure.summary import select_runs
     from toolproxy.analysis.report.comparison import RENDERERS
 
+    analyze_if_stale("compare", data_dir, db_path, memory_limit)
     path = db_path or default_db(data_dir)
     con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:

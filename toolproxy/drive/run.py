@@ -15,11 +15,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import click
 
 from toolproxy.drive.harness import harness_env, tag_prefix
+from toolproxy.playback.options import miss_line as _miss_line, playback_options
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.term.printable import printable
@@ -44,14 +45,48 @@ async def start_proxy(config: ProxyConfig) -> RunningProxy:
         raise click.ClickException(str(exc)) from None
 
 
+def proxy_address_line(command: str, proxy: RunningProxy, config: ProxyConfig) -> str:
+    """Where the in-process proxy listens, said before the harness starts: its port is a free one
+    picked at start, so without this line the live page cannot be found."""
+    from toolproxy.proxy.state import ADMIN_PREFIX
+
+    text = f"toolproxy {command}: proxy on {proxy.url} -> upstream {printable(config.upstream)}"
+    if config.live_page:
+        text += f"; live page {proxy.url}{ADMIN_PREFIX}"
+    return text
+
+
 async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
     """Run the harness; SIGINT/SIGTERM sent to us are passed on, and we wait for it to finish."""
+    return await _supervise(await _spawn(argv, env))
+
+
+async def run_child_relayed(argv: list[str], env: dict[str, str], relay: Callable[[int, bytes], None]) -> ChildResult:
+    """As _run_child, with the harness's output read here and handed to `relay(fd, bytes)` as it
+    comes (1: its stdout, 2: its stderr), so a caller that draws a progress line on the same
+    terminal can keep the two apart."""
+    proc = await _spawn(argv, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    async def pump(stream: asyncio.StreamReader, fd: int) -> None:
+        while chunk := await stream.read(65536):
+            relay(fd, chunk)
+
+    pumps = [asyncio.ensure_future(pump(proc.stdout, 1)), asyncio.ensure_future(pump(proc.stderr, 2))]
+    result = await _supervise(proc)
+    await asyncio.gather(*pumps)
+    return result
+
+
+async def _spawn(argv: list[str], env: dict[str, str], **streams) -> asyncio.subprocess.Process:
     try:
-        proc = await asyncio.create_subprocess_exec(*argv, env=env)
+        return await asyncio.create_subprocess_exec(*argv, env=env, **streams)
     except FileNotFoundError:
         raise click.ClickException(f"{argv[0]}: command not found") from None
     except PermissionError:
         raise click.ClickException(f"{argv[0]}: permission denied (is it executable?)") from None
+
+
+async def _supervise(proc: asyncio.subprocess.Process) -> ChildResult:
     loop = asyncio.get_running_loop()
     interrupted = False
 
@@ -73,12 +108,32 @@ async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
 
 async def run_harness(config: ProxyConfig, argv: list[str], tags: dict[str, str]) -> ChildResult:
     proxy = await start_proxy(config)
+    click.echo(proxy_address_line("run", proxy, config), err=True)
     try:
         base = proxy.url + tag_prefix(config.run, **tags)
         env = {**os.environ, **harness_env(base, os.environ)}
         return await _run_child(argv, env)
     finally:
         await proxy.stop()
+
+
+async def run_against_playback(options: dict, fixture, argv: list[str], tags: dict[str, str]) -> ChildResult:
+    """The harness behind the usual recording proxy, whose upstream is a playback server of the
+    recorded run: the harness gets the recorded replies and its own traffic is recorded as a
+    run of its own. The playback starts first, so the proxy's config names its address."""
+    from toolproxy.playback.server import CannotPlay, start_playback
+
+    exchanges, rules, playback_options = fixture
+    try:
+        playback = await start_playback(exchanges, rules, playback_options)
+    except CannotPlay as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        config = config_from_options(**{**options, "upstream": playback.url})
+        return await run_harness(config, argv, tags)
+    finally:
+        await playback.stop()
+        click.echo(f"toolproxy run: playback of {printable(playback_options.run)}: {playback.stats.line()}", err=True)
 
 
 def run_loop(coro):
@@ -124,13 +179,26 @@ def write_html_report(data_dir: Path, runs: list[str], out: Path) -> Path | None
     return out if toolproxy_cli(*args).returncode == 0 else None
 
 
+def _upstream_optional(fn):
+    """With --playback the upstream is the recording: --upstream is only where misses go."""
+    for param in fn.__click_params__:
+        if param.name == "upstream":
+            param.required = False
+    return fn
+
+
 @click.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
+@_upstream_optional
 @harness_serve_options
+@click.option("--playback", "playback_run", default=None, metavar="RUN",
+              help="Answer the harness from this recorded run (in --data) instead of a model server: an offline, "
+                   "deterministic agent test; its traffic is recorded as RUN@playback (or --run).")
+@playback_options
 @click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE", help="Extra tag on every request (repeatable), e.g. category=simple.")
 @click.option("--print-env", is_flag=True, help="Print the environment the harness would get, and exit.")
 @click.option("--no-analyze", is_flag=True, help="Do not analyze when the harness exits.")
 @click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
-def run(tags, print_env, no_analyze, command, **options):
+def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match, **options):
     """Run a harness behind a proxy: toolproxy run --upstream URL --run NAME -- CMD ARGS...
 
     The proxy starts on a free loopback port for as long as CMD runs; CMD gets the base-URL
@@ -140,7 +208,14 @@ def run(tags, print_env, no_analyze, command, **options):
     """
     extra = _parse_tags(tags)
     options["quiet"] = True
-    config = config_from_options(**options)
+    fixture = None
+    if playback_run is not None:
+        fixture = _playback_fixture(options, playback_run, on_miss, pace, match)
+        config = config_from_options(**{**options, "upstream": "http://127.0.0.1:1"})  # checked now, aimed at start
+    elif options["upstream"] is None:
+        raise click.UsageError("give --upstream URL (the model server), or --playback RUN to answer from a recording")
+    else:
+        config = config_from_options(**options)
     if print_env:
         base = f"http://127.0.0.1:{config.port or 'PORT'}" + tag_prefix(config.run, **extra)
         for name, value in sorted(harness_env(base, os.environ).items()):
@@ -149,7 +224,10 @@ def run(tags, print_env, no_analyze, command, **options):
     if not command:
         raise click.UsageError("give the harness command after --, e.g. toolproxy run --upstream URL -- python agent.py")
     make_data_dir(config)
-    result = run_loop(run_harness(config, list(command), extra))
+    if fixture is not None:
+        result = run_loop(run_against_playback(options, fixture, list(command), extra))
+    else:
+        result = run_loop(run_harness(config, list(command), extra))
     if result.interrupted:
         click.echo("toolproxy run: harness interrupted; what it recorded is kept", err=True)
     elif result.returncode != 0:
@@ -159,7 +237,39 @@ def run(tags, print_env, no_analyze, command, **options):
                    err=True)
     if not no_analyze:
         _summarise(config.data_dir, config.run)
+    if playback_run is not None:
+        if not no_analyze:
+            _compare(config.data_dir, playback_run, config.run)
+        click.echo(f"did the agent behave as recorded: toolproxy compare {printable(playback_run)} {printable(config.run)} "
+                   f"--data {config.data_dir}", err=True)
     sys.exit(result.returncode)
+
+
+def _compare(data_dir: Path, recorded: str, new: str) -> None:
+    """`compare` of the recording and the run against it, on stderr (stdout is the harness's)."""
+    done = toolproxy_cli("compare", recorded, new, "--data", str(data_dir))
+    click.echo(printable(done.stdout if done.returncode == 0 else done.stderr, lines=True), nl=False, err=True)
+
+
+def _playback_fixture(options: dict, source: str, on_miss: str, pace: str, match: tuple[str, ...]):
+    """(exchanges, rules, playback options) for `run --playback`; the run's own settings adjusted:
+    its traffic gets a run name of its own, goes out untouched (a condition would rewrite the
+    requests the recording is matched against) and fingerprints nothing (the upstream is a
+    recording)."""
+    from toolproxy.playback.options import load
+    from toolproxy.playback.server import PlaybackOptions
+
+    if on_miss != "fail" and not options["upstream"]:
+        raise click.UsageError(f"--on-miss {on_miss} needs --upstream URL (where a miss is sent)")
+    if options["condition"] != "native":
+        raise click.UsageError("--playback answers the requests as the harness sends them: leave --condition native")
+    options["run"] = options["run"] or f"{source}@playback"
+    if options["run"] == source:
+        raise click.BadParameter("the harness's traffic needs a run name other than the recording's", param_hint="--run")
+    options["no_fingerprint"] = True
+    exchanges, rules = load(options["data_dir"], source, match)
+    return exchanges, rules, PlaybackOptions(run=source, on_miss=on_miss, upstream=options["upstream"], pace=pace,
+                                             data_dir=options["data_dir"], on_missed=_miss_line)
 
 
 def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:

@@ -22,6 +22,7 @@ from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.flow import Addon, Service
 from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.logline import log_line
+from toolproxy.proxy.modelswap import ModelSwap
 from toolproxy.proxy.pool import upstream_session
 from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.spillmask import SpillMasking
@@ -105,6 +106,7 @@ def addons(config: ProxyConfig, state: ProxyState) -> list[Addon]:
     out.append(OriginFormOnly(config.upstream))
     if config.upstream_key is not None:
         out.append(UpstreamKey(config.upstream_key))
+    out.append(ModelSwap(state.redactor))  # before the stack watcher: it fingerprints the model sent
     if config.fingerprint:
         state.stacks = StackWatch(config, writer, lambda: state.session, state.upstream_health)
         out.append(state.stacks)

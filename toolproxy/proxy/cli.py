@@ -95,7 +95,7 @@ SERVE_OPTIONS = (
     click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where segments (and later the DuckDB file) go."),
     click.option("--run", default=None, help="Run name for requests that carry no run tag; strftime fields are filled in from each request's start in UTC, so prod-%Y-%m-%d starts a run a day (analyze re-derives a run whole: bound long-lived untagged traffic)."),
     click.option("--condition", type=click.Choice(NAMES), default="native", show_default=True, help="Interface condition for requests that carry no condition tag."),
-    click.option("--stack", default=None, help="Serving stack (ollama, llamacpp, vllm, sglang, lmstudio, openai) when fingerprinting cannot tell."),
+    click.option("--stack", default=None, help="Serving stack (ollama, llamacpp, vllm, sglang, lmstudio, llama-cpp-python, openai) when fingerprinting cannot tell."),
     click.option("--chat-template", type=click.Path(dir_okay=False, exists=True), default=None, help="Jinja chat template for --condition template."),
     click.option("--parser", default=None, help="Tool-call parser for --condition template (e.g. hermes)."),
     click.option("--constrained-forced", is_flag=True, help="Constrained schema without a final-answer branch (the original study's variant, where an episode cannot end by answering)."),

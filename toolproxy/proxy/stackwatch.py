@@ -120,9 +120,17 @@ class StackWatch(Addon):
     def request(self, flow: Flow) -> None:
         """A path comparison and an append, nothing more (a spilled body, too large to hold, is skipped)."""
         rec = flow.rec
-        if rec.method == "POST" and rec.request_body_encoding == "utf8" and rec.path.endswith(ATTEMPT_PATHS):
+        if rec.method != "POST" or not rec.path.endswith(ATTEMPT_PATHS):
+            return
+        # The model the stack is asked for: the body as sent when the model was swapped (modelswap).
+        sent = rec.upstream_request
+        if sent is not None and sent.get("body_encoding") == "utf8":
+            self._pending.append(sent["body"])
+        elif rec.request_body_encoding == "utf8":
             self._pending.append(rec.request_body)
-            self._wake.set()
+        else:
+            return
+        self._wake.set()
 
     async def fingerprint(self, model: str | None) -> Fingerprint:
         """The fingerprint for this model (None: the server alone), probing and recording it once."""

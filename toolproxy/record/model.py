@@ -28,6 +28,10 @@ import orjson
 # decoded as UTF-8), and text fields that were not valid UTF-8 are listed in extra["latin1_fields"].
 RECORD_VERSION = 3
 
+# The key of `extra` that holds the model name sent upstream when the proxy replaced the harness's
+# (toolproxy/proxy/modelswap.py): the harness's own stays in `request_body`.
+MODEL_SENT = "model_sent"
+
 # Seconds added to this process's wall clock wherever it stamps a record (its id, started_at,
 # ended_at). For tests only: it stands in for a host whose clock is off, so that tests can show the
 # analysis does not depend on the replicas' clocks agreeing (tests/test_replicas.py). Never set it

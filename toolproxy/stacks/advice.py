@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolproxy.stacks.catalog import LABELS, LLAMACPP, LMSTUDIO, OLLAMA, PARSE_FAILURE, SGLANG, TOOL_REFUSAL, VLLM
+from toolproxy.stacks.catalog import (LABELS, LLAMACPP, LLAMACPP_PYTHON, LMSTUDIO, OLLAMA, PARSE_FAILURE, SGLANG,
+                                      TOOL_REFUSAL, VLLM)
 
 TOOLPROXY_WORKAROUND = (
     "or keep the stack as it is and serve through toolproxy with `--condition text` "
@@ -112,6 +113,10 @@ def text_surface_fix(stack: str, fmt: str | None) -> str:
     if stack == OLLAMA.name:
         return ("Ollama parses calls with the format its model template declares, and this model wrote another: "
                 "use a model tag whose template matches (or set TEMPLATE in a Modelfile); " + TOOLPROXY_WORKAROUND)
+    if stack == LLAMACPP_PYTHON.name:
+        return ("llama-cpp-python's default chat handler drops `tools` unless `tool_choice` names a function (then "
+                "it forces that call): launch it with `--chat_format chatml-function-calling` to let the model "
+                "choose, or have the harness name the tool; " + TOOLPROXY_WORKAROUND)
     if stack == LMSTUDIO.name:
         return ("use a model LM Studio marks as trained for tool use (native parsing), or one that writes "
                 "`[TOOL_REQUEST]`; " + TOOLPROXY_WORKAROUND)

@@ -50,6 +50,7 @@ TOOL_REFUSAL = "tools"  # a request with `tools` the stack, as launched, cannot 
 TOOL_CHOICE_REFUSAL = "tool_choice"  # a `tool_choice` without tools the stack, as launched, cannot serve
 UNKNOWN_MODEL = "model"  # a model name the stack does not serve
 PARSE_FAILURE = "parse"  # the model wrote call-shaped text the stack's parser failed on
+INVALID_REQUEST = "request"  # a body the stack's request schema rejects
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,26 @@ LLAMACPP = Stack(
     chat_template=HERMES_JINJA,
 )
 
+# llama-cpp-python's OpenAI-compatible server (`python -m llama_cpp.server`): the same llama.cpp
+# engine as llama-server behind a FastAPI app of its own, with its own answers (llama_cpp/server/app.py,
+# llama_cpp/llama_chat_format.py): a request that fails validation is HTTP 500 with the message in
+# `error.message`; `tools` reach the prompt only when `tool_choice` names a function (otherwise
+# they are dropped and the model answers in text); replies carry the requested model name and no
+# `timings`; `GET /openapi.json` names the app.
+LLAMACPP_PYTHON = Stack(
+    name="llama-cpp-python", label="llama-cpp-python (llama_cpp.server)", port=8000,
+    probes=(Probe("GET /openapi.json", 'GET /openapi.json is titled "\U0001f999 llama.cpp Python API"'),),
+    server_header="uvicorn",
+    version="0.3.36",
+    owned_by="me",
+    failures=_frozen({
+        INVALID_REQUEST: Failure(500, "1 validation error:\n  {rest}", "validation error"),
+    }),
+    # /v1/models lists the model file as the launch named it, whatever name a request uses.
+    models=_frozen({"models/qwen2.5-coder-0.5b.gguf": ("completion",)}),
+)
+OPENAPI_TITLE = "\U0001f999 llama.cpp Python API"
+
 VLLM = Stack(
     name="vllm", label="vLLM", port=8000,
     probes=(Probe("GET /version", "GET /version answers {version}"),),
@@ -180,7 +201,7 @@ OPENAI = Stack(
 )
 
 # The one list of stacks, in the one order everything shows them (ollama first: the commonest).
-CATALOG: tuple[Stack, ...] = (OLLAMA, LLAMACPP, VLLM, SGLANG, LMSTUDIO, OPENAI)
+CATALOG: tuple[Stack, ...] = (OLLAMA, LLAMACPP, VLLM, SGLANG, LMSTUDIO, LLAMACPP_PYTHON, OPENAI)
 BY_NAME: Mapping[str, Stack] = _frozen({s.name: s for s in CATALOG})
 STACKS: tuple[str, ...] = tuple(BY_NAME)
 

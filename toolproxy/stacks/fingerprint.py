@@ -30,8 +30,8 @@ import orjson
 from toolproxy import __version__
 from toolproxy.record.model import Record, new_id
 from toolproxy.stacks import markers
-from toolproxy.stacks.catalog import (CATALOG, LABELS, LLAMACPP, LMSTUDIO, OLLAMA, OPENAI, SGLANG, UNKNOWN,
-                                      UNREACHABLE, VLLM)
+from toolproxy.stacks.catalog import (CATALOG, LABELS, LLAMACPP, LLAMACPP_PYTHON, LMSTUDIO, OLLAMA, OPENAI,
+                                      OPENAPI_TITLE, SGLANG, UNKNOWN, UNREACHABLE, VLLM)
 from toolproxy.term.connection_errors import explain
 from toolproxy.wire import error_text
 
@@ -42,6 +42,7 @@ OLLAMA_SHOW = OLLAMA.model_probe.endpoint
 SGLANG_INFO, SGLANG_INFO_NEW = (p.endpoint for p in SGLANG.probes)
 LMSTUDIO_V1, LMSTUDIO_V0 = (p.endpoint for p in LMSTUDIO.probes)
 (MODELS,) = (p.endpoint for p in OPENAI.probes)
+(OPENAPI,) = (p.endpoint for p in LLAMACPP_PYTHON.probes)
 
 GET_PROBES = tuple(p.endpoint for stack in CATALOG for p in stack.probes)
 # A Server header only one stack sends names it (vLLM and SGLang both answer as uvicorn).
@@ -144,6 +145,8 @@ def evidence_by_stack(obs: Mapping[str, Observed]) -> dict[str, list[str]]:
     v0 = _dict(_answer(obs, LMSTUDIO_V0))
     if any("compatibility_type" in m for m in _list(v0.get("data")) if isinstance(m, dict)):
         vote(LMSTUDIO.name, LMSTUDIO.probes[1].evidence)
+    if _dict(_dict(_answer(obs, OPENAPI)).get("info")).get("title") == OPENAPI_TITLE:
+        vote(LLAMACPP_PYTHON.name, LLAMACPP_PYTHON.probes[0].evidence)
     mark = markers.detect(_answer(obs, MODELS))
     if mark is not None:
         vote(mark.stack, f"GET /v1/models: {mark.evidence}")
@@ -267,7 +270,16 @@ def _lmstudio(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
                 fp.capabilities.append("vision")
 
 
-_EXTRACT = {OLLAMA.name: _ollama, LLAMACPP.name: _llamacpp, VLLM.name: _vllm, SGLANG.name: _sglang, LMSTUDIO.name: _lmstudio}
+def _llamacpp_python(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
+    version = _dict(_dict(_answer(obs, OPENAPI)).get("info")).get("version")
+    fp.version = version if isinstance(version, str) else None
+    # It answers whatever model name it is sent, under that name: its list names the file it loaded.
+    fp.model_listed = None
+    if fp.models:
+        fp.details["model_path"] = fp.models[0]
+
+
+_EXTRACT = {LLAMACPP_PYTHON.name: _llamacpp_python, OLLAMA.name: _ollama, LLAMACPP.name: _llamacpp, VLLM.name: _vllm, SGLANG.name: _sglang, LMSTUDIO.name: _lmstudio}
 
 
 async def _fetch(session: aiohttp.ClientSession, base: str, probe: str, headers: Mapping[str, str],
