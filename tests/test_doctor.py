@@ -64,7 +64,7 @@ async def run(fake, model_name, tmp_path, **kw):
         ("lmstudio", {}, "google/gemma-3-4b", call("get_weather", PARIS), "parser", 2,
          ["LM Studio `[TOOL_REQUEST]`"], ["trained for tool use"]),
         ("llamacpp", {}, "qwen", text_call("fenced", "get_weather", PARIS), "parser", 2,
-         ["a fenced ```json block"], ["no llama-server setting parses plain JSON", "--condition text"]),
+         ["a fenced ```json block"], ["no llama-server parser reads plain JSON calls", "--condition text"]),
         ("llamacpp", {"call_format": "llama3"}, "qwen", text_call("llama3", "get_weather", PARIS), "parser", 2,
          ["Llama 3 JSON"], ["picks its parser from the chat template", "--chat-template-file"]),
         # llama-cpp-python drops tools under tool_choice auto: the call the model writes anyway stays in content
@@ -97,6 +97,8 @@ async def test_verdict_per_stack(fake_stack, tmp_path, kind, options, model_name
         assert phrase in failed[0].summary, out
     for phrase in fix:
         assert phrase in failed[0].fix, out
+    if at_fault != "model":  # the fix names the layer the verdict names
+        assert not failed[0].fix.lower().startswith(("the model", "use a model")), failed[0].fix
     assert "tools do NOT work natively" in out
 
 
@@ -259,7 +261,7 @@ def test_the_header_and_each_check_show_at_once_on_a_terminal(fake_stack, tmp_pa
     term = Terminal([sys.executable, "-m", "toolproxy.cli", "doctor", "--upstream", fake.url, "--model", "qwen",
                      "--data", str(tmp_path / "d"), "--repeat", "0"])
     try:
-        assert term.wait_for(b"model capabilities:", 30), bytes(term.seen)  # header and stack, before any reply
+        assert term.wait_for(b"stack: ", 30), bytes(term.seen)  # header and stack, before any reply
         assert term.wait_for(b"doctor: waiting for the request without tools, then the one with tools (", 10), bytes(term.seen)
         assert b"toolproxy doctor: " + fake.url.encode() + b", model qwen" in term.seen
         assert b"1. Serving layer" not in term.seen
@@ -279,3 +281,15 @@ def test_piped_output_is_the_diagnosis_alone(fake_stack, tmp_path):
     assert "waiting for" not in r.stdout and "\r" not in r.stdout
     assert r.stdout.startswith(f"toolproxy doctor: {fake.url}, model qwen\nstack: ")
     assert r.stdout.endswith("\nVerdict: tools work natively.\n")
+
+
+def test_a_launch_that_refuses_tools_is_not_said_to_have_them(fake_stack, tmp_path):
+    """llama-server --no-jinja still advertises its chat template's tools; the capabilities line
+    and the refusal say which one holds."""
+    fake = fake_stack("no_jinja", responder=model(call("get_weather", PARIS)))
+    r = cli("--upstream", fake.url, "--model", "qwen", "--data", str(tmp_path / "d"), "--repeat", "0")
+    assert r.returncode == 1, r.stdout + r.stderr
+    (caps,) = [line for line in r.stdout.splitlines() if line.startswith("model capabilities:")]
+    assert caps.startswith("model capabilities: completion, tools (advertised, but refused by this launch: see 1.)"), caps
+    assert "the launch refuses tools, not the model" in r.stdout
+    assert r.stdout.index("model capabilities:") < r.stdout.index("1. Serving layer: [FAIL]")

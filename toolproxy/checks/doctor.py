@@ -122,7 +122,10 @@ def judge(fp: Fingerprint, control: ProbeReply, probe: ProbeReply, tools: list[d
                         "the server or the model is broken, not only tool calling.")
         elif not control.transport_failed:
             summary += " The same request without tools got HTTP 200: the model runs; only tools are refused."
-        if fp.capabilities is not None:
+        if fp.capabilities is not None and "tools" in fp.capabilities:
+            summary += (f" It advertises [{', '.join(fp.capabilities)}] all the same: the launch refuses tools, "
+                        "not the model.")
+        elif fp.capabilities is not None:
             summary += f" Its capabilities are [{', '.join(fp.capabilities)}]."
         evidence["error"] = text
         fix = known.fix if known is not None else text_surface_fix(fp.stack, None)
@@ -363,6 +366,20 @@ async def diagnosis_stages(diag: Diagnosis, data_dir: Path, *, upstream_key: str
 _MARK = {"pass": "ok", "fail": "FAIL", "skipped": "--"}
 
 
+def _capabilities_line(fp: dict[str, Any], v: Verdict) -> str:
+    """What the stack advertises for the model, said after the probes: a launch that refuses
+    tools (llama-server --no-jinja) still advertises the chat template's `tools`."""
+    caps = fp["capabilities"]
+    refused = bool(v.steps) and v.steps[0].status == "fail" and "error" in v.steps[0].evidence
+    if caps is None:
+        text = "not advertised"
+    else:
+        text = ", ".join(f"{c} (advertised, but refused by this launch: see 1.)" if c == "tools" and refused else c
+                         for c in caps) or "none"
+    tmpl = fp["chat_template_source"] or "not exposed"
+    return f"model capabilities: {text}; chat template: {tmpl}"
+
+
 def render(diag: Diagnosis) -> str:
     """The whole diagnosis, as `doctor` prints it stage by stage."""
     stages = ["start"]
@@ -382,14 +399,13 @@ def render_stage(diag: Diagnosis, stage: str) -> list[str]:
     if stage == "fingerprint":
         ev = f" ({'; '.join(fp['evidence'])})" if fp["evidence"] else ""
         label = Fingerprint(**fp).label
-        caps = "not advertised" if fp["capabilities"] is None else ", ".join(fp["capabilities"]) or "none"
-        tmpl = f"{fp['chat_template_source']}" if fp["chat_template_source"] else "not exposed"
         return [f"stack: {label}{' build ' + fp['build'] if fp['build'] and fp['build'] != fp['version'] else ''}{ev}",
-                f"model capabilities: {caps}; chat template: {tmpl}", *(f"warning: {w}" for w in diag.warnings)]
+                *(f"warning: {w}" for w in diag.warnings)]
     if stage == "verdict":
+        lines = [] if fp.get("stack", "unreachable") == "unreachable" else [_capabilities_line(fp, v)]
         if v.problem:
-            return [with_detail(f"cannot diagnose: {v.problem}", v.problem_detail)]
-        lines = [""]
+            return [*lines, with_detail(f"cannot diagnose: {v.problem}", v.problem_detail)]
+        lines.append("")
         for step in v.steps:
             lines.append(f"{step.number}. {step.title}: [{_MARK[step.status]}] {step.summary}")
             if step.fix:
