@@ -3,6 +3,7 @@ the per-stack fix, the repeat and template checks, the records it leaves, and it
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -208,7 +209,6 @@ def test_cli_exit_codes_and_json(fake_stack, tmp_path):
     (("--upstream", "ftp://x", "--model", "m"), "--upstream must be an http(s) URL"),
     (("--upstream", "http://127.0.0.1:9", "--model", "m", "--api-key-env", "TOOLPROXY_TEST_UNSET_VAR"),
      "TOOLPROXY_TEST_UNSET_VAR: that environment variable is empty or unset"),
-    (("--upstream", "http://127.0.0.1:9"), "Missing option '--model'"),
 ])
 def test_cli_usage_errors(tmp_path, args, message):
     r = cli(*args, "--data", str(tmp_path / "d"))
@@ -293,3 +293,31 @@ def test_a_launch_that_refuses_tools_is_not_said_to_have_them(fake_stack, tmp_pa
     assert caps.startswith("model capabilities: completion, tools (advertised, but refused by this launch: see 1.)"), caps
     assert "the launch refuses tools, not the model" in r.stdout
     assert r.stdout.index("model capabilities:") < r.stdout.index("1. Serving layer: [FAIL]")
+
+
+def test_without_model_it_asks_the_server_which_it_serves(fake_stack, tmp_path):
+    """llama-server answers whatever model name it is sent: requiring --model made the user guess."""
+    one = fake_stack("llamacpp", responder=model(call("get_weather", PARIS)))
+    r = cli("--upstream", one.url, "--data", str(tmp_path / "a"), "--repeat", "0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"toolproxy doctor: {one.url}"
+    assert f"model: {one.model}, the one the server serves (--model to ask for another)" in lines
+    assert [json.loads(rec["request_body"])["model"] for rec in read_records(tmp_path / "a", "exchange")
+            if rec["item"] == "tools"] == [one.model]
+
+    several = fake_stack("ollama")
+    r = cli("--upstream", several.url, "--data", str(tmp_path / "b"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert ("cannot diagnose: Ollama 0.12.6 serves 2 models: pass --model, one of: qwen2.5:7b, gemma3:latest"
+            in r.stdout), r.stdout
+    assert "Traceback" not in r.stdout + r.stderr and "model capabilities" not in r.stdout
+
+
+def test_the_probes_stay_out_of_the_users_data_by_default(fake_stack, tmp_path):
+    fake = fake_stack("llamacpp", responder=model(call("get_weather", PARIS)))
+    r = subprocess.run([sys.executable, "-m", "toolproxy.cli", "doctor", "--upstream", fake.url, "--repeat", "0"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (tmp_path / "toolproxy-data" / "segments").exists()  # serve's default data: untouched
+    assert {rec["run"] for rec in read_records(tmp_path / "toolproxy-data" / "doctor", "exchange")} == {"doctor"}
