@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import orjson
 import pytest
@@ -22,7 +23,7 @@ from toolproxy.checks.conformance import (
     GatesError,
     decide,
     default_gates,
-    default_output,
+    report_path,
     parse_gates,
     render_markdown,
     run_conformance,
@@ -222,11 +223,11 @@ def test_gates_file_parsing():
     assert parse_gates({"enum_value": {"min_pass_rate": 1}}, base)["enum_value"] == Gate("hard", 1.0)
 
 
-def test_default_output_is_dated_under_runs():
+def test_the_report_is_dated_under_the_data_dir():
     import datetime
 
-    assert str(default_output("Qwen/Qwen2.5 7B:q4", datetime.date(2026, 11, 29))) == \
-        "runs/2026-11-29-conformance-Qwen-Qwen2.5-7B-q4.md"
+    assert str(report_path(Path("d"), "Qwen/Qwen2.5 7B:q4", datetime.date(2026, 11, 29))) == \
+        "d/conformance/2026-11-29-conformance-Qwen-Qwen2.5-7B-q4.md"
 
 
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -264,12 +265,24 @@ def test_cli_exit_codes(fake_stack, tmp_path):
     assert "Traceback" not in r_down.stderr and not (tmp_path / "x.md").exists()
 
 
-def test_cli_default_output_under_runs(fake_stack, tmp_path):
+def test_cli_defaults_three_runs_an_estimate_and_the_data_dir(fake_stack, tmp_path):
+    """Twenty runs a case was 70 minutes on a CPU model, written into runs/ in the current
+    directory; three, with an estimate once the first answer is in, kept beside the recordings."""
     good = fake_stack("openai", responder=good_model)
-    r = cli("--upstream", good.url, "--model", "gpt-4o-mini", "--runs", "1", "--data", str(tmp_path / "d"), cwd=tmp_path)
+    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "conformance", "--upstream",
+                        good.url, "--model", "gpt-4o-mini", "--data", str(tmp_path / "d")],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    written = list((tmp_path / "runs").glob("*-conformance-gpt-4o-mini.md"))
+    n = len(CASES) * 3
+    first, estimate = r.stderr.splitlines()
+    assert first == f"toolproxy conformance: {n} requests ({len(CASES)} cases x 3 runs x 1 condition)"
+    assert re.fullmatch(rf"toolproxy conformance: the first answer took \d+\.\ds; at that pace all {n} requests take "
+                        r"about \S+ \(--runs sets the runs per case\)", estimate), estimate
+    assert not (tmp_path / "runs").exists()
+    written = list((tmp_path / "d" / "conformance").glob("*-conformance-gpt-4o-mini.md"))
     assert len(written) == 1 and "| case | gate | native |" in written[0].read_text()
+    assert "- 3 runs per case and condition" in written[0].read_text()
+    assert len([rec for rec in read_records(tmp_path / "d", "exchange") if rec["run"] == "conformance-native"]) == n
 
 
 async def test_transport_failures_shown_as_such_not_as_failed_cases(fake_stack, tmp_path):
@@ -324,8 +337,8 @@ def test_progress_line_on_a_terminal_only(fake_stack, tmp_path):
     cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()", "conformance", *args]
     rc, stdout, tty = on_a_terminal([*cmd, "--data", str(tmp_path / "d"), "-o", str(tmp_path / "a.md")])
     assert rc == 0, tty
-    assert re.search(rb"\r\x1b\[2Kconformance: \d+/\d+ requests \(\d+%\), [\d.,]+ requests/s, \S+ left", tty), tty
+    assert re.search(rb"\r\x1b\[2Kconformance: \d+/\d+ requests \(\d+%\), [\d.,]+ requests/(s|min), \S+ left", tty), tty
     assert REDRAW + b"conformance: " in tty and b"(100%)" in tty and b"done in" in tty
     assert REDRAW not in stdout
     piped = subprocess.run([*cmd, "--data", str(tmp_path / "e"), "-o", str(tmp_path / "b.md")], capture_output=True, timeout=300)
-    assert piped.returncode == 0 and REDRAW not in piped.stderr and b"requests/s" not in piped.stderr
+    assert piped.returncode == 0 and REDRAW not in piped.stderr and b"requests/" not in piped.stderr

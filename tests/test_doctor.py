@@ -3,6 +3,7 @@ the per-stack fix, the repeat and template checks, the records it leaves, and it
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -64,7 +65,7 @@ async def run(fake, model_name, tmp_path, **kw):
         ("lmstudio", {}, "google/gemma-3-4b", call("get_weather", PARIS), "parser", 2,
          ["LM Studio `[TOOL_REQUEST]`"], ["trained for tool use"]),
         ("llamacpp", {}, "qwen", text_call("fenced", "get_weather", PARIS), "parser", 2,
-         ["a fenced ```json block"], ["no llama-server setting parses plain JSON", "--condition text"]),
+         ["a fenced ```json block"], ["no llama-server parser reads plain JSON calls", "--condition text"]),
         ("llamacpp", {"call_format": "llama3"}, "qwen", text_call("llama3", "get_weather", PARIS), "parser", 2,
          ["Llama 3 JSON"], ["picks its parser from the chat template", "--chat-template-file"]),
         # llama-cpp-python drops tools under tool_choice auto: the call the model writes anyway stays in content
@@ -97,6 +98,8 @@ async def test_verdict_per_stack(fake_stack, tmp_path, kind, options, model_name
         assert phrase in failed[0].summary, out
     for phrase in fix:
         assert phrase in failed[0].fix, out
+    if at_fault != "model":  # the fix names the layer the verdict names
+        assert not failed[0].fix.lower().startswith(("the model", "use a model")), failed[0].fix
     assert "tools do NOT work natively" in out
 
 
@@ -206,7 +209,6 @@ def test_cli_exit_codes_and_json(fake_stack, tmp_path):
     (("--upstream", "ftp://x", "--model", "m"), "--upstream must be an http(s) URL"),
     (("--upstream", "http://127.0.0.1:9", "--model", "m", "--api-key-env", "TOOLPROXY_TEST_UNSET_VAR"),
      "TOOLPROXY_TEST_UNSET_VAR: that environment variable is empty or unset"),
-    (("--upstream", "http://127.0.0.1:9"), "Missing option '--model'"),
 ])
 def test_cli_usage_errors(tmp_path, args, message):
     r = cli(*args, "--data", str(tmp_path / "d"))
@@ -259,7 +261,7 @@ def test_the_header_and_each_check_show_at_once_on_a_terminal(fake_stack, tmp_pa
     term = Terminal([sys.executable, "-m", "toolproxy.cli", "doctor", "--upstream", fake.url, "--model", "qwen",
                      "--data", str(tmp_path / "d"), "--repeat", "0"])
     try:
-        assert term.wait_for(b"model capabilities:", 30), bytes(term.seen)  # header and stack, before any reply
+        assert term.wait_for(b"stack: ", 30), bytes(term.seen)  # header and stack, before any reply
         assert term.wait_for(b"doctor: waiting for the request without tools, then the one with tools (", 10), bytes(term.seen)
         assert b"toolproxy doctor: " + fake.url.encode() + b", model qwen" in term.seen
         assert b"1. Serving layer" not in term.seen
@@ -279,3 +281,43 @@ def test_piped_output_is_the_diagnosis_alone(fake_stack, tmp_path):
     assert "waiting for" not in r.stdout and "\r" not in r.stdout
     assert r.stdout.startswith(f"toolproxy doctor: {fake.url}, model qwen\nstack: ")
     assert r.stdout.endswith("\nVerdict: tools work natively.\n")
+
+
+def test_a_launch_that_refuses_tools_is_not_said_to_have_them(fake_stack, tmp_path):
+    """llama-server --no-jinja still advertises its chat template's tools; the capabilities line
+    and the refusal say which one holds."""
+    fake = fake_stack("no_jinja", responder=model(call("get_weather", PARIS)))
+    r = cli("--upstream", fake.url, "--model", "qwen", "--data", str(tmp_path / "d"), "--repeat", "0")
+    assert r.returncode == 1, r.stdout + r.stderr
+    (caps,) = [line for line in r.stdout.splitlines() if line.startswith("model capabilities:")]
+    assert caps.startswith("model capabilities: completion, tools (advertised, but refused by this launch: see 1.)"), caps
+    assert "the launch refuses tools, not the model" in r.stdout
+    assert r.stdout.index("model capabilities:") < r.stdout.index("1. Serving layer: [FAIL]")
+
+
+def test_without_model_it_asks_the_server_which_it_serves(fake_stack, tmp_path):
+    """llama-server answers whatever model name it is sent: requiring --model made the user guess."""
+    one = fake_stack("llamacpp", responder=model(call("get_weather", PARIS)))
+    r = cli("--upstream", one.url, "--data", str(tmp_path / "a"), "--repeat", "0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"toolproxy doctor: {one.url}"
+    assert f"model: {one.model}, the one the server serves (--model to ask for another)" in lines
+    assert [json.loads(rec["request_body"])["model"] for rec in read_records(tmp_path / "a", "exchange")
+            if rec["item"] == "tools"] == [one.model]
+
+    several = fake_stack("ollama")
+    r = cli("--upstream", several.url, "--data", str(tmp_path / "b"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert ("cannot diagnose: Ollama 0.12.6 serves 2 models: pass --model, one of: qwen2.5:7b, gemma3:latest"
+            in r.stdout), r.stdout
+    assert "Traceback" not in r.stdout + r.stderr and "model capabilities" not in r.stdout
+
+
+def test_the_probes_stay_out_of_the_users_data_by_default(fake_stack, tmp_path):
+    fake = fake_stack("llamacpp", responder=model(call("get_weather", PARIS)))
+    r = subprocess.run([sys.executable, "-m", "toolproxy.cli", "doctor", "--upstream", fake.url, "--repeat", "0"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (tmp_path / "toolproxy-data" / "segments").exists()  # serve's default data: untouched
+    assert {rec["run"] for rec in read_records(tmp_path / "toolproxy-data" / "doctor", "exchange")} == {"doctor"}

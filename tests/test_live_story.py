@@ -87,7 +87,8 @@ def _page(url: str) -> str | None:
 def test_the_harness_got_what_the_report_says(recorded):
     out, report = recorded
     assert out["refused"]["agent"].returncode == 1 and JINJA in out["refused"]["agent"].stdout + out["refused"]["agent"].stderr
-    assert out["in-text"]["agent"].returncode == 0  # it took the text for an answer: no call reached it
+    # no call reached it: it says its "answer" was the call, left in text, and fails
+    assert out["in-text"]["agent"].returncode == 1 and "tool call left in text" in out["in-text"]["agent"].stderr
     assert report["refused"]["rejected"] and report["refused"]["non_response_kinds"] == {"refused": 2}
     assert report["refused"]["non_response_causes"] == {"refused": JINJA}
     txt = report["in-text"]

@@ -3,6 +3,7 @@ llama.cpp, real HTTP clients, and its counts checked against /_toolproxy/stats a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -715,3 +716,66 @@ def test_workers_page_merges_every_worker(tmp_path):
         for x in live["recent"][:12]:  # held by one worker or the other; asked of whichever answers
             d = admin(p.url, f"/_toolproxy/exchange/{x['id']}")
             assert d["id"] == x["id"] and d["request_headers"]
+
+
+def _classifier_of(records_fd: int, queries_fd: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "toolproxy.proxy.classifier", str(records_fd), str(queries_fd), "",
+                             "10", "10"], pass_fds=(records_fd, queries_fd), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_worker_killed_mid_hand_off_leaves_a_quiet_classifier():
+    """A worker SIGKILLed while it sends a batch leaves half a message in the pipe: the classifier
+    reads to the cut (multiprocessing says "got end of file during message", an OSError, not EOF)
+    and ends without a traceback."""
+    import multiprocessing
+    import struct
+
+    rec_out, rec_in = multiprocessing.Pipe(duplex=False)
+    queries, child_queries = multiprocessing.Pipe()
+    proc = _classifier_of(rec_out.fileno(), child_queries.fileno())
+    rec_out.close()
+    child_queries.close()
+    os.write(rec_in.fileno(), struct.pack("!i", 1 << 20) + b'[0, [], []]\n{"id": "cut here')  # a message cut short
+    rec_in.close()
+    out, err = proc.communicate(timeout=60)  # the query pipe stays open: only the records pipe was cut
+    queries.close()
+    assert proc.returncode == 0 and err == "", err
+
+
+def test_a_worker_gone_before_its_answer_leaves_a_quiet_classifier():
+    """The page asked, then the worker died: sending the answer hits a closed pipe (BrokenPipeError)."""
+    import multiprocessing
+
+    rec_out, rec_in = multiprocessing.Pipe(duplex=False)
+    queries, child_queries = multiprocessing.Pipe()
+    proc = _classifier_of(rec_out.fileno(), child_queries.fileno())
+    rec_out.close()
+    child_queries.close()
+    queries.send((1, ["report", None, None, 10]))
+    queries.close()  # gone before the answer: the classifier's send hits a closed pipe
+    out, err = proc.communicate(timeout=60)
+    rec_in.close()
+    assert proc.returncode == 0 and err == "", err
+
+
+def test_stopping_does_not_wait_for_the_classifier_s_backlog():
+    """The classifier runs on idle CPU only; a proxy stopping must not wait for it to finish a
+    backlog nobody will see (with no serve lines to print): it is terminated at once. Waiting for
+    it made `serve --workers 2` overrun a 10 s stop on a busy machine."""
+    content = ('{"name": "f", "arguments": {"a": [' + "1," * 20000 + '1]}} ') * 5  # ~0.2 s of CPU each
+    body = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]})
+    view = LiveView(log=None)
+    view.start()
+    for i in range(8):  # about as much as the inbox holds (1 MB): a second or two of classifying on idle CPU
+        rec = dataclasses.replace(_rec(i), response_body=body)
+        view.observe(rec, encode_record(rec))
+    deadline = time.monotonic() + 30
+    while view._inbox and time.monotonic() < deadline:  # taken by the feeder: the classifier has its backlog
+        time.sleep(0.05)
+    assert not view._inbox
+    started = time.monotonic()
+    view.stop(timeout=30)
+    took = time.monotonic() - started
+    assert view._proc.returncode == -signal.SIGTERM, view._proc.returncode  # terminated, not finished
+    assert took < 10, took

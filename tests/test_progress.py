@@ -24,9 +24,10 @@ def test_duration(seconds, text):
 @pytest.mark.parametrize("args, text", [
     (("analyze", 0, 100e6, 0.0, "MB", 1e6), "analyze: 0.0/100.0 MB (0%), 0.0 MB/s"),
     (("analyze", 25e6, 100e6, 5.0, "MB", 1e6), "analyze: 25.0/100.0 MB (25%), 5.0 MB/s, 15s left"),
-    (("conformance", 30, 120, 60.0, "requests"), "conformance: 30/120 requests (25%), 0 requests/s, 3m00s left"),
+    (("conformance", 30, 120, 60.0, "requests"), "conformance: 30/120 requests (25%), 30.0 requests/min, 3m00s left"),
+    (("conformance", 1, 27, 48.0, "requests"), "conformance: 1/27 requests (4%), 1.2 requests/min, 20m48s left"),
     (("replay", 1500, None, 10.0, "turns"), "replay: 1,500 turns, 150 turns/s"),
-    (("study", 8, 8, 200.0), "study: 8/8 (100%), 0/s, done in 3m20s"),
+    (("study", 8, 8, 200.0), "study: 8/8 (100%), 2.4/min, done in 3m20s"),
 ])
 def test_line(args, text):
     assert line(*args) == text

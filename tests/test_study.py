@@ -148,3 +148,30 @@ def test_the_proxy_address_is_printed_first(setup):
     first = done.stderr.splitlines()[0]
     assert re.fullmatch(rf"toolproxy study: proxy on http://127\.0\.0\.1:(\d+) -> upstream {re.escape(fake.url)}; "
                         r"live page http://127\.0\.0\.1:\1/_toolproxy/", first), first
+
+
+def test_the_default_name_is_the_harness_s(setup):
+    """Not a fixed "study", which printed as `study study: study-native ...`."""
+    fake, harness, env, data = setup
+    argv = _study(fake, harness, data, "--conditions", "native")
+    del argv[argv.index("--name"):argv.index("--name") + 2]
+    done = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert (data / "studies" / "agent.json").is_file()  # the harness is agent.py
+    assert "| agent-native | native | done |" in done.stdout
+    assert "study study" not in done.stderr and "study agent: agent-native" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("command, name", [
+    (["python", "examples/react_agent.py", "--model", "m"], "react_agent"),
+    (["python3.11", "-m", "mypkg.agent"], "mypkg.agent"),
+    (["uv", "run", "agent.py"], "agent"),
+    (["/usr/bin/env", "FOO=1", "python", "x.py"], "x"),
+    (["mini-swe-agent", "--task", "t"], "mini-swe-agent"),
+    (["./my agent.sh"], "my-agent"),
+    (["python"], "study"),
+])
+def test_harness_name(command, name):
+    from toolproxy.drive.study import harness_name
+
+    assert harness_name(command) == name

@@ -34,7 +34,7 @@ from toolproxy.proxy.cli import key_from_env, upstream_key_option
 from toolproxy.stacks.fingerprint import Fingerprint
 from toolproxy.term.connection_errors import with_detail
 from toolproxy.term.printable import printable
-from toolproxy.term.progress import Progress
+from toolproxy.term.progress import Progress, duration
 
 class GatesError(ValueError):
     pass
@@ -302,9 +302,35 @@ async def run_conformance(upstream: str, model: str, conditions: list[str], prim
         return res
 
 
-def default_output(model: str, when: datetime.date | None = None) -> Path:
+REPORT_DIR = "conformance"
+
+
+def report_path(data_dir: Path, model: str, when: datetime.date | None = None) -> Path:
+    """Where the matrix is kept by default: beside the recordings it was made from (DATA/conformance/),
+    never in the current directory, which the user did not offer."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-") or "model"
-    return Path("runs") / f"{(when or datetime.date.today()).isoformat()}-conformance-{slug}.md"
+    return data_dir / REPORT_DIR / f"{(when or datetime.date.today()).isoformat()}-conformance-{slug}.md"
+
+
+class Pace:
+    """The progress line, and once the first answer is in, one line saying how long all will take
+    at its pace: on a CPU model a run of the cases takes minutes, and that is worth knowing at
+    once, on a terminal or in a log."""
+
+    def __init__(self, bar: Progress, total: int, concurrency: int, quiet: bool) -> None:
+        self.bar, self.total, self.concurrency, self.quiet = bar, total, concurrency, quiet
+        self.told = False
+
+    def __call__(self, condition: str, case: str, i: int, probe: ProbeExchange) -> None:
+        self.bar.advance()
+        if self.told or self.quiet:
+            return
+        self.told = True
+        each = probe.elapsed_s / self.concurrency
+        self.bar.clear()
+        click.echo(f"toolproxy conformance: the first answer took {probe.elapsed_s:.1f}s; at that pace all "
+                   f"{self.total} requests take about {duration(each * self.total)} (--runs sets the runs per case)",
+                   err=True)
 
 
 def _conditions(value: str) -> list[str]:
@@ -325,11 +351,12 @@ def _conditions(value: str) -> list[str]:
 @click.command()
 @click.option("--upstream", required=True, help="Model server root URL.")
 @click.option("--model", required=True, help="Model name as the server knows it.")
-@click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 10_000), help="Runs per case and condition.")
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 10_000),
+              help="Runs per case and condition (gates are pass rates: 20 or more to gate a release).")
 @click.option("--conditions", "conditions_arg", default="native", show_default=True, help="Comma-separated conditions, e.g. native,hint,text,constrained.")
 @click.option("--gate-on", default="native", show_default=True, help="The primary condition: its hard gates decide the exit status.")
 @click.option("--gates", "gates_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path), help="JSON file overriding the default gates (toolproxy/checks/gates.json).")
-@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Markdown file to write (default: runs/DATE-conformance-MODEL.md).")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Markdown file to write (default: DATA/conformance/DATE-conformance-MODEL.md).")
 @upstream_key_option
 @click.option("--stack", default=None, help="Serving stack dialect for the constrained condition when fingerprinting cannot tell.")
 @click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where the requests are recorded (runs conformance-<condition>).")
@@ -357,16 +384,20 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
     key = key_from_env(upstream_key_env, "--upstream-key-env")
     check_target(upstream, data_dir)
 
-    with Progress("conformance", len(conditions) * len(CASES) * runs, unit="requests", quiet=quiet) as bar:
+    total = len(conditions) * len(CASES) * runs
+    if not quiet:
+        click.echo(f"toolproxy conformance: {total} requests ({len(CASES)} cases x {runs} runs x "
+                   f"{len(conditions)} condition{'s' if len(conditions) != 1 else ''})", err=True)
+    with Progress("conformance", total, unit="requests", quiet=quiet) as bar:
         res = asyncio.run(run_conformance(
             upstream, model, conditions, gate_on, runs, gates, data_dir, upstream_key=key, stack=stack,
             temperature=temperature, max_tokens=max_tokens, concurrency=concurrency, timeout=timeout,
-            progress=lambda *_: bar.advance()))
+            progress=Pace(bar, total, concurrency, quiet)))
     if res.problem and not any(cell.runs for cells in res.cells.values() for cell in cells.values()):
         click.echo(printable(with_detail(f"toolproxy conformance: {res.problem}", res.problem_detail), lines=True), err=True)
         sys.exit(2)
     report = printable(render_markdown(res), lines=True)
-    path = output or default_output(model)
+    path = output or report_path(data_dir, model)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(report, encoding="utf-8")

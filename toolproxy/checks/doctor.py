@@ -4,7 +4,7 @@ It walks the diagnosis in order (docs/doctor.md), because each layer hides the n
 refuse or empty the request (then the model never ran); (2) was the request accepted but the call
 left as text in `content` (no or a mismatched parser); (3) only then, did the model make no call
 or an invalid one. Every probe goes through the real proxy (`checks.local`), so the evidence is
-also on disk as ordinary records of run `doctor`.
+also on disk as ordinary records of run `doctor`, in a data directory of their own by default.
 
 `judge` is pure (replies in, verdicts out) so each stack's verdict is testable from its exact
 responses; `diagnose` does the probing; `render` says it in plain words.
@@ -56,6 +56,8 @@ TOOL_MESSAGES = [
 CONTROL_MESSAGES = [{"role": "user", "content": "Reply with the single word: ready"}]
 
 EXIT_NATIVE_OK, EXIT_NOT_NATIVE, EXIT_USAGE = 0, 1, 2
+# Beside serve's default toolproxy-data, not in it: `report` there shows the user's runs, not probes.
+DOCTOR_DATA = "toolproxy-data/doctor"
 
 
 def chat_body(model: str, messages: list, tools: list | None = None, max_tokens: int = 256) -> dict:
@@ -122,7 +124,10 @@ def judge(fp: Fingerprint, control: ProbeReply, probe: ProbeReply, tools: list[d
                         "the server or the model is broken, not only tool calling.")
         elif not control.transport_failed:
             summary += " The same request without tools got HTTP 200: the model runs; only tools are refused."
-        if fp.capabilities is not None:
+        if fp.capabilities is not None and "tools" in fp.capabilities:
+            summary += (f" It advertises [{', '.join(fp.capabilities)}] all the same: the launch refuses tools, "
+                        "not the model.")
+        elif fp.capabilities is not None:
             summary += f" Its capabilities are [{', '.join(fp.capabilities)}]."
         evidence["error"] = text
         fix = known.fix if known is not None else text_surface_fix(fp.stack, None)
@@ -289,13 +294,14 @@ def _lacks_output_index(body: bytes) -> bool:
 @dataclass(slots=True)
 class Diagnosis:
     upstream: str
-    model: str
+    model: str | None  # None until the server named the one it serves (no --model)
     fingerprint: dict[str, Any]
     verdict: Verdict
     repeat: dict[str, Any] | None = None
     template: dict[str, Any] | None = None
     protocols: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
+    model_from_server: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -312,6 +318,15 @@ async def diagnose(upstream: str, model: str, data_dir: Path, *, upstream_key: s
     return diag
 
 
+def _which_model(fp: Fingerprint) -> str:
+    """What to pass as --model when the server does not serve exactly one."""
+    if fp.models:
+        return (f"{_stack_says(fp)} serves {len(fp.models)} models: pass --model, one of: "
+                f"{', '.join(fp.models[:10])}{', ...' if len(fp.models) > 10 else ''}")
+    return (f"{_stack_says(fp)} lists no model (GET /v1/models): pass --model with the name its API expects "
+            "(any name will do on a server that serves one model whatever it is asked for)")
+
+
 async def diagnosis_stages(diag: Diagnosis, data_dir: Path, *, upstream_key: str | None = None, repeat: int = 3,
                            timeout: float = 300.0) -> AsyncIterator[tuple[str, str | None]]:
     """Fill `diag` one probe at a time, yielding (the stage just filled, what is awaited next) after
@@ -320,6 +335,17 @@ async def diagnosis_stages(diag: Diagnosis, data_dir: Path, *, upstream_key: str
     upstream, model = diag.upstream, diag.model
     yield "start", "the stack's fingerprint"
     async with local_proxy(upstream, data_dir, "doctor", upstream_key=upstream_key, timeout=timeout) as lp:
+        if model is None:
+            served = await lp.fingerprint(None)
+            if served.stack != "unreachable" and len(served.models) != 1:
+                diag.fingerprint = served.to_dict()
+                diag.verdict.problem = _which_model(served)
+                yield "fingerprint", None
+                yield "verdict", None
+                return
+            if served.models:
+                diag.model = model = served.models[0]
+                diag.model_from_server = True
         fp = await lp.fingerprint(model)
         diag.fingerprint = fp.to_dict()
         if fp.stack == "unreachable":
@@ -363,6 +389,20 @@ async def diagnosis_stages(diag: Diagnosis, data_dir: Path, *, upstream_key: str
 _MARK = {"pass": "ok", "fail": "FAIL", "skipped": "--"}
 
 
+def _capabilities_line(fp: dict[str, Any], v: Verdict) -> str:
+    """What the stack advertises for the model, said after the probes: a launch that refuses
+    tools (llama-server --no-jinja) still advertises the chat template's `tools`."""
+    caps = fp["capabilities"]
+    refused = bool(v.steps) and v.steps[0].status == "fail" and "error" in v.steps[0].evidence
+    if caps is None:
+        text = "not advertised"
+    else:
+        text = ", ".join(f"{c} (advertised, but refused by this launch: see 1.)" if c == "tools" and refused else c
+                         for c in caps) or "none"
+    tmpl = fp["chat_template_source"] or "not exposed"
+    return f"model capabilities: {text}; chat template: {tmpl}"
+
+
 def render(diag: Diagnosis) -> str:
     """The whole diagnosis, as `doctor` prints it stage by stage."""
     stages = ["start"]
@@ -378,18 +418,18 @@ def render_stage(diag: Diagnosis, stage: str) -> list[str]:
     """The lines one stage of `diagnosis_stages` adds; `render` is all of them in order."""
     fp, v = diag.fingerprint, diag.verdict
     if stage == "start":
-        return [f"toolproxy doctor: {diag.upstream}, model {diag.model}"]
+        return [f"toolproxy doctor: {diag.upstream}" + (f", model {diag.model}" if diag.model and not diag.model_from_server else "")]
     if stage == "fingerprint":
         ev = f" ({'; '.join(fp['evidence'])})" if fp["evidence"] else ""
         label = Fingerprint(**fp).label
-        caps = "not advertised" if fp["capabilities"] is None else ", ".join(fp["capabilities"]) or "none"
-        tmpl = f"{fp['chat_template_source']}" if fp["chat_template_source"] else "not exposed"
+        chosen = [f"model: {diag.model}, the one the server serves (--model to ask for another)"] if diag.model_from_server else []
         return [f"stack: {label}{' build ' + fp['build'] if fp['build'] and fp['build'] != fp['version'] else ''}{ev}",
-                f"model capabilities: {caps}; chat template: {tmpl}", *(f"warning: {w}" for w in diag.warnings)]
+                *chosen, *(f"warning: {w}" for w in diag.warnings)]
     if stage == "verdict":
+        lines = [] if fp.get("stack", "unreachable") == "unreachable" or diag.model is None else [_capabilities_line(fp, v)]
         if v.problem:
-            return [with_detail(f"cannot diagnose: {v.problem}", v.problem_detail)]
-        lines = [""]
+            return [*lines, with_detail(f"cannot diagnose: {v.problem}", v.problem_detail)]
+        lines.append("")
         for step in v.steps:
             lines.append(f"{step.number}. {step.title}: [{_MARK[step.status]}] {step.summary}")
             if step.fix:
@@ -416,10 +456,12 @@ def render_stage(diag: Diagnosis, stage: str) -> list[str]:
 
 @click.command()
 @click.option("--upstream", required=True, help="Model server root, e.g. http://127.0.0.1:11434 (Ollama), http://127.0.0.1:8080 (llama.cpp).")
-@click.option("--model", required=True, help="Model name as the server knows it.")
+@click.option("--model", default=None, help="Model name as the server knows it (default: the one it serves, when it lists one).")
 @upstream_key_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout instead of prose.")
-@click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where the probes are recorded (run 'doctor').")
+@click.option("--data", "data_dir", default=DOCTOR_DATA, show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Where the probes are recorded (run 'doctor'): a directory of their own by default, so they stay out "
+                   "of the report of your runs in toolproxy-data.")
 @click.option("--repeat", default=3, show_default=True, type=click.IntRange(0, 50), help="Identical greedy requests to compare (0 or 1: skip).")
 @click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds to wait for one response (CPU models are slow).")
 def doctor(upstream, model, upstream_key_env, as_json, data_dir, repeat, timeout):

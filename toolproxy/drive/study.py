@@ -309,6 +309,25 @@ def _several_upstreams(fn):
                              "study on each, the name becoming part of its run names.")(fn)
 
 
+# Launchers before the harness itself in a command line: its name is the next argument.
+_LAUNCHERS = re.compile(r"(python|pypy)[\d.]*|uv|uvx|poetry|pipx|pdm|hatch|run|exec|node|npx|bash|sh|env|time|nice")
+
+
+def harness_name(command: list[str] | tuple[str, ...]) -> str:
+    """The study's default name: the harness's own (`python examples/react_agent.py` -> react_agent),
+    as docker names a container after its image; a name that says nothing ("study") would print
+    as `study study: study-native ...`."""
+    for arg in command:
+        base = Path(arg).name
+        if not base or base.startswith("-") or "=" in base or _LAUNCHERS.fullmatch(base):
+            continue
+        stem = re.sub(r"\.(py|sh|js|mjs|ts)$", "", base)
+        cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.")
+        if cleaned:
+            return cleaned
+    return "study"
+
+
 @click.command(context_settings={"allow_interspersed_args": False})
 @_several_upstreams
 @harness_serve_options
@@ -318,8 +337,9 @@ def _several_upstreams(fn):
 @click.option("--conditions", default="native,hint,text,constrained", show_default=True,
               help="Comma-separated conditions, the first is the baseline of the paired tests.")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 100), help="Runs per cell.")
-@click.option("--name", default="study", show_default=True,
-              help="Study name; runs are NAME[-STACK][-MODEL]-COND[-k].")
+@click.option("--name", default=None,
+              help="Study name; runs are NAME[-STACK][-MODEL]-COND[-k] (default: the harness's name, e.g. "
+                   "react_agent for python examples/react_agent.py).")
 @click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE", help="Extra tag on every request (repeatable).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def study(upstreams, models, conditions, repeat, name, tags, command, **options):
@@ -335,6 +355,7 @@ def study(upstreams, models, conditions, repeat, name, tags, command, **options)
     if unknown or not wanted or len(set(wanted)) != len(wanted):
         raise click.BadParameter(f"give distinct conditions from {', '.join(NAMES)} (got {conditions!r})",
                                  param_hint="--conditions")
+    name = harness_name(command) if name is None else name
     if "/" in name or not name:
         raise click.BadParameter("a study name may not contain '/'", param_hint="--name")
     labels = [model_label(m) for m in models]

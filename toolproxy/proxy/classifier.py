@@ -106,11 +106,17 @@ def run(records: Connection, queries: Connection, socket_path: str | None, recen
                     continue
                 try:
                     msg = conn.recv() if conn is queries else conn.recv_bytes()
-                except EOFError:
+                except (EOFError, OSError):
+                    # The worker is gone: a clean EOF, or its batch cut off by its death
+                    # (multiprocessing's "got end of file during message"). Nobody is left to tell.
                     return
                 if conn is queries:
                     seq, query = msg
-                    queries.send((seq, tally.answer(query)))
+                    answer = tally.answer(query)
+                    try:
+                        queries.send((seq, answer))
+                    except OSError:  # it asked, then died (BrokenPipeError)
+                        return
                 elif not msg:
                     return
                 else:

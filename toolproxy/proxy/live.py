@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -429,23 +430,34 @@ class LiveView:
         return self._proc is not None and self._proc.poll() is None
 
     def stop(self, timeout: float = 5.0) -> None:
+        """End the feeder and the classifier. The page goes with the proxy and the records are on
+        disk, so the classifier's backlog matters only for serve's lines it has yet to print: with
+        none to print it is terminated at once; with lines, it gets `timeout` seconds in all to
+        print them, then is terminated. It runs on idle CPU time only (SCHED_IDLE), and on a
+        saturated machine a slice can take minutes: waiting for its backlog, then for its exit,
+        then again, took 10-15 s, past a supervisor's or a test's grace. Terminating it also ends
+        a feeder blocked sending to it."""
+        deadline = time.monotonic() + timeout
         self._stopping.set()
+        if self._proc is not None and self.log is None:
+            self._proc.terminate()
         if self._feeder.is_alive():
             self._feeder.join(timeout)
-        if self._proc is not None:
-            if not self._feeder.is_alive():  # else it is still sending: one writer per pipe, so terminate
-                try:
-                    self._records.send_bytes(b"")
-                except (OSError, ValueError):
-                    pass
-                self._wait(timeout)
-            if self._running():
-                self._proc.terminate()
-                self._wait(timeout)
+        if self._proc is None:
+            return
+        if self._running() and not self._feeder.is_alive():  # else it is still sending: one writer per pipe
+            try:
+                self._records.send_bytes(b"")
+            except (OSError, ValueError):
+                pass
+            self._wait(deadline - time.monotonic())
+        if self._running():
+            self._proc.terminate()
+        self._wait(timeout)
 
     def _wait(self, timeout: float) -> None:
         try:
-            self._proc.wait(timeout)
+            self._proc.wait(max(timeout, 0.0))
         except subprocess.TimeoutExpired:
             pass
 

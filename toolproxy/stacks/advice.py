@@ -103,9 +103,9 @@ def text_surface_fix(stack: str, fmt: str | None) -> str:
         return "no SGLang tool parser reads this format: " + TOOLPROXY_WORKAROUND.removeprefix("or ")
     if stack in (LLAMACPP.name, OLLAMA.name) and fmt in PLAIN_JSON:
         server = "llama-server" if stack == LLAMACPP.name else OLLAMA.label
-        return (f"the model wrote plain JSON instead of the call format its chat template asks for, and no {server} "
-                "setting parses plain JSON: serve through toolproxy with `--condition text` (reads plain JSON calls) "
-                "or `--condition constrained`, or use a model that follows its template's tool format")
+        return (f"no {server} parser reads plain JSON calls: it parses only the tool format its chat template "
+                "declares. Serve through toolproxy with `--condition text` (reads plain JSON calls) or "
+                "`--condition constrained`, or give it a chat template whose tool format this model writes")
     if stack == LLAMACPP.name:
         return ("llama-server picks its parser from the chat template, and this model wrote a different format: "
                 "run it with `--jinja --chat-template-file` set to a template of the format the model writes; "
@@ -118,8 +118,9 @@ def text_surface_fix(stack: str, fmt: str | None) -> str:
                 "it forces that call): launch it with `--chat_format chatml-function-calling` to let the model "
                 "choose, or have the harness name the tool; " + TOOLPROXY_WORKAROUND)
     if stack == LMSTUDIO.name:
-        return ("use a model LM Studio marks as trained for tool use (native parsing), or one that writes "
-                "`[TOOL_REQUEST]`; " + TOOLPROXY_WORKAROUND)
+        return ("LM Studio parses calls natively only for a model it marks as trained for tool use, and otherwise "
+                "only `[TOOL_REQUEST]` blocks: load such a model, or one that writes `[TOOL_REQUEST]`; "
+                + TOOLPROXY_WORKAROUND)
     return f"{LABELS.get(stack, stack)} did not extract the call: " + TOOLPROXY_WORKAROUND.removeprefix("or ")
 
 

@@ -27,7 +27,8 @@ def line(label: str, done: float, total: float | None, elapsed: float, unit: str
     """The text of one progress line; pure, so its wording is tested with a table of cases.
 
     `scale` divides the counts for display (bytes shown as MB, say) without changing the rate's
-    meaning: the rate is per second of `unit`.
+    meaning: the rate is per second of `unit`, or per minute when whole units come slower than
+    one a second.
     """
     shown = done / scale
     rate = shown / elapsed if elapsed > 0 else 0.0
@@ -38,7 +39,10 @@ def line(label: str, done: float, total: float | None, elapsed: float, unit: str
         text = f"{label}: {fmt(shown)}/{fmt(total / scale)}{unit_s} ({pct:.0f}%)"
     else:
         text = f"{label}: {fmt(shown)}{unit_s}"
-    text += f", {fmt(rate)}{unit_s}/s"
+    if scale == 1.0 and 0 < rate < 1:  # a CPU model's requests: "0 requests/s" would say nothing
+        text += f", {rate * 60:,.1f}{unit_s}/min"
+    else:
+        text += f", {fmt(rate)}{unit_s}/s"
     if total and done and elapsed > 0 and done < total:
         text += f", {duration((total - done) / (done / elapsed))} left"
     elif total and done >= total:
