@@ -46,8 +46,11 @@ OUTPUT_OPTION = click.option("-o", "--output", type=click.Path(dir_okay=False, p
 @click.option("--run", "runs", multiple=True, metavar="RUN", help="Only this run (repeatable; default: every run).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap RNG seed (reports are reproducible).")
 @EXPECT_OPTION
+@click.option("--study", default=None, metavar="NAME",
+              help="The tables of a `toolproxy study` instead: models x conditions per stack, stacks x models per "
+                   "condition, and the paired tests (markdown, json, or html as a heat map).")
 def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, runs: tuple[str, ...], seed: int,
-           expect_rules: list) -> None:
+           expect_rules: list, study: str | None) -> None:
     """One row per run: call and delivered fidelity with 95% CIs, restraint, answers, non-responses.
 
     Call fidelity = valid_call turns / turns that were due a call; delivered fidelity counts only
@@ -55,6 +58,9 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     layer (calls left in text). A run whose every turn was a non-response shows "rej"
     (undefined), never 0%.
     """
+    if study is not None:
+        _study_tables(data_dir, db_path, fmt, output, seed, study, bool(runs or expect_rules))
+        return
     from toolproxy.analysis import report as renderers
     from toolproxy.analysis.measure.summary import select_runs, summarize
     from toolproxy.analysis.report import htmlpage, terminal
@@ -117,3 +123,26 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
     finally:
         con.close()
     _write(RENDERERS[fmt](result), output, fmt)
+
+
+def _study_tables(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, seed: int, name: str,
+                  narrowed: bool) -> None:
+    from toolproxy.analysis.report import studytables
+
+    if narrowed:
+        raise click.UsageError("--study reports the study's own runs: leave out --run and --expect")
+    if fmt not in studytables.RENDERERS:
+        raise click.UsageError(f"--study renders {', '.join(studytables.RENDERERS)}, not {fmt}")
+    path = db_path or default_db(data_dir)
+    try:
+        plan = studytables.load_plan(data_dir, name)
+    except StoreError as exc:
+        _fail(str(exc))
+    con = _open(data_dir, path, read_only=True)
+    try:
+        tables = studytables.build(con, plan, str(path), seed=seed)
+    except StoreError as exc:
+        _fail(str(exc))
+    finally:
+        con.close()
+    _write(studytables.RENDERERS[fmt](tables), output, fmt)
