@@ -52,7 +52,7 @@ def load_plan(data_dir: Path, name: str) -> dict:
 
 
 @dataclass(frozen=True)
-class Cell:
+class StudyCell:
     stack: str | None
     model: str | None
     condition: str
@@ -103,7 +103,7 @@ def _mean(r: stats.Rate | None, notes: bool = True) -> str:
 
 
 @dataclass(frozen=True)
-class Test:
+class PairedTest:
     """One paired McNemar between two cells over the items both ran (A the baseline)."""
 
     family: str
@@ -124,14 +124,14 @@ class StudyTables:
     stacks: list[str | None]
     models: list[str | None]
     conditions: list[str]
-    cells: dict[tuple, Cell]
-    tests: list[Test]
+    cells: dict[tuple, StudyCell]
+    tests: list[PairedTest]
     upstreams: dict[str | None, str]
     summaries: dict[str, RunSummary]
     seed: int
 
-    def cell(self, stack: str | None, model: str | None, condition: str) -> Cell:
-        return self.cells.get((stack, model, condition)) or Cell(stack, model, condition, ())
+    def cell(self, stack: str | None, model: str | None, condition: str) -> StudyCell:
+        return self.cells.get((stack, model, condition)) or StudyCell(stack, model, condition, ())
 
 
 _EPISODES_SQL = """
@@ -170,10 +170,10 @@ def build(con: duckdb.DuckDBPyConnection, plan: dict, source: str, seed: int = 0
     return StudyTables(plan.get("name", ""), stacks, models, conditions, cells, tests, upstreams, summaries, seed)
 
 
-def _cell(stack, model, condition, runs, episodes, summaries, seed) -> Cell:
+def _cell(stack, model, condition, runs, episodes, summaries, seed) -> StudyCell:
     rows = [e for run in runs for e in episodes.get(run, [])]
     if not rows:
-        return Cell(stack, model, condition, runs)
+        return StudyCell(stack, model, condition, runs)
     delivered_k, call_k, call_n, turns, _ = (np.array(c, dtype=np.int64) for c in zip(*rows))
     kinds: dict[str, int] = {}
     causes: dict[str, str] = {}
@@ -182,11 +182,11 @@ def _cell(stack, model, condition, runs, episodes, summaries, seed) -> Cell:
         for kind, n in (s.non_response_kinds or {}).items():
             kinds[kind] = kinds.get(kind, 0) + int(n)
         causes.update(s.non_response_causes)
-    return Cell(stack, model, condition, runs, stats.proportion(delivered_k, call_n, seed=seed),
+    return StudyCell(stack, model, condition, runs, stats.proportion(delivered_k, call_n, seed=seed),
                 stats.proportion(call_k, call_n, seed=seed), int(turns.sum()), kinds, causes)
 
 
-def _tests(con, finished, summaries, stacks, models, conditions) -> list[Test]:
+def _tests(con, finished, summaries, stacks, models, conditions) -> list[PairedTest]:
     """Repeat k of one cell against repeat k of its baseline, per family, Holm within each."""
     by_cell = {(r.get("stack"), r.get("model"), r["condition"], r["repeat"]): r["run"]
                for r in finished if r["run"] in summaries}
@@ -208,20 +208,20 @@ def _tests(con, finished, summaries, stacks, models, conditions) -> list[Test]:
         run_a, run_b = by_cell.get(key_a), by_cell.get(key_b)
         suffix = f" (repeat {key_a[3]})" if len(repeats) > 1 else ""
         if run_a is None or run_b is None:
-            tests.append(Test(family, within + suffix, label_a, label_b, note="a run is missing"))
+            tests.append(PairedTest(family, within + suffix, label_a, label_b, note="a run is missing"))
             continue
         try:
             c = compare(con, run_a, run_b, metric="delivered")
         except StoreError:
-            tests.append(Test(family, within + suffix, label_a, label_b, note="no items in common"))
+            tests.append(PairedTest(family, within + suffix, label_a, label_b, note="no items in common"))
             continue
         o = c.overall
-        tests.append(Test(family, within + suffix, label_a, label_b, o.paired, o.a_only, o.b_only, o.p))
+        tests.append(PairedTest(family, within + suffix, label_a, label_b, o.paired, o.a_only, o.b_only, o.p))
     out = []
     for family in (CONDITIONS, STACKS):
         mine = [t for t in tests if t.family == family]
         adjusted = iter(stats.holm([t.p for t in mine if t.p is not None]))
-        out += [Test(**{**t.__dict__, "p_holm": next(adjusted)}) if t.p is not None else t for t in mine]
+        out += [PairedTest(**{**t.__dict__, "p_holm": next(adjusted)}) if t.p is not None else t for t in mine]
     return out
 
 
@@ -284,7 +284,7 @@ def _colour(v: float) -> tuple[str, str]:
     return f"rgb({r},{g},{b})", "#fff" if v > 0.55 else "#111"
 
 
-def _html_cell(c: Cell) -> str:
+def _html_cell(c: StudyCell) -> str:
     title = escape(c.text(), quote=True)
     if c.rejected:
         return f'<td class="rej" title="{title}"><b>rej</b><small>{escape(c.cause())}</small></td>'
