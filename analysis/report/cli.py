@@ -128,6 +128,7 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
 def _study_tables(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, seed: int, name: str,
                   narrowed: bool) -> None:
     from toolproxy.analysis.report import studytables
+    from toolproxy.analysis.report.provenance import provenance
 
     if narrowed:
         raise click.UsageError("--study reports the study's own runs: leave out --run and --expect")
@@ -141,8 +142,9 @@ def _study_tables(data_dir: Path, db_path: Path | None, fmt: str, output: Path |
     con = _open(data_dir, path, read_only=True)
     try:
         tables = studytables.build(con, plan, str(path), seed=seed)
+        origins = provenance(con, data_dir, list(tables.summaries.values()))
     except StoreError as exc:
         _fail(str(exc))
     finally:
         con.close()
-    _write(studytables.RENDERERS[fmt](tables), output, fmt)
+    _write(studytables.RENDERERS[fmt](tables, [origins[run] for run in tables.summaries]), output, fmt)

@@ -243,7 +243,7 @@ def _md_table(head: str, rows: list[str | None], columns: list[str | None], cell
     return out
 
 
-def render_markdown(t: StudyTables, provenance: list[str] | None = None) -> str:
+def render_markdown(t: StudyTables, provenance: list | None = None) -> str:
     lines = [f"# Study {t.name}: tables", "",
              "Each cell: delivered fidelity, the per-episode mean with its bootstrap 95% interval "
              f"(10,000 resamples, seed {t.seed}; none under {stats.MIN_EPISODES} episodes), then call fidelity "
@@ -271,7 +271,7 @@ def render_markdown(t: StudyTables, provenance: list[str] | None = None) -> str:
                              f"{_p(x.p)} | {_p(x.p_holm)} |")
         lines.append("")
     if provenance:
-        lines += ["## Provenance", "", *provenance, ""]
+        lines += ["## Provenance", "", *(line for p in provenance for line in p.lines()), ""]
     return "\n".join(lines)
 
 
@@ -316,7 +316,7 @@ td.few{outline:2px dashed #c60;outline-offset:-4px}td.none{color:#888}
 """
 
 
-def render_html(t: StudyTables, provenance: list[str] | None = None) -> str:
+def render_html(t: StudyTables, provenance: list | None = None) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Study {escape(t.name)}</title>"
              f"<style>{_CSS}</style></head><body><h1>Study {escape(t.name)}</h1>",
              "<p>Colour: delivered fidelity, per-episode mean (white 0% to dark blue 100%); the interval and "
@@ -341,11 +341,13 @@ def render_html(t: StudyTables, provenance: list[str] | None = None) -> str:
                      "Holm within each family)</caption><tr><th>family</th><th>within</th><th>A</th><th>B</th>"
                      f"<th>paired</th><th>A only</th><th>B only</th><th>p</th><th>p (Holm)</th></tr>{rows}</table>")
     if provenance:
-        parts.append("<h2>Provenance</h2><ul>" + "".join(f"<li>{escape(p.lstrip('- '))}</li>" for p in provenance) + "</ul>")
+        parts.append("<h2>Provenance</h2><ul>" + "".join(
+            "<li>" + "<br>".join(escape(line.strip().lstrip("- ").replace("**", "")) for line in p.lines()) + "</li>"
+            for p in provenance) + "</ul>")
     return "".join(parts) + "</body></html>\n"
 
 
-def render_json(t: StudyTables, provenance: list[str] | None = None) -> str:
+def render_json(t: StudyTables, provenance: list | None = None) -> str:
     def rate(r: stats.Rate | None):
         return None if r is None else {"episode_mean": r.episode_mean, "ci_low": r.ci_low, "ci_high": r.ci_high,
                                        "interval_note": r.interval_note, "episodes": r.episodes_rated,
@@ -356,7 +358,8 @@ def render_json(t: StudyTables, provenance: list[str] | None = None) -> str:
              for c in t.cells.values()]
     doc = {"study": t.name, "upstreams": {k or "": v for k, v in t.upstreams.items()}, "models": t.models,
            "conditions": t.conditions, "seed": t.seed, "cells": cells, "tests": [x.__dict__ for x in t.tests],
-           "provenance": provenance or []}
+           "provenance": [{**p.__dict__, "tool_parser": p.parser(), "served_differs": p.served_differs}
+                          for p in provenance or []]}
     return json.dumps(doc, indent=2) + "\n"
 
 
