@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 import orjson
 
-from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, _fail, _open, expect_option, terminal_safe_csv
+from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, _fail, _open, analyze_if_stale,
+                                        expect_option, terminal_safe_csv)
 from toolproxy.term.printable import printable
 
 # The runs just re-derived that were recorded with --sample (record/sampling.py): the rate, and
@@ -27,7 +28,7 @@ from exchanges where run in (select unnest(?::varchar[])) group by run having ra
 @DB_OPTION
 @click.option("--batch-mb", default=8.0, show_default=True, type=click.FloatRange(0.001, 1024), help="Input analysed together, in MB (bounds memory).")
 @click.option("--workers", default=None, type=click.IntRange(0, 64), help="Analysis processes (default: one per core for large ingests, 0 = in-process).")
-@click.option("--memory-limit", default="1GB", show_default=True, help="DuckDB memory limit; it spills to disk beyond it.")
+@MEMORY_LIMIT_OPTION
 @click.option("--reclassify", is_flag=True,
               help="Rebuild every derived table (classification, turns, roles, episodes) from the stored raw exchanges.")
 @expect_option("What items expect, by a rule on tags, e.g. 'category=irrelevance:none' (repeatable; the last "
@@ -185,6 +186,7 @@ def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> N
     """Print one exchange (a unique id prefix will do): request, response, classification."""
     from toolproxy.analysis.report.show import render
 
+    analyze_if_stale("show", data_dir, db_path)
     con = _open(data_dir, db_path, read_only=True)
     try:
         ids = [r[0] for r in con.execute(

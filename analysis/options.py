@@ -1,14 +1,17 @@
 """What the analysis commands share: the data and database options, --expect, the error exit,
-opening the store, and CSV made inert on a terminal. Its own module so that each stage's commands
+analyzing first when the data is newer than the store, opening the store, and CSV made inert on a
+terminal. Its own module so that each stage's commands
 (report, export, prune) import it without importing the analyze command's module, nor it them."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import click
 
+from toolproxy.analysis.store.memory import DEFAULT_MEMORY_LIMIT
 from toolproxy.term.printable import printable
 
 DATA_OPTION = click.option(
@@ -18,6 +21,23 @@ DATA_OPTION = click.option(
 DB_OPTION = click.option(
     "--db", "db_path", default=None, type=click.Path(path_type=Path),
     help="DuckDB file (default: DATA/toolproxy.duckdb).",
+)
+
+
+
+def _memory_limit_callback(_ctx, _param, value: str) -> str:
+    from toolproxy.analysis.store.memory import MemoryLimitError, parse_memory_limit
+
+    try:
+        parse_memory_limit(value)
+    except MemoryLimitError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+MEMORY_LIMIT_OPTION = click.option(
+    "--memory-limit", default=DEFAULT_MEMORY_LIMIT, show_default=True, envvar="TOOLPROXY_MEMORY_LIMIT", callback=_memory_limit_callback,
+    help="Memory DuckDB may use (1GB, 512MB, 25% of RAM); past it, it spills to DB.tmp beside the database.",
 )
 
 
@@ -47,7 +67,34 @@ EXPECT_OPTION = expect_option(
 )
 
 
-def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = "1GB"):
+def analyze_if_stale(command: str, data_dir: Path, db_path: Path | None) -> None:
+    """Before a command reads the data directory's own database: when segments hold records it has
+    not ingested (the proxy, doctor or conformance recorded since the last `analyze`), run
+    `analyze` first and say so in one line, rather than report without the new runs. A database
+    given with --db may belong to another directory or be a copy: it is read as it is.
+
+    analyze runs as its own process with its summary discarded (this command's stdout is its
+    result) and its stderr shown: its progress line on a terminal, its error if it fails.
+    """
+    from toolproxy.analysis.lifecycle.staleness import unanalyzed_segments
+    from toolproxy.analysis.store.connection import default_db
+
+    if db_path is not None and db_path != default_db(data_dir):
+        return
+    stale = unanalyzed_segments(data_dir, default_db(data_dir))
+    if not stale:
+        return
+    n = len(stale)
+    click.echo(printable(f"toolproxy {command}: {n} segment{'s' if n != 1 else ''} in {data_dir} "
+                         f"{'hold' if n != 1 else 'holds'} records not analyzed yet; analyzing first "
+                         f"(toolproxy analyze --data {data_dir})"), err=True)
+    done = subprocess.run([sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data_dir)],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    if done.returncode != 0:
+        click.echo(f"toolproxy {command}: analyze failed (above); reading the database as it was", err=True)
+
+
+def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = DEFAULT_MEMORY_LIMIT):
     from toolproxy.analysis.store.connection import StoreError, connect, default_db
 
     path = db_path or default_db(data_dir)

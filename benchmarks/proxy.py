@@ -1,4 +1,5 @@
-"""Side-by-side benchmark: direct vs toolproxy (recording) vs a bare aiohttp pass-through vs nginx.
+"""Side-by-side benchmark: direct vs toolproxy (recording) vs a bare aiohttp pass-through vs nginx,
+and `toolproxy playback` answering the same request from a recording of it.
 
     python -m benchmarks.proxy [--seconds 5] [--rounds 3] [--total 100000] [--workers 1,2] [--c1-requests 2000]
 
@@ -8,7 +9,10 @@ rounds and reported as medians and ratios, because this machine is shared and no
 numbers mean little, ratios measured in one run do. nginx is included when installed.
 
 The bare pass-through is written here for the comparison: the same aiohttp + uvloop forwarding
-with no tags, no record and no writer, so the ratio isolates what recording costs.
+with no tags, no record and no writer, so the ratio isolates what recording costs. The playback
+target serves the one exchange `serve` recorded for the benchmark's request (with `--match
+reuse=on`, since wrk asks it again and again): an agent test against a recording should be no
+slower than the same test through `serve`.
 """
 
 from __future__ import annotations
@@ -90,6 +94,9 @@ REPLY = json.dumps(
         "usage": {"prompt_tokens": 120, "completion_tokens": 12, "total_tokens": 132},
     }
 ).encode()
+
+# The same request asking for a stream (the TTFB column).
+STREAM_BODY = CHAT_BODY.replace(b'"model": "bench"', b'"model": "bench", "stream": true')
 
 STREAM_CHUNKS = 8
 STREAM_GAP = 0.01
@@ -330,12 +337,11 @@ def _recv(sock: socket.socket) -> bytes:
 async def _ttfb(url: str, n: int) -> list[float]:
     import aiohttp
 
-    body = CHAT_BODY.replace(b'"model": "bench"', b'"model": "bench", "stream": true')
     times = []
     async with aiohttp.ClientSession(auto_decompress=False) as s:
         for _ in range(n):
             t0 = time.perf_counter()
-            async with s.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+            async with s.post(url, data=STREAM_BODY, headers={"Content-Type": "application/json"}) as r:
                 await r.content.readany()
                 times.append((time.perf_counter() - t0) * 1e6)
                 await r.read()
@@ -489,6 +495,22 @@ class Fleet:
         self.roots[f"http://127.0.0.1:{port}"] = [proc.pid]
         return f"http://127.0.0.1:{port}", proc
 
+    def playback(self, upstream: str, data: Path) -> str:
+        """`toolproxy playback` of the benchmark's requests (whole and streamed) as `serve` recorded
+        them from `upstream`."""
+        recorder, proc = self.toolproxy(upstream, data, 1, "--run", PLAYED, "--durability", "sync", "--no-fingerprint")
+        _wait_http(recorder)
+        for body in (CHAT_BODY, STREAM_BODY):
+            urllib.request.urlopen(urllib.request.Request(recorder + "/v1/chat/completions", data=body, headers={
+                "Content-Type": "application/json"})).read()
+        os.killpg(proc.pid, signal.SIGTERM)  # flushes the record
+        proc.wait(timeout=15)
+        port = _free_port()
+        p = self.spawn([sys.executable, "-m", "toolproxy.cli", "playback", "--from", PLAYED, "--data", str(data),
+                        "--port", str(port), "--match", "reuse=on"])
+        self.roots[f"http://127.0.0.1:{port}"] = [p.pid]
+        return f"http://127.0.0.1:{port}"
+
     def bare(self, upstream: str, processes: int = 1, use_uvloop: bool = True) -> str:
         """The bare aiohttp pass-through; several processes share the port as toolproxy's workers do.
         Without uvloop it is the floor: the plainest aiohttp proxy anyone would write."""
@@ -547,6 +569,7 @@ class Fleet:
 
 
 FLOOR = "bare_aiohttp_asyncio"
+PLAYED = "bench"  # the run the playback target serves
 
 
 def pinned_cores() -> tuple[int, int] | None:
@@ -647,6 +670,7 @@ def _bench(args, tmp: Path, upstream_kind: str, cores: tuple[int, int] | None) -
             targets[name], proc = fleet.toolproxy(upstream, tmp / f"data-{name}", n)
             tp = tp or proc
         targets["toolproxy_no_page"] = fleet.toolproxy(upstream, tmp / "data-off", 1, "--no-live-page")[0]
+        targets["playback"] = fleet.playback(upstream, tmp / "data-played")
         for n in args.workers:
             targets["bare_aiohttp" if n == 1 else f"bare_aiohttp_w{n}"] = fleet.bare(upstream, n)
         targets[FLOOR] = fleet.bare(upstream, 1, use_uvloop=False)
@@ -797,6 +821,11 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
     ]
     if "ttfb_p50" in direct:
         lines.append(f"| stream TTFB overhead vs direct | {(tpm['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | < 2 ms |")
+    played = med["playback"]
+    lines += [
+        f"| c1 p50 latency, playback (the recorded reply) vs serve (forwarding it) | {played['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.0x |",
+        f"| c64 throughput, playback vs serve | {played['c64_rps'] / tpm['c64_rps']:.2f}x | >= 1.0x |",
+    ]
     off = med["toolproxy_no_page"]
     lines += [
         f"| RSS after warm-up -> after {stats['exchanges']} exchanges | {measured['rss_warm_kb'] / 1024:.1f} MiB -> "

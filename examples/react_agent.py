@@ -17,7 +17,8 @@ it resends a request once after a 408, 409, 429 or 5xx answer or a failed connec
 SDK does with max_retries=1.
 
 Exit status: 0 every episode ended (with an answer or at the turn limit); 1 some episode ended on
-an error answer from the server (each is printed, e.g. a stack that refuses tools); 2 the proxy
+an error answer from the server (each is printed, e.g. a stack that refuses tools) or on an
+"answer" that is a tool call written as text (a server that did not extract it); 2 the proxy
 could not be reached.
 """
 
@@ -84,6 +85,11 @@ class ServerError(Exception):
 
 class Unreachable(Exception):
     """No answer at all: every episode would fail the same way."""
+
+
+class CallInText(Exception):
+    """The final "answer" is one of our tool calls written as text: the server accepted the tools
+    but did not turn the model's call into tool_calls, so the task was never done."""
 
 
 # ---- the tools (the model's arguments are untrusted: bounded, and errors go back as text)
@@ -210,6 +216,8 @@ def episode(base: str, api_key: str, model: str, task: str, max_turns: int, stre
         messages.append({"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})})
         if not tool_calls:
             print(f"  answer: {content.strip()[:120]!r}")
+            if call_in_text(content):
+                raise CallInText(content.strip()[:120])
             return
         for tc in tool_calls:
             try:
@@ -222,6 +230,24 @@ def episode(base: str, api_key: str, model: str, task: str, max_turns: int, stre
             print(f"  {tc['function']['name']!r}({args}) -> {result}")
             messages.append({"role": "tool", "tool_call_id": tc["id"], "content": result})
     print("  (gave up: turn limit)")
+
+
+def call_in_text(content: str) -> bool:
+    """Whether the text holds a call to one of TOOLS as JSON (bare, fenced or in <tool_call> tags)."""
+    names = {t["function"]["name"] for t in TOOLS}
+    decoder = json.JSONDecoder()
+    start = content.find("{")
+    while start >= 0:
+        try:
+            obj, _ = decoder.raw_decode(content, start)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            fn = obj.get("function") if isinstance(obj.get("function"), dict) else obj
+            if fn.get("name") in names:
+                return True
+        start = content.find("{", start + 1)
+    return False
 
 
 def base_url(args: argparse.Namespace, i: int) -> str:
@@ -246,6 +272,7 @@ def main() -> int:
     ap.add_argument("--api-key", default="unused-by-local-servers")
     args = ap.parse_args()
     failed: list[str] = []
+    in_text = 0
     for i in range(args.episodes):
         task = TASKS[i % len(TASKS)]
         print(f"episode {i}: {task}", flush=True)
@@ -254,14 +281,20 @@ def main() -> int:
         except ServerError as exc:
             print(f"  the server answered an error: {exc}", flush=True)
             failed.append(str(exc))
+        except CallInText:
+            print("  that is a tool call written as text, not an answer: the server did not extract it", flush=True)
+            in_text += 1
         except Unreachable as exc:
             print(f"react_agent: {exc}. Is toolproxy running there?", file=sys.stderr)
             return 2
     if failed:
         print(f"react_agent: {len(failed)} of {args.episodes} episodes ended on a server error; the first: {failed[0]}",
               file=sys.stderr)
-        return 1
-    return 0
+    if in_text:
+        print(f"react_agent: {in_text} of {args.episodes} episodes ended on a tool call left in text (the server "
+              "returned it as content, not tool_calls: a missing or mismatched tool-call parser; "
+              "`toolproxy doctor` names the fix)", file=sys.stderr)
+    return 1 if failed or in_text else 0
 
 
 if __name__ == "__main__":

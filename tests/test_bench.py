@@ -18,7 +18,7 @@ def test_one_round_measures_every_target_pinned_and_records_every_exchange(tmp_p
     r, result = run_benchmark("proxy", ["--rounds", "1", "--seconds", "1", "--total", "10", "--c1-requests", "30"],
                               out, timeout=300)
     nginx = shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
-    targets = {"direct", "toolproxy", "toolproxy_no_page", "bare_aiohttp", FLOOR} | ({"nginx"} if nginx else set())
+    targets = {"direct", "toolproxy", "toolproxy_no_page", "playback", "bare_aiohttp", FLOOR} | ({"nginx"} if nginx else set())
     assert set(result["medians"]) == targets
     for name, m in result["medians"].items():
         assert m["errors"] == 0 and m["c64_rps"] > 0 and m["c1_p50"] > 0 and m["c64_cpu_us"] > 0, (name, m)
@@ -31,5 +31,6 @@ def test_one_round_measures_every_target_pinned_and_records_every_exchange(tmp_p
     two_cores = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2
     assert ("pinned: proxies and upstream on core" in r.stdout) == two_cores
     assert f"Against the floor ({FLOOR}" in r.stdout
+    assert "| c64 throughput, playback vs serve | " in r.stdout
     for name in targets - {"direct", FLOOR}:
         assert f"| {name} | " in r.stdout.split("Against the floor")[1], name

@@ -238,3 +238,44 @@ async def test_agent_protocols_are_probed(fake_stack, tmp_path, kind, model_name
     assert diag.protocols["Responses"]["summary"].startswith(responses), out
     assert diag.protocols["Messages"]["summary"].startswith(messages), out
     assert f"Agent protocol Responses (/v1/responses): {responses}" in out
+
+
+def test_the_header_and_each_check_show_at_once_on_a_terminal(fake_stack, tmp_path):
+    """A CPU model takes a minute over doctor's probes: the header comes at once, each check as it
+    completes, and a line says what is being waited for, so the command never looks hung."""
+    import threading
+
+    from ptyrun import REDRAW, Terminal
+
+    release = threading.Event()
+
+    def held(req: ModelRequest) -> ScriptedReply:
+        if req.tools:
+            release.wait(60)  # the fake serves one request at a time: doctor waits on this one
+            return call("get_weather", PARIS)
+        return text("ready")
+
+    fake = fake_stack("llamacpp", responder=held)
+    term = Terminal([sys.executable, "-m", "toolproxy.cli", "doctor", "--upstream", fake.url, "--model", "qwen",
+                     "--data", str(tmp_path / "d"), "--repeat", "0"])
+    try:
+        assert term.wait_for(b"model capabilities:", 30), bytes(term.seen)  # header and stack, before any reply
+        assert term.wait_for(b"doctor: waiting for the request without tools, then the one with tools (", 10), bytes(term.seen)
+        assert b"toolproxy doctor: " + fake.url.encode() + b", model qwen" in term.seen
+        assert b"1. Serving layer" not in term.seen
+    finally:
+        release.set()
+    assert term.finish() == 0, bytes(term.seen)
+    shown = bytes(term.seen)
+    assert shown.index(b"1. Serving layer: [ok]") < shown.index(b"Agent protocol Responses") < shown.index(b"Verdict: tools work natively.")
+    assert shown.rstrip().endswith(b"Verdict: tools work natively."), shown  # the waiting line is erased, not left behind
+    assert REDRAW in shown
+
+
+def test_piped_output_is_the_diagnosis_alone(fake_stack, tmp_path):
+    fake = fake_stack("llamacpp", responder=model(call("get_weather", PARIS)))
+    r = cli("--upstream", fake.url, "--model", "qwen", "--data", str(tmp_path / "d"), "--repeat", "0")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "waiting for" not in r.stdout and "\r" not in r.stdout
+    assert r.stdout.startswith(f"toolproxy doctor: {fake.url}, model qwen\nstack: ")
+    assert r.stdout.endswith("\nVerdict: tools work natively.\n")

@@ -65,6 +65,28 @@ def test_a_stack_that_refuses_tools_is_one_line_and_exit_1(fake_stack, proxy):
     assert [(r["episode"], r["status"]) for r in recs] == [("0", 500), ("0", 500), ("1", 500), ("1", 500)]
 
 
+@pytest.mark.parametrize("kind, reply", [
+    ("sglang", fakes.call("calculator", {"expression": "(17 * 23) + 11"})),  # no parser: left in <tool_call> tags
+    ("llamacpp", fakes.text('{"name": "calculator", "arguments": {"expression": "(17 * 23) + 11"}}')),
+], ids=["hermes-tags", "bare-json"])
+def test_an_answer_that_is_a_tool_call_in_text_is_exit_1(fake_stack, proxy, kind, reply):
+    fake = fake_stack(kind, responder=lambda req: reply)
+    p = proxy(fake.url, "--quiet", "--no-fingerprint")
+    done = agent("--proxy", p.url, "--episodes", "2")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count("that is a tool call written as text, not an answer: the server did not extract it") == 2
+    assert done.stderr == ("react_agent: 2 of 2 episodes ended on a tool call left in text (the server returned it as "
+                           "content, not tool_calls: a missing or mismatched tool-call parser; `toolproxy doctor` "
+                           "names the fix)\n")
+
+
+def test_a_prose_answer_that_mentions_json_is_an_answer(fake_stack, proxy):
+    fake = fake_stack("llamacpp", responder=lambda req: fakes.text('The result is {"value": 402}; the tool "calculator" agrees.'))
+    p = proxy(fake.url, "--quiet", "--no-fingerprint")
+    done = agent("--proxy", p.url, "--episodes", "1")
+    assert done.returncode == 0 and done.stderr == "", done.stdout + done.stderr
+
+
 def test_under_toolproxy_run_it_appends_its_tags_to_the_run_s_tagged_root(fake_stack, tmp_path):
     fake = fake_stack("llamacpp", responder=calculator_then_answer)
     data = tmp_path / "data"

@@ -27,3 +27,12 @@ def test_the_analyzer_imports_under_toolproxy():
     import toolproxy.analysis.cli as cli
 
     assert Path(cli.__file__).resolve().parent == ROOT / "analysis"
+
+
+def test_the_license_is_an_spdx_expression_the_backend_reads():
+    """PEP 639: `license = {text = ...}` is deprecated in setuptools and refused from 2027-02-18;
+    the SPDX string needs setuptools 77.0.3 or newer to build."""
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert doc["project"]["license"] == "Apache-2.0"
+    assert "setuptools>=77.0.3" in doc["build-system"]["requires"]
+    assert not any(c.startswith("License ::") for c in doc["project"].get("classifiers", []))  # both is an error

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.error
+import urllib.request
 
 import aiohttp
 import openai
@@ -242,3 +244,48 @@ def test_compressed_request_bodies_are_forwarded_and_recorded_as_sent(fake_stack
     assert fake.seen[0].body == b'{"model": "m", "messages": []}'  # the fake (aiohttp) inflates what it was sent
     # whatever the upstream made of the bodies, the proxy itself did not fail
     assert [(r["error_kind"], r["status"]) for r in recs] == [(None, s) for s in statuses]
+
+
+def test_a_v1_on_the_wrong_side_of_the_tags_is_put_right(fake_stack, proxy):
+    """Base URLs end in /v1, so harnesses put one before the tags or add a second after them: where
+    only one path can be meant it is forwarded there and the run keeps its tags."""
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet")
+    for base in (p.url + "/v1/t/run=before/item=q1",  # the proxy's address with /v1, then the tags
+                 p.url + "/v1/t/run=both/v1"):  # react_agent.py --proxy http://HOST/v1 once did this
+        openai.OpenAI(base_url=base, api_key="sk-x").chat.completions.create(model="gpt-4o-mini", messages=MSGS)
+    openai.OpenAI(base_url=p.url + "/v1/t/run=models", api_key="sk-x").models.list()
+    doubled = json.dumps({"model": "gpt-4o-mini", "messages": MSGS}).encode()  # a client that appends /v1/... itself
+    req = urllib.request.Request(p.url + "/t/run=doubled/v1/v1/chat/completions", data=doubled,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+    assert [s.path for s in fake.seen] == ["/v1/chat/completions", "/v1/chat/completions", "/v1/models",
+                                           "/v1/chat/completions"]
+    recs = p.wait_records(4)
+    assert [(r["run"], r["item"], r["path"], r["status"]) for r in recs] == [
+        ("before", "q1", "/v1/chat/completions", 200), ("both", None, "/v1/chat/completions", 200),
+        ("models", None, "/v1/models", 200), ("doubled", None, "/v1/chat/completions", 200)]
+    assert recs[1]["client_path"] == "/v1/t/run=both/v1/chat/completions"  # the record keeps what was asked
+
+
+@pytest.mark.parametrize("path, error_of", [
+    ("/v1/t/run=x/completion", lambda doc: doc["error"]["message"]),  # llama.cpp's own path, or a typo?
+    ("/v1/t/run=x/ollama/api/chat", lambda doc: doc["error"]),  # Ollama's clients read a bare string
+    ("/v1/t/run=x/anthropic/v1/messages", lambda doc: doc["type"] == "error" and doc["error"]["message"]),
+])
+def test_tags_after_a_v1_with_no_one_reading_get_a_404_naming_the_base_url(fake_stack, proxy, path, error_of):
+    fake = fake_stack("openai")
+    p = proxy(fake.url, "--quiet")
+    req = urllib.request.Request(p.url + path, data=b'{"model": "m", "prompt": "hi"}',
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as got:
+        urllib.request.urlopen(req, timeout=30)
+    assert got.value.code == 404
+    message = error_of(json.loads(got.value.read()))
+    host = p.url.split("//")[1]
+    assert (f"the tags go right after the proxy's address, before /v1: use the base URL http://{host}/t/run=x/v1 "
+            f"(OpenAI-style clients) or http://{host}/t/run=x (Ollama's); this request asked for {path}") == message
+    assert fake.seen == []  # nothing went upstream
+    (rec,) = p.wait_records(1)
+    assert (rec["client_status"], rec["error_kind"], rec["run"]) == (404, "misplaced_tags", None)  # untagged

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 import pytest
 
@@ -331,3 +332,50 @@ def test_a_recording_whose_segments_moved_away_is_reported_as_such_not_as_a_bad_
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
     assert "cannot read the bodies of an exchange" in out.stderr and "--where" not in out.stderr, out.stderr
     assert idle.seen == []
+
+
+def test_with_stream_flips_only_the_stream_field():
+    from toolproxy.drive.replay import ReplayRequest, with_stream
+
+    chat = ReplayRequest("POST", "/t/run=x/v1/chat/completions", [],
+                         b'{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}')
+    assert json.loads(with_stream(chat, False).body) == {"model": "m", "stream": False, "messages": []}
+    assert with_stream(chat, True) is chat  # already streamed: the recorded bytes go out
+    ollama = ReplayRequest("POST", "/api/chat?x=1", [], b'{"model":"m"}')  # Ollama streams by default
+    assert with_stream(ollama, True) is ollama and json.loads(with_stream(ollama, False).body)["stream"] is False
+    odd = ReplayRequest("POST", "/v1/chat/completions", [], b"\xffnot json")
+    assert with_stream(odd, False) is odd and with_stream(ReplayRequest("POST", "/", [], b"[1]"), False).body == b"[1]"
+
+
+def test_replay_stream_off_finds_the_calls_a_stack_loses_only_when_streaming(tmp_path):
+    """A streamed run on a stack whose streaming path drops tool calls looks like a model that
+    never calls; the same turns replayed with --stream off get their calls, and compare says so."""
+    from proxyprocess import ProxyProcess
+
+    fake = fakes.FakeStack("vllm", tool_parser="hermes", 
+                           responder=lambda req: fakes.call("get_weather", {"city": "Oslo"}, content="Let me check."))
+    fake.inject(fakes.drops_streamed_calls())
+    data = tmp_path / "data"
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    with fake.in_thread():
+        p = ProxyProcess(fake.url, data, ("--durability", "sync", "--no-fingerprint", "--quiet"))
+        try:
+            for i in range(3):
+                body = json.dumps({"model": fake.model, "stream": True, "tools": tools,
+                                   "messages": [{"role": "user", "content": f"Weather in city {i}?"}]}).encode()
+                req = urllib.request.Request(f"{p.url}/t/run=orig/episode={i}/item=q{i}/expect=call/v1/chat/completions",
+                                             data=body, headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    streamed = r.read()
+                assert b"tool_calls" not in streamed and b'"finish_reason":"stop"' in streamed  # the call is lost
+        finally:
+            assert p.stop() == 0
+        done = _replay(data, fake.url, "--stream", "off")
+    assert done.returncode == 0, done.stderr
+    assert "orig -> orig@replay-native-stream-off" in done.stderr
+    new = _exchanges(data, "orig@replay-native-stream-off")
+    assert len(new) == 3 and all(json.loads(r["request_body"])["stream"] is False for r in new)
+    assert all(json.loads(r["response_body"])["choices"][0]["message"]["tool_calls"] for r in new)
+    row = [line.split() for line in done.stdout.splitlines() if line.startswith("all")][0]
+    assert row[1:6] == ["3", "0", "0", "3", "0"]  # every turn: a call only when not streamed

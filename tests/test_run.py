@@ -115,3 +115,40 @@ def test_a_missing_command_is_a_clear_error(tmp_path):
     assert done.returncode != 0
     assert "no-such-harness-xyz: command not found" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+WAITER = textwrap.dedent("""
+    import os, sys, time
+    print(os.environ["OPENAI_BASE_URL"], flush=True)
+    deadline = time.monotonic() + 30  # a proxy that says nothing fails the test instead of hanging it
+    while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+""")
+
+
+def test_the_proxy_address_and_live_page_are_printed_before_the_harness_runs(tmp_path):
+    """The port is a free one picked at start: the first line says it, while the harness still runs."""
+    import re
+    import urllib.request
+
+    script, go = tmp_path / "wait.py", tmp_path / "go"
+    script.write_text(WAITER)
+    proc = subprocess.Popen([sys.executable, "-m", "toolproxy.cli", "run", "--upstream", "http://127.0.0.1:9",
+                             "--data", str(tmp_path / "d"), "--run", "r", "--no-fingerprint", "--no-analyze", "--",
+                             sys.executable, str(script), str(go)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env_without_keys())
+    try:
+        line = proc.stderr.readline()
+        found = re.fullmatch(r"toolproxy run: proxy on (http://127\.0\.0\.1:\d+) -> upstream http://127\.0\.0\.1:9; "
+                             r"live page (\S+)\n", line)
+        assert found, line
+        url, live = found.groups()
+        assert live == url + "/_toolproxy/"
+        assert proc.stdout.readline().strip() == url + "/t/run=r/v1"  # the harness was pointed at that proxy
+        asked = urllib.request.Request(live, headers={"Accept": "text/html"})  # as a browser asks
+        with urllib.request.urlopen(asked, timeout=10) as page:  # ... which serves its live page meanwhile
+            assert page.status == 200 and page.headers.get_content_type() == "text/html"
+    finally:
+        go.touch()
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0

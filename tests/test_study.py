@@ -138,3 +138,13 @@ def test_progress_line_on_a_terminal_only(setup):
     assert re.search(rb"\r\x1b\[2K  s-text: \d+ exchanges in \ds \([\d.]+/min\), study about \S+ left", tty), tty
     assert REDRAW not in stdout
     assert piped.returncode == 0 and REDRAW not in piped.stderr and b"/min)" not in piped.stderr, piped.stderr
+
+
+def test_the_proxy_address_is_printed_first(setup):
+    fake, harness, env, data = setup
+    done = subprocess.run(_study(fake, harness, data, "--conditions", "native"), env=env, text=True,
+                          capture_output=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    first = done.stderr.splitlines()[0]
+    assert re.fullmatch(rf"toolproxy study: proxy on http://127\.0\.0\.1:(\d+) -> upstream {re.escape(fake.url)}; "
+                        r"live page http://127\.0\.0\.1:\1/_toolproxy/", first), first

@@ -28,6 +28,7 @@ COMMANDS = {
     "run": "toolproxy.drive.run:run",
     "study": "toolproxy.drive.study:study",
     "replay": "toolproxy.drive.replay:replay",
+    "playback": "toolproxy.playback.cli:playback",
     "export": "toolproxy.analysis.export.cli:export",
 }
 

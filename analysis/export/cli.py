@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, _fail, _open
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, _fail, _open, analyze_if_stale
 from toolproxy.term.printable import printable
 
 EXPORT_FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
@@ -52,16 +52,17 @@ def parse_since(text: str | None, now: float) -> dt.date | None:
 @DB_OPTION
 @click.option("--run", "runs", multiple=True, metavar="NAME", help="Only these runs (repeatable).")
 @click.option("--since", metavar="DAY|DURATION", help="Only days from this one on: 2026-11-30, or 7d back from now.")
+@MEMORY_LIMIT_OPTION
 @click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
 def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: bool, data_dir: Path, db_path: Path | None,
-           runs: tuple[str, ...], since: str | None, quiet: bool) -> None:
+           runs: tuple[str, ...], since: str | None, memory_limit: str, quiet: bool) -> None:
     """Write the analysed exchanges (with raw bodies), turns, calls, episodes and runs to PATH|URL,
     or (--otlp URL) send them to an OpenTelemetry receiver as spans carrying each turn's verdict.
 
     Parquet files are partitioned hive-style by day and run (table/date=YYYY-MM-DD/run=NAME/), so
     DuckDB, Spark or pandas read them directly. Incremental and idempotent like `analyze`: only new
     or changed partitions are written, and a destination's own manifest keeps a second machine
-    exporting there consistent. Run `toolproxy analyze` first.
+    exporting there consistent. Records not analyzed yet are analyzed first.
     """
     import importlib
 
@@ -72,12 +73,13 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
 
     if (out is None) == (otlp_endpoint is None):
         raise click.UsageError("give --out PATH|URL (files) or --otlp URL (spans), one of the two")
+    analyze_if_stale("export", data_dir, db_path)
     if otlp_endpoint is not None:
         if since is not None:
             raise click.UsageError("--since applies to --out; --otlp sends every analysed exchange of the runs chosen")
         from toolproxy.analysis.export.otlp import run_export
 
-        run_export(data_dir, db_path, otlp_endpoint, runs=runs, content=otlp_content, quiet=quiet)
+        run_export(data_dir, db_path, otlp_endpoint, runs=runs, content=otlp_content, quiet=quiet, memory_limit=memory_limit)
         return
     if otlp_content:
         raise click.UsageError("--otlp-content goes with --otlp")
@@ -87,7 +89,7 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
         dest = Destination(out)
     except ExportError as exc:
         _fail(str(exc))
-    con = _open(data_dir, db_path, read_only=True)
+    con = _open(data_dir, db_path, read_only=True, memory_limit=memory_limit)
     try:
         with Progress("export", unit="MB", scale=1e6, quiet=quiet) as progress:
             result = writer.export(con, dest, data_dir=data_dir, runs=list(runs) or None, since=first_day,

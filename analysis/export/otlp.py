@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 import click
 import duckdb
 
+from toolproxy.analysis.store.memory import DEFAULT_MEMORY_LIMIT
 from toolproxy.otlp.spans import SpanData, as_analysed, span_of
 from toolproxy.record.segments import list_segments, read_segment
 
@@ -112,7 +113,7 @@ def export_otlp(con: duckdb.DuckDBPyConnection, data_dir: Path, endpoint: str, *
 
 
 def run_export(data_dir: Path, db_path: Path | None, endpoint: str, *, runs: tuple[str, ...] = (), content: bool = False,
-               quiet: bool = False) -> None:
+               quiet: bool = False, memory_limit: str = DEFAULT_MEMORY_LIMIT) -> None:
     """The --otlp half of `toolproxy export`: checks, the export, one summary line; exit 1 if spans were refused."""
     from toolproxy.analysis.options import _fail, _open
     from toolproxy.analysis.store.connection import default_db
@@ -131,7 +132,7 @@ def run_export(data_dir: Path, db_path: Path | None, endpoint: str, *, runs: tup
     path = db_path or default_db(data_dir)
     if not path.exists():
         _fail(f"no analysis at {path}: run `toolproxy analyze --data {data_dir}` first")
-    con = _open(data_dir, db_path, read_only=True)
+    con = _open(data_dir, db_path, read_only=True, memory_limit=memory_limit)
     try:
         total = sum(p.stat().st_size for p in list_segments(data_dir))
         with Progress("export: reading segments", unit="MB", scale=1e6, total=total, quiet=quiet) as progress:

@@ -46,6 +46,7 @@ from toolproxy.analysis.export.destination import Destination, ExportError
 from toolproxy.analysis.export.partitions import partition_path
 from toolproxy.analysis.export.tables import TABLES, ExportTable, columns, quote_ident
 from toolproxy.analysis.store.connection import bodies_in_sql
+from toolproxy.analysis.store.memory import memory_limit_of
 
 # Bumped when the layout, the manifest or the meaning of a column in the files changes.
 FORMAT_VERSION = 1
@@ -235,12 +236,15 @@ def _stage_table(con, table: ExportTable, dest: Destination, manifest: dict, sta
     con.executemany("INSERT INTO _todo VALUES (?, ?)", list(plan.modes.items()))
     out = os.path.join(staging, table.name)
     kv = _kv_metadata(meta | {"toolproxy.table": table.name})
-    con.execute(
-        f"COPY (SELECT {table.select}, s.pid AS _pid FROM {table.name} t JOIN ("
-        "SELECT r.rid, r.pid FROM _rows r JOIN _todo USING (pid) WHERE _todo.mode = 'all' "
-        "OR NOT EXISTS (SELECT 1 FROM _done x WHERE x.pid = r.pid AND x.k = r.k)) s ON s.rid = t.rowid) "
-        f"TO '{_sql_text(out)}' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (_pid), KV_METADATA {{{kv}}}, "
-        f"FILENAME_PATTERN 'part-{export_id}-{{i}}')")
+    to_write = ("SELECT r.rid, r.pid FROM _rows r JOIN _todo USING (pid) WHERE _todo.mode = 'all' "
+                "OR NOT EXISTS (SELECT 1 FROM _done x WHERE x.pid = r.pid AND x.k = r.k)")
+    if table.weight is None:
+        con.execute(
+            f"COPY (SELECT {table.select}, s.pid AS _pid FROM {table.name} t JOIN ({to_write}) s ON s.rid = t.rowid) "
+            f"TO '{_sql_text(out)}' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (_pid), KV_METADATA {{{kv}}}, "
+            f"FILENAME_PATTERN 'part-{export_id}-{{i}}')")
+    else:
+        _copy_in_batches(con, table, to_write, out, kv, export_id)
     written: dict[int, list[dict]] = {pid: [] for pid in plan.modes}
     for pid_dir in sorted(os.listdir(out)) if os.path.isdir(out) else []:
         pid = int(pid_dir.split("=", 1)[1])
@@ -265,6 +269,39 @@ def _stage_table(con, table: ExportTable, dest: Destination, manifest: dict, sta
     if table.moves:
         _cut_moved_rows(con, table, dest, old, plan, staging, export_id, meta, staged, result)
     return staged
+
+
+def _copy_in_batches(con, table: ExportTable, to_write: str, out: str, kv: str, export_id: str) -> None:
+    """Write the rows `to_write` selects as files of about _batch_bytes each, laid out as a
+    partitioned COPY lays them out (out/_pid=N/part-ID-I.parquet).
+
+    One COPY of a whole partition holds a row group of up to 122,880 rows, and DuckDB hands the
+    bodies function 2,048 rows at once: with bodies of tens of KB (long episodes resend their whole
+    history every turn) either one is gigabytes, past any memory limit. A batch of bounded bytes
+    bounds both."""
+    budget = _batch_bytes(con)
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _batches AS SELECT s.rid, s.pid, coalesce(sum(w.w) OVER (PARTITION BY s.pid "
+        f"ORDER BY s.rid ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) // {budget} AS b "
+        f"FROM ({to_write}) s JOIN ({table.weight}) w USING (rid)")
+    batches = con.execute("SELECT pid, b, min(rid), max(rid) FROM _batches GROUP BY ALL ORDER BY ALL").fetchall()
+    for pid, b, first, last in batches:
+        folder = os.path.join(out, f"_pid={pid}")
+        os.makedirs(folder, exist_ok=True)
+        # the rowid range lets the scan skip the table's other row groups
+        con.execute(
+            f"COPY (SELECT {table.select} FROM {table.name} t JOIN (SELECT rid FROM _batches WHERE pid = {int(pid)} "
+            f"AND b = {int(b)}) s ON s.rid = t.rowid WHERE t.rowid BETWEEN {int(first)} AND {int(last)}) "
+            f"TO '{_sql_text(os.path.join(folder, f'part-{export_id}-{int(b)}.parquet'))}' "
+            f"(FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})")
+    con.execute("DROP TABLE _batches")
+
+
+def _batch_bytes(con) -> int:
+    """Input bytes per file of a table with bodies: a sixteenth of the memory limit, as a batch is
+    held several times over (the bodies read in Python, DuckDB's vectors of them, the row group
+    being encoded and compressed), by each of DuckDB's threads."""
+    return max(memory_limit_of(con) // 16, 1 << 20)
 
 
 def _cut_moved_rows(con, table: ExportTable, dest: Destination, old: dict, plan: _Plan, staging: str, export_id: str,

@@ -21,6 +21,11 @@ from dataclasses import dataclass
 # they are not part of the row fingerprint that decides what to write again.
 _WITH_BODIES = "t.*, unnest(bodies(t.segment, t.segment_offset))"
 
+# An exchange's size as written, for batching: its record's line in the segment (the next record's
+# offset, or for a segment's last one where ingest stopped reading). It bounds the bodies it carries.
+_RECORD_BYTES = """SELECT e.rowid AS rid, coalesce(lead(e.segment_offset) OVER (PARTITION BY e.segment ORDER BY e.segment_offset),
+       s.byte_offset, e.segment_offset) - e.segment_offset AS w FROM exchanges e LEFT JOIN ingest_state s USING (segment)"""
+
 _EXCHANGE_DAY = "coalesce({0}started_at, {0}ended_at, TIMESTAMP '1970-01-01')::DATE"
 
 
@@ -39,6 +44,9 @@ class ExportTable:
     recent: str | None = None
     # A row's day can change once exported (see the module docstring).
     moves: bool = False
+    # SQL giving (rid, w): each row's rowid and its size in bytes, for a table whose rows are large
+    # (they carry bodies): its rows are then written in files of bounded size, not a partition at once.
+    weight: str | None = None
 
     @property
     def since_day(self) -> str:
@@ -46,7 +54,8 @@ class ExportTable:
 
 
 TABLES: tuple[ExportTable, ...] = (
-    ExportTable("exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", select=_WITH_BODIES),
+    ExportTable("exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", select=_WITH_BODIES,
+                weight=_RECORD_BYTES),
     ExportTable("calls", key="t.exchange_id || ':' || CAST(t.idx AS VARCHAR)", day="coalesce(x.day, DATE '1970-01-01')",
           run="coalesce(x.run, '')",
           joins=f"LEFT JOIN (SELECT id, run, {_EXCHANGE_DAY.format('')} AS day FROM exchanges) x ON x.id = t.exchange_id"),

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, EXPECT_OPTION, _fail, _open, terminal_safe_csv
+from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, EXPECT_OPTION, MEMORY_LIMIT_OPTION, _fail, _open,
+                                        analyze_if_stale, terminal_safe_csv)
 from toolproxy.analysis.store.connection import StoreError, default_db
 from toolproxy.term.printable import printable
 
@@ -46,11 +47,12 @@ OUTPUT_OPTION = click.option("-o", "--output", type=click.Path(dir_okay=False, p
 @click.option("--run", "runs", multiple=True, metavar="RUN", help="Only this run (repeatable; default: every run).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap RNG seed (reports are reproducible).")
 @EXPECT_OPTION
+@MEMORY_LIMIT_OPTION
 @click.option("--study", default=None, metavar="NAME",
               help="The tables of a `toolproxy study` instead: models x conditions per stack, stacks x models per "
                    "condition, and the paired tests (markdown, json, or html as a heat map).")
 def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, runs: tuple[str, ...], seed: int,
-           expect_rules: list, study: str | None) -> None:
+           expect_rules: list, memory_limit: str, study: str | None) -> None:
     """One row per run: call and delivered fidelity with 95% CIs, restraint, answers, non-responses.
 
     Call fidelity = valid_call turns / turns that were due a call; delivered fidelity counts only
@@ -58,16 +60,19 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     layer (calls left in text). A run whose every turn was a non-response shows "rej"
     (undefined), never 0%.
     """
-    if study is not None:
-        _study_tables(data_dir, db_path, fmt, output, seed, study, bool(runs or expect_rules))
-        return
+    if study is not None and (runs or expect_rules):
+        raise click.UsageError("--study reports the study's own runs: leave out --run and --expect")
     from toolproxy.analysis import report as renderers
     from toolproxy.analysis.measure.summary import select_runs, summarize
     from toolproxy.analysis.report import htmlpage, terminal
     from toolproxy.analysis.report.details import page_details
 
+    analyze_if_stale("report", data_dir, db_path)
+    if study is not None:
+        _study_tables(data_dir, db_path, fmt, output, seed, study, memory_limit)
+        return
     path = db_path or default_db(data_dir)
-    con = _open(data_dir, path, read_only=True)
+    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed, rules=expect_rules)
         details = page_details(con, summary) if fmt == "html" else None
@@ -102,8 +107,9 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
               help="Output format.")
 @OUTPUT_OPTION
 @EXPECT_OPTION
+@MEMORY_LIMIT_OPTION
 def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: str | None, metric: str, fmt: str,
-            output: Path | None, expect_rules: list) -> None:
+            output: Path | None, expect_rules: list, memory_limit: str) -> None:
     """Paired test of RUN_A against RUN_B over the items both ran (exact McNemar, both discordant counts).
 
     Either side may be a quoted wildcard pattern ('bfcl-*-native') that pools every run it
@@ -113,8 +119,9 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
     from toolproxy.analysis.measure.summary import select_runs
     from toolproxy.analysis.report.comparison import RENDERERS
 
+    analyze_if_stale("compare", data_dir, db_path)
     path = db_path or default_db(data_dir)
-    con = _open(data_dir, path, read_only=True)
+    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         select_runs(con, [run_a, run_b], path)
         result = paired(con, run_a, run_b, metric=metric, by_category=by == "category", rules=expect_rules)
@@ -126,12 +133,10 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
 
 
 def _study_tables(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, seed: int, name: str,
-                  narrowed: bool) -> None:
+                  memory_limit: str) -> None:
     from toolproxy.analysis.report import studytables
     from toolproxy.analysis.report.provenance import provenance
 
-    if narrowed:
-        raise click.UsageError("--study reports the study's own runs: leave out --run and --expect")
     if fmt not in studytables.RENDERERS:
         raise click.UsageError(f"--study renders {', '.join(studytables.RENDERERS)}, not {fmt}")
     path = db_path or default_db(data_dir)
@@ -139,7 +144,7 @@ def _study_tables(data_dir: Path, db_path: Path | None, fmt: str, output: Path |
         plan = studytables.load_plan(data_dir, name)
     except StoreError as exc:
         _fail(str(exc))
-    con = _open(data_dir, path, read_only=True)
+    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         tables = studytables.build(con, plan, str(path), seed=seed)
         origins = provenance(con, data_dir, list(tables.summaries.values()))

@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 
 from toolproxy.analysis.store.columns import Columns
+from toolproxy.analysis.store.memory import DEFAULT_MEMORY_LIMIT, MemoryLimitError, parse_memory_limit
 from toolproxy.analysis.store.migrations import MIGRATIONS
 from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 
@@ -27,7 +28,7 @@ def default_db(data_dir: str | Path) -> Path:
 
 
 def connect(
-    db_path: str | Path, *, read_only: bool = False, create: bool = True, memory_limit: str | None = "1GB"
+    db_path: str | Path, *, read_only: bool = False, create: bool = True, memory_limit: str | None = DEFAULT_MEMORY_LIMIT
 ) -> duckdb.DuckDBPyConnection:
     """Open the database, migrated to the newest schema unless read_only.
 
@@ -53,13 +54,16 @@ def connect(
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {path} as a DuckDB database: {str(exc).splitlines()[0]}") from None
     if memory_limit:
-        # DuckDB would otherwise take up to 80% of RAM as cache; past the limit it spills to disk,
-        # so a data dir larger than RAM still ingests.
         try:
-            con.execute(f"SET memory_limit='{memory_limit}'")
-        except duckdb.Error as exc:
+            limit = parse_memory_limit(memory_limit)
+        except MemoryLimitError as exc:
             con.close()
-            raise StoreError(f"memory limit {memory_limit!r} not understood by DuckDB: {str(exc).splitlines()[0]}") from None
+            raise StoreError(f"memory limit {exc}") from None
+        # DuckDB would otherwise take up to 80% of RAM as cache; past the limit it spills, to a
+        # directory beside the database (a writer is an in-memory catalog with the file attached,
+        # whose default would be `.tmp` in whatever directory the command was started from).
+        con.execute(f"SET memory_limit='{limit}B'")
+        con.execute(f"SET temp_directory='{_sql_literal(str(path.absolute()) + '.tmp')}'")
     if not read_only:
         # Bodies are most of the data and highly repetitive (every turn resends the conversation so
         # far). zstd stores them in a fraction of the space, and forcing it skips DuckDB's

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import click
 import orjson
@@ -32,6 +33,7 @@ from toolproxy.stacks.catalog import LABELS
 from toolproxy.stacks.templates import TemplateFinding, check_ollama_template, check_rendered_prompt
 from toolproxy.term.connection_errors import with_detail
 from toolproxy.term.printable import printable
+from toolproxy.term.progress import Progress, duration
 from toolproxy.wire.framing import SSEFramer
 
 WEATHER_TOOL = {
@@ -304,21 +306,38 @@ class Diagnosis:
 
 async def diagnose(upstream: str, model: str, data_dir: Path, *, upstream_key: str | None = None,
                    repeat: int = 3, timeout: float = 300.0) -> Diagnosis:
+    diag = Diagnosis(upstream, model, {}, Verdict([], False, None, EXIT_USAGE))
+    async for _ in diagnosis_stages(diag, data_dir, upstream_key=upstream_key, repeat=repeat, timeout=timeout):
+        pass
+    return diag
+
+
+async def diagnosis_stages(diag: Diagnosis, data_dir: Path, *, upstream_key: str | None = None, repeat: int = 3,
+                           timeout: float = 300.0) -> AsyncIterator[tuple[str, str | None]]:
+    """Fill `diag` one probe at a time, yielding (the stage just filled, what is awaited next) after
+    each, so the command can say each check as it completes: on a CPU model the whole walk takes
+    a minute, and a silent minute looks hung."""
+    upstream, model = diag.upstream, diag.model
+    yield "start", "the stack's fingerprint"
     async with local_proxy(upstream, data_dir, "doctor", upstream_key=upstream_key, timeout=timeout) as lp:
         fp = await lp.fingerprint(model)
-        diag = Diagnosis(upstream, model, fp.to_dict(), Verdict([], False, None, EXIT_USAGE))
+        diag.fingerprint = fp.to_dict()
         if fp.stack == "unreachable":
             diag.verdict.problem, diag.verdict.problem_detail = fp.error, fp.error_detail
-            return diag
+            yield "verdict", None
+            return
         if fp.model_listed is False:
             diag.warnings.append(f"model {model!r} is not in the server's model list ({', '.join(fp.models[:10]) or 'empty'})")
+        yield "fingerprint", "the request without tools, then the one with tools"
         control = await lp.post("/v1/chat/completions", chat_body(model, CONTROL_MESSAGES, max_tokens=16),
                                 run="doctor", item="control")
         body = chat_body(model, TOOL_MESSAGES, TOOLS)
         first = await lp.post("/v1/chat/completions", body, run="doctor", item="tools", episode="1")
         diag.verdict = judge(fp, control.reply, first.reply)
         if diag.verdict.exit_code == EXIT_USAGE:
-            return diag
+            yield "verdict", None
+            return
+        yield "verdict", f"{repeat - 1} repeated request(s)" if repeat > 1 else "the tool rendering check"
         if repeat > 1:
             if first.reply.refused:
                 body, replies = chat_body(model, CONTROL_MESSAGES, max_tokens=16), [control.reply]
@@ -328,56 +347,71 @@ async def diagnose(upstream: str, model: str, data_dir: Path, *, upstream_key: s
                 replies.append((await lp.post("/v1/chat/completions", body, run="doctor", item="repeat", episode=str(i))).reply)
             diag.repeat = judge_repeats(replies, fp.stack)
             diag.repeat["request"] = "the request with tools" if "tools" in body else "the request without tools, since tools are refused"
+            yield "repeat", "the tool rendering check"
         finding = await _template_finding(lp, fp, model)
         if finding is not None:
             diag.template = {**asdict(finding), "source": fp.chat_template_source}
+        yield "template", f"the {PROTOCOLS[0][0]} protocol"
         diag.protocols = {}
-        for name, path, body_for, clients, bridge in PROTOCOLS:
+        for i, (name, path, body_for, clients, bridge) in enumerate(PROTOCOLS):
             probe = await lp.post(path, body_for(model), run="doctor", item=bridge)
             diag.protocols[name] = {"path": path, **judge_protocol(name, probe.reply, clients, bridge)}
-        return diag
+            yield f"protocol:{name}", f"the {PROTOCOLS[i + 1][0]} protocol" if i + 1 < len(PROTOCOLS) else None
+    yield "done", None
 
 
 _MARK = {"pass": "ok", "fail": "FAIL", "skipped": "--"}
 
 
 def render(diag: Diagnosis) -> str:
-    fp = diag.fingerprint
-    lines = [f"toolproxy doctor: {diag.upstream}, model {diag.model}"]
-    label = Fingerprint(**fp).label
-    if fp["stack"] != "unreachable":
+    """The whole diagnosis, as `doctor` prints it stage by stage."""
+    stages = ["start"]
+    if diag.fingerprint.get("stack") != "unreachable":
+        stages.append("fingerprint")
+    stages.append("verdict")
+    if not diag.verdict.problem:
+        stages += ["repeat", "template", *(f"protocol:{name}" for name in diag.protocols or {}), "done"]
+    return "\n".join(line for stage in stages for line in render_stage(diag, stage))
+
+
+def render_stage(diag: Diagnosis, stage: str) -> list[str]:
+    """The lines one stage of `diagnosis_stages` adds; `render` is all of them in order."""
+    fp, v = diag.fingerprint, diag.verdict
+    if stage == "start":
+        return [f"toolproxy doctor: {diag.upstream}, model {diag.model}"]
+    if stage == "fingerprint":
         ev = f" ({'; '.join(fp['evidence'])})" if fp["evidence"] else ""
-        lines.append(f"stack: {label}{' build ' + fp['build'] if fp['build'] and fp['build'] != fp['version'] else ''}{ev}")
+        label = Fingerprint(**fp).label
         caps = "not advertised" if fp["capabilities"] is None else ", ".join(fp["capabilities"]) or "none"
         tmpl = f"{fp['chat_template_source']}" if fp["chat_template_source"] else "not exposed"
-        lines.append(f"model capabilities: {caps}; chat template: {tmpl}")
-    for w in diag.warnings:
-        lines.append(f"warning: {w}")
-    v = diag.verdict
-    if v.problem:
-        lines.append(with_detail(f"cannot diagnose: {v.problem}", v.problem_detail))
-        return "\n".join(lines)
-    lines.append("")
-    for step in v.steps:
-        lines.append(f"{step.number}. {step.title}: [{_MARK[step.status]}] {step.summary}")
-        if step.fix:
-            lines.append(f"   Fix: {step.fix}")
-    if diag.repeat is not None:
-        lines.append(f"Repeat ({diag.repeat['request']}): {diag.repeat['summary']}.")
-    if diag.template is not None:
+        return [f"stack: {label}{' build ' + fp['build'] if fp['build'] and fp['build'] != fp['version'] else ''}{ev}",
+                f"model capabilities: {caps}; chat template: {tmpl}", *(f"warning: {w}" for w in diag.warnings)]
+    if stage == "verdict":
+        if v.problem:
+            return [with_detail(f"cannot diagnose: {v.problem}", v.problem_detail)]
+        lines = [""]
+        for step in v.steps:
+            lines.append(f"{step.number}. {step.title}: [{_MARK[step.status]}] {step.summary}")
+            if step.fix:
+                lines.append(f"   Fix: {step.fix}")
+        return lines
+    if stage == "repeat":
+        return [] if diag.repeat is None else [f"Repeat ({diag.repeat['request']}): {diag.repeat['summary']}."]
+    if stage == "template":
         t = diag.template
-        lines.append(f"Tool rendering ({t['source'] or 'template'}): {'ok' if t['ok'] else 'WARNING'}: {t['summary']}"
-                     + (f" [{t['evidence']}]" if t["evidence"] and not t["ok"] else ""))
-    for name, found in (diag.protocols or {}).items():
-        lines.append(f"Agent protocol {name} ({found['path']}): {found['summary']}")
-    lines.append("")
+        if t is None:
+            return []
+        return [f"Tool rendering ({t['source'] or 'template'}): {'ok' if t['ok'] else 'WARNING'}: {t['summary']}"
+                + (f" [{t['evidence']}]" if t["evidence"] and not t["ok"] else "")]
+    if stage.startswith("protocol:"):
+        name = stage.partition(":")[2]
+        found = diag.protocols[name]
+        return [f"Agent protocol {name} ({found['path']}): {found['summary']}"]
     if v.native_ok:
-        lines.append("Verdict: tools work natively.")
-    else:
-        where = {"serving_layer": "the serving layer", "parser": "the serving layer's tool-call parsing",
-                 "model": "the model"}[v.at_fault]
-        lines.append(f"Verdict: tools do NOT work natively; at fault: {where}.")
-    return "\n".join(lines)
+        return ["", "Verdict: tools work natively."]
+    where = {"serving_layer": "the serving layer", "parser": "the serving layer's tool-call parsing",
+             "model": "the model"}[v.at_fault]
+    return ["", f"Verdict: tools do NOT work natively; at fault: {where}."]
 
 
 @click.command()
@@ -396,9 +430,34 @@ def doctor(upstream, model, upstream_key_env, as_json, data_dir, repeat, timeout
     """
     key = key_from_env(upstream_key_env, "--upstream-key-env")
     check_target(upstream, data_dir)
-    diag = asyncio.run(diagnose(upstream, model, data_dir, upstream_key=key, repeat=repeat, timeout=timeout))
+    diag = Diagnosis(upstream, model, {}, Verdict([], False, None, EXIT_USAGE))
+    stages = diagnosis_stages(diag, data_dir, upstream_key=key, repeat=repeat, timeout=timeout)
+    asyncio.run(_say_as_it_goes(diag, stages, None if as_json else sys.stdout))
     if as_json:
         click.echo(printable(orjson.dumps(diag.to_dict(), option=orjson.OPT_INDENT_2).decode(), lines=True))
-    else:
-        click.echo(printable(render(diag), lines=True))
     sys.exit(diag.verdict.exit_code)
+
+
+async def _say_as_it_goes(diag: Diagnosis, stages: AsyncIterator[tuple[str, str | None]], out) -> None:
+    """Print each stage's lines on `out` (None: print nothing, the JSON comes at the end) as it
+    completes, and on a terminal what is awaited meanwhile and for how long."""
+    progress = Progress("doctor")
+    awaited, since = None, time.monotonic()
+
+    async def tick() -> None:
+        while True:
+            if awaited:
+                progress.show(f"doctor: waiting for {awaited} ({duration(time.monotonic() - since)})")
+            await asyncio.sleep(1.0)
+
+    ticker = asyncio.create_task(tick())
+    try:
+        async for stage, awaited in stages:
+            since = time.monotonic()
+            progress.clear()
+            if out is not None:
+                for line in render_stage(diag, stage):
+                    click.echo(printable(line, lines=True), file=out)
+    finally:
+        ticker.cancel()
+        progress.clear()

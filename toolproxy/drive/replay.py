@@ -20,7 +20,7 @@ import json
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
@@ -117,6 +117,35 @@ def with_model(body: bytes, model: str) -> bytes:
         return body
     doc["model"] = model
     return json.dumps(doc, ensure_ascii=False).encode()
+
+
+STREAM_SETTINGS = ("as-recorded", "on", "off")
+# Ollama's native API streams unless told not to: a body without `stream` is a streamed one.
+_STREAMS_BY_DEFAULT = ("/api/chat", "/api/generate")
+
+
+def with_stream(req: ReplayRequest, stream: bool) -> ReplayRequest:
+    """The request asking for a streamed (or a whole) reply. Only `stream` changes (and
+    `stream_options`, which OpenAI-style servers refuse without it); a body that is not a JSON
+    object, or already asks as wanted, is sent as it is. Open-loop replay makes each turn one
+    question, so the same turns with `stream` flipped ask "does this stack lose calls only
+    when streaming?" and compare pairs the two runs turn by turn."""
+    if req.body is None:
+        return req
+    try:
+        doc = json.loads(req.body)
+    except ValueError:
+        return req
+    if not isinstance(doc, dict):
+        return req
+    path = req.target.split("?")[0]
+    asked = doc.get("stream", path.endswith(_STREAMS_BY_DEFAULT))
+    if asked is stream:
+        return req
+    doc["stream"] = stream
+    if not stream:
+        doc.pop("stream_options", None)
+    return replace(req, body=json.dumps(doc, ensure_ascii=False).encode())
 
 
 def strip_redacted_query(query: str) -> str:
@@ -370,12 +399,16 @@ async def replay_turns(config: ProxyConfig, requests: list[ReplayRequest], concu
               help="Only turns matching this condition on the turns table, e.g. \"outcome = 'non_response'\", "
                    "\"surface = 'text'\", \"role = 'call'\".")
 @click.option("--model", default=None, help="Send this model name instead of the recorded one.")
-def replay(source, concurrency, limit, where, model, **options):
+@click.option("--stream", "stream", type=click.Choice(STREAM_SETTINGS), default="as-recorded", show_default=True,
+              help="Ask for streamed replies (on), whole ones (off), or as each turn was recorded; replaying a "
+                   "streamed run with off shows whether calls were lost only when streaming.")
+def replay(source, concurrency, limit, where, model, stream, **options):
     """Send a recorded run's turns again through a condition or to another upstream, as a new run.
 
     toolproxy replay --from RUN --upstream URL --condition text [--run NEW]
 
-    Each turn's last attempt goes out exactly as the harness sent it (streaming ones as streams),
+    Each turn's last attempt goes out exactly as the harness sent it (streaming ones as streams,
+    unless --stream on|off asks otherwise),
     through an in-process proxy that records it as run NEW (default RUN@replay-CONDITION), tagged
     with the original run, episode, item and turn. Open-loop: later turns keep the original
     history. Secrets were redacted in the recording, so none is replayed: give the upstream key
@@ -383,7 +416,8 @@ def replay(source, concurrency, limit, where, model, **options):
     end the data directory is analyzed and `compare RUN NEW` is printed, turn by turn.
     """
     options["quiet"] = True
-    options["run"] = options["run"] or f"{source}@replay-{options['condition']}"
+    flipped = "" if stream == "as-recorded" else f"-stream-{stream}"
+    options["run"] = options["run"] or f"{source}@replay-{options['condition']}{flipped}"
     config = config_from_options(**options)
     new_run = config.run
     if new_run == source:
@@ -400,6 +434,8 @@ def replay(source, concurrency, limit, where, model, **options):
     interrupted = False
     if todo:
         requests = [build_request(t, new_run, model) for t in todo]
+        if stream != "as-recorded":
+            requests = [with_stream(r, stream == "on") for r in requests]
         tally = run_loop(replay_turns(config, requests, concurrency, Progress("replay")))
         interrupted = tally.sent < tally.total
         click.echo(tally.line().strip(), err=True)

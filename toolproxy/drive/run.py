@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 import click
 
 from toolproxy.drive.harness import harness_env, tag_prefix
+from toolproxy.playback.options import miss_line as _miss_line, playback_options
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.term.printable import printable
@@ -42,6 +43,17 @@ async def start_proxy(config: ProxyConfig) -> RunningProxy:
         return await start(config)
     except CannotListen as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def proxy_address_line(command: str, proxy: RunningProxy, config: ProxyConfig) -> str:
+    """Where the in-process proxy listens, said before the harness starts: its port is a free one
+    picked at start, so without this line the live page cannot be found."""
+    from toolproxy.proxy.state import ADMIN_PREFIX
+
+    text = f"toolproxy {command}: proxy on {proxy.url} -> upstream {printable(config.upstream)}"
+    if config.live_page:
+        text += f"; live page {proxy.url}{ADMIN_PREFIX}"
+    return text
 
 
 async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
@@ -96,12 +108,32 @@ async def _supervise(proc: asyncio.subprocess.Process) -> ChildResult:
 
 async def run_harness(config: ProxyConfig, argv: list[str], tags: dict[str, str]) -> ChildResult:
     proxy = await start_proxy(config)
+    click.echo(proxy_address_line("run", proxy, config), err=True)
     try:
         base = proxy.url + tag_prefix(config.run, **tags)
         env = {**os.environ, **harness_env(base, os.environ)}
         return await _run_child(argv, env)
     finally:
         await proxy.stop()
+
+
+async def run_against_playback(options: dict, fixture, argv: list[str], tags: dict[str, str]) -> ChildResult:
+    """The harness behind the usual recording proxy, whose upstream is a playback server of the
+    recorded run: the harness gets the recorded replies and its own traffic is recorded as a
+    run of its own. The playback starts first, so the proxy's config names its address."""
+    from toolproxy.playback.server import CannotPlay, start_playback
+
+    exchanges, rules, playback_options = fixture
+    try:
+        playback = await start_playback(exchanges, rules, playback_options)
+    except CannotPlay as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        config = config_from_options(**{**options, "upstream": playback.url})
+        return await run_harness(config, argv, tags)
+    finally:
+        await playback.stop()
+        click.echo(f"toolproxy run: playback of {printable(playback_options.run)}: {playback.stats.line()}", err=True)
 
 
 def run_loop(coro):
@@ -147,13 +179,26 @@ def write_html_report(data_dir: Path, runs: list[str], out: Path) -> Path | None
     return out if toolproxy_cli(*args).returncode == 0 else None
 
 
+def _upstream_optional(fn):
+    """With --playback the upstream is the recording: --upstream is only where misses go."""
+    for param in fn.__click_params__:
+        if param.name == "upstream":
+            param.required = False
+    return fn
+
+
 @click.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
+@_upstream_optional
 @harness_serve_options
+@click.option("--playback", "playback_run", default=None, metavar="RUN",
+              help="Answer the harness from this recorded run (in --data) instead of a model server: an offline, "
+                   "deterministic agent test; its traffic is recorded as RUN@playback (or --run).")
+@playback_options
 @click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE", help="Extra tag on every request (repeatable), e.g. category=simple.")
 @click.option("--print-env", is_flag=True, help="Print the environment the harness would get, and exit.")
 @click.option("--no-analyze", is_flag=True, help="Do not analyze when the harness exits.")
 @click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
-def run(tags, print_env, no_analyze, command, **options):
+def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match, **options):
     """Run a harness behind a proxy: toolproxy run --upstream URL --run NAME -- CMD ARGS...
 
     The proxy starts on a free loopback port for as long as CMD runs; CMD gets the base-URL
@@ -163,7 +208,14 @@ def run(tags, print_env, no_analyze, command, **options):
     """
     extra = _parse_tags(tags)
     options["quiet"] = True
-    config = config_from_options(**options)
+    fixture = None
+    if playback_run is not None:
+        fixture = _playback_fixture(options, playback_run, on_miss, pace, match)
+        config = config_from_options(**{**options, "upstream": "http://127.0.0.1:1"})  # checked now, aimed at start
+    elif options["upstream"] is None:
+        raise click.UsageError("give --upstream URL (the model server), or --playback RUN to answer from a recording")
+    else:
+        config = config_from_options(**options)
     if print_env:
         base = f"http://127.0.0.1:{config.port or 'PORT'}" + tag_prefix(config.run, **extra)
         for name, value in sorted(harness_env(base, os.environ).items()):
@@ -172,7 +224,10 @@ def run(tags, print_env, no_analyze, command, **options):
     if not command:
         raise click.UsageError("give the harness command after --, e.g. toolproxy run --upstream URL -- python agent.py")
     make_data_dir(config)
-    result = run_loop(run_harness(config, list(command), extra))
+    if fixture is not None:
+        result = run_loop(run_against_playback(options, fixture, list(command), extra))
+    else:
+        result = run_loop(run_harness(config, list(command), extra))
     if result.interrupted:
         click.echo("toolproxy run: harness interrupted; what it recorded is kept", err=True)
     elif result.returncode != 0:
@@ -182,7 +237,31 @@ def run(tags, print_env, no_analyze, command, **options):
                    err=True)
     if not no_analyze:
         _summarise(config.data_dir, config.run)
+    if playback_run is not None:
+        click.echo(f"did the agent behave as recorded: toolproxy compare {printable(playback_run)} {printable(config.run)} "
+                   f"--data {config.data_dir}", err=True)
     sys.exit(result.returncode)
+
+
+def _playback_fixture(options: dict, source: str, on_miss: str, pace: str, match: tuple[str, ...]):
+    """(exchanges, rules, playback options) for `run --playback`; the run's own settings adjusted:
+    its traffic gets a run name of its own, goes out untouched (a condition would rewrite the
+    requests the recording is matched against) and fingerprints nothing (the upstream is a
+    recording)."""
+    from toolproxy.playback.options import load
+    from toolproxy.playback.server import PlaybackOptions
+
+    if on_miss != "fail" and not options["upstream"]:
+        raise click.UsageError(f"--on-miss {on_miss} needs --upstream URL (where a miss is sent)")
+    if options["condition"] != "native":
+        raise click.UsageError("--playback answers the requests as the harness sends them: leave --condition native")
+    options["run"] = options["run"] or f"{source}@playback"
+    if options["run"] == source:
+        raise click.BadParameter("the harness's traffic needs a run name other than the recording's", param_hint="--run")
+    options["no_fingerprint"] = True
+    exchanges, rules = load(options["data_dir"], source, match)
+    return exchanges, rules, PlaybackOptions(run=source, on_miss=on_miss, upstream=options["upstream"], pace=pace,
+                                             data_dir=options["data_dir"], on_missed=_miss_line)
 
 
 def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:

@@ -31,7 +31,8 @@ import click
 from toolproxy.analysis.measure.runline import from_report
 from toolproxy.conditions import NAMES
 from toolproxy.drive.harness import harness_env, tag_prefix
-from toolproxy.drive.run import _parse_tags, run_child_relayed, _run_child, run_loop, start_proxy, toolproxy_cli
+from toolproxy.drive.run import (_parse_tags, _run_child, proxy_address_line, run_child_relayed, run_loop, start_proxy,
+                                   toolproxy_cli)
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.modelswap import TAG as MODEL_TAG
@@ -197,7 +198,9 @@ async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, st
     proxies = {}
     try:
         for stack in {p.stack for p in study.runs if p.status != "done"}:
-            proxies[stack] = await start_proxy(dataclasses.replace(config, upstream=urls[stack]))
+            stack_config = dataclasses.replace(config, upstream=urls[stack])
+            proxies[stack] = await start_proxy(stack_config)
+            click.echo(proxy_address_line("study", proxies[stack], stack_config), err=True)
         return await _run_cells(study, proxies, save, tags, progress)
     finally:
         for proxy in proxies.values():

@@ -13,18 +13,19 @@ Three layers, kept apart so a test can vary one without the others:
   `error`) queued with `FakeStack.enqueue` or produced by a responder given a `ModelRequest`;
 * the stack: one module per stack (ollama.py, llamacpp.py, llamacpp_python.py, vllm.py, sglang.py, lmstudio.py,
   openai.py) on the shared `Emulator` base (base.py), turning a Reply into that stack's bytes;
-* faults (faults.py): stall, close mid-stream, raw bodies, gzip, N failures, for the proxy's tests.
+* faults (faults.py): stall, close mid-stream, raw bodies, gzip, N failures, for the proxy's tests;
+  calls lost only when streaming, for replay's.
 
 `FakeStack` (server.py) serves one: `async with FakeStack("ollama").running() as url`, or
 `python -m toolproxy.emulators ollama --port 0` from a shell.
 """
 
-from toolproxy.emulators.faults import Fault, close_mid_stream, gzipped, raw, stall
+from toolproxy.emulators.faults import Fault, close_mid_stream, drops_streamed_calls, gzipped, raw, stall
 from toolproxy.emulators.model import (CALL_FORMATS, ModelRequest, ScriptedReply, ToolCall, broken_call, call, calls, error,
                                        render_calls, text, text_call)
 from toolproxy.emulators.server import FakeStack, Seen, run_fake
 
 __all__ = [
     "CALL_FORMATS", "FakeStack", "Fault", "ModelRequest", "Reply", "Seen", "ToolCall", "broken_call", "call", "calls",
-    "close_mid_stream", "error", "gzipped", "raw", "render_calls", "run_fake", "stall", "text", "text_call",
+    "close_mid_stream", "drops_streamed_calls", "error", "gzipped", "raw", "render_calls", "run_fake", "stall", "text", "text_call",
 ]

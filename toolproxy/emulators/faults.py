@@ -1,4 +1,5 @@
-"""Transport faults a test injects into an emulator: stalls, cuts, raw bodies, gzip, repeated failures."""
+"""Faults a test injects into an emulator: stalls, cuts, raw bodies, gzip, repeated failures, and a
+stack that loses tool calls only when it streams."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ class Fault:
     status/body replace the whole answer (raw bytes, sent as given: non-UTF-8, non-JSON...);
     close_after drops the connection after that many stream events (or body bytes when not
     streaming); stall_before delays the status line; stall_between delays every event; gzip
-    compresses the body with Content-Encoding: gzip; headers are added to the answer (repeats kept).
+    compresses the body with Content-Encoding: gzip; headers are added to the answer (repeats kept);
+    drop_streamed_calls makes a streamed answer carry the model's text but none of its calls.
     """
 
     times: int | None = 1
@@ -25,6 +27,7 @@ class Fault:
     close_after: int | None = None
     gzip: bool = False
     headers: tuple[tuple[str, str], ...] = ()
+    drop_streamed_calls: bool = False
 
 
 def stall(before: float = 0.0, between: float = 0.0, times: int | None = 1, path: str | None = None) -> Fault:
@@ -42,3 +45,13 @@ def raw(body: bytes, status: int = 200, content_type: str = "application/json", 
 
 def gzipped(times: int | None = 1, path: str | None = None) -> Fault:
     return Fault(times=times, path=path, gzip=True)
+
+
+def drops_streamed_calls(times: int | None = None, path: str | None = None) -> Fault:
+    """A stack whose streaming path loses the calls its non-streaming path returns: the same
+    request answers with `tool_calls` when `stream` is false and with none (finish_reason `stop`)
+    when it is true. A recurring class of serving bugs: mlx-serve never emitted streamed tool
+    calls (ddalcu/mlx-serve#287), vLLM's hermes parser streamed a call's name without its
+    arguments (vllm-project/vllm#11392). `toolproxy replay --stream off` is how such a stack is
+    caught from a streamed recording."""
+    return Fault(times=times, path=path, drop_streamed_calls=True)

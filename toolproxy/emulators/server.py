@@ -13,7 +13,8 @@ import threading
 import time
 import zlib
 from collections import deque
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import orjson
@@ -28,6 +29,11 @@ from toolproxy.emulators.faults import Fault
 from toolproxy.emulators.model import DEFAULT_REPLY, ModelRequest, ScriptedReply
 from toolproxy.stacks import catalog
 from toolproxy.stacks.fingerprint import USER_AGENT_PREFIX
+
+# The fault of the request being answered (each request is its own task), for faults that change
+# what the model's reply becomes rather than how it travels.
+_ANSWERING: ContextVar[Fault | None] = ContextVar("answering", default=None)
+
 
 @dataclass
 class Seen:
@@ -116,6 +122,13 @@ class FakeStack:
                             prompt=body.get("prompt"), constraint=stack.constraint(body), stops=wire.stop_strings(body))
 
     def next_reply(self, req: ModelRequest) -> ScriptedReply:
+        reply = self._scripted(req)
+        fault = _ANSWERING.get()
+        if fault is not None and fault.drop_streamed_calls and req.stream and reply.calls:
+            return replace(reply, calls=())
+        return reply
+
+    def _scripted(self, req: ModelRequest) -> ScriptedReply:
         if self.replies:
             return self.replies.popleft()
         if self.responder is not None:
@@ -158,6 +171,7 @@ class FakeStack:
 
     async def _answer(self, request: web.Request, seen: Seen, table, faults: bool = True) -> web.StreamResponse:
         fault = (self._take_fault(request.path) if faults else None) or Fault(times=0)
+        _ANSWERING.set(fault)
         if fault.stall_before:
             await asyncio.sleep(fault.stall_before)
         if fault.status is not None:

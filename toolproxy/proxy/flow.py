@@ -40,9 +40,10 @@ PHASES = ("request_headers", "request", "response_headers", "response_chunk", "r
 class Refusal(Exception):
     """Raised by `Flow.refuse`: the proxy answers itself instead of forwarding."""
 
-    def __init__(self, status: int, kind: str, message: str, code: str) -> None:
+    def __init__(self, status: int, kind: str, message: str, code: str, family: str | None = None) -> None:
         super().__init__(message)
         self.status, self.kind, self.message, self.code = status, kind, message, code
+        self.family = family  # the protocol whose error shape the answer takes (None: OpenAI's)
 
 
 class Cut(Exception):
@@ -60,7 +61,7 @@ class Flow:
     __slots__ = (
         "request", "rec", "t0", "body", "up_path", "up_query", "up_headers", "transform", "stream",
         "out_status", "out_reason", "out_headers", "upstream_headers",
-        "spool", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait", "pool_queued_at",
+        "spool", "pieces", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait", "pool_queued_at",
         "task", "deadline", "hard_deadline", "phase", "expired",
     )
 
@@ -82,6 +83,7 @@ class Flow:
         # bytes -> bytes for the client (called with b"" at the end for the tail), or None: as received.
         self.stream: Callable[[bytes], bytes] | None = None
         self.spool: Any = None  # the recorder's copy of the upstream's body (a spool.Spool)
+        self.pieces: Any = None  # when each piece of it came (a record.pacing.PieceTimes)
         self.client_chunks: list[bytes] | None = None
         self.client_resp: web.StreamResponse | None = None
         # Durability's hold on the response's last bytes (see durability.LastBytes), or None.
@@ -104,8 +106,8 @@ class Flow:
         return (time.perf_counter() - self.t0) * 1000.0
 
     @staticmethod
-    def refuse(status: int, kind: str, message: str, code: str) -> NoReturn:
-        raise Refusal(status, kind, message, code)
+    def refuse(status: int, kind: str, message: str, code: str, family: str | None = None) -> NoReturn:
+        raise Refusal(status, kind, message, code, family)
 
 
 @dataclass(frozen=True)

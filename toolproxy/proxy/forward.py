@@ -19,6 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from toolproxy import wire
 from toolproxy.proxy import livepage
 from toolproxy.proxy.flow import Cut, Flow, Refusal
 from toolproxy.term.connection_errors import explain
@@ -38,7 +39,7 @@ from toolproxy.proxy.pool import CONNECTION
 from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
 from toolproxy.proxy.spool import Spool, file_payload
 from toolproxy.proxy.state import ADMIN_PREFIX, ProxyState
-from toolproxy.proxy.tags import header_tags, split_path_tags
+from toolproxy.proxy.tags import header_tags, place_path_tags
 from toolproxy.record.model import encode_body
 from toolproxy.record.spill import SpilledBody
 
@@ -49,6 +50,14 @@ _UNWRITTEN = "Can not write request body"  # aiohttp's words when the connection
 def error_body(message: str, code: str, kind: str = "toolproxy_error") -> bytes:
     """OpenAI-style error JSON, so harnesses surface the cause instead of a parse failure."""
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+def protocol_error_body(family: str | None, message: str, code: str) -> bytes:
+    """The error JSON a client of `family` reads its message from: Anthropic's and Ollama's SDKs
+    look for their own shape, every other protocol for OpenAI's."""
+    if family in (wire.MESSAGES, wire.OLLAMA_CHAT, wire.OLLAMA_GENERATE):
+        return wire.encoder_for(family, {}, False).error(message)
+    return error_body(message, code)
 
 
 async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.StreamResponse:
@@ -76,7 +85,7 @@ async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.Stre
     try:
         return await _handle(state, flow, raw_path)
     except Refusal as r:
-        return await _reply_error(state, flow, r.status, r.kind, r.message, r.code)
+        return await _reply_error(state, flow, r.status, r.kind, r.message, r.code, r.family)
     except asyncio.CancelledError:
         if flow.expired is not None and flow.task.uncancel() == 0:
             return await _timed_out(state, flow)
@@ -94,11 +103,12 @@ async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.Stre
         state.watchdog.active.discard(flow)
 
 
-async def _reply_error(state: ProxyState, flow: Flow, status: int, kind: str, message: str, code: str) -> web.Response:
+async def _reply_error(state: ProxyState, flow: Flow, status: int, kind: str, message: str, code: str,
+                       family: str | None = None) -> web.Response:
     """The proxy's own answer when there is no upstream response to pass on."""
     rec = flow.rec
     rec.set_error(kind, message)
-    body = error_body(message, code)
+    body = protocol_error_body(family, message, code)
     rec.client_status = status
     rec.client_body, rec.client_body_encoding = encode_body(body)
     state.hooks.end(flow)
@@ -139,6 +149,8 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
     label(flow, raw_path, state.redactor, cfg)
     for hook in hooks.request_headers:
         hook(flow)
+    if "misplaced_tags" in flow.rec.extra:
+        _misplaced_tags(flow)
     if state.writer.behind:  # checked here: a writer that keeps up costs no await
         await writer_backpressure(flow, state.writer)
     await _read_body(state, flow)
@@ -161,7 +173,7 @@ def label(flow: Flow, raw_path: str, redactor: Redactor, cfg: ProxyConfig) -> No
     rec.client_path = path + ("?" + safe_query if query else "")
     headers = request.headers
 
-    tags, path = split_path_tags(path)
+    tags, path, misplaced = place_path_tags(path)
     flow.up_headers, tagged = _upstream_headers(headers)
     if tagged:
         tags.update(header_tags(headers.items()))
@@ -173,6 +185,18 @@ def label(flow: Flow, raw_path: str, redactor: Redactor, cfg: ProxyConfig) -> No
     rec.path = flow.up_path = path
     rec.query = safe_query
     flow.up_query = query
+    if misplaced is not None:
+        rec.extra["misplaced_tags"] = misplaced  # refused once auth and exposure have seen the request
+
+
+def _misplaced_tags(flow: Flow) -> None:
+    """A 404 naming the base URL to use, in the protocol's error shape so the harness shows it."""
+    rec = flow.rec
+    base = f"http://{flow.request.host}{rec.extra['misplaced_tags']}"
+    flow.refuse(404, "misplaced_tags",
+                f"the tags go right after the proxy's address, before /v1: use the base URL {base}/v1 (OpenAI-style "
+                f"clients) or {base} (Ollama's); this request asked for {rec.client_path}",
+                "toolproxy_misplaced_tags", wire.family_of(rec.path))
 
 
 async def _read_body(state: ProxyState, flow: Flow) -> None:

@@ -11,6 +11,7 @@ from toolproxy.proxy.headers import Redactor
 from toolproxy.proxy.refusals import REFUSED, RefusalBudget
 from toolproxy.proxy.spool import Spool
 from toolproxy.record.model import encode_body, now
+from toolproxy.record.pacing import EXTRA_KEY as PIECE_MS, PieceTimes
 from toolproxy.record.spill import SpilledBody
 from toolproxy.record.writer import SegmentWriter
 
@@ -41,6 +42,7 @@ class Recorder(Addon):
                         f"upstream {flow.rec.upstream} announced a response of {announced} bytes, more than toolproxy's "
                         f"limit of {self.max_response}; raise it with --max-response", "response_too_large")
         flow.spool = Spool(self.spill_above, self.spill_dir)
+        flow.pieces = PieceTimes(flow.t0)
 
     def response_chunk(self, flow: Flow, chunk: bytes):
         spool = flow.spool
@@ -48,6 +50,7 @@ class Recorder(Addon):
             raise Cut("response_too_large",
                       f"the response was cut after {spool.size} bytes: it grew past toolproxy's limit of "
                       f"{self.max_response} (--max-response); the client got those bytes and a closed connection")
+        flow.pieces.add(len(chunk))
         return spool.add(chunk)
 
     def response_end(self, flow: Flow) -> None:
@@ -65,6 +68,8 @@ class Recorder(Addon):
                 rec.response_body = body  # the writer thread reads it and sets the encoding
             else:
                 rec.response_body, rec.response_body_encoding = encode_body(body)
+        if flow.pieces is not None and (marks := flow.pieces.final()) is not None:
+            rec.extra[PIECE_MS] = marks
         if flow.client_chunks is not None:
             rec.client_body, rec.client_body_encoding = encode_body(b"".join(flow.client_chunks))
         if flow.durable:

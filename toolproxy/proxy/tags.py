@@ -3,6 +3,12 @@
 `/t/run=qwen-native/episode=3/item=bfcl_12/v1/chat/completions` -> tags + `/v1/chat/completions`.
 Any subset of keys in any order; keys other than the known ones are kept as free-form tags (a
 `category=` tag, for example, feeds `compare --by category`).
+
+Base URLs end in `/v1` by convention, so a harness given one often puts the `/v1` on the wrong side
+of the tags: `/v1/t/run=x/chat/completions` (the proxy's address with `/v1`, then the tags) or
+`/t/run=x/v1/v1/chat/completions` (a client that appends `/v1/...` itself). `place_path_tags` takes
+these where only one reading exists, rather than forwarding a path no stack serves and recording the
+run as untagged.
 """
 
 from __future__ import annotations
@@ -31,6 +37,30 @@ def split_path_tags(path: str) -> tuple[dict[str, str], str]:
         i += 1
     rest = "/" + "/".join(parts[i:])
     return tags, rest
+
+
+# What OpenAI-style clients append to a base URL that ends in /v1; Ollama's clients append /api/...
+# to a base without it. A tagged path after a misplaced /v1 is put right only when it is one of these.
+_UNDER_V1 = frozenset({"/chat/completions", "/completions", "/responses", "/messages", "/models", "/embeddings"})
+
+
+def place_path_tags(path: str) -> tuple[dict[str, str], str, str | None]:
+    """(tags, forwarded path, None) with a `/v1` misplaced around the tags put right; or ({},
+    path, the tag prefix as written) for tags after a `/v1` followed by a path of no one reading
+    (`/v1/t/run=x/completion`: llama.cpp's own, or a typo?), so the caller can name the base URL."""
+    if path.startswith("/v1/t/"):
+        tags, rest = split_path_tags(path[3:])
+        if not tags:
+            return {}, path, None
+        if rest.rstrip("/") in _UNDER_V1:
+            rest = "/v1" + rest
+        elif not rest.startswith(("/v1/", "/api/")):
+            return {}, path, path[3:len(path) - len(rest)]
+    else:
+        tags, rest = split_path_tags(path)
+    while tags and rest.startswith("/v1/v1/"):
+        rest = rest[3:]
+    return tags, rest, None
 
 
 def header_tags(items) -> dict[str, str]:
