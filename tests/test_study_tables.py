@@ -125,3 +125,16 @@ def test_markdown_and_the_heat_map_show_the_same_cells(recorded):
     assert "rgb(" in html and "<caption>Stacks x models, condition native</caption>" in html
     assert html.count('class="v few"') == 6  # m-few wherever it was served (3 cells), in both tables
     assert (data / "studies" / "t-tables.html").read_text() == html
+
+
+def test_provenance_says_whose_parser_made_the_calls(recorded):
+    data, _ = recorded
+    origins = {p["run"]: p for p in json.loads(_report(data, "json"))["provenance"]}
+    text = origins["t-nojinja-m-ok-text"]
+    assert text["tool_parser"] == "toolproxy's, under the text condition (the stack saw no tools)"
+    assert "calls parsed and delivered by toolproxy's text condition, not by the stack" in text["why"]
+    # llama-server serves the one file it loaded, whatever model name the study sent
+    assert text["served_model"] == "qwen2.5-7b-instruct-q4_k_m.gguf" and text["requested_model"] == "m-ok"
+    assert text["served_differs"] and text["why"].startswith("the stack served qwen2.5-7b-instruct-q4_k_m.gguf, not")
+    assert origins["t-jinja-m-ok-native"]["tool_parser"] == "active (calls arrived as tool_calls)"
+    assert origins["t-nojinja-m-ok-native"]["why"].startswith("every turn refused")

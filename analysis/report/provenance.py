@@ -29,6 +29,8 @@ from toolproxy.analysis.store.state import stored_version
 from toolproxy.stacks.catalog import LABELS, LLAMACPP_PYTHON
 from toolproxy.stacks.templates import check_ollama_template
 
+# Conditions under which toolproxy, not the stack, turns the model's text into calls.
+REWRITING = ("text", "constrained", "template")
 SAMPLING = ("temperature", "top_p", "top_k", "seed", "max_tokens", "max_completion_tokens", "num_predict")
 
 # Per upstream, its latest fingerprint that got the stack's model list (a probe under load can time
@@ -55,6 +57,7 @@ where e.run in (select unnest($runs::varchar[])) group by e.run
 @dataclass(frozen=True)
 class Provenance:
     run: str
+    condition: str | None
     stack: str | None
     stack_version: str | None
     served_model: str | None
@@ -81,6 +84,8 @@ class Provenance:
                     _stem(self.served_model) not in _stem(self.requested_model))
 
     def parser(self) -> str:
+        if self.condition in REWRITING:
+            return f"toolproxy's, under the {self.condition} condition (the stack saw no tools)"
         if self.tool_calls and not self.text_calls:
             return "active (calls arrived as tool_calls)"
         if self.text_calls and not self.tool_calls:
@@ -183,7 +188,7 @@ def _why(s: RunSummary, p: Provenance) -> str:
     if lost:
         reasons.append(f"calls left in text: no tool parser extracted them on this launch ({lost:.0%} of the due calls "
                        "were valid but never reached the harness as calls)")
-    if (s.condition or "native") in ("text", "constrained", "template") and p.tool_calls:
+    if s.condition in REWRITING and p.tool_calls:
         reasons.append(f"calls parsed and delivered by toolproxy's {s.condition} condition, not by the stack")
     if sum(s.non_response_kinds.values()):
         reasons.append(f"{sum(s.non_response_kinds.values())} of {s.turns} turns were non-responses")
@@ -223,7 +228,7 @@ def provenance(con: duckdb.DuckDBPyConnection, data_dir: Path, runs: list[RunSum
         digest, template_source, renders, note = _template(fp)
         tool_calls, text_calls = calls.get(s.run, (0, 0))
         p = Provenance(
-            run=s.run, stack=s.stack, stack_version=s.stack_version, served_model=served, served_from=source,
+            run=s.run, condition=s.condition, stack=s.stack, stack_version=s.stack_version, served_model=served, served_from=source,
             requested_model=s.model, harness_model=harness_model if harness_model != s.model else None,
             tool_calls=int(tool_calls), text_calls=int(text_calls), template_hash=digest,
             template_source=template_source, renders_tools=renders, template_note=note,
