@@ -47,8 +47,11 @@ select run, mode(upstream), any_value(json_extract_string(record, '$.harness_mod
        arg_max(segment, started_at) filter (where status = 200), arg_max(segment_offset, started_at) filter (where status = 200)
 from exchanges where is_attempt and run in (select unnest($runs::varchar[])) group by run
 """
+# Calls the harness got as tool_calls, and calls left in text only (a condition's calls are found in
+# the text and handed over as tool_calls: counted once, as delivered).
 _CALLS_SQL = """
-select e.run, count(*) filter (where c.format = 'tool_calls'), count(*) filter (where c.surface = 'text')
+select e.run, count(*) filter (where c.format = 'tool_calls'),
+       count(*) filter (where c.surface = 'text' and c.format <> 'tool_calls')
 from calls c join exchanges e on e.id = c.exchange_id
 where e.run in (select unnest($runs::varchar[])) group by e.run
 """
