@@ -138,3 +138,15 @@ def test_provenance_says_whose_parser_made_the_calls(recorded):
     assert text["served_differs"] and text["why"].startswith("the stack served qwen2.5-7b-instruct-q4_k_m.gguf, not")
     assert origins["t-jinja-m-ok-native"]["tool_parser"] == "active (calls arrived as tool_calls)"
     assert origins["t-nojinja-m-ok-native"]["why"].startswith("every turn refused")
+
+
+def test_the_plain_report_shows_provenance_when_asked(recorded):
+    data, _ = recorded
+    cli = [sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data), "--run", "t-nojinja-m-ok-native",
+           "--provenance"]
+    done = subprocess.run([*cli, "--format", "markdown"], text=True, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("## Provenance\n\n")[1].startswith("- **t-nojinja-m-ok-native**: served ")
+    assert "  Why this number: every turn refused" in done.stdout
+    refused = subprocess.run([*cli, "--format", "json"], text=True, capture_output=True, timeout=120)
+    assert refused.returncode == 2 and "--provenance goes with" in refused.stderr and "Traceback" not in refused.stderr

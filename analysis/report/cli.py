@@ -51,8 +51,11 @@ OUTPUT_OPTION = click.option("-o", "--output", type=click.Path(dir_okay=False, p
 @click.option("--study", default=None, metavar="NAME",
               help="The tables of a `toolproxy study` instead: models x conditions per stack, stacks x models per "
                    "condition, and the paired tests (markdown, json, or html as a heat map).")
+@click.option("--provenance", "with_provenance", is_flag=True,
+              help="After the table (table and markdown formats): per run the model served, stack, tool parser, "
+                   "chat template, sampling sent, cache hits, versions, and why the number is what it is.")
 def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, runs: tuple[str, ...], seed: int,
-           expect_rules: list, memory_limit: str, study: str | None) -> None:
+           expect_rules: list, memory_limit: str, study: str | None, with_provenance: bool) -> None:
     """One row per run: call and delivered fidelity with 95% CIs, restraint, answers, non-responses.
 
     Call fidelity = valid_call turns / turns that were due a call; delivered fidelity counts only
@@ -62,10 +65,13 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     """
     if study is not None and (runs or expect_rules):
         raise click.UsageError("--study reports the study's own runs: leave out --run and --expect")
+    if with_provenance and fmt not in ("table", "markdown"):
+        raise click.UsageError("--provenance goes with --format table or markdown (--study shows it in every format)")
     from toolproxy.analysis import report as renderers
     from toolproxy.analysis.measure.summary import select_runs, summarize
     from toolproxy.analysis.report import htmlpage, terminal
     from toolproxy.analysis.report.details import page_details
+    from toolproxy.analysis.report.provenance import provenance
 
     analyze_if_stale("report", data_dir, db_path)
     if study is not None:
@@ -76,6 +82,7 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     try:
         summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed, rules=expect_rules)
         details = page_details(con, summary) if fmt == "html" else None
+        origins = provenance(con, data_dir, summary.runs) if with_provenance else {}
     except StoreError as exc:
         _fail(str(exc))
     finally:
@@ -86,6 +93,8 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
         text = terminal.render(summary, width=max(100, shutil.get_terminal_size().columns))
     else:
         text = renderers.render(summary, fmt)
+    if origins:
+        text += "\n## Provenance\n\n" + "".join(line + "\n" for p in origins.values() for line in p.lines())
     _write(text, output, fmt)
 
 
