@@ -96,6 +96,9 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
         f"runs re-derived: {len(s.runs)}{' (' + ', '.join(s.runs[:8]) + (', ...' if len(s.runs) > 8 else '') + ')' if s.runs else ''}; "
         f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s, {s.workers or 'no'} worker processes)"
     ))
+    if s.runs_in_part:
+        click.echo(f"derived in part: {len(s.runs_in_part)} of those runs, only their {s.episodes_in_part} episodes "
+                   "with new records (the rest kept)")
     if sampled:
         click.echo(printable("sampled (recorded with --sample; `report` gives estimated totals): " + "; ".join(
             f"{run} at {100 * rate:g}% of episodes, {n} exchanges forwarded and not stored" for run, rate, n in sampled)))

@@ -67,7 +67,7 @@ EXPECT_OPTION = expect_option(
 )
 
 
-def analyze_if_stale(command: str, data_dir: Path, db_path: Path | None) -> None:
+def analyze_if_stale(command: str, data_dir: Path, db_path: Path | None, memory_limit: str | None = None) -> None:
     """Before a command reads the data directory's own database: when segments hold records it has
     not ingested (the proxy, doctor or conformance recorded since the last `analyze`), run
     `analyze` first and say so in one line, rather than report without the new runs. A database
@@ -88,7 +88,10 @@ def analyze_if_stale(command: str, data_dir: Path, db_path: Path | None) -> None
     click.echo(printable(f"toolproxy {command}: {n} segment{'s' if n != 1 else ''} in {data_dir} "
                          f"{'hold' if n != 1 else 'holds'} records not analyzed yet; analyzing first "
                          f"(toolproxy analyze --data {data_dir})"), err=True)
-    done = subprocess.run([sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data_dir)],
+    argv = [sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data_dir)]
+    if memory_limit is not None:  # the limit the user gave this command holds for its analyze too
+        argv += ["--memory-limit", memory_limit]
+    done = subprocess.run(argv,
                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     if done.returncode != 0:
         click.echo(f"toolproxy {command}: analyze failed (above); reading the database as it was", err=True)

@@ -1,7 +1,7 @@
 """Benchmark: a realistic synthetic data dir, then a timed `analyze` over it.
 
-    python -m benchmarks.analyzer --exchanges 100000 [--mix agents|small] [--rounds 3]
-                                       [--python OTHER_VENV/bin/python ...] [--dir DIR] [--keep]
+    python -m benchmarks.analyzer --exchanges 100000 [--mix agents|small|long] [--rounds 3] [--more 1000]
+                                       [--floor] [--python OTHER_VENV/bin/python ...] [--dir DIR] [--keep]
 
 The `agents` data dir (the default) has what real recordings have: multi-turn agent episodes
 whose message lists grow turn by turn, a ~2 KB tools array resent every turn, several stacks with
@@ -9,7 +9,9 @@ their own wire shapes (Ollama /v1 and native NDJSON, vLLM SSE fragments and its 
 SGLang calls in text, llama.cpp timings), streams and non-streams, retries after 500s, timeouts,
 hallucinated names, invalid arguments, prose, and one untagged run that needs prefix-chaining
 reconstruction. The `small` mix is single requests with short bodies (one small tool or none),
-the shape of a chat front end's traffic. Records are the proxy's own Record dataclass serialised
+the shape of a chat front end's traffic. The `long` mix is production agent traffic: tagged
+episodes of 20-50 turns in one run, records of 4-12 KB (a system prompt, task and tools of a few KB
+resent every turn with the history). Records are the proxy's own Record dataclass serialised
 exactly as the segment writer does.
 
 `toolproxy analyze` runs as a subprocess, exactly as a user runs it, into a fresh database each
@@ -18,6 +20,11 @@ checkpoint included), CPU per exchange over all its processes, its peak RSS and 
 size. Each --python (another interpreter with another toolproxy installed, e.g. a venv of the
 main branch) analyses the same data in the same rounds, interleaved, and the ratios to this one
 are printed: on a shared, noisy machine only side-by-side numbers compare.
+
+`--more N` holds the last N records back from the data dir and, after each fresh analyze, adds
+them as a new segment and times the re-analyze: what a periodic `analyze` costs as data arrives.
+`--floor` also times DuckDB's own `read_json` loading the same segments into a table (parsing
+only, no classification): the floor analyze's CPU per exchange is compared with.
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from pathlib import Path
 
 from toolproxy.analysis.store.connection import default_db
 from toolproxy.record.writer import SEGMENT_DIR
-from toolproxy.testing.corpus import generate, generate_small
+from toolproxy.testing.corpus import generate, generate_long, generate_small
+
+GENERATORS = {"agents": generate, "small": generate_small, "long": generate_long}
 
 
 def _analyze(python: str, data_dir: Path, args: argparse.Namespace, fresh: bool = True) -> tuple[float, float, float, str]:
@@ -60,10 +69,49 @@ def _analyze(python: str, data_dir: Path, args: argparse.Namespace, fresh: bool 
     return dt, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out
 
 
+def _hold_back(data_dir: Path, n: int) -> bytes:
+    """The last n record lines of the data dir's last segment, cut off it."""
+    last = sorted((data_dir / SEGMENT_DIR).iterdir())[-1]
+    lines = last.read_bytes().splitlines(keepends=True)
+    if n > len(lines):
+        raise SystemExit(f"--more {n}: the last segment has only {len(lines)} records")
+    last.write_bytes(b"".join(lines[:-n]))
+    return b"".join(lines[-n:])
+
+
+_FLOOR = """
+import sys, duckdb
+con = duckdb.connect(sys.argv[2])
+con.execute("SET memory_limit = '1GB'")
+con.execute("SET enable_progress_bar = false")
+con.execute("CREATE TABLE records AS SELECT * FROM read_json(?, format = 'newline_delimited')", [sys.argv[1]])
+print(con.execute("SELECT count(*) FROM records").fetchone()[0], len(con.execute("DESCRIBE records").fetchall()))
+"""
+
+
+def _floor(data_dir: Path) -> tuple[float, float, float, list[str]]:
+    """(wall s, CPU s, peak RSS MB, [rows, columns]) of DuckDB's read_json loading the segments into a table."""
+    db = data_dir / "floor.duckdb"
+    db.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", _FLOOR, str(data_dir / SEGMENT_DIR / "*.jsonl"), str(db)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = proc.stdout.read().decode("utf-8", "replace")
+    _, status, usage = os.wait4(proc.pid, 0)
+    dt = time.perf_counter() - t0
+    db.unlink(missing_ok=True)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"read_json floor failed:\n{out}")
+    return dt, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.split()[-2:]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--exchanges", type=int, default=100_000)
-    ap.add_argument("--mix", choices=("agents", "small"), default="agents", help="which data dir to generate")
+    ap.add_argument("--mix", choices=sorted(GENERATORS), default="agents", help="which data dir to generate")
+    ap.add_argument("--more", type=int, default=0, metavar="N",
+                    help="hold the last N records back; after each fresh analyze, add them and time the re-analyze")
+    ap.add_argument("--floor", action="store_true", help="also time DuckDB's read_json loading the same segments")
     ap.add_argument("--rounds", type=int, default=1, help="analyses of the same data, each into a fresh database")
     ap.add_argument("--python", action="append", default=[], metavar="PYTHON",
                     help="another interpreter (with its own toolproxy) to run side by side, interleaved (repeatable)")
@@ -78,12 +126,16 @@ def main(argv: list[str] | None = None) -> None:
     pythons = [sys.executable, *args.python]
     try:
         t0 = time.perf_counter()
-        n = (generate_small if args.mix == "small" else generate)(data_dir, args.exchanges)
+        n = GENERATORS[args.mix](data_dir, args.exchanges)
+        held = _hold_back(data_dir, args.more) if args.more else b""
+        n -= args.more
         size = sum(p.stat().st_size for p in (data_dir / SEGMENT_DIR).iterdir())
         print(f"generated {n} exchanges, mix {args.mix} ({size / 1e6:.0f} MB of segments) in {time.perf_counter() - t0:.1f}s: {data_dir}")
         results: dict[str, list[tuple[float, float, float]]] = {p: [] for p in pythons}
+        more = data_dir / SEGMENT_DIR / "20991231T235959-1-0001.jsonl"
         for r in range(args.rounds):
             for python in pythons:
+                more.unlink(missing_ok=True)
                 dt, cpu, rss, out = _analyze(python, data_dir, args)
                 results[python].append((n / dt, cpu / n * 1e6, rss))
                 if r == 0 and python == pythons[0]:
@@ -91,11 +143,26 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"round {r + 1} {python}: {n / dt:,.0f} exchanges/s wall ({dt:.1f}s, process start and final "
                       f"checkpoint included); {cpu / n * 1e6:.0f} us CPU per exchange; peak RSS {rss:.0f} MB; "
                       f"db {default_db(data_dir).stat().st_size / 1e6:.0f} MB")
+                if held:
+                    more.write_bytes(held)
+                    dt2, cpu2, rss2, out2 = _analyze(python, data_dir, args, fresh=False)
+                    part = next((f"; {line}" for line in out2.splitlines() if line.startswith("derived in part")), "")
+                    print(f"  +{args.more} records, re-analyze {python}: {dt2:.2f}s wall, {cpu2:.2f}s CPU "
+                          f"({cpu2 / cpu:.3f} of the fresh analyze's), peak RSS {rss2:.0f} MB{part}")
+            if args.floor:
+                more.unlink(missing_ok=True)
+                fdt, fcpu, frss, (rows, columns) = _floor(data_dir)
+                cpu = results[pythons[0]][-1][1] * n / 1e6
+                print(f"round {r + 1} floor: DuckDB read_json into a table ({rows} rows, {columns} columns): {fdt:.1f}s wall, "
+                      f"{fcpu / n * 1e6:.0f} us CPU per exchange, peak RSS {frss:.0f} MB; {pythons[0]} analyze "
+                      f"{cpu / fcpu:.1f}x its CPU")
         base = statistics.median(x[0] for x in results[pythons[0]])
         for python in pythons:
             rate, cpu, rss = (statistics.median(x[i] for x in results[python]) for i in range(3))
             print(f"=> median of {args.rounds}, {python}: {rate:,.0f} exchanges/s wall, {cpu:.0f} us CPU per exchange, "
                   f"peak RSS {rss:.0f} MB" + (f"; {rate / base:.2f}x this one's rate" if python != pythons[0] else ""))
+        if held:
+            more.write_bytes(held)  # the database holds them
         dt2, _, _, out2 = _analyze(pythons[0], data_dir, args, fresh=False)
         print(f"re-run: {out2.splitlines()[0]} ({dt2:.1f}s)")
     finally:

@@ -197,12 +197,15 @@ async def test_a_long_history_is_read_whole(recording):
 
 
 async def test_episodes_are_answered_from_their_own_exchanges(recording):
+    """By the path prefix (also with the /v1 misplaced before it, as serve takes it) or a header."""
     async with playing(recording) as running:
         async with aiohttp.ClientSession() as s:
             two = await _ask(s, running.url + "/t/episode=2/v1/chat/completions", _chat("same question", False))
-            one = await _ask(s, running.url + "/v1/chat/completions", _chat("same question", False),
-                             {"X-Toolproxy-Episode": "1"})
+            one = await _ask(s, running.url + "/v1/t/episode=1/chat/completions", _chat("same question", False))
+            again = await _ask(s, running.url + "/v1/chat/completions", _chat("same question", False),
+                               {"X-Toolproxy-Episode": "2"})
         assert two[:2] == recording.sent["episode-2"] and one[:2] == recording.sent["episode-1"]
+        assert again[0] == 404 and "recorded replies to this request were already played" in again[1].decode()
     async with playing(recording, ["episodes=off"]) as pooled:
         async with aiohttp.ClientSession() as s:
             first = await _ask(s, pooled.url + "/t/episode=2/v1/chat/completions", _chat("same question", False))
@@ -281,6 +284,8 @@ async def test_a_miss_fails_naming_the_closest_request_and_the_first_difference(
         async with aiohttp.ClientSession() as s:
             status, got, headers = await _ask(s, running.url + "/v1/chat/completions", _chat("Weather in Pariss?", False))
             never = await _ask(s, running.url + "/v1/embeddings", {"input": "x"})
+            messages = await _ask(s, running.url + "/v1/messages", {**PROTOCOLS[4][2], "max_tokens": 1})
+            ollama = await _ask(s, running.url + "/api/chat", {**OLLAMA[0][2], "model": "other"})
         [closest] = [x for x in load_fixture(recording.data, RUN) if x.request_body and
                      json.loads(x.request_body) == PROTOCOLS[0][2]]
         message = json.loads(got)["error"]["message"]
@@ -288,7 +293,11 @@ async def test_a_miss_fails_naming_the_closest_request_and_the_first_difference(
         assert closest.id in message
         assert 'messages[0].content: recorded "Weather in Paris?", here "Weather in Pariss?"' in message
         assert never[0] == 404 and "POST /v1/embeddings was never recorded" in json.loads(never[1])["error"]["message"]
-        assert running.stats.missed == 2
+        # each protocol's clients get the error in the shape they read, as from serve
+        assert json.loads(messages[1])["type"] == "error" and "closest is" in json.loads(messages[1])["error"]["message"]
+        assert "max_tokens: recorded 64, here 1" in json.loads(messages[1])["error"]["message"]
+        assert 'model: recorded "qwen3:8b", here "other"' in json.loads(ollama[1])["error"]
+        assert running.stats.missed == 4
 
 
 async def test_a_miss_is_forwarded_to_the_upstream_and_not_recorded(recording):
@@ -526,6 +535,8 @@ def test_run_playback_is_an_offline_agent_test_recorded_as_a_run_of_its_own(tmp_
     assert again.stdout == first.stdout == "It is sunny, 21C.\nIt is sunny, 21C.\n"
     assert f"playback of {RUN}: played 4 of 4 recorded exchanges, 0 misses" in again.stderr
     assert f"toolproxy compare {RUN} {RUN}@playback --data {data}" in again.stderr
+    shown = [line.split() for line in again.stderr.splitlines() if line.startswith("all ")]
+    assert shown and shown[0][1:6] == ["2", "2", "0", "0", "0"]  # run printed the comparison itself
     original = [r for r in read_records(data, "exchange") if r["run"] == RUN]
     replayed = [r for r in read_records(data, "exchange") if r["run"] == f"{RUN}@playback"]
     assert [(r["item"], r["request_body"], r["response_body"]) for r in replayed] == \

@@ -2,17 +2,20 @@
 
 Python does only what is sequential (grouping attempts into turns and episodes, loops,
 expectations); statements run per batch of runs, and what a turn copies from its final attempt is
-joined in SQL.
+joined in SQL. After an ingest, derive_changes derives again only the tagged episodes that gained
+attempts where that gives what deriving their whole runs would.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Iterable, Sequence
 
 import orjson
 
 from toolproxy.analysis.episodes.build import build_episodes, category_of, episode_expectation
+from toolproxy.analysis.episodes.loops import rejudged
 from toolproxy.analysis.episodes.model import Attempt
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
 from toolproxy.analysis.measure.expectations import ExpectationRule
@@ -41,7 +44,7 @@ GROUP BY run
 # come as one space-separated string (hex hashes), which is much cheaper to fetch than a list, and
 # only where build_episodes reads them: untagged attempts, and every attempt of a run several clocks
 # recorded (causal_order).
-_ATTEMPTS_SQL = """
+_ATTEMPT_COLUMNS_SQL = """
 SELECT run, id, episode, item, json_extract_string(tags, '$.category'), condition, outcome, sub_kind,
        coalesce(harness_saw_prose, false), state_hash, chain_hash,
        CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
@@ -50,8 +53,12 @@ SELECT run, id, episode, item, json_extract_string(tags, '$.category'), conditio
        CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
             THEN array_to_string(coalesce(reply_keys, []), ' ') END,
        coalesce(rejects, false), tool_set IS NOT NULL
-FROM exchanges WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id
+FROM exchanges
 """
+_ATTEMPTS_SQL = _ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id"
+# The attempts of some tagged episodes of one run (_derive_episodes).
+_EPISODE_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IN (SELECT unnest($episodes::VARCHAR[])) "
+                         "ORDER BY run, started_at, id")
 
 # _ATTEMPTS_SQL's columns are run, then Attempt's fields in order; the key lists come as one string each.
 _KEY_LISTS = [1 + [f.name for f in dataclasses.fields(Attempt)].index(name) for name in ("parent_hashes", "reply_keys")]
@@ -129,12 +136,10 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
     totals = {"turns": 0, "episodes": 0}
     if not runs:
         return totals
-    con.execute("CREATE TEMP TABLE IF NOT EXISTS _turn_map (id VARCHAR, turn_id VARCHAR)")
-    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS _turn_rows ({', '.join(f'{n} {TURNS.types[n]}' for n in _TURN_ROW)})")
+    _temp_tables(con)
     con.execute("DELETE FROM turns WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
-    con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
-    sizes = {run: (n, replicas) for run, n, replicas in con.execute(_RUN_SIZES_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall()}
+    sizes = _run_sizes(con, runs)
     clocks = [run for run in runs if sizes.get(run, (0, 0))[1] > 1]
     if progress is not None:
         progress.total = len(runs)
@@ -145,11 +150,94 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
         size += sizes.get(run, (0, 0))[0]
         if size < _BATCH_ATTEMPTS and k + 1 < len(runs):
             continue
-        turn_rows, episode_cols, map_ex, map_turn = _derive_batch(con, batch, clocks, rules, progress)
-        totals["turns"] += insert_columns(con, "_turn_rows", dict(zip(_TURN_ROW, turn_rows)), {n: TURNS.types[n] for n in _TURN_ROW})
-        totals["episodes"] += EPISODES.insert(con, episode_cols)
-        insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
+        cols = _columns(con.execute(_ATTEMPTS_SQL, {"runs": batch, "clocks": clocks}).fetchnumpy())
+        _stage(con, _derived_rows(cols, batch, clocks, rules, progress), totals)
         batch, size = [], 0
+    _finish(con, runs)
+    return totals
+
+
+def derive_changes(con, runs: Iterable[str], progress=None) -> dict:
+    """Bring turns, episodes and runs rows up to date after an ingest added records to `runs`.
+    Returns the runs derived (these and any with attempts left underived), the turns and episodes
+    they hold, the runs derived in part (`in_part`) and how many of their episodes were derived
+    again (`episodes_in_part`).
+
+    What is new is what no derivation has seen: attempts without a turn, which also finds those
+    an analyze interrupted between storing and deriving left behind. A tagged episode of a run one
+    clock recorded depends on its own attempts alone (its turns are its attempts in clock order,
+    grouped by retries) and, for its loop flag, on the run's median episode length; so there only
+    the episodes with new attempts are derived again, at a cost that follows the new data rather
+    than the run. A run with new untagged attempts (reconstruction may chain them to any of its
+    conversations), one several clocks recorded (causal order runs over the whole run) and a run not
+    derived before are derived whole."""
+    pending = con.execute("SELECT run, episode FROM exchanges WHERE is_attempt AND turn_id IS NULL GROUP BY ALL").fetchall()
+    runs = sorted(set(runs) | {run for run, _ in pending})
+    if not runs:
+        return {"runs": [], "turns": 0, "episodes": 0, "in_part": [], "episodes_in_part": 0}
+    new_episodes: dict[str, set[str]] = {}
+    for run, episode in pending:
+        if episode is not None:
+            new_episodes.setdefault(run, set()).add(episode)
+    untagged = {run for run, episode in pending if episode is None}
+    derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
+    sizes = _run_sizes(con, runs)
+    partial = [r for r in runs if r in derived and r not in untagged and sizes.get(r, (0, 1))[1] <= 1]
+    whole = [r for r in runs if r not in partial]
+    with gc_paused():
+        _derive(con, whole, None, progress)
+        _derive_episodes(con, {r: new_episodes.get(r, set()) for r in partial})
+    turns, episodes = con.execute(
+        "SELECT (SELECT count(*) FROM turns WHERE run IN (SELECT unnest($runs::VARCHAR[]))), "
+        "(SELECT count(*) FROM episodes WHERE run IN (SELECT unnest($runs::VARCHAR[])))", {"runs": runs}).fetchone()
+    return {"runs": runs, "turns": turns, "episodes": episodes, "in_part": partial,
+            "episodes_in_part": sum(len(new_episodes.get(r, ())) for r in partial)}
+
+
+def _derive_episodes(con, episodes: dict[str, set[str]], rules: Sequence[ExpectationRule] | None = None) -> None:
+    """Derive again only these tagged episodes (run -> episode tags) of runs one clock recorded,
+    then the runs' loop flags and rows; derive_changes says when that equals deriving the runs."""
+    if not episodes:
+        return
+    if rules is None:
+        rules = stored_rules(con)
+    _temp_tables(con)
+    totals = {"turns": 0, "episodes": 0}
+    for run, names in sorted(episodes.items()):
+        names = sorted(names)
+        if not names:
+            continue
+        keys = [f"{run}/{name}" for name in names]
+        con.execute("DELETE FROM turns WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
+        con.execute("DELETE FROM episodes WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
+        cols = _columns(con.execute(_EPISODE_ATTEMPTS_SQL, {"run": run, "episodes": names, "clocks": []}).fetchnumpy())
+        _stage(con, _derived_rows(cols, [run], [], rules, None), totals)
+    runs = sorted(episodes)
+    _rejudge_loops(con, runs)
+    _finish(con, runs)
+
+
+def _temp_tables(con) -> None:
+    con.execute("CREATE TEMP TABLE IF NOT EXISTS _turn_map (id VARCHAR, turn_id VARCHAR)")
+    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS _turn_rows ({', '.join(f'{n} {TURNS.types[n]}' for n in _TURN_ROW)})")
+
+
+def _run_sizes(con, runs: list[str]) -> dict[str, tuple[int, int]]:
+    """Per run: its attempts and how many replicas (so clocks) recorded them."""
+    return {run: (n, replicas) for run, n, replicas in
+            con.execute(_RUN_SIZES_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall()}
+
+
+def _stage(con, derived: tuple, totals: dict[str, int]) -> None:
+    """Insert derived episodes, and stage turn rows and the attempt -> turn map for _finish."""
+    turn_rows, episode_cols, map_ex, map_turn = derived
+    totals["turns"] += insert_columns(con, "_turn_rows", dict(zip(_TURN_ROW, turn_rows)), {n: TURNS.types[n] for n in _TURN_ROW})
+    totals["episodes"] += EPISODES.insert(con, episode_cols)
+    insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
+
+
+def _finish(con, runs: list[str]) -> None:
+    """The staged turns joined with their final attempts, every attempt pointed at its turn, and the runs' rows."""
     con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION})
     con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id",
                 {"v": ANALYZER_VERSION})
@@ -157,8 +245,31 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
                 {"v": ANALYZER_VERSION})
     con.execute("DELETE FROM _turn_map")
     con.execute("DELETE FROM _turn_rows")
+    con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute(_RUNS_SQL, {"runs": runs, "version": ANALYZER_VERSION})
-    return totals
+
+
+def _rejudge_loops(con, runs: list[str]) -> None:
+    """Loop flags of the runs' episodes under the runs' median episode length as it is now (an
+    episode derived on its own was judged against its batch's median)."""
+    by_run: dict[str, list[tuple]] = {}
+    for run, key, n, reason in con.execute(
+            "SELECT run, episode_key, n_turns, loop_reason FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))",
+            [runs]).fetchall():
+        by_run.setdefault(run, []).append((key, n, reason))
+    changed: dict[str, list] = {"episode_key": [], "loop_reason": []}
+    for rows in by_run.values():
+        median = statistics.median(n for _, n, _ in rows)
+        for key, n, reason in rows:
+            if (now := rejudged(reason, n, median)) != reason:
+                changed["episode_key"].append(key)
+                changed["loop_reason"].append(now)
+    if changed["episode_key"]:
+        con.execute("CREATE OR REPLACE TEMP TABLE _loops (episode_key VARCHAR, loop_reason VARCHAR)")
+        insert_columns(con, "_loops", changed, {"episode_key": "VARCHAR", "loop_reason": "VARCHAR"})
+        con.execute("UPDATE episodes SET loop_reason = l.loop_reason, looping = l.loop_reason IS NOT NULL "
+                    "FROM _loops l WHERE episodes.episode_key = l.episode_key")
+        con.execute("DROP TABLE _loops")
 
 
 # Attempt columns whose values repeat along a run (its name, an episode's tags, an outcome...):
@@ -177,9 +288,9 @@ def _columns(arrays: dict) -> list[Sequence]:
     return out
 
 
-def _derive_batch(con, runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule], progress):
-    """The turn rows (columns of _TURN_ROW), episode columns and attempt -> turn map of a batch of runs."""
-    cols = _columns(con.execute(_ATTEMPTS_SQL, {"runs": runs, "clocks": clocks}).fetchnumpy())
+def _derived_rows(cols: list[Sequence], runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule], progress):
+    """The turn rows (columns of _TURN_ROW), episode columns and attempt -> turn map of the
+    attempts `cols` (_columns) of these runs."""
     run_of = cols[0]
     for k in _KEY_LISTS:
         cols[k] = [[] if p is None else p.split() for p in cols[k]]

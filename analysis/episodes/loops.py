@@ -27,6 +27,22 @@ def mark_loops(episodes: list[Episode]) -> None:
 
 def loop_reason(signatures: Sequence[str | None], run_median: float) -> str | None:
     """Why an episode counts as looping, or None. See LOOP_* for the thresholds."""
+    return _streak_reason(signatures) or _length_reason(len(signatures), run_median)
+
+
+def rejudged(reason: str | None, n_turns: int, run_median: float) -> str | None:
+    """An episode's loop reason once its run's median turn count moved (other episodes were added
+    or re-derived): a streak of identical calls is the episode's own and stays, the length rule
+    is applied again."""
+    if reason is not None and reason.endswith(_STREAK):
+        return reason
+    return _length_reason(n_turns, run_median)
+
+
+_STREAK = " identical consecutive calls"
+
+
+def _streak_reason(signatures: Sequence[str | None]) -> str | None:
     best = streak = 0
     prev = None
     for sig in signatures:
@@ -34,9 +50,10 @@ def loop_reason(signatures: Sequence[str | None], run_median: float) -> str | No
         prev = sig
         if sig is not None:
             best = max(best, streak)
-    if best >= LOOP_REPEATS:
-        return f"{best} identical consecutive calls"
-    n = len(signatures)
+    return f"{best}{_STREAK}" if best >= LOOP_REPEATS else None
+
+
+def _length_reason(n: int, run_median: float) -> str | None:
     if n >= LOOP_MIN_TURNS and n >= LOOP_MEDIAN_FACTOR * run_median:
         return f"{n} turns, run median {run_median:g}"
     return None

@@ -73,7 +73,7 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
 
     if (out is None) == (otlp_endpoint is None):
         raise click.UsageError("give --out PATH|URL (files) or --otlp URL (spans), one of the two")
-    analyze_if_stale("export", data_dir, db_path)
+    analyze_if_stale("export", data_dir, db_path, memory_limit)
     if otlp_endpoint is not None:
         if since is not None:
             raise click.UsageError("--since applies to --out; --otlp sends every analysed exchange of the runs chosen")

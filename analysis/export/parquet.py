@@ -20,6 +20,10 @@ its old copy is cut out of the history partition's files (a file left empty is d
 key is never in the export twice. Only the history partitions of runs this export writes are
 read, since a row that moved is always written to its new partition.
 
+Exchanges carry their bodies, so a partition of them can hold gigabytes (long episodes resend
+their whole history every turn): they are written as several files of a bounded size, derived from
+the connection's memory limit, where the other tables write one file per partition.
+
 A crash never leaves a half-written state the next export trusts: data files are written first
 under new names, then the manifest is replaced in one step, then the files it no longer lists are
 deleted. A journal (`_toolproxy_export/pending.json`) written before the first file names what

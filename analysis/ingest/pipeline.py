@@ -28,7 +28,7 @@ from pathlib import Path
 
 import duckdb
 
-from toolproxy.analysis.episodes.derive import derive
+from toolproxy.analysis.episodes.derive import derive_changes
 from toolproxy.analysis.ingest.records import CALL_TYPES, SET_ASIDE, Batch, _issue, analyze_range
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS
@@ -55,6 +55,9 @@ class Summary:
     runs: list[str] = field(default_factory=list)
     turns: int = 0
     episodes: int = 0
+    # Runs of `runs` derived only in the episodes that gained attempts, and how many those were.
+    runs_in_part: list[str] = field(default_factory=list)
+    episodes_in_part: int = 0
     seconds: float = 0.0
     issues: list[str] = field(default_factory=list)
 
@@ -218,7 +221,7 @@ class Ingestor:
         try:
             link_stored_responses(self.con, self.affected_runs)
             phase = self.progress.then("analyze: turns and episodes", unit="runs") if self.progress is not None else None
-            totals = derive(self.con, self.affected_runs, progress=phase)
+            totals = derive_changes(self.con, self.affected_runs, progress=phase)
             self.con.execute("COMMIT")
         except Exception:
             self.con.execute("ROLLBACK")
@@ -227,7 +230,8 @@ class Ingestor:
             if phase is not None:
                 phase.close()
         self.summary.turns, self.summary.episodes = totals["turns"], totals["episodes"]
-        self.summary.runs = sorted(self.affected_runs)
+        self.summary.runs_in_part, self.summary.episodes_in_part = totals["in_part"], totals["episodes_in_part"]
+        self.summary.runs = totals["runs"]
         self.summary.seconds = time.perf_counter() - t0
         return self.summary
 

@@ -73,7 +73,7 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     from toolproxy.analysis.report.details import page_details
     from toolproxy.analysis.report.provenance import provenance
 
-    analyze_if_stale("report", data_dir, db_path)
+    analyze_if_stale("report", data_dir, db_path, memory_limit)
     if study is not None:
         _study_tables(data_dir, db_path, fmt, output, seed, study, memory_limit)
         return
@@ -128,7 +128,7 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
     from toolproxy.analysis.measure.summary import select_runs
     from toolproxy.analysis.report.comparison import RENDERERS
 
-    analyze_if_stale("compare", data_dir, db_path)
+    analyze_if_stale("compare", data_dir, db_path, memory_limit)
     path = db_path or default_db(data_dir)
     con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:

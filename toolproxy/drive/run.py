@@ -238,9 +238,17 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
     if not no_analyze:
         _summarise(config.data_dir, config.run)
     if playback_run is not None:
+        if not no_analyze:
+            _compare(config.data_dir, playback_run, config.run)
         click.echo(f"did the agent behave as recorded: toolproxy compare {printable(playback_run)} {printable(config.run)} "
                    f"--data {config.data_dir}", err=True)
     sys.exit(result.returncode)
+
+
+def _compare(data_dir: Path, recorded: str, new: str) -> None:
+    """`compare` of the recording and the run against it, on stderr (stdout is the harness's)."""
+    done = toolproxy_cli("compare", recorded, new, "--data", str(data_dir))
+    click.echo(printable(done.stdout if done.returncode == 0 else done.stderr, lines=True), nl=False, err=True)
 
 
 def _playback_fixture(options: dict, source: str, on_miss: str, pace: str, match: tuple[str, ...]):

@@ -32,9 +32,10 @@ from toolproxy.drive.harness import tag_prefix
 from toolproxy.playback.fixture import RecordedExchange
 from toolproxy.playback.match import Matcher, MatchRules, Miss
 from toolproxy.proxy.exposure import Exposure
-from toolproxy.proxy.forward import error_body
+from toolproxy import wire
+from toolproxy.proxy.forward import protocol_error_body
 from toolproxy.proxy.headers import HOP_BY_HOP, NOT_FORWARDED_UP, TAG_HEADER_PREFIX, connection_listed
-from toolproxy.proxy.tags import header_tags, split_path_tags
+from toolproxy.proxy.tags import header_tags, place_path_tags
 
 ON_MISS = ("fail", "forward", "record")
 PACES = ("fast", "recorded")
@@ -102,17 +103,18 @@ class Playback:
         refused = self.exposure.refusal(request.method, request.headers)
         if refused is not None:
             self.stats.refused[refused[0]] += 1
-            return _error(403, refused[2], refused[1])
+            return _error(403, refused[2], refused[1], path=request.path)
         path, _, query = request.raw_path.partition("?")
         if path == STATS_PATH:
             return web.json_response(self.stats.as_dict())
-        tags, path = split_path_tags(path)
+        tags, path, _ = place_path_tags(path)  # a misplaced prefix stays in the path: a miss naming it
         tags.update(header_tags(request.headers.items()))
         body = bytearray()
         async for piece in request.content.iter_any():
             body += piece
             if len(body) > MAX_BODY:
-                return _error(413, f"request body is larger than playback's limit of {MAX_BODY} bytes", "request_too_large")
+                return _error(413, f"request body is larger than playback's limit of {MAX_BODY} bytes", "request_too_large",
+                              path=path)
         body = bytes(body)
         found = self.matcher.take(request.method, path, query, body, tags.get("episode"))
         if isinstance(found, Miss):
@@ -121,7 +123,7 @@ class Playback:
                 message = found.message()
                 if self.options.on_missed is not None:
                     self.options.on_missed(message)
-                return _error(MISS_STATUS, message, "playback_miss", miss=True)
+                return _error(MISS_STATUS, message, "playback_miss", miss=True, path=path)
             return await self._relay(request, tags, path, query, body)
         self.stats.played += 1
         self.stats.used = len(self.matcher.used)
@@ -175,7 +177,7 @@ class Playback:
                                                   headers=headers, data=body or None, allow_redirects=False)
         except aiohttp.ClientError as exc:
             return _error(502, f"toolproxy playback: the miss could not be sent to {self.options.upstream}: {exc}",
-                          "upstream_unreachable")
+                          "upstream_unreachable", path=path)
         try:
             raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream.raw_headers]
             down = HOP_BY_HOP | connection_listed(raw)
@@ -194,9 +196,10 @@ class Playback:
             upstream.close()
 
 
-def _error(status: int, message: str, code: str, miss: bool = False) -> web.Response:
+def _error(status: int, message: str, code: str, miss: bool = False, path: str = "") -> web.Response:
+    """Playback's own answer, in the error shape the protocol's clients read (as serve's are)."""
     headers = {REPLY_HEADER: "miss"} if miss else None
-    return web.Response(status=status, body=error_body(message, code, "toolproxy_playback"),
+    return web.Response(status=status, body=protocol_error_body(wire.family_of(path), message, code),
                         content_type="application/json", headers=headers)
 
 

@@ -9,6 +9,7 @@ reconstruction. `generate_small` is single requests with short bodies (one small
 the shape of a chat front end's traffic. Records are the proxy's own Record dataclass serialised
 exactly as the segment writer does.
 
+`generate_long` writes long tagged agent episodes (20-50 turns, records of several KB) in one run.
 `episode` / `interleaved` / `small_records` build Record lists for the storage benchmark and the
 dedup tests: agent episodes as harnesses send them (the whole history resent every turn, growing
 by `growth` bytes a turn), turn t of every episode before turn t+1 of any, and small records.
@@ -359,6 +360,36 @@ def episode(rnd: random.Random, n: int, turns: int, growth: int) -> list[Record]
                                {"role": "tool", "tool_call_id": call["id"], "content": ""}]
         messages[-1]["content"] = _text(rnd, max(0, growth - (len(orjson.dumps(messages)) - before)))
     return records
+
+
+def generate_long(data_dir: Path, n_exchanges: int, seed: int = 13, segment_records: int = 20000,
+                  concurrent: int = 64) -> int:
+    """Long-running production agent traffic, whose records are several times the `agents` mix's:
+    tagged episodes of 20-50 turns in one run, each request resending a ~1.6 KB system prompt and task, ~2 KB of tools and its
+    history so far (records of 4-12 KB), `concurrent` episodes interleaved at a time, stamped in the
+    order they are written."""
+    rnd = random.Random(seed)
+    seg_dir = data_dir / SEGMENT_DIR
+    seg_dir.mkdir(parents=True, exist_ok=True)
+    written, n, t = 0, 0, 1764000000.0
+    f = None
+    while written < n_exchanges:
+        group = []
+        for _ in range(concurrent):
+            group.append(episode(rnd, n, rnd.randint(20, 50), 150))
+            n += 1
+        for rec in interleaved(group)[:n_exchanges - written]:
+            if written % segment_records == 0:
+                if f is not None:
+                    f.close()
+                f = open(seg_dir / f"20261129T140000-1-{written // segment_records + 1:04d}.jsonl", "wb")
+            t += rnd.random() * 0.05
+            rec.started_at, rec.ended_at = t, t + 1
+            f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+            written += 1
+    if f is not None:
+        f.close()
+    return written
 
 
 def interleaved(episodes: list[list[Record]]) -> list[Record]:

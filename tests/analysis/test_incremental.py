@@ -1,0 +1,168 @@
+"""Re-analysis after new records derives only what they can change, and the result equals a fresh
+analysis of all the records: exchanges, calls, turns, episodes and runs compared row for row.
+
+Segments arrive the way production delivers them: later ones after an analysis, a middle one
+late (its records older than ones already derived, landing inside episodes), replicas with their
+own segments, and a tagged conversation that crosses from one daily run into the next."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import orjson
+import pytest
+
+from toolproxy.analysis.store.connection import default_db
+from toolproxy.record.writer import SEGMENT_DIR
+from toolproxy.testing.corpus import generate
+
+CLI = [sys.executable, "-m", "toolproxy.cli"]
+TABLES = ("exchanges", "calls", "turns", "episodes", "runs")
+
+
+def analyze(data: Path) -> str:
+    proc = subprocess.run([*CLI, "analyze", "--data", str(data), "--workers", "0"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    return proc.stdout
+
+
+def rows(db: Path) -> dict[str, list[tuple]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in TABLES}
+    finally:
+        con.close()
+
+
+def assert_same_as_fresh(data: Path, tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    shutil.copytree(data / SEGMENT_DIR, fresh / SEGMENT_DIR)
+    analyze(fresh)
+    got, want = rows(default_db(data)), rows(default_db(fresh))
+    for table in TABLES:
+        assert len(got[table]) == len(want[table]), table
+        assert got[table] == want[table], table
+
+
+@pytest.fixture(scope="module")
+def segments(tmp_path_factory) -> list[Path]:
+    """The agents corpus (tagged runs of every stack, retries, one untagged run) in 8 segments;
+    episodes run across segment boundaries."""
+    data = tmp_path_factory.mktemp("corpus")
+    generate(data, 2400, segment_records=300)
+    return sorted((data / SEGMENT_DIR).iterdir())
+
+
+def deliver(data: Path, files: list[Path], rename=lambda name: name) -> None:
+    (data / SEGMENT_DIR).mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy(f, data / SEGMENT_DIR / rename(f.name))
+
+
+def test_later_segments_then_a_late_middle_one(segments: list[Path], tmp_path: Path):
+    data = tmp_path / "data"
+    deliver(data, segments[:3])
+    analyze(data)
+    deliver(data, segments[4:6])
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "a")
+    deliver(data, [segments[3]])  # older than what is derived, inside episodes already derived
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "b")
+    deliver(data, segments[6:])
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "c")
+
+
+def test_replicas_segments_out_of_order(segments: list[Path], tmp_path: Path):
+    """Every other segment from a second replica, delivered after the first replica's later ones."""
+    data = tmp_path / "data"
+
+    def replica(name: str) -> str:
+        number = int(name.rsplit("-", 1)[1].split(".")[0])
+        return name.replace(".jsonl", f"-{'east' if number % 2 else 'west'}.jsonl")
+
+    deliver(data, segments[0::2][:2], replica)
+    analyze(data)
+    deliver(data, segments[1::2][:3], replica)
+    analyze(data)
+    deliver(data, segments[0::2][2:] + segments[1::2][3:], replica)
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "fresh")
+
+
+def _retagged(path: Path, run_of) -> bytes:
+    out = []
+    for line in path.read_bytes().splitlines():
+        rec = orjson.loads(line)
+        rec["run"] = run_of(rec)
+        out.append(orjson.dumps(rec))
+    return b"\n".join(out) + b"\n"
+
+
+def test_a_conversation_crossing_a_run_boundary(segments: list[Path], tmp_path: Path):
+    """Daily runs (serve --run prod-%Y-%m-%d): records after a midnight go to the next day's run,
+    so episodes that were open at midnight continue there; a late record of the first day comes last."""
+    data = tmp_path / "data"
+    (data / SEGMENT_DIR).mkdir(parents=True)
+    records = [orjson.loads(line) for f in segments[:4] for line in f.read_bytes().splitlines()]
+    midnight = sorted(r["started_at"] for r in records)[len(records) // 2]
+
+    def write(name: str, recs: list[dict]) -> None:
+        with open(data / SEGMENT_DIR / name, "wb") as f:
+            for r in recs:
+                day = "prod-2026-11-29" if r["started_at"] < midnight else "prod-2026-11-30"
+                r = dict(r, run=day if r.get("run") else None)
+                f.write(orjson.dumps(r) + b"\n")
+
+    first, second = [r for r in records if r["started_at"] < midnight], [r for r in records if r["started_at"] >= midnight]
+    write("20261129T000000-1-0001.jsonl", first[:-5])
+    analyze(data)
+    write("20261130T000000-1-0001.jsonl", second)
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "a")
+    write("20261130T000000-1-0002.jsonl", first[-5:])
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "b")
+
+
+def test_only_the_episodes_with_new_attempts_are_derived_again(segments: list[Path], tmp_path: Path):
+    """The tagged runs one clock recorded are derived in part, only in the episodes whose tags the
+    new segment names; the untagged run is derived whole."""
+    data = tmp_path / "data"
+    deliver(data, segments[:6])
+    analyze(data)
+    deliver(data, segments[6:7])
+    out = analyze(data)
+    tags = {(r["run"], r["episode"]) for r in map(orjson.loads, segments[6].read_bytes().splitlines()) if r.get("episode")}
+    runs = {run for run, _ in tags}
+    assert f"derived in part: {len(runs)} of those runs, only their {len(tags)} episodes with new records" in out
+    con = duckdb.connect(str(default_db(data)), read_only=True)
+    total = con.execute("SELECT count(*) FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [sorted(runs)]).fetchone()[0]
+    con.close()
+    assert len(tags) < total / 3
+    assert_same_as_fresh(data, tmp_path / "fresh")
+
+
+def test_attempts_an_interrupted_analyze_left_underived_are_derived_by_the_next(segments: list[Path], tmp_path: Path):
+    """An analyze stores records in transactions as it reads and derives at the end; killed in
+    between, it leaves stored attempts with no turn. The next analyze, with nothing new to read,
+    derives them (in part for a tagged run, whole for the untagged one)."""
+    data = tmp_path / "data"
+    deliver(data, segments[:4])
+    analyze(data)
+    con = duckdb.connect(str(default_db(data)))
+    lost = con.execute("SELECT DISTINCT turn_id FROM exchanges WHERE segment = ? AND run IN ('vllm-hermes', '(untagged)')",
+                       [segments[3].name]).fetchall()
+    con.execute("DELETE FROM turns WHERE turn_id IN (SELECT unnest(?::VARCHAR[]))", [[t for (t,) in lost]])
+    con.execute("UPDATE exchanges SET turn_id = NULL WHERE segment = ? AND run IN ('vllm-hermes', '(untagged)')",
+                [segments[3].name])
+    con.close()
+    out = analyze(data)
+    assert "new exchanges: 0" in out and "runs re-derived: 2 ((untagged), vllm-hermes)" in out
+    assert "derived in part: 1 of those runs" in out
+    assert_same_as_fresh(data, tmp_path / "fresh")
