@@ -296,12 +296,15 @@ def _html_cell(c: StudyCell) -> str:
             f"<small>call {escape(_mean(c.call, notes=False))}</small></td>")
 
 
+def _axis_name(x: str | None) -> str:
+    return escape(str(x)) if x is not None else "(as sent)"
+
+
 def _html_table(caption: str, head: str, rows, columns, cell) -> str:
-    name = lambda x: escape(str(x)) if x is not None else "(as sent)"  # noqa: E731
     out = [f"<table><caption>{escape(caption)}</caption><tr><th>{escape(head)}</th>",
-           *(f"<th>{name(c)}</th>" for c in columns), "</tr>"]
+           *(f"<th>{_axis_name(c)}</th>" for c in columns), "</tr>"]
     for row in rows:
-        out += [f"<tr><th>{name(row)}</th>", *(_html_cell(cell(row, c)) for c in columns), "</tr>"]
+        out += [f"<tr><th>{_axis_name(row)}</th>", *(_html_cell(cell(row, c)) for c in columns), "</tr>"]
     return "".join(out) + "</table>"
 
 
