@@ -103,8 +103,8 @@ def test_ctrl_c_in_a_cell_and_the_rerun_resumes_the_matrix(matrix):
     state = json.loads((data / "studies" / "s.json").read_text())
     assert [(r["run"], r["status"], r["attempts"]) for r in state["runs"]] == [
         ("s-lc-m-1-native~2", "done", ["s-lc-m-1-native"]), ("s-sg-m-1-native", "done", [])]
-    cells = [line for line in done.stderr.splitlines() if line.startswith("study s: ")]
-    assert "1/2 cells done" in cells[1], done.stderr  # the second cell counts the retried one
+    cells = [line for line in done.stderr.splitlines() if line.startswith("study s: s-")]
+    assert cells[0].startswith("study s: s-lc-m-1-native~2 ") and "1/2 cells done" in cells[1]
     assert {s.json()["model"] for s in _chat(lc) + _chat(sg)} == {"m-1"}
 
 

@@ -48,8 +48,14 @@ OUTPUT_OPTION = click.option("-o", "--output", type=click.Path(dir_okay=False, p
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap RNG seed (reports are reproducible).")
 @EXPECT_OPTION
 @MEMORY_LIMIT_OPTION
+@click.option("--study", default=None, metavar="NAME",
+              help="The tables of a `toolproxy study` instead: models x conditions per stack, stacks x models per "
+                   "condition, and the paired tests (markdown, json, or html as a heat map).")
+@click.option("--provenance", "with_provenance", is_flag=True,
+              help="After the table (table and markdown formats): per run the model served, stack, tool parser, "
+                   "chat template, sampling sent, cache hits, versions, and why the number is what it is.")
 def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, runs: tuple[str, ...], seed: int,
-           expect_rules: list, memory_limit: str) -> None:
+           expect_rules: list, memory_limit: str, study: str | None, with_provenance: bool) -> None:
     """One row per run: call and delivered fidelity with 95% CIs, restraint, answers, non-responses.
 
     Call fidelity = valid_call turns / turns that were due a call; delivered fidelity counts only
@@ -57,17 +63,26 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     layer (calls left in text). A run whose every turn was a non-response shows "rej"
     (undefined), never 0%.
     """
+    if study is not None and (runs or expect_rules):
+        raise click.UsageError("--study reports the study's own runs: leave out --run and --expect")
+    if with_provenance and fmt not in ("table", "markdown"):
+        raise click.UsageError("--provenance goes with --format table or markdown (--study shows it in every format)")
     from toolproxy.analysis import report as renderers
     from toolproxy.analysis.measure.summary import select_runs, summarize
     from toolproxy.analysis.report import htmlpage, terminal
     from toolproxy.analysis.report.details import page_details
+    from toolproxy.analysis.report.provenance import provenance
 
     analyze_if_stale("report", data_dir, db_path, memory_limit)
+    if study is not None:
+        _study_tables(data_dir, db_path, fmt, output, seed, study, memory_limit)
+        return
     path = db_path or default_db(data_dir)
     con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed, rules=expect_rules)
         details = page_details(con, summary) if fmt == "html" else None
+        origins = provenance(con, data_dir, summary.runs) if with_provenance else {}
     except StoreError as exc:
         _fail(str(exc))
     finally:
@@ -78,6 +93,8 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
         text = terminal.render(summary, width=max(100, shutil.get_terminal_size().columns))
     else:
         text = renderers.render(summary, fmt)
+    if origins:
+        text += "\n## Provenance\n\n" + "".join(line + "\n" for p in origins.values() for line in p.lines())
     _write(text, output, fmt)
 
 
@@ -122,3 +139,26 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
     finally:
         con.close()
     _write(RENDERERS[fmt](result), output, fmt)
+
+
+def _study_tables(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, seed: int, name: str,
+                  memory_limit: str) -> None:
+    from toolproxy.analysis.report import studytables
+    from toolproxy.analysis.report.provenance import provenance
+
+    if fmt not in studytables.RENDERERS:
+        raise click.UsageError(f"--study renders {', '.join(studytables.RENDERERS)}, not {fmt}")
+    path = db_path or default_db(data_dir)
+    try:
+        plan = studytables.load_plan(data_dir, name)
+    except StoreError as exc:
+        _fail(str(exc))
+    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
+    try:
+        tables = studytables.build(con, plan, str(path), seed=seed)
+        origins = provenance(con, data_dir, list(tables.summaries.values()))
+    except StoreError as exc:
+        _fail(str(exc))
+    finally:
+        con.close()
+    _write(studytables.RENDERERS[fmt](tables, [origins[run] for run in tables.summaries]), output, fmt)

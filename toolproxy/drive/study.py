@@ -403,6 +403,14 @@ def finish(data_dir: Path, st: Study, interrupted: bool) -> None:
         if toolproxy_cli(*args).returncode != 0:
             html = None
     text = render(st, reports, comparisons, html)
+    if names:
+        tables = toolproxy_cli("report", "--data", str(data_dir), "--study", st.name, "--format", "markdown")
+        heat = data_dir / STUDY_DIR / f"{st.name}-tables.html"
+        if tables.returncode == 0:
+            text += "\n" + tables.stdout
+        if toolproxy_cli("report", "--data", str(data_dir), "--study", st.name, "--format", "html",
+                         "-o", str(heat)).returncode == 0:
+            text += f"\nTables as a heat map: {heat}\n"
     (data_dir / STUDY_DIR / f"{st.name}.md").write_text(text)
     click.echo(printable(text, lines=True), nl=False)
     if interrupted:

@@ -213,7 +213,7 @@ class LlamaCpp(Emulator):
     async def props(self, request, body):
         return self.json(200, {
             "default_generation_settings": {"n_ctx": self.fake.context_length, "params": {"temperature": 0.8}},
-            "total_slots": 1, "model_path": f"/models/{self.fake.model}.gguf", "modalities": {"vision": False, "audio": False},
+            "total_slots": 1, "model_path": f"/models/{self.fake.model.removesuffix('.gguf')}.gguf", "modalities": {"vision": False, "audio": False},
             "chat_template": self.profile.chat_template if self.fake.jinja else "",
             "chat_template_caps": {"supports_tools": True, "supports_tool_calls": True, "supports_parallel_tool_calls": True,
                                    "supports_system_role": True, "supports_tool_responses": True,
