@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,6 +56,10 @@ def test_run_records_the_harness_and_exits_with_its_code(fake_stack, harness, tm
     assert records[0]["run"] == "r1" and records[0]["path"] == "/v1/chat/completions"
     assert records[0]["status"] == 200
     assert "run r1:" in done.stderr and "1 episodes" in done.stderr
+    origin = re.search(r"^- r1: served (.+?) \(the reply's model field\); stack vLLM; tool parser .*analyzer v\d+\.$\n"
+                       r"^  Why this number: (.+)$", done.stderr, re.M)
+    assert origin, done.stderr  # the number comes with what produced it
+    assert origin.group(1) == fake.model and origin.group(2) == "no turn was due a call."
     assert "toolproxy run: the harness exited with code 3 (toolproxy run exits with it too)" in done.stderr
     assert (data / "reports" / "r1.html").is_file()
 

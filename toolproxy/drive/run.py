@@ -171,6 +171,20 @@ def one_line(run: dict) -> str:
     return from_report(run).text()
 
 
+def provenance_lines(data_dir: Path, runs: list[str]) -> list[str]:
+    """What produced each run's number (served model, stack, parser, template, sampling) and the
+    "why this number" line, as `report --provenance` reads them, so the number `run` prints never
+    stands without its origin. Empty when the report cannot say."""
+    args = ["report", "--data", str(data_dir), "--format", "markdown", "--provenance"]
+    for r in runs:
+        args += ["--run", r]
+    rep = toolproxy_cli(*args)
+    _, heading, section = rep.stdout.partition("\n## Provenance\n")
+    if rep.returncode != 0 or not heading:
+        return []
+    return [line.replace("**", "") for line in section.strip("\n").splitlines() if line.strip()]
+
+
 def write_html_report(data_dir: Path, runs: list[str], out: Path) -> Path | None:
     out.parent.mkdir(parents=True, exist_ok=True)
     args = ["report", "--data", str(data_dir), "--format", "html", "-o", str(out)]
@@ -296,6 +310,8 @@ def _summarise(data_dir: Path, run_name: str | None) -> None:
         return
     for s in summaries:
         click.echo(printable(one_line(s)), err=True)
+    for line in provenance_lines(data_dir, runs):
+        click.echo(printable(line), err=True)
     name = run_name or "all-runs"
     html = write_html_report(data_dir, runs, data_dir / "reports" / f"{name}.html")
     if html is not None:
