@@ -58,7 +58,7 @@ def _loopback(host: str) -> bool:
 async def _serve(exchanges, rules, options: PlaybackOptions) -> None:
     running = await start_playback(exchanges, rules, options)
     print(f"toolproxy playback: listening on {running.url}; playing run {printable(options.run)} "
-          f"({len(exchanges)} exchanges) from {options.data_dir.resolve()}; on miss: {options.on_miss}", flush=True)
+          f"({len(exchanges)} exchanges) from {printable(str(options.data_dir.resolve()))}; on miss: {options.on_miss}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
