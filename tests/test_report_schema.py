@@ -51,9 +51,14 @@ def test_a_real_report_validates_and_a_stray_key_does_not(fake_stack, proxy, tmp
     doc = json.loads(out.stdout)
     assert {r["run"] for r in doc["runs"]} == {"calls", "refused"}
     assert any(r["rejected"] for r in doc["runs"])  # null rates are in there too
+    origins = {r["run"]: r["provenance"] for r in doc["runs"]}  # every run says what produced it
+    assert origins["calls"]["tool_parser"] == "active (calls arrived as tool_calls)"
+    assert origins["refused"]["why"].startswith("every turn refused") and origins["refused"]["stack"] == "llamacpp"
     schema = json.loads(SCHEMA.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
-    doc["runs"][0]["call_fidelity"]["extra"] = 1  # a key the schema does not name
-    with pytest.raises(jsonschema.ValidationError, match="'extra' was unexpected"):
-        jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
+    for where in (doc["runs"][0]["provenance"], doc["runs"][0]["call_fidelity"]):
+        where["extra"] = 1  # a key the schema does not name
+        with pytest.raises(jsonschema.ValidationError, match="'extra' was unexpected"):
+            jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
+        del where["extra"]

@@ -148,5 +148,15 @@ def test_the_plain_report_shows_provenance_when_asked(recorded):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("## Provenance\n\n")[1].startswith("- **t-nojinja-m-ok-native**: served ")
     assert "  Why this number: every turn refused" in done.stdout
-    refused = subprocess.run([*cli, "--format", "json"], text=True, capture_output=True, timeout=120)
+    as_json = subprocess.run([*cli, "--format", "json"], text=True, capture_output=True, timeout=120)
+    assert as_json.returncode == 0, as_json.stderr
+    (run,) = json.loads(as_json.stdout)["runs"]
+    assert run["provenance"]["run"] == run["run"] and run["provenance"]["why"].startswith("every turn refused")
+    assert run["provenance"]["requested_model"] == "m-ok" and run["provenance"]["stack"] == "llamacpp"
+    html = subprocess.run([*cli, "--format", "html"], text=True, capture_output=True, timeout=120)
+    assert html.returncode == 0, html.stderr
+    section = html.stdout.split("<h2>Provenance</h2>")[1]
+    assert '<strong>t-nojinja-m-ok-native</strong>: <span class="why">every turn refused' in section
+    assert "; requested m-ok; " in section and "stack llama.cpp" in section
+    refused = subprocess.run([*cli, "--format", "csv"], text=True, capture_output=True, timeout=120)
     assert refused.returncode == 2 and "--provenance goes with" in refused.stderr and "Traceback" not in refused.stderr

@@ -52,8 +52,9 @@ OUTPUT_OPTION = click.option("-o", "--output", type=click.Path(dir_okay=False, p
               help="The tables of a `toolproxy study` instead: models x conditions per stack, stacks x models per "
                    "condition, and the paired tests (markdown, json, or html as a heat map).")
 @click.option("--provenance", "with_provenance", is_flag=True,
-              help="After the table (table and markdown formats): per run the model served, stack, tool parser, "
-                   "chat template, sampling sent, cache hits, versions, and why the number is what it is.")
+              help="After the table (table and markdown formats; json and html always carry it): per run the model "
+                   "served, stack, tool parser, chat template, sampling sent, cache hits, versions, and why the number "
+                   "is what it is.")
 def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, runs: tuple[str, ...], seed: int,
            expect_rules: list, memory_limit: str, study: str | None, with_provenance: bool) -> None:
     """One row per run: call and delivered fidelity with 95% CIs, restraint, answers, non-responses.
@@ -65,11 +66,12 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     """
     if study is not None and (runs or expect_rules):
         raise click.UsageError("--study reports the study's own runs: leave out --run and --expect")
-    if with_provenance and fmt not in ("table", "markdown"):
-        raise click.UsageError("--provenance goes with --format table or markdown (--study shows it in every format)")
+    if with_provenance and fmt == "csv":
+        raise click.UsageError("--provenance goes with --format table or markdown (json and html always carry it; "
+                               "csv is one row per run, use json for the provenance)")
     from toolproxy.analysis import report as renderers
     from toolproxy.analysis.measure.summary import select_runs, summarize
-    from toolproxy.analysis.report import htmlpage, terminal
+    from toolproxy.analysis.report import htmlpage, jsondoc, terminal
     from toolproxy.analysis.report.details import page_details
     from toolproxy.analysis.report.provenance import provenance
 
@@ -82,18 +84,20 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     try:
         summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed, rules=expect_rules)
         details = page_details(con, summary) if fmt == "html" else None
-        origins = provenance(con, data_dir, summary.runs) if with_provenance else {}
+        origins = provenance(con, data_dir, summary.runs) if with_provenance or fmt in ("json", "html") else {}
     except StoreError as exc:
         _fail(str(exc))
     finally:
         con.close()
     if details is not None:
-        text = htmlpage.render(summary, details)
+        text = htmlpage.render(summary, details, origins.values())
+    elif fmt == "json":
+        text = jsondoc.render(summary, origins)
     elif fmt == "table" and output is None and sys.stdout.isatty():
         text = terminal.render(summary, width=max(100, shutil.get_terminal_size().columns))
     else:
         text = renderers.render(summary, fmt)
-    if origins:
+    if origins and fmt in ("table", "markdown"):
         text += "\n## Provenance\n\n" + "".join(line + "\n" for p in origins.values() for line in p.lines())
     _write(text, output, fmt)
 

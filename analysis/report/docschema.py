@@ -18,12 +18,26 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, create_model
 
 from toolproxy.analysis.measure.summary import RunSummary
 from toolproxy.analysis.report.jsondoc import DERIVED
+from toolproxy.analysis.report.provenance import Provenance
+
+_PROVENANCE_DOC = ("What produced the run's numbers, read from the recording: the model served and requested, the stack, "
+                   "whose parser delivered the calls, the chat template, the sampling sent, cache hits, versions, and "
+                   "`why`, the layer that shaped the number.")
+
+def _fields(cls: type, derived: dict[str, Any]) -> dict[str, Any]:
+    """A dataclass's fields by their annotations, plus what its JSON form derives (name -> type)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (hints[f.name], ...) for f in dataclasses.fields(cls)} | {k: (t, ...) for k, t in derived.items()}
+
+
+def _provenance_entry() -> type[BaseModel]:
+    fields = _fields(Provenance, {"tool_parser": str, "served_differs": bool})
+    return create_model("Provenance", __config__=ConfigDict(extra="forbid"), __doc__=_PROVENANCE_DOC, **fields)
+
 
 def _run_entry() -> type[BaseModel]:
-    hints = typing.get_type_hints(RunSummary)
-    fields: dict[str, Any] = {f.name: (hints[f.name], ...) for f in dataclasses.fields(RunSummary)}
-    for name in DERIVED:
-        fields[name] = (typing.get_type_hints(getattr(RunSummary, name).fget)["return"], ...)
+    derived = {name: typing.get_type_hints(getattr(RunSummary, name).fget)["return"] for name in DERIVED}
+    fields = _fields(RunSummary, derived | {"provenance": _provenance_entry() | None})
     return create_model("Run", __config__=ConfigDict(extra="forbid"), __doc__=RunSummary.__doc__, **fields)
 
 

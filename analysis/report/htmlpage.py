@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from html import escape
 from importlib import resources
-from typing import Callable
+from typing import Callable, Iterable
 
 from toolproxy.analysis.measure import stats
 from toolproxy.analysis.measure.compare import METRIC_HELP
@@ -19,6 +19,7 @@ from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, KEPT, OUTCO
 from toolproxy.analysis.measure.outcomes import NON_RESPONSE_WORDS, whose
 from toolproxy.analysis.measure.stats import Rate
 from toolproxy.analysis.measure.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
+from toolproxy.analysis.report.provenance import Provenance
 
 # Okabe-Ito palette: distinguishable with every common colour-vision deficiency. Non-responses get
 # a dark grey with white hatching so they can never be mistaken for a model outcome.
@@ -422,8 +423,22 @@ def _details_sections(report: Report, d: PageDetails) -> str:
     return "".join(parts)
 
 
-def render(report: Report, details: PageDetails | None = None) -> str:
-    """The page; `details` (analysis.report.details.page_details) adds the sections only it can fill."""
+def provenance_section(origins: Iterable[Provenance]) -> str:
+    """Per run what produced its number (analysis.report.provenance), its "why" line first: the
+    reader of a chart asks that before the stack's version."""
+    items = "".join(f'<li><strong>{_e(p.run)}</strong>: <span class="why">{_e(p.why)}</span><br>'
+                    f'<span class="help">{_e(p.facts())}</span></li>' for p in origins)
+    if not items:
+        return ""
+    return ('<section><h2>Provenance</h2><p class="help">Per run: the model the stack served (and the one requested '
+            'where they differ), the stack and its version, whose parser delivered the calls, the chat template, the '
+            f'sampling the harness sent, prompt-cache hits, and why the number is what it is.</p><ul class="notes">{items}'
+            '</ul></section>')
+
+
+def render(report: Report, details: PageDetails | None = None, origins: Iterable[Provenance] = ()) -> str:
+    """The page; `details` (analysis.report.details.page_details) adds the sections only it can fill,
+    `origins` (analysis.report.provenance) each run's provenance."""
     css = resources.files("toolproxy.analysis.report").joinpath("report.css").read_text(encoding="utf-8")
     notes = "".join(f"<li><strong>{_e(run)}</strong>: {_e(note)}</li>" for run, note in report_notes(report))
     return f"""<!doctype html>
@@ -456,5 +471,6 @@ never reached the harness) are hatched grey and always shown.</p>
 {rate_chart(report, "delivered_fidelity", "Delivered fidelity per run")}</section>
 {restraint_section(report)}
 {_details_sections(report, details) if details is not None else ""}
+{provenance_section(origins)}
 </main></body></html>
 """

@@ -14,6 +14,7 @@ shaped it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -86,6 +87,15 @@ class Provenance:
                     _stem(self.requested_model) not in _stem(self.served_model) and
                     _stem(self.served_model) not in _stem(self.requested_model))
 
+    def as_dict(self) -> dict:
+        """The JSON form: every field, plus the two readings of them a consumer should not redo."""
+        return {**dataclasses.asdict(self), "tool_parser": self.parser(), "served_differs": self.served_differs}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "Provenance":
+        """Back from as_dict (a report's JSON), ignoring the readings and any key a later version adds."""
+        return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc})
+
     def parser(self) -> str:
         if self.condition in REWRITING:
             return f"toolproxy's, under the {self.condition} condition (the stack saw no tools)"
@@ -97,7 +107,11 @@ class Provenance:
             return f"partly ({self.tool_calls} as tool_calls, {self.text_calls} only as text)"
         return "not seen (no call to parse)"
 
-    def lines(self) -> list[str]:
+    def lines(self, bold: str = "**") -> list[str]:
+        """The list entry (markdown, or plain text with bold=""): the facts, then the "why this number" line."""
+        return [f"- {bold}{self.run}{bold}: {self.facts()}", f"  Why this number: {self.why}"]
+
+    def facts(self) -> str:
         stack = LABELS.get(self.stack or "", self.stack or "an unidentified stack")
         model = self.served_model or "unknown"
         if self.served_from:
@@ -114,10 +128,10 @@ class Provenance:
             if self.template_note:
                 template += f"; {self.template_note}"
         sent = ", ".join(f"{k}={v}" for k, v in self.sampling.items()) or "none (the stack's defaults)"
-        return [f"- **{self.run}**: served {model}; stack {stack}{' ' + self.stack_version if self.stack_version else ''}; "
+        return (f"served {model}; stack {stack}{' ' + self.stack_version if self.stack_version else ''}; "
                 f"tool parser {self.parser()}; chat template {template}; sampling sent {sent}; prompt cache hit on "
                 f"{self.cache_hits} of {self.attempts} attempts; toolproxy {self.toolproxy_version}, analyzer "
-                f"v{self.analyzer_version}.", f"  Why this number: {self.why}"]
+                f"v{self.analyzer_version}.")
 
 
 def _stem(name: str) -> str:

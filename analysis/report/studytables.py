@@ -25,6 +25,7 @@ from toolproxy.analysis.measure import stats
 from toolproxy.analysis.measure.compare import compare
 from toolproxy.analysis.measure.runline import cause_text
 from toolproxy.analysis.measure.summary import RunSummary, summarize
+from toolproxy.analysis.report.htmlpage import provenance_section
 from toolproxy.analysis.store.connection import StoreError
 
 STUDY_DIR = "studies"
@@ -343,10 +344,7 @@ def render_html(t: StudyTables, provenance: list | None = None) -> str:
         parts.append("<table><caption>Paired tests over the same items (exact McNemar on the delivered verdict, "
                      "Holm within each family)</caption><tr><th>family</th><th>within</th><th>A</th><th>B</th>"
                      f"<th>paired</th><th>A only</th><th>B only</th><th>p</th><th>p (Holm)</th></tr>{rows}</table>")
-    if provenance:
-        parts.append("<h2>Provenance</h2><ul>" + "".join(
-            "<li>" + "<br>".join(escape(line.strip().lstrip("- ").replace("**", "")) for line in p.lines()) + "</li>"
-            for p in provenance) + "</ul>")
+    parts.append(provenance_section(provenance or []))
     return "".join(parts) + "</body></html>\n"
 
 
@@ -361,8 +359,7 @@ def render_json(t: StudyTables, provenance: list | None = None) -> str:
              for c in t.cells.values()]
     doc = {"study": t.name, "upstreams": {k or "": v for k, v in t.upstreams.items()}, "models": t.models,
            "conditions": t.conditions, "seed": t.seed, "cells": cells, "tests": [x.__dict__ for x in t.tests],
-           "provenance": [{**p.__dict__, "tool_parser": p.parser(), "served_differs": p.served_differs}
-                          for p in provenance or []]}
+           "provenance": [p.as_dict() for p in provenance or []]}
     return json.dumps(doc, indent=2) + "\n"
 
 

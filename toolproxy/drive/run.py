@@ -171,18 +171,14 @@ def one_line(run: dict) -> str:
     return from_report(run).text()
 
 
-def provenance_lines(data_dir: Path, runs: list[str]) -> list[str]:
-    """What produced each run's number (served model, stack, parser, template, sampling) and the
-    "why this number" line, as `report --provenance` reads them, so the number `run` prints never
-    stands without its origin. Empty when the report cannot say."""
-    args = ["report", "--data", str(data_dir), "--format", "markdown", "--provenance"]
-    for r in runs:
-        args += ["--run", r]
-    rep = toolproxy_cli(*args)
-    _, heading, section = rep.stdout.partition("\n## Provenance\n")
-    if rep.returncode != 0 or not heading:
-        return []
-    return [line.replace("**", "") for line in section.strip("\n").splitlines() if line.strip()]
+def provenance_lines(run: dict) -> list[str]:
+    """What produced the run's number (served model, stack, parser, template, sampling) and the
+    "why this number" line, from its report JSON, so the number `run` prints never stands without
+    its origin."""
+    from toolproxy.analysis.report.provenance import Provenance
+
+    origin = run.get("provenance")
+    return Provenance.from_dict(origin).lines(bold="") if origin else []
 
 
 def write_html_report(data_dir: Path, runs: list[str], out: Path) -> Path | None:
@@ -309,9 +305,8 @@ def _summarise(data_dir: Path, run_name: str | None) -> None:
         click.echo(f"toolproxy run: {exc.message}", err=True)
         return
     for s in summaries:
-        click.echo(printable(one_line(s)), err=True)
-    for line in provenance_lines(data_dir, runs):
-        click.echo(printable(line), err=True)
+        for line in [one_line(s), *provenance_lines(s)]:
+            click.echo(printable(line), err=True)
     name = run_name or "all-runs"
     html = write_html_report(data_dir, runs, data_dir / "reports" / f"{name}.html")
     if html is not None:
