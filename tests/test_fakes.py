@@ -6,6 +6,7 @@ import gzip
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -27,6 +28,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                            "required": ["city"]}}}]
 MSGS = [{"role": "user", "content": "Weather in Paris?"}]
+DATA = Path(__file__).parent / "data"
 
 
 async def post(url: str, path: str, body: dict) -> tuple[int, str, bytes]:
@@ -159,6 +161,31 @@ async def test_metadata_endpoints(stack, path, needle):
         async with s.get(url + path) as r:
             assert r.status == 200
             assert needle in await r.read()
+
+
+def _keys(obj) -> list:
+    """Keys in order, recursively: the shape a client's reader meets."""
+    return [(k, _keys(v)) for k, v in obj.items()] if isinstance(obj, dict) else []
+
+
+@pytest.mark.parametrize("stack,capture", [("llamacpp", "props_jinja.json"), ("no_jinja", "props_no_jinja.json")])
+async def test_llamacpp_props_reports_the_template_with_or_without_jinja(stack, capture):
+    """The real server reports the GGUF's template and caps under --no-jinja too (tests/data/llamacpp)."""
+    real = json.loads((DATA / "llamacpp" / capture).read_text())
+    async with FakeStack(stack).running() as url:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/props") as r:
+                props = await r.json()
+    top = [k for k, _ in _keys(real)]
+    assert [k for k, _ in _keys(props)] == top
+    assert props["chat_template_caps"] == real["chat_template_caps"] and props["chat_template_caps"]["supports_tools"]
+    assert props["chat_template"] and "tools" in props["chat_template"] and "tools" in real["chat_template"]
+
+
+def test_the_two_real_captures_differ_only_in_the_media_marker():
+    jinja, no_jinja = (json.loads((DATA / "llamacpp" / f).read_text()) for f in ("props_jinja.json", "props_no_jinja.json"))
+    assert jinja["media_marker"] != no_jinja["media_marker"]
+    assert {**jinja, "media_marker": ""} == {**no_jinja, "media_marker": ""}
 
 
 async def test_ollama_show_reports_capabilities_and_template():

@@ -91,6 +91,10 @@ def test_the_parser_and_the_template_as_each_stack_exposes_them(origins):
     assert by_name["llcpp"]["served_from"] == "the stack's model_path"  # its /v1/models lists the file
     assert by_name["vllm"]["served_from"] == "the reply's model field"
     assert by_name["nojinja"]["why"].startswith("every turn refused or failed by the serving layer")
+    # its /props reports the template as --jinja does (tests/data/llamacpp), which it never used
+    assert by_name["nojinja"]["template_hash"] == by_name["jinja"]["template_hash"]
+    assert by_name["nojinja"]["template_note"] == "the stack reports it, but refused every turn: it rendered none of them"
+    assert by_name["jinja"]["template_note"] is None
     assert "tools param requires --jinja flag" in by_name["nojinja"]["why"]
     assert by_name["openai"]["why"] == "the stack delivered the model's calls as tool_calls: the number is the model's"
 

@@ -211,16 +211,27 @@ class LlamaCpp(Emulator):
                                   "object": "list", "data": [self.model_entry(m) for m in self.fake.models]})
 
     async def props(self, request, body):
+        # As the real server (tests/data/llamacpp/props_*.json): --no-jinja still reports the GGUF's
+        # template and its caps, so /props alone cannot tell that launch from a --jinja one.
         return self.json(200, {
-            "default_generation_settings": {"n_ctx": self.fake.context_length, "params": {"temperature": 0.8}},
-            "total_slots": 1, "model_path": f"/models/{self.fake.model.removesuffix('.gguf')}.gguf", "modalities": {"vision": False, "audio": False},
-            "chat_template": self.profile.chat_template if self.fake.jinja else "",
-            "chat_template_caps": {"supports_tools": True, "supports_tool_calls": True, "supports_parallel_tool_calls": True,
-                                   "supports_system_role": True, "supports_tool_responses": True,
-                                   "supports_object_arguments": False, "supports_string_content": True,
-                                   "supports_typed_content": False},
-            "bos_token": "", "eos_token": "<|im_end|>", "build_info": self.build, "webui": True,
+            "default_generation_settings": {"params": {"seed": 4294967295, "temperature": 0.8, "top_k": 40,
+                                                       "top_p": 0.95, "max_tokens": -1, "n_predict": -1},
+                                            "n_ctx": self.fake.context_length},
+            "total_slots": 1, "model_alias": self._model_path(), "model_ftype": "Q4_K - Medium",
+            "model_path": self._model_path(), "modalities": {"vision": False, "video": False, "audio": False},
+            "media_marker": f"<__media_{random_text(ALNUM, 32)}__>", "endpoint_slots": True, "endpoint_props": False,
+            "endpoint_metrics": False, "ui": True, "ui_settings": {},
+            "chat_template": self.profile.chat_template,
+            "chat_template_caps": {"supports_object_arguments": True, "supports_parallel_tool_calls": True,
+                                   "supports_preserve_reasoning": False, "supports_reasoning_effort": False,
+                                   "supports_string_content": True, "supports_system_role": True,
+                                   "supports_tool_calls": True, "supports_tools": True, "supports_typed_content": False},
+            "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "build_info": self.build, "is_sleeping": False,
+            "cors_proxy_enabled": False,
         })
+
+    def _model_path(self) -> str:
+        return f"/models/{self.fake.model.removesuffix('.gguf')}.gguf"
 
     async def health(self, request, body):
         if self.fake.loading:
