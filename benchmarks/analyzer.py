@@ -16,8 +16,9 @@ exactly as the segment writer does.
 
 `toolproxy analyze` runs as a subprocess, exactly as a user runs it, into a fresh database each
 round; reported per round and as medians: exchanges/s (wall, process start and DuckDB's final
-checkpoint included), CPU per exchange over all its processes, its peak RSS and the database
-size. Each --python (another interpreter with another toolproxy installed, e.g. a venv of the
+checkpoint included), CPU per exchange over all its processes, its peak RSS (its own, read by
+toolproxy.testing.peak: wait4's would carry over this process's, which holds the corpus) and the
+database size. Each --python (another interpreter with another toolproxy installed, e.g. a venv of the
 main branch) analyses the same data in the same rounds, interleaved, and the ratios to this one
 are printed: on a shared, noisy machine only side-by-side numbers compare.
 
@@ -41,6 +42,7 @@ from pathlib import Path
 
 from toolproxy.analysis.store.connection import default_db
 from toolproxy.record.writer import SEGMENT_DIR
+from toolproxy.testing import peak
 from toolproxy.testing.corpus import generate, generate_long, generate_small
 
 GENERATORS = {"agents": generate, "small": generate_small, "long": generate_long}
@@ -54,19 +56,21 @@ def _analyze(python: str, data_dir: Path, args: argparse.Namespace, fresh: bool 
     db = default_db(data_dir)
     for stale in (db, db.with_name(db.name + ".wal")) if fresh else ():
         stale.unlink(missing_ok=True)
-    cmd = [python, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data_dir),
-           "--batch-mb", str(args.batch_mb), "--memory-limit", args.memory_limit, "--quiet"]
+    args_ = ["analyze", "--data", str(data_dir), "--batch-mb", str(args.batch_mb), "--memory-limit", args.memory_limit,
+             "--quiet"]
     if args.workers is not None:
-        cmd += ["--workers", str(args.workers)]
+        args_ += ["--workers", str(args.workers)]
+    out_file = Path(tempfile.gettempdir()) / f"toolproxy-bench-peak-{os.getpid()}"
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=data_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(peak.command(python, out_file, *args_), cwd=data_dir, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     out = proc.stdout.read().decode("utf-8", "replace")
     _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"analyze with {python} failed ({proc.returncode}):\n{out}")
-    return dt, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out
+    return dt, usage.ru_utime + usage.ru_stime, peak.read_mb(out_file), out
 
 
 def _hold_back(data_dir: Path, n: int) -> bytes:
@@ -86,6 +90,8 @@ con.execute("SET memory_limit = '1GB'")
 con.execute("SET enable_progress_bar = false")
 con.execute("CREATE TABLE records AS SELECT * FROM read_json(?, format = 'newline_delimited')", [sys.argv[1]])
 print(con.execute("SELECT count(*) FROM records").fetchone()[0], len(con.execute("DESCRIBE records").fetchall()))
+with open("/proc/self/status") as f:  # its own peak, as toolproxy.testing.peak reads analyze's
+    print(next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")))
 """
 
 
@@ -102,7 +108,8 @@ def _floor(data_dir: Path) -> tuple[float, float, float, list[str]]:
     db.unlink(missing_ok=True)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"read_json floor failed:\n{out}")
-    return dt, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.split()[-2:]
+    *_, rows, columns, hwm_kb = out.split()
+    return dt, usage.ru_utime + usage.ru_stime, int(hwm_kb) / 1024, [rows, columns]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,7 @@ from toolproxy.analysis.store.connection import StoreError, connect, default_db
 from toolproxy.analysis.store.memory import parse_memory_limit
 from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR
+from toolproxy.testing import peak
 from toolproxy.testing.corpus import episode, interleaved
 
 CLI = [sys.executable, "-m", "toolproxy.cli"]
@@ -33,35 +34,15 @@ LIMIT = "64MB"
 RSS_BOUND_MB = 260
 
 
-# Runs the CLI in this process and writes its peak RSS at exit. The peak is read from
-# /proc/self/status (VmHWM, reset by exec) and not from wait4's ru_maxrss: Linux carries the
-# forking parent's high-water mark into the child across exec, so under a pytest-xdist worker that
-# has grown to ~270 MB every child "peaked" there, whatever it did. Its own children (the analyze
-# that export runs first) count through RUSAGE_CHILDREN, forked from this small process.
-PEAK_WRAPPER = """
-import atexit, resource, runpy, sys
-out = sys.argv[1]
-def peak():
-    with open("/proc/self/status") as f:
-        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    with open(out, "w") as f:
-        f.write(str(max(hwm, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)))
-atexit.register(peak)
-sys.argv = ["toolproxy", *sys.argv[2:]]
-runpy.run_module("toolproxy.cli", run_name="__main__", alter_sys=True)
-"""
-
-
 def run_capped(*args: str, tmp: Path) -> tuple[subprocess.CompletedProcess, float]:
-    """The CLI under ADDRESS_SPACE_CAP; its result and its own peak RSS in MB."""
+    """The CLI under ADDRESS_SPACE_CAP; its result and its own peak RSS in MB (toolproxy.testing.peak)."""
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_CAP, ADDRESS_SPACE_CAP))
 
-    peak = tmp / "peak_kb"
-    peak.unlink(missing_ok=True)
-    proc = subprocess.run([sys.executable, "-c", PEAK_WRAPPER, str(peak), *args], capture_output=True, text=True,
-                          preexec_fn=cap, timeout=600)
-    return proc, int(peak.read_text()) / 1024
+    out = tmp / "peak_kb"
+    proc = subprocess.run(peak.command(sys.executable, out, *args), capture_output=True, text=True, preexec_fn=cap,
+                          timeout=600)
+    return proc, peak.read_mb(out)
 
 
 @pytest.fixture(scope="module")
