@@ -68,7 +68,9 @@ def test_every_run_names_its_stack_version_and_what_was_sent(origins):
         kind = LAUNCHES[name][0] if name != "nojinja" else "llamacpp"
         entry = catalog.BY_NAME[kind]
         assert p["stack"] == kind
-        if entry.version is not None and kind != "openai":
+        if kind == "llamacpp":  # the whole build, its commit included (a source build is numbered b1)
+            assert p["stack_version"] == entry.version
+        elif entry.version is not None and kind != "openai":
             assert p["stack_version"] == entry.version.split("-")[0]
         assert p["requested_model"] == MODEL and p["harness_model"] == "harness-model"
         assert p["sampling"] == {"temperature": 0, "seed": 7, "max_tokens": 64}

@@ -248,7 +248,9 @@ def provenance(con: duckdb.DuckDBPyConnection, data_dir: Path, runs: list[RunSum
             note = "the stack reports it, but refused every turn: it rendered none of them"
         tool_calls, text_calls = calls.get(s.run, (0, 0))
         p = Provenance(
-            run=s.run, condition=s.condition, stack=s.stack, stack_version=s.stack_version, served_model=served, served_from=source,
+            # llama.cpp's build with its commit: a source build is numbered b1, only the commit says which one.
+            run=s.run, condition=s.condition, stack=s.stack, stack_version=fp.get("build") or s.stack_version,
+            served_model=served, served_from=source,
             requested_model=s.model, harness_model=harness_model if harness_model != s.model else None,
             tool_calls=int(tool_calls), text_calls=int(text_calls), template_hash=digest,
             template_source=template_source, renders_tools=renders, template_note=note,
