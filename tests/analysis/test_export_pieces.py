@@ -155,3 +155,22 @@ def test_the_documented_sql_rebuilds_every_body_byte_for_byte(tmp_path: Path):
     # the other layout into the same destination is refused, without a traceback
     proc = run_cli("export", "--data", str(data), "--out", str(out), check=False)
     assert proc.returncode != 0 and "--layout pieces" in proc.stderr
+
+
+def export_bytes(tmp_path: Path, turns: int, layout: str) -> int:
+    """The Parquet bytes of the exchanges (and their pieces) of four concurrent episodes of `turns` turns."""
+    data = tmp_path / f"data-{turns}"
+    if not data.exists():
+        write_episodes(data, "20261129T120000-1-0001-host", range(4), turns)
+        run_cli("analyze", "--data", str(data))
+    out = tmp_path / f"out-{turns}-{layout}"
+    run_cli("export", "--layout", layout, "--data", str(data), "--out", str(out))
+    return sum(p.stat().st_size for folder in ("exchanges", "pieces") for p in (out / folder).rglob("*.parquet"))
+
+
+def test_pieces_grow_linearly_with_episode_length_where_whole_bodies_grow_quadratically(tmp_path: Path):
+    whole = export_bytes(tmp_path, 80, "whole") / export_bytes(tmp_path, 20, "whole")
+    pieces = export_bytes(tmp_path, 80, "pieces") / export_bytes(tmp_path, 20, "pieces")
+    print(f"4x the turns: whole layout {whole:.1f}x the bytes, pieces layout {pieces:.1f}x")
+    assert whole > 8  # 12x measured (zstd finds some of the repeats): each request resends the conversation so far
+    assert pieces < 5  # 3.6x measured: each message is stored once
