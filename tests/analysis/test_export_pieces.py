@@ -4,14 +4,19 @@ recorded text byte for byte, with DuckDB's SQL alone, from real exported files."
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
 import duckdb
+import fsspec
 import orjson
 import pytest
 
+from toolproxy.analysis.export import parquet
+from toolproxy.analysis.export.destination import Destination
 from toolproxy.analysis.export.pieces import piece_hash, split
+from toolproxy.analysis.store.connection import connect
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR
@@ -71,9 +76,9 @@ GROUP BY parts.id
 """
 
 
-def rebuilt_bodies(out: Path) -> dict[str, tuple]:
+def rebuilt_bodies(out: Path | str, con=None) -> dict[str, tuple]:
     """Every exported exchange's bodies rebuilt by the SQL docs/export.md gives, with DuckDB alone."""
-    con = duckdb.connect()
+    con = con or duckdb.connect()
     bodies = {i: [None, None, qe, se] for i, qe, se in con.execute(
         f"SELECT id, request_body_encoding, response_body_encoding FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall()}
     for n, col in enumerate(("request", "response")):
@@ -174,3 +179,29 @@ def test_pieces_grow_linearly_with_episode_length_where_whole_bodies_grow_quadra
     print(f"4x the turns: whole layout {whole:.1f}x the bytes, pieces layout {pieces:.1f}x")
     assert whole > 8  # 12x measured (zstd finds some of the repeats): each request resends the conversation so far
     assert pieces < 5  # 3.6x measured: each message is stored once
+
+
+def test_an_object_store_destination_gets_only_the_pieces_it_lacks(tmp_path: Path):
+    """The hashes already exported come back from the remote pieces files (fsspec's memory filesystem)."""
+    data = tmp_path / "data"
+    write_episodes(data, "20261129T120000-1-0001-host", range(2), 10)
+    run_cli("analyze", "--data", str(data))
+    url = f"memory://pieces-{os.getpid()}-{id(tmp_path)}/export"
+
+    def export() -> parquet.ExportResult:
+        con = connect(data / "toolproxy.duckdb", read_only=True)
+        try:
+            return parquet.export(con, Destination(url), data_dir=data, layout="pieces")
+        finally:
+            con.close()
+
+    first = export()
+    write_episodes(data, "20261129T130000-1-0002-host", range(1, 2), 12)  # episode 1 again, two turns longer
+    run_cli("analyze", "--data", str(data))
+    second = export()
+    assert 0 < second.pieces < first.pieces / 4  # a grown copy of episode 1: mostly messages already exported
+    reader = duckdb.connect()
+    reader.register_filesystem(fsspec.filesystem("memory"))
+    assert rebuilt_bodies(url, reader) == recorded_bodies(data)
+    n, distinct = reader.execute(f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{url}/pieces/*.parquet')").fetchone()
+    assert n == distinct == first.pieces + second.pieces
