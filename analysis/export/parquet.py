@@ -65,7 +65,6 @@ from toolproxy.analysis.store.memory import memory_limit_of
 # Bumped when the layout, the manifest or the meaning of a column in the files changes.
 # 2: the manifest says its layout and may list pieces files (`--layout pieces`).
 FORMAT_VERSION = 2
-LAYOUTS = ("whole", "pieces")
 PIECES_DIR = "pieces"
 STATE_DIR = "_toolproxy_export"
 MANIFEST = f"{STATE_DIR}/manifest.json"
@@ -492,7 +491,8 @@ def export(con, dest: Destination, *, data_dir: str | Path, runs: list[str] | No
            since: dt.date | None = None, progress=None, layout: str = "whole") -> ExportResult:
     """Bring the Parquet export at `dest` in line with the database (see the module docstring).
     data_dir: the recordings the database was analysed from, where the exchanges' bodies are."""
-    with bodies_in_sql(con, data_dir), _pieces_in_sql(con, layout):
+    # bodies_in_sql leaves first: it retires a result left unfinished, which would keep body_pieces from being removed
+    with _pieces_in_sql(con, layout), bodies_in_sql(con, data_dir):
         return _export(con, dest, runs=runs, since=since, progress=progress, layout=layout)
 
 

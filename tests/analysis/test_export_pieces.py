@@ -205,3 +205,10 @@ def test_an_object_store_destination_gets_only_the_pieces_it_lacks(tmp_path: Pat
     assert rebuilt_bodies(url, reader) == recorded_bodies(data)
     n, distinct = reader.execute(f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{url}/pieces/*.parquet')").fetchone()
     assert n == distinct == first.pieces + second.pieces
+
+
+def test_a_layout_for_spans_is_a_usage_error(tmp_path: Path):
+    data = tmp_path / "data"
+    write_episodes(data, "20261129T120000-1-0001-host", range(1), 2)
+    proc = run_cli("export", "--layout", "pieces", "--otlp", "http://127.0.0.1:9", "--data", str(data), check=False)
+    assert proc.returncode == 2 and "--layout applies to --out" in proc.stderr
