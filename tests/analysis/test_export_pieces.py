@@ -212,3 +212,40 @@ def test_a_layout_for_spans_is_a_usage_error(tmp_path: Path):
     write_episodes(data, "20261129T120000-1-0001-host", range(1), 2)
     proc = run_cli("export", "--layout", "pieces", "--otlp", "http://127.0.0.1:9", "--data", str(data), check=False)
     assert proc.returncode == 2 and "--layout applies to --out" in proc.stderr
+
+
+def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Path, monkeypatch):
+    """An export killed before its manifest leaves pieces files the manifest does not list: the
+    next one deletes them (its journal named them) and writes the pieces again."""
+    data = tmp_path / "data"
+    write_episodes(data, "20261129T120000-1-0001-host", range(2), 6)
+    run_cli("analyze", "--data", str(data))
+    out = tmp_path / "out"
+    run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
+    committed = set((out / "pieces").iterdir())
+    write_episodes(data, "20261129T130000-1-0002-host", range(2, 4), 6)
+    run_cli("analyze", "--data", str(data))
+    real = Destination.write_bytes
+
+    def crash_at_manifest(self, rel, payload):
+        if rel == parquet.MANIFEST:
+            raise KeyboardInterrupt
+        return real(self, rel, payload)
+
+    monkeypatch.setattr(Destination, "write_bytes", crash_at_manifest)
+    con = connect(data / "toolproxy.duckdb", read_only=True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
+        monkeypatch.setattr(Destination, "write_bytes", real)
+        crashed = set((out / "pieces").iterdir()) - committed
+        assert crashed
+        journal = orjson.loads((out / parquet.PENDING).read_bytes())
+        (out / parquet.PENDING).write_bytes(orjson.dumps(journal | {"started_at": journal["started_at"] - 2 * parquet.STALE_SECONDS}))
+        result = parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
+    finally:
+        con.close()
+    assert result.recovered.startswith("undid") and result.pieces > 0
+    listed = {f["name"] for f in orjson.loads((out / parquet.MANIFEST).read_bytes())["pieces"]}
+    assert {p.name for p in (out / "pieces").iterdir()} == listed and not crashed & set((out / "pieces").iterdir())
+    assert rebuilt_bodies(out) == recorded_bodies(data)
