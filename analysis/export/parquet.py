@@ -25,7 +25,7 @@ their whole history every turn): they are written as several files of a bounded 
 the connection's memory limit, where the other tables write one file per partition.
 
 With `layout="pieces"` (analysis.export.pieces) an exchange's bodies are written as lists of
-piece hashes (`request_pieces`, `response_pieces`) and each piece's text once per destination, in
+piece hashes (`request_pieces`, `response_pieces`, `client_pieces`) and each piece's text once per destination, in
 `pieces/part-*.parquet` (columns hash, text): a long episode then costs the size of its
 conversation, not that size once per turn. The manifest lists the pieces files and says the
 layout, and an export refuses a destination written in the other one. Pieces are never deleted:
@@ -61,6 +61,7 @@ from toolproxy.analysis.export.pieces import split
 from toolproxy.analysis.export.tables import TABLES, ExportTable, columns, quote_ident
 from toolproxy.analysis.store.connection import bodies_in_sql
 from toolproxy.analysis.store.memory import memory_limit_of
+from toolproxy.record.chunks import BODY_FIELDS
 
 # Bumped when the layout, the manifest or the meaning of a column in the files changes.
 # 2: the manifest says its layout and may list pieces files (`--layout pieces`).
@@ -344,18 +345,19 @@ class _PieceWriter:
             con.execute("INSERT INTO _seen SELECT hash FROM read_parquet(?::VARCHAR[])", [sources])
 
     def copy(self, con, rows: str, target: str, kv: str) -> None:
-        con.execute("CREATE OR REPLACE TEMP TABLE _split AS SELECT *, "
-                    "body_pieces(request_body, request_body_encoding) AS _rq, "
-                    f"body_pieces(response_body, response_body_encoding) AS _rs FROM ({rows})")
-        con.execute("COPY (SELECT * EXCLUDE (request_body, response_body, _rq, _rs), [p.h FOR p IN _rq] AS request_pieces, "
-                    f"[p.h FOR p IN _rs] AS response_pieces FROM _split) TO '{_sql_text(target)}' "
+        """Write the exchanges `rows` selects (with their bodies) to `target`, their new pieces beside."""
+        split = ", ".join(f"body_pieces({b}, {b}_encoding) AS _{b}" for b in BODY_FIELDS)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _split AS SELECT *, {split} FROM ({rows})")
+        dropped = ", ".join(f"{b}, _{b}" for b in BODY_FIELDS)
+        hashes = ", ".join(f"[p.h FOR p IN _{b}] AS {b.removesuffix('_body')}_pieces" for b in BODY_FIELDS)
+        con.execute(f"COPY (SELECT * EXCLUDE ({dropped}), {hashes} FROM _split) TO '{_sql_text(target)}' "
                     f"(FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})")
         name = f"part-{self.export_id}-{len(self.files)}.parquet"
         local = os.path.join(self.staging, name)
+        every = " UNION ALL ".join(f"SELECT unnest(_{b}) AS p FROM _split" for b in BODY_FIELDS)
         n = con.execute(
-            f"COPY (SELECT p.h AS hash, any_value(p.t) AS text FROM (SELECT unnest(_rq) AS p FROM _split "
-            f"UNION ALL SELECT unnest(_rs) FROM _split) WHERE p.h NOT IN (SELECT hash FROM _seen) GROUP BY p.h) "
-            f"TO '{_sql_text(local)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{self.kv}}})").fetchone()[0]
+            f"COPY (SELECT p.h AS hash, any_value(p.t) AS text FROM ({every}) WHERE p.h NOT IN (SELECT hash FROM _seen) "
+            f"GROUP BY p.h) TO '{_sql_text(local)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{self.kv}}})").fetchone()[0]
         con.execute("DROP TABLE _split")
         if not n:
             os.remove(local)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from pathlib import Path
 
 import duckdb
@@ -65,31 +66,32 @@ def test_anything_else_is_one_piece(text: str, encoding: str):
     assert split(None, None) is None
 
 
-REBUILD = """
-WITH parts AS (
-    SELECT id, unnest({col}_pieces) AS h, generate_subscripts({col}_pieces, 1) AS i
-    FROM read_parquet('{out}/exchanges/**/*.parquet')
-)
-SELECT parts.id, string_agg(p.text, '' ORDER BY parts.i) AS {col}_body
-FROM parts JOIN read_parquet('{out}/pieces/*.parquet') p ON p.hash = parts.h
-GROUP BY parts.id
-"""
+def documented_rebuild() -> str:
+    """The rebuild query of docs/export.md, for any body column and export folder."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "export.md").read_text()
+    sql = next(block for block in re.findall(r"```sql\n(.*?)```", doc, re.S) if "string_agg" in block)
+    return sql.replace("'export/", "'{out}/").replace("request", "{col}").strip().rstrip(";")
+
+
+REBUILD = documented_rebuild()
 
 
 def rebuilt_bodies(out: Path | str, con=None) -> dict[str, tuple]:
     """Every exported exchange's bodies rebuilt by the SQL docs/export.md gives, with DuckDB alone."""
     con = con or duckdb.connect()
-    bodies = {i: [None, None, qe, se] for i, qe, se in con.execute(
-        f"SELECT id, request_body_encoding, response_body_encoding FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall()}
-    for n, col in enumerate(("request", "response")):
+    bodies = {row[0]: [None, None, None, *row[1:]] for row in con.execute(
+        "SELECT id, request_body_encoding, response_body_encoding, client_body_encoding "
+        f"FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall()}
+    for n, col in enumerate(("request", "response", "client")):
         for i, body in con.execute(REBUILD.format(col=col, out=out)).fetchall():
             bodies[i][n] = body
     return {i: tuple(v) for i, v in bodies.items()}
 
 
 def recorded_bodies(data: Path) -> dict[str, tuple]:
-    return {r["id"]: (r.get("request_body"), r.get("response_body"), r.get("request_body_encoding"),
-                      r.get("response_body_encoding")) for r in read_records(data, kind="exchange")}
+    fields = [f"{b}_body" for b in ("request", "response", "client")]
+    return {r["id"]: tuple(r.get(f) for f in fields) + tuple(r.get(f"{f}_encoding") for f in fields)
+            for r in read_records(data, kind="exchange")}
 
 
 def write_episodes(data: Path, name: str, seeds: range, turns: int) -> None:
@@ -119,6 +121,7 @@ def write_odd_bodies(data: Path) -> None:
                          path="/v1/chat/completions", client_path="/v1/chat/completions", run="odd", episode=f"e{n}")
             rec.request_body, rec.request_body_encoding = encode_body(body)
             rec.response_body, rec.response_body_encoding = encode_body(ODD_BODIES[-1 - n])
+            rec.client_body, rec.client_body_encoding = encode_body(ODD_BODIES[n - 1])  # what a condition sent instead
             rec.status = rec.client_status = 200
             rec.response_complete, rec.ended_at = True, rec.started_at + 0.01
             f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
@@ -134,11 +137,12 @@ def test_the_documented_sql_rebuilds_every_body_byte_for_byte(tmp_path: Path):
     proc = run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
     assert "pieces:" in proc.stdout
     recorded = recorded_bodies(data)
-    assert len(recorded) > 300 and any(v[2] == "base64" or v[3] == "base64" for v in recorded.values())
+    assert len(recorded) > 300 and {v[5] for v in recorded.values()} >= {"base64", "utf8", None}
     assert rebuilt_bodies(out) == recorded
     columns = {r[0] for r in duckdb.connect().execute(
         f"DESCRIBE SELECT * FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall()}
-    assert {"request_pieces", "response_pieces"} <= columns and not {"request_body", "response_body"} & columns
+    assert {"request_pieces", "response_pieces", "client_pieces"} <= columns
+    assert not {"request_body", "response_body", "client_body"} & columns
     # each piece stored once, under its own content's hash, as DuckDB computes it
     n, distinct, misnamed = duckdb.connect().execute(
         f"SELECT count(*), count(DISTINCT hash), count(*) FILTER (WHERE sha256(text) <> hash) "
