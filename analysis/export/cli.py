@@ -48,13 +48,16 @@ def parse_since(text: str | None, now: float) -> dt.date | None:
                    "e.g. http://127.0.0.1:4318 (credentials go in OTEL_EXPORTER_OTLP_HEADERS, never on the command line).")
 @click.option("--otlp-content", is_flag=True,
               help="With --otlp: put prompts, replies, tool definitions and tool-call arguments on the spans too (sensitive).")
+@click.option("--layout", type=click.Choice(["whole", "pieces"]), default="whole", show_default=True,
+              help="Parquet bodies: each one whole, or (pieces) as lists of content-addressed pieces stored once in "
+                   "pieces/, so long episodes, which resend their conversation every turn, grow linearly, not quadratically.")
 @DATA_OPTION
 @DB_OPTION
 @click.option("--run", "runs", multiple=True, metavar="NAME", help="Only these runs (repeatable).")
 @click.option("--since", metavar="DAY|DURATION", help="Only days from this one on: 2026-11-30, or 7d back from now.")
 @MEMORY_LIMIT_OPTION
 @click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
-def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: bool, data_dir: Path, db_path: Path | None,
+def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: bool, layout: str, data_dir: Path, db_path: Path | None,
            runs: tuple[str, ...], since: str | None, memory_limit: str, quiet: bool) -> None:
     """Write the analysed exchanges (with raw bodies), turns, calls, episodes and runs to PATH|URL,
     or (--otlp URL) send them to an OpenTelemetry receiver as spans carrying each turn's verdict.
@@ -77,6 +80,8 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     if otlp_endpoint is not None:
         if since is not None:
             raise click.UsageError("--since applies to --out; --otlp sends every analysed exchange of the runs chosen")
+        if layout != "whole":
+            raise click.UsageError("--layout applies to --out; --otlp sends spans, not files")
         from toolproxy.analysis.export.otlp import run_export
 
         run_export(data_dir, db_path, otlp_endpoint, runs=runs, content=otlp_content, quiet=quiet, memory_limit=memory_limit)
@@ -93,7 +98,7 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     try:
         with Progress("export", unit="MB", scale=1e6, quiet=quiet) as progress:
             result = writer.export(con, dest, data_dir=data_dir, runs=list(runs) or None, since=first_day,
-                                   progress=progress)
+                                   progress=progress, layout=layout)
     except ExportError as exc:
         _fail(str(exc))
     except duckdb.Error as exc:
@@ -107,6 +112,8 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
                    f"{t.unchanged} unchanged; {t.rows:,} rows in {t.files} files"
                    + (f"; {t.stale:,} old copies of rows that moved to another day removed from pruned partitions"
                       if t.stale else ""))
+    if result.pieces_files:
+        click.echo(f"pieces: {result.pieces:,} new in {result.pieces_files} files")
     where = printable(out)
     if result.export_id is None:
         click.echo(f"nothing new to export: {where} already holds every row")

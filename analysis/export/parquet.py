@@ -24,6 +24,13 @@ Exchanges carry their bodies, so a partition of them can hold gigabytes (long ep
 their whole history every turn): they are written as several files of a bounded size, derived from
 the connection's memory limit, where the other tables write one file per partition.
 
+With `layout="pieces"` (analysis.export.pieces) an exchange's bodies are written as lists of
+piece hashes (`request_pieces`, `response_pieces`, `client_pieces`) and each piece's text once per destination, in
+`pieces/part-*.parquet` (columns hash, text): a long episode then costs the size of its
+conversation, not that size once per turn. The manifest lists the pieces files and says the
+layout, and an export refuses a destination written in the other one. Pieces are never deleted:
+every exchange ever exported there, history included, may point at them.
+
 A crash never leaves a half-written state the next export trusts: data files are written first
 under new names, then the manifest is replaced in one step, then the files it no longer lists are
 deleted. A journal (`_toolproxy_export/pending.json`) written before the first file names what
@@ -33,6 +40,7 @@ keeps a second exporter off the same destination.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import shutil
@@ -44,16 +52,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import orjson
 
 from toolproxy.analysis.export.destination import Destination, ExportError
 from toolproxy.analysis.export.partitions import partition_path
+from toolproxy.analysis.export.pieces import split
 from toolproxy.analysis.export.tables import TABLES, ExportTable, columns, quote_ident
 from toolproxy.analysis.store.connection import bodies_in_sql
 from toolproxy.analysis.store.memory import memory_limit_of
+from toolproxy.record.chunks import BODY_FIELDS
 
 # Bumped when the layout, the manifest or the meaning of a column in the files changes.
-FORMAT_VERSION = 1
+# 2: the manifest says its layout and may list pieces files (`--layout pieces`).
+FORMAT_VERSION = 2
+PIECES_DIR = "pieces"
 STATE_DIR = "_toolproxy_export"
 MANIFEST = f"{STATE_DIR}/manifest.json"
 PENDING = f"{STATE_DIR}/pending.json"
@@ -84,6 +97,8 @@ class ExportResult:
     bytes: int = 0
     export_id: str | None = None
     recovered: str | None = None
+    pieces: int = 0  # new pieces written (--layout pieces)
+    pieces_files: int = 0
 
 
 @dataclass
@@ -227,7 +242,8 @@ def _plan(con, table: ExportTable, dest: Destination, old: dict, staging: str, r
 
 
 def _stage_table(con, table: ExportTable, dest: Destination, manifest: dict, staging: str, export_id: str,
-                 meta: dict[str, str], runs: list[str] | None, since: dt.date | None, result: TableResult) -> _Staged:
+                 meta: dict[str, str], runs: list[str] | None, since: dt.date | None, result: TableResult,
+                 pieces: _PieceWriter | None) -> _Staged:
     """Write the table's changed partitions to local files, with their key files, and say where
     they go, what they replace and the manifest entries that will list them."""
     _row_fingerprints(con, table, runs, since)
@@ -248,7 +264,7 @@ def _stage_table(con, table: ExportTable, dest: Destination, manifest: dict, sta
             f"TO '{_sql_text(out)}' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (_pid), KV_METADATA {{{kv}}}, "
             f"FILENAME_PATTERN 'part-{export_id}-{{i}}')")
     else:
-        _copy_in_batches(con, table, to_write, out, kv, export_id)
+        _copy_in_batches(con, table, to_write, out, kv, export_id, pieces)
     written: dict[int, list[dict]] = {pid: [] for pid in plan.modes}
     for pid_dir in sorted(os.listdir(out)) if os.path.isdir(out) else []:
         pid = int(pid_dir.split("=", 1)[1])
@@ -275,7 +291,8 @@ def _stage_table(con, table: ExportTable, dest: Destination, manifest: dict, sta
     return staged
 
 
-def _copy_in_batches(con, table: ExportTable, to_write: str, out: str, kv: str, export_id: str) -> None:
+def _copy_in_batches(con, table: ExportTable, to_write: str, out: str, kv: str, export_id: str,
+                     pieces: _PieceWriter | None) -> None:
     """Write the rows `to_write` selects as files of about _batch_bytes each, laid out as a
     partitioned COPY lays them out (out/_pid=N/part-ID-I.parquet).
 
@@ -293,12 +310,60 @@ def _copy_in_batches(con, table: ExportTable, to_write: str, out: str, kv: str, 
         folder = os.path.join(out, f"_pid={pid}")
         os.makedirs(folder, exist_ok=True)
         # the rowid range lets the scan skip the table's other row groups
-        con.execute(
-            f"COPY (SELECT {table.select} FROM {table.name} t JOIN (SELECT rid FROM _batches WHERE pid = {int(pid)} "
-            f"AND b = {int(b)}) s ON s.rid = t.rowid WHERE t.rowid BETWEEN {int(first)} AND {int(last)}) "
-            f"TO '{_sql_text(os.path.join(folder, f'part-{export_id}-{int(b)}.parquet'))}' "
-            f"(FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})")
+        rows = (f"SELECT {table.select} FROM {table.name} t JOIN (SELECT rid FROM _batches WHERE pid = {int(pid)} "
+                f"AND b = {int(b)}) s ON s.rid = t.rowid WHERE t.rowid BETWEEN {int(first)} AND {int(last)}")
+        target = os.path.join(folder, f"part-{export_id}-{int(b)}.parquet")
+        if pieces is None:
+            con.execute(f"COPY ({rows}) TO '{_sql_text(target)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})")
+        else:
+            pieces.copy(con, rows, target, kv)
     con.execute("DROP TABLE _batches")
+
+
+class _PieceWriter:
+    """Writes a batch of exchanges with their bodies as piece hashes, and the batch's pieces the
+    destination does not hold yet as one file of the pieces table.
+
+    The hashes already written (`_seen`, a DuckDB table, so it spills under the memory limit
+    rather than growing in Python) start as those of the pieces files the manifest lists."""
+
+    def __init__(self, con, dest: Destination, listed: list[dict], staging: str, export_id: str, meta: dict[str, str]):
+        self.staging, self.export_id = os.path.join(staging, PIECES_DIR), export_id
+        self.kv = _kv_metadata(meta | {"toolproxy.table": PIECES_DIR})
+        self.files: list[dict] = []
+        os.makedirs(self.staging)
+        sources = []
+        for n, f in enumerate(listed):
+            rel = f"{PIECES_DIR}/{f['name']}"
+            if dest.local:
+                sources.append(dest.path(rel))
+            else:
+                sources.append(os.path.join(self.staging, f"known-{n}.parquet"))
+                dest.get(rel, sources[-1])
+        con.execute("CREATE OR REPLACE TEMP TABLE _seen (hash VARCHAR)")
+        if sources:
+            con.execute("INSERT INTO _seen SELECT hash FROM read_parquet(?::VARCHAR[])", [sources])
+
+    def copy(self, con, rows: str, target: str, kv: str) -> None:
+        """Write the exchanges `rows` selects (with their bodies) to `target`, their new pieces beside."""
+        split = ", ".join(f"body_pieces({b}, {b}_encoding) AS _{b}" for b in BODY_FIELDS)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _split AS SELECT *, {split} FROM ({rows})")
+        dropped = ", ".join(f"{b}, _{b}" for b in BODY_FIELDS)
+        hashes = ", ".join(f"[p.h FOR p IN _{b}] AS {b.removesuffix('_body')}_pieces" for b in BODY_FIELDS)
+        con.execute(f"COPY (SELECT * EXCLUDE ({dropped}), {hashes} FROM _split) TO '{_sql_text(target)}' "
+                    f"(FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})")
+        name = f"part-{self.export_id}-{len(self.files)}.parquet"
+        local = os.path.join(self.staging, name)
+        every = " UNION ALL ".join(f"SELECT unnest(_{b}) AS p FROM _split" for b in BODY_FIELDS)
+        n = con.execute(
+            f"COPY (SELECT p.h AS hash, any_value(p.t) AS text FROM ({every}) WHERE p.h NOT IN (SELECT hash FROM _seen) "
+            f"GROUP BY p.h) TO '{_sql_text(local)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{self.kv}}})").fetchone()[0]
+        con.execute("DROP TABLE _split")
+        if not n:
+            os.remove(local)
+            return
+        con.execute(f"INSERT INTO _seen SELECT hash FROM read_parquet('{_sql_text(local)}')")
+        self.files.append({"name": name, "rows": int(n), "local": local})
 
 
 def _batch_bytes(con) -> int:
@@ -425,14 +490,33 @@ def _intact_partitions(con, old: dict, paths: dict[int, str]) -> set[int]:
 
 
 def export(con, dest: Destination, *, data_dir: str | Path, runs: list[str] | None = None,
-           since: dt.date | None = None, progress=None) -> ExportResult:
+           since: dt.date | None = None, progress=None, layout: str = "whole") -> ExportResult:
     """Bring the Parquet export at `dest` in line with the database (see the module docstring).
     data_dir: the recordings the database was analysed from, where the exchanges' bodies are."""
-    with bodies_in_sql(con, data_dir):
-        return _export(con, dest, runs=runs, since=since, progress=progress)
+    # bodies_in_sql leaves first: it retires a result left unfinished, which would keep body_pieces from being removed
+    with _pieces_in_sql(con, layout), bodies_in_sql(con, data_dir):
+        return _export(con, dest, runs=runs, since=since, progress=progress, layout=layout)
 
 
-def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | None, progress) -> ExportResult:
+@contextlib.contextmanager
+def _pieces_in_sql(con, layout: str):
+    """While inside, `body_pieces(text, encoding)` is callable in SQL on `con` (analysis.export.pieces.split)."""
+    if layout == "whole":
+        yield
+        return
+    text = duckdb.type("VARCHAR")
+    piece = duckdb.list_type(duckdb.struct_type({"h": text, "t": text}))
+    con.create_function("body_pieces", split, [text, text], piece, null_handling="special", side_effects=False)
+    try:
+        yield
+    finally:
+        try:
+            con.remove_function("body_pieces")
+        except duckdb.Error:  # the connection was closed inside
+            pass
+
+
+def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | None, progress, layout: str) -> ExportResult:
     v = versions(con)
     dest.check()
     result = ExportResult()
@@ -440,6 +524,9 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
     if manifest is not None and int(manifest.get("export_format_version", 0)) > FORMAT_VERSION:
         raise ExportError(f"{dest.url} was written by a newer toolproxy (export format {manifest.get('export_format_version')}, "
                           f"this one writes {FORMAT_VERSION}); upgrade toolproxy to export there")
+    if manifest is not None and manifest.get("layout", "whole") != layout:
+        raise ExportError(f"{dest.url} holds an export in the {manifest.get('layout', 'whole')!r} layout; export there with "
+                          f"--layout {manifest.get('layout', 'whole')}, or to another destination for the {layout!r} layout")
     result.recovered = recover(dest, manifest, now=time.time())
     manifest = manifest or {"tables": {}}
     export_id = f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:12]}"
@@ -454,17 +541,23 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
         uploads: list[tuple[str, str]] = []
         obsolete: list[str] = []
         tables = {name: dict(parts) for name, parts in manifest.get("tables", {}).items()}
+        known_pieces = manifest.get("pieces", [])
+        pieces = _PieceWriter(con, dest, known_pieces, staging, export_id, meta) if layout == "pieces" else None
         for table in TABLES:
             if progress is not None:
                 progress.show(f"export: comparing {table.name} with {dest.url}")
             tr = TableResult(table.name)
-            s = _stage_table(con, table, dest, manifest, staging, export_id, meta, runs, since, tr)
+            s = _stage_table(con, table, dest, manifest, staging, export_id, meta, runs, since, tr,
+                             pieces if table.name == "exchanges" else None)
             result.tables.append(tr)
             uploads += s.uploads
             obsolete += s.obsolete
             tables.setdefault(table.name, {}).update(s.partitions)
             for path in s.dropped:
                 tables[table.name].pop(path, None)
+        if pieces is not None:
+            uploads += [(f["local"], f"{PIECES_DIR}/{f['name']}") for f in pieces.files]
+            result.pieces, result.pieces_files = sum(f["rows"] for f in pieces.files), len(pieces.files)
         if not uploads and not obsolete:
             return result
         result.export_id = export_id
@@ -479,11 +572,13 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
             dest.put(uploads[start:start + _UPLOAD_BATCH])
             if progress is not None:
                 progress.advance(sum(sizes[start:start + _UPLOAD_BATCH]))
-        result.files = sum(t.files for t in result.tables)
+        result.files = sum(t.files for t in result.tables) + result.pieces_files
         result.bytes = sum(sizes)
         new_manifest = {"format": "toolproxy-export", **v, "export_id": export_id,
                         "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                        "exported_by": socket.gethostname(), "tables": tables}
+                        "exported_by": socket.gethostname(), "layout": layout, "tables": tables}
+        if pieces is not None:
+            new_manifest["pieces"] = known_pieces + [{"name": f["name"], "rows": f["rows"]} for f in pieces.files]
         dest.write_bytes(MANIFEST, orjson.dumps(new_manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         dest.delete(obsolete)
         dest.delete([PENDING])

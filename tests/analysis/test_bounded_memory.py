@@ -24,6 +24,8 @@ from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.testing import peak
 from toolproxy.testing.corpus import episode, interleaved
 
+from test_export_pieces import REBUILD
+
 CLI = [sys.executable, "-m", "toolproxy.cli"]
 # Address space, not memory: Python, DuckDB and their threads reserve ~1.5 GB they never touch.
 # The cap only turns a runaway into a quick failure instead of swapping the machine.
@@ -75,6 +77,20 @@ def test_export_of_long_episodes_stays_near_the_memory_limit(long_episodes, tmp_
         f"SELECT id, md5(request_body), md5(response_body) FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall()
     assert len(exported) == len(recorded) == 1000
     assert {i: (a, b) for i, a, b in exported} == recorded
+
+
+def test_export_in_pieces_of_long_episodes_stays_near_the_memory_limit(long_episodes, tmp_path: Path):
+    """--layout pieces splits each batch's bodies and keeps the hashes written in DuckDB, not Python."""
+    data, _ = long_episodes
+    out = tmp_path / "out"
+    proc, rss = run_capped("export", "--layout", "pieces", "--data", str(data), "--out", str(out), "--memory-limit", LIMIT,
+                           "--quiet", tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert rss < RSS_BOUND_MB, f"export --layout pieces peaked at {rss:.0f} MB under --memory-limit {LIMIT}"
+    recorded = {r["id"]: hashlib.md5(r["request_body"].encode()).hexdigest() for r in read_records(data)}
+    rebuilt = duckdb.connect().execute(f"SELECT id, md5(request_body) FROM ({REBUILD.format(col='request', out=out)})").fetchall()
+    assert dict(rebuilt) == recorded and len(recorded) == 1000
 
 
 def test_a_second_export_after_new_traffic_appends_in_batches_too(long_episodes, tmp_path: Path):

@@ -1,0 +1,255 @@
+"""`toolproxy export --layout pieces`: bodies cut into content-addressed pieces that rebuild the
+recorded text byte for byte, with DuckDB's SQL alone, from real exported files."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+import duckdb
+import fsspec
+import orjson
+import pytest
+
+from toolproxy.analysis.export import parquet
+from toolproxy.analysis.export.destination import Destination
+from toolproxy.analysis.export.pieces import piece_hash, split
+from toolproxy.analysis.store.connection import connect
+from toolproxy.record.model import Record, encode_body, new_id
+from toolproxy.record.segments import read_records
+from toolproxy.record.writer import SEGMENT_DIR
+from toolproxy.testing.corpus import episode, generate, interleaved
+
+from test_export import run_cli
+
+
+def _rebuilt(text: str, encoding: str = "utf8") -> list[str]:
+    pieces = split(text, encoding)
+    assert "".join(p["t"] for p in pieces) == text
+    assert all(p["h"] == piece_hash(p["t"]) for p in pieces)
+    return [p["t"] for p in pieces]
+
+
+def test_a_chat_request_is_cut_after_each_message_and_tool():
+    messages = [{"role": "system", "content": "be [brief], \"ok\" {}"}, {"role": "user", "content": "a\\"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    short = json.dumps({"model": "m", "messages": messages, "tools": tools, "stream": False})
+    longer = json.dumps({"model": "m", "messages": messages + [{"role": "assistant", "content": "x"}], "tools": tools,
+                         "stream": False})
+    a, b = _rebuilt(short), _rebuilt(longer)
+    assert len(a) == 4 and len(b) == 5
+    assert a[:2] == b[:2] and a[2:] == b[3:]  # the longer request repeats every piece of the shorter one
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_any_whitespace_and_key_order_rebuilds_exactly(seed: int):
+    rnd = random.Random(seed)
+    value = {f"k{i}": rnd.choice([[{"a": [1, {"b": "]}\\\"["}], "c": None}] * rnd.randint(0, 3), "s\u00e9\U0001f642", 2.5e-3,
+                                  [], {}, [[1, 2], [3]], True]) for i in range(rnd.randint(0, 6))}
+    keys = list(value)
+    rnd.shuffle(keys)
+    text = json.dumps({k: value[k] for k in keys}, indent=rnd.choice([None, 0, 2, "\t"]), ensure_ascii=rnd.random() < 0.5,
+                      separators=rnd.choice([None, (",", ":"), (" ,\n", " :  ")]))
+    _rebuilt(" \r\n" * rnd.randint(0, 1) + text + "\n" * rnd.randint(0, 2))
+
+
+@pytest.mark.parametrize("text, encoding", [
+    ("", "utf8"), ("not json", "utf8"), ("[1, 2]", "utf8"), ('"s"', "utf8"), ('{"a": [1,', "utf8"),
+    ('{"a": [1]} trailing', "utf8"), ("data: {\"a\": [1]}\n\n", "utf8"), ('{"a": [1, 2]}', "base64"),
+    ("\ud800 lone surrogate", "utf8"),
+])
+def test_anything_else_is_one_piece(text: str, encoding: str):
+    assert _rebuilt(text, encoding) == [text]
+    assert split(None, None) is None
+
+
+def documented_rebuild() -> str:
+    """The rebuild query of docs/export.md, for any body column and export folder."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "export.md").read_text()
+    sql = next(block for block in re.findall(r"```sql\n(.*?)```", doc, re.S) if "string_agg" in block)
+    return sql.replace("'export/", "'{out}/").replace("request", "{col}").strip().rstrip(";")
+
+
+REBUILD = documented_rebuild()
+
+
+def rebuilt_bodies(out: Path | str, con=None) -> dict[str, tuple]:
+    """Every exported exchange's bodies rebuilt by the SQL docs/export.md gives, with DuckDB alone."""
+    con = con or duckdb.connect()
+    bodies = {row[0]: [None, None, None, *row[1:]] for row in con.execute(
+        "SELECT id, request_body_encoding, response_body_encoding, client_body_encoding "
+        f"FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall()}
+    for n, col in enumerate(("request", "response", "client")):
+        for i, body in con.execute(REBUILD.format(col=col, out=out)).fetchall():
+            bodies[i][n] = body
+    return {i: tuple(v) for i, v in bodies.items()}
+
+
+def recorded_bodies(data: Path) -> dict[str, tuple]:
+    fields = [f"{b}_body" for b in ("request", "response", "client")]
+    return {r["id"]: tuple(r.get(f) for f in fields) + tuple(r.get(f"{f}_encoding") for f in fields)
+            for r in read_records(data, kind="exchange")}
+
+
+def write_episodes(data: Path, name: str, seeds: range, turns: int) -> None:
+    records = interleaved([episode(random.Random(n), n, turns, 3000) for n in seeds])
+    (data / SEGMENT_DIR).mkdir(parents=True, exist_ok=True)
+    with open(data / SEGMENT_DIR / f"{name}.jsonl", "wb") as f:
+        for rec in records:
+            f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+
+
+ODD_BODIES = [
+    b'\xff\xfe binary \x00',  # recorded as base64
+    b"", None, b"not json [1, 2]", b'["a", "b"]',
+    b' {\n "stream" : true ,\r\n\t"messages":[ {"content":"\\u00e9 \\"]}\\"", "role":"user"} ,\n{"role":"tool"}\t],'
+    b'"tools": [], "model":"m"}\n\n',
+    '{"messages": [{"role": "user", "content": "\u00e9\U0001f642\x1b[31m"}], "tools": [[1], {"a": [2]}]}'.encode(),
+]
+
+
+def write_odd_bodies(data: Path) -> None:
+    """Bodies of every shape a client may send, as request and as reply."""
+    seg = data / SEGMENT_DIR
+    seg.mkdir(parents=True, exist_ok=True)
+    with open(seg / "20261129T110000-1-0001-odd.jsonl", "wb") as f:
+        for n, body in enumerate(ODD_BODIES):
+            rec = Record(id=new_id(), started_at=1764000000.0 + n, upstream="http://127.0.0.1:9", method="POST",
+                         path="/v1/chat/completions", client_path="/v1/chat/completions", run="odd", episode=f"e{n}")
+            rec.request_body, rec.request_body_encoding = encode_body(body)
+            rec.response_body, rec.response_body_encoding = encode_body(ODD_BODIES[-1 - n])
+            rec.client_body, rec.client_body_encoding = encode_body(ODD_BODIES[n - 1])  # what a condition sent instead
+            rec.status = rec.client_status = 200
+            rec.response_complete, rec.ended_at = True, rec.started_at + 0.01
+            f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+
+
+def test_the_documented_sql_rebuilds_every_body_byte_for_byte(tmp_path: Path):
+    data = tmp_path / "data"
+    generate(data, 300)  # mixed stacks: streamed replies, tool calls in several dialects, errors
+    write_odd_bodies(data)
+    write_episodes(data, "20261129T120000-1-0001-host", range(3), 12)
+    run_cli("analyze", "--data", str(data))
+    out = tmp_path / "out"
+    proc = run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
+    assert "pieces:" in proc.stdout
+    recorded = recorded_bodies(data)
+    assert len(recorded) > 300 and {v[5] for v in recorded.values()} >= {"base64", "utf8", None}
+    assert rebuilt_bodies(out) == recorded
+    columns = {r[0] for r in duckdb.connect().execute(
+        f"DESCRIBE SELECT * FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall()}
+    assert {"request_pieces", "response_pieces", "client_pieces"} <= columns
+    assert not {"request_body", "response_body", "client_body"} & columns
+    # each piece stored once, under its own content's hash, as DuckDB computes it
+    n, distinct, misnamed = duckdb.connect().execute(
+        f"SELECT count(*), count(DISTINCT hash), count(*) FILTER (WHERE sha256(text) <> hash) "
+        f"FROM read_parquet('{out}/pieces/*.parquet')").fetchone()
+    assert n == distinct and misnamed == 0
+
+    # new traffic: only its new pieces are written, none twice; a second run writes nothing
+    write_episodes(data, "20261129T130000-1-0002-host", range(2, 5), 14)  # episode 2 again, grown: mostly known pieces
+    run_cli("analyze", "--data", str(data))
+    before = set((out / "pieces").iterdir())
+    run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
+    assert set((out / "pieces").iterdir()) > before
+    assert rebuilt_bodies(out) == recorded_bodies(data)
+    n, distinct = duckdb.connect().execute(
+        f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{out}/pieces/*.parquet')").fetchone()
+    assert n == distinct
+    assert "nothing new to export" in run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out)).stdout
+
+    # the other layout into the same destination is refused, without a traceback
+    proc = run_cli("export", "--data", str(data), "--out", str(out), check=False)
+    assert proc.returncode != 0 and "--layout pieces" in proc.stderr
+
+
+def export_bytes(tmp_path: Path, turns: int, layout: str) -> int:
+    """The Parquet bytes of the exchanges (and their pieces) of four concurrent episodes of `turns` turns."""
+    data = tmp_path / f"data-{turns}"
+    if not data.exists():
+        write_episodes(data, "20261129T120000-1-0001-host", range(4), turns)
+        run_cli("analyze", "--data", str(data))
+    out = tmp_path / f"out-{turns}-{layout}"
+    run_cli("export", "--layout", layout, "--data", str(data), "--out", str(out))
+    return sum(p.stat().st_size for folder in ("exchanges", "pieces") for p in (out / folder).rglob("*.parquet"))
+
+
+def test_pieces_grow_linearly_with_episode_length_where_whole_bodies_grow_quadratically(tmp_path: Path):
+    whole = export_bytes(tmp_path, 80, "whole") / export_bytes(tmp_path, 20, "whole")
+    pieces = export_bytes(tmp_path, 80, "pieces") / export_bytes(tmp_path, 20, "pieces")
+    print(f"4x the turns: whole layout {whole:.1f}x the bytes, pieces layout {pieces:.1f}x")
+    assert whole > 8  # 12x measured (zstd finds some of the repeats): each request resends the conversation so far
+    assert pieces < 5  # 3.6x measured: each message is stored once
+
+
+def test_an_object_store_destination_gets_only_the_pieces_it_lacks(tmp_path: Path):
+    """The hashes already exported come back from the remote pieces files (fsspec's memory filesystem)."""
+    data = tmp_path / "data"
+    write_episodes(data, "20261129T120000-1-0001-host", range(2), 10)
+    run_cli("analyze", "--data", str(data))
+    url = f"memory://pieces-{os.getpid()}-{id(tmp_path)}/export"
+
+    def export() -> parquet.ExportResult:
+        con = connect(data / "toolproxy.duckdb", read_only=True)
+        try:
+            return parquet.export(con, Destination(url), data_dir=data, layout="pieces")
+        finally:
+            con.close()
+
+    first = export()
+    write_episodes(data, "20261129T130000-1-0002-host", range(1, 2), 12)  # episode 1 again, two turns longer
+    run_cli("analyze", "--data", str(data))
+    second = export()
+    assert 0 < second.pieces < first.pieces / 4  # a grown copy of episode 1: mostly messages already exported
+    reader = duckdb.connect()
+    reader.register_filesystem(fsspec.filesystem("memory"))
+    assert rebuilt_bodies(url, reader) == recorded_bodies(data)
+    n, distinct = reader.execute(f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{url}/pieces/*.parquet')").fetchone()
+    assert n == distinct == first.pieces + second.pieces
+
+
+def test_a_layout_for_spans_is_a_usage_error(tmp_path: Path):
+    data = tmp_path / "data"
+    write_episodes(data, "20261129T120000-1-0001-host", range(1), 2)
+    proc = run_cli("export", "--layout", "pieces", "--otlp", "http://127.0.0.1:9", "--data", str(data), check=False)
+    assert proc.returncode == 2 and "--layout applies to --out" in proc.stderr
+
+
+def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Path, monkeypatch):
+    """An export killed before its manifest leaves pieces files the manifest does not list: the
+    next one deletes them (its journal named them) and writes the pieces again."""
+    data = tmp_path / "data"
+    write_episodes(data, "20261129T120000-1-0001-host", range(2), 6)
+    run_cli("analyze", "--data", str(data))
+    out = tmp_path / "out"
+    run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
+    committed = set((out / "pieces").iterdir())
+    write_episodes(data, "20261129T130000-1-0002-host", range(2, 4), 6)
+    run_cli("analyze", "--data", str(data))
+    real = Destination.write_bytes
+
+    def crash_at_manifest(self, rel, payload):
+        if rel == parquet.MANIFEST:
+            raise KeyboardInterrupt
+        return real(self, rel, payload)
+
+    monkeypatch.setattr(Destination, "write_bytes", crash_at_manifest)
+    con = connect(data / "toolproxy.duckdb", read_only=True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
+        monkeypatch.setattr(Destination, "write_bytes", real)
+        crashed = set((out / "pieces").iterdir()) - committed
+        assert crashed
+        journal = orjson.loads((out / parquet.PENDING).read_bytes())
+        (out / parquet.PENDING).write_bytes(orjson.dumps(journal | {"started_at": journal["started_at"] - 2 * parquet.STALE_SECONDS}))
+        result = parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
+    finally:
+        con.close()
+    assert result.recovered.startswith("undid") and result.pieces > 0
+    listed = {f["name"] for f in orjson.loads((out / parquet.MANIFEST).read_bytes())["pieces"]}
+    assert {p.name for p in (out / "pieces").iterdir()} == listed and not crashed & set((out / "pieces").iterdir())
+    assert rebuilt_bodies(out) == recorded_bodies(data)
