@@ -17,13 +17,14 @@ import orjson
 from toolproxy.analysis.episodes.build import build_episodes, category_of, episode_expectation
 from toolproxy.analysis.episodes.loops import rejudged
 from toolproxy.analysis.episodes.model import Attempt
+from toolproxy.analysis.episodes.order import chain_keys
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
 from toolproxy.analysis.measure.expectations import ExpectationRule
 from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.columns import share_strings
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.state import stored_rules
-from toolproxy.analysis.store.tables import EPISODES, TURNS
+from toolproxy.analysis.store.tables import EPISODE_KEYS, EPISODES, TURNS
 from toolproxy.calls.gcpause import gc_paused
 from toolproxy.record.writer import SEGMENT_REPLICA
 
@@ -139,6 +140,7 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
     _temp_tables(con)
     con.execute("DELETE FROM turns WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    con.execute("DELETE FROM episode_keys WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     sizes = _run_sizes(con, runs)
     clocks = [run for run in runs if sizes.get(run, (0, 0))[1] > 1]
     if progress is not None:
@@ -229,10 +231,12 @@ def _run_sizes(con, runs: list[str]) -> dict[str, tuple[int, int]]:
 
 
 def _stage(con, derived: tuple, totals: dict[str, int]) -> None:
-    """Insert derived episodes, and stage turn rows and the attempt -> turn map for _finish."""
-    turn_rows, episode_cols, map_ex, map_turn = derived
+    """Insert derived episodes and their conversation keys, and stage turn rows and the attempt ->
+    turn map for _finish."""
+    turn_rows, episode_cols, key_cols, map_ex, map_turn = derived
     totals["turns"] += insert_columns(con, "_turn_rows", dict(zip(_TURN_ROW, turn_rows)), {n: TURNS.types[n] for n in _TURN_ROW})
     totals["episodes"] += EPISODES.insert(con, episode_cols)
+    EPISODE_KEYS.insert(con, key_cols)
     insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
 
 
@@ -289,8 +293,8 @@ def _columns(arrays: dict) -> list[Sequence]:
 
 
 def _derived_rows(cols: list[Sequence], runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule], progress):
-    """The turn rows (columns of _TURN_ROW), episode columns and attempt -> turn map of the
-    attempts `cols` (_columns) of these runs."""
+    """The turn rows (columns of _TURN_ROW), episode columns, reconstructed episodes' conversation
+    keys (episode_keys columns) and attempt -> turn map of the attempts `cols` (_columns) of these runs."""
     run_of = cols[0]
     for k in _KEY_LISTS:
         cols[k] = [[] if p is None else p.split() for p in cols[k]]
@@ -305,6 +309,7 @@ def _derived_rows(cols: list[Sequence], runs: list[str], clocks: list[str], rule
     episode_rows: list[tuple] = []
     map_ex: list[str] = []
     map_turn: list[str] = []
+    keys: dict[str, list] = {"run": [], "episode_key": [], "key": []}
     clocked = set(clocks)
     categories: dict[tuple, str | None] = {}  # category_of(item, tag), which repeats along an episode
     for run in runs:
@@ -330,8 +335,13 @@ def _derived_rows(cols: list[Sequence], runs: list[str], clocks: list[str], rule
             episode_rows.append((ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns),
                                  ep.looping, ep.loop_reason, expect,
                                  orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(), ANALYZER_VERSION))
+            if ep.reconstructed:
+                named = {k for turn in ep.turns for a in turn.attempts for k in chain_keys(a)}
+                keys["run"] += [run] * len(named)
+                keys["episode_key"] += [ep.key] * len(named)
+                keys["key"] += named
         if progress is not None:
             progress.advance()
     turn_cols = [list(c) for c in zip(*turn_rows)] or [[] for _ in _TURN_ROW]
     episode_cols = dict(zip(EPISODES.names, [list(c) for c in zip(*episode_rows)] or [[] for _ in EPISODES.names]))
-    return turn_cols, episode_cols, map_ex, map_turn
+    return turn_cols, episode_cols, keys, map_ex, map_turn
