@@ -7,6 +7,7 @@ own segments, and a tagged conversation that crosses from one daily run into the
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -132,26 +133,33 @@ def test_a_conversation_crossing_a_run_boundary(segments: list[Path], tmp_path: 
 
 def test_only_the_episodes_with_new_attempts_are_derived_again(segments: list[Path], tmp_path: Path):
     """The tagged runs one clock recorded are derived in part, only in the episodes whose tags the
-    new segment names; the untagged run is derived whole."""
+    new segment names; the untagged run too, only in the conversations its new attempts continue
+    or start."""
     data = tmp_path / "data"
     deliver(data, segments[:6])
     analyze(data)
     deliver(data, segments[6:7])
     out = analyze(data)
-    tags = {(r["run"], r["episode"]) for r in map(orjson.loads, segments[6].read_bytes().splitlines()) if r.get("episode")}
+    new = list(map(orjson.loads, segments[6].read_bytes().splitlines()))
+    tags = {(r["run"], r["episode"]) for r in new if r.get("episode")}
     runs = {run for run, _ in tags}
-    assert f"derived in part: {len(runs)} of those runs, only their {len(tags)} episodes with new records" in out
+    assert any(r.get("run") is None for r in new)
+    found = re.search(rf"derived in part: {len(runs) + 1} of those runs, only their (\d+) episodes with new records", out)
+    assert found, out
+    conversations = int(found[1]) - len(tags)
     con = duckdb.connect(str(default_db(data)), read_only=True)
     total = con.execute("SELECT count(*) FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [sorted(runs)]).fetchone()[0]
+    untagged = con.execute("SELECT count(*) FROM episodes WHERE run = '(untagged)'").fetchone()[0]
     con.close()
     assert len(tags) < total / 3
+    assert 0 < conversations < untagged / 2
     assert_same_as_fresh(data, tmp_path / "fresh")
 
 
 def test_attempts_an_interrupted_analyze_left_underived_are_derived_by_the_next(segments: list[Path], tmp_path: Path):
     """An analyze stores records in transactions as it reads and derives at the end; killed in
     between, it leaves stored attempts with no turn. The next analyze, with nothing new to read,
-    derives them (in part for a tagged run, whole for the untagged one)."""
+    derives them, in part."""
     data = tmp_path / "data"
     deliver(data, segments[:4])
     analyze(data)
@@ -164,5 +172,5 @@ def test_attempts_an_interrupted_analyze_left_underived_are_derived_by_the_next(
     con.close()
     out = analyze(data)
     assert "new exchanges: 0" in out and "runs re-derived: 2 ((untagged), vllm-hermes)" in out
-    assert "derived in part: 1 of those runs" in out
+    assert "derived in part: 2 of those runs" in out
     assert_same_as_fresh(data, tmp_path / "fresh")
