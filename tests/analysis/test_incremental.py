@@ -174,6 +174,23 @@ def test_untagged_records_older_than_derived_ones_derive_the_run_whole(untagged:
     assert_same_as_fresh(data, tmp_path / "b")
 
 
+def test_an_untagged_run_derived_before_its_keys_were_kept_is_derived_whole_once(untagged: list[Path], tmp_path: Path):
+    """A database analysed before schema step 8 has no episode_keys: the next analyze cannot know
+    which conversations new records join, derives the run whole and keeps its keys from then on."""
+    data = tmp_path / "data"
+    deliver(data, untagged[:3])
+    analyze(data)
+    con = duckdb.connect(str(default_db(data)))
+    con.execute("DELETE FROM episode_keys")
+    con.close()
+    deliver(data, untagged[3:4])
+    assert "derived in part" not in analyze(data)
+    assert_same_as_fresh(data, tmp_path / "a")
+    deliver(data, untagged[4:5])
+    episodes_in_part(analyze(data), 1)
+    assert_same_as_fresh(data, tmp_path / "b")
+
+
 def test_an_untagged_conversation_crossing_a_run_boundary(untagged: list[Path], tmp_path: Path):
     """Daily runs of untagged traffic: conversations open at midnight go on in the next day's run,
     where they start episodes of their own; late records of both days are derived in part."""
