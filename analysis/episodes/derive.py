@@ -177,8 +177,11 @@ def derive_changes(con, runs: Iterable[str], progress=None) -> dict:
     they are and can only join the episodes their keys name (_CHAINABLE_SQL, _derive_conversations).
     A run whose new untagged attempts are older than some derived one (they could take a
     continuation a derived attempt had, moving it to another episode), one several clocks recorded
-    (causal order runs over the whole run: where a late attempt lands can reorder any other) and a
-    run not derived before are derived whole."""
+    and a run not derived before are derived whole. Several clocks: attempts are chained in causal
+    order, and a new attempt from a replica whose clock is behind can be the reply a derived attempt
+    continues, or a failed try before a derived answer, which moves that attempt and what chained
+    after it; and where derived attempts stood in causal order is not kept, so the episodes a new
+    attempt can join could not be chained again without ordering the whole run anyway."""
     pending = con.execute("SELECT run, episode FROM exchanges WHERE is_attempt AND turn_id IS NULL GROUP BY ALL").fetchall()
     runs = sorted(set(runs) | {run for run, _ in pending})
     if not runs:
