@@ -123,8 +123,10 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
             owner[id(turn)] = ep
         if a.outcome == NON_RESPONSE and a.state_hash and not (failed and failed[-1] is turn):
             by_state.setdefault(a.state_hash, deque()).append(turn)
+        named = owner[id(turn)].keys
         for key in chain_keys(a) if keys is None else keys[i]:
             by_chain.setdefault(key, deque()).append(turn)
+            named.add(key)
     out = list(episodes.values())
     for ep in out:
         heads = [t.attempts[0] for t in ep.turns]

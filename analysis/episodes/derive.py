@@ -18,7 +18,6 @@ import orjson
 from toolproxy.analysis.episodes.build import build_episodes, category_of, episode_expectation
 from toolproxy.analysis.episodes.loops import rejudged
 from toolproxy.analysis.episodes.model import Attempt
-from toolproxy.analysis.episodes.order import chain_keys
 from toolproxy.analysis.ingest.keys import request_key
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
 from toolproxy.analysis.measure.expectations import ExpectationRule
@@ -402,11 +401,9 @@ def _derived_rows(cols: list[Sequence], runs: list[str], clocks: list[str], rule
             episode_rows.append((ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns),
                                  ep.looping, ep.loop_reason, expect,
                                  orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(), ANALYZER_VERSION))
-            if ep.reconstructed:
-                named = {k for turn in ep.turns for a in turn.attempts for k in chain_keys(a)}
-                keys["run"] += [run] * len(named)
-                keys["episode_key"] += [ep.key] * len(named)
-                keys["key"] += named
+            keys["run"] += [run] * len(ep.keys)
+            keys["episode_key"] += [ep.key] * len(ep.keys)
+            keys["key"] += ep.keys
         if progress is not None:
             progress.advance()
     turn_cols = [list(c) for c in zip(*turn_rows)] or [[] for _ in _TURN_ROW]
