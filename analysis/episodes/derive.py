@@ -18,8 +18,8 @@ import orjson
 from toolproxy.analysis.episodes.build import build_episodes, category_of, episode_expectation
 from toolproxy.analysis.episodes.loops import rejudged
 from toolproxy.analysis.episodes.model import Attempt
-from toolproxy.analysis.ingest.keys import request_key
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
+from toolproxy.analysis.ingest.keys import request_key
 from toolproxy.analysis.measure.expectations import ExpectationRule
 from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.columns import share_strings
