@@ -46,7 +46,8 @@ def category_of(item_key: str | None, tag: str | None) -> str | None:
     return parts[0] if len(parts) == 2 and parts[0] else None
 
 
-def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = False) -> list[Episode]:
+def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = False,
+                   placed: dict[str, tuple[str, str]] | None = None) -> list[Episode]:
     """Group one run's attempts (given in clock order) into episodes of turns. Unless one clock
     stamped them all (one host: its clock order is the conversations' order), they are first put
     in causal_order.
@@ -57,7 +58,11 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
     such copies apart (the ids of the calls a reply made) come first in a request's parents, so a
     copy follows its own reply; copies that nothing tells apart are still each continued once. The
     first key a request names that any turn was given by decides: when all its turns were
-    continued already, the request starts an episode of its own (the same step taken again)."""
+    continued already, the request starts an episode of its own (the same step taken again).
+
+    `placed`: untagged attempts already grouped (attempt id -> its episode's name and its turn's
+    first attempt id), which go where they are instead of being chained again, so that attempts
+    after them chain as they would among all of the run's attempts (derive_changes)."""
     episodes: dict[str, Episode] = {}
     owner: dict[int, Episode] = {}  # id(turn) -> its episode
     by_chain: dict[str, deque[Turn]] = {}
@@ -74,6 +79,14 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
     def retried(turn: Turn) -> bool:
         return turn.attempts[-1].outcome == NON_RESPONSE and is_open(turn)
 
+    def continued(a: Attempt) -> Episode | None:
+        for h in a.parent_hashes:
+            queue = by_chain.get(h)
+            if queue is not None:
+                parent = oldest(queue, is_open)
+                return None if parent is None else owner[id(parent)]
+        return None
+
     attempts = list(attempts)
     keys = None if one_clock else [chain_keys(a) for a in attempts]
     for i in range(len(attempts)) if keys is None else causal_order(attempts, keys):
@@ -89,18 +102,19 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
                 ep.turns.append(Turn([a]))
             continue
         failed = by_state.get(a.state_hash) if a.state_hash else None
-        turn = oldest(failed, retried) if failed else None
+        place = placed.get(a.id) if placed else None
+        if place is not None:
+            name, head = place
+            ep = episodes.get(f"{run}/{name}")
+            if ep is None:
+                ep = episodes[f"{run}/{name}"] = Episode(f"{run}/{name}", name, True)
+            turn = ep.turns[-1] if head != a.id else None  # a retry is its episode's last turn, as chaining found it
+        else:
+            turn = oldest(failed, retried) if failed else None
+            ep = None if turn is not None else continued(a)
         if turn is not None:
             turn.attempts.append(a)
         else:
-            ep = None
-            for h in a.parent_hashes:
-                queue = by_chain.get(h)
-                if queue is not None:
-                    parent = oldest(queue, is_open)
-                    if parent is not None:
-                        ep = owner[id(parent)]
-                    break
             if ep is None:
                 name = f"~{a.id}"
                 ep = episodes[f"{run}/{name}"] = Episode(f"{run}/{name}", name, True)
@@ -109,8 +123,10 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
             owner[id(turn)] = ep
         if a.outcome == NON_RESPONSE and a.state_hash and not (failed and failed[-1] is turn):
             by_state.setdefault(a.state_hash, deque()).append(turn)
+        named = owner[id(turn)].keys
         for key in chain_keys(a) if keys is None else keys[i]:
             by_chain.setdefault(key, deque()).append(turn)
+            named.add(key)
     out = list(episodes.values())
     for ep in out:
         heads = [t.attempts[0] for t in ep.turns]

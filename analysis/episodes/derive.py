@@ -3,7 +3,8 @@
 Python does only what is sequential (grouping attempts into turns and episodes, loops,
 expectations); statements run per batch of runs, and what a turn copies from its final attempt is
 joined in SQL. After an ingest, derive_changes derives again only the tagged episodes that gained
-attempts where that gives what deriving their whole runs would.
+attempts and the conversations new untagged attempts join, where that gives what deriving their
+whole runs would.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from toolproxy.analysis.episodes.build import build_episodes, category_of, episo
 from toolproxy.analysis.episodes.loops import rejudged
 from toolproxy.analysis.episodes.model import Attempt
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
+from toolproxy.analysis.ingest.keys import request_key
 from toolproxy.analysis.measure.expectations import ExpectationRule
 from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.columns import share_strings
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.state import stored_rules
-from toolproxy.analysis.store.tables import EPISODES, TURNS
+from toolproxy.analysis.store.tables import EPISODE_KEYS, EPISODES, TURNS
 from toolproxy.calls.gcpause import gc_paused
 from toolproxy.record.writer import SEGMENT_REPLICA
 
@@ -56,7 +58,7 @@ SELECT run, id, episode, item, json_extract_string(tags, '$.category'), conditio
 FROM exchanges
 """
 _ATTEMPTS_SQL = _ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id"
-# The attempts of some tagged episodes of one run (_derive_episodes).
+# The attempts of some tagged episodes of one run (_derive_in_part).
 _EPISODE_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IN (SELECT unnest($episodes::VARCHAR[])) "
                          "ORDER BY run, started_at, id")
 
@@ -139,6 +141,7 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
     _temp_tables(con)
     con.execute("DELETE FROM turns WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    con.execute("DELETE FROM episode_keys WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     sizes = _run_sizes(con, runs)
     clocks = [run for run in runs if sizes.get(run, (0, 0))[1] > 1]
     if progress is not None:
@@ -168,9 +171,16 @@ def derive_changes(con, runs: Iterable[str], progress=None) -> dict:
     clock recorded depends on its own attempts alone (its turns are its attempts in clock order,
     grouped by retries) and, for its loop flag, on the run's median episode length; so there only
     the episodes with new attempts are derived again, at a cost that follows the new data rather
-    than the run. A run with new untagged attempts (reconstruction may chain them to any of its
-    conversations), one several clocks recorded (causal order runs over the whole run) and a run not
-    derived before are derived whole."""
+    than the run. Untagged attempts of such a run are chained in clock order, each by what came
+    before it: new ones that all come after the run's derived untagged attempts leave those where
+    they are and can only join the episodes their keys name (_CHAINABLE_SQL, _derive_conversations).
+    A run whose new untagged attempts are older than some derived one (they could take a
+    continuation a derived attempt had, moving it to another episode), one several clocks recorded
+    and a run not derived before are derived whole. Several clocks: attempts are chained in causal
+    order, and a new attempt from a replica whose clock is behind can be the reply a derived attempt
+    continues, or a failed try before a derived answer, which moves that attempt and what chained
+    after it; and where derived attempts stood in causal order is not kept, so the episodes a new
+    attempt can join could not be chained again without ordering the whole run anyway."""
     pending = con.execute("SELECT run, episode FROM exchanges WHERE is_attempt AND turn_id IS NULL GROUP BY ALL").fetchall()
     runs = sorted(set(runs) | {run for run, _ in pending})
     if not runs:
@@ -182,25 +192,52 @@ def derive_changes(con, runs: Iterable[str], progress=None) -> dict:
     untagged = {run for run, episode in pending if episode is None}
     derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
     sizes = _run_sizes(con, runs)
-    partial = [r for r in runs if r in derived and r not in untagged and sizes.get(r, (0, 1))[1] <= 1]
+    one_clock = [r for r in runs if r in derived and sizes.get(r, (0, 1))[1] <= 1]
+    chainable = {r for (r,) in con.execute(_CHAINABLE_SQL, [[r for r in one_clock if r in untagged]]).fetchall()}
+    partial = [r for r in one_clock if r not in untagged or r in chainable]
     whole = [r for r in runs if r not in partial]
     with gc_paused():
         _derive(con, whole, None, progress)
-        _derive_episodes(con, {r: new_episodes.get(r, set()) for r in partial})
+        in_part = _derive_in_part(con, {r: new_episodes.get(r, set()) for r in partial}, sorted(chainable))
     turns, episodes = con.execute(
         "SELECT (SELECT count(*) FROM turns WHERE run IN (SELECT unnest($runs::VARCHAR[]))), "
         "(SELECT count(*) FROM episodes WHERE run IN (SELECT unnest($runs::VARCHAR[])))", {"runs": runs}).fetchone()
-    return {"runs": runs, "turns": turns, "episodes": episodes, "in_part": partial,
-            "episodes_in_part": sum(len(new_episodes.get(r, ())) for r in partial)}
+    return {"runs": runs, "turns": turns, "episodes": episodes, "in_part": partial, "episodes_in_part": in_part}
 
 
-def _derive_episodes(con, episodes: dict[str, set[str]], rules: Sequence[ExpectationRule] | None = None) -> None:
-    """Derive again only these tagged episodes (run -> episode tags) of runs one clock recorded,
-    then the runs' loop flags and rows; derive_changes says when that equals deriving the runs."""
-    if not episodes:
-        return
-    if rules is None:
-        rules = stored_rules(con)
+# Of these runs (derived, one clock, with new untagged attempts), those whose new untagged attempts all
+# come after every derived one in clock order (a tie in started_at is left to the whole derive), with
+# their episodes' keys in episode_keys (a run derived before it existed has none).
+_CHAINABLE_SQL = """
+SELECT run FROM exchanges
+WHERE is_attempt AND episode IS NULL AND run IN (SELECT unnest(?::VARCHAR[]))
+GROUP BY run
+HAVING count(*) = count(started_at)
+   AND coalesce(min(started_at) FILTER (WHERE turn_id IS NULL) > max(started_at) FILTER (WHERE turn_id IS NOT NULL), true)
+   AND (count(turn_id) = 0 OR run IN (SELECT run FROM episode_keys))
+"""
+# The episodes of a run whose turns were given one of these keys.
+_NAMED_SQL = ("SELECT DISTINCT episode_key FROM episode_keys "
+              "WHERE run = $run AND key IN (SELECT unnest($keys::VARCHAR[])) ORDER BY episode_key")
+_TURNS_OF = "SELECT turn_id FROM turns WHERE run = $run AND episode_key IN (SELECT unnest($episodes::VARCHAR[]))"
+# A run's new untagged attempts and every attempt of these of its episodes, in clock order.
+_CONVERSATION_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IS NULL "
+                              f"AND (turn_id IS NULL OR turn_id IN ({_TURNS_OF})) ORDER BY run, started_at, id")
+# Where each attempt of these episodes is: its episode's name and its turn (build_episodes' `placed`).
+_PLACED_SQL = (f"SELECT x.id, e.episode, x.turn_id FROM exchanges x JOIN turns t ON t.turn_id = x.turn_id "
+               f"JOIN episodes e ON e.episode_key = t.episode_key "
+               f"WHERE x.is_attempt AND x.turn_id IN ({_TURNS_OF})")
+
+
+def _derive_in_part(con, episodes: dict[str, set[str]], conversations: list[str]) -> int:
+    """Derive again only these tagged episodes (run -> episode tags) and the conversations the new
+    untagged attempts of `conversations` join, of runs one clock recorded, then the runs' loop
+    flags and rows; derive_changes says when that equals deriving the runs. Returns how many
+    episodes were derived."""
+    runs = sorted(set(episodes) | set(conversations))
+    if not runs:
+        return 0
+    rules = stored_rules(con)
     _temp_tables(con)
     totals = {"turns": 0, "episodes": 0}
     for run, names in sorted(episodes.items()):
@@ -212,9 +249,38 @@ def _derive_episodes(con, episodes: dict[str, set[str]], rules: Sequence[Expecta
         con.execute("DELETE FROM episodes WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
         cols = _columns(con.execute(_EPISODE_ATTEMPTS_SQL, {"run": run, "episodes": names, "clocks": []}).fetchnumpy())
         _stage(con, _derived_rows(cols, [run], [], rules, None), totals)
-    runs = sorted(episodes)
+    for run in conversations:
+        _derive_conversations(con, run, rules, totals)
     _rejudge_loops(con, runs)
     _finish(con, runs)
+    return totals["episodes"]
+
+
+def _derive_conversations(con, run: str, rules: Sequence[ExpectationRule], totals: dict[str, int]) -> None:
+    """Chain a run's new untagged attempts (all later than its derived ones) into its conversations
+    and derive the episodes they join or start.
+
+    A new attempt continues a turn its parent keys name, or retries a failed one of its own request
+    (whose keys include request_key of that state): chaining looks at no other turn, so only the
+    episodes those keys name in episode_keys take part, their attempts placed where they were
+    derived, and the result is what chaining the whole run gives."""
+    lookups: list[str] = []
+    for parents, state in con.execute("SELECT parent_hashes, state_hash FROM exchanges "
+                                      "WHERE is_attempt AND run = ? AND episode IS NULL AND turn_id IS NULL",
+                                      [run]).fetchall():
+        lookups += parents or ()
+        if state:
+            lookups.append(request_key(state))
+    named = [k for (k,) in con.execute(_NAMED_SQL, {"run": run, "keys": lookups}).fetchall()]
+    params = {"run": run, "episodes": named}
+    placed = {x: (name, turn) for x, name, turn in con.execute(_PLACED_SQL, params).fetchall()}
+    cols = _columns(con.execute(_CONVERSATION_ATTEMPTS_SQL, params | {"clocks": []}).fetchnumpy())
+    derived = _derived_rows(cols, [run], [], rules, None, placed)
+    # with the episodes their attempts start (an interrupted analyze may have left rows of those behind)
+    keys = sorted(set(named) | set(derived[1]["episode_key"]))
+    for table in ("turns", "episodes", "episode_keys"):
+        con.execute(f"DELETE FROM {table} WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
+    _stage(con, derived, totals)
 
 
 def _temp_tables(con) -> None:
@@ -229,10 +295,12 @@ def _run_sizes(con, runs: list[str]) -> dict[str, tuple[int, int]]:
 
 
 def _stage(con, derived: tuple, totals: dict[str, int]) -> None:
-    """Insert derived episodes, and stage turn rows and the attempt -> turn map for _finish."""
-    turn_rows, episode_cols, map_ex, map_turn = derived
+    """Insert derived episodes and their conversation keys, and stage turn rows and the attempt ->
+    turn map for _finish."""
+    turn_rows, episode_cols, key_cols, map_ex, map_turn = derived
     totals["turns"] += insert_columns(con, "_turn_rows", dict(zip(_TURN_ROW, turn_rows)), {n: TURNS.types[n] for n in _TURN_ROW})
     totals["episodes"] += EPISODES.insert(con, episode_cols)
+    EPISODE_KEYS.insert(con, key_cols)
     insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
 
 
@@ -288,9 +356,11 @@ def _columns(arrays: dict) -> list[Sequence]:
     return out
 
 
-def _derived_rows(cols: list[Sequence], runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule], progress):
-    """The turn rows (columns of _TURN_ROW), episode columns and attempt -> turn map of the
-    attempts `cols` (_columns) of these runs."""
+def _derived_rows(cols: list[Sequence], runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule], progress,
+                  placed: dict[str, tuple[str, str]] | None = None):
+    """The turn rows (columns of _TURN_ROW), episode columns, reconstructed episodes' conversation
+    keys (episode_keys columns) and attempt -> turn map of the attempts `cols` (_columns) of these
+    runs; `placed`: build_episodes'."""
     run_of = cols[0]
     for k in _KEY_LISTS:
         cols[k] = [[] if p is None else p.split() for p in cols[k]]
@@ -305,11 +375,12 @@ def _derived_rows(cols: list[Sequence], runs: list[str], clocks: list[str], rule
     episode_rows: list[tuple] = []
     map_ex: list[str] = []
     map_turn: list[str] = []
+    keys: dict[str, list] = {"run": [], "episode_key": [], "key": []}
     clocked = set(clocks)
     categories: dict[tuple, str | None] = {}  # category_of(item, tag), which repeats along an episode
     for run in runs:
         start, end = spans.get(run, (0, 0))
-        for ep in build_episodes(run, attempts[start:end], one_clock=run not in clocked):
+        for ep in build_episodes(run, attempts[start:end], one_clock=run not in clocked, placed=placed):
             tags, expect = episode_expectation(run, ep, rules)
             for i, (turn, facts) in enumerate(zip(ep.turns, turn_facts(ep.turns))):
                 head = turn.attempts[0]
@@ -330,8 +401,11 @@ def _derived_rows(cols: list[Sequence], runs: list[str], clocks: list[str], rule
             episode_rows.append((ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns),
                                  ep.looping, ep.loop_reason, expect,
                                  orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(), ANALYZER_VERSION))
+            keys["run"] += [run] * len(ep.keys)
+            keys["episode_key"] += [ep.key] * len(ep.keys)
+            keys["key"] += ep.keys
         if progress is not None:
             progress.advance()
     turn_cols = [list(c) for c in zip(*turn_rows)] or [[] for _ in _TURN_ROW]
     episode_cols = dict(zip(EPISODES.names, [list(c) for c in zip(*episode_rows)] or [[] for _ in EPISODES.names]))
-    return turn_cols, episode_cols, map_ex, map_turn
+    return turn_cols, episode_cols, keys, map_ex, map_turn

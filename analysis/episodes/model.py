@@ -80,3 +80,4 @@ class Episode:
     category: str | None = None
     looping: bool = False
     loop_reason: str | None = None
+    keys: set[str] = field(default_factory=set)  # what later requests name its turns by (reconstructed only)

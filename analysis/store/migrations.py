@@ -236,4 +236,10 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE turns ADD COLUMN finisher VARCHAR;
         """,
     ),
+    (
+        8,
+        "the conversation keys of every reconstructed episode's turns: a new untagged attempt can only join "
+        "the episodes its parent keys name, so a re-analyze derives those again instead of the whole run",
+        "CREATE TABLE episode_keys (run VARCHAR, episode_key VARCHAR, key VARCHAR);",
+    ),
 ]

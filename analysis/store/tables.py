@@ -98,5 +98,8 @@ INGEST_ISSUES = Table("ingest_issues", {
     "segment": _V, "byte_offset": _B, "kind": _V, "message": _V, "seen_at": _T, "record_id": _V,
 })
 ANALYZER_STATE = Table("analyzer_state", {"key": _V, "value": _J})
+# Per reconstructed episode, the keys later requests name its turns by (analysis.episodes.order.chain_keys).
+EPISODE_KEYS = Table("episode_keys", {"run": _V, "episode_key": _V, "key": _V})
 
-TABLES = [EXCHANGES, TOOL_SETS, TURNS, CALLS, EPISODES, RUNS, FINGERPRINTS, INGEST_STATE, INGEST_ISSUES, ANALYZER_STATE]
+TABLES = [EXCHANGES, TOOL_SETS, TURNS, CALLS, EPISODES, RUNS, FINGERPRINTS, INGEST_STATE, INGEST_ISSUES, ANALYZER_STATE,
+          EPISODE_KEYS]

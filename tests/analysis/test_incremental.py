@@ -3,10 +3,12 @@ analysis of all the records: exchanges, calls, turns, episodes and runs compared
 
 Segments arrive the way production delivers them: later ones after an analysis, a middle one
 late (its records older than ones already derived, landing inside episodes), replicas with their
-own segments, and a tagged conversation that crosses from one daily run into the next."""
+own segments, and a conversation that crosses from one daily run into the next; tagged and
+untagged traffic (whose episodes are reconstructed by chaining)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import pytest
 
 from toolproxy.analysis.store.connection import default_db
 from toolproxy.record.writer import SEGMENT_DIR
-from toolproxy.testing.corpus import generate
+from toolproxy.testing.corpus import generate, generate_untagged
 
 CLI = [sys.executable, "-m", "toolproxy.cli"]
 TABLES = ("exchanges", "calls", "turns", "episodes", "runs")
@@ -95,13 +97,20 @@ def test_replicas_segments_out_of_order(segments: list[Path], tmp_path: Path):
     assert_same_as_fresh(data, tmp_path / "fresh")
 
 
-def _retagged(path: Path, run_of) -> bytes:
-    out = []
-    for line in path.read_bytes().splitlines():
-        rec = orjson.loads(line)
-        rec["run"] = run_of(rec)
-        out.append(orjson.dumps(rec))
-    return b"\n".join(out) + b"\n"
+def split_at_midnight(files: list[Path]) -> tuple[float, list[dict], list[dict]]:
+    """The records of these segments and a midnight half of them are after: (midnight, before, after)."""
+    records = [orjson.loads(line) for f in files for line in f.read_bytes().splitlines()]
+    midnight = sorted(r["started_at"] for r in records)[len(records) // 2]
+    return midnight, [r for r in records if r["started_at"] < midnight], [r for r in records if r["started_at"] >= midnight]
+
+
+def write_daily(path: Path, records: list[dict], midnight: float, untagged_too: bool = False) -> None:
+    """The records as `serve --run prod-%Y-%m-%d` writes them: their run is their day's (for records
+    that named no run, only with `untagged_too`)."""
+    with open(path, "wb") as f:
+        for r in records:
+            day = "prod-2026-11-29" if r["started_at"] < midnight else "prod-2026-11-30"
+            f.write(orjson.dumps(dict(r, run=day if r.get("run") or untagged_too else None)) + b"\n")
 
 
 def test_a_conversation_crossing_a_run_boundary(segments: list[Path], tmp_path: Path):
@@ -109,49 +118,122 @@ def test_a_conversation_crossing_a_run_boundary(segments: list[Path], tmp_path: 
     so episodes that were open at midnight continue there; a late record of the first day comes last."""
     data = tmp_path / "data"
     (data / SEGMENT_DIR).mkdir(parents=True)
-    records = [orjson.loads(line) for f in segments[:4] for line in f.read_bytes().splitlines()]
-    midnight = sorted(r["started_at"] for r in records)[len(records) // 2]
-
-    def write(name: str, recs: list[dict]) -> None:
-        with open(data / SEGMENT_DIR / name, "wb") as f:
-            for r in recs:
-                day = "prod-2026-11-29" if r["started_at"] < midnight else "prod-2026-11-30"
-                r = dict(r, run=day if r.get("run") else None)
-                f.write(orjson.dumps(r) + b"\n")
-
-    first, second = [r for r in records if r["started_at"] < midnight], [r for r in records if r["started_at"] >= midnight]
-    write("20261129T000000-1-0001.jsonl", first[:-5])
+    midnight, first, second = split_at_midnight(segments[:4])
+    write_daily(data / SEGMENT_DIR / "20261129T000000-1-0001.jsonl", first[:-5], midnight)
     analyze(data)
-    write("20261130T000000-1-0001.jsonl", second)
+    write_daily(data / SEGMENT_DIR / "20261130T000000-1-0001.jsonl", second, midnight)
     analyze(data)
     assert_same_as_fresh(data, tmp_path / "a")
-    write("20261130T000000-1-0002.jsonl", first[-5:])
+    write_daily(data / SEGMENT_DIR / "20261130T000000-1-0002.jsonl", first[-5:], midnight)
     analyze(data)
+    assert_same_as_fresh(data, tmp_path / "b")
+
+
+@pytest.fixture(scope="module")
+def untagged(tmp_path_factory) -> list[Path]:
+    """Traffic nobody tagged (one run, episodes reconstructed by chaining), 8 conversations at a
+    time, in 9 segments: a segment continues conversations of the ones before it, and some start
+    conversations of their own."""
+    data = tmp_path_factory.mktemp("untagged")
+    generate_untagged(data, 900, segment_records=100, concurrent=8)
+    return sorted((data / SEGMENT_DIR).iterdir())
+
+
+def episodes_in_part(out: str, runs: int) -> int:
+    found = re.search(rf"derived in part: {runs} of those runs, only their (\d+) episodes with new records", out)
+    assert found, out
+    return int(found[1])
+
+
+def test_untagged_conversations_continued_and_started_by_later_segments(untagged: list[Path], tmp_path: Path):
+    data = tmp_path / "data"
+    deliver(data, untagged[:3])
+    analyze(data)
+    for k, batch in enumerate((untagged[3:5], untagged[5:6], untagged[6:])):
+        deliver(data, batch)
+        out = analyze(data)
+        con = duckdb.connect(str(default_db(data)), read_only=True)
+        total = con.execute("SELECT count(*) FROM episodes").fetchone()[0]
+        con.close()
+        assert 0 < episodes_in_part(out, 1) < total
+        assert_same_as_fresh(data, tmp_path / str(k))
+
+
+def test_untagged_records_older_than_derived_ones_derive_the_run_whole(untagged: list[Path], tmp_path: Path):
+    """A late segment's records could take continuations derived records had: the run is derived
+    whole, and the next segment in order is derived in part again."""
+    data = tmp_path / "data"
+    deliver(data, untagged[:3] + untagged[4:5])
+    analyze(data)
+    deliver(data, untagged[3:4])
+    out = analyze(data)
+    assert "derived in part" not in out
+    assert_same_as_fresh(data, tmp_path / "a")
+    deliver(data, untagged[5:6])
+    episodes_in_part(analyze(data), 1)
+    assert_same_as_fresh(data, tmp_path / "b")
+
+
+def test_an_untagged_run_derived_before_its_keys_were_kept_is_derived_whole_once(untagged: list[Path], tmp_path: Path):
+    """A database analysed before schema step 8 has no episode_keys: the next analyze cannot know
+    which conversations new records join, derives the run whole and keeps its keys from then on."""
+    data = tmp_path / "data"
+    deliver(data, untagged[:3])
+    analyze(data)
+    con = duckdb.connect(str(default_db(data)))
+    con.execute("DELETE FROM episode_keys")
+    con.close()
+    deliver(data, untagged[3:4])
+    assert "derived in part" not in analyze(data)
+    assert_same_as_fresh(data, tmp_path / "a")
+    deliver(data, untagged[4:5])
+    episodes_in_part(analyze(data), 1)
+    assert_same_as_fresh(data, tmp_path / "b")
+
+
+def test_an_untagged_conversation_crossing_a_run_boundary(untagged: list[Path], tmp_path: Path):
+    """Daily runs of untagged traffic: conversations open at midnight go on in the next day's run,
+    where they start episodes of their own; late records of both days are derived in part."""
+    data = tmp_path / "data"
+    (data / SEGMENT_DIR).mkdir(parents=True)
+    midnight, first, second = split_at_midnight(untagged[:6])
+    write_daily(data / SEGMENT_DIR / "20261129T000000-1-0001.jsonl", first[:-20], midnight, untagged_too=True)
+    analyze(data)
+    write_daily(data / SEGMENT_DIR / "20261130T000000-1-0001.jsonl", second[:-20], midnight, untagged_too=True)
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "a")
+    write_daily(data / SEGMENT_DIR / "20261130T000000-1-0002.jsonl", first[-20:] + second[-20:], midnight, untagged_too=True)
+    episodes_in_part(analyze(data), 2)
     assert_same_as_fresh(data, tmp_path / "b")
 
 
 def test_only_the_episodes_with_new_attempts_are_derived_again(segments: list[Path], tmp_path: Path):
     """The tagged runs one clock recorded are derived in part, only in the episodes whose tags the
-    new segment names; the untagged run is derived whole."""
+    new segment names; the untagged run too, only in the conversations its new attempts continue
+    or start."""
     data = tmp_path / "data"
     deliver(data, segments[:6])
     analyze(data)
     deliver(data, segments[6:7])
     out = analyze(data)
-    tags = {(r["run"], r["episode"]) for r in map(orjson.loads, segments[6].read_bytes().splitlines()) if r.get("episode")}
+    new = list(map(orjson.loads, segments[6].read_bytes().splitlines()))
+    tags = {(r["run"], r["episode"]) for r in new if r.get("episode")}
     runs = {run for run, _ in tags}
-    assert f"derived in part: {len(runs)} of those runs, only their {len(tags)} episodes with new records" in out
+    assert any(r.get("run") is None for r in new)
+    conversations = episodes_in_part(out, len(runs) + 1) - len(tags)
     con = duckdb.connect(str(default_db(data)), read_only=True)
     total = con.execute("SELECT count(*) FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [sorted(runs)]).fetchone()[0]
+    untagged = con.execute("SELECT count(*) FROM episodes WHERE run = '(untagged)'").fetchone()[0]
     con.close()
     assert len(tags) < total / 3
+    assert 0 < conversations < untagged / 2
     assert_same_as_fresh(data, tmp_path / "fresh")
 
 
 def test_attempts_an_interrupted_analyze_left_underived_are_derived_by_the_next(segments: list[Path], tmp_path: Path):
     """An analyze stores records in transactions as it reads and derives at the end; killed in
     between, it leaves stored attempts with no turn. The next analyze, with nothing new to read,
-    derives them (in part for a tagged run, whole for the untagged one)."""
+    derives them, in part."""
     data = tmp_path / "data"
     deliver(data, segments[:4])
     analyze(data)
@@ -164,5 +246,5 @@ def test_attempts_an_interrupted_analyze_left_underived_are_derived_by_the_next(
     con.close()
     out = analyze(data)
     assert "new exchanges: 0" in out and "runs re-derived: 2 ((untagged), vllm-hermes)" in out
-    assert "derived in part: 1 of those runs" in out
+    assert "derived in part: 2 of those runs" in out
     assert_same_as_fresh(data, tmp_path / "fresh")

@@ -55,6 +55,18 @@ def test_untagged_episode_reconstructed_by_prefix_chaining():
     assert eps[0].key == "r/~a1"
 
 
+def test_placed_attempts_stay_where_they_were_derived_and_later_ones_chain_from_there():
+    """derive_changes passes the attempts it derived before as placed: they keep their episodes and
+    turns (a retry its turn) even where chaining them again among fewer turns would put them
+    elsewhere, and a new attempt continues the turn it names in its episode."""
+    failed = attempt("a2", TURN2, outcome="non_response", sub_kind="http_5xx")
+    placed = {"a1": ("~a1", "a1"), "a2": ("~a2", "a2"), "a2r": ("~a2", "a2")}
+    eps = build_episodes("r", [attempt("a1", TURN1, REPLY1), failed, attempt("a2r", TURN2, REPLY2),
+                               attempt("a3", TURN3, ("Oslo 5C, Paris 9C.", []))], one_clock=True, placed=placed)
+    assert shape(eps) == [[["a1"]], [["a2", "a2r"], ["a3"]]]
+    assert [ep.key for ep in eps] == ["r/~a1", "r/~a2"] and all(ep.reconstructed for ep in eps)
+
+
 def test_different_reply_is_not_the_same_episode():
     eps = build_episodes("r", [attempt("a1", TURN1, (None, [("get_weather", '{"city":"Rome"}')])), attempt("a2", TURN2, REPLY2)])
     assert shape(eps) == [[["a1"]], [["a2"]]]

@@ -9,7 +9,8 @@ reconstruction. `generate_small` is single requests with short bodies (one small
 the shape of a chat front end's traffic. Records are the proxy's own Record dataclass serialised
 exactly as the segment writer does.
 
-`generate_long` writes long tagged agent episodes (20-50 turns, records of several KB) in one run.
+`generate_long` writes long tagged agent episodes (20-50 turns, records of several KB) in one run,
+`generate_untagged` the same without tags.
 `episode` / `interleaved` / `small_records` build Record lists for the storage benchmark and the
 dedup tests: agent episodes as harnesses send them (the whole history resent every turn, growing
 by `growth` bytes a turn), turn t of every episode before turn t+1 of any, and small records.
@@ -327,8 +328,9 @@ def _text(rnd: random.Random, n_bytes: int) -> str:
     return " ".join(out)[:n_bytes]
 
 
-def episode(rnd: random.Random, n: int, turns: int, growth: int) -> list[Record]:
-    """One agent episode, `turns` exchanges; each request's history is `growth` bytes longer."""
+def episode(rnd: random.Random, n: int, turns: int, growth: int, tagged: bool = True) -> list[Record]:
+    """One agent episode, `turns` exchanges; each request's history is `growth` bytes longer.
+    Untagged, its records name no run or episode (analyze chains them by their messages)."""
     messages = [
         {"role": "system", "content": "You are a coding agent working in a repository. " + _text(rnd, 1200)},
         {"role": "user", "content": f"Task {n}: " + _text(rnd, 400)},
@@ -341,8 +343,10 @@ def episode(rnd: random.Random, n: int, turns: int, growth: int) -> list[Record]
         args = _args_for(name, rnd)
         body, ctype = _openai_reply("vllm", MODEL, "call", name, args, "", False, rnd)
         rec = Record(id=new_id(), started_at=1764000000.0 + turn, upstream="http://127.0.0.1:8000", method="POST",
-                     path="/v1/chat/completions", client_path=f"/t/run=bench/episode={n}/v1/chat/completions",
-                     run="bench", episode=str(n), status=200, client_status=200, response_complete=True)
+                     path="/v1/chat/completions",
+                     client_path=(f"/t/run=bench/episode={n}" if tagged else "") + "/v1/chat/completions",
+                     run="bench" if tagged else None, episode=str(n) if tagged else None,
+                     status=200, client_status=200, response_complete=True)
         rec.request_headers = [["Host", "127.0.0.1:8787"], ["Content-Type", "application/json"],
                                ["Authorization", "redacted:1a2b3c4d"], ["User-Agent", "OpenAI/Python 1.99.0"],
                                ["Content-Length", str(len(req))]]
@@ -363,11 +367,12 @@ def episode(rnd: random.Random, n: int, turns: int, growth: int) -> list[Record]
 
 
 def generate_long(data_dir: Path, n_exchanges: int, seed: int = 13, segment_records: int = 20000,
-                  concurrent: int = 64) -> int:
+                  concurrent: int = 64, tagged: bool = True) -> int:
     """Long-running production agent traffic, whose records are several times the `agents` mix's:
-    tagged episodes of 20-50 turns in one run, each request resending a ~1.6 KB system prompt and task, ~2 KB of tools and its
+    episodes of 20-50 turns in one run, each request resending a ~1.6 KB system prompt and task, ~2 KB of tools and its
     history so far (records of 4-12 KB), `concurrent` episodes interleaved at a time, stamped in the
-    order they are written."""
+    order they are written. `tagged`: the episodes carry their tags, else nothing does (one run whose
+    episodes analyze reconstructs)."""
     rnd = random.Random(seed)
     seg_dir = data_dir / SEGMENT_DIR
     seg_dir.mkdir(parents=True, exist_ok=True)
@@ -376,7 +381,7 @@ def generate_long(data_dir: Path, n_exchanges: int, seed: int = 13, segment_reco
     while written < n_exchanges:
         group = []
         for _ in range(concurrent):
-            group.append(episode(rnd, n, rnd.randint(20, 50), 150))
+            group.append(episode(rnd, n, rnd.randint(20, 50), 150, tagged))
             n += 1
         for rec in interleaved(group)[:n_exchanges - written]:
             if written % segment_records == 0:
@@ -390,6 +395,12 @@ def generate_long(data_dir: Path, n_exchanges: int, seed: int = 13, segment_reco
     if f is not None:
         f.close()
     return written
+
+
+def generate_untagged(data_dir: Path, n_exchanges: int, seed: int = 17, segment_records: int = 20000,
+                      concurrent: int = 64) -> int:
+    """generate_long's traffic with no tags at all, as a proxy nobody configured records it."""
+    return generate_long(data_dir, n_exchanges, seed, segment_records, concurrent, tagged=False)
 
 
 def interleaved(episodes: list[list[Record]]) -> list[Record]:
