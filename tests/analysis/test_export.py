@@ -3,6 +3,7 @@ directory and to fsspec's in-memory filesystem, read back by DuckDB with hive pa
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import shutil
@@ -361,8 +362,10 @@ def test_memory_filesystem_and_a_second_machine_stay_consistent(data: Path, tmp_
     assert parquet_counts(url, reader) == db_counts(data / "toolproxy.duckdb")
 
 
-def test_an_interrupted_export_is_undone_by_the_next(data: Path, tmp_path: Path, monkeypatch):
-    out = tmp_path / "out"
+@contextlib.contextmanager
+def killed_at_the_manifest(monkeypatch):
+    """Inside, an export dies (KeyboardInterrupt) as it writes its manifest, so its files land and
+    the manifest does not; the block must raise it."""
     real = Destination.write_bytes
 
     def crash_at_manifest(self, rel, payload):
@@ -371,15 +374,29 @@ def test_an_interrupted_export_is_undone_by_the_next(data: Path, tmp_path: Path,
         return real(self, rel, payload)
 
     monkeypatch.setattr(Destination, "write_bytes", crash_at_manifest)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        monkeypatch.setattr(Destination, "write_bytes", real)
+
+
+def age_journal(out: Path) -> dict:
+    """Make the export journal at `out` older than STALE_SECONDS, as a dead export's would be; returns it as it was."""
+    journal = orjson.loads((out / parquet.PENDING).read_bytes())
+    (out / parquet.PENDING).write_bytes(orjson.dumps(journal | {"started_at": journal["started_at"] - 2 * parquet.STALE_SECONDS}))
+    return journal
+
+
+def test_an_interrupted_export_is_undone_by_the_next(data: Path, tmp_path: Path, monkeypatch):
+    out = tmp_path / "out"
     con = connect(data / "toolproxy.duckdb", read_only=True)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_at_the_manifest(monkeypatch):
         parquet.export(con, Destination(str(out)), data_dir=data)
-    monkeypatch.setattr(Destination, "write_bytes", real)
     assert list(out.glob("exchanges/**/*.parquet"))  # data files landed, the manifest did not
     with pytest.raises(ExportError, match="another export .* is in progress"):
         parquet.export(con, Destination(str(out)), data_dir=data)  # the journal is fresh and its process (this one) alive
-    journal = orjson.loads((out / parquet.PENDING).read_bytes())
-    (out / parquet.PENDING).write_bytes(orjson.dumps(journal | {"started_at": journal["started_at"] - 2 * parquet.STALE_SECONDS}))
+    journal = age_journal(out)
     killed = out / parquet.STATE_DIR / "staging-killed"  # what a SIGKILLed export leaves behind
     (killed / "exchanges").mkdir(parents=True)
     old = journal["started_at"] - 2 * parquet.STALE_SECONDS

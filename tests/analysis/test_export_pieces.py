@@ -23,7 +23,7 @@ from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.testing.corpus import episode, generate, interleaved
 
-from test_export import run_cli
+from test_export import age_journal, killed_at_the_manifest, run_cli
 
 
 def _rebuilt(text: str, encoding: str = "utf8") -> list[str]:
@@ -229,23 +229,13 @@ def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Pa
     committed = set((out / "pieces").iterdir())
     write_episodes(data, "20261129T130000-1-0002-host", range(2, 4), 6)
     run_cli("analyze", "--data", str(data))
-    real = Destination.write_bytes
-
-    def crash_at_manifest(self, rel, payload):
-        if rel == parquet.MANIFEST:
-            raise KeyboardInterrupt
-        return real(self, rel, payload)
-
-    monkeypatch.setattr(Destination, "write_bytes", crash_at_manifest)
     con = connect(data / "toolproxy.duckdb", read_only=True)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with killed_at_the_manifest(monkeypatch):
             parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
-        monkeypatch.setattr(Destination, "write_bytes", real)
         crashed = set((out / "pieces").iterdir()) - committed
         assert crashed
-        journal = orjson.loads((out / parquet.PENDING).read_bytes())
-        (out / parquet.PENDING).write_bytes(orjson.dumps(journal | {"started_at": journal["started_at"] - 2 * parquet.STALE_SECONDS}))
+        age_journal(out)
         result = parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
     finally:
         con.close()
