@@ -243,8 +243,9 @@ def provenance(con: duckdb.DuckDBPyConnection, data_dir: Path, runs: list[RunSum
         sent = _json(request)
         served, source = _served(fp, _reply_model(reply))
         digest, template_source, renders, note = _template(fp)
-        if digest and s.rejected:
-            # llama-server --no-jinja reports the GGUF's template in /props and refuses every request with tools.
+        if digest and s.rejected and {k for k, n in s.non_response_kinds.items() if n} == {"refused"}:
+            # llama-server --no-jinja reports the GGUF's template in /props and refuses every request with tools
+            # before rendering it; a run that timed out or failed later may well have rendered it.
             note = "the stack reports it, but refused every turn: it rendered none of them"
         tool_calls, text_calls = calls.get(s.run, (0, 0))
         p = Provenance(
