@@ -71,7 +71,9 @@ def _analyze(python: str, data_dir: Path, args: argparse.Namespace, fresh: bool 
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"analyze with {python} failed ({proc.returncode}):\n{out}")
-    return dt, usage.ru_utime + usage.ru_stime, peak.read_mb(out_file), out
+    rss = peak.read_mb(out_file)
+    out_file.unlink()
+    return dt, usage.ru_utime + usage.ru_stime, rss, out
 
 
 def _hold_back(data_dir: Path, n: int) -> bytes:

@@ -1,8 +1,9 @@
 """Bodies cut into content-addressed pieces, for `export --layout pieces`.
 
 An agent's every request resends its whole conversation, so exporting each body whole grows with
-the square of an episode's length. Cut at the end of each element of the top-level object's
-arrays (each message of `messages`, each tool of `tools`, each choice of a reply), a body is a few
+the square of an episode's length. Cut at the end of each object or array element of the
+top-level object's arrays (each message of `messages`, each tool of `tools`, each choice of a
+reply; scalars such as a prompt's token ids stay together, a hash each would outweigh them), a body is a few
 pieces that an episode's later requests share, and each piece is stored once. The separator before
 an element travels with it (`,{"role":...}`), so a message reads the same in every request that
 repeats it, and the pieces of a body concatenated are its recorded text exactly: the cut is made on
@@ -39,7 +40,7 @@ def split(text: str | None, encoding: str | None) -> list[dict] | None:
 
 
 def _cuts(text: str) -> list[int]:
-    """Where each array element of the top-level object ends; [] when it is not one."""
+    """Where each object or array element of the top-level object's arrays ends; [] when it is not one."""
     try:
         if not isinstance(orjson.loads(text), dict):
             return []
@@ -54,8 +55,10 @@ def _cuts(text: str) -> list[int]:
         if text[i] == "[":
             i = _skip_space(text, i + 1)
             while text[i] != "]":
+                container = text[i] in "[{"
                 i = _value_end(text, i)
-                cuts.append(i)
+                if container:  # a scalar (a token id of a prompt) is too small to pay for its own hash
+                    cuts.append(i)
                 i = _skip_space(text, i)
                 if text[i] == ",":
                     i = _skip_space(text, i + 1)

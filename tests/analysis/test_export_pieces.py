@@ -44,6 +44,15 @@ def test_a_chat_request_is_cut_after_each_message_and_tool():
     assert a[:2] == b[:2] and a[2:] == b[3:]  # the longer request repeats every piece of the shorter one
 
 
+def test_scalars_stay_together_so_a_token_id_prompt_is_not_a_hash_per_token():
+    """A /v1/completions prompt of token ids: a piece (and a 64-character hash) per id would be
+    several times the body."""
+    text = json.dumps({"model": "m", "prompt": list(range(2000)), "max_tokens": 8})
+    assert len(_rebuilt(text)) == 1
+    mixed = json.dumps({"messages": [1, {"role": "user"}, "x", [2]], "n": [3, 4]})
+    assert _rebuilt(mixed) == ['{"messages": [1, {"role": "user"}', ', "x", [2]', '], "n": [3, 4]}']
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_any_whitespace_and_key_order_rebuilds_exactly(seed: int):
     rnd = random.Random(seed)
