@@ -25,7 +25,9 @@ INTO_ANALYSIS = {
                                   "toolproxy.analysis.measure.runline"},
     "toolproxy.proxy.classifier": {"toolproxy.analysis.measure.runline"},
     # run, study and demo print each run's line as the report reads it (one definition, runline).
-    "toolproxy.drive.run": {"toolproxy.analysis.measure.runline"},
+    # run also prints each run's provenance lines from the report JSON it fetched, in the words the
+    # report itself uses (Provenance.lines), not a second rendering of them.
+    "toolproxy.drive.run": {"toolproxy.analysis.measure.runline", "toolproxy.analysis.report.provenance"},
     "toolproxy.drive.study": {"toolproxy.analysis.measure.runline"},
     "toolproxy.drive.demo": {"toolproxy.analysis.measure.runline"},
     # replay reads the recorded requests from a data directory's store.
