@@ -21,6 +21,7 @@ import duckdb
 import orjson
 import pytest
 
+from toolproxy.analysis.ingest.keys import link_map, parent_walk
 from toolproxy.analysis.ingest.pipeline import ingest
 from toolproxy.analysis.store.connection import bodies_in_sql, connect
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
@@ -287,11 +288,20 @@ def test_old_version_1_segments_stay_readable(tmp_path):
 # ---- the analyzer sees the same exchanges with dedup on and off ---------------------------------
 
 def _exchanges(db: Path) -> list[tuple]:
+    """Every exchange row but where it lies, with the parent keys it walks instead of the links back
+    it stores (which requests store which links follows how batches fall: keys.Prefixes)."""
     con = duckdb.connect(str(db), read_only=True)
     try:
-        return con.execute("SELECT * EXCLUDE (segment, segment_offset) FROM exchanges ORDER BY id").fetchall()
+        rows = con.execute("SELECT * EXCLUDE (segment, segment_offset, prefix_links), prefix_links, run, "
+                           "parent_hashes, prior_hash FROM exchanges ORDER BY id").fetchall()
     finally:
         con.close()
+    links: dict = {}
+    for *_, pairs, run, _parents, _prior in rows:
+        links.setdefault(run, []).append(pairs)
+    maps = {run: link_map(p) for run, p in links.items()}
+    return [(*row[:-4], None if row[-2] is None else list(parent_walk(row[-2], row[-1], maps[row[-3]])))
+            for row in rows]
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -30,6 +30,7 @@ import orjson
 from toolproxy.analysis.episodes.loops import mark_loops
 from toolproxy.analysis.episodes.model import Attempt, Episode, Turn
 from toolproxy.analysis.episodes.order import causal_order, chain_keys
+from toolproxy.analysis.ingest.keys import link_map, parent_walk
 from toolproxy.analysis.measure.expectations import ExpectationRule, expectation
 from toolproxy.analysis.measure.outcomes import NON_RESPONSE
 
@@ -80,7 +81,7 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
         return turn.attempts[-1].outcome == NON_RESPONSE and is_open(turn)
 
     def continued(a: Attempt) -> Episode | None:
-        for h in a.parent_hashes:
+        for h in parent_walk(a.parent_hashes, a.prior_hash, links):
             queue = by_chain.get(h)
             if queue is not None:
                 parent = oldest(queue, is_open)
@@ -88,8 +89,9 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
         return None
 
     attempts = list(attempts)
+    links = link_map(a.prefix_links for a in attempts)
     keys = None if one_clock else [chain_keys(a) for a in attempts]
-    for i in range(len(attempts)) if keys is None else causal_order(attempts, keys):
+    for i in range(len(attempts)) if keys is None else causal_order(attempts, keys, links):
         a = attempts[i]
         if a.episode is not None:
             key = f"{run}/{a.episode}"

@@ -19,7 +19,7 @@ from toolproxy.analysis.episodes.build import build_episodes, category_of, episo
 from toolproxy.analysis.episodes.loops import rejudged
 from toolproxy.analysis.episodes.model import Attempt
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
-from toolproxy.analysis.ingest.keys import request_key
+from toolproxy.analysis.ingest.keys import link_map, parent_walk, request_key
 from toolproxy.analysis.measure.expectations import ExpectationRule
 from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.columns import share_strings
@@ -42,10 +42,10 @@ FROM (SELECT run, segment, count(*) AS n FROM exchanges
 GROUP BY run
 """
 
-# The attempts of a batch of runs, in clock order per run, column by column (see Attempt). parent_hashes
-# come as one space-separated string (hex hashes), which is much cheaper to fetch than a list, and
-# only where build_episodes reads them: untagged attempts, and every attempt of a run several clocks
-# recorded (causal_order).
+# The attempts of a batch of runs, in clock order per run, column by column (see Attempt). The key
+# lists come as one space-separated string each (hex hashes), which is much cheaper to fetch than a
+# list, and they and prior_hash only where build_episodes reads them: untagged attempts, and every
+# attempt of a run several clocks recorded (causal_order).
 _ATTEMPT_COLUMNS_SQL = """
 SELECT run, id, episode, item, json_extract_string(tags, '$.category'), condition, outcome, sub_kind,
        coalesce(harness_saw_prose, false), state_hash, chain_hash,
@@ -54,7 +54,10 @@ SELECT run, id, episode, item, json_extract_string(tags, '$.category'), conditio
        item_hash, call_signature, tags::VARCHAR, coalesce(tool_results, 0),
        CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
             THEN array_to_string(coalesce(reply_keys, []), ' ') END,
-       coalesce(rejects, false), tool_set IS NOT NULL
+       coalesce(rejects, false), tool_set IS NOT NULL,
+       CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[])) THEN prior_hash END,
+       CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
+            THEN array_to_string(coalesce(prefix_links, []), ' ') END
 FROM exchanges
 """
 _ATTEMPTS_SQL = _ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id"
@@ -63,7 +66,8 @@ _EPISODE_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run
                          "ORDER BY run, started_at, id")
 
 # _ATTEMPTS_SQL's columns are run, then Attempt's fields in order; the key lists come as one string each.
-_KEY_LISTS = [1 + [f.name for f in dataclasses.fields(Attempt)].index(name) for name in ("parent_hashes", "reply_keys")]
+_KEY_LISTS = [1 + [f.name for f in dataclasses.fields(Attempt)].index(name)
+              for name in ("parent_hashes", "reply_keys", "prefix_links")]
 
 # What derive() computes of a turn in Python; the rest (_TURNS_SQL) is its final attempt's.
 _TURN_ROW = ["turn_id", "run", "episode_key", "turn_index", "item_key", "category", "n_attempts", "final_exchange_id",
@@ -160,7 +164,7 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
     return totals
 
 
-def derive_changes(con, runs: Iterable[str], progress=None) -> dict:
+def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str] = ()) -> dict:
     """Bring turns, episodes and runs rows up to date after an ingest added records to `runs`.
     Returns the runs derived (these and any with attempts left underived), the turns and episodes
     they hold, the runs derived in part (`in_part`) and how many of their episodes were derived
@@ -180,7 +184,8 @@ def derive_changes(con, runs: Iterable[str], progress=None) -> dict:
     order, and a new attempt from a replica whose clock is behind can be the reply a derived attempt
     continues, or a failed try before a derived answer, which moves that attempt and what chained
     after it; and where derived attempts stood in causal order is not kept, so the episodes a new
-    attempt can join could not be chained again without ordering the whole run anyway."""
+    attempt can join could not be chained again without ordering the whole run anyway. `whole`: runs
+    to derive whole in any case."""
     pending = con.execute("SELECT run, episode FROM exchanges WHERE is_attempt AND turn_id IS NULL GROUP BY ALL").fetchall()
     runs = sorted(set(runs) | {run for run, _ in pending})
     if not runs:
@@ -194,7 +199,8 @@ def derive_changes(con, runs: Iterable[str], progress=None) -> dict:
     sizes = _run_sizes(con, runs)
     one_clock = [r for r in runs if r in derived and sizes.get(r, (0, 1))[1] <= 1]
     chainable = {r for (r,) in con.execute(_CHAINABLE_SQL, [[r for r in one_clock if r in untagged]]).fetchall()}
-    partial = [r for r in one_clock if r not in untagged or r in chainable]
+    forced = set(whole)
+    partial = [r for r in one_clock if (r not in untagged or r in chainable) and r not in forced]
     whole = [r for r in runs if r not in partial]
     with gc_paused():
         _derive(con, whole, None, progress)
@@ -264,11 +270,13 @@ def _derive_conversations(con, run: str, rules: Sequence[ExpectationRule], total
     (whose keys include request_key of that state): chaining looks at no other turn, so only the
     episodes those keys name in episode_keys take part, their attempts placed where they were
     derived, and the result is what chaining the whole run gives."""
+    new = con.execute("SELECT parent_hashes, state_hash, prior_hash, prefix_links FROM exchanges "
+                      "WHERE is_attempt AND run = ? AND episode IS NULL AND turn_id IS NULL", [run]).fetchall()
+    # A new request's links back are in the rows stored with it (keys.Prefixes), so among the new ones.
+    links = link_map(row[3] for row in new)
     lookups: list[str] = []
-    for parents, state in con.execute("SELECT parent_hashes, state_hash FROM exchanges "
-                                      "WHERE is_attempt AND run = ? AND episode IS NULL AND turn_id IS NULL",
-                                      [run]).fetchall():
-        lookups += parents or ()
+    for parents, state, prior, _ in new:
+        lookups += parent_walk(parents or (), prior, links)
         if state:
             lookups.append(request_key(state))
     named = [k for (k,) in con.execute(_NAMED_SQL, {"run": run, "keys": lookups}).fetchall()]

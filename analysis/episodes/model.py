@@ -35,6 +35,9 @@ class Attempt:
     reply_keys: list[str] = field(default_factory=list)
     rejects: bool = False  # its request says the harness could not use the reply before it
     offered: bool = True  # its request offered tools (in a `tools` field or its prompt)
+    # its parent keys beyond parent_hashes start here and follow prefix_links (keys.parent_walk)
+    prior_hash: str | None = None
+    prefix_links: list[str] = field(default_factory=list)
 
 
 def attempt_of(row: dict, share=lambda value: value) -> Attempt:
@@ -52,7 +55,7 @@ def attempt_of(row: dict, share=lambda value: value) -> Attempt:
         row["id"], episode, item, category, condition, outcome, sub_kind, bool(row["harness_saw_prose"]),
         row["state_hash"], row["chain_hash"], [share(k) for k in row["parent_hashes"] or ()], row["item_hash"],
         row["call_signature"], tags_text, row["tool_results"] or 0, [share(k) for k in row["reply_keys"] or ()],
-        bool(row["rejects"]), row["tool_set"] is not None)
+        bool(row["rejects"]), row["tool_set"] is not None, row["prior_hash"], [share(k) for k in row["prefix_links"] or ()])
 
 
 @dataclass(slots=True)

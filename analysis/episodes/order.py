@@ -7,7 +7,7 @@ import heapq
 from typing import Sequence
 
 from toolproxy.analysis.episodes.model import Attempt
-from toolproxy.analysis.ingest.keys import EMPTY_ECHO, echo_key, request_key
+from toolproxy.analysis.ingest.keys import EMPTY_ECHO, echo_key, link_map, parent_walk, request_key
 
 from toolproxy.analysis.measure.outcomes import EMPTY_REPLIES, NON_RESPONSE
 
@@ -26,10 +26,12 @@ def chain_keys(a: Attempt) -> list[str]:
     return keys
 
 
-def causal_order(attempts: Sequence[Attempt], keys: Sequence[list[str]] | None = None) -> list[int]:
+def causal_order(attempts: Sequence[Attempt], keys: Sequence[list[str]] | None = None,
+                 links: dict[str, str] | None = None) -> list[int]:
     """The positions of the attempts (given in clock order: started_at, id) in an order that
     follows the conversations: every request after the turn whose reply it continues, and a turn's
-    failed attempts before its answered one. `keys`: each attempt's chain_keys, if already known.
+    failed attempts before its answered one. `keys`: each attempt's chain_keys, if already known;
+    `links`: link_map of the attempts' prefix_links, likewise.
 
     Replicas on different hosts stamp exchanges with their own clocks. When those disagree by more
     than a harness's think time, clock order puts a turn before the reply it answers, and chaining
@@ -45,6 +47,8 @@ def causal_order(attempts: Sequence[Attempt], keys: Sequence[list[str]] | None =
     n = len(attempts)
     if keys is None:
         keys = [chain_keys(a) for a in attempts]
+    if links is None:
+        links = link_map(a.prefix_links for a in attempts)
     providers: dict[str, list[int]] = {}  # key -> positions of the attempts it names, ascending
     for i, ks in enumerate(keys):
         for key in ks:
@@ -53,7 +57,7 @@ def causal_order(attempts: Sequence[Attempt], keys: Sequence[list[str]] | None =
     groups: dict[tuple, list[int]] = {}  # the attempts of one turn: retries of one request
     for i, a in enumerate(attempts):
         parent = None
-        for h in a.parent_hashes:  # longest first: the first one found is the turn it continues
+        for h in parent_walk(a.parent_hashes, a.prior_hash, links):  # longest first: the first one found is the turn it continues
             found = providers.get(h)
             if found is None:
                 continue

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Iterable, NamedTuple, Sequence
+from collections import OrderedDict
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import orjson
 
@@ -90,6 +91,8 @@ class Keys(NamedTuple):
     tool_results: int
     reply_keys: list[str]
     rejects: bool
+    prior_hash: str | None
+    prefix_links: list[str]
 
 
 # A harness that drops a useless reply resends the conversation before it plus a note of its own
@@ -109,6 +112,8 @@ def conversation_keys(
     reply_ids: Sequence[str] = (),
     asks_again: bool = False,
     reply_unread: bool = False,
+    prefixes: Prefixes | None = None,
+    scope: str | None = None,
 ) -> Keys:
     """Hashes that place one attempt in its conversation.
 
@@ -122,7 +127,9 @@ def conversation_keys(
       of the last assistant messages (_echo_parents), the tail key (the conversation without its
       leading system messages, up to the last assistant message), the unread keys of the state
       before those messages and of its tail (the request they answered, if its reply could not be
-      read whole), then the rolling hash after each earlier assistant message (longest first).
+      read whole). Then come the rolling hashes after each earlier assistant message, longest
+      first, which are not stored here but walked (parent_walk): prior_hash is the first of them,
+      and prefix_links lead from each to the one before it.
     item_hash: messages + offered tool names, for pairing the same item across runs.
     tool_results: how many messages return a tool's result to the model (see _is_tool_result).
     reply_keys: the keys beside chain_hash that a later request names this reply by: its ids key
@@ -135,27 +142,127 @@ def conversation_keys(
     asks_again: the request may be the one before it asked again in the harness's fallback format
       (analysis.ingest.protocols.Reading.fallback): its own state's request key is tried first, so it
       continues the turn that asked the same (turn_facts then reads that turn as rejected).
+    prior_hash: the rolling hash after the assistant message before the last one.
+    prefix_links: (hash, the hash before it) pairs, flattened, of this request's rolling hashes
+      after its assistant messages, but for those the request its walk resumed already gave:
+      storing every earlier hash with every request was the square of an episode's length.
+    prefixes: walks of earlier requests to resume (Prefixes), within `scope`; each request's
+      prefix_links are then only the ones its own messages add (see Prefixes).
     """
+    found, state, start = prefixes.resume(messages, scope) if prefixes is not None else (None, None, 0)
+    given = len(state[3]) if state is not None else 0  # links the resumed request gave already
+    state = _walk(messages, start, state if state is not None else _fresh())
+    if found is not None:
+        prefixes.keep(found, len(messages), state)
+    (running, tail, _, parents, results, block, block_calls, block_ids, block_prefix, block_tail, tail_parent,
+     after, after_texts, _) = state
+    links = [h for j in range(max(given, 1), len(parents)) for h in (parents[j], parents[j - 1])]
+    prior = parents[-2] if len(parents) > 1 else None
+    parents = parents[-1:]
+    state_suffix = b"\x00state" + orjson.dumps([tool_set, model])
+    dropped = []
+    for prefix in reversed(after[:-1]):  # longest first; the whole list is this request's own state
+        prefix = prefix.copy()
+        prefix.update(state_suffix)
+        dropped.append(request_key(prefix.hexdigest()))
+    # Longest conversation first: every key that ends at the last assistant message (its exact
+    # hash, then the same conversation as an echo or without its system prompt) comes before the
+    # exact hash of any earlier one. An earlier one may name a turn another request continued
+    # already (smolagents resends a call as text, which only its echo key matches, after a reply
+    # it kept as it came), and the first key known decides.
+    if block_ids and parents:
+        parents.insert(0, ids_key(parents[0], block_ids))
+    if block_prefix is not None:
+        before = block_prefix.copy()
+        before.update(state_suffix)
+        before_last = before.hexdigest()
+        parents += _echo_parents(block, block_calls, before_last, tool_names)
+    if tail_parent is not None:
+        parents.append(tail_parent)
+    if block_prefix is not None:  # the request those messages answered, when its reply's reading lost something
+        parents += [unread_key(before_last), unread_key(block_tail)]
+    state = running.copy()
+    state.update(state_suffix)
+    if asks_again:
+        dropped.insert(0, request_key(state.hexdigest()))
+    item = running.copy()
+    item.update(b"\x00item" + orjson.dumps(sorted(tool_names)))
+    chain = None
+    reply_keys = []
+    if reply is not None and reply_unread:
+        reply_keys += [unread_key(state.hexdigest()), unread_key(tail.hexdigest())]
+    if reply is not None:
+        canon = _canon("assistant", _text(reply[0]), canon_calls(reply[1]))
+        extended = running.copy()
+        extended.update(canon)
+        chain = extended.hexdigest()
+        ids = [i for i in reply_ids if isinstance(i, str) and i]
+        if ids:
+            reply_keys.append(ids_key(chain, ids))
+        tail = tail.copy()
+        tail.update(canon)
+        reply_keys.append(tail.hexdigest())
+    rejected = block_prefix is not None and harnesses.rejects(after_texts)
+    return Keys(len(messages), state.hexdigest(), chain, dropped + parents, item.hexdigest(), results, reply_keys, rejected,
+                prior, links)
+
+
+def parent_walk(parents: Sequence[str], prior: str | None, links: dict[str, str]) -> Iterator[str]:
+    """A request's parent keys in the order they are tried: its stored parent_hashes, then from
+    its prior_hash back along `links` (every prefix_links pair of the attempts it may continue,
+    as a dict) to its first assistant message. Stops after len(links) steps, so links that loop
+    (which only colliding hashes could make) cannot hang it."""
+    yield from parents
+    steps = len(links)
+    while prior is not None and steps >= 0:
+        yield prior
+        prior = links.get(prior)
+        steps -= 1
+
+
+def link_map(flattened: Iterable[Sequence[str]]) -> dict[str, str]:
+    """The prefix_links of many requests (each flattened pairs) as one dict: hash -> the hash before it."""
+    links: dict[str, str] = {}
+    for pairs in flattened:
+        if pairs:
+            it = iter(pairs)
+            links.update(zip(it, it))
+    return links
+
+
+# What conversation_keys knows after some of a request's messages (_walk): the running hash, the
+# tail hash, whether only system messages came so far, the running hash after each assistant
+# message, the tool results, the last run of consecutive assistant messages (its texts, calls and
+# ids, the running and tail hashes before it), the tail hash after the last assistant message,
+# the running hashes after each message since it (at most DROPPED_PREFIXES + 1) and their texts,
+# and the last message's role. The hash objects in it are never updated once stored there, so a
+# copy of the lists and of the two running hashes is a state of its own (_resumed).
+_State = tuple
+
+
+def _fresh() -> _State:
     # One running hash over the canonical messages (JSON arrays, so self-delimiting): a prefix's
     # hash is a copy of the running state, which keeps this linear in the conversation length.
-    running = hashlib.blake2b(digest_size=12)
-    # The same without the leading system messages: a harness that swaps its system prompt for
-    # another (smolagents' summary at max_steps, dspy's extract step) keeps the rest.
-    tail = hashlib.blake2b(b"tail", digest_size=12)
-    leading = True
-    parents = []
-    results = 0
-    # The last run of consecutive assistant messages, its structured calls and ids, the running hash before it.
-    block: list[str] = []  # their texts
-    block_calls: list = []
-    block_ids: list[str] = []
-    block_prefix = block_tail = None  # the running hash before it, and the tail hash
-    tail_parent = None
-    after: list = []  # running hashes after each message since the last assistant one (and the first non-system one)
-    after_texts: list[str] = []  # those messages' texts
-    prev_role = None
+    # The tail hash is the same without the leading system messages: a harness that swaps its
+    # system prompt for another (smolagents' summary at max_steps, dspy's extract step) keeps the rest.
+    return (hashlib.blake2b(digest_size=12), hashlib.blake2b(b"tail", digest_size=12), True, [], 0, [], [], [],
+            None, None, None, [], [], None)
+
+
+def _resumed(state: _State) -> _State:
+    (running, tail, leading, parents, results, block, block_calls, block_ids, block_prefix, block_tail, tail_parent,
+     after, after_texts, prev_role) = state
+    return (running.copy(), tail.copy(), leading, parents[:], results, block[:], block_calls[:], block_ids[:],
+            block_prefix, block_tail, tail_parent, after[:], after_texts[:], prev_role)
+
+
+def _walk(messages: Sequence[Any], start: int, state: _State) -> _State:
+    """The state after messages[start:], from the state after messages[:start] (which it uses up)."""
+    (running, tail, leading, parents, results, block, block_calls, block_ids, block_prefix, block_tail, tail_parent,
+     after, after_texts, prev_role) = state
     update = running.update
-    for m in messages:
+    for i in range(start, len(messages)):
+        m = messages[i]
         if isinstance(m, dict):
             role = m.get("role")
             content = m.get("content")
@@ -184,53 +291,66 @@ def conversation_keys(
             role = None
             update(orjson.dumps([m]))
         prev_role = role
-    parents.reverse()
-    state_suffix = b"\x00state" + orjson.dumps([tool_set, model])
-    dropped = []
-    for prefix in reversed(after[:-1]):  # longest first; the whole list is this request's own state
-        prefix.update(state_suffix)
-        dropped.append(request_key(prefix.hexdigest()))
-    # Longest conversation first: every key that ends at the last assistant message (its exact
-    # hash, then the same conversation as an echo or without its system prompt) comes before the
-    # exact hash of any earlier one. An earlier one may name a turn another request continued
-    # already (smolagents resends a call as text, which only its echo key matches, after a reply
-    # it kept as it came), and the first key known decides.
-    earlier = parents[1:]
-    del parents[1:]
-    if block_ids and parents:
-        parents.insert(0, ids_key(parents[0], block_ids))
-    if block_prefix is not None:
-        before = block_prefix.copy()
-        before.update(state_suffix)
-        before_last = before.hexdigest()
-        parents += _echo_parents(block, block_calls, before_last, tool_names)
-    if tail_parent is not None:
-        parents.append(tail_parent)
-    if block_prefix is not None:  # the request those messages answered, when its reply's reading lost something
-        parents += [unread_key(before_last), unread_key(block_tail)]
-    parents += earlier
-    state = running.copy()
-    state.update(state_suffix)
-    if asks_again:
-        dropped.insert(0, request_key(state.hexdigest()))
-    item = running.copy()
-    item.update(b"\x00item" + orjson.dumps(sorted(tool_names)))
-    chain = None
-    reply_keys = []
-    if reply is not None and reply_unread:
-        reply_keys += [unread_key(state.hexdigest()), unread_key(tail.hexdigest())]
-    if reply is not None:
-        canon = _canon("assistant", _text(reply[0]), canon_calls(reply[1]))
-        extended = running.copy()
-        extended.update(canon)
-        chain = extended.hexdigest()
-        ids = [i for i in reply_ids if isinstance(i, str) and i]
-        if ids:
-            reply_keys.append(ids_key(chain, ids))
-        tail.update(canon)
-        reply_keys.append(tail.hexdigest())
-    rejected = block_prefix is not None and harnesses.rejects(after_texts)
-    return Keys(len(messages), state.hexdigest(), chain, dropped + parents, item.hexdigest(), results, reply_keys, rejected)
+    return (running, tail, leading, parents, results, block, block_calls, block_ids, block_prefix, block_tail,
+            tail_parent, after, after_texts, prev_role)
+
+
+class Prefixes:
+    """The walks of recent requests' message lists, so that a request resending a conversation
+    walks only the messages it adds: without them conversation_keys re-canonicalises every earlier
+    message of every request, which is the square of an episode's length and was half of
+    analyze's CPU on long agent episodes.
+
+    A walk is resumed only where the request's messages serialise (orjson, so 1, 1.0 and true
+    differ, as in the canonical form) to the same bytes the earlier request's did, so every key
+    is the one a fresh walk gives. Walks are found by the request's first two messages (a system
+    prompt and the task, which a conversation keeps); a few per such head are kept (the latest
+    requests of conversations that begin alike, or the one before a reply the harness dropped),
+    and the least recently used heads go once the serialised messages kept pass `budget` bytes.
+
+    A request that resumes a walk stores only the prefix_links its own messages add, so the
+    request it resumed must be stored beside it: walks are resumed only within a `scope` (a run's
+    attempts, with or without an episode tag) and within what is stored together (one batch of one
+    segment, which prune keeps or drops whole; a batch that sets a record aside is analysed again
+    without them, see records.analyze_lines)."""
+
+    PER_HEAD = 4
+
+    def __init__(self, budget: int = 64 << 20) -> None:
+        self.budget = budget
+        self.size = 0
+        self.heads: OrderedDict[tuple, list[tuple[bytes, int, _State]]] = OrderedDict()
+
+    def resume(self, messages: Sequence[Any], scope: Any = None) -> tuple[tuple, _State | None, int]:
+        """(what keep needs, a state to resume and the messages it covers) for this request; no
+        state when no kept walk of this scope is a prefix of it."""
+        encoded = orjson.dumps(messages)
+        head = (scope, orjson.dumps(messages[:2]))
+        kept = self.heads.get(head)
+        if kept is not None:
+            self.heads.move_to_end(head)
+            for body, n, state in kept:
+                # body without its closing bracket, then the next element's comma or the end
+                if encoded.startswith(body[:-1]) and encoded[len(body) - 1] in b",]":
+                    return (head, encoded), _resumed(state), n
+        return (head, encoded), None, 0
+
+    def keep(self, found: tuple, n: int, state: _State) -> None:
+        """Keep the walk of a whole request (its state after all n messages) for the next one."""
+        head, encoded = found
+        kept = self.heads.setdefault(head, [])
+        if kept:
+            self.heads.move_to_end(head)
+        else:
+            self.size += len(head[1])
+        kept.insert(0, (encoded, n, state))
+        self.size += len(encoded)
+        for body, _, _ in kept[self.PER_HEAD:]:
+            self.size -= len(body)
+        del kept[self.PER_HEAD:]
+        while self.size > self.budget and self.heads:
+            old_head, old = self.heads.popitem(last=False)
+            self.size -= len(old_head[1]) + sum(len(body) for body, _, _ in old)
 
 
 def _call_ids(m: dict) -> list[str]:

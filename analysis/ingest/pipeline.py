@@ -135,6 +135,7 @@ class Ingestor:
         self.known_tool_sets: set[str] = {r[0] for r in con.execute("SELECT hash FROM tool_sets").fetchall()}
         self.summary = Summary()
         self.affected_runs: set[str] = set()
+        self.whole_runs: set[str] = set()  # runs derive_changes must derive whole
         # Rows and the segment offsets that cover them commit together, every commit_bytes of
         # input: per-batch commits made the WAL fsyncs dominate, and one commit per run would
         # lose all progress on a crash.
@@ -221,7 +222,7 @@ class Ingestor:
         try:
             link_stored_responses(self.con, self.affected_runs)
             phase = self.progress.then("analyze: turns and episodes", unit="runs") if self.progress is not None else None
-            totals = derive_changes(self.con, self.affected_runs, progress=phase)
+            totals = derive_changes(self.con, self.affected_runs, progress=phase, whole=self.whole_runs)
             self.con.execute("COMMIT")
         except Exception:
             self.con.execute("ROLLBACK")
@@ -263,6 +264,9 @@ class Ingestor:
                 calls = batch.calls
                 if dup:
                     s.duplicates += len(dup)
+                    # a request after one of these may have left its links back to the stored copy
+                    # (keys.Prefixes), which an in-part derive does not read
+                    self.whole_runs.update(r for r, x in zip(columns["run"], ids) if x in dup)
                     keep = [i for i, x in enumerate(ids) if x not in dup]
                     columns = {k: [v[i] for i in keep] for k, v in columns.items()}
                     calls = [r for r in calls if r["exchange_id"] not in dup]

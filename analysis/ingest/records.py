@@ -21,7 +21,7 @@ import orjson
 
 from toolproxy.analysis.ingest import harnesses
 from toolproxy.analysis.ingest.bodies import decode_body, header
-from toolproxy.analysis.ingest.keys import UNTAGGED_RUN, call_signature, conversation_keys
+from toolproxy.analysis.ingest.keys import UNTAGGED_RUN, Prefixes, call_signature, conversation_keys
 from toolproxy.analysis.ingest.probes import probe_of
 from toolproxy.analysis.ingest.protocols import read_prompt, reply_message
 from toolproxy.analysis.measure.classify import classify
@@ -152,8 +152,9 @@ def _given(value: Any, default: Any) -> Any:
     return default if value is None or value == "" else value
 
 
-def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
-    """Everything the database keeps about one exchange record. Pure: no I/O."""
+def analyze_record(rec: dict, segment: str, offset: int, prefixes: Prefixes | None = None) -> Analyzed:
+    """Everything the database keeps about one exchange record. Pure: no I/O. `prefixes`: the
+    walks of the conversations of the records stored with it (keys.Prefixes)."""
     path = _given(rec.get("path"), "")
     # A sampled-out exchange's stub (record/sampling.py) is counted, never analysed as a turn.
     kind = family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
@@ -263,7 +264,8 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
             messages = [{"role": "previous_response", "content": previous}, *messages]
         keys = conversation_keys(messages, tool_set=tool_hash, tool_names=names, model=model, reply=chain_reply,
                                  reply_ids=reply_ids, asks_again=reading is not None and reading.fallback,
-                                 reply_unread=unread)
+                                 reply_unread=unread, prefixes=prefixes,
+                                 scope=(run if isinstance(run := rec.get("run"), str) else None, rec.get("episode") is None))
 
     usage = upstream_reply if upstream_reply is not None else view
     record_meta = {
@@ -312,6 +314,7 @@ def analyze_record(rec: dict, segment: str, offset: int) -> Analyzed:
         "item_hash": keys.item_hash if keys else None, "call_signature": signature,
         "tool_results": keys.tool_results if keys else None, "protocol": protocol,
         "reply_keys": keys.reply_keys if keys else None, "rejects": keys.rejects if keys else None, "finishes": finishes,
+        "prior_hash": keys.prior_hash if keys else None, "prefix_links": keys.prefix_links if keys else None,
         "finisher": finisher.harness if finisher is not None else None,
     }
     return Analyzed(row, calls_out, tools_row)
@@ -378,13 +381,14 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chu
     batch's parsed records and rows were ~15% of the time for nothing.
     """
     with gc_paused():
-        batch = _analyze_lines(segment, lines, chunks)
-        rows, batch.exchange_rows = batch.exchange_rows, []
-        # zip transposes in C: a comprehension per column cost ~15 us an exchange
-        columns = dict(zip(EXCHANGE_TYPES, zip(*rows))) if rows else {}
-        del rows
+        batch = _analyze_lines(segment, lines, chunks, Prefixes())
+        columns = _transposed(batch)
         bad = EXCHANGES.check.misfits(columns, RECORD_FIELDS) if columns else None
         if bad:
+            # Requests after a record set aside may have resumed its walk and left their links
+            # to it (keys.Prefixes): the batch is analysed again, each request on its own.
+            batch = _analyze_lines(segment, lines, chunks, None)
+            columns = _transposed(batch)
             _set_aside(batch, columns, bad)
         if columns and columns["id"]:
             # what was read out of bodies is made to fit here, off the process that writes it
@@ -392,6 +396,12 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chu
             _share_repeats(columns)
             batch.exchange_columns = columns
         return batch
+
+
+def _transposed(batch: Batch) -> dict[str, list]:
+    rows, batch.exchange_rows = batch.exchange_rows, []
+    # zip transposes in C: a comprehension per column cost ~15 us an exchange
+    return dict(zip(EXCHANGE_TYPES, zip(*rows))) if rows else {}
 
 
 # Text columns whose values repeat along a batch (a run's name, its model, a stack's headers...).
@@ -420,7 +430,8 @@ def _set_aside(batch: Batch, columns: dict[str, list], bad: dict[int, str]) -> N
     batch.calls = [c for c in batch.calls if c["exchange_id"] not in gone]
 
 
-def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource) -> Batch:
+def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource,
+                   prefixes: Prefixes | None) -> Batch:
     batch = Batch(segment)
     ids: set[str] = set()
     for offset, line in lines:
@@ -446,8 +457,10 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], ch
             batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         else:
             try:
-                a = analyze_record(rec, segment, offset)
+                a = analyze_record(rec, segment, offset, prefixes)
             except Exception as exc:  # one odd record must never stop an ingest; it is reported instead
+                if prefixes is not None:  # it may have kept a walk whose links it will not store
+                    prefixes = Prefixes()
                 if problem := _RECORD.misfit(rec):
                     batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
                 else:

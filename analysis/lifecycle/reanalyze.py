@@ -46,6 +46,7 @@ def reclassify(con, data_dir, progress=None) -> int:
     `progress` (toolproxy.term.progress.Progress): told the number of exchanges, advanced per batch.
     A record that cannot be read any more raises ReanalyzeError: derived rows are rebuilt all
     together or not at all."""
+    from toolproxy.analysis.ingest.keys import Prefixes
     from toolproxy.analysis.ingest.records import CALL_TYPES, EXCHANGE_TYPES, analyze_record
     from toolproxy.analysis.store.connection import insert_columns
     from toolproxy.analysis.store.tables import CALLS, TOOL_SETS
@@ -55,6 +56,7 @@ def reclassify(con, data_dir, progress=None) -> int:
     if progress is not None:
         progress.total = len(refs)
     seen_sets: set[str] = set()
+    prefixes = Prefixes()  # records in segment order: a conversation's requests follow each other
     with RecordReader(data_dir) as reader:
         for start in range(0, len(refs), _BATCH):
             batch = refs[start:start + _BATCH]
@@ -68,7 +70,7 @@ def reclassify(con, data_dir, progress=None) -> int:
                     raise ReanalyzeError(
                         f"cannot reclassify exchange {exchange_id}: {exc}. The database reads bodies from the "
                         "segments it was analysed from; give the --data that holds them") from None
-                a = analyze_record(rec, segment, offset)
+                a = analyze_record(rec, segment, offset, prefixes)
                 for c in types:
                     out[c].append(a.exchange[c])
                 calls.extend(a.calls)

@@ -242,4 +242,14 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         "the episodes its parent keys name, so a re-analyze derives those again instead of the whole run",
         "CREATE TABLE episode_keys (run VARCHAR, episode_key VARCHAR, key VARCHAR);",
     ),
+    (
+        9,
+        "parent keys linear in an episode's length: a request stores the hash it continues before its last "
+        "assistant message and the links back from there that its own messages add, not one hash per earlier "
+        "assistant message (rows stored before keep their whole lists, which say the same)",
+        """
+        ALTER TABLE exchanges ADD COLUMN prior_hash VARCHAR;
+        ALTER TABLE exchanges ADD COLUMN prefix_links VARCHAR[];
+        """,
+    ),
 ]

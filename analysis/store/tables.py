@@ -65,6 +65,9 @@ EXCHANGES = Table("exchanges", {
     # whether its reply ends the episode through the harness's finishing tool; the harness whose
     # finishing tool the request offered (analysis.ingest.harnesses: its call, not prose, is the answer)
     "protocol": _V, "reply_keys": "VARCHAR[]", "rejects": _BOOL, "finishes": _BOOL, "finisher": _V,
+    # the rolling hash after the assistant message before the last, and the links back from there
+    # that this request adds (analysis.ingest.keys: the parent keys beyond parent_hashes)
+    "prior_hash": _V, "prefix_links": "VARCHAR[]",
 })
 TOOL_SETS = Table("tool_sets", {"hash": _V, "tools": _J, "names": "VARCHAR[]"})
 TURNS = Table("turns", {

@@ -14,12 +14,13 @@ import json
 
 import duckdb
 
+from toolproxy.analysis.ingest.keys import link_map, parent_walk
 from toolproxy.analysis.measure.metrics import run_metrics, score
 
 _GROUPED = {
     "exchanges": "run, kind, condition, is_attempt, streamed, model, status, client_status, error_kind, outcome, sub_kind, "
                  "surface, n_calls, finish_reason, harness_saw_prose, stack_marker, stack_marker_version, n_messages, "
-                 "tool_results, tool_set IS NOT NULL, call_signature IS NOT NULL, length(parent_hashes), "
+                 "tool_results, tool_set IS NOT NULL, call_signature IS NOT NULL, _walked.n, "
                  "md5(coalesce(content, '')), md5(coalesce(upstream_content, '')), prompt_tokens, completion_tokens, "
                  "cached_tokens, record::VARCHAR, protocol, rejects, finishes, length(reply_keys), finisher",
     "calls": "name, arguments_raw, arguments::VARCHAR, surface, format, offered, validated, valid, schema_errors::VARCHAR",
@@ -37,10 +38,27 @@ _DISTINCT = ("state_hash", "chain_hash", "item_hash", "call_signature", "turn_id
 _READABLE = "SELECT run, outcome, sub_kind, surface, role, delivered, count(*) FROM turns GROUP BY ALL"
 
 
+def _walk_lengths(con: duckdb.DuckDBPyConnection) -> None:
+    """_walked: how many parent keys each exchange names, walked as build_episodes walks them
+    (its parent_hashes, then back from prior_hash along its run's links), which is what
+    length(parent_hashes) was before storage step 9 stopped storing the earlier ones."""
+    rows = con.execute("SELECT id, run, parent_hashes, prior_hash, prefix_links FROM exchanges").fetchall()
+    links: dict = {}
+    for _, run, _, _, pairs in rows:
+        links.setdefault(run, []).append(pairs)
+    maps = {run: link_map(p) for run, p in links.items()}
+    n = [None if parents is None else len(list(parent_walk(parents, prior, maps[run])))
+         for _, run, parents, prior, _ in rows]
+    con.execute("CREATE OR REPLACE TEMP TABLE _walked (id VARCHAR, n INTEGER)")
+    con.executemany("INSERT INTO _walked VALUES (?, ?)", [(r[0], k) for r, k in zip(rows, n)])
+
+
 def summary(con: duckdb.DuckDBPyConnection) -> dict:
     out: dict = {}
+    _walk_lengths(con)
     for table, columns in _GROUPED.items():
-        rows = con.execute(f"SELECT {columns}, count(*) AS n FROM {table} GROUP BY ALL").fetchall()
+        source = "exchanges LEFT JOIN _walked USING (id)" if table == "exchanges" else table
+        rows = con.execute(f"SELECT {columns}, count(*) AS n FROM {source} GROUP BY ALL").fetchall()
         text = json.dumps(sorted([[str(v) if v is not None else None for v in row] for row in rows], key=str))
         out[table] = {"groups": len(rows), "rows": sum(r[-1] for r in rows),
                       "sha256": hashlib.sha256(text.encode()).hexdigest()}

@@ -116,7 +116,7 @@ def attempt(aid, messages, calls, *, tools=TOOLS, tool_set="ts1", content=None, 
     return Attempt(
         id=aid, episode=None, item=None, category=None, condition="native",
         outcome="non_response" if empty else "valid_call", sub_kind="empty" if empty else None, harness_saw_prose=False,
-        state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes,
+        state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes, prior_hash=keys.prior_hash, prefix_links=keys.prefix_links,
         item_hash=keys.item_hash, call_signature=call_signature(calls),
     )
 

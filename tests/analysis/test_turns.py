@@ -24,7 +24,7 @@ def attempt(aid, messages, reply=None, *, outcome="valid_call", sub_kind=None, e
     return Attempt(
         id=aid, episode=episode, item=item, category=category, condition="native", outcome=outcome,
         sub_kind=sub_kind, harness_saw_prose=False,
-        state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes,
+        state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes, prior_hash=keys.prior_hash, prefix_links=keys.prefix_links,
         item_hash=keys.item_hash, call_signature=call_signature(calls or []), reply_keys=keys.reply_keys,
         rejects=keys.rejects,
     )
@@ -79,7 +79,7 @@ def test_a_reply_whose_arguments_did_not_parse_continues_however_the_harness_wro
     keys = conversation_keys(TURN1, tool_set="ts1", tool_names=["get_weather"], model="m", reply=broken, reply_unread=True)
     a1 = Attempt(id="a1", episode=None, item=None, category=None, condition="native", outcome="invalid_args", sub_kind=None,
                  harness_saw_prose=False, state_hash=keys.state_hash, chain_hash=keys.chain_hash,
-                 parent_hashes=keys.parent_hashes, item_hash=keys.item_hash, call_signature=None, reply_keys=keys.reply_keys)
+                 parent_hashes=keys.parent_hashes, prior_hash=keys.prior_hash, prefix_links=keys.prefix_links, item_hash=keys.item_hash, call_signature=None, reply_keys=keys.reply_keys)
     assert shape(build_episodes("r", [a1, attempt("a2", TURN2, REPLY2)])) == [[["a1"], ["a2"]]]
     # the same under another system prompt (dspy's extract step after its last step)
     wrap_up = [{"role": "system", "content": "Extract the answer."}, *TURN2[1:]]
