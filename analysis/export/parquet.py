@@ -27,9 +27,11 @@ the connection's memory limit, where the other tables write one file per partiti
 With `layout="pieces"` (analysis.export.pieces) an exchange's bodies are written as lists of
 piece hashes (`request_pieces`, `response_pieces`, `client_pieces`) and each piece's text once per destination, in
 `pieces/part-*.parquet` (columns hash, text): a long episode then costs the size of its
-conversation, not that size once per turn. The manifest lists the pieces files and says the
-layout, and an export refuses a destination written in the other one. Pieces are never deleted:
-every exchange ever exported there, history included, may point at them.
+conversation, not that size once per turn. The manifest lists the pieces files, each with a key
+file of its hashes (`_toolproxy_export/keys/pieces/`), which is all a later export reads to know
+the pieces the destination holds, and says the layout; an export refuses a destination written in
+the other one. Pieces are never deleted: every exchange ever exported there, history included, may
+point at them.
 
 A crash never leaves a half-written state the next export trusts: data files are written first
 under new names, then the manifest is replaced in one step, then the files it no longer lists are
@@ -322,30 +324,56 @@ def _copy_in_batches(con, table: ExportTable, to_write: str, out: str, kv: str, 
 
 class _PieceWriter:
     """Writes a batch of exchanges with their bodies as piece hashes, and the batch's pieces the
-    destination does not hold yet as one file of the pieces table.
+    destination does not hold yet as one file of the pieces table, with a key file of its hashes.
 
     The hashes already written (`_seen`, a DuckDB table, so it spills under the memory limit
-    rather than growing in Python) start as those of the pieces files the manifest lists."""
+    rather than growing in Python) are loaded at the first batch, so an export with no new
+    exchanges reads none, from the key files of the pieces files the manifest lists: from an
+    object store the texts would come whole on every export, growing with everything ever
+    exported. A pieces file whose key file is not listed (written before key files were) or not
+    usable (missing, or not the file's row count) is read itself, and its key file written from
+    it lands with this export, so it is read once."""
 
-    def __init__(self, con, dest: Destination, listed: list[dict], staging: str, export_id: str, meta: dict[str, str]):
+    def __init__(self, dest: Destination, listed: list[dict], staging: str, export_id: str, meta: dict[str, str]):
+        self.dest, self.listed = dest, listed
         self.staging, self.export_id = os.path.join(staging, PIECES_DIR), export_id
         self.kv = _kv_metadata(meta | {"toolproxy.table": PIECES_DIR})
         self.files: list[dict] = []
+        self.reindexed: dict[int, str] = {}  # listed file (by position) -> its key file, written now
+        self.loaded = False
         os.makedirs(self.staging)
-        sources = []
-        for n, f in enumerate(listed):
-            rel = f"{PIECES_DIR}/{f['name']}"
-            if dest.local:
-                sources.append(dest.path(rel))
-            else:
-                sources.append(os.path.join(self.staging, f"known-{n}.parquet"))
-                dest.get(rel, sources[-1])
+
+    def _load_seen(self, con) -> None:
         con.execute("CREATE OR REPLACE TEMP TABLE _seen (hash VARCHAR)")
+        self.loaded = True
+        if not self.listed:
+            return
+        present = self.dest.names(f"{KEYS_DIR}/{PIECES_DIR}")
+        keyed = {n: f["keys"] for n, f in enumerate(self.listed) if f.get("keys") in present}
+        sources = self._local_copies(keyed, "keys")
         if sources:
-            con.execute("INSERT INTO _seen SELECT hash FROM read_parquet(?::VARCHAR[])", [sources])
+            rows = dict(con.execute("SELECT file_name, num_rows FROM parquet_file_metadata(?::VARCHAR[])",
+                                    [list(sources.values())]).fetchall())
+            sources = {n: path for n, path in sources.items() if rows.get(path) == self.listed[n].get("rows")}
+        unkeyed = {n: f"{PIECES_DIR}/{f['name']}" for n, f in enumerate(self.listed) if n not in sources}
+        for n, part in self._local_copies(unkeyed, "part").items():
+            sources[n] = os.path.join(self.staging, f"rekeyed-{n}.keys")
+            _write_piece_keys(con, part, sources[n])
+            self.reindexed[n] = sources[n]
+        con.execute("INSERT INTO _seen SELECT hash FROM read_parquet(?::VARCHAR[])", [list(sources.values())])
+
+    def _local_copies(self, rels: dict[int, str], kind: str) -> dict[int, str]:
+        """A local path for each destination file: itself on a local disk, else a download."""
+        if self.dest.local:
+            return {n: self.dest.path(rel) for n, rel in rels.items()}
+        local = {n: os.path.join(self.staging, f"known-{n}.{kind}.parquet") for n in rels}
+        self.dest.get([(rel, local[n]) for n, rel in rels.items()])
+        return local
 
     def copy(self, con, rows: str, target: str, kv: str) -> None:
         """Write the exchanges `rows` selects (with their bodies) to `target`, their new pieces beside."""
+        if not self.loaded:
+            self._load_seen(con)
         split = ", ".join(f"body_pieces({b}, {b}_encoding) AS _{b}" for b in BODY_FIELDS)
         con.execute(f"CREATE OR REPLACE TEMP TABLE _split AS SELECT *, {split} FROM ({rows})")
         dropped = ", ".join(f"{b}, _{b}" for b in BODY_FIELDS)
@@ -362,8 +390,25 @@ class _PieceWriter:
         if not n:
             os.remove(local)
             return
-        con.execute(f"INSERT INTO _seen SELECT hash FROM read_parquet('{_sql_text(local)}')")
+        _write_piece_keys(con, local, local + ".keys")
+        con.execute(f"INSERT INTO _seen SELECT hash FROM read_parquet('{_sql_text(local)}.keys')")
         self.files.append({"name": name, "rows": int(n), "local": local})
+
+    def uploads(self) -> list[tuple[str, str]]:
+        """(local file, destination path) of every file written: new pieces files and key files."""
+        new = [(f["local"] + suffix, rel) for f in self.files
+               for suffix, rel in (("", f"{PIECES_DIR}/{f['name']}"), (".keys", _key_file(PIECES_DIR, f["name"])))]
+        return new + [(local, _key_file(PIECES_DIR, self.listed[n]["name"])) for n, local in self.reindexed.items()]
+
+    def manifest_entries(self) -> list[dict]:
+        """The pieces files the manifest lists after this export, each with its key file."""
+        listed = [f | {"keys": _key_file(PIECES_DIR, f["name"])} if n in self.reindexed else f for n, f in enumerate(self.listed)]
+        return listed + [{"name": f["name"], "rows": f["rows"], "keys": _key_file(PIECES_DIR, f["name"])} for f in self.files]
+
+
+def _write_piece_keys(con, part: str, keys: str) -> None:
+    """The key file of pieces file `part`: its hash column alone."""
+    con.execute(f"COPY (SELECT hash FROM read_parquet('{_sql_text(part)}')) TO '{_sql_text(keys)}' (FORMAT parquet, COMPRESSION zstd)")
 
 
 def _batch_bytes(con) -> int:
@@ -400,7 +445,7 @@ def _cut_moved_rows(con, table: ExportTable, dest: Destination, old: dict, plan:
         else:
             source = os.path.join(staging, "history", f"{n}.parquet")
             os.makedirs(os.path.dirname(source), exist_ok=True)
-            dest.get(f"{table.name}/{rel}", source)
+            dest.get([(f"{table.name}/{rel}", source)])
         local = os.path.join(staging, "history", table.name, str(pid), f"part-{export_id}-h{n}.parquet")
         os.makedirs(os.path.dirname(local), exist_ok=True)
         versions_then = {f"toolproxy.{k}": str(entry[k]) for k in ("schema_version", "analyzer_version") if k in entry}
@@ -451,6 +496,7 @@ def _load_exported_keys(con, table: ExportTable, dest: Destination, old: dict, p
                         into: str = "_done") -> None:
     """Fill `into` (pid, file, k) with the keys each listed file of these partitions holds (from its key file)."""
     mapping: list[tuple[str, int, str]] = []
+    downloads: list[tuple[str, str]] = []
     for pid, path in paths.items():
         for f in old[path].get("files", []):
             rel = _key_file(table.name, f"{path}/{f['name']}")
@@ -461,10 +507,11 @@ def _load_exported_keys(con, table: ExportTable, dest: Destination, old: dict, p
             else:
                 local = os.path.join(staging, "keys", f"{len(mapping)}.parquet")
                 os.makedirs(os.path.dirname(local), exist_ok=True)
-                dest.get(rel, local)
+                downloads.append((rel, local))
             mapping.append((local, pid, f["name"]))
     if not mapping:
         return
+    dest.get(downloads)
     con.execute("CREATE OR REPLACE TEMP TABLE _keyfiles (filename VARCHAR, pid BIGINT, file VARCHAR)")
     con.executemany("INSERT INTO _keyfiles VALUES (?, ?, ?)", mapping)
     con.execute(f"INSERT INTO {into} SELECT m.pid, m.file, f.k FROM read_parquet(?::VARCHAR[], filename=true, "
@@ -541,8 +588,7 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
         uploads: list[tuple[str, str]] = []
         obsolete: list[str] = []
         tables = {name: dict(parts) for name, parts in manifest.get("tables", {}).items()}
-        known_pieces = manifest.get("pieces", [])
-        pieces = _PieceWriter(con, dest, known_pieces, staging, export_id, meta) if layout == "pieces" else None
+        pieces = _PieceWriter(dest, manifest.get("pieces", []), staging, export_id, meta) if layout == "pieces" else None
         for table in TABLES:
             if progress is not None:
                 progress.show(f"export: comparing {table.name} with {dest.url}")
@@ -556,7 +602,7 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
             for path in s.dropped:
                 tables[table.name].pop(path, None)
         if pieces is not None:
-            uploads += [(f["local"], f"{PIECES_DIR}/{f['name']}") for f in pieces.files]
+            uploads += pieces.uploads()
             result.pieces, result.pieces_files = sum(f["rows"] for f in pieces.files), len(pieces.files)
         if not uploads and not obsolete:
             return result
@@ -578,7 +624,7 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
                         "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                         "exported_by": socket.gethostname(), "layout": layout, "tables": tables}
         if pieces is not None:
-            new_manifest["pieces"] = known_pieces + [{"name": f["name"], "rows": f["rows"]} for f in pieces.files]
+            new_manifest["pieces"] = pieces.manifest_entries()
         dest.write_bytes(MANIFEST, orjson.dumps(new_manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         dest.delete(obsolete)
         dest.delete([PENDING])

@@ -3,16 +3,19 @@ recorded text byte for byte, with DuckDB's SQL alone, from real exported files."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 
 import duckdb
 import fsspec
 import orjson
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from toolproxy.analysis.export import parquet
 from toolproxy.analysis.export.destination import Destination
@@ -194,30 +197,147 @@ def test_pieces_grow_linearly_with_episode_length_where_whole_bodies_grow_quadra
     assert pieces < 5  # 3.6x measured: each message is stored once
 
 
+@contextlib.contextmanager
+def memory_reads(url: str):
+    """Inside, every file read from fsspec's memory filesystem, by path under `url`: what the
+    destination was asked for, from the filesystem's side."""
+    root = fsspec.core.url_to_fs(url)[1].rstrip("/") + "/"
+    reads: list[str] = []
+    real_open, real_cat = MemoryFileSystem._open, MemoryFileSystem.cat_file
+
+    def seen(path: str) -> None:
+        path = MemoryFileSystem._strip_protocol(path)
+        if path.startswith(root):
+            reads.append(path[len(root):])
+
+    def opened(self, path, mode="rb", *args, **kwargs):
+        if "r" in mode:
+            seen(path)
+        return real_open(self, path, mode, *args, **kwargs)
+
+    def cat(self, path, *args, **kwargs):
+        seen(path)
+        return real_cat(self, path, *args, **kwargs)
+
+    MemoryFileSystem._open, MemoryFileSystem.cat_file = opened, cat
+    try:
+        yield reads
+    finally:
+        MemoryFileSystem._open, MemoryFileSystem.cat_file = real_open, real_cat
+
+
+def export_pieces(data: Path, url: str) -> parquet.ExportResult:
+    con = connect(data / "toolproxy.duckdb", read_only=True)
+    try:
+        return parquet.export(con, Destination(url), data_dir=data, layout="pieces")
+    finally:
+        con.close()
+
+
+def memory_url(tmp_path: Path, name: str) -> str:
+    return f"memory://pieces-{os.getpid()}-{id(tmp_path)}/{name}"
+
+
+def memory_reader() -> duckdb.DuckDBPyConnection:
+    reader = duckdb.connect()
+    reader.register_filesystem(fsspec.filesystem("memory"))
+    return reader
+
+
+def manifest_of(url: str) -> dict:
+    fs, root = fsspec.core.url_to_fs(url)
+    return orjson.loads(fs.cat_file(f"{root}/{parquet.MANIFEST}"))
+
+
+def assert_each_piece_once_and_indexed(url: str, reader) -> int:
+    """Every piece once, every pieces file listed with a key file holding exactly its hashes; the pieces' count."""
+    n, distinct = reader.execute(f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{url}/pieces/*.parquet')").fetchone()
+    assert n == distinct
+    for f in manifest_of(url)["pieces"]:
+        assert f["keys"] == f"{parquet.KEYS_DIR}/pieces/{f['name']}.keys"
+        part, keys = (sorted(h for (h,) in reader.execute(f"SELECT hash FROM read_parquet('{url}/{rel}')").fetchall())
+                      for rel in (f"pieces/{f['name']}", f["keys"]))
+        assert part == keys and len(part) == f["rows"]
+    return n
+
+
 def test_an_object_store_destination_gets_only_the_pieces_it_lacks(tmp_path: Path):
-    """The hashes already exported come back from the remote pieces files (fsspec's memory filesystem)."""
+    """The hashes already exported come back from the key files beside the remote pieces files
+    (fsspec's memory filesystem), never from the pieces' texts; an export with nothing new reads neither."""
     data = tmp_path / "data"
     write_episodes(data, "20261129T120000-1-0001-host", range(2), 10)
     run_cli("analyze", "--data", str(data))
-    url = f"memory://pieces-{os.getpid()}-{id(tmp_path)}/export"
-
-    def export() -> parquet.ExportResult:
-        con = connect(data / "toolproxy.duckdb", read_only=True)
-        try:
-            return parquet.export(con, Destination(url), data_dir=data, layout="pieces")
-        finally:
-            con.close()
-
-    first = export()
+    url = memory_url(tmp_path, "export")
+    first = export_pieces(data, url)
     write_episodes(data, "20261129T130000-1-0002-host", range(1, 2), 12)  # episode 1 again, two turns longer
     run_cli("analyze", "--data", str(data))
-    second = export()
+    with memory_reads(url) as reads:
+        second = export_pieces(data, url)
     assert 0 < second.pieces < first.pieces / 4  # a grown copy of episode 1: mostly messages already exported
-    reader = duckdb.connect()
-    reader.register_filesystem(fsspec.filesystem("memory"))
+    assert not [r for r in reads if r.startswith("pieces/")]
+    assert {f"{parquet.KEYS_DIR}/pieces/{f['name']}.keys" for f in manifest_of(url)["pieces"][:first.pieces_files]} \
+        <= set(reads)
+    reader = memory_reader()
     assert rebuilt_bodies(url, reader) == recorded_bodies(data)
-    n, distinct = reader.execute(f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{url}/pieces/*.parquet')").fetchone()
-    assert n == distinct == first.pieces + second.pieces
+    assert assert_each_piece_once_and_indexed(url, reader) == first.pieces + second.pieces
+    with memory_reads(url) as reads:
+        assert export_pieces(data, url).export_id is None
+    assert not [r for r in reads if "pieces" in r]
+
+
+def _unlist_keys(url: str, tmp_path: Path) -> set[str]:
+    """Make the destination as the previous export format left it: pieces files, no key files."""
+    fs, root = fsspec.core.url_to_fs(url)
+    manifest = manifest_of(url)
+    for f in manifest["pieces"]:
+        fs.rm_file(f"{root}/{f.pop('keys')}")
+    fs.pipe_file(f"{root}/{parquet.MANIFEST}", orjson.dumps(manifest))
+    return {f"pieces/{f['name']}" for f in manifest["pieces"]}
+
+
+def _delete_a_key_file(url: str, tmp_path: Path) -> set[str]:
+    fs, root = fsspec.core.url_to_fs(url)
+    first = manifest_of(url)["pieces"][0]
+    fs.rm_file(f"{root}/{first['keys']}")
+    return {f"pieces/{first['name']}"}
+
+
+def _cut_a_key_file(url: str, tmp_path: Path) -> set[str]:
+    """A key file that lists fewer hashes than its pieces file holds."""
+    fs, root = fsspec.core.url_to_fs(url)
+    first = manifest_of(url)["pieces"][0]
+    cut = tmp_path / "cut.keys"
+    memory_reader().execute(f"COPY (SELECT hash FROM read_parquet('{url}/{first['keys']}') LIMIT 1) TO '{cut}' (FORMAT parquet)")
+    fs.pipe_file(f"{root}/{first['keys']}", cut.read_bytes())
+    return {f"pieces/{first['name']}"}
+
+
+@pytest.mark.parametrize("damage", [_unlist_keys, _delete_a_key_file, _cut_a_key_file])
+def test_pieces_files_without_a_usable_key_file_are_read_once_and_indexed(tmp_path: Path, damage):
+    """A destination the previous format wrote (no key files), or one whose key file went: the
+    next export reads those pieces files themselves, so it still writes no piece twice, and
+    writes their key files, so the export after it reads only key files."""
+    data = tmp_path / "data"
+    write_episodes(data, "20261129T120000-1-0001-host", range(2), 8)
+    run_cli("analyze", "--data", str(data))
+    url = memory_url(tmp_path, "old")
+    export_pieces(data, url)
+    damaged = damage(url, tmp_path)
+    write_episodes(data, "20261129T130000-1-0002-host", range(1, 3), 10)
+    run_cli("analyze", "--data", str(data))
+    with memory_reads(url) as reads:
+        export_pieces(data, url)
+    assert {r for r in reads if r.startswith("pieces/")} == damaged
+    reader = memory_reader()
+    assert rebuilt_bodies(url, reader) == recorded_bodies(data)
+    assert_each_piece_once_and_indexed(url, reader)
+    write_episodes(data, "20261129T140000-1-0003-host", range(2, 4), 10)
+    run_cli("analyze", "--data", str(data))
+    with memory_reads(url) as reads:
+        export_pieces(data, url)
+    assert not [r for r in reads if r.startswith("pieces/")]
+    assert rebuilt_bodies(url, reader) == recorded_bodies(data)
+    assert_each_piece_once_and_indexed(url, reader)
 
 
 def test_a_layout_for_spans_is_a_usage_error(tmp_path: Path):
@@ -227,14 +347,23 @@ def test_a_layout_for_spans_is_a_usage_error(tmp_path: Path):
     assert proc.returncode == 2 and "--layout applies to --out" in proc.stderr
 
 
-def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Path, monkeypatch):
-    """An export killed before its manifest leaves pieces files the manifest does not list: the
-    next one deletes them (its journal named them) and writes the pieces again."""
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "previous-format"])
+def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Path, monkeypatch, keyed: bool):
+    """An export killed before its manifest leaves pieces files and key files the manifest does not
+    list: the next one deletes them (its journal named them) and writes the pieces again. Key files
+    it wrote for a previous format's pieces files go too, so the manifest never lists a key file
+    that is not there, and the next export writes them again."""
     data = tmp_path / "data"
     write_episodes(data, "20261129T120000-1-0001-host", range(2), 6)
     run_cli("analyze", "--data", str(data))
     out = tmp_path / "out"
     run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
+    keys = out / parquet.KEYS_DIR / "pieces"
+    if not keyed:
+        shutil.rmtree(keys)
+        manifest = orjson.loads((out / parquet.MANIFEST).read_bytes())
+        (out / parquet.MANIFEST).write_bytes(orjson.dumps(manifest | {"pieces": [
+            {k: v for k, v in f.items() if k != "keys"} for f in manifest["pieces"]]}))
     committed = set((out / "pieces").iterdir())
     write_episodes(data, "20261129T130000-1-0002-host", range(2, 4), 6)
     run_cli("analyze", "--data", str(data))
@@ -243,12 +372,15 @@ def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Pa
         with killed_at_the_manifest(monkeypatch):
             parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
         crashed = set((out / "pieces").iterdir()) - committed
-        assert crashed
+        assert crashed and {f"{p.name}.keys" for p in crashed} <= {p.name for p in keys.iterdir()}
+        assert len(list(keys.iterdir())) == len(crashed) + len(committed)
         age_journal(out)
         result = parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
     finally:
         con.close()
     assert result.recovered.startswith("undid") and result.pieces > 0
-    listed = {f["name"] for f in orjson.loads((out / parquet.MANIFEST).read_bytes())["pieces"]}
-    assert {p.name for p in (out / "pieces").iterdir()} == listed and not crashed & set((out / "pieces").iterdir())
+    listed = orjson.loads((out / parquet.MANIFEST).read_bytes())["pieces"]
+    assert {p.name for p in (out / "pieces").iterdir()} == {f["name"] for f in listed} and not crashed & set((out / "pieces").iterdir())
+    assert {p.name for p in keys.iterdir()} == {f"{f['name']}.keys" for f in listed} and all("keys" in f for f in listed)
     assert rebuilt_bodies(out) == recorded_bodies(data)
+    assert_each_piece_once_and_indexed(str(out), duckdb.connect())
