@@ -65,9 +65,16 @@ from toolproxy.analysis.store.connection import bodies_in_sql
 from toolproxy.analysis.store.memory import memory_limit_of
 from toolproxy.record.chunks import BODY_FIELDS
 
-# Bumped when the layout, the manifest or the meaning of a column in the files changes.
-# 2: the manifest says its layout and may list pieces files (`--layout pieces`).
-FORMAT_VERSION = 2
+# Bumped when the layout, the manifest or the meaning of a column in the files changes, for the
+# layout it changes: a toolproxy refuses a destination of a newer format than it reads, so a layout
+# that did not change keeps its number and older toolproxies keep exporting there.
+# 1: the whole layout. Its files and manifest are still what format 1 wrote: the manifest's
+#    "layout" is new, but format 1 ignores it, and no "layout" means whole.
+# 2: `--layout pieces`: the manifest says its layout and lists pieces files (and, since, their key
+#    files, which an earlier format-2 export ignores; the pieces files it adds without one are
+#    read once, see _PieceWriter).
+FORMAT_VERSIONS = {"whole": 1, "pieces": 2}
+FORMAT_VERSION = max(FORMAT_VERSIONS.values())  # the newest format this toolproxy reads
 PIECES_DIR = "pieces"
 STATE_DIR = "_toolproxy_export"
 MANIFEST = f"{STATE_DIR}/manifest.json"
@@ -112,7 +119,7 @@ class _Staged:
     dropped: list[str] = field(default_factory=list)  # partitions no longer in the manifest (every row moved)
 
 
-def versions(con) -> dict[str, int]:
+def versions(con, layout: str) -> dict[str, int]:
     """What the files were made from; stored in every file's key-value metadata and the manifest."""
     from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.store.connection import schema_version
@@ -123,7 +130,7 @@ def versions(con) -> dict[str, int]:
         raise ExportError(f"the database was analysed under analyzer version {built if built is not None else 'unknown'}, "
                           f"this toolproxy is version {ANALYZER_VERSION}: run `toolproxy analyze` first so the export "
                           "does not carry outdated classifications")
-    return {"schema_version": schema_version(con), "analyzer_version": ANALYZER_VERSION, "export_format_version": FORMAT_VERSION}
+    return {"schema_version": schema_version(con), "analyzer_version": ANALYZER_VERSION, "export_format_version": FORMAT_VERSIONS[layout]}
 
 
 def _key_file(table: str, rel_in_table: str) -> str:
@@ -564,13 +571,13 @@ def _pieces_in_sql(con, layout: str):
 
 
 def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | None, progress, layout: str) -> ExportResult:
-    v = versions(con)
+    v = versions(con, layout)
     dest.check()
     result = ExportResult()
     manifest = _load_json(dest, MANIFEST)
     if manifest is not None and int(manifest.get("export_format_version", 0)) > FORMAT_VERSION:
         raise ExportError(f"{dest.url} was written by a newer toolproxy (export format {manifest.get('export_format_version')}, "
-                          f"this one writes {FORMAT_VERSION}); upgrade toolproxy to export there")
+                          f"this one reads up to {FORMAT_VERSION}); upgrade toolproxy to export there")
     if manifest is not None and manifest.get("layout", "whole") != layout:
         raise ExportError(f"{dest.url} holds an export in the {manifest.get('layout', 'whole')!r} layout; export there with "
                           f"--layout {manifest.get('layout', 'whole')}, or to another destination for the {layout!r} layout")

@@ -340,6 +340,41 @@ def test_pieces_files_without_a_usable_key_file_are_read_once_and_indexed(tmp_pa
     assert_each_piece_once_and_indexed(url, reader)
 
 
+def export_formats(out: Path) -> tuple[int, set[str]]:
+    """The export format the manifest at `out` says, and the ones its data files' metadata say."""
+    manifest = orjson.loads((out / parquet.MANIFEST).read_bytes())
+    files = duckdb.sql(f"SELECT value::VARCHAR FROM parquet_kv_metadata('{out}/*/**/*.parquet') "
+                       "WHERE key::VARCHAR = 'toolproxy.export_format_version'").fetchall()
+    return manifest["export_format_version"], {v for (v,) in files}
+
+
+def test_only_the_pieces_layout_is_format_2_so_older_toolproxies_still_export_whole(tmp_path: Path):
+    """A whole-layout destination is what format 1 wrote (its manifest's `layout` is ignored by
+    format 1, which means whole without it), so it says 1 and a toolproxy that refuses any format
+    above 1 still exports there; a format-1 destination, and one an earlier export marked 2, are
+    exported to as format 1. A format newer than this toolproxy reads is refused."""
+    data = tmp_path / "data"
+    write_episodes(data, "20261129T120000-1-0001-host", range(2), 3)
+    run_cli("analyze", "--data", str(data))
+    for layout, expected in (("whole", 1), ("pieces", 2)):
+        out = tmp_path / layout
+        run_cli("export", "--layout", layout, "--data", str(data), "--out", str(out))
+        assert export_formats(out) == (expected, {str(expected)})
+    out = tmp_path / "whole"
+    manifest = orjson.loads((out / parquet.MANIFEST).read_bytes())
+    format_1 = {k: v for k, v in manifest.items() if k != "layout"}
+    for n, before in enumerate((format_1, manifest | {"export_format_version": 2})):
+        (out / parquet.MANIFEST).write_bytes(orjson.dumps(before))
+        write_episodes(data, f"20261129T13000{n}-1-0002-host", range(4 + n, 5 + n), 2)
+        run_cli("analyze", "--data", str(data))
+        assert "nothing new" not in run_cli("export", "--data", str(data), "--out", str(out)).stdout
+        assert export_formats(out) == (1, {"1"})
+    newer = orjson.loads((out / parquet.MANIFEST).read_bytes()) | {"export_format_version": parquet.FORMAT_VERSION + 1}
+    (out / parquet.MANIFEST).write_bytes(orjson.dumps(newer))
+    proc = run_cli("export", "--data", str(data), "--out", str(out), check=False)
+    assert proc.returncode == 2 and "written by a newer toolproxy" in proc.stderr
+
+
 def test_a_layout_for_spans_is_a_usage_error(tmp_path: Path):
     data = tmp_path / "data"
     write_episodes(data, "20261129T120000-1-0001-host", range(1), 2)
