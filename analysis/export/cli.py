@@ -62,10 +62,11 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     """Write the analysed exchanges (with raw bodies), turns, calls, episodes and runs to PATH|URL,
     or (--otlp URL) send them to an OpenTelemetry receiver as spans carrying each turn's verdict.
 
-    Parquet files are partitioned hive-style by day and run (table/date=YYYY-MM-DD/run=NAME/), so
-    DuckDB, Spark or pandas read them directly. Incremental and idempotent like `analyze`: only new
-    or changed partitions are written, and a destination's own manifest keeps a second machine
-    exporting there consistent. Records not analyzed yet are analyzed first.
+    Parquet files are partitioned hive-style by day and run (table/date=YYYY-MM-DD/run=NAME/), for
+    DuckDB, Spark or pandas (which takes only the day from the folders: see docs/export.md).
+    Incremental and idempotent like `analyze`: only new or changed partitions are written, and a
+    destination's own manifest keeps a second machine exporting there consistent. Records not
+    analyzed yet are analyzed first.
     """
     import importlib
 
