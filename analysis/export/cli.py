@@ -115,6 +115,9 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
                       if t.stale else ""))
     if result.pieces_files:
         click.echo(f"pieces: {result.pieces:,} new in {result.pieces_files} files")
+    if result.pieces_indexed:
+        click.echo(f"pieces: {result.pieces_indexed} files exported without a key file (by an older toolproxy, or the key "
+                   "file lost) read whole, once: their key files are written now")
     where = printable(out)
     if result.export_id is None:
         click.echo(f"nothing new to export: {where} already holds every row")

@@ -108,6 +108,7 @@ class ExportResult:
     recovered: str | None = None
     pieces: int = 0  # new pieces written (--layout pieces)
     pieces_files: int = 0
+    pieces_indexed: int = 0  # pieces files without a usable key file, read and given one
 
 
 @dataclass
@@ -611,6 +612,7 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
         if pieces is not None:
             uploads += pieces.uploads()
             result.pieces, result.pieces_files = sum(f["rows"] for f in pieces.files), len(pieces.files)
+            result.pieces_indexed = len(pieces.reindexed)
         if not uploads and not obsolete:
             return result
         result.export_id = export_id
