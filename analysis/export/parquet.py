@@ -70,9 +70,9 @@ from toolproxy.record.chunks import BODY_FIELDS
 # that did not change keeps its number and older toolproxies keep exporting there.
 # 1: the whole layout. Its files and manifest are still what format 1 wrote: the manifest's
 #    "layout" is new, but format 1 ignores it, and no "layout" means whole.
-# 2: `--layout pieces`: the manifest says its layout and lists pieces files (and, since, their key
-#    files, which an earlier format-2 export ignores; the pieces files it adds without one are
-#    read once, see _PieceWriter).
+# 2: `--layout pieces`: the manifest says its layout and lists pieces files, with their key files.
+#    Key files needed no new number: a format-2 toolproxy from before them keeps them listed and
+#    adds pieces files without one, which the next export here reads once (see _PieceWriter).
 FORMAT_VERSIONS = {"whole": 1, "pieces": 2}
 FORMAT_VERSION = max(FORMAT_VERSIONS.values())  # the newest format this toolproxy reads
 PIECES_DIR = "pieces"
