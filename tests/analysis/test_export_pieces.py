@@ -322,6 +322,10 @@ def test_pieces_files_without_a_usable_key_file_are_read_once_and_indexed(tmp_pa
     run_cli("analyze", "--data", str(data))
     url = memory_url(tmp_path, "old")
     export_pieces(data, url)
+    write_episodes(data, "20261129T123000-1-0001-host", range(6, 7), 8)
+    run_cli("analyze", "--data", str(data))
+    export_pieces(data, url)
+    assert len(manifest_of(url)["pieces"]) == 2  # so a key file damaged is told from one intact
     damaged = damage(url, tmp_path)
     write_episodes(data, "20261129T130000-1-0002-host", range(1, 3), 10)
     run_cli("analyze", "--data", str(data))
