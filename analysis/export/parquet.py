@@ -85,6 +85,8 @@ STALE_SECONDS = 3600.0
 # Files handed to the destination at once: object stores upload a batch concurrently, and the
 # progress line moves between batches.
 _UPLOAD_BATCH = 32
+# Key files of pieces files an export reads before it writes them as one (see _PieceWriter).
+_MERGE_KEY_FILES = 32
 
 
 @dataclass
@@ -339,15 +341,20 @@ class _PieceWriter:
     exchanges reads none, from the key files of the pieces files the manifest lists: from an
     object store the texts would come whole on every export, growing with everything ever
     exported. A pieces file whose key file is not listed (written before key files were) or not
-    usable (missing, or not the file's row count) is read itself, and its key file written from
-    it lands with this export, so it is read once."""
+    usable (missing, or not the rows of the files it indexes) is read itself, and its key file
+    written from it lands with this export, so it is read once. Once an export reads
+    _MERGE_KEY_FILES key files it writes them as one, which every listed pieces file then names,
+    so an export every few minutes for a month reads a few files, not one per earlier export."""
 
     def __init__(self, dest: Destination, listed: list[dict], staging: str, export_id: str, meta: dict[str, str]):
-        self.dest, self.listed = dest, listed
+        self.dest = dest
         self.staging, self.export_id = os.path.join(staging, PIECES_DIR), export_id
         self.kv = _kv_metadata(meta | {"toolproxy.table": PIECES_DIR})
         self.files: list[dict] = []
-        self.reindexed: dict[int, str] = {}  # listed file (by position) -> its key file, written now
+        self.listed = listed  # the manifest's entries, with the key files they name after this export
+        self.key_uploads: list[tuple[str, str]] = []  # key files of listed pieces files, written now
+        self.superseded: list[str] = []  # key files no listed pieces file names any more
+        self.indexed = 0  # listed pieces files read to write their key file
         self.loaded = False
         os.makedirs(self.staging)
 
@@ -357,25 +364,42 @@ class _PieceWriter:
         if not self.listed:
             return
         present = self.dest.names(f"{KEYS_DIR}/{PIECES_DIR}")
-        keyed = {n: f["keys"] for n, f in enumerate(self.listed) if f.get("keys") in present}
-        sources = self._local_copies(keyed, "keys")
-        if sources:
-            rows = dict(con.execute("SELECT file_name, num_rows FROM parquet_file_metadata(?::VARCHAR[])",
-                                    [list(sources.values())]).fetchall())
-            sources = {n: path for n, path in sources.items() if rows.get(path) == self.listed[n].get("rows")}
-        unkeyed = {n: f"{PIECES_DIR}/{f['name']}" for n, f in enumerate(self.listed) if n not in sources}
-        for n, part in self._local_copies(unkeyed, "part").items():
-            sources[n] = os.path.join(self.staging, f"rekeyed-{n}.keys")
-            _write_piece_keys(con, part, sources[n])
-            self.reindexed[n] = sources[n]
-        con.execute("INSERT INTO _seen SELECT hash FROM read_parquet(?::VARCHAR[])", [list(sources.values())])
+        groups: dict[str, list[int]] = {}  # key file -> the listed pieces files it indexes
+        for n, f in enumerate(self.listed):
+            if f.get("keys") in present:
+                groups.setdefault(f["keys"], []).append(n)
+        local = self._local_copies(list(groups), "keys")
+        counts = dict(con.execute("SELECT file_name, num_rows FROM parquet_file_metadata(?::VARCHAR[])",
+                                  [list(local.values())]).fetchall()) if local else {}
+        usable = {rel for rel, members in groups.items()
+                  if counts.get(local[rel]) == sum(self.listed[n].get("rows", 0) for n in members)}
+        entries = [dict(f) for f in self.listed]
+        unkeyed = [n for n, f in enumerate(entries) if f.get("keys") not in usable]
+        parts = self._local_copies([f"{PIECES_DIR}/{entries[n]['name']}" for n in unkeyed], "part")
+        sources = [local[rel] for rel in usable]
+        for n in unkeyed:
+            sources.append(os.path.join(self.staging, f"rekeyed-{n}.keys"))
+            entries[n]["rows"] = _write_piece_keys(con, parts[f"{PIECES_DIR}/{entries[n]['name']}"], sources[-1])
+            entries[n]["keys"] = _key_file(PIECES_DIR, entries[n]["name"])
+            self.key_uploads.append((sources[-1], entries[n]["keys"]))
+        self.indexed = len(unkeyed)
+        con.execute("INSERT INTO _seen SELECT hash FROM read_parquet(?::VARCHAR[])", [sources])
+        if len(sources) >= _MERGE_KEY_FILES:
+            merged = os.path.join(self.staging, "merged.keys")
+            con.execute(f"COPY (SELECT hash FROM _seen) TO '{_sql_text(merged)}' (FORMAT parquet, COMPRESSION zstd)")
+            rel = f"{KEYS_DIR}/{PIECES_DIR}/merged-{self.export_id}.keys"
+            self.key_uploads = [(merged, rel)]
+            entries = [f | {"keys": rel} for f in entries]
+        named = {f["keys"] for f in entries}
+        self.superseded = [rel for rel in groups if rel not in named]
+        self.listed = entries
 
-    def _local_copies(self, rels: dict[int, str], kind: str) -> dict[int, str]:
+    def _local_copies(self, rels: list[str], kind: str) -> dict[str, str]:
         """A local path for each destination file: itself on a local disk, else a download."""
         if self.dest.local:
-            return {n: self.dest.path(rel) for n, rel in rels.items()}
-        local = {n: os.path.join(self.staging, f"known-{n}.{kind}.parquet") for n in rels}
-        self.dest.get([(rel, local[n]) for n, rel in rels.items()])
+            return {rel: self.dest.path(rel) for rel in rels}
+        local = {rel: os.path.join(self.staging, f"known-{n}.{kind}.parquet") for n, rel in enumerate(rels)}
+        self.dest.get(list(local.items()))
         return local
 
     def copy(self, con, rows: str, target: str, kv: str) -> None:
@@ -406,17 +430,17 @@ class _PieceWriter:
         """(local file, destination path) of every file written: new pieces files and key files."""
         new = [(f["local"] + suffix, rel) for f in self.files
                for suffix, rel in (("", f"{PIECES_DIR}/{f['name']}"), (".keys", _key_file(PIECES_DIR, f["name"])))]
-        return new + [(local, _key_file(PIECES_DIR, self.listed[n]["name"])) for n, local in self.reindexed.items()]
+        return new + self.key_uploads
 
     def manifest_entries(self) -> list[dict]:
         """The pieces files the manifest lists after this export, each with its key file."""
-        listed = [f | {"keys": _key_file(PIECES_DIR, f["name"])} if n in self.reindexed else f for n, f in enumerate(self.listed)]
-        return listed + [{"name": f["name"], "rows": f["rows"], "keys": _key_file(PIECES_DIR, f["name"])} for f in self.files]
+        return self.listed + [{"name": f["name"], "rows": f["rows"], "keys": _key_file(PIECES_DIR, f["name"])} for f in self.files]
 
 
-def _write_piece_keys(con, part: str, keys: str) -> None:
-    """The key file of pieces file `part`: its hash column alone."""
-    con.execute(f"COPY (SELECT hash FROM read_parquet('{_sql_text(part)}')) TO '{_sql_text(keys)}' (FORMAT parquet, COMPRESSION zstd)")
+def _write_piece_keys(con, part: str, keys: str) -> int:
+    """Write the key file of pieces file `part`, its hash column alone; the pieces it holds."""
+    return con.execute(f"COPY (SELECT hash FROM read_parquet('{_sql_text(part)}')) TO '{_sql_text(keys)}' "
+                       "(FORMAT parquet, COMPRESSION zstd)").fetchone()[0]
 
 
 def _batch_bytes(con) -> int:
@@ -612,7 +636,8 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
         if pieces is not None:
             uploads += pieces.uploads()
             result.pieces, result.pieces_files = sum(f["rows"] for f in pieces.files), len(pieces.files)
-            result.pieces_indexed = len(pieces.reindexed)
+            result.pieces_indexed = pieces.indexed
+            obsolete += pieces.superseded
         if not uploads and not obsolete:
             return result
         result.export_id = export_id

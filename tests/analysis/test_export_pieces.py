@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import re
 import shutil
+import uuid
 from pathlib import Path
 
 import duckdb
@@ -26,7 +26,7 @@ from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.testing.corpus import episode, generate, interleaved
 
-from test_export import age_journal, killed_at_the_manifest, run_cli
+from test_export import age_journal, killed_at_the_manifest, killed_in, run_cli
 
 
 def _rebuilt(text: str, encoding: str = "utf8") -> list[str]:
@@ -234,8 +234,9 @@ def export_pieces(data: Path, url: str) -> parquet.ExportResult:
         con.close()
 
 
-def memory_url(tmp_path: Path, name: str) -> str:
-    return f"memory://pieces-{os.getpid()}-{id(tmp_path)}/{name}"
+def memory_url(name: str) -> str:
+    """A bucket of fsspec's memory filesystem no other test uses (it lives as long as the process)."""
+    return f"memory://pieces-{uuid.uuid4().hex}/{name}"
 
 
 def memory_reader() -> duckdb.DuckDBPyConnection:
@@ -250,15 +251,29 @@ def manifest_of(url: str) -> dict:
 
 
 def assert_each_piece_once_and_indexed(url: str, reader) -> int:
-    """Every piece once, every pieces file listed with a key file holding exactly its hashes; the pieces' count."""
+    """Every piece once, every pieces file listed with a key file, each key file holding exactly
+    the hashes of the pieces files naming it; the pieces' count."""
     n, distinct = reader.execute(f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{url}/pieces/*.parquet')").fetchone()
     assert n == distinct
+    indexes: dict[str, list[dict]] = {}
     for f in manifest_of(url)["pieces"]:
-        assert f["keys"] == f"{parquet.KEYS_DIR}/pieces/{f['name']}.keys"
-        part, keys = (sorted(h for (h,) in reader.execute(f"SELECT hash FROM read_parquet('{url}/{rel}')").fetchall())
-                      for rel in (f"pieces/{f['name']}", f["keys"]))
-        assert part == keys and len(part) == f["rows"]
+        indexes.setdefault(f["keys"], []).append(f)
+    for keys, parts in indexes.items():
+        assert keys.startswith(f"{parquet.KEYS_DIR}/pieces/")
+        files = [f"{url}/pieces/{f['name']}" for f in parts]
+        held = sorted(h for (h,) in reader.execute("SELECT hash FROM read_parquet(?::VARCHAR[])", [files]).fetchall())
+        assert sorted(h for (h,) in reader.execute(f"SELECT hash FROM read_parquet('{url}/{keys}')").fetchall()) == held
+        assert len(held) == sum(f["rows"] for f in parts)
     return n
+
+
+def checked_export(data: Path, url: str, reader) -> tuple[parquet.ExportResult, set[str]]:
+    """Export to `url` and check every body and piece there; the result, and the files the export read there."""
+    with memory_reads(url) as reads:
+        result = export_pieces(data, url)
+    assert rebuilt_bodies(url, reader) == recorded_bodies(data)
+    assert_each_piece_once_and_indexed(url, reader)
+    return result, set(reads)
 
 
 def test_an_object_store_destination_gets_only_the_pieces_it_lacks(tmp_path: Path):
@@ -267,7 +282,7 @@ def test_an_object_store_destination_gets_only_the_pieces_it_lacks(tmp_path: Pat
     data = tmp_path / "data"
     write_episodes(data, "20261129T120000-1-0001-host", range(2), 10)
     run_cli("analyze", "--data", str(data))
-    url = memory_url(tmp_path, "export")
+    url = memory_url("export")
     first = export_pieces(data, url)
     write_episodes(data, "20261129T130000-1-0002-host", range(1, 2), 12)  # episode 1 again, two turns longer
     run_cli("analyze", "--data", str(data))
@@ -283,6 +298,75 @@ def test_an_object_store_destination_gets_only_the_pieces_it_lacks(tmp_path: Pat
     with memory_reads(url) as reads:
         assert export_pieces(data, url).export_id is None
     assert not [r for r in reads if "pieces" in r]
+
+
+def test_many_key_files_are_merged_into_one_so_later_exports_read_a_few(tmp_path: Path, monkeypatch):
+    """An export that reads _MERGE_KEY_FILES key files writes them as one, which every pieces file
+    listed then names, and the key files it replaces go: the next export reads that one and the
+    key files of what came since, and still no pieces file."""
+    monkeypatch.setattr(parquet, "_MERGE_KEY_FILES", 3)
+    data = tmp_path / "data"
+    url = memory_url("merged")
+    fs, root = fsspec.core.url_to_fs(url)
+    reader = memory_reader()
+
+    def grow_and_export(n: int) -> list[str]:
+        write_episodes(data, f"20261129T12000{n}-1-0001-host", range(2 * n, 2 * n + 2), 4)
+        run_cli("analyze", "--data", str(data))
+        result, reads = checked_export(data, url, reader)
+        assert result.pieces_files == 1 and not [r for r in reads if r.startswith("pieces/")]
+        return sorted(r for r in reads if r.startswith(f"{parquet.KEYS_DIR}/pieces/"))
+
+    def key_files() -> list[str]:
+        return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{root}/{parquet.KEYS_DIR}/pieces", detail=False))
+
+    for n in range(3):
+        assert len(grow_and_export(n)) == n
+    assert len(key_files()) == 3
+    assert len(grow_and_export(3)) == 3  # reads three, writes them as one
+    listed = manifest_of(url)["pieces"]
+    merged = {f["keys"] for f in listed[:3]}
+    assert len(merged) == 1 and next(iter(merged)).rsplit("/", 1)[-1].startswith("merged-")
+    assert key_files() == sorted([next(iter(merged)).rsplit("/", 1)[-1], f"{listed[3]['name']}.keys"])
+    assert grow_and_export(4) == sorted([next(iter(merged)), listed[3]["keys"]])
+
+
+def killed_at_the_deletions(monkeypatch):
+    """An export killed as it deletes the files its new manifest no longer lists."""
+    return killed_in(monkeypatch, "delete", lambda rels: rels and rels != [parquet.PENDING])
+
+
+@pytest.mark.parametrize("killed, recovered", [(killed_at_the_manifest, "undid"), (killed_at_the_deletions, "finished")],
+                         ids=["at-the-manifest", "at-the-deletions"])
+def test_an_export_killed_as_it_merges_key_files_is_undone_or_finished(tmp_path: Path, monkeypatch, killed, recovered):
+    """Killed before its manifest, the merged key file goes and the key files it would replace
+    stay listed; killed after, the replaced ones go. Either way every key file there is one the
+    manifest names, and each holds exactly the hashes of its pieces files."""
+    monkeypatch.setattr(parquet, "_MERGE_KEY_FILES", 2)
+    data = tmp_path / "data"
+    out = tmp_path / "out"
+    keys = out / parquet.KEYS_DIR / "pieces"
+    for n in range(3):
+        write_episodes(data, f"20261129T12000{n}-1-0001-host", range(2 * n, 2 * n + 2), 4)
+        run_cli("analyze", "--data", str(data))
+        if n < 2:
+            run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
+    singles = {p.name for p in keys.iterdir()}
+    assert len(singles) == 2
+    con = connect(data / "toolproxy.duckdb", read_only=True)
+    try:
+        with killed(monkeypatch):
+            parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
+        assert singles < {p.name for p in keys.iterdir()} and any(p.name.startswith("merged-") for p in keys.iterdir())
+        age_journal(out)
+        result = parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")  # merges again, if undone
+    finally:
+        con.close()
+    assert result.recovered.startswith(recovered)
+    named = {f["keys"].rsplit("/", 1)[-1] for f in orjson.loads((out / parquet.MANIFEST).read_bytes())["pieces"]}
+    assert {p.name for p in keys.iterdir()} == named and not singles & named
+    assert rebuilt_bodies(out) == recorded_bodies(data)
+    assert_each_piece_once_and_indexed(str(out), duckdb.connect())
 
 
 def _unlist_keys(url: str, tmp_path: Path) -> set[str]:
@@ -320,7 +404,7 @@ def test_pieces_files_without_a_usable_key_file_are_read_once_and_indexed(tmp_pa
     data = tmp_path / "data"
     write_episodes(data, "20261129T120000-1-0001-host", range(2), 8)
     run_cli("analyze", "--data", str(data))
-    url = memory_url(tmp_path, "old")
+    url = memory_url("old")
     export_pieces(data, url)
     write_episodes(data, "20261129T123000-1-0001-host", range(6, 7), 8)
     run_cli("analyze", "--data", str(data))
@@ -329,19 +413,13 @@ def test_pieces_files_without_a_usable_key_file_are_read_once_and_indexed(tmp_pa
     damaged = damage(url, tmp_path)
     write_episodes(data, "20261129T130000-1-0002-host", range(1, 3), 10)
     run_cli("analyze", "--data", str(data))
-    with memory_reads(url) as reads:
-        assert export_pieces(data, url).pieces_indexed == len(damaged)
-    assert {r for r in reads if r.startswith("pieces/")} == damaged
     reader = memory_reader()
-    assert rebuilt_bodies(url, reader) == recorded_bodies(data)
-    assert_each_piece_once_and_indexed(url, reader)
+    result, reads = checked_export(data, url, reader)
+    assert result.pieces_indexed == len(damaged) and {r for r in reads if r.startswith("pieces/")} == damaged
     write_episodes(data, "20261129T140000-1-0003-host", range(2, 4), 10)
     run_cli("analyze", "--data", str(data))
-    with memory_reads(url) as reads:
-        assert export_pieces(data, url).pieces_indexed == 0
-    assert not [r for r in reads if r.startswith("pieces/")]
-    assert rebuilt_bodies(url, reader) == recorded_bodies(data)
-    assert_each_piece_once_and_indexed(url, reader)
+    result, reads = checked_export(data, url, reader)
+    assert result.pieces_indexed == 0 and not [r for r in reads if r.startswith("pieces/")]
 
 
 def export_formats(out: Path) -> tuple[int, set[str]]:
