@@ -62,10 +62,11 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     """Write the analysed exchanges (with raw bodies), turns, calls, episodes and runs to PATH|URL,
     or (--otlp URL) send them to an OpenTelemetry receiver as spans carrying each turn's verdict.
 
-    Parquet files are partitioned hive-style by day and run (table/date=YYYY-MM-DD/run=NAME/), so
-    DuckDB, Spark or pandas read them directly. Incremental and idempotent like `analyze`: only new
-    or changed partitions are written, and a destination's own manifest keeps a second machine
-    exporting there consistent. Records not analyzed yet are analyzed first.
+    Parquet files are partitioned hive-style by day and run (table/date=YYYY-MM-DD/run=NAME/), for
+    DuckDB, Spark or pandas (which takes only the day from the folders: see docs/export.md).
+    Incremental and idempotent like `analyze`: only new or changed partitions are written, and a
+    destination's own manifest keeps a second machine exporting there consistent. Records not
+    analyzed yet are analyzed first.
     """
     import importlib
 
@@ -114,6 +115,9 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
                       if t.stale else ""))
     if result.pieces_files:
         click.echo(f"pieces: {result.pieces:,} new in {result.pieces_files} files")
+    if result.pieces_indexed:
+        click.echo(f"pieces: {result.pieces_indexed} files exported without a key file (by an older toolproxy, or the key "
+                   "file lost) read whole, once: their key files are written now")
     where = printable(out)
     if result.export_id is None:
         click.echo(f"nothing new to export: {where} already holds every row")

@@ -127,8 +127,24 @@ class Destination:
             return
         self.call(f"upload {len(files)} files", self.fs.put, [f for f, _ in files], [self.path(rel) for _, rel in files])
 
-    def get(self, rel: str, local_file: str) -> None:
-        self.call(f"download {rel}", self.fs.get_file, self.path(rel), local_file)
+    def get(self, files: list[tuple[str, str]]) -> None:
+        """Download (destination path, local file) pairs: one concurrent batch on an object store."""
+        if files:
+            what = files[0][0] if len(files) == 1 else f"{len(files)} files"
+            self.call(f"download {what}", self.fs.get, [self.path(rel) for rel, _ in files], [f for _, f in files])
+
+    def names(self, rel: str) -> set[str]:
+        """The paths (relative to the root) of the files directly in folder `rel`; none when it is missing.
+
+        One listing, where asking for each file would be a request each; refreshed, since an object
+        store's filesystem caches listings and another exporter may have written since."""
+        def ls(path: str) -> list[str]:
+            try:
+                return self.fs.ls(path, detail=False, refresh=True)
+            except FileNotFoundError:
+                return []
+
+        return {f"{rel}/{p.rstrip('/').rsplit('/', 1)[-1]}" for p in self.call(f"list {rel}", ls, self.path(rel))}
 
     def exists(self, rel: str) -> bool:
         return self.call(f"look for {rel}", self.fs.exists, self.path(rel))

@@ -27,9 +27,11 @@ the connection's memory limit, where the other tables write one file per partiti
 With `layout="pieces"` (analysis.export.pieces) an exchange's bodies are written as lists of
 piece hashes (`request_pieces`, `response_pieces`, `client_pieces`) and each piece's text once per destination, in
 `pieces/part-*.parquet` (columns hash, text): a long episode then costs the size of its
-conversation, not that size once per turn. The manifest lists the pieces files and says the
-layout, and an export refuses a destination written in the other one. Pieces are never deleted:
-every exchange ever exported there, history included, may point at them.
+conversation, not that size once per turn. The manifest lists the pieces files, each with a key
+file of its hashes (`_toolproxy_export/keys/pieces/`), which is all a later export reads to know
+the pieces the destination holds, and says the layout; an export refuses a destination written in
+the other one. Pieces are never deleted: every exchange ever exported there, history included, may
+point at them.
 
 A crash never leaves a half-written state the next export trusts: data files are written first
 under new names, then the manifest is replaced in one step, then the files it no longer lists are
@@ -63,9 +65,16 @@ from toolproxy.analysis.store.connection import bodies_in_sql
 from toolproxy.analysis.store.memory import memory_limit_of
 from toolproxy.record.chunks import BODY_FIELDS
 
-# Bumped when the layout, the manifest or the meaning of a column in the files changes.
-# 2: the manifest says its layout and may list pieces files (`--layout pieces`).
-FORMAT_VERSION = 2
+# Bumped when the layout, the manifest or the meaning of a column in the files changes, for the
+# layout it changes: a toolproxy refuses a destination of a newer format than it reads, so a layout
+# that did not change keeps its number and older toolproxies keep exporting there.
+# 1: the whole layout. Its files and manifest are still what format 1 wrote: the manifest's
+#    "layout" is new, but format 1 ignores it, and no "layout" means whole.
+# 2: `--layout pieces`: the manifest says its layout and lists pieces files, with their key files.
+#    Key files needed no new number: a format-2 toolproxy from before them keeps them listed and
+#    adds pieces files without one, which the next export here reads once (see _PieceWriter).
+FORMAT_VERSIONS = {"whole": 1, "pieces": 2}
+FORMAT_VERSION = max(FORMAT_VERSIONS.values())  # the newest format this toolproxy reads
 PIECES_DIR = "pieces"
 STATE_DIR = "_toolproxy_export"
 MANIFEST = f"{STATE_DIR}/manifest.json"
@@ -76,6 +85,8 @@ STALE_SECONDS = 3600.0
 # Files handed to the destination at once: object stores upload a batch concurrently, and the
 # progress line moves between batches.
 _UPLOAD_BATCH = 32
+# Key files of pieces files an export reads before it writes them as one (see _PieceWriter).
+_MERGE_KEY_FILES = 32
 
 
 @dataclass
@@ -99,6 +110,7 @@ class ExportResult:
     recovered: str | None = None
     pieces: int = 0  # new pieces written (--layout pieces)
     pieces_files: int = 0
+    pieces_indexed: int = 0  # pieces files without a usable key file, read and given one
 
 
 @dataclass
@@ -110,7 +122,7 @@ class _Staged:
     dropped: list[str] = field(default_factory=list)  # partitions no longer in the manifest (every row moved)
 
 
-def versions(con) -> dict[str, int]:
+def versions(con, layout: str) -> dict[str, int]:
     """What the files were made from; stored in every file's key-value metadata and the manifest."""
     from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.store.connection import schema_version
@@ -121,7 +133,7 @@ def versions(con) -> dict[str, int]:
         raise ExportError(f"the database was analysed under analyzer version {built if built is not None else 'unknown'}, "
                           f"this toolproxy is version {ANALYZER_VERSION}: run `toolproxy analyze` first so the export "
                           "does not carry outdated classifications")
-    return {"schema_version": schema_version(con), "analyzer_version": ANALYZER_VERSION, "export_format_version": FORMAT_VERSION}
+    return {"schema_version": schema_version(con), "analyzer_version": ANALYZER_VERSION, "export_format_version": FORMAT_VERSIONS[layout]}
 
 
 def _key_file(table: str, rel_in_table: str) -> str:
@@ -322,30 +334,78 @@ def _copy_in_batches(con, table: ExportTable, to_write: str, out: str, kv: str, 
 
 class _PieceWriter:
     """Writes a batch of exchanges with their bodies as piece hashes, and the batch's pieces the
-    destination does not hold yet as one file of the pieces table.
+    destination does not hold yet as one file of the pieces table, with a key file of its hashes.
 
     The hashes already written (`_seen`, a DuckDB table, so it spills under the memory limit
-    rather than growing in Python) start as those of the pieces files the manifest lists."""
+    rather than growing in Python) are loaded at the first batch, so an export with no new
+    exchanges reads none, from the key files of the pieces files the manifest lists: from an
+    object store the texts would come whole on every export, growing with everything ever
+    exported. A pieces file whose key file is not listed (written before key files were) or not
+    usable (missing, or not the rows of the files it indexes) is read itself, and its key file
+    written from it lands with this export, so it is read once. Once an export reads
+    _MERGE_KEY_FILES key files it writes them as one, which every listed pieces file then names,
+    so an export every few minutes for a month reads a few files, not one per earlier export."""
 
-    def __init__(self, con, dest: Destination, listed: list[dict], staging: str, export_id: str, meta: dict[str, str]):
+    def __init__(self, dest: Destination, listed: list[dict], staging: str, export_id: str, meta: dict[str, str]):
+        self.dest = dest
         self.staging, self.export_id = os.path.join(staging, PIECES_DIR), export_id
         self.kv = _kv_metadata(meta | {"toolproxy.table": PIECES_DIR})
         self.files: list[dict] = []
+        self.listed = listed  # the manifest's entries, with the key files they name after this export
+        self.key_uploads: list[tuple[str, str]] = []  # key files of listed pieces files, written now
+        self.superseded: list[str] = []  # key files no listed pieces file names any more
+        self.indexed = 0  # listed pieces files read to write their key file
+        self.loaded = False
         os.makedirs(self.staging)
-        sources = []
-        for n, f in enumerate(listed):
-            rel = f"{PIECES_DIR}/{f['name']}"
-            if dest.local:
-                sources.append(dest.path(rel))
-            else:
-                sources.append(os.path.join(self.staging, f"known-{n}.parquet"))
-                dest.get(rel, sources[-1])
+
+    def _load_seen(self, con) -> None:
         con.execute("CREATE OR REPLACE TEMP TABLE _seen (hash VARCHAR)")
-        if sources:
-            con.execute("INSERT INTO _seen SELECT hash FROM read_parquet(?::VARCHAR[])", [sources])
+        self.loaded = True
+        if not self.listed:
+            return
+        present = self.dest.names(f"{KEYS_DIR}/{PIECES_DIR}")
+        groups: dict[str, list[int]] = {}  # key file -> the listed pieces files it indexes
+        for n, f in enumerate(self.listed):
+            if f.get("keys") in present:
+                groups.setdefault(f["keys"], []).append(n)
+        local = self._local_copies(list(groups), "keys")
+        counts = dict(con.execute("SELECT file_name, num_rows FROM parquet_file_metadata(?::VARCHAR[])",
+                                  [list(local.values())]).fetchall()) if local else {}
+        usable = {rel for rel, members in groups.items()
+                  if counts.get(local[rel]) == sum(self.listed[n].get("rows", 0) for n in members)}
+        entries = [dict(f) for f in self.listed]
+        unkeyed = [n for n, f in enumerate(entries) if f.get("keys") not in usable]
+        parts = self._local_copies([f"{PIECES_DIR}/{entries[n]['name']}" for n in unkeyed], "part")
+        sources = [local[rel] for rel in usable]
+        for n in unkeyed:
+            sources.append(os.path.join(self.staging, f"rekeyed-{n}.keys"))
+            entries[n]["rows"] = _write_piece_keys(con, parts[f"{PIECES_DIR}/{entries[n]['name']}"], sources[-1])
+            entries[n]["keys"] = _key_file(PIECES_DIR, entries[n]["name"])
+            self.key_uploads.append((sources[-1], entries[n]["keys"]))
+        self.indexed = len(unkeyed)
+        con.execute("INSERT INTO _seen SELECT hash FROM read_parquet(?::VARCHAR[])", [sources])
+        if len(sources) >= _MERGE_KEY_FILES:
+            merged = os.path.join(self.staging, "merged.keys")
+            con.execute(f"COPY (SELECT hash FROM _seen) TO '{_sql_text(merged)}' (FORMAT parquet, COMPRESSION zstd)")
+            rel = f"{KEYS_DIR}/{PIECES_DIR}/merged-{self.export_id}.keys"
+            self.key_uploads = [(merged, rel)]
+            entries = [f | {"keys": rel} for f in entries]
+        named = {f["keys"] for f in entries}
+        self.superseded = [rel for rel in groups if rel not in named]
+        self.listed = entries
+
+    def _local_copies(self, rels: list[str], kind: str) -> dict[str, str]:
+        """A local path for each destination file: itself on a local disk, else a download."""
+        if self.dest.local:
+            return {rel: self.dest.path(rel) for rel in rels}
+        local = {rel: os.path.join(self.staging, f"known-{n}.{kind}.parquet") for n, rel in enumerate(rels)}
+        self.dest.get(list(local.items()))
+        return local
 
     def copy(self, con, rows: str, target: str, kv: str) -> None:
         """Write the exchanges `rows` selects (with their bodies) to `target`, their new pieces beside."""
+        if not self.loaded:
+            self._load_seen(con)
         split = ", ".join(f"body_pieces({b}, {b}_encoding) AS _{b}" for b in BODY_FIELDS)
         con.execute(f"CREATE OR REPLACE TEMP TABLE _split AS SELECT *, {split} FROM ({rows})")
         dropped = ", ".join(f"{b}, _{b}" for b in BODY_FIELDS)
@@ -362,8 +422,25 @@ class _PieceWriter:
         if not n:
             os.remove(local)
             return
-        con.execute(f"INSERT INTO _seen SELECT hash FROM read_parquet('{_sql_text(local)}')")
+        _write_piece_keys(con, local, local + ".keys")
+        con.execute(f"INSERT INTO _seen SELECT hash FROM read_parquet('{_sql_text(local)}.keys')")
         self.files.append({"name": name, "rows": int(n), "local": local})
+
+    def uploads(self) -> list[tuple[str, str]]:
+        """(local file, destination path) of every file written: new pieces files and key files."""
+        new = [(f["local"] + suffix, rel) for f in self.files
+               for suffix, rel in (("", f"{PIECES_DIR}/{f['name']}"), (".keys", _key_file(PIECES_DIR, f["name"])))]
+        return new + self.key_uploads
+
+    def manifest_entries(self) -> list[dict]:
+        """The pieces files the manifest lists after this export, each with its key file."""
+        return self.listed + [{"name": f["name"], "rows": f["rows"], "keys": _key_file(PIECES_DIR, f["name"])} for f in self.files]
+
+
+def _write_piece_keys(con, part: str, keys: str) -> int:
+    """Write the key file of pieces file `part`, its hash column alone; the pieces it holds."""
+    return con.execute(f"COPY (SELECT hash FROM read_parquet('{_sql_text(part)}')) TO '{_sql_text(keys)}' "
+                       "(FORMAT parquet, COMPRESSION zstd)").fetchone()[0]
 
 
 def _batch_bytes(con) -> int:
@@ -400,7 +477,7 @@ def _cut_moved_rows(con, table: ExportTable, dest: Destination, old: dict, plan:
         else:
             source = os.path.join(staging, "history", f"{n}.parquet")
             os.makedirs(os.path.dirname(source), exist_ok=True)
-            dest.get(f"{table.name}/{rel}", source)
+            dest.get([(f"{table.name}/{rel}", source)])
         local = os.path.join(staging, "history", table.name, str(pid), f"part-{export_id}-h{n}.parquet")
         os.makedirs(os.path.dirname(local), exist_ok=True)
         versions_then = {f"toolproxy.{k}": str(entry[k]) for k in ("schema_version", "analyzer_version") if k in entry}
@@ -451,6 +528,7 @@ def _load_exported_keys(con, table: ExportTable, dest: Destination, old: dict, p
                         into: str = "_done") -> None:
     """Fill `into` (pid, file, k) with the keys each listed file of these partitions holds (from its key file)."""
     mapping: list[tuple[str, int, str]] = []
+    downloads: list[tuple[str, str]] = []
     for pid, path in paths.items():
         for f in old[path].get("files", []):
             rel = _key_file(table.name, f"{path}/{f['name']}")
@@ -461,10 +539,11 @@ def _load_exported_keys(con, table: ExportTable, dest: Destination, old: dict, p
             else:
                 local = os.path.join(staging, "keys", f"{len(mapping)}.parquet")
                 os.makedirs(os.path.dirname(local), exist_ok=True)
-                dest.get(rel, local)
+                downloads.append((rel, local))
             mapping.append((local, pid, f["name"]))
     if not mapping:
         return
+    dest.get(downloads)
     con.execute("CREATE OR REPLACE TEMP TABLE _keyfiles (filename VARCHAR, pid BIGINT, file VARCHAR)")
     con.executemany("INSERT INTO _keyfiles VALUES (?, ?, ?)", mapping)
     con.execute(f"INSERT INTO {into} SELECT m.pid, m.file, f.k FROM read_parquet(?::VARCHAR[], filename=true, "
@@ -517,13 +596,13 @@ def _pieces_in_sql(con, layout: str):
 
 
 def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | None, progress, layout: str) -> ExportResult:
-    v = versions(con)
+    v = versions(con, layout)
     dest.check()
     result = ExportResult()
     manifest = _load_json(dest, MANIFEST)
     if manifest is not None and int(manifest.get("export_format_version", 0)) > FORMAT_VERSION:
         raise ExportError(f"{dest.url} was written by a newer toolproxy (export format {manifest.get('export_format_version')}, "
-                          f"this one writes {FORMAT_VERSION}); upgrade toolproxy to export there")
+                          f"this one reads up to {FORMAT_VERSION}); upgrade toolproxy to export there")
     if manifest is not None and manifest.get("layout", "whole") != layout:
         raise ExportError(f"{dest.url} holds an export in the {manifest.get('layout', 'whole')!r} layout; export there with "
                           f"--layout {manifest.get('layout', 'whole')}, or to another destination for the {layout!r} layout")
@@ -541,8 +620,7 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
         uploads: list[tuple[str, str]] = []
         obsolete: list[str] = []
         tables = {name: dict(parts) for name, parts in manifest.get("tables", {}).items()}
-        known_pieces = manifest.get("pieces", [])
-        pieces = _PieceWriter(con, dest, known_pieces, staging, export_id, meta) if layout == "pieces" else None
+        pieces = _PieceWriter(dest, manifest.get("pieces", []), staging, export_id, meta) if layout == "pieces" else None
         for table in TABLES:
             if progress is not None:
                 progress.show(f"export: comparing {table.name} with {dest.url}")
@@ -556,8 +634,10 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
             for path in s.dropped:
                 tables[table.name].pop(path, None)
         if pieces is not None:
-            uploads += [(f["local"], f"{PIECES_DIR}/{f['name']}") for f in pieces.files]
+            uploads += pieces.uploads()
             result.pieces, result.pieces_files = sum(f["rows"] for f in pieces.files), len(pieces.files)
+            result.pieces_indexed = pieces.indexed
+            obsolete += pieces.superseded
         if not uploads and not obsolete:
             return result
         result.export_id = export_id
@@ -578,7 +658,7 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
                         "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                         "exported_by": socket.gethostname(), "layout": layout, "tables": tables}
         if pieces is not None:
-            new_manifest["pieces"] = known_pieces + [{"name": f["name"], "rows": f["rows"]} for f in pieces.files]
+            new_manifest["pieces"] = pieces.manifest_entries()
         dest.write_bytes(MANIFEST, orjson.dumps(new_manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         dest.delete(obsolete)
         dest.delete([PENDING])

@@ -363,22 +363,27 @@ def test_memory_filesystem_and_a_second_machine_stay_consistent(data: Path, tmp_
 
 
 @contextlib.contextmanager
-def killed_at_the_manifest(monkeypatch):
-    """Inside, an export dies (KeyboardInterrupt) as it writes its manifest, so its files land and
-    the manifest does not; the block must raise it."""
-    real = Destination.write_bytes
+def killed_in(monkeypatch, method: str, when):
+    """Inside, an export dies (KeyboardInterrupt) at the first call of Destination.`method` whose
+    arguments `when` accepts; the block must raise it."""
+    real = getattr(Destination, method)
 
-    def crash_at_manifest(self, rel, payload):
-        if rel == parquet.MANIFEST:
+    def crash(self, *args):
+        if when(*args):
             raise KeyboardInterrupt
-        return real(self, rel, payload)
+        return real(self, *args)
 
-    monkeypatch.setattr(Destination, "write_bytes", crash_at_manifest)
+    monkeypatch.setattr(Destination, method, crash)
     try:
         with pytest.raises(KeyboardInterrupt):
             yield
     finally:
-        monkeypatch.setattr(Destination, "write_bytes", real)
+        monkeypatch.setattr(Destination, method, real)
+
+
+def killed_at_the_manifest(monkeypatch):
+    """An export killed as it writes its manifest, so its files land and the manifest does not."""
+    return killed_in(monkeypatch, "write_bytes", lambda rel, payload: rel == parquet.MANIFEST)
 
 
 def age_journal(out: Path) -> dict:

@@ -3,16 +3,19 @@ recorded text byte for byte, with DuckDB's SQL alone, from real exported files."
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import random
 import re
+import shutil
+import uuid
 from pathlib import Path
 
 import duckdb
 import fsspec
 import orjson
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from toolproxy.analysis.export import parquet
 from toolproxy.analysis.export.destination import Destination
@@ -23,7 +26,7 @@ from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.testing.corpus import episode, generate, interleaved
 
-from test_export import age_journal, killed_at_the_manifest, run_cli
+from test_export import age_journal, killed_at_the_manifest, killed_in, run_cli
 
 
 def _rebuilt(text: str, encoding: str = "utf8") -> list[str]:
@@ -194,30 +197,264 @@ def test_pieces_grow_linearly_with_episode_length_where_whole_bodies_grow_quadra
     assert pieces < 5  # 3.6x measured: each message is stored once
 
 
+@contextlib.contextmanager
+def memory_reads(url: str):
+    """Inside, every file read from fsspec's memory filesystem, by path under `url`: what the
+    destination was asked for, from the filesystem's side."""
+    root = fsspec.core.url_to_fs(url)[1].rstrip("/") + "/"
+    reads: list[str] = []
+    real_open, real_cat = MemoryFileSystem._open, MemoryFileSystem.cat_file
+
+    def seen(path: str) -> None:
+        path = MemoryFileSystem._strip_protocol(path)
+        if path.startswith(root):
+            reads.append(path[len(root):])
+
+    def opened(self, path, mode="rb", *args, **kwargs):
+        if "r" in mode:
+            seen(path)
+        return real_open(self, path, mode, *args, **kwargs)
+
+    def cat(self, path, *args, **kwargs):
+        seen(path)
+        return real_cat(self, path, *args, **kwargs)
+
+    MemoryFileSystem._open, MemoryFileSystem.cat_file = opened, cat
+    try:
+        yield reads
+    finally:
+        MemoryFileSystem._open, MemoryFileSystem.cat_file = real_open, real_cat
+
+
+def export_pieces(data: Path, url: str) -> parquet.ExportResult:
+    con = connect(data / "toolproxy.duckdb", read_only=True)
+    try:
+        return parquet.export(con, Destination(url), data_dir=data, layout="pieces")
+    finally:
+        con.close()
+
+
+def memory_url(name: str) -> str:
+    """A bucket of fsspec's memory filesystem no other test uses (it lives as long as the process)."""
+    return f"memory://pieces-{uuid.uuid4().hex}/{name}"
+
+
+def memory_reader() -> duckdb.DuckDBPyConnection:
+    reader = duckdb.connect()
+    reader.register_filesystem(fsspec.filesystem("memory"))
+    return reader
+
+
+def manifest_of(url: str) -> dict:
+    fs, root = fsspec.core.url_to_fs(url)
+    return orjson.loads(fs.cat_file(f"{root}/{parquet.MANIFEST}"))
+
+
+def assert_each_piece_once_and_indexed(url: str, reader) -> int:
+    """Every piece once, every pieces file listed with a key file, each key file holding exactly
+    the hashes of the pieces files naming it; the pieces' count."""
+    n, distinct = reader.execute(f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{url}/pieces/*.parquet')").fetchone()
+    assert n == distinct
+    indexes: dict[str, list[dict]] = {}
+    for f in manifest_of(url)["pieces"]:
+        indexes.setdefault(f["keys"], []).append(f)
+    for keys, parts in indexes.items():
+        assert keys.startswith(f"{parquet.KEYS_DIR}/pieces/")
+        files = [f"{url}/pieces/{f['name']}" for f in parts]
+        held = sorted(h for (h,) in reader.execute("SELECT hash FROM read_parquet(?::VARCHAR[])", [files]).fetchall())
+        assert sorted(h for (h,) in reader.execute(f"SELECT hash FROM read_parquet('{url}/{keys}')").fetchall()) == held
+        assert len(held) == sum(f["rows"] for f in parts)
+    return n
+
+
+def checked_export(data: Path, url: str, reader) -> tuple[parquet.ExportResult, set[str]]:
+    """Export to `url` and check every body and piece there; the result, and the files the export read there."""
+    with memory_reads(url) as reads:
+        result = export_pieces(data, url)
+    assert rebuilt_bodies(url, reader) == recorded_bodies(data)
+    assert_each_piece_once_and_indexed(url, reader)
+    return result, set(reads)
+
+
 def test_an_object_store_destination_gets_only_the_pieces_it_lacks(tmp_path: Path):
-    """The hashes already exported come back from the remote pieces files (fsspec's memory filesystem)."""
+    """The hashes already exported come back from the key files beside the remote pieces files
+    (fsspec's memory filesystem), never from the pieces' texts; an export with nothing new reads neither."""
     data = tmp_path / "data"
     write_episodes(data, "20261129T120000-1-0001-host", range(2), 10)
     run_cli("analyze", "--data", str(data))
-    url = f"memory://pieces-{os.getpid()}-{id(tmp_path)}/export"
-
-    def export() -> parquet.ExportResult:
-        con = connect(data / "toolproxy.duckdb", read_only=True)
-        try:
-            return parquet.export(con, Destination(url), data_dir=data, layout="pieces")
-        finally:
-            con.close()
-
-    first = export()
+    url = memory_url("export")
+    first = export_pieces(data, url)
     write_episodes(data, "20261129T130000-1-0002-host", range(1, 2), 12)  # episode 1 again, two turns longer
     run_cli("analyze", "--data", str(data))
-    second = export()
+    with memory_reads(url) as reads:
+        second = export_pieces(data, url)
     assert 0 < second.pieces < first.pieces / 4  # a grown copy of episode 1: mostly messages already exported
-    reader = duckdb.connect()
-    reader.register_filesystem(fsspec.filesystem("memory"))
+    assert not [r for r in reads if r.startswith("pieces/")]
+    assert {f"{parquet.KEYS_DIR}/pieces/{f['name']}.keys" for f in manifest_of(url)["pieces"][:first.pieces_files]} \
+        <= set(reads)
+    reader = memory_reader()
     assert rebuilt_bodies(url, reader) == recorded_bodies(data)
-    n, distinct = reader.execute(f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{url}/pieces/*.parquet')").fetchone()
-    assert n == distinct == first.pieces + second.pieces
+    assert assert_each_piece_once_and_indexed(url, reader) == first.pieces + second.pieces
+    with memory_reads(url) as reads:
+        assert export_pieces(data, url).export_id is None
+    assert not [r for r in reads if "pieces" in r]
+
+
+def test_many_key_files_are_merged_into_one_so_later_exports_read_a_few(tmp_path: Path, monkeypatch):
+    """An export that reads _MERGE_KEY_FILES key files writes them as one, which every pieces file
+    listed then names, and the key files it replaces go: the next export reads that one and the
+    key files of what came since, and still no pieces file."""
+    monkeypatch.setattr(parquet, "_MERGE_KEY_FILES", 3)
+    data = tmp_path / "data"
+    url = memory_url("merged")
+    fs, root = fsspec.core.url_to_fs(url)
+    reader = memory_reader()
+
+    def grow_and_export(n: int) -> list[str]:
+        write_episodes(data, f"20261129T12000{n}-1-0001-host", range(2 * n, 2 * n + 2), 4)
+        run_cli("analyze", "--data", str(data))
+        result, reads = checked_export(data, url, reader)
+        assert result.pieces_files == 1 and not [r for r in reads if r.startswith("pieces/")]
+        return sorted(r for r in reads if r.startswith(f"{parquet.KEYS_DIR}/pieces/"))
+
+    def key_files() -> list[str]:
+        return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{root}/{parquet.KEYS_DIR}/pieces", detail=False))
+
+    for n in range(3):
+        assert len(grow_and_export(n)) == n
+    assert len(key_files()) == 3
+    assert len(grow_and_export(3)) == 3  # reads three, writes them as one
+    listed = manifest_of(url)["pieces"]
+    merged = {f["keys"] for f in listed[:3]}
+    assert len(merged) == 1 and next(iter(merged)).rsplit("/", 1)[-1].startswith("merged-")
+    assert key_files() == sorted([next(iter(merged)).rsplit("/", 1)[-1], f"{listed[3]['name']}.keys"])
+    assert grow_and_export(4) == sorted([next(iter(merged)), listed[3]["keys"]])
+
+
+def killed_at_the_deletions(monkeypatch):
+    """An export killed as it deletes the files its new manifest no longer lists."""
+    return killed_in(monkeypatch, "delete", lambda rels: rels and rels != [parquet.PENDING])
+
+
+@pytest.mark.parametrize("killed, recovered", [(killed_at_the_manifest, "undid"), (killed_at_the_deletions, "finished")],
+                         ids=["at-the-manifest", "at-the-deletions"])
+def test_an_export_killed_as_it_merges_key_files_is_undone_or_finished(tmp_path: Path, monkeypatch, killed, recovered):
+    """Killed before its manifest, the merged key file goes and the key files it would replace
+    stay listed; killed after, the replaced ones go. Either way every key file there is one the
+    manifest names, and each holds exactly the hashes of its pieces files."""
+    monkeypatch.setattr(parquet, "_MERGE_KEY_FILES", 2)
+    data = tmp_path / "data"
+    out = tmp_path / "out"
+    keys = out / parquet.KEYS_DIR / "pieces"
+    for n in range(3):
+        write_episodes(data, f"20261129T12000{n}-1-0001-host", range(2 * n, 2 * n + 2), 4)
+        run_cli("analyze", "--data", str(data))
+        if n < 2:
+            run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
+    singles = {p.name for p in keys.iterdir()}
+    assert len(singles) == 2
+    con = connect(data / "toolproxy.duckdb", read_only=True)
+    try:
+        with killed(monkeypatch):
+            parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
+        assert singles < {p.name for p in keys.iterdir()} and any(p.name.startswith("merged-") for p in keys.iterdir())
+        age_journal(out)
+        result = parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")  # merges again, if undone
+    finally:
+        con.close()
+    assert result.recovered.startswith(recovered)
+    named = {f["keys"].rsplit("/", 1)[-1] for f in orjson.loads((out / parquet.MANIFEST).read_bytes())["pieces"]}
+    assert {p.name for p in keys.iterdir()} == named and not singles & named
+    assert rebuilt_bodies(out) == recorded_bodies(data)
+    assert_each_piece_once_and_indexed(str(out), duckdb.connect())
+
+
+def _unlist_keys(url: str, tmp_path: Path) -> set[str]:
+    """Make the destination as the previous export format left it: pieces files, no key files."""
+    fs, root = fsspec.core.url_to_fs(url)
+    manifest = manifest_of(url)
+    for f in manifest["pieces"]:
+        fs.rm_file(f"{root}/{f.pop('keys')}")
+    fs.pipe_file(f"{root}/{parquet.MANIFEST}", orjson.dumps(manifest))
+    return {f"pieces/{f['name']}" for f in manifest["pieces"]}
+
+
+def _delete_a_key_file(url: str, tmp_path: Path) -> set[str]:
+    fs, root = fsspec.core.url_to_fs(url)
+    first = manifest_of(url)["pieces"][0]
+    fs.rm_file(f"{root}/{first['keys']}")
+    return {f"pieces/{first['name']}"}
+
+
+def _cut_a_key_file(url: str, tmp_path: Path) -> set[str]:
+    """A key file that lists fewer hashes than its pieces file holds."""
+    fs, root = fsspec.core.url_to_fs(url)
+    first = manifest_of(url)["pieces"][0]
+    cut = tmp_path / "cut.keys"
+    memory_reader().execute(f"COPY (SELECT hash FROM read_parquet('{url}/{first['keys']}') LIMIT 1) TO '{cut}' (FORMAT parquet)")
+    fs.pipe_file(f"{root}/{first['keys']}", cut.read_bytes())
+    return {f"pieces/{first['name']}"}
+
+
+@pytest.mark.parametrize("damage", [_unlist_keys, _delete_a_key_file, _cut_a_key_file])
+def test_pieces_files_without_a_usable_key_file_are_read_once_and_indexed(tmp_path: Path, damage):
+    """A destination the previous format wrote (no key files), or one whose key file went: the
+    next export reads those pieces files themselves, so it still writes no piece twice, and
+    writes their key files, so the export after it reads only key files."""
+    data = tmp_path / "data"
+    write_episodes(data, "20261129T120000-1-0001-host", range(2), 8)
+    run_cli("analyze", "--data", str(data))
+    url = memory_url("old")
+    export_pieces(data, url)
+    write_episodes(data, "20261129T123000-1-0001-host", range(6, 7), 8)
+    run_cli("analyze", "--data", str(data))
+    export_pieces(data, url)
+    assert len(manifest_of(url)["pieces"]) == 2  # so a key file damaged is told from one intact
+    damaged = damage(url, tmp_path)
+    write_episodes(data, "20261129T130000-1-0002-host", range(1, 3), 10)
+    run_cli("analyze", "--data", str(data))
+    reader = memory_reader()
+    result, reads = checked_export(data, url, reader)
+    assert result.pieces_indexed == len(damaged) and {r for r in reads if r.startswith("pieces/")} == damaged
+    write_episodes(data, "20261129T140000-1-0003-host", range(2, 4), 10)
+    run_cli("analyze", "--data", str(data))
+    result, reads = checked_export(data, url, reader)
+    assert result.pieces_indexed == 0 and not [r for r in reads if r.startswith("pieces/")]
+
+
+def export_formats(out: Path) -> tuple[int, set[str]]:
+    """The export format the manifest at `out` says, and the ones its data files' metadata say."""
+    manifest = orjson.loads((out / parquet.MANIFEST).read_bytes())
+    files = duckdb.sql(f"SELECT value::VARCHAR FROM parquet_kv_metadata('{out}/*/**/*.parquet') "
+                       "WHERE key::VARCHAR = 'toolproxy.export_format_version'").fetchall()
+    return manifest["export_format_version"], {v for (v,) in files}
+
+
+def test_only_the_pieces_layout_is_format_2_so_older_toolproxies_still_export_whole(tmp_path: Path):
+    """A whole-layout destination is what format 1 wrote (its manifest's `layout` is ignored by
+    format 1, which means whole without it), so it says 1 and a toolproxy that refuses any format
+    above 1 still exports there; a format-1 destination, and one an earlier export marked 2, are
+    exported to as format 1. A format newer than this toolproxy reads is refused."""
+    data = tmp_path / "data"
+    write_episodes(data, "20261129T120000-1-0001-host", range(2), 3)
+    run_cli("analyze", "--data", str(data))
+    for layout, expected in (("whole", 1), ("pieces", 2)):
+        out = tmp_path / layout
+        run_cli("export", "--layout", layout, "--data", str(data), "--out", str(out))
+        assert export_formats(out) == (expected, {str(expected)})
+    out = tmp_path / "whole"
+    manifest = orjson.loads((out / parquet.MANIFEST).read_bytes())
+    format_1 = {k: v for k, v in manifest.items() if k != "layout"}
+    for n, before in enumerate((format_1, manifest | {"export_format_version": 2})):
+        (out / parquet.MANIFEST).write_bytes(orjson.dumps(before))
+        write_episodes(data, f"20261129T13000{n}-1-0002-host", range(4 + n, 5 + n), 2)
+        run_cli("analyze", "--data", str(data))
+        assert "nothing new" not in run_cli("export", "--data", str(data), "--out", str(out)).stdout
+        assert export_formats(out) == (1, {"1"})
+    newer = orjson.loads((out / parquet.MANIFEST).read_bytes()) | {"export_format_version": parquet.FORMAT_VERSION + 1}
+    (out / parquet.MANIFEST).write_bytes(orjson.dumps(newer))
+    proc = run_cli("export", "--data", str(data), "--out", str(out), check=False)
+    assert proc.returncode == 2 and "written by a newer toolproxy" in proc.stderr
 
 
 def test_a_layout_for_spans_is_a_usage_error(tmp_path: Path):
@@ -227,14 +464,23 @@ def test_a_layout_for_spans_is_a_usage_error(tmp_path: Path):
     assert proc.returncode == 2 and "--layout applies to --out" in proc.stderr
 
 
-def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Path, monkeypatch):
-    """An export killed before its manifest leaves pieces files the manifest does not list: the
-    next one deletes them (its journal named them) and writes the pieces again."""
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "previous-format"])
+def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Path, monkeypatch, keyed: bool):
+    """An export killed before its manifest leaves pieces files and key files the manifest does not
+    list: the next one deletes them (its journal named them) and writes the pieces again. Key files
+    it wrote for a previous format's pieces files go too, so the manifest never lists a key file
+    that is not there, and the next export writes them again."""
     data = tmp_path / "data"
     write_episodes(data, "20261129T120000-1-0001-host", range(2), 6)
     run_cli("analyze", "--data", str(data))
     out = tmp_path / "out"
     run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
+    keys = out / parquet.KEYS_DIR / "pieces"
+    if not keyed:
+        shutil.rmtree(keys)
+        manifest = orjson.loads((out / parquet.MANIFEST).read_bytes())
+        (out / parquet.MANIFEST).write_bytes(orjson.dumps(manifest | {"pieces": [
+            {k: v for k, v in f.items() if k != "keys"} for f in manifest["pieces"]]}))
     committed = set((out / "pieces").iterdir())
     write_episodes(data, "20261129T130000-1-0002-host", range(2, 4), 6)
     run_cli("analyze", "--data", str(data))
@@ -243,12 +489,16 @@ def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Pa
         with killed_at_the_manifest(monkeypatch):
             parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
         crashed = set((out / "pieces").iterdir()) - committed
-        assert crashed
-        age_journal(out)
-        result = parquet.export(con, Destination(str(out)), data_dir=data, layout="pieces")
+        assert crashed and {f"{p.name}.keys" for p in crashed} <= {p.name for p in keys.iterdir()}
+        assert len(list(keys.iterdir())) == len(crashed) + len(committed)
     finally:
         con.close()
-    assert result.recovered.startswith("undid") and result.pieces > 0
-    listed = {f["name"] for f in orjson.loads((out / parquet.MANIFEST).read_bytes())["pieces"]}
-    assert {p.name for p in (out / "pieces").iterdir()} == listed and not crashed & set((out / "pieces").iterdir())
+    age_journal(out)
+    proc = run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
+    assert re.search(r"^undid the interrupted export .*^pieces: [1-9][0-9,]* new", proc.stdout, re.S | re.M), proc.stdout
+    assert (f"pieces: {len(committed)} files exported without a key file" in proc.stdout) is not keyed
+    listed = orjson.loads((out / parquet.MANIFEST).read_bytes())["pieces"]
+    assert {p.name for p in (out / "pieces").iterdir()} == {f["name"] for f in listed} and not crashed & set((out / "pieces").iterdir())
+    assert {p.name for p in keys.iterdir()} == {f"{f['name']}.keys" for f in listed} and all("keys" in f for f in listed)
     assert rebuilt_bodies(out) == recorded_bodies(data)
+    assert_each_piece_once_and_indexed(str(out), duckdb.connect())
