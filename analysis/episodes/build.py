@@ -35,6 +35,8 @@ from toolproxy.analysis.measure.expectations import ExpectationRule, expectation
 from toolproxy.analysis.measure.outcomes import NON_RESPONSE
 
 _SEP = re.compile(r"[_-]")
+# Turns one key names beyond which taking the oldest off the front of a list costs more than a deque.
+_MANY = 32
 
 
 def category_of(item_key: str | None, tag: str | None) -> str | None:
@@ -66,16 +68,30 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
     after them chain as they would among all of the run's attempts (derive_changes)."""
     episodes: dict[str, Episode] = {}
     owner: dict[int, Episode] = {}  # id(turn) -> its episode
-    by_chain: dict[str, deque[Turn]] = {}
-    by_state: dict[str, deque[Turn]] = {}  # turns whose last attempt failed, by their request's state
+    # Most keys name one turn: their turns are a list (88 bytes, where a deque is 624 and five per
+    # attempt were most of a run's memory while it was grouped), a deque once they are many.
+    by_chain: dict[str, list[Turn] | deque[Turn]] = {}
+    by_state: dict[str, list[Turn] | deque[Turn]] = {}  # turns whose last attempt failed, by their request's state
 
     def is_open(turn: Turn) -> bool:
         return owner[id(turn)].turns[-1] is turn
 
-    def oldest(queue: deque[Turn], usable) -> Turn | None:
+    def oldest(queue: list[Turn] | deque[Turn], usable) -> Turn | None:
         while queue and not usable(queue[0]):  # a turn that stops being usable never is again
-            queue.popleft()
+            if type(queue) is list:
+                del queue[0]
+            else:
+                queue.popleft()
         return queue[0] if queue else None
+
+    def add(table: dict, key: str, turn: Turn) -> None:
+        queue = table.get(key)
+        if queue is None:
+            table[key] = [turn]
+        else:
+            queue.append(turn)
+            if len(queue) == _MANY and type(queue) is list:
+                table[key] = deque(queue)
 
     def retried(turn: Turn) -> bool:
         return turn.attempts[-1].outcome == NON_RESPONSE and is_open(turn)
@@ -124,10 +140,10 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
             ep.turns.append(turn)
             owner[id(turn)] = ep
         if a.outcome == NON_RESPONSE and a.state_hash and not (failed and failed[-1] is turn):
-            by_state.setdefault(a.state_hash, deque()).append(turn)
+            add(by_state, a.state_hash, turn)
         named = owner[id(turn)].keys
         for key in chain_keys(a) if keys is None else keys[i]:
-            by_chain.setdefault(key, deque()).append(turn)
+            add(by_chain, key, turn)
             named.add(key)
     out = list(episodes.values())
     for ep in out:

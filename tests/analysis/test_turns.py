@@ -225,6 +225,14 @@ def test_identical_episodes_nothing_tells_apart_are_each_continued_once():
     assert [len(ep.turns) for ep in eps] == [2, 2, 2]
 
 
+def test_many_identical_episodes_are_each_continued_once_in_order():
+    """A load test's copies, more than a key's list of turns holds before it becomes a queue: each
+    second request continues the oldest copy still open, whichever way the key holds them."""
+    names = [f"n{k:02d}-" for k in range(80)]
+    eps = build_episodes("r", copies(names=names, answer_order=range(80), ids=False))
+    assert [[t.attempts[0].id for t in ep.turns] for ep in eps] == [[f"{n}1", f"{n}2"] for n in names]
+
+
 def test_the_same_step_sent_again_after_its_copy_continued_starts_an_episode():
     a1, b1, c1, c2, a2, b2 = copies()
     again = attempt("A2x", second("A"), ("Oslo is 5C.", []))
