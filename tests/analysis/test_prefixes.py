@@ -5,8 +5,6 @@ corpus, and does resume (the saving is real)."""
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -14,9 +12,10 @@ import pytest
 
 from toolproxy.analysis.ingest.keys import Prefixes, conversation_keys, link_map, parent_walk
 from toolproxy.analysis.ingest.records import analyze_record
-from toolproxy.analysis.store.connection import connect
 from toolproxy.record.segments import SEGMENT_DIR, list_segments, read_segment
 from toolproxy.testing.corpus import episode, interleaved
+
+from captured import analyzed
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -189,19 +188,14 @@ def test_a_long_interleaved_corpus_gets_the_same_rows_and_resumes():
     assert prefixes.saved == 8 * sum(2 + 2 * (t - 1) for t in range(1, 30))
 
 
-def _write_segment(data: Path, records) -> None:
-    seg = data / SEGMENT_DIR
+def _analyzed(tmp_path: Path, records):
+    """`toolproxy analyze` over one segment of these records (captured.analyzed)."""
+    seg = tmp_path / "recorded" / SEGMENT_DIR
     seg.mkdir(parents=True)
     with open(seg / "20261129T140000-1-0001.jsonl", "wb") as f:
         for rec in records:
             f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
-
-
-def _analyze(data: Path):
-    r = subprocess.run([sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return connect(data / "toolproxy.duckdb", read_only=True)
+    return analyzed(tmp_path, seg)
 
 
 def test_stored_keys_grow_with_an_episode_not_its_square(tmp_path):
@@ -209,9 +203,8 @@ def test_stored_keys_grow_with_an_episode_not_its_square(tmp_path):
     (they were one per earlier assistant message), and each episode is rebuilt whole."""
     stored = {}
     for turns in (20, 80):
-        data = tmp_path / str(turns)
-        _write_segment(data, episode(random.Random(turns), 1, turns=turns, growth=150, tagged=False))
-        with _analyze(data) as con:
+        (tmp_path / str(turns)).mkdir()
+        with _analyzed(tmp_path / str(turns), episode(random.Random(turns), 1, turns=turns, growth=150, tagged=False)) as con:
             assert con.execute("SELECT n_turns FROM episodes").fetchall() == [(turns,)]
             stored[turns] = con.execute(
                 "SELECT sum(len(parent_hashes) + coalesce(len(prefix_links), 0)) FROM exchanges").fetchone()[0]
@@ -225,8 +218,6 @@ def test_requests_after_records_set_aside_still_walk_back_past_them(tmp_path):
     records = episode(random.Random(9), 1, turns=12, growth=150, tagged=False)
     for rec in records[5:7]:
         rec.status = 2**40
-    data = tmp_path / "d"
-    _write_segment(data, records)
-    with _analyze(data) as con:
+    with _analyzed(tmp_path, records) as con:
         assert con.execute("SELECT count(*) FROM ingest_issues WHERE kind = 'bad_type'").fetchone()[0] == 2
         assert con.execute("SELECT n_turns FROM episodes").fetchall() == [(10,)]
