@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import orjson
 
@@ -158,7 +158,8 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
         if size < _BATCH_ATTEMPTS and k + 1 < len(runs):
             continue
         cols = _columns(con.execute(_ATTEMPTS_SQL, {"runs": batch, "clocks": clocks}).fetchnumpy())
-        _stage(con, _derived_rows(cols, batch, clocks, rules, progress), totals)
+        for chunk in _derived_chunks(cols, batch, clocks, rules, progress):
+            _stage(con, chunk, totals)
         batch, size = [], 0
     _finish(con, runs)
     return totals
@@ -254,7 +255,8 @@ def _derive_in_part(con, episodes: dict[str, set[str]], conversations: list[str]
         con.execute("DELETE FROM turns WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
         con.execute("DELETE FROM episodes WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
         cols = _columns(con.execute(_EPISODE_ATTEMPTS_SQL, {"run": run, "episodes": names, "clocks": []}).fetchnumpy())
-        _stage(con, _derived_rows(cols, [run], [], rules, None), totals)
+        for chunk in _derived_chunks(cols, [run], [], rules, None):
+            _stage(con, chunk, totals)
     for run in conversations:
         _derive_conversations(con, run, rules, totals)
     _rejudge_loops(con, runs)
@@ -283,12 +285,13 @@ def _derive_conversations(con, run: str, rules: Sequence[ExpectationRule], total
     params = {"run": run, "episodes": named}
     placed = {x: (name, turn) for x, name, turn in con.execute(_PLACED_SQL, params).fetchall()}
     cols = _columns(con.execute(_CONVERSATION_ATTEMPTS_SQL, params | {"clocks": []}).fetchnumpy())
-    derived = _derived_rows(cols, [run], [], rules, None, placed)
+    chunks = list(_derived_chunks(cols, [run], [], rules, None, placed))
     # with the episodes their attempts start (an interrupted analyze may have left rows of those behind)
-    keys = sorted(set(named) | set(derived[1]["episode_key"]))
+    keys = sorted(set(named).union(*(chunk[1]["episode_key"] for chunk in chunks)))
     for table in ("turns", "episodes", "episode_keys"):
         con.execute(f"DELETE FROM {table} WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
-    _stage(con, derived, totals)
+    for chunk in chunks:
+        _stage(con, chunk, totals)
 
 
 def _temp_tables(con) -> None:
@@ -353,67 +356,106 @@ def _rejudge_loops(con, runs: list[str]) -> None:
 # episodes are grouped, so this is most of what an attempt costs in memory.
 _REPEATING = frozenset(("run", "episode", "item", "category", "condition", "outcome", "sub_kind", "tags"))
 _ATTEMPT_COLUMNS = ["run", *(f.name for f in dataclasses.fields(Attempt))]
+# Conversation keys: a request names (parent_hashes, prior_hash, prefix_links) the keys earlier
+# attempts were given (chain_hash, reply_keys, state_hash), so each is held once (about 8 distinct
+# keys per attempt of an untagged run, each of them named again; 12% of what its attempts held).
+_KEYS = frozenset(("state_hash", "chain_hash", "prior_hash"))
 
 
 def _columns(arrays: dict) -> list[Sequence]:
-    """_ATTEMPTS_SQL's result as lists, each array let go once converted."""
+    """_ATTEMPTS_SQL's result as lists, each array let go once converted, the key lists split."""
     out = []
-    for name, key in zip(_ATTEMPT_COLUMNS, list(arrays), strict=True):
-        values = arrays.pop(key).tolist()
-        out.append(share_strings(values) if name in _REPEATING else values)
+    keys: dict[str, str] = {}
+    for k, (name, column) in enumerate(zip(_ATTEMPT_COLUMNS, list(arrays), strict=True)):
+        values = arrays.pop(column).tolist()
+        if name in _REPEATING:
+            values = share_strings(values)
+        elif k in _KEY_LISTS:
+            values = [[] if v is None else [keys.setdefault(x, x) for x in v.split()] for v in values]
+        elif name in _KEYS:
+            values = [v if v is None else keys.setdefault(v, v) for v in values]
+        out.append(values)
     return out
 
 
-def _derived_rows(cols: list[Sequence], runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule], progress,
-                  placed: dict[str, tuple[str, str]] | None = None):
-    """The turn rows (columns of _TURN_ROW), episode columns, reconstructed episodes' conversation
-    keys (episode_keys columns) and attempt -> turn map of the attempts `cols` (_columns) of these
-    runs; `placed`: build_episodes'."""
+def _derived_chunks(cols: list[Sequence], runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule], progress,
+                    placed: dict[str, tuple[str, str]] | None = None) -> Iterator[tuple]:
+    """The rows derived from the attempts `cols` (_columns) of these runs, in chunks of about
+    _CHUNK_TURNS turns (_stage inserts each): turn rows (columns of _TURN_ROW), episode columns,
+    reconstructed episodes' conversation keys (episode_keys columns) and the attempt -> turn map.
+    `placed`: build_episodes'.
+
+    Rows are let go chunk by chunk and a run's episodes as their rows are made: holding every row
+    of a run beside its attempts added about 1.4 KB per attempt to what deriving it took."""
     run_of = cols[0]
-    for k in _KEY_LISTS:
-        cols[k] = [[] if p is None else p.split() for p in cols[k]]
     attempts = list(map(Attempt, *cols[1:]))
+    cols.clear()
     spans: dict[str, tuple[int, int]] = {}
     start = 0
     for end in range(1, len(run_of) + 1):
         if end == len(run_of) or run_of[end] != run_of[start]:
             spans[run_of[start]] = (start, end)
             start = end
-    turn_rows: list[tuple] = []
-    episode_rows: list[tuple] = []
-    map_ex: list[str] = []
-    map_turn: list[str] = []
-    keys: dict[str, list] = {"run": [], "episode_key": [], "key": []}
     clocked = set(clocks)
     categories: dict[tuple, str | None] = {}  # category_of(item, tag), which repeats along an episode
+    chunk = _Chunk()
     for run in runs:
         start, end = spans.get(run, (0, 0))
-        for ep in build_episodes(run, attempts[start:end], one_clock=run not in clocked, placed=placed):
-            tags, expect = episode_expectation(run, ep, rules)
-            for i, (turn, facts) in enumerate(zip(ep.turns, turn_facts(ep.turns))):
-                head = turn.attempts[0]
-                tid = head.id
-                item = head.item or ep.item_key
-                key = (item, head.category)
-                if key not in categories:
-                    categories[key] = category_of(*key)
-                turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts),
-                                  turn.attempts[-1].id, expect, *facts))
-                if len(turn.attempts) == 1:
-                    map_ex.append(tid)
-                    map_turn.append(tid)
-                else:
-                    for a in turn.attempts:
-                        map_ex.append(a.id)
-                        map_turn.append(tid)
-            episode_rows.append((ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns),
-                                 ep.looping, ep.loop_reason, expect,
-                                 orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(), ANALYZER_VERSION))
-            keys["run"] += [run] * len(ep.keys)
-            keys["episode_key"] += [ep.key] * len(ep.keys)
-            keys["key"] += ep.keys
+        episodes = build_episodes(run, attempts[start:end], one_clock=run not in clocked, placed=placed)
+        attempts[start:end] = [None] * (end - start)
+        episodes.reverse()
+        while episodes:
+            ep = episodes.pop()
+            chunk.add(run, ep, rules, categories)
+            if len(chunk.turn_rows) >= _CHUNK_TURNS:
+                yield chunk.rows()
+                chunk = _Chunk()
         if progress is not None:
             progress.advance()
-    turn_cols = [list(c) for c in zip(*turn_rows)] or [[] for _ in _TURN_ROW]
-    episode_cols = dict(zip(EPISODES.names, [list(c) for c in zip(*episode_rows)] or [[] for _ in EPISODES.names]))
-    return turn_cols, episode_cols, keys, map_ex, map_turn
+    if chunk.turn_rows or chunk.episode_rows:
+        yield chunk.rows()
+
+
+# Turns per chunk of derived rows (_derived_chunks).
+_CHUNK_TURNS = 20_000
+
+
+class _Chunk:
+    """Derived rows of some episodes, gathered to be staged together."""
+
+    def __init__(self) -> None:
+        self.turn_rows: list[tuple] = []
+        self.episode_rows: list[tuple] = []
+        self.map_ex: list[str] = []
+        self.map_turn: list[str] = []
+        self.keys: dict[str, list] = {"run": [], "episode_key": [], "key": []}
+
+    def add(self, run: str, ep, rules: Sequence[ExpectationRule], categories: dict[tuple, str | None]) -> None:
+        tags, expect = episode_expectation(run, ep, rules)
+        for i, (turn, facts) in enumerate(zip(ep.turns, turn_facts(ep.turns))):
+            head = turn.attempts[0]
+            tid = head.id
+            item = head.item or ep.item_key
+            key = (item, head.category)
+            if key not in categories:
+                categories[key] = category_of(*key)
+            self.turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts),
+                                   turn.attempts[-1].id, expect, *facts))
+            if len(turn.attempts) == 1:
+                self.map_ex.append(tid)
+                self.map_turn.append(tid)
+            else:
+                for a in turn.attempts:
+                    self.map_ex.append(a.id)
+                    self.map_turn.append(tid)
+        self.episode_rows.append((ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns),
+                                  ep.looping, ep.loop_reason, expect,
+                                  orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(), ANALYZER_VERSION))
+        self.keys["run"] += [run] * len(ep.keys)
+        self.keys["episode_key"] += [ep.key] * len(ep.keys)
+        self.keys["key"] += ep.keys
+
+    def rows(self) -> tuple:
+        turn_cols = [list(c) for c in zip(*self.turn_rows)] or [[] for _ in _TURN_ROW]
+        episode_cols = dict(zip(EPISODES.names, [list(c) for c in zip(*self.episode_rows)] or [[] for _ in EPISODES.names]))
+        return turn_cols, episode_cols, self.keys, self.map_ex, self.map_turn

@@ -172,9 +172,11 @@ def test_looping_episode_flagged_in_build():
     assert [(e.name, e.looping, e.loop_reason) for e in eps] == [("L", True, "4 identical consecutive calls"), ("N", False, None)]
 
 
-def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch):
+@pytest.mark.parametrize("knob", ["_BATCH_ATTEMPTS", "_CHUNK_TURNS"])
+def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch, knob):
     """derive() reads and writes many runs per statement (batches of about _BATCH_ATTEMPTS
-    attempts): a batch per run derives exactly what one batch for every run does."""
+    attempts) and stages their rows in chunks (of about _CHUNK_TURNS turns): a batch per run, and
+    a chunk per episode, derive exactly what one batch for every run does."""
     from toolproxy.analysis.episodes import derive as turns
     from toolproxy.analysis.ingest.pipeline import ingest
     from toolproxy.analysis.store.connection import connect, default_db
@@ -185,7 +187,7 @@ def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch):
     ingest(con, tmp_path, workers=0)
 
     def derived():
-        return {table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall() for table in ("turns", "episodes", "runs")} | {
+        return {table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall() for table in ("turns", "episodes", "runs", "episode_keys")} | {
             "turn_ids": con.execute("SELECT id, turn_id FROM exchanges ORDER BY ALL").fetchall(),
             "call_turn_ids": con.execute("SELECT exchange_id, idx, turn_id FROM calls ORDER BY ALL").fetchall(),
         }
@@ -193,10 +195,12 @@ def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch):
     runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM exchanges").fetchall()]
     one_batch = derived()
     assert len(runs) > 2 and len(one_batch["turns"]) > 100 and all(t for _, t in one_batch["turn_ids"])
-    monkeypatch.setattr(turns, "_BATCH_ATTEMPTS", 1)
+    assert len(one_batch["episode_keys"]) > 100
+    monkeypatch.setattr(turns, knob, 1)
     con.execute("UPDATE exchanges SET turn_id = NULL")
     con.execute("UPDATE calls SET turn_id = NULL")
-    con.execute("DELETE FROM turns")
+    for table in ("turns", "episodes", "episode_keys", "runs"):
+        con.execute(f"DELETE FROM {table}")
     assert turns.derive(con, runs) == {"turns": len(one_batch["turns"]), "episodes": len(one_batch["episodes"])}
     assert derived() == one_batch
 
