@@ -1,6 +1,6 @@
 """`--memory-limit`: analyze and export of long episodes (100 turns, each resending its whole
 history, so the bodies of one partition are ~150 MB) run as the CLI in a subprocess under a hard
-address-space cap, and export's peak RSS stays near the limit given, far below the partition's
+address-space cap, and their peak RSS stays near the limit given, far below the partition's
 bodies; the bodies read back byte for byte."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ CLI = [sys.executable, "-m", "toolproxy.cli"]
 # The cap only turns a runaway into a quick failure instead of swapping the machine.
 ADDRESS_SPACE_CAP = 3 << 30
 LIMIT = "64MB"
-# What the export may hold besides DuckDB's own limit: the interpreter and its modules (~90 MB),
-# DuckDB's code, one batch of bodies in Python.
+# What analyze or export may hold besides DuckDB's own limit: the interpreter and its modules
+# (~90 MB), DuckDB's code, one batch of records or bodies in Python (analyze peaked at 133 MB).
 RSS_BOUND_MB = 260
 
 
@@ -56,8 +56,9 @@ def long_episodes(tmp_path_factory) -> tuple[Path, int]:
     with open(data / SEGMENT_DIR / "20261129T120000-1-0001-host.jsonl", "wb") as f:
         for rec in records:
             f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
-    proc, _ = run_capped("analyze", "--data", str(data), "--memory-limit", LIMIT, "--quiet", tmp=data.parent)
+    proc, rss = run_capped("analyze", "--data", str(data), "--memory-limit", LIMIT, "--quiet", tmp=data.parent)
     assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert rss < RSS_BOUND_MB, f"analyze peaked at {rss:.0f} MB under --memory-limit {LIMIT}"
     return data, sum(len(r.request_body) for r in records)
 
 
