@@ -144,7 +144,7 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
         named = owner[id(turn)].keys
         for key in chain_keys(a) if keys is None else keys[i]:
             add(by_chain, key, turn)
-            named.add(key)
+            named.append(key)
     out = list(episodes.values())
     for ep in out:
         heads = [t.attempts[0] for t in ep.turns]

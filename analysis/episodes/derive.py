@@ -451,9 +451,10 @@ class _Chunk:
         self.episode_rows.append((ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns),
                                   ep.looping, ep.loop_reason, expect,
                                   orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(), ANALYZER_VERSION))
-        self.keys["run"] += [run] * len(ep.keys)
-        self.keys["episode_key"] += [ep.key] * len(ep.keys)
-        self.keys["key"] += ep.keys
+        keys = list(dict.fromkeys(ep.keys))
+        self.keys["run"] += [run] * len(keys)
+        self.keys["episode_key"] += [ep.key] * len(keys)
+        self.keys["key"] += keys
 
     def rows(self) -> tuple:
         turn_cols = [list(c) for c in zip(*self.turn_rows)] or [[] for _ in _TURN_ROW]

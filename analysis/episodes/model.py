@@ -83,4 +83,6 @@ class Episode:
     category: str | None = None
     looping: bool = False
     loop_reason: str | None = None
-    keys: set[str] = field(default_factory=set)  # what later requests name its turns by (reconstructed only)
+    # What later requests name its turns by (reconstructed only), with repeats (a retry's keys are
+    # its turn's): a set per episode took four times the memory of the list.
+    keys: list[str] = field(default_factory=list)
