@@ -1,6 +1,6 @@
 """Benchmark: a realistic synthetic data dir, then a timed `analyze` over it.
 
-    python -m benchmarks.analyzer --exchanges 100000 [--mix agents|small|long|untagged] [--rounds 3] [--more 1000]
+    python -m benchmarks.analyzer --exchanges 100000 [--mix agents|small|long|untagged|daily] [--rounds 3] [--more 1000]
                                        [--floor] [--python OTHER_VENV/bin/python ...] [--dir DIR] [--keep]
 
 The `agents` data dir (the default) has what real recordings have: multi-turn agent episodes
@@ -12,7 +12,8 @@ reconstruction. The `small` mix is single requests with short bodies (one small 
 the shape of a chat front end's traffic. The `long` mix is production agent traffic: tagged
 episodes of 20-50 turns in one run, records of 4-12 KB (a system prompt, task and tools of a few KB
 resent every turn with the history); the `untagged` mix is the same traffic with no tags at all, one
-run whose episodes analyze reconstructs by chaining. Records are the proxy's own Record dataclass serialised
+run whose episodes analyze reconstructs by chaining; the `daily` mix is that untagged traffic over 30
+days, a run per day as `serve --run prod-%Y-%m-%d` records it. Records are the proxy's own Record dataclass serialised
 exactly as the segment writer does.
 
 `toolproxy analyze` runs as a subprocess, exactly as a user runs it, into a fresh database each
@@ -44,9 +45,10 @@ from pathlib import Path
 from toolproxy.analysis.store.connection import default_db
 from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.testing import peak
-from toolproxy.testing.corpus import generate, generate_long, generate_small, generate_untagged
+from toolproxy.testing.corpus import generate, generate_daily, generate_long, generate_small, generate_untagged
 
-GENERATORS = {"agents": generate, "small": generate_small, "long": generate_long, "untagged": generate_untagged}
+GENERATORS = {"agents": generate, "small": generate_small, "long": generate_long, "untagged": generate_untagged,
+              "daily": generate_daily}
 
 
 def _analyze(python: str, data_dir: Path, args: argparse.Namespace, fresh: bool = True) -> tuple[float, float, float, str]:

@@ -367,12 +367,13 @@ def episode(rnd: random.Random, n: int, turns: int, growth: int, tagged: bool = 
 
 
 def generate_long(data_dir: Path, n_exchanges: int, seed: int = 13, segment_records: int = 20000,
-                  concurrent: int = 64, tagged: bool = True) -> int:
+                  concurrent: int = 64, tagged: bool = True, days: int = 0) -> int:
     """Long-running production agent traffic, whose records are several times the `agents` mix's:
     episodes of 20-50 turns in one run, each request resending a ~1.6 KB system prompt and task, ~2 KB of tools and its
     history so far (records of 4-12 KB), `concurrent` episodes interleaved at a time, stamped in the
     order they are written. `tagged`: the episodes carry their tags, else nothing does (one run whose
-    episodes analyze reconstructs)."""
+    episodes analyze reconstructs). `days`: the records are spread over that many days, each day's
+    in a run of its own (`serve --run prod-%Y-%m-%d`), so conversations that cross midnight are split."""
     rnd = random.Random(seed)
     seg_dir = data_dir / SEGMENT_DIR
     seg_dir.mkdir(parents=True, exist_ok=True)
@@ -390,6 +391,8 @@ def generate_long(data_dir: Path, n_exchanges: int, seed: int = 13, segment_reco
                 f = open(seg_dir / f"20261129T140000-1-{written // segment_records + 1:04d}.jsonl", "wb")
             t += rnd.random() * 0.05
             rec.started_at, rec.ended_at = t, t + 1
+            if days:
+                rec.run = f"prod-2026-11-{written * days // n_exchanges + 1:02d}"
             f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
             written += 1
     if f is not None:
@@ -401,6 +404,11 @@ def generate_untagged(data_dir: Path, n_exchanges: int, seed: int = 17, segment_
                       concurrent: int = 64) -> int:
     """generate_long's traffic with no tags at all, as a proxy nobody configured records it."""
     return generate_long(data_dir, n_exchanges, seed, segment_records, concurrent, tagged=False)
+
+
+def generate_daily(data_dir: Path, n_exchanges: int, seed: int = 17, segment_records: int = 20000) -> int:
+    """generate_untagged's traffic over 30 days, as `serve --run prod-%Y-%m-%d` records it."""
+    return generate_long(data_dir, n_exchanges, seed, segment_records, tagged=False, days=30)
 
 
 def interleaved(episodes: list[list[Record]]) -> list[Record]:
