@@ -36,21 +36,29 @@ from toolproxy.record.writer import SEGMENT_REPLICA
 # of 50k, at the same CPU (in one process on the same database, `--mix daily`).
 _BATCH_ATTEMPTS = 50_000
 
-# Per run: its attempts and how many replicas (hosts, so clocks) recorded them, from their
-# segments' names.
+# Per run: its attempts, how many replicas (hosts, so clocks) recorded them, from their segments'
+# names, and how many of its untagged attempts have conversation keys but no thread (see _parts).
 _RUN_SIZES_SQL = """
-SELECT run, sum(n), count(DISTINCT regexp_extract(segment, $pattern, 1))
-FROM (SELECT run, segment, count(*) AS n FROM exchanges
-      WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run, segment)
+SELECT run, sum(n), count(DISTINCT regexp_extract(segment, $pattern, 1)), sum(loose)
+FROM (SELECT run, segment, count(*) AS n,
+             count(*) FILTER (WHERE episode IS NULL AND state_hash IS NOT NULL AND thread IS NULL) AS loose
+      FROM exchanges WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run, segment)
 GROUP BY run
+"""
+# The part of its run an attempt is grouped with: a tagged attempt's episode, an untagged one's
+# thread (keys.thread_key), and untagged attempts without conversation keys, which name and are
+# named by none, together. No attempt continues or retries one of another part.
+_PART_SQL = "CASE WHEN episode IS NOT NULL THEN 'e' || episode WHEN state_hash IS NULL THEN 'i' ELSE 't' || thread END"
+_PARTS_SQL = f"""
+SELECT run, {_PART_SQL} AS part, count(*) FROM exchanges
+WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY ALL ORDER BY run, part
 """
 
 # The attempts of a batch of runs, in clock order per run, column by column (see Attempt). The key
 # lists come as one space-separated string each (hex hashes), which is much cheaper to fetch than a
 # list, and they and prior_hash only where build_episodes reads them: untagged attempts, and every
 # attempt of a run several clocks recorded (causal_order).
-_ATTEMPT_COLUMNS_SQL = """
-SELECT run, id, episode, item, json_extract_string(tags, '$.category'), condition, outcome, sub_kind,
+_ATTEMPT_SELECT = """run, id, episode, item, json_extract_string(tags, '$.category'), condition, outcome, sub_kind,
        coalesce(harness_saw_prose, false), state_hash, chain_hash,
        CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
             THEN array_to_string(coalesce(parent_hashes, []), ' ') END,
@@ -60,10 +68,23 @@ SELECT run, id, episode, item, json_extract_string(tags, '$.category'), conditio
        coalesce(rejects, false), tool_set IS NOT NULL,
        CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[])) THEN prior_hash END,
        CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
-            THEN array_to_string(coalesce(prefix_links, []), ' ') END
-FROM exchanges
+            THEN array_to_string(coalesce(prefix_links, []), ' ') END"""
+_ATTEMPT_COLUMNS_SQL = f"SELECT {_ATTEMPT_SELECT}\nFROM exchanges\n"
+# The attempts of a batch: of whole runs and of parts of runs (run, a NUL, the part: _PART_SQL).
+_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND (run IN (SELECT unnest($runs::VARCHAR[])) "
+                 f"OR run || chr(0) || {_PART_SQL} IN (SELECT unnest($parts::VARCHAR[]))) ORDER BY run, started_at, id")
+# Several batches: every batch's attempts sorted once into a temporary table (which spills under the
+# memory limit), each then read by its number: a query per batch would scan the runs' exchanges once
+# per batch, which is the square of the run.
+_BATCHED_SQL = f"""
+CREATE OR REPLACE TEMP TABLE _batched AS
+SELECT b.batch, {_ATTEMPT_SELECT}, started_at AS _t
+FROM exchanges JOIN _part_batch b
+  ON b.prun = run AND b.ppart = CASE WHEN list_contains($whole::VARCHAR[], run) THEN '' ELSE {_PART_SQL} END
+WHERE is_attempt AND run IN (SELECT prun FROM _part_batch)
+ORDER BY b.batch, run, started_at, id
 """
-_ATTEMPTS_SQL = _ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id"
+_BATCH_SQL = "SELECT * EXCLUDE (batch, _t) FROM _batched WHERE batch = $batch ORDER BY run, _t, id"
 # The attempts of some tagged episodes of one run (_derive_in_part).
 _EPISODE_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IN (SELECT unnest($episodes::VARCHAR[])) "
                          "ORDER BY run, started_at, id")
@@ -150,22 +171,74 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
     con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute("DELETE FROM episode_keys WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     sizes = _run_sizes(con, runs)
-    clocks = [run for run in runs if sizes.get(run, (0, 0))[1] > 1]
+    clocks = [run for run in runs if sizes.get(run, _NO_SIZE)[1] > 1]
     if progress is not None:
         progress.total = len(runs)
-    batch: list[str] = []
-    size = 0
-    for k, run in enumerate(runs):
-        batch.append(run)
-        size += sizes.get(run, (0, 0))[0]
-        if size < _BATCH_ATTEMPTS and k + 1 < len(runs):
-            continue
-        cols = _columns(con.execute(_ATTEMPTS_SQL, {"runs": batch, "clocks": clocks}).fetchnumpy())
-        for chunk in _derived_chunks(cols, batch, clocks, rules, progress):
+    split: set[str] = set()  # runs derived over several batches
+    batches = _batches(con, runs, sizes)
+    if len(batches) > 1:
+        con.execute("CREATE OR REPLACE TEMP TABLE _part_batch (prun VARCHAR, ppart VARCHAR, batch INTEGER)")
+        rows = [(run, "", b) for b, (whole, _, _) in enumerate(batches) for run in whole]
+        rows += [(run, part, b) for b, (_, parts, _) in enumerate(batches) for run, part in parts]
+        insert_columns(con, "_part_batch", dict(zip(("prun", "ppart", "batch"), map(list, zip(*rows)))),
+                       {"prun": "VARCHAR", "ppart": "VARCHAR", "batch": "INTEGER"})
+        con.execute(_BATCHED_SQL, {"whole": [run for whole, _, _ in batches for run in whole], "clocks": clocks})
+    for b, (whole, parts, done) in enumerate(batches):
+        split.update(run for run, _ in parts if run not in done)
+        if len(batches) > 1:
+            result = con.execute(_BATCH_SQL, {"batch": b})
+        else:
+            result = con.execute(_ATTEMPTS_SQL, {"runs": whole, "parts": [f"{run}\x00{part}" for run, part in parts],
+                                                 "clocks": clocks})
+        cols = _columns(result.fetchnumpy())
+        for chunk in _derived_chunks(cols, sorted(set(whole) | {run for run, _ in parts}), clocks, rules):
             _stage(con, chunk, totals)
-        batch, size = [], 0
+        if progress is not None:
+            progress.advance(len(done))
+    if len(batches) > 1:
+        con.execute("DROP TABLE _batched")
+        con.execute("DROP TABLE _part_batch")
+    if split:
+        _rejudge_loops(con, sorted(split))  # each batch judged its episodes' lengths by its own median
     _finish(con, runs)
     return totals
+
+
+_NO_SIZE = (0, 0, 0)
+
+
+def _batches(con, runs: list[str], sizes: dict[str, tuple[int, int, int]]) -> list[tuple[list[str], list, set[str]]]:
+    """The runs' attempts in batches of about _BATCH_ATTEMPTS: (whole runs, (run, part) pairs, the
+    runs whose last attempts the batch holds). A run one clock recorded whose every untagged
+    attempt has a thread (or no keys at all) is split into parts (_PART_SQL) when it is larger than
+    a batch, so grouping it holds a batch of its attempts at a time, not all of them; the rest go
+    whole. Parts group into the same episodes apart as together: none names another's keys."""
+    large = [r for r in runs if sizes.get(r, _NO_SIZE)[0] > _BATCH_ATTEMPTS and sizes[r][1] <= 1 and not sizes[r][2]]
+    parts_of: dict[str, list[tuple[str, int]]] = {}
+    if large:
+        for run, part, n in con.execute(_PARTS_SQL, {"runs": large}).fetchall():
+            parts_of.setdefault(run, []).append((part, n))
+    out = []
+    whole: list[str] = []
+    parts: list[tuple[str, str]] = []
+    done: set[str] = set()
+    size = 0
+    for k, run in enumerate(runs):
+        if run in parts_of:
+            for part, n in parts_of[run]:
+                if size and size + n > _BATCH_ATTEMPTS:
+                    out.append((whole, parts, done))
+                    whole, parts, done, size = [], [], set(), 0
+                parts.append((run, part))
+                size += n
+        else:
+            whole.append(run)
+            size += sizes.get(run, _NO_SIZE)[0]
+        done.add(run)
+        if size >= _BATCH_ATTEMPTS or k + 1 == len(runs):
+            out.append((whole, parts, done))
+            whole, parts, done, size = [], [], set(), 0
+    return out
 
 
 def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str] = ()) -> dict:
@@ -201,7 +274,7 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     untagged = {run for run, episode in pending if episode is None}
     derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
     sizes = _run_sizes(con, runs)
-    one_clock = [r for r in runs if r in derived and sizes.get(r, (0, 1))[1] <= 1]
+    one_clock = [r for r in runs if r in derived and sizes.get(r, _NO_SIZE)[1] <= 1]
     chainable = {r for (r,) in con.execute(_CHAINABLE_SQL, [[r for r in one_clock if r in untagged]]).fetchall()}
     forced = set(whole)
     partial = [r for r in one_clock if (r not in untagged or r in chainable) and r not in forced]
@@ -258,7 +331,7 @@ def _derive_in_part(con, episodes: dict[str, set[str]], conversations: list[str]
         con.execute("DELETE FROM turns WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
         con.execute("DELETE FROM episodes WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
         cols = _columns(con.execute(_EPISODE_ATTEMPTS_SQL, {"run": run, "episodes": names, "clocks": []}).fetchnumpy())
-        for chunk in _derived_chunks(cols, [run], [], rules, None):
+        for chunk in _derived_chunks(cols, [run], [], rules):
             _stage(con, chunk, totals)
     for run in conversations:
         _derive_conversations(con, run, rules, totals)
@@ -288,7 +361,7 @@ def _derive_conversations(con, run: str, rules: Sequence[ExpectationRule], total
     params = {"run": run, "episodes": named}
     placed = {x: (name, turn) for x, name, turn in con.execute(_PLACED_SQL, params).fetchall()}
     cols = _columns(con.execute(_CONVERSATION_ATTEMPTS_SQL, params | {"clocks": []}).fetchnumpy())
-    chunks = list(_derived_chunks(cols, [run], [], rules, None, placed))
+    chunks = list(_derived_chunks(cols, [run], [], rules, placed))
     # with the episodes their attempts start (an interrupted analyze may have left rows of those behind)
     keys = sorted(set(named).union(*(chunk[1]["episode_key"] for chunk in chunks)))
     for table in ("turns", "episodes", "episode_keys"):
@@ -302,9 +375,10 @@ def _temp_tables(con) -> None:
     con.execute(f"CREATE TEMP TABLE IF NOT EXISTS _turn_rows ({', '.join(f'{n} {TURNS.types[n]}' for n in _TURN_ROW)})")
 
 
-def _run_sizes(con, runs: list[str]) -> dict[str, tuple[int, int]]:
-    """Per run: its attempts and how many replicas (so clocks) recorded them."""
-    return {run: (n, replicas) for run, n, replicas in
+def _run_sizes(con, runs: list[str]) -> dict[str, tuple[int, int, int]]:
+    """Per run: its attempts, how many replicas (so clocks) recorded them, and how many of its
+    untagged attempts have keys but no thread."""
+    return {run: (n, replicas, loose) for run, n, replicas, loose in
             con.execute(_RUN_SIZES_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall()}
 
 
@@ -381,7 +455,7 @@ def _columns(arrays: dict) -> list[Sequence]:
     return out
 
 
-def _derived_chunks(cols: list[Sequence], runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule], progress,
+def _derived_chunks(cols: list[Sequence], runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule],
                     placed: dict[str, tuple[str, str]] | None = None) -> Iterator[tuple]:
     """The rows derived from the attempts `cols` (_columns) of these runs, in chunks of about
     _CHUNK_TURNS turns (_stage inserts each): turn rows (columns of _TURN_ROW), episode columns,
@@ -413,8 +487,6 @@ def _derived_chunks(cols: list[Sequence], runs: list[str], clocks: list[str], ru
             if len(chunk.turn_rows) >= _CHUNK_TURNS:
                 yield chunk.rows()
                 chunk = _Chunk()
-        if progress is not None:
-            progress.advance()
     if chunk.turn_rows or chunk.episode_rows:
         yield chunk.rows()
 

@@ -93,6 +93,7 @@ class Keys(NamedTuple):
     rejects: bool
     prior_hash: str | None
     prefix_links: list[str]
+    thread: str | None
 
 
 # A harness that drops a useless reply resends the conversation before it plus a note of its own
@@ -148,6 +149,7 @@ def conversation_keys(
       storing every earlier hash with every request was the square of an episode's length.
     prefixes: walks of earlier requests to resume (Prefixes), within `scope`; each request's
       prefix_links are then only the ones its own messages add (see Prefixes).
+    thread: thread_key of the messages.
     """
     found, state, start = prefixes.resume(messages, scope) if prefixes is not None else (None, None, 0)
     given = len(state[3]) if state is not None else 0  # links the resumed request gave already
@@ -204,7 +206,26 @@ def conversation_keys(
         reply_keys.append(tail.hexdigest())
     rejected = block_prefix is not None and harnesses.rejects(after_texts)
     return Keys(len(messages), state.hexdigest(), chain, dropped + parents, item.hexdigest(), results, reply_keys, rejected,
-                prior, links)
+                prior, links, thread_key(messages))
+
+
+def thread_key(messages: Sequence[Any]) -> str | None:
+    """A hash of the conversation's first message after its leading system ones, or None when it
+    has none.
+
+    Every other key hashes a prefix that holds that message: the rolling hash all of it, the tail
+    hash everything after the leading system messages. So two requests whose thread keys differ
+    share no key, and no attempt of one thread can continue or retry one of another: derive groups
+    a run's threads apart (a batch at a time) and gets what grouping the run whole gives. A request
+    without such a message (system messages only) names keys of conversations that start with its
+    reply instead, so a run holding one is grouped whole."""
+    for m in messages:
+        if isinstance(m, dict) and (role := m.get("role")) not in _SYSTEM_ROLES:
+            content = m.get("content")
+            text = content.strip() if type(content) is str else _text(content)
+            calls = _message_calls(m) if m.get("tool_calls") else []
+            return _digest(b"thread\x00" + _canon(role, text, calls)).hex()
+    return None
 
 
 def parent_walk(parents: Sequence[str], prior: str | None, links: dict[str, str]) -> Iterator[str]:

@@ -266,6 +266,10 @@ def analyze_record(rec: dict, segment: str, offset: int, prefixes: Prefixes | No
                                  reply_ids=reply_ids, asks_again=reading is not None and reading.fallback,
                                  reply_unread=unread, prefixes=prefixes,
                                  scope=(run if isinstance(run := rec.get("run"), str) else None, rec.get("episode") is None))
+        if isinstance(previous, str):
+            # linked to the stored response after ingest (pipeline.link_stored_responses), which
+            # may be another thread's: its run is grouped whole
+            keys = keys._replace(thread=None)
 
     usage = upstream_reply if upstream_reply is not None else view
     record_meta = {
@@ -315,6 +319,7 @@ def analyze_record(rec: dict, segment: str, offset: int, prefixes: Prefixes | No
         "tool_results": keys.tool_results if keys else None, "protocol": protocol,
         "reply_keys": keys.reply_keys if keys else None, "rejects": keys.rejects if keys else None, "finishes": finishes,
         "prior_hash": keys.prior_hash if keys else None, "prefix_links": keys.prefix_links if keys else None,
+        "thread": keys.thread if keys else None,
         "finisher": finisher.harness if finisher is not None else None,
     }
     return Analyzed(row, calls_out, tools_row)

@@ -252,4 +252,11 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE exchanges ADD COLUMN prefix_links VARCHAR[];
         """,
     ),
+    (
+        10,
+        "the thread of a request's conversation (its first message after the system ones), so that a run's "
+        "attempts are grouped into episodes a batch of threads at a time, in memory that does not grow with "
+        "the run (rows stored before have none, and their runs are grouped whole as before)",
+        "ALTER TABLE exchanges ADD COLUMN thread VARCHAR;",
+    ),
 ]

@@ -68,6 +68,8 @@ EXCHANGES = Table("exchanges", {
     # the rolling hash after the assistant message before the last, and the links back from there
     # that this request adds (analysis.ingest.keys: the parent keys beyond parent_hashes)
     "prior_hash": _V, "prefix_links": "VARCHAR[]",
+    # the hash of the conversation's first message after its system ones (analysis.ingest.keys.thread_key)
+    "thread": _V,
 })
 TOOL_SETS = Table("tool_sets", {"hash": _V, "tools": _J, "names": "VARCHAR[]"})
 TURNS = Table("turns", {
