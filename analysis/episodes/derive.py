@@ -186,19 +186,21 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     after it; and where derived attempts stood in causal order is not kept, so the episodes a new
     attempt can join could not be chained again without ordering the whole run anyway. `whole`: runs
     to derive whole in any case."""
-    pending = con.execute("SELECT run, episode FROM exchanges WHERE is_attempt AND turn_id IS NULL GROUP BY ALL").fetchall()
-    runs = sorted(set(runs) | {run for run, _ in pending})
+    pending = con.execute("SELECT run, episode, min(started_at), count(*) = count(started_at) FROM exchanges "
+                          "WHERE is_attempt AND turn_id IS NULL GROUP BY run, episode").fetchall()
+    runs = sorted(set(runs) | {run for run, *_ in pending})
     if not runs:
         return {"runs": [], "turns": 0, "episodes": 0, "in_part": [], "episodes_in_part": 0}
     new_episodes: dict[str, set[str]] = {}
-    for run, episode in pending:
+    for run, episode, *_ in pending:
         if episode is not None:
             new_episodes.setdefault(run, set()).add(episode)
-    untagged = {run for run, episode in pending if episode is None}
+    # per run with new untagged attempts: the earliest of them, or None if one has no start time
+    untagged = {run: since if timed else None for run, episode, since, timed in pending if episode is None}
     derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
     sizes = _run_sizes(con, runs)
     one_clock = [r for r in runs if r in derived and sizes.get(r, (0, 1))[1] <= 1]
-    chainable = {r for (r,) in con.execute(_CHAINABLE_SQL, [[r for r in one_clock if r in untagged]]).fetchall()}
+    chainable = {r for r in one_clock if r in untagged and _chainable(con, r, untagged[r])}
     forced = set(whole)
     partial = [r for r in one_clock if (r not in untagged or r in chainable) and r not in forced]
     whole = [r for r in runs if r not in partial]
@@ -211,17 +213,24 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     return {"runs": runs, "turns": turns, "episodes": episodes, "in_part": partial, "episodes_in_part": in_part}
 
 
-# Of these runs (derived, one clock, with new untagged attempts), those whose new untagged attempts all
-# come after every derived one in clock order (a tie in started_at is left to the whole derive), with
-# their episodes' keys in episode_keys (a run derived before it existed has none).
+# Whether a run's new untagged attempts, the earliest starting at $since, all come after every derived
+# one in clock order (a tie in started_at, or a derived attempt without one, is left to the whole
+# derive), with its episodes' keys in episode_keys (a run derived before it existed has none).
+# Bounded by $since, the scan skips the row groups of the older attempts: it follows the new data.
 _CHAINABLE_SQL = """
-SELECT run FROM exchanges
-WHERE is_attempt AND episode IS NULL AND run IN (SELECT unnest(?::VARCHAR[]))
-GROUP BY run
-HAVING count(*) = count(started_at)
-   AND coalesce(min(started_at) FILTER (WHERE turn_id IS NULL) > max(started_at) FILTER (WHERE turn_id IS NOT NULL), true)
-   AND (count(turn_id) = 0 OR run IN (SELECT run FROM episode_keys))
+SELECT NOT EXISTS (SELECT 1 FROM exchanges WHERE is_attempt AND episode IS NULL AND run = $run AND turn_id IS NOT NULL
+                   AND (started_at >= $since OR started_at IS NULL))
+   AND (NOT EXISTS (SELECT 1 FROM exchanges WHERE is_attempt AND episode IS NULL AND run = $run AND turn_id IS NOT NULL)
+        OR EXISTS (SELECT 1 FROM episode_keys WHERE run = $run))
 """
+
+
+def _chainable(con, run: str, since) -> bool:
+    """Whether _derive_conversations may chain this run's new untagged attempts (`since`: the
+    earliest one's start, None if one has none)."""
+    return since is not None and con.execute(_CHAINABLE_SQL, {"run": run, "since": since}).fetchone()[0]
+
+
 # The episodes of a run whose turns were given one of these keys.
 _NAMED_SQL = ("SELECT DISTINCT episode_key FROM episode_keys "
               "WHERE run = $run AND key IN (SELECT unnest($keys::VARCHAR[])) ORDER BY episode_key")
