@@ -200,8 +200,8 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
     sizes = _run_sizes(con, runs)
     one_clock = [r for r in runs if r in derived and sizes.get(r, (0, 1))[1] <= 1]
-    chainable = {r for r in one_clock if r in untagged and _chainable(con, r, untagged[r])}
     forced = set(whole)
+    chainable = {r for r in one_clock if r in untagged and r not in forced and _chainable(con, r, untagged[r])}
     partial = [r for r in one_clock if (r not in untagged or r in chainable) and r not in forced]
     whole = [r for r in runs if r not in partial]
     with gc_paused():
@@ -235,11 +235,13 @@ def _chainable(con, run: str, since) -> bool:
 _NAMED_SQL = ("SELECT DISTINCT episode_key FROM episode_keys "
               "WHERE run = $run AND key IN (SELECT unnest($keys::VARCHAR[])) ORDER BY episode_key")
 _TURNS_OF = "SELECT turn_id FROM turns WHERE run = $run AND episode_key IN (SELECT unnest($episodes::VARCHAR[]))"
-# A run's new untagged attempts and every attempt of these of its episodes, in clock order.
-_CONVERSATION_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IS NULL "
+# A run's new untagged attempts and every attempt of these of its episodes, in clock order; none
+# starts before $since (the earliest of them), which lets DuckDB skip the row groups of older attempts.
+_CONVERSATION_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IS NULL AND started_at >= $since "
                               f"AND (turn_id IS NULL OR turn_id IN ({_TURNS_OF})) ORDER BY run, started_at, id")
-# Where each attempt of these episodes is: its episode's name and its turn (build_episodes' `placed`).
-_PLACED_SQL = (f"SELECT x.id, e.episode, x.turn_id FROM exchanges x JOIN turns t ON t.turn_id = x.turn_id "
+# Where each attempt of these episodes is: its episode's name and its turn (build_episodes' `placed`),
+# and when it started.
+_PLACED_SQL = (f"SELECT x.id, e.episode, x.turn_id, x.started_at FROM exchanges x JOIN turns t ON t.turn_id = x.turn_id "
                f"JOIN episodes e ON e.episode_key = t.episode_key "
                f"WHERE x.is_attempt AND x.turn_id IN ({_TURNS_OF})")
 
@@ -279,19 +281,22 @@ def _derive_conversations(con, run: str, rules: Sequence[ExpectationRule], total
     (whose keys include request_key of that state): chaining looks at no other turn, so only the
     episodes those keys name in episode_keys take part, their attempts placed where they were
     derived, and the result is what chaining the whole run gives."""
-    new = con.execute("SELECT parent_hashes, state_hash, prior_hash, prefix_links FROM exchanges "
+    new = con.execute("SELECT parent_hashes, state_hash, prior_hash, prefix_links, started_at FROM exchanges "
                       "WHERE is_attempt AND run = ? AND episode IS NULL AND turn_id IS NULL", [run]).fetchall()
     # A new request's links back are in the rows stored with it (keys.Prefixes), so among the new ones.
     links = link_map(row[3] for row in new)
     lookups: list[str] = []
-    for parents, state, prior, _ in new:
+    for parents, state, prior, *_ in new:
         lookups += parent_walk(parents or (), prior, links)
         if state:
             lookups.append(request_key(state))
     named = [k for (k,) in con.execute(_NAMED_SQL, {"run": run, "keys": lookups}).fetchall()]
     params = {"run": run, "episodes": named}
-    placed = {x: (name, turn) for x, name, turn in con.execute(_PLACED_SQL, params).fetchall()}
-    cols = _columns(con.execute(_CONVERSATION_ATTEMPTS_SQL, params | {"clocks": []}).fetchnumpy())
+    placed_rows = con.execute(_PLACED_SQL, params).fetchall()
+    placed = {x: (name, turn) for x, name, turn, _ in placed_rows}
+    # every one has a start: the run is chainable (_CHAINABLE_SQL)
+    since = min(row[-1] for rows in (new, placed_rows) for row in rows)
+    cols = _columns(con.execute(_CONVERSATION_ATTEMPTS_SQL, params | {"clocks": [], "since": since}).fetchnumpy())
     derived = _derived_rows(cols, [run], [], rules, None, placed)
     # with the episodes their attempts start (an interrupted analyze may have left rows of those behind)
     keys = sorted(set(named) | set(derived[1]["episode_key"]))
