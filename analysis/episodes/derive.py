@@ -86,6 +86,8 @@ FROM (SELECT {", ".join(f"t.{n}" for n in _TURN_ROW)}, {", ".join(f"{sql} AS {n}
       FROM _turn_rows t JOIN exchanges e ON e.id = t.final_exchange_id ORDER BY t.rowid)
 """
 assert set(_TURN_ROW) | set(_FROM_FINAL) | {"role", "analyzer_version"} == set(TURNS.names)
+# The runs' rows. Their stack is the latest fingerprint's of the run, else of its upstream, read only
+# for these runs and upstreams: the fingerprints of every run would be aggregated on each re-analyze.
 _RUNS_SQL = """
 INSERT INTO runs
 WITH ex AS (
@@ -102,11 +104,11 @@ WITH ex AS (
 ),
 fp_run AS (
     SELECT run, arg_max(stack, recorded_at) AS stack, arg_max(stack_version, recorded_at) AS version
-    FROM fingerprints WHERE run IS NOT NULL GROUP BY run
+    FROM fingerprints WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
 ),
 fp_up AS (
     SELECT upstream, arg_max(stack, recorded_at) AS stack, arg_max(stack_version, recorded_at) AS version
-    FROM fingerprints WHERE upstream IS NOT NULL GROUP BY upstream
+    FROM fingerprints WHERE upstream IN (SELECT upstream FROM ex) GROUP BY upstream
 )
 SELECT ex.run,
        coalesce(fp_run.stack, fp_up.stack, ex.marker),
