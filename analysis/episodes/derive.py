@@ -200,8 +200,8 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     # per run with new untagged attempts: the earliest of them, or None if one has no start time
     untagged = {run: since if timed else None for run, episode, since, timed in pending if episode is None}
     derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
-    sizes = _run_sizes(con, runs)
-    one_clock = [r for r in runs if r in derived and sizes.get(r, (0, 1))[1] <= 1]
+    clocked = _several_clocks(con, runs)
+    one_clock = [r for r in runs if r in derived and r not in clocked]
     forced = set(whole)
     chainable = {r for r in one_clock if r in untagged and r not in forced and _chainable(con, r, untagged[r])}
     partial = [r for r in one_clock if (r not in untagged or r in chainable) and r not in forced]
@@ -316,6 +316,17 @@ def _run_sizes(con, runs: list[str]) -> dict[str, tuple[int, int]]:
     """Per run: its attempts and how many replicas (so clocks) recorded them."""
     return {run: (n, replicas) for run, n, replicas in
             con.execute(_RUN_SIZES_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall()}
+
+
+def _several_clocks(con, runs: list[str]) -> set[str]:
+    """The runs several replicas recorded. Every stored exchange's segment is in ingest_state (one
+    transaction stores both, prune deletes both), so when its segments name one replica no run has
+    more, and the runs' attempts need not be scanned: the usual store of one proxy."""
+    replicas = con.execute("SELECT count(DISTINCT regexp_extract(segment, ?, 1)) FROM ingest_state",
+                           [SEGMENT_REPLICA]).fetchone()[0]
+    if replicas <= 1:
+        return set()
+    return {run for run, (_, n) in _run_sizes(con, runs).items() if n > 1}
 
 
 def _stage(con, derived: tuple, totals: dict[str, int]) -> None:
