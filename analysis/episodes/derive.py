@@ -83,7 +83,7 @@ _TURNS_SQL = f"""
 INSERT INTO turns ({", ".join(TURNS.names)})
 SELECT {", ".join(f"({ROLE_SQL})" if n == "role" else "$version" if n == "analyzer_version" else n for n in TURNS.names)}
 FROM (SELECT {", ".join(f"t.{n}" for n in _TURN_ROW)}, {", ".join(f"{sql} AS {n}" for n, sql in _FROM_FINAL.items())}
-      FROM _turn_rows t JOIN exchanges e ON e.id = t.final_exchange_id ORDER BY t.rowid)
+      FROM _turn_rows t JOIN exchanges e ON e.id = t.final_exchange_id WHERE e.id BETWEEN $lo AND $hi ORDER BY t.rowid)
 """
 assert set(_TURN_ROW) | set(_FROM_FINAL) | {"role", "analyzer_version"} == set(TURNS.names)
 # The runs' rows. Their stack is the latest fingerprint's of the run, else of its upstream, read only
@@ -340,12 +340,17 @@ def _stage(con, derived: tuple, totals: dict[str, int]) -> None:
 
 
 def _finish(con, runs: list[str]) -> None:
-    """The staged turns joined with their final attempts, every attempt pointed at its turn, and the runs' rows."""
-    con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION})
-    con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id",
-                {"v": ANALYZER_VERSION})
-    con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id",
-                {"v": ANALYZER_VERSION})
+    """The staged turns joined with their final attempts, every attempt pointed at its turn, and the runs' rows.
+
+    The staged attempts' ids bound the scans of exchanges and calls (the same rows whatever the
+    ids): the proxy mints them in time order (record.model.new_id), so when a few episodes were
+    derived DuckDB skips the row groups of the rest of the run."""
+    lo, hi = con.execute("SELECT min(id), max(id) FROM _turn_map").fetchone()
+    con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION, "lo": lo, "hi": hi})
+    con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id "
+                "AND exchanges.id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
+    con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id "
+                "AND calls.exchange_id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
     con.execute("DELETE FROM _turn_map")
     con.execute("DELETE FROM _turn_rows")
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
