@@ -236,16 +236,22 @@ def _chainable(con, run: str, since) -> bool:
 # The episodes of a run whose turns were given one of these keys.
 _NAMED_SQL = ("SELECT DISTINCT episode_key FROM episode_keys "
               "WHERE run = $run AND key IN (SELECT unnest($keys::VARCHAR[])) ORDER BY episode_key")
-_TURNS_OF = "SELECT turn_id FROM turns WHERE run = $run AND episode_key IN (SELECT unnest($episodes::VARCHAR[]))"
-# A run's new untagged attempts and every attempt of these of its episodes, in clock order; none
-# starts before $since (the earliest of them), which lets DuckDB skip the row groups of older attempts.
+# The turns of these episodes of a run. Every bound here ($first and $last: the least and greatest of
+# the episode keys, $lo and $hi: of their turn ids) leaves the rows as they are and lets DuckDB skip
+# the row groups outside it: keys and turn ids are attempt ids, minted in time order
+# (record.model.new_id), so the episodes new attempts join lie in the run's last row groups.
+_TURNS_OF_SQL = ("SELECT turn_id FROM turns WHERE run = $run AND episode_key BETWEEN $first AND $last "
+                 "AND episode_key IN (SELECT unnest($episodes::VARCHAR[]))")
+# A run's new untagged attempts and every attempt of these turns, in clock order; none starts before
+# $since (the earliest of them).
 _CONVERSATION_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IS NULL AND started_at >= $since "
-                              f"AND (turn_id IS NULL OR turn_id IN ({_TURNS_OF})) ORDER BY run, started_at, id")
-# Where each attempt of these episodes is: its episode's name and its turn (build_episodes' `placed`),
+                              "AND (turn_id IS NULL OR turn_id IN (SELECT unnest($turns::VARCHAR[]))) ORDER BY run, started_at, id")
+# Where each attempt of these turns is: its episode's name and its turn (build_episodes' `placed`),
 # and when it started.
-_PLACED_SQL = (f"SELECT x.id, e.episode, x.turn_id, x.started_at FROM exchanges x JOIN turns t ON t.turn_id = x.turn_id "
-               f"JOIN episodes e ON e.episode_key = t.episode_key "
-               f"WHERE x.is_attempt AND x.turn_id IN ({_TURNS_OF})")
+_PLACED_SQL = ("SELECT x.id, e.episode, x.turn_id, x.started_at FROM exchanges x JOIN turns t ON t.turn_id = x.turn_id "
+               "JOIN episodes e ON e.episode_key = t.episode_key "
+               "WHERE x.is_attempt AND x.turn_id BETWEEN $lo AND $hi AND t.turn_id BETWEEN $lo AND $hi "
+               "AND x.turn_id IN (SELECT unnest($turns::VARCHAR[]))")
 
 
 def _derive_in_part(con, episodes: dict[str, set[str]], conversations: list[str]) -> int:
@@ -293,17 +299,20 @@ def _derive_conversations(con, run: str, rules: Sequence[ExpectationRule], total
         if state:
             lookups.append(request_key(state))
     named = [k for (k,) in con.execute(_NAMED_SQL, {"run": run, "keys": lookups}).fetchall()]
-    params = {"run": run, "episodes": named}
-    placed_rows = con.execute(_PLACED_SQL, params).fetchall()
+    turns = [t for (t,) in con.execute(_TURNS_OF_SQL, {"run": run, "episodes": named, "first": min(named, default=None),
+                                                        "last": max(named, default=None)}).fetchall()]
+    placed_rows = con.execute(_PLACED_SQL, {"turns": turns, "lo": min(turns, default=None),
+                                            "hi": max(turns, default=None)}).fetchall()
     placed = {x: (name, turn) for x, name, turn, _ in placed_rows}
     # every one has a start: the run is chainable (_CHAINABLE_SQL)
     since = min(row[-1] for rows in (new, placed_rows) for row in rows)
-    cols = _columns(con.execute(_CONVERSATION_ATTEMPTS_SQL, params | {"clocks": [], "since": since}).fetchnumpy())
+    cols = _columns(con.execute(_CONVERSATION_ATTEMPTS_SQL, {"run": run, "turns": turns, "clocks": [], "since": since}).fetchnumpy())
     derived = _derived_rows(cols, [run], [], rules, None, placed)
     # with the episodes their attempts start (an interrupted analyze may have left rows of those behind)
     keys = sorted(set(named) | set(derived[1]["episode_key"]))
     for table in ("turns", "episodes", "episode_keys"):
-        con.execute(f"DELETE FROM {table} WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
+        con.execute(f"DELETE FROM {table} WHERE run = ? AND episode_key BETWEEN ? AND ? "
+                    "AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys[0], keys[-1], keys])
     _stage(con, derived, totals)
 
 
