@@ -107,9 +107,11 @@ _TURNS_SQL = f"""
 INSERT INTO turns ({", ".join(TURNS.names)})
 SELECT {", ".join(f"({ROLE_SQL})" if n == "role" else "$version" if n == "analyzer_version" else n for n in TURNS.names)}
 FROM (SELECT {", ".join(f"t.{n}" for n in _TURN_ROW)}, {", ".join(f"{sql} AS {n}" for n, sql in _FROM_FINAL.items())}
-      FROM _turn_rows t JOIN exchanges e ON e.id = t.final_exchange_id ORDER BY t.rowid)
+      FROM _turn_rows t JOIN exchanges e ON e.id = t.final_exchange_id WHERE e.id BETWEEN $lo AND $hi ORDER BY t.rowid)
 """
 assert set(_TURN_ROW) | set(_FROM_FINAL) | {"role", "analyzer_version"} == set(TURNS.names)
+# The runs' rows. Their stack is the latest fingerprint's of the run, else of its upstream, read only
+# for these runs and upstreams: the fingerprints of every run would be aggregated on each re-analyze.
 _RUNS_SQL = """
 INSERT INTO runs
 WITH ex AS (
@@ -126,11 +128,11 @@ WITH ex AS (
 ),
 fp_run AS (
     SELECT run, arg_max(stack, recorded_at) AS stack, arg_max(stack_version, recorded_at) AS version
-    FROM fingerprints WHERE run IS NOT NULL GROUP BY run
+    FROM fingerprints WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
 ),
 fp_up AS (
     SELECT upstream, arg_max(stack, recorded_at) AS stack, arg_max(stack_version, recorded_at) AS version
-    FROM fingerprints WHERE upstream IS NOT NULL GROUP BY upstream
+    FROM fingerprints WHERE upstream IN (SELECT upstream FROM ex) GROUP BY upstream
 )
 SELECT ex.run,
        coalesce(fp_run.stack, fp_up.stack, ex.marker),
@@ -263,20 +265,22 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     after it; and where derived attempts stood in causal order is not kept, so the episodes a new
     attempt can join could not be chained again without ordering the whole run anyway. `whole`: runs
     to derive whole in any case."""
-    pending = con.execute("SELECT run, episode FROM exchanges WHERE is_attempt AND turn_id IS NULL GROUP BY ALL").fetchall()
-    runs = sorted(set(runs) | {run for run, _ in pending})
+    pending = con.execute("SELECT run, episode, min(started_at), count(*) = count(started_at) FROM exchanges "
+                          "WHERE is_attempt AND turn_id IS NULL GROUP BY run, episode").fetchall()
+    runs = sorted(set(runs) | {run for run, *_ in pending})
     if not runs:
         return {"runs": [], "turns": 0, "episodes": 0, "in_part": [], "episodes_in_part": 0}
     new_episodes: dict[str, set[str]] = {}
-    for run, episode in pending:
+    for run, episode, *_ in pending:
         if episode is not None:
             new_episodes.setdefault(run, set()).add(episode)
-    untagged = {run for run, episode in pending if episode is None}
+    # per run with new untagged attempts: the earliest of them, or None if one has no start time
+    untagged = {run: since if timed else None for run, episode, since, timed in pending if episode is None}
     derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
-    sizes = _run_sizes(con, runs)
-    one_clock = [r for r in runs if r in derived and sizes.get(r, _NO_SIZE)[1] <= 1]
-    chainable = {r for (r,) in con.execute(_CHAINABLE_SQL, [[r for r in one_clock if r in untagged]]).fetchall()}
+    clocked = _several_clocks(con, runs)
+    one_clock = [r for r in runs if r in derived and r not in clocked]
     forced = set(whole)
+    chainable = {r for r in one_clock if r in untagged and r not in forced and _chainable(con, r, untagged[r])}
     partial = [r for r in one_clock if (r not in untagged or r in chainable) and r not in forced]
     whole = [r for r in runs if r not in partial]
     with gc_paused():
@@ -288,28 +292,43 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     return {"runs": runs, "turns": turns, "episodes": episodes, "in_part": partial, "episodes_in_part": in_part}
 
 
-# Of these runs (derived, one clock, with new untagged attempts), those whose new untagged attempts all
-# come after every derived one in clock order (a tie in started_at is left to the whole derive), with
-# their episodes' keys in episode_keys (a run derived before it existed has none).
+# Whether a run's new untagged attempts, the earliest starting at $since, all come after every derived
+# one in clock order (a tie in started_at, or a derived attempt without one, is left to the whole
+# derive), with its episodes' keys in episode_keys (a run derived before it existed has none).
+# Bounded by $since, the scan skips the row groups of the older attempts: it follows the new data.
 _CHAINABLE_SQL = """
-SELECT run FROM exchanges
-WHERE is_attempt AND episode IS NULL AND run IN (SELECT unnest(?::VARCHAR[]))
-GROUP BY run
-HAVING count(*) = count(started_at)
-   AND coalesce(min(started_at) FILTER (WHERE turn_id IS NULL) > max(started_at) FILTER (WHERE turn_id IS NOT NULL), true)
-   AND (count(turn_id) = 0 OR run IN (SELECT run FROM episode_keys))
+SELECT NOT EXISTS (SELECT 1 FROM exchanges WHERE is_attempt AND episode IS NULL AND run = $run AND turn_id IS NOT NULL
+                   AND (started_at >= $since OR started_at IS NULL))
+   AND (NOT EXISTS (SELECT 1 FROM exchanges WHERE is_attempt AND episode IS NULL AND run = $run AND turn_id IS NOT NULL)
+        OR EXISTS (SELECT 1 FROM episode_keys WHERE run = $run))
 """
+
+
+def _chainable(con, run: str, since) -> bool:
+    """Whether _derive_conversations may chain this run's new untagged attempts (`since`: the
+    earliest one's start, None if one has none)."""
+    return since is not None and con.execute(_CHAINABLE_SQL, {"run": run, "since": since}).fetchone()[0]
+
+
 # The episodes of a run whose turns were given one of these keys.
 _NAMED_SQL = ("SELECT DISTINCT episode_key FROM episode_keys "
               "WHERE run = $run AND key IN (SELECT unnest($keys::VARCHAR[])) ORDER BY episode_key")
-_TURNS_OF = "SELECT turn_id FROM turns WHERE run = $run AND episode_key IN (SELECT unnest($episodes::VARCHAR[]))"
-# A run's new untagged attempts and every attempt of these of its episodes, in clock order.
-_CONVERSATION_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IS NULL "
-                              f"AND (turn_id IS NULL OR turn_id IN ({_TURNS_OF})) ORDER BY run, started_at, id")
-# Where each attempt of these episodes is: its episode's name and its turn (build_episodes' `placed`).
-_PLACED_SQL = (f"SELECT x.id, e.episode, x.turn_id FROM exchanges x JOIN turns t ON t.turn_id = x.turn_id "
-               f"JOIN episodes e ON e.episode_key = t.episode_key "
-               f"WHERE x.is_attempt AND x.turn_id IN ({_TURNS_OF})")
+# The turns of these episodes of a run. Every bound here ($first and $last: the least and greatest of
+# the episode keys, $lo and $hi: of their turn ids) leaves the rows as they are and lets DuckDB skip
+# the row groups outside it: keys and turn ids are attempt ids, minted in time order
+# (record.model.new_id), so the episodes new attempts join lie in the run's last row groups.
+_TURNS_OF_SQL = ("SELECT turn_id FROM turns WHERE run = $run AND episode_key BETWEEN $first AND $last "
+                 "AND episode_key IN (SELECT unnest($episodes::VARCHAR[]))")
+# A run's new untagged attempts and every attempt of these turns, in clock order; none starts before
+# $since (the earliest of them).
+_CONVERSATION_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IS NULL AND started_at >= $since "
+                              "AND (turn_id IS NULL OR turn_id IN (SELECT unnest($turns::VARCHAR[]))) ORDER BY run, started_at, id")
+# Where each attempt of these turns is: its episode's name and its turn (build_episodes' `placed`),
+# and when it started.
+_PLACED_SQL = ("SELECT x.id, e.episode, x.turn_id, x.started_at FROM exchanges x JOIN turns t ON t.turn_id = x.turn_id "
+               "JOIN episodes e ON e.episode_key = t.episode_key "
+               "WHERE x.is_attempt AND x.turn_id BETWEEN $lo AND $hi AND t.turn_id BETWEEN $lo AND $hi "
+               "AND x.turn_id IN (SELECT unnest($turns::VARCHAR[]))")
 
 
 def _derive_in_part(con, episodes: dict[str, set[str]], conversations: list[str]) -> int:
@@ -348,24 +367,30 @@ def _derive_conversations(con, run: str, rules: Sequence[ExpectationRule], total
     (whose keys include request_key of that state): chaining looks at no other turn, so only the
     episodes those keys name in episode_keys take part, their attempts placed where they were
     derived, and the result is what chaining the whole run gives."""
-    new = con.execute("SELECT parent_hashes, state_hash, prior_hash, prefix_links FROM exchanges "
+    new = con.execute("SELECT parent_hashes, state_hash, prior_hash, prefix_links, started_at FROM exchanges "
                       "WHERE is_attempt AND run = ? AND episode IS NULL AND turn_id IS NULL", [run]).fetchall()
     # A new request's links back are in the rows stored with it (keys.Prefixes), so among the new ones.
     links = link_map(row[3] for row in new)
     lookups: list[str] = []
-    for parents, state, prior, _ in new:
+    for parents, state, prior, *_ in new:
         lookups += parent_walk(parents or (), prior, links)
         if state:
             lookups.append(request_key(state))
     named = [k for (k,) in con.execute(_NAMED_SQL, {"run": run, "keys": lookups}).fetchall()]
-    params = {"run": run, "episodes": named}
-    placed = {x: (name, turn) for x, name, turn in con.execute(_PLACED_SQL, params).fetchall()}
-    cols = _columns(con.execute(_CONVERSATION_ATTEMPTS_SQL, params | {"clocks": []}).fetchnumpy())
+    turns = [t for (t,) in con.execute(_TURNS_OF_SQL, {"run": run, "episodes": named, "first": min(named, default=None),
+                                                        "last": max(named, default=None)}).fetchall()]
+    placed_rows = con.execute(_PLACED_SQL, {"turns": turns, "lo": min(turns, default=None),
+                                            "hi": max(turns, default=None)}).fetchall()
+    placed = {x: (name, turn) for x, name, turn, _ in placed_rows}
+    # every one has a start: the run is chainable (_CHAINABLE_SQL)
+    since = min(row[-1] for rows in (new, placed_rows) for row in rows)
+    cols = _columns(con.execute(_CONVERSATION_ATTEMPTS_SQL, {"run": run, "turns": turns, "clocks": [], "since": since}).fetchnumpy())
     chunks = list(_derived_chunks(cols, [run], [], rules, placed))
     # with the episodes their attempts start (an interrupted analyze may have left rows of those behind)
     keys = sorted(set(named).union(*(chunk[1]["episode_key"] for chunk in chunks)))
     for table in ("turns", "episodes", "episode_keys"):
-        con.execute(f"DELETE FROM {table} WHERE run = ? AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys])
+        con.execute(f"DELETE FROM {table} WHERE run = ? AND episode_key BETWEEN ? AND ? "
+                    "AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys[0], keys[-1], keys])
     for chunk in chunks:
         _stage(con, chunk, totals)
 
@@ -382,6 +407,17 @@ def _run_sizes(con, runs: list[str]) -> dict[str, tuple[int, int, int]]:
             con.execute(_RUN_SIZES_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall()}
 
 
+def _several_clocks(con, runs: list[str]) -> set[str]:
+    """The runs several replicas recorded. Every stored exchange's segment is in ingest_state (one
+    transaction stores both, prune deletes both), so when its segments name one replica no run has
+    more, and the runs' attempts need not be scanned: the usual store of one proxy."""
+    replicas = con.execute("SELECT count(DISTINCT regexp_extract(segment, ?, 1)) FROM ingest_state",
+                           [SEGMENT_REPLICA]).fetchone()[0]
+    if replicas <= 1:
+        return set()
+    return {run for run, (_, n, _) in _run_sizes(con, runs).items() if n > 1}
+
+
 def _stage(con, derived: tuple, totals: dict[str, int]) -> None:
     """Insert derived episodes and their conversation keys, and stage turn rows and the attempt ->
     turn map for _finish."""
@@ -393,12 +429,17 @@ def _stage(con, derived: tuple, totals: dict[str, int]) -> None:
 
 
 def _finish(con, runs: list[str]) -> None:
-    """The staged turns joined with their final attempts, every attempt pointed at its turn, and the runs' rows."""
-    con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION})
-    con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id",
-                {"v": ANALYZER_VERSION})
-    con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id",
-                {"v": ANALYZER_VERSION})
+    """The staged turns joined with their final attempts, every attempt pointed at its turn, and the runs' rows.
+
+    The staged attempts' ids bound the scans of exchanges and calls (the same rows whatever the
+    ids): the proxy mints them in time order (record.model.new_id), so when a few episodes were
+    derived DuckDB skips the row groups of the rest of the run."""
+    lo, hi = con.execute("SELECT min(id), max(id) FROM _turn_map").fetchone()
+    con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION, "lo": lo, "hi": hi})
+    con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id "
+                "AND exchanges.id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
+    con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id "
+                "AND calls.exchange_id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
     con.execute("DELETE FROM _turn_map")
     con.execute("DELETE FROM _turn_rows")
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])

@@ -248,3 +248,22 @@ def test_attempts_an_interrupted_analyze_left_underived_are_derived_by_the_next(
     assert "new exchanges: 0" in out and "runs re-derived: 2 ((untagged), vllm-hermes)" in out
     assert "derived in part: 2 of those runs" in out
     assert_same_as_fresh(data, tmp_path / "fresh")
+
+
+def test_an_untagged_run_whose_new_records_repeat_stored_ones_is_derived_whole(untagged: list[Path], tmp_path: Path):
+    """A segment that begins with copies of stored records (a replica's re-send, a copied file):
+    the copies are dropped, but the new requests after them resumed their walks and stored only
+    the links back they add, so an in-part derive, which reads the links of the new rows alone,
+    would miss the conversations they continue; the run is derived whole, as a fresh analyze does."""
+    data = tmp_path / "data"
+    deliver(data, untagged[:3])
+    analyze(data)
+    copies = untagged[2].read_bytes().splitlines(keepends=True)[-30:]
+    (data / SEGMENT_DIR / untagged[3].name).write_bytes(b"".join(copies) + untagged[3].read_bytes())
+    out = analyze(data)
+    assert "duplicates skipped: 30" in out
+    assert "derived in part" not in out
+    assert_same_as_fresh(data, tmp_path / "a")
+    deliver(data, untagged[4:5])
+    episodes_in_part(analyze(data), 1)
+    assert_same_as_fresh(data, tmp_path / "b")
