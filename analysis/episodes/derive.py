@@ -516,7 +516,7 @@ def _derived_chunks(cols: list[Sequence], runs: list[str], clocks: list[str], ru
             start = end
     clocked = set(clocks)
     categories: dict[tuple, str | None] = {}  # category_of(item, tag), which repeats along an episode
-    chunk = _Chunk()
+    chunk = _DerivedRows()
     for run in runs:
         start, end = spans.get(run, (0, 0))
         episodes = build_episodes(run, attempts[start:end], one_clock=run not in clocked, placed=placed)
@@ -527,7 +527,7 @@ def _derived_chunks(cols: list[Sequence], runs: list[str], clocks: list[str], ru
             chunk.add(run, ep, rules, categories)
             if len(chunk.turn_rows) >= _CHUNK_TURNS:
                 yield chunk.rows()
-                chunk = _Chunk()
+                chunk = _DerivedRows()
     if chunk.turn_rows or chunk.episode_rows:
         yield chunk.rows()
 
@@ -536,7 +536,7 @@ def _derived_chunks(cols: list[Sequence], runs: list[str], clocks: list[str], ru
 _CHUNK_TURNS = 20_000
 
 
-class _Chunk:
+class _DerivedRows:
     """Derived rows of some episodes, gathered to be staged together."""
 
     def __init__(self) -> None:
