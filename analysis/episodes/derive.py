@@ -474,24 +474,15 @@ def _rejudge_loops(con, runs: list[str]) -> None:
 # episodes are grouped, so this is most of what an attempt costs in memory.
 _REPEATING = frozenset(("run", "episode", "item", "category", "condition", "outcome", "sub_kind", "tags"))
 _ATTEMPT_COLUMNS = ["run", *(f.name for f in dataclasses.fields(Attempt))]
-# Conversation keys: a request names (parent_hashes, prior_hash, prefix_links) the keys earlier
-# attempts were given (chain_hash, reply_keys, state_hash), so each is held once (about 8 distinct
-# keys per attempt of an untagged run, each of them named again; 12% of what its attempts held).
-_KEYS = frozenset(("state_hash", "chain_hash", "prior_hash"))
-
-
 def _columns(arrays: dict) -> list[Sequence]:
     """_ATTEMPTS_SQL's result as lists, each array let go once converted, the key lists split."""
     out = []
-    keys: dict[str, str] = {}
     for k, (name, column) in enumerate(zip(_ATTEMPT_COLUMNS, list(arrays), strict=True)):
         values = arrays.pop(column).tolist()
         if name in _REPEATING:
             values = share_strings(values)
         elif k in _KEY_LISTS:
-            values = [[] if v is None else [keys.setdefault(x, x) for x in v.split()] for v in values]
-        elif name in _KEYS:
-            values = [v if v is None else keys.setdefault(v, v) for v in values]
+            values = [[] if v is None else v.split() for v in values]
         out.append(values)
     return out
 
