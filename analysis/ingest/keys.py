@@ -62,12 +62,18 @@ def _canon(role: Any, text: str, calls: list) -> bytes:
     return orjson.dumps([role, text, calls], option=orjson.OPT_SORT_KEYS)
 
 
+def _named(value: Any, names: frozenset[str]) -> bool:
+    """`value in names` for a value the request wrote: a role or part type may be any JSON (a list
+    is not hashable, so `in` on a set would raise and the exchange be set aside)."""
+    return type(value) is str and value in names
+
+
 def _is_tool_result(role: Any, content: Any, text: str) -> bool:
     """Whether a message (its role, content and _text of it) returns a tool's result to the
     model, in any of the ways harnesses write it."""
-    if role in _RESULT_ROLES:
+    if _named(role, _RESULT_ROLES):
         return True
-    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") in _RESULT_PARTS for p in content):
+    if isinstance(content, list) and any(isinstance(p, dict) and _named(p.get("type"), _RESULT_PARTS) for p in content):
         return True
     return role == "user" and "Observation:" in text and _OBSERVATION.search(text) is not None
 
@@ -220,7 +226,7 @@ def thread_key(messages: Sequence[Any]) -> str | None:
     without such a message (system messages only) names keys of conversations that start with its
     reply instead, so a run holding one is grouped whole."""
     for m in messages:
-        if isinstance(m, dict) and (role := m.get("role")) not in _SYSTEM_ROLES:
+        if isinstance(m, dict) and not _named(role := m.get("role"), _SYSTEM_ROLES):
             content = m.get("content")
             text = content.strip() if type(content) is str else _text(content)
             calls = _message_calls(m) if m.get("tool_calls") else []
@@ -294,7 +300,7 @@ def _walk(messages: Sequence[Any], start: int, state: _State) -> _State:
                 block, block_calls, block_ids, block_prefix, block_tail = [], [], [], running.copy(), tail.hexdigest()
             canon = _canon(role, text, calls)
             update(canon)
-            leading = leading and role in _SYSTEM_ROLES
+            leading = leading and _named(role, _SYSTEM_ROLES)
             if not leading:
                 tail.update(canon)
             if role == "assistant":

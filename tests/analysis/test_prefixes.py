@@ -63,6 +63,11 @@ CASES = {
         _conversation(3, lambda i: '{"n": 1}')[2], _conversation(4, lambda i: '{ "n" : 1 }')[3]],
     "messages that are not objects": [[SYSTEM, "stray", TASK], [SYSTEM, "stray", TASK, _call(0, "{}"), 7]],
     "one message, then none": [[SYSTEM], [], [SYSTEM]],
+    # what a request writes as a role or a part type may be any JSON, a list too (not hashable)
+    "roles and part types that are not strings": [
+        [{"role": [1], "content": "x"}, {"role": {"a": 1}, "content": [{"type": ["tool_result"], "text": "t"}]}],
+        [{"role": [1], "content": "x"}, {"role": {"a": 1}, "content": [{"type": ["tool_result"], "text": "t"}]},
+         {"role": ["assistant"], "content": "y"}, {"role": "tool", "content": [{"type": {"x": 1}}]}]],
     "the system prompt swapped at the end": (
         lambda c: c + [[{"role": "system", "content": "Summarise."}, *c[-1][1:]]])(_conversation(4)),
     "prose replies and text observations": [

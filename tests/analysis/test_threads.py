@@ -38,6 +38,10 @@ def test_the_thread_is_the_first_message_after_the_system_ones(messages, same_as
     assert thread_key(messages) == thread_key(same_as) is not None
 
 
+def test_a_role_that_is_not_a_string_is_not_a_system_one():
+    assert thread_key([SYSTEM, {"role": ["system"], "content": "x"}]) == thread_key([{"role": ["system"], "content": "x"}])
+
+
 @pytest.mark.parametrize("messages", [[], [SYSTEM], ["stray", SYSTEM]])
 def test_a_conversation_of_system_messages_only_has_no_thread(messages):
     assert thread_key(messages) is None
