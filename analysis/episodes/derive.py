@@ -17,7 +17,7 @@ import orjson
 
 from toolproxy.analysis.episodes.build import build_episodes, category_of, episode_expectation
 from toolproxy.analysis.episodes.loops import rejudged
-from toolproxy.analysis.episodes.model import Attempt
+from toolproxy.analysis.episodes.model import Attempt, Episode
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
 from toolproxy.analysis.ingest.keys import link_map, parent_walk, request_key
 from toolproxy.analysis.measure.expectations import ExpectationRule
@@ -37,7 +37,7 @@ from toolproxy.record.writer import SEGMENT_REPLICA
 _BATCH_ATTEMPTS = 50_000
 
 # Per run: its attempts, how many replicas (hosts, so clocks) recorded them, from their segments'
-# names, and how many of its untagged attempts have conversation keys but no thread (see _parts).
+# names, and how many of its untagged attempts have conversation keys but no thread (see _batches).
 _RUN_SIZES_SQL = """
 SELECT run, sum(n), count(DISTINCT regexp_extract(segment, $pattern, 1)), sum(loose)
 FROM (SELECT run, segment, count(*) AS n,
@@ -70,9 +70,8 @@ _ATTEMPT_SELECT = """run, id, episode, item, json_extract_string(tags, '$.catego
        CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
             THEN array_to_string(coalesce(prefix_links, []), ' ') END"""
 _ATTEMPT_COLUMNS_SQL = f"SELECT {_ATTEMPT_SELECT}\nFROM exchanges\n"
-# The attempts of a batch: of whole runs and of parts of runs (run, a NUL, the part: _PART_SQL).
-_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND (run IN (SELECT unnest($runs::VARCHAR[])) "
-                 f"OR run || chr(0) || {_PART_SQL} IN (SELECT unnest($parts::VARCHAR[]))) ORDER BY run, started_at, id")
+# The attempts of runs that fit one batch (so whole, all their parts in it).
+_ATTEMPTS_SQL = _ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id"
 # Several batches: every batch's attempts sorted once into a temporary table (which spills under the
 # memory limit), each then read by its number: a query per batch would scan the runs' exchanges once
 # per batch, which is the square of the run.
@@ -187,13 +186,13 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
         con.execute(_BATCHED_SQL, {"whole": [run for whole, _, _ in batches for run in whole], "clocks": clocks})
     for b, (whole, parts, done) in enumerate(batches):
         split.update(run for run, _ in parts if run not in done)
+        in_batch = sorted(set(whole) | {run for run, _ in parts})
         if len(batches) > 1:
             result = con.execute(_BATCH_SQL, {"batch": b})
         else:
-            result = con.execute(_ATTEMPTS_SQL, {"runs": whole, "parts": [f"{run}\x00{part}" for run, part in parts],
-                                                 "clocks": clocks})
+            result = con.execute(_ATTEMPTS_SQL, {"runs": in_batch, "clocks": clocks})
         cols = _columns(result.fetchnumpy())
-        for chunk in _derived_chunks(cols, sorted(set(whole) | {run for run, _ in parts}), clocks, rules):
+        for chunk in _derived_chunks(cols, in_batch, clocks, rules):
             _stage(con, chunk, totals)
         if progress is not None:
             progress.advance(len(done))
@@ -470,10 +469,12 @@ def _rejudge_loops(con, runs: list[str]) -> None:
 
 
 # Attempt columns whose values repeat along a run (its name, an episode's tags, an outcome...):
-# one string object per distinct value instead of one per attempt (share_strings). A run is held whole while its
-# episodes are grouped, so this is most of what an attempt costs in memory.
+# one string object per distinct value instead of one per attempt (share_strings). A batch is held whole while
+# its episodes are grouped, so this is most of what an attempt costs in memory.
 _REPEATING = frozenset(("run", "episode", "item", "category", "condition", "outcome", "sub_kind", "tags"))
 _ATTEMPT_COLUMNS = ["run", *(f.name for f in dataclasses.fields(Attempt))]
+
+
 def _columns(arrays: dict) -> list[Sequence]:
     """_ATTEMPTS_SQL's result as lists, each array let go once converted, the key lists split."""
     out = []
@@ -537,7 +538,7 @@ class _DerivedRows:
         self.map_turn: list[str] = []
         self.keys: dict[str, list] = {"run": [], "episode_key": [], "key": []}
 
-    def add(self, run: str, ep, rules: Sequence[ExpectationRule], categories: dict[tuple, str | None]) -> None:
+    def add(self, run: str, ep: Episode, rules: Sequence[ExpectationRule], categories: dict[tuple, str | None]) -> None:
         tags, expect = episode_expectation(run, ep, rules)
         for i, (turn, facts) in enumerate(zip(ep.turns, turn_facts(ep.turns))):
             head = turn.attempts[0]

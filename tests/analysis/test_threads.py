@@ -96,7 +96,7 @@ def _apart_equals_whole(data: Path, monkeypatch) -> int:
     runs = sorted(r for (r,) in con.execute("SELECT DISTINCT run FROM exchanges WHERE run IS NOT NULL").fetchall())
     sizes = derive._run_sizes(con, runs)
     monkeypatch.setattr(derive, "_BATCH_ATTEMPTS", 1)
-    split = [r for r in runs if sizes[r][0] > 1 and sizes[r][1] <= 1 and not sizes[r][2]]
+    split = {run for _, parts, _ in derive._batches(con, runs, sizes) for run, _ in parts}
     derive.derive(con, runs)
     assert _tables(con) == whole
     monkeypatch.undo()
