@@ -1,7 +1,7 @@
 """Benchmark: a realistic synthetic data dir, then a timed `analyze` over it.
 
     python -m benchmarks.analyzer --exchanges 100000 [--mix agents|small|long|untagged|daily] [--rounds 3] [--more 1000]
-                                       [--floor] [--python OTHER_VENV/bin/python ...] [--dir DIR] [--keep]
+                                       [--floor] [--commands] [--python OTHER_VENV/bin/python ...] [--dir DIR] [--keep]
 
 The `agents` data dir (the default) has what real recordings have: multi-turn agent episodes
 whose message lists grow turn by turn, a ~2 KB tools array resent every turn, several stacks with
@@ -27,7 +27,9 @@ are printed: on a shared, noisy machine only side-by-side numbers compare.
 `--more N` holds the last N records back from the data dir and, after each fresh analyze, adds
 them as a new segment and times the re-analyze: what a periodic `analyze` costs as data arrives.
 `--floor` also times DuckDB's own `read_json` loading the same segments into a table (parsing
-only, no classification): the floor analyze's CPU per exchange is compared with.
+only, no classification): the floor analyze's CPU per exchange is compared with. `--commands` then
+times what users run on the analysed store, each as its own process under the same --memory-limit:
+`report`, `compare` of the two runs sharing the most items, and a first `export` in each Parquet layout.
 """
 
 from __future__ import annotations
@@ -52,30 +54,69 @@ GENERATORS = {"agents": generate, "small": generate_small, "long": generate_long
 
 
 def _analyze(python: str, data_dir: Path, args: argparse.Namespace, fresh: bool = True) -> tuple[float, float, float, str]:
-    """(wall s, CPU s, peak RSS MB, output) of `toolproxy analyze` as a user runs it (into a fresh
-    database unless not `fresh`), waited for by itself so the CPU and peak RSS are its own, its
-    workers included. It runs in the data dir so that a checkout in the current directory cannot
-    shadow the toolproxy that `python` has installed."""
+    """(wall s, CPU s, peak RSS MB, output) of `toolproxy analyze` as a user runs it, into a fresh
+    database unless not `fresh`."""
     db = default_db(data_dir)
     for stale in (db, db.with_name(db.name + ".wal")) if fresh else ():
         stale.unlink(missing_ok=True)
-    args_ = ["analyze", "--data", str(data_dir), "--batch-mb", str(args.batch_mb), "--memory-limit", args.memory_limit,
-             "--quiet"]
+    args_ = ["analyze", "--data", str(data_dir), "--batch-mb", str(args.batch_mb), "--quiet"]
     if args.workers is not None:
         args_ += ["--workers", str(args.workers)]
+    return _cli(python, data_dir, args.memory_limit, *args_)
+
+
+def _cli(python: str, data_dir: Path, memory_limit: str, *args: str) -> tuple[float, float, float, str]:
+    """(wall s, CPU s, peak RSS MB, output) of one toolproxy command, waited for by itself so the
+    CPU and peak RSS are its own, its workers included (peak RSS read by toolproxy.testing.peak:
+    wait4's would carry over this process's, which holds the corpus). It runs in the data dir so
+    that a checkout in the current directory cannot shadow the toolproxy that `python` has installed."""
     out_file = Path(tempfile.gettempdir()) / f"toolproxy-bench-peak-{os.getpid()}"
     t0 = time.perf_counter()
-    proc = subprocess.Popen(peak.command(python, out_file, *args_), cwd=data_dir, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(peak.command(python, out_file, *args, "--memory-limit", memory_limit), cwd=data_dir,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = proc.stdout.read().decode("utf-8", "replace")
     _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise SystemExit(f"analyze with {python} failed ({proc.returncode}):\n{out}")
+        raise SystemExit(f"`toolproxy {args[0]}` with {python} failed ({proc.returncode}):\n{out}")
     rss = peak.read_mb(out_file)
     out_file.unlink()
     return dt, usage.ru_utime + usage.ru_stime, rss, out
+
+
+_PAIRED_RUNS = """
+WITH items AS (SELECT DISTINCT run, item_key FROM episodes WHERE item_key IS NOT NULL)
+SELECT a.run, b.run FROM items a JOIN items b ON a.item_key = b.item_key AND a.run < b.run
+GROUP BY ALL ORDER BY count(*) DESC, 1, 2 LIMIT 1
+"""
+
+
+def _commands(python: str, data_dir: Path, memory_limit: str) -> list[tuple[str, float, float, float]]:
+    """(command, wall s, CPU s, peak RSS MB) of what a user runs on an analysed store: the report,
+    a paired comparison of the two runs sharing the most items (when two do), and a first Parquet
+    export into an empty directory in each layout."""
+    import duckdb
+
+    with duckdb.connect(str(default_db(data_dir)), read_only=True) as con:
+        paired = con.execute(_PAIRED_RUNS).fetchone()
+    out = data_dir / "bench-out"
+    steps = [("report", ["report", "--data", str(data_dir), "--format", "json", "-o", str(out / "report.json")])]
+    if paired:
+        steps.append((f"compare {paired[0]} {paired[1]}", ["compare", *paired, "--data", str(data_dir), "--format",
+                                                           "json", "-o", str(out / "compare.json")]))
+    steps += [(f"export --layout {layout}", ["export", "--data", str(data_dir), "--out", str(out / layout),
+                                             "--layout", layout, "--quiet"]) for layout in ("whole", "pieces")]
+    rows = []
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    try:
+        for name, cmd in steps:
+            dt, cpu, rss, _ = _cli(python, data_dir, memory_limit, *cmd)
+            rows.append((name, dt, cpu, rss))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return rows
 
 
 def _hold_back(data_dir: Path, n: int) -> bytes:
@@ -132,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-mb", type=float, default=8.0)
     ap.add_argument("--memory-limit", default="1GB", help="DuckDB memory limit, as for analyze")
     ap.add_argument("--workers", type=int, default=None, help="analysis processes (default: by data size)")
+    ap.add_argument("--commands", action="store_true",
+                    help="after the analyses, also time report, compare and export (both layouts) on the store")
     args = ap.parse_args(argv)
 
     data_dir = (args.dir or Path(tempfile.mkdtemp(prefix="toolproxy-bench-"))).resolve()
@@ -177,6 +220,14 @@ def main(argv: list[str] | None = None) -> None:
             more.write_bytes(held)  # the database holds them
         dt2, _, _, out2 = _analyze(pythons[0], data_dir, args, fresh=False)
         print(f"re-run: {out2.splitlines()[0]} ({dt2:.1f}s)")
+        for python in pythons if args.commands else ():
+            if python != pythons[0]:
+                _analyze(python, data_dir, args)  # its own store, as its own analyzer wrote it
+            rows = _commands(python, data_dir, args.memory_limit)
+            for name, dt, cpu, rss in rows:
+                print(f"{name} {python}: {dt:.2f}s wall, {cpu:.2f}s CPU, peak RSS {rss:.0f} MB")
+            if not any(name.startswith("compare") for name, *_ in rows):
+                print(f"compare {python}: not timed, no two runs share an item")
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(data_dir, ignore_errors=True)
