@@ -27,7 +27,7 @@ from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.state import stored_rules
 from toolproxy.analysis.store.tables import EPISODE_KEYS, EPISODES, TURNS
 from toolproxy.calls.gcpause import gc_paused
-from toolproxy.record.writer import SEGMENT_REPLICA
+from toolproxy.record.segments import SEGMENT_REPLICA
 
 # One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a
 # query per run: a run's query scans the whole table, and building rows out of it is per-row work.
