@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from toolproxy.analysis.store.connection import default_db
+from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.testing.corpus import generate, generate_untagged
 
@@ -266,4 +267,62 @@ def test_an_untagged_run_whose_new_records_repeat_stored_ones_is_derived_whole(u
     assert_same_as_fresh(data, tmp_path / "a")
     deliver(data, untagged[4:5])
     episodes_in_part(analyze(data), 1)
+    assert_same_as_fresh(data, tmp_path / "b")
+
+
+def responses_chain(conversations: int, turns: int) -> list[list[bytes]]:
+    """Untagged Responses traffic, each request after the first chained to the one before by
+    `previous_response_id` (server-side state, the input only the new message): per turn, the
+    record lines of every conversation."""
+    lines: list[list[bytes]] = [[] for _ in range(turns)]
+    for c in range(conversations):
+        previous = None
+        for turn in range(turns):
+            body = {"model": "gpt-test", "input": f"conversation {c} turn {turn}"}
+            if previous:
+                body["previous_response_id"] = previous
+            previous = f"resp_{c}_{turn}"
+            reply = {"id": previous, "object": "response", "status": "completed", "model": "gpt-test",
+                     "output": [{"type": "message", "id": f"msg_{c}_{turn}", "role": "assistant", "status": "completed",
+                                 "content": [{"type": "output_text", "text": f"answer {c}.{turn}", "annotations": []}]}]}
+            t = 1764000000.0 + 10 * turn + c / 100
+            rec = Record(id=new_id(), started_at=t, upstream="http://127.0.0.1:8000", method="POST", path="/v1/responses",
+                         client_path="/v1/responses", status=200, client_status=200, response_complete=True)
+            req = orjson.dumps(body)
+            rec.request_headers = [["Content-Type", "application/json"]]
+            rec.request_body, rec.request_body_encoding = encode_body(req)
+            rec.request_body_size = len(req)
+            rec.response_headers = [["content-type", "application/json"]]
+            rec.response_body, rec.response_body_encoding = encode_body(orjson.dumps(reply))
+            rec.ttfb_ms = rec.duration_ms = 500.0
+            rec.ended_at = t + 0.5
+            lines[turn].append(orjson.dumps(rec))
+    return lines
+
+
+def test_responses_chained_by_id_across_analyses(tmp_path: Path):
+    """Requests continuing a stored response by id are linked to it when they arrive after it,
+    in part (only the exchanges stored since the last analyze are looked at), and when the
+    response arrives after the request that names it (a late segment), across the run."""
+    turns = responses_chain(4, 4)
+    data = tmp_path / "data"
+    (data / SEGMENT_DIR).mkdir(parents=True)
+
+    def write(name: str, *turn_numbers: int) -> None:
+        (data / SEGMENT_DIR / name).write_bytes(b"".join(line + b"\n" for k in turn_numbers for line in turns[k]))
+
+    write("20261129T000000-1-0001.jsonl", 0)
+    analyze(data)
+    write("20261129T000000-1-0002.jsonl", 1)
+    analyze(data)
+    con = duckdb.connect(str(default_db(data)), read_only=True)
+    linked = con.execute("SELECT count(*) FROM exchanges WHERE len(parent_hashes) > 0 "
+                         "AND record->>'previous_response_id' IS NOT NULL").fetchone()[0]
+    con.close()
+    assert linked == 4
+    assert_same_as_fresh(data, tmp_path / "a")
+    write("20261129T000000-1-0004.jsonl", 3)
+    analyze(data)
+    write("20261129T000000-1-0003.jsonl", 2)  # the responses turn 3 continues, after it
+    analyze(data)
     assert_same_as_fresh(data, tmp_path / "b")
