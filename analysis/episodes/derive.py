@@ -285,9 +285,9 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     with gc_paused():
         _derive(con, whole, None, progress)
         in_part = _derive_in_part(con, {r: new_episodes.get(r, set()) for r in partial}, sorted(chainable))
-    turns, episodes = con.execute(
-        "SELECT (SELECT count(*) FROM turns WHERE run IN (SELECT unnest($runs::VARCHAR[]))), "
-        "(SELECT count(*) FROM episodes WHERE run IN (SELECT unnest($runs::VARCHAR[])))", {"runs": runs}).fetchone()
+    # every one of the runs' rows was just made (_finish), counting them: their turns are not counted again
+    turns, episodes = con.execute("SELECT coalesce(sum(n_turns), 0), coalesce(sum(n_episodes), 0) FROM runs "
+                                  "WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchone()
     return {"runs": runs, "turns": turns, "episodes": episodes, "in_part": partial, "episodes_in_part": in_part}
 
 
