@@ -326,3 +326,58 @@ def test_responses_chained_by_id_across_analyses(tmp_path: Path):
     write("20261129T000000-1-0003.jsonl", 2)  # the responses turn 3 continues, after it
     analyze(data)
     assert_same_as_fresh(data, tmp_path / "b")
+
+
+def rewritten(src: Path, dst: Path, change) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(b"".join(orjson.dumps(change(orjson.loads(line))) + b"\n" for line in src.read_bytes().splitlines()))
+
+
+def other_model(rec: dict) -> dict:
+    for body in ("request_body", "response_body"):
+        if rec.get(body) and rec.get(f"{body}_encoding") == "utf8":
+            rec[body] = re.sub(r'"model":"[^"]*"', '"model":"other-model"', rec[body])
+    return dict(rec, condition="ablated")
+
+
+def test_runs_rows_follow_new_records(segments: list[Path], tmp_path: Path):
+    """A run's row (its exchanges' count and times, most common model, conditions) is brought up to
+    date from the new records where they are all new attempts, and aggregated over the run where
+    not: the most common model changes over the re-analyses, a condition is added, a record older
+    than its run's first arrives, an exchange that is not an attempt comes, and the tallies of a store
+    analysed before storage step 11 are missing."""
+    data = tmp_path / "data"
+    deliver(data, segments[:3])
+    analyze(data)
+    con = duckdb.connect(str(default_db(data)), read_only=True)
+    before = dict(con.execute("SELECT run, model FROM runs").fetchall())
+    con.close()
+    for k in (3, 4):
+        rewritten(segments[k], data / SEGMENT_DIR / segments[k].name, other_model)
+        analyze(data)
+        assert_same_as_fresh(data, tmp_path / str(k))
+    first = orjson.loads(segments[0].read_bytes().splitlines()[0])
+    older = dict(first, id=new_id(), started_at=first["started_at"] - 100, ended_at=first["ended_at"] - 100)
+    listing = dict(first, id=new_id(), method="GET", path="/v1/models", client_path="/v1/models", request_body=None,
+                   request_body_size=0, response_body='{"object":"list","data":[]}',
+                   response_headers=[["content-type", "application/json"]])
+    (data / SEGMENT_DIR / "20991231T000000-1-0001.jsonl").write_bytes(orjson.dumps(older) + b"\n")
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "older")
+    (data / SEGMENT_DIR / "20991231T000000-1-0002.jsonl").write_bytes(orjson.dumps(listing) + b"\n")
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "listing")
+    con = duckdb.connect(str(default_db(data)))
+    assert con.execute("SELECT count(*) FROM exchanges WHERE NOT is_attempt").fetchone()[0] == 1
+    con.execute("DELETE FROM run_tallies")
+    con.close()
+    for k in (5, 6):
+        rewritten(segments[k], data / SEGMENT_DIR / segments[k].name, other_model)
+        analyze(data)
+        assert_same_as_fresh(data, tmp_path / str(k))
+    con = duckdb.connect(str(default_db(data)), read_only=True)
+    after = dict(con.execute("SELECT run, model FROM runs").fetchall())
+    conditions = {c for (c,) in con.execute("SELECT DISTINCT condition FROM runs").fetchall()}
+    con.close()
+    assert any(after[run] == "other-model" != model for run, model in before.items())
+    assert "ablated,native" in conditions
