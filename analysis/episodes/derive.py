@@ -155,9 +155,10 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 # restricts them to the attempts without a turn yet (see _count_new).
 _TALLIED_SQL = """
 SELECT run, field, value, count(*) AS n
-FROM (SELECT run, unnest(['model', 'condition', 'marker', 'marker_version', 'upstream']) AS field,
+FROM (SELECT run, unnest(['model', 'condition', 'marker', 'marker_version', 'upstream', 'kind', 'sample_rate']) AS field,
              unnest([CASE WHEN is_attempt THEN model END, CASE WHEN is_attempt THEN condition END,
-                     stack_marker, stack_marker_version, upstream]) AS value
+                     stack_marker, stack_marker_version, upstream, kind,
+                     json_extract(record, '$.extra.sample.rate')::VARCHAR]) AS value
       FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND (NOT $only_new OR (is_attempt AND turn_id IS NULL)))
 WHERE value IS NOT NULL GROUP BY ALL
 """

@@ -381,3 +381,36 @@ def test_runs_rows_follow_new_records(segments: list[Path], tmp_path: Path):
     con.close()
     assert any(after[run] == "other-model" != model for run, model in before.items())
     assert "ablated,native" in conditions
+
+
+def sampled_line(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("sampled ("))
+
+
+def test_the_sampled_runs_line_after_re_analyses(segments: list[Path], tmp_path: Path):
+    """Runs recorded with --sample: analyze's line about them (the rate, the exchanges only a stub
+    stands for) after re-analyses, with and without new stubs, is a fresh analyze's."""
+    def sampled(rec: dict) -> dict:
+        return dict(rec, extra={"sample": {"rate": 0.5, "by": "episode"}})
+
+    def stubbed(rec: dict) -> dict:
+        rec = sampled(rec)
+        return dict(rec, kind="sampled_out", request_body=None, response_body=None, request_headers=[], response_headers=[])
+
+    data = tmp_path / "data"
+    for k in range(3):
+        rewritten(segments[k], data / SEGMENT_DIR / segments[k].name, sampled)
+    analyze(data)
+    lines = segments[3].read_bytes().splitlines(keepends=True)
+    stubs = segments[3].with_name("stubs-" + segments[3].name)
+    stubs.write_bytes(b"".join(lines[:5]))
+    rewritten(stubs, data / SEGMENT_DIR / segments[3].name, stubbed)
+    for k in (4, 5):
+        rewritten(segments[k], data / SEGMENT_DIR / segments[k].name, sampled)
+        out = analyze(data)
+        fresh = tmp_path / f"fresh{k}"
+        shutil.copytree(data / SEGMENT_DIR, fresh / SEGMENT_DIR)
+        assert sampled_line(out) == sampled_line(analyze(fresh))
+        assert sum(map(int, re.findall(r"(\d+) exchanges forwarded and not stored", sampled_line(out)))) == 5
+    assert "derived in part" in out
+    assert_same_as_fresh(data, tmp_path / "rows")
