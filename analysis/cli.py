@@ -15,11 +15,11 @@ from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPT
 from toolproxy.term.printable import printable
 
 # The runs just re-derived that were recorded with --sample (record/sampling.py): the rate, and
-# how many exchanges only a stub stands for.
+# how many exchanges only a stub stands for; from their tallies, which derive brought up to date.
 _SAMPLED_QUERY = """
-select run, min(try_cast(json_extract(record, '$.extra.sample.rate') as double)) as rate,
-       count(*) filter (where kind = 'sampled_out')
-from exchanges where run in (select unnest(?::varchar[])) group by run having rate < 1 order by run
+select run, min(try_cast(try_cast(value as json) as double)) filter (where field = 'sample_rate') as rate,
+       coalesce(sum(n) filter (where field = 'kind' and value = 'sampled_out'), 0)
+from run_tallies where run in (select unnest(?::varchar[])) group by run having rate < 1 order by run
 """
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from toolproxy.record.model import CLOCK_OFFSET_ENV, Record, new_id
 from toolproxy.record.segments import list_segments, read_records
-from toolproxy.record.writer import REFUSALS_STREAM, REPLICA_ENV, SEGMENT_REPLICA, SegmentWriter, replica_name
+from toolproxy.record.segments import REFUSALS_STREAM, SEGMENT_REPLICA
+from toolproxy.record.writer import REPLICA_ENV, SegmentWriter, replica_name
 
 
 @pytest.mark.parametrize("value, expected", [

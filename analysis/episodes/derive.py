@@ -27,7 +27,7 @@ from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.state import stored_rules
 from toolproxy.analysis.store.tables import EPISODE_KEYS, EPISODES, TURNS
 from toolproxy.calls.gcpause import gc_paused
-from toolproxy.record.writer import SEGMENT_REPLICA
+from toolproxy.record.segments import SEGMENT_REPLICA
 
 # One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a
 # query per run: a run's query scans the whole table, and building rows out of it is per-row work.
@@ -109,22 +109,29 @@ FROM (SELECT {", ".join(f"t.{n}" for n in _TURN_ROW)}, {", ".join(f"{sql} AS {n}
       FROM _turn_rows t JOIN exchanges e ON e.id = t.final_exchange_id WHERE e.id BETWEEN $lo AND $hi ORDER BY t.rowid)
 """
 assert set(_TURN_ROW) | set(_FROM_FINAL) | {"role", "analyzer_version"} == set(TURNS.names)
-# The runs' rows. Their stack is the latest fingerprint's of the run, else of its upstream, read only
-# for these runs and upstreams: the fingerprints of every run would be aggregated on each re-analyze.
+# Per run of $runs, its exchanges' count and times (aggregated for the runs of $whole; _run_totals holds the
+# others', which a re-analyze counted in part, _count_new), its most common model, marker and upstream (the greatest count, then the
+# least value, from run_tallies) and its conditions. Its stack is the latest fingerprint's of the run, else
+# of its upstream, read only for these runs and upstreams: the fingerprints of every run would be
+# aggregated on each re-analyze.
 _RUNS_SQL = """
 INSERT INTO runs
-WITH ex AS (
-    SELECT run,
-           count(*) AS n_exchanges,
-           min(started_at) AS first_seen,
-           max(coalesce(ended_at, started_at)) AS last_seen,
-           mode(model) FILTER (WHERE is_attempt) AS model,
-           string_agg(DISTINCT condition, ',' ORDER BY condition) FILTER (WHERE is_attempt) AS condition,
-           mode(stack_marker) AS marker,
-           mode(stack_marker_version) AS marker_version,
-           mode(upstream) AS upstream
-    FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
+WITH totals AS (
+    SELECT * FROM _run_totals
+    UNION ALL
+    SELECT run, count(*), min(started_at), max(coalesce(ended_at, started_at))
+    FROM exchanges WHERE run IN (SELECT unnest($whole::VARCHAR[])) GROUP BY run
 ),
+modes AS (
+    SELECT run,
+           first(value ORDER BY n DESC, value) FILTER (WHERE field = 'model') AS model,
+           string_agg(value, ',' ORDER BY value) FILTER (WHERE field = 'condition') AS condition,
+           first(value ORDER BY n DESC, value) FILTER (WHERE field = 'marker') AS marker,
+           first(value ORDER BY n DESC, value) FILTER (WHERE field = 'marker_version') AS marker_version,
+           first(value ORDER BY n DESC, value) FILTER (WHERE field = 'upstream') AS upstream
+    FROM run_tallies WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
+),
+ex AS (SELECT totals.*, modes.* EXCLUDE (run) FROM totals LEFT JOIN modes USING (run)),
 fp_run AS (
     SELECT run, arg_max(stack, recorded_at) AS stack, arg_max(stack_version, recorded_at) AS version
     FROM fingerprints WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run
@@ -143,6 +150,31 @@ SELECT ex.run,
        (SELECT count(*) FROM turns t WHERE t.run = ex.run),
        ex.first_seen, ex.last_seen, $version
 FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstream = ex.upstream
+"""
+# What run_tallies counts of each exchange of $runs: (field, value) pairs, NULLs left out; $only_new
+# restricts them to the attempts without a turn yet (see _count_new).
+_TALLIED_SQL = """
+SELECT run, field, value, count(*) AS n
+FROM (SELECT run, unnest(['model', 'condition', 'marker', 'marker_version', 'upstream', 'kind', 'sample_rate']) AS field,
+             unnest([CASE WHEN is_attempt THEN model END, CASE WHEN is_attempt THEN condition END,
+                     stack_marker, stack_marker_version, upstream, kind,
+                     json_extract(record, '$.extra.sample.rate')::VARCHAR]) AS value
+      FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND (NOT $only_new OR (is_attempt AND turn_id IS NULL)))
+WHERE value IS NOT NULL GROUP BY ALL
+"""
+# The new count and times of each of $runs whose row counts all its exchanges but its attempts without a
+# turn (checked by count; then those are what is new), and that has tallies (a run derived before
+# storage step 11 has none).
+_NEW_TOTALS_SQL = """
+CREATE OR REPLACE TEMP TABLE _run_totals AS
+WITH new AS (SELECT run, count(*) AS n, min(started_at) AS first_seen, max(coalesce(ended_at, started_at)) AS last_seen
+             FROM exchanges WHERE is_attempt AND turn_id IS NULL AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run),
+     stored AS (SELECT run, count(*) AS n FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run)
+SELECT r.run, r.n_exchanges + coalesce(new.n, 0) AS n_exchanges, least(r.first_seen, new.first_seen) AS first_seen,
+       greatest(r.last_seen, new.last_seen) AS last_seen
+FROM runs r JOIN stored USING (run) LEFT JOIN new USING (run)
+WHERE r.run IN (SELECT unnest($runs::VARCHAR[])) AND stored.n = r.n_exchanges + coalesce(new.n, 0)
+  AND r.run IN (SELECT run FROM run_tallies)
 """
 
 
@@ -284,11 +316,30 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     whole = [r for r in runs if r not in partial]
     with gc_paused():
         _derive(con, whole, None, progress)
+        _count_new(con, partial)
         in_part = _derive_in_part(con, {r: new_episodes.get(r, set()) for r in partial}, sorted(chainable))
-    turns, episodes = con.execute(
-        "SELECT (SELECT count(*) FROM turns WHERE run IN (SELECT unnest($runs::VARCHAR[]))), "
-        "(SELECT count(*) FROM episodes WHERE run IN (SELECT unnest($runs::VARCHAR[])))", {"runs": runs}).fetchone()
+    # every one of the runs' rows was just made (_finish), counting them: their turns are not counted again
+    turns, episodes = con.execute("SELECT coalesce(sum(n_turns), 0), coalesce(sum(n_episodes), 0) FROM runs "
+                                  "WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchone()
     return {"runs": runs, "turns": turns, "episodes": episodes, "in_part": partial, "episodes_in_part": in_part}
+
+
+def _count_new(con, runs: list[str]) -> None:
+    """Add the runs' new attempts (without a turn yet) to their tallies and their stored rows' counts
+    and times (_run_totals), where those are all that is new (_NEW_TOTALS_SQL): their rows are then
+    made without aggregating the whole runs again (_finish, _RUNS_SQL). Before they are derived,
+    while the new attempts are the ones without a turn; DuckDB skips the row groups where every
+    attempt has one."""
+    if not runs:
+        return
+    con.execute(_NEW_TOTALS_SQL, {"runs": runs})
+    counted = {"runs": [r for (r,) in con.execute("SELECT run FROM _run_totals").fetchall()], "only_new": True}
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _new_tallies AS {_TALLIED_SQL}", counted)
+    con.execute("UPDATE run_tallies AS t SET n = t.n + d.n FROM _new_tallies d "
+                "WHERE t.run = d.run AND t.field = d.field AND t.value = d.value")
+    con.execute("INSERT INTO run_tallies SELECT * FROM _new_tallies d WHERE NOT EXISTS "
+                "(SELECT 1 FROM run_tallies t WHERE t.run = d.run AND t.field = d.field AND t.value = d.value)")
+    con.execute("DROP TABLE _new_tallies")
 
 
 # Whether a run's new untagged attempts, the earliest starting at $since, all come after every derived
@@ -428,7 +479,8 @@ def _stage(con, derived: tuple, totals: dict[str, int]) -> None:
 
 
 def _finish(con, runs: list[str]) -> None:
-    """The staged turns joined with their final attempts, every attempt pointed at its turn, and the runs' rows.
+    """The staged turns joined with their final attempts, every attempt pointed at its turn, and the runs' rows
+    (their tallies counted again over the run, but for the runs _count_new counted).
 
     The staged attempts' ids bound the scans of exchanges and calls (the same rows whatever the
     ids): the proxy mints them in time order (record.model.new_id), so when a few episodes were
@@ -441,8 +493,15 @@ def _finish(con, runs: list[str]) -> None:
                 "AND calls.exchange_id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
     con.execute("DELETE FROM _turn_map")
     con.execute("DELETE FROM _turn_rows")
+    con.execute("CREATE TEMP TABLE IF NOT EXISTS _run_totals (run VARCHAR, n_exchanges BIGINT, first_seen TIMESTAMP, "
+                "last_seen TIMESTAMP)")
+    whole = {"runs": [r for (r,) in con.execute("SELECT unnest($runs::VARCHAR[]) EXCEPT SELECT run FROM _run_totals",
+                                                {"runs": runs}).fetchall()], "only_new": False}
+    con.execute("DELETE FROM run_tallies WHERE run IN (SELECT unnest(?::VARCHAR[]))", [whole["runs"]])
+    con.execute(f"INSERT INTO run_tallies {_TALLIED_SQL}", whole)
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
-    con.execute(_RUNS_SQL, {"runs": runs, "version": ANALYZER_VERSION})
+    con.execute(_RUNS_SQL, {"runs": runs, "whole": whole["runs"], "version": ANALYZER_VERSION})
+    con.execute("DELETE FROM _run_totals")
 
 
 def _rejudge_loops(con, runs: list[str]) -> None:

@@ -386,23 +386,38 @@ class _StoredIds:
             self.ask_db, self.seen = True, set()
 
 
+# Whether exchanges of these runs stored since their last derive (no turn yet) answered with a response id.
+_NEW_RESPONSES_SQL = """
+SELECT EXISTS (SELECT 1 FROM exchanges WHERE run IN (SELECT unnest(?::VARCHAR[])) AND turn_id IS NULL
+               AND record->>'response_id' IS NOT NULL)
+"""
+
+
 def link_stored_responses(con, runs: set[str]) -> None:
     """Chain Responses requests to the stored response they name (`previous_response_id`): the
     earlier exchange's chain hash becomes this one's first parent, so episode reconstruction
-    follows server-side state as it follows a resent message list. Idempotent."""
+    follows server-side state as it follows a resent message list. Idempotent.
+
+    An exchange with a turn was linked, before it was derived, to every response stored by then;
+    so unless the exchanges stored since (those without a turn) answered with a response id, which
+    a derived request may name (a late segment), only they are linked. Bounded so, DuckDB skips
+    the row groups of derived attempts (no turn_id is NULL there) instead of reading every record
+    of the runs."""
     if not runs:
         return
+    runs_list = sorted(runs)
+    new_only = "" if con.execute(_NEW_RESPONSES_SQL, [runs_list]).fetchone()[0] else "AND e.turn_id IS NULL"
     con.execute(
-        """
+        f"""
         UPDATE exchanges AS e SET parent_hashes = list_prepend(p.chain_hash, coalesce(e.parent_hashes, []))
         FROM exchanges AS p
-        WHERE e.run IN (SELECT unnest(?::VARCHAR[]))
+        WHERE e.run IN (SELECT unnest(?::VARCHAR[])) {new_only}
           AND e.record->>'previous_response_id' IS NOT NULL
           AND p.record->>'response_id' = e.record->>'previous_response_id'
           AND p.chain_hash IS NOT NULL
           AND NOT list_contains(coalesce(e.parent_hashes, []), p.chain_hash)
         """,
-        [sorted(runs)],
+        [runs_list],
     )
 
 

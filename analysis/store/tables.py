@@ -105,6 +105,10 @@ INGEST_ISSUES = Table("ingest_issues", {
 ANALYZER_STATE = Table("analyzer_state", {"key": _V, "value": _J})
 # Per reconstructed episode, the keys later requests name its turns by (analysis.episodes.order.chain_keys).
 EPISODE_KEYS = Table("episode_keys", {"run": _V, "episode_key": _V, "key": _V})
+# Per run, field (model, condition, marker, marker_version, upstream, kind, sample_rate) and value: how many
+# of its exchanges (attempts, for model and condition) have it; its row's most common ones are read here
+# (derive._RUNS_SQL), and analyze's line about sampled runs.
+RUN_TALLIES = Table("run_tallies", {"run": _V, "field": _V, "value": _V, "n": _B})
 
 TABLES = [EXCHANGES, TOOL_SETS, TURNS, CALLS, EPISODES, RUNS, FINGERPRINTS, INGEST_STATE, INGEST_ISSUES, ANALYZER_STATE,
-          EPISODE_KEYS]
+          EPISODE_KEYS, RUN_TALLIES]

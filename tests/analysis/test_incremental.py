@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from toolproxy.analysis.store.connection import default_db
+from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.testing.corpus import generate, generate_untagged
 
@@ -267,3 +268,149 @@ def test_an_untagged_run_whose_new_records_repeat_stored_ones_is_derived_whole(u
     deliver(data, untagged[4:5])
     episodes_in_part(analyze(data), 1)
     assert_same_as_fresh(data, tmp_path / "b")
+
+
+def responses_chain(conversations: int, turns: int) -> list[list[bytes]]:
+    """Untagged Responses traffic, each request after the first chained to the one before by
+    `previous_response_id` (server-side state, the input only the new message): per turn, the
+    record lines of every conversation."""
+    lines: list[list[bytes]] = [[] for _ in range(turns)]
+    for c in range(conversations):
+        previous = None
+        for turn in range(turns):
+            body = {"model": "gpt-test", "input": f"conversation {c} turn {turn}"}
+            if previous:
+                body["previous_response_id"] = previous
+            previous = f"resp_{c}_{turn}"
+            reply = {"id": previous, "object": "response", "status": "completed", "model": "gpt-test",
+                     "output": [{"type": "message", "id": f"msg_{c}_{turn}", "role": "assistant", "status": "completed",
+                                 "content": [{"type": "output_text", "text": f"answer {c}.{turn}", "annotations": []}]}]}
+            t = 1764000000.0 + 10 * turn + c / 100
+            rec = Record(id=new_id(), started_at=t, upstream="http://127.0.0.1:8000", method="POST", path="/v1/responses",
+                         client_path="/v1/responses", status=200, client_status=200, response_complete=True)
+            req = orjson.dumps(body)
+            rec.request_headers = [["Content-Type", "application/json"]]
+            rec.request_body, rec.request_body_encoding = encode_body(req)
+            rec.request_body_size = len(req)
+            rec.response_headers = [["content-type", "application/json"]]
+            rec.response_body, rec.response_body_encoding = encode_body(orjson.dumps(reply))
+            rec.ttfb_ms = rec.duration_ms = 500.0
+            rec.ended_at = t + 0.5
+            lines[turn].append(orjson.dumps(rec))
+    return lines
+
+
+def test_responses_chained_by_id_across_analyses(tmp_path: Path):
+    """Requests continuing a stored response by id are linked to it when they arrive after it,
+    in part (only the exchanges stored since the last analyze are looked at), and when the
+    response arrives after the request that names it (a late segment), across the run."""
+    turns = responses_chain(4, 4)
+    data = tmp_path / "data"
+    (data / SEGMENT_DIR).mkdir(parents=True)
+
+    def write(name: str, *turn_numbers: int) -> None:
+        (data / SEGMENT_DIR / name).write_bytes(b"".join(line + b"\n" for k in turn_numbers for line in turns[k]))
+
+    write("20261129T000000-1-0001.jsonl", 0)
+    analyze(data)
+    write("20261129T000000-1-0002.jsonl", 1)
+    analyze(data)
+    con = duckdb.connect(str(default_db(data)), read_only=True)
+    linked = con.execute("SELECT count(*) FROM exchanges WHERE len(parent_hashes) > 0 "
+                         "AND record->>'previous_response_id' IS NOT NULL").fetchone()[0]
+    con.close()
+    assert linked == 4
+    assert_same_as_fresh(data, tmp_path / "a")
+    write("20261129T000000-1-0004.jsonl", 3)
+    analyze(data)
+    write("20261129T000000-1-0003.jsonl", 2)  # the responses turn 3 continues, after it
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "b")
+
+
+def rewritten(src: Path, dst: Path, change) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(b"".join(orjson.dumps(change(orjson.loads(line))) + b"\n" for line in src.read_bytes().splitlines()))
+
+
+def other_model(rec: dict) -> dict:
+    for body in ("request_body", "response_body"):
+        if rec.get(body) and rec.get(f"{body}_encoding") == "utf8":
+            rec[body] = re.sub(r'"model":"[^"]*"', '"model":"other-model"', rec[body])
+    return dict(rec, condition="ablated")
+
+
+def test_runs_rows_follow_new_records(segments: list[Path], tmp_path: Path):
+    """A run's row (its exchanges' count and times, most common model, conditions) is brought up to
+    date from the new records where they are all new attempts, and aggregated over the run where
+    not: the most common model changes over the re-analyses, a condition is added, a record older
+    than its run's first arrives, an exchange that is not an attempt comes, and the tallies of a store
+    analysed before storage step 11 are missing."""
+    data = tmp_path / "data"
+    deliver(data, segments[:3])
+    analyze(data)
+    con = duckdb.connect(str(default_db(data)), read_only=True)
+    before = dict(con.execute("SELECT run, model FROM runs").fetchall())
+    con.close()
+    for k in (3, 4):
+        rewritten(segments[k], data / SEGMENT_DIR / segments[k].name, other_model)
+        analyze(data)
+        assert_same_as_fresh(data, tmp_path / str(k))
+    first = orjson.loads(segments[0].read_bytes().splitlines()[0])
+    older = dict(first, id=new_id(), started_at=first["started_at"] - 100, ended_at=first["ended_at"] - 100)
+    listing = dict(first, id=new_id(), method="GET", path="/v1/models", client_path="/v1/models", request_body=None,
+                   request_body_size=0, response_body='{"object":"list","data":[]}',
+                   response_headers=[["content-type", "application/json"]])
+    (data / SEGMENT_DIR / "20991231T000000-1-0001.jsonl").write_bytes(orjson.dumps(older) + b"\n")
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "older")
+    (data / SEGMENT_DIR / "20991231T000000-1-0002.jsonl").write_bytes(orjson.dumps(listing) + b"\n")
+    analyze(data)
+    assert_same_as_fresh(data, tmp_path / "listing")
+    con = duckdb.connect(str(default_db(data)))
+    assert con.execute("SELECT count(*) FROM exchanges WHERE NOT is_attempt").fetchone()[0] == 1
+    con.execute("DELETE FROM run_tallies")
+    con.close()
+    for k in (5, 6):
+        rewritten(segments[k], data / SEGMENT_DIR / segments[k].name, other_model)
+        analyze(data)
+        assert_same_as_fresh(data, tmp_path / str(k))
+    con = duckdb.connect(str(default_db(data)), read_only=True)
+    after = dict(con.execute("SELECT run, model FROM runs").fetchall())
+    conditions = {c for (c,) in con.execute("SELECT DISTINCT condition FROM runs").fetchall()}
+    con.close()
+    assert any(after[run] == "other-model" != model for run, model in before.items())
+    assert "ablated,native" in conditions
+
+
+def sampled_line(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("sampled ("))
+
+
+def test_the_sampled_runs_line_after_re_analyses(segments: list[Path], tmp_path: Path):
+    """Runs recorded with --sample: analyze's line about them (the rate, the exchanges only a stub
+    stands for) after re-analyses, with and without new stubs, is a fresh analyze's."""
+    def sampled(rec: dict) -> dict:
+        return dict(rec, extra={"sample": {"rate": 0.5, "by": "episode"}})
+
+    def stubbed(rec: dict) -> dict:
+        rec = sampled(rec)
+        return dict(rec, kind="sampled_out", request_body=None, response_body=None, request_headers=[], response_headers=[])
+
+    data = tmp_path / "data"
+    for k in range(3):
+        rewritten(segments[k], data / SEGMENT_DIR / segments[k].name, sampled)
+    analyze(data)
+    lines = segments[3].read_bytes().splitlines(keepends=True)
+    stubs = segments[3].with_name("stubs-" + segments[3].name)
+    stubs.write_bytes(b"".join(lines[:5]))
+    rewritten(stubs, data / SEGMENT_DIR / segments[3].name, stubbed)
+    for k in (4, 5):
+        rewritten(segments[k], data / SEGMENT_DIR / segments[k].name, sampled)
+        out = analyze(data)
+        fresh = tmp_path / f"fresh{k}"
+        shutil.copytree(data / SEGMENT_DIR, fresh / SEGMENT_DIR)
+        assert sampled_line(out) == sampled_line(analyze(fresh))
+        assert sum(map(int, re.findall(r"(\d+) exchanges forwarded and not stored", sampled_line(out)))) == 5
+    assert "derived in part" in out
+    assert_same_as_fresh(data, tmp_path / "rows")

@@ -178,7 +178,7 @@ def test_migrations_are_recorded_and_rerun_safely(tmp_path):
     con = connect(tmp_path / "x.duckdb")
     con.close()
     con = connect(tmp_path / "x.duckdb")
-    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,), (10,)]
+    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,), (10,), (11,)]
     con.close()
 
 

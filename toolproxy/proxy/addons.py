@@ -32,7 +32,8 @@ from toolproxy.record.housekeeping import Housekeeper
 from toolproxy.record.masking import Masker, load_key, parse_rules
 from toolproxy.record.model import Record
 from toolproxy.record.sampling import SAMPLED_OUT, Sampler, load_sampler
-from toolproxy.record.writer import REFUSALS_STREAM, SegmentWriter
+from toolproxy.record.segments import REFUSALS_STREAM
+from toolproxy.record.writer import SegmentWriter
 
 
 class Part(Addon):

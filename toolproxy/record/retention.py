@@ -31,7 +31,7 @@ from typing import IO
 
 import orjson
 
-from toolproxy.record.writer import REFUSALS_STREAM, SEGMENT_DIR, SEGMENT_SUFFIX
+from toolproxy.record.segments import REFUSALS_STREAM, SEGMENT_DIR, SEGMENT_SUFFIX
 
 LEDGER = "pruned.jsonl"
 PRUNING_SUFFIX = ".pruned"

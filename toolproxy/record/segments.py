@@ -25,6 +25,13 @@ from toolproxy.record.chunks import BODY_FIELDS, ChunkError, ChunkSource, is_chu
 # only reads records never imports the writer.
 SEGMENT_DIR = "segments"
 SEGMENT_SUFFIX = ".jsonl"
+# A segment's name is `<UTC time>-<pid>-<sequence>-<replica>[.refused].jsonl`; this finds the replica
+# (group 1; no match in names written before replicas were named). Python's and DuckDB's syntax alike.
+SEGMENT_REPLICA = r"^[0-9]{8}T[0-9]{6}-[0-9]+-[0-9]+-(.+?)(?:\.refused)?\.jsonl$"
+# The stream of refused requests' records (proxy/refusals.py) has segments of its own, named like
+# the others with this before the suffix: a disk budget can then tell them apart and never prune
+# an exchange's record to make room for them.
+REFUSALS_STREAM = ".refused"
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,18 +53,11 @@ from toolproxy.record.model import Record, encode_record
 from toolproxy.record.segments import SEGMENT_DIR, SEGMENT_SUFFIX
 from toolproxy.record.spill import has_spilled, record_pieces
 
-# The stream of refused requests' records (proxy/refusals.py) has segments of its own, named like
-# the others with this before the suffix: a disk budget can then tell them apart and never prune
-# an exchange's record to make room for them.
-REFUSALS_STREAM = ".refused"
 # Names the writer in its segments' names (default: the host name). Proxies on several hosts may
 # share one data directory (a network volume) or sync theirs into one bucket: the process id alone
 # repeats across hosts (every container's proxy may be pid 1), the replica name does not.
 REPLICA_ENV = "TOOLPROXY_REPLICA"
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
-# A segment's name is `<UTC time>-<pid>-<sequence>-<replica>[.refused].jsonl`; this finds the replica
-# (group 1; no match in names written before replicas were named). Python's and DuckDB's syntax alike.
-SEGMENT_REPLICA = r"^[0-9]{8}T[0-9]{6}-[0-9]+-[0-9]+-(.+?)(?:\.refused)?\.jsonl$"
 # Records up to this many body characters are serialised on the event loop when submitted (a few
 # microseconds): the writer thread then holds the GIL only to join and write bytes, instead of
 # taking it from the loop for whole batches. Larger ones are serialised on the writer thread, so a
