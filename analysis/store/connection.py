@@ -158,8 +158,10 @@ def insert_columns(
     *,
     on_conflict: str = "",
     fitted: bool = False,
-) -> int:
-    """Bulk-insert column lists in one statement; returns the row count.
+    returning: str | None = None,
+) -> int | list:
+    """Bulk-insert column lists in one statement; returns the row count, or with `returning` (a
+    column) that column's values of the rows inserted, which `on_conflict` may have left out.
 
     DuckDB scans a dict of NumPy object arrays in place, which is ~2x faster than writing JSON
     lines for read_json and needs neither pandas nor pyarrow. Values are plain Python; `types`
@@ -176,7 +178,7 @@ def insert_columns(
     names = list(columns)
     n = len(columns[names[0]]) if names else 0
     if n == 0:
-        return 0
+        return [] if returning else 0
     arrays = {}
     for name in names:
         arr = np.empty(n, dtype=object)
@@ -198,9 +200,11 @@ def insert_columns(
     con.register(view, arrays)
     # Not in a `finally`: after a failed INSERT the transaction is aborted, unregistering fails
     # too, and that second error would hide the one that says what went wrong.
-    con.execute(f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(exprs)} FROM {view} {on_conflict}")
+    result = con.execute(f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(exprs)} FROM {view} {on_conflict}"
+                         f"{f' RETURNING {returning}' if returning else ''}")
+    inserted = [v for (v,) in result.fetchall()] if returning else n
     con.unregister(view)
-    return n
+    return inserted
 
 
 def _text_or_json(value):
