@@ -30,6 +30,7 @@ import duckdb
 
 from toolproxy.analysis.episodes.derive import derive_changes
 from toolproxy.analysis.ingest.records import CALL_TYPES, SET_ASIDE, Batch, _issue, analyze_range
+from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS
 from toolproxy.record.segments import batch_end, list_segments
 from toolproxy.term.progress import Progress
@@ -144,6 +145,7 @@ class Ingestor:
         # Per segment, the offset this transaction reached and the records it read: written to
         # ingest_state once, just before COMMIT (an upsert per batch cost ~4 ms).
         self.reached: dict[str, tuple[int, int]] = {}
+        self.stored = _StoredIds(con)
 
     def _pending_segments(self) -> list[tuple[Path, int]]:
         state = dict(self.con.execute("SELECT segment, byte_offset FROM ingest_state").fetchall())
@@ -258,20 +260,19 @@ class Ingestor:
             if batch.exchange_columns:
                 columns = batch.exchange_columns
                 ids = columns["id"]
-                # the primary key finds the ids stored already (a segment copied twice, a re-read range)
-                stored = set(EXCHANGES.insert(con, columns, fitted=True, on_conflict="ON CONFLICT DO NOTHING",  # by the worker
-                                              returning="id"))
-                s.new_exchanges += len(stored)
-                calls, runs = batch.calls, columns["run"]
-                if len(stored) < len(ids):
-                    s.duplicates += len(ids) - len(stored)
+                dup = self.stored.among(ids)
+                calls = batch.calls
+                if dup:
+                    s.duplicates += len(dup)
                     # a request after one of these may have left its links back to the stored copy
                     # (keys.Prefixes), which an in-part derive does not read
-                    self.whole_runs.update(r for r, x in zip(runs, ids) if x not in stored)
-                    runs = [r for r, x in zip(runs, ids) if x in stored]
-                    calls = [r for r in calls if r["exchange_id"] in stored]
+                    self.whole_runs.update(r for r, x in zip(columns["run"], ids) if x in dup)
+                    keep = [i for i, x in enumerate(ids) if x not in dup]
+                    columns = {k: [v[i] for i in keep] for k, v in columns.items()}
+                    calls = [r for r in calls if r["exchange_id"] not in dup]
+                s.new_exchanges += EXCHANGES.insert(con, columns, fitted=True)  # by the worker
                 CALLS.insert(con, {name: [r[name] for r in calls] for name in CALL_TYPES})
-                self.affected_runs.update(runs)
+                self.affected_runs.update(columns["run"])
             new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]
             if new_sets:
                 TOOL_SETS.insert(con, TOOL_SETS.columns_of([t._asdict() for t in new_sets]), on_conflict="ON CONFLICT DO NOTHING")
@@ -321,6 +322,7 @@ class Ingestor:
         self.con.execute("COMMIT")
         self.in_txn = False
         self.reached = {}
+        self.stored.committed()
 
     def _rollback(self) -> None:
         """Undo the open transaction, once: a failure inside _commit rolls back before _write's
@@ -348,6 +350,40 @@ def _one_thread(con) -> Iterator[None]:
             con.execute(f"SET threads = {int(threads)}")
         except duckdb.Error:  # refused in an aborted transaction: the error on its way out says more
             pass
+
+
+class _StoredIds:
+    """Which exchange ids of a batch are stored already (a segment copied twice, a re-read range):
+    those rows are skipped.
+
+    Asking the database scans the whole id column for every batch (~4 us an exchange at 100k rows,
+    growing with the table), so the ids this run stored are remembered in a set, which answers for
+    them. The database is asked only when it held exchanges before the run, or once the set has
+    grown past MAX_REMEMBERED at a commit (memory stays bounded; the database knows them all).
+    A failed transaction ends the run, so nothing remembered is ever rolled back.
+    """
+
+    MAX_REMEMBERED = 1_000_000
+
+    def __init__(self, con) -> None:
+        self.con = con
+        self.ask_db = con.execute("SELECT EXISTS (SELECT 1 FROM exchanges)").fetchall()[0][0]
+        self.seen: set[str] = set()
+
+    def among(self, ids: list[str]) -> set[str]:
+        """The ids (unique among themselves) stored already; the others count as stored from now on."""
+        if self.ask_db:
+            insert_columns(self.con, "_ids", {"id": ids}, {"id": "VARCHAR"})
+            dup = {r[0] for r in self.con.execute("SELECT id FROM _ids SEMI JOIN exchanges USING (id)").fetchall()}
+            self.con.execute("DELETE FROM _ids")
+        else:
+            dup = self.seen.intersection(ids)
+            self.seen.update(ids)
+        return dup
+
+    def committed(self) -> None:
+        if not self.ask_db and len(self.seen) > self.MAX_REMEMBERED:
+            self.ask_db, self.seen = True, set()
 
 
 # Whether exchanges of these runs stored since their last derive (no turn yet) answered with a response id.
@@ -392,5 +428,6 @@ def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: in
     workers: processes analysing batches in parallel; None picks by the amount of new data.
     progress: told the new bytes to read, then advanced by each batch written.
     """
+    con.execute("CREATE TEMP TABLE IF NOT EXISTS _ids (id VARCHAR)")
     return Ingestor(con, data_dir, batch_bytes=batch_bytes, workers=workers, progress=progress).run()
 

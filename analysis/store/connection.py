@@ -158,10 +158,8 @@ def insert_columns(
     *,
     on_conflict: str = "",
     fitted: bool = False,
-    returning: str | None = None,
-) -> int | list:
-    """Bulk-insert column lists in one statement; returns the row count, or with `returning` (a
-    column) that column's values of the rows inserted, which `on_conflict` may have left out.
+) -> int:
+    """Bulk-insert column lists in one statement; returns the row count.
 
     DuckDB scans a dict of NumPy object arrays in place, which is ~2x faster than writing JSON
     lines for read_json and needs neither pandas nor pyarrow. Values are plain Python; `types`
@@ -178,7 +176,7 @@ def insert_columns(
     names = list(columns)
     n = len(columns[names[0]]) if names else 0
     if n == 0:
-        return [] if returning else 0
+        return 0
     arrays = {}
     for name in names:
         arr = np.empty(n, dtype=object)
@@ -200,11 +198,9 @@ def insert_columns(
     con.register(view, arrays)
     # Not in a `finally`: after a failed INSERT the transaction is aborted, unregistering fails
     # too, and that second error would hide the one that says what went wrong.
-    result = con.execute(f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(exprs)} FROM {view} {on_conflict}"
-                         f"{f' RETURNING {returning}' if returning else ''}")
-    inserted = [v for (v,) in result.fetchall()] if returning else n
+    con.execute(f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(exprs)} FROM {view} {on_conflict}")
     con.unregister(view)
-    return inserted
+    return n
 
 
 def _text_or_json(value):

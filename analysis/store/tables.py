@@ -25,13 +25,12 @@ class Table:
         """Rows (dicts keyed by column name, every name present) transposed to column lists."""
         return {name: [row[name] for row in rows] for name in self.names}
 
-    def insert(self, con, columns: dict[str, list], *, on_conflict: str = "", fitted: bool = False,
-               returning: str | None = None) -> int | list:
-        """Insert column lists (any subset of the table's columns); returns the row count (see insert_columns)."""
+    def insert(self, con, columns: dict[str, list], *, on_conflict: str = "", fitted: bool = False) -> int:
+        """Insert column lists (any subset of the table's columns); returns the row count."""
         from toolproxy.analysis.store.connection import insert_columns
 
         return insert_columns(con, self.name, columns, {name: self.types[name] for name in columns},
-                              on_conflict=on_conflict, fitted=fitted, returning=returning)
+                              on_conflict=on_conflict, fitted=fitted)
 
     def add_columns(self, *names: str) -> str:
         """The SQL of a migration step that adds these declared columns to an existing table."""
