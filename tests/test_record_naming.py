@@ -14,8 +14,7 @@ import duckdb
 import pytest
 
 from toolproxy.record.model import CLOCK_OFFSET_ENV, Record, new_id
-from toolproxy.record.segments import list_segments, read_records
-from toolproxy.record.segments import REFUSALS_STREAM, SEGMENT_REPLICA
+from toolproxy.record.segments import REFUSALS_STREAM, SEGMENT_REPLICA, list_segments, read_records
 from toolproxy.record.writer import REPLICA_ENV, SegmentWriter, replica_name
 
 

@@ -495,12 +495,13 @@ def _finish(con, runs: list[str]) -> None:
     con.execute("DELETE FROM _turn_rows")
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _run_totals (run VARCHAR, n_exchanges BIGINT, first_seen TIMESTAMP, "
                 "last_seen TIMESTAMP)")
-    whole = {"runs": [r for (r,) in con.execute("SELECT unnest($runs::VARCHAR[]) EXCEPT SELECT run FROM _run_totals",
-                                                {"runs": runs}).fetchall()], "only_new": False}
-    con.execute("DELETE FROM run_tallies WHERE run IN (SELECT unnest(?::VARCHAR[]))", [whole["runs"]])
-    con.execute(f"INSERT INTO run_tallies {_TALLIED_SQL}", whole)
+    # the runs _count_new did not count are tallied and totalled over all their exchanges
+    aggregated = [r for (r,) in con.execute("SELECT unnest($runs::VARCHAR[]) EXCEPT SELECT run FROM _run_totals",
+                                            {"runs": runs}).fetchall()]
+    con.execute("DELETE FROM run_tallies WHERE run IN (SELECT unnest(?::VARCHAR[]))", [aggregated])
+    con.execute(f"INSERT INTO run_tallies {_TALLIED_SQL}", {"runs": aggregated, "only_new": False})
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
-    con.execute(_RUNS_SQL, {"runs": runs, "whole": whole["runs"], "version": ANALYZER_VERSION})
+    con.execute(_RUNS_SQL, {"runs": runs, "whole": aggregated, "version": ANALYZER_VERSION})
     con.execute("DELETE FROM _run_totals")
 
 
