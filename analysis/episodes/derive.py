@@ -24,7 +24,7 @@ from toolproxy.analysis.measure.expectations import ExpectationRule
 from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.columns import share_strings
 from toolproxy.analysis.store.connection import insert_columns
-from toolproxy.analysis.store.state import stored_rules
+from toolproxy.analysis.store.state import set_unfinished_runs, stored_rules, unfinished_runs
 from toolproxy.analysis.store.tables import EPISODE_KEYS, EPISODES, TURNS
 from toolproxy.calls.gcpause import gc_paused
 from toolproxy.record.segments import SEGMENT_REPLICA
@@ -178,21 +178,30 @@ WHERE r.run IN (SELECT unnest($runs::VARCHAR[])) AND stored.n = r.n_exchanges + 
 """
 
 
-def derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None = None, progress=None) -> dict[str, int]:
+def derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None = None, progress=None,
+           in_steps: bool = False) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
     `rules`: expectation rules (analysis.measure.expectations); None uses the ones stored with the analysis.
     `progress` (toolproxy.term.progress.Progress): told the number of runs, advanced per run.
+    `in_steps`: a derive of several batches commits the caller's open transaction after each and
+    begins another (see _derive); the caller then holds a transaction again when this returns.
 
     Python does only what is sequential (grouping attempts into turns and episodes, loops,
     expectations); statements run per batch of runs, not per run, and what a turn copies from its
     final attempt is joined in SQL.
     """
     with gc_paused():
-        return _derive(con, runs, rules, progress)
+        return _derive(con, runs, rules, progress, in_steps)
 
 
-def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, progress) -> dict[str, int]:
+def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, progress, in_steps: bool = False) -> dict[str, int]:
+    """derive(). In steps, the runs are first marked unfinished and their rows deleted, then each
+    batch's attempts are pointed at their turns, each followed by a commit: DuckDB holds a
+    transaction's updates in memory it cannot spill (about 140 bytes an attempt: 1,000,000 of them
+    did not fit --memory-limit 256MB in one transaction), and a commit lets them go. A crash
+    between steps leaves the runs marked (state.unfinished_runs) and without a row, so reports do
+    not show them half derived and the next derive_changes derives them whole."""
     if rules is None:
         rules = stored_rules(con)
     runs = sorted(set(runs))
@@ -200,15 +209,21 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
     if not runs:
         return totals
     _temp_tables(con)
-    con.execute("DELETE FROM turns WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
-    con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
-    con.execute("DELETE FROM episode_keys WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     sizes = _run_sizes(con, runs)
     clocks = [run for run in runs if sizes.get(run, _NO_SIZE)[1] > 1]
     if progress is not None:
         progress.total = len(runs)
     split: set[str] = set()  # runs derived over several batches
     batches = _batches(con, runs, sizes)
+    stepwise = in_steps and len(batches) > 1
+    if stepwise:
+        set_unfinished_runs(con, set(unfinished_runs(con)) | set(runs))
+        con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    con.execute("DELETE FROM turns WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    con.execute("DELETE FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    con.execute("DELETE FROM episode_keys WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
+    if stepwise:
+        _commit_step(con)
     if len(batches) > 1:
         con.execute("CREATE OR REPLACE TEMP TABLE _part_batch (prun VARCHAR, ppart VARCHAR, batch INTEGER)")
         rows = [(run, "", b) for b, (whole, _, _) in enumerate(batches) for run in whole]
@@ -226,6 +241,9 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
         cols = _columns(result.fetchnumpy())
         for chunk in _derived_chunks(cols, in_batch, clocks, rules):
             _stage(con, chunk, totals)
+        if stepwise:
+            _point_attempts(con)
+            _commit_step(con)
         if progress is not None:
             progress.advance(len(done))
     if len(batches) > 1:
@@ -234,7 +252,14 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
     if split:
         _rejudge_loops(con, sorted(split))  # each batch judged its episodes' lengths by its own median
     _finish(con, runs)
+    if (left := unfinished_runs(con)) and set(left) & set(runs):
+        set_unfinished_runs(con, set(left) - set(runs))
     return totals
+
+
+def _commit_step(con) -> None:
+    con.execute("COMMIT")
+    con.execute("BEGIN TRANSACTION")
 
 
 _NO_SIZE = (0, 0, 0)
@@ -274,7 +299,7 @@ def _batches(con, runs: list[str], sizes: dict[str, tuple[int, int, int]]) -> li
     return out
 
 
-def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str] = ()) -> dict:
+def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str] = (), in_steps: bool = False) -> dict:
     """Bring turns, episodes and runs rows up to date after an ingest added records to `runs`.
     Returns the runs derived (these and any with attempts left underived), the turns and episodes
     they hold, the runs derived in part (`in_part`) and how many of their episodes were derived
@@ -295,10 +320,12 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     continues, or a failed try before a derived answer, which moves that attempt and what chained
     after it; and where derived attempts stood in causal order is not kept, so the episodes a new
     attempt can join could not be chained again without ordering the whole run anyway. `whole`: runs
-    to derive whole in any case."""
+    to derive whole in any case, as are runs a derive in steps left unfinished. `in_steps`: as for
+    derive(), for the runs derived whole."""
     pending = con.execute("SELECT run, episode, min(started_at), count(*) = count(started_at) FROM exchanges "
                           "WHERE is_attempt AND turn_id IS NULL GROUP BY run, episode").fetchall()
-    runs = sorted(set(runs) | {run for run, *_ in pending})
+    unfinished = unfinished_runs(con)
+    runs = sorted(set(runs) | {run for run, *_ in pending} | set(unfinished))
     if not runs:
         return {"runs": [], "turns": 0, "episodes": 0, "in_part": [], "episodes_in_part": 0}
     new_episodes: dict[str, set[str]] = {}
@@ -310,12 +337,12 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
     clocked = _several_clocks(con, runs)
     one_clock = [r for r in runs if r in derived and r not in clocked]
-    forced = set(whole)
+    forced = set(whole) | set(unfinished)
     chainable = {r for r in one_clock if r in untagged and r not in forced and _chainable(con, r, untagged[r])}
     partial = [r for r in one_clock if (r not in untagged or r in chainable) and r not in forced]
     whole = [r for r in runs if r not in partial]
     with gc_paused():
-        _derive(con, whole, None, progress)
+        _derive(con, whole, None, progress, in_steps)
         _count_new(con, partial)
         in_part = _derive_in_part(con, {r: new_episodes.get(r, set()) for r in partial}, sorted(chainable))
     # every one of the runs' rows was just made (_finish), counting them: their turns are not counted again
@@ -446,8 +473,11 @@ def _derive_conversations(con, run: str, rules: Sequence[ExpectationRule], total
 
 
 def _temp_tables(con) -> None:
+    """Empty staging tables (a derive that failed after a step was committed leaves its staged rows)."""
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _turn_map (id VARCHAR, turn_id VARCHAR)")
     con.execute(f"CREATE TEMP TABLE IF NOT EXISTS _turn_rows ({', '.join(f'{n} {TURNS.types[n]}' for n in _TURN_ROW)})")
+    con.execute("DELETE FROM _turn_map")
+    con.execute("DELETE FROM _turn_rows")
 
 
 def _run_sizes(con, runs: list[str]) -> dict[str, tuple[int, int, int]]:
@@ -485,14 +515,10 @@ def _finish(con, runs: list[str]) -> None:
     The staged attempts' ids bound the scans of exchanges and calls (the same rows whatever the
     ids): the proxy mints them in time order (record.model.new_id), so when a few episodes were
     derived DuckDB skips the row groups of the rest of the run."""
-    lo, hi = con.execute("SELECT min(id), max(id) FROM _turn_map").fetchone()
+    lo, hi = con.execute("SELECT min(final_exchange_id), max(final_exchange_id) FROM _turn_rows").fetchone()
     con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION, "lo": lo, "hi": hi})
-    con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id "
-                "AND exchanges.id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
-    con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id "
-                "AND calls.exchange_id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
-    con.execute("DELETE FROM _turn_map")
     con.execute("DELETE FROM _turn_rows")
+    _point_attempts(con)
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _run_totals (run VARCHAR, n_exchanges BIGINT, first_seen TIMESTAMP, "
                 "last_seen TIMESTAMP)")
     # the runs _count_new did not count are tallied and totalled over all their exchanges
@@ -503,6 +529,18 @@ def _finish(con, runs: list[str]) -> None:
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute(_RUNS_SQL, {"runs": runs, "whole": aggregated, "version": ANALYZER_VERSION})
     con.execute("DELETE FROM _run_totals")
+
+
+def _point_attempts(con) -> None:
+    """Every staged attempt pointed at its turn (bounded by the staged ids, as in _finish)."""
+    lo, hi = con.execute("SELECT min(id), max(id) FROM _turn_map").fetchone()
+    if lo is None:
+        return
+    con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id "
+                "AND exchanges.id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
+    con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id "
+                "AND calls.exchange_id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
+    con.execute("DELETE FROM _turn_map")
 
 
 def _rejudge_loops(con, runs: list[str]) -> None:

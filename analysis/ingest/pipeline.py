@@ -222,7 +222,7 @@ class Ingestor:
         try:
             link_stored_responses(self.con, self.affected_runs)
             phase = self.progress.then("analyze: turns and episodes", unit="runs") if self.progress is not None else None
-            totals = derive_changes(self.con, self.affected_runs, progress=phase, whole=self.whole_runs)
+            totals = derive_changes(self.con, self.affected_runs, progress=phase, whole=self.whole_runs, in_steps=True)
             self.con.execute("COMMIT")
         except Exception:
             self.con.execute("ROLLBACK")

@@ -4,7 +4,8 @@ Which segments are gone is read from the data directory's prune ledger (record/r
 inferred from missing files: a database shared by several data directories, or a directory
 briefly unmounted, must not lose rows. Every exchange, call, fingerprint and ingest bookkeeping
 row of a pruned segment is deleted in one transaction, and the runs those exchanges belonged to
-are re-derived from the exchanges that remain. An episode that spanned the pruned segment and a
+are re-derived from the exchanges that remain (a run of several batches in steps, see
+episodes.derive; one a crash leaves half derived is derived whole by the next analyze). An episode that spanned the pruned segment and a
 kept one is rebuilt from its remaining turns: the result is exactly what a fresh `analyze` of the
 remaining segments derives, so prune-then-analyze and analyze-from-scratch agree.
 """
@@ -58,7 +59,7 @@ def forget_pruned(con, data_dir: str | Path, progress=None) -> dict[str, int]:
             con.execute(f"DELETE FROM {table} WHERE segment IN (SELECT segment FROM _gone)")
         # Tool schemas are recorded content too: those no remaining exchange offers go with them.
         con.execute("DELETE FROM tool_sets WHERE hash NOT IN (SELECT tool_set FROM exchanges WHERE tool_set IS NOT NULL)")
-        derive(con, runs, progress=progress)
+        derive(con, runs, progress=progress, in_steps=True)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")

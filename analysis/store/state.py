@@ -13,6 +13,7 @@ from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 
 _VERSION_KEY = "analyzer_version"
 _RULES_KEY = "expect_rules"
+_UNFINISHED_KEY = "unfinished_runs"
 
 
 def _state(con, key: str):
@@ -40,3 +41,16 @@ def save_state(con, rules: Sequence[ExpectationRule] | None) -> None:
     _set_state(con, _VERSION_KEY, ANALYZER_VERSION)
     if rules is not None:
         _set_state(con, _RULES_KEY, [str(r) for r in rules])
+
+
+def unfinished_runs(con) -> list[str]:
+    """Runs a derive in steps (episodes.derive) began and did not finish: their turns and
+    pointers may be half rebuilt, so the next derive rebuilds them whole."""
+    return _state(con, _UNFINISHED_KEY) or []
+
+
+def set_unfinished_runs(con, runs: Sequence[str]) -> None:
+    if runs:
+        _set_state(con, _UNFINISHED_KEY, sorted(set(runs)))
+    else:
+        con.execute("DELETE FROM analyzer_state WHERE key = ?", [_UNFINISHED_KEY])
