@@ -154,7 +154,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
 
     from toolproxy.analysis.store.connection import bodies_in_sql
 
-    con = _open(data_dir, db_path, read_only=True)
+    con = _open(data_dir, db_path, read_only=True, half_derived=True)
     try:
         with bodies_in_sql(con, data_dir):
             cur = con.execute(query)

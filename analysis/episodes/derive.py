@@ -201,7 +201,11 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
     transaction's updates in memory it cannot spill (about 140 bytes an attempt: 1,000,000 of them
     did not fit --memory-limit 256MB in one transaction), and a commit lets them go. A crash
     between steps leaves the runs marked (state.unfinished_runs) and without a row, so reports do
-    not show them half derived and the next derive_changes derives them whole."""
+    not show them half derived and the next derive_changes derives them whole. Each batch's turns
+    are inserted with its step too: joining a whole run's staged turns with their final attempts at
+    the end, sorted, did not fit 256MB at 1,000,000 turns either. That join then reads the final
+    attempts' columns of the run once per batch (about 0.1 s of CPU per 50,000 turns at 1,000,000
+    exchanges), not once in all."""
     if rules is None:
         rules = stored_rules(con)
     runs = sorted(set(runs))
@@ -242,6 +246,7 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
         for chunk in _derived_chunks(cols, in_batch, clocks, rules):
             _stage(con, chunk, totals)
         if stepwise:
+            _insert_turns(con)
             _point_attempts(con)
             _commit_step(con)
         if progress is not None:
@@ -515,9 +520,7 @@ def _finish(con, runs: list[str]) -> None:
     The staged attempts' ids bound the scans of exchanges and calls (the same rows whatever the
     ids): the proxy mints them in time order (record.model.new_id), so when a few episodes were
     derived DuckDB skips the row groups of the rest of the run."""
-    lo, hi = con.execute("SELECT min(final_exchange_id), max(final_exchange_id) FROM _turn_rows").fetchone()
-    con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION, "lo": lo, "hi": hi})
-    con.execute("DELETE FROM _turn_rows")
+    _insert_turns(con)
     _point_attempts(con)
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _run_totals (run VARCHAR, n_exchanges BIGINT, first_seen TIMESTAMP, "
                 "last_seen TIMESTAMP)")
@@ -529,6 +532,15 @@ def _finish(con, runs: list[str]) -> None:
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
     con.execute(_RUNS_SQL, {"runs": runs, "whole": aggregated, "version": ANALYZER_VERSION})
     con.execute("DELETE FROM _run_totals")
+
+
+def _insert_turns(con) -> None:
+    """The staged turns joined with their final attempts (bounded by their ids, as in _finish)."""
+    lo, hi = con.execute("SELECT min(final_exchange_id), max(final_exchange_id) FROM _turn_rows").fetchone()
+    if lo is None:
+        return
+    con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION, "lo": lo, "hi": hi})
+    con.execute("DELETE FROM _turn_rows")
 
 
 def _point_attempts(con) -> None:
