@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
+import numpy as np
 
 from toolproxy.analysis.episodes.derive import derive_changes
 from toolproxy.analysis.ingest.records import CALL_TYPES, SET_ASIDE, Batch, _issue, analyze_range
@@ -322,7 +323,6 @@ class Ingestor:
         self.con.execute("COMMIT")
         self.in_txn = False
         self.reached = {}
-        self.stored.committed()
 
     def _rollback(self) -> None:
         """Undo the open transaction, once: a failure inside _commit rolls back before _write's
@@ -356,34 +356,48 @@ class _StoredIds:
     """Which exchange ids of a batch are stored already (a segment copied twice, a re-read range):
     those rows are skipped.
 
-    Asking the database scans the whole id column for every batch (~4 us an exchange at 100k rows,
-    growing with the table), so the ids this run stored are remembered in a set, which answers for
-    them. The database is asked only when it held exchanges before the run, or once the set has
-    grown past MAX_REMEMBERED at a commit (memory stays bounded; the database knows them all).
-    A failed transaction ends the run, so nothing remembered is ever rolled back.
+    Asking the database scans the id column for every batch; bounded by the batch's least and
+    greatest id it skips the row groups outside them (ids are minted in time order, so a batch of
+    new records overlaps few stored ones), but a fresh analyze would still scan what it stored this
+    run. So the ids this run stored are remembered: the latest in a set, older ones folded into a
+    sorted array of their hashes, 8 bytes an id (as strings in a set, 1M ids held ~100 MB). An id
+    whose hash is among those may be stored; only those few are asked of the database, which holds
+    every id this run stored. The database is asked about every id only when it held exchanges
+    before the run. A failed transaction ends the run, so nothing remembered is ever rolled back.
     """
 
-    MAX_REMEMBERED = 1_000_000
+    FOLD = 65_536  # ids kept as strings before the oldest are folded into hashes, at least
 
     def __init__(self, con) -> None:
         self.con = con
         self.ask_db = con.execute("SELECT EXISTS (SELECT 1 FROM exchanges)").fetchall()[0][0]
-        self.seen: set[str] = set()
+        self.recent: set[str] = set()
+        self.hashes = np.empty(0, dtype=np.int64)
 
     def among(self, ids: list[str]) -> set[str]:
         """The ids (unique among themselves) stored already; the others count as stored from now on."""
         if self.ask_db:
-            insert_columns(self.con, "_ids", {"id": ids}, {"id": "VARCHAR"})
-            dup = {r[0] for r in self.con.execute("SELECT id FROM _ids SEMI JOIN exchanges USING (id)").fetchall()}
-            self.con.execute("DELETE FROM _ids")
-        else:
-            dup = self.seen.intersection(ids)
-            self.seen.update(ids)
+            return self._in_db(ids)
+        dup = self.recent.intersection(ids)
+        if len(self.hashes):
+            h = np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids))
+            at = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
+            maybe = [ids[i] for i in np.flatnonzero(self.hashes[at] == h)]
+            if maybe:
+                dup |= self._in_db(maybe)
+        self.recent.update(ids)
+        if len(self.recent) > max(self.FOLD, len(self.hashes) // 8):
+            folded = np.fromiter(map(hash, self.recent), dtype=np.int64, count=len(self.recent))
+            self.hashes = np.sort(np.concatenate([self.hashes, folded]))
+            self.recent = set()
         return dup
 
-    def committed(self) -> None:
-        if not self.ask_db and len(self.seen) > self.MAX_REMEMBERED:
-            self.ask_db, self.seen = True, set()
+    def _in_db(self, ids: list[str]) -> set[str]:
+        insert_columns(self.con, "_ids", {"id": ids}, {"id": "VARCHAR"})
+        dup = {r[0] for r in self.con.execute("SELECT id FROM _ids WHERE id IN (SELECT id FROM exchanges WHERE id BETWEEN ? AND ?)",
+                                              [min(ids), max(ids)]).fetchall()}
+        self.con.execute("DELETE FROM _ids")
+        return dup
 
 
 # Whether exchanges of these runs stored since their last derive (no turn yet) answered with a response id.

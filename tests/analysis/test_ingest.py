@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from toolproxy.analysis.ingest import pipeline
 from toolproxy.analysis.ingest.pipeline import ingest
 from toolproxy.analysis.lifecycle.reanalyze import rebuild
 from toolproxy.analysis.store.connection import connect, default_db, bodies_in_sql
@@ -128,6 +129,22 @@ def test_copied_segment_adds_nothing_and_unknown_kinds_are_reported(tmp_path, db
     assert (s.new_exchanges, s.duplicates) == (1, 2)
     assert con.execute("SELECT count(*), count(DISTINCT id) FROM exchanges").fetchall() == [(3, 3)]
 
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["hashes", "every hash the same"])
+def test_a_copy_of_records_stored_long_before_in_the_same_run_is_found(tmp_path, db, monkeypatch, collide):
+    """A fresh analyze remembers the ids it stored, the older ones as hashes only (_StoredIds.FOLD):
+    a copy met after they were folded is still skipped, and a record whose hash matches a stored
+    one's but whose id does not is stored (the database has the last word)."""
+    monkeypatch.setattr(pipeline._StoredIds, "FOLD", 4)
+    if collide:
+        monkeypatch.setattr(pipeline, "hash", lambda _: 7, raising=False)
+    recs = [exchange(episode=str(n)) for n in range(40)]
+    write(tmp_path, "a.jsonl", recs[:30])
+    write(tmp_path, "b.jsonl", recs[30:] + recs[:3] + recs[25:28])
+    s, con = db(batch_bytes=1)  # a batch per record: the first ones are folded long before their copies
+    assert (s.new_exchanges, s.duplicates) == (40, 6)
+    assert con.execute("SELECT count(*), count(DISTINCT id) FROM exchanges").fetchall() == [(40, 40)]
 
 FINGERPRINTS = [
     # as toolproxy.stacks.fingerprint writes it: the fingerprint in `extra`
