@@ -198,7 +198,7 @@ def derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None = N
 def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, progress, in_steps: bool = False) -> dict[str, int]:
     """derive(). In steps, the runs are first marked unfinished and their rows deleted, then each
     batch's attempts are pointed at their turns, each followed by a commit: DuckDB holds a
-    transaction's updates in memory it cannot spill (about 140 bytes an attempt: 1,000,000 of them
+    transaction's updates in memory it cannot spill (about 250 bytes an attempt: 1,000,000 of them
     did not fit --memory-limit 256MB in one transaction), and a commit lets them go. A crash
     between steps leaves the runs marked (state.unfinished_runs) and without a row, so reports do
     not show them half derived and the next derive_changes derives them whole. Each batch's turns
@@ -246,8 +246,7 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
         for chunk in _derived_chunks(cols, in_batch, clocks, rules):
             _stage(con, chunk, totals)
         if stepwise:
-            _insert_turns(con)
-            _point_attempts(con)
+            _write_staged(con)
             _commit_step(con)
         if progress is not None:
             progress.advance(len(done))
@@ -520,8 +519,7 @@ def _finish(con, runs: list[str]) -> None:
     The staged attempts' ids bound the scans of exchanges and calls (the same rows whatever the
     ids): the proxy mints them in time order (record.model.new_id), so when a few episodes were
     derived DuckDB skips the row groups of the rest of the run."""
-    _insert_turns(con)
-    _point_attempts(con)
+    _write_staged(con)
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _run_totals (run VARCHAR, n_exchanges BIGINT, first_seen TIMESTAMP, "
                 "last_seen TIMESTAMP)")
     # the runs _count_new did not count are tallied and totalled over all their exchanges
@@ -534,25 +532,19 @@ def _finish(con, runs: list[str]) -> None:
     con.execute("DELETE FROM _run_totals")
 
 
-def _insert_turns(con) -> None:
-    """The staged turns joined with their final attempts (bounded by their ids, as in _finish)."""
-    lo, hi = con.execute("SELECT min(final_exchange_id), max(final_exchange_id) FROM _turn_rows").fetchone()
-    if lo is None:
-        return
-    con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION, "lo": lo, "hi": hi})
-    con.execute("DELETE FROM _turn_rows")
-
-
-def _point_attempts(con) -> None:
-    """Every staged attempt pointed at its turn (bounded by the staged ids, as in _finish)."""
+def _write_staged(con) -> None:
+    """The staged turns joined with their final attempts, and every staged attempt pointed at its
+    turn; the staged ids bound the scans (see _finish)."""
     lo, hi = con.execute("SELECT min(id), max(id) FROM _turn_map").fetchone()
     if lo is None:
         return
+    con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION, "lo": lo, "hi": hi})
     con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id "
                 "AND exchanges.id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
     con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id "
                 "AND calls.exchange_id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
     con.execute("DELETE FROM _turn_map")
+    con.execute("DELETE FROM _turn_rows")
 
 
 def _rejudge_loops(con, runs: list[str]) -> None:
