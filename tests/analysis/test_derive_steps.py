@@ -21,7 +21,7 @@ from toolproxy.analysis.store.state import unfinished_runs
 from toolproxy.record.segments import SEGMENT_DIR
 from toolproxy.testing.corpus import generate_long
 
-from test_threads import _tables
+from test_threads import CAPTURES, _tables
 
 CLI = [sys.executable, "-m", "toolproxy.cli"]
 BATCH = 300  # attempts per batch: the corpus below derives in about ten
@@ -68,6 +68,31 @@ def test_a_derive_in_steps_gives_what_one_transaction_gives(corpus, tmp_path: Pa
     report = subprocess.run([*CLI, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
 
+
+
+def test_every_capture_derived_a_batch_per_attempt_in_steps_is_derived_as_in_one(tmp_path: Path, monkeypatch):
+    """The real-harness captures, a commit after every attempt's batch, against one transaction."""
+    stepped = 0
+    for n, capture in enumerate(CAPTURES):
+        once, steps = tmp_path / f"{n}-once", tmp_path / f"{n}-steps"
+        for d in (once, steps):
+            shutil.copytree(capture / "segments", d / SEGMENT_DIR)
+        con = connect(default_db(once))
+        ingest(con, once, workers=0)
+        want = _tables(con)
+        con.close()
+        commits = []
+        step = derive._commit_step
+        monkeypatch.setattr(derive, "_BATCH_ATTEMPTS", 1)
+        monkeypatch.setattr(derive, "_commit_step", lambda con: (commits.append(1), step(con)))
+        con = connect(default_db(steps))
+        ingest(con, steps, workers=0)
+        assert _tables(con) == want, capture.name
+        assert unfinished_runs(con) == []
+        con.close()
+        monkeypatch.undo()
+        stepped += bool(commits)
+    assert stepped >= len(CAPTURES) / 3  # a capture of one run grouped whole is one batch, no step
 
 def test_a_derive_failing_between_steps_is_derived_whole_by_the_next_analyze(corpus, tmp_path: Path, monkeypatch):
     data = _copy(corpus, tmp_path / "data")
