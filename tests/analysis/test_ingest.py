@@ -12,8 +12,10 @@ import pytest
 from toolproxy.analysis.ingest import pipeline
 from toolproxy.analysis.ingest.pipeline import ingest
 from toolproxy.analysis.lifecycle.reanalyze import rebuild
-from toolproxy.analysis.store.connection import connect, default_db, bodies_in_sql
+from toolproxy.analysis.store.connection import WRITER_ROW_GROUP_SIZE, bodies_in_sql, connect, default_db
 from toolproxy.record.model import Record, encode_body, new_id
+from toolproxy.record.segments import read_records
+from toolproxy.testing.corpus import generate_long
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -359,3 +361,19 @@ def test_a_failure_while_committing_surfaces_its_own_error(tmp_path):
     ingestor._rollback()  # what _write's handler does next
     assert not ingestor.in_txn
     assert con.execute("SELECT count(*) FROM ingest_state").fetchall() == [(0,)]
+
+
+def test_bodies_read_by_every_duckdb_thread_at_once_are_the_recorded_ones(tmp_path, db):
+    """DuckDB calls bodies() from each of its threads: records of one segment read by several
+    threads at once each come back whole and its own (their reads once shared the file's position,
+    and a record read back as garbage or as another's bytes)."""
+    n = 3 * WRITER_ROW_GROUP_SIZE  # DuckDB's threads each scan row groups of their own
+    generate_long(tmp_path, n, segment_records=n)  # one segment: every thread reads the same file
+    s, con = db()
+    assert s.new_exchanges == n
+    con.execute("SET threads = 4")
+    want = {r["id"]: (r["request_body"], r["response_body"]) for r in read_records(tmp_path, "exchange")}
+    with bodies_in_sql(con, tmp_path):
+        got = con.execute("SELECT id, b.request_body, b.response_body FROM "
+                          "(SELECT id, bodies(segment, segment_offset) AS b FROM exchanges)").fetchall()
+    assert {i: (a, b) for i, a, b in got} == want

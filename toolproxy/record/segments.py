@@ -13,6 +13,7 @@ be read is reported corrupt like an unparsable line.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -164,6 +165,9 @@ class RecordReader:
     The database keeps no copy of the bodies: this is how they are read back (show, replay,
     export, re-classification, SQL's `bodies()`). Open segments and their chunk caches are kept
     for the next lookup, since callers go through many records of one segment in offset order.
+    One lookup at a time: DuckDB calls `bodies()` from each of its threads, and two reads of one
+    segment sharing its file's position interleaved their seeks (a record read as another's
+    bytes, exporting 1M exchanges).
     """
 
     _OPEN = 8
@@ -171,6 +175,7 @@ class RecordReader:
     def __init__(self, data_dir: str | Path) -> None:
         self.seg_dir = Path(data_dir) / SEGMENT_DIR
         self._sources: dict[str, ChunkSource] = {}
+        self._lock = threading.Lock()
 
     def __enter__(self) -> RecordReader:
         return self
@@ -179,13 +184,18 @@ class RecordReader:
         self.close()
 
     def close(self) -> None:
-        for source in self._sources.values():
-            source.close()
-        self._sources.clear()
+        with self._lock:
+            for source in self._sources.values():
+                source.close()
+            self._sources.clear()
 
     def record(self, segment: str, offset: int) -> dict[str, Any]:
         """The record at `offset` of `segment`; RecordError saying why when it cannot be read
         (the segment is not there: pruned, moved, another data directory; no record there)."""
+        with self._lock:
+            return self._record(segment, offset)
+
+    def _record(self, segment: str, offset: int) -> dict[str, Any]:
         source = self._sources.get(segment)
         if source is None:
             path = self.seg_dir / segment
