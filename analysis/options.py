@@ -102,7 +102,6 @@ def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit
     """The store; a reader is refused while runs are half derived (state.unfinished_runs), since
     their numbers would be wrong, unless `half_derived` (`toolproxy sql`, for looking into it)."""
     from toolproxy.analysis.store.connection import StoreError, connect, default_db
-
     from toolproxy.analysis.store.state import unfinished_runs
 
     path = db_path or default_db(data_dir)

@@ -324,12 +324,11 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     continues, or a failed try before a derived answer, which moves that attempt and what chained
     after it; and where derived attempts stood in causal order is not kept, so the episodes a new
     attempt can join could not be chained again without ordering the whole run anyway. `whole`: runs
-    to derive whole in any case, as are runs a derive in steps left unfinished. `in_steps`: as for
-    derive(), for the runs derived whole."""
+    to derive whole in any case. Runs a derive in steps left unfinished are derived too, whole: their
+    rows went in its first step. `in_steps`: as for derive(), for the runs derived whole."""
     pending = con.execute("SELECT run, episode, min(started_at), count(*) = count(started_at) FROM exchanges "
                           "WHERE is_attempt AND turn_id IS NULL GROUP BY run, episode").fetchall()
-    unfinished = unfinished_runs(con)
-    runs = sorted(set(runs) | {run for run, *_ in pending} | set(unfinished))
+    runs = sorted(set(runs) | {run for run, *_ in pending} | set(unfinished_runs(con)))
     if not runs:
         return {"runs": [], "turns": 0, "episodes": 0, "in_part": [], "episodes_in_part": 0}
     new_episodes: dict[str, set[str]] = {}
@@ -341,7 +340,7 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
     clocked = _several_clocks(con, runs)
     one_clock = [r for r in runs if r in derived and r not in clocked]
-    forced = set(whole) | set(unfinished)
+    forced = set(whole)
     chainable = {r for r in one_clock if r in untagged and r not in forced and _chainable(con, r, untagged[r])}
     partial = [r for r in one_clock if (r not in untagged or r in chainable) and r not in forced]
     whole = [r for r in runs if r not in partial]

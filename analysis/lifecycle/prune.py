@@ -4,10 +4,11 @@ Which segments are gone is read from the data directory's prune ledger (record/r
 inferred from missing files: a database shared by several data directories, or a directory
 briefly unmounted, must not lose rows. Every exchange, call, fingerprint and ingest bookkeeping
 row of a pruned segment is deleted in one transaction, and the runs those exchanges belonged to
-are re-derived from the exchanges that remain (a run of several batches in steps, see
-episodes.derive; one a crash leaves half derived is derived whole by the next analyze). An episode that spanned the pruned segment and a
-kept one is rebuilt from its remaining turns: the result is exactly what a fresh `analyze` of the
-remaining segments derives, so prune-then-analyze and analyze-from-scratch agree.
+are re-derived from the exchanges that remain (runs of several batches in steps, see
+episodes.derive: a crash between them leaves those runs to the next analyze, which derives them
+whole). An episode that spanned the pruned segment and a kept one is rebuilt from its remaining
+turns: the result is exactly what a fresh `analyze` of the remaining segments derives, so
+prune-then-analyze and analyze-from-scratch agree.
 """
 
 from __future__ import annotations

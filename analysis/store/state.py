@@ -50,6 +50,8 @@ def unfinished_runs(con) -> list[str]:
 
 
 def set_unfinished_runs(con, runs: Sequence[str]) -> None:
+    """None left removes the key, so a store no derive in steps ever stopped in holds the same
+    analyzer_state rows as one never derived in steps."""
     if runs:
         _set_state(con, _UNFINISHED_KEY, sorted(set(runs)))
     else:

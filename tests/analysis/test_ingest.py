@@ -366,7 +366,7 @@ def test_a_failure_while_committing_surfaces_its_own_error(tmp_path):
 def test_bodies_read_by_every_duckdb_thread_at_once_are_the_recorded_ones(tmp_path, db):
     """DuckDB calls bodies() from each of its threads: records of one segment read by several
     threads at once each come back whole and its own (their reads once shared the file's position,
-    and a record read back as garbage or as another's bytes)."""
+    and a record read back corrupt)."""
     n = 3 * WRITER_ROW_GROUP_SIZE  # DuckDB's threads each scan row groups of their own
     generate_long(tmp_path, n, segment_records=n)  # one segment: every thread reads the same file
     s, con = db()

@@ -166,8 +166,8 @@ class RecordReader:
     export, re-classification, SQL's `bodies()`). Open segments and their chunk caches are kept
     for the next lookup, since callers go through many records of one segment in offset order.
     One lookup at a time: DuckDB calls `bodies()` from each of its threads, and two reads of one
-    segment sharing its file's position interleaved their seeks (a record read as another's
-    bytes, exporting 1M exchanges).
+    segment sharing its file's position interleaved their seeks (exporting 1M exchanges, a record
+    read back corrupt); the open segments and their caches are shared as well.
     """
 
     _OPEN = 8
