@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from toolproxy.emulators import FakeStack
+from toolproxy.emulators.faults import stall
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1])]
@@ -233,6 +234,7 @@ class Case:
     shows: str
     env: dict = field(default_factory=dict)
     timeout: float = 180
+    faults: tuple = ()  # toolproxy.emulators faults the emulated stack injects (a stall, a cut)
 
 
 CASES = {
@@ -243,6 +245,13 @@ CASES = {
     "claude-compact": Case("claude", (TASK, "/compact", "Now say what hello.txt contains."), "claude",
                            "/compact in the task's session (--continue): the summary request, then the task going on "
                            "from the summary"),
+    # the first request's answer stalls 8 s before its status line; Claude Code's API_TIMEOUT_MS (2 s
+    # here, 600 s by default) gives up on it and asks again. Its non-essential traffic is off so
+    # that the stalled request is the task's (the title request would otherwise race it)
+    "claude-abandon": Case("claude", (TASK,), "claude", "a client that gives up waiting: Claude Code's API_TIMEOUT_MS "
+                           "abandons a request the stack has not answered, then asks again",
+                           env={"API_TIMEOUT_MS": "2000", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
+                           faults=(lambda: stall(before=8.0, times=1, path="/v1/messages"),)),
     "codex": Case("codex", (TASK,), "codex", "Codex over HTTP Responses through a custom model_provider, its WebSocket "
                   "attempt first (answered as the proxy answers it today)"),
     "qwen-memory": Case("qwen", ("What does git status do? Answer in one line.",), "qwen",
@@ -310,6 +319,8 @@ def capture(case_name: str, out: Path, upstream: str | None, model: str | None, 
     subprocess.run(["git", "-C", str(s.repo), "-c", "user.name=capture", "-c", "user.email=capture@example.invalid",
                     "commit", "-q", "--allow-empty", "-m", "start"], check=True)
     fake = None if upstream else FakeStack("llamacpp", responder=MODELS[case.model])
+    if fake is not None:
+        fake.inject(*(make() for make in case.faults))
     steps = []
     try:
         with fake.in_thread() if fake else contextlib.nullcontext(upstream) as url:
