@@ -36,6 +36,11 @@ CASES = {
     "pydantic-retry": ("pydantic_retry.py", "empty_once", "llamacpp"),
     "smolagents-steps": ("smolagents_steps.py", "smolagents_steps", "openai"),
     "dspy-react": ("dspy_react.py", "dspy_react", "llamacpp"),
+    # three identical episodes at once, each ending with an empty reply (analysis item: retries
+    # never cross the call-id chaining)
+    "openai-threads-empty": ("openai_threads.py", "empty_after_result", "llamacpp"),
+    # max_steps reached right after a call written in text ran: the wrap-up continues the episode
+    "smolagents-text": ("smolagents_text.py", "smolagents_text", "openai"),
     "langchain-react": ("langchain_react.py", "langchain_react", "llamacpp"),
 }
 

@@ -31,6 +31,20 @@ def empty_once(req: ModelRequest) -> ScriptedReply:
     return text(ANSWER) if "Please return text or call a tool" in _flat(req) else text("")
 
 
+def empty_after_result(req: ModelRequest) -> ScriptedReply:
+    """Calls get_weather(Paris), then replies with nothing once the result is in (a small model that
+    emits only its end token): the harness takes the empty reply as its answer."""
+    return text("") if _has_tool_result(req) else call("get_weather", {"city": "Paris"})
+
+
+def smolagents_text(req: ModelRequest) -> ScriptedReply:
+    """A call written as JSON in the reply text (no stack parser turns it into a call; smolagents
+    parses it itself), then at max_steps the wrap-up answered in prose."""
+    if not req.tools:
+        return text(ANSWER)
+    return text('{"name": "get_weather", "arguments": {"city": "Paris"}}')
+
+
 def smolagents_steps(req: ModelRequest) -> ScriptedReply:
     """ToolCallingAgent: a call, then "Action:" with nothing after it (smolagents cannot parse it),
     then at max_steps its summary request, answered in prose. CodeAgent: code that calls the tool
@@ -68,5 +82,5 @@ def langchain_react(req: ModelRequest) -> ScriptedReply:
     return text(" I should look up the weather in Paris.\nAction: get_weather\nAction Input: Paris")
 
 
-MODELS = {"weather_chat": weather_chat, "empty_once": empty_once, "smolagents_steps": smolagents_steps,
+MODELS = {"empty_after_result": empty_after_result, "smolagents_text": smolagents_text, "weather_chat": weather_chat, "empty_once": empty_once, "smolagents_steps": smolagents_steps,
           "dspy_react": dspy_react, "langchain_react": langchain_react}
