@@ -289,6 +289,9 @@ def _run(argv: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, st
         _stop_group(proc)
         out, err = proc.communicate()
         code = 124
+    except BaseException:  # stopped itself (SIGTERM, Ctrl-C): the agent goes too
+        _stop_group(proc)
+        raise
     with contextlib.suppress(ProcessLookupError):  # children left behind by a finished agent
         os.killpg(proc.pid, signal.SIGTERM)
     return code, out, err
@@ -304,7 +307,8 @@ def _copy_records(agent: Agent, s: Scratch, dest: Path) -> None:
                 target.write_text(path.read_text(errors="replace").replace(str(s.root), "/CAPTURE"))
 
 
-def capture(case_name: str, out: Path, upstream: str | None, model: str | None, cache: Path) -> int:
+def capture(case_name: str, out: Path, upstream: str | None, model: str | None, cache: Path,
+            timeout: float | None = None) -> int:
     case = CASES[case_name]
     agent = AGENTS[case.agent]
     exe = agent.install(cache)
@@ -338,7 +342,7 @@ def capture(case_name: str, out: Path, upstream: str | None, model: str | None, 
                 for step, prompt in enumerate(case.prompts):
                     argv = [str(exe), *agent.argv(s, prompt, step)]
                     started = time.time()
-                    code, stdout, stderr = _run(argv, env, s.repo, case.timeout)
+                    code, stdout, stderr = _run(argv, env, s.repo, timeout or case.timeout)
                     (out / "agent" / f"stdout-{step}.jsonl").write_text(stdout.replace(str(root), "/CAPTURE"))
                     steps.append({"argv": [a.replace(str(root), "/CAPTURE") for a in argv[1:]], "exit": code,
                                   "seconds": round(time.time() - started, 1),
@@ -370,8 +374,10 @@ def main() -> None:
     ap.add_argument("--upstream", default=None, help="a real server instead of the emulated stack")
     ap.add_argument("--model", default=None, help="the model name the real server serves")
     ap.add_argument("--cache", type=Path, default=CACHE, help="where the agents are installed (default %(default)s)")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds each process may take (a real model is slow)")
     args = ap.parse_args()
-    sys.exit(capture(args.case, args.out, args.upstream, args.model, args.cache))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped capture stops its agent and proxy
+    sys.exit(capture(args.case, args.out, args.upstream, args.model, args.cache, args.timeout))
 
 
 if __name__ == "__main__":
