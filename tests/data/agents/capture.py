@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from toolproxy.emulators import FakeStack
-from toolproxy.emulators.faults import stall
+from toolproxy.emulators.faults import keepalive, stall
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1])]
@@ -51,6 +51,7 @@ class Scratch:
     root: Path
     proxy: str = ""
     model: str = ""
+    provider: dict = field(default_factory=dict)  # the case's settings for the agent's model provider
 
     @property
     def home(self) -> Path:
@@ -116,6 +117,7 @@ def _claude_argv(s: Scratch, prompt: str, step: int) -> list[str]:
 
 
 def _codex_env(s: Scratch) -> dict:
+    settings = "".join(f"{k} = {v}\n" for k, v in s.provider.items())
     _write(s.home / ".codex" / "config.toml", f"""model_provider = "tp"
 model = "{s.model}"
 check_for_update_on_startup = false
@@ -126,7 +128,7 @@ base_url = "{s.proxy}/v1"
 wire_api = "responses"
 env_key = "TP_API_KEY"
 supports_websockets = true
-
+{settings}
 [analytics]
 enabled = false
 
@@ -235,6 +237,7 @@ class Case:
     env: dict = field(default_factory=dict)
     timeout: float = 180
     faults: tuple = ()  # toolproxy.emulators faults the emulated stack injects (a stall, a cut)
+    provider: dict = field(default_factory=dict)  # Codex: settings of its model provider
 
 
 CASES = {
@@ -252,6 +255,19 @@ CASES = {
                            "abandons a request the stack has not answered, then asks again",
                            env={"API_TIMEOUT_MS": "2000", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
                            faults=(lambda: stall(before=8.0, times=1, path="/v1/messages"),)),
+    # llama-server's keep-alive comments for 4 s before the first event: Claude Code waits (its stream
+    # idle watchdog is 300 s at least), the proxy's first byte comes in milliseconds, the first token
+    # seconds later
+    "claude-keepalive": Case("claude", (TASK,), "claude", "a first token seconds after the first byte: the stack sends "
+                             "keep-alive comments before its first event",
+                             env={"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
+                             faults=(lambda: keepalive(4.0, every=0.5, times=1, path="/v1/messages"),)),
+    # the same before Codex, whose stream_idle_timeout_ms (2 s here, 300 s by default) counts no
+    # comment as activity: it gives up on the stream with bytes but no event, and asks again
+    "codex-abandon": Case("codex", (TASK,), "codex", "a client that gives up on a stream of keep-alive comments: "
+                          "Codex's stream_idle_timeout_ms, then its retry", faults=(
+                              lambda: keepalive(6.0, every=0.5, times=1, path="/v1/responses"),),
+                          provider={"stream_idle_timeout_ms": 2000, "stream_max_retries": 2}),
     "codex": Case("codex", (TASK,), "codex", "Codex over HTTP Responses through a custom model_provider, its WebSocket "
                   "attempt first (answered as the proxy answers it today)"),
     "qwen-memory": Case("qwen", ("What does git status do? Answer in one line.",), "qwen",
@@ -331,6 +347,7 @@ def capture(case_name: str, out: Path, upstream: str | None, model: str | None, 
             proxy = ProxyProcess(url, root / "data", ("--durability", "sync"))
             try:
                 s.proxy, s.model = proxy.url, (fake.model if fake else model or "qwen")
+                s.provider = case.provider
                 env = {"PATH": f"{exe.parent}{os.pathsep}{os.environ['PATH']}", "HOME": str(s.home),
                        "XDG_CONFIG_HOME": str(s.home / ".config"), "XDG_DATA_HOME": str(s.home / ".local" / "share"),
                        "XDG_CACHE_HOME": str(s.home / ".cache"), "XDG_STATE_HOME": str(s.home / ".local" / "state"),
