@@ -39,7 +39,7 @@ from toolproxy.proxy.pool import CONNECTION
 from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
 from toolproxy.proxy.spool import Spool, file_payload
 from toolproxy.proxy.state import ADMIN_PREFIX, ProxyState
-from toolproxy.proxy.tags import header_tags, place_path_tags
+from toolproxy.proxy.tags import header_tags, misplaced_refusal, place_path_tags
 from toolproxy.record.model import encode_body
 from toolproxy.record.spill import SpilledBody
 
@@ -190,13 +190,8 @@ def label(flow: Flow, raw_path: str, redactor: Redactor, cfg: ProxyConfig) -> No
 
 
 def _misplaced_tags(flow: Flow) -> None:
-    """A 404 naming the base URL to use, in the protocol's error shape so the harness shows it."""
     rec = flow.rec
-    base = f"http://{flow.request.host}{rec.extra['misplaced_tags']}"
-    flow.refuse(404, "misplaced_tags",
-                f"the tags go right after the proxy's address, before /v1: use the base URL {base}/v1 (OpenAI-style "
-                f"clients) or {base} (Ollama's); this request asked for {rec.client_path}",
-                "toolproxy_misplaced_tags", wire.family_of(rec.path))
+    raise misplaced_refusal(flow.request.host, rec.extra["misplaced_tags"], rec.client_path, wire.family_of(rec.path))
 
 
 async def _read_body(state: ProxyState, flow: Flow) -> None:

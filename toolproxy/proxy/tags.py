@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
+from toolproxy.proxy.flow import Refusal
 from toolproxy.proxy.headers import TAG_HEADER_PREFIX
 
 KNOWN = ("run", "episode", "item", "condition")
@@ -61,6 +62,16 @@ def place_path_tags(path: str) -> tuple[dict[str, str], str, str | None]:
     while tags and rest.startswith("/v1/v1/"):
         rest = rest[3:]
     return tags, rest, None
+
+
+def misplaced_refusal(host: str, prefix: str, asked: str, family: str | None) -> Refusal:
+    """The 404 for tags after a misplaced `/v1` (place_path_tags), naming the base URL to use,
+    in the protocol's error shape so the harness shows it."""
+    base = f"http://{host}{prefix}"
+    return Refusal(404, "misplaced_tags",
+                   f"the tags go right after the proxy's address, before /v1: use the base URL {base}/v1 (OpenAI-style "
+                   f"clients) or {base} (Ollama's); this request asked for {asked}",
+                   "toolproxy_misplaced_tags", family)
 
 
 def header_tags(items) -> dict[str, str]:
