@@ -217,6 +217,14 @@ async def test_auth_refuses_without_the_token_and_keeps_a_token_sent_as_the_key_
     g = flows.flow(headers=[("X-Toolproxy-Token", "t"), ("Authorization", "Bearer sk-user")])
     await Context(Auth("t")).cycle(g)
     assert g.up_headers["Authorization"] == "Bearer sk-user"
+    # each SDK's own key header carries the token as well (Anthropic's x-api-key, Azure's api-key,
+    # Gemini's x-goog-api-key); the header that carried it goes no further, the others do
+    for name in ("x-api-key", "Api-Key", "X-Goog-Api-Key"):
+        h = flows.flow(headers=[(name, "t"), ("Authorization", "Bearer sk-user")])
+        assert (await Context(Auth("t")).cycle(h)).refusal is None, name
+        assert {k.lower() for k in h.up_headers} & {name.lower()} == set() and h.up_headers["Authorization"] == "Bearer sk-user"
+    wrong = await Context(Auth("t")).cycle(flows.flow(headers=[("x-api-key", "nope"), ("Authorization", "Bearer t2")]))
+    assert (wrong.refusal.status, wrong.refusal.kind) == (401, "unauthorized")
 
 
 async def test_recording_guard_refuses_while_recording_fails(tmp_path):

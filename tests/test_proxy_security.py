@@ -125,6 +125,24 @@ def test_auth_token(fake_stack, proxy):
     assert b"tok-SECRET-888" not in on_disk(p.data)
 
 
+def test_the_token_as_the_api_key_in_each_sdks_own_header(fake_stack, proxy):
+    """Anthropic's API takes its key as x-api-key (curl examples, older SDKs and other clients send
+    it so), Azure OpenAI's as api-key, Gemini's as x-goog-api-key: the token works in each, and
+    stays with the proxy."""
+    fake = fake_stack("llamacpp")
+    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--auth-token", "tok-SECRET-888")
+    body = json.dumps({"model": "m", "max_tokens": 16, "messages": MSGS}).encode()
+    ct = {"Content-Type": "application/json", "anthropic-version": "2023-06-01"}
+    assert request(p.url, "POST", "/v1/messages", {**ct, "x-api-key": "wrong"}, body)[0] == 401
+    for name in ("x-api-key", "api-key", "x-goog-api-key"):
+        status, answer = request(p.url, "POST", "/v1/messages", {**ct, name: "tok-SECRET-888"}, body)
+        assert status == 200 and json.loads(answer)["content"], (name, answer)
+        assert name not in {k.lower() for k, _ in fake.seen[-1].header_list}
+    assert [s.path for s in fake.seen] == ["/v1/messages"] * 3
+    p.stop()
+    assert b"tok-SECRET-888" not in on_disk(p.data)
+
+
 def test_non_loopback_bind_without_token_is_refused_clearly(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
                         "http://127.0.0.1:9", "--host", "0.0.0.0", "--port", "0", "--data", str(tmp_path / "d")],
