@@ -123,9 +123,9 @@ async def run_against_playback(options: dict, fixture, argv: list[str], tags: di
     run of its own. The playback starts first, so the proxy's config names its address."""
     from toolproxy.playback.server import CannotPlay, start_playback
 
-    exchanges, rules, playback_options = fixture
+    recording, rules, playback_options = fixture
     try:
-        playback = await start_playback(exchanges, rules, playback_options)
+        playback = await start_playback(recording, rules, playback_options)
     except CannotPlay as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -262,7 +262,7 @@ def _compare(data_dir: Path, recorded: str, new: str) -> None:
 
 
 def _playback_fixture(options: dict, source: str, on_miss: str, pace: str, match: tuple[str, ...]):
-    """(exchanges, rules, playback options) for `run --playback`; the run's own settings adjusted:
+    """(recording, rules, playback options) for `run --playback`; the run's own settings adjusted:
     its traffic gets a run name of its own, goes out untouched (a condition would rewrite the
     requests the recording is matched against) and fingerprints nothing (the upstream is a
     recording)."""
@@ -277,8 +277,8 @@ def _playback_fixture(options: dict, source: str, on_miss: str, pace: str, match
     if options["run"] == source:
         raise click.BadParameter("the harness's traffic needs a run name other than the recording's", param_hint="--run")
     options["no_fingerprint"] = True
-    exchanges, rules = load(options["data_dir"], source, match)
-    return exchanges, rules, PlaybackOptions(run=source, on_miss=on_miss, upstream=options["upstream"], pace=pace,
+    recording, rules = load(options["data_dir"], source, match)
+    return recording, rules, PlaybackOptions(run=source, on_miss=on_miss, upstream=options["upstream"], pace=pace,
                                              data_dir=options["data_dir"], on_missed=_miss_line)
 
 

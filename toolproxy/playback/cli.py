@@ -10,9 +10,12 @@ from pathlib import Path
 
 import click
 
+from toolproxy.playback.fixture import Fixture
 from toolproxy.playback.options import load, miss_line, playback_options
 from toolproxy.playback.server import CannotPlay, PlaybackOptions, start_playback
 from toolproxy.term.printable import printable
+
+SHOWN_ISSUES = 20  # lines set aside named one by one at start; the rest counted
 
 
 @click.command()
@@ -35,7 +38,7 @@ def playback(source, data_dir, upstream, host, port, allowed_hosts, on_miss, pac
     if not _loopback(host):
         raise click.BadParameter("playback answers anyone with the recorded prompts and replies, without a token: "
                                  "it listens on a loopback address only (127.0.0.1, ::1, localhost)", param_hint="--host")
-    exchanges, rules = load(data_dir, source, match)
+    fixture, rules = load(data_dir, source, match)
     options = PlaybackOptions(run=source, on_miss=on_miss, upstream=upstream, pace=pace, host=host, port=port,
                               allowed_hosts=tuple(allowed_hosts), data_dir=data_dir, on_missed=miss_line)
     if on_miss != "fail" and not upstream:
@@ -43,7 +46,7 @@ def playback(source, data_dir, upstream, host, port, allowed_hosts, on_miss, pac
     from toolproxy.drive.run import run_loop
 
     try:
-        run_loop(_serve(exchanges, rules, options))
+        run_loop(_serve(fixture, rules, options))
     except CannotPlay as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -55,10 +58,16 @@ def _loopback(host: str) -> bool:
         return host.lower().rstrip(".") == "localhost"
 
 
-async def _serve(exchanges, rules, options: PlaybackOptions) -> None:
-    running = await start_playback(exchanges, rules, options)
+async def _serve(fixture: Fixture, rules, options: PlaybackOptions) -> None:
+    running = await start_playback(fixture, rules, options)
+    set_aside = fixture.set_aside_line()
     print(f"toolproxy playback: listening on {running.url}; playing run {printable(options.run)} "
-          f"({len(exchanges)} exchanges) from {printable(str(options.data_dir.resolve()))}; on miss: {options.on_miss}", flush=True)
+          f"({len(fixture.exchanges)} exchanges) from {printable(str(options.data_dir.resolve()))}; on miss: {options.on_miss}"
+          + (f"; {set_aside}, listed on stderr" if set_aside else ""), flush=True)
+    for issue in fixture.set_aside[:SHOWN_ISSUES]:
+        print(f"toolproxy playback: {printable(issue.line())}", file=sys.stderr, flush=True)
+    if len(fixture.set_aside) > SHOWN_ISSUES:
+        print(f"toolproxy playback: and {len(fixture.set_aside) - SHOWN_ISSUES} more lines set aside", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -34,7 +34,7 @@ def playback_options(fn):
 
 
 def load(data_dir: Path, run: str, match: tuple[str, ...]):
-    """(the run's exchanges, the match rules), or a usage error that says what is wrong."""
+    """(the run's recording, the match rules), or a usage error that says what is wrong."""
     try:
         rules = parse_rules(match)
     except MatchError as exc:
