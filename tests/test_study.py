@@ -175,3 +175,20 @@ def test_harness_name(command, name):
     from toolproxy.drive.study import harness_name
 
     assert harness_name(command) == name
+
+
+def test_a_model_name_is_shown_inert_and_one_too_long_for_the_request_line_is_refused(setup):
+    """The cell line printed --model as given (control characters acted on the terminal); a
+    9,000-character name put the tag prefix past the request-line limit, so every request was a
+    400 from the HTTP parser while the study exited 0."""
+    fake, harness, env, data = setup
+    done = subprocess.run(_study(fake, harness, data, "--conditions", "native", "--model", "m\x1b[2J\x07x"), env=env,
+                          text=True, capture_output=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stderr and "\x07" not in done.stderr
+    assert re.search(r"study s: s-m_2J_x-native \(model m.*2J.*x, condition native\); 0/1 cells done", done.stderr), done.stderr
+    assert [s.json()["model"] for s in fake.seen][:1] == ["m\x1b[2J\x07x"]  # sent as given, only shown inert
+    long = subprocess.run(_study(fake, harness, data.with_name("long"), "--conditions", "native", "--model", "m" * 9000),
+                          env=env, text=True, capture_output=True, timeout=180)
+    assert long.returncode == 2 and "characters of the request line, which holds 8,190 in all" in long.stderr, long.stderr
+    assert "Traceback" not in long.stderr and not data.with_name("long").exists()  # refused before anything ran

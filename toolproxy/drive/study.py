@@ -35,6 +35,7 @@ from toolproxy.drive.run import (_parse_tags, _run_child, proxy_address_line, ru
                                    toolproxy_cli)
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
+from toolproxy.proxy.listener import LINE_LIMIT
 from toolproxy.proxy.modelswap import TAG as MODEL_TAG
 from toolproxy.term.printable import printable
 from toolproxy.term.progress import Progress, duration
@@ -156,14 +157,37 @@ def cell_line(study: str, planned: Planned, cells: int, finished: int, done: lis
     text = f"study {study}: {planned.run} ({what}); {finished}/{cells} cells done"
     if done and left:
         text += f", about {duration(_typical(done) * left)} left"
-    return text
+    return printable(text)  # the names are the user's: a model name may hold control characters
+
+
+def cell_prefix(planned: Planned, tags: dict[str, str]) -> str:
+    """The tag prefix of a cell's requests: its run, condition and model, and the study's --tag values."""
+    cell_tags = {**tags, MODEL_TAG: planned.model} if planned.model is not None else tags
+    return tag_prefix(planned.run, planned.condition, **cell_tags)
+
+
+# Of the request line (LINE_LIMIT), what the tag prefix may take: the rest is the harness's method,
+# its own path and its query.
+TAGS_ROOM = LINE_LIMIT - 1024
+
+
+def too_long(study: Study, tags: dict[str, str]) -> str | None:
+    """Why the cells' tag prefixes cannot go in a request line, or None. The prefix carries the
+    model name: one of 9,000 characters made every request a 400 from the HTTP parser, and each
+    run ended with nothing recorded while the study went on."""
+    longest = max(study.runs, key=lambda p: len(cell_prefix(p, tags)))
+    size = len(cell_prefix(longest, tags)) + len("~99")  # a rerun of a failed cell adds ~N to its run name
+    if size <= TAGS_ROOM:
+        return None
+    return (f"the tags of cell {longest.run[:60]!r}... take {size:,} characters of the request line, which holds "
+            f"{LINE_LIMIT:,} in all: give a shorter --model, --name or --tag")
 
 
 def run_line(run: str, exchanges: int, elapsed: float, done: list[float], runs_after: int) -> str:
     """The progress line while one run's harness works: its exchanges so far and their rate, and
     the study's time left, from the median duration of the runs done (once there is one)."""
     rate = exchanges / elapsed * 60 if elapsed > 0 else 0.0
-    text = f"  {run}: {exchanges} exchanges in {duration(elapsed)} ({rate:,.1f}/min)"
+    text = f"  {printable(run)}: {exchanges} exchanges in {duration(elapsed)} ({rate:,.1f}/min)"
     if done:
         typical = _typical(done)
         text += f", study about {duration(max(typical - elapsed, 0.0) + typical * runs_after)} left"
@@ -219,8 +243,7 @@ async def _run_cells(study: Study, proxies: dict, save, tags: dict[str, str], pr
             planned.run = f"{base_name}~{len(planned.attempts) + 1}"
         click.echo(cell_line(study.name, planned, len(study.runs), finished, durations, len(todo) - i + 1), err=True)
         proxy = proxies[planned.stack]
-        cell_tags = {**tags, MODEL_TAG: planned.model} if planned.model is not None else tags
-        base = proxy.url + tag_prefix(planned.run, planned.condition, **cell_tags)
+        base = proxy.url + cell_prefix(planned, tags)
         env = {**os.environ, **harness_env(base, os.environ)}
         start, seen = time.monotonic(), proxy.state.counters.total
         if relay is not None:
@@ -370,11 +393,15 @@ def study(upstreams, models, conditions, repeat, name, tags, command, **options)
     config = config_from_options(upstream=named[0][1], **options)
     for _, url in named[1:]:
         config_from_options(upstream=url, **options)  # each upstream is checked as serve would check it
-    make_data_dir(config)
     extra = _parse_tags(tags)
+    planned = Study.plan(name, list(command), named, wanted, repeat, list(models))
+    problem = too_long(planned, extra)
+    if problem is not None:
+        raise click.BadParameter(printable(problem), param_hint="--model")
+    make_data_dir(config)
     path = state_path(config.data_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    st = _resume(path, Study.plan(name, list(command), named, wanted, repeat, list(models)))
+    st = _resume(path, planned)
     if all(p.status == "done" for p in st.runs):
         click.echo(f"study {name}: every run is done already; showing the results", err=True)
     progress = Progress("study")
