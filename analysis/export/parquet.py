@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import os
 import shutil
 import socket
@@ -82,6 +83,10 @@ PENDING = f"{STATE_DIR}/pending.json"
 KEYS_DIR = f"{STATE_DIR}/keys"
 # A journal older than this is from an export that died; a younger one is an export still running.
 STALE_SECONDS = 3600.0
+# Where a staging folder is: beside the export's state on a local destination, else in the temporary directory.
+STAGING = "staging-"
+TEMP_STAGING = "toolproxy-export-"
+STAGING_LOCK = "owner.lock"
 # Files handed to the destination at once: object stores upload a batch concurrently, and the
 # progress line moves between batches.
 _UPLOAD_BATCH = 32
@@ -191,14 +196,57 @@ def recover(dest: Destination, manifest: dict | None, *, now: float) -> str | No
     return f"{verb} the interrupted export {journal.get('export_id')} ({len(gone)} files removed)"
 
 
-def _remove_stale_staging(state_dir: str, *, now: float) -> None:
-    """Delete local staging folders a killed export left behind (a live export's are younger)."""
-    if not os.path.isdir(state_dir):
+def _remove_stale_staging(parent: str, prefix: str, *, now: float, by_age: bool) -> None:
+    """Delete the staging folders (`prefix`...) under `parent` that a killed export left behind.
+
+    They hold the bodies the export was writing. A live export holds the lock on its folder's
+    STAGING_LOCK for as long as it runs and the kernel lets go of it when the process dies, so a
+    folder whose lock can be taken is a dead export's, whatever its age. With `by_age`, one
+    without a lock file (from a toolproxy before it had one) goes once it is an hour old, as before.
+    """
+    try:
+        entries = os.listdir(parent)
+    except OSError:
         return
-    for entry in os.listdir(state_dir):
-        path = os.path.join(state_dir, entry)
-        if entry.startswith("staging-") and now - os.path.getmtime(path) > STALE_SECONDS:
+    for entry in entries:
+        path = os.path.join(parent, entry)
+        if not entry.startswith(prefix) or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        try:
+            fd = os.open(os.path.join(path, STAGING_LOCK), os.O_RDWR)
+        except FileNotFoundError:
+            if by_age and now - os.path.getmtime(path) > STALE_SECONDS:
+                shutil.rmtree(path, ignore_errors=True)
+            continue
+        except OSError:  # another user's folder in a shared temporary directory: not ours to judge
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass  # its export is alive
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _staging(parent: str, prefix: str, export_id: str):
+    """A staging folder `prefix`+`export_id` under `parent`, locked while the export runs (see
+    _remove_stale_staging), removed at its end. Made and locked under another name first, so that
+    no other export ever sees it unlocked."""
+    os.makedirs(parent, exist_ok=True)
+    making = os.path.join(parent, f".{prefix}{export_id}")
+    os.makedirs(making, mode=0o700)
+    fd = os.open(os.path.join(making, STAGING_LOCK), os.O_CREAT | os.O_RDWR, 0o600)
+    path = os.path.join(parent, prefix + export_id)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(making, path)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(making, ignore_errors=True)
+        os.close(fd)
 
 
 @dataclass
@@ -610,13 +658,9 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
     manifest = manifest or {"tables": {}}
     export_id = f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:12]}"
     meta = {f"toolproxy.{k}": str(val) for k, val in v.items()} | {"toolproxy.export_id": export_id}
-    if dest.local:
-        _remove_stale_staging(dest.path(STATE_DIR), now=time.time())
-        staging = dest.path(f"{STATE_DIR}/staging-{export_id}")
-        os.makedirs(staging)
-    else:
-        staging = tempfile.mkdtemp(prefix="toolproxy-export-")
-    try:
+    parent, prefix = (dest.path(STATE_DIR), STAGING) if dest.local else (tempfile.gettempdir(), TEMP_STAGING)
+    _remove_stale_staging(parent, prefix, now=time.time(), by_age=dest.local)
+    with _staging(parent, prefix, export_id) as staging:
         uploads: list[tuple[str, str]] = []
         obsolete: list[str] = []
         tables = {name: dict(parts) for name, parts in manifest.get("tables", {}).items()}
@@ -663,5 +707,3 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
         dest.delete(obsolete)
         dest.delete([PENDING])
         return result
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

@@ -413,6 +413,46 @@ def test_an_interrupted_export_is_undone_by_the_next(data: Path, tmp_path: Path,
     assert parquet_counts(str(out)) == db_counts(data / "toolproxy.duckdb")
 
 
+def _caught_staging(data: Path, out: Path) -> tuple[subprocess.Popen, Path]:
+    """An export (`toolproxy export` as a child process) stopped (SIGSTOP) while it stages: its
+    staging folder holds its lock and what it staged. Retried until one is caught so."""
+    import signal
+
+    state = out / parquet.STATE_DIR
+    for _ in range(20):
+        before = set(state.glob(f"{parquet.STAGING}*")) if state.is_dir() else set()
+        proc = subprocess.Popen([*CLI, "export", "--data", str(data), "--out", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while proc.poll() is None:
+            staged = [p for p in state.glob(f"{parquet.STAGING}*") if p not in before] if state.is_dir() else []
+            if staged and len(list(staged[0].iterdir())) > 1:
+                proc.send_signal(signal.SIGSTOP)
+                if staged[0].is_dir():
+                    return proc, staged[0]
+                proc.send_signal(signal.SIGCONT)
+            time.sleep(0.002)
+        proc.wait()
+    pytest.fail("no export was caught while it staged")
+
+
+def test_a_killed_exports_staging_is_removed_by_the_next_however_young(data: Path, tmp_path: Path):
+    """An export killed while it stages leaves its staging folder, bodies and all; the next export
+    removes it, as this manual says, not an hour later. A live export's is left alone."""
+    import signal
+
+    out = tmp_path / "out"
+    proc, staging = _caught_staging(data, out)
+    try:
+        run_cli("export", "--data", str(data), "--out", str(out))
+        assert staging.is_dir()  # its export is alive (stopped): its folder stays
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert staging.is_dir()  # what a SIGKILLed export leaves behind
+    run_cli("export", "--data", str(data), "--out", str(out))
+    assert not staging.exists() and not list((out / parquet.STATE_DIR).glob(f"{parquet.STAGING}*"))
+
+
 def test_filters_export_only_the_chosen_runs_and_days(data: Path, tmp_path: Path):
     out = tmp_path / "out"
     run_cli("export", "--data", str(data), "--out", str(out), "--run", "a/b", "--run", "..", "--since", "2026-11-29")
