@@ -4,13 +4,14 @@ aiohttp's low-level server, told of every request its HTTP parser rejects (it an
 request line, an invalid header or a line over its limits with a 400 of its own: no handler
 runs, so without this nothing would count it), with the settings every listener shares (the
 request-head timeout, the line limit), and aiohttp's own log lines rewritten so that a rejected
-request's bytes (a key in a header or a query) never reach stderr (`serverlog`). A command that
-built its own runner with aiohttp's defaults printed tracebacks quoting `Authorization` headers
-and never timed out a client trickling its headers.
+request's bytes (a key in a header or a query) never reach stderr (`serverlog`), nor go back in
+the 400's body. A command that built its own runner with aiohttp's defaults printed tracebacks
+quoting `Authorization` headers and never timed out a client trickling its headers.
 """
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Callable
 
 from aiohttp import web
@@ -36,8 +37,12 @@ class _Handler(RequestHandler):
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None, message: str | None = None):
         # Called for a parse error (an HttpProcessingError) and for a handler's own exceptions.
         manager = self._manager  # None once the connection is lost
-        if isinstance(exc, HttpProcessingError) and manager is not None:
-            manager.on_rejected(status, exc)
+        if isinstance(exc, HttpProcessingError):
+            if manager is not None:
+                manager.on_rejected(status, exc)
+            # aiohttp's answer quotes the rejected line (an Authorization header, a query's key)
+            # back: whatever sits between the client and here may keep it. Its verdict only.
+            message = f"{status} {HTTPStatus(status).phrase}: {serverlog.what_was_wrong(exc)}"
         return super().handle_error(request, status, exc, message)
 
 
