@@ -285,6 +285,28 @@ def test_command_line_prints_its_url():
         proc.wait(5)
 
 
+def test_the_command_logs_a_request_its_parser_refuses_as_one_redacted_line():
+    """`python -m toolproxy.emulators --host ...` can be reached by others: a request aiohttp's
+    parser refuses was a traceback on stderr quoting the key it carried, as under playback."""
+    import re
+    import socket
+
+    proc = subprocess.Popen([sys.executable, "-m", "toolproxy.emulators", "llamacpp", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(re.search(r":(\d+)", proc.stdout.readline().rsplit("/", 1)[-1]).group(1))
+        for raw in (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-SECRET-1\x01\r\n\r\n",
+                    b"GET /v1/models?api_key=sk-SECRET-2\x1b HTTP/1.1\r\nHost: x\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(raw)
+                assert s.recv(65536).startswith(b"HTTP/1.0 400")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "Traceback" not in err and "SECRET" not in err and "\x1b" not in err and "\x01" not in err, err
+    assert err.count("refused a malformed request") == 2, err
+
+
 def test_proxy_fixture_forwards_and_records(fake_stack, proxy):
     fake = fake_stack("openai")
     p = proxy(fake.url, "--quiet")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 
 from toolproxy.emulators.model import CALL_FORMATS, ModelRequest, ScriptedReply, call
 from toolproxy.emulators.server import FakeStack
+from toolproxy.proxy import serverlog
+from toolproxy.proxy.headers import Redactor
 from toolproxy.stacks import catalog
 
 
@@ -30,6 +33,9 @@ def main(argv: list[str] | None = None) -> None:
 
     fake = FakeStack(args.stack, tool_parser=args.tool_parser, jinja=not args.no_jinja, call_format=args.call_format,
                      responder=respond)
+    # Its log lines as serve's: a request aiohttp refuses is one line, its keys never printed. The
+    # key of the stand-ins is this process's own (it has no data directory).
+    serverlog.install(Redactor(secrets.token_bytes(32)))
 
     async def serve() -> None:
         url = await fake.start(args.host, args.port)
