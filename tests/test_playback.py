@@ -755,6 +755,7 @@ async def test_record_mode_records_what_serve_records_and_keeps_every_tag(record
                     declared = r.status, await r.read()
                 async with s.post(pb.url + "/t/item=q9/v1/chat/completions", data=chunked()) as r:
                     streamed = r.status, await r.read()
+                misplaced = await _ask(s, pb.url + "/v1/t/item=q8/completion", {"prompt": "x"})
             stats = _stats(pb.url)
         finally:
             code, err = pb.stop()
@@ -763,6 +764,10 @@ async def test_record_mode_records_what_serve_records_and_keeps_every_tag(record
     assert not any(k.lower().startswith("x-toolproxy-") for k, _ in fake.seen[0].header_list)
     assert declared[0] == streamed[0] == 413 and b"request_too_large" in declared[1] + streamed[1]
     assert stats["refused"] == {"body_too_large": 2} and stats["missed"] == 1
+    # recorded by serve's code, as serve records it, naming the address the client used
+    assert misplaced[0] == 404 and f"use the base URL {pb.url}/t/item=q8/v1" in json.loads(misplaced[1])["error"]["message"]
+    assert [r["error_kind"] for r in read_records(data, "exchange") if r["client_path"] == "/v1/t/item=q8/completion"] == \
+        ["misplaced_tags"]
     new = [r for r in read_records(data, "exchange") if r["id"] not in {x.id for x in load_fixture(recording.data, RUN).exchanges}]
     [asked] = [r for r in new if r["error_kind"] is None]
     assert (asked["run"], asked["episode"], asked["tags"], asked["path"]) == (RUN, "7", {"0": "v"}, "/v1/chat/completions")

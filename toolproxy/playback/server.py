@@ -264,14 +264,16 @@ class Playback:
         which records it into the played run), its answer streamed back as it comes. `rest`: the
         part of the body not read yet, sent on as it arrives."""
         self.stats.relayed += 1
-        drop = NOT_FORWARDED_UP | connection_listed(request.headers.items())
+        listed = connection_listed(request.headers.items())
         if self.recording:
-            # the client's tags reach the recording proxy as sent, read there as serve reads them; the run is the played one
+            # The recording proxy reads the request as serve would have: the client's tags as sent
+            # (the run the played one), its Host (named in serve's answers, kept in the record).
+            drop = (NOT_FORWARDED_UP - {"host"}) | listed
             headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop and k.lower() != RUN_HEADER]
             headers.append((RUN_HEADER, self.options.run))
         else:
             headers = [(k, v) for k, v in request.headers.items()
-                       if k.lower() not in drop and not k.lower().startswith(TAG_HEADER_PREFIX)]
+                       if k.lower() not in NOT_FORWARDED_UP | listed and not k.lower().startswith(TAG_HEADER_PREFIX)]
         data: bytes | AsyncIterator[bytes] | None = body or None
         if rest is not None:
             data = _stream(body, rest)
