@@ -20,6 +20,7 @@ The types are those of the columns analyze stores the fields in, named as DuckDB
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,8 +36,8 @@ SET_ASIDE = (CORRUPT, BAD_TYPE, UNKNOWN_KIND)
 EXCHANGE, FINGERPRINT = "exchange", "fingerprint"
 KINDS = frozenset({EXCHANGE, SAMPLED_OUT, FINGERPRINT})
 
-_INT32 = (-(1 << 31), (1 << 31) - 1)
-_INT64 = (-(1 << 63), (1 << 63) - 1)
+INT32 = (-(1 << 31), (1 << 31) - 1)
+INT64 = (-(1 << 63), (1 << 63) - 1)
 # Epoch seconds DuckDB can hold as a TIMESTAMP (microseconds in an int64, about +-292,000 years).
 EPOCH_SECONDS = 9.2e12
 
@@ -53,8 +54,8 @@ def _is_number(value: Any) -> bool:
 FITS = {
     "VARCHAR": lambda v: type(v) is str,
     "JSON": lambda v: type(v) is str,
-    "INTEGER": lambda v: _is_int(v, _INT32),
-    "BIGINT": lambda v: _is_int(v, _INT64),
+    "INTEGER": lambda v: _is_int(v, INT32),
+    "BIGINT": lambda v: _is_int(v, INT64),
     "DOUBLE": _is_number,
     "TIMESTAMP": lambda v: _is_number(v) and -EPOCH_SECONDS < v < EPOCH_SECONDS,
     "BOOLEAN": lambda v: type(v) is bool,
@@ -103,21 +104,53 @@ def misfit(name: str, value: Any, kind: str) -> str | None:
     return f'"{name}" is {shown} ({_with_article(json_type(value))}), which does not fit {WORDS[kind]}'
 
 
-_TEXT = frozenset((str, type(None)))
-_BODY_NAMES = tuple(BODIES)
+_NONE = type(None)
+# Per type, the Python types its values may have (bool is no int here: type() is compared, not isinstance).
+_PY_TYPES = {
+    "VARCHAR": frozenset({str, _NONE}), "JSON": frozenset({str, _NONE}), "INTEGER": frozenset({int, _NONE}),
+    "BIGINT": frozenset({int, _NONE}), "DOUBLE": frozenset({int, float, _NONE}),
+    "TIMESTAMP": frozenset({int, float, _NONE}), "BOOLEAN": frozenset({bool, _NONE}), "VARCHAR[]": frozenset({list, _NONE}),
+}
+_NAMES = tuple(FIELDS)
+_VALUES = operator.itemgetter(*_NAMES)
+_ALLOWED = tuple(_PY_TYPES[FIELDS[name]] for name in _NAMES)
+# The fields whose type alone does not decide: their place in _NAMES and the bounds their values
+# must be strictly within.
+_EXCLUSIVE = {"INTEGER": (INT32[0] - 1, INT32[1] + 1), "BIGINT": (INT64[0] - 1, INT64[1] + 1),
+              "TIMESTAMP": (-EPOCH_SECONDS, EPOCH_SECONDS)}
+_BOUNDED = tuple((i, *_EXCLUSIVE[FIELDS[name]]) for i, name in enumerate(_NAMES) if FIELDS[name] in _EXCLUSIVE)
+# Type signatures (each field's Python type, in _NAMES order) seen to fit: the proxy writes few.
+_FITTING: set[tuple[type, ...]] = set()
 
 
 def first_misfit(rec: dict[str, Any]) -> str | None:
-    """The first typed field of `rec` whose value does not fit (FIELDS order), in words; or None."""
-    get = rec.get
-    if _TEXT.issuperset(map(type, map(get, _BODY_NAMES))):
-        fields = STORED.items()  # the bodies are text, as nearly always: only the rest is asked
-    else:
-        fields = FIELDS.items()
-    for name, kind in fields:
-        value = get(name)
-        if value is not None and not FITS[kind](value):
-            return misfit(name, value, kind)
+    """The first typed field of `rec` whose value does not fit (FIELDS order), in words; or None.
+
+    analyze asks this of every record, so the common case is a few passes in C: the record's type
+    signature is looked up among those seen to fit, then the few bounded values are compared.
+    Only a record that fails that is looked at field by field, for the words.
+    """
+    try:
+        values = _VALUES(rec)
+    except KeyError:  # a field left out (an older record, one written by hand): null, which fits
+        values = tuple(map(rec.get, _NAMES))
+    signature = tuple(map(type, values))
+    fits = signature in _FITTING
+    if not fits and all(map(frozenset.__contains__, _ALLOWED, signature)):
+        fits = True
+        if len(_FITTING) < 1024:
+            _FITTING.add(signature)
+    if fits:
+        for i, low, high in _BOUNDED:
+            value = values[i]
+            if value is not None and not low < value < high:
+                break
+        else:
+            return None
+    for name, kind in FIELDS.items():
+        problem = misfit(name, rec.get(name), kind)
+        if problem is not None:
+            return problem
     return None
 
 
@@ -133,6 +166,11 @@ class Issue:
 
     def line(self) -> str:
         return f"{self.segment} @{self.offset}: {self.message}"
+
+
+def unreadable(error: str) -> tuple[str, str]:
+    """(issue kind, message) for a line that is no record at all (segments.parse_line's error)."""
+    return CORRUPT, f"{error}; skipped"
 
 
 def verdict(rec: dict[str, Any]) -> tuple[str, str] | None:
@@ -169,7 +207,7 @@ def read_checked(data_dir: str | Path) -> Iterator[Checked]:
         for line in read_segment(path):
             if line.record is None:
                 if line.error != "torn_tail":
-                    yield Checked(path.name, line.offset, None, Issue(path.name, line.offset, CORRUPT, f"{line.error}; skipped"))
+                    yield Checked(path.name, line.offset, None, Issue(path.name, line.offset, *unreadable(line.error)))
                 continue
             bad = verdict(line.record)
             if bad is None:
