@@ -27,10 +27,11 @@ from urllib.parse import parse_qsl, urlencode
 import click
 
 from toolproxy.drive.harness import tag_prefix
-from toolproxy.drive.run import run_loop, start_proxy, toolproxy_cli
+from toolproxy.drive.run import start_proxy, toolproxy_cli
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.headers import NOT_FORWARDED_UP, TAG_HEADER_PREFIX
+from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 from toolproxy.term.progress import Progress, duration
 

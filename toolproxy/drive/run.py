@@ -23,6 +23,7 @@ from toolproxy.drive.harness import harness_env, tag_prefix
 from toolproxy.playback.options import miss_line as _miss_line, playback_options
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
+from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 
 if TYPE_CHECKING:
@@ -134,14 +135,6 @@ async def run_against_playback(options: dict, fixture, argv: list[str], tags: di
     finally:
         await playback.stop()
         click.echo(f"toolproxy run: playback of {printable(playback_options.run)}: {playback.stats.line()}", err=True)
-
-
-def run_loop(coro):
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def toolproxy_cli(*args: str, capture: bool = True) -> subprocess.CompletedProcess:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
-from toolproxy.proxy.children import sigint_ignored
+from toolproxy.runtime.children import sigint_ignored
 from toolproxy.record.model import Record, encode_record, stored_text
 
 if TYPE_CHECKING:  # the analyzer's modules load in the classifier process only
