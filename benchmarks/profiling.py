@@ -27,7 +27,7 @@ from pathlib import Path
 PARTS: tuple[tuple[str, str, str], ...] = (
     ("toolproxy/proxy/tags.py", "", "request: path tags, query redaction"),
     ("toolproxy/proxy/headers.py", "Redactor.query", "request: path tags, query redaction"),
-    ("toolproxy/proxy/headers.py", "connection_listed", "headers: copied up and down"),
+    ("toolproxy/wire/hopbyhop.py", "connection_listed", "headers: copied up and down"),
     ("toolproxy/proxy/forward.py", "_upstream_headers", "headers: copied up and down"),
     ("toolproxy/proxy/forward.py", "_relay.<locals>.<listcomp>", "headers: copied up and down"),
     ("toolproxy/proxy/headers.py", "", "headers: redacted for the record"),

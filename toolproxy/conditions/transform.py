@@ -14,8 +14,8 @@ import json
 import secrets
 from typing import Callable, Mapping, Protocol
 
-from toolproxy.proxy.headers import NOT_FORWARDED_DOWN
 from toolproxy.wire import Call, Decoder, Text
+from toolproxy.wire.hopbyhop import NOT_FORWARDED_DOWN
 
 
 def new_call(name: str, arguments: str) -> Call:

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Callable
 
 import click
 
-from toolproxy.drive.harness import harness_env, tag_prefix
+from toolproxy.drive.harness import harness_env
 from toolproxy.playback.options import miss_line as _miss_line, playback_options
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
+from toolproxy.proxy.tags import tag_prefix
 from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 

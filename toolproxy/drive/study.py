@@ -30,12 +30,13 @@ import click
 
 from toolproxy.analysis.measure.runline import from_report
 from toolproxy.conditions import NAMES
-from toolproxy.drive.harness import harness_env, tag_prefix
+from toolproxy.drive.harness import harness_env
 from toolproxy.drive.run import (_parse_tags, _run_child, proxy_address_line, run_child_relayed, start_proxy,
                                    toolproxy_cli)
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.modelswap import TAG as MODEL_TAG
+from toolproxy.proxy.tags import tag_prefix
 from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 from toolproxy.term.progress import Progress, duration

@@ -23,13 +23,7 @@ from toolproxy import wire
 from toolproxy.proxy import livepage
 from toolproxy.proxy.flow import Cut, Flow, Refusal
 from toolproxy.term.connection_errors import explain
-from toolproxy.proxy.headers import (
-    NOT_FORWARDED_DOWN,
-    NOT_FORWARDED_UP,
-    TAG_HEADER_PREFIX,
-    Redactor,
-    connection_listed,
-)
+from toolproxy.proxy.headers import Redactor
 from toolproxy.proxy.admission import writer_backpressure
 from toolproxy.proxy.auth import presented_token
 from toolproxy.proxy.config import ProxyConfig
@@ -39,9 +33,10 @@ from toolproxy.proxy.pool import CONNECTION
 from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
 from toolproxy.proxy.spool import Spool, file_payload
 from toolproxy.proxy.state import ADMIN_PREFIX, ProxyState
-from toolproxy.proxy.tags import header_tags, place_path_tags
+from toolproxy.proxy.tags import TAG_HEADER_PREFIX, header_tags, place_path_tags
 from toolproxy.record.model import encode_body
 from toolproxy.record.spill import SpilledBody
+from toolproxy.wire.hopbyhop import NOT_FORWARDED_DOWN, NOT_FORWARDED_UP, connection_listed
 
 _CLIENT_GONE = (ConnectionResetError, ConnectionError, aiohttp.ClientConnectionResetError)
 _UNWRITTEN = "Can not write request body"  # aiohttp's words when the connection was closed under the write
