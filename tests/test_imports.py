@@ -18,12 +18,12 @@ SOURCES = {"toolproxy": ROOT / "toolproxy", "toolproxy.analysis": ROOT / "analys
 INTO_ANALYSIS = {
     # The live page classifies each record with the analyzer's own per-record stage and derives
     # its turns with the analyzer's episode code, so the page says what the report will say.
-    "toolproxy.proxy.live": {"toolproxy.analysis.ingest.bodies", "toolproxy.analysis.ingest.records",
+    "toolproxy.live.view": {"toolproxy.analysis.ingest.bodies", "toolproxy.analysis.ingest.records",
                              "toolproxy.analysis.measure.runline"},
-    "toolproxy.proxy.liveturns": {"toolproxy.analysis.episodes.build", "toolproxy.analysis.episodes.model",
+    "toolproxy.live.turns": {"toolproxy.analysis.episodes.build", "toolproxy.analysis.episodes.model",
                                   "toolproxy.analysis.episodes.roles", "toolproxy.analysis.measure.outcomes",
                                   "toolproxy.analysis.measure.runline"},
-    "toolproxy.proxy.classifier": {"toolproxy.analysis.measure.runline"},
+    "toolproxy.live.classifier": {"toolproxy.analysis.measure.runline"},
     # run, study and demo print each run's line as the report reads it (one definition, runline).
     # run also prints each run's provenance lines from the report JSON it fetched, in the words the
     # report itself uses (Provenance.lines), not a second rendering of them.

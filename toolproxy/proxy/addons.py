@@ -20,7 +20,7 @@ from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.flow import Addon, Service
-from toolproxy.proxy.live import LiveView
+from toolproxy.live.view import LiveView
 from toolproxy.proxy.logline import log_line
 from toolproxy.proxy.modelswap import ModelSwap
 from toolproxy.proxy.pool import upstream_session

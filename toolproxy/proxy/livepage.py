@@ -7,7 +7,7 @@ HMAC of the token, not the token itself. Scripts that can only open a URL (a hea
 taking a screenshot) may use /_toolproxy/login?token=...: it sets the same cookie and redirects
 to the clean address at once.
 
-The page is one package data file (live.html, inline CSS and JS, nothing from the network), sent
+The page is one package data file (toolproxy/live/page.html, inline CSS and JS, nothing from the network), sent
 with a Content-Security-Policy that lets only its own nonce-tagged script and style run and lets
 it fetch only from this origin. Everything a model or client wrote is put on the page through
 textContent, never parsed as HTML.
@@ -26,7 +26,7 @@ import orjson
 from aiohttp import web
 
 COOKIE = "toolproxy_page"
-_PAGE = resources.files("toolproxy.proxy").joinpath("live.html")
+_PAGE = resources.files("toolproxy.live").joinpath("page.html")
 
 
 def cookie_value(token: str) -> str:

@@ -18,7 +18,7 @@ from toolproxy.proxy.counters import Counters
 from toolproxy.proxy.exposure import Exposure
 from toolproxy.proxy.flow import Hooks
 from toolproxy.proxy.headers import load_redactor
-from toolproxy.proxy.live import LiveView
+from toolproxy.live.view import LiveView
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.refusals import RefusalBudget
 from toolproxy.proxy.stackwatch import StackWatch

@@ -7,7 +7,7 @@ line, and sends what arrived in messages of at most HANDOFF records to a classif
 which classifies each record with the analyzer's own per-record code
 (analysis.ingest.records.analyze_record: the same outcome, sub-kind and surface `analyze` will store) and
 keeps the counters, the recent exchanges and each run's attempts, from which it derives turns,
-episodes and roles as the report does when the page asks (toolproxy.proxy.liveturns). Classifying
+episodes and roles as the report does when the page asks (toolproxy.live.turns). Classifying
 costs about as much CPU as forwarding, so it cannot share the proxy's interpreter (the GIL), and
 the classifier process runs only on CPU time nothing else wants. The page's requests ask it for a report off the loop.
 
@@ -21,7 +21,7 @@ them (a count alone let a flood of long contexts hold hundreds of megabytes, and
 held while the classifier is starved, spread over the proxy's heap), the recent list is
 a ring of RECENT exchanges whose bodies are cut at BODY_CHARS, the per-run counters are
 integers for at most MAX_RUNS runs, and the attempts kept for the turns are bounded per run and in
-all (liveturns).
+all (toolproxy.live.turns).
 
 Under `serve --workers N` every worker has its own classifier, which also answers on a Unix
 socket in the group's private directory, so whichever worker serves the page merges its peers'
@@ -50,7 +50,7 @@ from toolproxy.runtime.children import sigint_ignored
 from toolproxy.record.model import Record, encode_record, stored_text
 
 if TYPE_CHECKING:  # the analyzer's modules load in the classifier process only
-    from toolproxy.proxy.liveturns import Held
+    from toolproxy.live.turns import Held
 
 INBOX = 1_000
 INBOX_BYTES = 1 << 20
@@ -91,7 +91,7 @@ def classify_record(rec: dict) -> tuple[dict, dict, Held | None]:
     from toolproxy.analysis.ingest.bodies import decode_body, header
     from toolproxy.analysis.ingest.records import analyze_record
     from toolproxy.analysis.measure.runline import delivered_now
-    from toolproxy.proxy.liveturns import held_of
+    from toolproxy.live.turns import held_of
 
     analyzed = analyze_record(rec, "", 0)
     row = analyzed.exchange
@@ -193,7 +193,7 @@ class RunCounts:
 
 class Tally:
     """The classifier process's state: counters per run, each run's attempts (its turns, episodes
-    and roles are derived from them when the page asks: toolproxy.proxy.liveturns) and the ring of
+    and roles are derived from them when the page asks: toolproxy.live.turns) and the ring of
     recent exchanges."""
 
     def __init__(self, recent: int = RECENT, max_runs: int = MAX_RUNS) -> None:
@@ -206,7 +206,7 @@ class Tally:
         self.failures = 0
         self.last_failure: str | None = None
         self.unclassified: Counter = Counter()
-        self.turns = None  # toolproxy.proxy.liveturns.LiveTurns, once an attempt came (the analyzer loads then)
+        self.turns = None  # toolproxy.live.turns.LiveTurns, once an attempt came (the analyzer loads then)
         self.log = None  # set when this process prints serve's line per exchange (see _classifier)
 
     def _run(self, name: str) -> RunCounts:
@@ -233,7 +233,7 @@ class Tally:
         counts.add(summary)
         if held is not None:
             if self.turns is None:
-                from toolproxy.proxy.liveturns import LiveTurns
+                from toolproxy.live.turns import LiveTurns
 
                 self.turns = LiveTurns()
             self.turns.add(summary["run"], held)
@@ -418,7 +418,7 @@ class LiveView:
         # The child finds toolproxy where this process did (as multiprocessing's spawn would tell it).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         fds = (rec_out.fileno(), child_queries.fileno())
-        cmd = [sys.executable, "-m", "toolproxy.proxy.classifier", *map(str, fds),
+        cmd = [sys.executable, "-m", "toolproxy.live.classifier", *map(str, fds),
                str(self.socket_path or ""), str(self._recent), str(self._max_runs)]
         with sigint_ignored():
             self._proc = subprocess.Popen(cmd, pass_fds=fds, env=env, stdin=subprocess.DEVNULL)
