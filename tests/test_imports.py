@@ -18,8 +18,9 @@ SOURCES = {"toolproxy": ROOT / "toolproxy", "toolproxy.analysis": ROOT / "analys
 INTO_ANALYSIS = {
     # The live page classifies each record with the analyzer's own per-record stage and derives
     # its turns with the analyzer's episode code, so the page says what the report will say.
-    "toolproxy.live.view": {"toolproxy.analysis.ingest.bodies", "toolproxy.analysis.ingest.records",
-                             "toolproxy.analysis.measure.runline"},
+    "toolproxy.live.classify": {"toolproxy.analysis.ingest.bodies", "toolproxy.analysis.ingest.records",
+                                "toolproxy.analysis.measure.runline"},
+    "toolproxy.live.tally": {"toolproxy.analysis.measure.runline"},
     "toolproxy.live.turns": {"toolproxy.analysis.episodes.build", "toolproxy.analysis.episodes.model",
                                   "toolproxy.analysis.episodes.roles", "toolproxy.analysis.measure.outcomes",
                                   "toolproxy.analysis.measure.runline"},

@@ -23,7 +23,9 @@ import pytest
 from proxyprocess import LISTENING, ProxyProcess
 
 from toolproxy.analysis.report.screenshot import find_browser, run_chromium, screenshot
-from toolproxy.live.view import LiveView, Tally, merge_reports, outcome_key
+from toolproxy.live.classify import outcome_key
+from toolproxy.live.tally import Tally, merge_reports
+from toolproxy.live.view import LiveView
 from toolproxy.record.model import Record, encode_record
 from toolproxy import emulators as fakes
 
@@ -336,7 +338,8 @@ def test_memory_is_bounded():
 def test_the_turns_kept_are_bounded_and_a_run_that_outgrew_them_says_so():
     """At most so many attempts per run and in all; past that a run's oldest quarter goes and its
     figures say they are partial. Worked out again only when a run changed."""
-    from toolproxy.live.view import classify_record, summarised
+    from toolproxy.live.classify import classify_record
+    from toolproxy.live.tally import summarised
     from toolproxy.live.turns import LiveTurns
 
     turns = LiveTurns(per_run=8, total=12)
