@@ -50,7 +50,7 @@ async def start_proxy(config: ProxyConfig) -> RunningProxy:
 def proxy_address_line(command: str, proxy: RunningProxy, config: ProxyConfig) -> str:
     """Where the in-process proxy listens, said before the harness starts: its port is a free one
     picked at start, so without this line the live page cannot be found."""
-    from toolproxy.proxy.state import ADMIN_PREFIX
+    from toolproxy.proxy.admin import ADMIN_PREFIX
 
     text = f"toolproxy {command}: proxy on {proxy.url} -> upstream {printable(config.upstream)}"
     if config.live_page:

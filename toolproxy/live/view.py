@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,6 +49,7 @@ from toolproxy.live.tally import MAX_RUNS, RECENT, Tally, merge_reports, summari
 from toolproxy.runtime.children import sigint_ignored
 from toolproxy.record.model import Record, encode_record, stored_text
 
+PAGE = resources.files("toolproxy.live").joinpath("page.html")
 INBOX = 1_000
 INBOX_BYTES = 1 << 20
 FEED_EVERY = 0.05  # seconds between the feeder's hand-offs
@@ -296,6 +298,11 @@ class LiveView:
             except (OSError, EOFError) as exc:
                 self.broken = f"the classifier process stopped: {exc}"
             return None
+
+    def page(self, nonce: str) -> str:
+        """The page (one file: inline CSS and JS, nothing from the network), its script and style
+        marked with `nonce`, the only ones the admin route's Content-Security-Policy lets run."""
+        return PAGE.read_text(encoding="utf-8").replace("{{nonce}}", nonce)
 
     def report(self, run: str | None = None, outcome: str | None = None, limit: int = 100,
                peers: Callable[[], list[Path]] | None = None) -> dict[str, Any]:

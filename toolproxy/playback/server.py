@@ -32,7 +32,7 @@ from toolproxy.playback.fixture import RecordedExchange
 from toolproxy.playback.match import Matcher, MatchRules, Miss
 from toolproxy.proxy.exposure import Exposure
 from toolproxy import wire
-from toolproxy.proxy.forward import protocol_error_body
+from toolproxy.proxy.errorbody import protocol_error_body
 from toolproxy.proxy.tags import TAG_HEADER_PREFIX, header_tags, place_path_tags, tag_prefix
 from toolproxy.wire.hopbyhop import HOP_BY_HOP, NOT_FORWARDED_UP, connection_listed
 
