@@ -47,8 +47,11 @@ class ProxyState:
         self.exposure = Exposure(config.host, config.allowed_hosts)
         # Whether the upstream answers: reported beside recording health, never deciding its status.
         self.upstream_health = UpstreamHealth(config.upstream, config.connect_timeout)
-        # Set by addons.addons: what the handler, the admin routes and the commands ask for by name.
-        self.stacks: StackWatch | None = None  # when fingerprinting is on
+        # Fingerprinting the upstream's stack (unless --no-fingerprint): the conditions, the OTLP
+        # spans and the commands ask it which stack it found.
+        self.stacks = StackWatch(config, writer, lambda: self.session, self.upstream_health) if config.fingerprint else None
+        # Set by the parts that own them as they are built (proxy/parts.py): what the handler, the
+        # admin routes and the commands ask for by name.
         self.live = None  # the live page's view (toolproxy.live), unless --no-live-page
         self.refusals: RefusalBudget | None = None
         # Under `serve --workers N`: this process's place in the group, whose stats it merges.
