@@ -65,6 +65,14 @@ def _type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _from_module(package: str, node: ast.ImportFrom) -> str:
+    """The module a `from X import ...` in `package` names, relative ones resolved."""
+    if not node.level:
+        return node.module or ""
+    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+    return ".".join(anchor + ([node.module] if node.module else []))
+
+
 def _imports(name: str, path: Path, faces: list[tuple[str, bool]] | None = None) -> list[tuple[str, bool]]:
     """(module imported, lazily or not) for each import statement in one module; `from X import Y`
     counts as importing X.Y when that is a module, else X. Imports under `if TYPE_CHECKING:` never
@@ -84,11 +92,7 @@ def _imports(name: str, path: Path, faces: list[tuple[str, bool]] | None = None)
             if isinstance(child, ast.Import):
                 found.extend((alias.name, lazy) for alias in child.names)
             elif isinstance(child, ast.ImportFrom):
-                if child.level:
-                    anchor = package.split(".")[: len(package.split(".")) - (child.level - 1)]
-                    base = ".".join(anchor + ([child.module] if child.module else []))
-                else:
-                    base = child.module or ""
+                base = _from_module(package, child)
                 for alias in child.names:
                     full = f"{base}.{alias.name}"
                     found.append((full if full in known else base, lazy))
@@ -311,11 +315,7 @@ def private_imports(name: str, path: Path) -> list[tuple[str, str, str]]:
             for alias in node.names:
                 bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
+            base = _from_module(package, node)
             for alias in node.names:
                 if f"{base}.{alias.name}" in known:
                     bound[alias.asname or alias.name] = f"{base}.{alias.name}"
