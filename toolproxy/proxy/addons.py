@@ -17,7 +17,8 @@ from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.flow import Addon
 from toolproxy.proxy.modelswap import ModelSwap
-from toolproxy.proxy.parts import Housekeeping, LivePage, Otlp, RefusedRecording, Recording, Sampling, UpstreamSession
+from toolproxy.proxy.parts import (Housekeeping, LivePage, Otlp, RecordSampling, RefusedRecording, Recording,
+                                   UpstreamSession)
 from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.state import ProxyState
 
@@ -32,7 +33,7 @@ def addons(config: ProxyConfig, state: ProxyState) -> list[Addon]:
     if config.otlp_endpoint:
         out.append(Otlp(config, state))
     out.append(RefusedRecording(config, state))
-    sampling = Sampling(config) if config.sample is not None else None
+    sampling = RecordSampling(config) if config.sample is not None else None
     recording = Recording(config, state, sampling.sampler if sampling is not None else None)
     out.append(recording)
     if recording.spill_masking is not None:

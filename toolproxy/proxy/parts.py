@@ -85,8 +85,9 @@ class RefusedRecording(Part):
                          stats_key="refused", report=state.refusals.report)
 
 
-class Sampling(Part):
-    """`--sample`: which exchanges keep their bodies (the record transform asks it), in the stats."""
+class RecordSampling(Part):
+    """`--sample`: which episodes are recorded whole and which leave a stub per exchange (the record
+    transform asks it), and what the stats say of it."""
 
     def __init__(self, config: ProxyConfig) -> None:
         self.sampler = load_sampler(config.sample, config.data_dir)
