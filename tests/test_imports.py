@@ -24,8 +24,8 @@ INTO_ANALYSIS = {
                                 "toolproxy.analysis.measure.runline"},
     "toolproxy.live.tally": {"toolproxy.analysis.measure.runline"},
     "toolproxy.live.turns": {"toolproxy.analysis.episodes.build", "toolproxy.analysis.episodes.model",
-                                  "toolproxy.analysis.episodes.roles", "toolproxy.analysis.measure.outcomes",
-                                  "toolproxy.analysis.measure.runline"},
+                             "toolproxy.analysis.episodes.roles", "toolproxy.analysis.measure.outcomes",
+                             "toolproxy.analysis.measure.runline"},
     "toolproxy.live.classifier": {"toolproxy.analysis.measure.runline"},
     # run, study and demo print each run's line as the report reads it (one definition, runline).
     # run also prints each run's provenance lines from the report JSON it fetched, in the words the
