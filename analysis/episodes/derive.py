@@ -26,7 +26,7 @@ from toolproxy.analysis.store.columns import share_strings
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.state import set_unfinished_runs, stored_rules, unfinished_runs
 from toolproxy.analysis.store.tables import EPISODE_KEYS, EPISODES, TURNS
-from toolproxy.calls.gcpause import gc_paused
+from toolproxy.runtime.gcpause import gc_paused
 from toolproxy.record.segments import SEGMENT_REPLICA
 
 # One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a

@@ -27,7 +27,7 @@ from toolproxy.analysis.ingest.protocols import read_prompt, reply_message
 from toolproxy.analysis.measure.classify import classify
 from toolproxy.analysis.store.columns import Columns, share_strings
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES
-from toolproxy.calls.gcpause import gc_paused
+from toolproxy.runtime.gcpause import gc_paused
 from toolproxy.record.chunks import CHUNK_PREFIX, ChunkSource
 from toolproxy.record.model import MODEL_SENT, Record
 from toolproxy.record.sampling import SAMPLED_OUT
@@ -382,7 +382,7 @@ def _issue(segment: str, offset: int, kind: str, message: str, record_id: str | 
 def analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource) -> Batch:
     """Parse and analyse a batch of raw segment lines. Runs in worker processes: no database.
 
-    The cyclic garbage collector is paused meanwhile (see toolproxy.calls.gcpause): its passes over a
+    The cyclic garbage collector is paused meanwhile (see toolproxy.runtime.gcpause): its passes over a
     batch's parsed records and rows were ~15% of the time for nothing.
     """
     with gc_paused():

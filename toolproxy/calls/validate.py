@@ -1,8 +1,9 @@
 """Does a call name an offered tool, and do its arguments satisfy that tool's JSON Schema?
 
-Schemas are checked with jsonschema under the dialect their `$schema` names, Draft 2020-12 when
-they name none. jsonschema's semantics are kept as they are, including that 3.0 *is* an integer
-(Draft 4 and later define integers by value, not by spelling; only Draft 3 rejects it). A tool
+Schemas are checked with jsonschema under the dialect (JSON Schema's own word) their `$schema`
+names, Draft 2020-12 when they name none. jsonschema's semantics are kept as they are, including
+that 3.0 *is* an integer (Draft 4 and later define integers by value, not by spelling; only
+Draft 3 rejects it). A tool
 schema that is itself invalid, or that cannot be used (an unresolvable `$ref`: remote references
 are never fetched), makes the call "not validated" instead of failing the analysis.
 

@@ -12,6 +12,7 @@ import click
 
 from toolproxy.playback.options import load, miss_line, playback_options
 from toolproxy.playback.server import CannotPlay, PlaybackOptions, start_playback
+from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 
 
@@ -40,8 +41,6 @@ def playback(source, data_dir, upstream, host, port, allowed_hosts, on_miss, pac
                               allowed_hosts=tuple(allowed_hosts), data_dir=data_dir, on_missed=miss_line)
     if on_miss != "fail" and not upstream:
         raise click.UsageError(f"--on-miss {on_miss} needs --upstream URL (where a miss is sent)")
-    from toolproxy.drive.run import run_loop
-
     try:
         run_loop(_serve(exchanges, rules, options))
     except CannotPlay as exc:

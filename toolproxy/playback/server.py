@@ -28,14 +28,13 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from toolproxy.drive.harness import tag_prefix
 from toolproxy.playback.fixture import RecordedExchange
 from toolproxy.playback.match import Matcher, MatchRules, Miss
 from toolproxy.proxy.exposure import Exposure
 from toolproxy import wire
-from toolproxy.proxy.forward import protocol_error_body
-from toolproxy.proxy.headers import HOP_BY_HOP, NOT_FORWARDED_UP, TAG_HEADER_PREFIX, connection_listed
-from toolproxy.proxy.tags import header_tags, place_path_tags
+from toolproxy.proxy.errorbody import protocol_error_body
+from toolproxy.proxy.tags import TAG_HEADER_PREFIX, header_tags, place_path_tags, tag_prefix
+from toolproxy.wire.hopbyhop import HOP_BY_HOP, NOT_FORWARDED_UP, connection_listed
 
 ON_MISS = ("fail", "forward", "record")
 PACES = ("fast", "recorded")
