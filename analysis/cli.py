@@ -44,10 +44,10 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     """
     import duckdb
 
-    from toolproxy.analysis.ingest.pipeline import ingest
+    from toolproxy.analysis.load.pipeline import ingest
     from toolproxy.analysis.lifecycle.prune import forget_pruned
     from toolproxy.analysis.lifecycle.reanalyze import ReanalyzeError, rebuild, rebuild_reason
-    from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.store.state import save_state
     from toolproxy.term.progress import Progress
 

@@ -48,7 +48,7 @@ def _fail(message: str) -> None:
 
 def expect_callback(_ctx, _param, values: tuple[str, ...]) -> list:
     """--expect rules parsed at the command line, so a mistyped rule is a usage error, not a traceback."""
-    from toolproxy.analysis.measure.expectations import RuleError, parse_rules
+    from toolproxy.analysis.classify.expectations import RuleError, parse_rules
 
     try:
         return parse_rules(values)
@@ -76,7 +76,7 @@ def analyze_if_stale(command: str, data_dir: Path, db_path: Path | None, memory_
     analyze runs as its own process with its summary discarded (this command's stdout is its
     result) and its stderr shown: its progress line on a terminal, its error if it fails.
     """
-    from toolproxy.analysis.lifecycle.staleness import unanalyzed_segments
+    from toolproxy.analysis.load.staleness import unanalyzed_segments
     from toolproxy.analysis.store.connection import default_db
 
     if db_path is not None and db_path != default_db(data_dir):

@@ -18,10 +18,10 @@ SOURCES = {"toolproxy": ROOT / "toolproxy", "toolproxy.analysis": ROOT / "analys
 INTO_ANALYSIS = {
     # The live page classifies each record with the analyzer's own per-record stage and derives
     # its turns with the analyzer's episode code, so the page says what the report will say.
-    "toolproxy.proxy.live": {"toolproxy.analysis.ingest.bodies", "toolproxy.analysis.ingest.records",
+    "toolproxy.proxy.live": {"toolproxy.analysis.classify.bodies", "toolproxy.analysis.classify.record",
                              "toolproxy.analysis.measure.runline"},
     "toolproxy.proxy.liveturns": {"toolproxy.analysis.episodes.build", "toolproxy.analysis.episodes.model",
-                                  "toolproxy.analysis.episodes.roles", "toolproxy.analysis.measure.outcomes",
+                                  "toolproxy.analysis.episodes.roles", "toolproxy.analysis.classify.outcomes",
                                   "toolproxy.analysis.measure.runline"},
     "toolproxy.proxy.classifier": {"toolproxy.analysis.measure.runline"},
     # run, study and demo print each run's line as the report reads it (one definition, runline).
@@ -33,7 +33,7 @@ INTO_ANALYSIS = {
     # replay reads the recorded requests from a data directory's store.
     "toolproxy.drive.replay": {"toolproxy.analysis.store.connection"},
     # doctor judges a reply by the analyzer's own outcome words and empty-reply causes.
-    "toolproxy.checks.doctor": {"toolproxy.analysis.measure.classify", "toolproxy.analysis.measure.outcomes"},
+    "toolproxy.checks.doctor": {"toolproxy.analysis.classify.attempt", "toolproxy.analysis.classify.outcomes"},
 }
 
 
@@ -156,7 +156,7 @@ def test_the_table_sees_lazy_and_relative_imports():
     table = set(edges())
     assert Edge("toolproxy.calls.parse", "toolproxy.calls.gcpause", False) in table  # from .gcpause import
     assert Edge("toolproxy.drive.replay", "toolproxy.analysis.store.connection", True) in table  # inside a function
-    assert Edge("toolproxy.analysis.ingest.records", "toolproxy.analysis.ingest.keys", False) in table
+    assert Edge("toolproxy.analysis.classify.record", "toolproxy.analysis.classify.keys", False) in table
 
 
 def test_type_checking_imports_are_no_edge():
@@ -177,7 +177,7 @@ def test_no_import_circles():
 
 def test_the_per_record_stage_does_not_reach_the_episode_stage():
     graph = _graph()
-    seen, todo = set(), ["toolproxy.analysis.ingest.records"]
+    seen, todo = set(), ["toolproxy.analysis.classify.record"]
     while todo:
         node = todo.pop()
         if node not in seen:

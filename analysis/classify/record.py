@@ -19,12 +19,12 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from toolproxy.analysis.ingest import harnesses
-from toolproxy.analysis.ingest.bodies import decode_body, header
-from toolproxy.analysis.ingest.keys import UNTAGGED_RUN, Prefixes, call_signature, conversation_keys
-from toolproxy.analysis.ingest.probes import probe_of
-from toolproxy.analysis.ingest.protocols import read_prompt, reply_message
-from toolproxy.analysis.measure.classify import classify
+from toolproxy.analysis.classify import harnesses
+from toolproxy.analysis.classify.bodies import decode_body, header
+from toolproxy.analysis.classify.keys import UNTAGGED_RUN, Prefixes, call_signature, conversation_keys
+from toolproxy.analysis.classify.probes import probe_of
+from toolproxy.analysis.classify.protocols import read_prompt, reply_message
+from toolproxy.analysis.classify.attempt import classify
 from toolproxy.analysis.store.columns import Columns, share_strings
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES
 from toolproxy.calls.gcpause import gc_paused
@@ -161,7 +161,7 @@ def analyze_record(rec: dict, segment: str, offset: int, prefixes: Prefixes | No
     condition = _given(rec.get("condition"), "native")
     rewritten = rec.get("upstream_request") is not None
     req, request = _request(rec, kind) if kind is not None else (None, None)
-    # A harness's capability probe asks the model, but is no turn of its task (analysis.ingest.probes).
+    # A harness's capability probe asks the model, but is no turn of its task (analysis.classify.probes).
     probe = probe_of(kind, req)
     is_attempt = kind is not None and probe is None
     messages = request.messages if request is not None else []
@@ -177,7 +177,7 @@ def analyze_record(rec: dict, segment: str, offset: int, prefixes: Prefixes | No
     tool_hash = tools_row.hash if tools_row else None
     names: list[str] = tools_row.names if tools_row else []
 
-    # The harness's own finishing tool, when the request offers one (analysis.ingest.harnesses): its call,
+    # The harness's own finishing tool, when the request offers one (analysis.classify.harnesses): its call,
     # not prose, is then the episode's answer.
     finisher = harnesses.finisher(protocol, tools, request.messages) if tools else None
 

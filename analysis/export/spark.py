@@ -42,9 +42,9 @@ from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.ingest.pipeline import _after_last_newline, _next_line_end, link_stored_responses
-from toolproxy.analysis.ingest.records import CALL_TYPES, EXCHANGE_TYPES, analyze_range
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.load.pipeline import _after_last_newline, _next_line_end, link_stored_responses
+from toolproxy.analysis.classify.record import CALL_TYPES, EXCHANGE_TYPES, analyze_range
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.connection import insert_columns, migrate
 from toolproxy.analysis.store.tables import FINGERPRINTS
 from toolproxy.record.segments import list_segments
@@ -345,7 +345,7 @@ class JobError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from toolproxy.analysis.measure.expectations import RuleError, parse_rules
+    from toolproxy.analysis.classify.expectations import RuleError, parse_rules
     from toolproxy.analysis.report import render
 
     ap = argparse.ArgumentParser(prog="toolproxy-spark", description=__doc__.split("\n\n")[0])

@@ -30,8 +30,8 @@ import orjson
 
 from toolproxy.analysis.episodes.roles import ROLE_SQL
 from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.expectations import ExpectationRule, expectation
-from toolproxy.analysis.measure.outcomes import ROLES
+from toolproxy.analysis.classify.expectations import ExpectationRule, expectation
+from toolproxy.analysis.classify.outcomes import ROLES
 from toolproxy.analysis.store.state import stored_rules
 
 METRICS = ("call_fidelity", "delivered_fidelity", "restraint", "delivered_restraint", "answer_rate", "paper_fidelity")

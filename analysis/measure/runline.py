@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from toolproxy.analysis.measure.outcomes import (HARNESS, MODEL, NON_RESPONSE, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, SERVING, SUB_KINDS,
+from toolproxy.analysis.classify.outcomes import (HARNESS, MODEL, NON_RESPONSE, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, SERVING, SUB_KINDS,
                                         UNKNOWN, VALID_CALL, whose)
 
 REJ = "rej"

@@ -6,8 +6,8 @@ import textwrap
 
 import orjson
 
-from toolproxy.analysis.ingest.records import _request
-from toolproxy.analysis.measure.outcomes import NON_RESPONSE, whose
+from toolproxy.analysis.classify.record import _request
+from toolproxy.analysis.classify.outcomes import NON_RESPONSE, whose
 from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 from toolproxy.term.printable import printable
 from toolproxy.wire import family_of

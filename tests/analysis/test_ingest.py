@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest import pipeline
-from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.load import pipeline
+from toolproxy.analysis.load.pipeline import ingest
 from toolproxy.analysis.lifecycle.reanalyze import rebuild
 from toolproxy.analysis.store.connection import WRITER_ROW_GROUP_SIZE, bodies_in_sql, connect, default_db
 from toolproxy.record.model import Record, encode_body, new_id
@@ -348,7 +348,7 @@ def test_a_failure_while_committing_surfaces_its_own_error(tmp_path):
     rolling back again must not raise "no transaction is active" over the real cause."""
     import duckdb
 
-    from toolproxy.analysis.ingest.pipeline import Ingestor
+    from toolproxy.analysis.load.pipeline import Ingestor
 
     (tmp_path / "segments").mkdir()
     con = connect(default_db(tmp_path))

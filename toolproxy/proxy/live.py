@@ -88,8 +88,8 @@ def _text(raw: bytes | None, problem: str | None) -> str:
 def classify_record(rec: dict) -> tuple[dict, dict, Held | None]:
     """(summary row, detail, the attempt as the turns are derived from it, if it is one) of one
     finished record (as written), by the analyzer's code."""
-    from toolproxy.analysis.ingest.bodies import decode_body, header
-    from toolproxy.analysis.ingest.records import analyze_record
+    from toolproxy.analysis.classify.bodies import decode_body, header
+    from toolproxy.analysis.classify.record import analyze_record
     from toolproxy.analysis.measure.runline import delivered_now
     from toolproxy.proxy.liveturns import held_of
 

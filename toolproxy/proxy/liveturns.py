@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from toolproxy.analysis.episodes.build import build_episodes, episode_expectation
 from toolproxy.analysis.episodes.model import Attempt, attempt_of
 from toolproxy.analysis.episodes.roles import role_of, turn_facts
-from toolproxy.analysis.measure.outcomes import CALL, NON_RESPONSE, VALID_CALL
+from toolproxy.analysis.classify.outcomes import CALL, NON_RESPONSE, VALID_CALL
 from toolproxy.analysis.measure.runline import composition_key
 
 ATTEMPTS_PER_RUN = 5_000
