@@ -339,7 +339,7 @@ class Prefixes:
     request it resumed must be stored beside it: walks are resumed only within a `scope` (a run's
     attempts, with or without an episode tag) and within what is stored together (one batch of one
     segment, which prune keeps or drops whole; a batch that sets a record aside is analysed again
-    without them, see records.analyze_lines)."""
+    without them, see load.lines.analyze_lines)."""
 
     PER_HEAD = 4
 

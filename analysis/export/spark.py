@@ -7,8 +7,8 @@ for recordings too large for one machine.
 Nothing here re-implements the analyzer: Spark only moves data between toolproxy's own functions.
 
 1. Read and classify, in parallel over byte ranges of the segments (`mapInArrow`). Each task
-   calls `records.analyze_range`, the function `analyze`'s worker processes call, so every record
-   is parsed, reassembled and classified exactly as there. Raw bodies and headers stay in the
+   calls `load.lines.analyze_range`, the function `analyze`'s worker processes call, so every
+   record is parsed, reassembled and classified exactly as there. Raw bodies and headers stay in the
    segments (each row keeps its segment and offset): what travels on are the analysed columns.
 2. Group by run (`applyInArrow`). Episodes, turns, roles, run rows and metrics never look
    outside their run, with two exceptions that are brought into the group: fingerprints (a
@@ -43,7 +43,7 @@ from typing import Sequence
 import orjson
 
 from toolproxy.analysis.load.pipeline import _after_last_newline, _next_line_end, link_stored_responses
-from toolproxy.analysis.classify.record import CALL_TYPES, EXCHANGE_TYPES, analyze_range
+from toolproxy.analysis.load.lines import CALL_TYPES, EXCHANGE_TYPES, analyze_range
 from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.connection import insert_columns, migrate
 from toolproxy.analysis.store.tables import FINGERPRINTS

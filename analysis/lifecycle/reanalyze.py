@@ -47,7 +47,8 @@ def reclassify(con, data_dir, progress=None) -> int:
     A record that cannot be read any more raises ReanalyzeError: derived rows are rebuilt all
     together or not at all."""
     from toolproxy.analysis.classify.keys import Prefixes
-    from toolproxy.analysis.classify.record import CALL_TYPES, EXCHANGE_TYPES, analyze_record
+    from toolproxy.analysis.classify.record import analyze_record
+    from toolproxy.analysis.load.lines import CALL_TYPES, EXCHANGE_TYPES
     from toolproxy.analysis.store.connection import insert_columns
     from toolproxy.analysis.store.tables import CALLS, TOOL_SETS
 

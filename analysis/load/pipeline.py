@@ -8,7 +8,7 @@ field of the wrong type, an unknown kind) is set aside: recorded in ingest_issue
 and skipped, so one bad line never blocks the lines after it. Exchange ids are unique, so a
 segment copied twice into the data dir adds nothing.
 
-The lines are analysed (analysis/classify/record.py) in worker processes, in batches of about
+The lines are analysed (analysis/load/lines.py) in worker processes, in batches of about
 `batch_bytes` of input, while this process writes the results: memory stays bounded whatever the
 size of the data dir.
 """
@@ -30,7 +30,7 @@ import duckdb
 import numpy as np
 
 from toolproxy.analysis.episodes.derive import derive_changes
-from toolproxy.analysis.classify.record import CALL_TYPES, SET_ASIDE, Batch, _issue, analyze_range
+from toolproxy.analysis.load.lines import CALL_TYPES, SET_ASIDE, Batch, _issue, analyze_range
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS
 from toolproxy.record.segments import batch_end, list_segments
