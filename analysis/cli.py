@@ -44,7 +44,7 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     """
     import duckdb
 
-    from toolproxy.analysis.load.pipeline import ingest
+    from toolproxy.analysis.lifecycle.ingest import ingest
     from toolproxy.analysis.lifecycle.prune import forget_pruned
     from toolproxy.analysis.lifecycle.reanalyze import ReanalyzeError, rebuild, rebuild_reason
     from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION

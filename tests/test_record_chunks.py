@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from toolproxy.analysis.classify.keys import link_map, parent_walk
-from toolproxy.analysis.load.pipeline import ingest
+from toolproxy.analysis.lifecycle.ingest import ingest
 from toolproxy.analysis.store.connection import bodies_in_sql, connect
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
 from toolproxy.record.model import RECORD_VERSION, Record, RecordEncodeError, encode_body, new_id

@@ -18,7 +18,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import stat
-import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +28,6 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from toolproxy.analysis.episodes.derive import derive_changes
 from toolproxy.analysis.load.lines import CALL_TYPES, SET_ASIDE, Batch, _issue, analyze_range
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS
@@ -53,6 +51,7 @@ class Summary:
     set_aside: dict[str, int] = field(default_factory=dict)
     torn_tails: int = 0
     workers: int = 0
+    # What the derive after the load did (lifecycle.ingest fills these, and seconds for both).
     runs: list[str] = field(default_factory=list)
     turns: int = 0
     episodes: int = 0
@@ -189,7 +188,8 @@ class Ingestor:
             self.summary.bytes_read += complete - start
 
     def run(self) -> Summary:
-        t0 = time.perf_counter()
+        """Load every new line; what the lines added is then derived by the caller
+        (lifecycle.ingest), from affected_runs and whole_runs."""
         todo = self._pending_segments()
         new_bytes = sum(p.stat().st_size - off for p, off in todo)
         if self.progress is not None:
@@ -218,23 +218,6 @@ class Ingestor:
                         done, fut = pending.popleft()
                         self._write(done, fut.result())
             self._commit()
-        phase = None
-        self.con.execute("BEGIN TRANSACTION")
-        try:
-            link_stored_responses(self.con, self.affected_runs)
-            phase = self.progress.then("analyze: turns and episodes", unit="runs") if self.progress is not None else None
-            totals = derive_changes(self.con, self.affected_runs, progress=phase, whole=self.whole_runs, in_steps=True)
-            self.con.execute("COMMIT")
-        except Exception:
-            self.con.execute("ROLLBACK")
-            raise
-        finally:
-            if phase is not None:
-                phase.close()
-        self.summary.turns, self.summary.episodes = totals["turns"], totals["episodes"]
-        self.summary.runs_in_part, self.summary.episodes_in_part = totals["in_part"], totals["episodes_in_part"]
-        self.summary.runs = totals["runs"]
-        self.summary.seconds = time.perf_counter() - t0
         return self.summary
 
     def _write_issues(self, issues: list[dict]) -> None:
@@ -370,6 +353,7 @@ class _StoredIds:
 
     def __init__(self, con) -> None:
         self.con = con
+        con.execute("CREATE TEMP TABLE IF NOT EXISTS _ids (id VARCHAR)")  # where _in_db puts the ids it asks about
         self.ask_db = con.execute("SELECT EXISTS (SELECT 1 FROM exchanges)").fetchall()[0][0]
         self.recent: set[str] = set()
         self.hashes = np.empty(0, dtype=np.int64)
@@ -433,15 +417,3 @@ def link_stored_responses(con, runs: set[str]) -> None:
         """,
         [runs_list],
     )
-
-
-def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None,
-           progress: Progress | None = None) -> Summary:
-    """Ingest every new line of every segment under data_dir, then re-derive the affected runs.
-
-    workers: processes analysing batches in parallel; None picks by the amount of new data.
-    progress: told the new bytes to read, then advanced by each batch written.
-    """
-    con.execute("CREATE TEMP TABLE IF NOT EXISTS _ids (id VARCHAR)")
-    return Ingestor(con, data_dir, batch_bytes=batch_bytes, workers=workers, progress=progress).run()
-
