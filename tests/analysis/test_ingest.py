@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from toolproxy.analysis.lifecycle.ingest import ingest
-from toolproxy.analysis.load import pipeline
 from toolproxy.analysis.lifecycle.reanalyze import rebuild
+from toolproxy.analysis.load import pipeline
 from toolproxy.analysis.store.connection import WRITER_ROW_GROUP_SIZE, bodies_in_sql, connect, default_db
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
