@@ -73,9 +73,10 @@ def tool_set(tools: list) -> ToolSet:
     return hit
 
 
-def _request(rec: dict, kind: str | None) -> tuple[dict | None, Request | None]:
+def harness_request(rec: dict, kind: str | None) -> tuple[dict | None, Request | None]:
     """The harness's request as sent (before any condition rewrite), and the same in chat terms:
-    a Responses or Messages conversation becomes the message list a chat harness would send."""
+    a Responses or Messages conversation becomes the message list a chat harness would send.
+    `show` prints a request as read here, so it shows what the analyzer read."""
     text, encoding = rec.get("request_body"), rec.get("request_body_encoding")
     content_encoding = header(rec.get("request_headers"), "content-encoding")
     if type(text) is str and encoding != "base64" and not content_encoding:
@@ -134,7 +135,7 @@ def analyze_record(rec: dict, segment: str, offset: int, prefixes: Prefixes | No
     kind = family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
     condition = _given(rec.get("condition"), "native")
     rewritten = rec.get("upstream_request") is not None
-    req, request = _request(rec, kind) if kind is not None else (None, None)
+    req, request = harness_request(rec, kind) if kind is not None else (None, None)
     # A harness's capability probe asks the model, but is no turn of its task (analysis.classify.probes).
     probe = probe_of(kind, req)
     is_attempt = kind is not None and probe is None

@@ -42,7 +42,7 @@ from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.load.pipeline import _after_last_newline, _next_line_end, link_stored_responses
+from toolproxy.analysis.load.pipeline import after_last_newline, link_stored_responses, next_line_end
 from toolproxy.analysis.load.lines import CALL_TYPES, EXCHANGE_TYPES, analyze_range
 from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.connection import insert_columns, migrate
@@ -84,9 +84,9 @@ def line_range(path: str, start: int, end: int) -> tuple[int, int, bool]:
     last line (being written, or cut by a crash; left out) falls in this range."""
     with open(path, "rb") as f:
         size = f.seek(0, io.SEEK_END)
-        complete = _after_last_newline(f, 0, size)
-        first = 0 if start == 0 else _next_line_end(f, min(start - 1, complete), complete)
-        last = complete if end >= size else _next_line_end(f, min(end - 1, complete), complete)
+        complete = after_last_newline(f, 0, size)
+        first = 0 if start == 0 else next_line_end(f, min(start - 1, complete), complete)
+        last = complete if end >= size else next_line_end(f, min(end - 1, complete), complete)
     return first, max(first, last), end >= size > complete
 
 

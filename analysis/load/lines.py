@@ -63,11 +63,13 @@ class Batch:
     duplicates: int = 0
 
     def issue(self, offset: int, kind: str, message: str, record_id: str | None = None) -> None:
-        self.issues.append(_issue(self.segment, offset, kind, message, record_id))
+        self.issues.append(issue_row(self.segment, offset, kind, message, record_id))
         self.notes.append(f"{self.segment} @{offset}: {message}")
 
 
-def _issue(segment: str, offset: int, kind: str, message: str, record_id: str | None = None) -> dict[str, Any]:
+def issue_row(segment: str, offset: int, kind: str, message: str, record_id: str | None = None) -> dict[str, Any]:
+    """An ingest_issues row: a line set aside (SET_ASIDE) or a note about a segment (a torn tail, a
+    segment that shrank), as the workers' batches and the pipeline both write them."""
     return {"segment": segment, "byte_offset": offset, "kind": kind, "message": message, "seen_at": time.time(),
             "record_id": record_id}
 

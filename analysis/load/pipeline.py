@@ -28,7 +28,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from toolproxy.analysis.load.lines import CALL_TYPES, SET_ASIDE, Batch, _issue, analyze_range
+from toolproxy.analysis.load.lines import CALL_TYPES, SET_ASIDE, Batch, analyze_range, issue_row
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS
 from toolproxy.record.segments import batch_end, list_segments
@@ -63,8 +63,9 @@ class Summary:
 
 
 
-def _after_last_newline(f, start: int, size: int) -> int:
-    """Offset just past the last newline in [start, size), or start if there is none."""
+def after_last_newline(f, start: int, size: int) -> int:
+    """Offset just past the last newline in [start, size), or start if there is none. Spark's
+    ranges (export.spark) end at the same line boundaries as analyze's batches."""
     pos = size
     while pos > start:
         step = min(1 << 16, pos - start)
@@ -76,7 +77,7 @@ def _after_last_newline(f, start: int, size: int) -> int:
     return start
 
 
-def _next_line_end(f, pos: int, limit: int) -> int:
+def next_line_end(f, pos: int, limit: int) -> int:
     """Offset just past the first newline at or after pos (limit is known to follow one)."""
     f.seek(pos)
     while pos < limit:
@@ -163,7 +164,7 @@ class Ingestor:
             size = path.stat().st_size
             if size < offset:
                 self.summary.issues.append(f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it")
-                self._write_issues([_issue(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}")])
+                self._write_issues([issue_row(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}")])
                 offset = 0
             if size > offset:
                 todo.append((path, offset))
@@ -176,10 +177,10 @@ class Ingestor:
             self.summary.segments_read += 1
             size = path.stat().st_size
             with open(path, "rb") as f:
-                complete = _after_last_newline(f, start, size)
+                complete = after_last_newline(f, start, size)
                 pos = start
                 while pos < complete:
-                    end = _next_line_end(f, min(pos + self.batch_bytes, complete) - 1, complete)
+                    end = next_line_end(f, min(pos + self.batch_bytes, complete) - 1, complete)
                     end = batch_end(f, pos, end, self.batch_bytes)  # chunked bodies count in full
                     yield _Chunk(path, pos, end, torn_at=complete if end == complete and complete < size else None)
                     pos = end
@@ -236,7 +237,7 @@ class Ingestor:
         if chunk.torn_at is not None:
             s.torn_tails += 1
             s.issues.append(f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); will retry next run")
-            batch.issues.append(_issue(chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line"))
+            batch.issues.append(issue_row(chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line"))
         if not self.in_txn:
             con.execute("BEGIN TRANSACTION")
             self.in_txn, self.txn_bytes = True, 0
