@@ -1,6 +1,8 @@
 """The import graph of toolproxy and its analyzer, read from the source (ast), as a table of
-(importer, imported, lazy) rows: no import circles, the per-record stage never reaches the episode
-stage, and toolproxy reaches into the analyzer only where the code says why."""
+(importer, imported, lazy) rows: no import circles between modules nor between the analyzer's
+rooms, which import each other in one stated order; the per-record stage imports no other room,
+no DuckDB and no NumPy; no private name is imported from another module of the analyzer; and
+toolproxy reaches into the analyzer only where the code says why."""
 
 from __future__ import annotations
 
@@ -35,6 +37,26 @@ INTO_ANALYSIS = {
     # doctor judges a reply by the analyzer's own outcome words and empty-reply causes.
     "toolproxy.checks.doctor": {"toolproxy.analysis.classify.attempt", "toolproxy.analysis.classify.outcomes"},
 }
+
+
+# The analyzer's rooms, in the order they may import each other: a room imports only rooms of
+# earlier layers, and rooms of one layer import neither way. A room is a folder under analysis/;
+# the two modules at its top are rooms of their own, being no stage: options (what the commands of
+# every stage share, so under the rooms whose commands import it) and cli (analyze, sql, show).
+ANALYSIS_LAYERS = (
+    ("classify",),  # one record -> its rows; pure: it runs in analyze's workers and the live page
+    ("store",),  # DuckDB; it records which version of classify's rules its derived tables were built under
+    ("load",),  # segments -> rows in the store
+    ("episodes",),  # attempts -> turns (+ roles) -> episodes
+    ("measure",),  # metrics, statistics, a run's summary, compare
+    ("options",),
+    ("report", "lifecycle"),  # renderers; and what keeps a store true to its segments (ingest, prune, rebuild)
+    ("export",),  # Parquet, OTLP, and the Spark job, which ends in the report
+    ("cli",),
+)
+# Modules the per-record stage must never load, even lazily: it runs in every worker process of
+# analyze and in the live page's classifier, and a worker that imported these paid ~0.2 s of CPU.
+NOT_IN_THE_PER_RECORD_STAGE = ("duckdb", "numpy")
 
 
 class Edge(NamedTuple):
@@ -175,15 +197,108 @@ def test_no_import_circles():
     assert circles(_graph()) == []
 
 
-def test_the_per_record_stage_does_not_reach_the_episode_stage():
-    graph = _graph()
-    seen, todo = set(), ["toolproxy.analysis.classify.record"]
+def _reached(graph: dict[str, set[str]], start: list[str]) -> set[str]:
+    seen, todo = set(), list(start)
     while todo:
         node = todo.pop()
         if node not in seen:
             seen.add(node)
             todo.extend(graph[node])
+    return seen
+
+
+def test_the_per_record_stage_does_not_reach_the_episode_stage():
+    seen = _reached(_graph(), ["toolproxy.analysis.classify.record"])
     assert sorted(m for m in seen if m.startswith("toolproxy.analysis.episodes")) == []
+
+
+def room(module: str) -> str | None:
+    """The analyzer's room a module is in (see ANALYSIS_LAYERS); None outside the analyzer, and for
+    the package itself (analysis/__init__.py, its docstring)."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["toolproxy", "analysis"] and len(parts) > 2 else None
+
+
+def room_graph(table=None) -> dict[str, set[str]]:
+    """Room -> the rooms it imports (lazy imports count), from the module table."""
+    graph: dict[str, set[str]] = {r: set() for r in map(room, modules()) if r is not None}
+    for e in table if table is not None else edges():
+        a, b = room(e.importer), room(e.imported)
+        if a is not None and b is not None and a != b:
+            graph[a].add(b)
+    return graph
+
+
+def test_room_graph_reads_folders_and_top_modules():
+    table = [Edge("toolproxy.analysis.load.pipeline", "toolproxy.analysis.store.tables", False),
+             Edge("toolproxy.analysis.report.cli", "toolproxy.analysis.options", False),
+             Edge("toolproxy.analysis.report.cli", "toolproxy.analysis.report.details", True),
+             Edge("toolproxy.drive.run", "toolproxy.analysis.measure.runline", True)]
+    graph = room_graph(table)
+    assert graph["load"] == {"store"} and graph["report"] == {"options"} and graph["measure"] == set()
+    assert "toolproxy" not in graph and None not in graph
+
+
+def test_the_analyzers_rooms_import_each_other_in_no_circle():
+    """A circle of rooms (ingest <-> episodes, say) is one even when no two modules form one."""
+    assert circles(room_graph()) == []
+
+
+def test_every_room_of_the_analyzer_has_its_place_in_the_order():
+    placed = [r for layer in ANALYSIS_LAYERS for r in layer]
+    assert len(placed) == len(set(placed))
+    assert set(placed) == set(room_graph())
+
+
+def test_each_room_imports_only_rooms_before_it():
+    layer = {r: i for i, rooms in enumerate(ANALYSIS_LAYERS) for r in rooms}
+    wrong = sorted(f"{e.importer} -> {e.imported}{' (lazy)' if e.lazy else ''}" for e in edges()
+                   if room(e.importer) is not None and room(e.imported) is not None
+                   and room(e.importer) != room(e.imported) and layer[room(e.importer)] <= layer[room(e.imported)])
+    assert wrong == []
+
+
+def test_the_per_record_stage_imports_no_other_room_nor_duckdb_nor_numpy():
+    graph = _graph()
+    stage = [m for m in modules() if room(m) == "classify"]
+    seen = _reached(graph, stage)
+    assert sorted(m for m in seen if room(m) not in (None, "classify")) == []
+    heavy = sorted(f"{m} imports {imported}" for m in seen for imported, _ in _imports(m, modules()[m])
+                   if imported.split(".")[0] in NOT_IN_THE_PER_RECORD_STAGE)
+    assert heavy == []
+
+
+def _private_imports(name: str, path: Path) -> list[str]:
+    """`from M import _x` where M is another module of ours (a private name of M, or a private
+    module of its package)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base != name and base.split(".")[0] in ("toolproxy", "benchmarks"):
+                found += [f"{name}: from {base} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_private_imports_are_found(tmp_path):
+    path = tmp_path / "mod.py"
+    path.write_text("from __future__ import annotations\n"
+                    "from toolproxy.analysis.options import _fail, DATA_OPTION\nfrom . import _sibling\n")
+    assert _private_imports("toolproxy.analysis.report.mod", path) == [
+        "toolproxy.analysis.report.mod: from toolproxy.analysis.options import _fail",
+        "toolproxy.analysis.report.mod: from toolproxy.analysis.report import _sibling"]
+
+
+def test_the_analyzer_imports_no_private_name_of_another_module():
+    """A name another module needs is that module's API: named so, or moved where it belongs."""
+    assert [line for name, path in sorted(modules().items()) if room(name) is not None
+            for line in _private_imports(name, path)] == []
 
 
 def test_toolproxy_imports_the_analyzer_only_where_it_says_why():
