@@ -1,4 +1,5 @@
-"""Ingest on real segment files and a real DuckDB file: incremental, idempotent, never fatal."""
+"""Loading segments, and the derive that follows it (lifecycle.ingest), on real segment files and
+a real DuckDB file: incremental, idempotent, never fatal."""
 
 from __future__ import annotations
 
