@@ -207,7 +207,7 @@ def _replies(rec: dict, asked: _Asked) -> _Replies:
             out.view_status = rec.get("client_status") if rec.get("client_status") is not None else rec.get("status")
             if rec.get("response_body") is not None:
                 # The template condition sends a chat request to a raw-completion endpoint: the
-                # upstream's body is in that endpoint's dialect.
+                # upstream's body is in that endpoint's protocol.
                 up_path = (rec.get("upstream_request") or {}).get("path")
                 out.upstream = _reply(rec, family_of(up_path) if up_path else asked.kind, "upstream")
         else:
