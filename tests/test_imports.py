@@ -84,12 +84,24 @@ def _type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _package(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _from_module(package: str, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` statement in `package` names, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+    return ".".join(anchor + ([node.module] if node.module else []))
+
+
 def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
     """(module imported, lazily or not) for each import statement in one module; `from X import Y`
     counts as importing X.Y when that is a module, else X. Imports under `if TYPE_CHECKING:` never
     run (names for type hints only), so they are no edge."""
     known = modules()
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    package = _package(name, path)
     found = []
 
     def visit(node: ast.AST, lazy: bool) -> None:
@@ -102,11 +114,7 @@ def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
             if isinstance(child, ast.Import):
                 found.extend((alias.name, lazy) for alias in child.names)
             elif isinstance(child, ast.ImportFrom):
-                if child.level:
-                    anchor = package.split(".")[: len(package.split(".")) - (child.level - 1)]
-                    base = ".".join(anchor + ([child.module] if child.module else []))
-                else:
-                    base = child.module or ""
+                base = _from_module(package, child)
                 for alias in child.names:
                     full = f"{base}.{alias.name}"
                     found.append((full if full in known else base, lazy))
@@ -271,15 +279,10 @@ def test_the_per_record_stage_imports_no_other_room_nor_duckdb_nor_numpy():
 def _private_imports(name: str, path: Path) -> list[str]:
     """`from M import _x` where M is another module of ours (a private name of M, or a private
     module of its package)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
+            base = _from_module(_package(name, path), node)
             if base != name and base.split(".")[0] in ("toolproxy", "benchmarks"):
                 found += [f"{name}: from {base} import {a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
