@@ -1,8 +1,9 @@
 """The import graph of toolproxy and its analyzer, read from the source (ast), as a table of
-(importer, imported, lazy) rows: no import circles (none through a package's __init__ either),
-the per-record stage never reaches the episode stage, toolproxy reaches into the analyzer only
-where the code says why, toolproxy's folders import only the layers below their own, and no module
-takes another's private (underscore) name."""
+(importer, imported, lazy) rows: no import circles between modules (none through a package's
+__init__ either) nor between the analyzer's rooms, which import each other in one stated order;
+toolproxy's folders import only the layers below their own; the per-record stage imports no other
+room, no DuckDB and no NumPy; toolproxy reaches into the analyzer only where the code says why; and
+no module takes another's private (underscore) name."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ SOURCES = {"toolproxy": ROOT / "toolproxy", "toolproxy.analysis": ROOT / "analys
 INTO_ANALYSIS = {
     # The live page classifies each record with the analyzer's own per-record stage and derives
     # its turns with the analyzer's episode code, so the page says what the report will say.
-    "toolproxy.live.classify": {"toolproxy.analysis.ingest.bodies", "toolproxy.analysis.ingest.records",
+    "toolproxy.live.classify": {"toolproxy.analysis.classify.bodies", "toolproxy.analysis.classify.record",
                                 "toolproxy.analysis.measure.runline"},
     "toolproxy.live.tally": {"toolproxy.analysis.measure.runline"},
     "toolproxy.live.turns": {"toolproxy.analysis.episodes.build", "toolproxy.analysis.episodes.model",
-                             "toolproxy.analysis.episodes.roles", "toolproxy.analysis.measure.outcomes",
+                             "toolproxy.analysis.episodes.roles", "toolproxy.analysis.classify.outcomes",
                              "toolproxy.analysis.measure.runline"},
     "toolproxy.live.classifier": {"toolproxy.analysis.measure.runline"},
     # run, study and demo print each run's line as the report reads it (one definition, runline).
@@ -36,8 +37,27 @@ INTO_ANALYSIS = {
     # replay reads the recorded requests from a data directory's store.
     "toolproxy.drive.replay": {"toolproxy.analysis.store.connection"},
     # doctor judges a reply by the analyzer's own outcome words and empty-reply causes.
-    "toolproxy.checks.doctor": {"toolproxy.analysis.measure.classify", "toolproxy.analysis.measure.outcomes"},
+    "toolproxy.checks.doctor": {"toolproxy.analysis.classify.attempt", "toolproxy.analysis.classify.outcomes"},
 }
+
+# The analyzer's rooms, in the order they may import each other: a room imports only rooms of
+# earlier layers, and rooms of one layer import neither way. A room is a folder under analysis/;
+# the two modules at its top are rooms of their own, being no stage: options (what the commands of
+# every stage share, so under the rooms whose commands import it) and cli (analyze, sql, show).
+ANALYSIS_LAYERS = (
+    ("classify",),  # one record -> its rows; pure: it runs in analyze's workers and the live page
+    ("store",),  # DuckDB; it records which version of classify's rules its derived tables were built under
+    ("load",),  # segments -> rows in the store
+    ("episodes",),  # attempts -> turns (+ roles) -> episodes
+    ("measure",),  # metrics, statistics, a run's summary, compare
+    ("options",),
+    ("report", "lifecycle"),  # renderers; and what keeps a store true to its segments (ingest, prune, rebuild)
+    ("export",),  # Parquet, OTLP, and the Spark job, which ends in the report
+    ("cli",),
+)
+# Modules the per-record stage must never load, even lazily: it runs in every worker process of
+# analyze and in the live page's classifier, and a worker that imported these paid ~0.2 s of CPU.
+NOT_IN_THE_PER_RECORD_STAGE = ("duckdb", "numpy")
 
 
 class Edge(NamedTuple):
@@ -65,6 +85,10 @@ def _type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _package(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
 def _from_module(package: str, node: ast.ImportFrom) -> str:
     """The module a `from X import ...` in `package` names, relative ones resolved."""
     if not node.level:
@@ -79,7 +103,7 @@ def _imports(name: str, path: Path, faces: list[tuple[str, bool]] | None = None)
     run (names for type hints only), so they are no edge. `faces` is given the packages a
     `from X import Y` with Y a module reads Y from (X's namespace, which X's __init__ fills)."""
     known = modules()
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    package = _package(name, path)
     found = []
 
     def visit(node: ast.AST, lazy: bool) -> None:
@@ -179,7 +203,7 @@ def test_the_table_sees_lazy_and_relative_imports():
     table = set(edges())
     assert Edge("toolproxy.calls.parse", "toolproxy.calls.mistral", False) in table  # from .mistral import
     assert Edge("toolproxy.drive.replay", "toolproxy.analysis.store.connection", True) in table  # inside a function
-    assert Edge("toolproxy.analysis.ingest.records", "toolproxy.analysis.ingest.keys", False) in table
+    assert Edge("toolproxy.analysis.classify.record", "toolproxy.analysis.classify.keys", False) in table
 
 
 def test_type_checking_imports_are_no_edge():
@@ -198,15 +222,75 @@ def test_no_import_circles():
     assert circles(_graph()) == []
 
 
-def test_the_per_record_stage_does_not_reach_the_episode_stage():
-    graph = _graph()
-    seen, todo = set(), ["toolproxy.analysis.ingest.records"]
+def _reached(graph: dict[str, set[str]], start: list[str]) -> set[str]:
+    seen, todo = set(), list(start)
     while todo:
         node = todo.pop()
         if node not in seen:
             seen.add(node)
             todo.extend(graph[node])
+    return seen
+
+
+def test_the_per_record_stage_does_not_reach_the_episode_stage():
+    seen = _reached(_graph(), ["toolproxy.analysis.classify.record"])
     assert sorted(m for m in seen if m.startswith("toolproxy.analysis.episodes")) == []
+
+
+def room(module: str) -> str | None:
+    """The analyzer's room a module is in (see ANALYSIS_LAYERS); None outside the analyzer, and for
+    the package itself (analysis/__init__.py, its docstring)."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["toolproxy", "analysis"] and len(parts) > 2 else None
+
+
+def room_graph(table=None) -> dict[str, set[str]]:
+    """Room -> the rooms it imports (lazy imports count), from the module table."""
+    graph: dict[str, set[str]] = {r: set() for r in map(room, modules()) if r is not None}
+    for e in table if table is not None else edges():
+        a, b = room(e.importer), room(e.imported)
+        if a is not None and b is not None and a != b:
+            graph[a].add(b)
+    return graph
+
+
+def test_room_graph_reads_folders_and_top_modules():
+    table = [Edge("toolproxy.analysis.load.pipeline", "toolproxy.analysis.store.tables", False),
+             Edge("toolproxy.analysis.report.cli", "toolproxy.analysis.options", False),
+             Edge("toolproxy.analysis.report.cli", "toolproxy.analysis.report.details", True),
+             Edge("toolproxy.drive.run", "toolproxy.analysis.measure.runline", True)]
+    graph = room_graph(table)
+    assert graph["load"] == {"store"} and graph["report"] == {"options"} and graph["measure"] == set()
+    assert "toolproxy" not in graph and None not in graph
+
+
+def test_the_analyzers_rooms_import_each_other_in_no_circle():
+    """A circle of rooms (ingest <-> episodes, say) is one even when no two modules form one."""
+    assert circles(room_graph()) == []
+
+
+def test_every_room_of_the_analyzer_has_its_place_in_the_order():
+    placed = [r for layer in ANALYSIS_LAYERS for r in layer]
+    assert len(placed) == len(set(placed))
+    assert set(placed) == set(room_graph())
+
+
+def test_each_room_imports_only_rooms_before_it():
+    layer = {r: i for i, rooms in enumerate(ANALYSIS_LAYERS) for r in rooms}
+    wrong = sorted(f"{e.importer} -> {e.imported}{' (lazy)' if e.lazy else ''}" for e in edges()
+                   if room(e.importer) is not None and room(e.imported) is not None
+                   and room(e.importer) != room(e.imported) and layer[room(e.importer)] <= layer[room(e.imported)])
+    assert wrong == []
+
+
+def test_the_per_record_stage_imports_no_other_room_nor_duckdb_nor_numpy():
+    graph = _graph()
+    stage = [m for m in modules() if room(m) == "classify"]
+    seen = _reached(graph, stage)
+    assert sorted(m for m in seen if room(m) not in (None, "classify")) == []
+    heavy = sorted(f"{m} imports {imported}" for m in seen for imported, _ in _imports(m, modules()[m])
+                   if imported.split(".")[0] in NOT_IN_THE_PER_RECORD_STAGE)
+    assert heavy == []
 
 
 def test_toolproxy_imports_the_analyzer_only_where_it_says_why():
@@ -252,37 +336,17 @@ TOOLPROXY_LAYERS = (
     ("cli",),
 )
 
-# What the analysis re-cut (issue 38, on its own branch) removes; empty these when it is merged.
-# Until then they are the only exceptions, so nothing new joins them.
-ANALYSIS_PENDING_PRIVATE = {
-    ("toolproxy.analysis.cli", "toolproxy.analysis.options", "_fail"),
-    ("toolproxy.analysis.cli", "toolproxy.analysis.options", "_open"),
-    ("toolproxy.analysis.export.cli", "toolproxy.analysis.options", "_fail"),
-    ("toolproxy.analysis.export.cli", "toolproxy.analysis.options", "_open"),
-    ("toolproxy.analysis.export.otlp", "toolproxy.analysis.options", "_fail"),
-    ("toolproxy.analysis.export.otlp", "toolproxy.analysis.options", "_open"),
-    ("toolproxy.analysis.export.spark", "toolproxy.analysis.ingest.pipeline", "_after_last_newline"),
-    ("toolproxy.analysis.export.spark", "toolproxy.analysis.ingest.pipeline", "_next_line_end"),
-    ("toolproxy.analysis.ingest.pipeline", "toolproxy.analysis.ingest.records", "_issue"),
-    ("toolproxy.analysis.lifecycle.prune", "toolproxy.analysis.options", "_fail"),
-    ("toolproxy.analysis.report.cli", "toolproxy.analysis.options", "_fail"),
-    ("toolproxy.analysis.report.cli", "toolproxy.analysis.options", "_open"),
-    ("toolproxy.analysis.report.show", "toolproxy.analysis.ingest.records", "_request"),
-}
-ANALYSIS_PENDING_FACES = [{"toolproxy.analysis.report", "toolproxy.analysis.report.htmlpage"}]
-
-
 def test_no_circle_through_a_package_face():
     """A package's modules take their siblings as modules (`import toolproxy.wire.framing as
     framing`, `from .framing import DONE`), never from the package's namespace (`from . import
     framing`, `from toolproxy.emulators import encoding`): its __init__ fills that namespace by
     importing them, so such an import runs in a circle through the __init__."""
-    assert [c for c in circles(_graph(*face_edges())) if c not in ANALYSIS_PENDING_FACES] == []
+    assert circles(_graph(*face_edges())) == []
 
 
 def test_face_edges_are_found():
     faces = set(face_edges())
-    assert Edge("toolproxy.analysis.report.htmlpage", "toolproxy.analysis.report", False) in faces
+    assert Edge("toolproxy.stacks.fingerprint", "toolproxy.stacks", False) in faces  # from toolproxy.stacks import markers
     assert Edge("toolproxy.proxy.forward", "toolproxy", False) in faces  # from toolproxy import wire: no circle
     assert Edge("toolproxy.emulators.base", "toolproxy.emulators", False) not in faces  # import ....encoding as encoding
 
@@ -306,7 +370,7 @@ def private_imports(name: str, path: Path) -> list[tuple[str, str, str]]:
     product: `from M import _x`, and `M._x` where M is a module it imported (under any name).
     Dunder names are Python's own, not private."""
     known = modules()
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    package = _package(name, path)
     tree = ast.parse(path.read_text(), str(path))
     bound: dict[str, str] = {}  # local name -> the module it is
     found = []
@@ -332,8 +396,6 @@ def private_imports(name: str, path: Path) -> list[tuple[str, str, str]]:
 
 
 def test_private_imports_are_found(tmp_path):
-    assert ("toolproxy.analysis.report.show", "toolproxy.analysis.ingest.records", "_request") in \
-        private_imports("toolproxy.analysis.report.show", modules()["toolproxy.analysis.report.show"])
     case = tmp_path / "case.py"
     case.write_text("from toolproxy.wire import model as m\nimport toolproxy.wire.framing\nimport toolproxy.calls.parse as p\n"
                     "from toolproxy.calls.model import _private\n"
@@ -348,7 +410,7 @@ def test_no_private_name_is_imported_across_modules():
     under a name that says what it is."""
     found = {hit for name, path in modules().items() if name.startswith("toolproxy")
              for hit in private_imports(name, path)}
-    assert sorted(found - ANALYSIS_PENDING_PRIVATE) == []
+    assert sorted(found) == []
 
 
 def _folder(module: str) -> str | None:

@@ -1,5 +1,5 @@
 """One finished record classified by the analyzer's own per-record code
-(analysis.ingest.records.analyze_record: the same outcome, sub-kind and surface `analyze` will
+(analysis.classify.record.analyze_record: the same outcome, sub-kind and surface `analyze` will
 store), as the live page shows it: a summary row, the detail a click opens (bodies cut at
 BODY_CHARS), and the attempt its turns are derived from. Runs in the classifier process, where
 the analyzer's modules load (imported here when first called, never in the proxy)."""
@@ -32,8 +32,8 @@ def _text(raw: bytes | None, problem: str | None) -> str:
 def classify_record(rec: dict) -> tuple[dict, dict, Held | None]:
     """(summary row, detail, the attempt as the turns are derived from it, if it is one) of one
     finished record (as written), by the analyzer's code."""
-    from toolproxy.analysis.ingest.bodies import decode_body, header
-    from toolproxy.analysis.ingest.records import analyze_record
+    from toolproxy.analysis.classify.bodies import decode_body, header
+    from toolproxy.analysis.classify.record import analyze_record
     from toolproxy.analysis.measure.runline import delivered_now
     from toolproxy.live.turns import held_of
 
