@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 import orjson
 
-from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, _fail, _open, analyze_if_stale,
-                                        expect_option, terminal_safe_csv)
+from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, analyze_if_stale, expect_option, fail,
+                                        open_store, terminal_safe_csv)
 from toolproxy.term.printable import printable
 
 # The runs just re-derived that were recorded with --sample (record/sampling.py): the rate, and
@@ -44,23 +44,23 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     """
     import duckdb
 
-    from toolproxy.analysis.ingest.pipeline import ingest
+    from toolproxy.analysis.lifecycle.ingest import ingest
     from toolproxy.analysis.lifecycle.prune import forget_pruned
     from toolproxy.analysis.lifecycle.reanalyze import ReanalyzeError, rebuild, rebuild_reason
-    from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.store.state import save_state
     from toolproxy.term.progress import Progress
 
     if not data_dir.exists():
-        _fail(f"data directory {data_dir} does not exist (give --data, where `toolproxy serve` recorded)")
+        fail(f"data directory {data_dir} does not exist (give --data, where `toolproxy serve` recorded)")
     if not data_dir.is_dir():
-        _fail(f"--data {data_dir} is not a directory")
+        fail(f"--data {data_dir} is not a directory")
     if not (data_dir / "segments").is_dir():
-        _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
+        fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
     if expect_rules and clear_expect:
-        _fail("give --expect or --clear-expect, not both")
+        fail("give --expect or --clear-expect, not both")
     rules = expect_rules or ([] if clear_expect else None)
-    con = _open(data_dir, db_path, read_only=False, memory_limit=memory_limit)
+    con = open_store(data_dir, db_path, read_only=False, memory_limit=memory_limit)
     # DuckDB draws its own bar for any statement over 2 s, into pipes and logs too; analyze has
     # its own progress line.
     con.execute("SET enable_progress_bar = false")
@@ -81,9 +81,9 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
             s = ingest(con, data_dir, batch_bytes=int(batch_mb * 1024 * 1024), workers=workers, progress=progress)
         sampled = con.execute(_SAMPLED_QUERY, [s.runs]).fetchall()
     except duckdb.Error as exc:
-        _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
+        fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
     except ReanalyzeError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         con.close()
     rate = s.records / s.seconds if s.seconds > 0 else 0.0
@@ -154,7 +154,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
 
     from toolproxy.analysis.store.connection import bodies_in_sql
 
-    con = _open(data_dir, db_path, read_only=True, half_derived=True)
+    con = open_store(data_dir, db_path, read_only=True, half_derived=True)
     try:
         with bodies_in_sql(con, data_dir):
             cur = con.execute(query)
@@ -163,7 +163,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
             columns = [d[0] for d in cur.description]
             rows = cur.fetchall()
     except duckdb.Error as exc:
-        _fail(f"query failed: {str(exc).strip()}")
+        fail(f"query failed: {str(exc).strip()}")
     finally:
         con.close()
     if fmt == "json":
@@ -190,16 +190,16 @@ def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> N
     from toolproxy.analysis.report.show import render
 
     analyze_if_stale("show", data_dir, db_path)
-    con = _open(data_dir, db_path, read_only=True)
+    con = open_store(data_dir, db_path, read_only=True)
     try:
         ids = [r[0] for r in con.execute(
             "SELECT id FROM exchanges WHERE starts_with(lower(id), ?) ORDER BY id LIMIT 11", [exchange_id.strip().lower()]
         ).fetchall()]
         if not ids:
-            _fail(f"no exchange with id {exchange_id!r} (try `toolproxy sql \"select id, path, outcome from exchanges limit 20\"`)")
+            fail(f"no exchange with id {exchange_id!r} (try `toolproxy sql \"select id, path, outcome from exchanges limit 20\"`)")
         if len(ids) > 1:
             more = ", ".join(ids[:10]) + (", ..." if len(ids) > 10 else "")
-            _fail(f"id prefix {exchange_id!r} is ambiguous: {more}")
+            fail(f"id prefix {exchange_id!r} is ambiguous: {more}")
         click.echo(render(con, ids[0], data_dir, raw=raw))
     finally:
         con.close()

@@ -41,14 +41,15 @@ MEMORY_LIMIT_OPTION = click.option(
 )
 
 
-def _fail(message: str) -> None:
+def fail(message: str) -> None:
+    """The error exit of every analysis command: the message made printable, on stderr, exit 2."""
     click.echo(printable(f"toolproxy: {message}", lines=True), err=True)
     sys.exit(2)
 
 
 def expect_callback(_ctx, _param, values: tuple[str, ...]) -> list:
     """--expect rules parsed at the command line, so a mistyped rule is a usage error, not a traceback."""
-    from toolproxy.analysis.measure.expectations import RuleError, parse_rules
+    from toolproxy.analysis.classify.expectations import RuleError, parse_rules
 
     try:
         return parse_rules(values)
@@ -76,7 +77,7 @@ def analyze_if_stale(command: str, data_dir: Path, db_path: Path | None, memory_
     analyze runs as its own process with its summary discarded (this command's stdout is its
     result) and its stderr shown: its progress line on a terminal, its error if it fails.
     """
-    from toolproxy.analysis.lifecycle.staleness import unanalyzed_segments
+    from toolproxy.analysis.load.staleness import unanalyzed_segments
     from toolproxy.analysis.store.connection import default_db
 
     if db_path is not None and db_path != default_db(data_dir):
@@ -97,8 +98,8 @@ def analyze_if_stale(command: str, data_dir: Path, db_path: Path | None, memory_
         click.echo(f"toolproxy {command}: analyze failed (above); reading the database as it was", err=True)
 
 
-def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
-          half_derived: bool = False):
+def open_store(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
+               half_derived: bool = False):
     """The store; a reader is refused while runs are half derived (state.unfinished_runs), since
     their numbers would be wrong, unless `half_derived` (`toolproxy sql`, for looking into it)."""
     from toolproxy.analysis.store.connection import StoreError, connect, default_db
@@ -108,11 +109,11 @@ def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit
     try:
         con = connect(path, read_only=read_only, memory_limit=memory_limit)
     except StoreError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if read_only and not half_derived and (unfinished := unfinished_runs(con)):
         con.close()
         names = ", ".join(unfinished[:5]) + (", ..." if len(unfinished) > 5 else "")
-        _fail(f"{path}: an analyze stopped while deriving {len(unfinished)} run(s) ({names}), whose turns are half rebuilt; "
+        fail(f"{path}: an analyze stopped while deriving {len(unfinished)} run(s) ({names}), whose turns are half rebuilt; "
               f"run `toolproxy analyze` on this store to finish them (it derives them again from the stored exchanges)")
     return con
 

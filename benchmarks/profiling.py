@@ -27,7 +27,7 @@ from pathlib import Path
 PARTS: tuple[tuple[str, str, str], ...] = (
     ("toolproxy/proxy/tags.py", "", "request: path tags, query redaction"),
     ("toolproxy/proxy/headers.py", "Redactor.query", "request: path tags, query redaction"),
-    ("toolproxy/proxy/headers.py", "connection_listed", "headers: copied up and down"),
+    ("toolproxy/wire/hopbyhop.py", "connection_listed", "headers: copied up and down"),
     ("toolproxy/proxy/forward.py", "_upstream_headers", "headers: copied up and down"),
     ("toolproxy/proxy/forward.py", "_relay.<locals>.<listcomp>", "headers: copied up and down"),
     ("toolproxy/proxy/headers.py", "", "headers: redacted for the record"),
@@ -72,7 +72,7 @@ THREAD_PARTS = {  # Python thread name -> part, for threads other than the event
 }
 WRITER_THREAD = "toolproxy-writer"
 WRITER_PARTS: tuple[tuple[str, str, str], ...] = (
-    ("toolproxy/proxy/live.py", "", "live page: the writer's hand-over (observe)"),
+    ("toolproxy/live/view.py", "", "live page: the writer's hand-over (observe)"),
     ("toolproxy/record/chunks.py", "", "writer: dedup packer"),
     ("toolproxy/record/model.py", "encode_record", "writer: serialising large records"),
     ("toolproxy/record/writer.py", "SegmentWriter._append", "writer: write(2) of each batch"),
@@ -113,7 +113,7 @@ def read_samples(raw: str) -> dict[int, tuple[str, str, collections.Counter]]:
             continue
         process, m, frames = ";".join(parts[:at]), _THREAD.match(parts[at]), parts[at + 1:]
         tid, name = int(m["tid"]), m["name"] or ""
-        if "spawn_main" in process or "toolproxy.proxy.classifier" in process:
+        if "spawn_main" in process or "toolproxy.live.classifier" in process:
             part = CLASSIFIER
         elif "resource_tracker" in process:
             part = OTHER_PROCESS

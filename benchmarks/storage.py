@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.lifecycle.ingest import ingest
 from toolproxy.analysis.store.connection import connect
 from toolproxy.record.model import Record
 from toolproxy.record.segments import list_segments

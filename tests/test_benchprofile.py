@@ -46,7 +46,7 @@ def test_part_of(frames, part):
 
 
 PROXY = 'process 100:"python -m toolproxy.cli serve --upstream http://127.0.0.1:1"'
-CLASSIFIER = 'process 101:"python -m toolproxy.proxy.classifier 13 16  300 200"'
+CLASSIFIER = 'process 101:"python -m toolproxy.live.classifier 13 16  300 200"'
 RAW = "\n".join([
     f"{PROXY};thread (100): MainThread;" + ";".join(ROOT) + ";_relay (toolproxy/proxy/forward.py:396) 3",
     f"{PROXY};thread (100): MainThread;" + ";".join(ROOT) + " 1",
@@ -54,7 +54,7 @@ RAW = "\n".join([
     "SegmentWriter._append (toolproxy/record/writer.py:600) 2",
     f"{PROXY};thread (102): toolproxy-writer;Thread.run (threading.py:982);SegmentWriter._run (toolproxy/record/writer.py:315) 2",
     f"{PROXY};thread (103): toolproxy-fsync;Thread.run (threading.py:982) 1",
-    f"{CLASSIFIER};thread (101): MainThread;run (toolproxy/proxy/classifier.py:70) 5",
+    f"{CLASSIFIER};thread (101): MainThread;run (toolproxy/live/classifier.py:70) 5",
     "a line that is not a sample",
     # a command line with a ';' of its own (python -c "a; b") does not hide the thread
     'process 106:"python -c import sys; main() serve";thread (106): MainThread;' + ";".join(ROOT) + " 1",

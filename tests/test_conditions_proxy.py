@@ -241,7 +241,7 @@ def test_hint_injects_the_block_and_leaves_the_response_alone(served, stream):
 
 @pytest.mark.parametrize("stack", ["llamacpp", "vllm", "sglang", "lmstudio", "openai", "ollama"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_constrained_v1_dialect_and_tool_calls(served, stack, stream):
+def test_constrained_v1_field_per_stack_and_tool_calls(served, stack, stream):
     fake, p = served(stack, "--condition", "constrained", "--stack", stack)
     fake.enqueue(call("get_weather", {"city": "Oslo"}))
     r = client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS, stream=stream)

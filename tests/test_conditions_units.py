@@ -1,5 +1,5 @@
 """The pure pieces of the conditions, table-driven: tool block, history rewrite, call scanning,
-upstream reading, schema, dialects, completion requests."""
+upstream reading, schema, the schema field per stack, completion requests."""
 
 from __future__ import annotations
 

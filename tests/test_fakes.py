@@ -274,6 +274,17 @@ def test_openai_sdk_against_a_threaded_fake(fake_stack):
     assert fake.seen[-1].json()["tools"] == TOOLS
 
 
+def test_every_name_the_package_lists_imports_with_a_star():
+    """`from toolproxy.emulators import *` in a fresh interpreter: one name in __all__ that no
+    longer exists fails the whole import."""
+    import toolproxy.emulators as package
+
+    done = subprocess.run([sys.executable, "-c", "from toolproxy.emulators import *; print(*sorted(dir()))"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert set(package.__all__) <= set(done.stdout.split())
+
+
 def test_command_line_prints_its_url():
     proc = subprocess.Popen([sys.executable, "-m", "toolproxy.emulators", "sglang", "--port", "0"],
                             stdout=subprocess.PIPE, text=True)

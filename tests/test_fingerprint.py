@@ -257,9 +257,9 @@ def test_serve_records_an_unreachable_upstream_and_keeps_serving(proxy, tmp_path
 
 @pytest.mark.parametrize("given, expected", [(None, "sglang"), ("vllm", "vllm")])
 async def test_serve_fills_condition_stack_from_the_fingerprint(fake_stack, tmp_path, given, expected):
-    """--stack not given: each request's condition gets the fingerprinted dialect; given: it wins.
+    """--stack not given: each request's condition gets the fingerprinted stack; given: it wins.
 
-    The dialect is fixed per request (recorded as extra.dialect); the shared options never change.
+    The stack is fixed per request (recorded as extra.dialect); the shared options never change.
     """
     fake = fake_stack("sglang")
     async with local_proxy(fake.url, tmp_path / "d", "t", stack=given) as lp:

@@ -23,7 +23,9 @@ import pytest
 from proxyprocess import LISTENING, ProxyProcess
 
 from toolproxy.analysis.report.screenshot import find_browser, run_chromium, screenshot
-from toolproxy.proxy.live import LiveView, Tally, merge_reports, outcome_key
+from toolproxy.live.classify import outcome_key
+from toolproxy.live.tally import Tally, merge_reports
+from toolproxy.live.view import LiveView
 from toolproxy.record.model import Record, encode_record
 from toolproxy import emulators as fakes
 
@@ -35,7 +37,7 @@ HOSTILE = '<img src=x onerror="document.title=\'pwned\'"><b>bold</b> \x1b[31mred
 
 
 def visible(text: str) -> str:
-    """What the page shows for text (setText in live.html): control characters as \\xNN and
+    """What the page shows for text (setText in toolproxy/live/page.html): control characters as \\xNN and
     direction overrides as [U+NNNN], each marked."""
     out = []
     for ch in text:
@@ -276,7 +278,7 @@ def test_the_classifier_is_one_light_process(live_proxy):
     children = _children(p.proc.pid)
     assert len(children) == 1, [Path(f"/proc/{c}/cmdline").read_bytes() for c in children]
     child = children[0]
-    assert b"toolproxy.proxy.classifier" in Path(f"/proc/{child}/cmdline").read_bytes()
+    assert b"toolproxy.live.classifier" in Path(f"/proc/{child}/cmdline").read_bytes()
     loaded = Path(f"/proc/{child}/maps").read_text()
     assert "orjson" in loaded  # it did load what it uses
     for heavy in ("aiohttp", "uvloop", "cryptography", "duckdb", "re2"):
@@ -336,8 +338,9 @@ def test_memory_is_bounded():
 def test_the_turns_kept_are_bounded_and_a_run_that_outgrew_them_says_so():
     """At most so many attempts per run and in all; past that a run's oldest quarter goes and its
     figures say they are partial. Worked out again only when a run changed."""
-    from toolproxy.proxy.live import classify_record, summarised
-    from toolproxy.proxy.liveturns import LiveTurns
+    from toolproxy.live.classify import classify_record
+    from toolproxy.live.tally import summarised
+    from toolproxy.live.turns import LiveTurns
 
     turns = LiveTurns(per_run=8, total=12)
     for i in range(10):
@@ -719,7 +722,7 @@ def test_workers_page_merges_every_worker(tmp_path):
 
 
 def _classifier_of(records_fd: int, queries_fd: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "toolproxy.proxy.classifier", str(records_fd), str(queries_fd), "",
+    return subprocess.Popen([sys.executable, "-m", "toolproxy.live.classifier", str(records_fd), str(queries_fd), "",
                              "10", "10"], pass_fds=(records_fd, queries_fd), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

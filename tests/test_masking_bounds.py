@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from toolproxy.record import masking
+from toolproxy.record import jsonlexer, masking
 from toolproxy.record.masking import BUILTIN, Masker
 
 KEY = b"k" * 32
@@ -165,8 +165,8 @@ def test_small_windows_find_what_whole_masking_finds(monkeypatch, cut):
     pieces = ["Reach ", EMAIL[:cut], EMAIL[cut:] + " now"]
     body = sse_body(pieces, n_filler=200)
     whole = M.body(body, Counter())
-    monkeypatch.setattr(masking, "HOLD_CHARS", 300)
-    monkeypatch.setattr(masking, "OVERLAP", 64)
+    monkeypatch.setattr(jsonlexer, "HOLD_CHARS", 300)
+    monkeypatch.setattr(jsonlexer, "OVERLAP", 64)
     hits: Counter = Counter()
     streamed = "".join(M.stream([body[i:i + 7] for i in range(0, len(body), 7)], hits))
     assert content_of(streamed) == content_of(whole) == "word " * 200 + f"Reach {tok(EMAIL)} now"
@@ -176,9 +176,9 @@ def test_small_windows_find_what_whole_masking_finds(monkeypatch, cut):
 
 @pytest.mark.parametrize("where", [0, 1, 100, 4095, 4096, 9000])
 def test_a_long_json_string_is_masked_across_windows(monkeypatch, where):
-    monkeypatch.setattr(masking, "LINE_CHARS", 1000)
-    monkeypatch.setattr(masking, "WINDOW_CHARS", 2000)
-    monkeypatch.setattr(masking, "OVERLAP", 100)
+    monkeypatch.setattr(jsonlexer, "LINE_CHARS", 1000)
+    monkeypatch.setattr(jsonlexer, "WINDOW_CHARS", 2000)
+    monkeypatch.setattr(jsonlexer, "OVERLAP", 100)
     content = "x " * 5000
     content = content[:where] + f" {EMAIL}\\u0040 é\n" + content[where:]
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content, EMAIL: "k"}]})
@@ -192,9 +192,9 @@ def test_a_long_json_string_is_masked_across_windows(monkeypatch, where):
 
 
 def test_a_long_line_of_text_is_masked_across_windows(monkeypatch):
-    monkeypatch.setattr(masking, "LINE_CHARS", 500)
-    monkeypatch.setattr(masking, "WINDOW_CHARS", 1000)
-    monkeypatch.setattr(masking, "OVERLAP", 50)
+    monkeypatch.setattr(jsonlexer, "LINE_CHARS", 500)
+    monkeypatch.setattr(jsonlexer, "WINDOW_CHARS", 1000)
+    monkeypatch.setattr(jsonlexer, "OVERLAP", 50)
     text = ("lorem ipsum " * 400 + EMAIL + " ") * 5
     hits: Counter = Counter()
     out = "".join(M.stream([text[i:i + 333] for i in range(0, len(text), 333)], hits))
@@ -202,9 +202,9 @@ def test_a_long_line_of_text_is_masked_across_windows(monkeypatch):
 
 
 def test_a_match_longer_than_a_window_is_masked_in_pieces_not_left(monkeypatch):
-    monkeypatch.setattr(masking, "LINE_CHARS", 500)
-    monkeypatch.setattr(masking, "WINDOW_CHARS", 1000)
-    monkeypatch.setattr(masking, "OVERLAP", 50)
+    monkeypatch.setattr(jsonlexer, "LINE_CHARS", 500)
+    monkeypatch.setattr(jsonlexer, "WINDOW_CHARS", 1000)
+    monkeypatch.setattr(jsonlexer, "OVERLAP", 50)
     m = Masker(masking.parse_rules([r"SECRET[a-z]+"]), KEY)
     text = "x SECRET" + "q" * 5000 + " y"
     out = "".join(m.stream([text[i:i + 100] for i in range(0, len(text), 100)], Counter()))

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from toolproxy.proxy import app as proxy_app
-from toolproxy.proxy.addons import Part, addons
+from toolproxy.proxy.addons import addons
 from toolproxy.proxy.admission import OriginFormOnly, UpstreamKey, writer_backpressure
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import ConditionAddon
@@ -22,6 +22,7 @@ from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.exposure import Exposure
 from toolproxy.proxy.flow import Addon, Hooks, Service
 from toolproxy.proxy.modelswap import ModelSwap
+from toolproxy.proxy.parts import Part
 from toolproxy.proxy.headers import Redactor
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.recorder import Recorder
@@ -52,7 +53,7 @@ def test_the_list_in_order_with_everything_on(tmp_path):
                    auth_token="t", on_record_failure="block", upstream_key="sk", upstream_connections=4,
                    otlp_endpoint="http://127.0.0.1:9/v1/traces")
     assert _names(state) == [
-        "live view", "otlp", "refused", "recording", "spill masking", "lifecycle", "sampling", "Watchdog", "Counters",
+        "live view", "otlp", "refused", "recording", "SpillMasking", "lifecycle", "sampling", "Watchdog", "Counters",
         "Exposure", "UpstreamHealth", "PoolStats", "upstream session", "Auth", "RecordingGuard", "DiskBudgetGuard",
         "OriginFormOnly", "UpstreamKey", "ModelSwap", "StackWatch", "ConditionAddon", "Durability", "Recorder"]
     assert [s.name for s in proxy_app.services(state)] == [

@@ -12,7 +12,7 @@ import aiohttp
 import openai
 import pytest
 
-from toolproxy.proxy.headers import HOP_BY_HOP
+from toolproxy.wire.hopbyhop import HOP_BY_HOP
 from toolproxy.record.model import body_bytes
 from toolproxy.emulators import call, text, text_call
 

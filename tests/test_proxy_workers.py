@@ -14,7 +14,7 @@ import time
 import aiohttp
 import pytest
 
-from toolproxy.proxy.workers import STALE_AFTER, group_snapshot, merge_snapshots
+from toolproxy.proxy.groupstats import STALE_AFTER, group_snapshot, merge_snapshots
 from toolproxy.record.segments import list_segments
 
 MSGS = [{"role": "user", "content": "hi"}]

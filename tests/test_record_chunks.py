@@ -21,8 +21,8 @@ import duckdb
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest.keys import link_map, parent_walk
-from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.classify.keys import link_map, parent_walk
+from toolproxy.analysis.lifecycle.ingest import ingest
 from toolproxy.analysis.store.connection import bodies_in_sql, connect
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
 from toolproxy.record.model import RECORD_VERSION, Record, RecordEncodeError, encode_body, new_id

@@ -30,9 +30,9 @@ import orjson
 from toolproxy.analysis.episodes.loops import mark_loops
 from toolproxy.analysis.episodes.model import Attempt, Episode, Turn
 from toolproxy.analysis.episodes.order import causal_order, chain_keys
-from toolproxy.analysis.ingest.keys import link_map, parent_walk
-from toolproxy.analysis.measure.expectations import ExpectationRule, expectation
-from toolproxy.analysis.measure.outcomes import NON_RESPONSE
+from toolproxy.analysis.classify.keys import link_map, parent_walk
+from toolproxy.analysis.classify.expectations import ExpectationRule, expectation
+from toolproxy.analysis.classify.outcomes import NON_RESPONSE
 
 _SEP = re.compile(r"[_-]")
 # Turns one key names beyond which taking the oldest off the front of a list costs more than a deque.

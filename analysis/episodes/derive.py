@@ -19,14 +19,14 @@ from toolproxy.analysis.episodes.build import build_episodes, category_of, episo
 from toolproxy.analysis.episodes.loops import rejudged
 from toolproxy.analysis.episodes.model import Attempt, Episode
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
-from toolproxy.analysis.ingest.keys import link_map, parent_walk, request_key
-from toolproxy.analysis.measure.expectations import ExpectationRule
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.keys import link_map, parent_walk, request_key
+from toolproxy.analysis.classify.expectations import ExpectationRule
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.columns import share_strings
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.state import set_unfinished_runs, stored_rules, unfinished_runs
 from toolproxy.analysis.store.tables import EPISODE_KEYS, EPISODES, TURNS
-from toolproxy.calls.gcpause import gc_paused
+from toolproxy.runtime.gcpause import gc_paused
 from toolproxy.record.segments import SEGMENT_REPLICA
 
 # One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a
@@ -182,7 +182,7 @@ def derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None = N
            in_steps: bool = False) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
-    `rules`: expectation rules (analysis.measure.expectations); None uses the ones stored with the analysis.
+    `rules`: expectation rules (analysis.classify.expectations); None uses the ones stored with the analysis.
     `progress` (toolproxy.term.progress.Progress): told the number of runs, advanced per run.
     `in_steps`: a derive of several batches commits the caller's open transaction after each and
     begins another (see _derive); the caller then holds a transaction again when this returns.

@@ -41,7 +41,7 @@ class Attempt:
 
 
 def attempt_of(row: dict, share=lambda value: value) -> Attempt:
-    """The Attempt of an exchanges row as analysis.ingest.records makes it (what derive's _ATTEMPTS_SQL
+    """The Attempt of an exchanges row as analysis.classify.record makes it (what derive's _ATTEMPTS_SQL
     reads back of it). `share` maps each string that repeats along a run (its tags, outcome, the
     conversation keys later requests name again) to the object to keep, so it is held once."""
     tags = orjson.loads(row["tags"]) if row.get("tags") else {}

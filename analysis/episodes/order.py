@@ -7,9 +7,9 @@ import heapq
 from typing import Sequence
 
 from toolproxy.analysis.episodes.model import Attempt
-from toolproxy.analysis.ingest.keys import EMPTY_ECHO, echo_key, link_map, parent_walk, request_key
+from toolproxy.analysis.classify.keys import EMPTY_ECHO, echo_key, link_map, parent_walk, request_key
 
-from toolproxy.analysis.measure.outcomes import EMPTY_REPLIES, NON_RESPONSE
+from toolproxy.analysis.classify.outcomes import EMPTY_REPLIES, NON_RESPONSE
 
 def chain_keys(a: Attempt) -> list[str]:
     """The keys a later request names this attempt by when it continues the conversation (its

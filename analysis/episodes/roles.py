@@ -8,7 +8,7 @@ three-valued logic, so a column left NULL (a store derived before it existed) re
   no_tools  the request offered no tools (left out of every tool metric)
   abstain   the item expects no call (scored by restraint)
   call      any call attempt, or prose the harness answered with another turn offering tools (it
-            had to nudge), or a reply the harness rejected (analysis.ingest.harnesses), or prose where
+            had to nudge), or a reply the harness rejected (analysis.classify.harnesses), or prose where
             the harness ends only by its finishing tool
   answer    prose, or the harness's finishing call (smolagents' final_answer, inspect-ai's submit,
             mini-swe-agent's submit command, dspy's finish), ending the episode's tool use after
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 from toolproxy.analysis.episodes.model import Turn
-from toolproxy.analysis.measure.outcomes import ABSTAIN, ANSWER, CALL, NO_TOOLS, NON_RESPONSE, OPEN, PROSE, VALID_CALL
+from toolproxy.analysis.classify.outcomes import ABSTAIN, ANSWER, CALL, NO_TOOLS, NON_RESPONSE, OPEN, PROSE, VALID_CALL
 
 
 class _Expr:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, _fail, _open, analyze_if_stale
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, analyze_if_stale, fail, open_store
 from toolproxy.term.printable import printable
 
 EXPORT_FORMATS = {"parquet": "toolproxy.analysis.export.parquet"}
@@ -94,16 +94,16 @@ def export(fmt: str, out: str | None, otlp_endpoint: str | None, otlp_content: b
     try:
         dest = Destination(out)
     except ExportError as exc:
-        _fail(str(exc))
-    con = _open(data_dir, db_path, read_only=True, memory_limit=memory_limit)
+        fail(str(exc))
+    con = open_store(data_dir, db_path, read_only=True, memory_limit=memory_limit)
     try:
         with Progress("export", unit="MB", scale=1e6, quiet=quiet) as progress:
             result = writer.export(con, dest, data_dir=data_dir, runs=list(runs) or None, since=first_day,
                                    progress=progress, layout=layout)
     except ExportError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except duckdb.Error as exc:
-        _fail(f"export failed in DuckDB: {str(exc).splitlines()[0]}")
+        fail(f"export failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:
         con.close()
     if result.recovered:

@@ -115,7 +115,7 @@ def export_otlp(con: duckdb.DuckDBPyConnection, data_dir: Path, endpoint: str, *
 def run_export(data_dir: Path, db_path: Path | None, endpoint: str, *, runs: tuple[str, ...] = (), content: bool = False,
                quiet: bool = False, memory_limit: str = DEFAULT_MEMORY_LIMIT) -> None:
     """The --otlp half of `toolproxy export`: checks, the export, one summary line; exit 1 if spans were refused."""
-    from toolproxy.analysis.options import _fail, _open
+    from toolproxy.analysis.options import fail, open_store
     from toolproxy.analysis.store.connection import default_db
     from toolproxy.otlp.shipper import EndpointError, missing_sdk, traces_url
     from toolproxy.term.printable import printable
@@ -126,19 +126,19 @@ def run_export(data_dir: Path, db_path: Path | None, endpoint: str, *, runs: tup
     except EndpointError as exc:
         raise click.BadParameter(str(exc), param_hint="--otlp") from None
     if (problem := missing_sdk()) is not None:
-        _fail(f"--otlp: {problem}")
+        fail(f"--otlp: {problem}")
     if not (data_dir / "segments").is_dir():
-        _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); give --data, where `toolproxy serve` recorded")
+        fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); give --data, where `toolproxy serve` recorded")
     path = db_path or default_db(data_dir)
     if not path.exists():
-        _fail(f"no analysis at {path}: run `toolproxy analyze --data {data_dir}` first")
-    con = _open(data_dir, db_path, read_only=True, memory_limit=memory_limit)
+        fail(f"no analysis at {path}: run `toolproxy analyze --data {data_dir}` first")
+    con = open_store(data_dir, db_path, read_only=True, memory_limit=memory_limit)
     try:
         total = sum(p.stat().st_size for p in list_segments(data_dir))
         with Progress("export: reading segments", unit="MB", scale=1e6, total=total, quiet=quiet) as progress:
             counts = export_otlp(con, data_dir, url, runs=runs, content=content, on_bytes=progress.advance)
     except duckdb.Error as exc:
-        _fail(f"export failed in DuckDB: {str(exc).splitlines()[0]}")
+        fail(f"export failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:
         con.close()
     click.echo(printable(

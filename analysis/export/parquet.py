@@ -129,7 +129,7 @@ class _Staged:
 
 def versions(con, layout: str) -> dict[str, int]:
     """What the files were made from; stored in every file's key-value metadata and the manifest."""
-    from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.store.connection import schema_version
     from toolproxy.analysis.store.state import stored_version
 

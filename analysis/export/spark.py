@@ -7,8 +7,8 @@ for recordings too large for one machine.
 Nothing here re-implements the analyzer: Spark only moves data between toolproxy's own functions.
 
 1. Read and classify, in parallel over byte ranges of the segments (`mapInArrow`). Each task
-   calls `records.analyze_range`, the function `analyze`'s worker processes call, so every record
-   is parsed, reassembled and classified exactly as there. Raw bodies and headers stay in the
+   calls `load.lines.analyze_range`, the function `analyze`'s worker processes call, so every
+   record is parsed, reassembled and classified exactly as there. Raw bodies and headers stay in the
    segments (each row keeps its segment and offset): what travels on are the analysed columns.
 2. Group by run (`applyInArrow`). Episodes, turns, roles, run rows and metrics never look
    outside their run, with two exceptions that are brought into the group: fingerprints (a
@@ -42,9 +42,9 @@ from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.ingest.pipeline import _after_last_newline, _next_line_end, link_stored_responses
-from toolproxy.analysis.ingest.records import CALL_TYPES, EXCHANGE_TYPES, analyze_range
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.load.pipeline import after_last_newline, link_stored_responses, next_line_end
+from toolproxy.analysis.load.lines import CALL_TYPES, EXCHANGE_TYPES, analyze_range
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.connection import insert_columns, migrate
 from toolproxy.analysis.store.tables import FINGERPRINTS
 from toolproxy.record.segments import list_segments
@@ -84,9 +84,9 @@ def line_range(path: str, start: int, end: int) -> tuple[int, int, bool]:
     last line (being written, or cut by a crash; left out) falls in this range."""
     with open(path, "rb") as f:
         size = f.seek(0, io.SEEK_END)
-        complete = _after_last_newline(f, 0, size)
-        first = 0 if start == 0 else _next_line_end(f, min(start - 1, complete), complete)
-        last = complete if end >= size else _next_line_end(f, min(end - 1, complete), complete)
+        complete = after_last_newline(f, 0, size)
+        first = 0 if start == 0 else next_line_end(f, min(start - 1, complete), complete)
+        last = complete if end >= size else next_line_end(f, min(end - 1, complete), complete)
     return first, max(first, last), end >= size > complete
 
 
@@ -345,7 +345,7 @@ class JobError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from toolproxy.analysis.measure.expectations import RuleError, parse_rules
+    from toolproxy.analysis.classify.expectations import RuleError, parse_rules
     from toolproxy.analysis.report import render
 
     ap = argparse.ArgumentParser(prog="toolproxy-spark", description=__doc__.split("\n\n")[0])

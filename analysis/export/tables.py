@@ -67,7 +67,6 @@ TABLES: tuple[ExportTable, ...] = (
                 "ON e.turn_id = u.turn_id GROUP BY u.episode_key) x ON x.episode_key = t.episode_key", moves=True),
     ExportTable("runs", key="t.run", day=None, run="t.run", recent="t.last_seen::DATE"),
 )
-TABLE_NAMES = tuple(t.name for t in TABLES)
 
 
 def columns(con, table: str) -> list[str]:

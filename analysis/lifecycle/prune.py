@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, _fail
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, fail
 from toolproxy.record.retention import prune, read_ledger
 from toolproxy.term.progress import Progress
 from toolproxy.term.quantities import parse_duration
@@ -98,7 +98,7 @@ def prune_command(older_than: str, run: str | None, data_dir: Path, db_path: Pat
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     if not (data_dir / "segments").is_dir():
-        _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
+        fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
     with Progress("prune: checking segments", unit="MB", scale=1e6, quiet=quiet) as progress:
         result = prune(data_dir, older_than=seconds, run=run, dry_run=dry_run, now=time.time(), progress=progress)
     verb = "would delete" if dry_run else "deleted"
@@ -122,7 +122,7 @@ def prune_command(older_than: str, run: str | None, data_dir: Path, db_path: Pat
         with Progress("prune: re-deriving runs", quiet=quiet) as progress:
             c = forget_pruned(con, data_dir, progress)
     except duckdb.Error as exc:
-        _fail(f"removing the pruned rows failed in DuckDB: {str(exc).splitlines()[0]}; "
+        fail(f"removing the pruned rows failed in DuckDB: {str(exc).splitlines()[0]}; "
               "the next `toolproxy analyze` retries")
     finally:
         con.close()

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from toolproxy.analysis.measure.expectations import ExpectationRule
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.expectations import ExpectationRule
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.state import save_state, stored_rules, stored_version
 from toolproxy.record.segments import RecordError, RecordReader
 
@@ -46,8 +46,9 @@ def reclassify(con, data_dir, progress=None) -> int:
     `progress` (toolproxy.term.progress.Progress): told the number of exchanges, advanced per batch.
     A record that cannot be read any more raises ReanalyzeError: derived rows are rebuilt all
     together or not at all."""
-    from toolproxy.analysis.ingest.keys import Prefixes
-    from toolproxy.analysis.ingest.records import CALL_TYPES, EXCHANGE_TYPES, analyze_record
+    from toolproxy.analysis.classify.keys import Prefixes
+    from toolproxy.analysis.classify.record import analyze_record
+    from toolproxy.analysis.load.lines import CALL_TYPES, EXCHANGE_TYPES
     from toolproxy.analysis.store.connection import insert_columns
     from toolproxy.analysis.store.tables import CALLS, TOOL_SETS
 

@@ -18,7 +18,7 @@ from typing import Sequence
 import duckdb
 
 from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.expectations import ExpectationRule
+from toolproxy.analysis.classify.expectations import ExpectationRule
 from toolproxy.analysis.measure.metrics import score
 from toolproxy.analysis.measure.summary import StoreError, is_pattern, known_runs
 

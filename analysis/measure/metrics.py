@@ -30,20 +30,11 @@ import orjson
 
 from toolproxy.analysis.episodes.roles import ROLE_SQL
 from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.expectations import ExpectationRule, expectation
-from toolproxy.analysis.measure.outcomes import ROLES
+from toolproxy.analysis.classify.expectations import ExpectationRule, expectation
+from toolproxy.analysis.classify.outcomes import ROLES
 from toolproxy.analysis.store.state import stored_rules
 
 METRICS = ("call_fidelity", "delivered_fidelity", "restraint", "delivered_restraint", "answer_rate", "paper_fidelity")
-METRIC_LABELS = {
-    "call_fidelity": "call fidelity",
-    "delivered_fidelity": "delivered fidelity",
-    "restraint": "restraint",
-    "delivered_restraint": "delivered restraint",
-    "answer_rate": "answer rate",
-    "paper_fidelity": "paper fidelity (original study's definition)",
-    "non_response_rate": "non-response rate",
-}
 
 # Did a call of turn `t` reach the harness? The reply it got carried calls in tool_calls (the
 # stack's, or a condition's: valid or not, the harness received them), or it acted on a valid call

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from toolproxy.analysis.measure.outcomes import (HARNESS, MODEL, NON_RESPONSE, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, SERVING, SUB_KINDS,
+from toolproxy.analysis.classify.outcomes import (HARNESS, MODEL, NON_RESPONSE, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, SERVING, SUB_KINDS,
                                         UNKNOWN, VALID_CALL, whose)
 
 REJ = "rej"
@@ -162,7 +162,6 @@ def composition_key(outcome: str | None, sub_kind: str | None, surface: str | No
 
 # What a turn's outcome looks like in a composition bar: a valid call that reached the harness is
 # the one success; one left in the text is drawn apart, as lost; non-responses by whose they are.
-CALL_ATTEMPTS = ("valid_call", "invalid_args", "hallucinated_call", "unparseable")
 SEGMENTS = (
     ("delivered", "valid call, delivered"),
     ("lost", "valid call left in text (lost in serving)"),

@@ -17,9 +17,9 @@ from typing import Sequence
 import duckdb
 
 from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.expectations import ExpectationRule
+from toolproxy.analysis.classify.expectations import ExpectationRule
 from toolproxy.analysis.measure.metrics import RunMetrics, by_run, run_metrics, score
-from toolproxy.analysis.measure.outcomes import (ANALYZER_VERSION, HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS,
+from toolproxy.analysis.classify.outcomes import (ANALYZER_VERSION, HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS,
                                UNPARSEABLE, VALID_CALL)
 from toolproxy import __version__
 from toolproxy.analysis.store.connection import StoreError

@@ -7,7 +7,7 @@ another.
 
 from __future__ import annotations
 
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, ROLES, SERVING, UNKNOWN
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, ROLES, SERVING, UNKNOWN
 from toolproxy.analysis.measure.stats import MIN_EPISODES, NO_SPREAD, TOO_FEW_EPISODES, Rate
 from toolproxy.analysis.measure.summary import NON_RESPONSE_KINDS, Report, RunSummary
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, EXPECT_OPTION, MEMORY_LIMIT_OPTION, _fail, _open,
-                                        analyze_if_stale, terminal_safe_csv)
+from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, EXPECT_OPTION, MEMORY_LIMIT_OPTION, analyze_if_stale, fail,
+                                        open_store, terminal_safe_csv)
 from toolproxy.analysis.store.connection import StoreError, default_db
 from toolproxy.term.printable import printable
 
@@ -30,7 +30,7 @@ def _write(text: str, output: Path | None, fmt: str) -> None:
     try:
         output.write_text(text, encoding="utf-8")
     except OSError as exc:
-        _fail(f"cannot write {output}: {exc.strerror or exc}")
+        fail(f"cannot write {output}: {exc.strerror or exc}")
     click.echo(f"wrote {output}", err=True)
 
 
@@ -80,13 +80,13 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
         _study_tables(data_dir, db_path, fmt, output, seed, study, memory_limit)
         return
     path = db_path or default_db(data_dir)
-    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
+    con = open_store(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed, rules=expect_rules)
         details = page_details(con, summary) if fmt == "html" else None
         origins = provenance(con, data_dir, summary.runs) if with_provenance or fmt in ("json", "html") else {}
     except StoreError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         con.close()
     if details is not None:
@@ -134,12 +134,12 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
 
     analyze_if_stale("compare", data_dir, db_path, memory_limit)
     path = db_path or default_db(data_dir)
-    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
+    con = open_store(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         select_runs(con, [run_a, run_b], path)
         result = paired(con, run_a, run_b, metric=metric, by_category=by == "category", rules=expect_rules)
     except StoreError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         con.close()
     _write(RENDERERS[fmt](result), output, fmt)
@@ -156,13 +156,13 @@ def _study_tables(data_dir: Path, db_path: Path | None, fmt: str, output: Path |
     try:
         plan = studytables.load_plan(data_dir, name)
     except StoreError as exc:
-        _fail(str(exc))
-    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
+        fail(str(exc))
+    con = open_store(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         tables = studytables.build(con, plan, str(path), seed=seed)
         origins = provenance(con, data_dir, list(tables.summaries.values()))
     except StoreError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         con.close()
     _write(studytables.RENDERERS[fmt](tables, [origins[run] for run in tables.summaries]), output, fmt)

@@ -15,7 +15,7 @@ import duckdb
 
 from toolproxy.analysis.measure import stats
 from toolproxy.analysis.measure.compare import Comparison, compare
-from toolproxy.analysis.measure.expectations import ExpectationRule, parse_rules
+from toolproxy.analysis.classify.expectations import ExpectationRule, parse_rules
 from toolproxy.analysis.measure.metrics import score
 from toolproxy.analysis.measure.summary import Report
 

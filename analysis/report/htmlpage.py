@@ -12,11 +12,11 @@ from typing import Callable, Iterable
 
 from toolproxy.analysis.measure import stats
 from toolproxy.analysis.measure.compare import METRIC_HELP
-from toolproxy.analysis.report import comparison
+import toolproxy.analysis.report.comparison as comparison
 from toolproxy.analysis.report.details import TURN_COLUMNS, Count, PageDetails, RunUsage
 from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, KEPT, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct,
                                    rate_cell, provenance, report_notes, row)
-from toolproxy.analysis.measure.outcomes import NON_RESPONSE_WORDS, whose
+from toolproxy.analysis.classify.outcomes import NON_RESPONSE_WORDS, whose
 from toolproxy.analysis.measure.stats import Rate
 from toolproxy.analysis.measure.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
 from toolproxy.analysis.report.provenance import Provenance

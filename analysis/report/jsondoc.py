@@ -7,7 +7,7 @@ import dataclasses
 import orjson
 
 from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.measure.summary import Report, RunSummary
 from toolproxy.analysis.report.provenance import Provenance
 

@@ -6,8 +6,8 @@ import textwrap
 
 import orjson
 
-from toolproxy.analysis.ingest.records import _request
-from toolproxy.analysis.measure.outcomes import NON_RESPONSE, whose
+from toolproxy.analysis.classify.record import harness_request
+from toolproxy.analysis.classify.outcomes import NON_RESPONSE, whose
 from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 from toolproxy.term.printable import printable
 from toolproxy.wire import family_of
@@ -85,7 +85,7 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
     out += ["", "== request (as the harness sent it)"]
     rec = {"request_body": e["request_body"], "request_body_encoding": e["request_body_encoding"],
            "request_headers": orjson.loads(e["request_headers"]) if e["request_headers"] else []}
-    req, request = _request(rec, family_of(e["path"] or ""))
+    req, request = harness_request(rec, family_of(e["path"] or ""))
     messages = request.messages if request is not None else []
     if req is None:
         out.append(_clip(e["request_body"], 600) if e["request_body"] else "    (no body)")

@@ -8,8 +8,8 @@ from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.measure.expectations import ExpectationRule, parse_rules
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.expectations import ExpectationRule, parse_rules
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 
 _VERSION_KEY = "analyzer_version"
 _RULES_KEY = "expect_rules"

@@ -47,7 +47,7 @@ EXCHANGES = Table("exchanges", {
     # derived at ingest
     "is_attempt": _BOOL, "streamed": _BOOL, "model": _V, "prompt_tokens": _B, "completion_tokens": _B,
     "cached_tokens": _B, "tool_set": _V,
-    # where the record is (its bodies are read from there: analysis/ingest/bodies.py), and what else it said
+    # where the record is (its bodies are read from there: analysis/classify/bodies.py), and what else it said
     "upstream_request": _J, "condition_note": _V,
     "request_headers": _J, "response_headers": _J, "segment": _V, "segment_offset": _B, "record": _J,
     # the attempt's classification
@@ -60,15 +60,15 @@ EXCHANGES = Table("exchanges", {
     # set when turns are derived
     "turn_id": _V,
     "tool_results": _I, "analyzer_version": _I,
-    # the prompt protocol the request was read under (analysis.ingest.protocols), the other keys a later
+    # the prompt protocol the request was read under (analysis.classify.protocols), the other keys a later
     # request names its reply by, whether it says the harness rejected the reply before it, and
     # whether its reply ends the episode through the harness's finishing tool; the harness whose
-    # finishing tool the request offered (analysis.ingest.harnesses: its call, not prose, is the answer)
+    # finishing tool the request offered (analysis.classify.harnesses: its call, not prose, is the answer)
     "protocol": _V, "reply_keys": "VARCHAR[]", "rejects": _BOOL, "finishes": _BOOL, "finisher": _V,
     # the rolling hash after the assistant message before the last, and the links back from there
-    # that this request adds (analysis.ingest.keys: the parent keys beyond parent_hashes)
+    # that this request adds (analysis.classify.keys: the parent keys beyond parent_hashes)
     "prior_hash": _V, "prefix_links": "VARCHAR[]",
-    # the hash of the conversation's first message after its system ones (analysis.ingest.keys.thread_key)
+    # the hash of the conversation's first message after its system ones (analysis.classify.keys.thread_key)
     "thread": _V,
 })
 TOOL_SETS = Table("tool_sets", {"hash": _V, "tools": _J, "names": "VARCHAR[]"})

@@ -14,7 +14,7 @@ import json
 
 import duckdb
 
-from toolproxy.analysis.ingest.keys import link_map, parent_walk
+from toolproxy.analysis.classify.keys import link_map, parent_walk
 from toolproxy.analysis.measure.metrics import run_metrics, score
 
 _GROUPED = {

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolproxy.analysis.episodes.roles import ROLE_SQL
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.measure.summary import Report, select_runs, summarize
 from toolproxy.analysis.store import connection as store
 from toolproxy.analysis.store.state import save_state

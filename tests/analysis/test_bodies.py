@@ -1,4 +1,4 @@
-"""Recorded response bodies through analysis.ingest.bodies and the wire decoders: one row per wire shape a real stack produces."""
+"""Recorded response bodies through analysis.classify.bodies and the wire decoders: one row per wire shape a real stack produces."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest.bodies import decode_body
+from toolproxy.analysis.classify.bodies import decode_body
 from toolproxy.wire import decode, family_of
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from toolproxy.analysis.measure.classify import classify, refusal
-from toolproxy.analysis.measure.outcomes import NON_RESPONSE, OUTCOMES, SUB_KINDS
+from toolproxy.analysis.classify.attempt import classify, refusal
+from toolproxy.analysis.classify.outcomes import NON_RESPONSE, OUTCOMES, SUB_KINDS
 from toolproxy.wire import decode, family_of
 
 TOOLS = [

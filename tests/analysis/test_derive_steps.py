@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 from toolproxy.analysis.episodes import derive
-from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.lifecycle.ingest import ingest
 from toolproxy.analysis.store.connection import connect, default_db
 from toolproxy.analysis.store.state import unfinished_runs
 from toolproxy.record.segments import SEGMENT_DIR

@@ -1,6 +1,6 @@
 """Episodes of harnesses that rewrite history: calls re-serialised as text still chain.
 
-Unit tables for analysis.ingest.echoes, episode building on smolagents-shaped conversations, and the
+Unit tables for analysis.classify.echoes, episode building on smolagents-shaped conversations, and the
 real smolagents traffic in tests/data/smolagents run through `toolproxy analyze`."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import captured
 from captured import by_episode
 from toolproxy.analysis.episodes.build import build_episodes
 from toolproxy.analysis.episodes.model import Attempt
-from toolproxy.analysis.ingest.echoes import MAX_TEXT, echoed_calls
-from toolproxy.analysis.ingest.keys import call_signature, conversation_keys
+from toolproxy.analysis.classify.echoes import MAX_TEXT, echoed_calls
+from toolproxy.analysis.classify.keys import call_signature, conversation_keys
 
 CAPTURED = Path(__file__).resolve().parent.parent / "data" / "smolagents"
 # Both captures: three tasks, the second with two weather calls; smolagents ends each with final_answer.
@@ -70,8 +70,8 @@ def test_echoed_calls(text, expected):
 def test_echoed_calls_read_the_names_as_a_set_and_after_classify_parsed_the_text(text, expected, monkeypatch):
     """Echoes share classify's memo of parsed texts (keyed by the names as given): a text classify
     parsed is answered from the memo, and the order the names come in changes nothing."""
-    from toolproxy.analysis.ingest import textparse
-    from toolproxy.analysis.measure.classify import classify
+    from toolproxy.analysis.classify import textparse
+    from toolproxy.analysis.classify.attempt import classify
     from toolproxy.wire import Reply
 
     class Memo(dict):

@@ -17,9 +17,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest.records import analyze_record
-from toolproxy.analysis.measure.classify import classify, empty_cause
-from toolproxy.analysis.measure.outcomes import MODEL_STOPPED, NON_RESPONSE, STOP_STRING
+from toolproxy.analysis.classify.record import analyze_record
+from toolproxy.analysis.classify.attempt import classify, empty_cause
+from toolproxy.analysis.classify.outcomes import MODEL_STOPPED, NON_RESPONSE, STOP_STRING
 from toolproxy.emulators import FakeStack, call, text
 from toolproxy.wire import decode, family_of, stop_strings
 

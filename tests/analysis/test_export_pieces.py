@@ -141,7 +141,7 @@ def write_odd_bodies(data: Path) -> None:
 
 def test_the_documented_sql_rebuilds_every_body_byte_for_byte(tmp_path: Path):
     data = tmp_path / "data"
-    generate(data, 300)  # mixed stacks: streamed replies, tool calls in several dialects, errors
+    generate(data, 300)  # mixed stacks: streamed replies, tool calls in several formats, errors
     write_odd_bodies(data)
     write_episodes(data, "20261129T120000-1-0001-host", range(3), 12)
     run_cli("analyze", "--data", str(data))

@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from toolproxy.analysis.episodes.roles import COLUMNS, ROLE_SQL, role_of
-from toolproxy.analysis.ingest.harnesses import finisher, finishes
+from toolproxy.analysis.classify.harnesses import finisher, finishes
 
 
 def chat_tool(name: str, description: str | None, **params: str) -> dict:

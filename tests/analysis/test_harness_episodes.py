@@ -197,7 +197,7 @@ def test_the_live_page_derives_the_turns_the_analyzer_stores(stores, case):
     import orjson
 
     from toolproxy.analysis.measure.metrics import run_metrics, score
-    from toolproxy.proxy.live import Tally, summarised
+    from toolproxy.live.tally import Tally, summarised
     from toolproxy.record.segments import read_records
 
     tally = Tally()

@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest.keys import Prefixes, conversation_keys, link_map, parent_walk
-from toolproxy.analysis.ingest.records import analyze_record
+from toolproxy.analysis.classify.keys import Prefixes, conversation_keys, link_map, parent_walk
+from toolproxy.analysis.classify.record import analyze_record
 from toolproxy.record.segments import SEGMENT_DIR, list_segments, read_segment
 from toolproxy.testing.corpus import episode, interleaved
 

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from proxyprocess import sql_rows, toolproxy_cli
 
-from toolproxy.analysis.ingest.probes import probe_of
+from toolproxy.analysis.classify.probes import probe_of
 from toolproxy.emulators import FakeStack, call, text
 
 # As inspect-ai 0.3.285 sent it through toolproxy run (examples/recipes/inspect-ai.py openai/local).

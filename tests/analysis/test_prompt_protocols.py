@@ -1,4 +1,4 @@
-"""Prompt protocols (analysis.ingest.protocols): what a request offers in its prompt, what a reply calls,
+"""Prompt protocols (analysis.classify.protocols): what a request offers in its prompt, what a reply calls,
 and that a step's reply and the same step written back into the next prompt read alike. Tables
 of cases, the prompts as the real harnesses write them (tests/data/episodes has their traffic)
 and the look-alikes that must stay plain chat."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from toolproxy.analysis.ingest.keys import conversation_keys
-from toolproxy.analysis.ingest.protocols import CODE, DSPY, REACT, read_prompt, read_reply, reply_message
+from toolproxy.analysis.classify.keys import conversation_keys
+from toolproxy.analysis.classify.protocols import CODE, DSPY, REACT, read_prompt, read_reply, reply_message
 
 DSPY_SYSTEM = (
     "Your input fields are:\n1. `question` (str): \n2. `trajectory` (str):\nYour output fields are:\n"

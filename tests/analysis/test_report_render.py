@@ -10,7 +10,7 @@ import re
 import pytest
 
 from toolproxy.analysis.measure.metrics import METRICS
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.report import OUTPUT_FORMATS, render
 from toolproxy.analysis.report.cells import OUTCOME_LABELS
 from toolproxy.analysis.report.htmlpage import COLOURS

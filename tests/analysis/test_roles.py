@@ -19,7 +19,7 @@ import duckdb
 import orjson
 import pytest
 
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.record.model import Record, encode_body, new_id
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {

@@ -7,7 +7,7 @@ import json
 import shutil
 import urllib.request
 
-from toolproxy.analysis.lifecycle.staleness import unanalyzed_segments
+from toolproxy.analysis.load.staleness import unanalyzed_segments
 from toolproxy.analysis.store.connection import default_db
 from toolproxy.record.segments import list_segments
 

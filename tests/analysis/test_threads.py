@@ -14,9 +14,9 @@ import pytest
 from toolproxy.analysis.episodes import derive
 from toolproxy.analysis.episodes.model import attempt_of
 from toolproxy.analysis.episodes.order import chain_keys
-from toolproxy.analysis.ingest.keys import conversation_keys, link_map, parent_walk, request_key, thread_key
-from toolproxy.analysis.ingest.pipeline import ingest
-from toolproxy.analysis.ingest.records import analyze_record
+from toolproxy.analysis.classify.keys import conversation_keys, link_map, parent_walk, request_key, thread_key
+from toolproxy.analysis.lifecycle.ingest import ingest
+from toolproxy.analysis.classify.record import analyze_record
 from toolproxy.analysis.store.connection import connect, default_db
 from toolproxy.record.segments import SEGMENT_DIR, list_segments, read_segment
 from toolproxy.testing.corpus import episode, generate, generate_long, interleaved

@@ -7,7 +7,7 @@ import pytest
 from toolproxy.analysis.episodes.build import build_episodes, category_of
 from toolproxy.analysis.episodes.loops import loop_reason
 from toolproxy.analysis.episodes.model import Attempt
-from toolproxy.analysis.ingest.keys import call_signature, conversation_keys
+from toolproxy.analysis.classify.keys import call_signature, conversation_keys
 
 SYS = {"role": "system", "content": "You are an agent."}
 USER = {"role": "user", "content": "Weather in Oslo, then Paris?"}
@@ -178,7 +178,7 @@ def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch, k
     attempts) and stages their rows in chunks (of about _CHUNK_TURNS turns): a batch per run, and
     a chunk per episode, derive exactly what one batch for every run does."""
     from toolproxy.analysis.episodes import derive as turns
-    from toolproxy.analysis.ingest.pipeline import ingest
+    from toolproxy.analysis.lifecycle.ingest import ingest
     from toolproxy.analysis.store.connection import connect, default_db
     from toolproxy.testing.corpus import generate
 

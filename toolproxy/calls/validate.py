@@ -1,8 +1,9 @@
 """Does a call name an offered tool, and do its arguments satisfy that tool's JSON Schema?
 
-Schemas are checked with jsonschema under the dialect their `$schema` names, Draft 2020-12 when
-they name none. jsonschema's semantics are kept as they are, including that 3.0 *is* an integer
-(Draft 4 and later define integers by value, not by spelling; only Draft 3 rejects it). A tool
+Schemas are checked with jsonschema under the dialect (JSON Schema's own word) their `$schema`
+names, Draft 2020-12 when they name none. jsonschema's semantics are kept as they are, including
+that 3.0 *is* an integer (Draft 4 and later define integers by value, not by spelling; only
+Draft 3 rejects it). A tool
 schema that is itself invalid, or that cannot be used (an unresolvable `$ref`: remote references
 are never fetched), makes the call "not validated" instead of failing the analysis.
 
@@ -24,6 +25,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
+
+from toolproxy.term.jsontype import json_type
 
 from .jsontext import parse_arguments
 
@@ -411,18 +414,3 @@ def _describe(error: Any) -> str:
     else:
         kind = str(validator)
     return f"{kind} at ${where}: {error.message}"
-
-
-def json_type(value: Any) -> str:
-    """The JSON type name of a parsed value, as messages name it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object" if isinstance(value, dict) else type(value).__name__

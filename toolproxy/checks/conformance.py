@@ -358,7 +358,7 @@ def _conditions(value: str) -> list[str]:
 @click.option("--gates", "gates_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path), help="JSON file overriding the default gates (toolproxy/checks/gates.json).")
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Markdown file to write (default: DATA/conformance/DATE-conformance-MODEL.md).")
 @upstream_key_option
-@click.option("--stack", default=None, help="Serving stack dialect for the constrained condition when fingerprinting cannot tell.")
+@click.option("--stack", default=None, help="The serving stack the constrained condition writes its schema for when fingerprinting cannot tell.")
 @click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where the requests are recorded (runs conformance-<condition>).")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="Sampling temperature for every request.")
 @click.option("--max-tokens", default=256, show_default=True, type=int, help="max_tokens for every request.")

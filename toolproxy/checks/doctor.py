@@ -22,8 +22,8 @@ from typing import Any, AsyncIterator
 import click
 import orjson
 
-from toolproxy.analysis.measure.classify import empty_cause
-from toolproxy.analysis.measure.outcomes import MODEL_STOPPED, STOP_STRING
+from toolproxy.analysis.classify.attempt import empty_cause
+from toolproxy.analysis.classify.outcomes import MODEL_STOPPED, STOP_STRING
 from toolproxy.checks.local import LocalProxy, check_target, local_proxy
 from toolproxy.checks.reply import ProbeReply, call_problems
 from toolproxy.proxy.cli import key_from_env, upstream_key_option

@@ -55,10 +55,6 @@ class ProbeReply:
         return self.message.prompt_tokens
 
     @property
-    def has_message(self) -> bool:
-        return self.message.n_choices > 0
-
-    @property
     def empty(self) -> bool:
         """Accepted, yet nothing came back: no message, or neither content nor calls."""
         return not self.transport_failed and not self.refused and not self.content.strip() and not self.calls

@@ -1,6 +1,6 @@
 """constrained: decoding held to a JSON schema of "call one offered tool" or "give a final answer".
 
-The schema goes to the stack in its own dialect, because a field a stack does not know is often
+The schema goes to the stack in the field that stack reads, because a field a stack does not know is often
 accepted and silently ignored (vLLM's `guided_json` since v0.12), which would turn the arm into
 an unconstrained one without anyone noticing:
 

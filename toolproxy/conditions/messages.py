@@ -1,11 +1,11 @@
 """Reading a conversation request and rewriting its message list (shared by hint, text,
 constrained, template).
 
-Every dialect a harness may speak is accepted: OpenAI `/v1/chat/completions`, Ollama's native
+Every protocol a harness may speak is accepted: OpenAI `/v1/chat/completions`, Ollama's native
 `/api/chat`, OpenAI Responses and Anthropic Messages. toolproxy.wire reads each into chat terms
 (Ollama tool calls carry arguments as objects and no ids, and its tool results name the tool;
 Responses and Messages conversations become chat messages), the conditions rewrite that one
-message list, and the body goes upstream in the client's own dialect again.
+message list, and the body goes upstream in the client's own protocol again.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from toolproxy.conditions.toolblock import tool_functions
 REWRITABLE_FAMILIES = (wire.CHAT, wire.OLLAMA_CHAT, wire.RESPONSES, wire.MESSAGES)
 PATHS = {wire.CHAT: "/v1/chat/completions", wire.OLLAMA_CHAT: "/api/chat", wire.RESPONSES: "/v1/responses",
          wire.MESSAGES: "/v1/messages"}
-# Fields that would make the stack render or parse tools itself, in any dialect.
+# Fields that would make the stack render or parse tools itself, in any protocol.
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 
 
@@ -50,7 +50,7 @@ class ChatRequest:
         return self.request.messages
 
     def upstream_body(self, messages: list[Any], *, keep_tools: bool, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-        """The client's body in its own dialect, with this message list (and without the tool
+        """The client's body in its own protocol, with this message list (and without the tool
         fields unless `keep_tools`, and without the fields in `drop`)."""
         gone = set(drop) | (set() if keep_tools else set(TOOL_FIELDS))
         base = {k: v for k, v in self.body.items() if k not in gone}

@@ -4,7 +4,7 @@ ReplyTransform wires three parts together: a wire Decoder for the protocol the c
 (text deltas as they arrive, then finish, usage and any error), an interpreter (decides which
 text is safe to show now and what the calls are at the end) and a wire encoder for the protocol
 the client spoke (chat, Ollama, Responses, Messages), so the harness gets native calls in its
-own dialect. Anything but a 2xx from upstream passes through byte for byte: a refusal must reach
+own protocol. Anything but a 2xx from upstream passes through byte for byte: a refusal must reach
 the harness, and the record, exactly as the stack sent it.
 """
 
@@ -14,8 +14,8 @@ import json
 import secrets
 from typing import Callable, Mapping, Protocol
 
-from toolproxy.proxy.headers import NOT_FORWARDED_DOWN
 from toolproxy.wire import Call, Decoder, Text
+from toolproxy.wire.hopbyhop import NOT_FORWARDED_DOWN
 
 
 def new_call(name: str, arguments: str) -> Call:

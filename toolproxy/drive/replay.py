@@ -26,13 +26,14 @@ from urllib.parse import parse_qsl, urlencode
 
 import click
 
-from toolproxy.drive.harness import tag_prefix
-from toolproxy.drive.run import run_loop, start_proxy, toolproxy_cli
+from toolproxy.drive.run import start_proxy, toolproxy_cli
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
-from toolproxy.proxy.headers import NOT_FORWARDED_UP, TAG_HEADER_PREFIX
+from toolproxy.proxy.tags import TAG_HEADER_PREFIX, tag_prefix
+from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 from toolproxy.term.progress import Progress, duration
+from toolproxy.wire.hopbyhop import NOT_FORWARDED_UP
 
 OPEN_LOOP = ("replay is open-loop: each turn is sent with the history the original harness built, "
              "never with the replayed answers, so a turn is one question, not an episode")

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Callable
 
 import click
 
-from toolproxy.drive.harness import harness_env, tag_prefix
+from toolproxy.drive.harness import harness_env
 from toolproxy.playback.options import miss_line as _miss_line, playback_options
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
+from toolproxy.proxy.tags import tag_prefix
+from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 
 if TYPE_CHECKING:
@@ -48,7 +50,7 @@ async def start_proxy(config: ProxyConfig) -> RunningProxy:
 def proxy_address_line(command: str, proxy: RunningProxy, config: ProxyConfig) -> str:
     """Where the in-process proxy listens, said before the harness starts: its port is a free one
     picked at start, so without this line the live page cannot be found."""
-    from toolproxy.proxy.state import ADMIN_PREFIX
+    from toolproxy.proxy.admin import ADMIN_PREFIX
 
     text = f"toolproxy {command}: proxy on {proxy.url} -> upstream {printable(config.upstream)}"
     if config.live_page:
@@ -56,13 +58,13 @@ def proxy_address_line(command: str, proxy: RunningProxy, config: ProxyConfig) -
     return text
 
 
-async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
+async def run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
     """Run the harness; SIGINT/SIGTERM sent to us are passed on, and we wait for it to finish."""
     return await _supervise(await _spawn(argv, env))
 
 
 async def run_child_relayed(argv: list[str], env: dict[str, str], relay: Callable[[int, bytes], None]) -> ChildResult:
-    """As _run_child, with the harness's output read here and handed to `relay(fd, bytes)` as it
+    """As run_child, with the harness's output read here and handed to `relay(fd, bytes)` as it
     comes (1: its stdout, 2: its stderr), so a caller that draws a progress line on the same
     terminal can keep the two apart."""
     proc = await _spawn(argv, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -112,7 +114,7 @@ async def run_harness(config: ProxyConfig, argv: list[str], tags: dict[str, str]
     try:
         base = proxy.url + tag_prefix(config.run, **tags)
         env = {**os.environ, **harness_env(base, os.environ)}
-        return await _run_child(argv, env)
+        return await run_child(argv, env)
     finally:
         await proxy.stop()
 
@@ -134,14 +136,6 @@ async def run_against_playback(options: dict, fixture, argv: list[str], tags: di
     finally:
         await playback.stop()
         click.echo(f"toolproxy run: playback of {printable(playback_options.run)}: {playback.stats.line()}", err=True)
-
-
-def run_loop(coro):
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def toolproxy_cli(*args: str, capture: bool = True) -> subprocess.CompletedProcess:
@@ -216,7 +210,7 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
     pointing at it with the run's tags, so it needs no change. Signals are passed to CMD, the
     exit code is CMD's, and when it exits the run is analyzed and summarised in one line.
     """
-    extra = _parse_tags(tags)
+    extra = parse_tags(tags)
     options["quiet"] = True
     fixture = None
     if playback_run is not None:
@@ -282,7 +276,8 @@ def _playback_fixture(options: dict, source: str, on_miss: str, pace: str, match
                                              data_dir=options["data_dir"], on_missed=_miss_line)
 
 
-def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
+def parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
+    """`--tag KEY=VALUE` options (run's and study's) as tags; a usage error for a malformed one."""
     out = {}
     for t in tags:
         key, sep, value = t.partition("=")

@@ -30,13 +30,15 @@ import click
 
 from toolproxy.analysis.measure.runline import from_report
 from toolproxy.conditions import NAMES
-from toolproxy.drive.harness import harness_env, tag_prefix
-from toolproxy.drive.run import (_parse_tags, _run_child, proxy_address_line, run_child_relayed, run_loop, start_proxy,
-                                   toolproxy_cli)
+from toolproxy.drive.harness import harness_env
+from toolproxy.drive.run import (parse_tags, proxy_address_line, run_child, run_child_relayed, start_proxy,
+                                 toolproxy_cli)
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.listener import LINE_LIMIT
 from toolproxy.proxy.modelswap import TAG as MODEL_TAG
+from toolproxy.proxy.tags import tag_prefix
+from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 from toolproxy.term.progress import Progress, duration
 
@@ -250,7 +252,7 @@ async def _run_cells(study: Study, proxies: dict, save, tags: dict[str, str], pr
             env.setdefault("PYTHONUNBUFFERED", "1")  # its output piped through here, as it comes
             child = asyncio.ensure_future(run_child_relayed(study.command, env, relay))
         else:
-            child = asyncio.ensure_future(_run_child(study.command, env))
+            child = asyncio.ensure_future(run_child(study.command, env))
         while not child.done():
             await asyncio.wait([child], timeout=1.0)
             if relay is not None:
@@ -393,7 +395,7 @@ def study(upstreams, models, conditions, repeat, name, tags, command, **options)
     config = config_from_options(upstream=named[0][1], **options)
     for _, url in named[1:]:
         config_from_options(upstream=url, **options)  # each upstream is checked as serve would check it
-    extra = _parse_tags(tags)
+    extra = parse_tags(tags)
     planned = Study.plan(name, list(command), named, wanted, repeat, list(models))
     problem = too_long(planned, extra)
     if problem is not None:

@@ -15,7 +15,7 @@ import orjson
 from aiohttp import web
 
 from toolproxy import wire
-from toolproxy.emulators import encoding
+import toolproxy.emulators.encoding as encoding
 from toolproxy.emulators.encoding import ALNUM, SSE_DONE, compact, fragments, random_text, sse
 from toolproxy.emulators.model import ModelRequest, ScriptedReply, ToolCall, args_compact, render_calls, text
 from toolproxy.stacks import catalog

@@ -1,4 +1,4 @@
-"""How servers write JSON and streams: each language's JSON dialect, SSE framing, token-sized pieces."""
+"""How servers write JSON and streams: each language's JSON encoder's habits, SSE framing, token-sized pieces."""
 
 from __future__ import annotations
 

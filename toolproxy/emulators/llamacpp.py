@@ -10,7 +10,7 @@ import orjson
 
 from toolproxy import wire
 from toolproxy.emulators.base import Answer, Emulator, as_chat, cut_at_stop, usage_tokens
-from toolproxy.emulators import encoding
+import toolproxy.emulators.encoding as encoding
 from toolproxy.emulators.encoding import ALNUM, compact, fragments, random_text, sse
 from toolproxy.emulators.model import text
 from toolproxy.stacks import catalog

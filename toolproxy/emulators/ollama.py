@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from toolproxy.emulators.base import Answer, Emulator
-from toolproxy.emulators import encoding
+import toolproxy.emulators.encoding as encoding
 from toolproxy.emulators.encoding import LOWER, go_encoder, go_json, go_numbers, random_text, sse, SSE_DONE
 from toolproxy.emulators.model import ModelRequest, ToolCall, args_compact, render_calls, text
 from toolproxy.emulators.base import usage_tokens

@@ -8,7 +8,7 @@ import orjson
 
 from toolproxy import wire
 from toolproxy.emulators.base import Answer, Emulator, as_chat
-from toolproxy.emulators import encoding
+import toolproxy.emulators.encoding as encoding
 from toolproxy.emulators.encoding import pretty_json
 from toolproxy.stacks import catalog
 

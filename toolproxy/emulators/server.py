@@ -23,7 +23,13 @@ from multidict import CIMultiDict
 
 from toolproxy import wire
 # Each stack's module registers its emulator in EMULATORS as it is imported.
-from toolproxy.emulators import llamacpp, llamacpp_python, lmstudio, ollama, openai, sglang, vllm  # noqa: F401
+import toolproxy.emulators.llamacpp  # noqa: F401
+import toolproxy.emulators.llamacpp_python  # noqa: F401
+import toolproxy.emulators.lmstudio  # noqa: F401
+import toolproxy.emulators.ollama  # noqa: F401
+import toolproxy.emulators.openai  # noqa: F401
+import toolproxy.emulators.sglang  # noqa: F401
+import toolproxy.emulators.vllm  # noqa: F401
 from toolproxy.emulators.base import EMULATORS, Answer, Emulator
 from toolproxy.emulators.faults import Fault
 from toolproxy.emulators.model import DEFAULT_REPLY, ModelRequest, ScriptedReply

@@ -10,7 +10,7 @@ import orjson
 
 from toolproxy import wire
 from toolproxy.emulators.base import Answer, Emulator, as_chat
-from toolproxy.emulators import encoding
+import toolproxy.emulators.encoding as encoding
 from toolproxy.emulators.encoding import compact, fragments
 from toolproxy.emulators.model import args_text
 from toolproxy.stacks import catalog

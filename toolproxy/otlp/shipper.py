@@ -28,7 +28,7 @@ from yarl import URL
 
 from toolproxy import __version__
 from toolproxy.otlp.spans import SpanData, span_of
-from toolproxy.proxy.children import start_child
+from toolproxy.runtime.children import start_child
 from toolproxy.record.model import encode_record
 
 INBOX = 4_096

@@ -13,6 +13,7 @@ import click
 from toolproxy.playback.fixture import Fixture
 from toolproxy.playback.options import load, miss_line, playback_options
 from toolproxy.playback.server import CannotPlay, PlaybackOptions, start_playback
+from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 
 SHOWN_ISSUES = 20  # lines set aside named one by one at start; the rest counted
@@ -43,8 +44,6 @@ def playback(source, data_dir, upstream, host, port, allowed_hosts, on_miss, pac
                               allowed_hosts=tuple(allowed_hosts), data_dir=data_dir, on_missed=miss_line)
     if on_miss != "fail" and not upstream:
         raise click.UsageError(f"--on-miss {on_miss} needs --upstream URL (where a miss is sent)")
-    from toolproxy.drive.run import run_loop
-
     try:
         run_loop(_serve(fixture, rules, options))
     except CannotPlay as exc:

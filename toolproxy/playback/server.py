@@ -46,14 +46,15 @@ from toolproxy.playback.match import Matcher, MatchRules, Miss
 from toolproxy.proxy.admission import origin_form_refusal
 from toolproxy.proxy.config import (CLIENT_BODY_TIMEOUT, CLIENT_HEADER_TIMEOUT, IDLE_TIMEOUT, MAX_BODY, TTFB_TIMEOUT,
                                     ConfigError, ProxyConfig)
+from toolproxy.proxy.errorbody import protocol_error_body
 from toolproxy.proxy.exposure import Exposure
 from toolproxy.proxy.flow import Refusal
-from toolproxy.proxy.forward import protocol_error_body
-from toolproxy.proxy.headers import HOP_BY_HOP, NOT_FORWARDED_UP, TAG_HEADER_PREFIX, connection_listed, load_redactor
+from toolproxy.proxy.headers import load_redactor
 from toolproxy.proxy.listener import CannotListen, listen
 from toolproxy.proxy.refusals import PARSER_REJECTED
-from toolproxy.proxy.tags import header_tags, misplaced_refusal, place_path_tags
+from toolproxy.proxy.tags import TAG_HEADER_PREFIX, header_tags, misplaced_refusal, place_path_tags
 from toolproxy.term.printable import printable
+from toolproxy.wire.hopbyhop import HOP_BY_HOP, NOT_FORWARDED_UP, connection_listed
 
 ON_MISS = ("fail", "forward", "record")
 PACES = ("fast", "recorded")

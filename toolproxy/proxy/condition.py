@@ -1,6 +1,6 @@
 """The interface condition on the hot path: rewrite the request, transform the reply.
 
-The dialect (which stack the rewrite targets) is fixed when the request arrives: `--stack`, or
+The stack the rewrite targets is fixed when the request arrives: `--stack`, or
 else what fingerprinting has found by then. A fingerprint that lands mid-run changes the requests
 after it, never the shared options or an exchange already in flight.
 """
@@ -46,7 +46,7 @@ class ConditionAddon(Addon):
             stack = self.detected_stack()
             if stack is not None:
                 options = dataclasses.replace(options, stack=stack)
-        rec.extra["dialect"] = options.stack
+        rec.extra["dialect"] = options.stack  # the stack targeted: a stored key, kept under its old name
         request = flow.request
         outcome = condition.prepare(RequestView(request.method, rec.path, flow.up_query, flow.up_headers, flow.body), options)
         if isinstance(outcome, Skip):

@@ -14,70 +14,37 @@ import errno
 import time
 
 import aiohttp
-import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
 from toolproxy import wire
-from toolproxy.proxy import livepage
+from toolproxy.proxy import admin
+from toolproxy.proxy.admin import ADMIN_PREFIX
 from toolproxy.proxy.flow import Cut, Flow, Refusal
 from toolproxy.term.connection_errors import explain
-from toolproxy.proxy.headers import (
-    NOT_FORWARDED_DOWN,
-    NOT_FORWARDED_UP,
-    TAG_HEADER_PREFIX,
-    Redactor,
-    connection_listed,
-)
+from toolproxy.proxy.headers import Redactor
 from toolproxy.proxy.admission import writer_backpressure
-from toolproxy.proxy.auth import presented_token
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.durability import late_hold
+from toolproxy.proxy.errorbody import protocol_error_body
 from toolproxy.proxy.modelswap import TAG as MODEL_TAG
 from toolproxy.proxy.pool import CONNECTION
-from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
 from toolproxy.proxy.spool import Spool, file_payload
-from toolproxy.proxy.state import ADMIN_PREFIX, ProxyState
-from toolproxy.proxy.tags import header_tags, misplaced_refusal, place_path_tags
+from toolproxy.proxy.state import ProxyState
+from toolproxy.proxy.tags import TAG_HEADER_PREFIX, header_tags, misplaced_refusal, place_path_tags
 from toolproxy.record.model import encode_body
 from toolproxy.record.spill import SpilledBody
+from toolproxy.wire.hopbyhop import NOT_FORWARDED_DOWN, NOT_FORWARDED_UP, connection_listed
 
 _CLIENT_GONE = (ConnectionResetError, ConnectionError, aiohttp.ClientConnectionResetError)
 _UNWRITTEN = "Can not write request body"  # aiohttp's words when the connection was closed under the write
 
 
-def error_body(message: str, code: str, kind: str = "toolproxy_error") -> bytes:
-    """OpenAI-style error JSON, so harnesses surface the cause instead of a parse failure."""
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
-
-
-def protocol_error_body(family: str | None, message: str, code: str) -> bytes:
-    """The error JSON a client of `family` reads its message from: Anthropic's and Ollama's SDKs
-    look for their own shape, every other protocol for OpenAI's."""
-    if family in (wire.MESSAGES, wire.OLLAMA_CHAT, wire.OLLAMA_GENERATE):
-        return wire.encoder_for(family, {}, False).error(message)
-    return error_body(message, code)
-
-
 async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.StreamResponse:
     raw_path = request.raw_path
     if raw_path.startswith(ADMIN_PREFIX):
-        refused = state.exposure.refusal(request.method, request.headers)
-        if refused is not None:
-            return web.Response(status=403, body=error_body(refused[2], refused[1]), content_type="application/json")
-        token = state.config.auth_token
-        if token is not None and not presented_token(request.headers, token)[0] and not livepage.has_cookie(request, token):
-            gate = await livepage.unauthorised(request, raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token,
-                                               state.config.client_body_timeout)
-            if gate is not None:
-                return gate
-            # The counters name the upstream and the data directory: not for anonymous callers.
-            state.refusals.count(ADMIN_UNAUTHORIZED)
-            return web.Response(status=401, body=error_body(
-                "this toolproxy requires a token for its admin routes too: send 'X-Toolproxy-Token: <token>'",
-                "toolproxy_unauthorized"), content_type="application/json")
-        return await state.admin(request)
+        return await admin.answer(state, request)
 
     cfg = state.config
     flow = Flow(request, cfg.upstream, cfg.total_timeout, cfg.durability == "sync")

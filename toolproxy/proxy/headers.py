@@ -1,4 +1,5 @@
-"""Which headers cross the proxy, and how secrets are kept off disk."""
+"""How secrets are kept off disk: which header and query names hold one, and the stand-ins
+recorded for their values."""
 
 from __future__ import annotations
 
@@ -12,26 +13,6 @@ from typing import Iterable
 from urllib.parse import unquote_plus, unquote_to_bytes
 
 from toolproxy.record import keys
-
-# RFC 9110 section 7.6.1 hop-by-hop fields, plus the ones this proxy owns or recomputes.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "expect",
-    }
-)
-NOT_FORWARDED_UP = HOP_BY_HOP | {"host", "content-length"}
-NOT_FORWARDED_DOWN = HOP_BY_HOP
-
-TAG_HEADER_PREFIX = "x-toolproxy-"
 
 # One rule for every name that can carry a credential, header or query parameter alike: a name is
 # secret when it contains one of these words anywhere (`X-Goog-Api-Key`, `accessToken`,
@@ -125,14 +106,3 @@ class Redactor:
                 parts[i] = f"{name}={self.value(unquote_to_bytes(value.replace('+', ' ')))}"
                 changed = True
         return "&".join(parts) if changed else query
-
-
-def connection_listed(items: Iterable[tuple[str, str]]) -> frozenset[str]:
-    """Header names the sender listed in `Connection:`; they are hop-by-hop too."""
-    names = set()
-    for k, v in items:
-        if k.lower() == "connection":
-            names.update(part.strip().lower() for part in v.split(",") if part.strip())
-    return frozenset(names)
-
-

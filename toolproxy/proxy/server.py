@@ -20,7 +20,8 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.calls.gcpause import settle_for_serving
+from toolproxy.runtime.eventloop import run_loop
+from toolproxy.runtime.gcpause import settle_for_serving
 from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.forward import serve_request
@@ -126,9 +127,4 @@ def banner(config: ProxyConfig, port: int, workers: int = 1) -> str:
 
 def run(config: ProxyConfig, join_group: Callable[[web.Application], None] | None = None,
         listening: Callable[[ProxyState], Awaitable[None]] | None = None) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(config, join_group, listening))
-    else:
-        uvloop.run(serve(config, join_group, listening))
+    run_loop(serve(config, join_group, listening))

@@ -9,18 +9,27 @@ of the tags: `/v1/t/run=x/chat/completions` (the proxy's address with `/v1`, the
 `/t/run=x/v1/v1/chat/completions` (a client that appends `/v1/...` itself). `place_path_tags` takes
 these where only one reading exists, rather than forwarding a path no stack serves and recording the
 run as untagged.
+
+`tag_prefix` writes the prefix (run, study, replay and playback's relay tag their requests with it).
 """
 
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from toolproxy.proxy.flow import Refusal
-from toolproxy.proxy.headers import TAG_HEADER_PREFIX
 
 KNOWN = ("run", "episode", "item", "condition")
 _KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+TAG_HEADER_PREFIX = "x-toolproxy-"  # X-Toolproxy-Run, ...: the same tags as headers, never forwarded
+
+
+def tag_prefix(run: str | None = None, condition: str | None = None, **tags: str) -> str:
+    """The `/t/key=value/...` path prefix the proxy strips and records (empty when no tags)."""
+    pairs = [("run", run), ("condition", condition), *sorted(tags.items())]
+    parts = [f"{k}={quote(str(v), safe='')}" for k, v in pairs if v]
+    return "/t/" + "/".join(parts) if parts else ""
 
 
 def split_path_tags(path: str) -> tuple[dict[str, str], str]:

@@ -30,6 +30,7 @@ import orjson
 from toolproxy.record.chunks import BODY_FIELDS
 from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.record.segments import list_segments, read_segment
+from toolproxy.term.jsontype import json_type
 
 CORRUPT, BAD_TYPE, UNKNOWN_KIND = "corrupt", "bad_type", "unknown_kind"
 SET_ASIDE = (CORRUPT, BAD_TYPE, UNKNOWN_KIND)
@@ -93,8 +94,6 @@ def misfit(name: str, value: Any, kind: str) -> str | None:
     """Why `value` cannot be field (or column) `name` of type `kind`, or None if it can (null always can)."""
     if value is None or FITS[kind](value):
         return None
-    from toolproxy.calls.validate import json_type  # only to word a misfit: the fit check needs no jsonschema
-
     try:
         shown = orjson.dumps(value, default=str).decode()
     except TypeError:  # an int beyond 64 bits (orjson's own limit)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import orjson
 
-from . import framing
+import toolproxy.wire.framing as framing
+
 from .chat import ChatReader
 from .endpoints import CHAT, LINE_FRAMED, MESSAGES, RESPONSES
 from .errors import error_of

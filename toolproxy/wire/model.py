@@ -3,7 +3,7 @@
 A request is a system text, a message list, tools, a tool choice and the remaining parameters; a
 reply is content, reasoning, calls, a finish reason, usage and an error. Messages and tools are
 kept as chat-completions dicts (role/content/tool_calls/tool_call_id; `{"type": "function",
-"function": {...}}`): that is the dialect the conditions rewrite and the analyzer hashes, so a
+"function": {...}}`): that is the protocol the conditions rewrite and the analyzer hashes, so a
 Responses or Messages exchange becomes the very conversation a chat harness would have sent.
 
 Decoders produce events (a text delta, a call's start, an argument fragment, usage, the finish,

@@ -1,13 +1,14 @@
-"""What the /_toolproxy/ page shows: per-run counts and recent exchanges, classified as they finish.
+"""The proxy's side of the live page (per-run counts and recent exchanges, classified as they
+finish): it takes the written records, feeds the classifier process, and asks it for reports.
 
 The writer thread hands every record it has written to `LiveView.observe`, with the JSON line it
 already encoded when it has one; observe only appends that line (or the record, when there is
 none) to a bounded deque. A feeder thread wakes every FEED_EVERY, encodes what came without a
 line, and sends what arrived in messages of at most HANDOFF records to a classifier *process*,
-which classifies each record with the analyzer's own per-record code
-(analysis.ingest.records.analyze_record: the same outcome, sub-kind and surface `analyze` will store) and
-keeps the counters, the recent exchanges and each run's attempts, from which it derives turns,
-episodes and roles as the report does when the page asks (toolproxy.proxy.liveturns). Classifying
+which classifies each record with the analyzer's own per-record code (toolproxy.live.classify) and
+keeps the counters, the recent exchanges and each run's attempts (toolproxy.live.tally), from
+which it derives turns, episodes and roles as the report does when the page asks
+(toolproxy.live.turns). Classifying
 costs about as much CPU as forwarding, so it cannot share the proxy's interpreter (the GIL), and
 the classifier process runs only on CPU time nothing else wants. The page's requests ask it for a report off the loop.
 
@@ -18,20 +19,17 @@ not classify. Bodies spilled to disk (too large to hold in memory) are counted t
 
 Memory is bounded whatever the traffic: the inbox holds at most INBOX records and INBOX_BYTES of
 them (a count alone let a flood of long contexts hold hundreds of megabytes, and even short ones,
-held while the classifier is starved, spread over the proxy's heap), the recent list is
-a ring of RECENT exchanges whose bodies are cut at BODY_CHARS, the per-run counters are
-integers for at most MAX_RUNS runs, and the attempts kept for the turns are bounded per run and in
-all (liveturns).
+held while the classifier is starved, spread over the proxy's heap), and what the classifier
+keeps is bounded too (toolproxy.live.tally).
 
 Under `serve --workers N` every worker has its own classifier, which also answers on a Unix
 socket in the group's private directory, so whichever worker serves the page merges its peers'
-counts and recent exchanges with its own (`merge_reports`), and finds an exchange a peer holds.
+counts and recent exchanges with its own (`tally.merge_reports`), and finds an exchange a peer holds.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import multiprocessing
 import os
@@ -40,26 +38,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
+from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import orjson
 
-from toolproxy.proxy.children import sigint_ignored
+from toolproxy.live.classify import status_class
+from toolproxy.live.tally import MAX_RUNS, RECENT, Tally, merge_reports, summarised
+from toolproxy.runtime.children import sigint_ignored
 from toolproxy.record.model import Record, encode_record, stored_text
 
-if TYPE_CHECKING:  # the analyzer's modules load in the classifier process only
-    from toolproxy.proxy.liveturns import Held
-
+PAGE = resources.files("toolproxy.live").joinpath("page.html")
 INBOX = 1_000
 INBOX_BYTES = 1 << 20
-RECENT = 300
-BODY_CHARS = 64 * 1024
-MAX_RUNS = 200
 FEED_EVERY = 0.05  # seconds between the feeder's hand-offs
 HANDOFF = 256  # records per message to the classifier at most
-SLICE = 32  # records the classifier classifies between looks for a question from the page
 ASK_TIMEOUT = 5.0
 UNTAGGED_RUN = "(untagged)"  # as the analyzer names it
 OTHER_RUNS = "(other runs)"
@@ -70,65 +64,6 @@ LARGE = "large"  # a body was spilled to disk while it passed: too large to clas
 UNENCODABLE = "unencodable"
 _WHY = {BEHIND: "the classifier is behind", LARGE: "a body too large to hold in memory",
         UNENCODABLE: "the record could not be encoded again"}
-
-
-def status_class(status: int | None) -> str:
-    return f"{status // 100}xx" if status else "none"
-
-
-def _text(raw: bytes | None, problem: str | None) -> str:
-    if problem is not None:
-        return f"({problem})"
-    if raw is None:
-        return ""
-    text = raw[: BODY_CHARS * 4].decode("utf-8", "replace")
-    return text if len(text) <= BODY_CHARS else text[:BODY_CHARS] + f"\n... ({len(raw):,} bytes in all; `toolproxy show ID` after analyze has the rest)"
-
-
-def classify_record(rec: dict) -> tuple[dict, dict, Held | None]:
-    """(summary row, detail, the attempt as the turns are derived from it, if it is one) of one
-    finished record (as written), by the analyzer's code."""
-    from toolproxy.analysis.ingest.bodies import decode_body, header
-    from toolproxy.analysis.ingest.records import analyze_record
-    from toolproxy.analysis.measure.runline import delivered_now
-    from toolproxy.proxy.liveturns import held_of
-
-    analyzed = analyze_record(rec, "", 0)
-    row = analyzed.exchange
-    g = rec.get
-    status = g("client_status") if g("client_status") is not None else g("status")
-    why = orjson.loads(row["record"]).get("classification_detail") if row["record"] else None
-    summary = {
-        "id": g("id"), "started_at": g("started_at"), "run": row["run"], "episode": g("episode"), "item": g("item"),
-        "condition": row["condition"], "method": g("method"), "path": g("path"), "status": status,
-        "duration_ms": g("duration_ms"), "error_kind": g("error_kind"), "model": row["model"],
-        "outcome": row["outcome"], "sub_kind": row["sub_kind"], "surface": row["surface"], "n_calls": row["n_calls"],
-        "delivered": delivered_now(row["outcome"], row["harness_saw_prose"]),
-        "detail": why[:BODY_CHARS] if isinstance(why, str) else None,
-    }
-    if g("client_body") is not None:
-        response = _text(*decode_body(g("client_body"), g("client_body_encoding")))
-    else:
-        response = _text(*decode_body(g("response_body"), g("response_body_encoding"), header(g("response_headers"), "content-encoding")))
-    detail = {
-        **summary,
-        "upstream": g("upstream"), "query": g("query"), "finish_reason": row["finish_reason"],
-        "error_message": g("error_message"), "condition_note": g("condition_note"),
-        "request_headers": g("request_headers") or [], "response_headers": g("response_headers") or [],
-        "request_body": _text(*decode_body(g("request_body"), g("request_body_encoding"), header(g("request_headers"), "content-encoding"))),
-        "response_body": response,
-        "content": (row["content"] or "")[:BODY_CHARS],
-        "calls": [{"name": c["name"], "arguments": (c["arguments_raw"] or "")[:BODY_CHARS], "surface": c["surface"],
-                   "valid": c["valid"]} for c in analyzed.calls],
-    }
-    return summary, detail, held_of(row)
-
-
-def outcome_key(summary: dict) -> str | None:
-    """outcome/surface for an exchange, non_response/sub-kind for a non-response (as the report splits them)."""
-    from toolproxy.analysis.measure.runline import composition_key
-
-    return composition_key(summary["outcome"], summary["sub_kind"], summary["surface"])
 
 
 def _body_chars(rec: Record) -> int:
@@ -145,214 +80,6 @@ def brief(rec: Record) -> tuple:
     # name the classifier sees, and which the feeder can send as JSON
     run = stored_text(rec.run) if rec.run not in (None, "") else UNTAGGED_RUN
     return run, status_class(status), rec.error_kind, rec.started_at
-
-
-@dataclasses.dataclass
-class RunCounts:
-    exchanges: int = 0
-    first: float = 0.0
-    last: float = 0.0
-    by_status_class: Counter = dataclasses.field(default_factory=Counter)
-    errors: Counter = dataclasses.field(default_factory=Counter)
-    outcomes: Counter = dataclasses.field(default_factory=Counter)  # "outcome/surface" or "non_response/sub_kind"
-    unclassified: Counter = dataclasses.field(default_factory=Counter)  # why -> exchanges counted, not classified
-    calls: int = 0
-    models: Counter = dataclasses.field(default_factory=Counter)
-    causes: dict = dataclasses.field(default_factory=dict)  # non-response sub-kind -> what the latest said
-
-    def add(self, s: dict) -> None:
-        self._seen(1, s["started_at"], s["started_at"], status_class(s["status"]), s["error_kind"])
-        if s["outcome"]:
-            self.outcomes[outcome_key(s)] += 1
-        self.calls += s["n_calls"] or 0
-        if s["outcome"] == "non_response" and s["detail"]:
-            self.causes[s["sub_kind"]] = s["detail"][:300]
-        if s["model"] and len(self.models) < 20:
-            self.models[s["model"]] += 1
-
-    def add_counted(self, cls: str, error: str | None, why: str, n: int, first: float, last: float) -> None:
-        self._seen(n, first, last, cls, error)
-        self.unclassified[why] += n
-
-    def _seen(self, n: int, first: float, last: float, cls: str, error: str | None) -> None:
-        self.exchanges += n
-        self.first = min(self.first, first) if self.first else first
-        self.last = max(self.last, last)
-        self.by_status_class[cls] += n
-        if error:
-            self.errors[error] += n
-
-    def report(self) -> dict:
-        return {
-            "exchanges": self.exchanges, "first": self.first, "last": self.last, "calls": self.calls,
-            "by_status_class": dict(self.by_status_class), "errors": dict(self.errors),
-            "outcomes": dict(self.outcomes), "unclassified": dict(self.unclassified), "models": dict(self.models),
-            "causes": dict(self.causes),
-        }
-
-
-class Tally:
-    """The classifier process's state: counters per run, each run's attempts (its turns, episodes
-    and roles are derived from them when the page asks: toolproxy.proxy.liveturns) and the ring of
-    recent exchanges."""
-
-    def __init__(self, recent: int = RECENT, max_runs: int = MAX_RUNS) -> None:
-        self.recent: collections.OrderedDict[str, tuple[dict, dict]] = collections.OrderedDict()
-        self.recent_max = recent
-        self.runs: dict[str, RunCounts] = {}
-        self.max_runs = max_runs
-        self.observed = 0  # as the proxy last told it
-        self.classified = 0
-        self.failures = 0
-        self.last_failure: str | None = None
-        self.unclassified: Counter = Counter()
-        self.turns = None  # toolproxy.proxy.liveturns.LiveTurns, once an attempt came (the analyzer loads then)
-        self.log = None  # set when this process prints serve's line per exchange (see _classifier)
-
-    def _run(self, name: str) -> RunCounts:
-        runs = self.runs
-        counts = runs.get(name)
-        if counts is None:
-            if len(runs) >= self.max_runs:
-                quiet = min(runs, key=lambda r: runs[r].last)  # the run quiet the longest
-                del runs[quiet]
-                if self.turns is not None:
-                    self.turns.drop(quiet)
-            counts = runs[name] = RunCounts()
-        return counts
-
-    def add(self, line: bytes) -> dict | None:
-        """Classify one record and count it; its summary (None when the analyzer could not read it)."""
-        try:
-            summary, detail, held = classify_record(orjson.loads(line))
-        except Exception as exc:  # noqa: BLE001 - a record the analyzer chokes on must not stop the view
-            self.failures += 1
-            self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
-            return None
-        counts = self._run(summary["run"])
-        counts.add(summary)
-        if held is not None:
-            if self.turns is None:
-                from toolproxy.proxy.liveturns import LiveTurns
-
-                self.turns = LiveTurns()
-            self.turns.add(summary["run"], held)
-        self.recent[summary["id"]] = (summary, detail)
-        if len(self.recent) > self.recent_max:
-            self.recent.popitem(last=False)
-        self.classified += 1
-        return summary
-
-    def count(self, counted: dict) -> None:
-        """Exchanges the proxy counted without sending them: {(run, class, error, why): (n, first, last)}."""
-        for (run, cls, error, why), (n, first, last) in counted.items():
-            self._run(run).add_counted(cls, error, why, n, first, last)
-            self.unclassified[why] += n
-
-    def report(self, run: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
-        runs = {name: {**c.report(), **self._turn_figures(name)} for name, c in sorted(self.runs.items(), key=lambda kv: -kv[1].last)}
-        recent = []
-        for summary, _ in reversed(self.recent.values()):
-            if run and summary["run"] != run:
-                continue
-            if outcome and outcome not in (summary["outcome"], outcome_key(summary)):
-                continue
-            recent.append(summary)
-            if len(recent) >= limit:
-                break
-        done = self.classified + self.failures + sum(self.unclassified.values())
-        return {"observed": self.observed, "classified": self.classified, "pending": max(0, self.observed - done),
-                "unclassified": dict(self.unclassified), "failures": self.failures, "last_failure": self.last_failure,
-                "recent_kept": self.recent_max, "runs": runs, "recent": recent}
-
-    def _turn_figures(self, run: str) -> dict:
-        """The run's turn figures (worked out now if it changed), and each recent exchange whose call,
-        left in the text, its harness acted on marked delivered (as the report's turns say)."""
-        figures = self.turns.figures(run) if self.turns is not None else None
-        if figures is None:
-            return {}
-        out = dict(figures)
-        for exchange_id in out.pop("through_text"):
-            hit = self.recent.get(exchange_id)
-            if hit is not None:
-                hit[0]["delivered"] = hit[1]["delivered"] = True
-        out["derived_by"] = 1  # workers whose turns these are (summed when they are merged)
-        return out
-
-    def answer(self, query: list | tuple) -> Any:
-        if query[0] == "report":
-            return self.report(*query[1:])
-        hit = self.recent.get(query[1])
-        return hit[1] if hit is not None else None
-
-
-def merge_reports(reports: list[dict], limit: int) -> dict:
-    """One report for several workers' classifiers (pure): counts summed per run, the newest
-    `limit` recent exchanges of all of them."""
-    out: dict[str, Any] = {"observed": 0, "classified": 0, "pending": 0, "failures": 0, "recent_kept": 0,
-                           "unclassified": Counter(), "last_failure": None, "runs": {}, "recent": []}
-    for rep in reports:
-        for key in ("observed", "classified", "pending", "failures", "recent_kept"):
-            out[key] += rep[key]
-        out["unclassified"].update(rep["unclassified"])
-        out["last_failure"] = out["last_failure"] or rep["last_failure"]
-        for name, counts in rep["runs"].items():
-            mine = out["runs"].get(name)
-            out["runs"][name] = counts if mine is None else _merge_run(mine, counts)
-        out["recent"].extend(rep["recent"])
-    out["unclassified"] = dict(out["unclassified"])
-    out["runs"] = dict(sorted(out["runs"].items(), key=lambda kv: -kv[1]["last"]))
-    out["recent"] = sorted(out["recent"], key=lambda s: s["started_at"], reverse=True)[:limit]
-    return out
-
-
-def summarised(name: str, counts: dict) -> dict:
-    """A run's counters and what the report says of such counts (analysis.measure.runline): its one line,
-    the cells beside it (call, delivered, answered, lost, rej and its cause), its bar's segments,
-    and a note when its figures cover only part of the run."""
-    from toolproxy.analysis.measure.runline import RunLine, Share, segments
-
-    line = RunLine(name, counts.get("turns", 0), Share(counts.get("valid_turns", 0), counts.get("call_turns", 0)),
-                   Share(counts.get("delivered_turns", 0), counts.get("call_turns", 0)),
-                   dict(counts.get("turn_non_responses") or {}), counts["causes"], counts.get("episodes"),
-                   Share(counts.get("answered", 0), counts.get("answerable", 0)))
-    return {**counts, "line": line.text(), "headline": line.cells(), "partial": partial(counts),
-            "bar": segments(counts.get("turn_outcomes") or {}, counts.get("delivered_calls", 0))}
-
-
-def partial(counts: dict) -> str | None:
-    """Why a run's turn figures are not the report's, in words, or None."""
-    why = []
-    unclassified = sum((counts.get("unclassified") or {}).values())
-    if unclassified:
-        why.append(f"{unclassified:,} of its exchanges were counted without being classified")
-    if counts.get("let_go"):
-        why.append(f"it outgrew what the page keeps: the figures cover its latest {counts.get('held', 0):,} attempts "
-                   f"({counts['let_go']:,} earlier ones let go)")
-    if counts.get("not_yet_counted"):
-        why.append(f"{counts['not_yet_counted']:,} attempts came since its figures were worked out (a run this large "
-                   "is worked out again only every so often)")
-    if counts.get("derived_by", 0) > 1:
-        why.append(f"its turns were derived per worker ({counts['derived_by']} workers): an episode whose requests "
-                   "reached different workers is split there")
-    return "; ".join(why) or None
-
-
-def _merge_run(a: dict, b: dict) -> dict:
-    out = {}
-    for key, value in a.items():
-        other = b.get(key)
-        if key == "causes":
-            out[key] = {**value, **(other or {})}
-        elif key == "first":
-            out[key] = min(v for v in (value, other) if v) if (value or other) else 0.0
-        elif key == "last":
-            out[key] = max(value, other or 0.0)
-        elif isinstance(value, dict):
-            out[key] = dict(Counter(value) + Counter(other or {}))
-        else:
-            out[key] = value + (other or 0)
-    return out
 
 
 def ask_peer(path: str | Path, query: list, timeout: float = ASK_TIMEOUT) -> Any:
@@ -418,7 +145,7 @@ class LiveView:
         # The child finds toolproxy where this process did (as multiprocessing's spawn would tell it).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         fds = (rec_out.fileno(), child_queries.fileno())
-        cmd = [sys.executable, "-m", "toolproxy.proxy.classifier", *map(str, fds),
+        cmd = [sys.executable, "-m", "toolproxy.live.classifier", *map(str, fds),
                str(self.socket_path or ""), str(self._recent), str(self._max_runs)]
         with sigint_ignored():
             self._proc = subprocess.Popen(cmd, pass_fds=fds, env=env, stdin=subprocess.DEVNULL)
@@ -571,6 +298,11 @@ class LiveView:
             except (OSError, EOFError) as exc:
                 self.broken = f"the classifier process stopped: {exc}"
             return None
+
+    def page(self, nonce: str) -> str:
+        """The page (one file: inline CSS and JS, nothing from the network), its script and style
+        marked with `nonce`, the only ones the admin route's Content-Security-Policy lets run."""
+        return PAGE.read_text(encoding="utf-8").replace("{{nonce}}", nonce)
 
     def report(self, run: str | None = None, outcome: str | None = None, limit: int = 100,
                peers: Callable[[], list[Path]] | None = None) -> dict[str, Any]:

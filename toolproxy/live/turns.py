@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from toolproxy.analysis.episodes.build import build_episodes, episode_expectation
 from toolproxy.analysis.episodes.model import Attempt, attempt_of
 from toolproxy.analysis.episodes.roles import role_of, turn_facts
-from toolproxy.analysis.measure.outcomes import CALL, NON_RESPONSE, VALID_CALL
+from toolproxy.analysis.classify.outcomes import CALL, NON_RESPONSE, VALID_CALL
 from toolproxy.analysis.measure.runline import composition_key
 
 ATTEMPTS_PER_RUN = 5_000
@@ -51,7 +51,7 @@ class Held:
 
 
 def held_of(row: dict) -> Held | None:
-    """An analysed exchange row (analysis.ingest.records) as the live view keeps it; None when it is no
+    """An analysed exchange row (analysis.classify.record) as the live view keeps it; None when it is no
     turn of a task (not a model request, or a harness's probe)."""
     if not row.get("is_attempt"):
         return None

@@ -1,4 +1,5 @@
-"""Ingest on real segment files and a real DuckDB file: incremental, idempotent, never fatal."""
+"""Loading segments, and the derive that follows it (lifecycle.ingest), on real segment files and
+a real DuckDB file: incremental, idempotent, never fatal."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest import pipeline
-from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.lifecycle.ingest import ingest
 from toolproxy.analysis.lifecycle.reanalyze import rebuild
+from toolproxy.analysis.load import pipeline
 from toolproxy.analysis.store.connection import WRITER_ROW_GROUP_SIZE, bodies_in_sql, connect, default_db
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
@@ -348,7 +349,7 @@ def test_a_failure_while_committing_surfaces_its_own_error(tmp_path):
     rolling back again must not raise "no transaction is active" over the real cause."""
     import duckdb
 
-    from toolproxy.analysis.ingest.pipeline import Ingestor
+    from toolproxy.analysis.load.pipeline import Ingestor
 
     (tmp_path / "segments").mkdir()
     con = connect(default_db(tmp_path))

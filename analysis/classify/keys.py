@@ -17,8 +17,8 @@ from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import orjson
 
-from toolproxy.analysis.ingest import harnesses
-from toolproxy.analysis.ingest.echoes import echoed_calls
+from toolproxy.analysis.classify import harnesses
+from toolproxy.analysis.classify.echoes import echoed_calls
 
 UNTAGGED_RUN = "(untagged)"
 # A text-protocol harness (smolagents, ReAct loops) returns a tool's result as a user message
@@ -145,9 +145,9 @@ def conversation_keys(
       not be the one the harness writes back: dspy repairs the JSON), the unread keys of this
       request and of its tail.
     rejects: the messages after the last assistant message say the harness could not use the reply
-      before them (analysis.ingest.harnesses).
+      before them (analysis.classify.harnesses).
     asks_again: the request may be the one before it asked again in the harness's fallback format
-      (analysis.ingest.protocols.Reading.fallback): its own state's request key is tried first, so it
+      (analysis.classify.protocols.Reading.fallback): its own state's request key is tried first, so it
       continues the turn that asked the same (turn_facts then reads that turn as rejected).
     prior_hash: the rolling hash after the assistant message before the last one.
     prefix_links: (hash, the hash before it) pairs, flattened, of this request's rolling hashes
@@ -339,7 +339,7 @@ class Prefixes:
     request it resumed must be stored beside it: walks are resumed only within a `scope` (a run's
     attempts, with or without an episode tag) and within what is stored together (one batch of one
     segment, which prune keeps or drops whole; a batch that sets a record aside is analysed again
-    without them, see records.analyze_lines)."""
+    without them, see load.lines.analyze_lines)."""
 
     PER_HEAD = 4
 
@@ -415,7 +415,7 @@ def echo_key(state_hash: str, signature: str) -> str:
 def _echo_parents(block: Sequence[str], calls: list, before: str, tool_names: Sequence[str]) -> list[str]:
     """echo_key(before, calls) of the request's last run of assistant messages (`block`: their
     texts, with its structured `calls`; `before`: the state of the conversation before it), for its
-    structured calls, else for every reading of calls re-serialised in its text (analysis.ingest.echoes).
+    structured calls, else for every reading of calls re-serialised in its text (analysis.classify.echoes).
 
     Only the last run: it answers the turn just before this request, the one to chain to, and
     looking no further keeps the text search at one block per request, not one per turn.

@@ -5,7 +5,7 @@ and the reports that count it; kept apart from classify so a report does not loa
 # row records the version that produced it, and `toolproxy analyze` rebuilds every derived table
 # from the stored raw bodies when the store was analysed under another version, so old and new
 # rules are never mixed. The rule: bump it in the same commit as any change to classification
-# (classify.py, the call parsers), to turns/episodes/roles (turns.py) or to what a metric counts.
+# (attempt.py, the call parsers), to turns/episodes/roles (episodes/) or to what a metric counts.
 ANALYZER_VERSION = 6
 
 NON_RESPONSE = "non_response"

@@ -1,16 +1,25 @@
-"""The /_toolproxy/ page and the JSON behind it, and how a browser gets past --auth-token.
+"""Every route under /_toolproxy/, in one place: who may use them, and what each answers by
+asking its owner. Never forwarded upstream, never recorded as exchanges.
 
-A browser cannot send the X-Toolproxy-Token header, so with a token set the page offers a form:
-the token is POSTed once (never in a URL that a history, a proxy log or a recording keeps) and
-answered with an HttpOnly, SameSite=Strict cookie scoped to /_toolproxy/. The cookie holds an
-HMAC of the token, not the token itself. Scripts that can only open a URL (a headless browser
-taking a screenshot) may use /_toolproxy/login?token=...: it sets the same cookie and redirects
-to the clean address at once.
+    /_toolproxy/health, /stats, /    the stats (ProxyState.snapshot, merged across a group's
+                                     workers; health answers 503 when recording is not ok); `/`
+                                     is the live page for a browser (Accept: text/html)
+    /_toolproxy/live                 the live page's JSON (toolproxy.live: LiveView.report)
+    /_toolproxy/exchange/ID          one recent exchange (LiveView.detail)
+    /_toolproxy/login                how a browser gets past --auth-token
 
-The page is one package data file (live.html, inline CSS and JS, nothing from the network), sent
-with a Content-Security-Policy that lets only its own nonce-tagged script and style run and lets
-it fetch only from this origin. Everything a model or client wrote is put on the page through
-textContent, never parsed as HTML.
+With --auth-token every route wants the token, in the X-Toolproxy-Token header (or as the API
+key), or the page's cookie. A browser cannot send the header, so the page offers a form: the token
+is POSTed once (never in a URL that a history, a proxy log or a recording keeps) and answered with
+an HttpOnly, SameSite=Strict cookie scoped to /_toolproxy/. The cookie holds an HMAC of the token,
+not the token itself. Scripts that can only open a URL (a headless browser taking a screenshot)
+may use /_toolproxy/login?token=...: it sets the same cookie and redirects to the clean address at
+once. Anyone else is answered 401 (and counted: the stats name the upstream and the data directory).
+
+The page (toolproxy/live/page.html: inline CSS and JS, nothing from the network) is sent with a
+Content-Security-Policy that lets only its own nonce-tagged script and style run and lets it fetch
+only from this origin. Everything a model or client wrote is put on the page through textContent,
+never parsed as HTML.
 """
 
 from __future__ import annotations
@@ -19,14 +28,18 @@ import asyncio
 import hashlib
 import hmac
 import secrets
-from importlib import resources
 from urllib.parse import parse_qs
 
 import orjson
 from aiohttp import web
 
+from toolproxy.proxy.auth import presented_token
+from toolproxy.proxy.errorbody import error_body
+from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
+from toolproxy.proxy.state import ProxyState
+
+ADMIN_PREFIX = "/_toolproxy/"
 COOKIE = "toolproxy_page"
-_PAGE = resources.files("toolproxy.proxy").joinpath("live.html")
 
 
 def cookie_value(token: str) -> str:
@@ -54,10 +67,9 @@ def _secured(resp: web.Response, nonce: str | None = None) -> web.Response:
     return resp
 
 
-def page() -> web.Response:
+def page(live) -> web.Response:
     nonce = secrets.token_urlsafe(16)
-    html = _PAGE.read_text(encoding="utf-8").replace("{{nonce}}", nonce)
-    return _secured(web.Response(text=html, content_type="text/html", charset="utf-8"), nonce)
+    return _secured(web.Response(text=live.page(nonce), content_type="text/html", charset="utf-8"), nonce)
 
 
 def login_form(status: int = 401, wrong: bool = False) -> web.Response:
@@ -148,14 +160,61 @@ async def unauthorised(request: web.Request, name: str, token: str, body_timeout
     return None
 
 
-async def route(request: web.Request, name: str, live, token: str | None, body_timeout: float,
-                peers=None) -> web.Response | None:
-    """The page's routes (the caller has checked the token), or None for another admin name.
-    `peers` lists the other workers' classifier sockets under `serve --workers N`."""
+async def answer(state: ProxyState, request: web.BaseRequest) -> web.StreamResponse:
+    """The answer to a request under ADMIN_PREFIX: refused as the Host/Origin check says, let in
+    by the token or the page's cookie (or shown the way to them), then routed."""
+    refused = state.exposure.refusal(request.method, request.headers)
+    if refused is not None:
+        return web.Response(status=403, body=error_body(refused[2], refused[1]), content_type="application/json")
+    token = state.config.auth_token
+    if token is not None and not presented_token(request.headers, token)[0] and not has_cookie(request, token):
+        gate = await unauthorised(request, request.raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token,
+                                  state.config.client_body_timeout)
+        if gate is not None:
+            return gate
+        # The counters name the upstream and the data directory: not for anonymous callers.
+        state.refusals.count(ADMIN_UNAUTHORIZED)
+        return web.Response(status=401, body=error_body(
+            "this toolproxy requires a token for its admin routes too: send 'X-Toolproxy-Token: <token>'",
+            "toolproxy_unauthorized"), content_type="application/json")
+    return await route(state, request)
+
+
+async def route(state: ProxyState, request: web.Request) -> web.Response:
+    """The route the path names (the caller has checked the token); the live page's only when it
+    is on (`--no-live-page` turns it off)."""
+    name = request.path[len(ADMIN_PREFIX):].strip("/")
+    if state.live is not None:
+        page_route = await live_route(request, name, state)
+        if page_route is not None:
+            return page_route
+    if name in ("health", "stats", ""):
+        return await stats(state, name)
+    return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)
+
+
+async def stats(state: ProxyState, name: str) -> web.Response:
+    snap = state.snapshot()
+    if state.peers is not None:
+        snap = await state.peers.merged(snap)
+    # This process's own evidence, not a merge: it is the one that just refreshed it.
+    snap["upstream_health"] = await state.upstream_health.report()
+    # The status is the proxy's own health (recording): an unreachable upstream is reported
+    # above but answered 200, since restarting or bypassing the proxy would not bring it back;
+    # so are a group's partial counts (a worker was killed), since the proxy still serves and records.
+    status = 200 if (name != "health" or snap["status"] in ("ok", "partial")) else 503
+    return web.json_response(snap, status=status)
+
+
+async def live_route(request: web.Request, name: str, state: ProxyState) -> web.Response | None:
+    """The live page's routes, or None for another name. Under `serve --workers N` its report and
+    exchanges come from every worker's classifier (the peers' sockets)."""
+    live = state.live
+    peers = state.peers.peer_live_sockets if state.peers is not None else None
     if name == "" and wants_html(request):
-        return page()
+        return page(live)
     if name == "login":
-        return await login(request, token, body_timeout)
+        return await login(request, state.config.auth_token, state.config.client_body_timeout)
     if name == "live":
         q = request.query
         try:

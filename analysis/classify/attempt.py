@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 import orjson
 
-from toolproxy.analysis.measure.outcomes import (HALLUCINATED, INVALID_ARGS, MODEL_STOPPED, NON_RESPONSE, PROSE, STOP_STRING,
+from toolproxy.analysis.classify.outcomes import (HALLUCINATED, INVALID_ARGS, MODEL_STOPPED, NON_RESPONSE, PROSE, STOP_STRING,
                                         UNPARSEABLE, VALID_CALL)
-from toolproxy.analysis.ingest.protocols import read_reply
-from toolproxy.analysis.ingest.textparse import parsed_text
+from toolproxy.analysis.classify.protocols import read_reply
+from toolproxy.analysis.classify.textparse import parsed_text
 from toolproxy.calls import Validation, parse_arguments, validate_call
 from toolproxy.stacks.catalog import LLAMACPP, OLLAMA, TOOL_REFUSAL
 from toolproxy.wire import Reply, tool_names as names_of_tools
@@ -182,7 +182,7 @@ def classify(
     tools array's content hash) lets validation results be reused across attempts: harnesses
     resend the same tools, and looping agents the same call, many times. `stops` and `stack_reply`
     say why an empty reply was empty (see empty_cause). `protocol`: the prompt protocol the request
-    was read under (analysis.ingest.protocols); calls in the reply text are then read by its rules and
+    was read under (analysis.classify.protocols); calls in the reply text are then read by its rules and
     have the surface "prompt" (the harness asked for them there and parses them).
     """
     nr = non_response(reply, status, error_kind, stops, stack_reply)

@@ -5,7 +5,7 @@ a harness chooses: that it rejected the model's last reply (it could not parse a
 and says so in its next request), and that a call ends the episode as the model's answer (the
 harness's own finishing tool, as it describes it when it offers it). Each entry names the harness
 it comes from; add new ones here.
-(How prompt-protocol harnesses write their tool lists and steps is analysis.ingest.protocols' to read.)
+(How prompt-protocol harnesses write their tool lists and steps is analysis.classify.protocols' to read.)
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from toolproxy.analysis.ingest.textparse import parsed_text
+from toolproxy.analysis.classify.textparse import parsed_text
 
 # Longest text searched for an echo, and the most bracketed spans tried in it: an echo is a few
 # hundred bytes; a huge assistant message is prose or code, not a call list.

@@ -1,8 +1,8 @@
 """The live page's classifier process: batches of written records in, answers to the page out,
 and serve's line per exchange once it is classified.
 
-Started by `LiveView.start` as `python -m toolproxy.proxy.classifier RECORDS_FD QUERIES_FD SOCKET
-RECENT MAX_RUNS`, a fresh interpreter that imports only this module, the view's tally and the
+Started by `LiveView.start` as `python -m toolproxy.live.classifier RECORDS_FD QUERIES_FD SOCKET
+RECENT MAX_RUNS`, a fresh interpreter that imports only the live page's own modules and the
 analyzer's per-record code: not multiprocessing's spawn, whose child re-imports the proxy's main
 module (the whole CLI) and which starts a resource-tracker process besides, together as much
 memory again as the proxy itself.
@@ -18,7 +18,10 @@ from multiprocessing.connection import Connection, wait
 
 import orjson
 
-from toolproxy.proxy.live import SLICE, Tally, print_lines
+from toolproxy.live.tally import Tally
+from toolproxy.live.view import print_lines
+
+SLICE = 32  # records the classifier classifies between looks for a question from the page
 
 
 def _answer_peer(listener: socket.socket, tally: Tally) -> None:

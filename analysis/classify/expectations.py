@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Mapping, Sequence
 
-from toolproxy.analysis.measure.outcomes import EXPECTATIONS
+from toolproxy.analysis.classify.outcomes import EXPECTATIONS
 
 EXPECT_TAG = "expect"
 
