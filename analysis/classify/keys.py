@@ -338,8 +338,8 @@ class Prefixes:
     A request that resumes a walk stores only the prefix_links its own messages add, so the
     request it resumed must be stored beside it: walks are resumed only within a `scope` (a run's
     attempts, with or without an episode tag) and within what is stored together (one batch of one
-    segment, which prune keeps or drops whole; a batch that sets a record aside is analysed again
-    without them, see load.lines.analyze_lines)."""
+    segment, which prune keeps or drops whole; a record set aside is never analysed, so never
+    walked, and one whose analysis fails starts the batch's walks afresh: load.lines.analyze_lines)."""
 
     PER_HEAD = 4
 

@@ -3,7 +3,8 @@
 Each line is parsed back into its record (chunked bodies put back), each exchange record analysed
 (classify.record.analyze_record) and its row checked against its columns. A line that cannot be
 stored (not JSON, no id, a field of the wrong type, an unknown kind) is set aside with the reason
-(`Batch.issues`), never fatal. Workers import this module, so it imports no DuckDB and no NumPy
+(`Batch.issues`), never fatal: the verdict is the record reader's own (toolproxy.record.schema),
+which playback reads recordings through too. Workers import this module, so it imports no DuckDB and no NumPy
 either (store.tables and store.columns only declare the columns).
 """
 
@@ -19,28 +20,19 @@ from toolproxy.analysis.classify.keys import Prefixes
 from toolproxy.analysis.classify.record import ToolSet, analyze_record, fingerprint_row
 from toolproxy.analysis.store.columns import Columns, share_strings
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES
-from toolproxy.runtime.gcpause import gc_paused
+from toolproxy.record import schema
 from toolproxy.record.chunks import CHUNK_PREFIX, ChunkSource
-from toolproxy.record.model import Record
-from toolproxy.record.sampling import SAMPLED_OUT
-from toolproxy.record.segments import BODIES_AS_RECORDED, parse_line
+from toolproxy.record.segments import parse_line
+from toolproxy.runtime.gcpause import gc_paused
 
 EXCHANGE_TYPES = {name: sql_type for name, sql_type in EXCHANGES.types.items() if name not in ("turn_id", "analyzer_version")}
 _EXCHANGE_VALUES = operator.itemgetter(*EXCHANGE_TYPES)
 CALL_TYPES = {name: sql_type for name, sql_type in CALLS.types.items() if name not in ("turn_id", "analyzer_version")}
-# Record fields stored as they are in a typed column. The proxy writes each with one JSON type; a
-# record where one has another was not written by it (or was damaged) and is set aside whole.
-RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
-                 if name in Record.__dataclass_fields__ and sql_type != "JSON"]
-# The bodies are not stored (they are read from the segment: store.bodies_in_sql), but a record
-# whose body is not text was not written by the proxy either.
-_BODIES = Columns({name: "VARCHAR" for name in BODIES_AS_RECORDED})
-_BODY_TYPES = frozenset((str, type(None)))  # all that fit: _BODIES.misfit is asked only otherwise
-_RECORD = Columns({**{name: EXCHANGE_TYPES[name] for name in RECORD_FIELDS}, **_BODIES.types})
-# The other columns, checked by Columns.fit (a misfit there is stored as JSON text or NULL).
-_DERIVED = Columns({name: sql_type for name, sql_type in EXCHANGE_TYPES.items() if name not in RECORD_FIELDS})
+# The columns a record's own fields go in as they are (schema.STORED) were checked by the record
+# reader; the others are made to fit by Columns.fit (a misfit there is stored as JSON text or NULL).
+_DERIVED = Columns({name: sql_type for name, sql_type in EXCHANGE_TYPES.items() if name not in schema.STORED})
 # Issue kinds for lines that were not stored (the others are notes about a segment).
-SET_ASIDE = ("corrupt", "bad_type", "unknown_kind", "analyze_error")
+SET_ASIDE = (*schema.SET_ASIDE, "analyze_error")
 
 
 @dataclass
@@ -81,15 +73,8 @@ def analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chu
     batch's parsed records and rows were ~15% of the time for nothing.
     """
     with gc_paused():
-        batch = _analyze_lines(segment, lines, chunks, Prefixes())
+        batch = _analyze_lines(segment, lines, chunks)
         columns = _transposed(batch)
-        bad = EXCHANGES.check.misfits(columns, RECORD_FIELDS) if columns else None
-        if bad:
-            # Requests after a record set aside may have resumed its walk and left their links
-            # to it (keys.Prefixes): the batch is analysed again, each request on its own.
-            batch = _analyze_lines(segment, lines, chunks, None)
-            columns = _transposed(batch)
-            _set_aside(batch, columns, bad)
         if columns and columns["id"]:
             # what was read out of bodies is made to fit here, off the process that writes it
             columns.update(_DERIVED.fit({name: columns[name] for name in _DERIVED.types}))
@@ -118,53 +103,30 @@ def _share_repeats(columns: dict[str, Any]) -> None:
         columns[name] = share_strings(columns[name])
 
 
-def _set_aside(batch: Batch, columns: dict[str, list], bad: dict[int, str]) -> None:
-    """Take out of the batch the exchanges whose record has a field of the wrong type."""
-    ids = columns["id"]
-    for i, problem in bad.items():
-        batch.issue(columns["segment_offset"][i], "bad_type", f"record {ids[i]}: {problem}; set aside", ids[i])
-    gone = {ids[i] for i in bad}
-    keep = [i for i in range(len(ids)) if i not in bad]
-    for name, values in columns.items():
-        columns[name] = [values[i] for i in keep]
-    batch.calls = [c for c in batch.calls if c["exchange_id"] not in gone]
-
-
-def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource,
-                   prefixes: Prefixes | None) -> Batch:
+def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource) -> Batch:
     batch = Batch(segment)
+    prefixes = Prefixes()
     ids: set[str] = set()
     for offset, line in lines:
         rec, error = parse_line(line, chunks)
         if rec is None:
-            batch.issue(offset, "corrupt", f"{error}; skipped")
+            batch.issue(offset, *schema.unreadable(error))
             continue
         batch.records += 1
         rid = rec.get("id")
-        kind = rec.get("kind", "exchange")
-        if not isinstance(rid, str) or not rid:
-            batch.issue(offset, "corrupt", "record has no id; skipped")
-        elif (kind == "fingerprint" or not isinstance(kind, str)) and (problem := _RECORD.misfit(rec)):
-            # exchanges are checked a column at a time, after analysis (analyze_lines)
-            batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
-        elif kind == "fingerprint":
+        bad = schema.verdict(rec)
+        if bad is not None:
+            batch.issue(offset, bad[0], bad[1], rid if isinstance(rid, str) and rid else None)
+        elif rec.get("kind") == schema.FINGERPRINT:
             batch.fingerprints.append(fingerprint_row(rec, segment, offset))
-        elif kind not in ("exchange", SAMPLED_OUT):
-            batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped", rid)
         elif rid in ids:
             batch.duplicates += 1
-        elif not _BODY_TYPES.issuperset(map(type, map(rec.get, BODIES_AS_RECORDED))) and (problem := _BODIES.misfit(rec)):
-            batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         else:
             try:
                 a = analyze_record(rec, segment, offset, prefixes)
             except Exception as exc:  # one odd record must never stop an ingest; it is reported instead
-                if prefixes is not None:  # it may have kept a walk whose links it will not store
-                    prefixes = Prefixes()
-                if problem := _RECORD.misfit(rec):
-                    batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
-                else:
-                    batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}", rid)
+                prefixes = Prefixes()  # it may have kept a walk whose links it will not store
+                batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}", rid)
                 continue
             ids.add(rid)
             batch.exchange_rows.append(_EXCHANGE_VALUES(a.exchange))

@@ -302,6 +302,17 @@ def test_a_wrongly_typed_record_is_set_aside_and_the_rest_ingests(tmp_path, db, 
     assert con.execute("SELECT count(*) FROM ingest_issues").fetchall()[0][0] == 1
 
 
+def test_the_record_readers_types_are_the_columns_analyze_stores_the_fields_in():
+    """The verdict on a record (toolproxy.record.schema) is the one analyze sets lines aside by:
+    each field it judges goes in an exchanges column of its type, and every record field with a
+    typed column is judged."""
+    from toolproxy.analysis.store.tables import EXCHANGES
+    from toolproxy.record.schema import STORED
+
+    typed = {name: t for name, t in EXCHANGES.types.items() if name in Record.__dataclass_fields__ and t != "JSON"}
+    assert STORED == typed
+
+
 def test_odd_values_in_bodies_are_stored_not_set_aside(tmp_path, db):
     """What an upstream or a model writes is not the proxy's record: the exchange is ingested, a
     column that cannot hold the value holds NULL (numbers) or its JSON text, the body keeps it."""
