@@ -1,6 +1,6 @@
-from __future__ import annotations
-
 """llama.cpp's llama-server: OpenAI chat, Responses and Messages endpoints, its native API and /props."""
+
+from __future__ import annotations
 
 import json
 import time

@@ -1,5 +1,3 @@
-from __future__ import annotations
-
 """llama-cpp-python's OpenAI-compatible server (`python -m llama_cpp.server`, FastAPI).
 
 As read in llama_cpp/server/app.py, errors.py and llama_chat_format.py (the release the catalog names) and observed
@@ -10,6 +8,8 @@ fails validation included, pydantic's report as the message); `tools` reach the 
 writes stays in `content`. Replies name the model as the request did and carry no `timings`;
 streamed chunks are dumped with Python's json.dumps spacing.
 """
+
+from __future__ import annotations
 
 import json
 import time

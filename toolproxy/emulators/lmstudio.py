@@ -1,6 +1,6 @@
-from __future__ import annotations
-
 """LM Studio's OpenAI-compatible server and its native model lists."""
+
+from __future__ import annotations
 
 import secrets
 import time

@@ -1,6 +1,6 @@
-from __future__ import annotations
-
 """Ollama (Go, gin): its OpenAI-compatible /v1 routes and its native /api routes (NDJSON streams)."""
+
+from __future__ import annotations
 
 import secrets
 import time

@@ -1,6 +1,6 @@
-from __future__ import annotations
-
 """api.openai.com, the reference shape every OpenAI-compatible server copies."""
+
+from __future__ import annotations
 
 import time
 

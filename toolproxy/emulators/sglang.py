@@ -1,6 +1,6 @@
-from __future__ import annotations
-
 """SGLang's OpenAI-compatible server (FastAPI): vLLM's shapes with its own fields and flat errors."""
+
+from __future__ import annotations
 
 import secrets
 import time

@@ -1,6 +1,6 @@
-from __future__ import annotations
-
 """vLLM's OpenAI-compatible server (FastAPI), with its Anthropic Messages endpoint."""
+
+from __future__ import annotations
 
 import secrets
 import time
