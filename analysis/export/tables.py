@@ -54,27 +54,49 @@ class ExportTable:
 
 
 TABLES: tuple[ExportTable, ...] = (
-    ExportTable("exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", select=_WITH_BODIES,
-                weight=_RECORD_BYTES),
-    ExportTable("calls", key="t.exchange_id || ':' || CAST(t.idx AS VARCHAR)", day="coalesce(x.day, DATE '1970-01-01')",
-          run="coalesce(x.run, '')",
-          joins=f"LEFT JOIN (SELECT id, run, {_EXCHANGE_DAY.format('')} AS day FROM exchanges) x ON x.id = t.exchange_id"),
-    ExportTable("turns", key="t.turn_id", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
-          joins=f"LEFT JOIN (SELECT turn_id, min({_EXCHANGE_DAY.format('')}) AS day FROM exchanges WHERE turn_id IS NOT NULL "
-                "GROUP BY turn_id) x ON x.turn_id = t.turn_id", moves=True),
-    ExportTable("episodes", key="t.episode_key", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
-          joins=f"LEFT JOIN (SELECT u.episode_key, min({_EXCHANGE_DAY.format('e.')}) AS day FROM turns u JOIN exchanges e "
-                "ON e.turn_id = u.turn_id GROUP BY u.episode_key) x ON x.episode_key = t.episode_key", moves=True),
+    ExportTable(
+        "exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", select=_WITH_BODIES, weight=_RECORD_BYTES
+    ),
+    ExportTable(
+        "calls",
+        key="t.exchange_id || ':' || CAST(t.idx AS VARCHAR)",
+        day="coalesce(x.day, DATE '1970-01-01')",
+        run="coalesce(x.run, '')",
+        joins=f"LEFT JOIN (SELECT id, run, {_EXCHANGE_DAY.format('')} AS day FROM exchanges) x ON x.id = t.exchange_id",
+    ),
+    ExportTable(
+        "turns",
+        key="t.turn_id",
+        day="coalesce(x.day, DATE '1970-01-01')",
+        run="t.run",
+        joins=f"LEFT JOIN (SELECT turn_id, min({_EXCHANGE_DAY.format('')}) AS day FROM exchanges WHERE turn_id IS NOT NULL "
+        "GROUP BY turn_id) x ON x.turn_id = t.turn_id",
+        moves=True,
+    ),
+    ExportTable(
+        "episodes",
+        key="t.episode_key",
+        day="coalesce(x.day, DATE '1970-01-01')",
+        run="t.run",
+        joins=f"LEFT JOIN (SELECT u.episode_key, min({_EXCHANGE_DAY.format('e.')}) AS day FROM turns u JOIN exchanges e "
+        "ON e.turn_id = u.turn_id GROUP BY u.episode_key) x ON x.episode_key = t.episode_key",
+        moves=True,
+    ),
     ExportTable("runs", key="t.run", day=None, run="t.run", recent="t.last_seen::DATE"),
 )
 
 
 def columns(con, table: str) -> list[str]:
     """The table's columns in the database's order."""
-    return [r[0] for r in con.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
-        "AND table_schema = current_schema() AND table_name = ? "
-        "ORDER BY ordinal_position", [table]).fetchall()]
+    return [
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
+            "AND table_schema = current_schema() AND table_name = ? "
+            "ORDER BY ordinal_position",
+            [table],
+        ).fetchall()
+    ]
 
 
 def quote_ident(name: str) -> str:

@@ -19,19 +19,22 @@ from toolproxy.analysis.classify.keys import Prefixes
 from toolproxy.analysis.classify.record import ToolSet, analyze_record, fingerprint_row
 from toolproxy.analysis.store.columns import Columns, share_strings
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES
-from toolproxy.runtime.gcpause import gc_paused
 from toolproxy.record.chunks import CHUNK_PREFIX, ChunkSource
 from toolproxy.record.model import Record
 from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.record.segments import BODIES_AS_RECORDED, parse_line
+from toolproxy.runtime.gcpause import gc_paused
 
-EXCHANGE_TYPES = {name: sql_type for name, sql_type in EXCHANGES.types.items() if name not in ("turn_id", "analyzer_version")}
+EXCHANGE_TYPES = {
+    name: sql_type for name, sql_type in EXCHANGES.types.items() if name not in ("turn_id", "analyzer_version")
+}
 _EXCHANGE_VALUES = operator.itemgetter(*EXCHANGE_TYPES)
 CALL_TYPES = {name: sql_type for name, sql_type in CALLS.types.items() if name not in ("turn_id", "analyzer_version")}
 # Record fields stored as they are in a typed column. The proxy writes each with one JSON type; a
 # record where one has another was not written by it (or was damaged) and is set aside whole.
-RECORD_FIELDS = [name for name, sql_type in EXCHANGE_TYPES.items()
-                 if name in Record.__dataclass_fields__ and sql_type != "JSON"]
+RECORD_FIELDS = [
+    name for name, sql_type in EXCHANGE_TYPES.items() if name in Record.__dataclass_fields__ and sql_type != "JSON"
+]
 # The bodies are not stored (they are read from the segment: store.bodies_in_sql), but a record
 # whose body is not text was not written by the proxy either.
 _BODIES = Columns({name: "VARCHAR" for name in BODIES_AS_RECORDED})
@@ -70,8 +73,14 @@ class Batch:
 def issue_row(segment: str, offset: int, kind: str, message: str, record_id: str | None = None) -> dict[str, Any]:
     """An ingest_issues row: a line set aside (SET_ASIDE) or a note about a segment (a torn tail, a
     segment that shrank), as the workers' batches and the pipeline both write them."""
-    return {"segment": segment, "byte_offset": offset, "kind": kind, "message": message, "seen_at": time.time(),
-            "record_id": record_id}
+    return {
+        "segment": segment,
+        "byte_offset": offset,
+        "kind": kind,
+        "message": message,
+        "seen_at": time.time(),
+        "record_id": record_id,
+    }
 
 
 def analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource) -> Batch:
@@ -105,11 +114,40 @@ def _transposed(batch: Batch) -> dict[str, list]:
 
 
 # Text columns whose values repeat along a batch (a run's name, its model, a stack's headers...).
-_REPEATING = ("kind", "run", "episode", "item", "condition", "tags", "upstream", "method", "path", "query",
-              "error_kind", "error_message", "model", "tool_set", "upstream_request", "condition_note",
-              "request_headers", "response_headers", "segment", "outcome", "sub_kind", "surface", "finish_reason",
-              "content", "reasoning_content", "upstream_content", "stack_marker", "stack_marker_version",
-              "call_signature", "protocol")
+_REPEATING = (
+    "kind",
+    "run",
+    "episode",
+    "item",
+    "condition",
+    "tags",
+    "upstream",
+    "method",
+    "path",
+    "query",
+    "error_kind",
+    "error_message",
+    "model",
+    "tool_set",
+    "upstream_request",
+    "condition_note",
+    "request_headers",
+    "response_headers",
+    "segment",
+    "outcome",
+    "sub_kind",
+    "surface",
+    "finish_reason",
+    "content",
+    "reasoning_content",
+    "upstream_content",
+    "stack_marker",
+    "stack_marker_version",
+    "call_signature",
+    "protocol",
+)
+
+
 def _share_repeats(columns: dict[str, Any]) -> None:
     """Equal strings of each _REPEATING column as one object (share_strings): the process writing
     the batch unpickles it in ~1.8 us an exchange instead of 3.2, and here the sharing costs about
@@ -130,8 +168,9 @@ def _set_aside(batch: Batch, columns: dict[str, list], bad: dict[int, str]) -> N
     batch.calls = [c for c in batch.calls if c["exchange_id"] not in gone]
 
 
-def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource,
-                   prefixes: Prefixes | None) -> Batch:
+def _analyze_lines(
+    segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource, prefixes: Prefixes | None
+) -> Batch:
     batch = Batch(segment)
     ids: set[str] = set()
     for offset, line in lines:
@@ -153,7 +192,9 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], ch
             batch.issue(offset, "unknown_kind", f"record kind {kind!r} is not known to this analyzer; skipped", rid)
         elif rid in ids:
             batch.duplicates += 1
-        elif not _BODY_TYPES.issuperset(map(type, map(rec.get, BODIES_AS_RECORDED))) and (problem := _BODIES.misfit(rec)):
+        elif not _BODY_TYPES.issuperset(map(type, map(rec.get, BODIES_AS_RECORDED))) and (
+            problem := _BODIES.misfit(rec)
+        ):
             batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
         else:
             try:
@@ -164,7 +205,9 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], ch
                 if problem := _RECORD.misfit(rec):
                     batch.issue(offset, "bad_type", f"record {rid}: {problem}; set aside", rid)
                 else:
-                    batch.issue(offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}", rid)
+                    batch.issue(
+                        offset, "analyze_error", f"cannot analyse record {rid}: {type(exc).__name__}: {exc}", rid
+                    )
                 continue
             ids.add(rid)
             batch.exchange_rows.append(_EXCHANGE_VALUES(a.exchange))
@@ -196,7 +239,11 @@ def analyze_range(path: str, start: int, end: int) -> Batch:
         nl = find(b"\n", pos)
         if nl < 0:
             nl = size
-        if nl > pos and not starts_with(CHUNK_PREFIX, pos) and not (data[pos:pos + 1].isspace() and data[pos:nl].isspace()):
+        if (
+            nl > pos
+            and not starts_with(CHUNK_PREFIX, pos)
+            and not (data[pos : pos + 1].isspace() and data[pos:nl].isspace())
+        ):
             lines.append((start + pos, view[pos:nl]))
         pos = nl + 1
     with ChunkSource(path, data, start) as chunks:

@@ -85,8 +85,14 @@ def misfit(name: str, value: Any, sql_type: str) -> str | None:
 _NONE = type(None)
 _BOUNDS = {"INTEGER": _INT32, "BIGINT": _INT64, "TIMESTAMP": (-_EPOCH_SECONDS, _EPOCH_SECONDS)}
 _PY_TYPES = {
-    "VARCHAR": {str, _NONE}, "JSON": {str, _NONE}, "INTEGER": {int, _NONE}, "BIGINT": {int, _NONE},
-    "DOUBLE": {int, float, _NONE}, "TIMESTAMP": {int, float, _NONE}, "BOOLEAN": {bool, _NONE}, "VARCHAR[]": {list, _NONE},
+    "VARCHAR": {str, _NONE},
+    "JSON": {str, _NONE},
+    "INTEGER": {int, _NONE},
+    "BIGINT": {int, _NONE},
+    "DOUBLE": {int, float, _NONE},
+    "TIMESTAMP": {int, float, _NONE},
+    "BOOLEAN": {bool, _NONE},
+    "VARCHAR[]": {list, _NONE},
 }
 
 
@@ -145,6 +151,8 @@ class Columns:
             if _column_fits(values, sql_type):
                 continue
             text = sql_type in ("VARCHAR", "JSON")
-            out[name] = [v if v is None or _FITS[sql_type](v) else (orjson.dumps(v, default=str).decode() if text else None)
-                         for v in values]
+            out[name] = [
+                v if v is None or _FITS[sql_type](v) else (orjson.dumps(v, default=str).decode() if text else None)
+                for v in values
+            ]
         return out

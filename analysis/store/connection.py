@@ -28,7 +28,11 @@ def default_db(data_dir: str | Path) -> Path:
 
 
 def connect(
-    db_path: str | Path, *, read_only: bool = False, create: bool = True, memory_limit: str | None = DEFAULT_MEMORY_LIMIT
+    db_path: str | Path,
+    *,
+    read_only: bool = False,
+    create: bool = True,
+    memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
 ) -> duckdb.DuckDBPyConnection:
     """Open the database, migrated to the newest schema unless read_only.
 
@@ -76,7 +80,9 @@ def connect(
         have = schema_version(con)
         if have < MIGRATIONS[-1][0]:
             con.close()
-            raise StoreError(f"{path} has schema version {have}; run `toolproxy analyze` to migrate it to {MIGRATIONS[-1][0]}")
+            raise StoreError(
+                f"{path} has schema version {have}; run `toolproxy analyze` to migrate it to {MIGRATIONS[-1][0]}"
+            )
     return con
 
 
@@ -243,8 +249,9 @@ def bodies_in_sql(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> Itera
     text = duckdb.type("VARCHAR")
     struct = duckdb.struct_type({name: text for name in BODIES_AS_RECORDED})
     _retire_unfinished(con)
-    con.create_function("bodies", bodies, [text, duckdb.type("BIGINT")], struct,
-                        null_handling="special", side_effects=False)
+    con.create_function(
+        "bodies", bodies, [text, duckdb.type("BIGINT")], struct, null_handling="special", side_effects=False
+    )
     try:
         yield access
     finally:

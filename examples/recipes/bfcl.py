@@ -21,13 +21,17 @@ from pathlib import Path
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("categories", nargs="+", help="BFCL test categories, e.g. simple_python irrelevance")
 parser.add_argument("--first", type=int, default=3, help="items per category (the first N by file order)")
-parser.add_argument("--model", default="openbmb/MiniCPM-SALA-FC", help="a BFCL model name (its handler decides the API)")
+parser.add_argument(
+    "--model", default="openbmb/MiniCPM-SALA-FC", help="a BFCL model name (its handler decides the API)"
+)
 args = parser.parse_args()
 
 root = Path(os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path("bfcl-project").resolve())))
 root.mkdir(parents=True, exist_ok=True)
 if (root / ".env").exists():
-    sys.exit(f"{root / '.env'} exists and BFCL would let it override OPENAI_BASE_URL; remove it or set BFCL_PROJECT_ROOT")
+    sys.exit(
+        f"{root / '.env'} exists and BFCL would let it override OPENAI_BASE_URL; remove it or set BFCL_PROJECT_ROOT"
+    )
 
 from bfcl_eval.constants.category_mapping import VERSION_PREFIX  # noqa: E402  (reads BFCL_PROJECT_ROOT)
 from bfcl_eval.constants.eval_config import PROMPT_PATH  # noqa: E402

@@ -12,7 +12,6 @@ import json
 import sys
 
 import litellm
-
 from weather import CHAT_TOOL, QUESTION, SYSTEM, finish, get_weather
 
 model = sys.argv[1] if len(sys.argv) > 1 else "openai/local"

@@ -11,8 +11,8 @@ OLLAMA_BASE_URL (Ollama's OpenAI-compatible /v1). `toolproxy run` sets all of th
 import sys
 
 from pydantic_ai import Agent
-
-from weather import QUESTION, SYSTEM, finish, get_weather as weather_service
+from weather import QUESTION, SYSTEM, finish
+from weather import get_weather as weather_service
 
 agent = Agent(sys.argv[1] if len(sys.argv) > 1 else "openai-chat:local", system_prompt=SYSTEM)
 calls = []

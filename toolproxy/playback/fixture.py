@@ -87,17 +87,28 @@ def to_exchange(rec: dict[str, Any], order: int) -> RecordedExchange | None:
     headers = [(str(k), str(v)) for k, v in rec.get("response_headers") or [] if isinstance(v, str)]
     if client_body is not None:
         # The client's body is not the upstream's: its length and encoding are not either.
-        headers = ([(k, v) for k, v in headers if k.lower() not in ("content-length", "content-encoding")]
-                   if rec.get("status") is not None else [("Content-Type", "application/json")])
+        headers = (
+            [(k, v) for k, v in headers if k.lower() not in ("content-length", "content-encoding")]
+            if rec.get("status") is not None
+            else [("Content-Type", "application/json")]
+        )
     tags = rec.get("tags") if isinstance(rec.get("tags"), dict) else {}
     return RecordedExchange(
-        id=str(rec.get("id")), order=order, method=str(rec.get("method") or "POST"), path=str(rec.get("path") or "/"),
-        query=str(rec.get("query") or ""), episode=_text(rec.get("episode")), item=_text(rec.get("item")),
+        id=str(rec.get("id")),
+        order=order,
+        method=str(rec.get("method") or "POST"),
+        path=str(rec.get("path") or "/"),
+        query=str(rec.get("query") or ""),
+        episode=_text(rec.get("episode")),
+        item=_text(rec.get("item")),
         tags={str(k): str(v) for k, v in tags.items()},
         request_body=body_bytes(rec.get("request_body"), rec.get("request_body_encoding")) or b"",
-        status=status, headers=headers, body=body,
+        status=status,
+        headers=headers,
+        body=body,
         cut=not rec.get("response_complete") and rec.get("error_kind") in CUT_SHORT and rec.get("status") is not None,
-        ttfb_ms=rec.get("ttfb_ms") if isinstance(rec.get("ttfb_ms"), (int, float)) else None, pieces=pieces,
+        ttfb_ms=rec.get("ttfb_ms") if isinstance(rec.get("ttfb_ms"), (int, float)) else None,
+        pieces=pieces,
     )
 
 

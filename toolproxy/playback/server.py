@@ -20,19 +20,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from toolproxy import wire
 from toolproxy.playback.fixture import RecordedExchange
 from toolproxy.playback.match import Matcher, MatchRules, Miss
-from toolproxy.proxy.exposure import Exposure
-from toolproxy import wire
 from toolproxy.proxy.errorbody import protocol_error_body
+from toolproxy.proxy.exposure import Exposure
 from toolproxy.proxy.tags import TAG_HEADER_PREFIX, header_tags, place_path_tags, tag_prefix
 from toolproxy.wire.hopbyhop import HOP_BY_HOP, NOT_FORWARDED_UP, connection_listed
 
@@ -72,13 +72,21 @@ class PlaybackStats:
     used: int = 0  # recorded exchanges that answered at least once
 
     def as_dict(self) -> dict:
-        return {"recorded": self.recorded, "played": self.played, "used": self.used, "unused": self.recorded - self.used,
-                "missed": self.missed, "relayed": self.relayed, "refused": dict(self.refused)}
+        return {
+            "recorded": self.recorded,
+            "played": self.played,
+            "used": self.used,
+            "unused": self.recorded - self.used,
+            "missed": self.missed,
+            "relayed": self.relayed,
+            "refused": dict(self.refused),
+        }
 
     def line(self) -> str:
         again = f" ({self.played - self.used} replayed again, --match reuse=on)" if self.played > self.used else ""
-        return (f"played {self.used} of {self.recorded} recorded exchanges{again}, {self.missed} misses"
-                + (f" ({self.relayed} relayed upstream)" if self.relayed else ""))
+        return f"played {self.used} of {self.recorded} recorded exchanges{again}, {self.missed} misses" + (
+            f" ({self.relayed} relayed upstream)" if self.relayed else ""
+        )
 
 
 class Playback:
@@ -112,8 +120,12 @@ class Playback:
         async for piece in request.content.iter_any():
             body += piece
             if len(body) > MAX_BODY:
-                return _error(413, f"request body is larger than playback's limit of {MAX_BODY} bytes", "request_too_large",
-                              path=path)
+                return _error(
+                    413,
+                    f"request body is larger than playback's limit of {MAX_BODY} bytes",
+                    "request_too_large",
+                    path=path,
+                )
         body = bytes(body)
         found = self.matcher.take(request.method, path, query, body, tags.get("episode"))
         if isinstance(found, Miss):
@@ -158,8 +170,9 @@ class Playback:
         await resp.write_eof()
         return resp
 
-    async def _relay(self, request: web.BaseRequest, tags: dict[str, str], path: str, query: str,
-                     body: bytes) -> web.StreamResponse:
+    async def _relay(
+        self, request: web.BaseRequest, tags: dict[str, str], path: str, query: str, body: bytes
+    ) -> web.StreamResponse:
         """The request sent on (to the upstream, or tagged for the run through the recording
         proxy), its answer streamed back as it comes."""
         self.stats.relayed += 1
@@ -169,19 +182,34 @@ class Playback:
         else:
             target = self.relay_base + path
         drop = NOT_FORWARDED_UP | connection_listed(request.headers.items())
-        headers = [(k, v) for k, v in request.headers.items()
-                   if k.lower() not in drop and not k.lower().startswith(TAG_HEADER_PREFIX)]
+        headers = [
+            (k, v)
+            for k, v in request.headers.items()
+            if k.lower() not in drop and not k.lower().startswith(TAG_HEADER_PREFIX)
+        ]
         try:
-            upstream = await self.session.request(request.method, target + (f"?{query}" if query else ""),
-                                                  headers=headers, data=body or None, allow_redirects=False)
+            upstream = await self.session.request(
+                request.method,
+                target + (f"?{query}" if query else ""),
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+            )
         except aiohttp.ClientError as exc:
-            return _error(502, f"toolproxy playback: the miss could not be sent to {self.options.upstream}: {exc}",
-                          "upstream_unreachable", path=path)
+            return _error(
+                502,
+                f"toolproxy playback: the miss could not be sent to {self.options.upstream}: {exc}",
+                "upstream_unreachable",
+                path=path,
+            )
         try:
             raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream.raw_headers]
             down = HOP_BY_HOP | connection_listed(raw)
-            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                      headers=CIMultiDict((k, v) for k, v in raw if k.lower() not in down))
+            resp = web.StreamResponse(
+                status=upstream.status,
+                reason=upstream.reason,
+                headers=CIMultiDict((k, v) for k, v in raw if k.lower() not in down),
+            )
             await resp.prepare(request)
             try:
                 async for piece in upstream.content.iter_any():
@@ -198,8 +226,12 @@ class Playback:
 def _error(status: int, message: str, code: str, miss: bool = False, path: str = "") -> web.Response:
     """Playback's own answer, in the error shape the protocol's clients read (as serve's are)."""
     headers = {REPLY_HEADER: "miss"} if miss else None
-    return web.Response(status=status, body=protocol_error_body(wire.family_of(path), message, code),
-                        content_type="application/json", headers=headers)
+    return web.Response(
+        status=status,
+        body=protocol_error_body(wire.family_of(path), message, code),
+        content_type="application/json",
+        headers=headers,
+    )
 
 
 @dataclass
@@ -226,7 +258,9 @@ class CannotPlay(Exception):
     """The server could not start (address taken, the recording proxy failed); the message says why."""
 
 
-async def start_playback(exchanges: list[RecordedExchange], rules: MatchRules, options: PlaybackOptions) -> RunningPlayback:
+async def start_playback(
+    exchanges: list[RecordedExchange], rules: MatchRules, options: PlaybackOptions
+) -> RunningPlayback:
     """The playback server listening on this loop (and, for --on-miss record, its recording proxy)."""
     playback = Playback(exchanges, rules, options)
     recording = None
@@ -234,8 +268,9 @@ async def start_playback(exchanges: list[RecordedExchange], rules: MatchRules, o
         from toolproxy.proxy.config import ProxyConfig
         from toolproxy.proxy.server import CannotListen, start_proxy
 
-        config = ProxyConfig(upstream=options.upstream, data_dir=options.data_dir, port=0, run=options.run, quiet=True,
-                             live_page=False)
+        config = ProxyConfig(
+            upstream=options.upstream, data_dir=options.data_dir, port=0, run=options.run, quiet=True, live_page=False
+        )
         try:
             recording = await start_proxy(config)
         except CannotListen as exc:
@@ -244,8 +279,11 @@ async def start_playback(exchanges: list[RecordedExchange], rules: MatchRules, o
     elif options.on_miss == "forward":
         playback.relay_base = options.upstream.rstrip("/")
     if playback.relay_base is not None:
-        playback.session = aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=_CLIENT_DEFAULTS,
-                                                 timeout=aiohttp.ClientTimeout(total=None, sock_read=None))
+        playback.session = aiohttp.ClientSession(
+            auto_decompress=False,
+            skip_auto_headers=_CLIENT_DEFAULTS,
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+        )
     server = web.Server(playback.handle, handler_cancellation=True, access_log=None, auto_decompress=False)
     runner = web.ServerRunner(server)
     await runner.setup()

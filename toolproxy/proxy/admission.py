@@ -23,7 +23,8 @@ class OriginFormOnly(Addon):
     def request_headers(self, flow: Flow) -> None:
         if not flow.up_path.startswith("/"):
             flow.refuse(
-                400, "not_a_forward_proxy",
+                400,
+                "not_a_forward_proxy",
                 "absolute-form request targets are refused: toolproxy forwards only to its configured upstream "
                 f"({self.upstream}); send requests to its own address instead",
                 "not_a_forward_proxy",

@@ -30,7 +30,8 @@ class Auth(Addon):
         presented, forward_auth = presented_token(flow.request.headers, self.token)
         if not presented:
             flow.refuse(
-                401, "unauthorized",
+                401,
+                "unauthorized",
                 "this toolproxy requires a token: send it as 'X-Toolproxy-Token: <token>' or as the API key",
                 "toolproxy_unauthorized",
             )

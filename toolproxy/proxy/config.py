@@ -12,7 +12,6 @@ from yarl import URL
 
 from toolproxy.conditions import NAMES, ConditionOptions
 
-
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?\.?|\[?[0-9A-Fa-f:.]+\]?")
 
 
@@ -129,8 +128,10 @@ class ProxyConfig:
             raise ConfigError("--max-response must be at least 1024 bytes")
         for name in self.allowed_hosts:
             if name != "*" and not _HOST_NAME.fullmatch(name):
-                raise ConfigError(f"--allowed-host {name!r}: give a host name or an IP address (no scheme, port or "
-                                  "path), or '*' to turn the Host and Origin checks off")
+                raise ConfigError(
+                    f"--allowed-host {name!r}: give a host name or an IP address (no scheme, port or "
+                    "path), or '*' to turn the Host and Origin checks off"
+                )
         if not is_loopback(self.host) and not self.auth_token and not self.insecure_public:
             raise ConfigError(
                 f"refusing to listen on non-loopback address {self.host!r} without --auth-token: anyone who can "

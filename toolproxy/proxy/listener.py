@@ -6,7 +6,7 @@ its limits) with a 400 of its own: no handler runs, so without this nothing woul
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError

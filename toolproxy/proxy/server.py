@@ -14,19 +14,19 @@ import asyncio
 import functools
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.runtime.eventloop import run_loop
-from toolproxy.runtime.gcpause import settle_for_serving
 from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.forward import serve_request
 from toolproxy.proxy.listener import ListeningServer
 from toolproxy.proxy.state import STATE, ProxyState
+from toolproxy.runtime.eventloop import run_loop
+from toolproxy.runtime.gcpause import settle_for_serving
 
 # Pending connections the kernel may hold (capped by net.core.somaxconn): aiohttp's default of
 # 128 makes a burst of a thousand agents connecting at once wait for SYN retransmits (1 s, 3 s).
@@ -41,8 +41,12 @@ def server_settings(config: ProxyConfig) -> dict:
     """
     # auto_decompress off: a transparent proxy forwards and records a compressed request body as
     # sent; aiohttp would inflate it (and fail with a 500 on a body that is not what it claims).
-    return {"handler_cancellation": True, "access_log": None, "keepalive_timeout": config.client_header_timeout,
-            "auto_decompress": False}
+    return {
+        "handler_cancellation": True,
+        "access_log": None,
+        "keepalive_timeout": config.client_header_timeout,
+        "auto_decompress": False,
+    }
 
 
 class CannotListen(Exception):
@@ -75,8 +79,9 @@ class RunningProxy:
         await self.app.cleanup()
 
 
-async def start_proxy(config: ProxyConfig, *, reuse_port: bool = False,
-                      before_start: Callable[[web.Application], None] | None = None) -> RunningProxy:
+async def start_proxy(
+    config: ProxyConfig, *, reuse_port: bool = False, before_start: Callable[[web.Application], None] | None = None
+) -> RunningProxy:
     """Start the proxy for `config` on this loop, listening once its addons have started.
 
     `before_start` may add to the application's lifecycle before it is frozen (a worker joins
@@ -95,12 +100,14 @@ async def start_proxy(config: ProxyConfig, *, reuse_port: bool = False,
         await app.cleanup()  # what started stops again, in reverse: no writer thread outlives it
         raise
     state = app[STATE]
-    server = ListeningServer(functools.partial(serve_request, state), state.refusals.parser_rejected,
-                             **server_settings(config))
+    server = ListeningServer(
+        functools.partial(serve_request, state), state.refusals.parser_rejected, **server_settings(config)
+    )
     runner = web.ServerRunner(server)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True, reuse_port=reuse_port or None,
-                       backlog=BACKLOG)
+    site = web.TCPSite(
+        runner, config.host, config.port, reuse_address=True, reuse_port=reuse_port or None, backlog=BACKLOG
+    )
     proxy = RunningProxy(app, runner)
     try:
         await site.start()
@@ -110,8 +117,11 @@ async def start_proxy(config: ProxyConfig, *, reuse_port: bool = False,
     return proxy
 
 
-async def serve(config: ProxyConfig, join_group: Callable[[web.Application], None] | None = None,
-                listening: Callable[[ProxyState], Awaitable[None]] | None = None) -> None:
+async def serve(
+    config: ProxyConfig,
+    join_group: Callable[[web.Application], None] | None = None,
+    listening: Callable[[ProxyState], Awaitable[None]] | None = None,
+) -> None:
     """Run until SIGINT/SIGTERM; prints where it listens and where it records. A worker of a
     group passes `join_group` and `listening` instead: it shares the port with its peers and
     its supervisor tells the user."""
@@ -149,6 +159,9 @@ def banner(config: ProxyConfig, port: int, workers: int = 1) -> str:
     )
 
 
-def run(config: ProxyConfig, join_group: Callable[[web.Application], None] | None = None,
-        listening: Callable[[ProxyState], Awaitable[None]] | None = None) -> None:
+def run(
+    config: ProxyConfig,
+    join_group: Callable[[web.Application], None] | None = None,
+    listening: Callable[[ProxyState], Awaitable[None]] | None = None,
+) -> None:
     run_loop(serve(config, join_group, listening))

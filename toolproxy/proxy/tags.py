@@ -63,7 +63,7 @@ def place_path_tags(path: str) -> tuple[dict[str, str], str, str | None]:
         if rest.rstrip("/") in _UNDER_V1:
             rest = "/v1" + rest
         elif not rest.startswith(("/v1/", "/api/")):
-            return {}, path, path[3:len(path) - len(rest)]
+            return {}, path, path[3 : len(path) - len(rest)]
     else:
         tags, rest = split_path_tags(path)
     while tags and rest.startswith("/v1/v1/"):
@@ -78,7 +78,7 @@ def header_tags(items) -> dict[str, str]:
         lk = k.lower()
         if not lk.startswith(TAG_HEADER_PREFIX):
             continue
-        name = lk[len(TAG_HEADER_PREFIX):]
+        name = lk[len(TAG_HEADER_PREFIX) :]
         if name in KNOWN:
             tags[name] = v
         elif name.startswith("tag-") and len(name) > 4:
