@@ -138,8 +138,9 @@ def analyze(
     )
     click.echo(
         printable(
-            f"runs re-derived: {len(s.runs)}{' (' + ', '.join(s.runs[:8]) + (', ...' if len(s.runs) > 8 else '') + ')' if s.runs else ''}; "
-            f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s, {s.workers or 'no'} worker processes)"
+            f"runs re-derived: {len(s.runs)}{_run_names(s.runs)}; "
+            f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s, {s.workers or 'no'} "
+            "worker processes)"
         )
     )
     if s.runs_in_part:
@@ -177,6 +178,11 @@ def analyze(
 
 
 _ISSUES_QUERY = "SELECT segment, byte_offset, record_id, kind, message FROM ingest_issues ORDER BY segment, byte_offset"
+
+
+def _run_names(runs: list[str]) -> str:
+    """The first eight run names in brackets, for analyze's summary line."""
+    return f" ({', '.join(runs[:8])}{', ...' if len(runs) > 8 else ''})" if runs else ""
 
 
 def _cell(value) -> str:
@@ -258,7 +264,8 @@ def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> N
         ]
         if not ids:
             fail(
-                f'no exchange with id {exchange_id!r} (try `toolproxy sql "select id, path, outcome from exchanges limit 20"`)'
+                f'no exchange with id {exchange_id!r} (try `toolproxy sql "select id, path, outcome from exchanges '
+                'limit 20"`)'
             )
         if len(ids) > 1:
             more = ", ".join(ids[:10]) + (", ..." if len(ids) > 10 else "")

@@ -141,7 +141,8 @@ def open_store(
         con.close()
         names = ", ".join(unfinished[:5]) + (", ..." if len(unfinished) > 5 else "")
         fail(
-            f"{path}: an analyze stopped while deriving {len(unfinished)} run(s) ({names}), whose turns are half rebuilt; "
+            f"{path}: an analyze stopped while deriving {len(unfinished)} run(s) ({names}), whose turns are half "
+            "rebuilt; "
             f"run `toolproxy analyze` on this store to finish them (it derives them again from the stored exchanges)"
         )
     return con

@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> None:
         n -= args.more
         size = sum(p.stat().st_size for p in (data_dir / SEGMENT_DIR).iterdir())
         print(
-            f"generated {n} exchanges, mix {args.mix} ({size / 1e6:.0f} MB of segments) in {time.perf_counter() - t0:.1f}s: {data_dir}"
+            f"generated {n} exchanges, mix {args.mix} ({size / 1e6:.0f} MB of segments) in "
+            f"{time.perf_counter() - t0:.1f}s: {data_dir}"
         )
         results: dict[str, list[tuple[float, float, float]]] = {p: [] for p in pythons}
         more = data_dir / SEGMENT_DIR / "20991231T235959-1-0001.jsonl"
@@ -272,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
                 fdt, fcpu, frss, (rows, columns) = _floor(data_dir)
                 cpu = results[pythons[0]][-1][1] * n / 1e6
                 print(
-                    f"round {r + 1} floor: DuckDB read_json into a table ({rows} rows, {columns} columns): {fdt:.1f}s wall, "
+                    f"round {r + 1} floor: DuckDB read_json into a table ({rows} rows, {columns} columns): {fdt:.1f}s "
+                    "wall, "
                     f"{fcpu / n * 1e6:.0f} us CPU per exchange, peak RSS {frss:.0f} MB; {pythons[0]} analyze "
                     f"{cpu / fcpu:.1f}x its CPU"
                 )

@@ -943,7 +943,8 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
         f"{measured['load_average'][0]:.1f} at the end; c1: {args.c1_requests} requests per target per round, targets "
         "taking turns request by request; c64: wrk on 127.0.0.1",
         "",
-        "| target | c1 p50 (us) | added p50 (us) | c1 p99 (us) | c64 req/s | c64 p99 (us) | c64 CPU/req (us) | RSS of its processes (MiB) |"
+        "| target | c1 p50 (us) | added p50 (us) | c1 p99 (us) | c64 req/s | c64 p99 (us) | c64 CPU/req (us) | RSS of "
+        "its processes (MiB) |"
         + (" stream TTFB p50 (us) | TTFB overhead (us) |" if "ttfb_p50" in direct else "")
         + " non-2xx |",
         "|---|---|---|---|---|---|---|---|" + ("---|---|" if "ttfb_p50" in direct else "") + "---|",
@@ -951,7 +952,8 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
     for name, m in med.items():
         rss = measured["rss_tree_kb"].get(name)
         row = (
-            f"| {name} | {m['c1_p50']:.0f} | {m['c1_p50'] - direct['c1_p50']:.0f} | {m['c1_p99']:.0f} | {m['c64_rps']:.0f} | "
+            f"| {name} | {m['c1_p50']:.0f} | {m['c1_p50'] - direct['c1_p50']:.0f} | {m['c1_p99']:.0f} | "
+            f"{m['c64_rps']:.0f} | "
             f"{m['c64_p99']:.0f} | {m['c64_cpu_us']:.0f} | {'-' if rss is None else f'{rss / 1024:.1f}'} |"
         )
         if "ttfb_p50" in direct:
@@ -986,7 +988,8 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
         "| ratio (toolproxy vs bare aiohttp pass-through with uvloop) | value | target |",
         "|---|---|---|",
         f"| c64 throughput | {tpm['c64_rps'] / bare['c64_rps']:.2f}x | >= 1.0x |",
-        f"| c64 CPU per request (bare / toolproxy: throughput a free core would give) | {bare['c64_cpu_us'] / tpm['c64_cpu_us']:.2f}x | >= 1.0x |",
+        "| c64 CPU per request (bare / toolproxy: throughput a free core would give) | "
+        f"{bare['c64_cpu_us'] / tpm['c64_cpu_us']:.2f}x | >= 1.0x |",
         f"| added p50 latency at c1 | {added_tp / added_bare:.2f}x | <= 1.1x |"
         if added_bare > 0
         else "| added p50 latency at c1 | n/a | <= 1.1x |",
@@ -997,7 +1000,8 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
         )
     played = med["playback"]
     lines += [
-        f"| c1 p50 latency, playback (the recorded reply) vs serve (forwarding it) | {played['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.0x |",
+        "| c1 p50 latency, playback (the recorded reply) vs serve (forwarding it) | "
+        f"{played['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.0x |",
         f"| c64 throughput, playback vs serve | {played['c64_rps'] / tpm['c64_rps']:.2f}x | >= 1.0x |",
     ]
     off = med["toolproxy_no_page"]
@@ -1006,8 +1010,10 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
         f"{measured['rss_after_kb'] / 1024:.1f} MiB | flat |",
         f"| bytes on disk per exchange | {measured['segment_bytes'] / max(written, 1):.0f} B | - |",
         f"| records written / dropped | {written} / {stats['recording']['dropped']} | all / 0 |",
-        f"| c64 throughput, live page on (classifier running) vs --no-live-page | {tpm['c64_rps'] / off['c64_rps']:.2f}x | >= 0.95x |",
-        f"| RSS of the process tree, live page on vs --no-live-page | {measured['rss_tree_kb']['toolproxy'] / 1024:.1f} MiB vs "
+        "| c64 throughput, live page on (classifier running) vs --no-live-page | "
+        f"{tpm['c64_rps'] / off['c64_rps']:.2f}x | >= 0.95x |",
+        "| RSS of the process tree, live page on vs --no-live-page | "
+        f"{measured['rss_tree_kb']['toolproxy'] / 1024:.1f} MiB vs "
         f"{measured['rss_tree_kb']['toolproxy_no_page'] / 1024:.1f} MiB | - |",
     ]
     if args.page_poll:
@@ -1027,12 +1033,16 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
         up, down = med["toolproxy_otlp"], med["toolproxy_otlp_down"]
         sent, lost = otlp["toolproxy_otlp"], otlp["toolproxy_otlp_down"]
         lines += [
-            f"| c64 throughput, --otlp-endpoint (receiver up) vs without | {up['c64_rps'] / tpm['c64_rps']:.2f}x | >= 0.9x |",
-            f"| c64 CPU per request, without / with --otlp-endpoint | {tpm['c64_cpu_us'] / up['c64_cpu_us']:.2f}x | - |",
+            f"| c64 throughput, --otlp-endpoint (receiver up) vs without | {up['c64_rps'] / tpm['c64_rps']:.2f}x | >= "
+            "0.9x |",
+            f"| c64 CPU per request, without / with --otlp-endpoint | {tpm['c64_cpu_us'] / up['c64_cpu_us']:.2f}x "
+            "| - |",
             f"| c1 p50 latency, --otlp-endpoint vs without | {up['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.05x |",
             f"| c64 throughput, receiver down vs without | {down['c64_rps'] / tpm['c64_rps']:.2f}x | >= 0.9x |",
-            f"| spans exported / dropped / failed (receiver up) | {sent['exported']} / {sent['dropped']} / {sent['failed']} of {sent['observed']} | - |",
-            f"| spans exported / dropped / failed (receiver down) | {lost['exported']} / {lost['dropped']} / {lost['failed']} of {lost['observed']} | - |",
+            f"| spans exported / dropped / failed (receiver up) | {sent['exported']} / {sent['dropped']} / "
+            f"{sent['failed']} of {sent['observed']} | - |",
+            f"| spans exported / dropped / failed (receiver down) | {lost['exported']} / {lost['dropped']} / "
+            f"{lost['failed']} of {lost['observed']} | - |",
         ]
     for n in args.workers[1:]:
         tpn, baren = med[f"toolproxy_w{n}"], med[f"bare_aiohttp_w{n}"]

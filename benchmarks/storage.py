@@ -68,7 +68,10 @@ def ingest_seconds(data_dir: Path, expected: int) -> float:
 
 
 def _ratio(on: list[float], off: list[float]) -> str:
-    return f"on {statistics.median(on):>10,.0f}  off {statistics.median(off):>10,.0f}  on/off {statistics.median(on) / statistics.median(off):.2f}"
+    return (
+        f"on {statistics.median(on):>10,.0f}  off {statistics.median(off):>10,.0f}  on/off "
+        f"{statistics.median(on) / statistics.median(off):.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -377,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rate:g} events/s for {args.seconds:g}s each ({events} events); {os.cpu_count()} cores, "
         f"load average {load[0]:.1f} at the end; medians over rounds",
         "",
-        "| streams | target | TTFB p50 (ms) | TTFB p99 (ms) | event delay p50 (ms) | event delay p99 (ms) | added p50 (ms) | "
+        "| streams | target | TTFB p50 (ms) | TTFB p99 (ms) | event delay p50 (ms) | event delay p99 (ms) | added p50 "
+        "(ms) | "
         "added p99 (ms) | wall (s) | peak RSS (MiB) | CPU (s) | incomplete | records lost |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -394,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(
                 f"| {streams} | {name} | {m['ttfb_p50_ms']:.1f} | {m['ttfb_p99_ms']:.1f} | {m['delay_p50_ms']:.2f} | "
                 f"{m['delay_p99_ms']:.2f} | {m['delay_p50_ms'] - direct['delay_p50_ms']:.2f} | "
-                f"{m['delay_p99_ms'] - direct['delay_p99_ms']:.2f} | {m['wall_s']:.1f} | {rss} | {cpu} | {incomplete} | {rec_lost} |"
+                f"{m['delay_p99_ms'] - direct['delay_p99_ms']:.2f} | {m['wall_s']:.1f} | {rss} | {cpu} | {incomplete} "
+                f"| {rec_lost} |"
             )
     print("\n".join(lines))
     if args.json_out:

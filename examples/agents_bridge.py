@@ -51,7 +51,8 @@ def main() -> int:
     for rec in read_records(data, "exchange"):
         up = (rec.get("upstream_request") or {}).get("path")
         print(
-            f"record: {rec['method']} {rec['path']} -> {rec['status']}  sent upstream as {up}  note: {rec.get('condition_note')}"
+            f"record: {rec['method']} {rec['path']} -> {rec['status']}  sent upstream as {up}  note: "
+            f"{rec.get('condition_note')}"
         )
     print("upstream saw:", [(s.method, s.path) for s in fake.seen])
     return 0 if "18 C" in str(result.final_output) else 1

@@ -1,4 +1,4 @@
-"""A small ReAct agent speaking OpenAI chat completions, to point at toolproxy.
+r"""A small ReAct agent speaking OpenAI chat completions, to point at toolproxy.
 
     toolproxy serve --upstream http://127.0.0.1:11434 &
     python examples/react_agent.py --model qwen2.5:0.5b --run qwen-native --episodes 5
@@ -6,7 +6,8 @@
 
 or, with the proxy started for it (each condition its own run):
 
-    toolproxy study --upstream URL --name react --conditions native,hint,text -- python examples/react_agent.py --model M
+    toolproxy study --upstream URL --name react --conditions native,hint,text -- \
+        python examples/react_agent.py --model M
 
 The agent knows nothing about toolproxy: the only change is its base URL, which carries the run
 and episode tags in a path prefix (`/t/run=NAME/episode=N/v1`). Under `toolproxy run` or

@@ -69,7 +69,8 @@ def main() -> int:
     fingerprints = [r["extra"] for r in read_records(data, kind="fingerprint")]
     for fp in fingerprints:
         print(
-            f"fingerprint: stack {fp.get('stack')} {fp.get('version') or ''} build {fp.get('build')} model {fp.get('model')}"
+            f"fingerprint: stack {fp.get('stack')} {fp.get('version') or ''} build {fp.get('build')} model "
+            f"{fp.get('model')}"
         )
     print(f"\n{len(records)} records in {data}")
     ok = len(records) == len(got)

@@ -77,7 +77,8 @@ ROWS = [
     ),
     (
         "vllm-hermes-parallel",
-        '<tool_call>{"name": "search", "arguments": {"q": "cats"}}</tool_call><tool_call>{"name": "search", "arguments": {"q": "dogs"}}</tool_call>',
+        '<tool_call>{"name": "search", "arguments": {"q": "cats"}}</tool_call><tool_call>{"name": "search", '
+        '"arguments": {"q": "dogs"}}</tool_call>',
         [("search", {"q": "cats"}, "hermes"), ("search", {"q": "dogs"}, "hermes")],
         True,
         "",
@@ -127,7 +128,8 @@ ROWS = [
     ),
     (
         "llamacpp-hermes-function-call-in-fence",
-        '```json\n\n                    <function_call> {"name": "special_function", "arguments": {"arg1": 1}} \n                    </function_call> \n``` ',
+        '```json\n\n                    <function_call> {"name": "special_function", "arguments": {"arg1": 1}} \n     '
+        "               </function_call> \n``` ",
         [("special_function", {"arg1": 1}, "hermes")],
         True,
         "",
@@ -190,7 +192,9 @@ ROWS = [
     ),
     (
         "vllm-qwen3c-multiline-json-param",
-        '<tool_call>\n<function=calculate_area>\n<parameter=shape>\nrectangle\n</parameter>\n<parameter=dimensions>\n{"width": 10, \n "height": 20}\n</parameter>\n<parameter=precision>\n2\n</parameter>\n</function>\n</tool_call>',
+        "<tool_call>\n<function=calculate_area>\n<parameter=shape>\nrectangle\n</parameter>\n"
+        '<parameter=dimensions>\n{"width": '
+        '10, \n "height": 20}\n</parameter>\n<parameter=precision>\n2\n</parameter>\n</function>\n</tool_call>',
         [
             (
                 "calculate_area",
@@ -220,7 +224,9 @@ ROWS = [
     ),
     (
         "issue:llama.cpp#15012-content-then-xml",
-        "I need to check the weather for Tokyo and Paris as well. Let me get that information for you.\n\n<tool_call>\n<function=get_current_weather>\n<parameter=location>\nTokyo, Japan\n</parameter>\n</function>\n</tool_call> ",
+        "I need to check the weather for Tokyo and Paris as well. Let me get that information for "
+        "you.\n\n<tool_call>\n<function=get_current_weather>\n<parameter=location>\nTokyo, "
+        "Japan\n</parameter>\n</function>\n</tool_call> ",
         [("get_current_weather", {"location": "Tokyo, Japan"}, "qwen_xml")],
         True,
         "I need to check the weather for Tokyo and Paris as well. Let me get that information for you.",
@@ -270,7 +276,8 @@ ROWS = [
     ),
     (
         "vllm-llama3-semicolons",
-        '{"name": "searchTool", "parameters": {"query": "test1"}}; {"name": "getOpenIncidentsTool", "parameters": {}}; {"name": "searchTool", "parameters": {"query": "test2"}}',
+        '{"name": "searchTool", "parameters": {"query": "test1"}}; {"name": "getOpenIncidentsTool", "parameters": '
+        '{}}; {"name": "searchTool", "parameters": {"query": "test2"}}',
         [
             ("searchTool", {"query": "test1"}, "llama_json"),
             ("getOpenIncidentsTool", {}, "llama_json"),
@@ -281,7 +288,9 @@ ROWS = [
     ),
     (
         "vllm-llama3-semicolons-surrounding-text",
-        'Here are the results: {"name": "searchTool", "parameters": {"query": "test1"}}; {"name": "getOpenIncidentsTool", "parameters": {}}; {"name": "searchTool", "parameters": {"query": "test2"}} Would you like to know more?',
+        'Here are the results: {"name": "searchTool", "parameters": {"query": "test1"}}; {"name": '
+        '"getOpenIncidentsTool", "parameters": {}}; {"name": "searchTool", "parameters": {"query": "test2"}} '
+        "Would you like to know more?",
         [
             ("searchTool", {"query": "test1"}, "llama_json"),
             ("getOpenIncidentsTool", {}, "llama_json"),
@@ -292,7 +301,8 @@ ROWS = [
     ),
     (
         "vllm-llama3-brackets-in-strings",
-        '{"name": "searchTool", "parameters": {"query": "test {value} [complex]","nested": {"inner": "more {brackets}"}}}',
+        '{"name": "searchTool", "parameters": {"query": "test {value} [complex]","nested": {"inner": "more '
+        '{brackets}"}}}',
         [("searchTool", {"query": "test {value} [complex]", "nested": {"inner": "more {brackets}"}}, "llama_json")],
         True,
         "",
@@ -358,7 +368,8 @@ ROWS = [
     ),
     (
         "vllm-mistral-multiple",
-        '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 3.5, "b": 4}}, {"name": "get_current_weather", "arguments":{"city": "San Francisco", "state": "CA", "unit": "celsius"}}]',
+        '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 3.5, "b": 4}}, {"name": "get_current_weather", '
+        '"arguments":{"city": "San Francisco", "state": "CA", "unit": "celsius"}}]',
         [("add", {"a": 3.5, "b": 4}, "mistral"), ("get_current_weather", SF, "mistral")],
         True,
         "",
@@ -372,7 +383,8 @@ ROWS = [
     ),
     (
         "vllm-mistral-trailing-data",
-        '[TOOL_CALLS] [{"name": "get_current_weather", "arguments":{"city": "Dallas", "state": "TX", "unit": "fahrenheit"}}]\nextra trailing data',
+        '[TOOL_CALLS] [{"name": "get_current_weather", "arguments":{"city": "Dallas", "state": "TX", "unit": '
+        '"fahrenheit"}}]\nextra trailing data',
         [("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"}, "mistral")],
         True,
         "extra trailing data",
@@ -449,7 +461,8 @@ ROWS = [
     ),
     (
         "ollama-mistral-incomplete",
-        '[TOOL_CALLS]  [{"name": "get_current_weather", "arguments": {"format":"fahrenheit","location":"San Francisco, ',
+        '[TOOL_CALLS]  [{"name": "get_current_weather", '
+        '"arguments": {"format":"fahrenheit","location":"San Francisco, ',
         [("get_current_weather", None, "mistral")],
         True,
         "",
@@ -465,7 +478,8 @@ ROWS = [
     ),
     (
         "vllm-pythonic-more-types",
-        "[register_user(name='John Doe', age=37, address={'city': 'San Francisco', 'state': 'CA'}, role=None, passed_test=True, aliases=['John', 'Johnny'])]",
+        "[register_user(name='John Doe', age=37, address={'city': 'San Francisco', 'state': 'CA'}, role=None, "
+        "passed_test=True, aliases=['John', 'Johnny'])]",
         [
             (
                 "register_user",
@@ -562,14 +576,16 @@ ROWS = [
     ),
     (
         "vllm-fgemma-two-args",
-        "<start_function_call>call:get_weather{location:<escape>San Francisco<escape>,unit:<escape>celsius<escape>}<end_function_call>",
+        "<start_function_call>call:get_weather{location:<escape>San "
+        "Francisco<escape>,unit:<escape>celsius<escape>}<end_function_call>",
         [("get_weather", {"location": "San Francisco", "unit": "celsius"}, "functiongemma")],
         True,
         "",
     ),
     (
         "vllm-fgemma-text-before",
-        "Let me check the weather for you. <start_function_call>call:get_weather{location:<escape>Paris<escape>}<end_function_call>",
+        "Let me check the weather for you. "
+        "<start_function_call>call:get_weather{location:<escape>Paris<escape>}<end_function_call>",
         [("get_weather", {"location": "Paris"}, "functiongemma")],
         True,
         "Let me check the weather for you.",
@@ -612,7 +628,8 @@ ROWS = [
     ),
     (
         "lmstudio-multiline",
-        'Okay, I will list the files.\n[TOOL_REQUEST]\n{"name": "list_dir", "arguments": {"path": "/workspace"}}\n[END_TOOL_REQUEST]',
+        'Okay, I will list the files.\n[TOOL_REQUEST]\n{"name": "list_dir", "arguments": {"path": '
+        '"/workspace"}}\n[END_TOOL_REQUEST]',
         [("list_dir", {"path": "/workspace"}, "lmstudio")],
         True,
         "Okay, I will list the files.",
@@ -641,7 +658,10 @@ ROWS = [
     ),
     (
         "ollama-command-r-plus-fenced-list",
-        'Action: ```json\n[\n    {\n        "tool_name": "get_current_weather",\n        "parameters": {\n            "format": "fahrenheit",\n            "location": "San Francisco, CA"\n        }\n    },\n    {\n        "tool_name": "get_current_weather",\n        "parameters": {\n            "format": "celsius",\n            "location": "Toronto, Canada"\n        }\n    }\n]\n```',
+        'Action: ```json\n[\n    {\n        "tool_name": "get_current_weather",\n        "parameters": {\n            '
+        '"format": "fahrenheit",\n            "location": "San Francisco, CA"\n        }\n    },\n    {\n     '
+        '   "tool_name": "get_current_weather",\n        "parameters": {\n            "format": "celsius",\n  '
+        '          "location": "Toronto, Canada"\n        }\n    }\n]\n```',
         [("get_current_weather", WEATHER_SF, "fenced_json"), ("get_current_weather", WEATHER_TO, "fenced_json")],
         True,
         "Action:",
@@ -655,14 +675,16 @@ ROWS = [
     ),
     (
         "realstack-qwen25coder-weather-fenced",
-        '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris",\n    "unit": "celsius"\n  }\n}\n```',
+        '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris",\n    "unit": "celsius"\n  '
+        "}\n}\n```",
         [("get_weather", {"city": "Paris", "unit": "celsius"}, "fenced_json")],
         True,
         "",
     ),
     (
         "realstack-qwen25coder-write-file-fenced",
-        '```json\n{\n  "name": "write_file",\n  "arguments": {\n    "path": "/path/to/hello.txt",\n    "content": "Hello, world!"\n  }\n}\n```',
+        '```json\n{\n  "name": "write_file",\n  "arguments": {\n    "path": "/path/to/hello.txt",\n    "content": '
+        '"Hello, world!"\n  }\n}\n```',
         [("write_file", {"path": "/path/to/hello.txt", "content": "Hello, world!"}, "fenced_json")],
         True,
         "",
@@ -684,7 +706,8 @@ ROWS = [
     ),
     (
         "realstack-qwen25coder-file-path-name",
-        'To create the file, use:\n\n```json\n{\n  "name": "src/hello.py",\n  "arguments": {\n    "content": "print(\'hello\')"\n  }\n}\n```',
+        'To create the file, use:\n\n```json\n{\n  "name": "src/hello.py",\n  "arguments": {\n    "content": '
+        "\"print('hello')\"\n  }\n}\n```",
         [("src/hello.py", {"content": "print('hello')"}, "fenced_json")],
         True,
         "To create the file, use:",
@@ -771,7 +794,8 @@ ROWS = [
     ("ollama-missing-fields", '{"other": "field"}', [], False, '{"other": "field"}'),
     (
         "openai-shape-leaked",
-        'Calling now: {"type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}}',
+        'Calling now: {"type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": '
+        '\\"Oslo\\"}"}}',
         [("get_weather", {"city": "Oslo"}, "bare_json")],
         True,
         "Calling now:",
@@ -779,7 +803,8 @@ ROWS = [
     # Qwen2.5's template lists the offered tools in <tools> like this; echoed back it is not a call.
     (
         "qwen-template-tool-definition-echo",
-        '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "Get weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}\n</tools>',
+        '<tools>\n{"type": "function", "function": {"name": "get_weather", "description": "Get weather", '
+        '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}\n</tools>',
         [],
         False,
         None,

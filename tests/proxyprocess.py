@@ -104,7 +104,7 @@ class ProxyProcess:
                 return
             except (urllib.error.URLError, ConnectionError, OSError):
                 if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"toolproxy never answered its health check:\n{self.output()}")
+                    raise RuntimeError(f"toolproxy never answered its health check:\n{self.output()}") from None
                 time.sleep(0.05)
 
     def records(self) -> list[dict]:

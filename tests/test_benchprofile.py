@@ -108,9 +108,11 @@ RAW = "\n".join(
     [
         f"{PROXY};thread (100): MainThread;" + ";".join(ROOT) + ";_relay (toolproxy/proxy/forward.py:396) 3",
         f"{PROXY};thread (100): MainThread;" + ";".join(ROOT) + " 1",
-        f"{PROXY};thread (102): toolproxy-writer;Thread.run (threading.py:982);SegmentWriter._run (toolproxy/record/writer.py:315);"
+        f"{PROXY};thread (102): toolproxy-writer;Thread.run (threading.py:982);SegmentWriter._run "
+        "(toolproxy/record/writer.py:315);"
         "SegmentWriter._append (toolproxy/record/writer.py:600) 2",
-        f"{PROXY};thread (102): toolproxy-writer;Thread.run (threading.py:982);SegmentWriter._run (toolproxy/record/writer.py:315) 2",
+        f"{PROXY};thread (102): toolproxy-writer;Thread.run (threading.py:982);SegmentWriter._run "
+        "(toolproxy/record/writer.py:315) 2",
         f"{PROXY};thread (103): toolproxy-fsync;Thread.run (threading.py:982) 1",
         f"{CLASSIFIER};thread (101): MainThread;run (toolproxy/live/classifier.py:70) 5",
         "a line that is not a sample",

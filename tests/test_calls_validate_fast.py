@@ -1,6 +1,7 @@
 """validate_call's compiled fast check against jsonschema itself, over a grid of schemas x values.
 
-The fast check (validate._compile, for Draft 2020-12 schemas) may only ever answer "valid" when jsonschema finds no error, and
+The fast check (validate._compile, for Draft 2020-12 schemas) may only ever answer "valid" when jsonschema finds no
+error, and
 validate_call must return exactly what the jsonschema-only path returns (offered, validated, valid
 and the error messages in their order). Both are checked for every pair below, including hostile
 values: wrong JSON types, bool where numbers are wanted, huge and non-finite numbers, deep

@@ -222,7 +222,8 @@ async def test_text_skips_non_json_and_other_endpoints(served):
     assert recs[0]["condition_note"].startswith("skipped: request body is not JSON")
     assert (
         recs[1]["condition_note"]
-        == "skipped: GET /v1/models is not a conversation request (/v1/chat/completions or /api/chat or /v1/responses or /v1/messages)"
+        == "skipped: GET /v1/models is not a conversation request (/v1/chat/completions or /api/chat or /v1/responses "
+        "or /v1/messages)"
     )
 
 

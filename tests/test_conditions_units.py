@@ -148,7 +148,8 @@ HISTORY_ROWS = [
             },
             {
                 "role": "user",
-                "content": '<tool_result id="a" name="f">\nA\n</tool_result>\n<tool_result id="b" name="g">\nB\n</tool_result>',
+                "content": '<tool_result id="a" name="f">\nA\n</tool_result>\n<tool_result id="b" '
+                'name="g">\nB\n</tool_result>',
             },
             {"role": "user", "content": "thanks"},
         ],
@@ -263,7 +264,8 @@ READER_ROWS = [
     ),
     pytest.param(
         wire.COMPLETION,
-        b'data: {"choices":[{"index":0,"text":"ab"}]}\n\ndata: {"choices":[{"index":0,"text":"c","finish_reason":"stop"}]}\n\n'
+        b'data: {"choices":[{"index":0,"text":"ab"}]}\n\ndata: '
+        b'{"choices":[{"index":0,"text":"c","finish_reason":"stop"}]}\n\n'
         b"data: [DONE]\n\n",
         "abc",
         "stop",
@@ -527,7 +529,8 @@ def test_constrained_honours_tool_choice(tool_choice, forced_flag, names, forced
 
 ODD_UPSTREAM = [
     pytest.param(
-        b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\ndata: {"object":"error","message":"worker died"}\n\n',
+        b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\ndata: {"object":"error","message":"worker '
+        b'died"}\n\n',
         "text/event-stream",
         None,
         "worker died",
@@ -537,7 +540,8 @@ ODD_UPSTREAM = [
         b'{"detail":"Method Not Allowed"}', "application/json", None, "Method Not Allowed", id="fastapi-detail-body"
     ),
     pytest.param(
-        b'data: {"choices":[{"index":0,\ndata: "delta":{"content":"two lines"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
+        b'data: {"choices":[{"index":0,\ndata: "delta":{"content":"two lines"},"finish_reason":"stop"}]}\n\ndata: '
+        b"[DONE]\n\n",
         "text/event-stream",
         "two lines",
         None,

@@ -254,7 +254,8 @@ def test_gates_file_parsing():
         ({"enum_value": 3}, "enum_value: expected an object with level and/or min_pass_rate (got 3)"),
         (
             {"enum_value": {"level": "x"}, "two_targets": {"min_pass_rate": -1}},
-            "enum_value.level: Input should be 'hard' or 'advisory' (got 'x'); two_targets.min_pass_rate: Input should be "
+            "enum_value.level: Input should be 'hard' or 'advisory' (got 'x'); two_targets.min_pass_rate: Input "
+            "should be "
             "greater than or equal to 0 (got -1)",
         ),
     ]:

@@ -17,7 +17,10 @@ from toolproxy.record.segments import read_records
 PARIS = {"city": "Paris"}
 
 
-def model(on_tools: ScriptedReply, on_plain: ScriptedReply = text("ready")):
+READY = text("ready")
+
+
+def model(on_tools: ScriptedReply, on_plain: ScriptedReply = READY):
     """A scripted model: answers the tool probe one way and the plain control request another."""
 
     def respond(req: ModelRequest) -> ScriptedReply:

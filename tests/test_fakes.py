@@ -96,7 +96,8 @@ REFUSALS = [
         True,
         400,
         "application/json",
-        b'{"error":{"message":"\\"auto\\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set",'
+        b'{"error":{"message":"\\"auto\\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be '
+        b'set",'
         b'"type":"BadRequestError","param":null,"code":400}}',
     ),
     (

@@ -169,8 +169,8 @@ async def test_disk_budget_block_holds_against_clients_retrying_hard(fake_stack,
         "--on-disk-full",
         "block",
     )
-    # As docs/lifecycle.md#disk-budget says: a segment past the budget for exchanges in flight, the refusals' own cap, and
-    # a record past the size of each segment written meanwhile.
+    # As docs/lifecycle.md#disk-budget says: a segment past the budget for exchanges in flight, the refusals' own
+    # cap, and a record past the size of each segment written meanwhile.
     bound = BUDGET + SEGMENT + (refusals.KEEP + 1) * refusals.segment_bytes(SEGMENT) + (refusals.KEEP + 2) * 16 * 1024
     statuses: list[int] = []
     peak = 0

@@ -256,7 +256,8 @@ for city in ("Oslo", "Rome"):
     for _ in range(6):
         msg = complete(messages)
         calls = msg.get("tool_calls") or []
-        messages.append({"role": "assistant", "content": msg.get("content") or "", **({"tool_calls": calls} if calls else {})})
+        reply = {"role": "assistant", "content": msg.get("content") or ""}
+        messages.append({**reply, **({"tool_calls": calls} if calls else {})})
         if calls:
             for c in calls:
                 messages.append({"role": "tool", "tool_call_id": c["id"], "content": "5C"})

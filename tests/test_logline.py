@@ -92,7 +92,8 @@ CASES = [
             error_kind="connect",
             error_message="cannot connect to http://127.0.0.1:8080: nothing is listening",
         ),
-        "fingerprint of http://127.0.0.1:8080 upstream unreachable: cannot connect to http://127.0.0.1:8080: nothing is "
+        "fingerprint of http://127.0.0.1:8080 upstream unreachable: cannot connect to http://127.0.0.1:8080: nothing "
+        "is "
         "listening (11ms)",
     ),
 ]

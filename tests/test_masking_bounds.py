@@ -53,7 +53,8 @@ for name, make in ADVERSARIAL.items():
         for _ in range(5):
             m = Masker(list(BUILTIN.values()), b"k" * 32)  # nothing remembered from the last round
             t0 = time.perf_counter()
-            m.text(s, Counter()); m.body(doc, Counter()); m.body(s, Counter()); m.pieces([s[: n // 2], s[n // 2:]], Counter())
+            m.text(s, Counter()); m.body(doc, Counter()); m.body(s, Counter())
+            m.pieces([s[: n // 2], s[n // 2:]], Counter())
             t.append(time.perf_counter() - t0)
         best.append(min(t))
     out[name] = best

@@ -90,7 +90,9 @@ def phoenix(tmp_path_factory):
                     break
             except (urllib.error.URLError, OSError):
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"phoenix did not start:\n{(work / 'phoenix.log').read_text()[-3000:]}")
+                    raise RuntimeError(
+                        f"phoenix did not start:\n{(work / 'phoenix.log').read_text()[-3000:]}"
+                    ) from None
                 time.sleep(0.5)
         yield url
     finally:

@@ -501,12 +501,14 @@ for stream in (False, True):
         else:
             msg = client.chat.completions.create(model="m", messages=messages, tools=tools).choices[0].message
             text = msg.content or ""
-            calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in msg.tool_calls or []]
+            calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                     for c in msg.tool_calls or []]
         out.append({"text": text, "calls": [(c["name"], c["arguments"]) for c in calls]})
         if not calls:
             break
         messages.append({"role": "assistant", "content": text, "tool_calls": [
-            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]})
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in calls]})
         messages += [{"role": "tool", "tool_call_id": c["id"], "content": "sunny, 21C"} for c in calls]
 claude = anthropic.Anthropic(max_retries=0)
 reply = claude.messages.create(model="m", max_tokens=64, messages=[{"role": "user", "content": "Oslo?"}],

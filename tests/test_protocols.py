@@ -234,7 +234,8 @@ def test_analyze_reads_responses_and_messages_like_chat(proxies):
         *[
             lambda q=q: sql(p.data, q)
             for q in (  # read-only: side by side
-                f"SELECT run, outcome, surface, count(*) AS n FROM turns WHERE run IN {chains} GROUP BY ALL ORDER BY run",
+                f"SELECT run, outcome, surface, count(*) AS n FROM turns WHERE run IN {chains} GROUP BY ALL ORDER BY "
+                "run",
                 f"SELECT run, n_turns FROM episodes WHERE run IN {chains} ORDER BY run",
                 f"SELECT id, run, path, model, prompt_tokens, cached_tokens, stack_marker FROM exchanges "
                 f"WHERE run IN {chains} ORDER BY started_at",

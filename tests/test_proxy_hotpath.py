@@ -18,7 +18,10 @@ import pytest
 
 from toolproxy.record.model import body_bytes
 
-BODY = b'{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}'
+BODY = (
+    b'{"id":"chatcmpl-1","object":"chat.completion",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}'
+)
 PAUSE = 1.0
 
 

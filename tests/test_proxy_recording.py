@@ -200,13 +200,13 @@ async def test_kill_9_under_load_then_restart(fake_stack, proxy):
     assert len(complete) > 20
 
     lines = [line for seg in list_segments(data) for line in read_segment(seg)]
-    assert not [l for l in lines if l.error and l.error != "torn_tail"], "a complete line is corrupt"
-    torn = [l for l in lines if l.error == "torn_tail"]
-    assert all(l.end == l.path.stat().st_size for l in torn)  # a torn line can only be the very end of a file
+    assert not [ln for ln in lines if ln.error and ln.error != "torn_tail"], "a complete line is corrupt"
+    torn = [ln for ln in lines if ln.error == "torn_tail"]
+    assert all(ln.end == ln.path.stat().st_size for ln in torn)  # a torn line can only be the very end of a file
     recorded = {
-        json.loads(l.record["request_body"])["messages"][0]["content"]
-        for l in lines
-        if l.record and l.record.get("kind", "exchange") == "exchange"
+        json.loads(ln.record["request_body"])["messages"][0]["content"]
+        for ln in lines
+        if ln.record and ln.record.get("kind", "exchange") == "exchange"
     }
     missing = set(complete) - recorded
     assert not missing, f"{len(missing)} fully received responses have no record: {sorted(missing)[:5]}"
@@ -220,13 +220,14 @@ async def test_kill_9_under_load_then_restart(fake_stack, proxy):
     assert (await post(p2.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS}))[0] == 200
     p2.stop()
     lines = [line for seg in list_segments(data) for line in read_segment(seg)]
-    assert [l.path for l in lines if l.error] == [last] and lines[-1].record is not None
+    assert [ln.path for ln in lines if ln.error] == [last] and lines[-1].record is not None
     assert len(p2.records()) == before + 1
 
 
 async def test_group_mode_loss_bound_on_kill_9_under_load(fake_stack, proxy):
     """Group durability: a crash of the proxy loses no record of a response that finished more than
-    MAX_QUEUE_WAIT (0.1 s) before it, the bound docs/record.md#durability-what-is-guaranteed states, however long the commit window."""
+    MAX_QUEUE_WAIT (0.1 s) before it, the bound docs/record.md#durability-what-is-guaranteed states, however long
+    the commit window."""
     # A long window, so the bound is seen to depend on the writer's queue, not on the fsync cadence
     # (it used to: records sat in a userspace buffer until the next fsync).
     window = 2.0

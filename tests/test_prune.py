@@ -57,8 +57,10 @@ def snapshot(data) -> dict:
             name: con.execute(query).fetchall()
             for name, query in {
                 "exchanges": "SELECT id, run, episode, turn_id FROM exchanges ORDER BY id",
-                "turns": "SELECT turn_id, run, episode_key, turn_index, outcome, role, is_last FROM turns ORDER BY turn_id",
-                "episodes": "SELECT episode_key, run, episode, reconstructed, n_turns FROM episodes ORDER BY episode_key",
+                "turns": "SELECT turn_id, run, episode_key, turn_index, outcome, role, is_last FROM turns ORDER BY "
+                "turn_id",
+                "episodes": "SELECT episode_key, run, episode, reconstructed, n_turns FROM episodes ORDER BY "
+                "episode_key",
                 "runs": "SELECT run, n_exchanges, n_episodes, n_turns FROM runs ORDER BY run",
                 "ingest": "SELECT segment, byte_offset FROM ingest_state ORDER BY segment",
                 "tool_sets": "SELECT hash FROM tool_sets ORDER BY hash",

@@ -267,8 +267,8 @@ def test_a_torn_tail_inside_chunk_lines_loses_only_the_unfinished_record(tmp_pat
     seg.write_bytes(data[: last_chunk + 40])  # a crash while the last batch's chunks were written
 
     lines = list(read_segment(seg))
-    assert [l.error for l in lines] == [None] * 5 + ["torn_tail"]
-    assert [l.record["request_body"].encode() for l in lines[:5]] == bodies[:5]
+    assert [ln.error for ln in lines] == [None] * 5 + ["torn_tail"]
+    assert [ln.record["request_body"].encode() for ln in lines[:5]] == bodies[:5]
 
     con = connect(tmp_path / "db.duckdb")
     s = ingest(con, tmp_path, workers=0)
@@ -296,10 +296,10 @@ def test_damaged_or_hostile_references_are_reported_never_wrong(tmp_path):
     seg.write_bytes(damaged + b"".join(orjson.dumps(h) + b"\n" for h in hostile))
 
     lines = list(read_segment(seg))
-    assert [l.record is None for l in lines] == [True] * 3 + [True] * len(hostile), (
+    assert [ln.record is None for ln in lines] == [True] * 3 + [True] * len(hostile), (
         "the damaged chunk is used by every turn"
     )
-    assert all(l.error.startswith("corrupt:") for l in lines)
+    assert all(ln.error.startswith("corrupt:") for ln in lines)
     assert "does not match its id" in lines[0].error or "unreadable" in lines[0].error
 
     con = connect(tmp_path / "db.duckdb")
@@ -476,9 +476,11 @@ async def test_kill_9_while_writing_chunked_episodes(fake_stack, proxy):
     assert len(complete) > 20
 
     lines = [line for seg in list_segments(p.data) for line in read_segment(seg)]
-    assert not [l for l in lines if l.error and l.error != "torn_tail"], "a complete line is corrupt or lost its chunks"
+    assert not [ln for ln in lines if ln.error and ln.error != "torn_tail"], (
+        "a complete line is corrupt or lost its chunks"
+    )
     assert len(list_segments(p.data)) > 1
-    recorded = {wire(l.record) for l in lines if l.record}
+    recorded = {wire(ln.record) for ln in lines if ln.record}
     assert not [k for k, body in complete.items() if body not in recorded]
 
 
@@ -516,7 +518,7 @@ def test_reusing_an_earlier_bodys_prefix_cuts_exactly_as_cutting_afresh(tmp_path
         for body in bodies:
             f.write(packer.pack([(record(body), None, None)], f))
     with ChunkSource(path) as chunks:
-        for line, body in zip([l for l in path.read_bytes().splitlines() if l.startswith(b'{"id"')], bodies):
+        for line, body in zip([ln for ln in path.read_bytes().splitlines() if ln.startswith(b'{"id"')], bodies):
             offsets = orjson.loads(line)["request_body_chunks"]
             pieces = [chunks.get(at) for at in offsets]
             ends = [sum(map(len, pieces[: i + 1])) for i in range(len(pieces))]
@@ -545,7 +547,7 @@ def test_a_body_that_extends_an_earlier_one_byte_for_byte_is_cut_as_afresh(tmp_p
         for body in bodies:
             f.write(packer.pack([(record(body), None, None)], f))
     with ChunkSource(path) as chunks:
-        for line, body in zip([l for l in path.read_bytes().splitlines() if l.startswith(b'{"id"')], bodies):
+        for line, body in zip([ln for ln in path.read_bytes().splitlines() if ln.startswith(b'{"id"')], bodies):
             pieces = [chunks.get(at) for at in orjson.loads(line)["request_body_chunks"]]
             ends = [sum(map(len, pieces[: i + 1])) for i in range(len(pieces))]
             assert b"".join(pieces) == body and ends == cut_points(body)

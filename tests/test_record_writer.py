@@ -73,7 +73,7 @@ def rec(i: int, **fields) -> Record:
         started_at=time.time(),
         method="POST",
         path=f"/r{i}",
-        request_body='{"n": %d}' % i,
+        request_body=f'{{"n": {i}}}',
         request_body_encoding="utf8",
         **fields,
     )

@@ -28,7 +28,8 @@ HARNESS = textwrap.dedent("""
     for city in ("Paris", "Lima", "Oslo"):
         messages = [{"role": "user", "content": f"Weather in {city}?"}]
         for _ in range(3):
-            msg = client.chat.completions.create(model=os.environ["MODEL"], messages=messages, tools=tools).choices[0].message
+            reply = client.chat.completions.create(model=os.environ["MODEL"], messages=messages, tools=tools)
+            msg = reply.choices[0].message
             messages.append(msg.model_dump(exclude_none=True))
             if not msg.tool_calls:
                 break

@@ -293,13 +293,15 @@ def test_error_shapes(body, message):
     "body,ctype,want",
     [
         (
-            b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\ndata: {"object":"error","message":"worker died"}\n\n',
+            b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\ndata: {"object":"error","message":"worker '
+            b'died"}\n\n',
             "text/event-stream",
             ("Hel", "worker died"),
         ),
         (b'{"detail":"Method Not Allowed"}', "application/json", (None, "Method Not Allowed")),
         (
-            b'data: {"choices":[{"index":0,\ndata: "delta":{"content":"two lines"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
+            b'data: {"choices":[{"index":0,\ndata: "delta":{"content":"two lines"},"finish_reason":"stop"}]}\n\ndata: '
+            b"[DONE]\n\n",
             "text/event-stream",
             ("two lines", None),
         ),

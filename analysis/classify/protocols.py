@@ -394,9 +394,8 @@ def _react_tool(name: str, listing: str) -> dict:
 def _scratchpad(message: Any, text: str, start: int, tools: list[dict]) -> list[dict]:
     """The prompt message holding the format and the scratchpad, as its question plus each step:
     the model's text as an assistant message with its call, the observation as a tool result."""
-    question = None
-    for question in _QUESTION.finditer(text, start):
-        pass
+    questions = list(_QUESTION.finditer(text, start))
+    question = questions[-1] if questions else None
     rest = text[question.end() :] if question else ""
     if question is None or not rest.startswith("Thought:"):
         return [message]

@@ -127,18 +127,21 @@ _FROM_FINAL = {
     "protocol": "e.protocol",
     "finisher": "e.finisher",
 }
+_TURN_SELECT = ", ".join(
+    f"({ROLE_SQL})" if n == "role" else "$version" if n == "analyzer_version" else n for n in TURNS.names
+)
 _TURNS_SQL = f"""
 INSERT INTO turns ({", ".join(TURNS.names)})
-SELECT {", ".join(f"({ROLE_SQL})" if n == "role" else "$version" if n == "analyzer_version" else n for n in TURNS.names)}
+SELECT {_TURN_SELECT}
 FROM (SELECT {", ".join(f"t.{n}" for n in _TURN_ROW)}, {", ".join(f"{sql} AS {n}" for n, sql in _FROM_FINAL.items())}
       FROM _turn_rows t JOIN exchanges e ON e.id = t.final_exchange_id WHERE e.id BETWEEN $lo AND $hi ORDER BY t.rowid)
 """
 assert set(_TURN_ROW) | set(_FROM_FINAL) | {"role", "analyzer_version"} == set(TURNS.names)
 # Per run of $runs, its exchanges' count and times (aggregated for the runs of $whole; _run_totals holds the
-# others', which a re-analyze counted in part, _count_new), its most common model, marker and upstream (the greatest count, then the
-# least value, from run_tallies) and its conditions. Its stack is the latest fingerprint's of the run, else
-# of its upstream, read only for these runs and upstreams: the fingerprints of every run would be
-# aggregated on each re-analyze.
+# others', which a re-analyze counted in part, _count_new), its most common model, marker and upstream (the
+# greatest count, then the least value, from run_tallies) and its conditions. Its stack is the latest
+# fingerprint's of the run, else of its upstream, read only for these runs and upstreams: the fingerprints
+# of every run would be aggregated on each re-analyze.
 _RUNS_SQL = """
 INSERT INTO runs
 WITH totals AS (
@@ -180,11 +183,13 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 # restricts them to the attempts without a turn yet (see _count_new).
 _TALLIED_SQL = """
 SELECT run, field, value, count(*) AS n
-FROM (SELECT run, unnest(['model', 'condition', 'marker', 'marker_version', 'upstream', 'kind', 'sample_rate']) AS field,
+FROM (SELECT run, unnest(['model', 'condition', 'marker', 'marker_version', 'upstream', 'kind', 'sample_rate']) AS
+    field,
              unnest([CASE WHEN is_attempt THEN model END, CASE WHEN is_attempt THEN condition END,
                      stack_marker, stack_marker_version, upstream, kind,
                      json_extract(record, '$.extra.sample.rate')::VARCHAR]) AS value
-      FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND (NOT $only_new OR (is_attempt AND turn_id IS NULL)))
+      FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND (NOT $only_new OR (is_attempt AND turn_id
+          IS NULL)))
 WHERE value IS NOT NULL GROUP BY ALL
 """
 # The new count and times of each of $runs whose row counts all its exchanges but its attempts without a
@@ -193,7 +198,8 @@ WHERE value IS NOT NULL GROUP BY ALL
 _NEW_TOTALS_SQL = """
 CREATE OR REPLACE TEMP TABLE _run_totals AS
 WITH new AS (SELECT run, count(*) AS n, min(started_at) AS first_seen, max(coalesce(ended_at, started_at)) AS last_seen
-             FROM exchanges WHERE is_attempt AND turn_id IS NULL AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run),
+             FROM exchanges WHERE is_attempt AND turn_id IS NULL AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP
+                 BY run),
      stored AS (SELECT run, count(*) AS n FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run)
 SELECT r.run, r.n_exchanges + coalesce(new.n, 0) AS n_exchanges, least(r.first_seen, new.first_seen) AS first_seen,
        greatest(r.last_seen, new.last_seen) AS last_seen

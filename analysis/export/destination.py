@@ -31,7 +31,10 @@ def _first_line(exc: BaseException) -> str:
 def _hint(exc: BaseException) -> str:
     name = type(exc).__name__
     if "Credential" in name or "credential" in str(exc):
-        return " (no credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the store's own variables)"
+        return (
+            " (no credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the store's own "
+            "variables)"
+        )
     if isinstance(exc, PermissionError):
         return " (permission denied: check the credentials' rights on this location)"
     return ""

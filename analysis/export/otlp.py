@@ -27,7 +27,8 @@ BATCH = 256
 
 _ANALYSIS = """
     SELECT e.id, e.outcome, e.sub_kind, e.surface, e.analyzer_version, t.turn_id, t.turn_index, t.outcome, t.sub_kind,
-           t.surface, t.role, t.n_attempts, t.final_exchange_id = e.id, t.delivered, t.expect, t.episode_key, t.item_key,
+           t.surface, t.role, t.n_attempts, t.final_exchange_id = e.id, t.delivered, t.expect, t.episode_key,
+               t.item_key,
            t.category
     FROM exchanges e LEFT JOIN turns t ON t.turn_id = e.turn_id
     WHERE e.kind = 'exchange' {where}
@@ -182,7 +183,8 @@ def run_export(
         fail(f"--otlp: {problem}")
     if not (data_dir / "segments").is_dir():
         fail(
-            f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); give --data, where `toolproxy serve` recorded"
+            f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); give --data, where `toolproxy "
+            "serve` recorded"
         )
     path = db_path or default_db(data_dir)
     if not path.exists():

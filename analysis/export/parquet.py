@@ -467,7 +467,8 @@ class _PieceWriter:
         local = os.path.join(self.staging, name)
         every = " UNION ALL ".join(f"SELECT unnest(_{b}) AS p FROM _split" for b in BODY_FIELDS)
         n = con.execute(
-            f"COPY (SELECT p.h AS hash, any_value(p.t) AS text FROM ({every}) WHERE p.h NOT IN (SELECT hash FROM _seen) "
+            f"COPY (SELECT p.h AS hash, any_value(p.t) AS text FROM ({every}) WHERE p.h NOT IN (SELECT hash FROM "
+            "_seen) "
             f"GROUP BY p.h) TO '{_sql_text(local)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{self.kv}}})"
         ).fetchone()[0]
         con.execute("DROP TABLE _split")

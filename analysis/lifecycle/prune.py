@@ -120,7 +120,8 @@ def prune_command(
     click.echo(f"{verb} {len(result.pruned)} segments ({_mb(result.bytes)})")
     for seg in result.pruned:
         click.echo(
-            f"  {seg.path.name}  {_mb(seg.size)}  last written {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(seg.mtime))}"
+            f"  {seg.path.name}  {_mb(seg.size)}  last written "
+            f"{time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(seg.mtime))}"
         )
     if result.live:
         click.echo(f"kept {len(result.live)} segments a running proxy is writing: {', '.join(result.live)}")

@@ -247,7 +247,8 @@ class Ingestor:
         if chunk.torn_at is not None:
             s.torn_tails += 1
             s.issues.append(
-                f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); will retry next run"
+                f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); "
+                "will retry next run"
             )
             batch.issues.append(issue_row(chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line"))
         if not self.in_txn:
@@ -305,12 +306,14 @@ class Ingestor:
             try:
                 # a torn tail that is complete now was read: its issue goes
                 self.con.execute(
-                    "DELETE FROM ingest_issues AS i USING (SELECT unnest($segments) AS segment, unnest($ends) AS reached) AS r "
+                    "DELETE FROM ingest_issues AS i USING (SELECT unnest($segments) AS segment, unnest($ends) AS "
+                    "reached) AS r "
                     "WHERE i.segment = r.segment AND i.kind = 'torn_tail' AND i.byte_offset < r.reached",
                     {"segments": segments, "ends": ends},
                 )
                 self.con.execute(
-                    "INSERT INTO ingest_state SELECT unnest($segments), unnest($ends), unnest($ends), unnest($records), "
+                    "INSERT INTO ingest_state SELECT unnest($segments), unnest($ends), unnest($ends), "
+                    "unnest($records), "
                     "now()::TIMESTAMP ON CONFLICT (segment) DO UPDATE SET byte_offset = excluded.byte_offset, "
                     "size_seen = excluded.size_seen, n_records = ingest_state.n_records + excluded.n_records, "
                     "updated_at = excluded.updated_at",

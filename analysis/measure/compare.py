@@ -28,7 +28,8 @@ from toolproxy.analysis.measure.summary import StoreError, is_pattern, known_run
 METRICS = {
     "delivered": "case when expect_none then abstain_n > 0 and abstain_reached = 0 "
     "else call_n > 0 and call_delivered = call_n end",
-    "call": "case when expect_none then abstain_n > 0 and abstain_tried = 0 else call_n > 0 and call_valid = call_n end",
+    "call": "case when expect_none then abstain_n > 0 and abstain_tried = 0 "
+    "else call_n > 0 and call_valid = call_n end",
     "all-valid": "produced > 0 and valid = produced",
     "any-valid": "valid > 0",
     "clean": "valid > 0 and failed = 0",
@@ -135,7 +136,8 @@ def compare(
                    coalesce(any_value(e.category), any_value(t.category)) as category,
                    count(t.turn_id) filter (where t.outcome <> 'non_response') as produced,
                    count(t.turn_id) filter (where t.outcome = 'valid_call') as valid,
-                   count(t.turn_id) filter (where t.outcome in ('invalid_args', 'hallucinated_call', 'unparseable')) as failed,
+                   count(t.turn_id) filter (where t.outcome in ('invalid_args', 'hallucinated_call',
+                       'unparseable')) as failed,
                    count(t.turn_id) filter (where t.role = 'call') as call_n,
                    count(t.turn_id) filter (where t.role = 'call' and t.outcome = 'valid_call') as call_valid,
                    count(t.turn_id) filter (where t.role = 'call' and t.delivered) as call_delivered,
@@ -221,7 +223,8 @@ def replay_compare(
             select turn_id, coalesce(category, $none) as category, role as a_role, outcome, delivered, sub_kind, reached
             from scored where run = $a
         ), b as (
-            select item_key as turn_id, arg_max(outcome, turn_index) as outcome, arg_max(delivered, turn_index) as delivered,
+            select item_key as turn_id, arg_max(outcome, turn_index) as outcome, arg_max(delivered, turn_index) as
+                delivered,
                    arg_max(sub_kind, turn_index) as sub_kind, arg_max(reached, turn_index) as reached
             from scored where run = $b and item_key is not null group by item_key
         )
@@ -237,7 +240,8 @@ def replay_compare(
         select why, count(*) from (
             select case when a_outcome = 'non_response' then 'no response in A: ' || coalesce(a_kind, 'unknown')
                         when b_outcome = 'non_response' then 'no response in B: ' || coalesce(b_kind, 'unknown')
-                        when not ({scope}) then 'not due a call or an abstention in A (role ' || coalesce(a_role, '-') || ')'
+                        when not ({scope}) then 'not due a call or an abstention in A (role ' || coalesce(a_role,
+                            '-') || ')'
                    end as why
             from replay_pairs) where why is not null group by why order by why
     """).fetchall()

@@ -288,8 +288,10 @@ def legend() -> str:
     return (
         "call fidelity = valid calls / turns due a call (any surface); delivered (dlv) = of those, calls the harness "
         "got as calls; lost = the difference, calls left in text by the serving layer. restraint (restr) = "
-        "turns of items expecting no call that attempted none (any surface); delivered restraint (dlv restr) = those where "
-        "no call reached the harness (a call left in text did not); answer rate = episodes ending in an answer after a tool "
+        "turns of items expecting no call that attempted none (any surface); delivered restraint (dlv restr) = those "
+        "where "
+        "no call reached the harness (a call left in text did not); answer rate = episodes ending in an answer after "
+        "a tool "
         "result; paper = valid calls / all produced turns (the original study's definition). roles c/a/x/o/n "
         f"= call/answer/abstain/open/no_tools turns. {REJ} = every turn was a non-response."
     )

@@ -172,7 +172,8 @@ def composition_chart(report: Report) -> str:
             share = pct(n / s.turns, 1)
             label = OUTCOME_LABELS.get(outcome, outcome) + (f" ({kind})" if kind else "")
             parts.append(
-                f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="{_fill(outcome, kind)}" class="segment">'
+                f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="{_fill(outcome, kind)}" '
+                'class="segment">'
                 f"<title>{_e(s.run)}: {_e(label)}, {n} of {s.turns} turns ({share})</title></rect>"
             )
             if outcome == "valid_call" and s.valid_seen_as_prose:
@@ -257,7 +258,10 @@ def _legend(report: Report) -> str:
         for k in kinds
     )
     if any(s.valid_seen_as_prose for s in report.runs):
-        items += '<li><span class="swatch seen_as_prose"></span>valid call the harness saw as prose (stack did not parse it)</li>'
+        items += (
+            '<li><span class="swatch seen_as_prose"></span>valid call the harness saw as prose (stack did not '
+            "parse it)</li>"
+        )
     return f'<ul class="legend" aria-label="outcome colours">{items}</ul>'
 
 
@@ -320,7 +324,10 @@ def headline_chart(report: Report) -> str:
             if xc - xd > 0.5
             else ""
         )
-        words = f'<tspan fill="{_CALL}">call {pct(call.pooled)}</tspan> · <tspan fill="{_DELIVERED}">delivered {pct(dlv.pooled)}</tspan>'
+        words = (
+            f'<tspan fill="{_CALL}">call {pct(call.pooled)}</tspan> · <tspan fill="{_DELIVERED}">delivered '
+            f"{pct(dlv.pooled)}</tspan>"
+        )
         if lost > 0:
             words += f' · <tspan fill="{_GAP}">lost {pct(lost)}</tspan>'
         return (
@@ -372,7 +379,8 @@ def turn_index_chart(report: Report, by_turn: dict[str, list[Count]]) -> str:
             below = f"n={c.n}" if c.d == c.k else f"dlv {pct(c.delivered)} · n={c.n}"
             parts.append(
                 f"<g><title>{_e(s.run)}, {where}: {_e(_count_text(c))}</title>"
-                f'<rect x="{x + 2:.1f}" y="{y}" width="{_CELL_W - 4:.1f}" height="{_BAR + 8}" fill="{fill}" class="cell"/>'
+                f'<rect x="{x + 2:.1f}" y="{y}" width="{_CELL_W - 4:.1f}" height="{_BAR + 8}" fill="{fill}" '
+                'class="cell"/>'
                 f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 14}" class="cellv" fill="{ink}">{pct(c.call)}</text>'
                 f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 27}" class="celln" fill="{ink}">{below}</text></g>'
             )
@@ -410,7 +418,8 @@ def category_table(report: Report, details: PageDetails) -> str:
         for cat in details.categories
     )
     return (
-        f'<div class="scroll"><table class="grid"><caption>Call fidelity per category (valid calls / turns due a call), and delivered where it differs'
+        '<div class="scroll"><table class="grid"><caption>Call fidelity per category (valid calls / turns due a '
+        "call), and delivered where it differs"
         f'</caption><thead><tr><th scope="col">category</th>{head}</tr></thead><tbody>{body}</tbody></table></div>'
     )
 
@@ -494,7 +503,8 @@ def usage_table(report: Report, usage: dict[str, RunUsage]) -> str:
         u = usage.get(s.run)
         if u is None:
             body.append(
-                f'<tr><th scope="row">{_e(s.run)}</th><td colspan="{len(heads) - 1}" class="muted">no attempts</td></tr>'
+                f'<tr><th scope="row">{_e(s.run)}</th><td colspan="{len(heads) - 1}" class="muted">no '
+                "attempts</td></tr>"
             )
             continue
         cached = "-" if u.cached_tokens is None else f"{u.cached_tokens:,} ({pct(u.cached_share)} of prompt)"
@@ -600,7 +610,8 @@ never reached the harness) are hatched grey and always shown.</p>
 <details><summary>Counts</summary>{_counts_table(report)}</details></section>
 <section><h2>Call and delivered fidelity per run</h2>
 <p class="help"><span class="key diamond"></span> pooled over turns with its 95% Wilson interval &nbsp;
-<span class="key dot"></span> per-episode mean. Where delivered falls short of call fidelity, the calls were {_e(LOST)}.</p>
+<span class="key dot"></span> per-episode mean.
+Where delivered falls short of call fidelity, the calls were {_e(LOST)}.</p>
 <h3>Call fidelity</h3>
 {rate_chart(report, "call_fidelity", "Call fidelity per run")}
 <h3>Delivered fidelity</h3>

@@ -45,7 +45,8 @@ _RUN_SQL = """
 select run, mode(upstream), any_value(json_extract_string(record, '$.harness_model')),
        count(*) filter (where cached_tokens > 0), count(*),
        arg_min(segment, started_at), arg_min(segment_offset, started_at),
-       arg_max(segment, started_at) filter (where status = 200), arg_max(segment_offset, started_at) filter (where status = 200)
+       arg_max(segment, started_at) filter (where status = 200), arg_max(segment_offset, started_at) filter (where
+           status = 200)
 from exchanges where is_attempt and run in (select unnest($runs::varchar[])) group by run
 """
 # Calls the harness got as tool_calls, and calls left in text only (a condition's calls are found in
@@ -197,7 +198,10 @@ def _why(s: RunSummary, p: Provenance) -> str:
         return "nothing was classified in this run."
     if s.rejected:
         cause = "; ".join(f"{k}: {v}" for k, v in s.non_response_causes.items()) or ", ".join(s.non_response_kinds)
-        return f"every turn refused or failed by the serving layer before any output arrived ({cause}); the model never ran."
+        return (
+            f"every turn refused or failed by the serving layer before any output arrived ({cause}); the model "
+            "never ran."
+        )
     reasons = []
     if p.served_differs:
         reasons.append(

@@ -144,7 +144,11 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
         kind = f"{e['outcome']}" + (f"/{e['sub_kind']}" if e["sub_kind"] else "")
         out.append(
             f"  outcome: {kind}  surface: {e['surface'] or '-'}"
-            f"{'  HARNESS SAW PROSE: the call was in text, no tool parser extracted it' if e['harness_saw_prose'] else ''}"
+            + (
+                "  HARNESS SAW PROSE: the call was in text, no tool parser extracted it"
+                if e["harness_saw_prose"]
+                else ""
+            )
         )
         if meta.get("classification_detail"):
             owner = f" ({whose(e['sub_kind'])})" if e["outcome"] == NON_RESPONSE else ""

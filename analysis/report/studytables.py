@@ -415,7 +415,8 @@ def render_html(t: StudyTables, provenance: list | None = None) -> str:
             + (
                 f"<td colspan=5>{escape(x.note)}</td>"
                 if x.note
-                else f"<td>{x.paired}</td><td>{x.a_only}</td><td>{x.b_only}</td><td>{_p(x.p)}</td><td>{_p(x.p_holm)}</td>"
+                else f"<td>{x.paired}</td><td>{x.a_only}</td><td>{x.b_only}</td>"
+                f"<td>{_p(x.p)}</td><td>{_p(x.p_holm)}</td>"
             )
             + "</tr>"
             for x in t.tests

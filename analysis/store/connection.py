@@ -52,7 +52,8 @@ def connect(
         msg = str(exc)
         if "lock" in msg.lower():
             raise StoreError(
-                f"{path} is in use by another process (DuckDB allows one writer); close it and retry. ({msg.splitlines()[0]})"
+                f"{path} is in use by another process (DuckDB allows one writer); close it and retry. "
+                f"({msg.splitlines()[0]})"
             ) from None
         raise StoreError(f"cannot open {path}: {msg.splitlines()[0]}") from None
     except duckdb.Error as exc:

@@ -1,6 +1,7 @@
-"""BFCL (bfcl-eval): its own `generate` and `evaluate` on the first N items of some categories.
+r"""BFCL (bfcl-eval): its own `generate` and `evaluate` on the first N items of some categories.
 
-    toolproxy run --upstream URL --run bfcl --tag category=simple_python -- python examples/recipes/bfcl.py --first 3 simple_python
+    toolproxy run --upstream URL --run bfcl --tag category=simple_python -- \
+        python examples/recipes/bfcl.py --first 3 simple_python
 
 BFCL's plain chat-completions function-calling handler (OpenAICompletionsHandler) reads
 OPENAI_BASE_URL and OPENAI_API_KEY, which `toolproxy run` sets; in this bfcl-eval release it is

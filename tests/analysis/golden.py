@@ -18,12 +18,14 @@ from toolproxy.analysis.classify.keys import link_map, parent_walk
 from toolproxy.analysis.measure.metrics import run_metrics, score
 
 _GROUPED = {
-    "exchanges": "run, kind, condition, is_attempt, streamed, model, status, client_status, error_kind, outcome, sub_kind, "
+    "exchanges": "run, kind, condition, is_attempt, streamed, model, status, client_status, error_kind, outcome, "
+    "sub_kind, "
     "surface, n_calls, finish_reason, harness_saw_prose, stack_marker, stack_marker_version, n_messages, "
     "tool_results, tool_set IS NOT NULL, call_signature IS NOT NULL, _walked.n, "
     "md5(coalesce(content, '')), md5(coalesce(upstream_content, '')), prompt_tokens, completion_tokens, "
     "cached_tokens, record::VARCHAR, protocol, rejects, finishes, length(reply_keys), finisher",
-    "calls": "name, arguments_raw, arguments::VARCHAR, surface, format, offered, validated, valid, schema_errors::VARCHAR",
+    "calls": "name, arguments_raw, arguments::VARCHAR, surface, format, offered, validated, valid, "
+    "schema_errors::VARCHAR",
     "turns": "run, turn_index, item_key, category, condition, model, outcome, sub_kind, surface, n_attempts, n_calls, "
     "finish_reason, harness_saw_prose, expect, delivered, offered_tools, tool_results, saw_result, is_last, role, "
     "md5(coalesce(content, '')), protocol, rejected, finishes, last_with_tools, finisher",

@@ -68,7 +68,8 @@ def data(tmp_path):
                         "matched_stop": 1,
                         "message": {
                             "role": "assistant",
-                            "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+                            "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+                            '"Oslo"}}\n</tool_call>',
                         },
                         "finish_reason": "stop",
                     }

@@ -1,4 +1,5 @@
-"""Recorded response bodies through analysis.classify.bodies and the wire decoders: one row per wire shape a real stack produces."""
+"""Recorded response bodies through analysis.classify.bodies and the wire decoders: one row per wire shape a real
+stack produces."""
 
 from __future__ import annotations
 

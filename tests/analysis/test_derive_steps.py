@@ -84,7 +84,9 @@ def test_every_capture_derived_a_batch_per_attempt_in_steps_is_derived_as_in_one
         commits = []
         step = derive._commit_step
         monkeypatch.setattr(derive, "_BATCH_ATTEMPTS", 1)
-        monkeypatch.setattr(derive, "_commit_step", lambda con: (commits.append(1), step(con)))
+        monkeypatch.setattr(
+            derive, "_commit_step", lambda con, commits=commits, step=step: (commits.append(1), step(con))
+        )
         con = connect(default_db(steps))
         ingest(con, steps, workers=0)
         assert _tables(con) == want, capture.name

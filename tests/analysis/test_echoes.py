@@ -27,7 +27,10 @@ TOOLS = ("get_weather", "final_answer")
 PARIS = {"city": "Paris"}
 
 GW = ("get_weather", PARIS)
-SMOL = "Calling tools:\n[{'id': 'c', 'type': 'function', 'function': {'name': 'get_weather', 'arguments': {'city': 'Paris'}}}]"
+SMOL = (
+    "Calling tools:\n[{'id': 'c', 'type': 'function', 'function': {'name': 'get_weather', 'arguments': {'city': "
+    "'Paris'}}}]"
+)
 HERMES = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 # text -> every reading of the calls it echoes
 ECHOES = [
@@ -35,7 +38,8 @@ ECHOES = [
     (SMOL, [[GW]]),
     # the same list as JSON (a harness that json.dumps its history): both readings agree, kept once
     (
-        'Calling tools:\n[{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]',
+        'Calling tools:\n[{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": '
+        '"Paris"}}}]',
         [[GW]],
     ),
     # prose beside the call, merged into one message; an apostrophe in the prose

@@ -245,7 +245,8 @@ def test_local_export_reads_back_in_duckdb_with_the_databases_counts(data: Path,
     exported = {
         r[0]: r[1:]
         for r in duckdb.sql(
-            f"SELECT id, request_body, response_body, response_body_encoding FROM read_parquet('{out}/exchanges/**/*.parquet')"
+            "SELECT id, request_body, response_body, response_body_encoding FROM "
+            f"read_parquet('{out}/exchanges/**/*.parquet')"
         ).fetchall()
     }
     assert exported == recorded and any(v[1] for v in exported.values())
@@ -630,12 +631,16 @@ def test_s3_export_through_a_real_s3_server(data: Path, tmp_path: Path, s3_serve
     assert parquet_counts(str(tmp_path / "copy")) == db_counts(data / "toolproxy.duckdb")
     env = _s3_env(s3_server)
     del env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
-    for out, env, message in [
+    for out, out_env, message in [
         ("s3://exports/again", env, "no credentials found"),
         ("s3://no-such-bucket/x", _s3_env(s3_server), "bucket 'no-such-bucket' does not exist"),
     ]:
         proc = subprocess.run(
-            [*CLI, "export", "--data", str(data), "--out", out], capture_output=True, text=True, timeout=120, env=env
+            [*CLI, "export", "--data", str(data), "--out", out],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=out_env,
         )
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 

@@ -206,7 +206,8 @@ def test_the_protocol_a_turn_was_read_under_is_recorded_with_its_calls(stores):
     there and parses them itself); the tools its prompt offered are a tool set like any other."""
     con = stores("emulated/dspy-react")
     calls = con.execute("""
-        SELECT c.name, c.arguments::VARCHAR, c.surface, c.format, c.valid FROM calls c JOIN exchanges e ON e.id = c.exchange_id
+        SELECT c.name, c.arguments::VARCHAR, c.surface, c.format, c.valid FROM calls c JOIN exchanges e ON e.id =
+            c.exchange_id
         ORDER BY e.started_at""").fetchall()
     assert calls == [
         ("get_weather", '{"city":"Paris"}', "prompt", "dspy", True),

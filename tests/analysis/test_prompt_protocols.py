@@ -12,11 +12,15 @@ from toolproxy.analysis.classify.protocols import CODE, DSPY, REACT, read_prompt
 
 DSPY_SYSTEM = (
     "Your input fields are:\n1. `question` (str): \n2. `trajectory` (str):\nYour output fields are:\n"
-    "1. `next_thought` (str): \n2. `next_tool_name` (Literal['get_weather', 'finish']): \n3. `next_tool_args` (dict[str, Any]):\n"
+    "1. `next_thought` (str): \n2. `next_tool_name` (Literal['get_weather', 'finish']): \n3. `next_tool_args` "
+    "(dict[str, Any]):\n"
     "All interactions will be structured in the following way, with the appropriate values filled in.\n\n"
-    "[[ ## question ## ]]\n{question}\n\n[[ ## trajectory ## ]]\n{trajectory}\n\n[[ ## next_thought ## ]]\n{next_thought}\n\n"
-    "[[ ## next_tool_name ## ]]\n{next_tool_name}\n\n[[ ## next_tool_args ## ]]\n{next_tool_args}\n\n[[ ## completed ## ]]\n"
-    "In adhering to this structure, your objective is: \n        When selecting the next_tool_name and its next_tool_args, "
+    "[[ ## question ## ]]\n{question}\n\n[[ ## trajectory ## ]]\n{trajectory}\n\n[[ ## next_thought ## "
+    "]]\n{next_thought}\n\n"
+    "[[ ## next_tool_name ## ]]\n{next_tool_name}\n\n[[ ## next_tool_args ## ]]\n{next_tool_args}\n\n[[ ## completed "
+    "## ]]\n"
+    "In adhering to this structure, your objective is: \n        When selecting the next_tool_name and its "
+    "next_tool_args, "
     "the tool must be one of:\n        \n"
     "        (1) get_weather, whose description is <desc>Current weather for a city.</desc>. It takes arguments "
     "{'city': {'type': 'string'}}.\n"
@@ -24,16 +28,21 @@ DSPY_SYSTEM = (
     "        When providing `next_tool_args`, the value inside the field must be in JSON format"
 )
 EXTRACT_SYSTEM = (
-    "Your input fields are:\n1. `question` (str): \n2. `trajectory` (str):\nYour output fields are:\n1. `reasoning` (str): \n"
+    "Your input fields are:\n1. `question` (str): \n2. `trajectory` (str):\nYour output fields are:\n1. `reasoning` "
+    "(str): \n"
     "2. `answer` (str):\nAll interactions will be structured in the following way.\n\n[[ ## completed ## ]]\n"
-    "In adhering to this structure, your objective is: \n        Given the fields `question`, produce the fields `answer`."
+    "In adhering to this structure, your objective is: \n        Given the fields `question`, produce the fields "
+    "`answer`."
 )
 RESPOND = "\n\nRespond with the corresponding output fields, starting with the field `[[ ## next_thought ## ]]`."
 STEP0 = (
     "[[ ## thought_0 ## ]]\nLook it up.\n\n[[ ## tool_name_0 ## ]]\nget_weather\n\n[[ ## tool_args_0 ## ]]\n"
     '{"city": "Paris"}\n\n[[ ## observation_0 ## ]]\nsunny, 21 C'
 )
-DSPY_REPLY = '[[ ## next_thought ## ]]\nLook it up.\n\n[[ ## next_tool_name ## ]]\nget_weather\n\n[[ ## next_tool_args ## ]]\n{"city": "Paris"}\n\n[[ ## completed ## ]]'
+DSPY_REPLY = (
+    "[[ ## next_thought ## ]]\nLook it up.\n\n[[ ## next_tool_name ## ]]\nget_weather\n\n[[ ## "
+    'next_tool_args ## ]]\n{"city": "Paris"}\n\n[[ ## completed ## ]]'
+)
 
 
 def dspy(trajectory: str = "", system: str = DSPY_SYSTEM) -> list[dict]:
@@ -49,7 +58,8 @@ def dspy(trajectory: str = "", system: str = DSPY_SYSTEM) -> list[dict]:
 REACT_PROMPT = (
     "Answer the following questions as best you can. You have access to the following tools:\n\n"
     "get_weather(city: 'str') -> 'str' - Current weather for a city.\nsearch - Search the web.\n\n"
-    "Use the following format:\n\nQuestion: the input question you must answer\nThought: you should always think about what to do\n"
+    "Use the following format:\n\nQuestion: the input question you must answer\nThought: you should always think "
+    "about what to do\n"
     "Action: the action to take, should be one of [get_weather, search]\nAction Input: the input to the action\n"
     "Observation: the result of the action\n... (this Thought/Action/Action Input/Observation can repeat N times)\n"
     "Thought: I now know the final answer\nFinal Answer: the final answer to the original input question\n\nBegin!\n\n"
@@ -58,11 +68,15 @@ REACT_PROMPT = (
 REACT_REPLY = " I should look it up.\nAction: get_weather\nAction Input: Paris"
 
 CODE_SYSTEM = (
-    "You are an expert assistant who can solve any task using code blobs.\nThe code sequence must be opened with '<code>', "
-    "and closed with '</code>'.\nHere are a few examples using notional tools:\n<code>\nanswer = document_qa(document=d)\n</code>\n"
+    "You are an expert assistant who can solve any task using code blobs.\nThe code sequence must be opened with "
+    "'<code>', "
+    "and closed with '</code>'.\nHere are a few examples using notional tools:\n<code>\nanswer = "
+    "document_qa(document=d)\n</code>\n"
     "You only have access to these tools, behaving like regular python functions:\n<code>\n"
-    'def get_weather(city: string) -> string:\n    """Current weather for a city.\n\n    Args:\n        city: City name\n    """\n\n'
-    'def final_answer(answer: any) -> any:\n    """Provides a final answer to the given problem."""\n\n</code>\nNow Begin!'
+    'def get_weather(city: string) -> string:\n    """Current weather for a city.\n\n    Args:\n        city: City '
+    'name\n    """\n\n'
+    'def final_answer(answer: any) -> any:\n    """Provides a final answer to the given problem."""\n\n</code>\nNow '
+    "Begin!"
 )
 CODE_REPLY = 'Thought: look it up.\n<code>\nweather = get_weather(city="Oslo")\nprint(weather)\n</code>'
 CODE_ECHO = (

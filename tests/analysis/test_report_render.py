@@ -73,8 +73,8 @@ def test_markdown_has_both_tables_and_notes(report):
         "| 66.7% | - | - | 50.0% [9.5-90.5] | 75.0% | 0.0% | 66.7% | 0 |"
     ) in text
     assert (
-        "| qwen-native | 60.0% (too few episodes) | 60.0% (too few episodes) | 16/1/0/0/0 | refused 1, http_5xx 1, timeout 1 |"
-        in text
+        "| qwen-native | 60.0% (too few episodes) | 60.0% (too few episodes) | 16/1/0/0/0 | refused 1, http_5xx 1, "
+        "timeout 1 |" in text
     )
     assert "| qwen-native | 60.0% (12) | 10.0% (2) | 5.0% (1) | 5.0% (1) | 5.0% (1) | 15.0% (3) |" in text
     assert "## Notes" in text

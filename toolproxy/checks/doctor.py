@@ -665,7 +665,7 @@ async def _say_as_it_goes(diag: Diagnosis, stages: AsyncIterator[tuple[str, str 
 
     ticker = asyncio.create_task(tick())
     try:
-        async for stage, awaited in stages:
+        async for stage, _awaited in stages:
             since = time.monotonic()
             progress.clear()
             if out is not None:

@@ -4,13 +4,12 @@ The schema goes to the stack in the field that stack reads, because a field a st
 accepted and silently ignored (vLLM's `guided_json` since v0.12), which would turn the arm into
 an unconstrained one without anyone noticing:
 
-| client endpoint          | stack                                           | field sent                                   |
-|--------------------------|-------------------------------------------------|----------------------------------------------|
-| Ollama `/api/chat`       | ollama                                          | `format: <schema>`                           |
-| `/v1/chat/completions`   | openai, lmstudio, llamacpp, vllm, sglang, ollama, unknown | `response_format: {type: json_schema, json_schema: {name, schema}}` |
-| `/v1/responses`          | openai, llamacpp, ollama                        | `text.format: {type: json_schema, name, schema}` |
-| `/v1/messages`           | vllm                                            | `output_config.format: {type: json_schema, schema}` |
-| `/v1/messages`           | any other (llama.cpp, SGLang, unknown)          | skipped, with that reason recorded           |
+- Ollama `/api/chat`, on ollama: `format: <schema>`;
+- `/v1/chat/completions`, on openai, lmstudio, llamacpp, vllm, sglang, ollama and unknown stacks:
+  `response_format: {type: json_schema, json_schema: {name, schema}}`;
+- `/v1/responses`, on openai, llamacpp and ollama: `text.format: {type: json_schema, name, schema}`;
+- `/v1/messages`, on vllm: `output_config.format: {type: json_schema, schema}`;
+- `/v1/messages` on any other stack (llama.cpp, SGLang, unknown): skipped, with that reason recorded.
 
 `response_format` json_schema is the one field every OpenAI-compatible stack enforces (Ollama's
 /v1 maps it to `format`, llama.cpp turns it into a grammar, vLLM and SGLang into structured

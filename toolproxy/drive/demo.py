@@ -142,7 +142,7 @@ async def _agent(session: aiohttp.ClientSession, base: str, model: str, task: tu
     """A minimal ReAct harness: what most agent loops do, over plain HTTP."""
     messages = [{"role": "user", "content": task[1]}]
     for _ in range(max_turns):
-        for attempt in range(2):  # one retry on 5xx, as harnesses do
+        for _attempt in range(2):  # one retry on 5xx, as harnesses do
             async with session.post(
                 base + "/v1/chat/completions", json={"model": model, "messages": messages, "tools": TOOLS}
             ) as r:

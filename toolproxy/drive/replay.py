@@ -197,7 +197,8 @@ with last as (
 select t.turn_id, t.run, t.episode_key, e.episode, e.item, t.turn_index, t.expect, e.method, e.path, e.query,
        e.request_headers::varchar, bodies(e.segment, e.segment_offset).request_body,
        bodies(e.segment, e.segment_offset).request_body_encoding, e.tags::varchar
-from (select * from turns t where t.run = $run and ({where})) t join last l using (turn_id) join exchanges e on e.id = l.id
+from (select * from turns t where t.run = $run and ({where})) t join last l using (turn_id) join exchanges e on
+    e.id = l.id
 order by e.started_at, t.turn_index
 """
 # A replayed turn is done once its answer was recorded (refusals included); one cut short or

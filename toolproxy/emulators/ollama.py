@@ -237,7 +237,8 @@ class Ollama(Emulator):
             {
                 "license": "Apache License 2.0",
                 "modelfile": f'FROM {model}\nTEMPLATE """{self.profile.chat_template}"""\n',
-                "parameters": 'stop                           "<|im_start|>"\nstop                           "<|im_end|>"',
+                "parameters": 'stop                           "<|im_start|>"\nstop                           '
+                '"<|im_end|>"',
                 "template": self.profile.chat_template
                 if "tools" in self.fake.capabilities_of(model)
                 else "{{ .Prompt }}",

@@ -73,7 +73,8 @@ def _upstream_key_env():
         "--upstream-key-env",
         default=None,
         metavar="VAR",
-        help="Environment variable holding the upstream's API key; the proxy sends it itself (it never reaches argv or disk).",
+        help="Environment variable holding the upstream's API key; the proxy sends it itself (it never reaches argv "
+        "or disk).",
     )
 
 
@@ -117,7 +118,9 @@ SERVE_OPTIONS = (
     click.option(
         "--run",
         default=None,
-        help="Run name for requests that carry no run tag; strftime fields are filled in from each request's start in UTC, so prod-%Y-%m-%d starts a run a day (analyze re-derives a run whole: bound long-lived untagged traffic).",
+        help="Run name for requests that carry no run tag; strftime fields are filled in from each request's start in "
+        "UTC, so prod-%Y-%m-%d starts a run a day (analyze re-derives a run whole: bound long-lived untagged "
+        "traffic).",
     ),
     click.option(
         "--condition",
@@ -129,7 +132,8 @@ SERVE_OPTIONS = (
     click.option(
         "--stack",
         default=None,
-        help="Serving stack (ollama, llamacpp, vllm, sglang, lmstudio, llama-cpp-python, openai) when fingerprinting cannot tell.",
+        help="Serving stack (ollama, llamacpp, vllm, sglang, lmstudio, llama-cpp-python, openai) when fingerprinting "
+        "cannot tell.",
     ),
     click.option(
         "--chat-template",
@@ -141,20 +145,23 @@ SERVE_OPTIONS = (
     click.option(
         "--constrained-forced",
         is_flag=True,
-        help="Constrained schema without a final-answer branch (the original study's variant, where an episode cannot end by answering).",
+        help="Constrained schema without a final-answer branch (the original study's variant, where an episode cannot "
+        "end by answering).",
     ),
     click.option(
         "--bridge",
         default=None,
         metavar="PROTOCOLS",
-        help="Translate these protocols (responses, messages; comma-separated) to chat completions for an upstream that only speaks chat, and the replies back.",
+        help="Translate these protocols (responses, messages; comma-separated) to chat completions for an upstream "
+        "that only speaks chat, and the replies back.",
     ),
     click.option("--max-body", default="64MiB", show_default=True, help="Largest request body accepted (413 above)."),
     click.option(
         "--max-response",
         default="256MiB",
         show_default=True,
-        help="Largest response body passed on and recorded: one announced larger gets 502, one that grows larger is cut there (the client sees a truncated response); recorded as response_too_large either way.",
+        help="Largest response body passed on and recorded: one announced larger gets 502, one that grows larger is "
+        "cut there (the client sees a truncated response); recorded as response_too_large either way.",
     ),
     click.option(
         "--spill-above",
@@ -214,7 +221,9 @@ SERVE_OPTIONS = (
         metavar="NAME",
         envvar="TOOLPROXY_ALLOWED_HOSTS",
         show_envvar=True,
-        help="A name (or IP) clients reach this proxy by, besides localhost and the --host address: requests whose Host, or whose browser Origin on a POST, names anything else are refused 403 (against DNS rebinding and cross-site pages). Repeatable; '*' turns the checks off.",
+        help="A name (or IP) clients reach this proxy by, besides localhost and the --host address: requests whose "
+        "Host, or whose browser Origin on a POST, names anything else are refused 403 (against DNS rebinding "
+        "and cross-site pages). Repeatable; '*' turns the checks off.",
     ),
     click.option("--quiet", is_flag=True, help="No line per exchange."),
     click.option(
@@ -222,14 +231,16 @@ SERVE_OPTIONS = (
         default=0,
         show_default=True,
         type=int,
-        help="Cap on connections to the upstream; 0: as many as clients need. Time a request waits for one under a cap is recorded (pool_wait_ms) and shown in stats.",
+        help="Cap on connections to the upstream; 0: as many as clients need. Time a request waits for one under a "
+        "cap is recorded (pool_wait_ms) and shown in stats.",
     ),
     click.option(
         "--client-header-timeout",
         default=15.0,
         show_default=True,
         type=float,
-        help="Seconds a client has to send a complete request head after connecting or after its previous response; idle connections close then too.",
+        help="Seconds a client has to send a complete request head after connecting or after its previous response; "
+        "idle connections close then too.",
     ),
     click.option(
         "--client-body-timeout",
@@ -242,7 +253,8 @@ SERVE_OPTIONS = (
         "--retain",
         default=None,
         metavar="DURATION",
-        help="Delete recorded segments last written longer ago than this (90s, 12h, 7d, 2w), continuously; see `toolproxy prune`.",
+        help="Delete recorded segments last written longer ago than this (90s, 12h, 7d, 2w), continuously; see "
+        "`toolproxy prune`.",
     ),
     click.option(
         "--max-disk", default=None, metavar="SIZE", help="Keep the recorded segments under SIZE (e.g. 20GiB)."
@@ -258,13 +270,16 @@ SERVE_OPTIONS = (
         "--mask",
         multiple=True,
         metavar="PATTERN",
-        help="Mask matches in recorded bodies, object keys included (never in what the client receives): a regular expression in RE2 syntax (linear time: no backreferences or lookarounds), or a built-in set: email, api-key, credit-card, ipv4 (repeatable).",
+        help="Mask matches in recorded bodies, object keys included (never in what the client receives): a regular "
+        "expression in RE2 syntax (linear time: no backreferences or lookarounds), or a built-in set: email, "
+        "api-key, credit-card, ipv4 (repeatable).",
     ),
     click.option(
         "--sample",
         default=None,
         metavar="RATE",
-        help="Record this share of episodes (0.1, 25%), each kept or dropped whole; the others are forwarded as always and only counted. Reports scale counts by it.",
+        help="Record this share of episodes (0.1, 25%), each kept or dropped whole; the others are forwarded as "
+        "always and only counted. Reports scale counts by it.",
     ),
     click.option(
         "--no-live-page", is_flag=True, help="No /_toolproxy/ page, and no classifying of exchanges as they pass."
@@ -272,7 +287,8 @@ SERVE_OPTIONS = (
     click.option(
         "--no-fingerprint",
         is_flag=True,
-        help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and version it is.",
+        help="Do not probe the upstream's own endpoints (at start and per new model) to record which stack and "
+        "version it is.",
     ),
     click.option(
         "--otlp-endpoint",
@@ -280,12 +296,15 @@ SERVE_OPTIONS = (
         metavar="URL",
         envvar="TOOLPROXY_OTLP_ENDPOINT",
         show_envvar=True,
-        help="Send one OpenTelemetry span per exchange (GenAI conventions) to this OTLP/HTTP receiver, e.g. http://127.0.0.1:4318; sent in batches off the request path, dropped and counted when it cannot keep up.",
+        help="Send one OpenTelemetry span per exchange (GenAI conventions) to this OTLP/HTTP receiver, e.g. "
+        "http://127.0.0.1:4318; sent in batches off the request path, dropped and counted when it cannot keep "
+        "up.",
     ),
     click.option(
         "--otlp-content",
         is_flag=True,
-        help="Put prompts, replies, tool definitions and tool-call arguments on the spans too (sensitive; off by default).",
+        help="Put prompts, replies, tool definitions and tool-call arguments on the spans too (sensitive; off by "
+        "default).",
     ),
 )
 
@@ -431,7 +450,8 @@ def make_data_dir(config: ProxyConfig) -> None:
     default=1,
     show_default=True,
     type=click.IntRange(1, 64),
-    help="Processes sharing the port (SO_REUSEPORT), each with its own writer; stats and health answer for all. One process uses about one core.",
+    help="Processes sharing the port (SO_REUSEPORT), each with its own writer; stats and health answer for all. One "
+    "process uses about one core.",
 )
 def serve(workers, **options):
     """Forward to one upstream model server and record every exchange."""

@@ -110,8 +110,10 @@ class ProxyConfig:
             raise ConfigError("--retain must be a positive duration")
         if self.max_disk is not None and self.max_disk < 2 * self.segment_bytes:
             raise ConfigError(
-                f"--max-disk {self.max_disk} bytes is less than two segments (--segment-size {self.segment_bytes}): the "
-                "segment being written cannot be pruned, so the budget could not hold; lower --segment-size or raise --max-disk"
+                f"--max-disk {self.max_disk} bytes is less than two segments (--segment-size {self.segment_bytes}): "
+                "the "
+                "segment being written cannot be pruned, so the budget could not hold; lower --segment-size or raise "
+                "--max-disk"
             )
         if self.spill_above < 1024:
             raise ConfigError("--spill-above must be at least 1024 bytes")

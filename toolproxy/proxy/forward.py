@@ -98,7 +98,8 @@ async def _timed_out(state: ProxyState, flow: Flow) -> web.StreamResponse:
             flow,
             408,
             "client_timeout",
-            f"the client sent its request body too slowly: nothing for {cfg.client_body_timeout:g}s (--client-body-timeout)",
+            f"the client sent its request body too slowly: nothing for {cfg.client_body_timeout:g}s "
+            "(--client-body-timeout)",
             "request_timeout",
         )
     if phase == "first_byte" and flow.pool_queued_at is not None:

@@ -155,7 +155,8 @@ def banner(config: ProxyConfig, port: int, workers: int = 1) -> str:
     group = f"{workers} workers, " if workers > 1 else ""
     return (
         f"toolproxy {__version__}: listening on http://{host}:{port} -> upstream {config.upstream}; "
-        f"recording to {config.data_dir.resolve()} ({group}condition {config.condition}, durability {config.durability})"
+        f"recording to {config.data_dir.resolve()} ({group}condition {config.condition}, durability "
+        f"{config.durability})"
     )
 
 

@@ -120,8 +120,8 @@ def text_surface_fix(stack: str, fmt: str | None) -> str:
     if stack == VLLM.name:
         if vllm_parser:
             return (
-                f"relaunch vLLM with `--enable-auto-tool-choice --tool-call-parser {vllm_parser}` (the parser that reads this format); "
-                + TOOLPROXY_WORKAROUND
+                f"relaunch vLLM with `--enable-auto-tool-choice --tool-call-parser {vllm_parser}` (the parser that "
+                "reads this format); " + TOOLPROXY_WORKAROUND
             )
         return "no vLLM tool parser reads this format: " + TOOLPROXY_WORKAROUND.removeprefix("or ")
     if stack == SGLANG.name:

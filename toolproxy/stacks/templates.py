@@ -66,7 +66,8 @@ def check_ollama_template(template: str, version: str | None) -> TemplateFinding
                 False,
                 f"the model's template prints {where}; on Ollama {version or '(version unknown)'} that renders "
                 "the tool as Go struct syntax, not JSON (ollama/ollama#14601), so the model reads mangled tool "
-                "definitions. Fix: a Modelfile TEMPLATE that prints `{{ .Function.Name }}`/`{{ .Function.Parameters }}` "
+                "definitions. Fix: a Modelfile TEMPLATE that prints `{{ .Function.Name }}`/`{{ .Function.Parameters "
+                "}}` "
                 "field by field as JSON, an Ollama release with the fix, or toolproxy `--condition text`",
                 m.group(0),
             )

@@ -15,7 +15,7 @@ a stream makes hundreds, and a frozen dataclass pays an object.__setattr__ per f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import orjson
 
@@ -79,7 +79,7 @@ class Error:
     message: str
 
 
-Event = Union[Text, Reasoning, CallStart, CallArguments, CallEnd, Usage, Finish, Error]
+Event = Text | Reasoning | CallStart | CallArguments | CallEnd | Usage | Finish | Error
 
 
 @dataclass(slots=True)
