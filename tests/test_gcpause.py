@@ -33,7 +33,9 @@ def test_overlapping_pauses_end_with_the_collector_on():
 
 def _in_fresh_interpreter(code: str) -> str:
     """gc.freeze and thresholds are process-wide: checked where they cannot touch the test run."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
 
 
 def test_serving_freezes_the_startup_heap_and_collects_the_young_generation_less_often():

@@ -21,12 +21,19 @@ SOURCES = {"toolproxy": ROOT / "toolproxy", "toolproxy.analysis": ROOT / "analys
 INTO_ANALYSIS = {
     # The live page classifies each record with the analyzer's own per-record stage and derives
     # its turns with the analyzer's episode code, so the page says what the report will say.
-    "toolproxy.live.classify": {"toolproxy.analysis.classify.bodies", "toolproxy.analysis.classify.record",
-                                "toolproxy.analysis.measure.runline"},
+    "toolproxy.live.classify": {
+        "toolproxy.analysis.classify.bodies",
+        "toolproxy.analysis.classify.record",
+        "toolproxy.analysis.measure.runline",
+    },
     "toolproxy.live.tally": {"toolproxy.analysis.measure.runline"},
-    "toolproxy.live.turns": {"toolproxy.analysis.episodes.build", "toolproxy.analysis.episodes.model",
-                             "toolproxy.analysis.episodes.roles", "toolproxy.analysis.classify.outcomes",
-                             "toolproxy.analysis.measure.runline"},
+    "toolproxy.live.turns": {
+        "toolproxy.analysis.episodes.build",
+        "toolproxy.analysis.episodes.model",
+        "toolproxy.analysis.episodes.roles",
+        "toolproxy.analysis.classify.outcomes",
+        "toolproxy.analysis.measure.runline",
+    },
     "toolproxy.live.classifier": {"toolproxy.analysis.measure.runline"},
     # run, study and demo print each run's line as the report reads it (one definition, runline).
     # run also prints each run's provenance lines from the report JSON it fetched, in the words the
@@ -81,8 +88,9 @@ def modules() -> dict[str, Path]:
 
 
 def _type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _package(name: str, path: Path) -> str:
@@ -131,9 +139,12 @@ def _imports(name: str, path: Path, faces: list[tuple[str, bool]] | None = None)
 @cache
 def edges() -> tuple[Edge, ...]:
     prefixes = tuple(f"{p}." for p in SOURCES) + ("analysis.",)
-    return tuple(Edge(name, imported, lazy) for name, path in sorted(modules().items())
-                 for imported, lazy in _imports(name, path)
-                 if imported != name and (imported in SOURCES or imported.startswith(prefixes) or imported == "analysis"))
+    return tuple(
+        Edge(name, imported, lazy)
+        for name, path in sorted(modules().items())
+        for imported, lazy in _imports(name, path)
+        if imported != name and (imported in SOURCES or imported.startswith(prefixes) or imported == "analysis")
+    )
 
 
 @cache
@@ -209,7 +220,9 @@ def test_the_table_sees_lazy_and_relative_imports():
 def test_type_checking_imports_are_no_edge():
     table = set(edges())
     assert Edge("toolproxy.emulators.server", "toolproxy.emulators.base", False) in table
-    assert not any(e.importer == "toolproxy.emulators.base" and e.imported == "toolproxy.emulators.server" for e in table)
+    assert not any(
+        e.importer == "toolproxy.emulators.base" and e.imported == "toolproxy.emulators.server" for e in table
+    )
 
 
 def test_circles_are_found():
@@ -255,10 +268,12 @@ def room_graph(table=None) -> dict[str, set[str]]:
 
 
 def test_room_graph_reads_folders_and_top_modules():
-    table = [Edge("toolproxy.analysis.load.pipeline", "toolproxy.analysis.store.tables", False),
-             Edge("toolproxy.analysis.report.cli", "toolproxy.analysis.options", False),
-             Edge("toolproxy.analysis.report.cli", "toolproxy.analysis.report.details", True),
-             Edge("toolproxy.drive.run", "toolproxy.analysis.measure.runline", True)]
+    table = [
+        Edge("toolproxy.analysis.load.pipeline", "toolproxy.analysis.store.tables", False),
+        Edge("toolproxy.analysis.report.cli", "toolproxy.analysis.options", False),
+        Edge("toolproxy.analysis.report.cli", "toolproxy.analysis.report.details", True),
+        Edge("toolproxy.drive.run", "toolproxy.analysis.measure.runline", True),
+    ]
     graph = room_graph(table)
     assert graph["load"] == {"store"} and graph["report"] == {"options"} and graph["measure"] == set()
     assert "toolproxy" not in graph and None not in graph
@@ -277,9 +292,14 @@ def test_every_room_of_the_analyzer_has_its_place_in_the_order():
 
 def test_each_room_imports_only_rooms_before_it():
     layer = {r: i for i, rooms in enumerate(ANALYSIS_LAYERS) for r in rooms}
-    wrong = sorted(f"{e.importer} -> {e.imported}{' (lazy)' if e.lazy else ''}" for e in edges()
-                   if room(e.importer) is not None and room(e.imported) is not None
-                   and room(e.importer) != room(e.imported) and layer[room(e.importer)] <= layer[room(e.imported)])
+    wrong = sorted(
+        f"{e.importer} -> {e.imported}{' (lazy)' if e.lazy else ''}"
+        for e in edges()
+        if room(e.importer) is not None
+        and room(e.imported) is not None
+        and room(e.importer) != room(e.imported)
+        and layer[room(e.importer)] <= layer[room(e.imported)]
+    )
     assert wrong == []
 
 
@@ -288,16 +308,23 @@ def test_the_per_record_stage_imports_no_other_room_nor_duckdb_nor_numpy():
     stage = [m for m in modules() if room(m) == "classify"]
     seen = _reached(graph, stage)
     assert sorted(m for m in seen if room(m) not in (None, "classify")) == []
-    heavy = sorted(f"{m} imports {imported}" for m in seen for imported, _ in _imports(m, modules()[m])
-                   if imported.split(".")[0] in NOT_IN_THE_PER_RECORD_STAGE)
+    heavy = sorted(
+        f"{m} imports {imported}"
+        for m in seen
+        for imported, _ in _imports(m, modules()[m])
+        if imported.split(".")[0] in NOT_IN_THE_PER_RECORD_STAGE
+    )
     assert heavy == []
 
 
 def test_toolproxy_imports_the_analyzer_only_where_it_says_why():
     found: dict[str, set[str]] = {}
     for e in edges():
-        if e.importer.startswith("toolproxy.") and not e.importer.startswith("toolproxy.analysis") \
-                and e.imported.startswith("toolproxy.analysis"):
+        if (
+            e.importer.startswith("toolproxy.")
+            and not e.importer.startswith("toolproxy.analysis")
+            and e.imported.startswith("toolproxy.analysis")
+        ):
             found.setdefault(e.importer, set()).add(e.imported)
     assert found == INTO_ANALYSIS
 
@@ -305,8 +332,12 @@ def test_toolproxy_imports_the_analyzer_only_where_it_says_why():
 def test_nothing_installed_imports_the_checkout_only_names():
     """`analysis` (the folder, installed as toolproxy.analysis) and `benchmarks` (never installed)
     import only from a checkout: an installed module that named them would fail."""
-    wrong = [e for e in edges() if not e.importer.startswith("benchmarks")
-             and (e.imported == "analysis" or e.imported.startswith(("analysis.", "benchmarks")))]
+    wrong = [
+        e
+        for e in edges()
+        if not e.importer.startswith("benchmarks")
+        and (e.imported == "analysis" or e.imported.startswith(("analysis.", "benchmarks")))
+    ]
     assert wrong == []
 
 
@@ -338,6 +369,7 @@ TOOLPROXY_LAYERS = (
     ("cli",),
 )
 
+
 def test_no_circle_through_a_package_face():
     """A package's modules take their siblings as modules (`import toolproxy.wire.framing as
     framing`, `from .framing import DONE`), never from the package's namespace (`from . import
@@ -348,9 +380,13 @@ def test_no_circle_through_a_package_face():
 
 def test_face_edges_are_found():
     faces = set(face_edges())
-    assert Edge("toolproxy.stacks.fingerprint", "toolproxy.stacks", False) in faces  # from toolproxy.stacks import markers
+    assert (
+        Edge("toolproxy.stacks.fingerprint", "toolproxy.stacks", False) in faces
+    )  # from toolproxy.stacks import markers
     assert Edge("toolproxy.proxy.forward", "toolproxy", False) in faces  # from toolproxy import wire: no circle
-    assert Edge("toolproxy.emulators.base", "toolproxy.emulators", False) not in faces  # import ....encoding as encoding
+    assert (
+        Edge("toolproxy.emulators.base", "toolproxy.emulators", False) not in faces
+    )  # import ....encoding as encoding
 
 
 def _dotted(node: ast.expr) -> list[str] | None:
@@ -379,7 +415,9 @@ def private_imports(name: str, path: Path) -> list[tuple[str, str, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+                bound[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
         elif isinstance(node, ast.ImportFrom):
             base = _from_module(package, node)
             for alias in node.names:
@@ -399,19 +437,25 @@ def private_imports(name: str, path: Path) -> list[tuple[str, str, str]]:
 
 def test_private_imports_are_found(tmp_path):
     case = tmp_path / "case.py"
-    case.write_text("from toolproxy.wire import model as m\nimport toolproxy.wire.framing\nimport toolproxy.calls.parse as p\n"
-                    "from toolproxy.calls.model import _private\n"
-                    "m._hidden; toolproxy.wire.framing._also; p._third; m.__name__; m.shown; self._own\n")
+    case.write_text(
+        "from toolproxy.wire import model as m\nimport toolproxy.wire.framing\nimport toolproxy.calls.parse as p\n"
+        "from toolproxy.calls.model import _private\n"
+        "m._hidden; toolproxy.wire.framing._also; p._third; m.__name__; m.shown; self._own\n"
+    )
     assert sorted(private_imports("toolproxy.case", case)) == [
-        ("toolproxy.case", "toolproxy.calls.model", "_private"), ("toolproxy.case", "toolproxy.calls.parse", "_third"),
-        ("toolproxy.case", "toolproxy.wire.framing", "_also"), ("toolproxy.case", "toolproxy.wire.model", "_hidden")]
+        ("toolproxy.case", "toolproxy.calls.model", "_private"),
+        ("toolproxy.case", "toolproxy.calls.parse", "_third"),
+        ("toolproxy.case", "toolproxy.wire.framing", "_also"),
+        ("toolproxy.case", "toolproxy.wire.model", "_hidden"),
+    ]
 
 
 def test_no_private_name_is_imported_across_modules():
     """An underscore name is its module's own: another module that needs it needs it public,
     under a name that says what it is."""
-    found = {hit for name, path in modules().items() if name.startswith("toolproxy")
-             for hit in private_imports(name, path)}
+    found = {
+        hit for name, path in modules().items() if name.startswith("toolproxy") for hit in private_imports(name, path)
+    }
     assert sorted(found) == []
 
 
@@ -426,6 +470,12 @@ def test_every_toolproxy_folder_has_a_layer():
 
 def test_toolproxy_folders_import_only_the_layers_below_their_own():
     rank = {folder: i for i, layer in enumerate(TOOLPROXY_LAYERS) for folder in layer}
-    wrong = [e for e in edges() if _folder(e.importer) and _folder(e.imported)
-             and _folder(e.importer) != _folder(e.imported) and rank[_folder(e.imported)] >= rank[_folder(e.importer)]]
+    wrong = [
+        e
+        for e in edges()
+        if _folder(e.importer)
+        and _folder(e.imported)
+        and _folder(e.importer) != _folder(e.imported)
+        and rank[_folder(e.imported)] >= rank[_folder(e.importer)]
+    ]
     assert wrong == []

@@ -12,8 +12,20 @@ from toolproxy.record.segments import SEGMENT_DIR
 
 
 def good(**changes) -> dict:
-    rec = orjson.loads(orjson.dumps(Record(id="r1", started_at=1.7e9, run="a", method="POST", path="/v1/chat/completions",
-                                           status=200, request_body="{}", request_body_encoding="utf8")))
+    rec = orjson.loads(
+        orjson.dumps(
+            Record(
+                id="r1",
+                started_at=1.7e9,
+                run="a",
+                method="POST",
+                path="/v1/chat/completions",
+                status=200,
+                request_body="{}",
+                request_body_encoding="utf8",
+            )
+        )
+    )
     rec.update(changes)
     return rec
 
@@ -65,16 +77,27 @@ def test_every_field_of_the_record_that_has_a_type_here_is_one_the_proxy_writes(
 def test_read_checked_gives_each_line_or_why_it_was_set_aside(tmp_path):
     seg = tmp_path / SEGMENT_DIR
     seg.mkdir()
-    lines = [orjson.dumps(good(id="a")), b"{not json", orjson.dumps(good(id="b", status=True)), b"[1]",
-             orjson.dumps(good(id="c", kind="weird")), b"", orjson.dumps(good(id="d"))]
+    lines = [
+        orjson.dumps(good(id="a")),
+        b"{not json",
+        orjson.dumps(good(id="b", status=True)),
+        b"[1]",
+        orjson.dumps(good(id="c", kind="weird")),
+        b"",
+        orjson.dumps(good(id="d")),
+    ]
     (seg / "20260101T000000-1-0001-x.jsonl").write_bytes(b"\n".join(lines) + b"\n" + b'{"id": "torn"')
     got = list(read_checked(tmp_path))
     assert [c.record["id"] if c.record else None for c in got] == ["a", None, None, None, None, "d"]
     issues = [c.issue for c in got if c.issue is not None]
-    assert [(i.kind, i.record_id) for i in issues] == [(CORRUPT, None), (BAD_TYPE, "b"), (CORRUPT, None),
-                                                       (UNKNOWN_KIND, "c")]
+    assert [(i.kind, i.record_id) for i in issues] == [
+        (CORRUPT, None),
+        (BAD_TYPE, "b"),
+        (CORRUPT, None),
+        (UNKNOWN_KIND, "c"),
+    ]
     offsets = [0]
     for line in lines:
         offsets.append(offsets[-1] + len(line) + 1)
     assert [c.offset for c in got] == [offsets[i] for i in (0, 1, 2, 3, 4, 6)]
-    assert issues[1].line().startswith(f"20260101T000000-1-0001-x.jsonl @{offsets[2]}: record b: \"status\" is true")
+    assert issues[1].line().startswith(f'20260101T000000-1-0001-x.jsonl @{offsets[2]}: record b: "status" is true')

@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -38,7 +39,9 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content.strip()
     if isinstance(content, list):  # content parts: only the text is conversation state we can match
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)).strip()
+        return "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ).strip()
     return ""
 
 
@@ -162,8 +165,22 @@ def conversation_keys(
     state = _walk(messages, start, state if state is not None else _fresh())
     if found is not None:
         prefixes.keep(found, len(messages), state)
-    (running, tail, _, parents, results, block, block_calls, block_ids, block_prefix, block_tail, tail_parent,
-     after, after_texts, _) = state
+    (
+        running,
+        tail,
+        _,
+        parents,
+        results,
+        block,
+        block_calls,
+        block_ids,
+        block_prefix,
+        block_tail,
+        tail_parent,
+        after,
+        after_texts,
+        _,
+    ) = state
     links = [h for j in range(max(given, 1), len(parents)) for h in (parents[j], parents[j - 1])]
     prior = parents[-2] if len(parents) > 1 else None
     parents = parents[-1:]
@@ -211,8 +228,19 @@ def conversation_keys(
         tail.update(canon)
         reply_keys.append(tail.hexdigest())
     rejected = block_prefix is not None and harnesses.rejects(after_texts)
-    return Keys(len(messages), state.hexdigest(), chain, dropped + parents, item.hexdigest(), results, reply_keys, rejected,
-                prior, links, thread_key(messages))
+    return Keys(
+        len(messages),
+        state.hexdigest(),
+        chain,
+        dropped + parents,
+        item.hexdigest(),
+        results,
+        reply_keys,
+        rejected,
+        prior,
+        links,
+        thread_key(messages),
+    )
 
 
 def thread_key(messages: Sequence[Any]) -> str | None:
@@ -272,21 +300,77 @@ def _fresh() -> _State:
     # hash is a copy of the running state, which keeps this linear in the conversation length.
     # The tail hash is the same without the leading system messages: a harness that swaps its
     # system prompt for another (smolagents' summary at max_steps, dspy's extract step) keeps the rest.
-    return (hashlib.blake2b(digest_size=12), hashlib.blake2b(b"tail", digest_size=12), True, [], 0, [], [], [],
-            None, None, None, [], [], None)
+    return (
+        hashlib.blake2b(digest_size=12),
+        hashlib.blake2b(b"tail", digest_size=12),
+        True,
+        [],
+        0,
+        [],
+        [],
+        [],
+        None,
+        None,
+        None,
+        [],
+        [],
+        None,
+    )
 
 
 def _resumed(state: _State) -> _State:
-    (running, tail, leading, parents, results, block, block_calls, block_ids, block_prefix, block_tail, tail_parent,
-     after, after_texts, prev_role) = state
-    return (running.copy(), tail.copy(), leading, parents[:], results, block[:], block_calls[:], block_ids[:],
-            block_prefix, block_tail, tail_parent, after[:], after_texts[:], prev_role)
+    (
+        running,
+        tail,
+        leading,
+        parents,
+        results,
+        block,
+        block_calls,
+        block_ids,
+        block_prefix,
+        block_tail,
+        tail_parent,
+        after,
+        after_texts,
+        prev_role,
+    ) = state
+    return (
+        running.copy(),
+        tail.copy(),
+        leading,
+        parents[:],
+        results,
+        block[:],
+        block_calls[:],
+        block_ids[:],
+        block_prefix,
+        block_tail,
+        tail_parent,
+        after[:],
+        after_texts[:],
+        prev_role,
+    )
 
 
 def _walk(messages: Sequence[Any], start: int, state: _State) -> _State:
     """The state after messages[start:], from the state after messages[:start] (which it uses up)."""
-    (running, tail, leading, parents, results, block, block_calls, block_ids, block_prefix, block_tail, tail_parent,
-     after, after_texts, prev_role) = state
+    (
+        running,
+        tail,
+        leading,
+        parents,
+        results,
+        block,
+        block_calls,
+        block_ids,
+        block_prefix,
+        block_tail,
+        tail_parent,
+        after,
+        after_texts,
+        prev_role,
+    ) = state
     update = running.update
     for i in range(start, len(messages)):
         m = messages[i]
@@ -313,13 +397,27 @@ def _walk(messages: Sequence[Any], start: int, state: _State) -> _State:
             elif not leading:
                 after.append(running.copy())
                 after_texts.append(text)
-                del after[:-DROPPED_PREFIXES - 1]
+                del after[: -DROPPED_PREFIXES - 1]
         else:
             role = None
             update(orjson.dumps([m]))
         prev_role = role
-    return (running, tail, leading, parents, results, block, block_calls, block_ids, block_prefix, block_tail,
-            tail_parent, after, after_texts, prev_role)
+    return (
+        running,
+        tail,
+        leading,
+        parents,
+        results,
+        block,
+        block_calls,
+        block_ids,
+        block_prefix,
+        block_tail,
+        tail_parent,
+        after,
+        after_texts,
+        prev_role,
+    )
 
 
 class Prefixes:
@@ -372,9 +470,9 @@ class Prefixes:
             self.size += len(head[1])
         kept.insert(0, (encoded, n, state))
         self.size += len(encoded)
-        for body, _, _ in kept[self.PER_HEAD:]:
+        for body, _, _ in kept[self.PER_HEAD :]:
             self.size -= len(body)
-        del kept[self.PER_HEAD:]
+        del kept[self.PER_HEAD :]
         while self.size > self.budget and self.heads:
             old_head, old = self.heads.popitem(last=False)
             self.size -= len(old_head[1]) + sum(len(body) for body, _, _ in old)
@@ -383,7 +481,11 @@ class Prefixes:
 def _call_ids(m: dict) -> list[str]:
     """The ids of a chat message's tool calls (the stack made them up per reply, so they tell apart
     identical conversations running at the same time)."""
-    return [tc["id"] for tc in m.get("tool_calls") or () if isinstance(tc, dict) and isinstance(tc.get("id"), str) and tc["id"]]
+    return [
+        tc["id"]
+        for tc in m.get("tool_calls") or ()
+        if isinstance(tc, dict) and isinstance(tc.get("id"), str) and tc["id"]
+    ]
 
 
 def ids_key(chain_hash: str, ids: Sequence[str]) -> str:

@@ -24,8 +24,18 @@ from toolproxy.analysis.classify.probes import probe_of
 from toolproxy.analysis.classify.protocols import read_prompt, reply_message
 from toolproxy.record.model import MODEL_SENT
 from toolproxy.stacks.markers import detect
-from toolproxy.wire import (OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, Reply, Request, decode, family_of, read_request,
-                           stop_strings, tool_names)
+from toolproxy.wire import (
+    OLLAMA_CHAT,
+    OLLAMA_GENERATE,
+    RESPONSES,
+    Reply,
+    Request,
+    decode,
+    family_of,
+    read_request,
+    stop_strings,
+    tool_names,
+)
 
 _REWRITTEN_SURFACE = {"constrained": "constrained", "text": "text", "template": "text"}
 _MARKER_BODY_LIMIT = 256 * 1024
@@ -138,8 +148,9 @@ def analyze_record(rec: dict, segment: str, offset: int, prefixes: Prefixes | No
     verdict = _verdict(rec, asked, replies) if replies.view is not None else _Verdict()
     model = _model(rec, asked, replies) if asked.is_attempt else _NO_MODEL
     keys = _keys(rec, asked, verdict, model.model, prefixes) if asked.is_attempt else None
-    return Analyzed(_exchange_row(rec, segment, offset, asked, replies, verdict, model, keys), verdict.calls,
-                    asked.tools_row)
+    return Analyzed(
+        _exchange_row(rec, segment, offset, asked, replies, verdict, model, keys), verdict.calls, asked.tools_row
+    )
 
 
 @dataclass(slots=True)
@@ -167,7 +178,9 @@ class _Asked:
 def _asked(rec: dict) -> _Asked:
     path = _given(rec.get("path"), "")
     # A sampled-out exchange's stub (record/sampling.py) is counted, never analysed as a turn.
-    kind = family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
+    kind = (
+        family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
+    )
     req, request = harness_request(rec, kind) if kind is not None else (None, None)
     # A harness's capability probe asks the model, but is no turn of its task (classify.probes).
     probe = probe_of(kind, req)
@@ -183,9 +196,22 @@ def _asked(rec: dict) -> _Asked:
     # The harness's own finishing tool, when the request offers one (classify.harnesses): its call,
     # not prose, is then the episode's answer.
     finisher = harnesses.finisher(protocol, tools, request.messages) if tools else None
-    return _Asked(path, kind, _given(rec.get("condition"), "native"), rec.get("upstream_request") is not None, req,
-                  request, probe, kind is not None and probe is None, messages, tools, reading, protocol, tools_row,
-                  finisher)
+    return _Asked(
+        path,
+        kind,
+        _given(rec.get("condition"), "native"),
+        rec.get("upstream_request") is not None,
+        req,
+        request,
+        probe,
+        kind is not None and probe is None,
+        messages,
+        tools,
+        reading,
+        protocol,
+        tools_row,
+        finisher,
+    )
 
 
 @dataclass(slots=True)
@@ -239,37 +265,57 @@ class _Verdict:
     finishes: bool | None = None
 
 
-
 def _verdict(rec: dict, asked: _Asked, replies: _Replies) -> _Verdict:
     view, upstream = replies.view, replies.upstream
     tools_row = asked.tools_row
     c = classify(
-        view, status=replies.view_status, error_kind=rec.get("error_kind"), tools=asked.tools,
+        view,
+        status=replies.view_status,
+        error_kind=rec.get("error_kind"),
+        tools=asked.tools,
         call_surface=_REWRITTEN_SURFACE.get(asked.condition, "native") if asked.rewritten else "native",
-        tool_names=tools_row.names if tools_row else [], tool_set=tools_row.hash if tools_row else None,
-        protocol=asked.protocol, stops=stop_strings(asked.req), stack_reply=upstream if upstream is not view else None,
+        tool_names=tools_row.names if tools_row else [],
+        tool_set=tools_row.hash if tools_row else None,
+        protocol=asked.protocol,
+        stops=stop_strings(asked.req),
+        stack_reply=upstream if upstream is not view else None,
     )
     out = _Verdict(c.outcome, c.sub_kind, c.surface, c.harness_saw_prose, c.detail, len(c.calls))
     exchange_id = rec.get("id")
     for call in c.calls:
-        out.calls.append({
-            "exchange_id": exchange_id, "idx": call.idx, "name": call.name, "arguments_raw": call.arguments_raw,
-            "arguments": _json(call.arguments), "surface": call.surface, "format": call.format,
-            "offered": call.offered, "validated": call.validated, "valid": call.valid,
-            "schema_errors": _json(call.schema_errors),
-        })
+        out.calls.append(
+            {
+                "exchange_id": exchange_id,
+                "idx": call.idx,
+                "name": call.name,
+                "arguments_raw": call.arguments_raw,
+                "arguments": _json(call.arguments),
+                "surface": call.surface,
+                "format": call.format,
+                "offered": call.offered,
+                "validated": call.validated,
+                "valid": call.valid,
+                "schema_errors": _json(call.schema_errors),
+            }
+        )
     if out.outcome != "non_response":
         if asked.protocol is None:
             out.chain_reply = (view.content, [(tc.name, tc.arguments) for tc in view.tool_calls])
             out.reply_ids = [tc.id for tc in view.tool_calls]
         else:
-            out.chain_reply = reply_message(asked.protocol, view.content, [
-                (call.name, call.arguments if call.arguments is not None else call.arguments_raw) for call in c.calls])
+            out.chain_reply = reply_message(
+                asked.protocol,
+                view.content,
+                [(call.name, call.arguments if call.arguments is not None else call.arguments_raw) for call in c.calls],
+            )
     out.signature = call_signature([(call.name, call.arguments) for call in c.calls])
     out.unread = any(call.arguments is None and call.arguments_raw is not None for call in c.calls)
     # Named and offered, valid or not: a harness that stops there took it as the answer.
     out.finishes = out.outcome in ("valid_call", "invalid_args") and harnesses.finishes(
-        asked.finisher, [(call.name, call.arguments) for call in c.calls], any(call.format != "tool_calls" for call in c.calls))
+        asked.finisher,
+        [(call.name, call.arguments) for call in c.calls],
+        any(call.format != "tool_calls" for call in c.calls),
+    )
     return out
 
 
@@ -310,11 +356,18 @@ def _keys(rec: dict, asked: _Asked, verdict: _Verdict, model: str | None, prefix
         # request's state too (its link to the earlier turn is made after ingest).
         messages = [{"role": "previous_response", "content": previous}, *messages]
     tools_row = asked.tools_row
-    keys = conversation_keys(messages, tool_set=tools_row.hash if tools_row else None,
-                             tool_names=tools_row.names if tools_row else [], model=model, reply=verdict.chain_reply,
-                             reply_ids=verdict.reply_ids, asks_again=asked.reading is not None and asked.reading.fallback,
-                             reply_unread=verdict.unread, prefixes=prefixes,
-                             scope=(run if isinstance(run := rec.get("run"), str) else None, rec.get("episode") is None))
+    keys = conversation_keys(
+        messages,
+        tool_set=tools_row.hash if tools_row else None,
+        tool_names=tools_row.names if tools_row else [],
+        model=model,
+        reply=verdict.chain_reply,
+        reply_ids=verdict.reply_ids,
+        asks_again=asked.reading is not None and asked.reading.fallback,
+        reply_unread=verdict.unread,
+        prefixes=prefixes,
+        scope=(run if isinstance(run := rec.get("run"), str) else None, rec.get("episode") is None),
+    )
     if isinstance(previous, str):
         # linked to the stored response after ingest (load.pipeline.link_stored_responses), which
         # may be another thread's: its run is grouped whole
@@ -345,42 +398,78 @@ def _record_meta(rec: dict, asked: _Asked, replies: _Replies, verdict: _Verdict,
     return meta
 
 
-def _exchange_row(rec: dict, segment: str, offset: int, asked: _Asked, replies: _Replies, verdict: _Verdict,
-                  model: _Model, keys: Keys | None) -> dict[str, Any]:
+def _exchange_row(
+    rec: dict,
+    segment: str,
+    offset: int,
+    asked: _Asked,
+    replies: _Replies,
+    verdict: _Verdict,
+    model: _Model,
+    keys: Keys | None,
+) -> dict[str, Any]:
     """The exchanges row, keyed by column (tables.EXCHANGES, without turn_id and analyzer_version)."""
     view, upstream, mark = replies.view, replies.upstream, replies.mark
     usage = upstream if upstream is not None else view
     meta = _record_meta(rec, asked, replies, verdict, model)
     return {
-        "id": rec.get("id"), "kind": rec.get("kind", "exchange"), "started_at": rec.get("started_at"),
-        "ended_at": rec.get("ended_at"), "ttfb_ms": rec.get("ttfb_ms"), "duration_ms": rec.get("duration_ms"),
-        "run": _given(rec.get("run"), UNTAGGED_RUN), "episode": rec.get("episode"), "item": rec.get("item"),
-        "condition": asked.condition, "tags": _json(rec.get("tags") or {}), "upstream": rec.get("upstream"),
-        "method": rec.get("method"), "path": asked.path, "query": rec.get("query"), "status": rec.get("status"),
-        "client_status": rec.get("client_status"), "error_kind": rec.get("error_kind"),
-        "error_message": rec.get("error_message"), "is_attempt": asked.is_attempt,
-        "streamed": view.streamed if view is not None else None, "model": model.model,
+        "id": rec.get("id"),
+        "kind": rec.get("kind", "exchange"),
+        "started_at": rec.get("started_at"),
+        "ended_at": rec.get("ended_at"),
+        "ttfb_ms": rec.get("ttfb_ms"),
+        "duration_ms": rec.get("duration_ms"),
+        "run": _given(rec.get("run"), UNTAGGED_RUN),
+        "episode": rec.get("episode"),
+        "item": rec.get("item"),
+        "condition": asked.condition,
+        "tags": _json(rec.get("tags") or {}),
+        "upstream": rec.get("upstream"),
+        "method": rec.get("method"),
+        "path": asked.path,
+        "query": rec.get("query"),
+        "status": rec.get("status"),
+        "client_status": rec.get("client_status"),
+        "error_kind": rec.get("error_kind"),
+        "error_message": rec.get("error_message"),
+        "is_attempt": asked.is_attempt,
+        "streamed": view.streamed if view is not None else None,
+        "model": model.model,
         "prompt_tokens": usage.prompt_tokens if usage is not None else None,
         "completion_tokens": usage.completion_tokens if usage is not None else None,
         "cached_tokens": usage.cached_tokens if usage is not None else None,
-        "tool_set": asked.tools_row.hash if asked.tools_row else None, "upstream_request": _json(rec.get("upstream_request")),
-        "condition_note": rec.get("condition_note"), "request_headers": _json(rec.get("request_headers")),
-        "response_headers": _json(rec.get("response_headers")), "segment": segment, "segment_offset": offset,
-        "record": _json(meta), "outcome": verdict.outcome,
-        "sub_kind": verdict.sub_kind, "surface": verdict.surface, "n_calls": verdict.n_calls,
+        "tool_set": asked.tools_row.hash if asked.tools_row else None,
+        "upstream_request": _json(rec.get("upstream_request")),
+        "condition_note": rec.get("condition_note"),
+        "request_headers": _json(rec.get("request_headers")),
+        "response_headers": _json(rec.get("response_headers")),
+        "segment": segment,
+        "segment_offset": offset,
+        "record": _json(meta),
+        "outcome": verdict.outcome,
+        "sub_kind": verdict.sub_kind,
+        "surface": verdict.surface,
+        "n_calls": verdict.n_calls,
         "finish_reason": view.finish_reason if view is not None else None,
         "content": view.content if view is not None else None,
         "reasoning_content": view.reasoning_content if view is not None else None,
         "upstream_content": upstream.content if (asked.rewritten and upstream is not None) else None,
-        "harness_saw_prose": verdict.saw_prose, "stack_marker": mark.stack if mark else None,
+        "harness_saw_prose": verdict.saw_prose,
+        "stack_marker": mark.stack if mark else None,
         "stack_marker_version": mark.version if mark else None,
-        "n_messages": keys.n_messages if keys else None, "state_hash": keys.state_hash if keys else None,
-        "chain_hash": keys.chain_hash if keys else None, "parent_hashes": keys.parent_hashes if keys else None,
-        "item_hash": keys.item_hash if keys else None, "call_signature": verdict.signature,
-        "tool_results": keys.tool_results if keys else None, "protocol": asked.protocol,
-        "reply_keys": keys.reply_keys if keys else None, "rejects": keys.rejects if keys else None,
+        "n_messages": keys.n_messages if keys else None,
+        "state_hash": keys.state_hash if keys else None,
+        "chain_hash": keys.chain_hash if keys else None,
+        "parent_hashes": keys.parent_hashes if keys else None,
+        "item_hash": keys.item_hash if keys else None,
+        "call_signature": verdict.signature,
+        "tool_results": keys.tool_results if keys else None,
+        "protocol": asked.protocol,
+        "reply_keys": keys.reply_keys if keys else None,
+        "rejects": keys.rejects if keys else None,
         "finishes": verdict.finishes,
-        "prior_hash": keys.prior_hash if keys else None, "prefix_links": keys.prefix_links if keys else None,
+        "prior_hash": keys.prior_hash if keys else None,
+        "prefix_links": keys.prefix_links if keys else None,
         "thread": keys.thread if keys else None,
         "finisher": asked.finisher.harness if asked.finisher is not None else None,
     }
@@ -403,8 +492,14 @@ def fingerprint_row(rec: dict, segment: str, offset: int) -> dict[str, Any]:
     if stack in ("unknown", "unreachable"):
         stack = version = None
     return {
-        "id": rec.get("id"), "run": rec.get("run"), "upstream": rec.get("upstream"), "recorded_at": rec.get("started_at"),
-        "stack": stack if isinstance(stack, str) else None, "stack_version": version if isinstance(version, str) else None,
-        "model": fp.get("model") if isinstance(fp.get("model"), str) else None, "record": _json(rec),
-        "segment": segment, "segment_offset": offset,
+        "id": rec.get("id"),
+        "run": rec.get("run"),
+        "upstream": rec.get("upstream"),
+        "recorded_at": rec.get("started_at"),
+        "stack": stack if isinstance(stack, str) else None,
+        "stack_version": version if isinstance(version, str) else None,
+        "model": fp.get("model") if isinstance(fp.get("model"), str) else None,
+        "record": _json(rec),
+        "segment": segment,
+        "segment_offset": offset,
     }

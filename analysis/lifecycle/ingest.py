@@ -16,8 +16,14 @@ from toolproxy.analysis.load.pipeline import Ingestor, Summary, link_stored_resp
 from toolproxy.term.progress import Progress
 
 
-def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None,
-           progress: Progress | None = None) -> Summary:
+def ingest(
+    con,
+    data_dir: str | Path,
+    *,
+    batch_bytes: int = 8 << 20,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> Summary:
     """Ingest every new line of every segment under data_dir, then re-derive the affected runs.
 
     workers: processes analysing batches in parallel; None picks by the amount of new data.

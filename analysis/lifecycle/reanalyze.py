@@ -11,7 +11,7 @@ from the recorded exchanges in one transaction, so a report never mixes old and 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from toolproxy.analysis.classify.expectations import ExpectationRule
 from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
@@ -19,9 +19,33 @@ from toolproxy.analysis.store.state import save_state, stored_rules, stored_vers
 from toolproxy.record.segments import RecordError, RecordReader
 
 # Exchange columns that are the record as received (the rest is derived from the record).
-_RAW = ("id", "kind", "started_at", "ended_at", "ttfb_ms", "duration_ms", "run", "episode", "item", "condition",
-        "tags", "upstream", "method", "path", "query", "status", "client_status", "error_kind", "error_message",
-        "upstream_request", "condition_note", "request_headers", "response_headers", "segment", "segment_offset")
+_RAW = (
+    "id",
+    "kind",
+    "started_at",
+    "ended_at",
+    "ttfb_ms",
+    "duration_ms",
+    "run",
+    "episode",
+    "item",
+    "condition",
+    "tags",
+    "upstream",
+    "method",
+    "path",
+    "query",
+    "status",
+    "client_status",
+    "error_kind",
+    "error_message",
+    "upstream_request",
+    "condition_note",
+    "request_headers",
+    "response_headers",
+    "segment",
+    "segment_offset",
+)
 _BATCH = 500
 
 
@@ -60,7 +84,7 @@ def reclassify(con, data_dir, progress=None) -> int:
     prefixes = Prefixes()  # records in segment order: a conversation's requests follow each other
     with RecordReader(data_dir) as reader:
         for start in range(0, len(refs), _BATCH):
-            batch = refs[start:start + _BATCH]
+            batch = refs[start : start + _BATCH]
             out: dict[str, list] = {c: [] for c in types}
             calls: list[dict] = []
             sets: list[dict] = []
@@ -70,7 +94,8 @@ def reclassify(con, data_dir, progress=None) -> int:
                 except RecordError as exc:
                     raise ReanalyzeError(
                         f"cannot reclassify exchange {exchange_id}: {exc}. The database reads bodies from the "
-                        "segments it was analysed from; give the --data that holds them") from None
+                        "segments it was analysed from; give the --data that holds them"
+                    ) from None
                 a = analyze_record(rec, segment, offset, prefixes)
                 for c in types:
                     out[c].append(a.exchange[c])
@@ -79,7 +104,9 @@ def reclassify(con, data_dir, progress=None) -> int:
                     seen_sets.add(a.tool_set.hash)
                     sets.append(a.tool_set._asdict())
             derived = [c for c in types if c != "id"]
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _reclassified AS SELECT id, {', '.join(derived)} FROM exchanges LIMIT 0")
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE _reclassified AS SELECT id, {', '.join(derived)} FROM exchanges LIMIT 0"
+            )
             insert_columns(con, "_reclassified", out, types)
             assignments = ", ".join(f"{c} = r.{c}" for c in derived)
             con.execute(f"UPDATE exchanges SET {assignments} FROM _reclassified r WHERE exchanges.id = r.id")
@@ -97,7 +124,9 @@ class ReanalyzeError(Exception):
     """Derived tables cannot be rebuilt; the message says why and what to do."""
 
 
-def rebuild(con, rules: Sequence[ExpectationRule] | None, *, exchanges: bool, data_dir=None, progress=None) -> dict[str, int]:
+def rebuild(
+    con, rules: Sequence[ExpectationRule] | None, *, exchanges: bool, data_dir=None, progress=None
+) -> dict[str, int]:
     """Rebuild every derived table in one transaction: exchanges' classification (when the rules
     of classification may have changed) and all runs' turns, episodes and runs rows. `progress`
     (toolproxy.term.progress.Progress) draws the reclassifying, then the deriving; closed here."""

@@ -25,7 +25,9 @@ from toolproxy.record.chunks import CHUNK_PREFIX, ChunkSource
 from toolproxy.record.segments import parse_line
 from toolproxy.runtime.gcpause import gc_paused
 
-EXCHANGE_TYPES = {name: sql_type for name, sql_type in EXCHANGES.types.items() if name not in ("turn_id", "analyzer_version")}
+EXCHANGE_TYPES = {
+    name: sql_type for name, sql_type in EXCHANGES.types.items() if name not in ("turn_id", "analyzer_version")
+}
 _EXCHANGE_VALUES = operator.itemgetter(*EXCHANGE_TYPES)
 CALL_TYPES = {name: sql_type for name, sql_type in CALLS.types.items() if name not in ("turn_id", "analyzer_version")}
 # The columns a record's own fields go in as they are (schema.STORED) were checked by the record
@@ -62,8 +64,14 @@ class Batch:
 def issue_row(segment: str, offset: int, kind: str, message: str, record_id: str | None = None) -> dict[str, Any]:
     """An ingest_issues row: a line set aside (SET_ASIDE) or a note about a segment (a torn tail, a
     segment that shrank), as the workers' batches and the pipeline both write them."""
-    return {"segment": segment, "byte_offset": offset, "kind": kind, "message": message, "seen_at": time.time(),
-            "record_id": record_id}
+    return {
+        "segment": segment,
+        "byte_offset": offset,
+        "kind": kind,
+        "message": message,
+        "seen_at": time.time(),
+        "record_id": record_id,
+    }
 
 
 def analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], chunks: ChunkSource) -> Batch:
@@ -90,11 +98,40 @@ def _transposed(batch: Batch) -> dict[str, list]:
 
 
 # Text columns whose values repeat along a batch (a run's name, its model, a stack's headers...).
-_REPEATING = ("kind", "run", "episode", "item", "condition", "tags", "upstream", "method", "path", "query",
-              "error_kind", "error_message", "model", "tool_set", "upstream_request", "condition_note",
-              "request_headers", "response_headers", "segment", "outcome", "sub_kind", "surface", "finish_reason",
-              "content", "reasoning_content", "upstream_content", "stack_marker", "stack_marker_version",
-              "call_signature", "protocol")
+_REPEATING = (
+    "kind",
+    "run",
+    "episode",
+    "item",
+    "condition",
+    "tags",
+    "upstream",
+    "method",
+    "path",
+    "query",
+    "error_kind",
+    "error_message",
+    "model",
+    "tool_set",
+    "upstream_request",
+    "condition_note",
+    "request_headers",
+    "response_headers",
+    "segment",
+    "outcome",
+    "sub_kind",
+    "surface",
+    "finish_reason",
+    "content",
+    "reasoning_content",
+    "upstream_content",
+    "stack_marker",
+    "stack_marker_version",
+    "call_signature",
+    "protocol",
+)
+
+
 def _share_repeats(columns: dict[str, Any]) -> None:
     """Equal strings of each _REPEATING column as one object (share_strings): the process writing
     the batch unpickles it in ~1.8 us an exchange instead of 3.2, and here the sharing costs about
@@ -158,7 +195,11 @@ def analyze_range(path: str, start: int, end: int) -> Batch:
         nl = find(b"\n", pos)
         if nl < 0:
             nl = size
-        if nl > pos and not starts_with(CHUNK_PREFIX, pos) and not (data[pos:pos + 1].isspace() and data[pos:nl].isspace()):
+        if (
+            nl > pos
+            and not starts_with(CHUNK_PREFIX, pos)
+            and not (data[pos : pos + 1].isspace() and data[pos:nl].isspace())
+        ):
             lines.append((start + pos, view[pos:nl]))
         pos = nl + 1
     with ChunkSource(path, data, start) as chunks:

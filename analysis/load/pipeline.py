@@ -20,8 +20,8 @@ import os
 import stat
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +60,6 @@ class Summary:
     episodes_in_part: int = 0
     seconds: float = 0.0
     issues: list[str] = field(default_factory=list)
-
 
 
 def after_last_newline(f, start: int, size: int) -> int:
@@ -126,8 +125,15 @@ class Ingestor:
     at most a few batches in flight so memory stays bounded) and writes each batch in one
     transaction together with the segment's new offset."""
 
-    def __init__(self, con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        con,
+        data_dir: str | Path,
+        *,
+        batch_bytes: int = 8 << 20,
+        workers: int | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         self.con = con
         self.progress = progress
         self.data_dir = Path(data_dir)
@@ -163,8 +169,12 @@ class Ingestor:
             offset = state.get(path.name, 0)
             size = path.stat().st_size
             if size < offset:
-                self.summary.issues.append(f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it")
-                self._write_issues([issue_row(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}")])
+                self.summary.issues.append(
+                    f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it"
+                )
+                self._write_issues(
+                    [issue_row(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}")]
+                )
                 offset = 0
             if size > offset:
                 todo.append((path, offset))
@@ -236,7 +246,10 @@ class Ingestor:
                 s.set_aside[issue["kind"]] = s.set_aside.get(issue["kind"], 0) + 1
         if chunk.torn_at is not None:
             s.torn_tails += 1
-            s.issues.append(f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); will retry next run")
+            s.issues.append(
+                f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); "
+                "will retry next run"
+            )
             batch.issues.append(issue_row(chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line"))
         if not self.in_txn:
             con.execute("BEGIN TRANSACTION")
@@ -260,10 +273,13 @@ class Ingestor:
                 self.affected_runs.update(columns["run"])
             new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]
             if new_sets:
-                TOOL_SETS.insert(con, TOOL_SETS.columns_of([t._asdict() for t in new_sets]), on_conflict="ON CONFLICT DO NOTHING")
+                TOOL_SETS.insert(
+                    con, TOOL_SETS.columns_of([t._asdict() for t in new_sets]), on_conflict="ON CONFLICT DO NOTHING"
+                )
             if batch.fingerprints:
-                s.fingerprints += FINGERPRINTS.insert(con, FINGERPRINTS.columns_of(batch.fingerprints),
-                                                      on_conflict="ON CONFLICT DO NOTHING")
+                s.fingerprints += FINGERPRINTS.insert(
+                    con, FINGERPRINTS.columns_of(batch.fingerprints), on_conflict="ON CONFLICT DO NOTHING"
+                )
                 self.affected_runs.update(r["run"] for r in batch.fingerprints if r["run"])
             if batch.issues:
                 self._write_issues(batch.issues)
@@ -290,12 +306,14 @@ class Ingestor:
             try:
                 # a torn tail that is complete now was read: its issue goes
                 self.con.execute(
-                    "DELETE FROM ingest_issues AS i USING (SELECT unnest($segments) AS segment, unnest($ends) AS reached) AS r "
+                    "DELETE FROM ingest_issues AS i USING (SELECT unnest($segments) AS segment, unnest($ends) AS "
+                    "reached) AS r "
                     "WHERE i.segment = r.segment AND i.kind = 'torn_tail' AND i.byte_offset < r.reached",
                     {"segments": segments, "ends": ends},
                 )
                 self.con.execute(
-                    "INSERT INTO ingest_state SELECT unnest($segments), unnest($ends), unnest($ends), unnest($records), "
+                    "INSERT INTO ingest_state SELECT unnest($segments), unnest($ends), unnest($ends), "
+                    "unnest($records), "
                     "now()::TIMESTAMP ON CONFLICT (segment) DO UPDATE SET byte_offset = excluded.byte_offset, "
                     "size_seen = excluded.size_seen, n_records = ingest_state.n_records + excluded.n_records, "
                     "updated_at = excluded.updated_at",
@@ -379,8 +397,13 @@ class _StoredIds:
 
     def _in_db(self, ids: list[str]) -> set[str]:
         insert_columns(self.con, "_ids", {"id": ids}, {"id": "VARCHAR"})
-        dup = {r[0] for r in self.con.execute("SELECT id FROM _ids WHERE id IN (SELECT id FROM exchanges WHERE id BETWEEN ? AND ?)",
-                                              [min(ids), max(ids)]).fetchall()}
+        dup = {
+            r[0]
+            for r in self.con.execute(
+                "SELECT id FROM _ids WHERE id IN (SELECT id FROM exchanges WHERE id BETWEEN ? AND ?)",
+                [min(ids), max(ids)],
+            ).fetchall()
+        }
         self.con.execute("DELETE FROM _ids")
         return dup
 

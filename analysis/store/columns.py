@@ -33,8 +33,14 @@ def share_strings(values: Sequence) -> Sequence:
 _NONE = type(None)
 _BOUNDS = {"INTEGER": INT32, "BIGINT": INT64, "TIMESTAMP": (-EPOCH_SECONDS, EPOCH_SECONDS)}
 _PY_TYPES = {
-    "VARCHAR": {str, _NONE}, "JSON": {str, _NONE}, "INTEGER": {int, _NONE}, "BIGINT": {int, _NONE},
-    "DOUBLE": {int, float, _NONE}, "TIMESTAMP": {int, float, _NONE}, "BOOLEAN": {bool, _NONE}, "VARCHAR[]": {list, _NONE},
+    "VARCHAR": {str, _NONE},
+    "JSON": {str, _NONE},
+    "INTEGER": {int, _NONE},
+    "BIGINT": {int, _NONE},
+    "DOUBLE": {int, float, _NONE},
+    "TIMESTAMP": {int, float, _NONE},
+    "BOOLEAN": {bool, _NONE},
+    "VARCHAR[]": {list, _NONE},
 }
 
 
@@ -93,6 +99,8 @@ class Columns:
             if _column_fits(values, sql_type):
                 continue
             text = sql_type in ("VARCHAR", "JSON")
-            out[name] = [v if v is None or FITS[sql_type](v) else (orjson.dumps(v, default=str).decode() if text else None)
-                         for v in values]
+            out[name] = [
+                v if v is None or FITS[sql_type](v) else (orjson.dumps(v, default=str).decode() if text else None)
+                for v in values
+            ]
         return out

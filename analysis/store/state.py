@@ -4,7 +4,7 @@ analysis is done (lifecycle.reanalyze decides when everything derived must be re
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import orjson
 

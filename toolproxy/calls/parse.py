@@ -14,12 +14,13 @@ import bisect
 import re
 from collections.abc import Callable, Collection
 
-from toolproxy.runtime.gcpause import gc_paused
 import toolproxy.calls.functiongemma as functiongemma
 import toolproxy.calls.jsonblocks as jsonblocks
 import toolproxy.calls.mistral as mistral
 import toolproxy.calls.pythonic as pythonic
 import toolproxy.calls.tagged as tagged
+from toolproxy.runtime.gcpause import gc_paused
+
 from .functiongemma import find_functiongemma
 from .jsonblocks import find_bare, find_fenced
 from .jsontext import respan

@@ -78,7 +78,9 @@ class _Checker:
 _BY_TOOLS_KEY: dict[tuple[str, str], _Checker | None] = {}
 
 
-def validate_call(name: str | None, arguments: Any, tools: list[dict] | None, *, tools_key: str | None = None) -> Validation:
+def validate_call(
+    name: str | None, arguments: Any, tools: list[dict] | None, *, tools_key: str | None = None
+) -> Validation:
     """Check one call against the request's tools. Arguments may be a JSON string (decoded
     first), an object, or None (no arguments: validated as {}). To report a text call whose
     arguments did not parse, pass its `raw_arguments`: they fail here as "not valid JSON".
@@ -95,7 +97,9 @@ def validate_call(name: str | None, arguments: Any, tools: list[dict] | None, *,
     if error is not None:
         return Validation(True, validator is not None, False, (error,))
     if not isinstance(value, dict):
-        return Validation(True, validator is not None, False, (f"arguments must be a JSON object, not {json_type(value)}",))
+        return Validation(
+            True, validator is not None, False, (f"arguments must be a JSON object, not {json_type(value)}",)
+        )
     if validator is None:
         return Validation(True, False, True, (checker.problem,))
     if checker.accepts is not None:

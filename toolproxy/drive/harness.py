@@ -7,11 +7,15 @@ The table says who reads what; `toolproxy run --print-env` shows the result.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 # (variable, suffix after the tagged base, who reads it)
 BASE_URL_VARS: tuple[tuple[str, str, str], ...] = (
-    ("OPENAI_BASE_URL", "/v1", "openai-python >= 1 (and openai-agents, pydantic-ai, smolagents' OpenAIServerModel through it)"),
+    (
+        "OPENAI_BASE_URL",
+        "/v1",
+        "openai-python >= 1 (and openai-agents, pydantic-ai, smolagents' OpenAIServerModel through it)",
+    ),
     ("OPENAI_API_BASE", "/v1", "langchain-openai, litellm's openai/ provider, older openai clients"),
     ("ANTHROPIC_BASE_URL", "", "anthropic SDK (it appends /v1/messages), Claude-Code-style clients"),
     ("OLLAMA_HOST", "", "the ollama Python and JavaScript clients"),

@@ -21,11 +21,40 @@ Three layers, kept apart so a test can vary one without the others:
 """
 
 from toolproxy.emulators.faults import Fault, close_mid_stream, drops_streamed_calls, gzipped, raw, stall
-from toolproxy.emulators.model import (CALL_FORMATS, ModelRequest, ScriptedReply, ToolCall, broken_call, call, calls, error,
-                                       render_calls, text, text_call)
+from toolproxy.emulators.model import (
+    CALL_FORMATS,
+    ModelRequest,
+    ScriptedReply,
+    ToolCall,
+    broken_call,
+    call,
+    calls,
+    error,
+    render_calls,
+    text,
+    text_call,
+)
 from toolproxy.emulators.server import FakeStack, Seen, run_fake
 
 __all__ = [
-    "CALL_FORMATS", "FakeStack", "Fault", "ModelRequest", "ScriptedReply", "Seen", "ToolCall", "broken_call", "call", "calls",
-    "close_mid_stream", "drops_streamed_calls", "error", "gzipped", "raw", "render_calls", "run_fake", "stall", "text", "text_call",
+    "CALL_FORMATS",
+    "FakeStack",
+    "Fault",
+    "ModelRequest",
+    "ScriptedReply",
+    "Seen",
+    "ToolCall",
+    "broken_call",
+    "call",
+    "calls",
+    "close_mid_stream",
+    "drops_streamed_calls",
+    "error",
+    "gzipped",
+    "raw",
+    "render_calls",
+    "run_fake",
+    "stall",
+    "text",
+    "text_call",
 ]

@@ -93,7 +93,9 @@ def run(records: Connection, queries: Connection, socket_path: str | None, recen
             listener.bind(socket_path)
             listener.listen(16)
         except OSError as exc:  # the page then says this worker does not answer; its counts go on
-            print(f"toolproxy: the live page cannot ask this worker ({socket_path}: {exc})", file=sys.stderr, flush=True)
+            print(
+                f"toolproxy: the live page cannot ask this worker ({socket_path}: {exc})", file=sys.stderr, flush=True
+            )
             listener.close()
             listener = socket_path = None
     lines: list[bytes] = []
@@ -127,7 +129,7 @@ def run(records: Connection, queries: Connection, socket_path: str | None, recen
                     tally.observed, counted, texts = orjson.loads(head)
                     tally.count({tuple(c[:4]): c[4:] for c in counted})
                     lines, pos = [line for line in body.split(b"\n") if line], 0
-            printed = _log_lines(tally, lines[pos:pos + SLICE], texts[pos:pos + SLICE])
+            printed = _log_lines(tally, lines[pos : pos + SLICE], texts[pos : pos + SLICE])
             if printed:
                 print_lines(printed)
             pos += SLICE
@@ -141,8 +143,13 @@ def run(records: Connection, queries: Connection, socket_path: str | None, recen
 
 def main(argv: list[str] | None = None) -> None:
     records_fd, queries_fd, socket_path, recent, max_runs = argv if argv is not None else sys.argv[1:]
-    run(Connection(int(records_fd), writable=False), Connection(int(queries_fd)), socket_path or None,
-        int(recent), int(max_runs))
+    run(
+        Connection(int(records_fd), writable=False),
+        Connection(int(queries_fd)),
+        socket_path or None,
+        int(recent),
+        int(max_runs),
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,11 @@ def _text(raw: bytes | None, problem: str | None) -> str:
     if raw is None:
         return ""
     text = raw[: BODY_CHARS * 4].decode("utf-8", "replace")
-    return text if len(text) <= BODY_CHARS else text[:BODY_CHARS] + f"\n... ({len(raw):,} bytes in all; `toolproxy show ID` after analyze has the rest)"
+    return (
+        text
+        if len(text) <= BODY_CHARS
+        else text[:BODY_CHARS] + f"\n... ({len(raw):,} bytes in all; `toolproxy show ID` after analyze has the rest)"
+    )
 
 
 def classify_record(rec: dict) -> tuple[dict, dict, Held | None]:
@@ -43,27 +47,58 @@ def classify_record(rec: dict) -> tuple[dict, dict, Held | None]:
     status = g("client_status") if g("client_status") is not None else g("status")
     why = orjson.loads(row["record"]).get("classification_detail") if row["record"] else None
     summary = {
-        "id": g("id"), "started_at": g("started_at"), "run": row["run"], "episode": g("episode"), "item": g("item"),
-        "condition": row["condition"], "method": g("method"), "path": g("path"), "status": status,
-        "duration_ms": g("duration_ms"), "error_kind": g("error_kind"), "model": row["model"],
-        "outcome": row["outcome"], "sub_kind": row["sub_kind"], "surface": row["surface"], "n_calls": row["n_calls"],
+        "id": g("id"),
+        "started_at": g("started_at"),
+        "run": row["run"],
+        "episode": g("episode"),
+        "item": g("item"),
+        "condition": row["condition"],
+        "method": g("method"),
+        "path": g("path"),
+        "status": status,
+        "duration_ms": g("duration_ms"),
+        "error_kind": g("error_kind"),
+        "model": row["model"],
+        "outcome": row["outcome"],
+        "sub_kind": row["sub_kind"],
+        "surface": row["surface"],
+        "n_calls": row["n_calls"],
         "delivered": delivered_now(row["outcome"], row["harness_saw_prose"]),
         "detail": why[:BODY_CHARS] if isinstance(why, str) else None,
     }
     if g("client_body") is not None:
         response = _text(*decode_body(g("client_body"), g("client_body_encoding")))
     else:
-        response = _text(*decode_body(g("response_body"), g("response_body_encoding"), header(g("response_headers"), "content-encoding")))
+        response = _text(
+            *decode_body(
+                g("response_body"), g("response_body_encoding"), header(g("response_headers"), "content-encoding")
+            )
+        )
     detail = {
         **summary,
-        "upstream": g("upstream"), "query": g("query"), "finish_reason": row["finish_reason"],
-        "error_message": g("error_message"), "condition_note": g("condition_note"),
-        "request_headers": g("request_headers") or [], "response_headers": g("response_headers") or [],
-        "request_body": _text(*decode_body(g("request_body"), g("request_body_encoding"), header(g("request_headers"), "content-encoding"))),
+        "upstream": g("upstream"),
+        "query": g("query"),
+        "finish_reason": row["finish_reason"],
+        "error_message": g("error_message"),
+        "condition_note": g("condition_note"),
+        "request_headers": g("request_headers") or [],
+        "response_headers": g("response_headers") or [],
+        "request_body": _text(
+            *decode_body(
+                g("request_body"), g("request_body_encoding"), header(g("request_headers"), "content-encoding")
+            )
+        ),
         "response_body": response,
         "content": (row["content"] or "")[:BODY_CHARS],
-        "calls": [{"name": c["name"], "arguments": (c["arguments_raw"] or "")[:BODY_CHARS], "surface": c["surface"],
-                   "valid": c["valid"]} for c in analyzed.calls],
+        "calls": [
+            {
+                "name": c["name"],
+                "arguments": (c["arguments_raw"] or "")[:BODY_CHARS],
+                "surface": c["surface"],
+                "valid": c["valid"],
+            }
+            for c in analyzed.calls
+        ],
     }
     return summary, detail, held_of(row)
 

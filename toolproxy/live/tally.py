@@ -59,9 +59,15 @@ class RunCounts:
 
     def report(self) -> dict:
         return {
-            "exchanges": self.exchanges, "first": self.first, "last": self.last, "calls": self.calls,
-            "by_status_class": dict(self.by_status_class), "errors": dict(self.errors),
-            "outcomes": dict(self.outcomes), "unclassified": dict(self.unclassified), "models": dict(self.models),
+            "exchanges": self.exchanges,
+            "first": self.first,
+            "last": self.last,
+            "calls": self.calls,
+            "by_status_class": dict(self.by_status_class),
+            "errors": dict(self.errors),
+            "outcomes": dict(self.outcomes),
+            "unclassified": dict(self.unclassified),
+            "models": dict(self.models),
             "causes": dict(self.causes),
         }
 
@@ -125,7 +131,10 @@ class Tally:
             self.unclassified[why] += n
 
     def report(self, run: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
-        runs = {name: {**c.report(), **self._turn_figures(name)} for name, c in sorted(self.runs.items(), key=lambda kv: -kv[1].last)}
+        runs = {
+            name: {**c.report(), **self._turn_figures(name)}
+            for name, c in sorted(self.runs.items(), key=lambda kv: -kv[1].last)
+        }
         recent = []
         for summary, _ in reversed(self.recent.values()):
             if run and summary["run"] != run:
@@ -136,9 +145,17 @@ class Tally:
             if len(recent) >= limit:
                 break
         done = self.classified + self.failures + sum(self.unclassified.values())
-        return {"observed": self.observed, "classified": self.classified, "pending": max(0, self.observed - done),
-                "unclassified": dict(self.unclassified), "failures": self.failures, "last_failure": self.last_failure,
-                "recent_kept": self.recent_max, "runs": runs, "recent": recent}
+        return {
+            "observed": self.observed,
+            "classified": self.classified,
+            "pending": max(0, self.observed - done),
+            "unclassified": dict(self.unclassified),
+            "failures": self.failures,
+            "last_failure": self.last_failure,
+            "recent_kept": self.recent_max,
+            "runs": runs,
+            "recent": recent,
+        }
 
     def _turn_figures(self, run: str) -> dict:
         """The run's turn figures (worked out now if it changed), and each recent exchange whose call,
@@ -164,8 +181,17 @@ class Tally:
 def merge_reports(reports: list[dict], limit: int) -> dict:
     """One report for several workers' classifiers (pure): counts summed per run, the newest
     `limit` recent exchanges of all of them."""
-    out: dict[str, Any] = {"observed": 0, "classified": 0, "pending": 0, "failures": 0, "recent_kept": 0,
-                           "unclassified": Counter(), "last_failure": None, "runs": {}, "recent": []}
+    out: dict[str, Any] = {
+        "observed": 0,
+        "classified": 0,
+        "pending": 0,
+        "failures": 0,
+        "recent_kept": 0,
+        "unclassified": Counter(),
+        "last_failure": None,
+        "runs": {},
+        "recent": [],
+    }
     for rep in reports:
         for key in ("observed", "classified", "pending", "failures", "recent_kept"):
             out[key] += rep[key]
@@ -187,12 +213,23 @@ def summarised(name: str, counts: dict) -> dict:
     and a note when its figures cover only part of the run."""
     from toolproxy.analysis.measure.runline import RunLine, Share, segments
 
-    line = RunLine(name, counts.get("turns", 0), Share(counts.get("valid_turns", 0), counts.get("call_turns", 0)),
-                   Share(counts.get("delivered_turns", 0), counts.get("call_turns", 0)),
-                   dict(counts.get("turn_non_responses") or {}), counts["causes"], counts.get("episodes"),
-                   Share(counts.get("answered", 0), counts.get("answerable", 0)))
-    return {**counts, "line": line.text(), "headline": line.cells(), "partial": partial(counts),
-            "bar": segments(counts.get("turn_outcomes") or {}, counts.get("delivered_calls", 0))}
+    line = RunLine(
+        name,
+        counts.get("turns", 0),
+        Share(counts.get("valid_turns", 0), counts.get("call_turns", 0)),
+        Share(counts.get("delivered_turns", 0), counts.get("call_turns", 0)),
+        dict(counts.get("turn_non_responses") or {}),
+        counts["causes"],
+        counts.get("episodes"),
+        Share(counts.get("answered", 0), counts.get("answerable", 0)),
+    )
+    return {
+        **counts,
+        "line": line.text(),
+        "headline": line.cells(),
+        "partial": partial(counts),
+        "bar": segments(counts.get("turn_outcomes") or {}, counts.get("delivered_calls", 0)),
+    }
 
 
 def partial(counts: dict) -> str | None:
@@ -202,14 +239,20 @@ def partial(counts: dict) -> str | None:
     if unclassified:
         why.append(f"{unclassified:,} of its exchanges were counted without being classified")
     if counts.get("let_go"):
-        why.append(f"it outgrew what the page keeps: the figures cover its latest {counts.get('held', 0):,} attempts "
-                   f"({counts['let_go']:,} earlier ones let go)")
+        why.append(
+            f"it outgrew what the page keeps: the figures cover its latest {counts.get('held', 0):,} attempts "
+            f"({counts['let_go']:,} earlier ones let go)"
+        )
     if counts.get("not_yet_counted"):
-        why.append(f"{counts['not_yet_counted']:,} attempts came since its figures were worked out (a run this large "
-                   "is worked out again only every so often)")
+        why.append(
+            f"{counts['not_yet_counted']:,} attempts came since its figures were worked out (a run this large "
+            "is worked out again only every so often)"
+        )
     if counts.get("derived_by", 0) > 1:
-        why.append(f"its turns were derived per worker ({counts['derived_by']} workers): an episode whose requests "
-                   "reached different workers is split there")
+        why.append(
+            f"its turns were derived per worker ({counts['derived_by']} workers): an episode whose requests "
+            "reached different workers is split there"
+        )
     return "; ".join(why) or None
 
 

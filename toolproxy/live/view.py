@@ -38,16 +38,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
 from toolproxy.live.classify import status_class
 from toolproxy.live.tally import MAX_RUNS, RECENT, Tally, merge_reports, summarised
-from toolproxy.runtime.children import sigint_ignored
 from toolproxy.record.model import Record, encode_record, stored_text
+from toolproxy.runtime.children import sigint_ignored
 
 PAGE = resources.files("toolproxy.live").joinpath("page.html")
 INBOX = 1_000
@@ -62,8 +63,11 @@ OTHER_RUNS = "(other runs)"
 BEHIND = "behind"  # the classifier could not keep up
 LARGE = "large"  # a body was spilled to disk while it passed: too large to classify in memory
 UNENCODABLE = "unencodable"
-_WHY = {BEHIND: "the classifier is behind", LARGE: "a body too large to hold in memory",
-        UNENCODABLE: "the record could not be encoded again"}
+_WHY = {
+    BEHIND: "the classifier is behind",
+    LARGE: "a body too large to hold in memory",
+    UNENCODABLE: "the record could not be encoded again",
+}
 
 
 def _body_chars(rec: Record) -> int:
@@ -114,8 +118,15 @@ class LiveView:
     classified gets its line at once, saying so.
     """
 
-    def __init__(self, *, inbox: int = INBOX, inbox_bytes: int = INBOX_BYTES, recent: int = RECENT,
-                 max_runs: int = MAX_RUNS, log: Callable[[Record], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        inbox: int = INBOX,
+        inbox_bytes: int = INBOX_BYTES,
+        recent: int = RECENT,
+        max_runs: int = MAX_RUNS,
+        log: Callable[[Record], str | None] | None = None,
+    ) -> None:
         self.log = log
         # (brief, line or record, serve's line for it or None, its size): the writer thread
         # appends, the feeder takes.
@@ -145,8 +156,15 @@ class LiveView:
         # The child finds toolproxy where this process did (as multiprocessing's spawn would tell it).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         fds = (rec_out.fileno(), child_queries.fileno())
-        cmd = [sys.executable, "-m", "toolproxy.live.classifier", *map(str, fds),
-               str(self.socket_path or ""), str(self._recent), str(self._max_runs)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "toolproxy.live.classifier",
+            *map(str, fds),
+            str(self.socket_path or ""),
+            str(self._recent),
+            str(self._max_runs),
+        ]
         with sigint_ignored():
             self._proc = subprocess.Popen(cmd, pass_fds=fds, env=env, stdin=subprocess.DEVNULL)
         rec_out.close()
@@ -304,8 +322,13 @@ class LiveView:
         marked with `nonce`, the only ones the admin route's Content-Security-Policy lets run."""
         return PAGE.read_text(encoding="utf-8").replace("{{nonce}}", nonce)
 
-    def report(self, run: str | None = None, outcome: str | None = None, limit: int = 100,
-               peers: Callable[[], list[Path]] | None = None) -> dict[str, Any]:
+    def report(
+        self,
+        run: str | None = None,
+        outcome: str | None = None,
+        limit: int = 100,
+        peers: Callable[[], list[Path]] | None = None,
+    ) -> dict[str, Any]:
         """Counters per run and the newest recent exchanges matching the filters, merged with the
         peer workers' (`peers` lists their sockets). Blocks: call it off the loop."""
         query = ("report", run, outcome, limit)
@@ -316,7 +339,9 @@ class LiveView:
             own = Tally(0, 0).report(None, None, 0)
         else:
             own["observed"] = self.observed  # fresher than the classifier's copy
-            own["pending"] = max(0, self.observed - own["classified"] - own["failures"] - sum(own["unclassified"].values()))
+            own["pending"] = max(
+                0, self.observed - own["classified"] - own["failures"] - sum(own["unclassified"].values())
+            )
         reports = [own]
         for path in peers() if peers is not None else ():
             try:

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from toolproxy.record.model import body_bytes
-from toolproxy.record.pacing import EXTRA_KEY as PIECE_MS, read_marks
+from toolproxy.record.pacing import EXTRA_KEY as PIECE_MS
+from toolproxy.record.pacing import read_marks
 from toolproxy.record.schema import EXCHANGE, Issue, read_checked
 from toolproxy.record.segments import list_segments
 
@@ -109,14 +110,20 @@ def load_fixture(data_dir: str | Path, run: str) -> Fixture:
         try:
             exchange = to_exchange(rec, len(found))
         except Unplayable as exc:
-            set_aside.append(Issue(line.segment, line.offset, UNPLAYABLE, f"record {rec['id']}: {exc}; not played", rec["id"]))
+            set_aside.append(
+                Issue(line.segment, line.offset, UNPLAYABLE, f"record {rec['id']}: {exc}; not played", rec["id"])
+            )
             continue
         if exchange is not None:
             found.append(exchange)
     if not found:
         known = ", ".join(sorted(runs)[:20]) or "none"
         unplayable = [issue for issue in set_aside if issue.kind == UNPLAYABLE]
-        why = f"; {len(unplayable)} of its exchanges cannot be played, the first: {unplayable[0].line()}" if unplayable else ""
+        why = (
+            f"; {len(unplayable)} of its exchanges cannot be played, the first: {unplayable[0].line()}"
+            if unplayable
+            else ""
+        )
         raise FixtureError(f"run {run!r} has no recorded exchanges in {data_dir} (runs there: {known}){why}")
     return Fixture(found, set_aside)
 
@@ -156,13 +163,22 @@ def to_exchange(rec: dict[str, Any], order: int) -> RecordedExchange | None:
         raise Unplayable("its id cannot be sent in a header")
     tags = rec.get("tags") if isinstance(rec.get("tags"), dict) else {}
     return RecordedExchange(
-        id=rec["id"], order=order, method=rec.get("method") or "POST", path=rec.get("path") or "/",
-        query=rec.get("query") or "", episode=rec.get("episode"), item=rec.get("item"),
+        id=rec["id"],
+        order=order,
+        method=rec.get("method") or "POST",
+        path=rec.get("path") or "/",
+        query=rec.get("query") or "",
+        episode=rec.get("episode"),
+        item=rec.get("item"),
         tags={str(k): str(v) for k, v in tags.items()},
         request_body=_body(rec.get("request_body"), rec.get("request_body_encoding"), "request"),
-        status=status, headers=headers, body=body,
+        status=status,
+        headers=headers,
+        body=body,
         cut=not rec.get("response_complete") and rec.get("error_kind") in CUT_SHORT and rec.get("status") is not None,
-        ttfb_ms=rec.get("ttfb_ms"), duration_ms=rec.get("duration_ms"), pieces=pieces,
+        ttfb_ms=rec.get("ttfb_ms"),
+        duration_ms=rec.get("duration_ms"),
+        pieces=pieces,
     )
 
 
@@ -185,7 +201,10 @@ def _headers(value: Any) -> list[tuple[str, str]]:
             raise Unplayable("its response headers are not all [name, value] pairs of strings")
         name, text = pair
         if not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(text):
-            raise Unplayable(f"its response header {name[:40]!r} is not one HTTP can carry (a control character, or a name that is no token)")
+            raise Unplayable(
+                f"its response header {name[:40]!r} is not one HTTP can carry (a control character, or a name that is "
+                "no token)"
+            )
         out.append((name, text))
     lengths = [v for k, v in out if k.lower() == "content-length"]
     if len(lengths) > 1 or (lengths and not (lengths[0].strip().isascii() and lengths[0].strip().isdigit())):

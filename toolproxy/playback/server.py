@@ -31,9 +31,9 @@ import re
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
@@ -44,8 +44,15 @@ from toolproxy import wire
 from toolproxy.playback.fixture import Fixture, RecordedExchange
 from toolproxy.playback.match import Matcher, MatchRules, Miss
 from toolproxy.proxy.admission import origin_form_refusal
-from toolproxy.proxy.config import (CLIENT_BODY_TIMEOUT, CLIENT_HEADER_TIMEOUT, IDLE_TIMEOUT, MAX_BODY, TTFB_TIMEOUT,
-                                    ConfigError, ProxyConfig)
+from toolproxy.proxy.config import (
+    CLIENT_BODY_TIMEOUT,
+    CLIENT_HEADER_TIMEOUT,
+    IDLE_TIMEOUT,
+    MAX_BODY,
+    TTFB_TIMEOUT,
+    ConfigError,
+    ProxyConfig,
+)
 from toolproxy.proxy.errorbody import protocol_error_body
 from toolproxy.proxy.exposure import Exposure
 from toolproxy.proxy.flow import Refusal
@@ -95,18 +102,27 @@ class PlaybackStats:
     used: int = 0  # recorded exchanges that answered at least once
 
     def as_dict(self) -> dict:
-        return {"recorded": self.recorded, "played": self.played, "used": self.used, "unused": self.recorded - self.used,
-                "missed": self.missed, "relayed": self.relayed, "refused": dict(self.refused),
-                "set_aside": dict(self.set_aside)}
+        return {
+            "recorded": self.recorded,
+            "played": self.played,
+            "used": self.used,
+            "unused": self.recorded - self.used,
+            "missed": self.missed,
+            "relayed": self.relayed,
+            "refused": dict(self.refused),
+            "set_aside": dict(self.set_aside),
+        }
 
     def line(self) -> str:
         again = f" ({self.played - self.used} replayed again, --match reuse=on)" if self.played > self.used else ""
         refused = ", ".join(f"{k} {v}" for k, v in sorted(self.refused.items()))
         set_aside = ", ".join(f"{k} {v}" for k, v in sorted(self.set_aside.items()))
-        return (f"played {self.used} of {self.recorded} recorded exchanges{again}, {self.missed} misses"
-                + (f" ({self.relayed} relayed upstream)" if self.relayed else "")
-                + (f"; refused {sum(self.refused.values())} ({refused})" if refused else "")
-                + (f"; set aside {sum(self.set_aside.values())} lines ({set_aside})" if set_aside else ""))
+        return (
+            f"played {self.used} of {self.recorded} recorded exchanges{again}, {self.missed} misses"
+            + (f" ({self.relayed} relayed upstream)" if self.relayed else "")
+            + (f"; refused {sum(self.refused.values())} ({refused})" if refused else "")
+            + (f"; set aside {sum(self.set_aside.values())} lines ({set_aside})" if set_aside else "")
+        )
 
 
 class Playback:
@@ -123,8 +139,11 @@ class Playback:
         self.options = options
         self.exposure = Exposure(options.host, options.allowed_hosts)
         self.stats = PlaybackStats(recorded=len(fixture.exchanges), set_aside=fixture.set_aside_counts())
-        self.destination = (f"its configured upstream ({options.upstream})" if options.upstream else
-                            "nowhere: playback answers from its recording")
+        self.destination = (
+            f"its configured upstream ({options.upstream})"
+            if options.upstream
+            else "nowhere: playback answers from its recording"
+        )
         self.session: aiohttp.ClientSession | None = None
         self.relay_base: str | None = None  # where misses go: the upstream, or the recording proxy
         self.recording = options.on_miss == "record"
@@ -215,8 +234,13 @@ class Playback:
                     piece = await request.content.readany()
             except TimeoutError:
                 self.stats.refused["client_timeout"] += 1
-                return _error(408, f"the client sent its request body too slowly: nothing for {CLIENT_BODY_TIMEOUT:g}s",
-                              "request_timeout", path=path, close=True)
+                return _error(
+                    408,
+                    f"the client sent its request body too slowly: nothing for {CLIENT_BODY_TIMEOUT:g}s",
+                    "request_timeout",
+                    path=path,
+                    close=True,
+                )
             if not piece:
                 return bytes(body)
             body += piece
@@ -226,10 +250,16 @@ class Playback:
     async def _too_large(self, request: web.BaseRequest, path: str, read: bytes) -> web.StreamResponse:
         self.stats.refused["body_too_large"] += 1
         if self.recording:
-            return await self._relay(request, request.raw_path.partition("?")[0], request.raw_path.partition("?")[2],
-                                     read, request.content)
-        return _error(413, f"request body is larger than playback's limit of {MAX_BODY} bytes", "request_too_large",
-                      path=path, close=True)
+            return await self._relay(
+                request, request.raw_path.partition("?")[0], request.raw_path.partition("?")[2], read, request.content
+            )
+        return _error(
+            413,
+            f"request body is larger than playback's limit of {MAX_BODY} bytes",
+            "request_too_large",
+            path=path,
+            close=True,
+        )
 
     async def _play(self, request: web.BaseRequest, x: RecordedExchange) -> web.StreamResponse:
         started = time.perf_counter()
@@ -259,8 +289,9 @@ class Playback:
             await resp.write_eof()
         return resp
 
-    async def _relay(self, request: web.BaseRequest, path: str, query: str, body: bytes,
-                     rest: aiohttp.StreamReader | None = None) -> web.StreamResponse:
+    async def _relay(
+        self, request: web.BaseRequest, path: str, query: str, body: bytes, rest: aiohttp.StreamReader | None = None
+    ) -> web.StreamResponse:
         """The request sent on (to the upstream, or with its tags as sent to the recording proxy,
         which records it into the played run), its answer streamed back as it comes. `rest`: the
         part of the body not read yet, sent on as it arrives."""
@@ -273,8 +304,11 @@ class Playback:
             headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop and k.lower() != RUN_HEADER]
             headers.append((RUN_HEADER, self.options.run))
         else:
-            headers = [(k, v) for k, v in request.headers.items()
-                       if k.lower() not in NOT_FORWARDED_UP | listed and not k.lower().startswith(TAG_HEADER_PREFIX)]
+            headers = [
+                (k, v)
+                for k, v in request.headers.items()
+                if k.lower() not in NOT_FORWARDED_UP | listed and not k.lower().startswith(TAG_HEADER_PREFIX)
+            ]
         data: bytes | AsyncIterator[bytes] | None = body or None
         if rest is not None:
             data = _stream(body, rest)
@@ -282,16 +316,24 @@ class Playback:
                 headers.append(("Content-Length", str(request.content_length)))
         target = URL(self.relay_base + path + (f"?{query}" if query else ""), encoded=True)
         try:
-            upstream = await self.session.request(request.method, target, headers=headers, data=data,
-                                                  allow_redirects=False)
+            upstream = await self.session.request(
+                request.method, target, headers=headers, data=data, allow_redirects=False
+            )
         except aiohttp.ClientError as exc:
-            return _error(502, f"toolproxy playback: the miss could not be sent to {self.options.upstream}: {exc}",
-                          "upstream_unreachable", path=path)
+            return _error(
+                502,
+                f"toolproxy playback: the miss could not be sent to {self.options.upstream}: {exc}",
+                "upstream_unreachable",
+                path=path,
+            )
         try:
             raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream.raw_headers]
             down = HOP_BY_HOP | connection_listed(raw)
-            resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                      headers=CIMultiDict((k, v) for k, v in raw if k.lower() not in down))
+            resp = web.StreamResponse(
+                status=upstream.status,
+                reason=upstream.reason,
+                headers=CIMultiDict((k, v) for k, v in raw if k.lower() not in down),
+            )
             async with self._sending(request):
                 await resp.prepare(request)
                 try:
@@ -340,13 +382,24 @@ async def _stream(read: bytes, rest: aiohttp.StreamReader) -> AsyncIterator[byte
         yield piece
 
 
-def _error(status: int, message: str, code: str, miss: bool = False, path: str = "",
-           family: str | None = None, close: bool = False) -> web.Response:
+def _error(
+    status: int,
+    message: str,
+    code: str,
+    miss: bool = False,
+    path: str = "",
+    family: str | None = None,
+    close: bool = False,
+) -> web.Response:
     """Playback's own answer, in the error shape the protocol's clients read (as serve's are);
     `close`: the connection closes after it (a body was left unread)."""
     headers = {REPLY_HEADER: "miss"} if miss else None
-    resp = web.Response(status=status, body=protocol_error_body(family or wire.family_of(path), message, code),
-                        content_type="application/json", headers=headers)
+    resp = web.Response(
+        status=status,
+        body=protocol_error_body(family or wire.family_of(path), message, code),
+        content_type="application/json",
+        headers=headers,
+    )
     if close:
         resp.force_close()
     return resp
@@ -391,12 +444,20 @@ async def start_playback(fixture: Fixture, rules: MatchRules, options: PlaybackO
     running = RunningPlayback(playback)
     if options.on_miss == "record":
         if _CONTROL.search(options.run) or options.run != options.run.strip():
-            raise CannotPlay(f"--on-miss record cannot record into run {printable(options.run)!r}: the run name goes "
-                             "in a header, which cannot carry control characters or surrounding spaces")
+            raise CannotPlay(
+                f"--on-miss record cannot record into run {printable(options.run)!r}: the run name goes "
+                "in a header, which cannot carry control characters or surrounding spaces"
+            )
         from toolproxy.proxy.server import start_proxy
 
-        config = ProxyConfig(upstream=_upstream(options), data_dir=options.data_dir, port=0, quiet=True, live_page=False,
-                             allowed_hosts=options.allowed_hosts)
+        config = ProxyConfig(
+            upstream=_upstream(options),
+            data_dir=options.data_dir,
+            port=0,
+            quiet=True,
+            live_page=False,
+            allowed_hosts=options.allowed_hosts,
+        )
         try:
             running.recording = await start_proxy(config)
         except CannotListen as exc:
@@ -409,12 +470,20 @@ async def start_playback(fixture: Fixture, rules: MatchRules, options: PlaybackO
         redactor = load_redactor(options.data_dir)
     if playback.relay_base is not None:
         # As serve's: a connection within 10 s, and no wait for a byte longer than its --ttfb-timeout.
-        playback.session = aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=_CLIENT_DEFAULTS,
-                                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0,
-                                                                               sock_read=TTFB_TIMEOUT))
+        playback.session = aiohttp.ClientSession(
+            auto_decompress=False,
+            skip_auto_headers=_CLIENT_DEFAULTS,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=TTFB_TIMEOUT),
+        )
     try:
-        running.runner = await listen(playback.handle, options.host, options.port, header_timeout=CLIENT_HEADER_TIMEOUT,
-                                      redactor=redactor, on_rejected=playback.rejected)
+        running.runner = await listen(
+            playback.handle,
+            options.host,
+            options.port,
+            header_timeout=CLIENT_HEADER_TIMEOUT,
+            redactor=redactor,
+            on_rejected=playback.rejected,
+        )
     except CannotListen as exc:
         await running.stop()
         raise CannotPlay(str(exc)) from None

@@ -17,8 +17,15 @@ from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.flow import Addon
 from toolproxy.proxy.modelswap import ModelSwap
-from toolproxy.proxy.parts import (Housekeeping, LivePage, Otlp, RecordSampling, RefusedRecording, Recording,
-                                   UpstreamSession)
+from toolproxy.proxy.parts import (
+    Housekeeping,
+    LivePage,
+    Otlp,
+    Recording,
+    RecordSampling,
+    RefusedRecording,
+    UpstreamSession,
+)
 from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.state import ProxyState
 
@@ -38,13 +45,21 @@ def addons(config: ProxyConfig, state: ProxyState) -> list[Addon]:
     out.append(recording)
     if recording.spill_masking is not None:
         out.append(recording.spill_masking)
-    housekeeping = Housekeeping(config, state.writer) if config.retain_seconds is not None or config.max_disk is not None \
-        else None
+    housekeeping = (
+        Housekeeping(config, state.writer) if config.retain_seconds is not None or config.max_disk is not None else None
+    )
     if housekeeping is not None:
         out.append(housekeeping)
     if sampling is not None:
         out.append(sampling)
-    out += [state.watchdog, state.counters, state.exposure, state.upstream_health, state.pool, UpstreamSession(config, state)]
+    out += [
+        state.watchdog,
+        state.counters,
+        state.exposure,
+        state.upstream_health,
+        state.pool,
+        UpstreamSession(config, state),
+    ]
     if config.auth_token is not None:
         out.append(Auth(config.auth_token))
     if config.on_record_failure == "block":
@@ -57,9 +72,21 @@ def addons(config: ProxyConfig, state: ProxyState) -> list[Addon]:
     out.append(ModelSwap(state.redactor))  # before the stack watcher: it fingerprints the model sent
     if state.stacks is not None:
         out.append(state.stacks)
-    out.append(ConditionAddon(config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None,
-                              state.redactor))
+    out.append(
+        ConditionAddon(
+            config.condition_options, state.stacks.detected_stack if state.stacks else lambda: None, state.redactor
+        )
+    )
     out.append(Durability(state.writer))
-    out.append(Recorder(state.writer, config.spill_above, state.spill_dir, state.redactor, config.max_response,
-                        state.refusals, recording.submit))
+    out.append(
+        Recorder(
+            state.writer,
+            config.spill_above,
+            state.spill_dir,
+            state.redactor,
+            config.max_response,
+            state.refusals,
+            recording.submit,
+        )
+    )
     return out

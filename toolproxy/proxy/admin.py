@@ -48,7 +48,9 @@ def cookie_value(token: str) -> str:
 
 def has_cookie(request: web.Request, token: str) -> bool:
     given = request.cookies.get(COOKIE)
-    return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), cookie_value(token).encode())
+    return given is not None and hmac.compare_digest(
+        given.encode("utf-8", "surrogateescape"), cookie_value(token).encode()
+    )
 
 
 def wants_html(request: web.Request) -> bool:
@@ -104,7 +106,9 @@ async def read_form(request: web.BaseRequest, body_timeout: float) -> dict[str, 
                 if len(body) > FORM_MAX:
                     return await _refuse_form(request, 413, too_large)
     except TimeoutError:
-        return await _refuse_form(request, 408, f"the login form did not arrive within {body_timeout:g}s (--client-body-timeout)\n")
+        return await _refuse_form(
+            request, 408, f"the login form did not arrive within {body_timeout:g}s (--client-body-timeout)\n"
+        )
     if request.content_type != "application/x-www-form-urlencoded":
         return {}
     return {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "surrogateescape"), errors="surrogateescape").items()}
@@ -136,8 +140,9 @@ async def login(request: web.Request, token: str | None, body_timeout: float) ->
     if not isinstance(given, str) or not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
         return login_form(401, wrong=given is not None)
     resp = _to_page()
-    resp.set_cookie(COOKIE, cookie_value(token), path="/_toolproxy/", httponly=True, samesite="Strict",
-                    secure=request.secure)
+    resp.set_cookie(
+        COOKIE, cookie_value(token), path="/_toolproxy/", httponly=True, samesite="Strict", secure=request.secure
+    )
     return _secured(resp)
 
 
@@ -168,29 +173,40 @@ async def answer(state: ProxyState, request: web.BaseRequest) -> web.StreamRespo
         return web.Response(status=403, body=error_body(refused[2], refused[1]), content_type="application/json")
     token = state.config.auth_token
     if token is not None and not presented_token(request.headers, token)[0] and not has_cookie(request, token):
-        gate = await unauthorised(request, request.raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token,
-                                  state.config.client_body_timeout)
+        gate = await unauthorised(
+            request,
+            request.raw_path[len(ADMIN_PREFIX) :].split("?")[0].strip("/"),
+            token,
+            state.config.client_body_timeout,
+        )
         if gate is not None:
             return gate
         # The counters name the upstream and the data directory: not for anonymous callers.
         state.refusals.count(ADMIN_UNAUTHORIZED)
-        return web.Response(status=401, body=error_body(
-            "this toolproxy requires a token for its admin routes too: send 'X-Toolproxy-Token: <token>'",
-            "toolproxy_unauthorized"), content_type="application/json")
+        return web.Response(
+            status=401,
+            body=error_body(
+                "this toolproxy requires a token for its admin routes too: send 'X-Toolproxy-Token: <token>'",
+                "toolproxy_unauthorized",
+            ),
+            content_type="application/json",
+        )
     return await route(state, request)
 
 
 async def route(state: ProxyState, request: web.Request) -> web.Response:
     """The route the path names (the caller has checked the token); the live page's only when it
     is on (`--no-live-page` turns it off)."""
-    name = request.path[len(ADMIN_PREFIX):].strip("/")
+    name = request.path[len(ADMIN_PREFIX) :].strip("/")
     if state.live is not None:
         page_route = await live_route(request, name, state)
         if page_route is not None:
             return page_route
     if name in ("health", "stats", ""):
         return await stats(state, name)
-    return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)
+    return web.json_response(
+        {"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404
+    )
 
 
 async def stats(state: ProxyState, name: str) -> web.Response:
@@ -222,12 +238,22 @@ async def live_route(request: web.Request, name: str, state: ProxyState) -> web.
         except ValueError:
             limit = 100
         report = await asyncio.get_running_loop().run_in_executor(
-            None, live.report, q.get("run") or None, q.get("outcome") or None, limit, peers)
+            None, live.report, q.get("run") or None, q.get("outcome") or None, limit, peers
+        )
         return _secured(web.json_response(report, dumps=_dumps))
     if name.startswith("exchange/"):
-        found = await asyncio.get_running_loop().run_in_executor(None, live.detail, name[len("exchange/"):], peers)
+        found = await asyncio.get_running_loop().run_in_executor(None, live.detail, name[len("exchange/") :], peers)
         if found is None:
-            return _secured(web.json_response({"error": {"message": "not among the recent exchanges kept in memory; "
-                                                                    "after `toolproxy analyze`, `toolproxy show ID` has every one"}}, status=404))
+            return _secured(
+                web.json_response(
+                    {
+                        "error": {
+                            "message": "not among the recent exchanges kept in memory; "
+                            "after `toolproxy analyze`, `toolproxy show ID` has every one"
+                        }
+                    },
+                    status=404,
+                )
+            )
         return _secured(web.json_response(found, dumps=_dumps))
     return None

@@ -26,9 +26,13 @@ def origin_form_refusal(path: str, destination: str) -> Refusal | None:
     """
     if path.startswith("/"):
         return None
-    return Refusal(400, NOT_A_FORWARD_PROXY,
-                   f"absolute-form request targets are refused: toolproxy forwards only to {destination}; "
-                   "send requests to its own address instead", NOT_A_FORWARD_PROXY)
+    return Refusal(
+        400,
+        NOT_A_FORWARD_PROXY,
+        f"absolute-form request targets are refused: toolproxy forwards only to {destination}; "
+        "send requests to its own address instead",
+        NOT_A_FORWARD_PROXY,
+    )
 
 
 class OriginFormOnly(Addon):

@@ -41,7 +41,8 @@ class Auth(Addon):
         presented, carrier = presented_token(flow.request.headers, self.token)
         if not presented:
             flow.refuse(
-                401, "unauthorized",
+                401,
+                "unauthorized",
                 "this toolproxy requires a token: send it as 'X-Toolproxy-Token: <token>' or as the API key",
                 "toolproxy_unauthorized",
             )

@@ -12,7 +12,6 @@ from yarl import URL
 
 from toolproxy.conditions import NAMES, ConditionOptions
 
-
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?\.?|\[?[0-9A-Fa-f:.]+\]?")
 
 
@@ -120,8 +119,10 @@ class ProxyConfig:
             raise ConfigError("--retain must be a positive duration")
         if self.max_disk is not None and self.max_disk < 2 * self.segment_bytes:
             raise ConfigError(
-                f"--max-disk {self.max_disk} bytes is less than two segments (--segment-size {self.segment_bytes}): the "
-                "segment being written cannot be pruned, so the budget could not hold; lower --segment-size or raise --max-disk"
+                f"--max-disk {self.max_disk} bytes is less than two segments (--segment-size {self.segment_bytes}): "
+                "the "
+                "segment being written cannot be pruned, so the budget could not hold; lower --segment-size or raise "
+                "--max-disk"
             )
         if self.spill_above < 1024:
             raise ConfigError("--spill-above must be at least 1024 bytes")
@@ -138,8 +139,10 @@ class ProxyConfig:
             raise ConfigError("--max-response must be at least 1024 bytes")
         for name in self.allowed_hosts:
             if name != "*" and not _HOST_NAME.fullmatch(name):
-                raise ConfigError(f"--allowed-host {name!r}: give a host name or an IP address (no scheme, port or "
-                                  "path), or '*' to turn the Host and Origin checks off")
+                raise ConfigError(
+                    f"--allowed-host {name!r}: give a host name or an IP address (no scheme, port or "
+                    "path), or '*' to turn the Host and Origin checks off"
+                )
         if not is_loopback(self.host) and not self.auth_token and not self.insecure_public:
             raise ConfigError(
                 f"refusing to listen on non-loopback address {self.host!r} without --auth-token: anyone who can "

@@ -92,7 +92,9 @@ def read_peers(peers_dir: Path) -> tuple[list[dict], list[dict], dict]:
     return live, retired, supervisor
 
 
-def group_snapshot(own: dict, live: list[dict], retired: list[dict], supervisor: dict, now: float | None = None) -> dict:
+def group_snapshot(
+    own: dict, live: list[dict], retired: list[dict], supervisor: dict, now: float | None = None
+) -> dict:
     """Merge the workers' snapshots and say which workers answer (pure, for tests and the handler).
 
     `own` is the answering worker's live snapshot, the others are what its peers last published;
@@ -101,7 +103,9 @@ def group_snapshot(own: dict, live: list[dict], retired: list[dict], supervisor:
     now = time.time() if now is None else now
     own_pid = own["worker"]["pid"]
     alive_pids = set(supervisor.get("pids", ())) | {own_pid}
-    peers = [s for s in live if s.get("worker", {}).get("pid") != own_pid and s.get("worker", {}).get("pid") in alive_pids]
+    peers = [
+        s for s in live if s.get("worker", {}).get("pid") != own_pid and s.get("worker", {}).get("pid") in alive_pids
+    ]
     snaps = [own, *peers]
     merged = merge_snapshots(snaps, retired)
     merged.pop("worker", None)
@@ -115,14 +119,23 @@ def group_snapshot(own: dict, live: list[dict], retired: list[dict], supervisor:
         silent.append(f"worker pid {pid} has not reported yet")
     count = supervisor.get("count", len(snaps))
     if len(alive_pids) < count:
-        silent.append(f"{count - len(alive_pids)} of {count} workers not running (being restarted after: "
-                      f"{supervisor.get('last_exit')})")
+        silent.append(
+            f"{count - len(alive_pids)} of {count} workers not running (being restarted after: "
+            f"{supervisor.get('last_exit')})"
+        )
     restarts = {slot["index"]: slot.get("restarts", 0) for slot in supervisor.get("slots", ())}
     for s in snaps:
         w = s["worker"]
-        per_worker.append({"index": w["index"], "pid": w["pid"], "status": s.get("status"),
-                           "exchanges": s.get("exchanges"), "in_flight": s.get("in_flight"),
-                           "restarts": restarts.get(w["index"], 0)})
+        per_worker.append(
+            {
+                "index": w["index"],
+                "pid": w["pid"],
+                "status": s.get("status"),
+                "exchanges": s.get("exchanges"),
+                "in_flight": s.get("in_flight"),
+                "restarts": restarts.get(w["index"], 0),
+            }
+        )
     merged["workers"] = {
         "count": count,
         "answering": len(snaps) - sum(1 for s in peers if now - s["worker"]["published_at"] > STALE_AFTER),
@@ -149,7 +162,12 @@ def _missing_counts(worker: dict) -> str:
     name = f"worker {worker.get('index')} (pid {worker.get('pid')})"
     exit_text, exited, published = worker.get("exit"), worker.get("exited_at"), worker.get("published_at")
     how = f"exited with {exit_text}" if exit_text else "stopped without a final report"
-    since = (f", {exited - published:.2f}s after its last report"
-             if isinstance(exited, (int, float)) and isinstance(published, (int, float)) else "")
-    return (f"{name} {how}{since}: what it did after that report (exchanges, records written) is in no "
-            "count, so these totals are partial")
+    since = (
+        f", {exited - published:.2f}s after its last report"
+        if isinstance(exited, (int, float)) and isinstance(published, (int, float))
+        else ""
+    )
+    return (
+        f"{name} {how}{since}: what it did after that report (exchanges, records written) is in no "
+        "count, so these totals are partial"
+    )

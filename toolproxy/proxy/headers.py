@@ -9,7 +9,7 @@ import os
 import re
 import secrets
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import unquote_plus, unquote_to_bytes
 
 from toolproxy.record import keys
@@ -51,8 +51,11 @@ def load_redactor(data_dir: str | os.PathLike) -> Redactor:
         os.makedirs(data_dir, exist_ok=True)
         return Redactor(keys.load_key(data_dir, REDACT_KEY))
     except (OSError, ValueError) as exc:
-        print(f"toolproxy: cannot use {REDACT_KEY} in {data_dir} ({exc}); redacted values are keyed by this process only",
-              file=sys.stderr, flush=True)
+        print(
+            f"toolproxy: cannot use {REDACT_KEY} in {data_dir} ({exc}); redacted values are keyed by this process only",
+            file=sys.stderr,
+            flush=True,
+        )
         return Redactor(secrets.token_bytes(32))
 
 

@@ -11,8 +11,8 @@ quoting `Authorization` headers and never timed out a client trickling its heade
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from http import HTTPStatus
-from typing import Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -63,12 +63,26 @@ def server_settings(header_timeout: float) -> dict:
     """
     # auto_decompress off: a transparent proxy forwards and records a compressed request body as
     # sent; aiohttp would inflate it (and fail with a 500 on a body that is not what it claims).
-    return {"handler_cancellation": True, "access_log": None, "keepalive_timeout": header_timeout,
-            "auto_decompress": False, "max_line_size": LINE_LIMIT, "max_field_size": LINE_LIMIT}
+    return {
+        "handler_cancellation": True,
+        "access_log": None,
+        "keepalive_timeout": header_timeout,
+        "auto_decompress": False,
+        "max_line_size": LINE_LIMIT,
+        "max_field_size": LINE_LIMIT,
+    }
 
 
-async def listen(handler, host: str, port: int, *, header_timeout: float, redactor: Redactor,
-                 on_rejected: Callable[[int, BaseException], None], reuse_port: bool = False) -> web.ServerRunner:
+async def listen(
+    handler,
+    host: str,
+    port: int,
+    *,
+    header_timeout: float,
+    redactor: Redactor,
+    on_rejected: Callable[[int, BaseException], None],
+    reuse_port: bool = False,
+) -> web.ServerRunner:
     """`handler` answering on host:port, with the shared settings and log lines; CannotListen
     when the address is taken or invalid (nothing is left listening then)."""
     serverlog.install(redactor)

@@ -6,7 +6,8 @@ on. `addons.addons` puts them in order among the others.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from toolproxy.live.view import LiveView
 from toolproxy.otlp.shipper import SpanShipper
@@ -29,9 +30,14 @@ class Part(Addon):
     """One of the proxy's parts as an addon: what it starts and stops, what the stats show for it,
     the record hook it listens on. Its hook is the part's own method, called as it is."""
 
-    def __init__(self, service: Service | None = None, *, stats_key: str | None = None,
-                 report: Callable[[], Any] | None = None,
-                 recorded: Callable[[Record, bytes | None, bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        service: Service | None = None,
+        *,
+        stats_key: str | None = None,
+        report: Callable[[], Any] | None = None,
+        recorded: Callable[[Record, bytes | None, bool], None] | None = None,
+    ) -> None:
         self._service = service
         self.stats_key = stats_key
         if report is not None:
@@ -63,10 +69,17 @@ class Otlp(Part):
 
     def __init__(self, config: ProxyConfig, state: ProxyState) -> None:
         default_stack = config.condition_options.stack
-        otlp = SpanShipper(config.otlp_endpoint, content=config.otlp_content,
-                           stack=lambda: state.stacks.detected_stack() if state.stacks is not None else default_stack)
-        super().__init__(Service("otlp", otlp.start, otlp.stop, off_loop=True), stats_key="otlp", report=otlp.report,
-                         recorded=otlp.observe)
+        otlp = SpanShipper(
+            config.otlp_endpoint,
+            content=config.otlp_content,
+            stack=lambda: state.stacks.detected_stack() if state.stacks is not None else default_stack,
+        )
+        super().__init__(
+            Service("otlp", otlp.start, otlp.stop, off_loop=True),
+            stats_key="otlp",
+            report=otlp.report,
+            recorded=otlp.observe,
+        )
 
 
 class RefusedRecording(Part):
@@ -76,13 +89,25 @@ class RefusedRecording(Part):
 
     def __init__(self, config: ProxyConfig, state: ProxyState) -> None:
         seg_bytes = refusals.segment_bytes(config.segment_bytes)
-        writer = SegmentWriter(config.data_dir, window=1.0, max_queue=10 * refusals.RECORDS, segment_bytes=seg_bytes,
-                               segment_seconds=config.segment_seconds, log=None if config.quiet else log_line,
-                               poll=0.25, stream=REFUSALS_STREAM)
+        writer = SegmentWriter(
+            config.data_dir,
+            window=1.0,
+            max_queue=10 * refusals.RECORDS,
+            segment_bytes=seg_bytes,
+            segment_seconds=config.segment_seconds,
+            log=None if config.quiet else log_line,
+            poll=0.25,
+            stream=REFUSALS_STREAM,
+        )
         writer.on_new_segment = refusals.rotation(config.data_dir, seg_bytes)
-        state.refusals = refusals.RefusalBudget(writer, state.writer, config.upstream, config.default_run, state.redactor)
-        super().__init__(Service("refusals writer", writer.start, writer.close, off_loop=True),
-                         stats_key="refused", report=state.refusals.report)
+        state.refusals = refusals.RefusalBudget(
+            writer, state.writer, config.upstream, config.default_run, state.redactor
+        )
+        super().__init__(
+            Service("refusals writer", writer.start, writer.close, off_loop=True),
+            stats_key="refused",
+            report=state.refusals.report,
+        )
 
 
 class RecordSampling(Part):
@@ -107,8 +132,9 @@ class Recording(Part):
         self.spill_masking = SpillMasking(writer, writer.transform, masker) if masker is not None else None
         # Where the recorder hands finished records, when not to the writer itself.
         self.submit = self.spill_masking.submit if self.spill_masking is not None else None
-        super().__init__(Service("writer", writer.start, writer.close, off_loop=True), stats_key="recording",
-                         report=self._report)
+        super().__init__(
+            Service("writer", writer.start, writer.close, off_loop=True), stats_key="recording", report=self._report
+        )
 
     def _report(self) -> dict:
         writer, w = self.writer, self.writer.stats
@@ -135,13 +161,21 @@ class Housekeeping(Part):
 
     def __init__(self, config: ProxyConfig, writer: SegmentWriter) -> None:
         housekeeper = self.housekeeper = Housekeeper(
-            config.data_dir, retain=config.retain_seconds, max_bytes=config.max_disk, on_full=config.on_disk_full,
-            headroom=2 * config.segment_bytes, slack=config.segment_bytes)
+            config.data_dir,
+            retain=config.retain_seconds,
+            max_bytes=config.max_disk,
+            on_full=config.on_disk_full,
+            headroom=2 * config.segment_bytes,
+            slack=config.segment_bytes,
+        )
         writer.on_new_segment = housekeeper.make_room
         if config.max_disk is not None and config.on_disk_full == "block":
             writer.budget = housekeeper
-        super().__init__(Service("housekeeper", housekeeper.start, housekeeper.stop, off_loop=True),
-                         stats_key="lifecycle", report=housekeeper.snapshot)
+        super().__init__(
+            Service("housekeeper", housekeeper.start, housekeeper.stop, off_loop=True),
+            stats_key="lifecycle",
+            report=housekeeper.snapshot,
+        )
 
 
 class UpstreamSession(Part):
@@ -175,6 +209,8 @@ def record_transform(sampler: Sampler | None, masker: Masker | None):
     return transform
 
 
-def _unless(printed_elsewhere: Callable[[Record], bool], log: Callable[[Record], str]) -> Callable[[Record], str | None]:
+def _unless(
+    printed_elsewhere: Callable[[Record], bool], log: Callable[[Record], str]
+) -> Callable[[Record], str | None]:
     """The writer's line per record, except for the records another printer prints."""
     return lambda rec: None if printed_elsewhere(rec) else log(rec)

@@ -14,19 +14,19 @@ import asyncio
 import functools
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.runtime.eventloop import run_loop
-from toolproxy.runtime.gcpause import settle_for_serving
 from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.forward import serve_request
 from toolproxy.proxy.listener import CannotListen, listen
 from toolproxy.proxy.state import STATE, ProxyState
+from toolproxy.runtime.eventloop import run_loop
+from toolproxy.runtime.gcpause import settle_for_serving
 
 
 @dataclass
@@ -55,8 +55,9 @@ class RunningProxy:
         await self.app.cleanup()
 
 
-async def start_proxy(config: ProxyConfig, *, reuse_port: bool = False,
-                      before_start: Callable[[web.Application], None] | None = None) -> RunningProxy:
+async def start_proxy(
+    config: ProxyConfig, *, reuse_port: bool = False, before_start: Callable[[web.Application], None] | None = None
+) -> RunningProxy:
     """Start the proxy for `config` on this loop, listening once its addons have started.
 
     `before_start` may add to the application's lifecycle before it is frozen (a worker joins
@@ -76,9 +77,15 @@ async def start_proxy(config: ProxyConfig, *, reuse_port: bool = False,
         raise
     state = app[STATE]
     try:
-        runner = await listen(functools.partial(serve_request, state), config.host, config.port,
-                              header_timeout=config.client_header_timeout, redactor=state.redactor,
-                              on_rejected=state.refusals.parser_rejected, reuse_port=reuse_port)
+        runner = await listen(
+            functools.partial(serve_request, state),
+            config.host,
+            config.port,
+            header_timeout=config.client_header_timeout,
+            redactor=state.redactor,
+            on_rejected=state.refusals.parser_rejected,
+            reuse_port=reuse_port,
+        )
     except CannotListen:
         await app.shutdown()
         await app.cleanup()
@@ -86,8 +93,11 @@ async def start_proxy(config: ProxyConfig, *, reuse_port: bool = False,
     return RunningProxy(app, runner)
 
 
-async def serve(config: ProxyConfig, join_group: Callable[[web.Application], None] | None = None,
-                listening: Callable[[ProxyState], Awaitable[None]] | None = None) -> None:
+async def serve(
+    config: ProxyConfig,
+    join_group: Callable[[web.Application], None] | None = None,
+    listening: Callable[[ProxyState], Awaitable[None]] | None = None,
+) -> None:
     """Run until SIGINT/SIGTERM; prints where it listens and where it records. A worker of a
     group passes `join_group` and `listening` instead: it shares the port with its peers and
     its supervisor tells the user."""
@@ -121,10 +131,14 @@ def banner(config: ProxyConfig, port: int, workers: int = 1) -> str:
     group = f"{workers} workers, " if workers > 1 else ""
     return (
         f"toolproxy {__version__}: listening on http://{host}:{port} -> upstream {config.upstream}; "
-        f"recording to {config.data_dir.resolve()} ({group}condition {config.condition}, durability {config.durability})"
+        f"recording to {config.data_dir.resolve()} ({group}condition {config.condition}, durability "
+        f"{config.durability})"
     )
 
 
-def run(config: ProxyConfig, join_group: Callable[[web.Application], None] | None = None,
-        listening: Callable[[ProxyState], Awaitable[None]] | None = None) -> None:
+def run(
+    config: ProxyConfig,
+    join_group: Callable[[web.Application], None] | None = None,
+    listening: Callable[[ProxyState], Awaitable[None]] | None = None,
+) -> None:
     run_loop(serve(config, join_group, listening))

@@ -66,7 +66,9 @@ def parse_error_line(exc: HttpProcessingError, remote: str, redactor: Redactor) 
         if isinstance(raw, str):
             raw = raw.encode("utf-8", "surrogateescape")
         if isinstance(raw, bytes):
-            line += f": {shown(raw[:SHOWN_BYTES], redactor)}" + (f" ({len(raw):,} bytes)" if len(raw) > SHOWN_BYTES else "")
+            line += f": {shown(raw[:SHOWN_BYTES], redactor)}" + (
+                f" ({len(raw):,} bytes)" if len(raw) > SHOWN_BYTES else ""
+            )
     return line
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from toolproxy.proxy.flow import Addon, Service
 from toolproxy.record.masking import Masker, Stopped
@@ -127,5 +127,3 @@ class SpillMasking(Addon):
                 loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(False))
             except RuntimeError:
                 pass
-
-

@@ -27,8 +27,22 @@ from toolproxy.record.writer import SegmentWriter
 SPILL_DIR = "spill"
 # /_toolproxy/stats after its head (status, version, upstream, data_dir, condition): each key
 # filled by the addon whose stats_key it is, null when no addon fills it (the feature is off).
-STATS_KEYS = ("stack", "uptime_s", "exchanges", "in_flight", "by_status_class", "errors", "resent", "refused",
-              "recording", "exposure", "upstream_pool", "lifecycle", "sampling", "otlp")
+STATS_KEYS = (
+    "stack",
+    "uptime_s",
+    "exchanges",
+    "in_flight",
+    "by_status_class",
+    "errors",
+    "resent",
+    "refused",
+    "recording",
+    "exposure",
+    "upstream_pool",
+    "lifecycle",
+    "sampling",
+    "otlp",
+)
 
 
 class ProxyState:
@@ -49,7 +63,9 @@ class ProxyState:
         self.upstream_health = UpstreamHealth(config.upstream, config.connect_timeout)
         # Fingerprinting the upstream's stack (unless --no-fingerprint): the conditions, the OTLP
         # spans and the commands ask it which stack it found.
-        self.stacks = StackWatch(config, writer, lambda: self.session, self.upstream_health) if config.fingerprint else None
+        self.stacks = (
+            StackWatch(config, writer, lambda: self.session, self.upstream_health) if config.fingerprint else None
+        )
         # Set by the parts that own them as they are built (proxy/parts.py): what the handler, the
         # admin routes and the commands ask for by name.
         self.live = None  # the live page's view (toolproxy.live), unless --no-live-page

@@ -65,7 +65,7 @@ def place_path_tags(path: str) -> tuple[dict[str, str], str, str | None]:
         if rest.rstrip("/") in _UNDER_V1:
             rest = "/v1" + rest
         elif not rest.startswith(("/v1/", "/api/")):
-            return {}, path, path[3:len(path) - len(rest)]
+            return {}, path, path[3 : len(path) - len(rest)]
     else:
         tags, rest = split_path_tags(path)
     while tags and rest.startswith("/v1/v1/"):
@@ -77,10 +77,14 @@ def misplaced_refusal(host: str, prefix: str, asked: str, family: str | None) ->
     """The 404 for tags after a misplaced `/v1` (place_path_tags), naming the base URL to use,
     in the protocol's error shape so the harness shows it."""
     base = f"http://{host}{prefix}"
-    return Refusal(404, "misplaced_tags",
-                   f"the tags go right after the proxy's address, before /v1: use the base URL {base}/v1 (OpenAI-style "
-                   f"clients) or {base} (Ollama's); this request asked for {asked}",
-                   "toolproxy_misplaced_tags", family)
+    return Refusal(
+        404,
+        "misplaced_tags",
+        f"the tags go right after the proxy's address, before /v1: use the base URL {base}/v1 (OpenAI-style "
+        f"clients) or {base} (Ollama's); this request asked for {asked}",
+        "toolproxy_misplaced_tags",
+        family,
+    )
 
 
 def header_tags(items) -> dict[str, str]:
@@ -90,7 +94,7 @@ def header_tags(items) -> dict[str, str]:
         lk = k.lower()
         if not lk.startswith(TAG_HEADER_PREFIX):
             continue
-        name = lk[len(TAG_HEADER_PREFIX):]
+        name = lk[len(TAG_HEADER_PREFIX) :]
         if name in KNOWN:
             tags[name] = v
         elif name.startswith("tag-") and len(name) > 4:

@@ -63,6 +63,7 @@ def raise_fd_limit() -> int:
 
 # ---- in each worker ----------------------------------------------------------------------------
 
+
 @dataclass
 class Worker:
     """What a worker process knows about its group; attached to its app's state."""
@@ -165,6 +166,7 @@ def _die_with_parent() -> None:
 
 # ---- the supervisor -----------------------------------------------------------------------------
 
+
 class StartError(RuntimeError):
     """The group could not start; the message says why and what to do."""
 
@@ -225,8 +227,13 @@ class Supervisor:
 
     def _write_supervisor(self) -> None:
         running = {s.index: s.proc.pid for s in self.slots if s.proc is not None and s.proc.poll() is None}
-        info = {"count": self.count, "pids": list(running.values()), "restarts": self.restarts, "last_exit": self.last_exit,
-                "slots": [{"index": s.index, "pid": running.get(s.index), "restarts": s.restarts} for s in self.slots]}
+        info = {
+            "count": self.count,
+            "pids": list(running.values()),
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "slots": [{"index": s.index, "pid": running.get(s.index), "restarts": s.restarts} for s in self.slots],
+        }
         tmp = self.peers_dir / "supervisor.tmp"
         tmp.write_bytes(orjson.dumps(info))
         os.replace(tmp, self.peers_dir / "supervisor.json")
@@ -241,8 +248,10 @@ class Supervisor:
         while not all(self._ready(s) for s in self.slots):
             for s in self.slots:
                 if s.proc.poll() is not None:
-                    raise StartError(f"worker {s.index} exited with {_exit_text(s.proc.returncode)} while starting "
-                                     "(its error is printed above)")
+                    raise StartError(
+                        f"worker {s.index} exited with {_exit_text(s.proc.returncode)} while starting "
+                        "(its error is printed above)"
+                    )
             if self.stopping:
                 return
             if time.monotonic() > deadline:
@@ -288,8 +297,11 @@ class Supervisor:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                print(f"toolproxy: worker pid {p.pid} did not stop within {STOP_GRACE:g}s; killing it",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"toolproxy: worker pid {p.pid} did not stop within {STOP_GRACE:g}s; killing it",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 p.kill()
                 p.wait()
         if self._reserve is not None:

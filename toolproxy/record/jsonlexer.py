@@ -23,7 +23,8 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -41,8 +42,20 @@ HOLD_CHARS = 1024 * 1024
 # Keys whose string values a stack streams in pieces, one piece per event: the chat delta's
 # `content` / `reasoning_content` / `refusal` / tool-call `arguments`, Responses' `delta`,
 # Anthropic's `text` / `partial_json` / `thinking`, Ollama's `content` / `thinking` / `response`.
-STREAMED_KEYS = frozenset(("content", "text", "arguments", "partial_json", "thinking", "reasoning_content",
-                           "reasoning", "refusal", "response", "delta"))
+STREAMED_KEYS = frozenset(
+    (
+        "content",
+        "text",
+        "arguments",
+        "partial_json",
+        "thinking",
+        "reasoning_content",
+        "reasoning",
+        "refusal",
+        "response",
+        "delta",
+    )
+)
 # Fields of an event that say which output a piece belongs to (Responses, Anthropic).
 _EVENT_IDS = ("index", "output_index", "content_index", "item_id")
 # What may stand between the strings of a JSON text: anything else there is not JSON.
@@ -75,12 +88,12 @@ def replace_spans(parts: list[str], spans: list[Span]) -> list[str]:
         while j < len(spans) and spans[j][0] < end:
             start, stop, token, _ = spans[j]
             if start >= pos:
-                pieces += [part[pos - offset:start - offset], token]
+                pieces += [part[pos - offset : start - offset], token]
             pos = max(pos, min(stop, end))
             if stop > end:
                 break  # the match goes on into the next part
             j += 1
-        pieces.append(part[pos - offset:])
+        pieces.append(part[pos - offset :])
         out.append("".join(pieces))
         offset = end
     return out
@@ -394,7 +407,7 @@ class _LongLine:
             lead = self.buf[5:].lstrip() if self.buf.startswith("data:") else body
             if not lead:
                 return
-            self.mode = "json" if lead[0] in "{[\"" or "\\" in self.buf else "text"
+            self.mode = "json" if lead[0] in '{["' or "\\" in self.buf else "text"
         if self.mode == "text":
             buf, self.buf = self.buf, ""
             yield from self.between.feed(buf)

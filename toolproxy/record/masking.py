@@ -29,9 +29,10 @@ import hmac
 import re
 import threading
 from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import re2
 
@@ -83,11 +84,18 @@ BUILTIN: dict[str, MaskRule] = {
     r.name: r
     for r in (
         MaskRule("email", compile_pattern(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")),
-        MaskRule("api-key", compile_pattern(
-            r"\bBearer\s+[A-Za-z0-9._~+/=-]{16,}|\b(?:sk|pk|rk)-[A-Za-z0-9_-]{16,}|\bgh[pousr]_[A-Za-z0-9]{30,}"
-            r"|\bAKIA[0-9A-Z]{16}\b|\bxox[abpr]-[A-Za-z0-9-]{10,}|\bAIza[0-9A-Za-z_-]{35}")),
+        MaskRule(
+            "api-key",
+            compile_pattern(
+                r"\bBearer\s+[A-Za-z0-9._~+/=-]{16,}|\b(?:sk|pk|rk)-[A-Za-z0-9_-]{16,}|\bgh[pousr]_[A-Za-z0-9]{30,}"
+                r"|\bAKIA[0-9A-Z]{16}\b|\bxox[abpr]-[A-Za-z0-9-]{10,}|\bAIza[0-9A-Za-z_-]{35}"
+            ),
+        ),
         MaskRule("credit-card", compile_pattern(r"\b\d(?:[ -]?\d){12,18}\b"), _card),
-        MaskRule("ipv4", compile_pattern(r"\b(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\b")),
+        MaskRule(
+            "ipv4",
+            compile_pattern(r"\b(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\b"),
+        ),
     )
 }
 
@@ -103,8 +111,10 @@ def parse_rules(specs: tuple[str, ...] | list[str]) -> list[MaskRule]:
             pattern = compile_pattern(spec)
         except re2.error as exc:
             reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-            raise ValueError(f"--mask {spec!r}: not a built-in set ({', '.join(BUILTIN)}) and not a valid "
-                             f"regular expression for RE2 (linear-time: no backreferences or lookarounds): {reason}") from None
+            raise ValueError(
+                f"--mask {spec!r}: not a built-in set ({', '.join(BUILTIN)}) and not a valid "
+                f"regular expression for RE2 (linear-time: no backreferences or lookarounds): {reason}"
+            ) from None
         if pattern.match("") is not None:
             raise ValueError(f"--mask {spec!r} matches the empty string; it would mask nothing useful")
         rules.append(MaskRule(spec, pattern))
@@ -143,8 +153,9 @@ class Masker:
         if token is None:
             if len(self._tokens) >= TOKEN_CACHE:
                 self._tokens.clear()
-            token = self._tokens[value] = "masked:" + hmac.new(
-                self.key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:8]
+            token = self._tokens[value] = (
+                "masked:" + hmac.new(self.key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:8]
+            )
         return token
 
     # ---- matching ----------------------------------------------------------------------------
@@ -155,8 +166,11 @@ class Masker:
             return []
         found: list[Span] = []
         for rule in self.rules:
-            mine = [(start, end, self.token(s[start:end]), rule.name) for start, end in _finditer(rule.pattern, s)
-                    if start != end and (rule.accept is None or rule.accept(s[start:end]))]
+            mine = [
+                (start, end, self.token(s[start:end]), rule.name)
+                for start, end in _finditer(rule.pattern, s)
+                if start != end and (rule.accept is None or rule.accept(s[start:end]))
+            ]
             found = _merge(found, mine) if found else mine
         return found
 

@@ -21,9 +21,10 @@ The types are those of the columns analyze stores the fields in, named as DuckDB
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 
@@ -77,10 +78,25 @@ WORDS = {
 BODIES = {f: "VARCHAR" for name in BODY_FIELDS for f in (name, f"{name}_encoding")}
 # The fields analyze stores as they are in a typed column (its exchanges table has the same types).
 STORED = {
-    "id": "VARCHAR", "kind": "VARCHAR", "started_at": "TIMESTAMP", "ended_at": "TIMESTAMP", "ttfb_ms": "DOUBLE",
-    "duration_ms": "DOUBLE", "run": "VARCHAR", "episode": "VARCHAR", "item": "VARCHAR", "condition": "VARCHAR",
-    "upstream": "VARCHAR", "method": "VARCHAR", "path": "VARCHAR", "query": "VARCHAR", "status": "INTEGER",
-    "client_status": "INTEGER", "error_kind": "VARCHAR", "error_message": "VARCHAR", "condition_note": "VARCHAR",
+    "id": "VARCHAR",
+    "kind": "VARCHAR",
+    "started_at": "TIMESTAMP",
+    "ended_at": "TIMESTAMP",
+    "ttfb_ms": "DOUBLE",
+    "duration_ms": "DOUBLE",
+    "run": "VARCHAR",
+    "episode": "VARCHAR",
+    "item": "VARCHAR",
+    "condition": "VARCHAR",
+    "upstream": "VARCHAR",
+    "method": "VARCHAR",
+    "path": "VARCHAR",
+    "query": "VARCHAR",
+    "status": "INTEGER",
+    "client_status": "INTEGER",
+    "error_kind": "VARCHAR",
+    "error_message": "VARCHAR",
+    "condition_note": "VARCHAR",
 }
 # Every typed field, in the order the first that does not fit is named: the bodies first.
 FIELDS = {**BODIES, **STORED}
@@ -106,17 +122,25 @@ def misfit(name: str, value: Any, kind: str) -> str | None:
 _NONE = type(None)
 # Per type, the Python types its values may have (bool is no int here: type() is compared, not isinstance).
 _PY_TYPES = {
-    "VARCHAR": frozenset({str, _NONE}), "JSON": frozenset({str, _NONE}), "INTEGER": frozenset({int, _NONE}),
-    "BIGINT": frozenset({int, _NONE}), "DOUBLE": frozenset({int, float, _NONE}),
-    "TIMESTAMP": frozenset({int, float, _NONE}), "BOOLEAN": frozenset({bool, _NONE}), "VARCHAR[]": frozenset({list, _NONE}),
+    "VARCHAR": frozenset({str, _NONE}),
+    "JSON": frozenset({str, _NONE}),
+    "INTEGER": frozenset({int, _NONE}),
+    "BIGINT": frozenset({int, _NONE}),
+    "DOUBLE": frozenset({int, float, _NONE}),
+    "TIMESTAMP": frozenset({int, float, _NONE}),
+    "BOOLEAN": frozenset({bool, _NONE}),
+    "VARCHAR[]": frozenset({list, _NONE}),
 }
 _NAMES = tuple(FIELDS)
 _VALUES = operator.itemgetter(*_NAMES)
 _ALLOWED = tuple(_PY_TYPES[FIELDS[name]] for name in _NAMES)
 # The fields whose type alone does not decide: their place in _NAMES and the bounds their values
 # must be strictly within.
-_EXCLUSIVE = {"INTEGER": (INT32[0] - 1, INT32[1] + 1), "BIGINT": (INT64[0] - 1, INT64[1] + 1),
-              "TIMESTAMP": (-EPOCH_SECONDS, EPOCH_SECONDS)}
+_EXCLUSIVE = {
+    "INTEGER": (INT32[0] - 1, INT32[1] + 1),
+    "BIGINT": (INT64[0] - 1, INT64[1] + 1),
+    "TIMESTAMP": (-EPOCH_SECONDS, EPOCH_SECONDS),
+}
 _BOUNDED = tuple((i, *_EXCLUSIVE[FIELDS[name]]) for i, name in enumerate(_NAMES) if FIELDS[name] in _EXCLUSIVE)
 # Type signatures (each field's Python type, in _NAMES order) seen to fit: the proxy writes few.
 _FITTING: set[tuple[type, ...]] = set()
@@ -213,5 +237,9 @@ def read_checked(data_dir: str | Path) -> Iterator[Checked]:
                 yield Checked(path.name, line.offset, line.record, None)
             else:
                 rid = line.record.get("id")
-                yield Checked(path.name, line.offset, None,
-                              Issue(path.name, line.offset, bad[0], bad[1], rid if isinstance(rid, str) else None))
+                yield Checked(
+                    path.name,
+                    line.offset,
+                    None,
+                    Issue(path.name, line.offset, bad[0], bad[1], rid if isinstance(rid, str) else None),
+                )

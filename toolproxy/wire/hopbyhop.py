@@ -3,7 +3,7 @@ all pass headers on by these rules, so they are the wire's, below every one of t
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 # RFC 9110 section 7.6.1 hop-by-hop fields, plus the ones a relay owns or recomputes.
 HOP_BY_HOP = frozenset(

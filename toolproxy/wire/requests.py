@@ -58,8 +58,6 @@ def tool_names(tools: Any) -> list[str]:
     return out
 
 
-
-
 def stop_strings(body: Any) -> list[str]:
     """The stop strings a request asked for, in any family's field: `stop` (chat, completions,
     llama.cpp, and llama-server's Responses), `stop_sequences` (Messages), `options.stop` (Ollama).
