@@ -665,7 +665,7 @@ async def _say_as_it_goes(diag: Diagnosis, stages: AsyncIterator[tuple[str, str 
 
     ticker = asyncio.create_task(tick())
     try:
-        async for stage, _awaited in stages:
+        async for stage, awaited in stages:  # noqa: B007 (tick() reads it)
             since = time.monotonic()
             progress.clear()
             if out is not None:
