@@ -10,8 +10,16 @@ from pathlib import Path
 import click
 import orjson
 
-from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, MEMORY_LIMIT_OPTION, _fail, _open, analyze_if_stale,
-                                        expect_option, terminal_safe_csv)
+from toolproxy.analysis.options import (
+    DATA_OPTION,
+    DB_OPTION,
+    MEMORY_LIMIT_OPTION,
+    analyze_if_stale,
+    expect_option,
+    fail,
+    open_store,
+    terminal_safe_csv,
+)
 from toolproxy.term.printable import printable
 
 # The runs just re-derived that were recorded with --sample (record/sampling.py): the rate, and
@@ -26,17 +34,44 @@ from run_tallies where run in (select unnest(?::varchar[])) group by run having 
 @click.command()
 @DATA_OPTION
 @DB_OPTION
-@click.option("--batch-mb", default=8.0, show_default=True, type=click.FloatRange(0.001, 1024), help="Input analysed together, in MB (bounds memory).")
-@click.option("--workers", default=None, type=click.IntRange(0, 64), help="Analysis processes (default: one per core for large ingests, 0 = in-process).")
+@click.option(
+    "--batch-mb",
+    default=8.0,
+    show_default=True,
+    type=click.FloatRange(0.001, 1024),
+    help="Input analysed together, in MB (bounds memory).",
+)
+@click.option(
+    "--workers",
+    default=None,
+    type=click.IntRange(0, 64),
+    help="Analysis processes (default: one per core for large ingests, 0 = in-process).",
+)
 @MEMORY_LIMIT_OPTION
-@click.option("--reclassify", is_flag=True,
-              help="Rebuild every derived table (classification, turns, roles, episodes) from the stored raw exchanges.")
-@expect_option("What items expect, by a rule on tags, e.g. 'category=irrelevance:none' (repeatable; the last "
-               "matching rule wins over the item's expect tag). Stored with the analysis and used until replaced.")
-@click.option("--clear-expect", is_flag=True, help="Forget the stored expectation rules (items keep their expect tags).")
+@click.option(
+    "--reclassify",
+    is_flag=True,
+    help="Rebuild every derived table (classification, turns, roles, episodes) from the stored raw exchanges.",
+)
+@expect_option(
+    "What items expect, by a rule on tags, e.g. 'category=irrelevance:none' (repeatable; the last "
+    "matching rule wins over the item's expect tag). Stored with the analysis and used until replaced."
+)
+@click.option(
+    "--clear-expect", is_flag=True, help="Forget the stored expectation rules (items keep their expect tags)."
+)
 @click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
-def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int | None, memory_limit: str,
-            reclassify: bool, expect_rules: list, clear_expect: bool, quiet: bool) -> None:
+def analyze(
+    data_dir: Path,
+    db_path: Path | None,
+    batch_mb: float,
+    workers: int | None,
+    memory_limit: str,
+    reclassify: bool,
+    expect_rules: list,
+    clear_expect: bool,
+    quiet: bool,
+) -> None:
     """Ingest new records from DATA into DuckDB and classify every turn (incremental; safe to re-run).
 
     When the store was analysed by another analyzer version, with other --expect rules, or with
@@ -44,46 +79,55 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
     """
     import duckdb
 
-    from toolproxy.analysis.ingest.pipeline import ingest
+    from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.lifecycle.ingest import ingest
     from toolproxy.analysis.lifecycle.prune import forget_pruned
     from toolproxy.analysis.lifecycle.reanalyze import ReanalyzeError, rebuild, rebuild_reason
-    from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.store.state import save_state
     from toolproxy.term.progress import Progress
 
     if not data_dir.exists():
-        _fail(f"data directory {data_dir} does not exist (give --data, where `toolproxy serve` recorded)")
+        fail(f"data directory {data_dir} does not exist (give --data, where `toolproxy serve` recorded)")
     if not data_dir.is_dir():
-        _fail(f"--data {data_dir} is not a directory")
+        fail(f"--data {data_dir} is not a directory")
     if not (data_dir / "segments").is_dir():
-        _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
+        fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
     if expect_rules and clear_expect:
-        _fail("give --expect or --clear-expect, not both")
+        fail("give --expect or --clear-expect, not both")
     rules = expect_rules or ([] if clear_expect else None)
-    con = _open(data_dir, db_path, read_only=False, memory_limit=memory_limit)
+    con = open_store(data_dir, db_path, read_only=False, memory_limit=memory_limit)
     # DuckDB draws its own bar for any statement over 2 s, into pipes and logs too; analyze has
     # its own progress line.
     con.execute("SET enable_progress_bar = false")
     try:
         reason = rebuild_reason(con, rules=rules, force=reclassify)
         if reason is not None:
-            t = rebuild(con, rules, exchanges=reclassify or reason.startswith("analyzer version"), data_dir=data_dir,
-                        progress=Progress("analyze: reclassifying", unit="exchanges", quiet=quiet))
-            click.echo(f"rebuilt derived tables ({reason}): {t['exchanges']} exchanges reclassified, "
-                       f"{t['runs']} runs, {t['turns']} turns, {t['episodes']} episodes")
+            t = rebuild(
+                con,
+                rules,
+                exchanges=reclassify or reason.startswith("analyzer version"),
+                data_dir=data_dir,
+                progress=Progress("analyze: reclassifying", unit="exchanges", quiet=quiet),
+            )
+            click.echo(
+                f"rebuilt derived tables ({reason}): {t['exchanges']} exchanges reclassified, "
+                f"{t['runs']} runs, {t['turns']} turns, {t['episodes']} episodes"
+            )
         else:
             save_state(con, rules)  # a new store records the version and rules its first ingest is derived under
         forgotten = forget_pruned(con, data_dir)
         if forgotten["segments"]:
-            click.echo(f"pruned segments: {forgotten['segments']}; their {forgotten['exchanges']} exchanges removed, "
-                       f"{forgotten['runs']} runs re-derived")
+            click.echo(
+                f"pruned segments: {forgotten['segments']}; their {forgotten['exchanges']} exchanges removed, "
+                f"{forgotten['runs']} runs re-derived"
+            )
         with Progress("analyze: reading segments", unit="MB", scale=1e6, quiet=quiet) as progress:
             s = ingest(con, data_dir, batch_bytes=int(batch_mb * 1024 * 1024), workers=workers, progress=progress)
         sampled = con.execute(_SAMPLED_QUERY, [s.runs]).fetchall()
     except duckdb.Error as exc:
-        _fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
+        fail(f"analyze failed in DuckDB: {str(exc).splitlines()[0]}")
     except ReanalyzeError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         con.close()
     rate = s.records / s.seconds if s.seconds > 0 else 0.0
@@ -92,22 +136,36 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
         f"records: {s.records}; new exchanges: {s.new_exchanges}; duplicates skipped: {s.duplicates}; "
         f"fingerprints: {s.fingerprints}"
     )
-    click.echo(printable(
-        f"runs re-derived: {len(s.runs)}{' (' + ', '.join(s.runs[:8]) + (', ...' if len(s.runs) > 8 else '') + ')' if s.runs else ''}; "
-        f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s, {s.workers or 'no'} worker processes)"
-    ))
+    click.echo(
+        printable(
+            f"runs re-derived: {len(s.runs)}{_run_names(s.runs)}; "
+            f"turns: {s.turns}; episodes: {s.episodes}; {s.seconds:.2f}s ({rate:,.0f} records/s, {s.workers or 'no'} "
+            "worker processes)"
+        )
+    )
     if s.runs_in_part:
-        click.echo(f"derived in part: {len(s.runs_in_part)} of those runs, only their {s.episodes_in_part} episodes "
-                   "with new records (the rest kept)")
+        click.echo(
+            f"derived in part: {len(s.runs_in_part)} of those runs, only their {s.episodes_in_part} episodes "
+            "with new records (the rest kept)"
+        )
     if sampled:
-        click.echo(printable("sampled (recorded with --sample; `report` gives estimated totals): " + "; ".join(
-            f"{run} at {100 * rate:g}% of episodes, {n} exchanges forwarded and not stored" for run, rate, n in sampled)))
+        click.echo(
+            printable(
+                "sampled (recorded with --sample; `report` gives estimated totals): "
+                + "; ".join(
+                    f"{run} at {100 * rate:g}% of episodes, {n} exchanges forwarded and not stored"
+                    for run, rate, n in sampled
+                )
+            )
+        )
     if s.set_aside:
         n = sum(s.set_aside.values())
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(s.set_aside.items()))
         where = f"--db {shlex.quote(str(db_path))}" if db_path else f"--data {shlex.quote(str(data_dir))}"
-        click.echo(f"set aside: {n} line{'s' if n != 1 else ''} that could not be stored ({kinds}); every other line was "
-                   f"ingested. To see them: toolproxy sql {where} \"{_ISSUES_QUERY}\"")
+        click.echo(
+            f"set aside: {n} line{'s' if n != 1 else ''} that could not be stored ({kinds}); every other line was "
+            f'ingested. To see them: toolproxy sql {where} "{_ISSUES_QUERY}"'
+        )
     if s.issues:
         click.echo(f"issues: {len(s.issues)}")
         for line in s.issues[:20]:
@@ -120,6 +178,11 @@ def analyze(data_dir: Path, db_path: Path | None, batch_mb: float, workers: int 
 
 
 _ISSUES_QUERY = "SELECT segment, byte_offset, record_id, kind, message FROM ingest_issues ORDER BY segment, byte_offset"
+
+
+def _run_names(runs: list[str]) -> str:
+    """The first eight run names in brackets, for analyze's summary line."""
+    return f" ({', '.join(runs[:8])}{', ...' if len(runs) > 8 else ''})" if runs else ""
 
 
 def _cell(value) -> str:
@@ -154,7 +217,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
 
     from toolproxy.analysis.store.connection import bodies_in_sql
 
-    con = _open(data_dir, db_path, read_only=True, half_derived=True)
+    con = open_store(data_dir, db_path, read_only=True, half_derived=True)
     try:
         with bodies_in_sql(con, data_dir):
             cur = con.execute(query)
@@ -163,7 +226,7 @@ def sql(query: str, data_dir: Path, db_path: Path | None, fmt: str) -> None:
             columns = [d[0] for d in cur.description]
             rows = cur.fetchall()
     except duckdb.Error as exc:
-        _fail(f"query failed: {str(exc).strip()}")
+        fail(f"query failed: {str(exc).strip()}")
     finally:
         con.close()
     if fmt == "json":
@@ -190,16 +253,23 @@ def show(exchange_id: str, data_dir: Path, db_path: Path | None, raw: bool) -> N
     from toolproxy.analysis.report.show import render
 
     analyze_if_stale("show", data_dir, db_path)
-    con = _open(data_dir, db_path, read_only=True)
+    con = open_store(data_dir, db_path, read_only=True)
     try:
-        ids = [r[0] for r in con.execute(
-            "SELECT id FROM exchanges WHERE starts_with(lower(id), ?) ORDER BY id LIMIT 11", [exchange_id.strip().lower()]
-        ).fetchall()]
+        ids = [
+            r[0]
+            for r in con.execute(
+                "SELECT id FROM exchanges WHERE starts_with(lower(id), ?) ORDER BY id LIMIT 11",
+                [exchange_id.strip().lower()],
+            ).fetchall()
+        ]
         if not ids:
-            _fail(f"no exchange with id {exchange_id!r} (try `toolproxy sql \"select id, path, outcome from exchanges limit 20\"`)")
+            fail(
+                f'no exchange with id {exchange_id!r} (try `toolproxy sql "select id, path, outcome from exchanges '
+                'limit 20"`)'
+            )
         if len(ids) > 1:
             more = ", ".join(ids[:10]) + (", ..." if len(ids) > 10 else "")
-            _fail(f"id prefix {exchange_id!r} is ambiguous: {more}")
+            fail(f"id prefix {exchange_id!r} is ambiguous: {more}")
         click.echo(render(con, ids[0], data_dir, raw=raw))
     finally:
         con.close()

@@ -15,14 +15,21 @@ from toolproxy.analysis.store.memory import DEFAULT_MEMORY_LIMIT
 from toolproxy.term.printable import printable
 
 DATA_OPTION = click.option(
-    "--data", "data_dir", default="toolproxy-data", show_default=True, envvar="TOOLPROXY_DATA",
-    type=click.Path(path_type=Path), help="Data directory the proxy records into.",
+    "--data",
+    "data_dir",
+    default="toolproxy-data",
+    show_default=True,
+    envvar="TOOLPROXY_DATA",
+    type=click.Path(path_type=Path),
+    help="Data directory the proxy records into.",
 )
 DB_OPTION = click.option(
-    "--db", "db_path", default=None, type=click.Path(path_type=Path),
+    "--db",
+    "db_path",
+    default=None,
+    type=click.Path(path_type=Path),
     help="DuckDB file (default: DATA/toolproxy.duckdb).",
 )
-
 
 
 def _memory_limit_callback(_ctx, _param, value: str) -> str:
@@ -36,19 +43,24 @@ def _memory_limit_callback(_ctx, _param, value: str) -> str:
 
 
 MEMORY_LIMIT_OPTION = click.option(
-    "--memory-limit", default=DEFAULT_MEMORY_LIMIT, show_default=True, envvar="TOOLPROXY_MEMORY_LIMIT", callback=_memory_limit_callback,
+    "--memory-limit",
+    default=DEFAULT_MEMORY_LIMIT,
+    show_default=True,
+    envvar="TOOLPROXY_MEMORY_LIMIT",
+    callback=_memory_limit_callback,
     help="Memory DuckDB may use (1GB, 512MB, 25% of RAM); past it, it spills to DB.tmp beside the database.",
 )
 
 
-def _fail(message: str) -> None:
+def fail(message: str) -> None:
+    """The error exit of every analysis command: the message made printable, on stderr, exit 2."""
     click.echo(printable(f"toolproxy: {message}", lines=True), err=True)
     sys.exit(2)
 
 
 def expect_callback(_ctx, _param, values: tuple[str, ...]) -> list:
     """--expect rules parsed at the command line, so a mistyped rule is a usage error, not a traceback."""
-    from toolproxy.analysis.measure.expectations import RuleError, parse_rules
+    from toolproxy.analysis.classify.expectations import RuleError, parse_rules
 
     try:
         return parse_rules(values)
@@ -57,8 +69,14 @@ def expect_callback(_ctx, _param, values: tuple[str, ...]) -> list:
 
 
 def expect_option(help_text: str):
-    return click.option("--expect", "expect_rules", multiple=True, metavar="TAG=VALUE:call|none",
-                        callback=expect_callback, help=help_text)
+    return click.option(
+        "--expect",
+        "expect_rules",
+        multiple=True,
+        metavar="TAG=VALUE:call|none",
+        callback=expect_callback,
+        help=help_text,
+    )
 
 
 EXPECT_OPTION = expect_option(
@@ -76,7 +94,7 @@ def analyze_if_stale(command: str, data_dir: Path, db_path: Path | None, memory_
     analyze runs as its own process with its summary discarded (this command's stdout is its
     result) and its stderr shown: its progress line on a terminal, its error if it fails.
     """
-    from toolproxy.analysis.lifecycle.staleness import unanalyzed_segments
+    from toolproxy.analysis.load.staleness import unanalyzed_segments
     from toolproxy.analysis.store.connection import default_db
 
     if db_path is not None and db_path != default_db(data_dir):
@@ -85,20 +103,30 @@ def analyze_if_stale(command: str, data_dir: Path, db_path: Path | None, memory_
     if not stale:
         return
     n = len(stale)
-    click.echo(printable(f"toolproxy {command}: {n} segment{'s' if n != 1 else ''} in {data_dir} "
-                         f"{'hold' if n != 1 else 'holds'} records not analyzed yet; analyzing first "
-                         f"(toolproxy analyze --data {data_dir})"), err=True)
+    click.echo(
+        printable(
+            f"toolproxy {command}: {n} segment{'s' if n != 1 else ''} in {data_dir} "
+            f"{'hold' if n != 1 else 'holds'} records not analyzed yet; analyzing first "
+            f"(toolproxy analyze --data {data_dir})"
+        ),
+        err=True,
+    )
     argv = [sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data_dir)]
     if memory_limit is not None:  # the limit the user gave this command holds for its analyze too
         argv += ["--memory-limit", memory_limit]
-    done = subprocess.run(argv,
-                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     if done.returncode != 0:
         click.echo(f"toolproxy {command}: analyze failed (above); reading the database as it was", err=True)
 
 
-def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
-          half_derived: bool = False):
+def open_store(
+    data_dir: Path,
+    db_path: Path | None,
+    *,
+    read_only: bool,
+    memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
+    half_derived: bool = False,
+):
     """The store; a reader is refused while runs are half derived (state.unfinished_runs), since
     their numbers would be wrong, unless `half_derived` (`toolproxy sql`, for looking into it)."""
     from toolproxy.analysis.store.connection import StoreError, connect, default_db
@@ -108,12 +136,15 @@ def _open(data_dir: Path, db_path: Path | None, *, read_only: bool, memory_limit
     try:
         con = connect(path, read_only=read_only, memory_limit=memory_limit)
     except StoreError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if read_only and not half_derived and (unfinished := unfinished_runs(con)):
         con.close()
         names = ", ".join(unfinished[:5]) + (", ..." if len(unfinished) > 5 else "")
-        _fail(f"{path}: an analyze stopped while deriving {len(unfinished)} run(s) ({names}), whose turns are half rebuilt; "
-              f"run `toolproxy analyze` on this store to finish them (it derives them again from the stored exchanges)")
+        fail(
+            f"{path}: an analyze stopped while deriving {len(unfinished)} run(s) ({names}), whose turns are half "
+            "rebuilt; "
+            f"run `toolproxy analyze` on this store to finish them (it derives them again from the stored exchanges)"
+        )
     return con
 
 

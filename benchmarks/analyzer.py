@@ -52,11 +52,18 @@ from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.testing import peak
 from toolproxy.testing.corpus import generate, generate_daily, generate_long, generate_small, generate_untagged
 
-GENERATORS = {"agents": generate, "small": generate_small, "long": generate_long, "untagged": generate_untagged,
-              "daily": generate_daily}
+GENERATORS = {
+    "agents": generate,
+    "small": generate_small,
+    "long": generate_long,
+    "untagged": generate_untagged,
+    "daily": generate_daily,
+}
 
 
-def _analyze(python: str, data_dir: Path, args: argparse.Namespace, fresh: bool = True) -> tuple[float, float, float, str]:
+def _analyze(
+    python: str, data_dir: Path, args: argparse.Namespace, fresh: bool = True
+) -> tuple[float, float, float, str]:
     """(wall s, CPU s, peak RSS MB, output) of `toolproxy analyze` as a user runs it, into a fresh
     database unless not `fresh`."""
     db = default_db(data_dir)
@@ -75,8 +82,12 @@ def _cli(python: str, data_dir: Path, memory_limit: str, *args: str) -> tuple[fl
     that a checkout in the current directory cannot shadow the toolproxy that `python` has installed."""
     out_file = Path(tempfile.gettempdir()) / f"toolproxy-bench-peak-{os.getpid()}"
     t0 = time.perf_counter()
-    proc = subprocess.Popen(peak.command(python, out_file, *args, "--memory-limit", memory_limit), cwd=data_dir,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        peak.command(python, out_file, *args, "--memory-limit", memory_limit),
+        cwd=data_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     out = proc.stdout.read().decode("utf-8", "replace")
     _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t0
@@ -106,10 +117,19 @@ def _commands(python: str, data_dir: Path, memory_limit: str) -> list[tuple[str,
     out = data_dir / "bench-out"
     steps = [("report", ["report", "--data", str(data_dir), "--format", "json", "-o", str(out / "report.json")])]
     if paired:
-        steps.append((f"compare {paired[0]} {paired[1]}", ["compare", *paired, "--data", str(data_dir), "--format",
-                                                           "json", "-o", str(out / "compare.json")]))
-    steps += [(f"export --layout {layout}", ["export", "--data", str(data_dir), "--out", str(out / layout),
-                                             "--layout", layout, "--quiet"]) for layout in ("whole", "pieces")]
+        steps.append(
+            (
+                f"compare {paired[0]} {paired[1]}",
+                ["compare", *paired, "--data", str(data_dir), "--format", "json", "-o", str(out / "compare.json")],
+            )
+        )
+    steps += [
+        (
+            f"export --layout {layout}",
+            ["export", "--data", str(data_dir), "--out", str(out / layout), "--layout", layout, "--quiet"],
+        )
+        for layout in ("whole", "pieces")
+    ]
     rows = []
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
@@ -165,8 +185,11 @@ def _floor(data_dir: Path) -> tuple[float, float, float, list[str]]:
     db = data_dir / "floor.duckdb"
     db.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", _FLOOR, str(data_dir / SEGMENT_DIR / "*.jsonl"), str(db)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FLOOR, str(data_dir / SEGMENT_DIR / "*.jsonl"), str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     out = proc.stdout.read().decode("utf-8", "replace")
     _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t0
@@ -181,19 +204,32 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--exchanges", type=int, default=100_000)
     ap.add_argument("--mix", choices=sorted(GENERATORS), default="agents", help="which data dir to generate")
-    ap.add_argument("--more", type=int, default=0, metavar="N",
-                    help="hold the last N records back; after each fresh analyze, add them and time the re-analyze")
+    ap.add_argument(
+        "--more",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hold the last N records back; after each fresh analyze, add them and time the re-analyze",
+    )
     ap.add_argument("--floor", action="store_true", help="also time DuckDB's read_json loading the same segments")
     ap.add_argument("--rounds", type=int, default=1, help="analyses of the same data, each into a fresh database")
-    ap.add_argument("--python", action="append", default=[], metavar="PYTHON",
-                    help="another interpreter (with its own toolproxy) to run side by side, interleaved (repeatable)")
+    ap.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="PYTHON",
+        help="another interpreter (with its own toolproxy) to run side by side, interleaved (repeatable)",
+    )
     ap.add_argument("--dir", type=Path, default=None, help="data dir to create (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the data dir and database afterwards")
     ap.add_argument("--batch-mb", type=float, default=8.0)
     ap.add_argument("--memory-limit", default="1GB", help="DuckDB memory limit, as for analyze")
     ap.add_argument("--workers", type=int, default=None, help="analysis processes (default: by data size)")
-    ap.add_argument("--commands", action="store_true",
-                    help="after the analyses, also time report, compare and export (both layouts) on the store")
+    ap.add_argument(
+        "--commands",
+        action="store_true",
+        help="after the analyses, also time report, compare and export (both layouts) on the store",
+    )
     args = ap.parse_args(argv)
 
     data_dir = (args.dir or Path(tempfile.mkdtemp(prefix="toolproxy-bench-"))).resolve()
@@ -206,7 +242,10 @@ def main(argv: list[str] | None = None) -> None:
         held = _hold_back(data_dir, args.more) if args.more else b""
         n -= args.more
         size = sum(p.stat().st_size for p in (data_dir / SEGMENT_DIR).iterdir())
-        print(f"generated {n} exchanges, mix {args.mix} ({size / 1e6:.0f} MB of segments) in {time.perf_counter() - t0:.1f}s: {data_dir}")
+        print(
+            f"generated {n} exchanges, mix {args.mix} ({size / 1e6:.0f} MB of segments) in "
+            f"{time.perf_counter() - t0:.1f}s: {data_dir}"
+        )
         results: dict[str, list[tuple[float, float, float]]] = {p: [] for p in pythons}
         more = data_dir / SEGMENT_DIR / "20991231T235959-1-0001.jsonl"
         for r in range(args.rounds):
@@ -216,27 +255,36 @@ def main(argv: list[str] | None = None) -> None:
                 results[python].append((n / dt, cpu / n * 1e6, rss))
                 if r == 0 and python == pythons[0]:
                     print(out.rstrip())
-                print(f"round {r + 1} {python}: {n / dt:,.0f} exchanges/s wall ({dt:.1f}s, process start and final "
-                      f"checkpoint included); {cpu / n * 1e6:.0f} us CPU per exchange; peak RSS {rss:.0f} MB; "
-                      f"db {default_db(data_dir).stat().st_size / 1e6:.0f} MB")
+                print(
+                    f"round {r + 1} {python}: {n / dt:,.0f} exchanges/s wall ({dt:.1f}s, process start and final "
+                    f"checkpoint included); {cpu / n * 1e6:.0f} us CPU per exchange; peak RSS {rss:.0f} MB; "
+                    f"db {default_db(data_dir).stat().st_size / 1e6:.0f} MB"
+                )
                 if held:
                     more.write_bytes(held)
                     dt2, cpu2, rss2, out2 = _analyze(python, data_dir, args, fresh=False)
                     part = next((f"; {line}" for line in out2.splitlines() if line.startswith("derived in part")), "")
-                    print(f"  +{args.more} records, re-analyze {python}: {dt2:.2f}s wall, {cpu2:.2f}s CPU "
-                          f"({cpu2 / cpu:.3f} of the fresh analyze's), peak RSS {rss2:.0f} MB{part}")
+                    print(
+                        f"  +{args.more} records, re-analyze {python}: {dt2:.2f}s wall, {cpu2:.2f}s CPU "
+                        f"({cpu2 / cpu:.3f} of the fresh analyze's), peak RSS {rss2:.0f} MB{part}"
+                    )
             if args.floor:
                 more.unlink(missing_ok=True)
                 fdt, fcpu, frss, (rows, columns) = _floor(data_dir)
                 cpu = results[pythons[0]][-1][1] * n / 1e6
-                print(f"round {r + 1} floor: DuckDB read_json into a table ({rows} rows, {columns} columns): {fdt:.1f}s wall, "
-                      f"{fcpu / n * 1e6:.0f} us CPU per exchange, peak RSS {frss:.0f} MB; {pythons[0]} analyze "
-                      f"{cpu / fcpu:.1f}x its CPU")
+                print(
+                    f"round {r + 1} floor: DuckDB read_json into a table ({rows} rows, {columns} columns): {fdt:.1f}s "
+                    "wall, "
+                    f"{fcpu / n * 1e6:.0f} us CPU per exchange, peak RSS {frss:.0f} MB; {pythons[0]} analyze "
+                    f"{cpu / fcpu:.1f}x its CPU"
+                )
         base = statistics.median(x[0] for x in results[pythons[0]])
         for python in pythons:
             rate, cpu, rss = (statistics.median(x[i] for x in results[python]) for i in range(3))
-            print(f"=> median of {args.rounds}, {python}: {rate:,.0f} exchanges/s wall, {cpu:.0f} us CPU per exchange, "
-                  f"peak RSS {rss:.0f} MB" + (f"; {rate / base:.2f}x this one's rate" if python != pythons[0] else ""))
+            print(
+                f"=> median of {args.rounds}, {python}: {rate:,.0f} exchanges/s wall, {cpu:.0f} us CPU per exchange, "
+                f"peak RSS {rss:.0f} MB" + (f"; {rate / base:.2f}x this one's rate" if python != pythons[0] else "")
+            )
         if held:
             more.write_bytes(held)  # the database holds them
         dt2, _, _, out2 = _analyze(pythons[0], data_dir, args, fresh=False)

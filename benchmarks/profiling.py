@@ -27,7 +27,7 @@ from pathlib import Path
 PARTS: tuple[tuple[str, str, str], ...] = (
     ("toolproxy/proxy/tags.py", "", "request: path tags, query redaction"),
     ("toolproxy/proxy/headers.py", "Redactor.query", "request: path tags, query redaction"),
-    ("toolproxy/proxy/headers.py", "connection_listed", "headers: copied up and down"),
+    ("toolproxy/wire/hopbyhop.py", "connection_listed", "headers: copied up and down"),
     ("toolproxy/proxy/forward.py", "_upstream_headers", "headers: copied up and down"),
     ("toolproxy/proxy/forward.py", "_relay.<locals>.<listcomp>", "headers: copied up and down"),
     ("toolproxy/proxy/headers.py", "", "headers: redacted for the record"),
@@ -72,7 +72,7 @@ THREAD_PARTS = {  # Python thread name -> part, for threads other than the event
 }
 WRITER_THREAD = "toolproxy-writer"
 WRITER_PARTS: tuple[tuple[str, str, str], ...] = (
-    ("toolproxy/proxy/live.py", "", "live page: the writer's hand-over (observe)"),
+    ("toolproxy/live/view.py", "", "live page: the writer's hand-over (observe)"),
     ("toolproxy/record/chunks.py", "", "writer: dedup packer"),
     ("toolproxy/record/model.py", "encode_record", "writer: serialising large records"),
     ("toolproxy/record/writer.py", "SegmentWriter._append", "writer: write(2) of each batch"),
@@ -111,9 +111,9 @@ def read_samples(raw: str) -> dict[int, tuple[str, str, collections.Counter]]:
         at = next((i for i, part in enumerate(parts) if i and _THREAD.match(part)), None)
         if at is None:
             continue
-        process, m, frames = ";".join(parts[:at]), _THREAD.match(parts[at]), parts[at + 1:]
+        process, m, frames = ";".join(parts[:at]), _THREAD.match(parts[at]), parts[at + 1 :]
         tid, name = int(m["tid"]), m["name"] or ""
-        if "spawn_main" in process or "toolproxy.proxy.classifier" in process:
+        if "spawn_main" in process or "toolproxy.live.classifier" in process:
             part = CLASSIFIER
         elif "resource_tracker" in process:
             part = OTHER_PROCESS
@@ -144,12 +144,20 @@ def thread_cpu(pids: list[int]) -> dict[int, tuple[int, str, float]]:
             except OSError:
                 continue
             fields = stat.rsplit(") ", 1)[1].split()
-            out[int(tid)] = (pid, stat[stat.index("(") + 1: stat.rindex(")")], (int(fields[11]) + int(fields[12])) / tick)
+            out[int(tid)] = (
+                pid,
+                stat[stat.index("(") + 1 : stat.rindex(")")],
+                (int(fields[11]) + int(fields[12])) / tick,
+            )
     return out
 
 
-def attribute(samples: dict[int, tuple[str, str, collections.Counter]], cpu: dict[int, tuple[int, str, float]],
-              requests: int, main_pids: set[int]) -> dict[str, float]:
+def attribute(
+    samples: dict[int, tuple[str, str, collections.Counter]],
+    cpu: dict[int, tuple[int, str, float]],
+    requests: int,
+    main_pids: set[int],
+) -> dict[str, float]:
     """{part: CPU microseconds per request}: each thread's CPU split by its samples' parts (pure).
 
     A thread of the proxy's own process that used CPU but was never sampled is a part of its own
@@ -172,24 +180,64 @@ def attribute(samples: dict[int, tuple[str, str, collections.Counter]], cpu: dic
 
 def record(py_spy: str, pid: int, seconds: float, out: Path, rate: int = 250) -> str:
     """py-spy's raw samples of `pid` and its children for `seconds` (blocking)."""
-    subprocess.run([py_spy, "record", "--pid", str(pid), "--subprocesses", "--threads", "--nonblocking",
-                    "--rate", str(rate), "--duration", str(max(1, round(seconds))), "--format", "raw", "-o", str(out)],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=seconds + 60, check=False)
+    subprocess.run(
+        [
+            py_spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--subprocesses",
+            "--threads",
+            "--nonblocking",
+            "--rate",
+            str(rate),
+            "--duration",
+            str(max(1, round(seconds))),
+            "--format",
+            "raw",
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=seconds + 60,
+        check=False,
+    )
     return out.read_text() if out.exists() else ""
 
 
 def breakdown_table(profiles: dict[str, dict[str, float]], floor: str) -> str:
     """A Markdown table: parts as rows, targets as columns (us/request), and each one minus the floor."""
     names = list(profiles)
-    parts = sorted({p for prof in profiles.values() for p in prof}, key=lambda p: -max(prof.get(p, 0.0) for prof in profiles.values()))
+    parts = sorted(
+        {p for prof in profiles.values() for p in prof},
+        key=lambda p: -max(prof.get(p, 0.0) for prof in profiles.values()),
+    )
     others = [n for n in names if n != floor]
-    head = "| part (CPU us per request) | " + " | ".join(names) + " | " + " | ".join(f"{n} - {floor}" for n in others) + " |"
+    head = (
+        "| part (CPU us per request) | "
+        + " | ".join(names)
+        + " | "
+        + " | ".join(f"{n} - {floor}" for n in others)
+        + " |"
+    )
     lines = [head, "|---" * (1 + len(names) + len(others)) + "|"]
     for part in parts:
         vals = [profiles[n].get(part, 0.0) for n in names]
         diffs = [profiles[n].get(part, 0.0) - profiles[floor].get(part, 0.0) for n in others]
-        lines.append(f"| {part} | " + " | ".join(f"{v:.1f}" for v in vals) + " | " + " | ".join(f"{d:+.1f}" for d in diffs) + " |")
+        lines.append(
+            f"| {part} | "
+            + " | ".join(f"{v:.1f}" for v in vals)
+            + " | "
+            + " | ".join(f"{d:+.1f}" for d in diffs)
+            + " |"
+        )
     totals = [sum(profiles[n].values()) for n in names]
-    lines.append("| **total** | " + " | ".join(f"**{t:.1f}**" for t in totals) + " | "
-                 + " | ".join(f"**{sum(profiles[n].values()) - totals[names.index(floor)]:+.1f}**" for n in others) + " |")
+    lines.append(
+        "| **total** | "
+        + " | ".join(f"**{t:.1f}**" for t in totals)
+        + " | "
+        + " | ".join(f"**{sum(profiles[n].values()) - totals[names.index(floor)]:+.1f}**" for n in others)
+        + " |"
+    )
     return "\n".join(lines)

@@ -42,29 +42,66 @@ CHAT_BODY = json.dumps(
     {
         "model": "bench",
         "messages": [
-            {"role": "system", "content": "You are a careful assistant with tools. Call a tool when it helps; "
-                                          "answer in one short paragraph otherwise. " * 4},
-            {"role": "user", "content": "What is the weather in Paris, and should I take an umbrella to the museum "
-                                        "this afternoon? " * 2},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
-            ]},
-            {"role": "tool", "tool_call_id": "call_0",
-             "content": "{\"city\": \"Paris\", \"temperature_c\": 14, \"conditions\": \"light rain\", \"wind_kmh\": 12}"},
+            {
+                "role": "system",
+                "content": "You are a careful assistant with tools. Call a tool when it helps; "
+                "answer in one short paragraph otherwise. " * 4,
+            },
+            {
+                "role": "user",
+                "content": "What is the weather in Paris, and should I take an umbrella to the museum "
+                "this afternoon? " * 2,
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "call_0",
+                "content": '{"city": "Paris", "temperature_c": 14, "conditions": "light rain", "wind_kmh": 12}',
+            },
             {"role": "user", "content": "And tomorrow in Lyon?"},
         ],
         "tools": [
-            {"type": "function", "function": {
-                "name": "get_weather", "description": "Current weather for a city: temperature, conditions, wind and humidity",
-                "parameters": {"type": "object", "properties": {
-                    "city": {"type": "string", "description": "City name"},
-                    "day": {"type": "string", "enum": ["today", "tomorrow"]}}, "required": ["city"]}}},
-            {"type": "function", "function": {
-                "name": "search_events", "description": "Events in a city on a given day, with opening hours and prices",
-                "parameters": {"type": "object", "properties": {
-                    "city": {"type": "string"}, "date": {"type": "string", "format": "date"},
-                    "category": {"type": "string", "enum": ["museum", "music", "sport", "food"]}},
-                    "required": ["city", "date"]}}},
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Current weather for a city: temperature, conditions, wind and humidity",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            "city": {"type": "string", "description": "City name"},
+                            "day": {"type": "string", "enum": ["today", "tomorrow"]},
+                        },
+                        "required": ["city"],
+                    },
+                },
+            },
+            {
+                "type": "function",
+                "function": {
+                    "name": "search_events",
+                    "description": "Events in a city on a given day, with opening hours and prices",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            "city": {"type": "string"},
+                            "date": {"type": "string", "format": "date"},
+                            "category": {"type": "string", "enum": ["museum", "music", "sport", "food"]},
+                        },
+                        "required": ["city", "date"],
+                    },
+                },
+            },
         ],
         "tool_choice": "auto",
         "temperature": 0.2,
@@ -85,7 +122,11 @@ REPLY = json.dumps(
                     "role": "assistant",
                     "content": None,
                     "tool_calls": [
-                        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                        }
                     ],
                 },
                 "finish_reason": "tool_calls",
@@ -103,6 +144,7 @@ STREAM_GAP = 0.01
 
 
 # ---- the fake upstream: a raw asyncio HTTP/1.1 server, fast enough not to be the bottleneck ----
+
 
 class _Upstream(asyncio.Protocol):
     def connection_made(self, transport):
@@ -155,6 +197,7 @@ async def _serve_upstream(port: int, protocol=_Upstream) -> None:
 
 # ---- the bare aiohttp pass-through (no recording) ------------------------------------------------
 
+
 def _bare_app(upstream: str):
     import aiohttp
     from aiohttp import web
@@ -165,7 +208,9 @@ def _bare_app(upstream: str):
         session = request.app["session"]
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
-        async with session.request(request.method, upstream + request.raw_path, data=body or None, headers=headers) as up:
+        async with session.request(
+            request.method, upstream + request.raw_path, data=body or None, headers=headers
+        ) as up:
             resp = web.StreamResponse(status=up.status)
             for k, v in up.headers.items():
                 if k.lower() not in hop:
@@ -218,6 +263,7 @@ def _run_loop(coro_or_app, port: int | None = None, use_uvloop: bool = True) -> 
 
 # ---- orchestration ----------------------------------------------------------------------------
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -248,7 +294,9 @@ def _wrk_command(url: str, conns: int, seconds: float, script: Path) -> list[str
 
 
 def _wrk(url: str, conns: int, seconds: float, script: Path) -> dict:
-    out = subprocess.run(_wrk_command(url, conns, seconds, script), capture_output=True, text=True, timeout=seconds + 60).stdout
+    out = subprocess.run(
+        _wrk_command(url, conns, seconds, script), capture_output=True, text=True, timeout=seconds + 60
+    ).stdout
     return _wrk_result(url, out)
 
 
@@ -258,6 +306,7 @@ def _wrk_result(url: str, out: str) -> dict:
         if not m:
             raise RuntimeError(f"could not read {label} latency from wrk output:\n{out}")
         return float(m.group(1)) * {"us": 1.0, "ms": 1000.0, "s": 1e6}[m.group(2)]
+
     m = re.search(r"Requests/sec:\s+([\d.]+)", out)
     if not m:
         raise RuntimeError(f"wrk against {url} printed no result:\n{out}")
@@ -265,8 +314,14 @@ def _wrk_result(url: str, out: str) -> dict:
     total = re.search(r"^\s*(\d+) requests in", out, re.M)
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     sock_err = re.search(r"Socket errors: (.*)", out)
-    return {"p50_us": lat("50%"), "p99_us": lat("99%"), "rps": rps, "requests": int(total.group(1)) if total else 0,
-            "non2xx": int(errors.group(1)) if errors else 0, "socket_errors": sock_err.group(1) if sock_err else ""}
+    return {
+        "p50_us": lat("50%"),
+        "p99_us": lat("99%"),
+        "rps": rps,
+        "requests": int(total.group(1)) if total else 0,
+        "non2xx": int(errors.group(1)) if errors else 0,
+        "socket_errors": sock_err.group(1) if sock_err else "",
+    }
 
 
 def _c1_interleaved(targets: dict[str, str], path: str, rounds: int) -> dict[str, dict]:
@@ -278,7 +333,8 @@ def _c1_interleaved(targets: dict[str, str], path: str, rounds: int) -> dict[str
         name: (
             f"POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer sk-bench\r\nContent-Length: {len(CHAT_BODY)}\r\n\r\n"
-        ).encode() + CHAT_BODY
+        ).encode()
+        + CHAT_BODY
         for name, addr in addrs.items()
     }
     conns: dict[str, socket.socket] = {}
@@ -316,7 +372,7 @@ def _read_response(sock: socket.socket) -> tuple[int, bool]:
     while (head_end := buf.find(b"\r\n\r\n")) < 0:
         buf += _recv(sock)
     head = buf[:head_end].decode("latin-1")
-    body = buf[head_end + 4:]
+    body = buf[head_end + 4 :]
     m = re.search(r"(?im)^content-length:\s*(\d+)", head)
     if m:
         while len(body) < int(m.group(1)):
@@ -361,7 +417,9 @@ http {{
   fastcgi_temp_path {tmp}/fcgi; uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
 """
 
-NGINX_CONF = _NGINX_HEAD + """  upstream up {{ server 127.0.0.1:{up}; keepalive 128; }}
+NGINX_CONF = (
+    _NGINX_HEAD
+    + """  upstream up {{ server 127.0.0.1:{up}; keepalive 128; }}
   server {{
     listen 127.0.0.1:{port};
     client_max_body_size 64m;
@@ -374,11 +432,14 @@ NGINX_CONF = _NGINX_HEAD + """  upstream up {{ server 127.0.0.1:{up}; keepalive 
   }}
 }}
 """
+)
 
 
 # nginx as the upstream: the reply from memory, keep-alive without a request limit (a proxy's pool
 # reconnecting every 1,000 requests would be measured otherwise).
-NGINX_UPSTREAM_CONF = _NGINX_HEAD + """  keepalive_requests 10000000;
+NGINX_UPSTREAM_CONF = (
+    _NGINX_HEAD
+    + """  keepalive_requests 10000000;
   keepalive_timeout 300s;
   server {{
     listen 127.0.0.1:{port} backlog=4096;
@@ -391,6 +452,7 @@ NGINX_UPSTREAM_CONF = _NGINX_HEAD + """  keepalive_requests 10000000;
   }}
 }}
 """
+)
 
 
 def nginx_binary() -> str | None:
@@ -490,8 +552,24 @@ class Fleet:
 
     def toolproxy(self, upstream: str, data: Path, workers: int = 1, *extra: str) -> tuple[str, subprocess.Popen]:
         port = _free_port()
-        proc = self.spawn([sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", str(port),
-                           "--data", str(data), "--quiet", "--workers", str(workers), *extra])
+        proc = self.spawn(
+            [
+                sys.executable,
+                "-m",
+                "toolproxy.cli",
+                "serve",
+                "--upstream",
+                upstream,
+                "--port",
+                str(port),
+                "--data",
+                str(data),
+                "--quiet",
+                "--workers",
+                str(workers),
+                *extra,
+            ]
+        )
         self.roots[f"http://127.0.0.1:{port}"] = [proc.pid]
         return f"http://127.0.0.1:{port}", proc
 
@@ -501,13 +579,30 @@ class Fleet:
         recorder, proc = self.toolproxy(upstream, data, 1, "--run", PLAYED, "--durability", "sync", "--no-fingerprint")
         _wait_http(recorder)
         for body in (CHAT_BODY, STREAM_BODY):
-            urllib.request.urlopen(urllib.request.Request(recorder + "/v1/chat/completions", data=body, headers={
-                "Content-Type": "application/json"})).read()
+            urllib.request.urlopen(
+                urllib.request.Request(
+                    recorder + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+                )
+            ).read()
         os.killpg(proc.pid, signal.SIGTERM)  # flushes the record
         proc.wait(timeout=15)
         port = _free_port()
-        p = self.spawn([sys.executable, "-m", "toolproxy.cli", "playback", "--from", PLAYED, "--data", str(data),
-                        "--port", str(port), "--match", "reuse=on"])
+        p = self.spawn(
+            [
+                sys.executable,
+                "-m",
+                "toolproxy.cli",
+                "playback",
+                "--from",
+                PLAYED,
+                "--data",
+                str(data),
+                "--port",
+                str(port),
+                "--match",
+                "reuse=on",
+            ]
+        )
         self.roots[f"http://127.0.0.1:{port}"] = [p.pid]
         return f"http://127.0.0.1:{port}"
 
@@ -517,8 +612,10 @@ class Fleet:
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         role = "bare" if use_uvloop else "bare_asyncio"
-        self.roots[url] = [self.spawn([sys.executable, "-m", "benchmarks.proxy", role, str(port), upstream]).pid
-                           for _ in range(processes)]
+        self.roots[url] = [
+            self.spawn([sys.executable, "-m", "benchmarks.proxy", role, str(port), upstream]).pid
+            for _ in range(processes)
+        ]
         return url
 
     def nginx_upstream(self, reply: bytes, connections: int = 4096) -> int | None:
@@ -588,24 +685,53 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     ap.add_argument("--total", type=int, default=100_000, help="requests through toolproxy before the RSS reading")
     ap.add_argument("--ttfb-requests", type=int, default=200)
-    ap.add_argument("--c1-requests", type=int, default=2000, help="sequential requests per target per round for c1 latency")
-    ap.add_argument("--workers", type=_int_list, default=[1], help="toolproxy --workers counts to measure, e.g. 1,2 "
-                    "(the bare pass-through runs as as many processes); the first must be 1")
-    ap.add_argument("--layout", choices=("pinned", "free"), default="pinned",
-                    help="pinned (default): every proxy and its upstream on one core, the load generator on another; "
-                         "free: wherever the scheduler puts them (a proxy's writer thread may then have a core of its own)")
-    ap.add_argument("--upstream", choices=("nginx", "fake"), default=None,
-                    help="what answers behind the proxies: nginx (the default where installed; no streaming, so no "
-                         "TTFB column) or the built-in fake (streams too)")
+    ap.add_argument(
+        "--c1-requests", type=int, default=2000, help="sequential requests per target per round for c1 latency"
+    )
+    ap.add_argument(
+        "--workers",
+        type=_int_list,
+        default=[1],
+        help="toolproxy --workers counts to measure, e.g. 1,2 "
+        "(the bare pass-through runs as as many processes); the first must be 1",
+    )
+    ap.add_argument(
+        "--layout",
+        choices=("pinned", "free"),
+        default="pinned",
+        help="pinned (default): every proxy and its upstream on one core, the load generator on another; "
+        "free: wherever the scheduler puts them (a proxy's writer thread may then have a core of its own)",
+    )
+    ap.add_argument(
+        "--upstream",
+        choices=("nginx", "fake"),
+        default=None,
+        help="what answers behind the proxies: nginx (the default where installed; no streaming, so no "
+        "TTFB column) or the built-in fake (streams too)",
+    )
     ap.add_argument("--no-nginx", action="store_true", help="leave nginx out as a proxy target even when installed")
     ap.add_argument("--json", dest="json_out", help="also write the raw numbers here")
-    ap.add_argument("--page-poll", type=float, default=None, metavar="SECONDS",
-                    help="also measure a toolproxy whose /_toolproxy/ page is open all along (its JSON polled this often)")
-    ap.add_argument("--otlp", action="store_true", help="also measure toolproxy with --otlp-endpoint: to a receiver "
-                    "that takes every span, and to one that is down")
-    ap.add_argument("--profile", type=float, default=None, metavar="SECONDS",
-                    help="after the rounds, sample toolproxy, toolproxy_no_page, bare_aiohttp and the floor with py-spy "
-                         "for this long each under c64 and print where each one's CPU per request goes")
+    ap.add_argument(
+        "--page-poll",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="also measure a toolproxy whose /_toolproxy/ page is open all along (its JSON polled this often)",
+    )
+    ap.add_argument(
+        "--otlp",
+        action="store_true",
+        help="also measure toolproxy with --otlp-endpoint: to a receiver "
+        "that takes every span, and to one that is down",
+    )
+    ap.add_argument(
+        "--profile",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="after the rounds, sample toolproxy, toolproxy_no_page, bare_aiohttp and the floor with py-spy "
+        "for this long each under c64 and print where each one's CPU per request goes",
+    )
     ap.add_argument("--py-spy", default=None, help="the py-spy to use (default: on PATH; pip install py-spy)")
     ap.add_argument("_role", nargs="?", help=argparse.SUPPRESS)
     ap.add_argument("_port", nargs="?", type=int, help=argparse.SUPPRESS)
@@ -629,8 +755,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile is not None:
         args.py_spy = args.py_spy or shutil.which("py-spy")
         if args.py_spy is None:
-            print("benchmarks.proxy --profile needs py-spy (pip install py-spy; it is not a toolproxy dependency), "
-                  "or --py-spy PATH", file=sys.stderr)
+            print(
+                "benchmarks.proxy --profile needs py-spy (pip install py-spy; it is not a toolproxy dependency), "
+                "or --py-spy PATH",
+                file=sys.stderr,
+            )
             return 2
     upstream_kind = args.upstream or ("nginx" if nginx_binary() else "fake")
     if upstream_kind == "nginx" and nginx_binary() is None:
@@ -679,22 +808,29 @@ def _bench(args, tmp: Path, upstream_kind: str, cores: tuple[int, int] | None) -
         if args.otlp:
             sink = _free_port()
             fleet.spawn([sys.executable, "-m", "benchmarks.proxy", "otlp_sink", str(sink)])
-            targets["toolproxy_otlp"] = fleet.toolproxy(upstream, tmp / "data-otlp", 1, "--otlp-endpoint", f"http://127.0.0.1:{sink}")[0]
-            targets["toolproxy_otlp_down"] = fleet.toolproxy(upstream, tmp / "data-otlp-down", 1, "--otlp-endpoint",
-                                                             f"http://127.0.0.1:{_free_port()}")[0]
+            targets["toolproxy_otlp"] = fleet.toolproxy(
+                upstream, tmp / "data-otlp", 1, "--otlp-endpoint", f"http://127.0.0.1:{sink}"
+            )[0]
+            targets["toolproxy_otlp_down"] = fleet.toolproxy(
+                upstream, tmp / "data-otlp-down", 1, "--otlp-endpoint", f"http://127.0.0.1:{_free_port()}"
+            )[0]
         if not args.no_nginx and (nginx := fleet.nginx(up_port)) is not None:
             targets["nginx"] = nginx
         os.sched_setaffinity(0, everywhere if cores is None else {cores[1]})  # the load generator's core
         measured = _measure(args, fleet, targets, tp, script, streams=upstream_kind == "fake")
         if args.profile is not None:
-            measured["profiles"] = {name: _profile(args, fleet, targets[name], script)
-                                    for name in ("toolproxy", "toolproxy_no_page", "bare_aiohttp", FLOOR)}
+            measured["profiles"] = {
+                name: _profile(args, fleet, targets[name], script)
+                for name in ("toolproxy", "toolproxy_no_page", "bare_aiohttp", FLOOR)
+            }
     finally:
         fleet.stop()
     print(_report(args, measured, upstream_kind, cores))
     if args.profile is not None:
-        print(f"\nWhere the CPU per request goes: py-spy samples over {args.profile:g}s of c64 per target, each thread's "
-              f"CPU split by its samples (benchmarks.profiling); load average {os.getloadavg()[0]:.1f}\n")
+        print(
+            f"\nWhere the CPU per request goes: py-spy samples over {args.profile:g}s of c64 per target, each thread's "
+            f"CPU split by its samples (benchmarks.profiling); load average {os.getloadavg()[0]:.1f}\n"
+        )
         print(benchprofile.breakdown_table(measured["profiles"], FLOOR))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(measured, indent=2))
@@ -720,12 +856,19 @@ def _measure(args, fleet: Fleet, targets: dict[str, str], tp: subprocess.Popen, 
                 c64 = _wrk(url + path, 64, args.seconds, script)
                 cpu_per_req = (fleet.cpu_s(url) - cpu0) / max(c64["requests"], 1) * 1e6
                 r = results[name]
-                for key, val in (("c1_p50", c1["p50_us"]), ("c1_p99", c1["p99_us"]), ("c64_rps", c64["rps"]),
-                                 ("c64_p99", c64["p99_us"]), ("c64_cpu_us", cpu_per_req),
-                                 ("errors", c1["non2xx"] + c64["non2xx"])):
+                for key, val in (
+                    ("c1_p50", c1["p50_us"]),
+                    ("c1_p99", c1["p99_us"]),
+                    ("c64_rps", c64["rps"]),
+                    ("c64_p99", c64["p99_us"]),
+                    ("c64_cpu_us", cpu_per_req),
+                    ("errors", c1["non2xx"] + c64["non2xx"]),
+                ):
                     r.setdefault(key, []).append(val)
-                line = (f"round {rnd + 1}/{args.rounds} {name}: c1 p50 {c1['p50_us']:.0f}us, c64 {c64['rps']:.0f} req/s "
-                        f"({cpu_per_req:.0f} us CPU/req)")
+                line = (
+                    f"round {rnd + 1}/{args.rounds} {name}: c1 p50 {c1['p50_us']:.0f}us, c64 {c64['rps']:.0f} req/s "
+                    f"({cpu_per_req:.0f} us CPU/req)"
+                )
                 if streams:
                     ttfb = statistics.median(asyncio.run(_ttfb(url + path, args.ttfb_requests)))
                     r.setdefault("ttfb_p50", []).append(ttfb)
@@ -739,17 +882,31 @@ def _measure(args, fleet: Fleet, targets: dict[str, str], tp: subprocess.Popen, 
         time.sleep(1.0)
         stats = _stats(targets["toolproxy"])
         rss_after = _rss_kb(tp.pid)
-        otlp = {name: _stats(targets[name])["otlp"] for name in ("toolproxy_otlp", "toolproxy_otlp_down") if name in targets}
+        otlp = {
+            name: _stats(targets[name])["otlp"] for name in ("toolproxy_otlp", "toolproxy_otlp_down") if name in targets
+        }
         data = fleet.tmp / "data-toolproxy"
         seg_bytes = sum(p.stat().st_size for p in (data / "segments").glob("*.jsonl"))
-        views = {name: json.loads(urllib.request.urlopen(targets[name] + "/_toolproxy/live?limit=1").read())
-                 for name in ("toolproxy", "toolproxy_page_open") if name in targets}
+        views = {
+            name: json.loads(urllib.request.urlopen(targets[name] + "/_toolproxy/live?limit=1").read())
+            for name in ("toolproxy", "toolproxy_page_open")
+            if name in targets
+        }
     finally:
         if page is not None:
             page.stop()
-    return {"medians": {n: {k: statistics.median(v) for k, v in r.items()} for n, r in results.items()}, "raw": results,
-            "rss_tree_kb": rss_trees, "rss_warm_kb": rss_warm, "rss_after_kb": rss_after, "segment_bytes": seg_bytes,
-            "proxy_stats": stats, "otlp": otlp, "views": views, "load_average": os.getloadavg()}
+    return {
+        "medians": {n: {k: statistics.median(v) for k, v in r.items()} for n, r in results.items()},
+        "raw": results,
+        "rss_tree_kb": rss_trees,
+        "rss_warm_kb": rss_warm,
+        "rss_after_kb": rss_after,
+        "segment_bytes": seg_bytes,
+        "proxy_stats": stats,
+        "otlp": otlp,
+        "views": views,
+        "load_average": os.getloadavg(),
+    }
 
 
 def _profile(args, fleet: Fleet, url: str, script: Path) -> dict[str, float]:
@@ -763,8 +920,9 @@ def _profile(args, fleet: Fleet, url: str, script: Path) -> dict[str, float]:
     out, _ = load.communicate(timeout=args.profile + 60)
     cpu1 = benchprofile.thread_cpu(fleet.tree(url))
     cpu = {tid: (pid, comm, seconds - cpu0.get(tid, (0, "", 0.0))[2]) for tid, (pid, comm, seconds) in cpu1.items()}
-    return benchprofile.attribute(benchprofile.read_samples(raw), cpu, _wrk_result(url, out)["requests"],
-                                  set(fleet.roots[url]))
+    return benchprofile.attribute(
+        benchprofile.read_samples(raw), cpu, _wrk_result(url, out)["requests"], set(fleet.roots[url])
+    )
 
 
 def _stats(url: str) -> dict:
@@ -774,38 +932,52 @@ def _stats(url: str) -> dict:
 def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | None) -> str:
     med, results, stats = measured["medians"], measured["raw"], measured["proxy_stats"]
     direct, floor = med["direct"], med[FLOOR]
-    layout = (f"pinned: proxies and upstream on core {cores[0]}, wrk and the c1 client on core {cores[1]}"
-              if cores is not None else "unpinned")
+    layout = (
+        f"pinned: proxies and upstream on core {cores[0]}, wrk and the c1 client on core {cores[1]}"
+        if cores is not None
+        else "unpinned"
+    )
     lines = [
         f"benchmarks.proxy: {args.rounds} interleaved rounds x {args.seconds:g}s per measurement, medians; {layout}; "
         f"upstream {upstream_kind}; request {len(CHAT_BODY):,} B; {os.cpu_count()} cores, load average "
         f"{measured['load_average'][0]:.1f} at the end; c1: {args.c1_requests} requests per target per round, targets "
         "taking turns request by request; c64: wrk on 127.0.0.1",
         "",
-        "| target | c1 p50 (us) | added p50 (us) | c1 p99 (us) | c64 req/s | c64 p99 (us) | c64 CPU/req (us) | RSS of its processes (MiB) |"
-        + (" stream TTFB p50 (us) | TTFB overhead (us) |" if "ttfb_p50" in direct else "") + " non-2xx |",
+        "| target | c1 p50 (us) | added p50 (us) | c1 p99 (us) | c64 req/s | c64 p99 (us) | c64 CPU/req (us) | RSS of "
+        "its processes (MiB) |"
+        + (" stream TTFB p50 (us) | TTFB overhead (us) |" if "ttfb_p50" in direct else "")
+        + " non-2xx |",
         "|---|---|---|---|---|---|---|---|" + ("---|---|" if "ttfb_p50" in direct else "") + "---|",
     ]
     for name, m in med.items():
         rss = measured["rss_tree_kb"].get(name)
-        row = (f"| {name} | {m['c1_p50']:.0f} | {m['c1_p50'] - direct['c1_p50']:.0f} | {m['c1_p99']:.0f} | {m['c64_rps']:.0f} | "
-               f"{m['c64_p99']:.0f} | {m['c64_cpu_us']:.0f} | {'-' if rss is None else f'{rss / 1024:.1f}'} |")
+        row = (
+            f"| {name} | {m['c1_p50']:.0f} | {m['c1_p50'] - direct['c1_p50']:.0f} | {m['c1_p99']:.0f} | "
+            f"{m['c64_rps']:.0f} | "
+            f"{m['c64_p99']:.0f} | {m['c64_cpu_us']:.0f} | {'-' if rss is None else f'{rss / 1024:.1f}'} |"
+        )
         if "ttfb_p50" in direct:
             row += f" {m['ttfb_p50']:.0f} | {m['ttfb_p50'] - direct['ttfb_p50']:.0f} |"
         lines.append(row + f" {int(sum(results[name]['errors']))} |")
 
     added_floor = floor["c1_p50"] - direct["c1_p50"]
-    lines += ["", f"Against the floor ({FLOOR}: the bare aiohttp pass-through without uvloop; target >= 1.0x):", "",
-              "| target | c64 req/s vs floor | CPU/req: floor / target | added c1 p50: target / floor | RSS vs floor |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"Against the floor ({FLOOR}: the bare aiohttp pass-through without uvloop; target >= 1.0x):",
+        "",
+        "| target | c64 req/s vs floor | CPU/req: floor / target | added c1 p50: target / floor | RSS vs floor |",
+        "|---|---|---|---|---|",
+    ]
     rss_floor = measured["rss_tree_kb"][FLOOR]
     for name, m in med.items():
         if name in ("direct", FLOOR):
             continue
         added = m["c1_p50"] - direct["c1_p50"]
-        lines.append(f"| {name} | {m['c64_rps'] / floor['c64_rps']:.2f}x | {floor['c64_cpu_us'] / m['c64_cpu_us']:.2f}x | "
-                     + (f"{added / added_floor:.2f}x" if added_floor > 0 else "n/a")
-                     + f" | {measured['rss_tree_kb'][name] / rss_floor:.2f}x |")
+        lines.append(
+            f"| {name} | {m['c64_rps'] / floor['c64_rps']:.2f}x | {floor['c64_cpu_us'] / m['c64_cpu_us']:.2f}x | "
+            + (f"{added / added_floor:.2f}x" if added_floor > 0 else "n/a")
+            + f" | {measured['rss_tree_kb'][name] / rss_floor:.2f}x |"
+        )
 
     tpm, bare = med["toolproxy"], med["bare_aiohttp"]
     added_tp = tpm["c1_p50"] - direct["c1_p50"]
@@ -816,14 +988,20 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
         "| ratio (toolproxy vs bare aiohttp pass-through with uvloop) | value | target |",
         "|---|---|---|",
         f"| c64 throughput | {tpm['c64_rps'] / bare['c64_rps']:.2f}x | >= 1.0x |",
-        f"| c64 CPU per request (bare / toolproxy: throughput a free core would give) | {bare['c64_cpu_us'] / tpm['c64_cpu_us']:.2f}x | >= 1.0x |",
-        f"| added p50 latency at c1 | {added_tp / added_bare:.2f}x | <= 1.1x |" if added_bare > 0 else "| added p50 latency at c1 | n/a | <= 1.1x |",
+        "| c64 CPU per request (bare / toolproxy: throughput a free core would give) | "
+        f"{bare['c64_cpu_us'] / tpm['c64_cpu_us']:.2f}x | >= 1.0x |",
+        f"| added p50 latency at c1 | {added_tp / added_bare:.2f}x | <= 1.1x |"
+        if added_bare > 0
+        else "| added p50 latency at c1 | n/a | <= 1.1x |",
     ]
     if "ttfb_p50" in direct:
-        lines.append(f"| stream TTFB overhead vs direct | {(tpm['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | < 2 ms |")
+        lines.append(
+            f"| stream TTFB overhead vs direct | {(tpm['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | < 2 ms |"
+        )
     played = med["playback"]
     lines += [
-        f"| c1 p50 latency, playback (the recorded reply) vs serve (forwarding it) | {played['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.0x |",
+        "| c1 p50 latency, playback (the recorded reply) vs serve (forwarding it) | "
+        f"{played['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.0x |",
         f"| c64 throughput, playback vs serve | {played['c64_rps'] / tpm['c64_rps']:.2f}x | >= 1.0x |",
     ]
     off = med["toolproxy_no_page"]
@@ -832,8 +1010,10 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
         f"{measured['rss_after_kb'] / 1024:.1f} MiB | flat |",
         f"| bytes on disk per exchange | {measured['segment_bytes'] / max(written, 1):.0f} B | - |",
         f"| records written / dropped | {written} / {stats['recording']['dropped']} | all / 0 |",
-        f"| c64 throughput, live page on (classifier running) vs --no-live-page | {tpm['c64_rps'] / off['c64_rps']:.2f}x | >= 0.95x |",
-        f"| RSS of the process tree, live page on vs --no-live-page | {measured['rss_tree_kb']['toolproxy'] / 1024:.1f} MiB vs "
+        "| c64 throughput, live page on (classifier running) vs --no-live-page | "
+        f"{tpm['c64_rps'] / off['c64_rps']:.2f}x | >= 0.95x |",
+        "| RSS of the process tree, live page on vs --no-live-page | "
+        f"{measured['rss_tree_kb']['toolproxy'] / 1024:.1f} MiB vs "
         f"{measured['rss_tree_kb']['toolproxy_no_page'] / 1024:.1f} MiB | - |",
     ]
     if args.page_poll:
@@ -844,19 +1024,25 @@ def _report(args, measured: dict, upstream_kind: str, cores: tuple[int, int] | N
             f"| c1 p50 latency, page open vs closed | {pg['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.05x |",
         ]
     for name, v in measured["views"].items():
-        lines.append(f"| {name}: exchanges classified / counted unclassified (classifier behind) | "
-                     f"{v['classified']} / {sum(v['unclassified'].values())} | - |")
+        lines.append(
+            f"| {name}: exchanges classified / counted unclassified (classifier behind) | "
+            f"{v['classified']} / {sum(v['unclassified'].values())} | - |"
+        )
     otlp = measured["otlp"]
     if otlp:
         up, down = med["toolproxy_otlp"], med["toolproxy_otlp_down"]
         sent, lost = otlp["toolproxy_otlp"], otlp["toolproxy_otlp_down"]
         lines += [
-            f"| c64 throughput, --otlp-endpoint (receiver up) vs without | {up['c64_rps'] / tpm['c64_rps']:.2f}x | >= 0.9x |",
-            f"| c64 CPU per request, without / with --otlp-endpoint | {tpm['c64_cpu_us'] / up['c64_cpu_us']:.2f}x | - |",
+            f"| c64 throughput, --otlp-endpoint (receiver up) vs without | {up['c64_rps'] / tpm['c64_rps']:.2f}x | >= "
+            "0.9x |",
+            f"| c64 CPU per request, without / with --otlp-endpoint | {tpm['c64_cpu_us'] / up['c64_cpu_us']:.2f}x "
+            "| - |",
             f"| c1 p50 latency, --otlp-endpoint vs without | {up['c1_p50'] / tpm['c1_p50']:.2f}x | <= 1.05x |",
             f"| c64 throughput, receiver down vs without | {down['c64_rps'] / tpm['c64_rps']:.2f}x | >= 0.9x |",
-            f"| spans exported / dropped / failed (receiver up) | {sent['exported']} / {sent['dropped']} / {sent['failed']} of {sent['observed']} | - |",
-            f"| spans exported / dropped / failed (receiver down) | {lost['exported']} / {lost['dropped']} / {lost['failed']} of {lost['observed']} | - |",
+            f"| spans exported / dropped / failed (receiver up) | {sent['exported']} / {sent['dropped']} / "
+            f"{sent['failed']} of {sent['observed']} | - |",
+            f"| spans exported / dropped / failed (receiver down) | {lost['exported']} / {lost['dropped']} / "
+            f"{lost['failed']} of {lost['observed']} | - |",
         ]
     for n in args.workers[1:]:
         tpn, baren = med[f"toolproxy_w{n}"], med[f"bare_aiohttp_w{n}"]

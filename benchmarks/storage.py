@@ -27,12 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.lifecycle.ingest import ingest
 from toolproxy.analysis.store.connection import connect
 from toolproxy.record.model import Record
 from toolproxy.record.segments import list_segments
 from toolproxy.record.writer import SegmentWriter
 from toolproxy.testing.corpus import episode, interleaved, small_records
+
 
 def write(data_dir: Path, records: list[Record], dedup: bool) -> tuple[float, float]:
     """(wall, CPU) seconds from the first submit until every record is fsync'ed and the writer
@@ -67,7 +68,10 @@ def ingest_seconds(data_dir: Path, expected: int) -> float:
 
 
 def _ratio(on: list[float], off: list[float]) -> str:
-    return f"on {statistics.median(on):>10,.0f}  off {statistics.median(off):>10,.0f}  on/off {statistics.median(on) / statistics.median(off):.2f}"
+    return (
+        f"on {statistics.median(on):>10,.0f}  off {statistics.median(off):>10,.0f}  on/off "
+        f"{statistics.median(on) / statistics.median(off):.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,20 +92,24 @@ def main(argv: list[str] | None = None) -> None:
         one = episodes[0]
         raw_req = sum(r.request_body_size for r in one)
         raw_all = raw_req + sum(len(r.response_body.encode()) for r in one)
-        print(f"one episode: {len(one)} turns, last request {one[-1].request_body_size:,} bytes, "
-              f"raw request bytes {raw_req:,} (+ responses: {raw_all:,})")
+        print(
+            f"one episode: {len(one)} turns, last request {one[-1].request_body_size:,} bytes, "
+            f"raw request bytes {raw_req:,} (+ responses: {raw_all:,})"
+        )
         for dedup in (True, False):
             d = root / f"one-{dedup}"
             write(d, one, dedup)
             size = disk_bytes(d)
-            print(f"  dedup {'on ' if dedup else 'off'}: {size:>10,} bytes on disk; / raw request bytes = "
-                  f"{size / raw_req:.3f}; / raw request+response bytes = {size / raw_all:.3f}")
+            print(
+                f"  dedup {'on ' if dedup else 'off'}: {size:>10,} bytes on disk; / raw request bytes = "
+                f"{size / raw_req:.3f}; / raw request+response bytes = {size / raw_all:.3f}"
+            )
 
         times: dict[str, list[float]] = {
             f"{k}-{tag}": [] for k in ("many", "many-cpu", "small", "ingest") for tag in ("on", "off")
         }
         for rnd_no in range(args.rounds):
-            for dedup in ((True, False) if rnd_no % 2 == 0 else (False, True)):
+            for dedup in (True, False) if rnd_no % 2 == 0 else (False, True):
                 tag = "on" if dedup else "off"
                 d = root / f"r{rnd_no}-{tag}"
                 wall, cpu = write(d, many, dedup)
@@ -112,8 +120,10 @@ def main(argv: list[str] | None = None) -> None:
                 times[f"small-{tag}"].append(len(small) / write(s, small, dedup)[0])
                 shutil.rmtree(s)
         on_size, off_size = disk_bytes(root / "r0-on"), disk_bytes(root / "r0-off")
-        print(f"{args.episodes} interleaved episodes ({len(many)} records): {on_size:,} bytes on disk with dedup, "
-              f"{off_size:,} without ({on_size / off_size:.3f})")
+        print(
+            f"{args.episodes} interleaved episodes ({len(many)} records): {on_size:,} bytes on disk with dedup, "
+            f"{off_size:,} without ({on_size / off_size:.3f})"
+        )
         print(f"medians of {args.rounds} interleaved rounds:")
         print(f"  writer, episode records/s   {_ratio(times['many-on'], times['many-off'])}")
         print(f"  writer, CPU us per record   {_ratio(times['many-cpu-on'], times['many-cpu-off'])}")

@@ -34,7 +34,16 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from benchmarks.proxy import Fleet, _int_list, _run_loop, _serve_upstream, _Upstream, _wait_http, cpu_seconds, process_tree
+from benchmarks.proxy import (
+    Fleet,
+    _int_list,
+    _run_loop,
+    _serve_upstream,
+    _Upstream,
+    _wait_http,
+    cpu_seconds,
+    process_tree,
+)
 from toolproxy.proxy.workers import raise_fd_limit
 
 PATH = "/v1/chat/completions"
@@ -48,6 +57,7 @@ SLOT = 0.005  # the timer wheel's resolution; the stamp says when an event reall
 
 
 # ---- the upstream: one timer wheel for every open stream ----------------------------------------
+
 
 class _Wheel:
     """Streams due in each SLOT-wide bucket of time; one task sends whatever is due."""
@@ -128,13 +138,13 @@ class _StreamClient(asyncio.Protocol):
             if self.status != 200:  # an error answer is the end of this stream
                 self.transport.close()
                 return
-            data, self.head = self.head[end + 4:], b""
+            data, self.head = self.head[end + 4 :], b""
         buf = self.tail + data
         cut = buf.rfind(b"\n\n")  # only whole events; the rest waits for the next read
         if cut < 0:
             self.tail = buf
             return
-        whole, self.tail = buf[:cut + 2], buf[cut + 2:]
+        whole, self.tail = buf[: cut + 2], buf[cut + 2 :]
         stamps = _STAMP.findall(whole)
         if stamps:
             if self.ttfb is None:
@@ -187,11 +197,17 @@ async def _burst(port: int, path: str, streams: int, events: int, deadline: floa
     ttfbs = sorted(c.ttfb / 1e6 for c in clients if c.ttfb is not None)
     delays_ms = sorted(d / 1e6 for d in delays)
     return {
-        "streams": streams, "complete": complete, "failed_connects": failed_connects,
+        "streams": streams,
+        "complete": complete,
+        "failed_connects": failed_connects,
         "statuses": {str(k): v for k, v in Counter(c.status for c in clients).items()},
         "short": sum(1 for c in clients if c.events != events),
-        "wall_s": wall, "ttfb_p50_ms": _pct(ttfbs, 50), "ttfb_p99_ms": _pct(ttfbs, 99),
-        "delay_p50_ms": _pct(delays_ms, 50), "delay_p99_ms": _pct(delays_ms, 99), "events": len(delays_ms),
+        "wall_s": wall,
+        "ttfb_p50_ms": _pct(ttfbs, 50),
+        "ttfb_p99_ms": _pct(ttfbs, 99),
+        "delay_p50_ms": _pct(delays_ms, 50),
+        "delay_p99_ms": _pct(delays_ms, 99),
+        "events": len(delays_ms),
     }
 
 
@@ -202,6 +218,7 @@ def _pct(sorted_values: list[float], p: float) -> float:
 
 
 # ---- measuring a process tree ------------------------------------------------------------------
+
 
 def _rss_mb(pids: list[int]) -> float:
     total = 0
@@ -233,8 +250,20 @@ def _measure(pid: int | None, port: int, path: str, streams: int, events: int, d
     cpu0 = cpu_seconds(pids)
     sampler.start()
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.streams", "client", str(port), path, str(streams), str(events), str(deadline)],
-        capture_output=True, text=True, timeout=deadline + 60,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.streams",
+            "client",
+            str(port),
+            path,
+            str(streams),
+            str(events),
+            str(deadline),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=deadline + 60,
     )
     sampler.stop.set()
     sampler.join()
@@ -259,7 +288,9 @@ def _count_records(data: Path) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--streams", type=_int_list, default=[1000, 2000], help="concurrent streams per burst, e.g. 1000,2000")
+    ap.add_argument(
+        "--streams", type=_int_list, default=[1000, 2000], help="concurrent streams per burst, e.g. 1000,2000"
+    )
     ap.add_argument("--rate", type=float, default=10.0, help="events per second per stream")
     ap.add_argument("--seconds", type=float, default=10.0, help="how long each stream lasts")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians are reported")
@@ -312,15 +343,24 @@ def main(argv: list[str] | None = None) -> int:
                 for name, (url, pid) in targets.items():
                     run = f"sse-{streams}-r{rnd}"
                     port = int(url.rsplit(":", 1)[1])
-                    r = _measure(None if name == "direct" else pid, port, f"/t/run={run}{PATH}" if name.startswith("toolproxy") else PATH,
-                                 streams, events, deadline)
+                    r = _measure(
+                        None if name == "direct" else pid,
+                        port,
+                        f"/t/run={run}{PATH}" if name.startswith("toolproxy") else PATH,
+                        streams,
+                        events,
+                        deadline,
+                    )
                     r["run"] = run
                     results[(name, streams)].append(r)
-                    print(f"round {rnd + 1}/{args.rounds} {streams} streams {name}: ttfb p50/p99 "
-                          f"{r['ttfb_p50_ms']:.1f}/{r['ttfb_p99_ms']:.1f} ms, delay p50/p99 {r['delay_p50_ms']:.1f}/"
-                          f"{r['delay_p99_ms']:.1f} ms, wall {r['wall_s']:.1f}s, complete {r['complete']}/{streams}, "
-                          f"statuses {r['statuses']}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"round {rnd + 1}/{args.rounds} {streams} streams {name}: ttfb p50/p99 "
+                        f"{r['ttfb_p50_ms']:.1f}/{r['ttfb_p99_ms']:.1f} ms, delay p50/p99 {r['delay_p50_ms']:.1f}/"
+                        f"{r['delay_p99_ms']:.1f} ms, wall {r['wall_s']:.1f}s, complete {r['complete']}/{streams}, "
+                        f"statuses {r['statuses']}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         fleet.stop()  # SIGTERM: toolproxy flushes every record before it exits
 
@@ -337,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rate:g} events/s for {args.seconds:g}s each ({events} events); {os.cpu_count()} cores, "
         f"load average {load[0]:.1f} at the end; medians over rounds",
         "",
-        "| streams | target | TTFB p50 (ms) | TTFB p99 (ms) | event delay p50 (ms) | event delay p99 (ms) | added p50 (ms) | "
+        "| streams | target | TTFB p50 (ms) | TTFB p99 (ms) | event delay p50 (ms) | event delay p99 (ms) | added p50 "
+        "(ms) | "
         "added p99 (ms) | wall (s) | peak RSS (MiB) | CPU (s) | incomplete | records lost |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -354,12 +395,21 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(
                 f"| {streams} | {name} | {m['ttfb_p50_ms']:.1f} | {m['ttfb_p99_ms']:.1f} | {m['delay_p50_ms']:.2f} | "
                 f"{m['delay_p99_ms']:.2f} | {m['delay_p50_ms'] - direct['delay_p50_ms']:.2f} | "
-                f"{m['delay_p99_ms'] - direct['delay_p99_ms']:.2f} | {m['wall_s']:.1f} | {rss} | {cpu} | {incomplete} | {rec_lost} |"
+                f"{m['delay_p99_ms'] - direct['delay_p99_ms']:.2f} | {m['wall_s']:.1f} | {rss} | {cpu} | {incomplete} "
+                f"| {rec_lost} |"
             )
     print("\n".join(lines))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"medians": summary, "raw": {f"{k[0]}@{k[1]}": v for k, v in results.items()},
-                                                   "records_lost": {f"{k[0]}@{k[1]}": v for k, v in lost.items()}}, indent=2))
+        Path(args.json_out).write_text(
+            json.dumps(
+                {
+                    "medians": summary,
+                    "raw": {f"{k[0]}@{k[1]}": v for k, v in results.items()},
+                    "records_lost": {f"{k[0]}@{k[1]}": v for k, v in lost.items()},
+                },
+                indent=2,
+            )
+        )
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)

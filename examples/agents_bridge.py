@@ -19,8 +19,8 @@ from openai import AsyncOpenAI
 sys.path.insert(0, str(Path(__file__).parent))
 from realstack import proxy  # noqa: E402
 
-from toolproxy.record.segments import read_records  # noqa: E402
 from toolproxy.emulators import FakeStack, ModelRequest, call, text  # noqa: E402
+from toolproxy.record.segments import read_records  # noqa: E402
 
 MODEL = "qwen2.5-7b-instruct"  # no "/": openai-agents reads "a/b" as provider "a"
 
@@ -50,7 +50,10 @@ def main() -> int:
         print("items:", [type(i).__name__ for i in result.new_items])
     for rec in read_records(data, "exchange"):
         up = (rec.get("upstream_request") or {}).get("path")
-        print(f"record: {rec['method']} {rec['path']} -> {rec['status']}  sent upstream as {up}  note: {rec.get('condition_note')}")
+        print(
+            f"record: {rec['method']} {rec['path']} -> {rec['status']}  sent upstream as {up}  note: "
+            f"{rec.get('condition_note')}"
+        )
     print("upstream saw:", [(s.method, s.path) for s in fake.seen])
     return 0 if "18 C" in str(result.final_output) else 1
 

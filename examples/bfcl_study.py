@@ -29,9 +29,21 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SINGLE_TURN = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
-               "irrelevance", "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
-               "live_irrelevance", "live_relevance")
+SINGLE_TURN = (
+    "simple_python",
+    "simple_java",
+    "simple_javascript",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "irrelevance",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
+    "live_irrelevance",
+    "live_relevance",
+)
 NO_CALL_DUE = ("irrelevance", "live_irrelevance")
 
 
@@ -41,9 +53,27 @@ def commands(args: argparse.Namespace, python: str) -> list[tuple[list[str], dic
     for category in args.categories:
         expect = "none" if category in NO_CALL_DUE else "call"
         tags = ["--tag", f"category={category}", "--tag", f"expect={expect}"]
-        argv = [sys.executable, "-m", "toolproxy.cli", "study", "--upstream", args.upstream, "--data", str(args.data),
-                "--name", f"bfcl-{category}", "--conditions", args.conditions, *tags,
-                "--", python, str(HERE / "recipes" / "bfcl.py"), "--first", str(args.first), category]
+        argv = [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "study",
+            "--upstream",
+            args.upstream,
+            "--data",
+            str(args.data),
+            "--name",
+            f"bfcl-{category}",
+            "--conditions",
+            args.conditions,
+            *tags,
+            "--",
+            python,
+            str(HERE / "recipes" / "bfcl.py"),
+            "--first",
+            str(args.first),
+            category,
+        ]
         out.append((argv, {"BFCL_PROJECT_ROOT": str((args.data / "bfcl" / category).resolve())}))
     return out
 
@@ -52,8 +82,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", required=True, help="the model server's root, as for toolproxy serve")
     parser.add_argument("--first", type=int, default=10, help="items per category")
-    parser.add_argument("--categories", type=lambda s: s.split(","), default=list(SINGLE_TURN),
-                        help="comma-separated BFCL categories (default: every single-turn one)")
+    parser.add_argument(
+        "--categories",
+        type=lambda s: s.split(","),
+        default=list(SINGLE_TURN),
+        help="comma-separated BFCL categories (default: every single-turn one)",
+    )
     parser.add_argument("--conditions", default="native,hint,text,constrained")
     parser.add_argument("--data", type=Path, default=Path("toolproxy-data"))
     parser.add_argument("--python", help="an interpreter with bfcl-eval (default: the recipes' cached environment)")
@@ -103,8 +137,20 @@ def pooled(args: argparse.Namespace) -> None:
     conditions = args.conditions.split(",")
     parts = [f"# BFCL, {len(args.categories)} categories x first {args.first} items, pooled per condition\n"]
     for condition in conditions[1:]:
-        argv = [sys.executable, "-m", "toolproxy.cli", "compare", "--data", str(args.data), "--by", "category",
-                "--format", "markdown", f"bfcl-*-{conditions[0]}", f"bfcl-*-{condition}"]
+        argv = [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "compare",
+            "--data",
+            str(args.data),
+            "--by",
+            "category",
+            "--format",
+            "markdown",
+            f"bfcl-*-{conditions[0]}",
+            f"bfcl-*-{condition}",
+        ]
         done = subprocess.run(argv, capture_output=True, text=True)
         command = f"`toolproxy compare --by category 'bfcl-*-{conditions[0]}' 'bfcl-*-{condition}'`"
         # compare's markdown carries its own heading; a failed one gets ours, with its message

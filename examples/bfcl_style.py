@@ -23,38 +23,93 @@ from openai import OpenAI
 
 
 def tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": properties, "required": required, "additionalProperties": False}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+        },
+    }
 
 
-WEATHER = tool("get_weather", "Current weather for a city.",
-               {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, ["city"])
+WEATHER = tool(
+    "get_weather",
+    "Current weather for a city.",
+    {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    ["city"],
+)
 STOCK = tool("get_stock_price", "Latest stock price for a ticker symbol.", {"symbol": {"type": "string"}}, ["symbol"])
-CURRENCY = tool("convert_currency", "Convert an amount of money between two currencies (ISO codes).",
-                {"amount": {"type": "number"}, "from_currency": {"type": "string"}, "to_currency": {"type": "string"}},
-                ["amount", "from_currency", "to_currency"])
-AREA = tool("rectangle_area", "Area of a rectangle.", {"width": {"type": "number"}, "height": {"type": "number"}},
-            ["width", "height"])
-TRANSLATE = tool("translate", "Translate text into a target language.",
-                 {"text": {"type": "string"}, "target_language": {"type": "string"}}, ["text", "target_language"])
+CURRENCY = tool(
+    "convert_currency",
+    "Convert an amount of money between two currencies (ISO codes).",
+    {"amount": {"type": "number"}, "from_currency": {"type": "string"}, "to_currency": {"type": "string"}},
+    ["amount", "from_currency", "to_currency"],
+)
+AREA = tool(
+    "rectangle_area",
+    "Area of a rectangle.",
+    {"width": {"type": "number"}, "height": {"type": "number"}},
+    ["width", "height"],
+)
+TRANSLATE = tool(
+    "translate",
+    "Translate text into a target language.",
+    {"text": {"type": "string"}, "target_language": {"type": "string"}},
+    ["text", "target_language"],
+)
 
 # (item id, question, offered tools, expected call as (name, {argument: accepted values}) or None)
 ITEMS: list[tuple[str, str, list[dict], tuple[str, dict[str, list[Any]]] | None]] = [
     ("simple_0", "What's the weather like in Paris right now?", [WEATHER], ("get_weather", {"city": ["Paris"]})),
     ("simple_1", "What is the current stock price of AAPL?", [STOCK], ("get_stock_price", {"symbol": ["AAPL"]})),
-    ("simple_2", "Convert 100 US dollars to euros.", [CURRENCY],
-     ("convert_currency", {"amount": [100], "from_currency": ["USD"], "to_currency": ["EUR"]})),
-    ("simple_3", "What is the area of a rectangle 3 meters wide and 4 meters high?", [AREA],
-     ("rectangle_area", {"width": [3], "height": [4]})),
-    ("multiple_0", "Translate 'good morning' into Spanish.", [WEATHER, TRANSLATE, STOCK],
-     ("translate", {"text": ["good morning"], "target_language": ["Spanish", "es"]})),
-    ("multiple_1", "How is the weather in Tokyo, in celsius?", [STOCK, WEATHER, CURRENCY],
-     ("get_weather", {"city": ["Tokyo"], "unit": ["celsius"]})),
-    ("multiple_2", "Give me the stock price for MSFT.", [CURRENCY, STOCK, AREA], ("get_stock_price", {"symbol": ["MSFT"]})),
-    ("multiple_3", "How many Japanese yen is 50 British pounds?", [WEATHER, CURRENCY, TRANSLATE],
-     ("convert_currency", {"amount": [50], "from_currency": ["GBP"], "to_currency": ["JPY"]})),
-    ("multiple_4", "A rectangle is 2.5 wide and 10 high. What is its area?", [TRANSLATE, AREA],
-     ("rectangle_area", {"width": [2.5], "height": [10]})),
+    (
+        "simple_2",
+        "Convert 100 US dollars to euros.",
+        [CURRENCY],
+        ("convert_currency", {"amount": [100], "from_currency": ["USD"], "to_currency": ["EUR"]}),
+    ),
+    (
+        "simple_3",
+        "What is the area of a rectangle 3 meters wide and 4 meters high?",
+        [AREA],
+        ("rectangle_area", {"width": [3], "height": [4]}),
+    ),
+    (
+        "multiple_0",
+        "Translate 'good morning' into Spanish.",
+        [WEATHER, TRANSLATE, STOCK],
+        ("translate", {"text": ["good morning"], "target_language": ["Spanish", "es"]}),
+    ),
+    (
+        "multiple_1",
+        "How is the weather in Tokyo, in celsius?",
+        [STOCK, WEATHER, CURRENCY],
+        ("get_weather", {"city": ["Tokyo"], "unit": ["celsius"]}),
+    ),
+    (
+        "multiple_2",
+        "Give me the stock price for MSFT.",
+        [CURRENCY, STOCK, AREA],
+        ("get_stock_price", {"symbol": ["MSFT"]}),
+    ),
+    (
+        "multiple_3",
+        "How many Japanese yen is 50 British pounds?",
+        [WEATHER, CURRENCY, TRANSLATE],
+        ("convert_currency", {"amount": [50], "from_currency": ["GBP"], "to_currency": ["JPY"]}),
+    ),
+    (
+        "multiple_4",
+        "A rectangle is 2.5 wide and 10 high. What is its area?",
+        [TRANSLATE, AREA],
+        ("rectangle_area", {"width": [2.5], "height": [10]}),
+    ),
     ("irrelevance_0", "Who wrote the play Hamlet?", [WEATHER], None),
     ("irrelevance_1", "What is the capital city of Japan?", [STOCK, CURRENCY], None),
     ("irrelevance_2", "Tell me a short joke about cats.", [AREA], None),
@@ -99,16 +154,27 @@ def main() -> None:
         for item, question, tools, expected in ITEMS:
             category = item.split("_")[0]
             expect = "none" if expected is None else "call"
-            base = (f"{args.proxy}/t/run={args.prefix}-{condition}/episode={item}/item={item}/category={category}"
-                    f"/expect={expect}/condition={condition}/v1")
+            base = (
+                f"{args.proxy}/t/run={args.prefix}-{condition}/episode={item}/item={item}/category={category}"
+                f"/expect={expect}/condition={condition}/v1"
+            )
             client = OpenAI(base_url=base, api_key="unused-by-local-servers", max_retries=0, timeout=600)
             try:
-                message = client.chat.completions.create(
-                    model=args.model, messages=[{"role": "user", "content": question}], tools=tools, temperature=0,
-                    max_tokens=args.max_tokens).choices[0].message
+                message = (
+                    client.chat.completions.create(
+                        model=args.model,
+                        messages=[{"role": "user", "content": question}],
+                        tools=tools,
+                        temperature=0,
+                        max_tokens=args.max_tokens,
+                    )
+                    .choices[0]
+                    .message
+                )
                 ok = received_correctly(message, expected)
-                got = [f"{c.function.name}({c.function.arguments})" for c in message.tool_calls or []] or \
-                      [repr((message.content or "")[:60])]
+                got = [f"{c.function.name}({c.function.arguments})" for c in message.tool_calls or []] or [
+                    repr((message.content or "")[:60])
+                ]
             except Exception as exc:  # the harness's view: an error is a miss, whatever caused it
                 ok, got = False, [f"{type(exc).__name__}"]
             passed += ok

@@ -1,4 +1,4 @@
-"""A small ReAct agent speaking OpenAI chat completions, to point at toolproxy.
+r"""A small ReAct agent speaking OpenAI chat completions, to point at toolproxy.
 
     toolproxy serve --upstream http://127.0.0.1:11434 &
     python examples/react_agent.py --model qwen2.5:0.5b --run qwen-native --episodes 5
@@ -6,7 +6,8 @@
 
 or, with the proxy started for it (each condition its own run):
 
-    toolproxy study --upstream URL --name react --conditions native,hint,text -- python examples/react_agent.py --model M
+    toolproxy study --upstream URL --name react --conditions native,hint,text -- \
+        python examples/react_agent.py --model M
 
 The agent knows nothing about toolproxy: the only change is its base URL, which carries the run
 and episode tags in a path prefix (`/t/run=NAME/episode=N/v1`). Under `toolproxy run` or
@@ -94,8 +95,15 @@ class CallInText(Exception):
 
 # ---- the tools (the model's arguments are untrusted: bounded, and errors go back as text)
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def _arith(node: ast.AST) -> float:
@@ -173,8 +181,11 @@ def complete(base: str, api_key: str, model: str, messages: list, stream: bool) 
 
 def _call(raw: dict, i: int) -> dict:
     fn = raw.get("function") or {}
-    return {"id": raw.get("id") or f"call_{i}", "type": "function",
-            "function": {"name": str(fn.get("name") or ""), "arguments": str(fn.get("arguments") or "")}}
+    return {
+        "id": raw.get("id") or f"call_{i}",
+        "type": "function",
+        "function": {"name": str(fn.get("name") or ""), "arguments": str(fn.get("arguments") or "")},
+    }
 
 
 def _read_message(body: bytes) -> tuple[str, list[dict]]:
@@ -209,8 +220,10 @@ def _read_stream(resp) -> tuple[str, list[dict]]:
 
 
 def episode(base: str, api_key: str, model: str, task: str, max_turns: int, stream: bool) -> None:
-    messages = [{"role": "system", "content": "You are a careful assistant. Use tools when they help."},
-                {"role": "user", "content": task}]
+    messages = [
+        {"role": "system", "content": "You are a careful assistant. Use tools when they help."},
+        {"role": "user", "content": task},
+    ]
     for _ in range(max_turns):
         content, tool_calls = complete(base, api_key, model, messages, stream)
         messages.append({"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})})
@@ -261,8 +274,11 @@ def base_url(args: argparse.Namespace, i: int) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--proxy", default=None,
-                    help="toolproxy address (default: TOOLPROXY_BASE_URL when toolproxy run/study set it, else http://127.0.0.1:8787)")
+    ap.add_argument(
+        "--proxy",
+        default=None,
+        help="toolproxy address (default: TOOLPROXY_BASE_URL when toolproxy run/study set it, else http://127.0.0.1:8787)",
+    )
     ap.add_argument("--model", required=True)
     ap.add_argument("--run", default=None, help="run tag (default: react; under toolproxy run/study, theirs)")
     ap.add_argument("--condition", default=None, help="native|hint|text|constrained|template (tag per request)")
@@ -288,12 +304,17 @@ def main() -> int:
             print(f"react_agent: {exc}. Is toolproxy running there?", file=sys.stderr)
             return 2
     if failed:
-        print(f"react_agent: {len(failed)} of {args.episodes} episodes ended on a server error; the first: {failed[0]}",
-              file=sys.stderr)
+        print(
+            f"react_agent: {len(failed)} of {args.episodes} episodes ended on a server error; the first: {failed[0]}",
+            file=sys.stderr,
+        )
     if in_text:
-        print(f"react_agent: {in_text} of {args.episodes} episodes ended on a tool call left in text (the server "
-              "returned it as content, not tool_calls: a missing or mismatched tool-call parser; "
-              "`toolproxy doctor` names the fix)", file=sys.stderr)
+        print(
+            f"react_agent: {in_text} of {args.episodes} episodes ended on a tool call left in text (the server "
+            "returned it as content, not tool_calls: a missing or mismatched tool-call parser; "
+            "`toolproxy doctor` names the fix)",
+            file=sys.stderr,
+        )
     return 1 if failed or in_text else 0
 
 

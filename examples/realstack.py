@@ -54,7 +54,9 @@ def llama_server(model: str = "qwen", *extra: str):
     log = open(tempfile.mktemp(prefix="llama-server-", suffix=".log"), "w")
     proc = subprocess.Popen(
         [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-t", "2", *extra],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "LD_LIBRARY_PATH": str(REALSTACK / "bin")},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "LD_LIBRARY_PATH": str(REALSTACK / "bin")},
     )
     try:
         _wait(f"http://127.0.0.1:{port}/health", 180, proc)
@@ -69,8 +71,22 @@ def llama_server(model: str = "qwen", *extra: str):
 def proxy(upstream: str, data_dir: Path, *extra: str):
     """Yields the proxy's base URL (the real `toolproxy serve` as a subprocess)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", "0", "--data", str(data_dir), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "serve",
+            "--upstream",
+            upstream,
+            "--port",
+            "0",
+            "--data",
+            str(data_dir),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         line = proc.stdout.readline()

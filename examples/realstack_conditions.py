@@ -29,26 +29,32 @@ from toolproxy.record.segments import read_records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "tests" / "data" / "qwen2.5" / "tokenizer_config.json"
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "City name"},
-                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-            "required": ["city"],
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "City name"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city"],
+            },
         },
-    },
-}]
+    }
+]
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
 CONDITIONS = ("native", "hint", "text", "constrained", "template")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--keep-data", default=None, help="Keep the proxy's recordings here (default: a temp dir, removed).")
+    ap.add_argument(
+        "--keep-data", default=None, help="Keep the proxy's recordings here (default: a temp dir, removed)."
+    )
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     # SIGTERM (e.g. from `timeout`) must still run the context exits that stop both servers.
@@ -58,22 +64,28 @@ def main() -> None:
     with llama_server("qwen") as upstream, proxy(upstream, data, *serve_args) as base:
         print(f"llama-server at {upstream} (Qwen2.5-Coder-0.5B-Instruct Q4_K_M), toolproxy on {base}\n")
         for condition in CONDITIONS:
-            client = openai.OpenAI(base_url=f"{base}/t/run=realstack/condition={condition}/v1", api_key="none",
-                                   max_retries=0, timeout=300)
+            client = openai.OpenAI(
+                base_url=f"{base}/t/run=realstack/condition={condition}/v1", api_key="none", max_retries=0, timeout=300
+            )
             t0 = time.monotonic()
-            r = client.chat.completions.create(model="qwen2.5-coder-0.5b", messages=MESSAGES, tools=TOOLS,
-                                               temperature=0, max_tokens=200)
+            r = client.chat.completions.create(
+                model="qwen2.5-coder-0.5b", messages=MESSAGES, tools=TOOLS, temperature=0, max_tokens=200
+            )
             msg, took = r.choices[0].message, time.monotonic() - t0
             calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
             print(f"== {condition}  ({took:.1f}s)  finish_reason={r.choices[0].finish_reason}")
             print(f"   tool_calls: {calls if calls else 'none'}")
-            print("   content:    " + (json.dumps(msg.content, ensure_ascii=False) if msg.content is not None else "null"))
+            print(
+                "   content:    " + (json.dumps(msg.content, ensure_ascii=False) if msg.content is not None else "null")
+            )
 
     print("\nrecords:")
     for rec in read_records(data):
         sent = rec.get("upstream_request") or {}
-        print(f"   {rec['condition']:<12} {rec.get('client_status')} upstream {sent.get('path', rec['path'])}  "
-              f"note: {rec.get('condition_note')}")
+        print(
+            f"   {rec['condition']:<12} {rec.get('client_status')} upstream {sent.get('path', rec['path'])}  "
+            f"note: {rec.get('condition_note')}"
+        )
     if not args.keep_data:
         shutil.rmtree(data, ignore_errors=True)
 

@@ -24,8 +24,11 @@ import openai
 sys.path.insert(0, str(Path(__file__).parent))
 from realstack import proxy  # noqa: E402
 
-WEATHER = {"name": "get_weather", "description": "Current weather for a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 ASK = "What is the weather in Paris? Use the tool."
 
 
@@ -39,8 +42,12 @@ def responses(base: str, condition: str, stream: bool):
 
 def messages(base: str, condition: str, stream: bool):
     client = anthropic.Anthropic(base_url=f"{base}/t/run=messages-{condition}/condition={condition}", api_key="sk-none")
-    kwargs = dict(model="qwen", max_tokens=80, messages=[{"role": "user", "content": ASK}],
-                  tools=[{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}])
+    kwargs = dict(
+        model="qwen",
+        max_tokens=80,
+        messages=[{"role": "user", "content": ASK}],
+        tools=[{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}],
+    )
     if stream:
         with client.messages.stream(**kwargs) as s:
             return s.get_final_message()
@@ -61,15 +68,24 @@ def main() -> int:
         for condition in ("native", "text"):
             for stream in (False, True):
                 r = responses(base, condition, stream)
-                items = [(i.type, i.name, i.arguments) if i.type == "function_call" else (i.type, r.output_text) for i in r.output]
+                items = [
+                    (i.type, i.name, i.arguments) if i.type == "function_call" else (i.type, r.output_text)
+                    for i in r.output
+                ]
                 print(f"responses.create {condition:6} stream={stream!s:5} -> {items}")
                 m = messages(base, condition, stream)
                 blocks = [(b.type, b.name, b.input) if b.type == "tool_use" else (b.type, b.text) for b in m.content]
                 print(f"messages.create  {condition:6} stream={stream!s:5} -> {blocks} stop_reason={m.stop_reason}")
     print(toolproxy("analyze", "--data", str(data)).strip())
-    rows = toolproxy("sql", "--data", str(data), "--format", "json",
-                     "SELECT t.run, t.outcome, t.surface, c.name, c.format, c.valid, e.prompt_tokens, e.cached_tokens "
-                     "FROM turns t JOIN calls c USING (turn_id) JOIN exchanges e ON e.id = t.final_exchange_id ORDER BY t.run")
+    rows = toolproxy(
+        "sql",
+        "--data",
+        str(data),
+        "--format",
+        "json",
+        "SELECT t.run, t.outcome, t.surface, c.name, c.format, c.valid, e.prompt_tokens, e.cached_tokens "
+        "FROM turns t JOIN calls c USING (turn_id) JOIN exchanges e ON e.id = t.final_exchange_id ORDER BY t.run",
+    )
     for row in json.loads(rows):
         print(row)
     return 0

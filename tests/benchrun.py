@@ -13,7 +13,12 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 
 def run_benchmark(module: str, args: list[str], out: Path, timeout: float) -> tuple[subprocess.CompletedProcess, dict]:
     """The finished run and the JSON it wrote to `out`; fails the test, with its output, if it did not finish."""
-    r = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args, "--json", str(out)],
-                       capture_output=True, text=True, timeout=timeout, cwd=CHECKOUT)
+    r = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", *args, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=CHECKOUT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return r, json.loads(out.read_text())

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import os
 import random
-import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-
 from proxyprocess import ProxyProcess, stop_in_background, wait_stopped
+
 from toolproxy.emulators import FakeStack
 
 FUZZ_SEED = "TOOLPROXY_FUZZ_SEED"
@@ -45,8 +44,11 @@ def pytest_sessionfinish(session):
 
 def pytest_terminal_summary(terminalreporter, config):
     if not hasattr(config, "workerinput") and any(
-            r.nodeid.startswith("tests/test_fuzz.py") for rs in terminalreporter.stats.values() for r in rs
-            if hasattr(r, "nodeid")):
+        r.nodeid.startswith("tests/test_fuzz.py")
+        for rs in terminalreporter.stats.values()
+        for r in rs
+        if hasattr(r, "nodeid")
+    ):
         seed = os.environ[FUZZ_SEED]
         terminalreporter.write_line(f"fuzz seed {seed}: replay with {FUZZ_SEED}={seed}")
 

@@ -15,7 +15,10 @@ import urllib.request
 
 from aiohttp import web
 from google.protobuf.json_format import MessageToDict
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 
 class Receiver:
@@ -41,9 +44,11 @@ class Receiver:
             for ss in rs.get("scopeSpans", []):
                 for span in ss.get("spans", []):
                     self.spans.append({**span, "resource": resource, "scope": ss.get("scope", {})})
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf")
+        return web.Response(
+            body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
+        )
 
-    def __enter__(self) -> "Receiver":
+    def __enter__(self) -> Receiver:
         app = web.Application()
         app.router.add_post("/v1/traces", self._traces)
         self._runner = web.AppRunner(app)
@@ -84,9 +89,13 @@ def plain(value: dict):
 
 def send_chat(url: str, prompt: str, *, run: str, episode: str, model: str, tools: list, secret: str, **extra) -> int:
     """One chat request through the proxy under run/episode path tags, with an API key; its status."""
-    req = urllib.request.Request(f"{url}/t/run={run}/episode={episode}/v1/chat/completions", data=json.dumps({
-        "model": model, "tools": tools, "messages": [{"role": "user", "content": prompt}], **extra}).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {secret}"})
+    req = urllib.request.Request(
+        f"{url}/t/run={run}/episode={episode}/v1/chat/completions",
+        data=json.dumps(
+            {"model": model, "tools": tools, "messages": [{"role": "user", "content": prompt}], **extra}
+        ).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {secret}"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             r.read()

@@ -16,12 +16,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from toolproxy.record.segments import read_records
-
 
 LISTENING = re.compile(r"listening on (http://\S+?)(?:\s|$)")
 
@@ -29,17 +29,35 @@ LISTENING = re.compile(r"listening on (http://\S+?)(?:\s|$)")
 class ProxyProcess:
     """`toolproxy serve` running as a child process; output is drained so it never blocks."""
 
-    def __init__(self, upstream: str, data: Path, args: tuple[str, ...] = (), env: dict | None = None,
-                 startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        data: Path,
+        args: tuple[str, ...] = (),
+        env: dict | None = None,
+        startup_timeout: float = 20.0,
+    ) -> None:
         self.data = data
         self.args = args
         self.upstream = upstream
         self.stdout: list[str] = []
         self.stderr: list[str] = []
-        cmd = [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", upstream,
-               "--port", "0", "--data", str(data), *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+        cmd = [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "serve",
+            "--upstream",
+            upstream,
+            "--port",
+            "0",
+            "--data",
+            str(data),
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+        )
         self._found = threading.Event()
         self.url: str | None = None
         threading.Thread(target=self._drain, args=(self.proc.stdout, self.stdout, True), daemon=True).start()
@@ -86,7 +104,7 @@ class ProxyProcess:
                 return
             except (urllib.error.URLError, ConnectionError, OSError):
                 if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"toolproxy never answered its health check:\n{self.output()}")
+                    raise RuntimeError(f"toolproxy never answered its health check:\n{self.output()}") from None
                 time.sleep(0.05)
 
     def records(self) -> list[dict]:
@@ -197,8 +215,12 @@ def wait_stopped() -> None:
 
 def toolproxy_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`toolproxy ARGS...` as a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 T = TypeVar("T")

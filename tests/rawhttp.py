@@ -8,13 +8,23 @@ import asyncio
 from yarl import URL
 
 
-async def raw_request(url: str, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes = b"",
-                      method: bytes = b"POST", timeout: float = 15.0) -> tuple[int, bytes]:
+async def raw_request(
+    url: str,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes = b"",
+    method: bytes = b"POST",
+    timeout: float = 15.0,
+) -> tuple[int, bytes]:
     """(status, whole response bytes) for one request on its own connection."""
     u = URL(url)
     reader, writer = await asyncio.open_connection(u.host, u.port)
-    head = [method + b" " + target + b" HTTP/1.1", b"Host: " + u.host.encode(),
-            b"Content-Length: " + str(len(body)).encode(), b"Connection: close"]
+    head = [
+        method + b" " + target + b" HTTP/1.1",
+        b"Host: " + u.host.encode(),
+        b"Content-Length: " + str(len(body)).encode(),
+        b"Connection: close",
+    ]
     head += [k + b": " + v for k, v in headers]
     writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
     try:

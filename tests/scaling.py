@@ -10,10 +10,10 @@ one measurement is not a failure, while a real quadratic fails every round.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 FACTOR = 8
-MAX_RATIO = FACTOR ** 2 / 2  # half of what quadratic work would take; 4x linear
+MAX_RATIO = FACTOR**2 / 2  # half of what quadratic work would take; 4x linear
 # Below this the big input is fast whatever the ratio: work the small input skips almost entirely
 # (a scan for a marker that is not there) can show any ratio, and quadratic work on the inputs
 # these tests use takes seconds.
@@ -32,8 +32,9 @@ def _time(run: Callable[[], object], at_least: float = 0.05) -> float:
     return spent / calls
 
 
-def assert_scales_linearly(small: Callable[[], object], big: Callable[[], object], what: str,
-                           max_seconds: float, rounds: int = 4) -> float:
+def assert_scales_linearly(
+    small: Callable[[], object], big: Callable[[], object], what: str, max_seconds: float, rounds: int = 4
+) -> float:
     """small() does 1/FACTOR of big()'s work, and big() must also finish within max_seconds (its
     best time): a ratio alone passes work that is linear but far too slow. Returns the accepted
     best-big / best-small ratio."""
@@ -45,5 +46,7 @@ def assert_scales_linearly(small: Callable[[], object], big: Callable[[], object
         if ratio < MAX_RATIO or best_big < FAST_ENOUGH:
             assert best_big < max_seconds, f"{what}: the full input took {best_big:.2f}s (at most {max_seconds:g}s)"
             return ratio
-    raise AssertionError(f"{what}: {FACTOR}x the input took {ratio:.1f}x as long, best of {rounds} rounds "
-                         f"({best_big:.3f}s vs {best_small:.4f}s; linear is ~{FACTOR}, quadratic ~{FACTOR ** 2})")
+    raise AssertionError(
+        f"{what}: {FACTOR}x the input took {ratio:.1f}x as long, best of {rounds} rounds "
+        f"({best_big:.3f}s vs {best_small:.4f}s; linear is ~{FACTOR}, quadratic ~{FACTOR**2})"
+    )

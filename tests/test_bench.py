@@ -6,19 +6,22 @@ import os
 import shutil
 
 import pytest
+from benchrun import run_benchmark
 
 from benchmarks.proxy import CHAT_BODY, FLOOR
-from benchrun import run_benchmark
 
 pytestmark = pytest.mark.skipif(shutil.which("wrk") is None, reason="needs wrk (Debian: apt-get install wrk)")
 
 
 def test_one_round_measures_every_target_pinned_and_records_every_exchange(tmp_path):
     out = tmp_path / "bench.json"
-    r, result = run_benchmark("proxy", ["--rounds", "1", "--seconds", "1", "--total", "10", "--c1-requests", "30"],
-                              out, timeout=300)
+    r, result = run_benchmark(
+        "proxy", ["--rounds", "1", "--seconds", "1", "--total", "10", "--c1-requests", "30"], out, timeout=300
+    )
     nginx = shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")
-    targets = {"direct", "toolproxy", "toolproxy_no_page", "playback", "bare_aiohttp", FLOOR} | ({"nginx"} if nginx else set())
+    targets = {"direct", "toolproxy", "toolproxy_no_page", "playback", "bare_aiohttp", FLOOR} | (
+        {"nginx"} if nginx else set()
+    )
     assert set(result["medians"]) == targets
     for name, m in result["medians"].items():
         assert m["errors"] == 0 and m["c64_rps"] > 0 and m["c1_p50"] > 0 and m["c64_cpu_us"] > 0, (name, m)

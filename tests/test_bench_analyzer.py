@@ -12,13 +12,35 @@ from benchrun import CHECKOUT
 
 
 def test_long_mix_with_more_records_and_the_floor():
-    r = subprocess.run([sys.executable, "-m", "benchmarks.analyzer", "--exchanges", "400", "--mix", "long", "--more", "40",
-                        "--floor", "--workers", "0", "--commands"], capture_output=True, text=True, timeout=600, cwd=CHECKOUT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.analyzer",
+            "--exchanges",
+            "400",
+            "--mix",
+            "long",
+            "--more",
+            "40",
+            "--floor",
+            "--workers",
+            "0",
+            "--commands",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=CHECKOUT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"generated 360 exchanges, mix long \(\d+ MB of segments\)", r.stdout)
     assert "runs re-derived: 1 (bench)" in r.stdout  # the fresh analyze derives the run whole
-    assert re.search(r"\+40 records, re-analyze .*: [\d.]+s wall, [\d.]+s CPU \([\d.]+ of the fresh analyze's\), "
-                     r"peak RSS \d+ MB; derived in part: 1 of those runs, only their \d+ episodes", r.stdout)
+    assert re.search(
+        r"\+40 records, re-analyze .*: [\d.]+s wall, [\d.]+s CPU \([\d.]+ of the fresh analyze's\), "
+        r"peak RSS \d+ MB; derived in part: 1 of those runs, only their \d+ episodes",
+        r.stdout,
+    )
     floor = re.search(r"floor: DuckDB read_json into a table \((\d+) rows, (\d+) columns\)", r.stdout)
     assert floor and floor.group(1) == "360" and int(floor.group(2)) > 20
     assert re.search(r"analyze [\d.]+x its CPU", r.stdout)
@@ -27,8 +49,24 @@ def test_long_mix_with_more_records_and_the_floor():
 
 
 def test_the_commands_compare_the_two_runs_sharing_the_most_items():
-    r = subprocess.run([sys.executable, "-m", "benchmarks.analyzer", "--exchanges", "600", "--mix", "agents",
-                        "--workers", "0", "--commands"], capture_output=True, text=True, timeout=600, cwd=CHECKOUT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.analyzer",
+            "--exchanges",
+            "600",
+            "--mix",
+            "agents",
+            "--workers",
+            "0",
+            "--commands",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=CHECKOUT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     _commands_timed(r.stdout, compared=r"\S+ \S+")
 

@@ -9,8 +9,9 @@ from benchrun import run_benchmark
 
 def test_a_small_burst_through_every_target_completes_and_loses_no_record(tmp_path):
     out = tmp_path / "streams.json"
-    r, result = run_benchmark("streams", ["--streams", "40", "--rate", "20", "--seconds", "1", "--workers", "1,2"],
-                              out, timeout=240)
+    r, result = run_benchmark(
+        "streams", ["--streams", "40", "--rate", "20", "--seconds", "1", "--workers", "1,2"], out, timeout=240
+    )
     targets = {"direct", "toolproxy", "toolproxy_w2", "bare_aiohttp"} | ({"nginx"} if shutil.which("nginx") else set())
     assert {k.split("@")[0] for k in result["raw"]} == targets
     for key, runs in result["raw"].items():

@@ -1,9 +1,9 @@
 """parse_text against real model output (rows and their sources in calls_examples.py)."""
 
 import pytest
+from calls_examples import ROWS
 
 from toolproxy.calls import FORMATS, TextParse, parse_text
-from calls_examples import ROWS
 
 
 @pytest.mark.parametrize("row_id,text,expected,attempted,content", ROWS, ids=[r[0] for r in ROWS])
@@ -37,7 +37,11 @@ def test_row_ids_are_unique():
         ('{"name": "get_time"}', {"other"}, []),
         ('{"name": "get_time"}', None, []),
         # Qwen2.5-Coder puts the arguments beside the name inside a fence; a known name reads them so.
-        ('```json\n{"name": "get_weather", "city": "Paris"}\n```', {"get_weather"}, [("get_weather", {"city": "Paris"}, "fenced_json")]),
+        (
+            '```json\n{"name": "get_weather", "city": "Paris"}\n```',
+            {"get_weather"},
+            [("get_weather", {"city": "Paris"}, "fenced_json")],
+        ),
         # tool_names never filters: a hallucinated name is reported.
         ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', {"get_weather"}, [("rm_rf", {}, "hermes")]),
     ],

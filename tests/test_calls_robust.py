@@ -5,17 +5,43 @@ an exception the hot-path guard in parse.py would swallow still fails the suite.
 import random
 
 import pytest
-
 from calls_examples import ROWS
 from scaling import FACTOR, assert_scales_linearly
+
 from toolproxy.calls import TextParse, parse_text
 from toolproxy.calls.parse import FINDERS, _Claims
 
 CORPUS = [row[1] for row in ROWS]
-SOUP = list('{}[]()<>"\'\\:;,=\n `') + ["<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<function=f>",
-        "<parameter=p>", "</parameter>", "</function>", "```json\n", "```", "<start_function_call>", "call:f",
-        "<escape>", "<end_function_call>", "[TOOL_REQUEST]", "[END_TOOL_REQUEST]", "<|python_tag|>", '"name"',
-        '"arguments"', '"parameters"', "f(a=1)", "<function_calls>", "<|tool_call>", '<|"|>', "1e999", "NaN", "é", "\x00"]
+SOUP = list("{}[]()<>\"'\\:;,=\n `") + [
+    "<tool_call>",
+    "</tool_call>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "<function=f>",
+    "<parameter=p>",
+    "</parameter>",
+    "</function>",
+    "```json\n",
+    "```",
+    "<start_function_call>",
+    "call:f",
+    "<escape>",
+    "<end_function_call>",
+    "[TOOL_REQUEST]",
+    "[END_TOOL_REQUEST]",
+    "<|python_tag|>",
+    '"name"',
+    '"arguments"',
+    '"parameters"',
+    "f(a=1)",
+    "<function_calls>",
+    "<|tool_call>",
+    '<|"|>',
+    "1e999",
+    "NaN",
+    "é",
+    "\x00",
+]
 
 
 def _check(text: str) -> None:
@@ -53,7 +79,7 @@ def test_random_splices_of_real_examples():
         for _ in range(rng.randint(2, 5)):
             text = rng.choice(CORPUS)
             a = rng.randrange(len(text) + 1)
-            parts.append(text[a:a + rng.randint(0, 120)])
+            parts.append(text[a : a + rng.randint(0, 120)])
         _check(rng.choice(["", "x ", "\n"]).join(parts))
 
 
@@ -97,8 +123,9 @@ def test_one_megabyte_inputs_finish_fast(kind):
     text, eighth = HOSTILE[kind], unit * (count // FACTOR)
     assert len(text) >= 900_000
     results = []
-    ratio = assert_scales_linearly(lambda: parse_text(eighth), lambda: results.append(parse_text(text)), kind,
-                                   max_seconds=10)
+    ratio = assert_scales_linearly(
+        lambda: parse_text(eighth), lambda: results.append(parse_text(text)), kind, max_seconds=10
+    )
     assert all(isinstance(result, TextParse) for result in results)
     print(f"{kind}: {len(results[0].calls)} calls, {FACTOR}x the input took {ratio:.1f}x as long")
 

@@ -16,14 +16,42 @@ TOOLS = [
     {"type": "function", "function": {"name": "broken_schema", "parameters": {"type": "objekt"}}},
     {"type": "function", "function": {"name": "string_schema", "parameters": "not a schema"}},
     {"type": "function", "function": {"name": "dangling_ref", "parameters": {"$ref": "#/$defs/missing"}}},
-    {"type": "function", "function": {"name": "remote_ref", "parameters": {"$ref": "https://example.invalid/schema.json"}}},
-    {"type": "function", "function": {"name": "draft4", "parameters": {
-        "$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
-        "properties": {"n": {"type": "number", "maximum": 10, "exclusiveMaximum": True}}}}},
-    {"type": "function", "function": {"name": "draft3", "parameters": {
-        "$schema": "http://json-schema.org/draft-03/schema#", "type": "object", "properties": {"n": {"type": "integer"}}}}},
-    {"type": "function", "function": {"name": "exclusive_bool_2020", "parameters": {
-        "type": "object", "properties": {"n": {"type": "number", "maximum": 10, "exclusiveMaximum": True}}}}},
+    {
+        "type": "function",
+        "function": {"name": "remote_ref", "parameters": {"$ref": "https://example.invalid/schema.json"}},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "draft4",
+            "parameters": {
+                "$schema": "http://json-schema.org/draft-04/schema#",
+                "type": "object",
+                "properties": {"n": {"type": "number", "maximum": 10, "exclusiveMaximum": True}},
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "draft3",
+            "parameters": {
+                "$schema": "http://json-schema.org/draft-03/schema#",
+                "type": "object",
+                "properties": {"n": {"type": "integer"}},
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "exclusive_bool_2020",
+            "parameters": {
+                "type": "object",
+                "properties": {"n": {"type": "number", "maximum": 10, "exclusiveMaximum": True}},
+            },
+        },
+    },
 ]
 
 
@@ -34,11 +62,25 @@ TOOLS = [
         ("get_weather", '{"city": "Paris", "days": 3}', True, True, True, []),  # OpenAI string arguments
         ("get_weather", {}, True, True, False, ["missing required", "'city' is a required property"]),
         ("get_weather", {"city": 7}, True, True, False, ["wrong type at $.city", "7 is not of type 'string'"]),
-        ("get_weather", {"city": "Paris", "country": "FR"}, True, True, False, ["additional property", "'country' was unexpected"]),
+        (
+            "get_weather",
+            {"city": "Paris", "country": "FR"},
+            True,
+            True,
+            False,
+            ["additional property", "'country' was unexpected"],
+        ),
         ("get_weather", {"city": "Paris", "unit": "k"}, True, True, False, ["enum at $.unit"]),
         # jsonschema semantics kept: 3.0 is an integer from Draft 4 on (Ollama re-encodes it as 3 anyway).
         ("get_weather", {"city": "Paris", "days": 3.0}, True, True, True, []),
-        ("get_weather", {"city": "Paris", "days": 3.5}, True, True, False, ["wrong type at $.days", "not of type 'integer'"]),
+        (
+            "get_weather",
+            {"city": "Paris", "days": 3.5},
+            True,
+            True,
+            False,
+            ["wrong type at $.days", "not of type 'integer'"],
+        ),
         ("get_weather", '{"city": "Paris"', True, True, False, ["arguments are not valid JSON"]),
         ("get_weather", '{"city": NaN}', True, True, False, ["not valid JSON", "NaN"]),
         ("get_weather", '["Paris"]', True, True, False, ["arguments must be a JSON object, not array"]),
@@ -88,7 +130,10 @@ def test_text_call_with_broken_arguments_is_invalid_via_raw_arguments():
         (None, {}),
         ("not a list", {}),
         ([], {}),
-        ([{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}], {"a": {"type": "object"}}),
+        (
+            [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}],
+            {"a": {"type": "object"}},
+        ),
         # Ollama /api/chat: same shape as OpenAI.
         ([{"type": "function", "function": {"name": "b", "description": "d", "parameters": {}}}], {"b": {}}),
         # Responses API / bare entries: name and parameters at the top level.
@@ -96,8 +141,17 @@ def test_text_call_with_broken_arguments_is_invalid_via_raw_arguments():
         ([{"name": "d", "parameters": {"type": "object"}}], {"d": {"type": "object"}}),
         ([{"name": "e"}], {"e": {}}),
         # Junk entries are skipped; the first of two same-named tools wins.
-        ([1, None, {"function": {"description": "no name"}}, {"name": 5}, {"name": "f", "parameters": {"x": 1}},
-          {"name": "f", "parameters": {"y": 2}}], {"f": {"x": 1}}),
+        (
+            [
+                1,
+                None,
+                {"function": {"description": "no name"}},
+                {"name": 5},
+                {"name": "f", "parameters": {"x": 1}},
+                {"name": "f", "parameters": {"y": 2}},
+            ],
+            {"f": {"x": 1}},
+        ),
     ],
 )
 def test_offered_tools(tools, expected):

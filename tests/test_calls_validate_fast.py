@@ -1,6 +1,7 @@
 """validate_call's compiled fast check against jsonschema itself, over a grid of schemas x values.
 
-The fast check (validate._compile, for Draft 2020-12 schemas) may only ever answer "valid" when jsonschema finds no error, and
+The fast check (validate._compile, for Draft 2020-12 schemas) may only ever answer "valid" when jsonschema finds no
+error, and
 validate_call must return exactly what the jsonschema-only path returns (offered, validated, valid
 and the error messages in their order). Both are checked for every pair below, including hostile
 values: wrong JSON types, bool where numbers are wanted, huge and non-finite numbers, deep
@@ -21,21 +22,57 @@ from toolproxy.calls import validate as V
 OBJ = {"type": "object"}
 SCHEMAS = [
     # the shapes real tool schemas have
-    {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"], "additionalProperties": False},
-    {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"], "type": "string"}},
-     "required": ["city"], "additionalProperties": False},
-    {"type": "object", "properties": {"limit": {"type": "integer"}, "query": {"type": "string", "description": "q", "format": "uri"}},
-     "required": ["query"]},
+    {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"], "type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"limit": {"type": "integer"}, "query": {"type": "string", "description": "q", "format": "uri"}},
+        "required": ["query"],
+    },
     {"type": "object", "properties": {"timeout": {"type": "number", "minimum": 0, "exclusiveMaximum": 600}}},
-    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 3},
-                                               "minItems": 1, "maxItems": 2}}},
-    {"type": "object", "properties": {"opts": {"type": "object", "properties": {"deep": {"type": "boolean"}},
-                                               "required": ["deep"], "additionalProperties": {"type": "integer"}}}},
+    {
+        "type": "object",
+        "properties": {
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1, "maxLength": 3},
+                "minItems": 1,
+                "maxItems": 2,
+            }
+        },
+    },
+    {
+        "type": "object",
+        "properties": {
+            "opts": {
+                "type": "object",
+                "properties": {"deep": {"type": "boolean"}},
+                "required": ["deep"],
+                "additionalProperties": {"type": "integer"},
+            }
+        },
+    },
     {"type": "object", "properties": {"n": {"type": ["integer", "null"], "maximum": 10, "exclusiveMinimum": -1}}},
     {"type": "object", "properties": {"k": {"enum": [1, True, None, "1", [1], {"a": 1}, 0.0]}}},
     {"type": "object", "properties": {"k": {"const": 1}, "z": {"const": {"a": [1, 2]}}}},
     {"type": "object", "properties": {"s": {"type": "string", "pattern": "^[a-z]+\\d?$"}}},
-    {"type": "object", "properties": {"é": {"type": "string"}}, "required": ["é"], "minProperties": 1, "maxProperties": 2},
+    {
+        "type": "object",
+        "properties": {"é": {"type": "string"}},
+        "required": ["é"],
+        "minProperties": 1,
+        "maxProperties": 2,
+    },
     {"type": "object", "allOf": [{"required": ["a"]}, {"properties": {"a": {"type": "string"}}}]},
     {"type": "object", "properties": {"x": True, "y": False}, "additionalProperties": True},
     {"type": "object", "properties": {"a": {"items": False}}, "x-vendor": {"type": "string"}, "title": "t"},
@@ -57,23 +94,108 @@ SCHEMAS = [
 # Which of SCHEMAS the fast check compiles (the rest are the "left to jsonschema" ones).
 COMPILED = 17
 
-SCALARS = [None, True, False, 0, 1, -1, 2, 3.0, 3.5, -0.0, 10, 11, 600, 599.999, 10**30, -(10**30), 1e308, float("inf"),
-           float("-inf"), "", "a", "ab1", "abcd", "é", "\ud800", "1", "c", "f", "k"]
+SCALARS = [
+    None,
+    True,
+    False,
+    0,
+    1,
+    -1,
+    2,
+    3.0,
+    3.5,
+    -0.0,
+    10,
+    11,
+    600,
+    599.999,
+    10**30,
+    -(10**30),
+    1e308,
+    float("inf"),
+    float("-inf"),
+    "",
+    "a",
+    "ab1",
+    "abcd",
+    "é",
+    "\ud800",
+    "1",
+    "c",
+    "f",
+    "k",
+]
 VALUES = [
     {},
-    {"expression": "1+1"}, {"expression": 1}, {"expression": "1", "extra": None}, {"Expression": "x"},
-    {"city": "Paris", "unit": "c"}, {"city": "Paris", "unit": "k"}, {"city": None}, {"unit": "f"},
-    {"query": "q", "limit": 3.0}, {"query": "q", "limit": 3.5}, {"query": "q", "limit": True}, {"query": "q", "limit": 10**40},
-    {"timeout": 0}, {"timeout": -1e-300}, {"timeout": 600}, {"timeout": "5"}, {"timeout": float("nan")},
-    {"tags": []}, {"tags": ["a"]}, {"tags": ["a", "bcde"]}, {"tags": ["a", "b", "c"]}, {"tags": ["", "é"]}, {"tags": "a"},
-    {"opts": {"deep": True}}, {"opts": {"deep": 1}}, {"opts": {"deep": False, "n": 2}}, {"opts": {"deep": False, "n": "2"}},
-    {"opts": []}, {"n": None}, {"n": 0}, {"n": -1}, {"n": 10.0}, {"n": 11}, {"n": False},
-    {"k": 1}, {"k": True}, {"k": 1.0}, {"k": False}, {"k": 0}, {"k": [1]}, {"k": [True]}, {"k": {"a": 1}}, {"k": {"a": True}},
-    {"k": "1"}, {"z": {"a": [1, 2]}}, {"z": {"a": [1, 2.0]}}, {"z": {"a": [True, 2]}},
-    {"s": "abc"}, {"s": "abc1"}, {"s": "ABC"}, {"s": "abc\n"}, {"s": 5},
-    {"é": "x"}, {"é": "x", "b": 1}, {"é": "x", "b": 1, "c": 2}, {"e": "x"},
-    {"a": "x"}, {"a": 1}, {"a": [1]}, {"a": []}, {"a": None}, {"a": 1.0}, {"a": 1.05}, {"a": [1, 1]}, {"a": "x", "b": 1},
-    {"x": 1}, {"y": 1}, {"x1": 1}, {"x1": "1"},
+    {"expression": "1+1"},
+    {"expression": 1},
+    {"expression": "1", "extra": None},
+    {"Expression": "x"},
+    {"city": "Paris", "unit": "c"},
+    {"city": "Paris", "unit": "k"},
+    {"city": None},
+    {"unit": "f"},
+    {"query": "q", "limit": 3.0},
+    {"query": "q", "limit": 3.5},
+    {"query": "q", "limit": True},
+    {"query": "q", "limit": 10**40},
+    {"timeout": 0},
+    {"timeout": -1e-300},
+    {"timeout": 600},
+    {"timeout": "5"},
+    {"timeout": float("nan")},
+    {"tags": []},
+    {"tags": ["a"]},
+    {"tags": ["a", "bcde"]},
+    {"tags": ["a", "b", "c"]},
+    {"tags": ["", "é"]},
+    {"tags": "a"},
+    {"opts": {"deep": True}},
+    {"opts": {"deep": 1}},
+    {"opts": {"deep": False, "n": 2}},
+    {"opts": {"deep": False, "n": "2"}},
+    {"opts": []},
+    {"n": None},
+    {"n": 0},
+    {"n": -1},
+    {"n": 10.0},
+    {"n": 11},
+    {"n": False},
+    {"k": 1},
+    {"k": True},
+    {"k": 1.0},
+    {"k": False},
+    {"k": 0},
+    {"k": [1]},
+    {"k": [True]},
+    {"k": {"a": 1}},
+    {"k": {"a": True}},
+    {"k": "1"},
+    {"z": {"a": [1, 2]}},
+    {"z": {"a": [1, 2.0]}},
+    {"z": {"a": [True, 2]}},
+    {"s": "abc"},
+    {"s": "abc1"},
+    {"s": "ABC"},
+    {"s": "abc\n"},
+    {"s": 5},
+    {"é": "x"},
+    {"é": "x", "b": 1},
+    {"é": "x", "b": 1, "c": 2},
+    {"e": "x"},
+    {"a": "x"},
+    {"a": 1},
+    {"a": [1]},
+    {"a": []},
+    {"a": None},
+    {"a": 1.0},
+    {"a": 1.05},
+    {"a": [1, 1]},
+    {"a": "x", "b": 1},
+    {"x": 1},
+    {"y": 1},
+    {"x1": 1},
+    {"x1": "1"},
     {"deep": {"deep": {"deep": {"deep": [[[[{"\U0001f600": "\x00"}]]]]}}}},
     *({"value": v, "n": v, "k": v, "a": v, "s": v, "timeout": v, "expression": v} for v in SCALARS),
 ]
@@ -88,7 +210,7 @@ def _jsonschema_only(schema, value) -> Validation:
         errors = sorted(cls(schema).iter_errors(value), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     except Exception as exc:  # e.g. multipleOf on infinity
         return Validation(True, False, True, (f"tool schema could not be applied: {type(exc).__name__}: {exc}",))
-    messages = tuple(V._describe(e) for e in errors[:V._MAX_ERRORS])
+    messages = tuple(V._describe(e) for e in errors[: V._MAX_ERRORS])
     return Validation(True, True, not messages, messages)
 
 
@@ -133,9 +255,42 @@ def test_a_schema_the_fast_check_rejects_still_gets_jsonschemas_messages():
     )
 
 
-EQUALITY_CASES = [None, True, False, 0, 1, 1.0, -0.0, 0.0, 2, float("nan"), float("inf"), "", "1", "a", [], [1], [True], [1.0],
-                  [0], [False], [[1]], [[True]], {}, {"a": 1}, {"a": True}, {"a": 1.0}, {"b": 1}, {"a": 1, "b": 2},
-                  {"a": [False]}, {"a": [0]}, [1, 2], [2, 1], [{"a": None}], [{"a": 0}]]
+EQUALITY_CASES = [
+    None,
+    True,
+    False,
+    0,
+    1,
+    1.0,
+    -0.0,
+    0.0,
+    2,
+    float("nan"),
+    float("inf"),
+    "",
+    "1",
+    "a",
+    [],
+    [1],
+    [True],
+    [1.0],
+    [0],
+    [False],
+    [[1]],
+    [[True]],
+    {},
+    {"a": 1},
+    {"a": True},
+    {"a": 1.0},
+    {"b": 1},
+    {"a": 1, "b": 2},
+    {"a": [False]},
+    {"a": [0]},
+    [1, 2],
+    [2, 1],
+    [{"a": None}],
+    [{"a": 0}],
+]
 
 
 @pytest.mark.parametrize("one", EQUALITY_CASES, ids=repr)

@@ -49,7 +49,6 @@ def upstream_body(rec: dict) -> dict:
     return orjson.loads(rec["upstream_request"]["body"])
 
 
-
 # ---------------------------------------------------------------- text
 
 
@@ -62,7 +61,9 @@ def test_text_non_streaming_gives_standard_tool_calls(served, stack):
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls"
     assert msg.content == "Checking."
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls] == [("get_weather", {"city": "Oslo"})]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls] == [
+        ("get_weather", {"city": "Oslo"})
+    ]
     assert msg.tool_calls[0].id.startswith("call_") and msg.tool_calls[0].type == "function"
 
     sent = fake.seen[-1].json()
@@ -72,8 +73,12 @@ def test_text_non_streaming_gives_standard_tool_calls(served, stack):
     assert rec["condition"] == "text"
     assert "tools" in orjson.loads(rec["request_body"])  # before
     assert "tools" not in upstream_body(rec)  # after
-    assert "<tool_call>" in orjson.loads(rec["response_body"])["choices"][0]["message"]["content"]  # what the model wrote
-    assert orjson.loads(rec["client_body"])["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert (
+        "<tool_call>" in orjson.loads(rec["response_body"])["choices"][0]["message"]["content"]
+    )  # what the model wrote
+    assert (
+        orjson.loads(rec["client_body"])["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    )
     assert rec["condition_note"] == "1 call(s) parsed from the reply"
 
 
@@ -88,10 +93,14 @@ def test_text_streaming_re_emits_standard_sse(served, include_usage):
     assert pieces > 1  # prose arrived as the model wrote it, not in one piece at the end
     assert finish == "tool_calls"
     assert [(found[i]["name"], json.loads(found[i]["arguments"])) for i in sorted(found)] == [
-        ("get_weather", {"city": "Oslo"}), ("list_todos", {})]
+        ("get_weather", {"city": "Oslo"}),
+        ("list_todos", {}),
+    ]
     assert all(found[i]["id"] for i in found)
     assert (usage is not None) is include_usage
-    assert fake.seen[-1].json()["stream_options"] == {"include_usage": True}  # asked upstream either way, for the record
+    assert fake.seen[-1].json()["stream_options"] == {
+        "include_usage": True
+    }  # asked upstream either way, for the record
     [rec] = p.wait_records(1)
     assert rec["client_body"].endswith("data: [DONE]\n\n")
     assert rec["response_body"].count("data: ") > 3  # the raw upstream SSE is kept as it came
@@ -101,7 +110,8 @@ def test_text_prose_reply_streams_and_ends_with_stop(served):
     fake, p = served("vllm", "--condition", "text", tool_parser="hermes")
     fake.enqueue(text("It is usually mild in Oslo this time of year, no tool needed."))
     content, found, finish, _, pieces = stream_message(
-        client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS, stream=True))
+        client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS, stream=True)
+    )
     assert content == "It is usually mild in Oslo this time of year, no tool needed."
     assert found == {} and finish == "stop" and pieces > 5
 
@@ -139,11 +149,16 @@ def test_text_three_turn_episode_round_trips_tool_results(served):
     assert "tools" not in fake.seen[-1].json()
     assert [m["role"] for m in third] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert third[2]["content"] == '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
-    assert third[3]["content"] == f'<tool_result id="{first_id}" name="get_weather">\nresult of get_weather #0\n</tool_result>'
+    assert (
+        third[3]["content"]
+        == f'<tool_result id="{first_id}" name="get_weather">\nresult of get_weather #0\n</tool_result>'
+    )
     assert third[4]["content"].startswith('Now the notes.\n<tool_call>{"name": "search_files"')
     assert "tool_calls" not in third[2] and all(m["role"] != "tool" for m in third)
     recs = p.wait_records(3)
-    assert [r["condition_note"] for r in recs] == ["1 call(s) parsed from the reply"] * 2 + ["no call marker in the reply"]
+    assert [r["condition_note"] for r in recs] == ["1 call(s) parsed from the reply"] * 2 + [
+        "no call marker in the reply"
+    ]
 
 
 async def test_text_ollama_native_chat_ndjson(served):
@@ -155,7 +170,9 @@ async def test_text_ollama_native_chat_ndjson(served):
         lines = [orjson.loads(line) for line in (await r.read()).splitlines()]
     assert "".join(x["message"]["content"] for x in lines) == "On it."
     [with_calls] = [x for x in lines if x["message"].get("tool_calls")]
-    assert with_calls["message"]["tool_calls"] == [{"function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 3.0}}}]
+    assert with_calls["message"]["tool_calls"] == [
+        {"function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 3.0}}}
+    ]
     assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "stop"
     assert "tools" not in fake.seen[-1].json() and fake.seen[-1].path == "/api/chat"
 
@@ -171,12 +188,17 @@ def test_text_upstream_refusal_passes_through_unchanged(served):
     assert rec["condition_note"] == "upstream answered 404: passed through unchanged"
 
 
-@pytest.mark.parametrize("request_kwargs, reason", [
-    ({"messages": ASK}, "skipped: request offers no function tools"),
-    ({"messages": ASK, "tools": []}, "skipped: request offers no function tools"),
-    ({"messages": ASK, "tools": TOOLS, "tool_choice": "none"},
-     "skipped: tool_choice is 'none': the harness asked for no tool call"),
-])
+@pytest.mark.parametrize(
+    "request_kwargs, reason",
+    [
+        ({"messages": ASK}, "skipped: request offers no function tools"),
+        ({"messages": ASK, "tools": []}, "skipped: request offers no function tools"),
+        (
+            {"messages": ASK, "tools": TOOLS, "tool_choice": "none"},
+            "skipped: tool_choice is 'none': the harness asked for no tool call",
+        ),
+    ],
+)
 def test_text_skips_requests_it_cannot_apply_to(served, request_kwargs, reason):
     fake, p = served("llamacpp", "--condition", "text")
     fake.enqueue(text("plain"))
@@ -190,13 +212,19 @@ def test_text_skips_requests_it_cannot_apply_to(served, request_kwargs, reason):
 async def test_text_skips_non_json_and_other_endpoints(served):
     fake, p = served("llamacpp", "--condition", "text")
     async with aiohttp.ClientSession() as s:
-        async with s.post(p.url + "/v1/chat/completions", data=b"{oops", headers={"Content-Type": "application/json"}) as r:
+        async with s.post(
+            p.url + "/v1/chat/completions", data=b"{oops", headers={"Content-Type": "application/json"}
+        ) as r:
             await r.read()
         async with s.get(p.url + "/v1/models") as r:
             assert r.status == 200
     recs = p.wait_records(2)
     assert recs[0]["condition_note"].startswith("skipped: request body is not JSON")
-    assert recs[1]["condition_note"] == "skipped: GET /v1/models is not a conversation request (/v1/chat/completions or /api/chat or /v1/responses or /v1/messages)"
+    assert (
+        recs[1]["condition_note"]
+        == "skipped: GET /v1/models is not a conversation request (/v1/chat/completions or /api/chat or /v1/responses "
+        "or /v1/messages)"
+    )
 
 
 def test_condition_by_path_tag_next_to_native(fake_stack, proxy):
@@ -241,7 +269,7 @@ def test_hint_injects_the_block_and_leaves_the_response_alone(served, stream):
 
 @pytest.mark.parametrize("stack", ["llamacpp", "vllm", "sglang", "lmstudio", "openai", "ollama"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_constrained_v1_dialect_and_tool_calls(served, stack, stream):
+def test_constrained_v1_field_per_stack_and_tool_calls(served, stack, stream):
     fake, p = served(stack, "--condition", "constrained", "--stack", stack)
     fake.enqueue(call("get_weather", {"city": "Oslo"}))
     r = client(p).chat.completions.create(model=fake.model, messages=ASK, tools=TOOLS, stream=stream)
@@ -256,7 +284,11 @@ def test_constrained_v1_dialect_and_tool_calls(served, stack, stream):
     assert sent["response_format"]["type"] == "json_schema"
     schema = sent["response_format"]["json_schema"]["schema"]
     assert {b["properties"].get("name", {}).get("enum", ["<final>"])[0] for b in schema["anyOf"]} == {
-        "get_weather", "search_files", "list_todos", "<final>"}
+        "get_weather",
+        "search_files",
+        "list_todos",
+        "<final>",
+    }
     assert not {"tools", "tool_choice", "guided_json", "format"} & set(sent)
     [rec] = p.wait_records(1)
     assert rec["condition_note"] == "schema reply: tool call"
@@ -291,10 +323,17 @@ def test_constrained_final_answer_ends_the_episode_and_forced_removes_it(served)
 def test_constrained_history_shows_earlier_calls_as_schema_json(served):
     fake, p = served("vllm", "--condition", "constrained", "--stack", "vllm")
     fake.enqueue(text('{"final_answer": "done"}'))
-    messages = [*ASK,
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "4 C"}]
+    messages = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "4 C"},
+    ]
     client(p).chat.completions.create(model=fake.model, messages=messages, tools=TOOLS)
     sent = fake.seen[-1].json()["messages"]
     assert sent[2] == {"role": "assistant", "content": '{"name": "get_weather", "arguments": {"city": "Oslo"}}'}

@@ -30,15 +30,24 @@ def test_qwen25_template_renders_the_known_prompt():
     assert prompt == GOLDEN
 
 
-@pytest.mark.parametrize("source, expected", [
-    pytest.param("{{ bos_token }}{% for m in messages %}{{ m.content | tojson }}{% endfor %}",
-                 '<s>"Zürich <b>"', id="tojson-unescaped-unicode-and-html"),
-    pytest.param("{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{{ m.content }}{% endfor %}",
-                 "", id="loop-controls"),
-    pytest.param("{% generation %}{{ messages[0].content }}{% endgeneration %}", "Zürich <b>", id="generation-tag"),
-    pytest.param("{{ strftime_now('%Y') | length }}", "4", id="strftime_now"),
-    pytest.param("{{ {'b': 1, 'a': 2} | tojson }}", '{"b": 1, "a": 2}', id="tojson-keeps-key-order"),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        pytest.param(
+            "{{ bos_token }}{% for m in messages %}{{ m.content | tojson }}{% endfor %}",
+            '<s>"Zürich <b>"',
+            id="tojson-unescaped-unicode-and-html",
+        ),
+        pytest.param(
+            "{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{{ m.content }}{% endfor %}",
+            "",
+            id="loop-controls",
+        ),
+        pytest.param("{% generation %}{{ messages[0].content }}{% endgeneration %}", "Zürich <b>", id="generation-tag"),
+        pytest.param("{{ strftime_now('%Y') | length }}", "4", id="strftime_now"),
+        pytest.param("{{ {'b': 1, 'a': 2} | tojson }}", '{"b": 1, "a": 2}', id="tojson-keeps-key-order"),
+    ],
+)
 def test_hf_template_features(tmp_path, source, expected):
     path = tmp_path / "tokenizer_config.json"
     path.write_text(json.dumps({"chat_template": source, "bos_token": {"content": "<s>", "lstrip": False}}))
@@ -47,16 +56,27 @@ def test_hf_template_features(tmp_path, source, expected):
 
 def test_named_templates_pick_tool_use_when_tools_are_offered(tmp_path):
     path = tmp_path / "tokenizer_config.json"
-    path.write_text(json.dumps({"chat_template": [{"name": "default", "template": "plain"},
-                                                  {"name": "tool_use", "template": "tools:{{ tools | length }}"}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "chat_template": [
+                    {"name": "default", "template": "plain"},
+                    {"name": "tool_use", "template": "tools:{{ tools | length }}"},
+                ]
+            }
+        )
+    )
     t = load_template(path)
     assert t.render([], None) == "plain" and t.render([], [{"type": "function"}]) == "tools:1"
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{% if %}", "syntax error at line 1"),
-    ("{\"no_template\": 1}", "no 'chat_template' string"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{% if %}", "syntax error at line 1"),
+        ('{"no_template": 1}', "no 'chat_template' string"),
+    ],
+)
 def test_bad_template_files_are_named_errors(tmp_path, content, message):
     path = tmp_path / ("t.jinja" if content.startswith("{%") else "tokenizer_config.json")
     path.write_text(content)
@@ -71,23 +91,31 @@ def test_sandbox_blocks_attribute_escapes(tmp_path):
         load_template(path).render([], None)
 
 
-@pytest.mark.parametrize("stack, path", [("llamacpp", "/completion"), ("vllm", "/v1/completions"), ("ollama", "/api/generate"),
-                                         ("sglang", "/v1/completions")])
+@pytest.mark.parametrize(
+    "stack, path",
+    [
+        ("llamacpp", "/completion"),
+        ("vllm", "/v1/completions"),
+        ("ollama", "/api/generate"),
+        ("sglang", "/v1/completions"),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_template_through_the_proxy(fake_stack, proxy, stack, path, stream):
     fake = fake_stack(stack)
     fake.enqueue(call("book_train", {"origin": "Paris", "destination": "Zürich", "date": "2026-05-02"}))
     p = proxy(fake.url, "--condition", "template", "--stack", stack, "--chat-template", str(QWEN), "--parser", "hermes")
-    r = client(p).chat.completions.create(model=fake.model, messages=CONVERSATION["messages"],
-                                          tools=CONVERSATION["tools"], stream=stream, temperature=0)
+    r = client(p).chat.completions.create(
+        model=fake.model, messages=CONVERSATION["messages"], tools=CONVERSATION["tools"], stream=stream, temperature=0
+    )
     if stream:
         got, finish = {}, None
         for chunk in r:
             for choice in chunk.choices:
                 for tc in choice.delta.tool_calls or []:
                     slot = got.setdefault(tc.index, ["", ""])
-                    slot[0] += (tc.function.name or "")
-                    slot[1] += (tc.function.arguments or "")
+                    slot[0] += tc.function.name or ""
+                    slot[1] += tc.function.arguments or ""
                 finish = choice.finish_reason or finish
         calls = [(name, json.loads(args)) for name, args in got.values()]
     else:
@@ -111,18 +139,24 @@ def test_template_reply_without_calls_is_plain_content(fake_stack, proxy):
     fake = fake_stack("llamacpp")
     fake.enqueue(text("Which day should I book?"))
     p = proxy(fake.url, "--condition", "template", "--stack", "llamacpp", "--chat-template", str(QWEN))
-    r = client(p).chat.completions.create(model=fake.model, messages=CONVERSATION["messages"], tools=CONVERSATION["tools"])
+    r = client(p).chat.completions.create(
+        model=fake.model, messages=CONVERSATION["messages"], tools=CONVERSATION["tools"]
+    )
     assert r.choices[0].message.content == "Which day should I book?" and r.choices[0].finish_reason == "stop"
 
 
 def test_template_render_failure_is_a_recorded_400(fake_stack, proxy, tmp_path):
     strict = tmp_path / "strict.jinja"
-    strict.write_text("{% for m in messages %}{% if m.role == 'tool' %}"
-                      "{{ raise_exception('tool messages are not supported by this template') }}{% endif %}{% endfor %}")
+    strict.write_text(
+        "{% for m in messages %}{% if m.role == 'tool' %}"
+        "{{ raise_exception('tool messages are not supported by this template') }}{% endif %}{% endfor %}"
+    )
     fake = fake_stack("vllm")
     p = proxy(fake.url, "--condition", "template", "--stack", "vllm", "--chat-template", str(strict))
     with pytest.raises(openai.BadRequestError) as info:
-        client(p).chat.completions.create(model=fake.model, messages=CONVERSATION["messages"], tools=CONVERSATION["tools"])
+        client(p).chat.completions.create(
+            model=fake.model, messages=CONVERSATION["messages"], tools=CONVERSATION["tools"]
+        )
     assert "tool messages are not supported by this template" in str(info.value)
     assert str(strict) in str(info.value)
     assert fake.seen == []  # nothing reached the stack
@@ -131,19 +165,39 @@ def test_template_render_failure_is_a_recorded_400(fake_stack, proxy, tmp_path):
     assert rec["condition_note"].startswith("rejected: chat template") and rec["status"] is None
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--chat-template", "{tmp}/missing.jinja"), "does not exist"),
-    (("--chat-template", "{tmp}/bad.jinja"), "syntax error at line 1"),
-    (("--chat-template", "{tmp}/bad.json"), "not valid JSON"),
-    (("--parser", "nonsense"), "unknown; choose one of hermes"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--chat-template", "{tmp}/missing.jinja"), "does not exist"),
+        (("--chat-template", "{tmp}/bad.jinja"), "syntax error at line 1"),
+        (("--chat-template", "{tmp}/bad.json"), "not valid JSON"),
+        (("--parser", "nonsense"), "unknown; choose one of hermes"),
+    ],
+)
 def test_serve_rejects_bad_template_options_at_start(tmp_path, args, message):
     (tmp_path / "bad.jinja").write_text("{% for %}")
     (tmp_path / "bad.json").write_text("{")
     args = tuple(a.format(tmp=tmp_path) for a in args)
-    out = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
-                          "http://127.0.0.1:9", "--port", "0", "--data", str(tmp_path / "d"), "--condition", "template", *args],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--port",
+            "0",
+            "--data",
+            str(tmp_path / "d"),
+            "--condition",
+            "template",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 
 

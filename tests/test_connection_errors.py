@@ -21,21 +21,55 @@ def _connector(os_error: OSError, cls=aiohttp.ClientConnectorError) -> aiohttp.C
 
 
 CASES = [
-    ("refused", _connector(ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed ('127.0.0.1', 8080)")),
-     "nothing is listening at model.example:8080 (connection refused)", "Is the model server running"),
-    ("dns", _connector(socket.gaierror(-2, "Name or service not known"), aiohttp.ClientConnectorDNSError),
-     "the host name model.example could not be resolved", "Check the host name"),
-    ("no-route", _connector(OSError(errno.EHOSTUNREACH, "No route to host")),
-     "there is no network route to model.example:8080", "reachable from this machine"),
-    ("timed-out", _connector(TimeoutError(errno.ETIMEDOUT, "Connect call failed")),
-     "model.example:8080 did not answer in time", "firewall or VPN"),
-    ("tls", _connector(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")),
-     "the TLS (https) handshake with model.example:8080 failed", "http:// versus https://"),
-    ("reset", aiohttp.ServerDisconnectedError(), "the server closed the connection without answering", "It may also have crashed"),
+    (
+        "refused",
+        _connector(ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed ('127.0.0.1', 8080)")),
+        "nothing is listening at model.example:8080 (connection refused)",
+        "Is the model server running",
+    ),
+    (
+        "dns",
+        _connector(socket.gaierror(-2, "Name or service not known"), aiohttp.ClientConnectorDNSError),
+        "the host name model.example could not be resolved",
+        "Check the host name",
+    ),
+    (
+        "no-route",
+        _connector(OSError(errno.EHOSTUNREACH, "No route to host")),
+        "there is no network route to model.example:8080",
+        "reachable from this machine",
+    ),
+    (
+        "timed-out",
+        _connector(TimeoutError(errno.ETIMEDOUT, "Connect call failed")),
+        "model.example:8080 did not answer in time",
+        "firewall or VPN",
+    ),
+    (
+        "tls",
+        _connector(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")),
+        "the TLS (https) handshake with model.example:8080 failed",
+        "http:// versus https://",
+    ),
+    (
+        "reset",
+        aiohttp.ServerDisconnectedError(),
+        "the server closed the connection without answering",
+        "It may also have crashed",
+    ),
     ("plain-timeout", TimeoutError(), "the server did not answer in time", "firewall or VPN"),
-    ("other-oserror", OSError(errno.EACCES, "Permission denied"), "cannot connect to the server: permission denied",
-     "is the URL right"),
-    ("unknown", aiohttp.ClientPayloadError("bad"), "the connection to the server failed (ClientPayloadError)", "is the URL right"),
+    (
+        "other-oserror",
+        OSError(errno.EACCES, "Permission denied"),
+        "cannot connect to the server: permission denied",
+        "is the URL right",
+    ),
+    (
+        "unknown",
+        aiohttp.ClientPayloadError("bad"),
+        "the connection to the server failed (ClientPayloadError)",
+        "is the URL right",
+    ),
 ]
 
 
@@ -52,7 +86,9 @@ def test_detail_is_the_systems_own_text_on_a_second_line():
     problem = explain(CASES[0][1])
     assert problem.detail == "[Errno 111] Connect call failed ('127.0.0.1', 8080)"
     assert with_detail("cannot diagnose: x", problem.detail).splitlines() == [
-        "cannot diagnose: x", "  detail: [Errno 111] Connect call failed ('127.0.0.1', 8080)"]
+        "cannot diagnose: x",
+        "  detail: [Errno 111] Connect call failed ('127.0.0.1', 8080)",
+    ]
     assert with_detail("cannot diagnose: x", None) == "cannot diagnose: x"
 
 
@@ -64,13 +100,30 @@ def _closed_port() -> int:
 
 def test_doctor_says_a_sentence_and_keeps_errno_text_to_the_detail_line(tmp_path):
     port = _closed_port()
-    r = subprocess.run([sys.executable, "-m", "toolproxy.cli", "doctor", "--upstream", f"http://127.0.0.1:{port}",
-                        "--model", "m", "--data", str(tmp_path / "d")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "doctor",
+            "--upstream",
+            f"http://127.0.0.1:{port}",
+            "--model",
+            "m",
+            "--data",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     problem, detail = [line for line in r.stdout.splitlines() if "cannot diagnose" in line or "detail:" in line]
-    assert problem == (f"cannot diagnose: cannot connect to http://127.0.0.1:{port}: nothing is listening at "
-                       f"127.0.0.1:{port} (connection refused). Is the model server running, and are the host and "
-                       "port in the URL right?")
+    assert problem == (
+        f"cannot diagnose: cannot connect to http://127.0.0.1:{port}: nothing is listening at "
+        f"127.0.0.1:{port} (connection refused). Is the model server running, and are the host and "
+        "port in the URL right?"
+    )
     assert detail.startswith("  detail: [Errno 111]")
 
 
@@ -81,6 +134,8 @@ async def test_the_proxys_502_says_it_in_words(tmp_path):
     async with local_proxy(f"http://127.0.0.1:{port}", tmp_path / "d", "r") as lp:
         probe = await lp.post("/v1/chat/completions", {"model": "m", "messages": []})
     assert probe.reply.status == 502 and probe.record.error_kind == "connect"
-    assert probe.record.error_message == (f"cannot connect to upstream http://127.0.0.1:{port}: nothing is listening at "
-                                          f"127.0.0.1:{port} (connection refused). Is the model server running, and "
-                                          "are the host and port in the URL right?")
+    assert probe.record.error_message == (
+        f"cannot connect to upstream http://127.0.0.1:{port}: nothing is listening at "
+        f"127.0.0.1:{port} (connection refused). Is the model server running, and "
+        "are the host and port in the URL right?"
+    )

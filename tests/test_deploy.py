@@ -95,6 +95,7 @@ def option_value(argv: list[str], flag: str) -> str:
 
 # ---------------------------------------------------------------- Dockerfile
 
+
 @pytest.fixture(scope="module")
 def dockerfile():
     return DockerfileParser(path=str(DEPLOY / "Dockerfile"))
@@ -103,7 +104,7 @@ def dockerfile():
 def final_stage(df: DockerfileParser) -> list[dict]:
     froms = [i for i, ins in enumerate(df.structure) if ins["instruction"] == "FROM"]
     assert len(froms) == 2, "a build stage and a runtime stage"
-    return df.structure[froms[-1]:]
+    return df.structure[froms[-1] :]
 
 
 def image_command(df: DockerfileParser) -> list[str]:
@@ -155,8 +156,9 @@ def health(url: str, *args: str, token: str | None = None) -> subprocess.Complet
     env["TOOLPROXY_HEALTH_URL"] = url + "/_toolproxy/health"
     if token is not None:
         env["TOOLPROXY_AUTH_TOKEN"] = token
-    return subprocess.run([sys.executable, str(DEPLOY / "healthcheck.py"), *args], env=env,
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, str(DEPLOY / "healthcheck.py"), *args], env=env, capture_output=True, text=True, timeout=30
+    )
 
 
 def test_the_health_script_asks_with_the_token_and_tells_ready_from_alive(fake_stack, proxy):
@@ -175,9 +177,12 @@ def test_the_health_script_asks_with_the_token_and_tells_ready_from_alive(fake_s
     shutil.rmtree(seg_dir)
     seg_dir.write_bytes(b"")
     fake.enqueue(text("hi"))
-    req = urllib.request.Request(p.url + "/v1/chat/completions", method="POST", headers={
-        "Authorization": "Bearer s3cret", "Content-Type": "application/json"},
-        data=json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}).encode())
+    req = urllib.request.Request(
+        p.url + "/v1/chat/completions",
+        method="POST",
+        headers={"Authorization": "Bearer s3cret", "Content-Type": "application/json"},
+        data=json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         assert r.status == 200
     deadline = time.monotonic() + 10
@@ -192,6 +197,7 @@ def test_the_health_script_asks_with_the_token_and_tells_ready_from_alive(fake_s
 
 # ---------------------------------------------------------------- compose
 
+
 @pytest.fixture(scope="module")
 def compose():
     return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
@@ -201,7 +207,9 @@ def test_compose_file_matches_the_compose_specification(tmp_path):
     r = run(tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", DEPLOY / "compose.yaml")
     assert r.returncode == 0 and "ok -- validation done" in r.stdout, r.stdout + r.stderr
     broken = tmp_path / "compose.yaml"
-    broken.write_text((DEPLOY / "compose.yaml").read_text().replace("restart: unless-stopped", "restarts: unless-stopped", 1))
+    broken.write_text(
+        (DEPLOY / "compose.yaml").read_text().replace("restart: unless-stopped", "restarts: unless-stopped", 1)
+    )
     r = run(tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", broken)
     assert r.returncode == 1 and "restarts" in r.stdout, r.stdout + r.stderr
 
@@ -241,6 +249,7 @@ def test_compose_replicas_share_one_volume_behind_the_balancer_and_a_job_analyse
 
 # ---------------------------------------------------------------- Kubernetes
 
+
 @pytest.fixture(scope="module")
 def k8s():
     docs = {}
@@ -258,7 +267,9 @@ def test_kubernetes_manifests_match_the_api_schemas(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         assert r.stdout.count(" passed for resource ") == len(K8S), r.stdout
     broken = tmp_path / "deployment.yaml"
-    broken.write_text((DEPLOY / "kubernetes" / "deployment.yaml").read_text().replace("readinessProbe:", "readinesProbe:"))
+    broken.write_text(
+        (DEPLOY / "kubernetes" / "deployment.yaml").read_text().replace("readinessProbe:", "readinesProbe:")
+    )
     r = run(tool("kubernetes-validate"), "--strict", broken)
     assert r.returncode != 0 and "readinesProbe" in r.stdout + r.stderr
 
@@ -289,14 +300,23 @@ def env_refs(container: dict) -> dict[str, tuple[str, str, str]]:
 
 def test_kubernetes_pieces_agree_and_commands_are_real(k8s, dockerfile):
     uid = int([i["value"] for i in final_stage(dockerfile) if i["instruction"] == "USER"][-1].split(":")[0])
-    config, pvc, dep, svc, cron = k8s["ConfigMap"], k8s["PersistentVolumeClaim"], k8s["Deployment"], k8s["Service"], k8s["CronJob"]
+    config, pvc, dep, svc, cron = (
+        k8s["ConfigMap"],
+        k8s["PersistentVolumeClaim"],
+        k8s["Deployment"],
+        k8s["Service"],
+        k8s["CronJob"],
+    )
     claim = pvc["metadata"]["name"]
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]  # replicas on several nodes share it
 
     assert dep["spec"]["replicas"] >= 2
     pod = dep["spec"]["template"]
-    assert dep["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"] == {
-        k: v for k, v in pod["metadata"]["labels"].items() if k in svc["spec"]["selector"]}
+    assert (
+        dep["spec"]["selector"]["matchLabels"]
+        == svc["spec"]["selector"]
+        == {k: v for k, v in pod["metadata"]["labels"].items() if k in svc["spec"]["selector"]}
+    )
     (c,) = pod_checks(pod["spec"], uid, claim)
     argv = image_command(dockerfile)[:1] + c["args"]
     check_invocation(argv)
@@ -325,6 +345,7 @@ def test_kubernetes_pieces_agree_and_commands_are_real(k8s, dockerfile):
 
 
 # ---------------------------------------------------------------- systemd
+
 
 def test_systemd_unit_verifies_and_runs_a_real_command(tmp_path):
     """systemd-analyze checks that ExecStart is executable: the unit's venv path is swapped for

@@ -32,8 +32,14 @@ FORBIDDEN = ("STACKS" + ".md", "SPEC" + ".md", "../" + "shared")
 def site(tmp: Path) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-                           "-d", str(out)], cwd=ROOT, capture_output=True, text=True, env=env, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     return proc, out
 
 
@@ -57,8 +63,11 @@ def anchors(built) -> dict[str, set[str]]:
 
 
 def broken(refs, anchors) -> list[str]:
-    return [f"{where}: docs/{page}{'#' + anchor if anchor else ''}" for where, page, anchor in refs
-            if page not in anchors or (anchor and anchor not in anchors[page])]
+    return [
+        f"{where}: docs/{page}{'#' + anchor if anchor else ''}"
+        for where, page, anchor in refs
+        if page not in anchors or (anchor and anchor not in anchors[page])
+    ]
 
 
 def test_mkdocs_build_strict_passes(built):
@@ -76,8 +85,14 @@ def test_a_broken_anchor_fails_the_strict_build(tmp_path):
     config = config.split("\nnav:")[0] + "\nnav:\n  - index.md\n  - other.md\n"
     (tmp_path / "mkdocs.yml").write_text(config)
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
-                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert proc.returncode != 0
     assert "no-such-heading" in proc.stdout + proc.stderr
 
@@ -98,8 +113,10 @@ def test_readme_keeps_its_two_commands():
 
 
 def test_readme_links_into_docs_resolve(anchors):
-    refs = [("README.md", m.group(1), m.group(2)) for m in re.finditer(r"\]\(" + DOC_REF.pattern + r"\)",
-                                                                        README.read_text())]
+    refs = [
+        ("README.md", m.group(1), m.group(2))
+        for m in re.finditer(r"\]\(" + DOC_REF.pattern + r"\)", README.read_text())
+    ]
     assert len(refs) >= 10, "README links into docs/ for everything it leaves out"
     assert not broken(refs, anchors)
 
@@ -163,8 +180,9 @@ PYTHON_FILE = re.compile(r"\bpython3? ((?:[\w.-]+/)*[\w.-]+\.py)\b")
 
 @functools.cache
 def help_text(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "toolproxy.cli", *args, "--help"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", *args, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     return proc.stdout if proc.returncode == 0 else ""
 
 
@@ -186,8 +204,11 @@ def test_toolproxy_commands_quoted_in_the_manual_exist():
                     continue
                 checked += 1
                 options = help_text(sub)
-                missing += [f"{where}: toolproxy {sub} {flag}" for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest)
-                            if not re.search(rf"(?<![\w-]){flag}(?![\w-])", options)]
+                missing += [
+                    f"{where}: toolproxy {sub} {flag}"
+                    for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest)
+                    if not re.search(rf"(?<![\w-]){flag}(?![\w-])", options)
+                ]
     assert checked >= 50
     assert not missing, "commands or flags the CLI does not have"
 

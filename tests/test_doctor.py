@@ -10,14 +10,17 @@ import sys
 import orjson
 import pytest
 
-from toolproxy.record.segments import read_records
 from toolproxy.checks.doctor import diagnose, render
 from toolproxy.emulators import ModelRequest, ScriptedReply, broken_call, call, text, text_call
+from toolproxy.record.segments import read_records
 
 PARIS = {"city": "Paris"}
 
 
-def model(on_tools: ScriptedReply, on_plain: ScriptedReply = text("ready")):
+READY = text("ready")
+
+
+def model(on_tools: ScriptedReply, on_plain: ScriptedReply = READY):
     """A scripted model: answers the tool probe one way and the plain control request another."""
 
     def respond(req: ModelRequest) -> ScriptedReply:
@@ -35,55 +38,197 @@ async def run(fake, model_name, tmp_path, **kw):
     "kind, options, model_name, reply, at_fault, step, says, fix",
     [
         # 1. refused by the serving layer: the model never ran
-        ("ollama", {}, "gemma3", call("get_weather", PARIS), "serving_layer", 1,
-         ['Ollama 0.12.6 answered HTTP 400 "registry.ollama.ai/library/gemma3:latest does not support tools"',
-          "the model never ran", "only tools are refused", "Its capabilities are [completion, vision]"],
-         ["`ollama show MODEL` must list 'tools'", "--condition text"]),
-        ("vllm", {}, "Qwen/Qwen2.5-7B-Instruct", call("get_weather", PARIS), "serving_layer", 1,
-         ['vLLM 0.11.0 answered HTTP 400 "\\"auto\\" tool choice requires --enable-auto-tool-choice and '
-          '--tool-call-parser to be set"'],
-         ["--enable-auto-tool-choice --tool-call-parser NAME", "hermes for Qwen2.5"]),
-        ("no_jinja", {}, "qwen", call("get_weather", PARIS), "serving_layer", 1,
-         ['answered HTTP 500 "tools param requires --jinja flag"', "started with --no-jinja"],
-         ["restart llama-server with `--jinja`"]),
-        ("llamacpp", {}, "qwen", broken_call('<tool_call>{"name": "get_weather", "arguments": {"city": '),
-         "serving_layer", 1, ['HTTP 500 "Failed to parse input at pos 0', "did not match the tool-call format"],
-         ["--chat-template-file"]),
-        ("ollama", {}, "qwen2.5:7b", call("get_time", {}), "serving_layer", 1,
-         ["EMPTIED by the serving layer", "The model ran: nothing delivered although the stack reports",
-          "drops a call to a tool name that was not offered"], ["--condition text"]),
+        (
+            "ollama",
+            {},
+            "gemma3",
+            call("get_weather", PARIS),
+            "serving_layer",
+            1,
+            [
+                'Ollama 0.12.6 answered HTTP 400 "registry.ollama.ai/library/gemma3:latest does not support tools"',
+                "the model never ran",
+                "only tools are refused",
+                "Its capabilities are [completion, vision]",
+            ],
+            ["`ollama show MODEL` must list 'tools'", "--condition text"],
+        ),
+        (
+            "vllm",
+            {},
+            "Qwen/Qwen2.5-7B-Instruct",
+            call("get_weather", PARIS),
+            "serving_layer",
+            1,
+            [
+                'vLLM 0.11.0 answered HTTP 400 "\\"auto\\" tool choice requires --enable-auto-tool-choice and '
+                '--tool-call-parser to be set"'
+            ],
+            ["--enable-auto-tool-choice --tool-call-parser NAME", "hermes for Qwen2.5"],
+        ),
+        (
+            "no_jinja",
+            {},
+            "qwen",
+            call("get_weather", PARIS),
+            "serving_layer",
+            1,
+            ['answered HTTP 500 "tools param requires --jinja flag"', "started with --no-jinja"],
+            ["restart llama-server with `--jinja`"],
+        ),
+        (
+            "llamacpp",
+            {},
+            "qwen",
+            broken_call('<tool_call>{"name": "get_weather", "arguments": {"city": '),
+            "serving_layer",
+            1,
+            ['HTTP 500 "Failed to parse input at pos 0', "did not match the tool-call format"],
+            ["--chat-template-file"],
+        ),
+        (
+            "ollama",
+            {},
+            "qwen2.5:7b",
+            call("get_time", {}),
+            "serving_layer",
+            1,
+            [
+                "EMPTIED by the serving layer",
+                "The model ran: nothing delivered although the stack reports",
+                "drops a call to a tool name that was not offered",
+            ],
+            ["--condition text"],
+        ),
         # 2. accepted, but the call came back as text
-        ("sglang", {}, "Qwen/Qwen2.5-7B-Instruct", call("get_weather", PARIS), "parser", 2,
-         ["the call came back as TEXT", "Hermes/Qwen `<tool_call>", 'get_weather({"city": "Paris"}) and the call itself is valid'],
-         ["relaunch SGLang with `--tool-call-parser qwen25` (called `qwen` in newer SGLang releases)"]),
-        ("vllm", {"tool_parser": "hermes"}, "Qwen/Qwen2.5-7B-Instruct",
-         text_call("fenced", "get_weather", PARIS, before="Sure:\n"), "parser", 2,
-         ["a fenced ```json block"], ["no vLLM tool parser reads this format"]),
-        ("vllm", {"tool_parser": "hermes", "call_format": "llama3"}, "Qwen/Qwen2.5-7B-Instruct",
-         text_call("llama3", "get_weather", PARIS), "parser", 2,
-         ["Llama 3 JSON"], ["--tool-call-parser llama3_json"]),
-        ("lmstudio", {}, "google/gemma-3-4b", call("get_weather", PARIS), "parser", 2,
-         ["LM Studio `[TOOL_REQUEST]`"], ["trained for tool use"]),
-        ("llamacpp", {}, "qwen", text_call("fenced", "get_weather", PARIS), "parser", 2,
-         ["a fenced ```json block"], ["no llama-server parser reads plain JSON calls", "--condition text"]),
-        ("llamacpp", {"call_format": "llama3"}, "qwen", text_call("llama3", "get_weather", PARIS), "parser", 2,
-         ["Llama 3 JSON"], ["picks its parser from the chat template", "--chat-template-file"]),
+        (
+            "sglang",
+            {},
+            "Qwen/Qwen2.5-7B-Instruct",
+            call("get_weather", PARIS),
+            "parser",
+            2,
+            [
+                "the call came back as TEXT",
+                "Hermes/Qwen `<tool_call>",
+                'get_weather({"city": "Paris"}) and the call itself is valid',
+            ],
+            ["relaunch SGLang with `--tool-call-parser qwen25` (called `qwen` in newer SGLang releases)"],
+        ),
+        (
+            "vllm",
+            {"tool_parser": "hermes"},
+            "Qwen/Qwen2.5-7B-Instruct",
+            text_call("fenced", "get_weather", PARIS, before="Sure:\n"),
+            "parser",
+            2,
+            ["a fenced ```json block"],
+            ["no vLLM tool parser reads this format"],
+        ),
+        (
+            "vllm",
+            {"tool_parser": "hermes", "call_format": "llama3"},
+            "Qwen/Qwen2.5-7B-Instruct",
+            text_call("llama3", "get_weather", PARIS),
+            "parser",
+            2,
+            ["Llama 3 JSON"],
+            ["--tool-call-parser llama3_json"],
+        ),
+        (
+            "lmstudio",
+            {},
+            "google/gemma-3-4b",
+            call("get_weather", PARIS),
+            "parser",
+            2,
+            ["LM Studio `[TOOL_REQUEST]`"],
+            ["trained for tool use"],
+        ),
+        (
+            "llamacpp",
+            {},
+            "qwen",
+            text_call("fenced", "get_weather", PARIS),
+            "parser",
+            2,
+            ["a fenced ```json block"],
+            ["no llama-server parser reads plain JSON calls", "--condition text"],
+        ),
+        (
+            "llamacpp",
+            {"call_format": "llama3"},
+            "qwen",
+            text_call("llama3", "get_weather", PARIS),
+            "parser",
+            2,
+            ["Llama 3 JSON"],
+            ["picks its parser from the chat template", "--chat-template-file"],
+        ),
         # llama-cpp-python drops tools under tool_choice auto: the call the model writes anyway stays in content
-        ("llama-cpp-python", {}, "qwen", call("get_weather", PARIS), "parser", 2,
-         ["the call came back as TEXT", "a bare JSON object"], ["--chat_format chatml-function-calling"]),
+        (
+            "llama-cpp-python",
+            {},
+            "qwen",
+            call("get_weather", PARIS),
+            "parser",
+            2,
+            ["the call came back as TEXT", "a bare JSON object"],
+            ["--chat_format chatml-function-calling"],
+        ),
         # 3. the model made no call, or an invalid one
-        ("ollama", {}, "qwen2.5:7b", text("I cannot check live weather, sorry."), "model", 3,
-         ['NO CALL: the model answered in prose: "I cannot check live weather, sorry."'], ["--condition hint"]),
-        ("openai", {}, "gpt-4o-mini", call("get_weather", {"town": "Paris"}), "model", 3,
-         ["INVALID CALL", "'city' is a required property"], ["--condition constrained"]),
+        (
+            "ollama",
+            {},
+            "qwen2.5:7b",
+            text("I cannot check live weather, sorry."),
+            "model",
+            3,
+            ['NO CALL: the model answered in prose: "I cannot check live weather, sorry."'],
+            ["--condition hint"],
+        ),
+        (
+            "openai",
+            {},
+            "gpt-4o-mini",
+            call("get_weather", {"town": "Paris"}),
+            "model",
+            3,
+            ["INVALID CALL", "'city' is a required property"],
+            ["--condition constrained"],
+        ),
         # the model emitted its end token first (Qwen2.5-Coder-0.5B on llama.cpp does): nothing was lost in serving
-        ("llamacpp", {}, "qwen", text(""), "model", 3,
-         ["NO OUTPUT: the model ended its turn at once: 1 completion token, its end token, and no text",
-          "the model's doing, not the server's"], ["--condition hint"]),
+        (
+            "llamacpp",
+            {},
+            "qwen",
+            text(""),
+            "model",
+            3,
+            [
+                "NO OUTPUT: the model ended its turn at once: 1 completion token, its end token, and no text",
+                "the model's doing, not the server's",
+            ],
+            ["--condition hint"],
+        ),
     ],
-    ids=["ollama-refuses", "vllm-refuses", "llamacpp-no-jinja", "llamacpp-parse-500", "ollama-drops-unknown-tool",
-         "sglang-no-parser", "vllm-fenced-json", "vllm-wrong-parser", "lmstudio-text", "llamacpp-text",
-         "llamacpp-other-format", "llama-cpp-python-drops-tools", "model-prose", "model-invalid", "model-stopped-at-once"],
+    ids=[
+        "ollama-refuses",
+        "vllm-refuses",
+        "llamacpp-no-jinja",
+        "llamacpp-parse-500",
+        "ollama-drops-unknown-tool",
+        "sglang-no-parser",
+        "vllm-fenced-json",
+        "vllm-wrong-parser",
+        "lmstudio-text",
+        "llamacpp-text",
+        "llamacpp-other-format",
+        "llama-cpp-python-drops-tools",
+        "model-prose",
+        "model-invalid",
+        "model-stopped-at-once",
+    ],
 )
 async def test_verdict_per_stack(fake_stack, tmp_path, kind, options, model_name, reply, at_fault, step, says, fix):
     fake = fake_stack(kind, responder=model(reply), **options)
@@ -103,13 +248,16 @@ async def test_verdict_per_stack(fake_stack, tmp_path, kind, options, model_name
     assert "tools do NOT work natively" in out
 
 
-@pytest.mark.parametrize("kind, model_name, options", [
-    ("llamacpp", "qwen", {}),
-    ("ollama", "qwen2.5:7b", {}),
-    ("vllm", "Qwen/Qwen2.5-7B-Instruct", {"tool_parser": "hermes"}),
-    ("sglang", "Qwen/Qwen2.5-7B-Instruct", {"tool_parser": "qwen25"}),
-    ("lmstudio", "qwen2.5-7b-instruct", {}),
-])
+@pytest.mark.parametrize(
+    "kind, model_name, options",
+    [
+        ("llamacpp", "qwen", {}),
+        ("ollama", "qwen2.5:7b", {}),
+        ("vllm", "Qwen/Qwen2.5-7B-Instruct", {"tool_parser": "hermes"}),
+        ("sglang", "Qwen/Qwen2.5-7B-Instruct", {"tool_parser": "qwen25"}),
+        ("lmstudio", "qwen2.5-7b-instruct", {}),
+    ],
+)
 async def test_native_tools_work(fake_stack, tmp_path, kind, model_name, options):
     fake = fake_stack(kind, responder=model(call("get_weather", PARIS)), **options)
     diag, out = await run(fake, model_name, tmp_path, repeat=2)
@@ -137,10 +285,13 @@ async def test_repeat_falls_back_to_the_plain_request_when_tools_are_refused(fak
     assert "vLLM reports it with --enable-prompt-tokens-details" in out
 
 
-@pytest.mark.parametrize("version, ok, phrase", [
-    ("0.14.1", False, "renders the tool as Go struct syntax, not JSON (ollama/ollama#14601)"),
-    ("0.12.6", True, "Go struct syntax from 0.14.0 on"),
-])
+@pytest.mark.parametrize(
+    "version, ok, phrase",
+    [
+        ("0.14.1", False, "renders the tool as Go struct syntax, not JSON (ollama/ollama#14601)"),
+        ("0.12.6", True, "Go struct syntax from 0.14.0 on"),
+    ],
+)
 async def test_ollama_template_go_struct_pattern(fake_stack, tmp_path, version, ok, phrase):
     fake = fake_stack("ollama", responder=model(call("get_weather", PARIS)))
     fake.stack.version = version
@@ -150,10 +301,17 @@ async def test_ollama_template_go_struct_pattern(fake_stack, tmp_path, version, 
     assert diag.verdict.exit_code == 0, "a template warning does not change whether tools work"
 
 
-@pytest.mark.parametrize("kind, ok, phrase", [
-    ("llamacpp", True, "rendered into the prompt as JSON"),
-    ("no_jinja", False, 'could not render the tools with its template: HTTP 500 "tools param requires --jinja flag"'),
-])
+@pytest.mark.parametrize(
+    "kind, ok, phrase",
+    [
+        ("llamacpp", True, "rendered into the prompt as JSON"),
+        (
+            "no_jinja",
+            False,
+            'could not render the tools with its template: HTTP 500 "tools param requires --jinja flag"',
+        ),
+    ],
+)
 async def test_llamacpp_rendered_prompt_check(fake_stack, tmp_path, kind, ok, phrase):
     fake = fake_stack(kind, responder=model(call("get_weather", PARIS)))
     diag, out = await run(fake, "qwen", tmp_path, repeat=0)
@@ -175,8 +333,12 @@ async def test_every_probe_is_recorded_under_run_doctor(fake_stack, tmp_path):
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "doctor", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", "doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_exit_codes_and_json(fake_stack, tmp_path):
@@ -200,16 +362,23 @@ def test_cli_exit_codes_and_json(fake_stack, tmp_path):
     ollama = fake_stack("ollama")
     r = cli("--upstream", ollama.url, "--model", "nosuchmodel", "--data", str(tmp_path / "d"))
     assert r.returncode == 2, r.stdout + r.stderr
-    assert ('Ollama 0.12.6 does not know model \'nosuchmodel\': HTTP 404 "model \\"nosuchmodel\\" not found, '
-            'try pulling it first" (it lists: qwen2.5:7b, gemma3:latest)') in r.stdout, r.stdout
+    assert (
+        'Ollama 0.12.6 does not know model \'nosuchmodel\': HTTP 404 "model \\"nosuchmodel\\" not found, '
+        'try pulling it first" (it lists: qwen2.5:7b, gemma3:latest)'
+    ) in r.stdout, r.stdout
     assert "warning: model 'nosuchmodel' is not in the server's model list" in r.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--upstream", "ftp://x", "--model", "m"), "--upstream must be an http(s) URL"),
-    (("--upstream", "http://127.0.0.1:9", "--model", "m", "--api-key-env", "TOOLPROXY_TEST_UNSET_VAR"),
-     "TOOLPROXY_TEST_UNSET_VAR: that environment variable is empty or unset"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--upstream", "ftp://x", "--model", "m"), "--upstream must be an http(s) URL"),
+        (
+            ("--upstream", "http://127.0.0.1:9", "--model", "m", "--api-key-env", "TOOLPROXY_TEST_UNSET_VAR"),
+            "TOOLPROXY_TEST_UNSET_VAR: that environment variable is empty or unset",
+        ),
+    ],
+)
 def test_cli_usage_errors(tmp_path, args, message):
     r = cli(*args, "--data", str(tmp_path / "d"))
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
@@ -226,14 +395,29 @@ def test_cli_output_is_inert_whatever_the_server_says(fake_stack, tmp_path):
     assert not any(c in r.stdout for c in "\x1b\x07\x9b\u202e") and orjson.loads(r.stdout)["model"] == "m" + hostile
 
 
-@pytest.mark.parametrize("kind, model_name, options, responses, messages", [
-    ("llamacpp", "qwen", {}, "served; its stream events carry no output_index, so the openai SDK's responses.stream() "
-     "helper fails on them", "served"),
-    ("ollama", "qwen2.5:7b", {}, "not served (HTTP 404); openai-agents, pydantic-ai's openai: models need "
-     "`toolproxy serve --bridge responses`", "not served (HTTP 404); the anthropic SDK, Claude-Code-style clients need "
-     "`toolproxy serve --bridge messages`"),
-    ("vllm", "Qwen/Qwen2.5-7B-Instruct", {"tool_parser": "hermes"}, "not served (HTTP 404)", "served"),
-])
+@pytest.mark.parametrize(
+    "kind, model_name, options, responses, messages",
+    [
+        (
+            "llamacpp",
+            "qwen",
+            {},
+            "served; its stream events carry no output_index, so the openai SDK's responses.stream() "
+            "helper fails on them",
+            "served",
+        ),
+        (
+            "ollama",
+            "qwen2.5:7b",
+            {},
+            "not served (HTTP 404); openai-agents, pydantic-ai's openai: models need "
+            "`toolproxy serve --bridge responses`",
+            "not served (HTTP 404); the anthropic SDK, Claude-Code-style clients need "
+            "`toolproxy serve --bridge messages`",
+        ),
+        ("vllm", "Qwen/Qwen2.5-7B-Instruct", {"tool_parser": "hermes"}, "not served (HTTP 404)", "served"),
+    ],
+)
 async def test_agent_protocols_are_probed(fake_stack, tmp_path, kind, model_name, options, responses, messages):
     fake = fake_stack(kind, responder=model(call("get_weather", PARIS)), **options)
     diag, out = await run(fake, model_name, tmp_path, repeat=0)
@@ -258,19 +442,41 @@ def test_the_header_and_each_check_show_at_once_on_a_terminal(fake_stack, tmp_pa
         return text("ready")
 
     fake = fake_stack("llamacpp", responder=held)
-    term = Terminal([sys.executable, "-m", "toolproxy.cli", "doctor", "--upstream", fake.url, "--model", "qwen",
-                     "--data", str(tmp_path / "d"), "--repeat", "0"])
+    term = Terminal(
+        [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "doctor",
+            "--upstream",
+            fake.url,
+            "--model",
+            "qwen",
+            "--data",
+            str(tmp_path / "d"),
+            "--repeat",
+            "0",
+        ]
+    )
     try:
         assert term.wait_for(b"stack: ", 30), bytes(term.seen)  # header and stack, before any reply
-        assert term.wait_for(b"doctor: waiting for the request without tools, then the one with tools (", 10), bytes(term.seen)
+        assert term.wait_for(b"doctor: waiting for the request without tools, then the one with tools (", 10), bytes(
+            term.seen
+        )
         assert b"toolproxy doctor: " + fake.url.encode() + b", model qwen" in term.seen
         assert b"1. Serving layer" not in term.seen
     finally:
         release.set()
     assert term.finish() == 0, bytes(term.seen)
     shown = bytes(term.seen)
-    assert shown.index(b"1. Serving layer: [ok]") < shown.index(b"Agent protocol Responses") < shown.index(b"Verdict: tools work natively.")
-    assert shown.rstrip().endswith(b"Verdict: tools work natively."), shown  # the waiting line is erased, not left behind
+    assert (
+        shown.index(b"1. Serving layer: [ok]")
+        < shown.index(b"Agent protocol Responses")
+        < shown.index(b"Verdict: tools work natively.")
+    )
+    assert shown.rstrip().endswith(b"Verdict: tools work natively."), (
+        shown
+    )  # the waiting line is erased, not left behind
     assert REDRAW in shown
 
 
@@ -290,7 +496,9 @@ def test_a_launch_that_refuses_tools_is_not_said_to_have_them(fake_stack, tmp_pa
     r = cli("--upstream", fake.url, "--model", "qwen", "--data", str(tmp_path / "d"), "--repeat", "0")
     assert r.returncode == 1, r.stdout + r.stderr
     (caps,) = [line for line in r.stdout.splitlines() if line.startswith("model capabilities:")]
-    assert caps.startswith("model capabilities: completion, tools (advertised, but refused by this launch: see 1.)"), caps
+    assert caps.startswith("model capabilities: completion, tools (advertised, but refused by this launch: see 1.)"), (
+        caps
+    )
     assert "the launch refuses tools, not the model" in r.stdout
     assert r.stdout.index("model capabilities:") < r.stdout.index("1. Serving layer: [FAIL]")
 
@@ -303,21 +511,30 @@ def test_without_model_it_asks_the_server_which_it_serves(fake_stack, tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0] == f"toolproxy doctor: {one.url}"
     assert f"model: {one.model}, the one the server serves (--model to ask for another)" in lines
-    assert [json.loads(rec["request_body"])["model"] for rec in read_records(tmp_path / "a", "exchange")
-            if rec["item"] == "tools"] == [one.model]
+    assert [
+        json.loads(rec["request_body"])["model"]
+        for rec in read_records(tmp_path / "a", "exchange")
+        if rec["item"] == "tools"
+    ] == [one.model]
 
     several = fake_stack("ollama")
     r = cli("--upstream", several.url, "--data", str(tmp_path / "b"))
     assert r.returncode == 2, r.stdout + r.stderr
-    assert ("cannot diagnose: Ollama 0.12.6 serves 2 models: pass --model, one of: qwen2.5:7b, gemma3:latest"
-            in r.stdout), r.stdout
+    assert (
+        "cannot diagnose: Ollama 0.12.6 serves 2 models: pass --model, one of: qwen2.5:7b, gemma3:latest" in r.stdout
+    ), r.stdout
     assert "Traceback" not in r.stdout + r.stderr and "model capabilities" not in r.stdout
 
 
 def test_the_probes_stay_out_of_the_users_data_by_default(fake_stack, tmp_path):
     fake = fake_stack("llamacpp", responder=model(call("get_weather", PARIS)))
-    r = subprocess.run([sys.executable, "-m", "toolproxy.cli", "doctor", "--upstream", fake.url, "--repeat", "0"],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", "doctor", "--upstream", fake.url, "--repeat", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert not (tmp_path / "toolproxy-data" / "segments").exists()  # serve's default data: untouched
     assert {rec["run"] for rec in read_records(tmp_path / "toolproxy-data" / "doctor", "exchange")} == {"doctor"}

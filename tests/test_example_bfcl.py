@@ -53,8 +53,12 @@ def test_delivered_fidelity_ranks_conditions_as_the_harness_received_them(fake_s
     n_none = len(example.ITEMS) - n_call
     fake = fake_stack("sglang", responder=_correct_model(example.ITEMS))
     p = proxy(fake.url, data=tmp_path / "data")
-    run = subprocess.run([sys.executable, str(EXAMPLE), "--proxy", p.url, "--conditions", "native,text"],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--proxy", p.url, "--conditions", "native,text"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     received = dict(re.findall(r"harness received correctly under (\w+): (\d+)/", run.stdout))
     assert received == {"native": str(n_none), "text": str(len(example.ITEMS))}
@@ -76,9 +80,17 @@ def test_delivered_fidelity_ranks_conditions_as_the_harness_received_them(fake_s
     # A wildcard pattern pools the runs it matches; here each side matches one run, so the answer is the same.
     pooled = json.loads(tp("compare", "bfcl-nat*", "bfcl-t?xt", "--data", str(p.data), "--format", "json"))
     assert pooled["overall"] == o
-    assert {r["run"] for r in json.loads(tp("report", "--data", str(p.data), "--run", "bfcl-*", "--format", "json"))["runs"]} \
-        == {"bfcl-native", "bfcl-text"}
-    for args, said in ((("bfcl-*", "bfcl-text"), "include bfcl-text"), (("nope-*", "bfcl-text"), "unknown run(s): nope-*")):
-        proc = subprocess.run([sys.executable, "-m", "toolproxy.cli", "compare", *args, "--data", str(p.data)],
-                              capture_output=True, text=True, timeout=120)
+    assert {
+        r["run"] for r in json.loads(tp("report", "--data", str(p.data), "--run", "bfcl-*", "--format", "json"))["runs"]
+    } == {"bfcl-native", "bfcl-text"}
+    for args, said in (
+        (("bfcl-*", "bfcl-text"), "include bfcl-text"),
+        (("nope-*", "bfcl-text"), "unknown run(s): nope-*"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "toolproxy.cli", "compare", *args, "--data", str(p.data)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode != 0 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

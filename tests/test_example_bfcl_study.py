@@ -11,9 +11,22 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "bfcl_study.py"
 
 
 def test_each_category_is_a_study_tagged_with_its_expectation(tmp_path):
-    done = subprocess.run([sys.executable, str(EXAMPLE), "--upstream", "http://127.0.0.1:9", "--dry-run",
-                           "--data", str(tmp_path / "d"), "--categories", "simple_python,irrelevance,live_irrelevance"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--dry-run",
+            "--data",
+            str(tmp_path / "d"),
+            "--categories",
+            "simple_python,irrelevance,live_irrelevance",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 3
@@ -29,6 +42,18 @@ def test_each_category_is_a_study_tagged_with_its_expectation(tmp_path):
 
 
 def test_an_unknown_category_is_refused():
-    done = subprocess.run([sys.executable, str(EXAMPLE), "--upstream", "http://127.0.0.1:9", "--dry-run",
-                           "--categories", "simple_python,multi_turn_base"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--dry-run",
+            "--categories",
+            "simple_python,multi_turn_base",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "not a single-turn BFCL category: multi_turn_base" in done.stderr

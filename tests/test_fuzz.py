@@ -29,9 +29,9 @@ from urllib.parse import urlsplit
 import orjson
 import pytest
 
+from toolproxy.emulators import ModelRequest, call, text, text_call
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
-from toolproxy.emulators import ModelRequest, call, text, text_call
 
 SEED = int(os.environ.get("TOOLPROXY_FUZZ_SEED") or random.SystemRandom().randrange(1 << 32))
 REQUESTS = 600
@@ -49,8 +49,10 @@ def replay(what: str) -> str:
 
 
 def inert(text: str) -> bool:
-    return not any((ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F or c in "\u202a\u202b\u202c\u202d\u202e"
-                   for c in text)
+    return not any(
+        (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F or c in "\u202a\u202b\u202c\u202d\u202e"
+        for c in text
+    )
 
 
 def test_seed_is_printed(capsys):
@@ -62,14 +64,50 @@ def test_seed_is_printed(capsys):
 
 # ------------------------------------------------------------------ requests against a live proxy
 
-PATHS = ["/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", "/completion", "/v1/models",
-         "/v1/responses", "/v1/messages", "/", "/props", "/v1/embeddings", "/nope"]
-TAGS = ["run=fuzz", "episode=%d", "item=i%d", "run=%1b%5b2J", "run=%ff%fe", "episode=a%00b", "run=caf%C3%A9",
-        "condition=native", "expect=call", "run=" + "x" * 300, "run=", "=", "run=a%2Fb"]
+PATHS = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/api/chat",
+    "/api/generate",
+    "/completion",
+    "/v1/models",
+    "/v1/responses",
+    "/v1/messages",
+    "/",
+    "/props",
+    "/v1/embeddings",
+    "/nope",
+]
+TAGS = [
+    "run=fuzz",
+    "episode=%d",
+    "item=i%d",
+    "run=%1b%5b2J",
+    "run=%ff%fe",
+    "episode=a%00b",
+    "run=caf%C3%A9",
+    "condition=native",
+    "expect=call",
+    "run=" + "x" * 300,
+    "run=",
+    "=",
+    "run=a%2Fb",
+]
 QUERIES = ["", "?api_key=sk-secret", "?x-api-key=k&auth=a", "?a=%ff", "?stream=true", "?" + "q" * 500, "?%1b=1"]
 ODD_VALUES = [b"caf\xe9", b"\xff\xfe", b"\xc3\xa9t\xc3\xa9", b"a" * 6000, b"", b" spaced ", b"\x80" * 40]
-HEADER_NAMES = ["X-Note", "X-Toolproxy-Run", "X-Toolproxy-Episode", "X-Toolproxy-Item", "Authorization", "X-Api-Key",
-                "Api-Key", "Accept-Encoding", "User-Agent", "X-Stainless-Lang", "Cookie"]
+HEADER_NAMES = [
+    "X-Note",
+    "X-Toolproxy-Run",
+    "X-Toolproxy-Episode",
+    "X-Toolproxy-Item",
+    "Authorization",
+    "X-Api-Key",
+    "Api-Key",
+    "Accept-Encoding",
+    "User-Agent",
+    "X-Stainless-Lang",
+    "Cookie",
+]
 
 
 SINGLETON_HEADERS = (b"user-agent", b"host", b"content-type", b"content-length", b"transfer-encoding")
@@ -86,20 +124,44 @@ class Probe:
 
 
 def _chat_body(rng: random.Random) -> object:
-    messages = [{"role": rng.choice(["user", "system", "assistant", "tool", "robot", 5]),
-                 "content": rng.choice(["hi", HOSTILE, "weather in Paris?", None, ["part"], {"x": 1}, "é" * 50])}
-                for _ in range(rng.randint(0, 4))]
+    messages = [
+        {
+            "role": rng.choice(["user", "system", "assistant", "tool", "robot", 5]),
+            "content": rng.choice(["hi", HOSTILE, "weather in Paris?", None, ["part"], {"x": 1}, "é" * 50]),
+        }
+        for _ in range(rng.randint(0, 4))
+    ]
     body: dict = {"model": rng.choice(["m", "", 5, None, "m" + HOSTILE]), "messages": messages}
     if rng.random() < 0.6:
-        body["tools"] = rng.choice([
-            [{"type": "function", "function": {"name": "get_weather", "parameters": {
-                "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
-            [], {}, "tools", [5], [{"type": "function", "function": {"name": 7}}]])
+        body["tools"] = rng.choice(
+            [
+                [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "get_weather",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"city": {"type": "string"}},
+                                "required": ["city"],
+                            },
+                        },
+                    }
+                ],
+                [],
+                {},
+                "tools",
+                [5],
+                [{"type": "function", "function": {"name": 7}}],
+            ]
+        )
     if rng.random() < 0.5:
         body["stream"] = rng.choice([True, False, "yes", 1, None])
     if rng.random() < 0.2:
         body["stream_options"] = rng.choice([{"include_usage": True}, 5])
-    for key in rng.sample(["temperature", "max_tokens", "tool_choice", "response_format", "n", "prompt"], rng.randint(0, 3)):
+    for key in rng.sample(
+        ["temperature", "max_tokens", "tool_choice", "response_format", "n", "prompt"], rng.randint(0, 3)
+    ):
         body[key] = rng.choice([0, -1, 1e308, "auto", None, {"type": "json_object"}, [1, 2], "x" * 100])
     return rng.choice([body, body, body, messages, "string", 12, None])
 
@@ -113,8 +175,13 @@ def _body(rng: random.Random) -> tuple[bytes, bool]:
         raw = orjson.dumps(_chat_body(rng))
         raw = raw[: rng.randint(0, max(0, len(raw) - 1))]
     elif kind == "huge":
-        raw = orjson.dumps({"model": "m", "stream": rng.random() < 0.5,
-                            "messages": [{"role": "user", "content": "z" * rng.randint(200_000, 1_200_000)}]})
+        raw = orjson.dumps(
+            {
+                "model": "m",
+                "stream": rng.random() < 0.5,
+                "messages": [{"role": "user", "content": "z" * rng.randint(200_000, 1_200_000)}],
+            }
+        )
     elif kind == "binary":
         raw = bytes(rng.randrange(256) for _ in range(rng.randint(1, 3000)))
     elif kind == "deep":
@@ -144,7 +211,7 @@ def _chunked(body: bytes, rng: random.Random) -> bytes:
     pos = 0
     while pos < len(body):
         n = rng.randint(1, 70_000)
-        out += b"%x\r\n" % len(body[pos:pos + n]) + body[pos:pos + n] + b"\r\n"
+        out += b"%x\r\n" % len(body[pos : pos + n]) + body[pos : pos + n] + b"\r\n"
         pos += n
     return out + b"0\r\n\r\n"
 
@@ -153,10 +220,25 @@ def make_probe(rng: random.Random, seq: int) -> Probe:
     method = rng.choice([b"POST"] * 6 + [b"GET", b"PUT", b"DELETE", b"PATCH", b"OPTIONS", b"HEAD", b"FUZZ"])
     target = _target(rng, seq)
     body, chunked = _body(rng) if method != b"GET" or rng.random() < 0.2 else (b"", False)
-    headers: list[tuple[bytes, bytes]] = [(b"Host", b"127.0.0.1"), (SEQ_HEADER.encode(), str(seq).encode()),
-                                          (b"Connection", b"close")]
-    headers.append((b"Content-Type", rng.choice([b"application/json", b"text/plain", b"application/json; charset=latin-1",
-                                                 b"multipart/form-data", b"\xff"])))
+    headers: list[tuple[bytes, bytes]] = [
+        (b"Host", b"127.0.0.1"),
+        (SEQ_HEADER.encode(), str(seq).encode()),
+        (b"Connection", b"close"),
+    ]
+    headers.append(
+        (
+            b"Content-Type",
+            rng.choice(
+                [
+                    b"application/json",
+                    b"text/plain",
+                    b"application/json; charset=latin-1",
+                    b"multipart/form-data",
+                    b"\xff",
+                ]
+            ),
+        )
+    )
     for _ in range(rng.randint(0, 4)):
         name = rng.choice(HEADER_NAMES).encode()
         value = rng.choice(ODD_VALUES + [b"Bearer sk-" + rng.choice(ODD_VALUES), b"gzip, br", b"fuzz"])
@@ -234,7 +316,9 @@ def hostile_model(req: ModelRequest):
     return text("")
 
 
-@pytest.mark.parametrize("serve_args", [(), ("--condition", "text", "--durability", "sync")], ids=["native", "text-sync"])
+@pytest.mark.parametrize(
+    "serve_args", [(), ("--condition", "text", "--durability", "sync")], ids=["native", "text-sync"]
+)
 def test_fuzzed_traffic_through_a_live_proxy(fake_stack, proxy, serve_args):
     """One fake upstream and one proxy per configuration; every invariant is checked on the same
     traffic. The text condition parses and rewrites every request and reply on the hot path."""
@@ -256,7 +340,9 @@ def test_fuzzed_traffic_through_a_live_proxy(fake_stack, proxy, serve_args):
 def every_request_answered_and_the_proxy_alive(proxy, probes, answers):
     for probe, answer in zip(probes, answers):
         if not probe.abandons:
-            assert answer.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")), replay(f"request {probe.seq} got no HTTP answer: {probe.raw[:300]!r}")
+            assert answer.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")), replay(
+                f"request {probe.seq} got no HTTP answer: {probe.raw[:300]!r}"
+            )
     assert proxy.proc.poll() is None, replay("toolproxy serve exited:\n" + proxy.output()[-3000:])
     assert proxy.health()[0] == 200, replay(f"health is not ok: {proxy.health()}")
 
@@ -278,8 +364,12 @@ def every_exchange_recorded_once_and_counted(fake, proxy, probes, answers):
             break
         time.sleep(0.05)
     recording = stats["recording"]
-    assert (recording["dropped"], recording["write_failures"], refused["dropped"]) == (0, 0, 0), replay(f"stats: {stats}")
-    assert len(records) + len(rejected) == expected, replay(f"{len(records) + len(rejected)} records on disk, stats say {stats}")
+    assert (recording["dropped"], recording["write_failures"], refused["dropped"]) == (0, 0, 0), replay(
+        f"stats: {stats}"
+    )
+    assert len(records) + len(rejected) == expected, replay(
+        f"{len(records) + len(rejected)} records on disk, stats say {stats}"
+    )
     assert written == len(everything), replay(f"{len(everything)} records on disk, stats say {stats}")
     assert refused["by_kind"].get("parser_rejected", 0) <= sum(not p.well_formed for p in probes)
     seqs: dict[int, int] = {}
@@ -288,12 +378,16 @@ def every_exchange_recorded_once_and_counted(fake, proxy, probes, answers):
         assert seq is not None, replay(f"a record without its {SEQ_HEADER}: {rec['id']} {rec['path']!r}")
         seqs[int(seq)] = seqs.get(int(seq), 0) + 1
         assert rec["upstream"] == fake.url, replay(f"record {rec['id']} went to {rec['upstream']!r}")
-        assert rec["error_kind"] != "proxy_error", replay(f"request {seq} failed inside the proxy: {rec['error_message']}")
+        assert rec["error_kind"] != "proxy_error", replay(
+            f"request {seq} failed inside the proxy: {rec['error_message']}"
+        )
     twice = {s: n for s, n in seqs.items() if n > 1}
     assert not twice, replay(f"requests recorded more than once: {twice}")
     missing = [p.seq for p in probes if p.well_formed and p.seq not in seqs]
-    assert not missing, replay("well-formed requests without a record: " + "\n".join(
-        f"{probes[s].raw[:300]!r} answered {answers[s][:300]!r}" for s in missing[:3]))
+    assert not missing, replay(
+        "well-formed requests without a record: "
+        + "\n".join(f"{probes[s].raw[:300]!r} answered {answers[s][:300]!r}" for s in missing[:3])
+    )
     assert len(records) >= sum(p.well_formed for p in probes)
 
 
@@ -313,9 +407,12 @@ def log_lines_inert(proxy, probes):
     lines = "".join(proxy.stdout)
     assert len(lines.splitlines()) > len(probes) / 2
     outcomes = [line for line in lines.splitlines() if not line.startswith("toolproxy ") and " -> " in line]
-    assert len(outcomes) == live["observed"], replay(f"{live['observed']} exchanges, {len(outcomes)} lines with an outcome")
-    assert inert(lines), replay("serve printed raw control characters: " + repr(
-        next(line for line in proxy.stdout if not inert(line))))
+    assert len(outcomes) == live["observed"], replay(
+        f"{live['observed']} exchanges, {len(outcomes)} lines with an outcome"
+    )
+    assert inert(lines), replay(
+        "serve printed raw control characters: " + repr(next(line for line in proxy.stdout if not inert(line)))
+    )
 
 
 def the_recording_analyzes(proxy):
@@ -327,24 +424,56 @@ def the_recording_analyzes(proxy):
 
 # ------------------------------------------------------------------ segment lines against analyze
 
+
 def toolproxy(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _reply_body(rng: random.Random) -> bytes:
     choice = rng.random()
     if choice < 0.4:
-        return orjson.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": rng.choice(["hi", HOSTILE, None]),
-                             "tool_calls": rng.choice([None, [], [{"id": "c", "type": "function", "function": {
-                                 "name": rng.choice(["get_weather", 5, None, HOSTILE]),
-                                 "arguments": rng.choice(['{"city":"Oslo"}', "{bad", {"city": 1}, 7])}}]])},
-                             "finish_reason": rng.choice(["stop", "tool_calls", None, 3, {"x": 1}])}],
-                             "usage": rng.choice([None, {"prompt_tokens": rng.choice([1, -5, "x", 2**64 - 1, 1.5])}]),
-                             "model": rng.choice(["m", 5, None])})
+        return orjson.dumps(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": rng.choice(["hi", HOSTILE, None]),
+                            "tool_calls": rng.choice(
+                                [
+                                    None,
+                                    [],
+                                    [
+                                        {
+                                            "id": "c",
+                                            "type": "function",
+                                            "function": {
+                                                "name": rng.choice(["get_weather", 5, None, HOSTILE]),
+                                                "arguments": rng.choice(['{"city":"Oslo"}', "{bad", {"city": 1}, 7]),
+                                            },
+                                        }
+                                    ],
+                                ]
+                            ),
+                        },
+                        "finish_reason": rng.choice(["stop", "tool_calls", None, 3, {"x": 1}]),
+                    }
+                ],
+                "usage": rng.choice([None, {"prompt_tokens": rng.choice([1, -5, "x", 2**64 - 1, 1.5])}]),
+                "model": rng.choice(["m", 5, None]),
+            }
+        )
     if choice < 0.6:
-        events = [b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": rng.choice(["a", HOSTILE, 5])}}]})
-                  for _ in range(rng.randint(0, 5))]
+        events = [
+            b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": {"content": rng.choice(["a", HOSTILE, 5])}}]})
+            for _ in range(rng.randint(0, 5))
+        ]
         return b"\n\n".join(events + [b"data: [DONE]"])[: rng.randint(0, 4000)]
     if choice < 0.8:
         return bytes(rng.randrange(256) for _ in range(rng.randint(0, 500)))
@@ -352,17 +481,32 @@ def _reply_body(rng: random.Random) -> bytes:
 
 
 def good_record(rng: random.Random) -> dict:
-    rec = Record(id=new_id(), started_at=rng.choice([time.time(), 0, 1.5e9, -1.0]), run=rng.choice([None, "r1", HOSTILE, ""]),
-                 episode=rng.choice([None, "1", "2", "é"]), item=rng.choice([None, "i"]), method=rng.choice(["POST", "GET", "FUZZ"]),
-                 path=rng.choice(PATHS), upstream="http://127.0.0.1:9", condition=rng.choice(["native", "text", "weird"]),
-                 tags=rng.choice([{}, {"expect": "call"}, {"k": HOSTILE}]))
+    rec = Record(
+        id=new_id(),
+        started_at=rng.choice([time.time(), 0, 1.5e9, -1.0]),
+        run=rng.choice([None, "r1", HOSTILE, ""]),
+        episode=rng.choice([None, "1", "2", "é"]),
+        item=rng.choice([None, "i"]),
+        method=rng.choice(["POST", "GET", "FUZZ"]),
+        path=rng.choice(PATHS),
+        upstream="http://127.0.0.1:9",
+        condition=rng.choice(["native", "text", "weird"]),
+        tags=rng.choice([{}, {"expect": "call"}, {"k": HOSTILE}]),
+    )
     rec.request_headers = rng.choice([[], [["content-type", "application/json"]], [["x-note", "café"]], [["a"]], "x"])
-    rec.request_body, rec.request_body_encoding = encode_body(orjson.dumps(_chat_body(rng)) if rng.random() < 0.8 else
-                                                              bytes(rng.randrange(256) for _ in range(50)))
+    rec.request_body, rec.request_body_encoding = encode_body(
+        orjson.dumps(_chat_body(rng)) if rng.random() < 0.8 else bytes(rng.randrange(256) for _ in range(50))
+    )
     rec.status = rng.choice([200, 400, 500, None, 0, 2**31 - 1])
     rec.client_status = rng.choice([None, rec.status])
-    rec.response_headers = rng.choice([[["content-type", "application/json"]], [["content-type", "text/event-stream"]],
-                                       [["content-encoding", "gzip"]], []])
+    rec.response_headers = rng.choice(
+        [
+            [["content-type", "application/json"]],
+            [["content-type", "text/event-stream"]],
+            [["content-encoding", "gzip"]],
+            [],
+        ]
+    )
     rec.response_body, rec.response_body_encoding = encode_body(_reply_body(rng))
     rec.ttfb_ms, rec.duration_ms = rng.choice([(None, None), (1.0, 2.0), (0, 10**15)])
     rec.error_kind = rng.choice([None, "timeout", "client_closed", HOSTILE])
@@ -374,10 +518,19 @@ def good_record(rng: random.Random) -> dict:
     return d
 
 
-WRONG = [("status", [2**40, True, "200", 1.5, [200]]), ("started_at", ["yesterday", 1e300, True, {}]),
-         ("run", [5, {}, {"a": 1}, ["r"], False]), ("path", [5, ["/"]]), ("method", [1, {}]),
-         ("ttfb_ms", ["fast", [1]]), ("request_body", [12, {"a": 1}]), ("client_status", [-(2**40), "x"]),
-         ("condition", [7, ["a"]]), ("kind", [3, ["exchange"]]), ("error_message", [{"m": 1}])]
+WRONG = [
+    ("status", [2**40, True, "200", 1.5, [200]]),
+    ("started_at", ["yesterday", 1e300, True, {}]),
+    ("run", [5, {}, {"a": 1}, ["r"], False]),
+    ("path", [5, ["/"]]),
+    ("method", [1, {}]),
+    ("ttfb_ms", ["fast", [1]]),
+    ("request_body", [12, {"a": 1}]),
+    ("client_status", [-(2**40), "x"]),
+    ("condition", [7, ["a"]]),
+    ("kind", [3, ["exchange"]]),
+    ("error_message", [{"m": 1}]),
+]
 
 
 def bad_line(rng: random.Random) -> tuple[bytes, str]:
@@ -401,10 +554,13 @@ def bad_line(rng: random.Random) -> tuple[bytes, str]:
         return orjson.dumps(rec), "corrupt"
     if kind == "utf8":
         return orjson.dumps(good_record(rng)).replace(b'"POST"', b'"P\xffST"').replace(b'"GET"', b'"G\xffT"').replace(
-            b'"FUZZ"', b'"\xc3"'), "corrupt"
+            b'"FUZZ"', b'"\xc3"'
+        ), "corrupt"
     if kind == "chunks":  # a body stored as chunk references that lead nowhere
         rec = good_record(rng)
-        rec[rng.choice(["request_body", "response_body"]) + "_chunks"] = rng.choice([[10**9], "x", [-1], [0], [1.5], {}])
+        rec[rng.choice(["request_body", "response_body"]) + "_chunks"] = rng.choice(
+            [[10**9], "x", [-1], [0], [1.5], {}]
+        )
         return orjson.dumps(rec), "corrupt"
     if kind == "deep":
         return b"[" * 3000 + b"]" * 3000, "corrupt"
@@ -436,24 +592,40 @@ def test_analyze_ingests_every_good_line_and_sets_aside_the_rest(tmp_path):
     r = toolproxy("analyze", "--data", str(tmp_path / "data"), "--batch-mb", str(rng.choice([0.01, 0.1, 8])))
     assert r.returncode == 0 and "Traceback" not in r.stderr, replay(r.stdout + r.stderr)
     assert inert(r.stdout + r.stderr), replay("analyze printed raw control characters")
-    q = toolproxy("sql", "--data", str(tmp_path / "data"), "--format", "json",
-                  "select (select count(*) from exchanges) as exchanges, (select count(*) from fingerprints) as fps, "
-                  "(select list(id) from exchanges) as ids")
+    q = toolproxy(
+        "sql",
+        "--data",
+        str(tmp_path / "data"),
+        "--format",
+        "json",
+        "select (select count(*) from exchanges) as exchanges, (select count(*) from fingerprints) as fps, "
+        "(select list(id) from exchanges) as ids",
+    )
     assert q.returncode == 0, replay(q.stderr)
     got = orjson.loads(q.stdout)[0]
     missing = good - set(got["ids"])
     assert not missing, replay(f"well-formed records not ingested: {sorted(missing)[:5]}\n{r.stdout}")
     assert (got["exchanges"], got["fps"]) == (len(good), len(fingerprints)), replay(r.stdout)
-    q = toolproxy("sql", "--data", str(tmp_path / "data"), "--format", "json",
-                  "select kind, count(*) as n from ingest_issues group by kind")
+    q = toolproxy(
+        "sql",
+        "--data",
+        str(tmp_path / "data"),
+        "--format",
+        "json",
+        "select kind, count(*) as n from ingest_issues group by kind",
+    )
     issues = {row["kind"]: row["n"] for row in orjson.loads(q.stdout)}
     assert issues == expected, replay(f"set aside {issues}, expected {expected}\n{r.stdout}")
 
     again = toolproxy("analyze", "--data", str(tmp_path / "data"))
-    assert again.returncode == 0 and "new exchanges: 0;" in again.stdout and "set aside" not in again.stdout, replay(again.stdout)
+    assert again.returncode == 0 and "new exchanges: 0;" in again.stdout and "set aside" not in again.stdout, replay(
+        again.stdout
+    )
     for cmd in (["report"], ["report", "--format", "markdown"], ["sql", "select * from exchanges limit 50"]):
         out = toolproxy(*cmd, "--data", str(tmp_path / "data"))
         assert out.returncode == 0 and inert(out.stdout), replay(f"{cmd}: {out.stdout[-2000:]} {out.stderr[-2000:]}")
     for rid in rng.sample(sorted(good), 3):
         out = toolproxy("show", "--raw", "--data", str(tmp_path / "data"), rid)
-        assert out.returncode == 0 and inert(out.stdout), replay(f"show {rid}: {out.stdout[-2000:]} {out.stderr[-2000:]}")
+        assert out.returncode == 0 and inert(out.stdout), replay(
+            f"show {rid}: {out.stdout[-2000:]} {out.stderr[-2000:]}"
+        )

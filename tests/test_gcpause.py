@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from toolproxy.calls.gcpause import gc_paused
+from toolproxy.runtime.gcpause import gc_paused
 
 
 @pytest.mark.parametrize("before", [True, False])
@@ -33,12 +33,14 @@ def test_overlapping_pauses_end_with_the_collector_on():
 
 def _in_fresh_interpreter(code: str) -> str:
     """gc.freeze and thresholds are process-wide: checked where they cannot touch the test run."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
 
 
 def test_serving_freezes_the_startup_heap_and_collects_the_young_generation_less_often():
     out = _in_fresh_interpreter(
-        "import gc; from toolproxy.calls.gcpause import settle_for_serving, SERVING_YOUNG_THRESHOLD as T\n"
+        "import gc; from toolproxy.runtime.gcpause import settle_for_serving, SERVING_YOUNG_THRESHOLD as T\n"
         "import toolproxy.proxy.app\n"
         "settle_for_serving(); young, middle, old = gc.get_threshold()\n"
         "print(gc.get_freeze_count() > 10_000, young == T, (middle, old) == (10, 10), gc.isenabled())"
@@ -48,7 +50,7 @@ def test_serving_freezes_the_startup_heap_and_collects_the_young_generation_less
 
 def test_serving_leaves_a_collector_switched_off_on_purpose_off():
     out = _in_fresh_interpreter(
-        "import gc; from toolproxy.calls.gcpause import settle_for_serving\n"
+        "import gc; from toolproxy.runtime.gcpause import settle_for_serving\n"
         "gc.set_threshold(0); settle_for_serving(); print(gc.get_threshold()[0])"
     )
     assert out == "0"

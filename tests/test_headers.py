@@ -16,14 +16,52 @@ R = Redactor(b"r" * 32)
 redact_value = R.value
 
 SECRET = [
-    "Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie", "x-api-key", "api-key", "api_key", "apiKey",
-    "X-Goog-Api-Key", "key", "X-Auth", "auth", "X-Auth-Token", "access_token", "accessToken", "oauth_token",
-    "client_secret", "X-Secret", "password", "passwd", "session", "X-Session-Id", "sig", "signature",
-    "X-Amz-Signature", "private_key", "credentials", "jwt", "pwd",
+    "Authorization",
+    "Proxy-Authorization",
+    "Cookie",
+    "Set-Cookie",
+    "x-api-key",
+    "api-key",
+    "api_key",
+    "apiKey",
+    "X-Goog-Api-Key",
+    "key",
+    "X-Auth",
+    "auth",
+    "X-Auth-Token",
+    "access_token",
+    "accessToken",
+    "oauth_token",
+    "client_secret",
+    "X-Secret",
+    "password",
+    "passwd",
+    "session",
+    "X-Session-Id",
+    "sig",
+    "signature",
+    "X-Amz-Signature",
+    "private_key",
+    "credentials",
+    "jwt",
+    "pwd",
 ]
 NOT_SECRET = [
-    "Content-Type", "Accept", "User-Agent", "X-Request-Id", "alt", "model", "keyword", "monkey", "signal",
-    "design", "q", "stream", "X-Stainless-Lang", "OpenAI-Beta", "anthropic-version",
+    "Content-Type",
+    "Accept",
+    "User-Agent",
+    "X-Request-Id",
+    "alt",
+    "model",
+    "keyword",
+    "monkey",
+    "signal",
+    "design",
+    "q",
+    "stream",
+    "X-Stainless-Lang",
+    "OpenAI-Beta",
+    "anthropic-version",
 ]
 
 
@@ -37,17 +75,20 @@ def test_ordinary_names(name):
     assert not is_secret_name(name)
 
 
-@pytest.mark.parametrize("query, expected", [
-    ("", ""),
-    ("alt=json", "alt=json"),
-    ("flag", "flag"),
-    ("key=K1&alt=json", f"key={redact_value('K1')}&alt=json"),
-    ("auth=A%20B&q=x%2Fy+z", f"auth={redact_value('A B')}&q=x%2Fy+z"),  # decoded before hashing
-    ("auth=A+B", f"auth={redact_value('A B')}"),
-    ("X-Api-Key=K&x-api-key=K", f"X-Api-Key={redact_value('K')}&x-api-key={redact_value('K')}"),
-    ("token=%FF", "token=" + redact_value(bytes([255]))),
-    ("a=1&&b=2&token", "a=1&&b=2&token"),
-])
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("", ""),
+        ("alt=json", "alt=json"),
+        ("flag", "flag"),
+        ("key=K1&alt=json", f"key={redact_value('K1')}&alt=json"),
+        ("auth=A%20B&q=x%2Fy+z", f"auth={redact_value('A B')}&q=x%2Fy+z"),  # decoded before hashing
+        ("auth=A+B", f"auth={redact_value('A B')}"),
+        ("X-Api-Key=K&x-api-key=K", f"X-Api-Key={redact_value('K')}&x-api-key={redact_value('K')}"),
+        ("token=%FF", "token=" + redact_value(bytes([255]))),
+        ("a=1&&b=2&token", "a=1&&b=2&token"),
+    ],
+)
 def test_redact_query(query, expected):
     assert R.query(query) == expected
 

@@ -27,6 +27,7 @@ async def load(url: str, n: int, concurrency: int, watch, statuses: list[int]) -
     """n requests, `concurrency` at a time, calling watch() between them."""
     sem = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession() as s:
+
         async def one(i: int) -> None:
             async with sem:
                 async with s.post(url + "/v1/chat/completions", json=body(i)) as r:
@@ -67,7 +68,10 @@ async def test_disk_budget_prunes_the_oldest_and_counts_every_record(fake_stack,
     assert over <= 0, (over, peak)
     assert peak > BUDGET // 2
     # What is left is the newest records; what went is in the ledger.
-    left = [int(json.loads(r["request_body"])["messages"][0]["content"].split()[1]) for r in read_records(p.data, "exchange")]
+    left = [
+        int(json.loads(r["request_body"])["messages"][0]["content"].split()[1])
+        for r in read_records(p.data, "exchange")
+    ]
     assert len(set(left)) == len(left) and 0 < len(left) < n and max(left) >= n - 16
     pruned = read_ledger(p.data)
     assert len(pruned) == lifecycle["pruned_segments"]
@@ -76,8 +80,19 @@ async def test_disk_budget_prunes_the_oldest_and_counts_every_record(fake_stack,
 
 async def test_disk_budget_block_refuses_with_503_and_resumes_after_prune(fake_stack, proxy):
     fake = fake_stack("llamacpp")
-    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--segment-size", str(SEGMENT), "--max-disk", str(BUDGET),
-              "--on-disk-full", "block", "--durability", "sync")
+    p = proxy(
+        fake.url,
+        "--quiet",
+        "--no-fingerprint",
+        "--segment-size",
+        str(SEGMENT),
+        "--max-disk",
+        str(BUDGET),
+        "--on-disk-full",
+        "block",
+        "--durability",
+        "sync",
+    )
     statuses: list[int] = []
     while 503 not in statuses and len(statuses) < 3000:
         await load(p.url, 100, 8, lambda: None, statuses)
@@ -104,14 +119,30 @@ async def test_disk_budget_block_refuses_with_503_and_resumes_after_prune(fake_s
     assert stats["by_kind"] == {"disk_budget_full": refused}
     assert stats["recorded"] + stats["not_recorded"] == refused and stats["recorded"] >= 1
     assert sorted(r["client_status"] for r in recs) == [200] * statuses.count(200) + [503] * stats["recorded"]
-    assert all(seg.name.endswith(".refused.jsonl") for seg in list_segments(p.data)
-               if any(line.record and line.record.get("error_kind") for line in read_segment(seg)))
+    assert all(
+        seg.name.endswith(".refused.jsonl")
+        for seg in list_segments(p.data)
+        if any(line.record and line.record.get("error_kind") for line in read_segment(seg))
+    )
 
     t = time.time() - 3600
     for seg in list_segments(p.data):
         os.utime(seg, (t, t))
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "prune", "--older-than", "1m",
-                        "--data", str(p.data)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "prune",
+            "--older-than",
+            "1m",
+            "--data",
+            str(p.data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     deadline = time.monotonic() + 5
     while p.stats()["lifecycle"]["refusing"] and time.monotonic() < deadline:
@@ -127,10 +158,19 @@ async def test_disk_budget_block_holds_against_clients_retrying_hard(fake_stack,
     at most a segment past, and the 503s of clients retrying at once are counted, recorded only
     within the refusals' own small cap."""
     fake = fake_stack("llamacpp")
-    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--segment-size", str(SEGMENT), "--max-disk", str(BUDGET),
-              "--on-disk-full", "block")
-    # As docs/lifecycle.md#disk-budget says: a segment past the budget for exchanges in flight, the refusals' own cap, and
-    # a record past the size of each segment written meanwhile.
+    p = proxy(
+        fake.url,
+        "--quiet",
+        "--no-fingerprint",
+        "--segment-size",
+        str(SEGMENT),
+        "--max-disk",
+        str(BUDGET),
+        "--on-disk-full",
+        "block",
+    )
+    # As docs/lifecycle.md#disk-budget says: a segment past the budget for exchanges in flight, the refusals' own
+    # cap, and a record past the size of each segment written meanwhile.
     bound = BUDGET + SEGMENT + (refusals.KEEP + 1) * refusals.segment_bytes(SEGMENT) + (refusals.KEEP + 2) * 16 * 1024
     statuses: list[int] = []
     peak = 0
@@ -153,7 +193,9 @@ async def test_disk_budget_block_holds_against_clients_retrying_hard(fake_stack,
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16)) as s:
         await asyncio.gather(watch(), *(client(s, c) for c in range(16)))
     served, refused = statuses.count(200), statuses.count(503)
-    print(f"peak {peak} bytes of segments under a budget of {BUDGET} (bound {bound}); {served} served, {refused} refused")
+    print(
+        f"peak {peak} bytes of segments under a budget of {BUDGET} (bound {bound}); {served} served, {refused} refused"
+    )
     assert served + refused == len(statuses) and refused > 1000, (served, refused)
     assert peak <= bound, (peak, bound)
     stats = p.stats()
@@ -180,7 +222,21 @@ async def test_retain_deletes_aged_segments_while_serving(fake_stack, proxy):
 
 
 def test_budget_smaller_than_two_segments_is_a_usage_error(tmp_path):
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
-                        "http://127.0.0.1:9", "--data", str(tmp_path), "--max-disk", "1MB"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--data",
+            str(tmp_path),
+            "--max-disk",
+            "1MB",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "less than two segments" in r.stderr and "Traceback" not in r.stderr

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from proxyprocess import ProxyProcess, toolproxy_cli
 
+from toolproxy import emulators as fakes
 from toolproxy.analysis.measure.runline import exchange_text, from_report
 from toolproxy.analysis.report.screenshot import find_browser, run_chromium
-from toolproxy import emulators as fakes
 
 REPO = Path(__file__).resolve().parents[1]
 REACT = REPO / "examples" / "react_agent.py"
@@ -36,8 +36,12 @@ JINJA = "tools param requires --jinja flag"
 
 def _agent(url: str, run: str) -> subprocess.CompletedProcess:
     """Two episodes of react_agent (it resends a request once after a 5xx, as the openai SDK does)."""
-    return subprocess.run([sys.executable, str(REACT), "--proxy", url, "--model", "m", "--run", run, "--episodes", "2"],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(REACT), "--proxy", url, "--model", "m", "--run", run, "--episodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _live(p: ProxyProcess, n: int) -> dict:
@@ -81,12 +85,17 @@ def recorded(tmp_path_factory):
 def _page(url: str) -> str | None:
     if find_browser() is None:
         return None
-    return run_chromium(url + "/_toolproxy/", "--dump-dom", "--virtual-time-budget=5000", "--window-size=1400,900").stdout
+    return run_chromium(
+        url + "/_toolproxy/", "--dump-dom", "--virtual-time-budget=5000", "--window-size=1400,900"
+    ).stdout
 
 
 def test_the_harness_got_what_the_report_says(recorded):
     out, report = recorded
-    assert out["refused"]["agent"].returncode == 1 and JINJA in out["refused"]["agent"].stdout + out["refused"]["agent"].stderr
+    assert (
+        out["refused"]["agent"].returncode == 1
+        and JINJA in out["refused"]["agent"].stdout + out["refused"]["agent"].stderr
+    )
     # no call reached it: it says its "answer" was the call, left in text, and fails
     assert out["in-text"]["agent"].returncode == 1 and "tool call left in text" in out["in-text"]["agent"].stderr
     assert report["refused"]["rejected"] and report["refused"]["non_response_kinds"] == {"refused": 2}
@@ -103,7 +112,9 @@ def test_the_live_json_says_what_the_report_says(recorded):
     # each refused turn was sent twice: 4 exchanges, and 2 turns on the page as in the report; both read rej
     assert refused["exchanges"] == 4 and refused["turns"] == report["refused"]["turns"] == 2
     assert refused["headline"] == want
-    assert refused["headline"]["verdict"] == "rej" and (want["call"], want["delivered"], want["answered"]) == ("rej",) * 3
+    assert (
+        refused["headline"]["verdict"] == "rej" and (want["call"], want["delivered"], want["answered"]) == ("rej",) * 3
+    )
     assert want["cause"] == f"refused 2: {JINJA} (a serving failure)"
     assert [s["key"] for s in refused["bar"]] == ["nr-serving"]
     in_text = out["in-text"]["live"]["runs"]["in-text"]
@@ -122,9 +133,14 @@ def test_serve_prints_each_exchange_with_its_outcome(recorded):
     assert len(refused) == 4, out["refused"]["lines"]
     assert all(line.endswith(f"-> non_response/refused: {JINJA} (a serving failure)") for line in refused), refused
     in_text = [line for line in out["in-text"]["lines"].splitlines() if "POST /v1/chat/completions" in line]
-    assert len(in_text) == 2 and all(re.search(r"^200 POST /v1/chat/completions run=in-text ep=\d+ item=task_\d+ \d+ms -> "
-                                               r"valid_call/text: left in text, the harness got prose", line)
-                                     for line in in_text), in_text
+    assert len(in_text) == 2 and all(
+        re.search(
+            r"^200 POST /v1/chat/completions run=in-text ep=\d+ item=task_\d+ \d+ms -> "
+            r"valid_call/text: left in text, the harness got prose",
+            line,
+        )
+        for line in in_text
+    ), in_text
 
 
 @pytest.mark.skipif(find_browser() is None, reason="Chromium not installed (apt-get install -y chromium)")
@@ -132,22 +148,45 @@ def test_the_rendered_page_draws_the_same(recorded):
     out, _ = recorded
     refused = out["refused"]["page"]
     assert 'data-ready="1"' in refused
-    assert re.search(r'<td class="num rej">rej</td><td class="rej"[^>]*>refused 2: ' + re.escape(JINJA) + r'[^<]*</td>'
-                     r'<td class="num rej">rej</td>', refused), refused[-3000:]
+    assert re.search(
+        r'<td class="num rej">rej</td><td class="rej"[^>]*>refused 2: ' + re.escape(JINJA) + r"[^<]*</td>"
+        r'<td class="num rej">rej</td>',
+        refused,
+    ), refused[-3000:]
     in_text = out["in-text"]["page"]
     assert '<span class="o-lost"' in in_text and '<span class="o-delivered"' not in in_text
-    assert re.search(r'<td class="num">100% \(2/2\)</td><td class="num lost">0% \(0/2\) · 2 lost in text</td>'
-                     r'<td class="num">0% \(0/2\)</td>', in_text)
+    assert re.search(
+        r'<td class="num">100% \(2/2\)</td><td class="num lost">0% \(0/2\) · 2 lost in text</td>'
+        r'<td class="num">0% \(0/2\)</td>',
+        in_text,
+    )
 
 
 def test_toolproxy_run_summarises_a_refused_run_as_rej(tmp_path):
     with fakes.FakeStack("no_jinja").in_thread() as url:
-        done = toolproxy_cli("run", "--upstream", url, "--run", "r", "--data", str(tmp_path / "d"), "--no-fingerprint",
-                             "--", sys.executable, str(REACT), "--model", "m", "--episodes", "2")
+        done = toolproxy_cli(
+            "run",
+            "--upstream",
+            url,
+            "--run",
+            "r",
+            "--data",
+            str(tmp_path / "d"),
+            "--no-fingerprint",
+            "--",
+            sys.executable,
+            str(REACT),
+            "--model",
+            "m",
+            "--episodes",
+            "2",
+        )
     assert done.returncode == 1
     assert "toolproxy run: the harness exited with code 1" in done.stderr
-    assert f"run r: 2 episodes, 2 turns: rej: every one a non-response, no rate is defined (refused 2: {JINJA} " \
-           "(a serving failure))" in done.stderr, done.stderr
+    assert (
+        f"run r: 2 episodes, 2 turns: rej: every one a non-response, no rate is defined (refused 2: {JINJA} "
+        "(a serving failure))" in done.stderr
+    ), done.stderr
     assert "n/a" not in done.stderr
 
 
@@ -155,18 +194,30 @@ EXCHANGES = [
     ({"outcome": None}, "not a model turn"),
     ({"outcome": "valid_call", "surface": "native", "delivered": True}, "valid_call/native: delivered"),
     ({"outcome": "valid_call", "surface": "text", "delivered": True}, "valid_call/text: delivered"),
-    ({"outcome": "valid_call", "surface": "text", "delivered": False},
-     "valid_call/text: left in text, the harness got prose (lost unless it parses text itself)"),
+    (
+        {"outcome": "valid_call", "surface": "text", "delivered": False},
+        "valid_call/text: left in text, the harness got prose (lost unless it parses text itself)",
+    ),
     ({"outcome": "hallucinated_call", "surface": "native", "delivered": None}, "hallucinated_call/native"),
     ({"outcome": "prose", "surface": None, "delivered": None}, "prose"),
-    ({"outcome": "non_response", "sub_kind": "model_stopped", "detail": None},
-     "non_response/model_stopped: the model ended its turn at once (its end token, no text) "
-     "(the model's doing, not a serving failure)"),
-    ({"outcome": "non_response", "sub_kind": "stop_string", "detail": "a stop string the harness sent cut the reply: 'Observation:'"},
-     "non_response/stop_string: a stop string the harness sent cut the reply: 'Observation:' "
-     "(the harness's doing, not a serving failure)"),
-    ({"outcome": "non_response", "sub_kind": "http_5xx", "detail": "out of memory\n" + "x" * 300},
-     "non_response/http_5xx: out of memory " + "x" * 103 + "... (a serving failure)"),
+    (
+        {"outcome": "non_response", "sub_kind": "model_stopped", "detail": None},
+        "non_response/model_stopped: the model ended its turn at once (its end token, no text) "
+        "(the model's doing, not a serving failure)",
+    ),
+    (
+        {
+            "outcome": "non_response",
+            "sub_kind": "stop_string",
+            "detail": "a stop string the harness sent cut the reply: 'Observation:'",
+        },
+        "non_response/stop_string: a stop string the harness sent cut the reply: 'Observation:' "
+        "(the harness's doing, not a serving failure)",
+    ),
+    (
+        {"outcome": "non_response", "sub_kind": "http_5xx", "detail": "out of memory\n" + "x" * 300},
+        "non_response/http_5xx: out of memory " + "x" * 103 + "... (a serving failure)",
+    ),
 ]
 
 
@@ -205,7 +256,8 @@ for city in ("Oslo", "Rome"):
     for _ in range(6):
         msg = complete(messages)
         calls = msg.get("tool_calls") or []
-        messages.append({"role": "assistant", "content": msg.get("content") or "", **({"tool_calls": calls} if calls else {})})
+        reply = {"role": "assistant", "content": msg.get("content") or ""}
+        messages.append({**reply, **({"tool_calls": calls} if calls else {})})
         if calls:
             for c in calls:
                 messages.append({"role": "tool", "tool_call_id": c["id"], "content": "5C"})
@@ -250,8 +302,9 @@ def nudged(tmp_path_factory):
     with fakes.FakeStack("llamacpp", responder=_nudging_model()).in_thread() as url:
         p = ProxyProcess(url, root / "served", ("--no-fingerprint",))
         try:
-            done = subprocess.run([sys.executable, str(script), p.url + "/t/run=nudge/v1"], capture_output=True, text=True,
-                                  timeout=60)
+            done = subprocess.run(
+                [sys.executable, str(script), p.url + "/t/run=nudge/v1"], capture_output=True, text=True, timeout=60
+            )
             assert done.returncode == 0, done.stderr
             live = _live(p, 6)["runs"]["nudge"]
         finally:
@@ -261,8 +314,19 @@ def nudged(tmp_path_factory):
     assert rep.returncode == 0, rep.stderr
     (report,) = json.loads(rep.stdout)["runs"]
     with fakes.FakeStack("llamacpp", responder=_nudging_model()).in_thread() as url:
-        ran = toolproxy_cli("run", "--upstream", url, "--run", "nudge", "--data", str(root / "run"), "--no-fingerprint",
-                            "--", sys.executable, str(script))
+        ran = toolproxy_cli(
+            "run",
+            "--upstream",
+            url,
+            "--run",
+            "nudge",
+            "--data",
+            str(root / "run"),
+            "--no-fingerprint",
+            "--",
+            sys.executable,
+            str(script),
+        )
     assert ran.returncode == 0, ran.stderr
     return live, report, ran.stderr
 
@@ -277,15 +341,21 @@ def test_a_nudge_and_a_retry_read_the_same_on_the_page_in_runs_line_and_in_the_r
         assert (report[metric]["numerator"], report[metric]["denominator"]) == want, metric
     assert report["non_response_kinds"] == {}  # the failed attempt was retried: its turn got the call
     # the page counts the same turns, episodes and roles
-    assert (live["episodes"], live["turns"], live["roles"]) == (report["episodes"], report["turns"],
-                                                                 {k: v for k, v in report["roles"].items() if v})
+    assert (live["episodes"], live["turns"], live["roles"]) == (
+        report["episodes"],
+        report["turns"],
+        {k: v for k, v in report["roles"].items() if v},
+    )
     want = {k: _no_interval(v) for k, v in from_report(report).cells().items()}
-    assert {k: live["headline"][k] for k in ("call", "delivered", "answered", "lost", "verdict", "non_responses")} == \
-        {k: want[k] for k in ("call", "delivered", "answered", "lost", "verdict", "non_responses")}
+    assert {k: live["headline"][k] for k in ("call", "delivered", "answered", "lost", "verdict", "non_responses")} == {
+        k: want[k] for k in ("call", "delivered", "answered", "lost", "verdict", "non_responses")
+    }
     assert "(2/3)" in live["headline"]["call"] and "(2/3)" in live["headline"]["delivered"]
     assert "(2/2)" in live["headline"]["answered"] and live["partial"] is None
-    assert live["line"].startswith("run nudge: 2 episodes, 5 turns (3 due a call); call fidelity 67% (2/3), "
-                                   "delivered 67% (2/3); answered 100% (2/2)"), live["line"]
+    assert live["line"].startswith(
+        "run nudge: 2 episodes, 5 turns (3 due a call); call fidelity 67% (2/3), "
+        "delivered 67% (2/3); answered 100% (2/2)"
+    ), live["line"]
     # and `toolproxy run`'s line, from its own recording of the same harness
     line = next(x for x in run_output.splitlines() if x.startswith("run nudge:"))
     assert _no_interval(line) == live["line"], (line, live["line"])

@@ -22,20 +22,30 @@ from pathlib import Path
 import pytest
 from proxyprocess import LISTENING, ProxyProcess
 
-from toolproxy.analysis.report.screenshot import find_browser, run_chromium, screenshot
-from toolproxy.proxy.live import LiveView, Tally, merge_reports, outcome_key
-from toolproxy.record.model import Record, encode_record
 from toolproxy import emulators as fakes
+from toolproxy.analysis.report.screenshot import find_browser, run_chromium, screenshot
+from toolproxy.live.classify import outcome_key
+from toolproxy.live.tally import Tally, merge_reports
+from toolproxy.live.view import LiveView
+from toolproxy.record.model import Record, encode_record
 
 TOKEN = "s3cret-page-token"
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 # What a model may write: HTML, a terminal's escape sequences, a direction override.
-HOSTILE = '<img src=x onerror="document.title=\'pwned\'"><b>bold</b> \x1b[31mred\x1b[0m\x07 \u202eevil'
+HOSTILE = "<img src=x onerror=\"document.title='pwned'\"><b>bold</b> \x1b[31mred\x1b[0m\x07 \u202eevil"
 
 
 def visible(text: str) -> str:
-    """What the page shows for text (setText in live.html): control characters as \\xNN and
+    """What the page shows for text (setText in toolproxy/live/page.html): control characters as \\xNN and
     direction overrides as [U+NNNN], each marked."""
     out = []
     for ch in text:
@@ -66,8 +76,9 @@ def responder(req: fakes.ModelRequest) -> fakes.ScriptedReply:
 
 def send(url: str, path: str, body: dict | None = None, headers: dict | None = None, method: str | None = None):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url + path, data=data, method=method, headers={
-        "Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url + path, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=20) as r:
             return r.status, dict(r.headers), r.read()
@@ -103,9 +114,16 @@ def live_proxy(tmp_path_factory):
         for run in RUNS:
             for prompt, (_, times) in SCRIPT.items():
                 for i in range(times):
-                    status, _, _ = send(p.url, "/v1/chat/completions", {
-                        "model": fake.model, "tools": TOOLS, "messages": [{"role": "user", "content": prompt}]},
-                        {"Authorization": f"Bearer {TOKEN}", "X-Toolproxy-Run": run, "X-Toolproxy-Episode": f"{prompt}-{i}"})
+                    status, _, _ = send(
+                        p.url,
+                        "/v1/chat/completions",
+                        {"model": fake.model, "tools": TOOLS, "messages": [{"role": "user", "content": prompt}]},
+                        {
+                            "Authorization": f"Bearer {TOKEN}",
+                            "X-Toolproxy-Run": run,
+                            "X-Toolproxy-Episode": f"{prompt}-{i}",
+                        },
+                    )
                     total += 1
         live = wait_classified(p.url, total)
         assert live["classified"] == total, live
@@ -129,7 +147,10 @@ def test_counts_match_stats(live_proxy):
         r = live["runs"][run]
         assert r["exchanges"] == sum(t for _, t in SCRIPT.values())
         assert r["outcomes"] == {
-            "valid_call/native": 3, "hallucinated_call/native": 2, "prose": 2, "valid_call/text": 1,
+            "valid_call/native": 3,
+            "hallucinated_call/native": 2,
+            "prose": 2,
+            "valid_call/text": 1,
             "non_response/http_5xx": 1,
         }, r["outcomes"]
         assert r["calls"] == 3 + 2 + 1
@@ -139,14 +160,34 @@ def test_counts_match_analyze(live_proxy):
     """The same records through `toolproxy analyze`: the stored per-exchange outcomes agree."""
     p, total, data = live_proxy
     live = admin(p.url, "/_toolproxy/live?limit=1000")
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "analyze: reading" not in r.stderr  # piped: no progress line
-    q = ("SELECT run, outcome, CASE WHEN outcome = 'non_response' THEN sub_kind ELSE surface END, count(*) "
-         "FROM exchanges WHERE outcome IS NOT NULL GROUP BY ALL ORDER BY ALL")
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "sql", "--data", str(data),
-                        "--format", "json", q], capture_output=True, text=True, timeout=120)
+    q = (
+        "SELECT run, outcome, CASE WHEN outcome = 'non_response' THEN sub_kind ELSE surface END, count(*) "
+        "FROM exchanges WHERE outcome IS NOT NULL GROUP BY ALL ORDER BY ALL"
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "sql",
+            "--data",
+            str(data),
+            "--format",
+            "json",
+            q,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     stored: dict[str, dict[str, int]] = {}
     for row in json.loads(r.stdout):
@@ -241,10 +282,16 @@ def test_spilled_exchange_is_counted_not_classified(tmp_path):
         p = ProxyProcess(fake.url, tmp_path / "d", ("--spill-above", "1024", "--quiet", "--no-fingerprint"))
         stack.callback(p.stop)
         for content in ("weather", "chat"):
-            messages = [{"role": "system", "content": "x" * (4096 if content == "chat" else 10)},
-                        {"role": "user", "content": content}]
-            status, _, _ = send(p.url, "/v1/chat/completions", {"model": fake.model, "tools": TOOLS, "messages": messages},
-                                {"X-Toolproxy-Run": "big"})
+            messages = [
+                {"role": "system", "content": "x" * (4096 if content == "chat" else 10)},
+                {"role": "user", "content": content},
+            ]
+            status, _, _ = send(
+                p.url,
+                "/v1/chat/completions",
+                {"model": fake.model, "tools": TOOLS, "messages": messages},
+                {"X-Toolproxy-Run": "big"},
+            )
             assert status == 200
         deadline = time.monotonic() + 60
         while (live := json.loads(send(p.url, "/_toolproxy/live")[2]))["pending"] or live["observed"] < 2:
@@ -276,7 +323,7 @@ def test_the_classifier_is_one_light_process(live_proxy):
     children = _children(p.proc.pid)
     assert len(children) == 1, [Path(f"/proc/{c}/cmdline").read_bytes() for c in children]
     child = children[0]
-    assert b"toolproxy.proxy.classifier" in Path(f"/proc/{child}/cmdline").read_bytes()
+    assert b"toolproxy.live.classifier" in Path(f"/proc/{child}/cmdline").read_bytes()
     loaded = Path(f"/proc/{child}/maps").read_text()
     assert "orjson" in loaded  # it did load what it uses
     for heavy in ("aiohttp", "uvloop", "cryptography", "duckdb", "re2"):
@@ -289,9 +336,24 @@ def test_ctrl_c_to_the_process_group_stops_quietly(tmp_path):
         fake = fakes.FakeStack("llamacpp")
         stack.enter_context(fake.in_thread())
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", fake.url,
-             "--port", "0", "--data", str(tmp_path / "d"), "--quiet"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            [
+                sys.executable,
+                "-c",
+                "from toolproxy.cli import main; main()",
+                "serve",
+                "--upstream",
+                fake.url,
+                "--port",
+                "0",
+                "--data",
+                str(tmp_path / "d"),
+                "--quiet",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         stack.callback(lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
         url = LISTENING.search(proc.stdout.readline()).group(1).rstrip(";,")
         send(url, "/v1/chat/completions", {"model": fake.model, "messages": [{"role": "user", "content": "hi"}]})
@@ -305,9 +367,18 @@ def test_ctrl_c_to_the_process_group_stops_quietly(tmp_path):
 
 def _rec(i: int, run: str = "r", status: int = 200) -> Record:
     body = json.dumps({"choices": [{"message": {"role": "assistant", "content": f"hi {i}"}, "finish_reason": "stop"}]})
-    return Record(id=f"id{i}", started_at=1000.0 + i, run=run, method="POST", path="/v1/chat/completions",
-                  status=status, request_body=json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
-                  response_body=body, response_headers=[["Content-Type", "application/json"]], response_complete=True)
+    return Record(
+        id=f"id{i}",
+        started_at=1000.0 + i,
+        run=run,
+        method="POST",
+        path="/v1/chat/completions",
+        status=status,
+        request_body=json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+        response_body=body,
+        response_headers=[["Content-Type", "application/json"]],
+        response_complete=True,
+    )
 
 
 def test_memory_is_bounded():
@@ -336,8 +407,9 @@ def test_memory_is_bounded():
 def test_the_turns_kept_are_bounded_and_a_run_that_outgrew_them_says_so():
     """At most so many attempts per run and in all; past that a run's oldest quarter goes and its
     figures say they are partial. Worked out again only when a run changed."""
-    from toolproxy.proxy.live import classify_record, summarised
-    from toolproxy.proxy.liveturns import LiveTurns
+    from toolproxy.live.classify import classify_record
+    from toolproxy.live.tally import summarised
+    from toolproxy.live.turns import LiveTurns
 
     turns = LiveTurns(per_run=8, total=12)
     for i in range(10):
@@ -349,8 +421,10 @@ def test_the_turns_kept_are_bounded_and_a_run_that_outgrew_them_says_so():
     assert turns.held == sum(len(t.held) for t in turns.runs.values()) <= 12
     assert turns.figures("a") is not a and turns.figures("b")["held"] + turns.figures("a")["held"] == turns.held
     counts = {"causes": {}, "unclassified": {}, **turns.figures("a")}
-    assert summarised("a", counts)["partial"] == (f"it outgrew what the page keeps: the figures cover its latest "
-                                                  f"{counts['held']} attempts ({counts['let_go']} earlier ones let go)")
+    assert summarised("a", counts)["partial"] == (
+        f"it outgrew what the page keeps: the figures cover its latest "
+        f"{counts['held']} attempts ({counts['let_go']} earlier ones let go)"
+    )
     assert summarised("a", {**counts, "let_go": 0, "held": 8})["partial"] is None
     turns.drop("a")
     assert turns.figures("a") is None and turns.held == len(turns.runs["b"].held)
@@ -421,16 +495,71 @@ def test_a_run_tag_that_is_not_unicode_is_counted_under_its_stored_name():
 
 MERGE_CASES = [
     # (worker reports' runs, merged runs)
-    ([{"a": {"exchanges": 2, "first": 5.0, "last": 9.0, "calls": 1, "by_status_class": {"2xx": 2}, "errors": {},
-             "outcomes": {"prose": 2}, "unclassified": {}, "models": {"m": 2}}},
-      {"a": {"exchanges": 3, "first": 4.0, "last": 7.0, "calls": 2, "by_status_class": {"2xx": 1, "5xx": 2},
-             "errors": {"upstream_5xx": 2}, "outcomes": {"prose": 1}, "unclassified": {"behind": 2}, "models": {"m": 1}},
-       "b": {"exchanges": 1, "first": 10.0, "last": 10.0, "calls": 0, "by_status_class": {"none": 1},
-             "errors": {"connect": 1}, "outcomes": {}, "unclassified": {}, "models": {}}}],
-     {"b": {"exchanges": 1, "first": 10.0, "last": 10.0, "calls": 0, "by_status_class": {"none": 1},
-            "errors": {"connect": 1}, "outcomes": {}, "unclassified": {}, "models": {}},
-      "a": {"exchanges": 5, "first": 4.0, "last": 9.0, "calls": 3, "by_status_class": {"2xx": 3, "5xx": 2},
-            "errors": {"upstream_5xx": 2}, "outcomes": {"prose": 3}, "unclassified": {"behind": 2}, "models": {"m": 3}}}),
+    (
+        [
+            {
+                "a": {
+                    "exchanges": 2,
+                    "first": 5.0,
+                    "last": 9.0,
+                    "calls": 1,
+                    "by_status_class": {"2xx": 2},
+                    "errors": {},
+                    "outcomes": {"prose": 2},
+                    "unclassified": {},
+                    "models": {"m": 2},
+                }
+            },
+            {
+                "a": {
+                    "exchanges": 3,
+                    "first": 4.0,
+                    "last": 7.0,
+                    "calls": 2,
+                    "by_status_class": {"2xx": 1, "5xx": 2},
+                    "errors": {"upstream_5xx": 2},
+                    "outcomes": {"prose": 1},
+                    "unclassified": {"behind": 2},
+                    "models": {"m": 1},
+                },
+                "b": {
+                    "exchanges": 1,
+                    "first": 10.0,
+                    "last": 10.0,
+                    "calls": 0,
+                    "by_status_class": {"none": 1},
+                    "errors": {"connect": 1},
+                    "outcomes": {},
+                    "unclassified": {},
+                    "models": {},
+                },
+            },
+        ],
+        {
+            "b": {
+                "exchanges": 1,
+                "first": 10.0,
+                "last": 10.0,
+                "calls": 0,
+                "by_status_class": {"none": 1},
+                "errors": {"connect": 1},
+                "outcomes": {},
+                "unclassified": {},
+                "models": {},
+            },
+            "a": {
+                "exchanges": 5,
+                "first": 4.0,
+                "last": 9.0,
+                "calls": 3,
+                "by_status_class": {"2xx": 3, "5xx": 2},
+                "errors": {"upstream_5xx": 2},
+                "outcomes": {"prose": 3},
+                "unclassified": {"behind": 2},
+                "models": {"m": 3},
+            },
+        },
+    ),
     ([{}, {}], {}),
 ]
 
@@ -440,8 +569,13 @@ def test_merge_reports(runs, merged):
     reports = []
     for i, r in enumerate(runs):
         rep = Tally().report(None, None, 0)
-        rep.update(observed=10 * (i + 1), classified=i + 1, runs=r, unclassified={"behind": i},
-                   recent=[{"id": f"w{i}-{k}", "started_at": float(k * len(runs) + i)} for k in range(3)])
+        rep.update(
+            observed=10 * (i + 1),
+            classified=i + 1,
+            runs=r,
+            unclassified={"behind": i},
+            recent=[{"id": f"w{i}-{k}", "started_at": float(k * len(runs) + i)} for k in range(3)],
+        )
         reports.append(rep)
     out = merge_reports(reports, 4)
     assert out["runs"] == merged and list(out["runs"]) == list(merged)
@@ -550,9 +684,12 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
         prompts = list(SCRIPT)
         i = 0
         while not stop.is_set():  # every exchange its own episode: one turn each, as on the page
-            send(p.url, "/v1/chat/completions", {"model": "m", "tools": TOOLS, "messages": [
-                {"role": "user", "content": prompts[i % len(prompts)]}]},
-                {"X-Toolproxy-Token": TOKEN, "X-Toolproxy-Run": "gamma", "X-Toolproxy-Episode": f"g{i}"})
+            send(
+                p.url,
+                "/v1/chat/completions",
+                {"model": "m", "tools": TOOLS, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}]},
+                {"X-Toolproxy-Token": TOKEN, "X-Toolproxy-Run": "gamma", "X-Toolproxy-Episode": f"g{i}"},
+            )
             i += 1
             stop.wait(0.01)
 
@@ -580,23 +717,31 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
     assert _text_of(dom, "classified") == f"{total:,}"
     # the upstream answered the start fingerprint and every exchange since: reachable, since the start
     assert _text_of(dom, "upstate") == "reachable" and stats["upstream_health"]["reachable"] is True
-    assert re.fullmatch(r"since \d{1,2}:\d{2}:\d{2}( [AP]M)? · checked \d+[smhd].* ago \((fingerprint|probe)\)",
-                        _text_of(dom, "upwhy")), _text_of(dom, "upwhy")
+    assert re.fullmatch(
+        r"since \d{1,2}:\d{2}:\d{2}( [AP]M)? · checked \d+[smhd].* ago \((fingerprint|probe)\)", _text_of(dom, "upwhy")
+    ), _text_of(dom, "upwhy")
     rows = {r[0]: r for r in _cells(dom, "runs")[1:]}
     assert set(rows) == set(live["runs"])
     for run, counts in live["runs"].items():
         row = rows[run]
         shown = [int(x.replace(",", "")) for x in row[1:8]]
-        assert shown == [counts["exchanges"], *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none")),
-                         counts["episodes"], counts["turns"]]
+        assert shown == [
+            counts["exchanges"],
+            *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none")),
+            counts["episodes"],
+            counts["turns"],
+        ]
         assert _shown_outcomes(row[12]) == counts["turn_outcomes"]
         assert int(row[13].replace(",", "")) == counts["calls"]
         h = counts["headline"]
         if h["verdict"]:  # every turn a non-response: rej and its cause, never a rate
             assert (row[9], row[10], row[11]) == ("rej", h["cause"], "rej")
         else:
-            assert (row[9], row[10], row[11]) == (h["call"], h["delivered"] + (f" · {h['lost']} lost in text" if h["lost"] else ""),
-                                                  h["answered"])
+            assert (row[9], row[10], row[11]) == (
+                h["call"],
+                h["delivered"] + (f" · {h['lost']} lost in text" if h["lost"] else ""),
+                h["answered"],
+            )
     assert sum(int(r[1].replace(",", "")) for r in rows.values()) == stats["exchanges"]
 
     # `analyze`, then its report: per run, the episodes, turns and outcomes the page showed,
@@ -604,7 +749,9 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
     cli = [sys.executable, "-c", "from toolproxy.cli import main; main()"]
     r = subprocess.run([*cli, "analyze", "--data", str(data)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([*cli, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [*cli, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     report = {run["run"]: run for run in json.loads(r.stdout)["runs"]}
     assert set(report) == set(rows)
@@ -617,7 +764,9 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
         assert by_outcome == {k: n for k, n in rep["outcomes"].items() if n}, (run, shown, rep["outcomes"])
         assert sum(shown.values()) == rep["turns"] == int(row[7].replace(",", ""))
         assert rep["episodes"] == int(row[6].replace(",", ""))
-        assert {k.split("/")[1]: n for k, n in shown.items() if k.startswith("non_response/")} == rep["non_response_kinds"]
+        assert {k.split("/")[1]: n for k, n in shown.items() if k.startswith("non_response/")} == rep[
+            "non_response_kinds"
+        ]
         assert int(row[13].replace(",", "")) == rep["calls"]
         if rep["rejected"]:
             assert row[9] == row[11] == "rej"
@@ -626,7 +775,9 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
             assert f"({rep[metric]['numerator']}/{rep[metric]['denominator']})" in cell, (run, cell, rep[metric])
 
     # Filtered to one run and outcome, as a link to it would open it.
-    shot = screenshot(f"{page}#run=beta&outcome=hallucinated_call", screens / "live-filtered.png", 1400, 1000, wait_ms=5000)
+    shot = screenshot(
+        f"{page}#run=beta&outcome=hallucinated_call", screens / "live-filtered.png", 1400, 1000, wait_ms=5000
+    )
     assert shot.stat().st_size > 40_000
     proc = run_chromium(f"{page}#run=beta&outcome=hallucinated_call", "--dump-dom", "--virtual-time-budget=5000")
     listed = _cells(proc.stdout, "recent")[1:]
@@ -650,7 +801,9 @@ def test_page_says_when_the_upstream_cannot_be_reached(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    p = ProxyProcess(f"http://127.0.0.1:{port}", tmp_path / "data", ("--auth-token", TOKEN, "--quiet", "--no-fingerprint"))
+    p = ProxyProcess(
+        f"http://127.0.0.1:{port}", tmp_path / "data", ("--auth-token", TOKEN, "--quiet", "--no-fingerprint")
+    )
     try:
         proc = run_chromium(f"{p.url}/_toolproxy/login?token={TOKEN}", "--dump-dom", "--virtual-time-budget=5000")
         up = admin(p.url, "/_toolproxy/stats")["upstream_health"]
@@ -661,9 +814,13 @@ def test_page_says_when_the_upstream_cannot_be_reached(tmp_path):
     assert _text_of(dom, "health") == "ok" and _text_of(dom, "upstate") == "unreachable"
     why = _text_of(dom, "upwhy")
     assert up["reachable"] is False and up["since"] is not None
-    assert re.fullmatch(re.escape(f"cannot reach http://127.0.0.1:{port}: nothing is listening at 127.0.0.1:{port} "
-                                  "(connection refused).") + r" .+ · since \d{1,2}:\d{2}:\d{2}( [AP]M)? · checked \d+s ago \(probe\)",
-                        why), why
+    assert re.fullmatch(
+        re.escape(
+            f"cannot reach http://127.0.0.1:{port}: nothing is listening at 127.0.0.1:{port} (connection refused)."
+        )
+        + r" .+ · since \d{1,2}:\d{2}:\d{2}( [AP]M)? · checked \d+s ago \(probe\)",
+        why,
+    ), why
     assert why.startswith(up["error"] + " · ")
 
 
@@ -675,14 +832,20 @@ def test_workers_page_merges_every_worker(tmp_path):
     with ExitStack() as stack:
         fake = fakes.FakeStack("llamacpp", responder=responder)
         stack.enter_context(fake.in_thread())
-        p = ProxyProcess(fake.url, tmp_path / "d", ("--workers", "2", "--auth-token", TOKEN, "--quiet", "--no-fingerprint"))
+        p = ProxyProcess(
+            fake.url, tmp_path / "d", ("--workers", "2", "--auth-token", TOKEN, "--quiet", "--no-fingerprint")
+        )
         stack.callback(p.stop)
         jobs = [(run, prompt) for run in RUNS for prompt, (_, times) in SCRIPT.items() for _ in range(times * 3)]
 
         def one(job) -> int:  # one connection each: the kernel spreads them over the workers
             run, prompt = job
-            return send(p.url, "/v1/chat/completions", {"model": fake.model, "tools": TOOLS, "messages": [
-                {"role": "user", "content": prompt}]}, {"X-Toolproxy-Token": TOKEN, "X-Toolproxy-Run": run})[0]
+            return send(
+                p.url,
+                "/v1/chat/completions",
+                {"model": fake.model, "tools": TOOLS, "messages": [{"role": "user", "content": prompt}]},
+                {"X-Toolproxy-Token": TOKEN, "X-Toolproxy-Run": run},
+            )[0]
 
         with ThreadPoolExecutor(8) as pool:
             statuses = list(pool.map(one, jobs))
@@ -709,8 +872,12 @@ def test_workers_page_merges_every_worker(tmp_path):
             assert len(live["recent"]) == sent and len({x["id"] for x in live["recent"]}) == sent
         for run in RUNS:
             assert live["runs"][run]["outcomes"] == {
-                "valid_call/native": 9, "hallucinated_call/native": 6, "prose": 6, "valid_call/text": 3,
-                "non_response/http_5xx": 3}
+                "valid_call/native": 9,
+                "hallucinated_call/native": 6,
+                "prose": 6,
+                "valid_call/text": 3,
+                "non_response/http_5xx": 3,
+            }
         beta = admin(p.url, "/_toolproxy/live?run=beta&outcome=prose&limit=1000")["recent"]
         assert len(beta) == 6 and {(x["run"], x["outcome"]) for x in beta} == {("beta", "prose")}
         for x in live["recent"][:12]:  # held by one worker or the other; asked of whichever answers
@@ -719,9 +886,14 @@ def test_workers_page_merges_every_worker(tmp_path):
 
 
 def _classifier_of(records_fd: int, queries_fd: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "toolproxy.proxy.classifier", str(records_fd), str(queries_fd), "",
-                             "10", "10"], pass_fds=(records_fd, queries_fd), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolproxy.live.classifier", str(records_fd), str(queries_fd), "", "10", "10"],
+        pass_fds=(records_fd, queries_fd),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_worker_killed_mid_hand_off_leaves_a_quiet_classifier():
@@ -763,7 +935,7 @@ def test_stopping_does_not_wait_for_the_classifier_s_backlog():
     """The classifier runs on idle CPU only; a proxy stopping must not wait for it to finish a
     backlog nobody will see (with no serve lines to print): it is terminated at once. Waiting for
     it made `serve --workers 2` overrun a 10 s stop on a busy machine."""
-    content = ('{"name": "f", "arguments": {"a": [' + "1," * 20000 + '1]}} ') * 5  # ~0.2 s of CPU each
+    content = ('{"name": "f", "arguments": {"a": [' + "1," * 20000 + "1]}} ") * 5  # ~0.2 s of CPU each
     body = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]})
     view = LiveView(log=None)
     view.start()

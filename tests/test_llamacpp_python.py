@@ -15,8 +15,19 @@ from toolproxy.stacks import catalog
 from toolproxy.stacks.fingerprint import GET_PROBES, Observed, identify, probe
 
 DATA = Path(__file__).parent / "data" / "llamacpp_python"
-TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
-    "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
 ASK = [{"role": "user", "content": "What is 3*7? Use the calculator."}]
 NAMED = {"type": "function", "function": {"name": "calculator"}}
 
@@ -57,7 +68,9 @@ async def test_tools_without_a_named_choice_are_dropped_and_the_call_stays_in_co
 
 
 async def test_a_named_tool_choice_forces_that_call(fake):
-    _, _, body = await _post(fake, {"model": "qwen2.5-coder-0.5b", "messages": ASK, "tools": TOOLS, "tool_choice": NAMED})
+    _, _, body = await _post(
+        fake, {"model": "qwen2.5-coder-0.5b", "messages": ASK, "tools": TOOLS, "tool_choice": NAMED}
+    )
     real = _real("chat_tool_named.json")
     assert _shape(body) == _shape(real)
     for reply in (body, real):
@@ -69,8 +82,9 @@ async def test_a_named_tool_choice_forces_that_call(fake):
 
 
 async def test_a_stream_is_sse_in_pythons_json_spacing(fake):
-    status, headers, raw = await _post(fake, {"model": "qwen2.5-coder-0.5b", "messages": ASK, "tools": TOOLS,
-                                              "stream": True}, raw=True)
+    status, headers, raw = await _post(
+        fake, {"model": "qwen2.5-coder-0.5b", "messages": ASK, "tools": TOOLS, "stream": True}, raw=True
+    )
     real = (DATA / "chat_tools_stream.sse").read_bytes()
     assert status == 200 and headers["Content-Type"] == "text/event-stream; charset=utf-8"
     for events in (raw, real):
@@ -88,7 +102,9 @@ async def test_a_request_that_fails_validation_is_a_500(fake):
     real = _real("validation_error.json")
     assert status == 500 and _shape(body) == _shape(real)
     for reply in (body, real):
-        assert reply["error"]["message"].startswith("1 validation error:\n  {'type': 'list_type', 'loc': ('body', 'messages')")
+        assert reply["error"]["message"].startswith(
+            "1 validation error:\n  {'type': 'list_type', 'loc': ('body', 'messages')"
+        )
         assert reply["error"]["type"] == "internal_server_error"
 
 

@@ -13,26 +13,28 @@ from collections import Counter
 import aiohttp
 import pytest
 
-from toolproxy.record.masking import BUILTIN, Masker, load_key, luhn, parse_rules
-from toolproxy.record.segments import read_records
 from toolproxy.emulators import text
+from toolproxy.record.masking import BUILTIN, Masker, load_key, luhn, parse_rules
 
 KEY = b"k" * 32
 M = Masker(list(BUILTIN.values()), KEY)
 
 
-@pytest.mark.parametrize("value, rule, masked", [
-    ("mail bob.smith+x@example.co.uk now", "email", True),
-    ("not@an address", "email", False),
-    ("Authorization: Bearer abcdefghijklmnop1234", "api-key", True),
-    ("key sk-proj-ABCDEFGHIJKLMNOP1234", "api-key", True),
-    ("aws AKIAABCDEFGHIJKLMNOP", "api-key", True),
-    ("card 4111 1111 1111 1111 ok", "credit-card", True),
-    ("card 4111-1111-1111-1112 fails luhn", "credit-card", False),
-    ("order 1234567890123 no", "credit-card", False),
-    ("host 192.168.10.254 up", "ipv4", True),
-    ("version 1.2.3.400", "ipv4", False),
-])
+@pytest.mark.parametrize(
+    "value, rule, masked",
+    [
+        ("mail bob.smith+x@example.co.uk now", "email", True),
+        ("not@an address", "email", False),
+        ("Authorization: Bearer abcdefghijklmnop1234", "api-key", True),
+        ("key sk-proj-ABCDEFGHIJKLMNOP1234", "api-key", True),
+        ("aws AKIAABCDEFGHIJKLMNOP", "api-key", True),
+        ("card 4111 1111 1111 1111 ok", "credit-card", True),
+        ("card 4111-1111-1111-1112 fails luhn", "credit-card", False),
+        ("order 1234567890123 no", "credit-card", False),
+        ("host 192.168.10.254 up", "ipv4", True),
+        ("version 1.2.3.400", "ipv4", False),
+    ],
+)
 def test_builtin_rules(value, rule, masked):
     hits: Counter = Counter()
     out = M.text(value, hits)
@@ -55,8 +57,15 @@ def test_same_value_same_token_and_key_matters():
 
 def test_json_stays_valid_and_escaped_values_are_seen():
     hits: Counter = Counter()
-    body = json.dumps({"messages": [{"role": "user", "content": "write to \"bob@example.com\"\nthanks"},
-                                    {"role": "tool", "content": "a\u0040b.org"}]}, ensure_ascii=True)
+    body = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": 'write to "bob@example.com"\nthanks'},
+                {"role": "tool", "content": "a\u0040b.org"},
+            ]
+        },
+        ensure_ascii=True,
+    )
     body = body.replace("@b.org", "\\u0040b.org")  # a value the JSON text spells with an escape
     out = M.body(body, hits)
     doc = json.loads(out)
@@ -96,10 +105,24 @@ CARD = "4111 1111 1111 1111"
 @pytest.mark.parametrize("stream", [False, True])
 async def test_proxy_records_masked_bodies_and_client_gets_the_real_ones(fake_stack, proxy, stream):
     fake = fake_stack("llamacpp", replies=[text(f"Reach {SECRET} about ACME-1234")])
-    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--durability", "sync", "--mask", "email",
-              "--mask", "credit-card", "--mask", r"ACME-\d+")
-    body = {"model": "m", "stream": stream,
-            "messages": [{"role": "user", "content": f"My card is {CARD}, mail {SECRET}"}]}
+    p = proxy(
+        fake.url,
+        "--quiet",
+        "--no-fingerprint",
+        "--durability",
+        "sync",
+        "--mask",
+        "email",
+        "--mask",
+        "credit-card",
+        "--mask",
+        r"ACME-\d+",
+    )
+    body = {
+        "model": "m",
+        "stream": stream,
+        "messages": [{"role": "user", "content": f"My card is {CARD}, mail {SECRET}"}],
+    }
     async with aiohttp.ClientSession() as s:
         async with s.post(p.url + "/v1/chat/completions", json=body) as r:
             got = (await r.read()).decode()
@@ -118,37 +141,74 @@ async def test_proxy_records_masked_bodies_and_client_gets_the_real_ones(fake_st
     assert rec["extra"]["masked"] == {"email": 2, "credit-card": 1, r"ACME-\d+": 1}
     req = json.loads(rec["request_body"])
     assert req["messages"][0]["content"].startswith("My card is masked:")
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(p.data)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(p.data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and "issues: none" in r.stdout, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "sql", "--data", str(p.data),
-                        "--format", "json", "SELECT content FROM exchanges"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "sql",
+            "--data",
+            str(p.data),
+            "--format",
+            "json",
+            "SELECT content FROM exchanges",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     (row,) = json.loads(r.stdout)
     assert row["content"].startswith("Reach masked:") and SECRET not in row["content"]
 
 
 def test_bad_mask_is_a_usage_error(tmp_path):
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
-                        "http://127.0.0.1:9", "--data", str(tmp_path), "--mask", "(oops"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--data",
+            str(tmp_path),
+            "--mask",
+            "(oops",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "not a valid regular expression" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("parts, masked", [
-    (["mail jane.do", "e@example.com now"], ["mail ", " now"]),
-    (["jane.doe@exa", "mple.com"], ["", ""]),
-    (["a ", "jane", ".doe@", "example", ".com", " b"], ["a ", "", "", "", "", " b"]),
-    (["a@b.co", " and ", "c@d.org"], ["", " and ", ""]),
-    (["no secret here"], ["no secret here"]),
-])
+@pytest.mark.parametrize(
+    "parts, masked",
+    [
+        (["mail jane.do", "e@example.com now"], ["mail ", " now"]),
+        (["jane.doe@exa", "mple.com"], ["", ""]),
+        (["a ", "jane", ".doe@", "example", ".com", " b"], ["a ", "", "", "", "", " b"]),
+        (["a@b.co", " and ", "c@d.org"], ["", " and ", ""]),
+        (["no secret here"], ["no secret here"]),
+    ],
+)
 def test_pieces_are_masked_as_one_text(parts, masked):
     hits: Counter = Counter()
     out = M.pieces(parts, hits)
     assert len(out) == len(parts)
     assert "".join(out) == M.text("".join(parts), Counter())  # reads as the text masked whole
     # the token sits in the piece where its match starts; the pieces it spans lose their characters
-    assert [p.replace(M.token("jane.doe@example.com"), "").replace(M.token("a@b.co"), "").replace(M.token("c@d.org"), "")
-            for p in out] == masked
+    assert [
+        p.replace(M.token("jane.doe@example.com"), "").replace(M.token("a@b.co"), "").replace(M.token("c@d.org"), "")
+        for p in out
+    ] == masked
 
 
 SPLIT_SECRET = "jane.doe@example.com"
@@ -190,7 +250,7 @@ async def test_a_secret_split_across_streamed_deltas_is_masked_in_every_protocol
                     got = await r.read()
                 assert r.status == 200
                 assert decode(got, family_of(path), r.headers["Content-Type"]).content == SPLIT_TEXT  # client untouched
-                tail = SPLIT_TEXT[SPLIT_TEXT.index(SPLIT_SECRET) + at:]
+                tail = SPLIT_TEXT[SPLIT_TEXT.index(SPLIT_SECRET) + at :]
                 assert f'"{tail}"'.encode() in got  # the stack really streamed the secret in two pieces
                 sent += 1
     token = Masker([BUILTIN["email"]], load_key(p_llama.data)).token(SPLIT_SECRET)
@@ -202,7 +262,9 @@ async def test_a_secret_split_across_streamed_deltas_is_masked_in_every_protocol
         for rec in recs:
             content_type = next(v for k, v in rec["response_headers"] if k.lower() == "content-type")
             stored = decode(rec["response_body"].encode(), family_of(rec["path"]), content_type)
-            expected = SPLIT_TEXT.replace(SPLIT_SECRET, Masker([BUILTIN["email"]], load_key(p.data)).token(SPLIT_SECRET))
+            expected = SPLIT_TEXT.replace(
+                SPLIT_SECRET, Masker([BUILTIN["email"]], load_key(p.data)).token(SPLIT_SECRET)
+            )
             assert stored.content == expected, (rec["path"], rec["response_body"])
             assert rec["extra"]["masked"]["email"] >= 1
     assert token.startswith("masked:") and sent == 4 * (len(SPLIT_SECRET) - 1)
@@ -212,8 +274,19 @@ async def test_bodies_spilled_to_a_file_are_masked_too(fake_stack, proxy):
     """Bodies above --spill-above pass through a temporary file; they are read back to be masked
     (and to be sampled) rather than written unmasked or dropped."""
     fake = fake_stack("llamacpp", responder=lambda req: text(f"ok {SECRET} " + "x" * 4000))
-    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--durability", "sync", "--mask", "email",
-              "--spill-above", "1024", "--sample", "1")
+    p = proxy(
+        fake.url,
+        "--quiet",
+        "--no-fingerprint",
+        "--durability",
+        "sync",
+        "--mask",
+        "email",
+        "--spill-above",
+        "1024",
+        "--sample",
+        "1",
+    )
     body = {"model": fake.model, "messages": [{"role": "user", "content": f"mail {SECRET} " + "y" * 6000}]}
     async with aiohttp.ClientSession() as s:
         async with s.post(p.url + "/v1/chat/completions", json=body) as r:

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from toolproxy.record import masking
+from toolproxy.record import jsonlexer, masking
 from toolproxy.record.masking import BUILTIN, Masker
 
 KEY = b"k" * 32
@@ -53,7 +53,8 @@ for name, make in ADVERSARIAL.items():
         for _ in range(5):
             m = Masker(list(BUILTIN.values()), b"k" * 32)  # nothing remembered from the last round
             t0 = time.perf_counter()
-            m.text(s, Counter()); m.body(doc, Counter()); m.body(s, Counter()); m.pieces([s[: n // 2], s[n // 2:]], Counter())
+            m.text(s, Counter()); m.body(doc, Counter()); m.body(s, Counter())
+            m.pieces([s[: n // 2], s[n // 2:]], Counter())
             t.append(time.perf_counter() - t0)
         best.append(min(t))
     out[name] = best
@@ -86,21 +87,28 @@ def test_user_patterns_are_linear_too_and_rre2_refuses_what_it_cannot_run():
 
 # ---- nothing missed, counted exactly ---------------------------------------------------------
 
+
 def tokens_in(doc) -> int:
     """How many mask tokens a JSON value holds (keys and strings)."""
     text = json.dumps(doc)
     return text.count("masked:")
 
 
-@pytest.mark.parametrize("body, expected", [
-    # an object key is personal data as much as a value
-    ('{"metadata":{"jane@x.com":"v"}}', {"metadata": {tok("jane@x.com"): "v"}}),
-    ('{"a":{"jane@x.com":{"bob@y.org":"bob@y.org"}}}', {"a": {tok("jane@x.com"): {tok("bob@y.org"): tok("bob@y.org")}}}),
-    # escaped spellings of the same text
-    ('{"c":"jane\\u0040x.com"}', {"c": tok("jane@x.com")}),
-    ('{"c":"jane\\u002edoe\\u0040x\\u002ecom"}', {"c": tok("jane.doe@x.com")}),
-    ('{"c":"key sk\\u002dABCDEFGHIJKLMNOPQRST"}', {"c": "key " + tok("sk-ABCDEFGHIJKLMNOPQRST")}),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        # an object key is personal data as much as a value
+        ('{"metadata":{"jane@x.com":"v"}}', {"metadata": {tok("jane@x.com"): "v"}}),
+        (
+            '{"a":{"jane@x.com":{"bob@y.org":"bob@y.org"}}}',
+            {"a": {tok("jane@x.com"): {tok("bob@y.org"): tok("bob@y.org")}}},
+        ),
+        # escaped spellings of the same text
+        ('{"c":"jane\\u0040x.com"}', {"c": tok("jane@x.com")}),
+        ('{"c":"jane\\u002edoe\\u0040x\\u002ecom"}', {"c": tok("jane.doe@x.com")}),
+        ('{"c":"key sk\\u002dABCDEFGHIJKLMNOPQRST"}', {"c": "key " + tok("sk-ABCDEFGHIJKLMNOPQRST")}),
+    ],
+)
 def test_keys_and_escaped_spellings_are_masked(body, expected):
     hits: Counter = Counter()
     out = M.body(body, hits)
@@ -117,9 +125,9 @@ def test_escaped_values_deep_in_a_body_are_masked_and_counted_as_written(depth):
     for body in (deep, f"data: {deep}\n\ndata: [DONE]\n\n"):
         hits: Counter = Counter()
         out = M.body(body, hits)
-        assert "jane" not in out and "bob" not in out, out[depth - 5: depth + 80]
+        assert "jane" not in out and "bob" not in out, out[depth - 5 : depth + 80]
         assert hits == {"email": 2} and out.count("masked:") == 2
-        payload = out[6:out.index("\n")] if body.startswith("data:") else out
+        payload = out[6 : out.index("\n")] if body.startswith("data:") else out
         inner = json.loads(payload) if depth < 1000 else None
         if inner is not None:
             for _ in range(depth):
@@ -128,8 +136,15 @@ def test_escaped_values_deep_in_a_body_are_masked_and_counted_as_written(depth):
 
 
 def test_counts_are_exactly_the_replacements_written():
-    body = json.dumps({"messages": [{"role": "user", "content": f"{EMAIL} {EMAIL} 4111 1111 1111 1111, host 10.0.0.1"},
-                                    {"role": "tool", "content": "nothing here"}], EMAIL: 1})
+    body = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": f"{EMAIL} {EMAIL} 4111 1111 1111 1111, host 10.0.0.1"},
+                {"role": "tool", "content": "nothing here"},
+            ],
+            EMAIL: 1,
+        }
+    )
     hits: Counter = Counter()
     out = M.body(body, hits)
     assert hits == {"email": 3, "credit-card": 1, "ipv4": 1}
@@ -143,6 +158,7 @@ def test_overlapping_rules_mask_once():
 
 
 # ---- streams cut anywhere, windows of any size ---------------------------------------------------
+
 
 def sse_body(pieces: list[str], n_filler: int) -> str:
     events = [{"choices": [{"index": 0, "delta": {"content": p}}]} for p in pieces]
@@ -165,10 +181,10 @@ def test_small_windows_find_what_whole_masking_finds(monkeypatch, cut):
     pieces = ["Reach ", EMAIL[:cut], EMAIL[cut:] + " now"]
     body = sse_body(pieces, n_filler=200)
     whole = M.body(body, Counter())
-    monkeypatch.setattr(masking, "HOLD_CHARS", 300)
-    monkeypatch.setattr(masking, "OVERLAP", 64)
+    monkeypatch.setattr(jsonlexer, "HOLD_CHARS", 300)
+    monkeypatch.setattr(jsonlexer, "OVERLAP", 64)
     hits: Counter = Counter()
-    streamed = "".join(M.stream([body[i:i + 7] for i in range(0, len(body), 7)], hits))
+    streamed = "".join(M.stream([body[i : i + 7] for i in range(0, len(body), 7)], hits))
     assert content_of(streamed) == content_of(whole) == "word " * 200 + f"Reach {tok(EMAIL)} now"
     assert hits == {"email": 1} and EMAIL not in streamed
     assert streamed.count("\n") == body.count("\n")
@@ -176,15 +192,15 @@ def test_small_windows_find_what_whole_masking_finds(monkeypatch, cut):
 
 @pytest.mark.parametrize("where", [0, 1, 100, 4095, 4096, 9000])
 def test_a_long_json_string_is_masked_across_windows(monkeypatch, where):
-    monkeypatch.setattr(masking, "LINE_CHARS", 1000)
-    monkeypatch.setattr(masking, "WINDOW_CHARS", 2000)
-    monkeypatch.setattr(masking, "OVERLAP", 100)
+    monkeypatch.setattr(jsonlexer, "LINE_CHARS", 1000)
+    monkeypatch.setattr(jsonlexer, "WINDOW_CHARS", 2000)
+    monkeypatch.setattr(jsonlexer, "OVERLAP", 100)
     content = "x " * 5000
     content = content[:where] + f" {EMAIL}\\u0040 é\n" + content[where:]
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content, EMAIL: "k"}]})
     for size in (1, 13, 4096, len(body)):
         hits: Counter = Counter()
-        out = "".join(M.stream([body[i:i + size] for i in range(0, len(body), size)], hits))
+        out = "".join(M.stream([body[i : i + size] for i in range(0, len(body), size)], hits))
         doc = json.loads(out)
         expected = content.replace(EMAIL, tok(EMAIL))
         assert doc["messages"][0]["content"] == expected and doc["messages"][0][tok(EMAIL)] == "k"
@@ -192,22 +208,22 @@ def test_a_long_json_string_is_masked_across_windows(monkeypatch, where):
 
 
 def test_a_long_line_of_text_is_masked_across_windows(monkeypatch):
-    monkeypatch.setattr(masking, "LINE_CHARS", 500)
-    monkeypatch.setattr(masking, "WINDOW_CHARS", 1000)
-    monkeypatch.setattr(masking, "OVERLAP", 50)
+    monkeypatch.setattr(jsonlexer, "LINE_CHARS", 500)
+    monkeypatch.setattr(jsonlexer, "WINDOW_CHARS", 1000)
+    monkeypatch.setattr(jsonlexer, "OVERLAP", 50)
     text = ("lorem ipsum " * 400 + EMAIL + " ") * 5
     hits: Counter = Counter()
-    out = "".join(M.stream([text[i:i + 333] for i in range(0, len(text), 333)], hits))
+    out = "".join(M.stream([text[i : i + 333] for i in range(0, len(text), 333)], hits))
     assert out == text.replace(EMAIL, tok(EMAIL)) and hits == {"email": 5}
 
 
 def test_a_match_longer_than_a_window_is_masked_in_pieces_not_left(monkeypatch):
-    monkeypatch.setattr(masking, "LINE_CHARS", 500)
-    monkeypatch.setattr(masking, "WINDOW_CHARS", 1000)
-    monkeypatch.setattr(masking, "OVERLAP", 50)
+    monkeypatch.setattr(jsonlexer, "LINE_CHARS", 500)
+    monkeypatch.setattr(jsonlexer, "WINDOW_CHARS", 1000)
+    monkeypatch.setattr(jsonlexer, "OVERLAP", 50)
     m = Masker(masking.parse_rules([r"SECRET[a-z]+"]), KEY)
     text = "x SECRET" + "q" * 5000 + " y"
-    out = "".join(m.stream([text[i:i + 100] for i in range(0, len(text), 100)], Counter()))
+    out = "".join(m.stream([text[i : i + 100] for i in range(0, len(text), 100)], Counter()))
     assert "q" * 60 not in out and out.startswith("x masked:") and out.endswith(" y")
 
 
@@ -227,6 +243,7 @@ def test_repeated_history_is_masked_from_memory():
 
 
 # ---- a real proxy ------------------------------------------------------------------------------
+
 
 def _post(url: str, body: bytes, timeout: float = 60) -> tuple[int, bytes, float]:
     import time
@@ -365,7 +382,9 @@ def test_a_response_above_max_response_is_refused_or_cut_and_recorded(fake_stack
     conn.close()
     # Streamed (chunked, no length): cut where it passes the limit.
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-    conn.request("POST", "/v1/chat/completions", _chat("hi", fake.model, stream=True), {"Content-Type": "application/json"})
+    conn.request(
+        "POST", "/v1/chat/completions", _chat("hi", fake.model, stream=True), {"Content-Type": "application/json"}
+    )
     r = conn.getresponse()
     assert r.status == 200
     with pytest.raises(http.client.IncompleteRead) as cut:
@@ -386,12 +405,15 @@ def test_keys_are_masked_in_the_record_and_on_the_live_page(fake_stack, proxy):
 
     fake = fake_stack("llamacpp", responder=lambda req: text("done"))
     p = proxy(fake.url, "--quiet", "--no-fingerprint", "--mask", "email", "--durability", "sync")
-    body = json.dumps({"model": fake.model, "messages": [{"role": "user", "content": "hi"}],
-                       "metadata": {"jane@x.com": "v"}}).encode()
+    body = json.dumps(
+        {"model": fake.model, "messages": [{"role": "user", "content": "hi"}], "metadata": {"jane@x.com": "v"}}
+    ).encode()
     assert _post(p.url, body)[0] == 200
     (rec,) = p.wait_records(1)
     assert rec["extra"]["masked"] == {"email": 1}
-    assert json.loads(rec["request_body"])["metadata"] == {M.__class__(list(BUILTIN.values()), masking.load_key(p.data)).token("jane@x.com"): "v"}
+    assert json.loads(rec["request_body"])["metadata"] == {
+        M.__class__(list(BUILTIN.values()), masking.load_key(p.data)).token("jane@x.com"): "v"
+    }
     raw = b"".join(f.read_bytes() for f in (p.data / "segments").iterdir())
     assert b"jane@x.com" not in raw
     deadline = time.monotonic() + 10

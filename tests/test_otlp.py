@@ -16,101 +16,310 @@ import pytest
 from otlpreceiver import Receiver, attributes, send_chat
 from proxyprocess import ProxyProcess
 
+from toolproxy import emulators as fakes
 from toolproxy.otlp.shipper import EndpointError, SpanShipper, traces_url
 from toolproxy.otlp.spans import CONTENT_CHARS, span_of, trace_id_of
 from toolproxy.record.model import Record
-from toolproxy import emulators as fakes
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 SECRET = "sk-live-0123456789abcdef"
 
 
 def chat_request(**extra) -> str:
-    return json.dumps({"model": "qwen", "tools": TOOLS, "messages": [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": "weather in Paris?"}], **extra})
+    return json.dumps(
+        {
+            "model": "qwen",
+            "tools": TOOLS,
+            "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather in Paris?"}],
+            **extra,
+        }
+    )
 
 
-CHAT_REPLY = json.dumps({
-    "id": "chatcmpl-1", "model": "qwen-served", "object": "chat.completion",
-    "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}}],
-    "usage": {"prompt_tokens": 31, "completion_tokens": 12, "total_tokens": 43, "prompt_tokens_details": {"cached_tokens": 8}},
-})
-SSE_REPLY = "".join(f"data: {json.dumps(obj)}\n\n" for obj in (
-    {"id": "chatcmpl-2", "model": "qwen-served", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "It is "}}]},
-    {"id": "chatcmpl-2", "model": "qwen-served", "choices": [{"index": 0, "delta": {"content": "sunny."}, "finish_reason": "stop"}]},
-    {"id": "chatcmpl-2", "model": "qwen-served", "choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 3}},
-)) + "data: [DONE]\n\n"
-MESSAGES_REPLY = json.dumps({
-    "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x", "stop_reason": "tool_use",
-    "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}],
-    "usage": {"input_tokens": 50, "output_tokens": 9},
-})
+CHAT_REPLY = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "model": "qwen-served",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                        }
+                    ],
+                },
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 31,
+            "completion_tokens": 12,
+            "total_tokens": 43,
+            "prompt_tokens_details": {"cached_tokens": 8},
+        },
+    }
+)
+SSE_REPLY = (
+    "".join(
+        f"data: {json.dumps(obj)}\n\n"
+        for obj in (
+            {
+                "id": "chatcmpl-2",
+                "model": "qwen-served",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": "It is "}}],
+            },
+            {
+                "id": "chatcmpl-2",
+                "model": "qwen-served",
+                "choices": [{"index": 0, "delta": {"content": "sunny."}, "finish_reason": "stop"}],
+            },
+            {
+                "id": "chatcmpl-2",
+                "model": "qwen-served",
+                "choices": [],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 3},
+            },
+        )
+    )
+    + "data: [DONE]\n\n"
+)
+MESSAGES_REPLY = json.dumps(
+    {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-x",
+        "stop_reason": "tool_use",
+        "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}],
+        "usage": {"input_tokens": 50, "output_tokens": 9},
+    }
+)
 
 
 def record(**fields) -> dict:
-    base = {"id": "0190aa", "kind": "exchange", "started_at": 1_800_000_000.25, "ended_at": 1_800_000_001.5,
-            "ttfb_ms": 300.0, "duration_ms": 1250.0, "run": "r1", "episode": "3", "item": "q7", "condition": "native",
-            "upstream": "http://10.0.0.5:8080", "method": "POST", "path": "/v1/chat/completions",
-            "request_headers": [["authorization", "sha256:ab12cd34"]], "request_body": chat_request(),
-            "request_body_encoding": "utf8", "status": 200, "response_headers": [["content-type", "application/json"]],
-            "response_body": CHAT_REPLY, "response_body_encoding": "utf8"}
+    base = {
+        "id": "0190aa",
+        "kind": "exchange",
+        "started_at": 1_800_000_000.25,
+        "ended_at": 1_800_000_001.5,
+        "ttfb_ms": 300.0,
+        "duration_ms": 1250.0,
+        "run": "r1",
+        "episode": "3",
+        "item": "q7",
+        "condition": "native",
+        "upstream": "http://10.0.0.5:8080",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "request_headers": [["authorization", "sha256:ab12cd34"]],
+        "request_body": chat_request(),
+        "request_body_encoding": "utf8",
+        "status": 200,
+        "response_headers": [["content-type", "application/json"]],
+        "response_body": CHAT_REPLY,
+        "response_body_encoding": "utf8",
+    }
     return {**base, **fields}
 
 
 SPAN_CASES = [
-    ("chat call", record(), {
-        "name": "chat qwen", "attrs": {
-            "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": "qwen",
-            "gen_ai.response.model": "qwen-served", "gen_ai.response.id": "chatcmpl-1",
-            "gen_ai.response.finish_reasons": ["tool_calls"], "gen_ai.usage.input_tokens": 31,
-            "gen_ai.usage.output_tokens": 12, "gen_ai.usage.cache_read.input_tokens": 8,
-            "server.address": "10.0.0.5", "server.port": 8080, "http.response.status_code": 200,
-            "toolproxy.run": "r1", "toolproxy.episode": "3", "toolproxy.item": "q7", "toolproxy.condition": "native",
-            "toolproxy.exchange_id": "0190aa", "toolproxy.ttfb_ms": 300.0},
-        "absent": ("error.type", "gen_ai.request.stream", "gen_ai.input.messages"),
-        "calls": [("get_weather", "call_1")], "error": None}),
-    ("streamed prose", record(request_body=chat_request(stream=True, temperature=0, max_tokens=64, seed=7, stop="END"),
-                              response_headers=[["content-type", "text/event-stream"]], response_body=SSE_REPLY), {
-        "name": "chat qwen", "attrs": {
-            "gen_ai.request.stream": True, "gen_ai.response.time_to_first_chunk": 0.3,
-            "gen_ai.request.temperature": 0.0, "gen_ai.request.max_tokens": 64, "gen_ai.request.seed": 7,
-            "gen_ai.request.stop_sequences": ["END"], "gen_ai.response.finish_reasons": ["stop"],
-            "gen_ai.usage.input_tokens": 20, "gen_ai.usage.output_tokens": 3, "gen_ai.response.id": "chatcmpl-2"},
-        "absent": ("error.type",), "calls": [], "error": None}),
-    ("anthropic messages", record(path="/v1/messages", request_body=json.dumps({
-        "model": "claude-x", "max_tokens": 100, "messages": [{"role": "user", "content": "Oslo?"}]}), response_body=MESSAGES_REPLY), {
-        "name": "chat claude-x", "attrs": {
-            "gen_ai.provider.name": "anthropic", "gen_ai.request.max_tokens": 100, "gen_ai.response.id": "msg_1",
-            "gen_ai.usage.input_tokens": 50, "gen_ai.usage.output_tokens": 9},
-        "absent": ("error.type",), "calls": [("get_weather", "toolu_1")], "error": None}),
-    ("ollama generate", record(path="/api/generate", request_body=json.dumps({
-        "model": "llama3", "prompt": "hi", "stream": False, "options": {"temperature": 0.5, "num_predict": 20}}),
-        response_body=json.dumps({"model": "llama3", "response": "hello", "done": True, "done_reason": "stop",
-                                  "prompt_eval_count": 4, "eval_count": 2})), {
-        "name": "text_completion llama3", "attrs": {
-            "gen_ai.operation.name": "text_completion", "gen_ai.provider.name": "ollama",
-            "gen_ai.request.temperature": 0.5, "gen_ai.request.max_tokens": 20},
-        "absent": ("error.type",), "calls": [], "error": None}),
-    ("refused with 400", record(status=400, response_body=json.dumps({"error": {"message": "tools not supported"}})), {
-        "name": "chat qwen", "attrs": {"error.type": "400", "http.response.status_code": 400},
-        "absent": ("gen_ai.response.id",), "calls": [], "error": "tools not supported"}),
-    ("connect failure", record(status=None, response_body=None, response_headers=[], error_kind="connect",
-                               error_message="connection refused"), {
-        "name": "chat qwen", "attrs": {"error.type": "connect"},
-        "absent": ("http.response.status_code", "gen_ai.response.model"), "calls": [], "error": "connection refused"}),
-    ("not a model call", record(method="GET", path="/v1/models", request_body=None, response_body='{"data":[]}'), {
-        "name": "GET /v1/models", "attrs": {"http.request.method": "GET", "toolproxy.path": "/v1/models"},
-        "absent": ("gen_ai.operation.name", "gen_ai.provider.name"), "calls": [], "error": None}),
-    ("body not JSON", record(request_body="\x00garbage", response_body="<html>502</html>", status=502,
-                             response_headers=[["content-type", "text/html"]]), {
-        "name": "chat", "attrs": {"gen_ai.operation.name": "chat", "error.type": "502"},
-        "absent": ("gen_ai.request.model",), "calls": [], "error": "HTTP 502"}),
-    ("condition rewrote the reply", record(condition="text", client_status=200, client_body=CHAT_REPLY,
-                                           response_body=json.dumps({"choices": [{"message": {"content": "<tool_call>..."}}]})), {
-        "name": "chat qwen", "attrs": {"toolproxy.condition": "text", "gen_ai.response.finish_reasons": ["tool_calls"]},
-        "absent": (), "calls": [("get_weather", "call_1")], "error": None}),
+    (
+        "chat call",
+        record(),
+        {
+            "name": "chat qwen",
+            "attrs": {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": "qwen",
+                "gen_ai.response.model": "qwen-served",
+                "gen_ai.response.id": "chatcmpl-1",
+                "gen_ai.response.finish_reasons": ["tool_calls"],
+                "gen_ai.usage.input_tokens": 31,
+                "gen_ai.usage.output_tokens": 12,
+                "gen_ai.usage.cache_read.input_tokens": 8,
+                "server.address": "10.0.0.5",
+                "server.port": 8080,
+                "http.response.status_code": 200,
+                "toolproxy.run": "r1",
+                "toolproxy.episode": "3",
+                "toolproxy.item": "q7",
+                "toolproxy.condition": "native",
+                "toolproxy.exchange_id": "0190aa",
+                "toolproxy.ttfb_ms": 300.0,
+            },
+            "absent": ("error.type", "gen_ai.request.stream", "gen_ai.input.messages"),
+            "calls": [("get_weather", "call_1")],
+            "error": None,
+        },
+    ),
+    (
+        "streamed prose",
+        record(
+            request_body=chat_request(stream=True, temperature=0, max_tokens=64, seed=7, stop="END"),
+            response_headers=[["content-type", "text/event-stream"]],
+            response_body=SSE_REPLY,
+        ),
+        {
+            "name": "chat qwen",
+            "attrs": {
+                "gen_ai.request.stream": True,
+                "gen_ai.response.time_to_first_chunk": 0.3,
+                "gen_ai.request.temperature": 0.0,
+                "gen_ai.request.max_tokens": 64,
+                "gen_ai.request.seed": 7,
+                "gen_ai.request.stop_sequences": ["END"],
+                "gen_ai.response.finish_reasons": ["stop"],
+                "gen_ai.usage.input_tokens": 20,
+                "gen_ai.usage.output_tokens": 3,
+                "gen_ai.response.id": "chatcmpl-2",
+            },
+            "absent": ("error.type",),
+            "calls": [],
+            "error": None,
+        },
+    ),
+    (
+        "anthropic messages",
+        record(
+            path="/v1/messages",
+            request_body=json.dumps(
+                {"model": "claude-x", "max_tokens": 100, "messages": [{"role": "user", "content": "Oslo?"}]}
+            ),
+            response_body=MESSAGES_REPLY,
+        ),
+        {
+            "name": "chat claude-x",
+            "attrs": {
+                "gen_ai.provider.name": "anthropic",
+                "gen_ai.request.max_tokens": 100,
+                "gen_ai.response.id": "msg_1",
+                "gen_ai.usage.input_tokens": 50,
+                "gen_ai.usage.output_tokens": 9,
+            },
+            "absent": ("error.type",),
+            "calls": [("get_weather", "toolu_1")],
+            "error": None,
+        },
+    ),
+    (
+        "ollama generate",
+        record(
+            path="/api/generate",
+            request_body=json.dumps(
+                {"model": "llama3", "prompt": "hi", "stream": False, "options": {"temperature": 0.5, "num_predict": 20}}
+            ),
+            response_body=json.dumps(
+                {
+                    "model": "llama3",
+                    "response": "hello",
+                    "done": True,
+                    "done_reason": "stop",
+                    "prompt_eval_count": 4,
+                    "eval_count": 2,
+                }
+            ),
+        ),
+        {
+            "name": "text_completion llama3",
+            "attrs": {
+                "gen_ai.operation.name": "text_completion",
+                "gen_ai.provider.name": "ollama",
+                "gen_ai.request.temperature": 0.5,
+                "gen_ai.request.max_tokens": 20,
+            },
+            "absent": ("error.type",),
+            "calls": [],
+            "error": None,
+        },
+    ),
+    (
+        "refused with 400",
+        record(status=400, response_body=json.dumps({"error": {"message": "tools not supported"}})),
+        {
+            "name": "chat qwen",
+            "attrs": {"error.type": "400", "http.response.status_code": 400},
+            "absent": ("gen_ai.response.id",),
+            "calls": [],
+            "error": "tools not supported",
+        },
+    ),
+    (
+        "connect failure",
+        record(
+            status=None,
+            response_body=None,
+            response_headers=[],
+            error_kind="connect",
+            error_message="connection refused",
+        ),
+        {
+            "name": "chat qwen",
+            "attrs": {"error.type": "connect"},
+            "absent": ("http.response.status_code", "gen_ai.response.model"),
+            "calls": [],
+            "error": "connection refused",
+        },
+    ),
+    (
+        "not a model call",
+        record(method="GET", path="/v1/models", request_body=None, response_body='{"data":[]}'),
+        {
+            "name": "GET /v1/models",
+            "attrs": {"http.request.method": "GET", "toolproxy.path": "/v1/models"},
+            "absent": ("gen_ai.operation.name", "gen_ai.provider.name"),
+            "calls": [],
+            "error": None,
+        },
+    ),
+    (
+        "body not JSON",
+        record(
+            request_body="\x00garbage",
+            response_body="<html>502</html>",
+            status=502,
+            response_headers=[["content-type", "text/html"]],
+        ),
+        {
+            "name": "chat",
+            "attrs": {"gen_ai.operation.name": "chat", "error.type": "502"},
+            "absent": ("gen_ai.request.model",),
+            "calls": [],
+            "error": "HTTP 502",
+        },
+    ),
+    (
+        "condition rewrote the reply",
+        record(
+            condition="text",
+            client_status=200,
+            client_body=CHAT_REPLY,
+            response_body=json.dumps({"choices": [{"message": {"content": "<tool_call>..."}}]}),
+        ),
+        {
+            "name": "chat qwen",
+            "attrs": {"toolproxy.condition": "text", "gen_ai.response.finish_reasons": ["tool_calls"]},
+            "absent": (),
+            "calls": [("get_weather", "call_1")],
+            "error": None,
+        },
+    ),
 ]
 
 
@@ -119,11 +328,17 @@ def test_span_of(rec, want):
     span = span_of(rec)
     assert span.name == want["name"]
     for key, value in want["attrs"].items():
-        assert span.attributes.get(key) == pytest.approx(value) if isinstance(value, float) else span.attributes.get(key) == value, key
+        assert (
+            span.attributes.get(key) == pytest.approx(value)
+            if isinstance(value, float)
+            else span.attributes.get(key) == value
+        ), key
     for key in want["absent"]:
         assert key not in span.attributes, key
     assert [(e[2]["gen_ai.tool.name"], e[2].get("gen_ai.tool.call.id")) for e in span.events] == want["calls"]
-    assert all(name == "toolproxy.tool_call" and "gen_ai.tool.call.arguments" not in attrs for name, _, attrs in span.events)
+    assert all(
+        name == "toolproxy.tool_call" and "gen_ai.tool.call.arguments" not in attrs for name, _, attrs in span.events
+    )
     assert span.error == want["error"]
     assert span.start_ns == 1_800_000_000_250_000_000 and span.end_ns == 1_800_000_001_500_000_000
 
@@ -136,33 +351,64 @@ def test_secrets_and_content_stay_out_unless_asked():
         assert fragment not in text, fragment
     full = span_of(rec, content=True)
     inputs = json.loads(full.attributes["gen_ai.input.messages"])
-    assert inputs == [{"role": "system", "parts": [{"type": "text", "content": "be brief"}]},
-                      {"role": "user", "parts": [{"type": "text", "content": "weather in Paris?"}]}]
-    assert json.loads(full.attributes["gen_ai.output.messages"]) == [{"role": "assistant", "finish_reason": "tool_calls", "parts": [
-        {"type": "tool_call", "id": "call_1", "name": "get_weather", "arguments": {"city": "Paris"}}]}]
+    assert inputs == [
+        {"role": "system", "parts": [{"type": "text", "content": "be brief"}]},
+        {"role": "user", "parts": [{"type": "text", "content": "weather in Paris?"}]},
+    ]
+    assert json.loads(full.attributes["gen_ai.output.messages"]) == [
+        {
+            "role": "assistant",
+            "finish_reason": "tool_calls",
+            "parts": [{"type": "tool_call", "id": "call_1", "name": "get_weather", "arguments": {"city": "Paris"}}],
+        }
+    ]
     assert json.loads(full.attributes["gen_ai.tool.definitions"])[0]["name"] == "get_weather"
     assert full.events[0][2]["gen_ai.tool.call.arguments"] == '{"city":"Paris"}'
     assert "sha256:ab12cd34" not in json.dumps(full.attributes)
 
 
 def test_history_tool_calls_and_results_in_content():
-    body = json.dumps({"model": "m", "messages": [
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "x" * (CONTENT_CHARS + 10)}]})
+    body = json.dumps(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "go"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "x" * (CONTENT_CHARS + 10)},
+            ],
+        }
+    )
     inputs = json.loads(span_of(record(request_body=body), content=True).attributes["gen_ai.input.messages"])
-    assert inputs[1] == {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "f", "arguments": {"a": 1}}]}
+    assert inputs[1] == {
+        "role": "assistant",
+        "parts": [{"type": "tool_call", "id": "c1", "name": "f", "arguments": {"a": 1}}],
+    }
     assert inputs[2]["parts"][0]["type"] == "tool_call_response" and inputs[2]["parts"][0]["id"] == "c1"
     assert inputs[2]["parts"][0]["response"].endswith(f"... ({CONTENT_CHARS + 10:,} characters in all)")
 
 
 def test_hostile_values_still_make_a_span():
-    rec = record(run="r\udcff1", episode=None, request_body=json.dumps({"model": 5, "temperature": True, "stop": [1, 2], "messages": "no"}),
-                 response_body='{"choices": "nope", "model": ["x"], "id": {"a": 1}}', ttfb_ms="soon", started_at=None)
+    rec = record(
+        run="r\udcff1",
+        episode=None,
+        request_body=json.dumps({"model": 5, "temperature": True, "stop": [1, 2], "messages": "no"}),
+        response_body='{"choices": "nope", "model": ["x"], "id": {"a": 1}}',
+        ttfb_ms="soon",
+        started_at=None,
+    )
     span = span_of(rec, content=True)
     assert span.attributes["toolproxy.run"] == "r?1"
     assert span.name == "chat"
-    for key in ("gen_ai.request.temperature", "gen_ai.request.stop_sequences", "gen_ai.response.model", "gen_ai.response.id"):
+    for key in (
+        "gen_ai.request.temperature",
+        "gen_ai.request.stop_sequences",
+        "gen_ai.response.model",
+        "gen_ai.response.id",
+    ):
         assert key not in span.attributes, key
     assert "toolproxy.ttfb_ms" not in span.attributes
 
@@ -176,12 +422,15 @@ def test_ids_are_derived_one_trace_per_tagged_episode():
     assert all(0 < s.trace_id < 2**128 and 0 < s.span_id < 2**64 for s in (span_of(a), span_of(untagged[0])))
 
 
-@pytest.mark.parametrize("given,url", [
-    ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
-    ("http://collector:4318/", "http://collector:4318/v1/traces"),
-    ("https://phoenix.example/v1/traces", "https://phoenix.example/v1/traces"),
-    ("http://h:6006/custom/path", "http://h:6006/custom/path"),
-])
+@pytest.mark.parametrize(
+    "given,url",
+    [
+        ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
+        ("http://collector:4318/", "http://collector:4318/v1/traces"),
+        ("https://phoenix.example/v1/traces", "https://phoenix.example/v1/traces"),
+        ("http://h:6006/custom/path", "http://h:6006/custom/path"),
+    ],
+)
 def test_traces_url(given, url):
     assert traces_url(given) == url
 
@@ -214,8 +463,11 @@ def traced(tmp_path_factory):
         receiver = stack.enter_context(Receiver())
         p = ProxyProcess(fake.url, tmp_path_factory.mktemp("otlp"), ("--otlp-endpoint", receiver.url, "--quiet"))
         stack.callback(p.stop)
-        statuses = [send(p.url, "weather", "alpha", "1"), send(p.url, "chat", "alpha", "1", stream=True),
-                    send(p.url, "oom", "beta", "2")]
+        statuses = [
+            send(p.url, "weather", "alpha", "1"),
+            send(p.url, "chat", "alpha", "1", stream=True),
+            send(p.url, "oom", "beta", "2"),
+        ]
         yield p, receiver, statuses
 
 
@@ -236,7 +488,9 @@ def test_serve_sends_one_span_per_exchange(traced):
         assert span["resource"]["service.name"] == {"stringValue": "toolproxy"}
     assert attributes(call)["gen_ai.response.finish_reasons"] == ["tool_calls"]
     assert [e["name"] for e in call["events"]] == ["toolproxy.tool_call"]
-    assert {a["key"]: a["value"] for a in call["events"][0]["attributes"]}["gen_ai.tool.name"] == {"stringValue": "get_weather"}
+    assert {a["key"]: a["value"] for a in call["events"][0]["attributes"]}["gen_ai.tool.name"] == {
+        "stringValue": "get_weather"
+    }
     assert attributes(prose)["gen_ai.request.stream"] is True and "events" not in prose
     assert attributes(failed)["error.type"] == "500" and failed["status"]["code"] == "STATUS_CODE_ERROR"
     assert "out of memory" in failed["status"]["message"]
@@ -313,17 +567,31 @@ def test_slow_receiver_fills_the_inbox_and_drops_are_counted():
 
 
 def test_usage_errors(tmp_path):
-    base = [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", "http://127.0.0.1:9",
-            "--data", str(tmp_path)]
-    for args, message in ((["--otlp-endpoint", "collector:4318"], "must be an http(s) URL"),
-                          (["--otlp-content"], "--otlp-content needs --otlp-endpoint")):
+    base = [
+        sys.executable,
+        "-c",
+        "from toolproxy.cli import main; main()",
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--data",
+        str(tmp_path),
+    ]
+    for args, message in (
+        (["--otlp-endpoint", "collector:4318"], "must be an http(s) URL"),
+        (["--otlp-content"], "--otlp-content needs --otlp-endpoint"),
+    ):
         out = subprocess.run(base + args, capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def toolproxy(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_export_after_analyze_carries_the_verdicts(traced):
@@ -342,15 +610,31 @@ def test_export_after_analyze_carries_the_verdicts(traced):
     by_prompt = {}
     for span in spans:
         a = attributes(span)
-        assert a["toolproxy.turn.final"] is True and a["toolproxy.turn.attempts"] == 1 and a["toolproxy.analyzer_version"] >= 1
+        assert (
+            a["toolproxy.turn.final"] is True
+            and a["toolproxy.turn.attempts"] == 1
+            and a["toolproxy.analyzer_version"] >= 1
+        )
         assert a["gen_ai.conversation.id"] and a["toolproxy.turn.id"]
         assert span["traceId"] == span["links"][0]["traceId"] == served_spans[span["links"][0]["spanId"]]["traceId"]
-        by_prompt[(a["toolproxy.outcome"], a.get("toolproxy.sub_kind"), a.get("toolproxy.surface"), a.get("toolproxy.turn.role"))] = span
-    assert set(by_prompt) == {("valid_call", None, "native", "call"), ("prose", None, None, "open"),
-                              ("non_response", "http_5xx", None, None)}, set(by_prompt)
+        by_prompt[
+            (
+                a["toolproxy.outcome"],
+                a.get("toolproxy.sub_kind"),
+                a.get("toolproxy.surface"),
+                a.get("toolproxy.turn.role"),
+            )
+        ] = span
+    assert set(by_prompt) == {
+        ("valid_call", None, "native", "call"),
+        ("prose", None, None, "open"),
+        ("non_response", "http_5xx", None, None),
+    }, set(by_prompt)
     call = by_prompt[("valid_call", None, "native", "call")]
     event = {a["key"]: a["value"] for a in call["events"][0]["attributes"]}
-    assert event["toolproxy.call.valid"] == {"boolValue": True} and event["toolproxy.call.offered"] == {"boolValue": True}
+    assert event["toolproxy.call.valid"] == {"boolValue": True} and event["toolproxy.call.offered"] == {
+        "boolValue": True
+    }
     assert event["gen_ai.tool.name"] == {"stringValue": "get_weather"} and "gen_ai.tool.call.id" in event
     assert "gen_ai.tool.call.arguments" not in event
     with Receiver() as third:
@@ -376,9 +660,13 @@ def test_content_flag_sends_masked_content(fake_stack, proxy):
     fake = fake_stack("llamacpp", responder=lambda req: fakes.text("Noted."))
     with Receiver() as receiver:
         p = proxy(fake.url, "--otlp-endpoint", receiver.url, "--otlp-content", "--mask", "email", "--quiet")
-        req = urllib.request.Request(p.url + "/v1/chat/completions", data=json.dumps({
-            "model": "qwen", "messages": [{"role": "user", "content": "mail ada@example.com the report"}]}).encode(),
-            headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            p.url + "/v1/chat/completions",
+            data=json.dumps(
+                {"model": "qwen", "messages": [{"role": "user", "content": "mail ada@example.com the report"}]}
+            ).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=20) as r:
             r.read()
         (span,) = receiver.wait_for(1)

@@ -34,8 +34,16 @@ pytestmark = [pytest.mark.phoenix, pytest.mark.timeout(1800)]
 
 PHOENIX = Harness("arize-phoenix", "20.26.1", ("arize-phoenix==20.26.1",))
 SECRET = "sk-live-phoenix-0123456789"
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 SCRIPT = {
     "weather in Paris?": fakes.call("get_weather", {"city": "Paris"}),
     "weather in Oslo?": fakes.text_call("hermes", "get_weather", {"city": "Oslo"}),
@@ -60,11 +68,19 @@ def phoenix(tmp_path_factory):
     root = build(PHOENIX)
     port = free_port()
     work = tmp_path_factory.mktemp("phoenix")
-    env = {**os.environ, "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": str(port), "PHOENIX_GRPC_PORT": str(free_port()),
-           "PHOENIX_WORKING_DIR": str(work), "PHOENIX_TELEMETRY_ENABLED": "false", "DO_NOT_TRACK": "1"}
+    env = {
+        **os.environ,
+        "PHOENIX_HOST": "127.0.0.1",
+        "PHOENIX_PORT": str(port),
+        "PHOENIX_GRPC_PORT": str(free_port()),
+        "PHOENIX_WORKING_DIR": str(work),
+        "PHOENIX_TELEMETRY_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+    }
     log = open(work / "phoenix.log", "w")
-    proc = subprocess.Popen([str(root / "bin" / "phoenix"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [str(root / "bin" / "phoenix"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -74,7 +90,9 @@ def phoenix(tmp_path_factory):
                     break
             except (urllib.error.URLError, OSError):
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"phoenix did not start:\n{(work / 'phoenix.log').read_text()[-3000:]}")
+                    raise RuntimeError(
+                        f"phoenix did not start:\n{(work / 'phoenix.log').read_text()[-3000:]}"
+                    ) from None
                 time.sleep(0.5)
         yield url
     finally:
@@ -100,8 +118,16 @@ def spans_of(url: str, project: str, n: int, timeout: float = 60.0) -> list[dict
 
 
 def send(url: str, prompt: str, episode: str) -> int:
-    return send_chat(url, prompt, run="phoenix-demo", episode=episode, model="qwen2.5-coder", tools=TOOLS, secret=SECRET,
-                     temperature=0)
+    return send_chat(
+        url,
+        prompt,
+        run="phoenix-demo",
+        episode=episode,
+        model="qwen2.5-coder",
+        tools=TOOLS,
+        secret=SECRET,
+        temperature=0,
+    )
 
 
 def save(name: str, spans: list[dict]) -> None:
@@ -128,18 +154,43 @@ def test_phoenix_stores_serve_and_export_spans(phoenix, tmp_path):
         a = span["attributes"]
         assert span["name"] == "chat qwen2.5-coder" and span["span_kind"] == "LLM"  # Phoenix recognised a GenAI span
         assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "qwen2.5-coder"
-        assert a["toolproxy.run"] == "phoenix-demo" and a["toolproxy.condition"] == "native" and a["toolproxy.stack"] == "llamacpp"
+        assert (
+            a["toolproxy.run"] == "phoenix-demo"
+            and a["toolproxy.condition"] == "native"
+            and a["toolproxy.stack"] == "llamacpp"
+        )
     call, text_call, prose, failed = served
     assert call["attributes"]["gen_ai.response.finish_reasons"] == ["tool_calls"]
-    assert [(e["name"], e["attributes"]["gen_ai.tool.name"]) for e in call["events"]] == [("toolproxy.tool_call", "get_weather")]
+    assert [(e["name"], e["attributes"]["gen_ai.tool.name"]) for e in call["events"]] == [
+        ("toolproxy.tool_call", "get_weather")
+    ]
     assert text_call["events"] == [] and prose["events"] == []
     assert failed["status_code"] == "ERROR" and failed["attributes"]["error.type"] == "500"
 
-    out = subprocess.run([sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data), "--quiet"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
-    out = subprocess.run([sys.executable, "-m", "toolproxy.cli", "export", "--data", str(data), "--otlp", phoenix,
-                          "--otlp-content", "--quiet"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "export",
+            "--data",
+            str(data),
+            "--otlp",
+            phoenix,
+            "--otlp-content",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0 and f"otlp: {len(SCRIPT)} spans sent" in out.stdout, out.stdout + out.stderr
     # Phoenix files a span under its trace's project: the analysed spans join the live spans' traces
     everything = spans_of(phoenix, "default", 2 * len(SCRIPT))
@@ -147,12 +198,24 @@ def test_phoenix_stores_serve_and_export_spans(phoenix, tmp_path):
     save("export-spans.json", exported)
     assert len(everything) == 2 * len(SCRIPT) and len(exported) == len(SCRIPT)
     assert [s["context"]["trace_id"] for s in exported] == [s["context"]["trace_id"] for s in served]
-    verdicts = [(s["attributes"]["toolproxy.outcome"], s["attributes"].get("toolproxy.surface"),
-                 s["attributes"].get("toolproxy.sub_kind")) for s in exported]
-    assert verdicts == [("valid_call", "native", None), ("valid_call", "text", None), ("prose", None, None),
-                        ("non_response", None, "http_5xx")]
+    verdicts = [
+        (
+            s["attributes"]["toolproxy.outcome"],
+            s["attributes"].get("toolproxy.surface"),
+            s["attributes"].get("toolproxy.sub_kind"),
+        )
+        for s in exported
+    ]
+    assert verdicts == [
+        ("valid_call", "native", None),
+        ("valid_call", "text", None),
+        ("prose", None, None),
+        ("non_response", None, "http_5xx"),
+    ]
     text_event = exported[1]["events"][0]["attributes"]
     assert text_event["gen_ai.tool.name"] == "get_weather" and text_event["toolproxy.call.surface"] == "text"
-    assert text_event["toolproxy.call.valid"] is True and json.loads(text_event["gen_ai.tool.call.arguments"]) == {"city": "Oslo"}
+    assert text_event["toolproxy.call.valid"] is True and json.loads(text_event["gen_ai.tool.call.arguments"]) == {
+        "city": "Oslo"
+    }
     assert "weather in Paris?" in json.dumps(exported[0]["attributes"]["gen_ai.input.messages"])
     assert SECRET not in json.dumps(exported)

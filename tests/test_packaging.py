@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _folders() -> set[str]:
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "toolproxy").rglob("__init__.py")}
-    found |= {"toolproxy." + ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "analysis").rglob("__init__.py")}
+    found |= {
+        "toolproxy." + ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "analysis").rglob("__init__.py")
+    }
     return found
 
 

@@ -42,7 +42,14 @@ def test_json_stays_valid_and_decodes_to_the_same_strings():
 
 
 def test_serve_log_line_is_inert():
-    rec = Record(id="x", started_at=0.0, method="GET", path="/v1/\x1b]0;owned\x07\x1b[2J", run="r\u202e1",
-                 status=404, duration_ms=1.0)
+    rec = Record(
+        id="x",
+        started_at=0.0,
+        method="GET",
+        path="/v1/\x1b]0;owned\x07\x1b[2J",
+        run="r\u202e1",
+        status=404,
+        duration_ms=1.0,
+    )
     line = log_line(rec)
     assert line == "404 GET /v1/\\x1b]0;owned\\x07\\x1b[2J run=r\\u202e1 1ms"

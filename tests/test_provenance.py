@@ -32,9 +32,14 @@ HARNESS = textwrap.dedent("""
         print("error answer:", exc)
 """)
 LAUNCHES = {  # upstream name -> (stack, emulator options)
-    "ollama": ("ollama", {}), "jinja": ("llamacpp", {"cached_tokens": 12}), "nojinja": ("no_jinja", {}),
-    "vllm": ("vllm", {"tool_parser": "hermes"}), "sglang": ("sglang", {}), "lmstudio": ("lmstudio", {}),
-    "llcpp": ("llama-cpp-python", {}), "openai": ("openai", {}),
+    "ollama": ("ollama", {}),
+    "jinja": ("llamacpp", {"cached_tokens": 12}),
+    "nojinja": ("no_jinja", {}),
+    "vllm": ("vllm", {"tool_parser": "hermes"}),
+    "sglang": ("sglang", {}),
+    "lmstudio": ("lmstudio", {}),
+    "llcpp": ("llama-cpp-python", {}),
+    "openai": ("openai", {}),
 }
 
 
@@ -43,20 +48,54 @@ def origins(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("provenance")
     (tmp / "agent.py").write_text(HARNESS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
-    stacks = {name: fakes.FakeStack(kind, models={MODEL: ("completion", "tools")},
-                                    responder=lambda req: fakes.call("get_weather", {"city": "Paris"}), **options)
-              for name, (kind, options) in LAUNCHES.items()}
-    argv = [sys.executable, "-m", "toolproxy.cli", "study", "--model", MODEL, "--conditions", "native",
-            "--data", str(tmp / "data"), "--name", "p"]
+    stacks = {
+        name: fakes.FakeStack(
+            kind,
+            models={MODEL: ("completion", "tools")},
+            responder=lambda req: fakes.call("get_weather", {"city": "Paris"}),
+            **options,
+        )
+        for name, (kind, options) in LAUNCHES.items()
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "toolproxy.cli",
+        "study",
+        "--model",
+        MODEL,
+        "--conditions",
+        "native",
+        "--data",
+        str(tmp / "data"),
+        "--name",
+        "p",
+    ]
     with ExitStack() as running:
         for name, fake in stacks.items():
             running.enter_context(fake.in_thread())
             argv += ["--upstream", f"{name}={fake.url}"]
-        done = subprocess.run([*argv, "--", sys.executable, str(tmp / "agent.py")], env=env, text=True,
-                              capture_output=True, timeout=300)
+        done = subprocess.run(
+            [*argv, "--", sys.executable, str(tmp / "agent.py")], env=env, text=True, capture_output=True, timeout=300
+        )
     assert "Traceback" not in done.stderr, done.stderr
-    report = subprocess.run([sys.executable, "-m", "toolproxy.cli", "report", "--data", str(tmp / "data"), "--study",
-                             "p", "--format", "json"], text=True, capture_output=True, timeout=120)
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "report",
+            "--data",
+            str(tmp / "data"),
+            "--study",
+            "p",
+            "--format",
+            "json",
+        ],
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     return {p["run"].split("-")[1]: p for p in json.loads(report.stdout)["provenance"]}, done.stdout
 
@@ -85,7 +124,9 @@ def test_the_parser_and_the_template_as_each_stack_exposes_them(origins):
     assert by_name["jinja"]["template_hash"] == hashlib.sha256(catalog.HERMES_JINJA.encode()).hexdigest()[:12]
     assert by_name["jinja"]["renders_tools"] is True and by_name["jinja"]["cache_hits"] == 1
     assert by_name["ollama"]["template_hash"] == hashlib.sha256(catalog.OLLAMA_TEMPLATE.encode()).hexdigest()[:12]
-    assert by_name["ollama"]["template_source"] == "Ollama POST /api/show template" and by_name["ollama"]["renders_tools"]
+    assert (
+        by_name["ollama"]["template_source"] == "Ollama POST /api/show template" and by_name["ollama"]["renders_tools"]
+    )
     assert by_name["vllm"]["tool_parser"].startswith("active") and by_name["vllm"]["template_hash"] is None
     assert by_name["sglang"]["tool_parser"] == "none seen (calls arrived only as text)"
     assert "calls left in text: no tool parser extracted them" in by_name["sglang"]["why"]
@@ -95,7 +136,9 @@ def test_the_parser_and_the_template_as_each_stack_exposes_them(origins):
     assert by_name["nojinja"]["why"].startswith("every turn refused or failed by the serving layer")
     # its /props reports the template as --jinja does (tests/data/llamacpp), which it never used
     assert by_name["nojinja"]["template_hash"] == by_name["jinja"]["template_hash"]
-    assert by_name["nojinja"]["template_note"] == "the stack reports it, but refused every turn: it rendered none of them"
+    assert (
+        by_name["nojinja"]["template_note"] == "the stack reports it, but refused every turn: it rendered none of them"
+    )
     assert by_name["jinja"]["template_note"] is None
     assert "tools param requires --jinja flag" in by_name["nojinja"]["why"]
     assert by_name["openai"]["why"] == "the stack delivered the model's calls as tool_calls: the number is the model's"

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from toolproxy.proxy import app as proxy_app
-from toolproxy.proxy.addons import Part, addons
+from toolproxy.proxy.addons import addons
 from toolproxy.proxy.admission import OriginFormOnly, UpstreamKey, writer_backpressure
 from toolproxy.proxy.auth import Auth
 from toolproxy.proxy.condition import ConditionAddon
@@ -21,8 +21,9 @@ from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.exposure import Exposure
 from toolproxy.proxy.flow import Addon, Hooks, Service
-from toolproxy.proxy.modelswap import ModelSwap
 from toolproxy.proxy.headers import Redactor
+from toolproxy.proxy.modelswap import ModelSwap
+from toolproxy.proxy.parts import Part
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.recorder import Recorder
 from toolproxy.proxy.refusals import RefusalBudget
@@ -43,21 +44,64 @@ def _state(tmp_path, **options) -> ProxyState:
 
 # --- the list -------------------------------------------------------------------------------------
 
+
 def _names(state: ProxyState) -> list[str]:
-    return [type(a).__name__ if not isinstance(a, Part) else (a.stats_key or a.service().name) for a in state.hooks.addons]
+    return [
+        type(a).__name__ if not isinstance(a, Part) else (a.stats_key or a.service().name) for a in state.hooks.addons
+    ]
 
 
 def test_the_list_in_order_with_everything_on(tmp_path):
-    state = _state(tmp_path, mask=("email",), retain_seconds=60.0, max_disk=10**9, on_disk_full="block", sample=0.5,
-                   auth_token="t", on_record_failure="block", upstream_key="sk", upstream_connections=4,
-                   otlp_endpoint="http://127.0.0.1:9/v1/traces")
+    state = _state(
+        tmp_path,
+        mask=("email",),
+        retain_seconds=60.0,
+        max_disk=10**9,
+        on_disk_full="block",
+        sample=0.5,
+        auth_token="t",
+        on_record_failure="block",
+        upstream_key="sk",
+        upstream_connections=4,
+        otlp_endpoint="http://127.0.0.1:9/v1/traces",
+    )
     assert _names(state) == [
-        "live view", "otlp", "refused", "recording", "spill masking", "lifecycle", "sampling", "Watchdog", "Counters",
-        "Exposure", "UpstreamHealth", "PoolStats", "upstream session", "Auth", "RecordingGuard", "DiskBudgetGuard",
-        "OriginFormOnly", "UpstreamKey", "ModelSwap", "StackWatch", "ConditionAddon", "Durability", "Recorder"]
+        "live view",
+        "otlp",
+        "refused",
+        "recording",
+        "SpillMasking",
+        "lifecycle",
+        "sampling",
+        "Watchdog",
+        "Counters",
+        "Exposure",
+        "UpstreamHealth",
+        "PoolStats",
+        "upstream session",
+        "Auth",
+        "RecordingGuard",
+        "DiskBudgetGuard",
+        "OriginFormOnly",
+        "UpstreamKey",
+        "ModelSwap",
+        "StackWatch",
+        "ConditionAddon",
+        "Durability",
+        "Recorder",
+    ]
     assert [s.name for s in proxy_app.services(state)] == [
-        "live view", "otlp", "refusals writer", "writer", "spill masking", "housekeeper", "watchdog",
-        "upstream health", "upstream session", "stack watch"]
+        "live view",
+        "otlp",
+        "refusals writer",
+        "writer",
+        "spill masking",
+        "housekeeper",
+        "watchdog",
+        "upstream health",
+        "upstream session",
+        "stack watch",
+    ]
 
 
 def test_hooks_per_phase_only_from_the_addons_that_hook_it(tmp_path):
@@ -65,7 +109,12 @@ def test_hooks_per_phase_only_from_the_addons_that_hook_it(tmp_path):
     the admission addons come after every refusal an addon can make."""
     hooks = _state(tmp_path, auth_token="t", upstream_key="sk").hooks
     assert [h.__self__.__class__.__name__ for h in hooks.request_headers] == [
-        "Counters", "Exposure", "Auth", "OriginFormOnly", "UpstreamKey"]
+        "Counters",
+        "Exposure",
+        "Auth",
+        "OriginFormOnly",
+        "UpstreamKey",
+    ]
     assert [h.__self__.__class__.__name__ for h in hooks.request] == ["ModelSwap", "StackWatch", "ConditionAddon"]
     assert [h.__self__.__class__.__name__ for h in hooks.response_chunk] == ["Recorder"]
     assert [h.__self__.__class__.__name__ for h in hooks.error] == ["Counters", "UpstreamHealth", "Recorder"]
@@ -76,8 +125,9 @@ def test_an_addon_not_hooked_costs_no_call(tmp_path):
     """Uncapped, the pool has nothing to settle; with --allowed-host '*' nothing is checked: both
     still report, neither is called per flow."""
     hooks = _state(tmp_path, allowed_hosts=("*",), live_page=False).hooks
-    assert not any(isinstance(h.__self__, (PoolStats, Exposure)) for phase in (hooks.request_headers, hooks.error)
-                   for h in phase)
+    assert not any(
+        isinstance(h.__self__, (PoolStats, Exposure)) for phase in (hooks.request_headers, hooks.error) for h in phase
+    )
     assert hooks.recorded == () and hooks.observer() is None
 
 
@@ -92,16 +142,45 @@ def test_the_writers_observe_is_the_recorded_hooks(tmp_path):
 def test_stats_keep_their_keys_in_their_order(tmp_path):
     """/_toolproxy/stats is read by scripts and dashboards: each key where it always was, null
     when its feature is off."""
-    for options in ({}, {"mask": ("email",), "retain_seconds": 60.0, "sample": 0.5,
-                         "otlp_endpoint": "http://127.0.0.1:9/v1/traces"}):
+    for options in (
+        {},
+        {"mask": ("email",), "retain_seconds": 60.0, "sample": 0.5, "otlp_endpoint": "http://127.0.0.1:9/v1/traces"},
+    ):
         snap = _state(tmp_path / str(len(options)), **options).snapshot()
         assert list(snap) == [
-            "status", "version", "upstream", "data_dir", "condition", "stack", "uptime_s", "exchanges", "in_flight",
-            "by_status_class", "errors", "resent", "refused", "recording", "exposure", "upstream_pool", "lifecycle",
-            "sampling", "otlp"]
+            "status",
+            "version",
+            "upstream",
+            "data_dir",
+            "condition",
+            "stack",
+            "uptime_s",
+            "exchanges",
+            "in_flight",
+            "by_status_class",
+            "errors",
+            "resent",
+            "refused",
+            "recording",
+            "exposure",
+            "upstream_pool",
+            "lifecycle",
+            "sampling",
+            "otlp",
+        ]
         assert list(snap["recording"]) == [
-            "queue_depth", "written", "dropped", "dropped_reasons", "behind", "write_failures", "segments",
-            "last_error", "durability", "on_record_failure", *(["masking"] if options else [])]
+            "queue_depth",
+            "written",
+            "dropped",
+            "dropped_reasons",
+            "behind",
+            "write_failures",
+            "segments",
+            "last_error",
+            "durability",
+            "on_record_failure",
+            *(["masking"] if options else []),
+        ]
     off = _state(tmp_path / "off", fingerprint=False).snapshot()
     assert [off[k] for k in ("stack", "lifecycle", "sampling", "otlp")] == [None] * 4
     assert off["exchanges"] == 0 and off["upstream_pool"]["limit"] is None and off["exposure"]["checked"] is True
@@ -133,10 +212,16 @@ def test_hooks_find_overrides_on_the_class_and_on_the_instance():
 LABELS = [
     # raw target, headers -> run, episode, item, condition, tags, upstream path, recorded query
     ("/v1/chat/completions", (), (None, None, None, "native", {}, "/v1/chat/completions", "")),
-    ("/t/run=a/episode=3/item=x/category=math/v1/chat/completions?stream=1", (),
-     ("a", "3", "x", "native", {"category": "math"}, "/v1/chat/completions", "stream=1")),
-    ("/t/run=a/v1/models", (("X-Toolproxy-Run", "b"), ("X-Toolproxy-Tag-Seed", "7")),
-     ("b", None, None, "native", {"seed": "7"}, "/v1/models", "")),
+    (
+        "/t/run=a/episode=3/item=x/category=math/v1/chat/completions?stream=1",
+        (),
+        ("a", "3", "x", "native", {"category": "math"}, "/v1/chat/completions", "stream=1"),
+    ),
+    (
+        "/t/run=a/v1/models",
+        (("X-Toolproxy-Run", "b"), ("X-Toolproxy-Tag-Seed", "7")),
+        ("b", None, None, "native", {"seed": "7"}, "/v1/models", ""),
+    ),
     ("/t/condition=text/v1/chat/completions", (), (None, None, None, "text", {}, "/v1/chat/completions", "")),
 ]
 
@@ -172,7 +257,9 @@ async def test_origin_form_only_refuses_an_absolute_form_target():
 async def test_upstream_key_replaces_every_authorization_the_client_sent():
     f = flows.flow(headers=[("authorization", "Bearer client"), ("Content-Type", "application/json")])
     await Context(UpstreamKey("sk-up")).cycle(f)
-    assert [(k, v) for k, v in f.up_headers.items() if k.lower() == "authorization"] == [("Authorization", "Bearer sk-up")]
+    assert [(k, v) for k, v in f.up_headers.items() if k.lower() == "authorization"] == [
+        ("Authorization", "Bearer sk-up")
+    ]
 
 
 async def test_writer_backpressure_waits_for_the_writer_and_says_how_long(tmp_path):
@@ -188,14 +275,20 @@ async def test_writer_backpressure_waits_for_the_writer_and_says_how_long(tmp_pa
 
 # --- each addon -----------------------------------------------------------------------------------
 
+
 async def test_counters_count_every_flow_once_by_class_and_error():
     counters = Counters()
     ctx = Context(counters, Auth("t"))
     await ctx.cycle(flows.flow(), flows.response(200))
     await ctx.cycle(flows.flow(headers=[("X-Toolproxy-Token", "t")]), flows.response(502))
     await ctx.cycle(flows.flow(headers=[("X-Toolproxy-Token", "t")]), error=("timeout", "too slow"))
-    assert counters.report() == {"exchanges": 3, "in_flight": 0, "by_status_class": {"4xx": 1, "5xx": 1, "none": 1},
-                                 "errors": {"unauthorized": 1, "timeout": 1}, "resent": 0}
+    assert counters.report() == {
+        "exchanges": 3,
+        "in_flight": 0,
+        "by_status_class": {"4xx": 1, "5xx": 1, "none": 1},
+        "errors": {"unauthorized": 1, "timeout": 1},
+        "resent": 0,
+    }
     assert counters.stats() == counters.report()  # its entries are the stats' top level
 
 
@@ -217,6 +310,16 @@ async def test_auth_refuses_without_the_token_and_keeps_a_token_sent_as_the_key_
     g = flows.flow(headers=[("X-Toolproxy-Token", "t"), ("Authorization", "Bearer sk-user")])
     await Context(Auth("t")).cycle(g)
     assert g.up_headers["Authorization"] == "Bearer sk-user"
+    # each SDK's own key header carries the token as well (Anthropic's x-api-key, Azure's api-key,
+    # Gemini's x-goog-api-key); the header that carried it goes no further, the others do
+    for name in ("x-api-key", "Api-Key", "X-Goog-Api-Key"):
+        h = flows.flow(headers=[(name, "t"), ("Authorization", "Bearer sk-user")])
+        assert (await Context(Auth("t")).cycle(h)).refusal is None, name
+        assert {k.lower() for k in h.up_headers} & {name.lower()} == set() and h.up_headers[
+            "Authorization"
+        ] == "Bearer sk-user"
+    wrong = await Context(Auth("t")).cycle(flows.flow(headers=[("x-api-key", "nope"), ("Authorization", "Bearer t2")]))
+    assert (wrong.refusal.status, wrong.refusal.kind) == (401, "unauthorized")
 
 
 async def test_recording_guard_refuses_while_recording_fails(tmp_path):
@@ -235,7 +338,10 @@ async def test_disk_budget_guard_refuses_while_the_housekeeper_says_full(tmp_pat
     keeper.refusal = "the recordings are at --max-disk"
     out = await Context(guard).cycle(flows.flow())
     assert (out.refusal.status, out.refusal.kind, out.refusal.message) == (
-        503, "disk_budget_full", "the recordings are at --max-disk")
+        503,
+        "disk_budget_full",
+        "the recordings are at --max-disk",
+    )
 
 
 async def test_upstream_health_learns_of_an_unreachable_upstream_from_a_failed_connect():
@@ -268,8 +374,10 @@ async def test_stack_watch_queues_a_chat_body_and_nothing_else(tmp_path):
 async def test_condition_rewrites_what_goes_upstream_and_the_reply(tmp_path):
     cfg = flows.config(data_dir=tmp_path)
     condition = ConditionAddon(cfg.condition_options, lambda: None, Redactor(flows.KEY))
-    body = (b'{"model":"m","messages":[{"role":"user","content":"hi"}],'
-            b'"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}')
+    body = (
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}],'
+        b'"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}'
+    )
     native = flows.flow(body=body)
     await Context(condition).cycle(native)
     assert native.body == body and native.rec.upstream_request is None
@@ -284,8 +392,10 @@ async def test_model_swap_sends_the_tagged_model_and_the_condition_keeps_it(tmp_
     reads the body as sent); the harness's body stays the record's request_body."""
     cfg = flows.config(data_dir=tmp_path)
     redactor = Redactor(flows.KEY)
-    body = (b'{"model":"harness-m","messages":[{"role":"user","content":"hi"}],'
-            b'"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}')
+    body = (
+        b'{"model":"harness-m","messages":[{"role":"user","content":"hi"}],'
+        b'"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}'
+    )
     ctx = Context(ModelSwap(redactor), ConditionAddon(cfg.condition_options, lambda: None, redactor))
     native = flows.flow("/t/run=r/upstream_model=qwen%2F0.5b/v1/chat/completions", body=body)
     await ctx.cycle(native)
@@ -298,12 +408,15 @@ async def test_model_swap_sends_the_tagged_model_and_the_condition_keeps_it(tmp_
     assert json.loads(text.rec.upstream_request["body"])["model"] == "q"
 
 
-@pytest.mark.parametrize("path, method, body, note", [
-    ("/t/upstream_model=q/v1/models", "GET", b"", None),  # not a model call: nothing to rewrite
-    ("/v1/chat/completions", "POST", b'{"model":"m","messages":[]}', None),  # untagged
-    ("/t/upstream_model=q/v1/chat/completions", "POST", b"[1, 2]", "the request body is not a JSON object"),
-    ("/t/upstream_model=q/v1/chat/completions", "POST", b"\xff{", "the request body is not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "path, method, body, note",
+    [
+        ("/t/upstream_model=q/v1/models", "GET", b"", None),  # not a model call: nothing to rewrite
+        ("/v1/chat/completions", "POST", b'{"model":"m","messages":[]}', None),  # untagged
+        ("/t/upstream_model=q/v1/chat/completions", "POST", b"[1, 2]", "the request body is not a JSON object"),
+        ("/t/upstream_model=q/v1/chat/completions", "POST", b"\xff{", "the request body is not a JSON object"),
+    ],
+)
 async def test_model_swap_leaves_alone_what_it_cannot_or_need_not_rewrite(path, method, body, note):
     f = flows.flow(path, method=method, body=body)
     await Context(ModelSwap(Redactor(flows.KEY))).cycle(f)
@@ -336,8 +449,9 @@ async def test_recorder_writes_one_record_per_flow_and_refusals_to_their_budget(
     writer.start()
     refused.start()
     try:
-        await Context(recorder).cycle(flows.flow(headers=[("Authorization", "Bearer sk-live")]),
-                                      flows.response(body=b'{"ok": true}'))
+        await Context(recorder).cycle(
+            flows.flow(headers=[("Authorization", "Bearer sk-live")]), flows.response(body=b'{"ok": true}')
+        )
         await Context(Auth("t"), recorder).cycle(flows.flow())
     finally:
         loop = asyncio.get_running_loop()
@@ -351,9 +465,16 @@ async def test_recorder_writes_one_record_per_flow_and_refusals_to_their_budget(
 
 
 async def test_a_cut_response_ends_as_an_error_with_what_was_kept(tmp_path):
-    recorder = Recorder(SegmentWriter(tmp_path), 1 << 20, str(tmp_path / "spill"), Redactor(flows.KEY), 4,
-                        RefusalBudget(SegmentWriter(tmp_path), SegmentWriter(tmp_path), flows.UPSTREAM, lambda t: None,
-                                      Redactor(flows.KEY)))
+    recorder = Recorder(
+        SegmentWriter(tmp_path),
+        1 << 20,
+        str(tmp_path / "spill"),
+        Redactor(flows.KEY),
+        4,
+        RefusalBudget(
+            SegmentWriter(tmp_path), SegmentWriter(tmp_path), flows.UPSTREAM, lambda t: None, Redactor(flows.KEY)
+        ),
+    )
     f = flows.flow()
     out = await Context(recorder).cycle(f, flows.Response.of(200, (), b"abc", b"defg"))
     assert out.cut.kind == "response_too_large" and f.rec.error_kind == "response_too_large"
@@ -375,8 +496,9 @@ async def test_the_live_view_and_otlp_listen_on_the_recorded_hook(tmp_path):
 
 
 def test_every_addon_fills_only_keys_the_stats_know(tmp_path):
-    state = _state(tmp_path, mask=("email",), retain_seconds=60.0, sample=0.5,
-                   otlp_endpoint="http://127.0.0.1:9/v1/traces")
+    state = _state(
+        tmp_path, mask=("email",), retain_seconds=60.0, sample=0.5, otlp_endpoint="http://127.0.0.1:9/v1/traces"
+    )
     for addon in addons(state.config, ProxyState(state.config, state.writer)):
         assert set(addon.stats()) <= set(STATS_KEYS), addon
 

@@ -14,38 +14,44 @@ import aiohttp
 import pytest
 
 from toolproxy.checks.local import local_proxy
+from toolproxy.emulators import stall, text
 from toolproxy.proxy import stackwatch
 from toolproxy.proxy.durability import LastBytes, expected_body_length
 from toolproxy.proxy.forward import _CLOSE_RACE_S
 from toolproxy.proxy.pool import KEEPALIVE_S, PoolStats, upstream_session
-from toolproxy.emulators import stall, text
 from toolproxy.stacks.fingerprint import GET_PROBES
 
 MSGS = [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("method, status, headers, expected", [
-    ("POST", 200, [("Content-Length", "12")], 12),
-    ("POST", 200, [("content-length", " 0 ")], 0),
-    ("POST", 200, [("Content-Type", "text/event-stream")], None),  # chunked, or until close
-    ("POST", 200, [("Content-Length", "12, 12")], None),  # not a length the proxy will trust
-    ("POST", 200, [("Content-Length", "-1")], None),
-    ("HEAD", 200, [("Content-Length", "12")], 0),
-    ("GET", 204, [], 0),
-    ("GET", 304, [("Content-Length", "12")], 0),
-    ("GET", 101, [], 0),
-])
+@pytest.mark.parametrize(
+    "method, status, headers, expected",
+    [
+        ("POST", 200, [("Content-Length", "12")], 12),
+        ("POST", 200, [("content-length", " 0 ")], 0),
+        ("POST", 200, [("Content-Type", "text/event-stream")], None),  # chunked, or until close
+        ("POST", 200, [("Content-Length", "12, 12")], None),  # not a length the proxy will trust
+        ("POST", 200, [("Content-Length", "-1")], None),
+        ("HEAD", 200, [("Content-Length", "12")], 0),
+        ("GET", 204, [], 0),
+        ("GET", 304, [("Content-Length", "12")], 0),
+        ("GET", 101, [], 0),
+    ],
+)
 def test_expected_body_length(method, status, headers, expected):
     assert expected_body_length(method, status, headers) == expected
 
 
-@pytest.mark.parametrize("expected, chunks, sent, held", [
-    (None, [b"ab", b"cd"], [b"ab", b"cd"], b""),  # unknown length: the end is the terminator, not bytes
-    (4, [b"ab", b"cd"], [b"ab", b""], b"cd"),
-    (4, [b"abcd"], [b""], b"abcd"),
-    (5, [b"a", b"b", b"cde"], [b"a", b"b", b""], b"cde"),
-    (2, [b"abc", b"d"], [b"", b""], b"abcd"),  # more than announced: nothing of it slips out early
-])
+@pytest.mark.parametrize(
+    "expected, chunks, sent, held",
+    [
+        (None, [b"ab", b"cd"], [b"ab", b"cd"], b""),  # unknown length: the end is the terminator, not bytes
+        (4, [b"ab", b"cd"], [b"ab", b""], b"cd"),
+        (4, [b"abcd"], [b""], b"abcd"),
+        (5, [b"a", b"b", b"cde"], [b"a", b"b", b""], b"cde"),
+        (2, [b"abc", b"d"], [b"", b""], b"abcd"),  # more than announced: nothing of it slips out early
+    ],
+)
 def test_last_bytes_holds_only_the_chunk_that_completes_the_length(expected, chunks, sent, held):
     hold = LastBytes(expected)
     assert [hold.take(c) for c in chunks] == sent
@@ -76,8 +82,9 @@ async def test_sync_durability_still_ends_a_stream_only_after_its_record(fake_st
     fake.inject(stall(between=0.05))
     p = proxy(fake.url, "--quiet", "--durability", "sync", "--commit-window", "5", "--no-fingerprint")
     async with aiohttp.ClientSession() as s:
-        async with s.post(p.url + "/v1/chat/completions",
-                          json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}) as r:
+        async with s.post(
+            p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}
+        ) as r:
             body = await r.read()
     assert body.endswith(b"data: [DONE]\n\n")
     recs = p.records()  # no waiting: the terminating chunk came after the fsync
@@ -86,8 +93,9 @@ async def test_sync_durability_still_ends_a_stream_only_after_its_record(fake_st
 
 async def test_sync_durability_covers_refusals_by_any_addon(fake_stack, proxy):
     fake = fake_stack("openai")
-    p = proxy(fake.url, "--quiet", "--durability", "sync", "--commit-window", "5", "--auth-token", "t0k",
-              "--no-fingerprint")
+    p = proxy(
+        fake.url, "--quiet", "--durability", "sync", "--commit-window", "5", "--auth-token", "t0k", "--no-fingerprint"
+    )
     async with aiohttp.ClientSession() as s:
         async with s.post(p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": MSGS}) as r:
             assert r.status == 401
@@ -97,10 +105,12 @@ async def test_sync_durability_covers_refusals_by_any_addon(fake_stack, proxy):
 
 async def _stream_all(url: str, n: int) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
         async def one(i):
             async with s.post(url, json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}) as r:
                 assert r.status == 200
                 await r.read()
+
         await asyncio.gather(*(one(i) for i in range(n)))
 
 
@@ -126,8 +136,9 @@ async def test_a_request_that_times_out_in_the_pool_queue_says_so(fake_stack, pr
     fake.inject(stall(between=1.0, times=1))  # the first stream holds the only connection for seconds
     p = proxy(fake.url, "--quiet", "--upstream-connections", "1", "--ttfb-timeout", "1", "--no-fingerprint")
     async with aiohttp.ClientSession() as s:
-        first = await s.post(p.url + "/v1/chat/completions",
-                             json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True})
+        first = await s.post(
+            p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}
+        )
         async with s.post(p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": MSGS}) as r:
             assert r.status == 504
             message = (await r.json())["error"]["message"]
@@ -146,15 +157,19 @@ async def _answer_probe(head: bytes, writer: asyncio.StreamWriter) -> bool:
     if not head.startswith(b"GET "):
         return False
     page = b"<!doctype html><title>llama.cpp</title>"
-    writer.write(b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(page), page))
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(page), page)
+    )
     await writer.drain()
     writer.close()
     return True
 
 
 async def _read_request(reader: asyncio.StreamReader, head: bytes) -> bytes:
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
     return await reader.readexactly(length)
 
 
@@ -164,6 +179,7 @@ async def llamacpp_closing_after_streams(close_after: float = 0.0, read: list | 
     llama-server 0c1e570): it announces `Keep-Alive: timeout=5, max=100`, sends the terminating
     chunk, and then closes the connection anyway, reading nothing more. `close_after` is how long
     its thread takes to get there (a loaded server); each request it reads goes into `read`."""
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         if await _answer_probe(head, writer):
@@ -171,8 +187,10 @@ async def llamacpp_closing_after_streams(close_after: float = 0.0, read: list | 
         body = await _read_request(reader, head)
         if read is not None:
             read.append(body)
-        writer.write(b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\nX-Accel-Buffering: no\r\n"
-                     b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\nX-Accel-Buffering: no\r\n"
+            b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n"
+        )
         for event in (b'data: {"choices":[{"delta":{"content":"hi"},"index":0}]}\n\n', b"data: [DONE]\n\n"):
             await asyncio.sleep(0.2)
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
@@ -200,8 +218,9 @@ async def test_a_capped_pool_in_front_of_llamacpp_answers_every_queued_request(p
     assert len(read) == 4
     resent = [r["extra"]["resent"] for r in recs if "resent" in r["extra"]]
     if close_after:
-        assert resent and all(reason.startswith("the upstream closed a kept-alive connection before answering")
-                              for reason in resent), resent
+        assert resent and all(
+            reason.startswith("the upstream closed a kept-alive connection before answering") for reason in resent
+        ), resent
     assert p.stats()["resent"] == len(resent)  # counted, not only visible record by record
 
 
@@ -232,8 +251,10 @@ async def test_a_request_the_upstream_may_have_read_is_not_sent_again(proxy):
         async with aiohttp.ClientSession() as s:
             statuses = []
             for content in ("fresh", "keep", "slow"):
-                async with s.post(p.url + "/v1/chat/completions",
-                                  json={"model": "m", "messages": [{"role": "user", "content": content}]}) as r:
+                async with s.post(
+                    p.url + "/v1/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": content}]},
+                ) as r:
                     statuses.append(r.status)
         recs = sorted(p.wait_records(3), key=lambda r: r["started_at"])
     assert statuses == [502, 200, 502]
@@ -270,8 +291,10 @@ async def test_the_pool_lets_go_of_idle_connections_before_llamacpp_does(proxy):
                 if await _answer_probe(head, writer):
                     return
                 await _read_request(reader, head)
-                writer.write(b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: 2\r\nKeep-Alive: timeout=5, max=100\r\n\r\n{}")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 2\r\nKeep-Alive: timeout=5, max=100\r\n\r\n{}"
+                )
                 await writer.drain()
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
@@ -327,7 +350,7 @@ async def test_slow_request_heads_are_cut_off(fake_stack, proxy):
             closed += data == b"" or data.startswith(b"HTTP/1.1 4")
         except ConnectionResetError:
             closed += 1
-        except socket.timeout:
+        except TimeoutError:
             pass
         s.close()
     assert closed == 40 and time.monotonic() - t0 < 5
@@ -338,8 +361,10 @@ async def test_a_stalled_request_body_is_a_408_and_recorded(fake_stack, proxy):
     fake = fake_stack("openai")
     p = proxy(fake.url, "--quiet", "--client-body-timeout", "1", "--no-fingerprint")
     s = _connect(p.url)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-              b"Content-Length: 100\r\n\r\n{\"model\": ")
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model": '
+    )
     t0 = time.monotonic()
     s.settimeout(5)
     head = s.recv(4096)
@@ -385,16 +410,34 @@ async def test_fingerprint_cache_is_size_bounded(fake_stack, tmp_path, monkeypat
         assert lp.state.snapshot()["stack"]["models_not_probed"] == watch.not_probed
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--spill-above", "lots"), "--spill-above 'lots' is not a size"),
-    (("--spill-above", "512"), "--spill-above must be at least 1024 bytes"),
-    (("--max-body", "1x"), "--max-body '1x' is not a size"),
-    (("--upstream-connections", "-1"), "--upstream-connections must be 0 (no limit) or a positive number"),
-    (("--client-body-timeout", "0"), "must be positive"),
-    (("--run", ""), "--run '' names an empty run"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--spill-above", "lots"), "--spill-above 'lots' is not a size"),
+        (("--spill-above", "512"), "--spill-above must be at least 1024 bytes"),
+        (("--max-body", "1x"), "--max-body '1x' is not a size"),
+        (("--upstream-connections", "-1"), "--upstream-connections must be 0 (no limit) or a positive number"),
+        (("--client-body-timeout", "0"), "must be positive"),
+        (("--run", ""), "--run '' names an empty run"),
+    ],
+)
 def test_bound_flags_are_checked_at_start(tmp_path, args, message):
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
-                        "http://127.0.0.1:9", "--port", "0", "--data", str(tmp_path / "d"), *args],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--port",
+            "0",
+            "--data",
+            str(tmp_path / "d"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -10,8 +10,8 @@ import socket
 import aiohttp
 import pytest
 
-from toolproxy.record.model import body_bytes
 from toolproxy.emulators import close_mid_stream, gzipped, raw, stall, text
+from toolproxy.record.model import body_bytes
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -70,8 +70,9 @@ async def test_idle_gap_mid_stream_cuts_the_stream_and_says_so(fake_stack, proxy
     got = b""
     with pytest.raises(aiohttp.ClientPayloadError):
         async with aiohttp.ClientSession() as s:
-            async with s.post(p.url + "/v1/chat/completions",
-                              json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}) as r:
+            async with s.post(
+                p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}
+            ) as r:
                 assert r.status == 200
                 async for chunk in r.content.iter_any():
                     got += chunk
@@ -87,8 +88,9 @@ async def test_total_timeout_caps_a_slow_stream(fake_stack, proxy):
     p = proxy(fake.url, "--quiet", "--total-timeout", "0.5")
     with pytest.raises(aiohttp.ClientPayloadError):
         async with aiohttp.ClientSession() as s:
-            async with s.post(p.url + "/v1/chat/completions",
-                              json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}) as r:
+            async with s.post(
+                p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}
+            ) as r:
                 await r.read()
     rec = only_record(p, error_kind="timeout")
     assert rec["extra"]["timeout_phase"] == "total"
@@ -102,8 +104,9 @@ async def test_upstream_closing_mid_stream_is_passed_on(fake_stack, proxy):
     got = b""
     with pytest.raises(aiohttp.ClientPayloadError):
         async with aiohttp.ClientSession() as s:
-            async with s.post(p.url + "/v1/chat/completions",
-                              json={"model": fake.model, "messages": MSGS, "stream": True}) as r:
+            async with s.post(
+                p.url + "/v1/chat/completions", json={"model": fake.model, "messages": MSGS, "stream": True}
+            ) as r:
                 async for chunk in r.content.iter_any():
                     got += chunk
     assert got == fake.seen[-1].sent and got.count(b"data: ") == 3  # exactly the upstream's bytes, then the cut
@@ -158,8 +161,9 @@ async def test_gzip_responses_pass_through_still_compressed(fake_stack, proxy):
     fake = fake_stack("openai")
     fake.inject(gzipped())
     p = proxy(fake.url, "--quiet")
-    status, headers, body = await post(p.url + "/v1/chat/completions",
-                                       {"model": "gpt-4o-mini", "messages": MSGS, "stream": True})
+    status, headers, body = await post(
+        p.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS, "stream": True}
+    )
     assert status == 200 and headers["Content-Encoding"] == "gzip" and body == fake.seen[-1].sent
     rec = only_record(p, status=200, response_body_encoding="base64")
     assert base64.b64decode(rec["response_body"]) == body
@@ -169,13 +173,19 @@ async def test_failures_then_success_are_separate_exchanges(fake_stack, proxy):
     fake = fake_stack("sglang")
     fake.fail(2, 500, "scheduler crashed")
     p = proxy(fake.url, "--quiet")
-    statuses = [(await post(p.url + "/v1/chat/completions", {"model": fake.model, "messages": MSGS}))[0]
-                for _ in range(3)]
+    statuses = [
+        (await post(p.url + "/v1/chat/completions", {"model": fake.model, "messages": MSGS}))[0] for _ in range(3)
+    ]
     assert statuses == [500, 500, 200]
     recs = p.wait_records(3)
     assert [r["status"] for r in recs] == [500, 500, 200] and all(r["error_kind"] is None for r in recs)
-    assert json.loads(recs[0]["response_body"]) == {"object": "error", "message": "scheduler crashed",
-                                                    "type": "InternalServerError", "param": None, "code": 500}
+    assert json.loads(recs[0]["response_body"]) == {
+        "object": "error",
+        "message": "scheduler crashed",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
 
 
 async def test_body_above_max_body_is_a_413_and_recorded(fake_stack, proxy):
@@ -201,8 +211,9 @@ async def test_total_timeout_holds_even_while_the_upstream_is_silent(fake_stack,
     t0 = loop.time()
     with pytest.raises(aiohttp.ClientPayloadError):
         async with aiohttp.ClientSession() as s:
-            async with s.post(p.url + "/v1/chat/completions",
-                              json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}) as r:
+            async with s.post(
+                p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": MSGS, "stream": True}
+            ) as r:
                 await r.read()
     assert loop.time() - t0 < 2.5
     rec = only_record(p, error_kind="timeout")

@@ -12,21 +12,39 @@ import aiohttp
 import openai
 import pytest
 
-from toolproxy.proxy.headers import HOP_BY_HOP
-from toolproxy.record.model import body_bytes
 from toolproxy.emulators import call, text, text_call
+from toolproxy.record.model import body_bytes
+from toolproxy.wire.hopbyhop import HOP_BY_HOP
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                           "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 MSGS = [{"role": "user", "content": "Weather in Paris? <b>&amp; ünïcödé</b>"}]
 
 # stack, fake options, path, request body (model filled in), expected upstream status
 CASES = [
     ("openai", {}, "/v1/chat/completions", {"messages": MSGS, "tools": TOOLS}, 200),
-    ("openai", {}, "/v1/chat/completions", {"messages": MSGS, "tools": TOOLS, "stream": True,
-                                            "stream_options": {"include_usage": True}}, 200),
-    ("vllm", {"tool_parser": "hermes"}, "/v1/chat/completions", {"messages": MSGS, "tools": TOOLS, "stream": True}, 200),
+    (
+        "openai",
+        {},
+        "/v1/chat/completions",
+        {"messages": MSGS, "tools": TOOLS, "stream": True, "stream_options": {"include_usage": True}},
+        200,
+    ),
+    (
+        "vllm",
+        {"tool_parser": "hermes"},
+        "/v1/chat/completions",
+        {"messages": MSGS, "tools": TOOLS, "stream": True},
+        200,
+    ),
     ("vllm", {}, "/v1/chat/completions", {"messages": MSGS, "tools": TOOLS}, 400),
     ("vllm", {}, "/v1/completions", {"prompt": "Hello", "stream": True}, 200),
     ("sglang", {}, "/v1/chat/completions", {"messages": MSGS, "tools": TOOLS}, 200),
@@ -36,7 +54,13 @@ CASES = [
     ("ollama", {}, "/api/chat", {"messages": MSGS, "tools": TOOLS}, 200),
     ("ollama", {}, "/api/generate", {"prompt": "Hello", "raw": True, "stream": False}, 200),
     ("ollama", {}, "/v1/chat/completions", {"messages": MSGS, "tools": TOOLS, "stream": True}, 200),
-    ("ollama", {"models": {"gemma3:latest": ("completion",)}}, "/v1/chat/completions", {"messages": MSGS, "tools": TOOLS}, 400),
+    (
+        "ollama",
+        {"models": {"gemma3:latest": ("completion",)}},
+        "/v1/chat/completions",
+        {"messages": MSGS, "tools": TOOLS},
+        400,
+    ),
     ("ollama", {"models": {"gemma3:latest": ("completion",)}}, "/api/chat", {"messages": MSGS, "tools": TOOLS}, 400),
     ("lmstudio", {}, "/v1/chat/completions", {"messages": MSGS, "tools": TOOLS}, 200),
 ]
@@ -60,7 +84,7 @@ async def test_byte_identical_pass_through(served, stack, opts, path, body, stat
     assert got_status == status == upstream.status
     assert got == upstream.sent and got  # the client got exactly the upstream's bytes
     assert upstream.body == sent  # and the upstream got exactly the client's
-    rec, = p.wait_records(1)
+    (rec,) = p.wait_records(1)
     assert rec["status"] == status and rec["error_kind"] is None and rec["response_complete"] is True
     assert body_bytes(rec["response_body"], rec["response_body_encoding"]) == got
     assert body_bytes(rec["request_body"], rec["request_body_encoding"]) == sent
@@ -104,11 +128,20 @@ def test_request_headers_pass_through_and_hop_by_hop_ones_do_not(fake_stack, pro
     p = proxy(fake.url, "--quiet")
     u = urlsplit(p.url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-    conn.request("GET", "/v1/models?x=1", headers={
-        "X-Custom": "kept", "User-Agent": "harness/1.0", "Accept": "application/json",
-        "Connection": "keep-alive, X-Drop-Me", "X-Drop-Me": "hop", "Keep-Alive": "timeout=5", "TE": "trailers",
-        "OpenAI-Organization": "org-1",
-    })
+    conn.request(
+        "GET",
+        "/v1/models?x=1",
+        headers={
+            "X-Custom": "kept",
+            "User-Agent": "harness/1.0",
+            "Accept": "application/json",
+            "Connection": "keep-alive, X-Drop-Me",
+            "X-Drop-Me": "hop",
+            "Keep-Alive": "timeout=5",
+            "TE": "trailers",
+            "OpenAI-Organization": "org-1",
+        },
+    )
     r = conn.getresponse()
     assert r.status == 200 and b'"owned_by":"vllm"' in r.read()
     conn.close()
@@ -124,12 +157,20 @@ def test_request_headers_pass_through_and_hop_by_hop_ones_do_not(fake_stack, pro
 def test_path_and_header_tags_are_parsed_stripped_and_never_forwarded(fake_stack, proxy):
     fake = fake_stack("openai")
     p = proxy(fake.url, "--quiet", "--run", "default-run")
-    client = openai.OpenAI(base_url=p.url + "/t/run=qwen-native/episode=3/item=bfcl_12/category=simple/v1",
-                           api_key="sk-x")
+    client = openai.OpenAI(
+        base_url=p.url + "/t/run=qwen-native/episode=3/item=bfcl_12/category=simple/v1", api_key="sk-x"
+    )
     client.chat.completions.create(model="gpt-4o-mini", messages=MSGS)
-    plain = openai.OpenAI(base_url=p.url + "/v1", api_key="sk-x", default_headers={
-        "X-Toolproxy-Run": "hdr-run", "X-Toolproxy-Episode": "7", "X-Toolproxy-Item": "it-9",
-        "X-Toolproxy-Tag-Split": "dev"})
+    plain = openai.OpenAI(
+        base_url=p.url + "/v1",
+        api_key="sk-x",
+        default_headers={
+            "X-Toolproxy-Run": "hdr-run",
+            "X-Toolproxy-Episode": "7",
+            "X-Toolproxy-Item": "it-9",
+            "X-Toolproxy-Tag-Split": "dev",
+        },
+    )
     plain.chat.completions.create(model="gpt-4o-mini", messages=MSGS)
     openai.OpenAI(base_url=p.url + "/v1", api_key="sk-x").models.list()
     assert [s.path for s in fake.seen] == ["/v1/chat/completions", "/v1/chat/completions", "/v1/models"]
@@ -148,7 +189,9 @@ def test_a_run_pattern_names_each_untagged_request_by_its_utc_start(fake_stack, 
     fake = fake_stack("openai")
     p = proxy(fake.url, "--quiet", "--run", "prod-%Y-%m-%d-%H%M%%", env={"TZ": "Asia/Kathmandu"})
     openai.OpenAI(base_url=p.url + "/v1", api_key="sk-x").chat.completions.create(model="gpt-4o-mini", messages=MSGS)
-    openai.OpenAI(base_url=p.url + "/t/run=tagged/v1", api_key="sk-x").chat.completions.create(model="gpt-4o-mini", messages=MSGS)
+    openai.OpenAI(base_url=p.url + "/t/run=tagged/v1", api_key="sk-x").chat.completions.create(
+        model="gpt-4o-mini", messages=MSGS
+    )
     by_tag = {r["run"] == "tagged": r for r in p.wait_records(2)}
     untagged, tagged = by_tag[False], by_tag[True]
     started = time.gmtime(untagged["started_at"])
@@ -163,8 +206,11 @@ def test_openai_sdk_sync_with_tools_through_the_proxy(served):
     r = client.chat.completions.create(model=fake.model, messages=MSGS, tools=TOOLS)
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}
     stream = client.chat.completions.create(model=fake.model, messages=MSGS, tools=TOOLS, stream=True)
-    args = "".join(c.choices[0].delta.tool_calls[0].function.arguments or ""
-                   for c in stream if c.choices and c.choices[0].delta.tool_calls)
+    args = "".join(
+        c.choices[0].delta.tool_calls[0].function.arguments or ""
+        for c in stream
+        if c.choices and c.choices[0].delta.tool_calls
+    )
     assert json.loads(args) == {"city": "Rome"}
     recs = p.wait_records(2)
     assert [r["status"] for r in recs] == [200, 200]
@@ -172,11 +218,15 @@ def test_openai_sdk_sync_with_tools_through_the_proxy(served):
 
 
 async def test_openai_sdk_async_stream_and_refusals(served):
-    ollama, p = served("ollama", "--quiet", models={"qwen2.5:7b": ("completion", "tools"), "gemma3:latest": ("completion",)})
+    ollama, p = served(
+        "ollama", "--quiet", models={"qwen2.5:7b": ("completion", "tools"), "gemma3:latest": ("completion",)}
+    )
     ollama.enqueue(call("get_weather", {"city": "Paris"}))
     client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="ollama", max_retries=0)
     stream = await client.chat.completions.create(model="qwen2.5:7b", messages=MSGS, tools=TOOLS, stream=True)
-    calls = [c.choices[0].delta.tool_calls for c in [c async for c in stream] if c.choices and c.choices[0].delta.tool_calls]
+    calls = [
+        c.choices[0].delta.tool_calls for c in [c async for c in stream] if c.choices and c.choices[0].delta.tool_calls
+    ]
     assert calls[0][0].function.name == "get_weather"
     with pytest.raises(openai.BadRequestError) as exc:
         await client.chat.completions.create(model="gemma3", messages=MSGS, tools=TOOLS)
@@ -184,8 +234,10 @@ async def test_openai_sdk_async_stream_and_refusals(served):
     assert exc.value.body["message"] == "registry.ollama.ai/library/gemma3:latest does not support tools"
     recs = p.wait_records(2)
     assert [r["status"] for r in recs] == [200, 400]
-    assert recs[1]["response_body"] == ('{"error":{"message":"registry.ollama.ai/library/gemma3:latest does not support '
-                                        'tools","type":"invalid_request_error","param":null,"code":null}}\n')
+    assert recs[1]["response_body"] == (
+        '{"error":{"message":"registry.ollama.ai/library/gemma3:latest does not support '
+        'tools","type":"invalid_request_error","param":null,"code":null}}\n'
+    )
 
 
 async def test_concurrent_exchanges_each_get_their_own_record(fake_stack, proxy):
@@ -195,8 +247,9 @@ async def test_concurrent_exchanges_each_get_their_own_record(fake_stack, proxy)
     client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="x")
 
     async def one(i: int) -> str:
-        r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"n{i}"}],
-                                                 stream=bool(i % 2))
+        r = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": f"n{i}"}], stream=bool(i % 2)
+        )
         if i % 2:
             return "".join([c.choices[0].delta.content or "" async for c in r if c.choices])
         return r.choices[0].message.content
@@ -205,15 +258,18 @@ async def test_concurrent_exchanges_each_get_their_own_record(fake_stack, proxy)
     assert out == [f"echo n{i}" for i in range(40)]
     recs = p.wait_records(40)
     assert len(recs) == 40 and len({r["id"] for r in recs}) == 40
-    assert sorted(json.loads(r["request_body"])["messages"][0]["content"] for r in recs) == sorted(f"n{i}" for i in range(40))
+    assert sorted(json.loads(r["request_body"])["messages"][0]["content"] for r in recs) == sorted(
+        f"n{i}" for i in range(40)
+    )
 
 
 def test_text_call_and_reasoning_pass_untouched(served):
     fake, p = served("sglang", "--quiet")
     fake.enqueue(text_call("fenced", "get_weather", {"city": "Paris"}, before="Sure:\n"))
     r = openai.OpenAI(base_url=p.url + "/v1", api_key="x").chat.completions.create(
-        model=fake.model, messages=MSGS, tools=TOOLS)
-    assert r.choices[0].message.content.startswith("Sure:\n```json\n{\"name\": \"get_weather\"")
+        model=fake.model, messages=MSGS, tools=TOOLS
+    )
+    assert r.choices[0].message.content.startswith('Sure:\n```json\n{"name": "get_weather"')
     assert r.choices[0].message.tool_calls is None
 
 
@@ -233,8 +289,12 @@ def test_compressed_request_bodies_are_forwarded_and_recorded_as_sent(fake_stack
     statuses = []
     for body, encoding in sent:
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-        conn.request("POST", "/v1/chat/completions", body=body,
-                     headers={"Content-Encoding": encoding, "Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=body,
+            headers={"Content-Encoding": encoding, "Content-Type": "application/json"},
+        )
         r = conn.getresponse()
         r.read()
         statuses.append(r.status)
@@ -251,41 +311,57 @@ def test_a_v1_on_the_wrong_side_of_the_tags_is_put_right(fake_stack, proxy):
     only one path can be meant it is forwarded there and the run keeps its tags."""
     fake = fake_stack("openai")
     p = proxy(fake.url, "--quiet")
-    for base in (p.url + "/v1/t/run=before/item=q1",  # the proxy's address with /v1, then the tags
-                 p.url + "/v1/t/run=both/v1"):  # react_agent.py --proxy http://HOST/v1 once did this
+    for base in (
+        p.url + "/v1/t/run=before/item=q1",  # the proxy's address with /v1, then the tags
+        p.url + "/v1/t/run=both/v1",
+    ):  # react_agent.py --proxy http://HOST/v1 once did this
         openai.OpenAI(base_url=base, api_key="sk-x").chat.completions.create(model="gpt-4o-mini", messages=MSGS)
     openai.OpenAI(base_url=p.url + "/v1/t/run=models", api_key="sk-x").models.list()
     doubled = json.dumps({"model": "gpt-4o-mini", "messages": MSGS}).encode()  # a client that appends /v1/... itself
-    req = urllib.request.Request(p.url + "/t/run=doubled/v1/v1/chat/completions", data=doubled,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        p.url + "/t/run=doubled/v1/v1/chat/completions", data=doubled, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200
-    assert [s.path for s in fake.seen] == ["/v1/chat/completions", "/v1/chat/completions", "/v1/models",
-                                           "/v1/chat/completions"]
+    assert [s.path for s in fake.seen] == [
+        "/v1/chat/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/v1/chat/completions",
+    ]
     recs = p.wait_records(4)
     assert [(r["run"], r["item"], r["path"], r["status"]) for r in recs] == [
-        ("before", "q1", "/v1/chat/completions", 200), ("both", None, "/v1/chat/completions", 200),
-        ("models", None, "/v1/models", 200), ("doubled", None, "/v1/chat/completions", 200)]
+        ("before", "q1", "/v1/chat/completions", 200),
+        ("both", None, "/v1/chat/completions", 200),
+        ("models", None, "/v1/models", 200),
+        ("doubled", None, "/v1/chat/completions", 200),
+    ]
     assert recs[1]["client_path"] == "/v1/t/run=both/v1/chat/completions"  # the record keeps what was asked
 
 
-@pytest.mark.parametrize("path, error_of", [
-    ("/v1/t/run=x/completion", lambda doc: doc["error"]["message"]),  # llama.cpp's own path, or a typo?
-    ("/v1/t/run=x/ollama/api/chat", lambda doc: doc["error"]),  # Ollama's clients read a bare string
-    ("/v1/t/run=x/anthropic/v1/messages", lambda doc: doc["type"] == "error" and doc["error"]["message"]),
-])
+@pytest.mark.parametrize(
+    "path, error_of",
+    [
+        ("/v1/t/run=x/completion", lambda doc: doc["error"]["message"]),  # llama.cpp's own path, or a typo?
+        ("/v1/t/run=x/ollama/api/chat", lambda doc: doc["error"]),  # Ollama's clients read a bare string
+        ("/v1/t/run=x/anthropic/v1/messages", lambda doc: doc["type"] == "error" and doc["error"]["message"]),
+    ],
+)
 def test_tags_after_a_v1_with_no_one_reading_get_a_404_naming_the_base_url(fake_stack, proxy, path, error_of):
     fake = fake_stack("openai")
     p = proxy(fake.url, "--quiet")
-    req = urllib.request.Request(p.url + path, data=b'{"model": "m", "prompt": "hi"}',
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        p.url + path, data=b'{"model": "m", "prompt": "hi"}', headers={"Content-Type": "application/json"}
+    )
     with pytest.raises(urllib.error.HTTPError) as got:
         urllib.request.urlopen(req, timeout=30)
     assert got.value.code == 404
     message = error_of(json.loads(got.value.read()))
     host = p.url.split("//")[1]
-    assert (f"the tags go right after the proxy's address, before /v1: use the base URL http://{host}/t/run=x/v1 "
-            f"(OpenAI-style clients) or http://{host}/t/run=x (Ollama's); this request asked for {path}") == message
+    assert (
+        f"the tags go right after the proxy's address, before /v1: use the base URL http://{host}/t/run=x/v1 "
+        f"(OpenAI-style clients) or http://{host}/t/run=x (Ollama's); this request asked for {path}"
+    ) == message
     assert fake.seen == []  # nothing went upstream
     (rec,) = p.wait_records(1)
     assert (rec["client_status"], rec["error_kind"], rec["run"]) == (404, "misplaced_tags", None)  # untagged

@@ -18,7 +18,10 @@ import pytest
 
 from toolproxy.record.model import body_bytes
 
-BODY = b'{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}'
+BODY = (
+    b'{"id":"chatcmpl-1","object":"chat.completion",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}'
+)
 PAUSE = 1.0
 
 
@@ -33,7 +36,9 @@ class Upstream(asyncio.Protocol):
         if head_end < 0:
             return
         head = self.buf[:head_end].decode("latin-1")
-        length = int(next((line.split(":")[1] for line in head.split("\r\n") if line.lower().startswith("content-length")), "0"))
+        length = int(
+            next((line.split(":")[1] for line in head.split("\r\n") if line.lower().startswith("content-length")), "0")
+        )
         if len(self.buf) < head_end + 4 + length:
             return
         self.buf = b""
@@ -43,11 +48,16 @@ class Upstream(asyncio.Protocol):
             asyncio.get_running_loop().call_later(PAUSE, self.t.write, BODY)
         elif path.endswith("/chunked"):
             chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (BODY[:10], BODY[10:]))
-            self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-                         + chunks + b"0\r\n\r\n")
+            self.t.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + chunks
+                + b"0\r\n\r\n"
+            )
         else:
-            self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Upstream: one-packet\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+            self.t.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Upstream: one-packet\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+            )
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +101,11 @@ async def test_headers_go_out_when_they_arrive_not_with_a_late_body(upstream, pr
 async def test_a_response_that_arrives_whole_is_passed_on_exactly_and_recorded_once_each(upstream, proxy):
     p = proxy(upstream, "--quiet", "--no-fingerprint")
     async with aiohttp.ClientSession() as s:
+
         async def one(path: str) -> tuple[int, dict, bytes]:
             async with s.post(p.url + path, data=b'{"n": 1}', headers={"Authorization": "Bearer sk-hot"}) as r:
                 return r.status, dict(r.headers), await r.read()
+
         results = await asyncio.gather(*(one("/v1/one-packet" if i % 2 else "/v1/chunked") for i in range(60)))
     for i, (status, headers, body) in enumerate(results):
         assert status == 200 and body == BODY

@@ -12,9 +12,9 @@ import time
 import aiohttp
 import pytest
 
+from toolproxy.emulators import raw, stall, text
 from toolproxy.record.segments import list_segments, read_segment
 from toolproxy.record.writer import MAX_QUEUE_WAIT
-from toolproxy.emulators import raw, stall, text
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -31,8 +31,9 @@ async def test_sync_durability_record_is_on_disk_when_the_response_ends(fake_sta
     p = proxy(fake.url, "--quiet", "--durability", "sync", "--commit-window", "5")
     t0 = time.monotonic()
     for i in range(4):
-        status, _ = await post(p.url + "/v1/chat/completions",
-                               {"model": "gpt-4o-mini", "messages": MSGS, "stream": bool(i % 2)})
+        status, _ = await post(
+            p.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS, "stream": bool(i % 2)}
+        )
         assert status == 200
         assert len(p.records()) == i + 1  # no waiting: it is already there
     assert time.monotonic() - t0 < 4  # each response waited for its own fsync, not for the window
@@ -63,19 +64,27 @@ async def test_segments_rotate_by_size_and_stay_ordered(fake_stack, proxy):
     fake = fake_stack("llamacpp")
     p = proxy(fake.url, "--quiet", "--segment-size", "4k", "--durability", "sync")
     for i in range(24):
-        assert (await post(p.url + "/v1/chat/completions",
-                           {"model": "m", "messages": [{"role": "user", "content": f"{i} " + "x" * 600}]}))[0] == 200
+        assert (
+            await post(
+                p.url + "/v1/chat/completions",
+                {"model": "m", "messages": [{"role": "user", "content": f"{i} " + "x" * 600}]},
+            )
+        )[0] == 200
     p.stop()
     segs = list_segments(p.data)
     assert len(segs) >= 4
     assert all(seg.stat().st_size >= 4096 for seg in segs[:-1])
     recs = p.records()
-    assert [json.loads(r["request_body"])["messages"][0]["content"].split()[0] for r in recs] == [str(i) for i in range(24)]
+    assert [json.loads(r["request_body"])["messages"][0]["content"].split()[0] for r in recs] == [
+        str(i) for i in range(24)
+    ]
     assert [r["id"] for r in recs] == sorted(r["id"] for r in recs)
     assert all(line.error is None for seg in segs for line in read_segment(seg))
 
 
-async def load_then_kill(p, workers: int, seconds: float, pad: str = "", until=None) -> tuple[float, list[tuple[float, str]]]:
+async def load_then_kill(
+    p, workers: int, seconds: float, pad: str = "", until=None
+) -> tuple[float, list[tuple[float, str]]]:
     """Clients post chat requests (every other one streamed) until the proxy is killed -9 after
     `seconds` (or once `until(finished)` returns). Returns when it was killed, and (when, marker) for
     every response received complete; a request's message is its marker (w<worker>-<n>, 9
@@ -89,13 +98,17 @@ async def load_then_kill(p, workers: int, seconds: float, pad: str = "", until=N
             while not stop.is_set():
                 marker = f"w{w:02d}-{i:05d}"
                 i += 1
-                body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": marker + pad}],
-                        "stream": bool(i % 2)}
+                body = {
+                    "model": "gpt-4o-mini",
+                    "messages": [{"role": "user", "content": marker + pad}],
+                    "stream": bool(i % 2),
+                }
                 try:
-                    async with s.post(p.url + "/v1/chat/completions", json=body,
-                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    async with s.post(
+                        p.url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=10)
+                    ) as r:
                         payload = await r.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     continue
                 if r.status == 200 and (not body["stream"] or payload.endswith(b"data: [DONE]\n\n")):
                     finished.append((time.monotonic(), marker))
@@ -155,9 +168,23 @@ def test_unusable_data_dir_is_refused_at_start(tmp_path):
     data = tmp_path / "d"
     data.mkdir()
     (data / "segments").write_bytes(b"")
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
-                        "http://127.0.0.1:9", "--port", "0", "--data", str(data)],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--port",
+            "0",
+            "--data",
+            str(data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "segments" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -173,11 +200,14 @@ async def test_kill_9_under_load_then_restart(fake_stack, proxy):
     assert len(complete) > 20
 
     lines = [line for seg in list_segments(data) for line in read_segment(seg)]
-    assert not [l for l in lines if l.error and l.error != "torn_tail"], "a complete line is corrupt"
-    torn = [l for l in lines if l.error == "torn_tail"]
-    assert all(l.end == l.path.stat().st_size for l in torn)  # a torn line can only be the very end of a file
-    recorded = {json.loads(l.record["request_body"])["messages"][0]["content"] for l in lines
-                if l.record and l.record.get("kind", "exchange") == "exchange"}
+    assert not [ln for ln in lines if ln.error and ln.error != "torn_tail"], "a complete line is corrupt"
+    torn = [ln for ln in lines if ln.error == "torn_tail"]
+    assert all(ln.end == ln.path.stat().st_size for ln in torn)  # a torn line can only be the very end of a file
+    recorded = {
+        json.loads(ln.record["request_body"])["messages"][0]["content"]
+        for ln in lines
+        if ln.record and ln.record.get("kind", "exchange") == "exchange"
+    }
     missing = set(complete) - recorded
     assert not missing, f"{len(missing)} fully received responses have no record: {sorted(missing)[:5]}"
 
@@ -190,13 +220,14 @@ async def test_kill_9_under_load_then_restart(fake_stack, proxy):
     assert (await post(p2.url + "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": MSGS}))[0] == 200
     p2.stop()
     lines = [line for seg in list_segments(data) for line in read_segment(seg)]
-    assert [l.path for l in lines if l.error] == [last] and lines[-1].record is not None
+    assert [ln.path for ln in lines if ln.error] == [last] and lines[-1].record is not None
     assert len(p2.records()) == before + 1
 
 
 async def test_group_mode_loss_bound_on_kill_9_under_load(fake_stack, proxy):
     """Group durability: a crash of the proxy loses no record of a response that finished more than
-    MAX_QUEUE_WAIT (0.1 s) before it, the bound docs/record.md#durability-what-is-guaranteed states, however long the commit window."""
+    MAX_QUEUE_WAIT (0.1 s) before it, the bound docs/record.md#durability-what-is-guaranteed states, however long
+    the commit window."""
     # A long window, so the bound is seen to depend on the writer's queue, not on the fsync cadence
     # (it used to: records sat in a userspace buffer until the next fsync).
     window = 2.0
@@ -210,8 +241,10 @@ async def test_group_mode_loss_bound_on_kill_9_under_load(fake_stack, proxy):
     recorded = {json.loads(r["request_body"])["messages"][0]["content"][:9] for r in p.records()}
     lost = sorted((round(killed_at - t, 3), m) for t, m in finished if m not in recorded)
     too_old = [(age, m) for age, m in lost if age > MAX_QUEUE_WAIT]
-    assert not too_old, (f"{len(too_old)} of {len(finished)} responses that finished more than {MAX_QUEUE_WAIT}s "
-                         f"before the kill have no record; oldest: {too_old[-5:]}")
+    assert not too_old, (
+        f"{len(too_old)} of {len(finished)} responses that finished more than {MAX_QUEUE_WAIT}s "
+        f"before the kill have no record; oldest: {too_old[-5:]}"
+    )
 
 
 HUGE = 256 * 1024 * 1024
@@ -230,7 +263,7 @@ async def test_group_mode_loss_bound_holds_with_a_huge_spilled_body_in_the_batch
     fake.responder = lambda req: text("reply to " + req.messages[-1]["content"][:9] + " with some words in it")
     # 4-byte characters, the slowest text to copy into a JSON line: the copy lasts long enough
     # (0.9 s here) to be caught under way.
-    fake.inject(raw("\U0001F600".encode() * (HUGE // 4), path="/v1/huge"), stall(between=0.002, times=None))
+    fake.inject(raw("\U0001f600".encode() * (HUGE // 4), path="/v1/huge"), stall(between=0.002, times=None))
     p = proxy(fake.url, "--commit-window", "2")
 
     async def huge(finished: list) -> None:
@@ -259,5 +292,7 @@ async def test_group_mode_loss_bound_holds_with_a_huge_spilled_body_in_the_batch
     recorded = {json.loads(r["request_body"])["messages"][0]["content"][:9] for r in recs if r["path"] != "/v1/huge"}
     lost = sorted((round(killed_at - t, 3), m) for t, m in finished if m not in recorded)
     too_old = [(age, m) for age, m in lost if age > MAX_QUEUE_WAIT]
-    assert not too_old, (f"{len(too_old)} of {len(finished)} responses that finished more than {MAX_QUEUE_WAIT}s "
-                         f"before the kill have no record; oldest: {too_old[-5:]}")
+    assert not too_old, (
+        f"{len(too_old)} of {len(finished)} responses that finished more than {MAX_QUEUE_WAIT}s "
+        f"before the kill have no record; oldest: {too_old[-5:]}"
+    )

@@ -46,19 +46,30 @@ def test_secrets_are_forwarded_but_never_written(fake_stack, proxy):
         "Proxy-Authorization": "Basic SECRET-PROXY-555",
     }
     body = json.dumps({"model": "gpt-4o-mini", "messages": MSGS}).encode()
-    status, _ = request(p.url, "POST", "/v1/chat/completions?key=SECRET-QUERY-666&alt=json",
-                        {**secrets, "Content-Type": "application/json"}, body)
+    status, _ = request(
+        p.url,
+        "POST",
+        "/v1/chat/completions?key=SECRET-QUERY-666&alt=json",
+        {**secrets, "Content-Type": "application/json"},
+        body,
+    )
     assert status == 200
     seen = {k.lower(): v for k, v in fake.seen[-1].header_list}
     for name in ("authorization", "x-api-key", "api-key", "cookie"):
         assert seen[name] == secrets[{"authorization": "Authorization", "cookie": "Cookie"}.get(name, name)]
     assert "proxy-authorization" not in seen  # hop-by-hop: it was meant for us, not the upstream
     assert fake.seen[-1].query == "key=SECRET-QUERY-666&alt=json"
-    rec, = p.wait_records(1)
+    (rec,) = p.wait_records(1)
     p.stop()
     disk = on_disk(p.data) + p.output().encode()
-    for needle in (b"SECRET-AUTH-111", b"SECRET-XAPI-222", b"SECRET-AZURE-333", b"SECRET-COOKIE-444",
-                   b"SECRET-PROXY-555", b"SECRET-QUERY-666"):
+    for needle in (
+        b"SECRET-AUTH-111",
+        b"SECRET-XAPI-222",
+        b"SECRET-AZURE-333",
+        b"SECRET-COOKIE-444",
+        b"SECRET-PROXY-555",
+        b"SECRET-QUERY-666",
+    ):
         assert needle not in disk, needle
     headers = {k.lower(): v for k, v in rec["request_headers"]}
     assert headers["authorization"].startswith("redacted:") and len(headers["authorization"]) == len("redacted:") + 8
@@ -71,10 +82,16 @@ def test_secrets_are_forwarded_but_never_written(fake_stack, proxy):
 
 def test_upstream_key_is_injected_from_the_environment(fake_stack, proxy):
     fake = fake_stack("openai")
-    p = proxy(fake.url, "--quiet", "--upstream-key-env", "TP_TEST_UPSTREAM_KEY",
-              env={"TP_TEST_UPSTREAM_KEY": "sk-UPSTREAM-SECRET-777"})
+    p = proxy(
+        fake.url,
+        "--quiet",
+        "--upstream-key-env",
+        "TP_TEST_UPSTREAM_KEY",
+        env={"TP_TEST_UPSTREAM_KEY": "sk-UPSTREAM-SECRET-777"},
+    )
     openai.OpenAI(base_url=p.url + "/v1", api_key="harness-dummy").chat.completions.create(
-        model="gpt-4o-mini", messages=MSGS)
+        model="gpt-4o-mini", messages=MSGS
+    )
     auth = [v for k, v in fake.seen[-1].header_list if k.lower() == "authorization"]
     assert auth == ["Bearer sk-UPSTREAM-SECRET-777"]
     p.wait_records(1)
@@ -83,9 +100,21 @@ def test_upstream_key_is_injected_from_the_environment(fake_stack, proxy):
 
 
 def test_upstream_key_env_must_be_set():
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
-                        "http://127.0.0.1:9", "--upstream-key-env", "TP_TEST_DEFINITELY_UNSET"],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--upstream-key-env",
+            "TP_TEST_DEFINITELY_UNSET",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "TP_TEST_DEFINITELY_UNSET" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -107,13 +136,22 @@ def test_auth_token(fake_stack, proxy):
     # Every refusal is counted, the admin routes' too (the start-up health check was one).
     assert json.loads(answer)["refused"]["by_kind"] == {"unauthorized": 3, "admin_unauthorized": 3}
 
-    assert request(p.url, "POST", "/v1/chat/completions",
-                   {**ct, "X-Toolproxy-Token": "tok-SECRET-888", "Authorization": "Bearer sk-upstream"}, body)[0] == 200
+    assert (
+        request(
+            p.url,
+            "POST",
+            "/v1/chat/completions",
+            {**ct, "X-Toolproxy-Token": "tok-SECRET-888", "Authorization": "Bearer sk-upstream"},
+            body,
+        )[0]
+        == 200
+    )
     seen = {k.lower(): v for k, v in fake.seen[-1].header_list}
     assert "x-toolproxy-token" not in seen and seen["authorization"] == "Bearer sk-upstream"
 
     r = openai.OpenAI(base_url=p.url + "/v1", api_key="tok-SECRET-888").chat.completions.create(
-        model="gpt-4o-mini", messages=MSGS)
+        model="gpt-4o-mini", messages=MSGS
+    )
     assert r.choices[0].message.content
     assert "authorization" not in {k.lower() for k, _ in fake.seen[-1].header_list}  # the token is ours, not theirs
 
@@ -125,10 +163,44 @@ def test_auth_token(fake_stack, proxy):
     assert b"tok-SECRET-888" not in on_disk(p.data)
 
 
+def test_the_token_as_the_api_key_in_each_sdks_own_header(fake_stack, proxy):
+    """Anthropic's API takes its key as x-api-key (curl examples, older SDKs and other clients send
+    it so), Azure OpenAI's as api-key, Gemini's as x-goog-api-key: the token works in each, and
+    stays with the proxy."""
+    fake = fake_stack("llamacpp")
+    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--auth-token", "tok-SECRET-888")
+    body = json.dumps({"model": "m", "max_tokens": 16, "messages": MSGS}).encode()
+    ct = {"Content-Type": "application/json", "anthropic-version": "2023-06-01"}
+    assert request(p.url, "POST", "/v1/messages", {**ct, "x-api-key": "wrong"}, body)[0] == 401
+    for name in ("x-api-key", "api-key", "x-goog-api-key"):
+        status, answer = request(p.url, "POST", "/v1/messages", {**ct, name: "tok-SECRET-888"}, body)
+        assert status == 200 and json.loads(answer)["content"], (name, answer)
+        assert name not in {k.lower() for k, _ in fake.seen[-1].header_list}
+    assert [s.path for s in fake.seen] == ["/v1/messages"] * 3
+    p.stop()
+    assert b"tok-SECRET-888" not in on_disk(p.data)
+
+
 def test_non_loopback_bind_without_token_is_refused_clearly(tmp_path):
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream",
-                        "http://127.0.0.1:9", "--host", "0.0.0.0", "--port", "0", "--data", str(tmp_path / "d")],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--data",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2
     assert "non-loopback" in r.stderr and "--auth-token" in r.stderr and "Traceback" not in r.stderr
 
@@ -148,8 +220,9 @@ def test_absolute_form_target_and_host_header_cannot_redirect(fake_stack, proxy)
     assert answer.startswith(b"HTTP/1.1 400")
     assert b"not_a_forward_proxy" in answer
 
-    status, body = request(p.url, "GET", "/v1/models", {"Host": evil, "X-Forwarded-Host": evil,
-                                                        "Forwarded": f"host={evil}"})
+    status, body = request(
+        p.url, "GET", "/v1/models", {"Host": evil, "X-Forwarded-Host": evil, "Forwarded": f"host={evil}"}
+    )
     assert status == 200 and b'"owned_by":"vllm"' in body  # answered by the configured upstream
     request(p.url, "GET", f"//{evil}/v1/models")  # a scheme-relative path is still a path on the upstream
     assert attacker.seen == []
@@ -197,12 +270,14 @@ async def test_a_token_that_is_not_utf8_is_a_401_not_a_500(fake_stack, proxy):
 def test_query_secrets_follow_the_header_rules(fake_stack, proxy):
     fake = fake_stack("openai")
     p = proxy(fake.url, "--quiet", "--no-fingerprint")
-    query = ("x-api-key=SECRET-Q1&auth=SECRET-Q2&access_token=SECRET-Q3&client_secret=SECRET-Q4"
-             "&apiKey=SECRET-Q5&sig=SECRET-Q6&alt=json&keyword=caf%C3%A9+au+lait&q=a%2Fb")
+    query = (
+        "x-api-key=SECRET-Q1&auth=SECRET-Q2&access_token=SECRET-Q3&client_secret=SECRET-Q4"
+        "&apiKey=SECRET-Q5&sig=SECRET-Q6&alt=json&keyword=caf%C3%A9+au+lait&q=a%2Fb"
+    )
     body = json.dumps({"model": "gpt-4o-mini", "messages": MSGS}).encode()
     status, _ = request(p.url, "POST", "/v1/chat/completions?" + query, {"Content-Type": "application/json"}, body)
     assert status == 200 and "SECRET-Q1" in fake.seen[-1].query and "SECRET-Q6" in fake.seen[-1].query  # forwarded
-    rec, = p.wait_records(1)
+    (rec,) = p.wait_records(1)
     p.stop()
     disk = on_disk(p.data)
     for i in range(1, 7):

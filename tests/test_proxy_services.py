@@ -15,14 +15,27 @@ def _config(tmp_path, **options) -> ProxyConfig:
 def test_every_service_in_its_order(tmp_path):
     state = proxy_app.make_state(_config(tmp_path, mask=("email",), retain_seconds=60.0))
     assert [s.name for s in proxy_app.services(state)] == [
-        "live view", "refusals writer", "writer", "spill masking", "housekeeper", "watchdog",
-        "upstream health", "upstream session", "stack watch"]
+        "live view",
+        "refusals writer",
+        "writer",
+        "spill masking",
+        "housekeeper",
+        "watchdog",
+        "upstream health",
+        "upstream session",
+        "stack watch",
+    ]
 
 
 def test_only_what_is_asked_for(tmp_path):
     state = proxy_app.make_state(_config(tmp_path, live_page=False, fingerprint=False))
     assert [s.name for s in proxy_app.services(state)] == [
-        "refusals writer", "writer", "watchdog", "upstream health", "upstream session"]
+        "refusals writer",
+        "writer",
+        "watchdog",
+        "upstream health",
+        "upstream session",
+    ]
 
 
 async def test_a_start_that_fails_stops_what_started_in_reverse_and_nothing_else(tmp_path, monkeypatch):
@@ -34,8 +47,14 @@ async def test_a_start_that_fails_stops_what_started_in_reverse_and_nothing_else
     def traced(state):
         out = []
         for s in made(state):
-            out.append(proxy_app.Service(s.name, _then(events, "start " + s.name, s.start),
-                                         _then(events, "stop " + s.name, s.stop), s.off_loop))
+            out.append(
+                proxy_app.Service(
+                    s.name,
+                    _then(events, "start " + s.name, s.start),
+                    _then(events, "stop " + s.name, s.stop),
+                    s.off_loop,
+                )
+            )
         broken = next(i for i, s in enumerate(out) if s.name == "watchdog")
         out[broken] = proxy_app.Service("watchdog", _fail, out[broken].stop)
         return out
@@ -53,6 +72,7 @@ def _then(events: list, event: str, fn):
     def call():
         events.append(event)
         return fn()
+
     return call
 
 

@@ -13,29 +13,32 @@ import aiohttp
 import orjson
 import pytest
 
+from toolproxy.emulators import raw, text
 from toolproxy.proxy.spool import file_payload
 from toolproxy.record.model import Record, body_bytes, encode_body
 from toolproxy.record.spill import SpilledBody, record_pieces
-from toolproxy.emulators import raw, text
 
 
 def _spilled(data: bytes, directory: str | None, piece: int) -> SpilledBody:
     body = SpilledBody(directory)
     for i in range(0, len(data), piece):
-        body.write(data[i:i + piece])
+        body.write(data[i : i + piece])
     body.close().result()
     return body
 
 
-@pytest.mark.parametrize("data", [
-    b"",
-    "plain ascii \"quoted\" \\ and\nnewlines\t".encode() * 5000,
-    "caf\u00e9 \u2603 \U0001F600 split across pieces ".encode() * 40000,  # multi-byte chars cut by piece edges
-    "\x00\x1f\x7f control characters".encode() * 1000,
-    os.urandom(1_000_003),  # not UTF-8: base64, with a length that is not a multiple of 3
-    b"\xff" + b"a" * 70_000,
-    b"last piece smaller than a file buffer " * 3_473,  # 2 x 65,537 + 900 bytes: the 900 must reach the file too
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b'plain ascii "quoted" \\ and\nnewlines\t' * 5000,
+        "caf\u00e9 \u2603 \U0001f600 split across pieces ".encode() * 40000,  # multi-byte chars cut by piece edges
+        b"\x00\x1f\x7f control characters" * 1000,
+        os.urandom(1_000_003),  # not UTF-8: base64, with a length that is not a multiple of 3
+        b"\xff" + b"a" * 70_000,
+        b"last piece smaller than a file buffer " * 3_473,  # 2 x 65,537 + 900 bytes: the 900 must reach the file too
+    ],
+)
 @pytest.mark.parametrize("writable", [True, False])
 def test_a_spilled_body_serialises_exactly_like_a_held_one(tmp_path, data, writable):
     # An unwritable spill directory (a file in its place) keeps the rest in memory instead of losing it.
@@ -62,8 +65,10 @@ _ANSWER_WITHIN = 120
 
 
 def _unanswered(fake, sent: int) -> str:
-    return (f"the proxy did not answer within {_ANSWER_WITHIN}s; the upstream received {len(fake.seen)} of "
-            f"{sent} requests whole")
+    return (
+        f"the proxy did not answer within {_ANSWER_WITHIN}s; the upstream received {len(fake.seen)} of "
+        f"{sent} requests whole"
+    )
 
 
 async def test_a_spilled_request_body_that_reads_back_short_fails_instead_of_leaving_the_upstream_waiting(tmp_path):
@@ -87,13 +92,20 @@ async def test_large_bodies_pass_through_in_bounded_memory_and_are_recorded_whol
     fake.responder = lambda req: text(reply_text)
     p = proxy(fake.url, "--quiet", "--no-fingerprint", "--spill-above", "256KiB")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_ANSWER_WITHIN)) as s:
-        async with s.post(p.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}) as r:
+        async with s.post(
+            p.url + "/v1/chat/completions",
+            json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+        ) as r:
             await r.read()  # warm up: the baseline includes everything a first exchange loads
         base = _hwm_kb(p.proc.pid)
 
         async def one(i: int) -> tuple[bytes, bytes]:
-            sent = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"{i} " + "x\u00e9" * 5_000_000}]}).encode()
-            async with s.post(p.url + "/v1/chat/completions", data=sent, headers={"Content-Type": "application/json"}) as r:
+            sent = json.dumps(
+                {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"{i} " + "x\u00e9" * 5_000_000}]}
+            ).encode()
+            async with s.post(
+                p.url + "/v1/chat/completions", data=sent, headers={"Content-Type": "application/json"}
+            ) as r:
                 assert r.status == 200
                 return sent, await r.read()
 
@@ -128,8 +140,11 @@ async def test_a_spilled_request_whose_last_piece_is_small_is_forwarded_and_reco
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=_ANSWER_WITHIN)) as s:
         try:
-            async with s.post(p.url + "/v1/chat/completions", data=pieces(),
-                              headers={"Content-Type": "application/json", "Content-Length": str(len(body))}) as r:
+            async with s.post(
+                p.url + "/v1/chat/completions",
+                data=pieces(),
+                headers={"Content-Type": "application/json", "Content-Length": str(len(body))},
+            ) as r:
                 assert r.status == 200
         except TimeoutError:
             pytest.fail(_unanswered(fake, 1), pytrace=False)
@@ -157,12 +172,18 @@ async def test_spilled_and_deduplicated_records_share_a_segment(fake_stack, prox
     history = [{"role": "user", "content": f"turn {i} " + "words " * 200} for i in range(20)]
     bodies = [
         json.dumps({"model": "gpt-4o-mini", "messages": history[:10]}).encode(),  # ~13 KB: chunked
-        json.dumps({"model": "gpt-4o-mini", "messages": history[:10] + [{"role": "user", "content": "z" * 200_000}]}).encode(),
+        json.dumps(
+            {"model": "gpt-4o-mini", "messages": history[:10] + [{"role": "user", "content": "z" * 200_000}]}
+        ).encode(),
         json.dumps({"model": "gpt-4o-mini", "messages": history}).encode(),  # shares the first's prefix
     ]
     async with aiohttp.ClientSession() as s:
-        await asyncio.gather(*(s.post(p.url + "/v1/chat/completions", data=b,
-                                      headers={"Content-Type": "application/json"}) for b in bodies))
+        await asyncio.gather(
+            *(
+                s.post(p.url + "/v1/chat/completions", data=b, headers={"Content-Type": "application/json"})
+                for b in bodies
+            )
+        )
     recs = p.wait_records(3)
     assert sorted(r["request_body"].encode() for r in recs) == sorted(bodies)
     segments = list((p.data / "segments").glob("*.jsonl"))

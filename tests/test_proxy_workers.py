@@ -14,7 +14,7 @@ import time
 import aiohttp
 import pytest
 
-from toolproxy.proxy.workers import STALE_AFTER, group_snapshot, merge_snapshots
+from toolproxy.proxy.groupstats import STALE_AFTER, group_snapshot, merge_snapshots
 from toolproxy.record.segments import list_segments
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -23,11 +23,13 @@ MSGS = [{"role": "user", "content": "hi"}]
 async def fire(url: str, n: int, stream_every: int = 3) -> list[int]:
     """n requests, each on its own connection so the kernel spreads them across workers."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=32)) as s:
+
         async def one(i: int) -> int:
             body = {"model": "gpt-4o-mini", "messages": MSGS, "stream": i % stream_every == 0}
             async with s.post(url + "/v1/chat/completions", json=body) as r:
                 await r.read()
                 return r.status
+
         return await asyncio.gather(*(one(i) for i in range(n)))
 
 
@@ -58,8 +60,10 @@ async def test_workers_share_the_port_merge_stats_survive_a_crash_and_stop_toget
     assert statuses == [200] * 240
 
     # Any worker's stats answer for the group: counts equal what the clients saw.
-    stats = wait_for(lambda: (s := p.stats())["exchanges"] == 240 and s["recording"]["written"] == 240 and s,
-                     "merged stats to reach 240 exchanges")
+    stats = wait_for(
+        lambda: (s := p.stats())["exchanges"] == 240 and s["recording"]["written"] == 240 and s,
+        "merged stats to reach 240 exchanges",
+    )
     assert stats["status"] == "ok" and stats["by_status_class"] == {"2xx": 240}
     group = stats["workers"]
     assert group["count"] == 2 and group["answering"] == 2 and group["restarts"] == 0
@@ -74,12 +78,29 @@ async def test_workers_share_the_port_merge_stats_survive_a_crash_and_stop_toget
     pids = {w["pid"] for w in per}
     writers = {seg.name.split("-")[1] for seg in list_segments(p.data)}
     assert writers == {str(pid) for pid in pids}
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(p.data)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", "analyze", "--data", str(p.data)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", "sql", "--data", str(p.data),
-                        "--format", "json", "select count(*) as n, count(distinct id) as ids from exchanges"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "sql",
+            "--data",
+            str(p.data),
+            "--format",
+            "json",
+            "select count(*) as n, count(distinct id) as ids from exchanges",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert json.loads(r.stdout) == [{"n": 240, "ids": 240}]
 
     # A worker that dies is reported and replaced; the group's counters do not go backwards, and
@@ -87,8 +108,15 @@ async def test_workers_share_the_port_merge_stats_survive_a_crash_and_stop_toget
     victim, victim_index = per[0]["pid"], per[0]["index"]
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: "exited with signal SIGKILL; restarting it" in p.output(), "the crash to be reported")
-    stats = wait_for(lambda: (s := p.stats())["workers"]["restarts"] == 1 and s["workers"]["answering"] == 2
-                     and s["status"] != "degraded" and s, "the worker to be restarted")
+    stats = wait_for(
+        lambda: (
+            (s := p.stats())["workers"]["restarts"] == 1
+            and s["workers"]["answering"] == 2
+            and s["status"] != "degraded"
+            and s
+        ),
+        "the worker to be restarted",
+    )
     assert stats["status"] == "partial" and p.health()[0] == 200  # serving and recording: not a failure
     [missing] = stats["workers"]["counts_missing"]
     assert f"worker {victim_index} (pid {victim}) exited with signal SIGKILL" in missing and "partial" in missing
@@ -111,9 +139,26 @@ def test_ctrl_c_stops_the_whole_group(fake_stack, tmp_path):
     """A terminal's Ctrl-C signals the whole foreground process group: supervisor and workers."""
     fake = fake_stack("openai")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", fake.url, "--port", "0",
-         "--data", str(tmp_path / "d"), "--workers", "2", "--quiet", "--no-fingerprint"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "serve",
+            "--upstream",
+            fake.url,
+            "--port",
+            "0",
+            "--data",
+            str(tmp_path / "d"),
+            "--workers",
+            "2",
+            "--quiet",
+            "--no-fingerprint",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         line = proc.stdout.readline()
@@ -141,9 +186,23 @@ def test_a_port_in_use_is_a_clear_error_not_a_restart_loop(fake_stack, tmp_path)
         taken.listen()
         port = taken.getsockname()[1]
         r = subprocess.run(
-            [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", fake.url,
-             "--port", str(port), "--data", str(tmp_path / "d"), "--workers", "2"],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-c",
+                "from toolproxy.cli import main; main()",
+                "serve",
+                "--upstream",
+                fake.url,
+                "--port",
+                str(port),
+                "--data",
+                str(tmp_path / "d"),
+                "--workers",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert r.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Address already in use" in r.stderr
@@ -154,19 +213,35 @@ def test_a_port_in_use_is_a_clear_error_not_a_restart_loop(fake_stack, tmp_path)
     "live, retired, expected",
     [
         # counters add up; gauges and status come from the live workers only
-        ([{"exchanges": 3, "in_flight": 1, "status": "ok"}, {"exchanges": 4, "in_flight": 2, "status": "ok"}],
-         [{"exchanges": 10, "in_flight": 5, "status": "degraded"}],
-         {"exchanges": 17, "in_flight": 3, "status": "ok"}),
+        (
+            [{"exchanges": 3, "in_flight": 1, "status": "ok"}, {"exchanges": 4, "in_flight": 2, "status": "ok"}],
+            [{"exchanges": 10, "in_flight": 5, "status": "degraded"}],
+            {"exchanges": 17, "in_flight": 3, "status": "ok"},
+        ),
         # one degraded worker makes the group degraded, with its reason
-        ([{"status": "ok", "recording": {"last_error": None, "written": 1}},
-          {"status": "degraded", "recording": {"last_error": "disk full", "written": 2}}], [],
-         {"status": "degraded", "recording": {"last_error": "disk full", "written": 3}}),
+        (
+            [
+                {"status": "ok", "recording": {"last_error": None, "written": 1}},
+                {"status": "degraded", "recording": {"last_error": "disk full", "written": 2}},
+            ],
+            [],
+            {"status": "degraded", "recording": {"last_error": "disk full", "written": 3}},
+        ),
         # nested counters keyed by kind merge by key; uptime is the longest, not the sum
-        ([{"errors": {"timeout": 1}, "uptime_s": 5.0}, {"errors": {"timeout": 2, "connect": 1}, "uptime_s": 7.0}], [],
-         {"errors": {"timeout": 3, "connect": 1}, "uptime_s": 7.0}),
+        (
+            [{"errors": {"timeout": 1}, "uptime_s": 5.0}, {"errors": {"timeout": 2, "connect": 1}, "uptime_s": 7.0}],
+            [],
+            {"errors": {"timeout": 3, "connect": 1}, "uptime_s": 7.0},
+        ),
         # settings and names: the first worker's value; lists are united
-        ([{"upstream": "http://a", "stack": {"models": ["m1"]}}, {"upstream": "http://a", "stack": {"models": ["m2", "m1"]}}],
-         [], {"upstream": "http://a", "stack": {"models": ["m1", "m2"]}}),
+        (
+            [
+                {"upstream": "http://a", "stack": {"models": ["m1"]}},
+                {"upstream": "http://a", "stack": {"models": ["m2", "m1"]}},
+            ],
+            [],
+            {"upstream": "http://a", "stack": {"models": ["m1", "m2"]}},
+        ),
         # a worker that has not fingerprinted yet (None) does not hide the other's answer
         ([{"stack": None}, {"stack": {"stack": "vllm"}}], [], {"stack": {"stack": "vllm"}}),
     ],
@@ -179,7 +254,11 @@ def test_a_silent_worker_degrades_the_group():
     now = 1000.0
     own = {"status": "ok", "exchanges": 1, "worker": {"index": 0, "pid": 10, "published_at": now}}
     peer_fresh = {"status": "ok", "exchanges": 2, "worker": {"index": 1, "pid": 11, "published_at": now - 0.1}}
-    peer_stale = {"status": "ok", "exchanges": 4, "worker": {"index": 2, "pid": 12, "published_at": now - STALE_AFTER - 1}}
+    peer_stale = {
+        "status": "ok",
+        "exchanges": 4,
+        "worker": {"index": 2, "pid": 12, "published_at": now - STALE_AFTER - 1},
+    }
     supervisor = {"count": 4, "pids": [10, 11, 12, 13], "restarts": 0}
     snap = group_snapshot(own, [peer_fresh, peer_stale], [], supervisor, now=now)
     assert snap["exchanges"] == 7 and snap["status"] == "degraded"
@@ -188,34 +267,69 @@ def test_a_silent_worker_degrades_the_group():
     assert "worker 2 (pid 12) last reported" in problems and "pid 13 has not reported yet" in problems
     healthy = group_snapshot(own, [peer_fresh], [], {"count": 2, "pids": [10, 11]}, now=now)
     assert healthy["status"] == "ok" and "problems" not in healthy["workers"]
-    restarting = group_snapshot(own, [peer_fresh], [], {"count": 3, "pids": [10, 11], "last_exit": "worker 2 (pid 9) exited with signal SIGKILL"}, now=now)
+    restarting = group_snapshot(
+        own,
+        [peer_fresh],
+        [],
+        {"count": 3, "pids": [10, 11], "last_exit": "worker 2 (pid 9) exited with signal SIGKILL"},
+        now=now,
+    )
     assert restarting["status"] == "degraded"
-    assert restarting["workers"]["problems"] == ["1 of 3 workers not running (being restarted after: worker 2 (pid 9) exited with signal SIGKILL)"]
+    assert restarting["workers"]["problems"] == [
+        "1 of 3 workers not running (being restarted after: worker 2 (pid 9) exited with signal SIGKILL)"
+    ]
 
 
 def test_a_killed_workers_counts_are_said_to_be_partial_and_a_stopped_ones_are_not():
     now = 1000.0
     own = {"status": "ok", "exchanges": 1, "worker": {"index": 0, "pid": 10, "published_at": now}}
     peer = {"status": "ok", "exchanges": 2, "worker": {"index": 1, "pid": 12, "published_at": now}}
-    killed = {"status": "ok", "exchanges": 4, "worker": {"index": 1, "pid": 11, "published_at": now - 5.25,
-                                                         "exit": "signal SIGKILL", "exited_at": now - 5.0}}
-    stopped = {"status": "ok", "exchanges": 8, "worker": {"index": 1, "pid": 9, "published_at": now - 60, "final": True,
-                                                          "exit": "code 0", "exited_at": now - 60}}
-    supervisor = {"count": 2, "pids": [10, 12], "restarts": 2,
-                  "slots": [{"index": 0, "pid": 10, "restarts": 0}, {"index": 1, "pid": 12, "restarts": 2}]}
+    killed = {
+        "status": "ok",
+        "exchanges": 4,
+        "worker": {"index": 1, "pid": 11, "published_at": now - 5.25, "exit": "signal SIGKILL", "exited_at": now - 5.0},
+    }
+    stopped = {
+        "status": "ok",
+        "exchanges": 8,
+        "worker": {
+            "index": 1,
+            "pid": 9,
+            "published_at": now - 60,
+            "final": True,
+            "exit": "code 0",
+            "exited_at": now - 60,
+        },
+    }
+    supervisor = {
+        "count": 2,
+        "pids": [10, 12],
+        "restarts": 2,
+        "slots": [{"index": 0, "pid": 10, "restarts": 0}, {"index": 1, "pid": 12, "restarts": 2}],
+    }
     snap = group_snapshot(own, [peer], [killed, stopped], supervisor, now=now)
     assert snap["exchanges"] == 15 and snap["status"] == "partial"
     assert snap["workers"]["counts_missing"] == [
         "worker 1 (pid 11) exited with signal SIGKILL, 0.25s after its last report: what it did after that report "
-        "(exchanges, records written) is in no count, so these totals are partial"]
+        "(exchanges, records written) is in no count, so these totals are partial"
+    ]
     assert [w["restarts"] for w in snap["workers"]["per_worker"]] == [0, 2]
     complete = group_snapshot(own, [peer], [stopped], supervisor, now=now)
     assert complete["status"] == "ok" and "counts_missing" not in complete["workers"]
     # A degraded group says so first; the partial counts are still named.
     down = group_snapshot(own, [peer], [killed], {**supervisor, "count": 3}, now=now)
     assert down["status"] == "degraded" and down["workers"]["counts_missing"]
-    restarting = group_snapshot(own, [], [killed], {**supervisor, "pids": [10], "slots": [
-        {"index": 0, "pid": 10, "restarts": 0}, {"index": 1, "pid": None, "restarts": 2}]}, now=now)
+    restarting = group_snapshot(
+        own,
+        [],
+        [killed],
+        {
+            **supervisor,
+            "pids": [10],
+            "slots": [{"index": 0, "pid": 10, "restarts": 0}, {"index": 1, "pid": None, "restarts": 2}],
+        },
+        now=now,
+    )
     assert restarting["workers"]["not_running"] == [1]
 
 
@@ -230,13 +344,17 @@ def test_a_writer_never_appends_to_a_segment_it_did_not_create(tmp_path):
     seg_dir = tmp_path / SEGMENT_DIR
     seg_dir.mkdir()
     now = time.time()
-    stamps = {time.strftime("%Y%m%dT%H%M%S", time.gmtime(now + d)) for d in (0, 1, 2)}  # the writer may start a second later
+    stamps = {
+        time.strftime("%Y%m%dT%H%M%S", time.gmtime(now + d)) for d in (0, 1, 2)
+    }  # the writer may start a second later
     squatters = [seg_dir / f"{stamp}-{os.getpid()}-{n:04d}.jsonl" for stamp in stamps for n in (1, 2)]
     for path in squatters:
         path.write_bytes(b'{"torn": ')  # a dead writer's torn tail
     writer = SegmentWriter(tmp_path)
     writer.start()
-    writer.submit(Record(id=new_id(), started_at=time.time(), upstream="http://127.0.0.1:1", method="GET", path="/v1/models"))
+    writer.submit(
+        Record(id=new_id(), started_at=time.time(), upstream="http://127.0.0.1:1", method="GET", path="/v1/models")
+    )
     writer.close()
     assert all(p.read_bytes() == b'{"torn": ' for p in squatters)
     assert [r["path"] for r in read_records(tmp_path, "exchange")] == ["/v1/models"]
@@ -251,9 +369,25 @@ def test_serve_lifts_a_low_open_files_limit_for_every_worker(fake_stack, tmp_pat
     if hard != resource.RLIM_INFINITY and hard <= 256:
         pytest.skip(f"the hard limit here ({hard}) leaves nothing to lift")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from toolproxy.cli import main; main()", "serve", "--upstream", fake.url, "--port", "0",
-         "--data", str(tmp_path / "d"), "--workers", "2", "--quiet", "--no-fingerprint"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "from toolproxy.cli import main; main()",
+            "serve",
+            "--upstream",
+            fake.url,
+            "--port",
+            "0",
+            "--data",
+            str(tmp_path / "d"),
+            "--workers",
+            "2",
+            "--quiet",
+            "--no-fingerprint",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)),
     )
     try:

@@ -24,8 +24,12 @@ DAY = 86400
 
 
 def tp(*args):
-    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def post(url: str, body: dict) -> dict:
@@ -53,8 +57,10 @@ def snapshot(data) -> dict:
             name: con.execute(query).fetchall()
             for name, query in {
                 "exchanges": "SELECT id, run, episode, turn_id FROM exchanges ORDER BY id",
-                "turns": "SELECT turn_id, run, episode_key, turn_index, outcome, role, is_last FROM turns ORDER BY turn_id",
-                "episodes": "SELECT episode_key, run, episode, reconstructed, n_turns FROM episodes ORDER BY episode_key",
+                "turns": "SELECT turn_id, run, episode_key, turn_index, outcome, role, is_last FROM turns ORDER BY "
+                "turn_id",
+                "episodes": "SELECT episode_key, run, episode, reconstructed, n_turns FROM episodes ORDER BY "
+                "episode_key",
                 "runs": "SELECT run, n_exchanges, n_episodes, n_turns FROM runs ORDER BY run",
                 "ingest": "SELECT segment, byte_offset FROM ingest_state ORDER BY segment",
                 "tool_sets": "SELECT hash FROM tool_sets ORDER BY hash",
@@ -73,8 +79,16 @@ def age(paths, days: float) -> None:
 @pytest.fixture
 def recording(fake_stack, proxy, tmp_path):
     """Two tagged runs and untagged traffic, one record per segment, proxy stopped."""
-    p = proxy(fake_stack("llamacpp").url, "--quiet", "--no-fingerprint", "--segment-size", "1", "--durability", "sync",
-              data=tmp_path / "recorded")
+    p = proxy(
+        fake_stack("llamacpp").url,
+        "--quiet",
+        "--no-fingerprint",
+        "--segment-size",
+        "1",
+        "--durability",
+        "sync",
+        data=tmp_path / "recorded",
+    )
     for ep in range(3):
         converse(f"{p.url}/t/run=alpha/episode={ep}", f"alpha {ep}", 3)
     converse(f"{p.url}/t/run=beta/episode=0", "beta", 2)
@@ -171,7 +185,7 @@ def test_a_segment_a_shared_run_holds_is_kept_whole(recording, tmp_path):
     age(list_segments(data), 30)
     r = tp("prune", "--older-than", "7d", "--run", "alpha", "--data", str(data))
     assert r.returncode == 0, r.stderr
-    assert "deleted 8 segments" in r.stdout and f"kept 1 segments that also hold other runs" in r.stdout
+    assert "deleted 8 segments" in r.stdout and "kept 1 segments that also hold other runs" in r.stdout
     assert segs[0].exists()
 
 

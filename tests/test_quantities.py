@@ -9,11 +9,27 @@ from toolproxy.term.quantities import parse_duration, parse_size
 K, M, G = 1024, 1024**2, 1024**3
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("4096", 4096), ("0", 0), ("100b", 100), ("100B", 100), ("4k", 4 * K), ("4kb", 4 * K), ("4KiB", 4 * K),
-    ("512K", 512 * K), ("64MiB", 64 * M), ("64mb", 64 * M), ("64m", 64 * M), ("1.5g", int(1.5 * G)),
-    ("20GiB", 20 * G), ("2T", 2 * 1024**4), (" 8 MiB ", 8 * M), ("200000", 200_000),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("4096", 4096),
+        ("0", 0),
+        ("100b", 100),
+        ("100B", 100),
+        ("4k", 4 * K),
+        ("4kb", 4 * K),
+        ("4KiB", 4 * K),
+        ("512K", 512 * K),
+        ("64MiB", 64 * M),
+        ("64mb", 64 * M),
+        ("64m", 64 * M),
+        ("1.5g", int(1.5 * G)),
+        ("20GiB", 20 * G),
+        ("2T", 2 * 1024**4),
+        (" 8 MiB ", 8 * M),
+        ("200000", 200_000),
+    ],
+)
 def test_sizes(text, expected):
     assert parse_size(text) == expected
 
@@ -24,9 +40,18 @@ def test_not_sizes(text):
         parse_size(text)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("90s", 90), ("30m", 1800), ("12h", 43200), ("7d", 7 * 86400), ("2w", 14 * 86400), ("1.5H", 5400), (" 5 s ", 5),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("90s", 90),
+        ("30m", 1800),
+        ("12h", 43200),
+        ("7d", 7 * 86400),
+        ("2w", 14 * 86400),
+        ("1.5H", 5400),
+        (" 5 s ", 5),
+    ],
+)
 def test_durations(text, expected):
     assert parse_duration(text) == expected
 

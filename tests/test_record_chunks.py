@@ -21,8 +21,8 @@ import duckdb
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest.keys import link_map, parent_walk
-from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.classify.keys import link_map, parent_walk
+from toolproxy.analysis.lifecycle.ingest import ingest
 from toolproxy.analysis.store.connection import bodies_in_sql, connect
 from toolproxy.record.chunks import INLINE_BODY_CHARS, MAX_CHUNK, MIN_CHUNK, ChunkPacker, ChunkSource, cut_points
 from toolproxy.record.model import RECORD_VERSION, Record, RecordEncodeError, encode_body, new_id
@@ -30,9 +30,17 @@ from toolproxy.record.segments import batch_end, expanded_size, list_segments, r
 from toolproxy.record.writer import SegmentWriter
 from toolproxy.testing.corpus import episode, interleaved
 
-TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing " * 40,
-                                           "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
-         for i in range(5)]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{i}",
+            "description": "does a thing " * 40,
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+        },
+    }
+    for i in range(5)
+]
 
 
 def history_bodies(turns: int, dumps=lambda o: orjson.dumps(o)) -> list[bytes]:
@@ -105,8 +113,11 @@ def test_cut_points_cover_the_body_in_bounded_pieces(name, data):
     assert all(i > 0 and sizes[i - 1] == MAX_CHUNK for i in short), "short pieces only end a body or a long span"
 
 
-@pytest.mark.parametrize("dumps", [orjson.dumps, lambda o: json.dumps(o).encode(), lambda o: json.dumps(o, indent=2).encode()],
-                         ids=["compact", "spaced", "indented"])
+@pytest.mark.parametrize(
+    "dumps",
+    [orjson.dumps, lambda o: json.dumps(o).encode(), lambda o: json.dumps(o, indent=2).encode()],
+    ids=["compact", "spaced", "indented"],
+)
 def test_a_resent_history_is_cut_as_before(dumps):
     """Turn n+1's body shares every chunk of turn n's messages, and its tools array's chunks."""
     a, b = history_bodies(5, dumps)[-2:]
@@ -127,13 +138,32 @@ def test_a_resent_history_is_cut_as_before(dumps):
 ODD_BODIES = [
     ("compact json", history_bodies(8)[-1]),
     ("spaced json", history_bodies(8, lambda o: json.dumps(o).encode())[-1]),
-    ("escapes and control bytes", orjson.dumps({"messages": [{"content": "\x00\x1b[2J\u2028 \\ \" é 𝄞 " * 400},
-                                                             {"content": "\\ud800 lone-surrogate text " * 200}]})),
-    ("non-UTF-8 bytes", b'{"messages":[' + b",".join([b'{"c":"\xff\xfe\xc3(' + bytes(range(256)) + b'"}'] * 40) + b"]}"),
+    (
+        "escapes and control bytes",
+        orjson.dumps(
+            {
+                "messages": [
+                    {"content": '\x00\x1b[2J\u2028 \\ " é 𝄞 ' * 400},
+                    {"content": "\\ud800 lone-surrogate text " * 200},
+                ]
+            }
+        ),
+    ),
+    (
+        "non-UTF-8 bytes",
+        b'{"messages":[' + b",".join([b'{"c":"\xff\xfe\xc3(' + bytes(range(256)) + b'"}'] * 40) + b"]}",
+    ),
     ("UTF-8 cut mid-character", "é".encode() * (MAX_CHUNK + 3) + b"}]"),
     ("random binary", random.Random(5).randbytes(200_000)),
-    ("base64 text in a JSON body", orjson.dumps({"image": base64.b64encode(random.Random(6).randbytes(50_000)).decode()})),
-    ("SSE stream", b"".join(b'data: {"choices":[{"delta":{"content":"tok%d "}}]}\n\n' % i for i in range(400)) + b"data: [DONE]\n\n"),
+    (
+        "base64 text in a JSON body",
+        orjson.dumps({"image": base64.b64encode(random.Random(6).randbytes(50_000)).decode()}),
+    ),
+    (
+        "SSE stream",
+        b"".join(b'data: {"choices":[{"delta":{"content":"tok%d "}}]}\n\n' % i for i in range(400))
+        + b"data: [DONE]\n\n",
+    ),
     ("exactly at the inline threshold", b"a" * INLINE_BODY_CHARS),
     ("one past the threshold", b"{}," * (INLINE_BODY_CHARS // 3) + b"{}}"),
 ]
@@ -144,7 +174,9 @@ def test_every_body_round_trips_byte_for_byte(tmp_path):
     streamed = record(history_bodies(3)[-1], ODD_BODIES[7][1])
     rewritten = record(history_bodies(4)[-1], b"{}")
     rewritten.upstream_request = {"path": "/completion", "query": "", "headers": [["a", "b"]]}
-    rewritten.upstream_request["body"], rewritten.upstream_request["body_encoding"] = encode_body(history_bodies(5)[-1] + b"\xff")
+    rewritten.upstream_request["body"], rewritten.upstream_request["body_encoding"] = encode_body(
+        history_bodies(5)[-1] + b"\xff"
+    )
     rewritten.client_body, rewritten.client_body_encoding = encode_body(history_bodies(2)[-1])
     recs += [streamed, rewritten]
     write(tmp_path, recs)
@@ -227,15 +259,16 @@ def test_a_lost_write_makes_the_packer_start_a_fresh_index(tmp_path):
 
 # ---- damage and crashes ------------------------------------------------------------------------
 
+
 def test_a_torn_tail_inside_chunk_lines_loses_only_the_unfinished_record(tmp_path):
     bodies, seg, data = one_segment(tmp_path, 6)
     last_record = data.rindex(b'{"id"')
     last_chunk = data.rindex(b'{"kind":"chunk"', 0, last_record)
-    seg.write_bytes(data[:last_chunk + 40])  # a crash while the last batch's chunks were written
+    seg.write_bytes(data[: last_chunk + 40])  # a crash while the last batch's chunks were written
 
     lines = list(read_segment(seg))
-    assert [l.error for l in lines] == [None] * 5 + ["torn_tail"]
-    assert [l.record["request_body"].encode() for l in lines[:5]] == bodies[:5]
+    assert [ln.error for ln in lines] == [None] * 5 + ["torn_tail"]
+    assert [ln.record["request_body"].encode() for ln in lines[:5]] == bodies[:5]
 
     con = connect(tmp_path / "db.duckdb")
     s = ingest(con, tmp_path, workers=0)
@@ -246,11 +279,15 @@ def test_a_torn_tail_inside_chunk_lines_loses_only_the_unfinished_record(tmp_pat
 def test_damaged_or_hostile_references_are_reported_never_wrong(tmp_path):
     _, seg, data = one_segment(tmp_path, 3)
     first_chunk_data = data.index(b'"data":"') + 20
-    damaged = data[:first_chunk_data] + (b"A" if data[first_chunk_data:first_chunk_data + 1] != b"A" else b"B") + data[first_chunk_data + 1:]
+    damaged = (
+        data[:first_chunk_data]
+        + (b"A" if data[first_chunk_data : first_chunk_data + 1] != b"A" else b"B")
+        + data[first_chunk_data + 1 :]
+    )
     first_record = data.index(b'{"id"')
     hostile = [
         {"id": "h1", "request_body": None, "request_body_encoding": "utf8", "request_body_chunks": [-1]},
-        {"id": "h2", "request_body": None, "request_body_encoding": "utf8", "request_body_chunks": [10 ** 12]},
+        {"id": "h2", "request_body": None, "request_body_encoding": "utf8", "request_body_chunks": [10**12]},
         {"id": "h3", "request_body": None, "request_body_encoding": "utf8", "request_body_chunks": [True]},
         {"id": "h4", "request_body": None, "request_body_encoding": "utf8", "request_body_chunks": [first_record]},
         {"id": "h5", "request_body": None, "request_body_encoding": "utf8", "request_body_chunks": "0"},
@@ -259,8 +296,10 @@ def test_damaged_or_hostile_references_are_reported_never_wrong(tmp_path):
     seg.write_bytes(damaged + b"".join(orjson.dumps(h) + b"\n" for h in hostile))
 
     lines = list(read_segment(seg))
-    assert [l.record is None for l in lines] == [True] * 3 + [True] * len(hostile), "the damaged chunk is used by every turn"
-    assert all(l.error.startswith("corrupt:") for l in lines)
+    assert [ln.record is None for ln in lines] == [True] * 3 + [True] * len(hostile), (
+        "the damaged chunk is used by every turn"
+    )
+    assert all(ln.error.startswith("corrupt:") for ln in lines)
     assert "does not match its id" in lines[0].error or "unreadable" in lines[0].error
 
     con = connect(tmp_path / "db.duckdb")
@@ -273,9 +312,22 @@ def test_old_version_1_segments_stay_readable(tmp_path):
     seg = tmp_path / "segments" / "20250101T000000-1-0001.jsonl"
     seg.parent.mkdir(parents=True)
     body = history_bodies(5)[-1].decode()
-    seg.write_text(json.dumps({"id": "0190aaaa", "kind": "exchange", "v": 1, "started_at": 1.0, "method": "POST",
-                               "path": "/v1/chat/completions", "request_body": body, "request_body_encoding": "utf8",
-                               "status": 200}) + "\n")
+    seg.write_text(
+        json.dumps(
+            {
+                "id": "0190aaaa",
+                "kind": "exchange",
+                "v": 1,
+                "started_at": 1.0,
+                "method": "POST",
+                "path": "/v1/chat/completions",
+                "request_body": body,
+                "request_body_encoding": "utf8",
+                "status": 200,
+            }
+        )
+        + "\n"
+    )
     [got] = read_records(tmp_path)
     assert got["request_body"] == body and got["v"] == 1
     con = connect(tmp_path / "db.duckdb")
@@ -287,21 +339,25 @@ def test_old_version_1_segments_stay_readable(tmp_path):
 
 # ---- the analyzer sees the same exchanges with dedup on and off ---------------------------------
 
+
 def _exchanges(db: Path) -> list[tuple]:
     """Every exchange row but where it lies, with the parent keys it walks instead of the links back
     it stores (which requests store which links follows how batches fall: keys.Prefixes)."""
     con = duckdb.connect(str(db), read_only=True)
     try:
-        rows = con.execute("SELECT * EXCLUDE (segment, segment_offset, prefix_links), prefix_links, run, "
-                           "parent_hashes, prior_hash FROM exchanges ORDER BY id").fetchall()
+        rows = con.execute(
+            "SELECT * EXCLUDE (segment, segment_offset, prefix_links), prefix_links, run, "
+            "parent_hashes, prior_hash FROM exchanges ORDER BY id"
+        ).fetchall()
     finally:
         con.close()
     links: dict = {}
     for *_, pairs, run, _parents, _prior in rows:
         links.setdefault(run, []).append(pairs)
     maps = {run: link_map(p) for run, p in links.items()}
-    return [(*row[:-4], None if row[-2] is None else list(parent_walk(row[-2], row[-1], maps[row[-3]])))
-            for row in rows]
+    return [
+        (*row[:-4], None if row[-2] is None else list(parent_walk(row[-2], row[-1], maps[row[-3]]))) for row in rows
+    ]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -326,13 +382,18 @@ async def test_proxy_records_and_show_raw_reproduce_the_wire(fake_stack, proxy, 
     then `toolproxy analyze` and `show --raw` as a user runs them."""
     fake = fake_stack("openai")
     p = proxy(fake.url, "--quiet", "--durability", "sync")
-    sent = [json.dumps({**json.loads(b), "model": "gpt-4o-mini", "stream": i == 3}, indent=i % 3).encode()
-            for i, b in enumerate(history_bodies(8))]
+    sent = [
+        json.dumps({**json.loads(b), "model": "gpt-4o-mini", "stream": i == 3}, indent=i % 3).encode()
+        for i, b in enumerate(history_bodies(8))
+    ]
     sent[5] = sent[5][:-1] + b' , "x": "\xff\xfe"}'  # not UTF-8 (the fake may refuse it; it is recorded anyway)
     async with aiohttp.ClientSession() as s:
         for body in sent:
-            async with s.post(p.url + "/t/run=dd/episode=1/v1/chat/completions", data=body,
-                              headers={"Content-Type": "application/json"}) as r:
+            async with s.post(
+                p.url + "/t/run=dd/episode=1/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as r:
                 await r.read()
     p.stop()
     recs = p.records()
@@ -344,13 +405,19 @@ async def test_proxy_records_and_show_raw_reproduce_the_wire(fake_stack, proxy, 
     out = subprocess.run([*tp, "analyze", "--data", str(p.data)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "issues: none" in out.stdout, out.stdout + out.stderr
     # the database keeps no copy of the bodies: SQL reads them from the segments, chunks put back
-    query = ("SELECT id, bodies(segment, segment_offset).request_body AS t, "
-             "bodies(segment, segment_offset).request_body_encoding AS e FROM exchanges ORDER BY id")
-    out = subprocess.run([*tp, "sql", "--data", str(p.data), "--format", "json", query], capture_output=True, text=True, timeout=120)
+    query = (
+        "SELECT id, bodies(segment, segment_offset).request_body AS t, "
+        "bodies(segment, segment_offset).request_body_encoding AS e FROM exchanges ORDER BY id"
+    )
+    out = subprocess.run(
+        [*tp, "sql", "--data", str(p.data), "--format", "json", query], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     rows = [(r["id"], r["t"], r["e"]) for r in json.loads(out.stdout)]
     assert [base64.b64decode(t) if e == "base64" else t.encode() for _, t, e in rows] == sent
-    shown = subprocess.run([*tp, "show", "--data", str(p.data), "--raw", rows[-1][0]], capture_output=True, text=True, timeout=120)
+    shown = subprocess.run(
+        [*tp, "show", "--data", str(p.data), "--raw", rows[-1][0]], capture_output=True, text=True, timeout=120
+    )
     assert shown.returncode == 0, shown.stderr
     last_message = next(line for line in sent[-1].decode().splitlines() if "step 7:" in line)
     assert "== raw request body" in shown.stdout and last_message in shown.stdout
@@ -377,14 +444,17 @@ async def test_kill_9_while_writing_chunked_episodes(fake_stack, proxy):
 
     async def agent(a: int) -> None:
         async with aiohttp.ClientSession() as s:
-            for turn, body in enumerate(history_bodies(60, lambda o: json.dumps({**o, "model": "gpt-4o-mini", "user": f"agent-{a}"}).encode())):
+            for turn, body in enumerate(
+                history_bodies(60, lambda o: json.dumps({**o, "model": "gpt-4o-mini", "user": f"agent-{a}"}).encode())
+            ):
                 if stop.is_set():
                     return
                 try:
-                    async with s.post(p.url + "/v1/chat/completions", data=body,
-                                      headers={"Content-Type": "application/json"}) as r:
+                    async with s.post(
+                        p.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+                    ) as r:
                         await r.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     return
                 if r.status == 200:
                     complete[f"{a}-{turn}"] = body
@@ -393,8 +463,11 @@ async def test_kill_9_while_writing_chunked_episodes(fake_stack, proxy):
     # Kill once enough responses are complete and the segment has rolled over, however slowly a
     # loaded machine gets there (a fixed sleep was too short under load and wasted time when idle).
     deadline = time.monotonic() + 60
-    while (len(complete) <= 20 or len(list_segments(p.data)) <= 1) and time.monotonic() < deadline \
-            and not all(t.done() for t in tasks):
+    while (
+        (len(complete) <= 20 or len(list_segments(p.data)) <= 1)
+        and time.monotonic() < deadline
+        and not all(t.done() for t in tasks)
+    ):
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.2)  # still writing when killed
     p.kill()
@@ -403,9 +476,11 @@ async def test_kill_9_while_writing_chunked_episodes(fake_stack, proxy):
     assert len(complete) > 20
 
     lines = [line for seg in list_segments(p.data) for line in read_segment(seg)]
-    assert not [l for l in lines if l.error and l.error != "torn_tail"], "a complete line is corrupt or lost its chunks"
+    assert not [ln for ln in lines if ln.error and ln.error != "torn_tail"], (
+        "a complete line is corrupt or lost its chunks"
+    )
     assert len(list_segments(p.data)) > 1
-    recorded = {wire(l.record) for l in lines if l.record}
+    recorded = {wire(ln.record) for ln in lines if ln.record}
     assert not [k for k, body in complete.items() if body not in recorded]
 
 
@@ -415,7 +490,7 @@ def _random_body(rnd: random.Random, parts: list[bytes]) -> bytes:
 
 def _random_part(rnd: random.Random) -> bytes:
     ws = [b"", b" ", b"\n  ", b"\t"]
-    text = "".join(rnd.choice("ab}{],[ \n\"é") for _ in range(rnd.choice([3, 40, 300, 900])))
+    text = "".join(rnd.choice('ab}{],[ \n"é') for _ in range(rnd.choice([3, 40, 300, 900])))
     return b"{" + rnd.choice(ws) + b'"c":' + orjson.dumps(text) + rnd.choice(ws) + b"}" + rnd.choice(ws)
 
 
@@ -435,7 +510,7 @@ def test_reusing_an_earlier_bodys_prefix_cuts_exactly_as_cutting_afresh(tmp_path
         elif r < 0.85 and len(parts) > 2:
             parts[rnd.randrange(1, len(parts))] = _random_part(rnd)
         elif len(parts) > 2:
-            del parts[rnd.randrange(1, len(parts)):]
+            del parts[rnd.randrange(1, len(parts)) :]
         bodies.append(_random_body(rnd, parts))
     path = tmp_path / "seg.jsonl"
     packer = ChunkPacker()
@@ -443,10 +518,10 @@ def test_reusing_an_earlier_bodys_prefix_cuts_exactly_as_cutting_afresh(tmp_path
         for body in bodies:
             f.write(packer.pack([(record(body), None, None)], f))
     with ChunkSource(path) as chunks:
-        for line, body in zip([l for l in path.read_bytes().splitlines() if l.startswith(b'{"id"')], bodies):
+        for line, body in zip([ln for ln in path.read_bytes().splitlines() if ln.startswith(b'{"id"')], bodies):
             offsets = orjson.loads(line)["request_body_chunks"]
             pieces = [chunks.get(at) for at in offsets]
-            ends = [sum(map(len, pieces[:i + 1])) for i in range(len(pieces))]
+            ends = [sum(map(len, pieces[: i + 1])) for i in range(len(pieces))]
             assert b"".join(pieces) == body and ends == cut_points(body)
 
 
@@ -460,7 +535,11 @@ def test_a_body_that_extends_an_earlier_one_byte_for_byte_is_cut_as_afresh(tmp_p
         body = bytes(rnd.choice(alphabet) for _ in range(INLINE_BODY_CHARS + rnd.randrange(600)))
         for _ in range(8):
             bodies.append(body)
-            tail = b"a" * (MAX_CHUNK + 100) if rnd.random() < 0.05 else bytes(rnd.choice(alphabet) for _ in range(rnd.randrange(1, 700)))
+            tail = (
+                b"a" * (MAX_CHUNK + 100)
+                if rnd.random() < 0.05
+                else bytes(rnd.choice(alphabet) for _ in range(rnd.randrange(1, 700)))
+            )
             body += tail
     path = tmp_path / "seg.jsonl"
     packer = ChunkPacker(compress=False)
@@ -468,16 +547,24 @@ def test_a_body_that_extends_an_earlier_one_byte_for_byte_is_cut_as_afresh(tmp_p
         for body in bodies:
             f.write(packer.pack([(record(body), None, None)], f))
     with ChunkSource(path) as chunks:
-        for line, body in zip([l for l in path.read_bytes().splitlines() if l.startswith(b'{"id"')], bodies):
+        for line, body in zip([ln for ln in path.read_bytes().splitlines() if ln.startswith(b'{"id"')], bodies):
             pieces = [chunks.get(at) for at in orjson.loads(line)["request_body_chunks"]]
-            ends = [sum(map(len, pieces[:i + 1])) for i in range(len(pieces))]
+            ends = [sum(map(len, pieces[: i + 1])) for i in range(len(pieces))]
             assert b"".join(pieces) == body and ends == cut_points(body)
 
 
 EXPANDED = [
     ("a body stored whole", b'{"id":"a","request_body":"' + b"x" * 900 + b'","request_body_size":900}', 0),
-    ("a chunked request", b'{"id":"a","request_body":null,"request_body_size":50000,"request_body_chunks":[1,2]}', 50000),
-    ("request and rewrite chunked", b'{"request_body_size":7000,"request_body_chunks":[1],"upstream_request":{"body_chunks":[2]}}', 14000),
+    (
+        "a chunked request",
+        b'{"id":"a","request_body":null,"request_body_size":50000,"request_body_chunks":[1,2]}',
+        50000,
+    ),
+    (
+        "request and rewrite chunked",
+        b'{"request_body_size":7000,"request_body_chunks":[1],"upstream_request":{"body_chunks":[2]}}',
+        14000,
+    ),
     ("chunked, size unknown", b'{"id":"a","response_body_chunks":[1]}', 1 << 20),
     ("the key only inside a string (escaped)", b'{"request_body":"\\"request_body_chunks\\":[1]"}', 0),
 ]

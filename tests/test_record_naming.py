@@ -18,16 +18,19 @@ from toolproxy.record.segments import REFUSALS_STREAM, SEGMENT_REPLICA, list_seg
 from toolproxy.record.writer import REPLICA_ENV, SegmentWriter, replica_name
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("replica-a", "replica-a"),
-    ("toolproxy-7d9f6c-x2kq", "toolproxy-7d9f6c-x2kq"),
-    ("host.example.com", "host.example.com"),
-    ("a/b\\c d", "a_b_c_d"),                       # never a path, never a space
-    ("../../etc", "etc"),                          # no leading dots: never a hidden or relative name
-    ("\x1b[31mred\x07", "31mred"),                 # control characters go
-    ("é🙂名", "host"),                              # nothing left: a fixed name, not an empty one
-    ("x" * 200, "x" * 64),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("replica-a", "replica-a"),
+        ("toolproxy-7d9f6c-x2kq", "toolproxy-7d9f6c-x2kq"),
+        ("host.example.com", "host.example.com"),
+        ("a/b\\c d", "a_b_c_d"),  # never a path, never a space
+        ("../../etc", "etc"),  # no leading dots: never a hidden or relative name
+        ("\x1b[31mred\x07", "31mred"),  # control characters go
+        ("é🙂名", "host"),  # nothing left: a fixed name, not an empty one
+        ("x" * 200, "x" * 64),
+    ],
+)
 def test_replica_name_is_safe_in_a_file_name_and_an_object_key(monkeypatch, value, expected):
     monkeypatch.setenv(REPLICA_ENV, value)
     assert replica_name() == expected
@@ -67,8 +70,9 @@ def test_a_refusals_stream_is_named_apart_yet_names_the_same_replica(monkeypatch
     names = sorted(p.name for p in list_segments(tmp_path))
     assert [name.endswith(".refused.jsonl") for name in names] == [False, True]
     assert [re.match(SEGMENT_REPLICA, name).group(1) for name in names] == ["host-a.b", "host-a.b"]
-    assert duckdb.sql(f"select distinct regexp_extract(n, '{SEGMENT_REPLICA}', 1) from "
-                      f"(select unnest({names}) as n)").fetchall() == [("host-a.b",)]
+    assert duckdb.sql(
+        f"select distinct regexp_extract(n, '{SEGMENT_REPLICA}', 1) from (select unnest({names}) as n)"
+    ).fetchall() == [("host-a.b",)]
 
 
 def test_ids_are_sortable_unique_and_follow_the_clock():
@@ -84,10 +88,11 @@ def stamps(offset: str | None) -> tuple[float, float, float]:
     env = {k: v for k, v in os.environ.items() if k != CLOCK_OFFSET_ENV}
     if offset is not None:
         env[CLOCK_OFFSET_ENV] = offset
-    code = ("import time; from toolproxy.record.model import new_id, now; "
-            "print(time.time(), now(), int(new_id()[:12], 16) / 1000)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=env)
+    code = (
+        "import time; from toolproxy.record.model import new_id, now; "
+        "print(time.time(), now(), int(new_id()[:12], 16) / 1000)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     wall, clock, id_s = map(float, out.stdout.split())
     return wall, clock, id_s

@@ -68,8 +68,15 @@ def writer(tmp_path):
 
 
 def rec(i: int, **fields) -> Record:
-    return Record(id=new_id(), started_at=time.time(), method="POST", path=f"/r{i}",
-                  request_body='{"n": %d}' % i, request_body_encoding="utf8", **fields)
+    return Record(
+        id=new_id(),
+        started_at=time.time(),
+        method="POST",
+        path=f"/r{i}",
+        request_body=f'{{"n": {i}}}',
+        request_body_encoding="utf8",
+        **fields,
+    )
 
 
 async def until(predicate, timeout: float = 5.0) -> None:
@@ -239,7 +246,7 @@ def test_a_long_batch_reaches_the_kernel_a_slice_at_a_time(tmp_path):
     masker = Masker(parse_rules(("email",)), os.urandom(32))
     w = SegmentWriter(tmp_path, window=0.05, observe=lambda r, line, ok: events.append(("written", r.path)))
     w.transform = lambda r: (events.append(("masked", r.path)), masker.record(r))[1]
-    text = " ".join(f"word{i} jane{i}@example.com" for i in range(2500))[:48 * 1024]
+    text = " ".join(f"word{i} jane{i}@example.com" for i in range(2500))[: 48 * 1024]
     for i in range(60):  # queued before the writer starts: one batch, 2.9 MB of bodies
         r = rec(i)
         r.request_body = orjson.dumps({"messages": [{"role": "user", "content": text}]}).decode()
@@ -309,13 +316,16 @@ async def test_records_submitted_after_close_are_counted(writer, tmp_path):
     assert w.stats.dropped_reasons == {"stopped": 1} and w.stats.written == 1
 
 
-@pytest.mark.parametrize("field, value, stored, listed", [
-    ("run", "caf\udce9", "caf\xe9", ["run"]),
-    ("tags", {"note": "n\udce9e"}, {"note": "n\xe9e"}, ["tags.note"]),
-    ("tags", {"k\udcff": "v"}, {"k\xff": "v"}, ["tags.{key}"]),
-    ("condition_note", "lone \ud800 escape", "lone \xed\xa0\x80 escape", ["condition_note"]),
-    ("request_headers", [["X-A", "\udcfe"]], [["X-A", "\xfe"]], ["request_headers[0][1]"]),
-])
+@pytest.mark.parametrize(
+    "field, value, stored, listed",
+    [
+        ("run", "caf\udce9", "caf\xe9", ["run"]),
+        ("tags", {"note": "n\udce9e"}, {"note": "n\xe9e"}, ["tags.note"]),
+        ("tags", {"k\udcff": "v"}, {"k\xff": "v"}, ["tags.{key}"]),
+        ("condition_note", "lone \ud800 escape", "lone \xed\xa0\x80 escape", ["condition_note"]),
+        ("request_headers", [["X-A", "\udcfe"]], [["X-A", "\xfe"]], ["request_headers[0][1]"]),
+    ],
+)
 def test_text_that_is_not_utf8_is_stored_byte_for_byte(field, value, stored, listed):
     r = rec(0, **{field: value})
     line = encode_record(r)

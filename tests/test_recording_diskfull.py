@@ -12,8 +12,8 @@ import time
 import uuid
 
 import pytest
-
 from rawhttp import raw_request
+
 from toolproxy.record.segments import list_segments, read_segment
 
 JSON = [(b"Content-Type", b"application/json")]
@@ -24,8 +24,7 @@ def small_fs(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("mounting a 2 MB tmpfs for the full-disk test needs root")
     where = tmp_path_factory.mktemp("smallfs")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
-                       capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
     yield where
@@ -130,8 +129,9 @@ async def test_block_mode_refuses_as_soon_as_the_disk_fails_and_stops_promptly_a
     fake = fake_stack("openai")
     data = fs_dir / "data"
     # A long commit window: refusing must not wait for the next fsync to notice the failure.
-    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--on-record-failure", "block", "--commit-window", "5",
-              data=data)
+    p = proxy(
+        fake.url, "--quiet", "--no-fingerprint", "--on-record-failure", "block", "--commit-window", "5", data=data
+    )
     assert (await raw_request(p.url, b"/v1/chat/completions", JSON, request_body(0, 100)))[0] == 200
     assert len(p.wait_records(1)) == 1  # in the segment before the disk fills
     filler = fs_dir / "filler"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from rawhttp import raw_request
 
 JSON = [(b"Content-Type", b"application/json")]

@@ -45,12 +45,23 @@ async def wait_for(predicate, what: str, timeout: float = 5.0):
 
 async def test_clients_without_the_token_neither_fill_the_disk_nor_get_recordings_pruned(fake_stack, proxy):
     fake = fake_stack("openai")
-    p = proxy(fake.url, "--quiet", "--no-fingerprint", "--auth-token", TOKEN, "--segment-size", str(SEGMENT),
-              "--max-disk", str(BUDGET))
+    p = proxy(
+        fake.url,
+        "--quiet",
+        "--no-fingerprint",
+        "--auth-token",
+        TOKEN,
+        "--segment-size",
+        str(SEGMENT),
+        "--max-disk",
+        str(BUDGET),
+    )
     url = p.url + "/v1/chat/completions"
     async with aiohttp.ClientSession(headers={"X-Toolproxy-Token": TOKEN}) as s:
         for i in range(20):
-            async with s.post(url, json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"kept-{i:02d}"}]}) as r:
+            async with s.post(
+                url, json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"kept-{i:02d}"}]}
+            ) as r:
                 assert r.status == 200
     assert len(p.wait_records(20)) == 20
 
@@ -63,8 +74,9 @@ async def test_clients_without_the_token_neither_fill_the_disk_nor_get_recording
     async def flood(s: aiohttp.ClientSession) -> None:
         nonlocal sent
         while time.monotonic() < end:
-            async with s.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
-                              headers=filler) as r:
+            async with s.post(
+                url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]}, headers=filler
+            ) as r:
                 await r.read()
                 assert r.status == 401
                 sent += 1
@@ -81,11 +93,15 @@ async def test_clients_without_the_token_neither_fill_the_disk_nor_get_recording
     elapsed = time.monotonic() - started
 
     # No recording was pruned to make room for refusals.
-    kept = sorted(json.loads(r["request_body"])["messages"][0]["content"] for r in p.records() if r["client_status"] == 200)
+    kept = sorted(
+        json.loads(r["request_body"])["messages"][0]["content"] for r in p.records() if r["client_status"] == 200
+    )
     assert kept == [f"kept-{i:02d}" for i in range(20)]
     assert sent > 2 * refusals.RECORDS, f"only {sent} refused requests: the flood did not test the budget"
-    stats = await wait_for(lambda: (s := p_stats(p))["refused"]["written"] == s["refused"]["recorded"] and s,
-                           "the recorded refusals to be written")
+    stats = await wait_for(
+        lambda: (s := p_stats(p))["refused"]["written"] == s["refused"]["recorded"] and s,
+        "the recorded refusals to be written",
+    )
     refused = stats["refused"]
     assert refused["by_kind"] == {"unauthorized": sent, "admin_unauthorized": 1}  # + the start-up health check
     assert refused["recorded"] + refused["not_recorded"] == sent
@@ -151,18 +167,21 @@ async def test_requests_the_parser_rejects_are_counted_and_recorded_without_thei
     assert fake.seen == []
 
 
-@pytest.mark.parametrize("raw, limit, stored, cut", [
-    # under the bound: kept as sent, nothing noted
-    ([(b"Host", b"a"), (b"X-A", b"bc")], 100, [["Host", "a"], ["X-A", "bc"]], None),
-    # the header that does not fit is cut to the room left, the rest left out; cut = all they took
-    ([(b"Host", b"abcdef"), (b"X-A", b"0123456789"), (b"X-B", b"z")], 16, [["Host", "abcdef"], ["X-A", "012"]], 27),
-    # a name longer than the room left is cut too
-    ([(b"Host", b"abcdef"), (b"X-Longer-Name", b"v")], 14, [["Host", "abcdef"], ["X-Lo", ""]], 24),
-    # a secret is redacted before anything is cut: never a hash of its first characters
-    ([(b"Authorization", b"Bearer sk-" + b"k" * 60)], 20, [["Authorization", "redacte"]], 83),
-    # wire bytes read as ISO-8859-1, one character per byte
-    ([(b"X-A", b"caf\xc3\xa9")], 100, [["X-A", "caf\xc3\xa9"]], None),
-])
+@pytest.mark.parametrize(
+    "raw, limit, stored, cut",
+    [
+        # under the bound: kept as sent, nothing noted
+        ([(b"Host", b"a"), (b"X-A", b"bc")], 100, [["Host", "a"], ["X-A", "bc"]], None),
+        # the header that does not fit is cut to the room left, the rest left out; cut = all they took
+        ([(b"Host", b"abcdef"), (b"X-A", b"0123456789"), (b"X-B", b"z")], 16, [["Host", "abcdef"], ["X-A", "012"]], 27),
+        # a name longer than the room left is cut too
+        ([(b"Host", b"abcdef"), (b"X-Longer-Name", b"v")], 14, [["Host", "abcdef"], ["X-Lo", ""]], 24),
+        # a secret is redacted before anything is cut: never a hash of its first characters
+        ([(b"Authorization", b"Bearer sk-" + b"k" * 60)], 20, [["Authorization", "redacte"]], 83),
+        # wire bytes read as ISO-8859-1, one character per byte
+        ([(b"X-A", b"caf\xc3\xa9")], 100, [["X-A", "caf\xc3\xa9"]], None),
+    ],
+)
 def test_bounded_headers(raw, limit, stored, cut):
     assert bounded_headers(raw, REDACTOR, limit) == (stored, cut)
 
@@ -174,8 +193,14 @@ def test_bounded_headers_redacts_a_secret_that_fits_whole():
 
 
 def test_bound_fields_cuts_what_a_client_chose_and_names_each_cut():
-    rec = Record(id="x", started_at=1.0, client_path="/" + "p" * 600, path="/v1/chat/completions", run="r" * 300,
-                 tags={f"t{i}": "v" for i in range(12)} | {"t0": "w" * 400})
+    rec = Record(
+        id="x",
+        started_at=1.0,
+        client_path="/" + "p" * 600,
+        path="/v1/chat/completions",
+        run="r" * 300,
+        tags={f"t{i}": "v" for i in range(12)} | {"t0": "w" * 400},
+    )
     cut = bound_fields(rec)
     assert cut == {"client_path": 601, "run": 300, "tags": 12, "tags.t0": 400}
     assert len(rec.client_path) == TEXT_CHARS and rec.path == "/v1/chat/completions" and len(rec.run) == TEXT_CHARS

@@ -17,13 +17,12 @@ import time
 import urllib.request
 
 import pytest
-
-from toolproxy.drive.replay import RecordedTurn, _unbalanced, build_request, retry_delay, strip_redacted_query
-from toolproxy.record.segments import read_records
-from toolproxy import emulators as fakes
-
 from proxyprocess import together
 from test_study import _responder  # a call for the city asked about, then an answer once the tool replied
+
+from toolproxy import emulators as fakes
+from toolproxy.drive.replay import RecordedTurn, _unbalanced, build_request, retry_delay, strip_redacted_query
+from toolproxy.record.segments import read_records
 
 # Four tasks, the last one streamed; the harness acts only on structured tool_calls.
 HARNESS = textwrap.dedent("""
@@ -61,8 +60,14 @@ HARNESS = textwrap.dedent("""
 
 
 def _toolproxy(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolproxy.cli", *args], text=True, capture_output=True,
-                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", *args],
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _clean_env(**extra: str) -> dict:
@@ -82,9 +87,20 @@ def recorded(tmp_path_factory):
         harness = root / "agent.py"
         harness.write_text(HARNESS)
         data = root / "data"
-        done = _toolproxy("run", "--upstream", fake.url, "--data", str(data), "--run", "orig", "--no-fingerprint",
-                          "--", sys.executable, str(harness),
-                          env=_clean_env(MODEL=fake.model, OPENAI_API_KEY="sk-harness-secret"))
+        done = _toolproxy(
+            "run",
+            "--upstream",
+            fake.url,
+            "--data",
+            str(data),
+            "--run",
+            "orig",
+            "--no-fingerprint",
+            "--",
+            sys.executable,
+            str(harness),
+            env=_clean_env(MODEL=fake.model, OPENAI_API_KEY="sk-harness-secret"),
+        )
         assert done.returncode == 0, done.stderr
         assert "4 turns" in done.stderr
         yield fake, data, root
@@ -110,8 +126,18 @@ def analyzed(recorded):
 
 
 def _replay(data, upstream, *args, env=None):
-    return _toolproxy("replay", "--from", "orig", "--data", str(data), "--upstream", upstream, "--no-fingerprint",
-                      *args, env=env or _clean_env())
+    return _toolproxy(
+        "replay",
+        "--from",
+        "orig",
+        "--data",
+        str(data),
+        "--upstream",
+        upstream,
+        "--no-fingerprint",
+        *args,
+        env=env or _clean_env(),
+    )
 
 
 def _flat(text: str) -> str:
@@ -146,12 +172,15 @@ def test_text_replay_delivers_the_calls_native_left_in_text(recorded, fake_stack
     # the request went out as the harness sent it: same body bytes, the stream as a stream
     assert sorted(r["request_body"] for r in new) == sorted(r["request_body"] for r in orig.values())
     streamed = [r for r in new if b'"stream":true' in r["request_body"].encode()]
-    assert len(streamed) == 1 and "text/event-stream" in dict(
-        (k.lower(), v) for k, v in streamed[0]["response_headers"])["content-type"]
+    assert (
+        len(streamed) == 1
+        and "text/event-stream" in dict((k.lower(), v) for k, v in streamed[0]["response_headers"])["content-type"]
+    )
     compared, md, rep = together(  # read-only commands: side by side
         lambda: _toolproxy("compare", "orig", "orig@replay-text", "--data", str(data), "--format", "json").stdout,
         lambda: _toolproxy("report", "--data", str(data), "--run", "orig@replay-text", "--format", "markdown").stdout,
-        lambda: _toolproxy("report", "--data", str(data), "--format", "json").stdout)
+        lambda: _toolproxy("report", "--data", str(data), "--format", "json").stdout,
+    )
     # the turn ids pair with compare's JSON view too
     js = json.loads(compared)
     assert js["replay"] is True and js["overall"]["b_only"] == 4
@@ -163,15 +192,26 @@ def test_text_replay_delivers_the_calls_native_left_in_text(recorded, fake_stack
 
 def test_secrets_are_never_replayed_and_the_key_comes_from_the_environment(recorded, analyzed, fake_stack):
     _, _, root = recorded
-    recorded_auth = {dict((k.lower(), v) for k, v in r["request_headers"]).get("authorization")
-                     for r in _exchanges(analyzed, "orig")}
+    recorded_auth = {
+        dict((k.lower(), v) for k, v in r["request_headers"]).get("authorization") for r in _exchanges(analyzed, "orig")
+    }
     assert all(a.startswith("redacted:") for a in recorded_auth)
     # Without and with a key, side by side: each replay on its own copy, to its own upstream.
     bare, keyed = fake_stack("sglang", responder=_responder), fake_stack("sglang", responder=_responder)
     nokey, withkey = together(
         lambda: _replay(_copy(analyzed, root, "nokey"), bare.url, "--run", "nokey", "--limit", "1"),
-        lambda: _replay(_copy(analyzed, root, "withkey"), keyed.url, "--run", "withkey", "--limit", "1",
-                        "--upstream-key-env", "UP_KEY", env=_clean_env(UP_KEY="sk-upstream")))
+        lambda: _replay(
+            _copy(analyzed, root, "withkey"),
+            keyed.url,
+            "--run",
+            "withkey",
+            "--limit",
+            "1",
+            "--upstream-key-env",
+            "UP_KEY",
+            env=_clean_env(UP_KEY="sk-upstream"),
+        ),
+    )
     assert nokey.returncode == 0, nokey.stderr
     assert [s.headers.get("Authorization") for s in bare.seen] == [None]
     assert withkey.returncode == 0, withkey.stderr
@@ -198,16 +238,25 @@ def test_where_and_limit_select_turns_and_a_bad_predicate_is_a_clear_error(recor
     _, _, root = recorded
     fake = fake_stack("sglang", responder=_responder)
     idle = fake_stack("sglang", responder=_responder)  # what must send nothing talks to this one
-    bad = [("outcom = 'x'", "outcom"), ("1=1) ; drop table turns; --", "one condition"),
-           ("(((", "not valid SQL"), ("true) union select 1 from (select 1", "one condition")]
+    bad = [
+        ("outcom = 'x'", "outcom"),
+        ("1=1) ; drop table turns; --", "one condition"),
+        ("(((", "not valid SQL"),
+        ("true) union select 1 from (select 1", "one condition"),
+    ]
     # Every replay on its own copy of the recording, side by side (each analyses its data dir).
     dirs = [_copy(analyzed, root, f"where{i}") for i in range(len(bad) + 3)]
     done, none, unknown, *outs = together(
-        lambda: _replay(dirs[0], fake.url, "--run", "w", "--where", "surface = 'text' and role = 'call'", "--limit", "2"),
+        lambda: _replay(
+            dirs[0], fake.url, "--run", "w", "--where", "surface = 'text' and role = 'call'", "--limit", "2"
+        ),
         lambda: _replay(dirs[1], idle.url, "--run", "w2", "--where", "outcome = 'non_response'"),
         lambda: _toolproxy("replay", "--from", "nope", "--data", str(dirs[2]), "--upstream", idle.url),
-        *[lambda d=d, where=where: _replay(d, idle.url, "--run", "w3", "--where", where)
-          for d, (where, _) in zip(dirs[3:], bad)])
+        *[
+            lambda d=d, where=where: _replay(d, idle.url, "--run", "w3", "--where", where)
+            for d, (where, _) in zip(dirs[3:], bad)
+        ],
+    )
     assert done.returncode == 0, done.stderr
     assert "2 turns selected" in done.stderr and len(fake.seen) == 2
     assert none.returncode == 0 and "0 turns selected" in none.stderr
@@ -237,8 +286,23 @@ def test_interrupted_replay_resumes_where_it_stopped(recorded, analyzed, fake_st
     data = _copy(analyzed, root, "resume")
     fake = fake_stack("sglang", responder=_responder)
     fake.inject(fakes.stall(before=30, times=None))
-    cmd = [sys.executable, "-m", "toolproxy.cli", "replay", "--from", "orig", "--data", str(data),
-           "--upstream", fake.url, "--no-fingerprint", "--run", "res", "--condition", "text"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolproxy.cli",
+        "replay",
+        "--from",
+        "orig",
+        "--data",
+        str(data),
+        "--upstream",
+        fake.url,
+        "--no-fingerprint",
+        "--run",
+        "res",
+        "--condition",
+        "text",
+    ]
     proc = subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_clean_env())
     deadline = time.monotonic() + 60
     while not fake.seen and time.monotonic() < deadline:
@@ -259,11 +323,27 @@ def test_interrupted_replay_resumes_where_it_stopped(recorded, analyzed, fake_st
     assert "4 already replayed, 0 to send" in again.stderr and "paired turns: 4" in _flat(again.stdout)
 
 
-TURN = RecordedTurn(turn_id="t1", run="orig", episode="e1", item="it1", turn_index=2, expect="none", method="POST",
-            path="/v1/chat/completions", query="key=redacted:ab12cd34&x=1",
-            headers=[["Authorization", "redacted:0011aabb"], ["Content-Type", "application/json"],
-                     ["Content-Length", "12"], ["X-Toolproxy-Run", "orig"], ["Host", "h"], ["User-Agent", "sdk/1"]],
-            body=b'{"model":"a","messages":[]}', tags={"category": "simple", "expect": "call"})
+TURN = RecordedTurn(
+    turn_id="t1",
+    run="orig",
+    episode="e1",
+    item="it1",
+    turn_index=2,
+    expect="none",
+    method="POST",
+    path="/v1/chat/completions",
+    query="key=redacted:ab12cd34&x=1",
+    headers=[
+        ["Authorization", "redacted:0011aabb"],
+        ["Content-Type", "application/json"],
+        ["Content-Length", "12"],
+        ["X-Toolproxy-Run", "orig"],
+        ["Host", "h"],
+        ["User-Agent", "sdk/1"],
+    ],
+    body=b'{"model":"a","messages":[]}',
+    tags={"category": "simple", "expect": "call"},
+)
 
 
 def test_build_request_keeps_the_bytes_and_drops_secrets_and_tags():
@@ -271,33 +351,63 @@ def test_build_request_keeps_the_bytes_and_drops_secrets_and_tags():
     assert req.body == TURN.body
     assert req.headers == [("Content-Type", "application/json"), ("User-Agent", "sdk/1")]
     assert req.target.startswith("/t/run=new/") and req.target.endswith("/v1/chat/completions?x=1")
-    for part in ("episode=replay-t1", "item=t1", "replay_of_run=orig", "replay_of_episode=e1", "replay_of_item=it1",
-                 "replay_of_turn=t1", "replay_of_turn_index=2", "category=simple", "expect=none"):
+    for part in (
+        "episode=replay-t1",
+        "item=t1",
+        "replay_of_run=orig",
+        "replay_of_episode=e1",
+        "replay_of_item=it1",
+        "replay_of_turn=t1",
+        "replay_of_turn_index=2",
+        "category=simple",
+        "expect=none",
+    ):
         assert f"/{part}/" in req.target, part
     assert json.loads(build_request(TURN, "new", model="b").body)["model"] == "b"
     odd = RecordedTurn(**{**TURN.__dict__, "body": b"\xff not json"})
     assert build_request(odd, "new", model="b").body == b"\xff not json"
 
 
-@pytest.mark.parametrize("query, kept", [
-    ("", ""), ("a=1", "a=1"), ("key=redacted:00&a=1", "a=1"), ("api_key=redacted:00", ""),
-])
+@pytest.mark.parametrize(
+    "query, kept",
+    [
+        ("", ""),
+        ("a=1", "a=1"),
+        ("key=redacted:00&a=1", "a=1"),
+        ("api_key=redacted:00", ""),
+    ],
+)
 def test_strip_redacted_query(query, kept):
     assert strip_redacted_query(query) == kept
 
 
-@pytest.mark.parametrize("value, attempt, wait", [
-    ("3", 0, 3.0), ("0", 4, 0.0), ("9999", 0, 120.0), ("", 0, 1.0), ("", 3, 8.0), ("soon", 2, 4.0),
-    ("Wed, 21 Oct 2015 07:28:10 GMT", 0, 10.0),
-])
+@pytest.mark.parametrize(
+    "value, attempt, wait",
+    [
+        ("3", 0, 3.0),
+        ("0", 4, 0.0),
+        ("9999", 0, 120.0),
+        ("", 0, 1.0),
+        ("", 3, 8.0),
+        ("soon", 2, 4.0),
+        ("Wed, 21 Oct 2015 07:28:10 GMT", 0, 10.0),
+    ],
+)
 def test_retry_delay(value, attempt, wait):
     now = 1445412480.0  # 07:28:00 that day
     assert retry_delay({"Retry-After": value} if value else {}, attempt, now=now) == wait
 
 
-@pytest.mark.parametrize("where, bad", [
-    ("outcome = 'x'", False), ("(a) and (b)", False), ("x = ')'", False), ("a) or (b", True), ("((a)", True),
-])
+@pytest.mark.parametrize(
+    "where, bad",
+    [
+        ("outcome = 'x'", False),
+        ("(a) and (b)", False),
+        ("x = ')'", False),
+        ("a) or (b", True),
+        ("((a)", True),
+    ],
+)
 def test_unbalanced(where, bad):
     assert _unbalanced(where) is bad
 
@@ -308,18 +418,34 @@ def test_progress_line_on_a_terminal_only(recorded, analyzed, fake_stack):
 
     _, _, root = recorded
     fake = fake_stack("sglang", responder=_responder)
-    cmd = [sys.executable, "-m", "toolproxy.cli", "replay", "--from", "orig", "--upstream", fake.url, "--no-fingerprint"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolproxy.cli",
+        "replay",
+        "--from",
+        "orig",
+        "--upstream",
+        fake.url,
+        "--no-fingerprint",
+    ]
     tty_dir, piped_dir = _copy(analyzed, root, "tty"), _copy(analyzed, root, "piped")
     (rc, stdout, tty), piped = together(  # the terminal and the pipe side by side
         lambda: on_a_terminal([*cmd, "--data", str(tty_dir)], env=_clean_env()),
-        lambda: _toolproxy(*cmd[3:], "--data", str(piped_dir), env=_clean_env()))
+        lambda: _toolproxy(*cmd[3:], "--data", str(piped_dir), env=_clean_env()),
+    )
     assert rc == 0, tty
-    assert re.search(rb"\r\x1b\[2K  replayed 1/4 \(1 answered, 0 without answer, 0 busy retries\), [\d.]+ turns/min, "
-                     rb"about \S+ left", tty), tty
+    assert re.search(
+        rb"\r\x1b\[2K  replayed 1/4 \(1 answered, 0 without answer, 0 busy retries\), [\d.]+ turns/min, "
+        rb"about \S+ left",
+        tty,
+    ), tty
     assert REDRAW + b"  replayed 4/4" in tty and REDRAW not in stdout
     assert piped.returncode == 0 and "\r" not in piped.stderr and "\x1b" not in piped.stderr, piped.stderr
     # In a pipe only the summary: one line, once the replay is done.
-    assert "replayed 1/4" not in piped.stderr and re.search(r"\nreplayed 4/4 .*, done in \S+\n", piped.stderr), piped.stderr
+    assert "replayed 1/4" not in piped.stderr and re.search(r"\nreplayed 4/4 .*, done in \S+\n", piped.stderr), (
+        piped.stderr
+    )
 
 
 def test_a_recording_whose_segments_moved_away_is_reported_as_such_not_as_a_bad_where(recorded, analyzed, fake_stack):
@@ -337,8 +463,12 @@ def test_a_recording_whose_segments_moved_away_is_reported_as_such_not_as_a_bad_
 def test_with_stream_flips_only_the_stream_field():
     from toolproxy.drive.replay import ReplayRequest, with_stream
 
-    chat = ReplayRequest("POST", "/t/run=x/v1/chat/completions", [],
-                         b'{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}')
+    chat = ReplayRequest(
+        "POST",
+        "/t/run=x/v1/chat/completions",
+        [],
+        b'{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}',
+    )
     assert json.loads(with_stream(chat, False).body) == {"model": "m", "stream": False, "messages": []}
     assert with_stream(chat, True) is chat  # already streamed: the recorded bytes go out
     ollama = ReplayRequest("POST", "/api/chat?x=1", [], b'{"model":"m"}')  # Ollama streams by default
@@ -352,20 +482,39 @@ def test_replay_stream_off_finds_the_calls_a_stack_loses_only_when_streaming(tmp
     never calls; the same turns replayed with --stream off get their calls, and compare says so."""
     from proxyprocess import ProxyProcess
 
-    fake = fakes.FakeStack("vllm", tool_parser="hermes", 
-                           responder=lambda req: fakes.call("get_weather", {"city": "Oslo"}, content="Let me check."))
+    fake = fakes.FakeStack(
+        "vllm",
+        tool_parser="hermes",
+        responder=lambda req: fakes.call("get_weather", {"city": "Oslo"}, content="Let me check."),
+    )
     fake.inject(fakes.drops_streamed_calls())
     data = tmp_path / "data"
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     with fake.in_thread():
         p = ProxyProcess(fake.url, data, ("--durability", "sync", "--no-fingerprint", "--quiet"))
         try:
             for i in range(3):
-                body = json.dumps({"model": fake.model, "stream": True, "tools": tools,
-                                   "messages": [{"role": "user", "content": f"Weather in city {i}?"}]}).encode()
-                req = urllib.request.Request(f"{p.url}/t/run=orig/episode={i}/item=q{i}/expect=call/v1/chat/completions",
-                                             data=body, headers={"Content-Type": "application/json"})
+                body = json.dumps(
+                    {
+                        "model": fake.model,
+                        "stream": True,
+                        "tools": tools,
+                        "messages": [{"role": "user", "content": f"Weather in city {i}?"}],
+                    }
+                ).encode()
+                req = urllib.request.Request(
+                    f"{p.url}/t/run=orig/episode={i}/item=q{i}/expect=call/v1/chat/completions",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                )
                 with urllib.request.urlopen(req, timeout=30) as r:
                     streamed = r.read()
                 assert b"tool_calls" not in streamed and b'"finish_reason":"stop"' in streamed  # the call is lost

@@ -15,19 +15,32 @@ import urllib.request
 from itertools import count
 
 from proxyprocess import sql_rows, toolproxy_cli
-from toolproxy.record.segments import list_segments
-from toolproxy.emulators import call, error, text
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+from toolproxy.emulators import call, error, text
+from toolproxy.record.segments import list_segments
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 CITIES = ["Oslo", "Paris", "Lima", "Pune", "Kyiv", "Doha"]
 SKEWS = {"replica-a": 0.0, "replica-b": -240.0, "replica-c": 180.0}
 PROXY_ARGS = ("--quiet", "--no-fingerprint", "--no-live-page", "--durability", "sync")
 
 
 def post(url: str, path: str, body: dict) -> tuple[int, dict | str]:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "Authorization": "Bearer sk-test"})
+    req = urllib.request.Request(
+        url + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-test"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             raw = r.read().decode()
@@ -57,8 +70,10 @@ def drive(fake, urls: list[str]) -> int:
     for k in range(6):
         tagged = k % 2 == 0
         path = f"/t/run=fleet/episode=e{k}/v1/chat/completions" if tagged else "/t/run=fleet/v1/chat/completions"
-        messages = [{"role": "system", "content": "You are a weather agent."},
-                    {"role": "user", "content": f"Weather in {CITIES[k]}, then {CITIES[(k + 1) % 6]}?"}]
+        messages = [
+            {"role": "system", "content": "You are a weather agent."},
+            {"role": "user", "content": f"Weather in {CITIES[k]}, then {CITIES[(k + 1) % 6]}?"},
+        ]
         episodes.append((k, tagged, path, messages))
     for turn in range(3):
         for k, tagged, path, messages in episodes:
@@ -72,8 +87,12 @@ def drive(fake, urls: list[str]) -> int:
             # A first turn is retried only when tagged: untagged, a failed first request and an
             # answered one cannot be told from two episodes that began alike (analysis/episodes/build.py).
             fail_first = (tagged and turn == 0 and k != 4) or (turn == 1 and k in (1, 2))
-            out = send(path, {"model": "gpt-4o-mini", "messages": messages, "tools": TOOLS, "stream": stream},
-                       reply, fail_first)
+            out = send(
+                path,
+                {"model": "gpt-4o-mini", "messages": messages, "tools": TOOLS, "stream": stream},
+                reply,
+                fail_first,
+            )
             if turn < 2:
                 msg = out["choices"][0]["message"]
                 (tc,) = msg["tool_calls"]
@@ -105,9 +124,15 @@ def analysed(data) -> tuple[list, list, dict]:
 def test_three_skewed_replicas_sharing_a_data_dir_analyse_like_one_proxy(fake_stack, proxy, tmp_path):
     shared = tmp_path / "shared"
     fake = fake_stack("openai")
-    replicas = [proxy(fake.url, *PROXY_ARGS, data=shared,
-                      env={"TOOLPROXY_REPLICA": name, "TOOLPROXY_TEST_CLOCK_OFFSET": str(skew)})
-                for name, skew in SKEWS.items()]
+    replicas = [
+        proxy(
+            fake.url,
+            *PROXY_ARGS,
+            data=shared,
+            env={"TOOLPROXY_REPLICA": name, "TOOLPROXY_TEST_CLOCK_OFFSET": str(skew)},
+        )
+        for name, skew in SKEWS.items()
+    ]
     n = drive(fake, [p.url for p in replicas])
     for p in replicas:
         assert p.stop() == 0
@@ -121,10 +146,13 @@ def test_three_skewed_replicas_sharing_a_data_dir_analyse_like_one_proxy(fake_st
     fleet, alone_ = analysed(shared), analysed(tmp_path / "alone")
     ids = sql_rows(shared, "SELECT count(*) AS n, count(DISTINCT id) AS ids FROM exchanges")
     # The clocks really disagree: by the recorded times, a request began before one whose reply it carries.
-    inverted = sql_rows(shared, """
+    inverted = sql_rows(
+        shared,
+        """
         SELECT count(*) AS n FROM exchanges x JOIN exchanges earlier
           ON earlier.episode = x.episode AND earlier.n_messages < x.n_messages
-        WHERE x.started_at < earlier.started_at""")
+        WHERE x.started_at < earlier.started_at""",
+    )
     assert ids == [{"n": n, "ids": n}] and inverted[0]["n"] >= 3
 
     episodes, outcomes, report = fleet
@@ -134,8 +162,10 @@ def test_three_skewed_replicas_sharing_a_data_dir_analyse_like_one_proxy(fake_st
     # ... and the result is the traffic's: six episodes of three turns, the retries one turn each.
     assert len(episodes) == 6 and all(e["n_turns"] == 3 for e in episodes)
     assert sum(e["reconstructed"] for e in episodes) == 3
-    assert outcomes == [{"outcome": "hallucinated_call", "sub_kind": None, "n": 1},
-                        {"outcome": "prose", "sub_kind": None, "n": 5},
-                        {"outcome": "valid_call", "sub_kind": None, "n": 12}]
+    assert outcomes == [
+        {"outcome": "hallucinated_call", "sub_kind": None, "n": 1},
+        {"outcome": "prose", "sub_kind": None, "n": 5},
+        {"outcome": "valid_call", "sub_kind": None, "n": 12},
+    ]
     attempts = sorted(int(t[3]) for e in episodes for t in e["turns"])
     assert attempts == [1] * 14 + [2] * 4

@@ -12,16 +12,25 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from toolproxy.analysis.report.docschema import render
 from toolproxy import emulators as fakes
+from toolproxy.analysis.report.docschema import render
 
 SCHEMA = Path(__file__).resolve().parent.parent / "docs" / "report.schema.json"
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 def test_the_published_schema_is_the_one_the_code_gives():
-    assert SCHEMA.read_text() == render(), "regenerate: python -m toolproxy.analysis.report.docschema > docs/report.schema.json"
+    assert SCHEMA.read_text() == render(), (
+        "regenerate: python -m toolproxy.analysis.report.docschema > docs/report.schema.json"
+    )
 
 
 def _post(url: str, body: dict) -> int:
@@ -45,8 +54,9 @@ def test_a_real_report_validates_and_a_stray_key_does_not(fake_stack, proxy, tmp
         p.stop()
     cli = [sys.executable, "-m", "toolproxy.cli"]
     assert subprocess.run([*cli, "analyze", "--data", str(data)], capture_output=True, timeout=300).returncode == 0
-    out = subprocess.run([*cli, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [*cli, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert {r["run"] for r in doc["runs"]} == {"calls", "refused"}

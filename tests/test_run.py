@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -29,8 +28,9 @@ HARNESS = textwrap.dedent("""
 
 
 def _toolproxy(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolproxy.cli", *args], text=True, capture_output=True,
-                          timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", *args], text=True, capture_output=True, timeout=120, **kw
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,21 @@ def _env_without_keys() -> dict:
 def test_run_records_the_harness_and_exits_with_its_code(fake_stack, harness, tmp_path):
     fake = fake_stack("vllm", tool_parser="hermes")
     data = tmp_path / "data"
-    done = _toolproxy("run", "--upstream", fake.url, "--data", str(data), "--run", "r1", "--no-fingerprint",
-                      "--", sys.executable, str(harness), "3", env={**_env_without_keys(), "MODEL": fake.model})
+    done = _toolproxy(
+        "run",
+        "--upstream",
+        fake.url,
+        "--data",
+        str(data),
+        "--run",
+        "r1",
+        "--no-fingerprint",
+        "--",
+        sys.executable,
+        str(harness),
+        "3",
+        env={**_env_without_keys(), "MODEL": fake.model},
+    )
     assert done.returncode == 3, done.stderr
     assert "key: toolproxy-no-key" in done.stdout  # the SDK got a placeholder key, not a crash
     records = [r for r in read_records(data) if r.get("kind", "exchange") == "exchange"]
@@ -56,8 +69,12 @@ def test_run_records_the_harness_and_exits_with_its_code(fake_stack, harness, tm
     assert records[0]["run"] == "r1" and records[0]["path"] == "/v1/chat/completions"
     assert records[0]["status"] == 200
     assert "run r1:" in done.stderr and "1 episodes" in done.stderr
-    origin = re.search(r"^- r1: served (.+?) \(the reply's model field\); stack vLLM; tool parser .*analyzer v\d+\.$\n"
-                       r"^  Why this number: (.+)$", done.stderr, re.M)
+    origin = re.search(
+        r"^- r1: served (.+?) \(the reply's model field\); stack vLLM; tool parser .*analyzer v\d+\.$\n"
+        r"^  Why this number: (.+)$",
+        done.stderr,
+        re.M,
+    )
     assert origin, done.stderr  # the number comes with what produced it
     assert origin.group(1) == fake.model and origin.group(2) == "no turn was due a call."
     assert "toolproxy run: the harness exited with code 3 (toolproxy run exits with it too)" in done.stderr
@@ -65,8 +82,19 @@ def test_run_records_the_harness_and_exits_with_its_code(fake_stack, harness, tm
 
 
 def test_print_env_points_every_client_at_the_tagged_proxy(tmp_path):
-    done = _toolproxy("run", "--upstream", "http://127.0.0.1:9", "--run", "qwen native", "--data", str(tmp_path / "d"),
-                      "--tag", "category=simple", "--print-env", env=_env_without_keys())
+    done = _toolproxy(
+        "run",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--run",
+        "qwen native",
+        "--data",
+        str(tmp_path / "d"),
+        "--tag",
+        "category=simple",
+        "--print-env",
+        env=_env_without_keys(),
+    )
     assert done.returncode == 0, done.stderr
     env = dict(line.split("=", 1) for line in done.stdout.splitlines())
     prefix = "/t/run=qwen%20native/category=simple"
@@ -78,20 +106,28 @@ def test_print_env_points_every_client_at_the_tagged_proxy(tmp_path):
     assert env["OPENAI_API_KEY"] == "toolproxy-no-key"
     # inspect-ai's openai-api/llm/MODEL exits 1 without a word unless both of its variables are set
     assert env["LLM_API_KEY"] == "toolproxy-no-key" and env["LLM_BASE_URL"].endswith(prefix + "/v1")
-    assert env["MSWEA_CONFIGURED"] == "true" and env["MSWEA_COST_TRACKING"] == "ignore_errors"  # mini-swe-agent runs unattended
+    assert (
+        env["MSWEA_CONFIGURED"] == "true" and env["MSWEA_COST_TRACKING"] == "ignore_errors"
+    )  # mini-swe-agent runs unattended
     assert not (tmp_path / "d").exists()  # printing the environment creates nothing
 
 
 def test_an_existing_api_key_is_left_alone(tmp_path):
-    done = _toolproxy("run", "--upstream", "http://127.0.0.1:9", "--print-env",
-                      env={**_env_without_keys(), "OPENAI_API_KEY": "sk-mine"})
+    done = _toolproxy(
+        "run",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--print-env",
+        env={**_env_without_keys(), "OPENAI_API_KEY": "sk-mine"},
+    )
     assert "OPENAI_API_KEY=" not in done.stdout
 
 
 def test_sigterm_reaches_the_harness_and_records_are_kept(fake_stack, tmp_path):
     fake = fake_stack("vllm", tool_parser="hermes")
     script = tmp_path / "slow.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, signal, sys, time, urllib.request, json
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
         body = json.dumps({"model": os.environ["MODEL"], "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -100,12 +136,32 @@ def test_sigterm_reaches_the_harness_and_records_are_kept(fake_stack, tmp_path):
         urllib.request.urlopen(req).read()
         print("asked", flush=True)
         time.sleep(60)
-    """))
+    """)
+    )
     data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, "-m", "toolproxy.cli", "run", "--upstream", fake.url, "--data", str(data),
-                             "--run", "slow", "--no-fingerprint", "--no-analyze", "--", sys.executable, str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MODEL": fake.model})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "run",
+            "--upstream",
+            fake.url,
+            "--data",
+            str(data),
+            "--run",
+            "slow",
+            "--no-fingerprint",
+            "--no-analyze",
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "MODEL": fake.model},
+    )
     assert proc.stdout.readline().strip() == "asked"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
@@ -115,8 +171,9 @@ def test_sigterm_reaches_the_harness_and_records_are_kept(fake_stack, tmp_path):
 
 
 def test_a_missing_command_is_a_clear_error(tmp_path):
-    done = _toolproxy("run", "--upstream", "http://127.0.0.1:9", "--data", str(tmp_path / "d"), "--",
-                      "no-such-harness-xyz")
+    done = _toolproxy(
+        "run", "--upstream", "http://127.0.0.1:9", "--data", str(tmp_path / "d"), "--", "no-such-harness-xyz"
+    )
     assert done.returncode != 0
     assert "no-such-harness-xyz: command not found" in done.stderr
     assert "Traceback" not in done.stderr
@@ -138,14 +195,37 @@ def test_the_proxy_address_and_live_page_are_printed_before_the_harness_runs(tmp
 
     script, go = tmp_path / "wait.py", tmp_path / "go"
     script.write_text(WAITER)
-    proc = subprocess.Popen([sys.executable, "-m", "toolproxy.cli", "run", "--upstream", "http://127.0.0.1:9",
-                             "--data", str(tmp_path / "d"), "--run", "r", "--no-fingerprint", "--no-analyze", "--",
-                             sys.executable, str(script), str(go)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env_without_keys())
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "run",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--data",
+            str(tmp_path / "d"),
+            "--run",
+            "r",
+            "--no-fingerprint",
+            "--no-analyze",
+            "--",
+            sys.executable,
+            str(script),
+            str(go),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env_without_keys(),
+    )
     try:
         line = proc.stderr.readline()
-        found = re.fullmatch(r"toolproxy run: proxy on (http://127\.0\.0\.1:\d+) -> upstream http://127\.0\.0\.1:9; "
-                             r"live page (\S+)\n", line)
+        found = re.fullmatch(
+            r"toolproxy run: proxy on (http://127\.0\.0\.1:\d+) -> upstream http://127\.0\.0\.1:9; "
+            r"live page (\S+)\n",
+            line,
+        )
         assert found, line
         url, live = found.groups()
         assert live == url + "/_toolproxy/"

@@ -31,15 +31,30 @@ NAMES = [s.name for s in catalog.CATALOG]
 PROVOKE = {
     (catalog.OLLAMA.name, catalog.TOOL_REFUSAL): ({}, "/v1/chat/completions", {"model": "gemma3", "tools": TOOLS}),
     (catalog.OLLAMA.name, catalog.UNKNOWN_MODEL): ({}, "/api/chat", {"model": "nope:1b", "stream": False}),
-    (catalog.OLLAMA.name, catalog.PARSE_FAILURE): ({}, "/api/chat", {"model": "qwen2.5:7b", "tools": TOOLS, "stream": False}),
-    (catalog.LLAMACPP.name, catalog.TOOL_REFUSAL): ({"jinja": False}, "/v1/chat/completions", {"model": "m", "tools": TOOLS}),
-    (catalog.LLAMACPP.name, catalog.TOOL_CHOICE_REFUSAL): ({"jinja": False}, "/v1/chat/completions",
-                                                   {"model": "m", "tool_choice": "auto"}),
+    (catalog.OLLAMA.name, catalog.PARSE_FAILURE): (
+        {},
+        "/api/chat",
+        {"model": "qwen2.5:7b", "tools": TOOLS, "stream": False},
+    ),
+    (catalog.LLAMACPP.name, catalog.TOOL_REFUSAL): (
+        {"jinja": False},
+        "/v1/chat/completions",
+        {"model": "m", "tools": TOOLS},
+    ),
+    (catalog.LLAMACPP.name, catalog.TOOL_CHOICE_REFUSAL): (
+        {"jinja": False},
+        "/v1/chat/completions",
+        {"model": "m", "tool_choice": "auto"},
+    ),
     (catalog.LLAMACPP.name, catalog.PARSE_FAILURE): ({}, "/v1/chat/completions", {"model": "m", "tools": TOOLS}),
     (catalog.VLLM.name, catalog.TOOL_REFUSAL): ({}, "/v1/chat/completions", {"model": catalog.QWEN_HF, "tools": TOOLS}),
     (catalog.VLLM.name, catalog.UNKNOWN_MODEL): ({}, "/v1/chat/completions", {"model": "nope"}),
     (catalog.OPENAI.name, catalog.UNKNOWN_MODEL): ({}, "/v1/chat/completions", {"model": "nope"}),
-    (catalog.LLAMACPP_PYTHON.name, catalog.INVALID_REQUEST): ({}, "/v1/chat/completions", {"model": "m", "messages": "x"}),
+    (catalog.LLAMACPP_PYTHON.name, catalog.INVALID_REQUEST): (
+        {},
+        "/v1/chat/completions",
+        {"model": "m", "messages": "x"},
+    ),
 }
 FAILURES = [(s.name, kind) for s in catalog.CATALOG for kind in s.failures]
 BROKEN = '<tool_call>{"name": "get_weather", "arguments": {"city": '
@@ -199,8 +214,12 @@ def _spelled() -> dict[str, str]:
                 marks[part.strip()] = f"{s.name} {kind} message"
             if kind in (catalog.TOOL_REFUSAL, catalog.PARSE_FAILURE) and not f.needle.startswith("--"):
                 marks[f.needle] = f"{s.name} {kind} needle"
-        for value, what in ((s.banner, "banner"), (s.system_fingerprint, "system_fingerprint"),
-                            (s.version, "version"), (s.chat_template, "chat template")):
+        for value, what in (
+            (s.banner, "banner"),
+            (s.system_fingerprint, "system_fingerprint"),
+            (s.version, "version"),
+            (s.chat_template, "chat template"),
+        ):
             if value:
                 marks[value] = f"{s.name} {what}"
     return marks
@@ -214,8 +233,14 @@ def _strings(path: Path) -> list[str]:
 def test_the_catalog_is_the_only_place_a_stacks_words_are_spelled():
     marks = _spelled()
     assert len(marks) >= 15  # the scan looks for something
-    found = [(str(p.relative_to(ROOT)), what) for p in SOURCES if p != CATALOG_FILE
-             for lit in _strings(p) for mark, what in marks.items() if mark.lower() in lit.lower()]
+    found = [
+        (str(p.relative_to(ROOT)), what)
+        for p in SOURCES
+        if p != CATALOG_FILE
+        for lit in _strings(p)
+        for mark, what in marks.items()
+        if mark.lower() in lit.lower()
+    ]
     assert found == []
 
 

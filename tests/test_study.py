@@ -9,14 +9,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
-
-from toolproxy.record.segments import read_records
-from toolproxy import emulators as fakes
-
 from proxyprocess import together
+
+from toolproxy import emulators as fakes
+from toolproxy.record.segments import read_records
 
 # Three tasks, each a call then an answer from the tool's result; the harness only acts on
 # structured tool_calls, as most do.
@@ -30,7 +28,8 @@ HARNESS = textwrap.dedent("""
     for city in ("Paris", "Lima", "Oslo"):
         messages = [{"role": "user", "content": f"Weather in {city}?"}]
         for _ in range(3):
-            msg = client.chat.completions.create(model=os.environ["MODEL"], messages=messages, tools=tools).choices[0].message
+            reply = client.chat.completions.create(model=os.environ["MODEL"], messages=messages, tools=tools)
+            msg = reply.choices[0].message
             messages.append(msg.model_dump(exclude_none=True))
             if not msg.tool_calls:
                 break
@@ -61,8 +60,25 @@ def setup(fake_stack, tmp_path):
 
 
 def _study(fake, harness, data, *extra):
-    return [sys.executable, "-m", "toolproxy.cli", "study", "--upstream", fake.url, "--data", str(data),
-            "--name", "s", "--conditions", "native,text", "--no-fingerprint", *extra, "--", sys.executable, str(harness)]
+    return [
+        sys.executable,
+        "-m",
+        "toolproxy.cli",
+        "study",
+        "--upstream",
+        fake.url,
+        "--data",
+        str(data),
+        "--name",
+        "s",
+        "--conditions",
+        "native,text",
+        "--no-fingerprint",
+        *extra,
+        "--",
+        sys.executable,
+        str(harness),
+    ]
 
 
 def test_study_runs_each_condition_and_pairs_them(setup):
@@ -96,8 +112,9 @@ def test_ctrl_c_keeps_finished_runs_and_a_rerun_resumes(setup):
     fake, harness, env, data = setup
     hold = env["HOLD"]
     open(hold, "w").close()
-    proc = subprocess.Popen(_study(fake, harness, data), env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _study(fake, harness, data), env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout.readline().strip() == "holding"  # the first condition's harness finished its tasks
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -111,14 +128,32 @@ def test_ctrl_c_keeps_finished_runs_and_a_rerun_resumes(setup):
     assert done.returncode == 0, done.stderr
     state = json.loads((data / "studies" / "s.json").read_text())
     assert [(r["run"], r["status"], r["attempts"]) for r in state["runs"]] == [
-        ("s-native~2", "done", ["s-native"]), ("s-text", "done", [])]
+        ("s-native~2", "done", ["s-native"]),
+        ("s-text", "done", []),
+    ]
     assert "| s-native~2 | native | done |" in done.stdout
 
 
 def test_unknown_condition_is_a_usage_error(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "toolproxy.cli", "study", "--upstream", "http://127.0.0.1:9",
-                           "--data", str(tmp_path), "--conditions", "native,nope", "--", "true"],
-                          text=True, capture_output=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "study",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--data",
+            str(tmp_path),
+            "--conditions",
+            "native,nope",
+            "--",
+            "true",
+        ],
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "nope" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -132,7 +167,8 @@ def test_progress_line_on_a_terminal_only(setup):
     slow.write_text(f"import runpy, time\nrunpy.run_path({str(harness)!r})\ntime.sleep(1.5)\n")
     (rc, stdout, tty), piped = together(  # the terminal and the pipe side by side, each in its own data dir
         lambda: on_a_terminal(_study(fake, slow, data), env=env),
-        lambda: subprocess.run(_study(fake, slow, data.with_name("piped")), env=env, capture_output=True, timeout=180))
+        lambda: subprocess.run(_study(fake, slow, data.with_name("piped")), env=env, capture_output=True, timeout=180),
+    )
     assert rc == 0, tty
     assert re.search(rb"\r\x1b\[2K  s-native: \d+ exchanges in \ds \([\d.]+/min\)", tty), tty
     assert re.search(rb"\r\x1b\[2K  s-text: \d+ exchanges in \ds \([\d.]+/min\), study about \S+ left", tty), tty
@@ -142,19 +178,23 @@ def test_progress_line_on_a_terminal_only(setup):
 
 def test_the_proxy_address_is_printed_first(setup):
     fake, harness, env, data = setup
-    done = subprocess.run(_study(fake, harness, data, "--conditions", "native"), env=env, text=True,
-                          capture_output=True, timeout=180)
+    done = subprocess.run(
+        _study(fake, harness, data, "--conditions", "native"), env=env, text=True, capture_output=True, timeout=180
+    )
     assert done.returncode == 0, done.stderr
     first = done.stderr.splitlines()[0]
-    assert re.fullmatch(rf"toolproxy study: proxy on http://127\.0\.0\.1:(\d+) -> upstream {re.escape(fake.url)}; "
-                        r"live page http://127\.0\.0\.1:\1/_toolproxy/", first), first
+    assert re.fullmatch(
+        rf"toolproxy study: proxy on http://127\.0\.0\.1:(\d+) -> upstream {re.escape(fake.url)}; "
+        r"live page http://127\.0\.0\.1:\1/_toolproxy/",
+        first,
+    ), first
 
 
 def test_the_default_name_is_the_harness_s(setup):
     """Not a fixed "study", which printed as `study study: study-native ...`."""
     fake, harness, env, data = setup
     argv = _study(fake, harness, data, "--conditions", "native")
-    del argv[argv.index("--name"):argv.index("--name") + 2]
+    del argv[argv.index("--name") : argv.index("--name") + 2]
     done = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=180)
     assert done.returncode == 0, done.stderr
     assert (data / "studies" / "agent.json").is_file()  # the harness is agent.py
@@ -162,16 +202,50 @@ def test_the_default_name_is_the_harness_s(setup):
     assert "study study" not in done.stderr and "study agent: agent-native" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("command, name", [
-    (["python", "examples/react_agent.py", "--model", "m"], "react_agent"),
-    (["python3.11", "-m", "mypkg.agent"], "mypkg.agent"),
-    (["uv", "run", "agent.py"], "agent"),
-    (["/usr/bin/env", "FOO=1", "python", "x.py"], "x"),
-    (["mini-swe-agent", "--task", "t"], "mini-swe-agent"),
-    (["./my agent.sh"], "my-agent"),
-    (["python"], "study"),
-])
+@pytest.mark.parametrize(
+    "command, name",
+    [
+        (["python", "examples/react_agent.py", "--model", "m"], "react_agent"),
+        (["python3.11", "-m", "mypkg.agent"], "mypkg.agent"),
+        (["uv", "run", "agent.py"], "agent"),
+        (["/usr/bin/env", "FOO=1", "python", "x.py"], "x"),
+        (["mini-swe-agent", "--task", "t"], "mini-swe-agent"),
+        (["./my agent.sh"], "my-agent"),
+        (["python"], "study"),
+    ],
+)
 def test_harness_name(command, name):
     from toolproxy.drive.study import harness_name
 
     assert harness_name(command) == name
+
+
+def test_a_model_name_is_shown_inert_and_one_too_long_for_the_request_line_is_refused(setup):
+    """The cell line printed --model as given (control characters acted on the terminal); a
+    9,000-character name put the tag prefix past the request-line limit, so every request was a
+    400 from the HTTP parser while the study exited 0."""
+    fake, harness, env, data = setup
+    done = subprocess.run(
+        _study(fake, harness, data, "--conditions", "native", "--model", "m\x1b[2J\x07x"),
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stderr and "\x07" not in done.stderr
+    assert re.search(r"study s: s-m_2J_x-native \(model m.*2J.*x, condition native\); 0/1 cells done", done.stderr), (
+        done.stderr
+    )
+    assert [s.json()["model"] for s in fake.seen][:1] == ["m\x1b[2J\x07x"]  # sent as given, only shown inert
+    long = subprocess.run(
+        _study(fake, harness, data.with_name("long"), "--conditions", "native", "--model", "m" * 9000),
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=180,
+    )
+    assert long.returncode == 2 and "characters of the request line, which holds 8,190 in all" in long.stderr, (
+        long.stderr
+    )
+    assert "Traceback" not in long.stderr and not data.with_name("long").exists()  # refused before anything ran

@@ -4,15 +4,15 @@ upstream, the model rewritten on the way up and both names kept."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
 
 import pytest
-
 from test_study import HARNESS, _responder
+
 from toolproxy.drive.study import Planned, cell_line, parse_upstreams, run_name
 from toolproxy.record.segments import read_records
 
@@ -31,8 +31,22 @@ def matrix(fake_stack, tmp_path):
 
 
 def _study(lc, sg, harness, data, *models):
-    argv = [sys.executable, "-m", "toolproxy.cli", "study", "--upstream", f"lc={lc.url}", "--upstream", f"sg={sg.url}",
-            "--data", str(data), "--name", "s", "--conditions", "native"]
+    argv = [
+        sys.executable,
+        "-m",
+        "toolproxy.cli",
+        "study",
+        "--upstream",
+        f"lc={lc.url}",
+        "--upstream",
+        f"sg={sg.url}",
+        "--data",
+        str(data),
+        "--name",
+        "s",
+        "--conditions",
+        "native",
+    ]
     for m in models:
         argv += ["--model", m]
     return argv + ["--", sys.executable, str(harness)]
@@ -48,8 +62,11 @@ def test_every_cell_is_a_run_whose_requests_carry_its_model_upstream(matrix):
     assert done.returncode == 0, done.stderr
     state = json.loads((data / "studies" / "s.json").read_text())
     assert [(r["run"], r["stack"], r["model"], r["status"]) for r in state["runs"]] == [
-        ("s-lc-m-1-native", "lc", "m-1", "done"), ("s-lc-org_m_2-native", "lc", "org/m:2", "done"),
-        ("s-sg-m-1-native", "sg", "m-1", "done"), ("s-sg-org_m_2-native", "sg", "org/m:2", "done")]
+        ("s-lc-m-1-native", "lc", "m-1", "done"),
+        ("s-lc-org_m_2-native", "lc", "org/m:2", "done"),
+        ("s-sg-m-1-native", "sg", "m-1", "done"),
+        ("s-sg-org_m_2-native", "sg", "org/m:2", "done"),
+    ]
 
     # Upstream, each stack saw only its own cells' requests, each with the cell's model, never the harness's.
     for fake in (lc, sg):
@@ -66,33 +83,44 @@ def test_every_cell_is_a_run_whose_requests_carry_its_model_upstream(matrix):
         assert r["upstream"] == (lc.url if planned["stack"] == "lc" else sg.url)
 
     # The analyzer counts a run under the model the stack was asked for, with its stack's fingerprint.
-    report = subprocess.run([sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data), "--format", "json"],
-                            text=True, capture_output=True, timeout=120)
+    report = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data), "--format", "json"],
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     runs = {r["run"]: r for r in json.loads(report.stdout)["runs"]}
     assert {(name, r["model"], r["stack"]) for name, r in runs.items()} == {
-        ("s-lc-m-1-native", "m-1", "llamacpp"), ("s-lc-org_m_2-native", "org/m:2", "llamacpp"),
-        ("s-sg-m-1-native", "m-1", "sglang"), ("s-sg-org_m_2-native", "org/m:2", "sglang")}
+        ("s-lc-m-1-native", "m-1", "llamacpp"),
+        ("s-lc-org_m_2-native", "org/m:2", "llamacpp"),
+        ("s-sg-m-1-native", "m-1", "sglang"),
+        ("s-sg-org_m_2-native", "org/m:2", "sglang"),
+    }
     assert "| run | condition | stack | model | status |" in done.stdout
     assert "| s-sg-org_m_2-native | native | sg | org/m:2 | done | 3 |" in done.stdout
     # Progress across the whole matrix, a line of its own per cell.
     cells = [line for line in done.stderr.splitlines() if line.startswith("study s: s-")]
     assert cells[0] == "study s: s-lc-m-1-native (stack lc, model m-1, condition native); 0/4 cells done"
-    assert cells[3].startswith("study s: s-sg-org_m_2-native (stack sg, model org/m:2, condition native); "
-                               "3/4 cells done, about ")
+    assert cells[3].startswith(
+        "study s: s-sg-org_m_2-native (stack sg, model org/m:2, condition native); 3/4 cells done, about "
+    )
 
 
 def test_ctrl_c_in_a_cell_and_the_rerun_resumes_the_matrix(matrix):
     lc, sg, harness, env, data = matrix
     open(env["HOLD"], "w").close()
-    proc = subprocess.Popen(_study(lc, sg, harness, data, "m-1"), env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _study(lc, sg, harness, data, "m-1"), env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout.readline().strip() == "holding"  # the first cell's harness did its tasks
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     state = json.loads((data / "studies" / "s.json").read_text())
-    assert [(r["run"], r["status"]) for r in state["runs"]] == [("s-lc-m-1-native", "interrupted"),
-                                                                ("s-sg-m-1-native", "pending")]
+    assert [(r["run"], r["status"]) for r in state["runs"]] == [
+        ("s-lc-m-1-native", "interrupted"),
+        ("s-sg-m-1-native", "pending"),
+    ]
 
     other = subprocess.run(_study(lc, sg, harness, data, "m-2"), env=env, text=True, capture_output=True, timeout=60)
     assert other.returncode == 2 and "another command or plan" in other.stderr and "Traceback" not in other.stderr
@@ -102,23 +130,32 @@ def test_ctrl_c_in_a_cell_and_the_rerun_resumes_the_matrix(matrix):
     assert done.returncode == 0, done.stderr
     state = json.loads((data / "studies" / "s.json").read_text())
     assert [(r["run"], r["status"], r["attempts"]) for r in state["runs"]] == [
-        ("s-lc-m-1-native~2", "done", ["s-lc-m-1-native"]), ("s-sg-m-1-native", "done", [])]
+        ("s-lc-m-1-native~2", "done", ["s-lc-m-1-native"]),
+        ("s-sg-m-1-native", "done", []),
+    ]
     cells = [line for line in done.stderr.splitlines() if line.startswith("study s: s-")]
     assert cells[0].startswith("study s: s-lc-m-1-native~2 ") and "1/2 cells done" in cells[1]
     assert {s.json()["model"] for s in _chat(lc) + _chat(sg)} == {"m-1"}
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--upstream", "http://127.0.0.1:9", "--upstream", "http://127.0.0.1:8"], "name every upstream"),
-    (["--upstream", "a=http://127.0.0.1:9", "--upstream", "a=http://127.0.0.1:8"], "its own name"),
-    (["--upstream", "a-b=http://127.0.0.1:9"], "an upstream name is"),
-    (["--upstream", "a=http://127.0.0.1:9", "--upstream", "b=http://127.0.0.1:8", "--port", "8787"], "--port"),
-    (["--upstream", "http://127.0.0.1:9", "--model", "a/b", "--model", "a:b"], "distinct model names"),
-    (["--upstream", "a=ftp://127.0.0.1:9"], "upstream"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--upstream", "http://127.0.0.1:9", "--upstream", "http://127.0.0.1:8"], "name every upstream"),
+        (["--upstream", "a=http://127.0.0.1:9", "--upstream", "a=http://127.0.0.1:8"], "its own name"),
+        (["--upstream", "a-b=http://127.0.0.1:9"], "an upstream name is"),
+        (["--upstream", "a=http://127.0.0.1:9", "--upstream", "b=http://127.0.0.1:8", "--port", "8787"], "--port"),
+        (["--upstream", "http://127.0.0.1:9", "--model", "a/b", "--model", "a:b"], "distinct model names"),
+        (["--upstream", "a=ftp://127.0.0.1:9"], "upstream"),
+    ],
+)
 def test_a_matrix_that_cannot_run_is_a_usage_error(tmp_path, args, words):
-    done = subprocess.run([sys.executable, "-m", "toolproxy.cli", "study", *args, "--data", str(tmp_path),
-                           "--", "true"], text=True, capture_output=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", "study", *args, "--data", str(tmp_path), "--", "true"],
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
@@ -126,11 +163,16 @@ def test_run_names_address_every_cell():
     assert run_name("s", "text", 1, 1) == "s-text"  # one unnamed upstream, the harness's model: as before
     assert run_name("s", "text", 2, 3, "jinja") == "s-jinja-text-2"
     assert run_name("s", "hint", 1, 1, None, "qwen2.5:7b") == "s-qwen2.5_7b-hint"
-    assert run_name("s", "native", 1, 2, "vllm", "Qwen/Qwen2.5-7B-Instruct") == "s-vllm-Qwen_Qwen2.5-7B-Instruct-native-1"
+    assert (
+        run_name("s", "native", 1, 2, "vllm", "Qwen/Qwen2.5-7B-Instruct") == "s-vllm-Qwen_Qwen2.5-7B-Instruct-native-1"
+    )
     assert parse_upstreams(("http://a:1/v1?x=1",)) == [(None, "http://a:1/v1?x=1")]
     assert parse_upstreams(("j=http://a:1", "p=http://a:2")) == [("j", "http://a:1"), ("p", "http://a:2")]
     planned = Planned("text", 1, "s-j-text", stack="j")
-    assert cell_line("s", planned, 6, 2, [60.0, 120.0], 4) == "study s: s-j-text (stack j, condition text); 2/6 cells done, about 8m00s left"
+    assert (
+        cell_line("s", planned, 6, 2, [60.0, 120.0], 4)
+        == "study s: s-j-text (stack j, condition text); 2/6 cells done, about 8m00s left"
+    )
 
 
 def test_on_a_terminal_the_harness_output_never_shares_the_progress_line(matrix):
@@ -140,12 +182,30 @@ def test_on_a_terminal_the_harness_output_never_shares_the_progress_line(matrix)
 
     lc, _, harness, env, data = matrix
     noisy = harness.with_name("noisy.py")
-    noisy.write_text(f"import runpy, sys, time\nrunpy.run_path({str(harness)!r})\ntime.sleep(1.5)\n"
-                     "print('step 1', file=sys.stderr, flush=True)\ntime.sleep(1.5)\n"
-                     "print('half', end='', file=sys.stderr, flush=True)\ntime.sleep(2.5)\n"
-                     "print(' done', file=sys.stderr, flush=True)\nprint('to stdout')\n")
-    argv = [sys.executable, "-m", "toolproxy.cli", "study", "--upstream", f"lc={lc.url}", "--data", str(data),
-            "--name", "s", "--conditions", "native", "--no-fingerprint", "--", sys.executable, str(noisy)]
+    noisy.write_text(
+        f"import runpy, sys, time\nrunpy.run_path({str(harness)!r})\ntime.sleep(1.5)\n"
+        "print('step 1', file=sys.stderr, flush=True)\ntime.sleep(1.5)\n"
+        "print('half', end='', file=sys.stderr, flush=True)\ntime.sleep(2.5)\n"
+        "print(' done', file=sys.stderr, flush=True)\nprint('to stdout')\n"
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "toolproxy.cli",
+        "study",
+        "--upstream",
+        f"lc={lc.url}",
+        "--data",
+        str(data),
+        "--name",
+        "s",
+        "--conditions",
+        "native",
+        "--no-fingerprint",
+        "--",
+        sys.executable,
+        str(noisy),
+    ]
     rc, stdout, tty = on_a_terminal(argv, env=env)
     assert rc == 0, tty
     assert REDRAW + b"step 1\r\n" in tty  # the progress line erased, then the harness's line

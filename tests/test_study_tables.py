@@ -61,19 +61,51 @@ def recorded(tmp_path_factory):
     harness.write_text(HARNESS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
     data = tmp / "data"
-    jinja, nojinja = fakes.FakeStack("llamacpp", responder=_responder), fakes.FakeStack("no_jinja", responder=_responder)
+    jinja, nojinja = (
+        fakes.FakeStack("llamacpp", responder=_responder),
+        fakes.FakeStack("no_jinja", responder=_responder),
+    )
     with jinja.in_thread(), nojinja.in_thread():
-        done = subprocess.run([sys.executable, "-m", "toolproxy.cli", "study", "--upstream", f"jinja={jinja.url}",
-                               "--upstream", f"nojinja={nojinja.url}", "--model", "m-ok", "--model", "m-few",
-                               "--conditions", "native,text", "--data", str(data), "--name", "t",
-                               "--", sys.executable, str(harness)], env=env, text=True, capture_output=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "toolproxy.cli",
+                "study",
+                "--upstream",
+                f"jinja={jinja.url}",
+                "--upstream",
+                f"nojinja={nojinja.url}",
+                "--model",
+                "m-ok",
+                "--model",
+                "m-few",
+                "--conditions",
+                "native,text",
+                "--data",
+                str(data),
+                "--name",
+                "t",
+                "--",
+                sys.executable,
+                str(harness),
+            ],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=300,
+        )
     assert done.returncode == 0, done.stderr
     return data, done
 
 
 def _report(data, fmt):
-    done = subprocess.run([sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data), "--study", "t",
-                           "--format", fmt], text=True, capture_output=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data), "--study", "t", "--format", fmt],
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -93,7 +125,9 @@ def test_cells_hold_the_per_episode_means_rej_and_too_few(recorded):
     # `open`, not scored, which leaves two: a mean, and no interval
     few = cells["jinja", "m-few", "native"]
     assert few["delivered_fidelity"]["episodes"] == 2 and few["delivered_fidelity"]["episode_mean"] == 1.0
-    assert few["delivered_fidelity"]["ci_low"] is None and few["delivered_fidelity"]["interval_note"] == "too few episodes"
+    assert (
+        few["delivered_fidelity"]["ci_low"] is None and few["delivered_fidelity"]["interval_note"] == "too few episodes"
+    )
     assert few["text"] == "100% (too few episodes); call 100%"
     refused = cells["nojinja", "m-ok", "native"]
     assert refused["rejected"] and refused["delivered_fidelity"]["episode_mean"] is None
@@ -108,7 +142,13 @@ def test_paired_tests_pair_the_same_items_holm_within_each_family(recorded):
     families = {t["family"] for t in tests}
     assert families == {"conditions within a stack and model", "stacks within a model and condition"}
     refusal = next(t for t in tests if t["within"] == "nojinja, m-ok")  # native (rej) against text
-    assert (refusal["a"], refusal["b"], refusal["paired"], refusal["a_only"], refusal["b_only"]) == ("native", "text", 6, 0, 4)
+    assert (refusal["a"], refusal["b"], refusal["paired"], refusal["a_only"], refusal["b_only"]) == (
+        "native",
+        "text",
+        6,
+        0,
+        4,
+    )
     assert refusal["p"] == pytest.approx(0.125) and refusal["p_holm"] >= refusal["p"]
     stacks = next(t for t in tests if t["within"] == "m-ok, native")
     assert (stacks["a"], stacks["b"], stacks["a_only"], stacks["b_only"]) == ("jinja", "nojinja", 4, 0)
@@ -142,8 +182,17 @@ def test_provenance_says_whose_parser_made_the_calls(recorded):
 
 def test_the_plain_report_shows_provenance_when_asked(recorded):
     data, _ = recorded
-    cli = [sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data), "--run", "t-nojinja-m-ok-native",
-           "--provenance"]
+    cli = [
+        sys.executable,
+        "-m",
+        "toolproxy.cli",
+        "report",
+        "--data",
+        str(data),
+        "--run",
+        "t-nojinja-m-ok-native",
+        "--provenance",
+    ]
     done = subprocess.run([*cli, "--format", "markdown"], text=True, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("## Provenance\n\n")[1].startswith("- **t-nojinja-m-ok-native**: served ")

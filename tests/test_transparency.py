@@ -16,19 +16,38 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 import transparency_client as client
 from proxyprocess import ProxyProcess, toolproxy_cli
+
 from toolproxy.record.segments import read_records
 
 CASES = tuple(client.case_requests())
 CLIENT_SCRIPT = str(Path(client.__file__).resolve())
-REPLY = orjson.dumps({"id": "c1", "object": "chat.completion", "created": 1, "model": "m", "choices": [
-    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]})
+REPLY = orjson.dumps(
+    {
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    }
+)
 # Differ by command and by moment, not by how a request was handled: the run and its tags, the
 # record's id and clock, and the client's Host (it names the proxy's port).
-VOLATILE = {"id", "started_at", "ended_at", "run", "episode", "item", "tags", "client_path", "ttfb_ms",
-            "duration_ms", "extra", "condition"}
+VOLATILE = {
+    "id",
+    "started_at",
+    "ended_at",
+    "run",
+    "episode",
+    "item",
+    "tags",
+    "client_path",
+    "ttfb_ms",
+    "duration_ms",
+    "extra",
+    "condition",
+}
 
 
 class RecordingUpstream:
@@ -56,15 +75,23 @@ class RecordingUpstream:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.split(b"\r\n")
-                fields = dict((k.strip().lower(), v.strip()) for k, _, v in (ln.partition(b":") for ln in lines[1:] if ln))
+                fields = dict(
+                    (k.strip().lower(), v.strip()) for k, _, v in (ln.partition(b":") for ln in lines[1:] if ln)
+                )
                 body = await reader.readexactly(int(fields.get(b"content-length", b"0")))
                 case = fields.get(client.CASE_HEADER.lower())
                 if case is not None:
                     with self.lock:
                         self.received.setdefault(case.decode(), []).append(head + body)
                 status, reply = (b"200 OK", REPLY) if lines[0].startswith(b"POST ") else (b"404 Not Found", b"{}")
-                writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                             + str(len(reply)).encode() + b"\r\n\r\n" + reply)
+                writer.write(
+                    b"HTTP/1.1 "
+                    + status
+                    + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                    + str(len(reply)).encode()
+                    + b"\r\n\r\n"
+                    + reply
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -205,6 +232,7 @@ async def test_an_embedded_proxy_counts_the_requests_its_parser_rejects(upstream
     """doctor's proxy listens as serve does: a request line aiohttp cannot parse is answered 400
     by the parser and still counted (before, an embedded proxy's runner never told anyone)."""
     from rawhttp import raw_request
+
     from toolproxy.checks.local import local_proxy
     from toolproxy.proxy.refusals import PARSER_REJECTED
 

@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.emulators import FakeStack
+from toolproxy.proxy.upstreamhealth import UpstreamHealth
 
 
 def _closed_port() -> int:
@@ -49,7 +49,9 @@ def test_an_unreachable_upstream_is_reported_but_health_stays_200_while_recordin
     assert status == 200 and snap["status"] == "ok"
     up = _until(lambda: (h := _health(p.url)[1]["upstream_health"])["reachable"] is not None and h)
     assert up["reachable"] is False and up["source"] == "probe" and up["url"] == f"http://127.0.0.1:{port}"
-    assert f"nothing is listening at 127.0.0.1:{port} (connection refused)" in up["error"] and "Errno" not in up["error"]
+    assert (
+        f"nothing is listening at 127.0.0.1:{port} (connection refused)" in up["error"] and "Errno" not in up["error"]
+    )
     assert abs(up["checked_at"] - time.time()) < 30 and up["age_s"] >= 0
 
     # A failed exchange is evidence too, newer than the probe's.

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from scaling import FACTOR, assert_scales_linearly
+
 from toolproxy import wire
 from toolproxy.wire import Call, Decoder, decode, error_of, family_of, read_request, write_request
 
@@ -69,9 +69,23 @@ def test_every_split_decodes_like_the_whole(name, with_type):
 REPLIES = [
     ("prose", [], "stop", None),
     ("", [Call(0, "call_a", "get_weather", '{"city": "Paris"}')], "tool_calls", None),
-    ("Let me check.", [Call(0, "call_a", "get_weather", '{"city": "Paris"}'), Call(1, "call_b", "get_time", "{}")],
-     "tool_calls", {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17, "prompt_tokens_details": {"cached_tokens": 4}}),
-    ("cut sh", [], "length", {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12, "prompt_tokens_details": {"cached_tokens": 0}}),
+    (
+        "Let me check.",
+        [Call(0, "call_a", "get_weather", '{"city": "Paris"}'), Call(1, "call_b", "get_time", "{}")],
+        "tool_calls",
+        {
+            "prompt_tokens": 12,
+            "completion_tokens": 5,
+            "total_tokens": 17,
+            "prompt_tokens_details": {"cached_tokens": 4},
+        },
+    ),
+    (
+        "cut sh",
+        [],
+        "length",
+        {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12, "prompt_tokens_details": {"cached_tokens": 0}},
+    ),
 ]
 ENCODED = [wire.CHAT, wire.OLLAMA_CHAT, wire.RESPONSES, wire.MESSAGES]
 
@@ -107,36 +121,73 @@ def test_encoded_error_reads_back_as_the_error(family, stream):
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris and Rome?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
-        {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}},
-    ]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}},
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
     {"role": "assistant", "content": "Paris is sunny, Rome rainy."},
 ]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "d",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.mark.parametrize("family", [wire.RESPONSES, wire.MESSAGES, wire.CHAT])
-@pytest.mark.parametrize("choice", ["auto", "required", "none", {"type": "function", "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize(
+    "choice", ["auto", "required", "none", {"type": "function", "function": {"name": "get_weather"}}]
+)
 def test_request_round_trip(family, choice):
     request = wire.Request(wire.CHAT, CONVERSATION, TOOLS, choice, True, "m", {}, {"model": "m", "stream": True})
     body = orjson.loads(orjson.dumps(write_request(family, request)))
     back = read_request(family, body)
     assert back.family == family and back.stream and back.tool_choice == choice
     assert back.tools == TOOLS and back.system == "Be brief."
-    norm = [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                                  for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in back.messages]
-    want = [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                                  for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in CONVERSATION]
+    norm = [
+        {
+            **m,
+            "tool_calls": [
+                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                for c in m["tool_calls"]
+            ],
+        }
+        if m.get("tool_calls")
+        else m
+        for m in back.messages
+    ]
+    want = [
+        {
+            **m,
+            "tool_calls": [
+                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                for c in m["tool_calls"]
+            ],
+        }
+        if m.get("tool_calls")
+        else m
+        for m in CONVERSATION
+    ]
     assert norm == want
 
 
 def test_responses_request_shapes_as_sdks_send_them():
     body = {
-        "model": "m", "instructions": "sys", "stream": False, "max_output_tokens": 5,
+        "model": "m",
+        "instructions": "sys",
+        "stream": False,
+        "max_output_tokens": 5,
         "input": [
             {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
             {"type": "reasoning", "id": "rs_1", "summary": []},
@@ -148,62 +199,114 @@ def test_responses_request_shapes_as_sdks_send_them():
     }
     r = read_request(wire.RESPONSES, body)
     assert r.messages == [
-        {"role": "system", "content": "sys"}, {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "42"},
     ]
     assert [t["function"]["name"] for t in r.tools] == ["f"]
-    assert r.parameters == {"max_tokens": 5, "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}}}
+    assert r.parameters == {
+        "max_tokens": 5,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}},
+    }
     assert read_request(wire.RESPONSES, {"input": "hello"}).messages == [{"role": "user", "content": "hello"}]
 
 
 def test_messages_request_blocks():
     body = {
-        "model": "m", "max_tokens": 9, "system": [{"type": "text", "text": "sys"}],
+        "model": "m",
+        "max_tokens": 9,
+        "system": [{"type": "text", "text": "sys"}],
         "messages": [
             {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": [{"type": "text", "text": "checking"},
-                                              {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "ok"}]},
-                                         {"type": "text", "text": "and now?"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "checking"},
+                    {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "ok"}]},
+                    {"type": "text", "text": "and now?"},
+                ],
+            },
         ],
-        "tools": [{"name": "f", "input_schema": {"type": "object"}}, {"type": "web_search_20250305", "name": "web_search"}],
+        "tools": [
+            {"name": "f", "input_schema": {"type": "object"}},
+            {"type": "web_search_20250305", "name": "web_search"},
+        ],
         "tool_choice": {"type": "any"},
     }
     r = read_request(wire.MESSAGES, body)
     assert r.messages == [
-        {"role": "system", "content": "sys"}, {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "checking", "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]},
-        {"role": "tool", "tool_call_id": "t1", "content": "ok"}, {"role": "user", "content": "and now?"},
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "checking",
+            "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "ok"},
+        {"role": "user", "content": "and now?"},
     ]
     assert r.tool_choice == "required" and [t["function"]["name"] for t in r.tools] == ["f"]
 
 
-@pytest.mark.parametrize("body,message", [
-    ({"error": {"message": "boom", "type": "x"}}, "boom"),
-    ({"error": "registry.ollama.ai/library/gemma3:latest does not support tools"}, "registry.ollama.ai/library/gemma3:latest does not support tools"),
-    ({"object": "error", "message": "flat", "type": "BadRequestError", "code": 400}, "flat"),
-    ({"detail": "Not Found"}, "Not Found"),
-    ({"detail": [{"loc": ["body"], "msg": "bad"}]}, '[{"loc":["body"],"msg":"bad"}]'),
-    ({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "Overloaded"),
-    ({"type": "error", "code": "server_error", "message": "stream broke", "param": None}, "stream broke"),
-    ({"type": "response.failed", "response": {"status": "failed", "error": {"code": "x", "message": "failed hard"}}}, "failed hard"),
-    ({"choices": [{"index": 0, "delta": {"content": "x"}}]}, None),
-    ({"type": "response.completed", "response": {"status": "completed", "error": None}}, None),
-    ({"id": "r", "object": "response", "status": "completed", "error": None, "output": []}, None),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({"error": {"message": "boom", "type": "x"}}, "boom"),
+        (
+            {"error": "registry.ollama.ai/library/gemma3:latest does not support tools"},
+            "registry.ollama.ai/library/gemma3:latest does not support tools",
+        ),
+        ({"object": "error", "message": "flat", "type": "BadRequestError", "code": 400}, "flat"),
+        ({"detail": "Not Found"}, "Not Found"),
+        ({"detail": [{"loc": ["body"], "msg": "bad"}]}, '[{"loc":["body"],"msg":"bad"}]'),
+        ({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "Overloaded"),
+        ({"type": "error", "code": "server_error", "message": "stream broke", "param": None}, "stream broke"),
+        (
+            {
+                "type": "response.failed",
+                "response": {"status": "failed", "error": {"code": "x", "message": "failed hard"}},
+            },
+            "failed hard",
+        ),
+        ({"choices": [{"index": 0, "delta": {"content": "x"}}]}, None),
+        ({"type": "response.completed", "response": {"status": "completed", "error": None}}, None),
+        ({"id": "r", "object": "response", "status": "completed", "error": None, "output": []}, None),
+    ],
+)
 def test_error_shapes(body, message):
     assert error_of(body) == message
 
 
 # The three readers used to disagree on these: the condition's reader gave an empty reply.
-@pytest.mark.parametrize("body,ctype,want", [
-    (b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\ndata: {"object":"error","message":"worker died"}\n\n',
-     "text/event-stream", ("Hel", "worker died")),
-    (b'{"detail":"Method Not Allowed"}', "application/json", (None, "Method Not Allowed")),
-    (b'data: {"choices":[{"index":0,\ndata: "delta":{"content":"two lines"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
-     "text/event-stream", ("two lines", None)),
-])
+@pytest.mark.parametrize(
+    "body,ctype,want",
+    [
+        (
+            b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\ndata: {"object":"error","message":"worker '
+            b'died"}\n\n',
+            "text/event-stream",
+            ("Hel", "worker died"),
+        ),
+        (b'{"detail":"Method Not Allowed"}', "application/json", (None, "Method Not Allowed")),
+        (
+            b'data: {"choices":[{"index":0,\ndata: "delta":{"content":"two lines"},"finish_reason":"stop"}]}\n\ndata: '
+            b"[DONE]\n\n",
+            "text/event-stream",
+            ("two lines", None),
+        ),
+    ],
+)
 def test_disagreements_are_gone(body, ctype, want):
     reply = decode(body, wire.CHAT, ctype)
     assert (reply.content, reply.error) == want
@@ -220,9 +323,12 @@ def test_many_small_deltas_decode_in_linear_time():
 
     big, eighth = body(100_000), body(100_000 // FACTOR)
     replies = []
-    assert_scales_linearly(lambda: decode(eighth, wire.CHAT, "text/event-stream"),
-                           lambda: replies.append(decode(big, wire.CHAT, "text/event-stream")), "decode",
-                           max_seconds=20)
+    assert_scales_linearly(
+        lambda: decode(eighth, wire.CHAT, "text/event-stream"),
+        lambda: replies.append(decode(big, wire.CHAT, "text/event-stream")),
+        "decode",
+        max_seconds=20,
+    )
     for reply in replies:
         assert reply.content == "ab" * 100_000 and reply.complete
         assert reply.tool_calls[0].arguments == "x" * 100_000
@@ -232,19 +338,29 @@ def test_many_small_deltas_decode_in_linear_time():
 def test_hostile_bodies_never_raise(family):
     rng = random.Random(family)
     samples = [(DATA / f"{n}.body").read_bytes() for n in sorted(INDEX)]
-    shapes = [b'{"type":"response.output_item.added","item":[1]}', b'{"choices":[{"delta":{"tool_calls":[{"index":"x"}]}}]}',
-              b'{"type":"content_block_delta","index":99,"delta":{"type":"input_json_delta","partial_json":7}}',
-              b'{"message":{"tool_calls":[null,{"function":"f"}]},"done":true,"done_reason":3}', b'[1,2]', b'"s"',
-              b'{"error":null,"choices":null}', b'{"type":"message","content":[{"type":"tool_use"}],"usage":[]}',
-              b'{"object":"response","output":[{"type":"function_call","arguments":{"a":1}}],"status":"incomplete"}']
+    shapes = [
+        b'{"type":"response.output_item.added","item":[1]}',
+        b'{"choices":[{"delta":{"tool_calls":[{"index":"x"}]}}]}',
+        b'{"type":"content_block_delta","index":99,"delta":{"type":"input_json_delta","partial_json":7}}',
+        b'{"message":{"tool_calls":[null,{"function":"f"}]},"done":true,"done_reason":3}',
+        b"[1,2]",
+        b'"s"',
+        b'{"error":null,"choices":null}',
+        b'{"type":"message","content":[{"type":"tool_use"}],"usage":[]}',
+        b'{"object":"response","output":[{"type":"function_call","arguments":{"a":1}}],"status":"incomplete"}',
+    ]
     for _ in range(300):
         base = rng.choice(samples)
         cut = rng.randrange(len(base))
-        body = base[:cut] + rng.choice([b"", b"\x00\xff", b"data: " + rng.choice(shapes) + b"\n\n", rng.choice(shapes) + b"\n"]) + base[cut:]
+        body = (
+            base[:cut]
+            + rng.choice([b"", b"\x00\xff", b"data: " + rng.choice(shapes) + b"\n\n", rng.choice(shapes) + b"\n"])
+            + base[cut:]
+        )
         for ctype in (None, "text/event-stream", "application/x-ndjson", "application/json"):
             d, step = Decoder(family, ctype), rng.randint(1, 400)
             for i in range(0, len(body), step):
-                d.feed(body[i:i + step])
+                d.feed(body[i : i + step])
             d.close()
             assert isinstance(d.reply.content, (str, type(None)))
 
@@ -255,8 +371,11 @@ def test_writers_skip_tool_calls_that_are_not_objects(calls):
     from toolproxy.wire import messages, responses
     from toolproxy.wire.model import Request
 
-    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok", "tool_calls": calls},
-               {"role": "user", "content": "again"}]
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok", "tool_calls": calls},
+        {"role": "user", "content": "again"},
+    ]
     for family, writer in (("messages", messages.write_request), ("responses", responses.write_request)):
         body = writer(Request(family=family, messages=history))
         assert "ok" in str(body) and "again" in str(body)
@@ -294,11 +413,27 @@ def test_sse_framer_reads_any_split_like_the_plain_line_reading():
     from toolproxy.wire.framing import SSEFramer
 
     rng = random.Random(12)
-    lines = [b'data: {"a":1}', b"data:{}", b"data: [DONE]", b"data: ", b"data", b"event: message_start", b": ping",
-             b"id: 7", b"retry: 10", b"", b"data: x\r", b"data:  two spaces", b"event:delta\r", b"data: data: nested"]
+    lines = [
+        b'data: {"a":1}',
+        b"data:{}",
+        b"data: [DONE]",
+        b"data: ",
+        b"data",
+        b"event: message_start",
+        b": ping",
+        b"id: 7",
+        b"retry: 10",
+        b"",
+        b"data: x\r",
+        b"data:  two spaces",
+        b"event:delta\r",
+        b"data: data: nested",
+    ]
     for _ in range(3000):
         seps = rng.choice([[b"\n\n"], [b"\n", b"\n\n"], [b"\n", b"\r\n", b"\n\n", b"\r\n\r\n"]])
-        body = rng.choice([b"", b"\n", b"\n\n"]) + b"".join(rng.choice(lines) + rng.choice(seps) for _ in range(rng.randint(0, 8)))
+        body = rng.choice([b"", b"\n", b"\n\n"]) + b"".join(
+            rng.choice(lines) + rng.choice(seps) for _ in range(rng.randint(0, 8))
+        )
         body += rng.choice([b"", b"data: tail", b"data: tail\r\r", b"  "])
         cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(0, 4)))) if len(body) > 1 else []
         framer, got = SSEFramer(), []
@@ -314,8 +449,17 @@ def test_decode_reads_a_whole_body_like_feeding_it(family):
     for captured bodies and for the same bodies broken in hostile ways, with and without a type."""
     rng = random.Random(family + "whole")
     samples = [(DATA / f"{n}.body").read_bytes() for n in sorted(INDEX)]
-    odd = [b"", b"  \n", b"\x00\xff", b"data: [DONE]\n\n", b'{"error":{"message":"boom"}}\n', b"data: {}\r\n\r\n",
-           b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\ndata: {"choices"', b"[1,2]\n", b": ping\n\n"]
+    odd = [
+        b"",
+        b"  \n",
+        b"\x00\xff",
+        b"data: [DONE]\n\n",
+        b'{"error":{"message":"boom"}}\n',
+        b"data: {}\r\n\r\n",
+        b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\ndata: {"choices"',
+        b"[1,2]\n",
+        b": ping\n\n",
+    ]
     bodies = samples + odd
     for _ in range(150):
         base = rng.choice(samples)
@@ -327,6 +471,6 @@ def test_decode_reads_a_whole_body_like_feeding_it(family):
             step = rng.randint(1, 300)
             d = Decoder(family, ctype)
             for i in range(0, len(body), step):
-                d.feed(body[i:i + step])
+                d.feed(body[i : i + step])
             d.close()
             assert whole == d.reply, (body[:200], ctype, step)

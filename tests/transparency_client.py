@@ -38,15 +38,20 @@ async def send(base: str, case: str) -> int:
     headers, body, trickled = case_requests()[case]
     url = URL(base.rstrip("/") + PATH)
     reader, writer = await asyncio.open_connection(url.host, url.port)
-    head = [b"POST " + url.raw_path.encode() + b" HTTP/1.1", b"Host: " + f"{url.host}:{url.port}".encode(),
-            b"Content-Length: " + str(len(body)).encode(), b"Connection: close", CASE_HEADER + b": " + case.encode()]
+    head = [
+        b"POST " + url.raw_path.encode() + b" HTTP/1.1",
+        b"Host: " + f"{url.host}:{url.port}".encode(),
+        b"Content-Length: " + str(len(body)).encode(),
+        b"Connection: close",
+        CASE_HEADER + b": " + case.encode(),
+    ]
     head += [k + b": " + v for k, v in headers]
     wire = b"\r\n".join(head) + b"\r\n\r\n"
     try:
         if trickled:
             step = len(wire) // SLOW_PIECES + 1
             for i in range(0, len(wire), step):
-                writer.write(wire[i:i + step])
+                writer.write(wire[i : i + step])
                 await writer.drain()
                 await asyncio.sleep(SLOW_PAUSE)
             writer.write(body)

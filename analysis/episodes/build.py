@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import orjson
 
+from toolproxy.analysis.classify.expectations import ExpectationRule, expectation
+from toolproxy.analysis.classify.keys import link_map, parent_walk
+from toolproxy.analysis.classify.outcomes import NON_RESPONSE
 from toolproxy.analysis.episodes.loops import mark_loops
 from toolproxy.analysis.episodes.model import Attempt, Episode, Turn
 from toolproxy.analysis.episodes.order import causal_order, chain_keys
-from toolproxy.analysis.ingest.keys import link_map, parent_walk
-from toolproxy.analysis.measure.expectations import ExpectationRule, expectation
-from toolproxy.analysis.measure.outcomes import NON_RESPONSE
 
 _SEP = re.compile(r"[_-]")
 # Turns one key names beyond which taking the oldest off the front of a list costs more than a deque.
@@ -49,8 +49,9 @@ def category_of(item_key: str | None, tag: str | None) -> str | None:
     return parts[0] if len(parts) == 2 and parts[0] else None
 
 
-def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = False,
-                   placed: dict[str, tuple[str, str]] | None = None) -> list[Episode]:
+def build_episodes(
+    run: str, attempts: Iterable[Attempt], one_clock: bool = False, placed: dict[str, tuple[str, str]] | None = None
+) -> list[Episode]:
     """Group one run's attempts (given in clock order) into episodes of turns. Unless one clock
     stamped them all (one host: its clock order is the conversations' order), they are first put
     in causal_order.
@@ -114,7 +115,11 @@ def build_episodes(run: str, attempts: Iterable[Attempt], one_clock: bool = Fals
             ep = episodes.get(key)
             if ep is None:
                 ep = episodes[key] = Episode(key, a.episode, False)
-            if ep.turns and (final := ep.turns[-1].attempts[-1]).outcome == NON_RESPONSE and final.state_hash == a.state_hash:
+            if (
+                ep.turns
+                and (final := ep.turns[-1].attempts[-1]).outcome == NON_RESPONSE
+                and final.state_hash == a.state_hash
+            ):
                 ep.turns[-1].attempts.append(a)
             else:
                 ep.turns.append(Turn([a]))
@@ -168,6 +173,7 @@ def match_tags(tags_json: str | None, **known: str | None) -> dict[str, str | No
 def episode_expectation(run: str, ep: Episode, rules: Sequence[ExpectationRule]) -> tuple[dict, str | None]:
     """(the tags an expectation rule sees for the episode, what it expects: call, none or None)."""
     first = ep.turns[0].attempts[0]
-    tags = match_tags(first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category,
-                      condition=first.condition)
+    tags = match_tags(
+        first.tags, run=run, episode=ep.name, item=ep.item_key, category=ep.category, condition=first.condition
+    )
     return tags, expectation(tags, rules)

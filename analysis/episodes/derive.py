@@ -11,23 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import orjson
 
+from toolproxy.analysis.classify.expectations import ExpectationRule
+from toolproxy.analysis.classify.keys import link_map, parent_walk, request_key
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.episodes.build import build_episodes, category_of, episode_expectation
 from toolproxy.analysis.episodes.loops import rejudged
 from toolproxy.analysis.episodes.model import Attempt, Episode
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
-from toolproxy.analysis.ingest.keys import link_map, parent_walk, request_key
-from toolproxy.analysis.measure.expectations import ExpectationRule
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.columns import share_strings
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.state import set_unfinished_runs, stored_rules, unfinished_runs
 from toolproxy.analysis.store.tables import EPISODE_KEYS, EPISODES, TURNS
-from toolproxy.calls.gcpause import gc_paused
 from toolproxy.record.segments import SEGMENT_REPLICA
+from toolproxy.runtime.gcpause import gc_paused
 
 # One fetch of many runs' attempts (runs are batched up to about this many attempts) instead of a
 # query per run: a run's query scans the whole table, and building rows out of it is per-row work.
@@ -71,7 +71,9 @@ _ATTEMPT_SELECT = """run, id, episode, item, json_extract_string(tags, '$.catego
             THEN array_to_string(coalesce(prefix_links, []), ' ') END"""
 _ATTEMPT_COLUMNS_SQL = f"SELECT {_ATTEMPT_SELECT}\nFROM exchanges\n"
 # The attempts of runs that fit one batch (so whole, all their parts in it).
-_ATTEMPTS_SQL = _ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id"
+_ATTEMPTS_SQL = (
+    _ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run IN (SELECT unnest($runs::VARCHAR[])) ORDER BY run, started_at, id"
+)
 # Several batches: every batch's attempts sorted once into a temporary table (which spills under the
 # memory limit), each then read by its number: a query per batch would scan the runs' exchanges once
 # per batch, which is the square of the run.
@@ -85,35 +87,61 @@ ORDER BY b.batch, run, started_at, id
 """
 _BATCH_SQL = "SELECT * EXCLUDE (batch, _t) FROM _batched WHERE batch = $batch ORDER BY run, _t, id"
 # The attempts of some tagged episodes of one run (_derive_in_part).
-_EPISODE_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IN (SELECT unnest($episodes::VARCHAR[])) "
-                         "ORDER BY run, started_at, id")
+_EPISODE_ATTEMPTS_SQL = (
+    _ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IN (SELECT unnest($episodes::VARCHAR[])) "
+    "ORDER BY run, started_at, id"
+)
 
 # _ATTEMPTS_SQL's columns are run, then Attempt's fields in order; the key lists come as one string each.
-_KEY_LISTS = [1 + [f.name for f in dataclasses.fields(Attempt)].index(name)
-              for name in ("parent_hashes", "reply_keys", "prefix_links")]
+_KEY_LISTS = [
+    1 + [f.name for f in dataclasses.fields(Attempt)].index(name)
+    for name in ("parent_hashes", "reply_keys", "prefix_links")
+]
 
 # What derive() computes of a turn in Python; the rest (_TURNS_SQL) is its final attempt's.
-_TURN_ROW = ["turn_id", "run", "episode_key", "turn_index", "item_key", "category", "n_attempts", "final_exchange_id",
-             "expect", *TurnFacts._fields]
+_TURN_ROW = [
+    "turn_id",
+    "run",
+    "episode_key",
+    "turn_index",
+    "item_key",
+    "category",
+    "n_attempts",
+    "final_exchange_id",
+    "expect",
+    *TurnFacts._fields,
+]
 _FROM_FINAL = {
-    "condition": "e.condition", "model": "e.model", "outcome": "e.outcome", "sub_kind": "e.sub_kind",
-    "surface": "e.surface", "n_calls": "coalesce(e.n_calls, 0)", "finish_reason": "e.finish_reason",
-    "harness_saw_prose": "coalesce(e.harness_saw_prose, false)", "content": "e.content",
-    "offered_tools": "e.tool_set IS NOT NULL", "tool_results": "coalesce(e.tool_results, 0)",
-    "finishes": "coalesce(e.finishes, false)", "protocol": "e.protocol", "finisher": "e.finisher",
+    "condition": "e.condition",
+    "model": "e.model",
+    "outcome": "e.outcome",
+    "sub_kind": "e.sub_kind",
+    "surface": "e.surface",
+    "n_calls": "coalesce(e.n_calls, 0)",
+    "finish_reason": "e.finish_reason",
+    "harness_saw_prose": "coalesce(e.harness_saw_prose, false)",
+    "content": "e.content",
+    "offered_tools": "e.tool_set IS NOT NULL",
+    "tool_results": "coalesce(e.tool_results, 0)",
+    "finishes": "coalesce(e.finishes, false)",
+    "protocol": "e.protocol",
+    "finisher": "e.finisher",
 }
+_TURN_SELECT = ", ".join(
+    f"({ROLE_SQL})" if n == "role" else "$version" if n == "analyzer_version" else n for n in TURNS.names
+)
 _TURNS_SQL = f"""
 INSERT INTO turns ({", ".join(TURNS.names)})
-SELECT {", ".join(f"({ROLE_SQL})" if n == "role" else "$version" if n == "analyzer_version" else n for n in TURNS.names)}
+SELECT {_TURN_SELECT}
 FROM (SELECT {", ".join(f"t.{n}" for n in _TURN_ROW)}, {", ".join(f"{sql} AS {n}" for n, sql in _FROM_FINAL.items())}
       FROM _turn_rows t JOIN exchanges e ON e.id = t.final_exchange_id WHERE e.id BETWEEN $lo AND $hi ORDER BY t.rowid)
 """
 assert set(_TURN_ROW) | set(_FROM_FINAL) | {"role", "analyzer_version"} == set(TURNS.names)
 # Per run of $runs, its exchanges' count and times (aggregated for the runs of $whole; _run_totals holds the
-# others', which a re-analyze counted in part, _count_new), its most common model, marker and upstream (the greatest count, then the
-# least value, from run_tallies) and its conditions. Its stack is the latest fingerprint's of the run, else
-# of its upstream, read only for these runs and upstreams: the fingerprints of every run would be
-# aggregated on each re-analyze.
+# others', which a re-analyze counted in part, _count_new), its most common model, marker and upstream (the
+# greatest count, then the least value, from run_tallies) and its conditions. Its stack is the latest
+# fingerprint's of the run, else of its upstream, read only for these runs and upstreams: the fingerprints
+# of every run would be aggregated on each re-analyze.
 _RUNS_SQL = """
 INSERT INTO runs
 WITH totals AS (
@@ -155,11 +183,13 @@ FROM ex LEFT JOIN fp_run ON fp_run.run = ex.run LEFT JOIN fp_up ON fp_up.upstrea
 # restricts them to the attempts without a turn yet (see _count_new).
 _TALLIED_SQL = """
 SELECT run, field, value, count(*) AS n
-FROM (SELECT run, unnest(['model', 'condition', 'marker', 'marker_version', 'upstream', 'kind', 'sample_rate']) AS field,
+FROM (SELECT run, unnest(['model', 'condition', 'marker', 'marker_version', 'upstream', 'kind', 'sample_rate']) AS
+    field,
              unnest([CASE WHEN is_attempt THEN model END, CASE WHEN is_attempt THEN condition END,
                      stack_marker, stack_marker_version, upstream, kind,
                      json_extract(record, '$.extra.sample.rate')::VARCHAR]) AS value
-      FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND (NOT $only_new OR (is_attempt AND turn_id IS NULL)))
+      FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND (NOT $only_new OR (is_attempt AND turn_id
+          IS NULL)))
 WHERE value IS NOT NULL GROUP BY ALL
 """
 # The new count and times of each of $runs whose row counts all its exchanges but its attempts without a
@@ -168,7 +198,8 @@ WHERE value IS NOT NULL GROUP BY ALL
 _NEW_TOTALS_SQL = """
 CREATE OR REPLACE TEMP TABLE _run_totals AS
 WITH new AS (SELECT run, count(*) AS n, min(started_at) AS first_seen, max(coalesce(ended_at, started_at)) AS last_seen
-             FROM exchanges WHERE is_attempt AND turn_id IS NULL AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run),
+             FROM exchanges WHERE is_attempt AND turn_id IS NULL AND run IN (SELECT unnest($runs::VARCHAR[])) GROUP
+                 BY run),
      stored AS (SELECT run, count(*) AS n FROM exchanges WHERE run IN (SELECT unnest($runs::VARCHAR[])) GROUP BY run)
 SELECT r.run, r.n_exchanges + coalesce(new.n, 0) AS n_exchanges, least(r.first_seen, new.first_seen) AS first_seen,
        greatest(r.last_seen, new.last_seen) AS last_seen
@@ -178,11 +209,12 @@ WHERE r.run IN (SELECT unnest($runs::VARCHAR[])) AND stored.n = r.n_exchanges + 
 """
 
 
-def derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None = None, progress=None,
-           in_steps: bool = False) -> dict[str, int]:
+def derive(
+    con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None = None, progress=None, in_steps: bool = False
+) -> dict[str, int]:
     """Rebuild turns, episodes and runs rows for these runs from their exchanges (idempotent).
 
-    `rules`: expectation rules (analysis.measure.expectations); None uses the ones stored with the analysis.
+    `rules`: expectation rules (analysis.classify.expectations); None uses the ones stored with the analysis.
     `progress` (toolproxy.term.progress.Progress): told the number of runs, advanced per run.
     `in_steps`: a derive of several batches commits the caller's open transaction after each and
     begins another (see _derive); the caller then holds a transaction again when this returns.
@@ -195,7 +227,9 @@ def derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None = N
         return _derive(con, runs, rules, progress, in_steps)
 
 
-def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, progress, in_steps: bool = False) -> dict[str, int]:
+def _derive(
+    con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, progress, in_steps: bool = False
+) -> dict[str, int]:
     """derive(). In steps, the runs are first marked unfinished and their rows deleted, then each
     batch's attempts are pointed at their turns, each followed by a commit: DuckDB holds a
     transaction's updates in memory it cannot spill (about 250 bytes an attempt: 1,000,000 of them
@@ -232,8 +266,12 @@ def _derive(con, runs: Iterable[str], rules: Sequence[ExpectationRule] | None, p
         con.execute("CREATE OR REPLACE TEMP TABLE _part_batch (prun VARCHAR, ppart VARCHAR, batch INTEGER)")
         rows = [(run, "", b) for b, (whole, _, _) in enumerate(batches) for run in whole]
         rows += [(run, part, b) for b, (_, parts, _) in enumerate(batches) for run, part in parts]
-        insert_columns(con, "_part_batch", dict(zip(("prun", "ppart", "batch"), map(list, zip(*rows)))),
-                       {"prun": "VARCHAR", "ppart": "VARCHAR", "batch": "INTEGER"})
+        insert_columns(
+            con,
+            "_part_batch",
+            dict(zip(("prun", "ppart", "batch"), map(list, zip(*rows)))),
+            {"prun": "VARCHAR", "ppart": "VARCHAR", "batch": "INTEGER"},
+        )
         con.execute(_BATCHED_SQL, {"whole": [run for whole, _, _ in batches for run in whole], "clocks": clocks})
     for b, (whole, parts, done) in enumerate(batches):
         split.update(run for run, _ in parts if run not in done)
@@ -326,8 +364,10 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
     attempt can join could not be chained again without ordering the whole run anyway. `whole`: runs
     to derive whole in any case. Runs a derive in steps left unfinished are derived too, whole: their
     rows went in its first step. `in_steps`: as for derive(), for the runs derived whole."""
-    pending = con.execute("SELECT run, episode, min(started_at), count(*) = count(started_at) FROM exchanges "
-                          "WHERE is_attempt AND turn_id IS NULL GROUP BY run, episode").fetchall()
+    pending = con.execute(
+        "SELECT run, episode, min(started_at), count(*) = count(started_at) FROM exchanges "
+        "WHERE is_attempt AND turn_id IS NULL GROUP BY run, episode"
+    ).fetchall()
     runs = sorted(set(runs) | {run for run, *_ in pending} | set(unfinished_runs(con)))
     if not runs:
         return {"runs": [], "turns": 0, "episodes": 0, "in_part": [], "episodes_in_part": 0}
@@ -337,7 +377,9 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
             new_episodes.setdefault(run, set()).add(episode)
     # per run with new untagged attempts: the earliest of them, or None if one has no start time
     untagged = {run: since if timed else None for run, episode, since, timed in pending if episode is None}
-    derived = {r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()}
+    derived = {
+        r[0] for r in con.execute("SELECT run FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchall()
+    }
     clocked = _several_clocks(con, runs)
     one_clock = [r for r in runs if r in derived and r not in clocked]
     forced = set(whole)
@@ -349,8 +391,11 @@ def derive_changes(con, runs: Iterable[str], progress=None, whole: Iterable[str]
         _count_new(con, partial)
         in_part = _derive_in_part(con, {r: new_episodes.get(r, set()) for r in partial}, sorted(chainable))
     # every one of the runs' rows was just made (_finish), counting them: their turns are not counted again
-    turns, episodes = con.execute("SELECT coalesce(sum(n_turns), 0), coalesce(sum(n_episodes), 0) FROM runs "
-                                  "WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]).fetchone()
+    turns, episodes = con.execute(
+        "SELECT coalesce(sum(n_turns), 0), coalesce(sum(n_episodes), 0) FROM runs "
+        "WHERE run IN (SELECT unnest(?::VARCHAR[]))",
+        [runs],
+    ).fetchone()
     return {"runs": runs, "turns": turns, "episodes": episodes, "in_part": partial, "episodes_in_part": in_part}
 
 
@@ -365,10 +410,14 @@ def _count_new(con, runs: list[str]) -> None:
     con.execute(_NEW_TOTALS_SQL, {"runs": runs})
     counted = {"runs": [r for (r,) in con.execute("SELECT run FROM _run_totals").fetchall()], "only_new": True}
     con.execute(f"CREATE OR REPLACE TEMP TABLE _new_tallies AS {_TALLIED_SQL}", counted)
-    con.execute("UPDATE run_tallies AS t SET n = t.n + d.n FROM _new_tallies d "
-                "WHERE t.run = d.run AND t.field = d.field AND t.value = d.value")
-    con.execute("INSERT INTO run_tallies SELECT * FROM _new_tallies d WHERE NOT EXISTS "
-                "(SELECT 1 FROM run_tallies t WHERE t.run = d.run AND t.field = d.field AND t.value = d.value)")
+    con.execute(
+        "UPDATE run_tallies AS t SET n = t.n + d.n FROM _new_tallies d "
+        "WHERE t.run = d.run AND t.field = d.field AND t.value = d.value"
+    )
+    con.execute(
+        "INSERT INTO run_tallies SELECT * FROM _new_tallies d WHERE NOT EXISTS "
+        "(SELECT 1 FROM run_tallies t WHERE t.run = d.run AND t.field = d.field AND t.value = d.value)"
+    )
     con.execute("DROP TABLE _new_tallies")
 
 
@@ -391,24 +440,32 @@ def _chainable(con, run: str, since) -> bool:
 
 
 # The episodes of a run whose turns were given one of these keys.
-_NAMED_SQL = ("SELECT DISTINCT episode_key FROM episode_keys "
-              "WHERE run = $run AND key IN (SELECT unnest($keys::VARCHAR[])) ORDER BY episode_key")
+_NAMED_SQL = (
+    "SELECT DISTINCT episode_key FROM episode_keys "
+    "WHERE run = $run AND key IN (SELECT unnest($keys::VARCHAR[])) ORDER BY episode_key"
+)
 # The turns of these episodes of a run. Every bound here ($first and $last: the least and greatest of
 # the episode keys, $lo and $hi: of their turn ids) leaves the rows as they are and lets DuckDB skip
 # the row groups outside it: keys and turn ids are attempt ids, minted in time order
 # (record.model.new_id), so the episodes new attempts join lie in the run's last row groups.
-_TURNS_OF_SQL = ("SELECT turn_id FROM turns WHERE run = $run AND episode_key BETWEEN $first AND $last "
-                 "AND episode_key IN (SELECT unnest($episodes::VARCHAR[]))")
+_TURNS_OF_SQL = (
+    "SELECT turn_id FROM turns WHERE run = $run AND episode_key BETWEEN $first AND $last "
+    "AND episode_key IN (SELECT unnest($episodes::VARCHAR[]))"
+)
 # A run's new untagged attempts and every attempt of these turns, in clock order; none starts before
 # $since (the earliest of them).
-_CONVERSATION_ATTEMPTS_SQL = (_ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IS NULL AND started_at >= $since "
-                              "AND (turn_id IS NULL OR turn_id IN (SELECT unnest($turns::VARCHAR[]))) ORDER BY run, started_at, id")
+_CONVERSATION_ATTEMPTS_SQL = (
+    _ATTEMPT_COLUMNS_SQL + "WHERE is_attempt AND run = $run AND episode IS NULL AND started_at >= $since "
+    "AND (turn_id IS NULL OR turn_id IN (SELECT unnest($turns::VARCHAR[]))) ORDER BY run, started_at, id"
+)
 # Where each attempt of these turns is: its episode's name and its turn (build_episodes' `placed`),
 # and when it started.
-_PLACED_SQL = ("SELECT x.id, e.episode, x.turn_id, x.started_at FROM exchanges x JOIN turns t ON t.turn_id = x.turn_id "
-               "JOIN episodes e ON e.episode_key = t.episode_key "
-               "WHERE x.is_attempt AND x.turn_id BETWEEN $lo AND $hi AND t.turn_id BETWEEN $lo AND $hi "
-               "AND x.turn_id IN (SELECT unnest($turns::VARCHAR[]))")
+_PLACED_SQL = (
+    "SELECT x.id, e.episode, x.turn_id, x.started_at FROM exchanges x JOIN turns t ON t.turn_id = x.turn_id "
+    "JOIN episodes e ON e.episode_key = t.episode_key "
+    "WHERE x.is_attempt AND x.turn_id BETWEEN $lo AND $hi AND t.turn_id BETWEEN $lo AND $hi "
+    "AND x.turn_id IN (SELECT unnest($turns::VARCHAR[]))"
+)
 
 
 def _derive_in_part(con, episodes: dict[str, set[str]], conversations: list[str]) -> int:
@@ -447,8 +504,11 @@ def _derive_conversations(con, run: str, rules: Sequence[ExpectationRule], total
     (whose keys include request_key of that state): chaining looks at no other turn, so only the
     episodes those keys name in episode_keys take part, their attempts placed where they were
     derived, and the result is what chaining the whole run gives."""
-    new = con.execute("SELECT parent_hashes, state_hash, prior_hash, prefix_links, started_at FROM exchanges "
-                      "WHERE is_attempt AND run = ? AND episode IS NULL AND turn_id IS NULL", [run]).fetchall()
+    new = con.execute(
+        "SELECT parent_hashes, state_hash, prior_hash, prefix_links, started_at FROM exchanges "
+        "WHERE is_attempt AND run = ? AND episode IS NULL AND turn_id IS NULL",
+        [run],
+    ).fetchall()
     # A new request's links back are in the rows stored with it (keys.Prefixes), so among the new ones.
     links = link_map(row[3] for row in new)
     lookups: list[str] = []
@@ -457,20 +517,31 @@ def _derive_conversations(con, run: str, rules: Sequence[ExpectationRule], total
         if state:
             lookups.append(request_key(state))
     named = [k for (k,) in con.execute(_NAMED_SQL, {"run": run, "keys": lookups}).fetchall()]
-    turns = [t for (t,) in con.execute(_TURNS_OF_SQL, {"run": run, "episodes": named, "first": min(named, default=None),
-                                                        "last": max(named, default=None)}).fetchall()]
-    placed_rows = con.execute(_PLACED_SQL, {"turns": turns, "lo": min(turns, default=None),
-                                            "hi": max(turns, default=None)}).fetchall()
+    turns = [
+        t
+        for (t,) in con.execute(
+            _TURNS_OF_SQL,
+            {"run": run, "episodes": named, "first": min(named, default=None), "last": max(named, default=None)},
+        ).fetchall()
+    ]
+    placed_rows = con.execute(
+        _PLACED_SQL, {"turns": turns, "lo": min(turns, default=None), "hi": max(turns, default=None)}
+    ).fetchall()
     placed = {x: (name, turn) for x, name, turn, _ in placed_rows}
     # every one has a start: the run is chainable (_CHAINABLE_SQL)
     since = min(row[-1] for rows in (new, placed_rows) for row in rows)
-    cols = _columns(con.execute(_CONVERSATION_ATTEMPTS_SQL, {"run": run, "turns": turns, "clocks": [], "since": since}).fetchnumpy())
+    cols = _columns(
+        con.execute(_CONVERSATION_ATTEMPTS_SQL, {"run": run, "turns": turns, "clocks": [], "since": since}).fetchnumpy()
+    )
     chunks = list(_derived_chunks(cols, [run], [], rules, placed))
     # with the episodes their attempts start (an interrupted analyze may have left rows of those behind)
     keys = sorted(set(named).union(*(chunk[1]["episode_key"] for chunk in chunks)))
     for table in ("turns", "episodes", "episode_keys"):
-        con.execute(f"DELETE FROM {table} WHERE run = ? AND episode_key BETWEEN ? AND ? "
-                    "AND episode_key IN (SELECT unnest(?::VARCHAR[]))", [run, keys[0], keys[-1], keys])
+        con.execute(
+            f"DELETE FROM {table} WHERE run = ? AND episode_key BETWEEN ? AND ? "
+            "AND episode_key IN (SELECT unnest(?::VARCHAR[]))",
+            [run, keys[0], keys[-1], keys],
+        )
     for chunk in chunks:
         _stage(con, chunk, totals)
 
@@ -486,16 +557,21 @@ def _temp_tables(con) -> None:
 def _run_sizes(con, runs: list[str]) -> dict[str, tuple[int, int, int]]:
     """Per run: its attempts, how many replicas (so clocks) recorded them, and how many of its
     untagged attempts have keys but no thread."""
-    return {run: (n, replicas, loose) for run, n, replicas, loose in
-            con.execute(_RUN_SIZES_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}).fetchall()}
+    return {
+        run: (n, replicas, loose)
+        for run, n, replicas, loose in con.execute(
+            _RUN_SIZES_SQL, {"pattern": SEGMENT_REPLICA, "runs": runs}
+        ).fetchall()
+    }
 
 
 def _several_clocks(con, runs: list[str]) -> set[str]:
     """The runs several replicas recorded. Every stored exchange's segment is in ingest_state (one
     transaction stores both, prune deletes both), so when its segments name one replica no run has
     more, and the runs' attempts need not be scanned: the usual store of one proxy."""
-    replicas = con.execute("SELECT count(DISTINCT regexp_extract(segment, ?, 1)) FROM ingest_state",
-                           [SEGMENT_REPLICA]).fetchone()[0]
+    replicas = con.execute(
+        "SELECT count(DISTINCT regexp_extract(segment, ?, 1)) FROM ingest_state", [SEGMENT_REPLICA]
+    ).fetchone()[0]
     if replicas <= 1:
         return set()
     return {run for run, (_, n, _) in _run_sizes(con, runs).items() if n > 1}
@@ -505,7 +581,9 @@ def _stage(con, derived: tuple, totals: dict[str, int]) -> None:
     """Insert derived episodes and their conversation keys, and stage turn rows and the attempt ->
     turn map for _finish."""
     turn_rows, episode_cols, key_cols, map_ex, map_turn = derived
-    totals["turns"] += insert_columns(con, "_turn_rows", dict(zip(_TURN_ROW, turn_rows)), {n: TURNS.types[n] for n in _TURN_ROW})
+    totals["turns"] += insert_columns(
+        con, "_turn_rows", dict(zip(_TURN_ROW, turn_rows)), {n: TURNS.types[n] for n in _TURN_ROW}
+    )
     totals["episodes"] += EPISODES.insert(con, episode_cols)
     EPISODE_KEYS.insert(con, key_cols)
     insert_columns(con, "_turn_map", {"id": map_ex, "turn_id": map_turn}, {"id": "VARCHAR", "turn_id": "VARCHAR"})
@@ -519,11 +597,17 @@ def _finish(con, runs: list[str]) -> None:
     ids): the proxy mints them in time order (record.model.new_id), so when a few episodes were
     derived DuckDB skips the row groups of the rest of the run."""
     _write_staged(con)
-    con.execute("CREATE TEMP TABLE IF NOT EXISTS _run_totals (run VARCHAR, n_exchanges BIGINT, first_seen TIMESTAMP, "
-                "last_seen TIMESTAMP)")
+    con.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS _run_totals (run VARCHAR, n_exchanges BIGINT, first_seen TIMESTAMP, "
+        "last_seen TIMESTAMP)"
+    )
     # the runs _count_new did not count are tallied and totalled over all their exchanges
-    aggregated = [r for (r,) in con.execute("SELECT unnest($runs::VARCHAR[]) EXCEPT SELECT run FROM _run_totals",
-                                            {"runs": runs}).fetchall()]
+    aggregated = [
+        r
+        for (r,) in con.execute(
+            "SELECT unnest($runs::VARCHAR[]) EXCEPT SELECT run FROM _run_totals", {"runs": runs}
+        ).fetchall()
+    ]
     con.execute("DELETE FROM run_tallies WHERE run IN (SELECT unnest(?::VARCHAR[]))", [aggregated])
     con.execute(f"INSERT INTO run_tallies {_TALLIED_SQL}", {"runs": aggregated, "only_new": False})
     con.execute("DELETE FROM runs WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs])
@@ -538,10 +622,16 @@ def _write_staged(con) -> None:
     if lo is None:
         return
     con.execute(_TURNS_SQL, {"version": ANALYZER_VERSION, "lo": lo, "hi": hi})
-    con.execute("UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id "
-                "AND exchanges.id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
-    con.execute("UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id "
-                "AND calls.exchange_id BETWEEN $lo AND $hi", {"v": ANALYZER_VERSION, "lo": lo, "hi": hi})
+    con.execute(
+        "UPDATE exchanges SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE exchanges.id = m.id "
+        "AND exchanges.id BETWEEN $lo AND $hi",
+        {"v": ANALYZER_VERSION, "lo": lo, "hi": hi},
+    )
+    con.execute(
+        "UPDATE calls SET turn_id = m.turn_id, analyzer_version = $v FROM _turn_map m WHERE calls.exchange_id = m.id "
+        "AND calls.exchange_id BETWEEN $lo AND $hi",
+        {"v": ANALYZER_VERSION, "lo": lo, "hi": hi},
+    )
     con.execute("DELETE FROM _turn_map")
     con.execute("DELETE FROM _turn_rows")
 
@@ -551,8 +641,8 @@ def _rejudge_loops(con, runs: list[str]) -> None:
     episode derived on its own was judged against its batch's median)."""
     by_run: dict[str, list[tuple]] = {}
     for run, key, n, reason in con.execute(
-            "SELECT run, episode_key, n_turns, loop_reason FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))",
-            [runs]).fetchall():
+        "SELECT run, episode_key, n_turns, loop_reason FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [runs]
+    ).fetchall():
         by_run.setdefault(run, []).append((key, n, reason))
     changed: dict[str, list] = {"episode_key": [], "loop_reason": []}
     for rows in by_run.values():
@@ -564,8 +654,10 @@ def _rejudge_loops(con, runs: list[str]) -> None:
     if changed["episode_key"]:
         con.execute("CREATE OR REPLACE TEMP TABLE _loops (episode_key VARCHAR, loop_reason VARCHAR)")
         insert_columns(con, "_loops", changed, {"episode_key": "VARCHAR", "loop_reason": "VARCHAR"})
-        con.execute("UPDATE episodes SET loop_reason = l.loop_reason, looping = l.loop_reason IS NOT NULL "
-                    "FROM _loops l WHERE episodes.episode_key = l.episode_key")
+        con.execute(
+            "UPDATE episodes SET loop_reason = l.loop_reason, looping = l.loop_reason IS NOT NULL "
+            "FROM _loops l WHERE episodes.episode_key = l.episode_key"
+        )
         con.execute("DROP TABLE _loops")
 
 
@@ -589,8 +681,13 @@ def _columns(arrays: dict) -> list[Sequence]:
     return out
 
 
-def _derived_chunks(cols: list[Sequence], runs: list[str], clocks: list[str], rules: Sequence[ExpectationRule],
-                    placed: dict[str, tuple[str, str]] | None = None) -> Iterator[tuple]:
+def _derived_chunks(
+    cols: list[Sequence],
+    runs: list[str],
+    clocks: list[str],
+    rules: Sequence[ExpectationRule],
+    placed: dict[str, tuple[str, str]] | None = None,
+) -> Iterator[tuple]:
     """The rows derived from the attempts `cols` (_columns) of these runs, in chunks of about
     _CHUNK_TURNS turns (_stage inserts each): turn rows (columns of _TURN_ROW), episode columns,
     reconstructed episodes' conversation keys (episode_keys columns) and the attempt -> turn map.
@@ -648,8 +745,20 @@ class _DerivedRows:
             key = (item, head.category)
             if key not in categories:
                 categories[key] = category_of(*key)
-            self.turn_rows.append((tid, run, ep.key, i, item, categories[key] or ep.category, len(turn.attempts),
-                                   turn.attempts[-1].id, expect, *facts))
+            self.turn_rows.append(
+                (
+                    tid,
+                    run,
+                    ep.key,
+                    i,
+                    item,
+                    categories[key] or ep.category,
+                    len(turn.attempts),
+                    turn.attempts[-1].id,
+                    expect,
+                    *facts,
+                )
+            )
             if len(turn.attempts) == 1:
                 self.map_ex.append(tid)
                 self.map_turn.append(tid)
@@ -657,9 +766,22 @@ class _DerivedRows:
                 for a in turn.attempts:
                     self.map_ex.append(a.id)
                     self.map_turn.append(tid)
-        self.episode_rows.append((ep.key, run, ep.name, ep.reconstructed, ep.item_key, ep.category, len(ep.turns),
-                                  ep.looping, ep.loop_reason, expect,
-                                  orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(), ANALYZER_VERSION))
+        self.episode_rows.append(
+            (
+                ep.key,
+                run,
+                ep.name,
+                ep.reconstructed,
+                ep.item_key,
+                ep.category,
+                len(ep.turns),
+                ep.looping,
+                ep.loop_reason,
+                expect,
+                orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(),
+                ANALYZER_VERSION,
+            )
+        )
         keys = list(dict.fromkeys(ep.keys))
         self.keys["run"] += [run] * len(keys)
         self.keys["episode_key"] += [ep.key] * len(keys)
@@ -667,5 +789,7 @@ class _DerivedRows:
 
     def rows(self) -> tuple:
         turn_cols = [list(c) for c in zip(*self.turn_rows)] or [[] for _ in _TURN_ROW]
-        episode_cols = dict(zip(EPISODES.names, [list(c) for c in zip(*self.episode_rows)] or [[] for _ in EPISODES.names]))
+        episode_cols = dict(
+            zip(EPISODES.names, [list(c) for c in zip(*self.episode_rows)] or [[] for _ in EPISODES.names])
+        )
         return turn_cols, episode_cols, self.keys, self.map_ex, self.map_turn

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from toolproxy.analysis.episodes.model import Episode
-
 
 # An episode is flagged as looping when the same call (name + arguments) repeats in this many
 # consecutive turns, or when it has at least LOOP_MIN_TURNS turns and LOOP_MEDIAN_FACTOR times

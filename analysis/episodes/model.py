@@ -41,21 +41,40 @@ class Attempt:
 
 
 def attempt_of(row: dict, share=lambda value: value) -> Attempt:
-    """The Attempt of an exchanges row as analysis.ingest.records makes it (what derive's _ATTEMPTS_SQL
+    """The Attempt of an exchanges row as analysis.classify.record makes it (what derive's _ATTEMPTS_SQL
     reads back of it). `share` maps each string that repeats along a run (its tags, outcome, the
     conversation keys later requests name again) to the object to keep, so it is held once."""
     tags = orjson.loads(row["tags"]) if row.get("tags") else {}
     category = tags.get("category") if isinstance(tags, dict) else None
     if category is not None and not isinstance(category, str):
         category = orjson.dumps(category).decode()
-    kept = [None if v is None else share(v) for v in (row["episode"], row["item"], category, row["condition"],
-                                                        row["outcome"], row["sub_kind"], row["tags"])]
+    kept = [
+        None if v is None else share(v)
+        for v in (row["episode"], row["item"], category, row["condition"], row["outcome"], row["sub_kind"], row["tags"])
+    ]
     episode, item, category, condition, outcome, sub_kind, tags_text = kept
     return Attempt(
-        row["id"], episode, item, category, condition, outcome, sub_kind, bool(row["harness_saw_prose"]),
-        row["state_hash"], row["chain_hash"], [share(k) for k in row["parent_hashes"] or ()], row["item_hash"],
-        row["call_signature"], tags_text, row["tool_results"] or 0, [share(k) for k in row["reply_keys"] or ()],
-        bool(row["rejects"]), row["tool_set"] is not None, row["prior_hash"], [share(k) for k in row["prefix_links"] or ()])
+        row["id"],
+        episode,
+        item,
+        category,
+        condition,
+        outcome,
+        sub_kind,
+        bool(row["harness_saw_prose"]),
+        row["state_hash"],
+        row["chain_hash"],
+        [share(k) for k in row["parent_hashes"] or ()],
+        row["item_hash"],
+        row["call_signature"],
+        tags_text,
+        row["tool_results"] or 0,
+        [share(k) for k in row["reply_keys"] or ()],
+        bool(row["rejects"]),
+        row["tool_set"] is not None,
+        row["prior_hash"],
+        [share(k) for k in row["prefix_links"] or ()],
+    )
 
 
 @dataclass(slots=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
+from toolproxy.analysis.classify.keys import EMPTY_ECHO, echo_key, link_map, parent_walk, request_key
+from toolproxy.analysis.classify.outcomes import EMPTY_REPLIES, NON_RESPONSE
 from toolproxy.analysis.episodes.model import Attempt
-from toolproxy.analysis.ingest.keys import EMPTY_ECHO, echo_key, link_map, parent_walk, request_key
 
-from toolproxy.analysis.measure.outcomes import EMPTY_REPLIES, NON_RESPONSE
 
 def chain_keys(a: Attempt) -> list[str]:
     """The keys a later request names this attempt by when it continues the conversation (its
@@ -26,8 +26,9 @@ def chain_keys(a: Attempt) -> list[str]:
     return keys
 
 
-def causal_order(attempts: Sequence[Attempt], keys: Sequence[list[str]] | None = None,
-                 links: dict[str, str] | None = None) -> list[int]:
+def causal_order(
+    attempts: Sequence[Attempt], keys: Sequence[list[str]] | None = None, links: dict[str, str] | None = None
+) -> list[int]:
     """The positions of the attempts (given in clock order: started_at, id) in an order that
     follows the conversations: every request after the turn whose reply it continues, and a turn's
     failed attempts before its answered one. `keys`: each attempt's chain_keys, if already known;
@@ -57,7 +58,9 @@ def causal_order(attempts: Sequence[Attempt], keys: Sequence[list[str]] | None =
     groups: dict[tuple, list[int]] = {}  # the attempts of one turn: retries of one request
     for i, a in enumerate(attempts):
         parent = None
-        for h in parent_walk(a.parent_hashes, a.prior_hash, links):  # longest first: the first one found is the turn it continues
+        for h in parent_walk(
+            a.parent_hashes, a.prior_hash, links
+        ):  # longest first: the first one found is the turn it continues
             found = providers.get(h)
             if found is None:
                 continue

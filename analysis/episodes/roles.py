@@ -8,7 +8,7 @@ three-valued logic, so a column left NULL (a store derived before it existed) re
   no_tools  the request offered no tools (left out of every tool metric)
   abstain   the item expects no call (scored by restraint)
   call      any call attempt, or prose the harness answered with another turn offering tools (it
-            had to nudge), or a reply the harness rejected (analysis.ingest.harnesses), or prose where
+            had to nudge), or a reply the harness rejected (analysis.classify.harnesses), or prose where
             the harness ends only by its finishing tool
   answer    prose, or the harness's finishing call (smolagents' final_answer, inspect-ai's submit,
             mini-swe-agent's submit command, dspy's finish), ending the episode's tool use after
@@ -23,12 +23,12 @@ turn is `no_tools`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
+from toolproxy.analysis.classify.outcomes import ABSTAIN, ANSWER, CALL, NO_TOOLS, NON_RESPONSE, OPEN, PROSE, VALID_CALL
 from toolproxy.analysis.episodes.model import Turn
-from toolproxy.analysis.measure.outcomes import ABSTAIN, ANSWER, CALL, NO_TOOLS, NON_RESPONSE, OPEN, PROSE, VALID_CALL
 
 
 class _Expr:
@@ -135,12 +135,23 @@ RULES: tuple[tuple[str | None, _Expr], ...] = (
 )
 OTHERWISE = OPEN
 # The columns the rules read.
-COLUMNS = ("outcome", "offered_tools", "expect", "rejected", "last_with_tools", "is_last", "finishes", "finisher",
-           "saw_result")
+COLUMNS = (
+    "outcome",
+    "offered_tools",
+    "expect",
+    "rejected",
+    "last_with_tools",
+    "is_last",
+    "finishes",
+    "finisher",
+    "saw_result",
+)
 
-ROLE_SQL = "CASE\n" + "".join(
-    f"    WHEN {when.sql()} THEN {'NULL' if role is None else repr(role)}\n" for role, when in RULES
-) + f"    ELSE '{OTHERWISE}' END"
+ROLE_SQL = (
+    "CASE\n"
+    + "".join(f"    WHEN {when.sql()} THEN {'NULL' if role is None else repr(role)}\n" for role, when in RULES)
+    + f"    ELSE '{OTHERWISE}' END"
+)
 
 
 def role_of(row: Mapping[str, Any]) -> str | None:
@@ -189,8 +200,11 @@ def turn_facts(turns: Sequence[Turn]) -> list[TurnFacts]:
     saw_result = False
     for i, turn in enumerate(turns):
         saw_result = saw_result or turn.attempts[-1].tool_results > 0
-        out.append(TurnFacts(delivered(turns, i), saw_result, i == last, i < last and _rejected(turn, turns[i + 1]),
-                             i == last_tools))
+        out.append(
+            TurnFacts(
+                delivered(turns, i), saw_result, i == last, i < last and _rejected(turn, turns[i + 1]), i == last_tools
+            )
+        )
     return out
 
 

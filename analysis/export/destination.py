@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 _T = TypeVar("_T")
 
@@ -30,7 +31,10 @@ def _first_line(exc: BaseException) -> str:
 def _hint(exc: BaseException) -> str:
     name = type(exc).__name__
     if "Credential" in name or "credential" in str(exc):
-        return " (no credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the store's own variables)"
+        return (
+            " (no credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the store's own "
+            "variables)"
+        )
     if isinstance(exc, PermissionError):
         return " (permission denied: check the credentials' rights on this location)"
     return ""
@@ -50,11 +54,14 @@ class Destination:
         except ImportError as exc:
             extra = _EXTRAS.get(scheme)
             how = f"pip install 'toolproxy-recorder[{extra}]'" if extra else "install the fsspec package for it"
-            raise ExportError(f"--out {url}: {scheme}:// needs a package that is not installed ({exc}); {how}") from None
+            raise ExportError(
+                f"--out {url}: {scheme}:// needs a package that is not installed ({exc}); {how}"
+            ) from None
         except ValueError as exc:
             known = ", ".join(sorted(p for p in fsspec.available_protocols() if len(p) > 1)[:40])
-            raise ExportError(f"--out {url}: {exc} (unknown scheme {scheme!r}); give a local directory or a URL "
-                              f"with one of: {known}") from None
+            raise ExportError(
+                f"--out {url}: {exc} (unknown scheme {scheme!r}); give a local directory or a URL with one of: {known}"
+            ) from None
         except Exception as exc:  # a malformed URL for its scheme
             raise ExportError(f"--out {url} is not usable: {_first_line(exc)}") from None
         self.root = self.root.rstrip("/") or "/"
@@ -83,10 +90,14 @@ class Destination:
             try:
                 self.fs.ls(bucket, detail=False)
             except FileNotFoundError:
-                raise ExportError(f"--out {self.url}: bucket {bucket!r} does not exist, or these credentials cannot "
-                                  "see it; create it first") from None
+                raise ExportError(
+                    f"--out {self.url}: bucket {bucket!r} does not exist, or these credentials cannot "
+                    "see it; create it first"
+                ) from None
             except Exception as exc:
-                raise ExportError(f"cannot list bucket {bucket!r} of {self.url}: {_first_line(exc)}{_hint(exc)}") from None
+                raise ExportError(
+                    f"cannot list bucket {bucket!r} of {self.url}: {_first_line(exc)}{_hint(exc)}"
+                ) from None
             return
         self.call("create the export directory", self.fs.makedirs, self.root, exist_ok=True)
         self.call("list the export directory", self.fs.ls, self.root, detail=False)
@@ -125,7 +136,9 @@ class Destination:
                 self.call(f"create {os.path.dirname(rel)}", os.makedirs, os.path.dirname(path), exist_ok=True)
                 self.call(f"move a file to {rel}", os.replace, local_file, path)
             return
-        self.call(f"upload {len(files)} files", self.fs.put, [f for f, _ in files], [self.path(rel) for _, rel in files])
+        self.call(
+            f"upload {len(files)} files", self.fs.put, [f for f, _ in files], [self.path(rel) for _, rel in files]
+        )
 
     def get(self, files: list[tuple[str, str]]) -> None:
         """Download (destination path, local file) pairs: one concurrent batch on an object store."""
@@ -138,6 +151,7 @@ class Destination:
 
         One listing, where asking for each file would be a request each; refreshed, since an object
         store's filesystem caches listings and another exporter may have written since."""
+
         def ls(path: str) -> list[str]:
             try:
                 return self.fs.ls(path, detail=False, refresh=True)

@@ -12,9 +12,9 @@ be lost beside a live span already sent), and the span links to it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import click
 import duckdb
@@ -27,16 +27,31 @@ BATCH = 256
 
 _ANALYSIS = """
     SELECT e.id, e.outcome, e.sub_kind, e.surface, e.analyzer_version, t.turn_id, t.turn_index, t.outcome, t.sub_kind,
-           t.surface, t.role, t.n_attempts, t.final_exchange_id = e.id, t.delivered, t.expect, t.episode_key, t.item_key,
+           t.surface, t.role, t.n_attempts, t.final_exchange_id = e.id, t.delivered, t.expect, t.episode_key,
+               t.item_key,
            t.category
     FROM exchanges e LEFT JOIN turns t ON t.turn_id = e.turn_id
     WHERE e.kind = 'exchange' {where}
 """
-_NAMES = ("toolproxy.outcome", "toolproxy.sub_kind", "toolproxy.surface", "toolproxy.analyzer_version",
-          "toolproxy.turn.id", "toolproxy.turn.index", "toolproxy.turn.outcome", "toolproxy.turn.sub_kind",
-          "toolproxy.turn.surface", "toolproxy.turn.role", "toolproxy.turn.attempts", "toolproxy.turn.final",
-          "toolproxy.turn.delivered", "toolproxy.expect", "gen_ai.conversation.id", "toolproxy.item_key",
-          "toolproxy.category")
+_NAMES = (
+    "toolproxy.outcome",
+    "toolproxy.sub_kind",
+    "toolproxy.surface",
+    "toolproxy.analyzer_version",
+    "toolproxy.turn.id",
+    "toolproxy.turn.index",
+    "toolproxy.turn.outcome",
+    "toolproxy.turn.sub_kind",
+    "toolproxy.turn.surface",
+    "toolproxy.turn.role",
+    "toolproxy.turn.attempts",
+    "toolproxy.turn.final",
+    "toolproxy.turn.delivered",
+    "toolproxy.expect",
+    "gen_ai.conversation.id",
+    "toolproxy.item_key",
+    "toolproxy.category",
+)
 _CALLS = """
     SELECT c.exchange_id, c.idx, c.name, c.arguments_raw, c.surface, c.format, c.offered, c.valid
     FROM calls c JOIN exchanges e ON e.id = c.exchange_id WHERE true {where} ORDER BY c.exchange_id, c.idx
@@ -52,19 +67,41 @@ class ExportCounts:
     last_error: str | None = None
 
 
-def analysis_by_id(con: duckdb.DuckDBPyConnection, runs: tuple[str, ...] = ()) -> tuple[dict[str, dict], dict[str, list[dict]]]:
+def analysis_by_id(
+    con: duckdb.DuckDBPyConnection, runs: tuple[str, ...] = ()
+) -> tuple[dict[str, dict], dict[str, list[dict]]]:
     """(the analyzer's attributes per exchange id, its calls per exchange id)."""
     where, params = ("AND e.run IN (SELECT unnest(?))", [list(runs)]) if runs else ("", [])
-    extra = {row[0]: dict(zip(_NAMES, row[1:])) for row in con.execute(_ANALYSIS.format(where=where), params).fetchall()}
+    extra = {
+        row[0]: dict(zip(_NAMES, row[1:])) for row in con.execute(_ANALYSIS.format(where=where), params).fetchall()
+    }
     calls: dict[str, list[dict]] = {}
-    for ex, idx, name, arguments, surface, fmt, offered, valid in con.execute(_CALLS.format(where=where), params).fetchall():
-        calls.setdefault(ex, []).append({"index": idx, "name": name, "arguments": arguments, "surface": surface,
-                                         "format": fmt, "offered": offered, "valid": valid})
+    for ex, idx, name, arguments, surface, fmt, offered, valid in con.execute(
+        _CALLS.format(where=where), params
+    ).fetchall():
+        calls.setdefault(ex, []).append(
+            {
+                "index": idx,
+                "name": name,
+                "arguments": arguments,
+                "surface": surface,
+                "format": fmt,
+                "offered": offered,
+                "valid": valid,
+            }
+        )
     return extra, calls
 
 
-def analysed_spans(data_dir: Path, extra: dict[str, dict], calls: dict[str, list[dict]], *, content: bool,
-                   counts: ExportCounts, on_bytes: Callable[[int], None] = lambda n: None) -> Iterable[SpanData]:
+def analysed_spans(
+    data_dir: Path,
+    extra: dict[str, dict],
+    calls: dict[str, list[dict]],
+    *,
+    content: bool,
+    counts: ExportCounts,
+    on_bytes: Callable[[int], None] = lambda n: None,
+) -> Iterable[SpanData]:
     """A span for every analysed exchange in the segments, in the order they were recorded."""
     for segment in list_segments(data_dir):
         last = 0
@@ -76,14 +113,23 @@ def analysed_spans(data_dir: Path, extra: dict[str, dict], calls: dict[str, list
                 continue
             counts.exchanges += 1
             try:
-                yield as_analysed(span_of(rec, content=content, extra=extra[rec["id"]], calls=calls.get(rec["id"], [])), rec["id"])
+                yield as_analysed(
+                    span_of(rec, content=content, extra=extra[rec["id"]], calls=calls.get(rec["id"], [])), rec["id"]
+                )
             except Exception as exc:  # noqa: BLE001 - one odd record costs its span only, and is counted
                 counts.unbuilt += 1
                 counts.last_error = f"cannot build a span for {rec.get('id')}: {type(exc).__name__}: {exc}"[:500]
 
 
-def export_otlp(con: duckdb.DuckDBPyConnection, data_dir: Path, endpoint: str, *, runs: tuple[str, ...] = (),
-                content: bool = False, on_bytes: Callable[[int], None] = lambda n: None) -> ExportCounts:
+def export_otlp(
+    con: duckdb.DuckDBPyConnection,
+    data_dir: Path,
+    endpoint: str,
+    *,
+    runs: tuple[str, ...] = (),
+    content: bool = False,
+    on_bytes: Callable[[int], None] = lambda n: None,
+) -> ExportCounts:
     """Send every analysed exchange's span to `endpoint`, BATCH at a time."""
     from toolproxy.otlp.shipper import Exporter, traces_url
 
@@ -112,10 +158,18 @@ def export_otlp(con: duckdb.DuckDBPyConnection, data_dir: Path, endpoint: str, *
     return counts
 
 
-def run_export(data_dir: Path, db_path: Path | None, endpoint: str, *, runs: tuple[str, ...] = (), content: bool = False,
-               quiet: bool = False, memory_limit: str = DEFAULT_MEMORY_LIMIT) -> None:
+def run_export(
+    data_dir: Path,
+    db_path: Path | None,
+    endpoint: str,
+    *,
+    runs: tuple[str, ...] = (),
+    content: bool = False,
+    quiet: bool = False,
+    memory_limit: str = DEFAULT_MEMORY_LIMIT,
+) -> None:
     """The --otlp half of `toolproxy export`: checks, the export, one summary line; exit 1 if spans were refused."""
-    from toolproxy.analysis.options import _fail, _open
+    from toolproxy.analysis.options import fail, open_store
     from toolproxy.analysis.store.connection import default_db
     from toolproxy.otlp.shipper import EndpointError, missing_sdk, traces_url
     from toolproxy.term.printable import printable
@@ -126,26 +180,31 @@ def run_export(data_dir: Path, db_path: Path | None, endpoint: str, *, runs: tup
     except EndpointError as exc:
         raise click.BadParameter(str(exc), param_hint="--otlp") from None
     if (problem := missing_sdk()) is not None:
-        _fail(f"--otlp: {problem}")
+        fail(f"--otlp: {problem}")
     if not (data_dir / "segments").is_dir():
-        _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); give --data, where `toolproxy serve` recorded")
+        fail(
+            f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); give --data, where `toolproxy "
+            "serve` recorded"
+        )
     path = db_path or default_db(data_dir)
     if not path.exists():
-        _fail(f"no analysis at {path}: run `toolproxy analyze --data {data_dir}` first")
-    con = _open(data_dir, db_path, read_only=True, memory_limit=memory_limit)
+        fail(f"no analysis at {path}: run `toolproxy analyze --data {data_dir}` first")
+    con = open_store(data_dir, db_path, read_only=True, memory_limit=memory_limit)
     try:
         total = sum(p.stat().st_size for p in list_segments(data_dir))
         with Progress("export: reading segments", unit="MB", scale=1e6, total=total, quiet=quiet) as progress:
             counts = export_otlp(con, data_dir, url, runs=runs, content=content, on_bytes=progress.advance)
     except duckdb.Error as exc:
-        _fail(f"export failed in DuckDB: {str(exc).splitlines()[0]}")
+        fail(f"export failed in DuckDB: {str(exc).splitlines()[0]}")
     finally:
         con.close()
-    click.echo(printable(
-        f"otlp: {counts.exported} spans sent to {url}; {counts.exchanges} analysed exchanges read"
-        + (f"; {counts.failed} refused or undelivered" if counts.failed else "")
-        + (f"; {counts.unbuilt} could not be built" if counts.unbuilt else "")
-        + (f"; last error: {counts.last_error}" if counts.last_error else "")
-    ))
+    click.echo(
+        printable(
+            f"otlp: {counts.exported} spans sent to {url}; {counts.exchanges} analysed exchanges read"
+            + (f"; {counts.failed} refused or undelivered" if counts.failed else "")
+            + (f"; {counts.unbuilt} could not be built" if counts.unbuilt else "")
+            + (f"; last error: {counts.last_error}" if counts.last_error else "")
+        )
+    )
     if counts.failed or counts.unbuilt:
         raise SystemExit(1)

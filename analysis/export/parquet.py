@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import os
 import shutil
 import socket
@@ -82,6 +83,10 @@ PENDING = f"{STATE_DIR}/pending.json"
 KEYS_DIR = f"{STATE_DIR}/keys"
 # A journal older than this is from an export that died; a younger one is an export still running.
 STALE_SECONDS = 3600.0
+# Where a staging folder is: beside the export's state on a local destination, else in the temporary directory.
+STAGING = "staging-"
+TEMP_STAGING = "toolproxy-export-"
+STAGING_LOCK = "owner.lock"
 # Files handed to the destination at once: object stores upload a batch concurrently, and the
 # progress line moves between batches.
 _UPLOAD_BATCH = 32
@@ -116,6 +121,7 @@ class ExportResult:
 @dataclass
 class _Staged:
     """What one table's planning and staging produced, not yet visible at the destination."""
+
     uploads: list[tuple[str, str]] = field(default_factory=list)  # (local file, destination path)
     obsolete: list[str] = field(default_factory=list)
     partitions: dict[str, dict] = field(default_factory=dict)  # partition path -> new manifest entry
@@ -124,16 +130,22 @@ class _Staged:
 
 def versions(con, layout: str) -> dict[str, int]:
     """What the files were made from; stored in every file's key-value metadata and the manifest."""
-    from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+    from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
     from toolproxy.analysis.store.connection import schema_version
     from toolproxy.analysis.store.state import stored_version
 
     built = stored_version(con)
     if built != ANALYZER_VERSION:
-        raise ExportError(f"the database was analysed under analyzer version {built if built is not None else 'unknown'}, "
-                          f"this toolproxy is version {ANALYZER_VERSION}: run `toolproxy analyze` first so the export "
-                          "does not carry outdated classifications")
-    return {"schema_version": schema_version(con), "analyzer_version": ANALYZER_VERSION, "export_format_version": FORMAT_VERSIONS[layout]}
+        raise ExportError(
+            f"the database was analysed under analyzer version {built if built is not None else 'unknown'}, "
+            f"this toolproxy is version {ANALYZER_VERSION}: run `toolproxy analyze` first so the export "
+            "does not carry outdated classifications"
+        )
+    return {
+        "schema_version": schema_version(con),
+        "analyzer_version": ANALYZER_VERSION,
+        "export_format_version": FORMAT_VERSIONS[layout],
+    }
 
 
 def _key_file(table: str, rel_in_table: str) -> str:
@@ -149,8 +161,10 @@ def _load_json(dest: Destination, rel: str) -> dict | None:
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise ExportError(f"{dest.url}/{rel} is not valid JSON; it is toolproxy's export state, so this destination "
-                          "was changed by something else (move it away to start the export afresh)") from None
+        raise ExportError(
+            f"{dest.url}/{rel} is not valid JSON; it is toolproxy's export state, so this destination "
+            "was changed by something else (move it away to start the export afresh)"
+        ) from None
     if not isinstance(value, dict):
         raise ExportError(f"{dest.url}/{rel} is not an export state object; move it away to start afresh")
     return value
@@ -179,10 +193,12 @@ def recover(dest: Destination, manifest: dict | None, *, now: float) -> str | No
         return None
     started = journal.get("started_at", 0)
     if not _process_gone(journal.get("host"), journal.get("pid")) and now - float(started or 0) < STALE_SECONDS:
-        when = dt.datetime.fromtimestamp(float(started or 0), dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-        raise ExportError(f"another export to {dest.url} is in progress (host {journal.get('host')}, pid {journal.get('pid')}, "
-                          f"since {when}); run one export per destination at a time. If it died, its journal "
-                          f"{PENDING} is taken over {STALE_SECONDS / 60:.0f} minutes after it started, or delete it now")
+        when = dt.datetime.fromtimestamp(float(started or 0), dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        raise ExportError(
+            f"another export to {dest.url} is in progress (host {journal.get('host')}, pid {journal.get('pid')}, "
+            f"since {when}); run one export per destination at a time. If it died, its journal "
+            f"{PENDING} is taken over {STALE_SECONDS / 60:.0f} minutes after it started, or delete it now"
+        )
     committed = manifest is not None and manifest.get("export_id") == journal.get("export_id")
     gone = journal.get("obsolete", []) if committed else journal.get("new", [])
     dest.delete([p for p in gone if isinstance(p, str)])
@@ -191,20 +207,64 @@ def recover(dest: Destination, manifest: dict | None, *, now: float) -> str | No
     return f"{verb} the interrupted export {journal.get('export_id')} ({len(gone)} files removed)"
 
 
-def _remove_stale_staging(state_dir: str, *, now: float) -> None:
-    """Delete local staging folders a killed export left behind (a live export's are younger)."""
-    if not os.path.isdir(state_dir):
+def _remove_stale_staging(parent: str, prefix: str, *, now: float, by_age: bool) -> None:
+    """Delete the staging folders (`prefix`...) under `parent` that a killed export left behind.
+
+    They hold the bodies the export was writing. A live export holds the lock on its folder's
+    STAGING_LOCK for as long as it runs and the kernel lets go of it when the process dies, so a
+    folder whose lock can be taken is a dead export's, whatever its age. With `by_age`, one
+    without a lock file (from a toolproxy before it had one) goes once it is an hour old, as before.
+    """
+    try:
+        entries = os.listdir(parent)
+    except OSError:
         return
-    for entry in os.listdir(state_dir):
-        path = os.path.join(state_dir, entry)
-        if entry.startswith("staging-") and now - os.path.getmtime(path) > STALE_SECONDS:
+    for entry in entries:
+        path = os.path.join(parent, entry)
+        if not entry.startswith(prefix) or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        try:
+            fd = os.open(os.path.join(path, STAGING_LOCK), os.O_RDWR)
+        except FileNotFoundError:
+            if by_age and now - os.path.getmtime(path) > STALE_SECONDS:
+                shutil.rmtree(path, ignore_errors=True)
+            continue
+        except OSError:  # another user's folder in a shared temporary directory: not ours to judge
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass  # its export is alive
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _staging(parent: str, prefix: str, export_id: str):
+    """A staging folder `prefix`+`export_id` under `parent`, locked while the export runs (see
+    _remove_stale_staging), removed at its end. Made and locked under another name first, so that
+    no other export ever sees it unlocked."""
+    os.makedirs(parent, exist_ok=True)
+    making = os.path.join(parent, f".{prefix}{export_id}")
+    os.makedirs(making, mode=0o700)
+    fd = os.open(os.path.join(making, STAGING_LOCK), os.O_CREAT | os.O_RDWR, 0o600)
+    path = os.path.join(parent, prefix + export_id)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(making, path)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(making, ignore_errors=True)
+        os.close(fd)
 
 
 @dataclass
 class _Plan:
     """Each partition of one table that needs writing, by its number in _rows: "all" its rows, or
     only the "new" ones beside its intact files."""
+
     modes: dict[int, str] = field(default_factory=dict)
     paths: dict[int, str] = field(default_factory=dict)
     totals: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -224,14 +284,18 @@ def _row_fingerprints(con, table: ExportTable, runs: list[str] | None, since: dt
         f"CREATE OR REPLACE TEMP TABLE _rows AS SELECT k, d, r, h, rid, dense_rank() OVER (ORDER BY d, r) AS pid FROM ("
         f"SELECT {table.key} AS k, {table.day or 'NULL::DATE'} AS d, {table.run} AS r, t.rowid AS rid, "
         f"md5_number_lower(to_json(struct_pack({fingerprint}))::VARCHAR)::HUGEINT AS h "
-        f"FROM {table.name} t {table.joins} {'WHERE ' + ' AND '.join(where) if where else ''})", params)
+        f"FROM {table.name} t {table.joins} {'WHERE ' + ' AND '.join(where) if where else ''})",
+        params,
+    )
 
 
 def _plan(con, table: ExportTable, dest: Destination, old: dict, staging: str, result: TableResult) -> _Plan:
     """Compare the database's partitions (in _rows) with the manifest's entries `old`."""
     plan = _Plan()
     check: dict[int, str] = {}
-    for pid, d, r, n, h in con.execute("SELECT pid, d, r, count(*), sum(h) FROM _rows GROUP BY ALL ORDER BY pid").fetchall():
+    for pid, d, r, n, h in con.execute(
+        "SELECT pid, d, r, count(*), sum(h) FROM _rows GROUP BY ALL ORDER BY pid"
+    ).fetchall():
         path = partition_path(d.isoformat() if d is not None else None, r)
         plan.paths[pid], plan.totals[pid] = path, (n, int(h))
         before = old.get(path)
@@ -253,9 +317,19 @@ def _plan(con, table: ExportTable, dest: Destination, old: dict, staging: str, r
     return plan
 
 
-def _stage_table(con, table: ExportTable, dest: Destination, manifest: dict, staging: str, export_id: str,
-                 meta: dict[str, str], runs: list[str] | None, since: dt.date | None, result: TableResult,
-                 pieces: _PieceWriter | None) -> _Staged:
+def _stage_table(
+    con,
+    table: ExportTable,
+    dest: Destination,
+    manifest: dict,
+    staging: str,
+    export_id: str,
+    meta: dict[str, str],
+    runs: list[str] | None,
+    since: dt.date | None,
+    result: TableResult,
+    pieces: _PieceWriter | None,
+) -> _Staged:
     """Write the table's changed partitions to local files, with their key files, and say where
     they go, what they replace and the manifest entries that will list them."""
     _row_fingerprints(con, table, runs, since)
@@ -268,13 +342,16 @@ def _stage_table(con, table: ExportTable, dest: Destination, manifest: dict, sta
     con.executemany("INSERT INTO _todo VALUES (?, ?)", list(plan.modes.items()))
     out = os.path.join(staging, table.name)
     kv = _kv_metadata(meta | {"toolproxy.table": table.name})
-    to_write = ("SELECT r.rid, r.pid FROM _rows r JOIN _todo USING (pid) WHERE _todo.mode = 'all' "
-                "OR NOT EXISTS (SELECT 1 FROM _done x WHERE x.pid = r.pid AND x.k = r.k)")
+    to_write = (
+        "SELECT r.rid, r.pid FROM _rows r JOIN _todo USING (pid) WHERE _todo.mode = 'all' "
+        "OR NOT EXISTS (SELECT 1 FROM _done x WHERE x.pid = r.pid AND x.k = r.k)"
+    )
     if table.weight is None:
         con.execute(
             f"COPY (SELECT {table.select}, s.pid AS _pid FROM {table.name} t JOIN ({to_write}) s ON s.rid = t.rowid) "
             f"TO '{_sql_text(out)}' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (_pid), KV_METADATA {{{kv}}}, "
-            f"FILENAME_PATTERN 'part-{export_id}-{{i}}')")
+            f"FILENAME_PATTERN 'part-{export_id}-{{i}}')"
+        )
     else:
         _copy_in_batches(con, table, to_write, out, kv, export_id, pieces)
     written: dict[int, list[dict]] = {pid: [] for pid in plan.modes}
@@ -295,16 +372,21 @@ def _stage_table(con, table: ExportTable, dest: Destination, manifest: dict, sta
             for f in before:
                 staged.obsolete += [f"{table.name}/{path}/{f['name']}", _key_file(table.name, f"{path}/{f['name']}")]
         n, h = plan.totals[pid]
-        staged.partitions[path] = {"rows": n, "hash": str(h), "files": written[pid] if mode == "all" else before + written[pid],
-                                   "schema_version": meta["toolproxy.schema_version"],
-                                   "analyzer_version": meta["toolproxy.analyzer_version"]}
+        staged.partitions[path] = {
+            "rows": n,
+            "hash": str(h),
+            "files": written[pid] if mode == "all" else before + written[pid],
+            "schema_version": meta["toolproxy.schema_version"],
+            "analyzer_version": meta["toolproxy.analyzer_version"],
+        }
     if table.moves:
         _cut_moved_rows(con, table, dest, old, plan, staging, export_id, meta, staged, result)
     return staged
 
 
-def _copy_in_batches(con, table: ExportTable, to_write: str, out: str, kv: str, export_id: str,
-                     pieces: _PieceWriter | None) -> None:
+def _copy_in_batches(
+    con, table: ExportTable, to_write: str, out: str, kv: str, export_id: str, pieces: _PieceWriter | None
+) -> None:
     """Write the rows `to_write` selects as files of about _batch_bytes each, laid out as a
     partitioned COPY lays them out (out/_pid=N/part-ID-I.parquet).
 
@@ -316,17 +398,22 @@ def _copy_in_batches(con, table: ExportTable, to_write: str, out: str, kv: str, 
     con.execute(
         "CREATE OR REPLACE TEMP TABLE _batches AS SELECT s.rid, s.pid, coalesce(sum(w.w) OVER (PARTITION BY s.pid "
         f"ORDER BY s.rid ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) // {budget} AS b "
-        f"FROM ({to_write}) s JOIN ({table.weight}) w USING (rid)")
+        f"FROM ({to_write}) s JOIN ({table.weight}) w USING (rid)"
+    )
     batches = con.execute("SELECT pid, b, min(rid), max(rid) FROM _batches GROUP BY ALL ORDER BY ALL").fetchall()
     for pid, b, first, last in batches:
         folder = os.path.join(out, f"_pid={pid}")
         os.makedirs(folder, exist_ok=True)
         # the rowid range lets the scan skip the table's other row groups
-        rows = (f"SELECT {table.select} FROM {table.name} t JOIN (SELECT rid FROM _batches WHERE pid = {int(pid)} "
-                f"AND b = {int(b)}) s ON s.rid = t.rowid WHERE t.rowid BETWEEN {int(first)} AND {int(last)}")
+        rows = (
+            f"SELECT {table.select} FROM {table.name} t JOIN (SELECT rid FROM _batches WHERE pid = {int(pid)} "
+            f"AND b = {int(b)}) s ON s.rid = t.rowid WHERE t.rowid BETWEEN {int(first)} AND {int(last)}"
+        )
         target = os.path.join(folder, f"part-{export_id}-{int(b)}.parquet")
         if pieces is None:
-            con.execute(f"COPY ({rows}) TO '{_sql_text(target)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})")
+            con.execute(
+                f"COPY ({rows}) TO '{_sql_text(target)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})"
+            )
         else:
             pieces.copy(con, rows, target, kv)
     con.execute("DROP TABLE _batches")
@@ -369,10 +456,20 @@ class _PieceWriter:
             if f.get("keys") in present:
                 groups.setdefault(f["keys"], []).append(n)
         local = self._local_copies(list(groups), "keys")
-        counts = dict(con.execute("SELECT file_name, num_rows FROM parquet_file_metadata(?::VARCHAR[])",
-                                  [list(local.values())]).fetchall()) if local else {}
-        usable = {rel for rel, members in groups.items()
-                  if counts.get(local[rel]) == sum(self.listed[n].get("rows", 0) for n in members)}
+        counts = (
+            dict(
+                con.execute(
+                    "SELECT file_name, num_rows FROM parquet_file_metadata(?::VARCHAR[])", [list(local.values())]
+                ).fetchall()
+            )
+            if local
+            else {}
+        )
+        usable = {
+            rel
+            for rel, members in groups.items()
+            if counts.get(local[rel]) == sum(self.listed[n].get("rows", 0) for n in members)
+        }
         entries = [dict(f) for f in self.listed]
         unkeyed = [n for n, f in enumerate(entries) if f.get("keys") not in usable]
         parts = self._local_copies([f"{PIECES_DIR}/{entries[n]['name']}" for n in unkeyed], "part")
@@ -410,14 +507,18 @@ class _PieceWriter:
         con.execute(f"CREATE OR REPLACE TEMP TABLE _split AS SELECT *, {split} FROM ({rows})")
         dropped = ", ".join(f"{b}, _{b}" for b in BODY_FIELDS)
         hashes = ", ".join(f"[p.h FOR p IN _{b}] AS {b.removesuffix('_body')}_pieces" for b in BODY_FIELDS)
-        con.execute(f"COPY (SELECT * EXCLUDE ({dropped}), {hashes} FROM _split) TO '{_sql_text(target)}' "
-                    f"(FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})")
+        con.execute(
+            f"COPY (SELECT * EXCLUDE ({dropped}), {hashes} FROM _split) TO '{_sql_text(target)}' "
+            f"(FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})"
+        )
         name = f"part-{self.export_id}-{len(self.files)}.parquet"
         local = os.path.join(self.staging, name)
         every = " UNION ALL ".join(f"SELECT unnest(_{b}) AS p FROM _split" for b in BODY_FIELDS)
         n = con.execute(
-            f"COPY (SELECT p.h AS hash, any_value(p.t) AS text FROM ({every}) WHERE p.h NOT IN (SELECT hash FROM _seen) "
-            f"GROUP BY p.h) TO '{_sql_text(local)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{self.kv}}})").fetchone()[0]
+            f"COPY (SELECT p.h AS hash, any_value(p.t) AS text FROM ({every}) WHERE p.h NOT IN (SELECT hash FROM "
+            "_seen) "
+            f"GROUP BY p.h) TO '{_sql_text(local)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{self.kv}}})"
+        ).fetchone()[0]
         con.execute("DROP TABLE _split")
         if not n:
             os.remove(local)
@@ -428,19 +529,26 @@ class _PieceWriter:
 
     def uploads(self) -> list[tuple[str, str]]:
         """(local file, destination path) of every file written: new pieces files and key files."""
-        new = [(f["local"] + suffix, rel) for f in self.files
-               for suffix, rel in (("", f"{PIECES_DIR}/{f['name']}"), (".keys", _key_file(PIECES_DIR, f["name"])))]
+        new = [
+            (f["local"] + suffix, rel)
+            for f in self.files
+            for suffix, rel in (("", f"{PIECES_DIR}/{f['name']}"), (".keys", _key_file(PIECES_DIR, f["name"])))
+        ]
         return new + self.key_uploads
 
     def manifest_entries(self) -> list[dict]:
         """The pieces files the manifest lists after this export, each with its key file."""
-        return self.listed + [{"name": f["name"], "rows": f["rows"], "keys": _key_file(PIECES_DIR, f["name"])} for f in self.files]
+        return self.listed + [
+            {"name": f["name"], "rows": f["rows"], "keys": _key_file(PIECES_DIR, f["name"])} for f in self.files
+        ]
 
 
 def _write_piece_keys(con, part: str, keys: str) -> int:
     """Write the key file of pieces file `part`, its hash column alone; the pieces it holds."""
-    return con.execute(f"COPY (SELECT hash FROM read_parquet('{_sql_text(part)}')) TO '{_sql_text(keys)}' "
-                       "(FORMAT parquet, COMPRESSION zstd)").fetchone()[0]
+    return con.execute(
+        f"COPY (SELECT hash FROM read_parquet('{_sql_text(part)}')) TO '{_sql_text(keys)}' "
+        "(FORMAT parquet, COMPRESSION zstd)"
+    ).fetchone()[0]
 
 
 def _batch_bytes(con) -> int:
@@ -450,8 +558,18 @@ def _batch_bytes(con) -> int:
     return max(memory_limit_of(con) // 16, 1 << 20)
 
 
-def _cut_moved_rows(con, table: ExportTable, dest: Destination, old: dict, plan: _Plan, staging: str, export_id: str,
-                    meta: dict[str, str], staged: _Staged, result: TableResult) -> None:
+def _cut_moved_rows(
+    con,
+    table: ExportTable,
+    dest: Destination,
+    old: dict,
+    plan: _Plan,
+    staging: str,
+    export_id: str,
+    meta: dict[str, str],
+    staged: _Staged,
+    result: TableResult,
+) -> None:
     """Cut the old copies of rows that moved to another day out of the history partitions (those
     the manifest lists and the database no longer has) of the runs being written.
 
@@ -466,7 +584,9 @@ def _cut_moved_rows(con, table: ExportTable, dest: Destination, old: dict, plan:
         return
     con.execute("CREATE OR REPLACE TEMP TABLE _history (pid BIGINT, file VARCHAR, k VARCHAR)")
     _load_exported_keys(con, table, dest, old, history, os.path.join(staging, "history-keys"), into="_history")
-    stale = con.execute("SELECT pid, file, count(*) FROM _history SEMI JOIN _rows USING (k) GROUP BY ALL ORDER BY ALL").fetchall()
+    stale = con.execute(
+        "SELECT pid, file, count(*) FROM _history SEMI JOIN _rows USING (k) GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
     entries: dict[str, dict] = {}
     for n, (pid, name, moved) in enumerate(stale):
         path = history[pid]
@@ -485,14 +605,20 @@ def _cut_moved_rows(con, table: ExportTable, dest: Destination, old: dict, plan:
         kept = con.execute(
             f"COPY (SELECT t.* FROM read_parquet('{_sql_text(source)}', hive_partitioning=false) t "
             f"WHERE {table.key} NOT IN (SELECT k FROM _rows)) "
-            f"TO '{_sql_text(local)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})").fetchone()[0]
+            f"TO '{_sql_text(local)}' (FORMAT parquet, COMPRESSION zstd, KV_METADATA {{{kv}}})"
+        ).fetchone()[0]
         staged.obsolete += [f"{table.name}/{rel}", _key_file(table.name, rel)]
         files = [f for f in entry["files"] if f["name"] != name]
         if kept:
-            con.execute(f"COPY (SELECT {table.key} AS k FROM read_parquet('{_sql_text(local)}', hive_partitioning=false) t) "
-                        f"TO '{_sql_text(local)}.keys' (FORMAT parquet, COMPRESSION zstd)")
+            con.execute(
+                f"COPY (SELECT {table.key} AS k FROM read_parquet('{_sql_text(local)}', hive_partitioning=false) t) "
+                f"TO '{_sql_text(local)}.keys' (FORMAT parquet, COMPRESSION zstd)"
+            )
             new = os.path.basename(local)
-            staged.uploads += [(local, f"{table.name}/{path}/{new}"), (local + ".keys", _key_file(table.name, f"{path}/{new}"))]
+            staged.uploads += [
+                (local, f"{table.name}/{path}/{new}"),
+                (local + ".keys", _key_file(table.name, f"{path}/{new}")),
+            ]
             files.append({"name": new, "rows": int(kept), "hash": ""})
             result.files += 1
         entry["files"] = files
@@ -508,10 +634,15 @@ def _cut_moved_rows(con, table: ExportTable, dest: Destination, old: dict, plan:
 def _key_file_for(con, table: ExportTable, local: str, pid: int) -> dict:
     """Write the keys of staged data file `local` beside it; its manifest entry's rows and fingerprint."""
     keys = local + ".keys"
-    con.execute(f"COPY (SELECT {table.key} AS k FROM read_parquet('{_sql_text(local)}', hive_partitioning=false) t) "
-                f"TO '{_sql_text(keys)}' (FORMAT parquet, COMPRESSION zstd)")
-    n, h = con.execute(f"SELECT count(*), coalesce(sum(r.h), 0) FROM read_parquet('{_sql_text(keys)}') f "
-                       "JOIN _rows r ON r.k = f.k AND r.pid = ?", [pid]).fetchone()
+    con.execute(
+        f"COPY (SELECT {table.key} AS k FROM read_parquet('{_sql_text(local)}', hive_partitioning=false) t) "
+        f"TO '{_sql_text(keys)}' (FORMAT parquet, COMPRESSION zstd)"
+    )
+    n, h = con.execute(
+        f"SELECT count(*), coalesce(sum(r.h), 0) FROM read_parquet('{_sql_text(keys)}') f "
+        "JOIN _rows r ON r.k = f.k AND r.pid = ?",
+        [pid],
+    ).fetchone()
     return {"rows": n, "hash": str(int(h))}
 
 
@@ -524,8 +655,9 @@ def _sql_text(text: str) -> str:
     return text.replace("'", "''")
 
 
-def _load_exported_keys(con, table: ExportTable, dest: Destination, old: dict, paths: dict[int, str], staging: str,
-                        into: str = "_done") -> None:
+def _load_exported_keys(
+    con, table: ExportTable, dest: Destination, old: dict, paths: dict[int, str], staging: str, into: str = "_done"
+) -> None:
     """Fill `into` (pid, file, k) with the keys each listed file of these partitions holds (from its key file)."""
     mapping: list[tuple[str, int, str]] = []
     downloads: list[tuple[str, str]] = []
@@ -546,15 +678,22 @@ def _load_exported_keys(con, table: ExportTable, dest: Destination, old: dict, p
     dest.get(downloads)
     con.execute("CREATE OR REPLACE TEMP TABLE _keyfiles (filename VARCHAR, pid BIGINT, file VARCHAR)")
     con.executemany("INSERT INTO _keyfiles VALUES (?, ?, ?)", mapping)
-    con.execute(f"INSERT INTO {into} SELECT m.pid, m.file, f.k FROM read_parquet(?::VARCHAR[], filename=true, "
-                "hive_partitioning=false) f JOIN _keyfiles m USING (filename)", [[m[0] for m in mapping]])
+    con.execute(
+        f"INSERT INTO {into} SELECT m.pid, m.file, f.k FROM read_parquet(?::VARCHAR[], filename=true, "
+        "hive_partitioning=false) f JOIN _keyfiles m USING (filename)",
+        [[m[0] for m in mapping]],
+    )
 
 
 def _intact_partitions(con, old: dict, paths: dict[int, str]) -> set[int]:
     """Partitions whose every exported file still holds exactly the rows the database has for it."""
-    seen = {(pid, file): (n_exported, n_matched, int(h)) for pid, file, n_exported, n_matched, h in con.execute(
-        "SELECT x.pid, x.file, count(*), count(r.k), coalesce(sum(r.h), 0) FROM _done x "
-        "LEFT JOIN _rows r ON r.k = x.k AND r.pid = x.pid GROUP BY ALL").fetchall()}
+    seen = {
+        (pid, file): (n_exported, n_matched, int(h))
+        for pid, file, n_exported, n_matched, h in con.execute(
+            "SELECT x.pid, x.file, count(*), count(r.k), coalesce(sum(r.h), 0) FROM _done x "
+            "LEFT JOIN _rows r ON r.k = x.k AND r.pid = x.pid GROUP BY ALL"
+        ).fetchall()
+    }
     intact = set()
     for pid, path in paths.items():
         ok = True
@@ -568,8 +707,16 @@ def _intact_partitions(con, old: dict, paths: dict[int, str]) -> set[int]:
     return intact
 
 
-def export(con, dest: Destination, *, data_dir: str | Path, runs: list[str] | None = None,
-           since: dt.date | None = None, progress=None, layout: str = "whole") -> ExportResult:
+def export(
+    con,
+    dest: Destination,
+    *,
+    data_dir: str | Path,
+    runs: list[str] | None = None,
+    since: dt.date | None = None,
+    progress=None,
+    layout: str = "whole",
+) -> ExportResult:
     """Bring the Parquet export at `dest` in line with the database (see the module docstring).
     data_dir: the recordings the database was analysed from, where the exchanges' bodies are."""
     # bodies_in_sql leaves first: it retires a result left unfinished, which would keep body_pieces from being removed
@@ -595,38 +742,53 @@ def _pieces_in_sql(con, layout: str):
             pass
 
 
-def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | None, progress, layout: str) -> ExportResult:
+def _export(
+    con, dest: Destination, *, runs: list[str] | None, since: dt.date | None, progress, layout: str
+) -> ExportResult:
     v = versions(con, layout)
     dest.check()
     result = ExportResult()
     manifest = _load_json(dest, MANIFEST)
     if manifest is not None and int(manifest.get("export_format_version", 0)) > FORMAT_VERSION:
-        raise ExportError(f"{dest.url} was written by a newer toolproxy (export format {manifest.get('export_format_version')}, "
-                          f"this one reads up to {FORMAT_VERSION}); upgrade toolproxy to export there")
+        raise ExportError(
+            f"{dest.url} was written by a newer toolproxy (export format {manifest.get('export_format_version')}, "
+            f"this one reads up to {FORMAT_VERSION}); upgrade toolproxy to export there"
+        )
     if manifest is not None and manifest.get("layout", "whole") != layout:
-        raise ExportError(f"{dest.url} holds an export in the {manifest.get('layout', 'whole')!r} layout; export there with "
-                          f"--layout {manifest.get('layout', 'whole')}, or to another destination for the {layout!r} layout")
+        raise ExportError(
+            f"{dest.url} holds an export in the {manifest.get('layout', 'whole')!r} layout; export there with "
+            f"--layout {manifest.get('layout', 'whole')}, or to another destination for the {layout!r} layout"
+        )
     result.recovered = recover(dest, manifest, now=time.time())
     manifest = manifest or {"tables": {}}
-    export_id = f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:12]}"
+    export_id = f"{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:12]}"
     meta = {f"toolproxy.{k}": str(val) for k, val in v.items()} | {"toolproxy.export_id": export_id}
-    if dest.local:
-        _remove_stale_staging(dest.path(STATE_DIR), now=time.time())
-        staging = dest.path(f"{STATE_DIR}/staging-{export_id}")
-        os.makedirs(staging)
-    else:
-        staging = tempfile.mkdtemp(prefix="toolproxy-export-")
-    try:
+    parent, prefix = (dest.path(STATE_DIR), STAGING) if dest.local else (tempfile.gettempdir(), TEMP_STAGING)
+    _remove_stale_staging(parent, prefix, now=time.time(), by_age=dest.local)
+    with _staging(parent, prefix, export_id) as staging:
         uploads: list[tuple[str, str]] = []
         obsolete: list[str] = []
         tables = {name: dict(parts) for name, parts in manifest.get("tables", {}).items()}
-        pieces = _PieceWriter(dest, manifest.get("pieces", []), staging, export_id, meta) if layout == "pieces" else None
+        pieces = (
+            _PieceWriter(dest, manifest.get("pieces", []), staging, export_id, meta) if layout == "pieces" else None
+        )
         for table in TABLES:
             if progress is not None:
                 progress.show(f"export: comparing {table.name} with {dest.url}")
             tr = TableResult(table.name)
-            s = _stage_table(con, table, dest, manifest, staging, export_id, meta, runs, since, tr,
-                             pieces if table.name == "exchanges" else None)
+            s = _stage_table(
+                con,
+                table,
+                dest,
+                manifest,
+                staging,
+                export_id,
+                meta,
+                runs,
+                since,
+                tr,
+                pieces if table.name == "exchanges" else None,
+            )
             result.tables.append(tr)
             uploads += s.uploads
             obsolete += s.obsolete
@@ -641,27 +803,37 @@ def _export(con, dest: Destination, *, runs: list[str] | None, since: dt.date | 
         if not uploads and not obsolete:
             return result
         result.export_id = export_id
-        journal = {"export_id": export_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time(),
-                   "new": [rel for _, rel in uploads], "obsolete": obsolete}
+        journal = {
+            "export_id": export_id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at": time.time(),
+            "new": [rel for _, rel in uploads],
+            "obsolete": obsolete,
+        }
         dest.write_bytes(PENDING, orjson.dumps(journal))
         sizes = [os.path.getsize(local) for local, _ in uploads]
         if progress is not None:
             progress.total, progress.done = float(sum(sizes)), 0.0
             progress.label = f"export: writing to {dest.url}"
         for start in range(0, len(uploads), _UPLOAD_BATCH):
-            dest.put(uploads[start:start + _UPLOAD_BATCH])
+            dest.put(uploads[start : start + _UPLOAD_BATCH])
             if progress is not None:
-                progress.advance(sum(sizes[start:start + _UPLOAD_BATCH]))
+                progress.advance(sum(sizes[start : start + _UPLOAD_BATCH]))
         result.files = sum(t.files for t in result.tables) + result.pieces_files
         result.bytes = sum(sizes)
-        new_manifest = {"format": "toolproxy-export", **v, "export_id": export_id,
-                        "exported_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                        "exported_by": socket.gethostname(), "layout": layout, "tables": tables}
+        new_manifest = {
+            "format": "toolproxy-export",
+            **v,
+            "export_id": export_id,
+            "exported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "exported_by": socket.gethostname(),
+            "layout": layout,
+            "tables": tables,
+        }
         if pieces is not None:
             new_manifest["pieces"] = pieces.manifest_entries()
         dest.write_bytes(MANIFEST, orjson.dumps(new_manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
         dest.delete(obsolete)
         dest.delete([PENDING])
         return result
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

@@ -7,8 +7,8 @@ for recordings too large for one machine.
 Nothing here re-implements the analyzer: Spark only moves data between toolproxy's own functions.
 
 1. Read and classify, in parallel over byte ranges of the segments (`mapInArrow`). Each task
-   calls `records.analyze_range`, the function `analyze`'s worker processes call, so every record
-   is parsed, reassembled and classified exactly as there. Raw bodies and headers stay in the
+   calls `load.lines.analyze_range`, the function `analyze`'s worker processes call, so every
+   record is parsed, reassembled and classified exactly as there. Raw bodies and headers stay in the
    segments (each row keeps its segment and offset): what travels on are the analysed columns.
 2. Group by run (`applyInArrow`). Episodes, turns, roles, run rows and metrics never look
    outside their run, with two exceptions that are brought into the group: fingerprints (a
@@ -37,14 +37,14 @@ import os
 import pickle
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import orjson
 
-from toolproxy.analysis.ingest.pipeline import _after_last_newline, _next_line_end, link_stored_responses
-from toolproxy.analysis.ingest.records import CALL_TYPES, EXCHANGE_TYPES, analyze_range
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.load.lines import CALL_TYPES, EXCHANGE_TYPES, analyze_range
+from toolproxy.analysis.load.pipeline import after_last_newline, link_stored_responses, next_line_end
 from toolproxy.analysis.store.connection import insert_columns, migrate
 from toolproxy.analysis.store.tables import FINGERPRINTS
 from toolproxy.record.segments import list_segments
@@ -61,8 +61,10 @@ _ID = list(EXCHANGE_TYPES).index("id")
 # Stage 1's rows: one per exchange, call, fingerprint or set-aside line; the payload is the row
 # ingest builds for that table as a JSON list in the table's column order (lossless for its plain
 # values, and the column names not repeated on every row).
-PARSED_SCHEMA = ("grp string, kind string, segment string, offset long, response_id string, "
-                 "previous_response_id string, payload binary")
+PARSED_SCHEMA = (
+    "grp string, kind string, segment string, offset long, response_id string, "
+    "previous_response_id string, payload binary"
+)
 # Stage 2's rows: one per run and output table, the table's rows for that run as Arrow IPC.
 DERIVED_SCHEMA = "tbl string, run string, data binary"
 # The tables written under --out (the analyzer's own, one run at a time), and the per-run report row.
@@ -84,17 +86,18 @@ def line_range(path: str, start: int, end: int) -> tuple[int, int, bool]:
     last line (being written, or cut by a crash; left out) falls in this range."""
     with open(path, "rb") as f:
         size = f.seek(0, io.SEEK_END)
-        complete = _after_last_newline(f, 0, size)
-        first = 0 if start == 0 else _next_line_end(f, min(start - 1, complete), complete)
-        last = complete if end >= size else _next_line_end(f, min(end - 1, complete), complete)
+        complete = after_last_newline(f, 0, size)
+        first = 0 if start == 0 else next_line_end(f, min(start - 1, complete), complete)
+        last = complete if end >= size else next_line_end(f, min(end - 1, complete), complete)
     return first, max(first, last), end >= size > complete
 
 
 def parse_range(path: str, start: int, end: int) -> dict[str, list]:
     """Stage 1 for one range: ingest's own analysis, as PARSED_SCHEMA columns."""
     first, last, torn = line_range(path, start, end)
-    cols: dict[str, list] = {k: [] for k in ("grp", "kind", "segment", "offset", "response_id",
-                                              "previous_response_id", "payload")}
+    cols: dict[str, list] = {
+        k: [] for k in ("grp", "kind", "segment", "offset", "response_id", "previous_response_id", "payload")
+    }
 
     def add(grp, kind, segment, offset, payload, response_id=None, previous=None):
         for k, v in zip(cols, (grp, kind, segment, offset, response_id, previous, orjson.dumps(payload))):
@@ -110,9 +113,15 @@ def parse_range(path: str, start: int, end: int) -> dict[str, list]:
     for i, run in enumerate(columns.get("run", ())):
         run_of[columns["id"][i]] = run
         meta = orjson.loads(columns["record"][i]) if columns["record"][i] else {}
-        add(run, "exchange", columns["segment"][i], columns["segment_offset"][i],
+        add(
+            run,
+            "exchange",
+            columns["segment"][i],
+            columns["segment_offset"][i],
             [None if name in _LEFT_IN_SEGMENT else columns[name][i] for name in EXCHANGE_TYPES],
-            meta.get("response_id"), meta.get("previous_response_id"))
+            meta.get("response_id"),
+            meta.get("previous_response_id"),
+        )
     for call in batch.calls:
         add(run_of.get(call["exchange_id"]), "call", batch.segment, None, [call[name] for name in CALL_TYPES])
     for fp in batch.fingerprints:
@@ -135,8 +144,17 @@ def _parse_batches(batches):
 def _arrow_parsed():
     import pyarrow as pa
 
-    return pa.schema([("grp", pa.string()), ("kind", pa.string()), ("segment", pa.string()), ("offset", pa.int64()),
-                      ("response_id", pa.string()), ("previous_response_id", pa.string()), ("payload", pa.binary())])
+    return pa.schema(
+        [
+            ("grp", pa.string()),
+            ("kind", pa.string()),
+            ("segment", pa.string()),
+            ("offset", pa.int64()),
+            ("response_id", pa.string()),
+            ("previous_response_id", pa.string()),
+            ("payload", pa.binary()),
+        ]
+    )
 
 
 def _select(con, table: str) -> str:
@@ -152,8 +170,12 @@ def _select(con, table: str) -> str:
 def _run_filter(table: str) -> str:
     if table == "calls":
         return " WHERE exchange_id IN (SELECT id FROM exchanges WHERE run = $run) ORDER BY exchange_id, idx"
-    order = {"exchanges": "started_at, id", "turns": "episode_key, turn_index", "episodes": "episode_key",
-             "runs": "run"}[table]
+    order = {
+        "exchanges": "started_at, id",
+        "turns": "episode_key, turn_index",
+        "episodes": "episode_key",
+        "runs": "run",
+    }[table]
     return f" WHERE run = $run ORDER BY {order}"
 
 
@@ -167,8 +189,16 @@ def empty_database():
     return con
 
 
-def derive_run(run: str, rows: Sequence[tuple[str, bytes]], fingerprints: Sequence[list], *, rules=(),
-               seed: int = 0, resamples: int | None = None, source: str = "") -> dict[str, object]:
+def derive_run(
+    run: str,
+    rows: Sequence[tuple[str, bytes]],
+    fingerprints: Sequence[list],
+    *,
+    rules=(),
+    seed: int = 0,
+    resamples: int | None = None,
+    source: str = "",
+) -> dict[str, object]:
     """Stage 2 for one run: its rows (kind, payload) in segment order, through the analyzer's own
     derivation and summary. Returns each output table's rows as an Arrow table, and the summary."""
     from toolproxy.analysis.episodes.derive import derive
@@ -190,11 +220,8 @@ def derive_run(run: str, rows: Sequence[tuple[str, bytes]], fingerprints: Sequen
     FINGERPRINTS.insert(con, FINGERPRINTS.columns_of(fingerprints), on_conflict="ON CONFLICT DO NOTHING")
     link_stored_responses(con, {run})
     derive(con, {run}, list(rules))
-    out: dict[str, object] = {
-        t: _arrow(con, _select(con, t) + _run_filter(t), {"run": run}) for t in TABLES
-    }
-    out[SUMMARY] = summarize(con, [run], source, seed=seed, resamples=resamples or stats.RESAMPLES,
-                             rules=()).runs[0]
+    out: dict[str, object] = {t: _arrow(con, _select(con, t) + _run_filter(t), {"run": run}) for t in TABLES}
+    out[SUMMARY] = summarize(con, [run], source, seed=seed, resamples=resamples or stats.RESAMPLES, rules=()).runs[0]
     con.close()
     return out
 
@@ -215,7 +242,9 @@ def _derive_group(fingerprints, rules, seed, resamples):
         import pyarrow as pa
 
         run = table.column("grp")[0].as_py()
-        kinds, segments, offsets, payloads = (table.column(c).to_pylist() for c in ("kind", "segment", "offset", "payload"))
+        kinds, segments, offsets, payloads = (
+            table.column(c).to_pylist() for c in ("kind", "segment", "offset", "payload")
+        )
         # Exchanges in segment order (the first copy of a record wins, as in `analyze`), then calls.
         order = sorted(range(table.num_rows), key=lambda i: (kinds[i] == "call", segments[i] or "", offsets[i] or 0))
         rows = [("call" if kinds[i] == "call" else "exchange", payloads[i]) for i in order]
@@ -265,13 +294,25 @@ def session(master: str | None, app_name: str = "toolproxy-analyze"):
         builder = builder.master(master)
         if master.startswith("local"):
             # Room for a large run's rows in the one JVM (Spark's default is 1 GB).
-            builder = (builder.config("spark.pyspark.python", sys.executable).config("spark.ui.enabled", "false")
-                       .config("spark.driver.memory", os.environ.get("TOOLPROXY_SPARK_MEMORY", "4g")))
+            builder = (
+                builder.config("spark.pyspark.python", sys.executable)
+                .config("spark.ui.enabled", "false")
+                .config("spark.driver.memory", os.environ.get("TOOLPROXY_SPARK_MEMORY", "4g"))
+            )
     return builder.getOrCreate()
 
 
-def run_job(spark, data_dir: str | Path, out_dir: str | Path | None, *, rules=(), seed: int = 0,
-            resamples: int | None = None, range_bytes: int = RANGE_BYTES, partitions: int | None = None):
+def run_job(
+    spark,
+    data_dir: str | Path,
+    out_dir: str | Path | None,
+    *,
+    rules=(),
+    seed: int = 0,
+    resamples: int | None = None,
+    range_bytes: int = RANGE_BYTES,
+    partitions: int | None = None,
+):
     """Analyse data_dir on `spark`; write the tables under out_dir (if given); return
     (Report, counts) where counts says what was read and set aside.
 
@@ -301,19 +342,35 @@ def run_job(spark, data_dir: str | Path, out_dir: str | Path | None, *, rules=()
             issues[kind] = issues.get(kind, 0) + 1
 
     rows = parsed.filter(F.col("kind").isin("exchange", "call"))
-    refs = (rows.filter(F.col("previous_response_id").isNotNull())
-            .select(F.col("grp").alias("ref_grp"), F.col("previous_response_id").alias("ref_id")).distinct())
+    refs = (
+        rows.filter(F.col("previous_response_id").isNotNull())
+        .select(F.col("grp").alias("ref_grp"), F.col("previous_response_id").alias("ref_id"))
+        .distinct()
+    )
     targets = rows.filter(F.col("response_id").isNotNull())
-    foreign = (targets.join(refs, targets.response_id == refs.ref_id)
-               .filter(targets.grp != refs.ref_grp)
-               .select(F.col("ref_grp").alias("grp"), F.lit("foreign").alias("kind"), "segment", "offset",
-                       "response_id", "previous_response_id", "payload"))
-    derived = (rows.unionByName(foreign).groupBy("grp")
-               .applyInArrow(_derive_group(fingerprints, list(rules), seed, resamples), DERIVED_SCHEMA)
-               .persist())
+    foreign = (
+        targets.join(refs, targets.response_id == refs.ref_id)
+        .filter(targets.grp != refs.ref_grp)
+        .select(
+            F.col("ref_grp").alias("grp"),
+            F.lit("foreign").alias("kind"),
+            "segment",
+            "offset",
+            "response_id",
+            "previous_response_id",
+            "payload",
+        )
+    )
+    derived = (
+        rows.unionByName(foreign)
+        .groupBy("grp")
+        .applyInArrow(_derive_group(fingerprints, list(rules), seed, resamples), DERIVED_SCHEMA)
+        .persist()
+    )
 
-    summaries = sorted((pickle.loads(r.data) for r in derived.filter(F.col("tbl") == SUMMARY).collect()),
-                       key=lambda s: s.run)
+    summaries = sorted(
+        (pickle.loads(r.data) for r in derived.filter(F.col("tbl") == SUMMARY).collect()), key=lambda s: s.run
+    )
     counts = {"segments": len(list_segments(data_dir)), "ranges": len(ranges), "issues": issues}
     if out_dir is not None:
         out = str(out_dir).rstrip("/")
@@ -324,8 +381,14 @@ def run_job(spark, data_dir: str | Path, out_dir: str | Path | None, *, rules=()
     counts["exchanges"] = sum(sum(t.column("n_exchanges").to_pylist()) for t in runs)
     parsed.unpersist()
     derived.unpersist()
-    report = Report(runs=summaries, source=str(data_dir), seed=seed, resamples=resamples or _default_resamples(),
-                    analyzer_version=ANALYZER_VERSION, expect_rules=[str(r) for r in rules])
+    report = Report(
+        runs=summaries,
+        source=str(data_dir),
+        seed=seed,
+        resamples=resamples or _default_resamples(),
+        analyzer_version=ANALYZER_VERSION,
+        expect_rules=[str(r) for r in rules],
+    )
     return report, counts
 
 
@@ -345,22 +408,45 @@ class JobError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from toolproxy.analysis.measure.expectations import RuleError, parse_rules
+    from toolproxy.analysis.classify.expectations import RuleError, parse_rules
     from toolproxy.analysis.report import render
 
     ap = argparse.ArgumentParser(prog="toolproxy-spark", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", required=True, help="the data directory the proxies record into (same path on every node)")
-    ap.add_argument("--out", default=None, help="directory (or Hadoop URL) for the Parquet tables; omitted: report only")
+    ap.add_argument(
+        "--data", required=True, help="the data directory the proxies record into (same path on every node)"
+    )
+    ap.add_argument(
+        "--out", default=None, help="directory (or Hadoop URL) for the Parquet tables; omitted: report only"
+    )
     ap.add_argument("--master", default=None, help="Spark master, e.g. 'local[*]' (default: what spark-submit set)")
-    ap.add_argument("--format", dest="fmt", default="terminal",
-                    choices=["terminal", "markdown", "json", "csv", "html"], help="report format on stdout")
-    ap.add_argument("--output", "-o", type=Path, default=None,
-                    help="write the report to this file instead of stdout (spark-submit mixes the job's stderr into stdout)")
-    ap.add_argument("--expect", action="append", default=[], metavar="TAG=VALUE:call|none",
-                    help="expectation rule, as for `toolproxy analyze --expect` (repeatable)")
+    ap.add_argument(
+        "--format",
+        dest="fmt",
+        default="terminal",
+        choices=["terminal", "markdown", "json", "csv", "html"],
+        help="report format on stdout",
+    )
+    ap.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=None,
+        help="write the report to this file instead of stdout (spark-submit mixes the job's stderr into stdout)",
+    )
+    ap.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="TAG=VALUE:call|none",
+        help="expectation rule, as for `toolproxy analyze --expect` (repeatable)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="bootstrap RNG seed, as for `toolproxy report`")
-    ap.add_argument("--partitions", type=int, default=None,
-                    help="groups of runs analysed in parallel (default: the cores Spark has)")
+    ap.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="groups of runs analysed in parallel (default: the cores Spark has)",
+    )
     ap.add_argument("--range-mb", type=float, default=RANGE_BYTES / (1 << 20), help="segment bytes per read task")
     args = ap.parse_args(argv)
     try:
@@ -376,13 +462,22 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         return _fail(f"{exc.name or 'pyspark'} is not installed: pip install 'toolproxy-recorder[spark]'")
     except Exception as exc:  # the JVM did not start: say what is missing, not a Py4J traceback
-        return _fail(f"Spark did not start ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                     "it needs Java 17 or newer (Debian: apt-get install openjdk-17-jre-headless) or JAVA_HOME set")
+        return _fail(
+            f"Spark did not start ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "it needs Java 17 or newer (Debian: apt-get install openjdk-17-jre-headless) or JAVA_HOME set"
+        )
     spark.sparkContext.setLogLevel("WARN")
     t0 = time.perf_counter()
     try:
-        report, counts = run_job(spark, args.data, args.out, rules=rules, seed=args.seed,
-                                 range_bytes=max(1, int(args.range_mb * (1 << 20))), partitions=args.partitions)
+        report, counts = run_job(
+            spark,
+            args.data,
+            args.out,
+            rules=rules,
+            seed=args.seed,
+            range_bytes=max(1, int(args.range_mb * (1 << 20))),
+            partitions=args.partitions,
+        )
     except JobError as exc:
         return _fail(str(exc))
     finally:
@@ -396,9 +491,12 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             return _fail(f"cannot write {args.output}: {exc.strerror or exc}")
     issues = ", ".join(f"{v} {k}" for k, v in sorted(counts["issues"].items())) or "none"
-    print(f"spark: {counts['exchanges']} exchanges from {counts['segments']} segments ({counts['ranges']} read tasks), "
-          f"{len(report.runs)} runs in {seconds:.1f}s; issues: {issues}"
-          + (f"; tables in {args.out}" if args.out else ""), file=sys.stderr)
+    print(
+        f"spark: {counts['exchanges']} exchanges from {counts['segments']} segments ({counts['ranges']} read tasks), "
+        f"{len(report.runs)} runs in {seconds:.1f}s; issues: {issues}"
+        + (f"; tables in {args.out}" if args.out else ""),
+        file=sys.stderr,
+    )
     spark.stop()
     return 0
 

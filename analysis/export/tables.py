@@ -2,7 +2,8 @@
 
 Each table is exported with every column the database has (the tables are a public interface
 whose columns are only ever added), so a later schema step reaches the export without a change
-here; exchanges also carry their recorded bodies, read from the segments. A row's partition is its day (UTC) and run: the day an exchange started, the day a call's
+here; exchanges also carry their recorded bodies, read from the segments. A row's partition is its day (UTC) and
+run: the day an exchange started, the day a call's
 exchange or a turn's first attempt started, the day an episode's first turn did. A run is one
 row, partitioned by run alone: any day it carried would move as the run grows.
 
@@ -23,8 +24,10 @@ _WITH_BODIES = "t.*, unnest(bodies(t.segment, t.segment_offset))"
 
 # An exchange's size as written, for batching: its record's line in the segment (the next record's
 # offset, or for a segment's last one where ingest stopped reading). It bounds the bodies it carries.
-_RECORD_BYTES = """SELECT e.rowid AS rid, coalesce(lead(e.segment_offset) OVER (PARTITION BY e.segment ORDER BY e.segment_offset),
-       s.byte_offset, e.segment_offset) - e.segment_offset AS w FROM exchanges e LEFT JOIN ingest_state s USING (segment)"""
+_RECORD_BYTES = """SELECT e.rowid AS rid,
+       coalesce(lead(e.segment_offset) OVER (PARTITION BY e.segment ORDER BY e.segment_offset),
+                s.byte_offset, e.segment_offset) - e.segment_offset AS w
+FROM exchanges e LEFT JOIN ingest_state s USING (segment)"""
 
 _EXCHANGE_DAY = "coalesce({0}started_at, {0}ended_at, TIMESTAMP '1970-01-01')::DATE"
 
@@ -54,28 +57,51 @@ class ExportTable:
 
 
 TABLES: tuple[ExportTable, ...] = (
-    ExportTable("exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", select=_WITH_BODIES,
-                weight=_RECORD_BYTES),
-    ExportTable("calls", key="t.exchange_id || ':' || CAST(t.idx AS VARCHAR)", day="coalesce(x.day, DATE '1970-01-01')",
-          run="coalesce(x.run, '')",
-          joins=f"LEFT JOIN (SELECT id, run, {_EXCHANGE_DAY.format('')} AS day FROM exchanges) x ON x.id = t.exchange_id"),
-    ExportTable("turns", key="t.turn_id", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
-          joins=f"LEFT JOIN (SELECT turn_id, min({_EXCHANGE_DAY.format('')}) AS day FROM exchanges WHERE turn_id IS NOT NULL "
-                "GROUP BY turn_id) x ON x.turn_id = t.turn_id", moves=True),
-    ExportTable("episodes", key="t.episode_key", day="coalesce(x.day, DATE '1970-01-01')", run="t.run",
-          joins=f"LEFT JOIN (SELECT u.episode_key, min({_EXCHANGE_DAY.format('e.')}) AS day FROM turns u JOIN exchanges e "
-                "ON e.turn_id = u.turn_id GROUP BY u.episode_key) x ON x.episode_key = t.episode_key", moves=True),
+    ExportTable(
+        "exchanges", key="t.id", day=_EXCHANGE_DAY.format("t."), run="t.run", select=_WITH_BODIES, weight=_RECORD_BYTES
+    ),
+    ExportTable(
+        "calls",
+        key="t.exchange_id || ':' || CAST(t.idx AS VARCHAR)",
+        day="coalesce(x.day, DATE '1970-01-01')",
+        run="coalesce(x.run, '')",
+        joins=f"LEFT JOIN (SELECT id, run, {_EXCHANGE_DAY.format('')} AS day FROM exchanges) x ON x.id = t.exchange_id",
+    ),
+    ExportTable(
+        "turns",
+        key="t.turn_id",
+        day="coalesce(x.day, DATE '1970-01-01')",
+        run="t.run",
+        joins=f"LEFT JOIN (SELECT turn_id, min({_EXCHANGE_DAY.format('')}) AS day FROM exchanges WHERE turn_id IS NOT "
+        "NULL "
+        "GROUP BY turn_id) x ON x.turn_id = t.turn_id",
+        moves=True,
+    ),
+    ExportTable(
+        "episodes",
+        key="t.episode_key",
+        day="coalesce(x.day, DATE '1970-01-01')",
+        run="t.run",
+        joins=f"LEFT JOIN (SELECT u.episode_key, min({_EXCHANGE_DAY.format('e.')}) AS day FROM turns u JOIN exchanges "
+        "e "
+        "ON e.turn_id = u.turn_id GROUP BY u.episode_key) x ON x.episode_key = t.episode_key",
+        moves=True,
+    ),
     ExportTable("runs", key="t.run", day=None, run="t.run", recent="t.last_seen::DATE"),
 )
-TABLE_NAMES = tuple(t.name for t in TABLES)
 
 
 def columns(con, table: str) -> list[str]:
     """The table's columns in the database's order."""
-    return [r[0] for r in con.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
-        "AND table_schema = current_schema() AND table_name = ? "
-        "ORDER BY ordinal_position", [table]).fetchall()]
+    return [
+        r[0]
+        for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_catalog = current_database() "
+            "AND table_schema = current_schema() AND table_name = ? "
+            "ORDER BY ordinal_position",
+            [table],
+        ).fetchall()
+    ]
 
 
 def quote_ident(name: str) -> str:

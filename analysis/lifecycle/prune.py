@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, _fail
+from toolproxy.analysis.options import DATA_OPTION, DB_OPTION, fail
 from toolproxy.record.retention import prune, read_ledger
 from toolproxy.term.progress import Progress
 from toolproxy.term.quantities import parse_duration
@@ -49,17 +49,26 @@ def forget_pruned(con, data_dir: str | Path, progress=None) -> dict[str, int]:
         return counts
     con.execute("BEGIN TRANSACTION")
     try:
-        runs = [r[0] for r in con.execute(
-            "SELECT DISTINCT run FROM exchanges SEMI JOIN _gone USING (segment) "
-            "UNION SELECT DISTINCT run FROM fingerprints SEMI JOIN _gone USING (segment) WHERE run IS NOT NULL"
-        ).fetchall()]
-        counts["exchanges"] = con.execute("SELECT count(*) FROM exchanges SEMI JOIN _gone USING (segment)").fetchall()[0][0]
-        counts["segments"] = con.execute("SELECT count(*) FROM ingest_state SEMI JOIN _gone USING (segment)").fetchall()[0][0]
+        runs = [
+            r[0]
+            for r in con.execute(
+                "SELECT DISTINCT run FROM exchanges SEMI JOIN _gone USING (segment) "
+                "UNION SELECT DISTINCT run FROM fingerprints SEMI JOIN _gone USING (segment) WHERE run IS NOT NULL"
+            ).fetchall()
+        ]
+        counts["exchanges"] = con.execute("SELECT count(*) FROM exchanges SEMI JOIN _gone USING (segment)").fetchall()[
+            0
+        ][0]
+        counts["segments"] = con.execute(
+            "SELECT count(*) FROM ingest_state SEMI JOIN _gone USING (segment)"
+        ).fetchall()[0][0]
         con.execute("DELETE FROM calls WHERE exchange_id IN (SELECT id FROM exchanges SEMI JOIN _gone USING (segment))")
         for table in _BY_SEGMENT:
             con.execute(f"DELETE FROM {table} WHERE segment IN (SELECT segment FROM _gone)")
         # Tool schemas are recorded content too: those no remaining exchange offers go with them.
-        con.execute("DELETE FROM tool_sets WHERE hash NOT IN (SELECT tool_set FROM exchanges WHERE tool_set IS NOT NULL)")
+        con.execute(
+            "DELETE FROM tool_sets WHERE hash NOT IN (SELECT tool_set FROM exchanges WHERE tool_set IS NOT NULL)"
+        )
         derive(con, runs, progress=progress, in_steps=True)
         con.execute("COMMIT")
     except Exception:
@@ -74,15 +83,21 @@ def _mb(n: int) -> str:
 
 
 @click.command("prune")
-@click.option("--older-than", "older_than", required=True, metavar="DURATION",
-              help="Delete segments last written longer ago than this: 90s, 30m, 12h, 7d, 2w.")
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    metavar="DURATION",
+    help="Delete segments last written longer ago than this: 90s, 30m, 12h, 7d, 2w.",
+)
 @click.option("--run", default=None, help="Only segments whose every record belongs to this run.")
 @DATA_OPTION
 @DB_OPTION
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
 @click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
-def prune_command(older_than: str, run: str | None, data_dir: Path, db_path: Path | None, dry_run: bool,
-                  quiet: bool) -> None:
+def prune_command(
+    older_than: str, run: str | None, data_dir: Path, db_path: Path | None, dry_run: bool, quiet: bool
+) -> None:
     """Delete whole recorded segments older than DURATION, and the analysis rows derived from them.
 
     A segment a running proxy is still writing is never touched. The database is brought in line
@@ -98,18 +113,23 @@ def prune_command(older_than: str, run: str | None, data_dir: Path, db_path: Pat
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     if not (data_dir / "segments").is_dir():
-        _fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
+        fail(f"{data_dir} holds no recordings (no {data_dir / 'segments'} directory); is it the proxy's --data?")
     with Progress("prune: checking segments", unit="MB", scale=1e6, quiet=quiet) as progress:
         result = prune(data_dir, older_than=seconds, run=run, dry_run=dry_run, now=time.time(), progress=progress)
     verb = "would delete" if dry_run else "deleted"
     click.echo(f"{verb} {len(result.pruned)} segments ({_mb(result.bytes)})")
     for seg in result.pruned:
-        click.echo(f"  {seg.path.name}  {_mb(seg.size)}  last written {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(seg.mtime))}")
+        click.echo(
+            f"  {seg.path.name}  {_mb(seg.size)}  last written "
+            f"{time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(seg.mtime))}"
+        )
     if result.live:
         click.echo(f"kept {len(result.live)} segments a running proxy is writing: {', '.join(result.live)}")
     if result.kept_mixed:
-        click.echo(f"kept {len(result.kept_mixed)} segments that also hold other runs (they go when they age out "
-                   f"without --run): {', '.join(result.kept_mixed)}")
+        click.echo(
+            f"kept {len(result.kept_mixed)} segments that also hold other runs (they go when they age out "
+            f"without --run): {', '.join(result.kept_mixed)}"
+        )
     db = db_path or default_db(data_dir)
     if dry_run or not db.exists():
         return
@@ -122,8 +142,12 @@ def prune_command(older_than: str, run: str | None, data_dir: Path, db_path: Pat
         with Progress("prune: re-deriving runs", quiet=quiet) as progress:
             c = forget_pruned(con, data_dir, progress)
     except duckdb.Error as exc:
-        _fail(f"removing the pruned rows failed in DuckDB: {str(exc).splitlines()[0]}; "
-              "the next `toolproxy analyze` retries")
+        fail(
+            f"removing the pruned rows failed in DuckDB: {str(exc).splitlines()[0]}; "
+            "the next `toolproxy analyze` retries"
+        )
     finally:
         con.close()
-    click.echo(f"database: removed {c['exchanges']} exchanges from {c['segments']} segments; re-derived {c['runs']} runs")
+    click.echo(
+        f"database: removed {c['exchanges']} exchanges from {c['segments']} segments; re-derived {c['runs']} runs"
+    )

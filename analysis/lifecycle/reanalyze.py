@@ -11,17 +11,41 @@ from the recorded exchanges in one transaction, so a report never mixes old and 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from toolproxy.analysis.measure.expectations import ExpectationRule
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.expectations import ExpectationRule
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.store.state import save_state, stored_rules, stored_version
 from toolproxy.record.segments import RecordError, RecordReader
 
 # Exchange columns that are the record as received (the rest is derived from the record).
-_RAW = ("id", "kind", "started_at", "ended_at", "ttfb_ms", "duration_ms", "run", "episode", "item", "condition",
-        "tags", "upstream", "method", "path", "query", "status", "client_status", "error_kind", "error_message",
-        "upstream_request", "condition_note", "request_headers", "response_headers", "segment", "segment_offset")
+_RAW = (
+    "id",
+    "kind",
+    "started_at",
+    "ended_at",
+    "ttfb_ms",
+    "duration_ms",
+    "run",
+    "episode",
+    "item",
+    "condition",
+    "tags",
+    "upstream",
+    "method",
+    "path",
+    "query",
+    "status",
+    "client_status",
+    "error_kind",
+    "error_message",
+    "upstream_request",
+    "condition_note",
+    "request_headers",
+    "response_headers",
+    "segment",
+    "segment_offset",
+)
 _BATCH = 500
 
 
@@ -46,8 +70,9 @@ def reclassify(con, data_dir, progress=None) -> int:
     `progress` (toolproxy.term.progress.Progress): told the number of exchanges, advanced per batch.
     A record that cannot be read any more raises ReanalyzeError: derived rows are rebuilt all
     together or not at all."""
-    from toolproxy.analysis.ingest.keys import Prefixes
-    from toolproxy.analysis.ingest.records import CALL_TYPES, EXCHANGE_TYPES, analyze_record
+    from toolproxy.analysis.classify.keys import Prefixes
+    from toolproxy.analysis.classify.record import analyze_record
+    from toolproxy.analysis.load.lines import CALL_TYPES, EXCHANGE_TYPES
     from toolproxy.analysis.store.connection import insert_columns
     from toolproxy.analysis.store.tables import CALLS, TOOL_SETS
 
@@ -59,7 +84,7 @@ def reclassify(con, data_dir, progress=None) -> int:
     prefixes = Prefixes()  # records in segment order: a conversation's requests follow each other
     with RecordReader(data_dir) as reader:
         for start in range(0, len(refs), _BATCH):
-            batch = refs[start:start + _BATCH]
+            batch = refs[start : start + _BATCH]
             out: dict[str, list] = {c: [] for c in types}
             calls: list[dict] = []
             sets: list[dict] = []
@@ -69,7 +94,8 @@ def reclassify(con, data_dir, progress=None) -> int:
                 except RecordError as exc:
                     raise ReanalyzeError(
                         f"cannot reclassify exchange {exchange_id}: {exc}. The database reads bodies from the "
-                        "segments it was analysed from; give the --data that holds them") from None
+                        "segments it was analysed from; give the --data that holds them"
+                    ) from None
                 a = analyze_record(rec, segment, offset, prefixes)
                 for c in types:
                     out[c].append(a.exchange[c])
@@ -78,7 +104,9 @@ def reclassify(con, data_dir, progress=None) -> int:
                     seen_sets.add(a.tool_set.hash)
                     sets.append(a.tool_set._asdict())
             derived = [c for c in types if c != "id"]
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _reclassified AS SELECT id, {', '.join(derived)} FROM exchanges LIMIT 0")
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE _reclassified AS SELECT id, {', '.join(derived)} FROM exchanges LIMIT 0"
+            )
             insert_columns(con, "_reclassified", out, types)
             assignments = ", ".join(f"{c} = r.{c}" for c in derived)
             con.execute(f"UPDATE exchanges SET {assignments} FROM _reclassified r WHERE exchanges.id = r.id")
@@ -96,7 +124,9 @@ class ReanalyzeError(Exception):
     """Derived tables cannot be rebuilt; the message says why and what to do."""
 
 
-def rebuild(con, rules: Sequence[ExpectationRule] | None, *, exchanges: bool, data_dir=None, progress=None) -> dict[str, int]:
+def rebuild(
+    con, rules: Sequence[ExpectationRule] | None, *, exchanges: bool, data_dir=None, progress=None
+) -> dict[str, int]:
     """Rebuild every derived table in one transaction: exchanges' classification (when the rules
     of classification may have changed) and all runs' turns, episodes and runs rows. `progress`
     (toolproxy.term.progress.Progress) draws the reclassifying, then the deriving; closed here."""

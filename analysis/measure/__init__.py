@@ -1,2 +1,2 @@
-"""What is counted and how: outcomes and their classification, expectation rules, metrics,
-statistics, a run's summary and one-line figures, and the comparison of two runs."""
+"""What is counted and how: metrics, statistics, a run's summary and one-line figures, and the
+comparison of two runs (over the outcomes classify/ assigned and the roles episodes/ gave)."""

@@ -11,14 +11,14 @@ and turns where either side got no response are counted apart, not as losses of 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
-from typing import Sequence
 
 import duckdb
 
+from toolproxy.analysis.classify.expectations import ExpectationRule
 from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.expectations import ExpectationRule
 from toolproxy.analysis.measure.metrics import score
 from toolproxy.analysis.measure.summary import StoreError, is_pattern, known_runs
 
@@ -27,24 +27,25 @@ from toolproxy.analysis.measure.summary import StoreError, is_pattern, known_run
 # same answer the report's delivered restraint counts.
 METRICS = {
     "delivered": "case when expect_none then abstain_n > 0 and abstain_reached = 0 "
-                 "else call_n > 0 and call_delivered = call_n end",
-    "call": "case when expect_none then abstain_n > 0 and abstain_tried = 0 else call_n > 0 and call_valid = call_n end",
+    "else call_n > 0 and call_delivered = call_n end",
+    "call": "case when expect_none then abstain_n > 0 and abstain_tried = 0 "
+    "else call_n > 0 and call_valid = call_n end",
     "all-valid": "produced > 0 and valid = produced",
     "any-valid": "valid > 0",
     "clean": "valid > 0 and failed = 0",
 }
 METRIC_HELP = {
     "delivered": "an item passes when every turn that was due a call delivered a valid call to the harness (in "
-                 "tool_calls, or a text call the harness acted on) and, for an item that expects no call, when no "
-                 "call reached the harness (a call left unparsed in the reply text did not); an item with neither "
-                 "kind of turn fails",
+    "tool_calls, or a text call the harness acted on) and, for an item that expects no call, when no "
+    "call reached the harness (a call left unparsed in the reply text did not); an item with neither "
+    "kind of turn fails",
     "call": "like delivered, but judging the model whatever surface its call came in: a valid call in text the "
-            "harness never saw counts, and so does a call attempted in text on an item that expects none",
+    "harness never saw counts, and so does a call attempted in text on an item that expects none",
     "all-valid": "an item passes when the model produced at least one turn and every produced turn is a valid_call "
-                 "(non-response turns are ignored; an item with only non-responses fails)",
+    "(non-response turns are ignored; an item with only non-responses fails)",
     "any-valid": "an item passes when at least one turn is a valid_call",
     "clean": "an item passes when it made at least one valid call and no failed one (invalid arguments, "
-             "hallucinated tool, unparseable call); prose turns such as an agent's final answer are allowed",
+    "hallucinated tool, unparseable call); prose turns such as an agent's final answer are allowed",
 }
 UNCATEGORIZED = "(none)"
 # A replayed turn's verdict, given the role of the original turn it replays (see replay_verdicts).
@@ -89,12 +90,25 @@ class Comparison:
 
 
 def _paired(label: str, paired: int, both_pass: int, a_only: int, b_only: int) -> Paired:
-    return Paired(label, paired, both_pass, a_only, b_only, paired - both_pass - a_only - b_only,
-                  stats.mcnemar_exact(a_only, b_only))
+    return Paired(
+        label,
+        paired,
+        both_pass,
+        a_only,
+        b_only,
+        paired - both_pass - a_only - b_only,
+        stats.mcnemar_exact(a_only, b_only),
+    )
 
 
-def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str = "delivered",
-            by_category: bool = False, rules: Sequence[ExpectationRule] = ()) -> Comparison:
+def compare(
+    con: duckdb.DuckDBPyConnection,
+    run_a: str,
+    run_b: str,
+    metric: str = "delivered",
+    by_category: bool = False,
+    rules: Sequence[ExpectationRule] = (),
+) -> Comparison:
     """A against B; either may be a wildcard pattern (`bfcl-*-native`) that pools every run it matches.
 
     Pooling is how a study split into several runs (one per category, say) gets one paired answer
@@ -107,20 +121,23 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str 
     side_a, side_b = _side(con, run_a), _side(con, run_b)
     shared = sorted(set(side_a) & set(side_b))
     if shared:
-        raise StoreError(f"compare needs two different sets of runs; both {run_a!r} and {run_b!r} "
-                         f"include {', '.join(shared)}")
+        raise StoreError(
+            f"compare needs two different sets of runs; both {run_a!r} and {run_b!r} include {', '.join(shared)}"
+        )
     score(con, [*side_a, *side_b], rules)
     if len(side_a) == len(side_b) == 1 and is_replay(con, side_a[0], side_b[0]):
         return replay_compare(con, side_a[0], side_b[0], metric, by_category)
     verdict = METRICS[metric]
-    con.execute(f"""
+    con.execute(
+        f"""
         create or replace temp table verdicts as
         with item as (
             select case when list_contains($a, e.run) then 'a' else 'b' end as side, e.item_key,
                    coalesce(any_value(e.category), any_value(t.category)) as category,
                    count(t.turn_id) filter (where t.outcome <> 'non_response') as produced,
                    count(t.turn_id) filter (where t.outcome = 'valid_call') as valid,
-                   count(t.turn_id) filter (where t.outcome in ('invalid_args', 'hallucinated_call', 'unparseable')) as failed,
+                   count(t.turn_id) filter (where t.outcome in ('invalid_args', 'hallucinated_call',
+                       'unparseable')) as failed,
                    count(t.turn_id) filter (where t.role = 'call') as call_n,
                    count(t.turn_id) filter (where t.role = 'call' and t.outcome = 'valid_call') as call_valid,
                    count(t.turn_id) filter (where t.role = 'call' and t.delivered) as call_delivered,
@@ -133,12 +150,15 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str 
             group by side, e.item_key
         )
         select item_key, side, category, {verdict} as pass from item
-    """, {"a": side_a, "b": side_b})
+    """,
+        {"a": side_a, "b": side_b},
+    )
     only_a, only_b = con.execute("""
         select count(*) filter (where side = 'a'), count(*) filter (where side = 'b') from verdicts v
         where (select count(distinct side) from verdicts w where w.item_key = v.item_key) = 1
     """).fetchone()
-    rows = con.execute("""
+    rows = con.execute(
+        """
         with pairs as (
             select a.item_key, coalesce(a.category, b.category, $none) as category, a.pass as pa, b.pass as pb
             from verdicts a join verdicts b on a.item_key = b.item_key and a.side = 'a' and b.side = 'b'
@@ -146,10 +166,14 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str 
         select category, count(*), count(*) filter (where pa and pb), count(*) filter (where pa and not pb),
                count(*) filter (where pb and not pa)
         from pairs group by category order by category
-    """, {"none": UNCATEGORIZED}).fetchall()
+    """,
+        {"none": UNCATEGORIZED},
+    ).fetchall()
     if not rows:
-        raise StoreError(f"no item is present in both {run_a} ({only_a} items) and {run_b} ({only_b} items): "
-                         "items are paired by item_key (tag episodes with the same item in both runs)")
+        raise StoreError(
+            f"no item is present in both {run_a} ({only_a} items) and {run_b} ({only_b} items): "
+            "items are paired by item_key (tag episodes with the same item in both runs)"
+        )
     overall, categories = _tables(rows, by_category)
     return Comparison(run_a, run_b, metric, int(only_a), int(only_b), overall, categories)
 
@@ -176,11 +200,15 @@ def _tables(rows: list[tuple], by_category: bool) -> tuple[Paired, list[Paired]]
 
 def is_replay(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> bool:
     """True when B's exchanges were replayed from A's turns."""
-    return con.execute("select exists (select 1 from exchanges where run = $b and tags->>'replay_of_run' = $a)",
-                       {"a": run_a, "b": run_b}).fetchone()[0]
+    return con.execute(
+        "select exists (select 1 from exchanges where run = $b and tags->>'replay_of_run' = $a)",
+        {"a": run_a, "b": run_b},
+    ).fetchone()[0]
 
 
-def replay_compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str, by_category: bool) -> Comparison:
+def replay_compare(
+    con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metric: str, by_category: bool
+) -> Comparison:
     """B replays A's turns: pair turn by turn, each judged on A's turn's question.
 
     A turn where either side got no response says nothing about either model (a refusing launch,
@@ -188,13 +216,15 @@ def replay_compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metri
     """
     scope = TURN_SCOPE.get(metric, "true")
     verdict = TURN_METRICS[metric]
-    con.execute(f"""
+    con.execute(
+        f"""
         create or replace temp table replay_pairs as
         with a as (
             select turn_id, coalesce(category, $none) as category, role as a_role, outcome, delivered, sub_kind, reached
             from scored where run = $a
         ), b as (
-            select item_key as turn_id, arg_max(outcome, turn_index) as outcome, arg_max(delivered, turn_index) as delivered,
+            select item_key as turn_id, arg_max(outcome, turn_index) as outcome, arg_max(delivered, turn_index) as
+                delivered,
                    arg_max(sub_kind, turn_index) as sub_kind, arg_max(reached, turn_index) as reached
             from scored where run = $b and item_key is not null group by item_key
         )
@@ -203,12 +233,15 @@ def replay_compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metri
                coalesce({verdict.format(o="a.outcome", d="a.delivered", r="a.reached")}, false) as pa,
                coalesce({verdict.format(o="b.outcome", d="b.delivered", r="b.reached")}, false) as pb
         from a join b using (turn_id)
-    """, {"a": run_a, "b": run_b, "none": UNCATEGORIZED})
+    """,
+        {"a": run_a, "b": run_b, "none": UNCATEGORIZED},
+    )
     left = con.execute(f"""
         select why, count(*) from (
             select case when a_outcome = 'non_response' then 'no response in A: ' || coalesce(a_kind, 'unknown')
                         when b_outcome = 'non_response' then 'no response in B: ' || coalesce(b_kind, 'unknown')
-                        when not ({scope}) then 'not due a call or an abstention in A (role ' || coalesce(a_role, '-') || ')'
+                        when not ({scope}) then 'not due a call or an abstention in A (role ' || coalesce(a_role,
+                            '-') || ')'
                    end as why
             from replay_pairs) where why is not null group by why order by why
     """).fetchall()
@@ -219,11 +252,23 @@ def replay_compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, metri
         where a_outcome <> 'non_response' and b_outcome <> 'non_response' and ({scope})
         group by category order by category
     """).fetchall()
-    only_a, only_b = con.execute("""
+    only_a, only_b = con.execute(
+        """
         select (select count(*) from scored where run = $a and turn_id not in (select turn_id from replay_pairs)),
                (select count(distinct item_key) from scored where run = $b
                 and item_key not in (select turn_id from replay_pairs))
-    """, {"a": run_a, "b": run_b}).fetchone()
+    """,
+        {"a": run_a, "b": run_b},
+    ).fetchone()
     overall, categories = _tables(rows, by_category) if rows else (_paired("all", 0, 0, 0, 0), [])
-    return Comparison(run_a, run_b, metric, int(only_a), int(only_b), overall, categories,
-                      replay=True, left_out={why: int(n) for why, n in left})
+    return Comparison(
+        run_a,
+        run_b,
+        metric,
+        int(only_a),
+        int(only_b),
+        overall,
+        categories,
+        replay=True,
+        left_out={why: int(n) for why, n in left},
+    )

@@ -22,28 +22,19 @@ about (turn roles: analysis.episodes.roles):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import duckdb
 import orjson
 
+from toolproxy.analysis.classify.expectations import ExpectationRule, expectation
+from toolproxy.analysis.classify.outcomes import ROLES
 from toolproxy.analysis.episodes.roles import ROLE_SQL
 from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.expectations import ExpectationRule, expectation
-from toolproxy.analysis.measure.outcomes import ROLES
 from toolproxy.analysis.store.state import stored_rules
 
 METRICS = ("call_fidelity", "delivered_fidelity", "restraint", "delivered_restraint", "answer_rate", "paper_fidelity")
-METRIC_LABELS = {
-    "call_fidelity": "call fidelity",
-    "delivered_fidelity": "delivered fidelity",
-    "restraint": "restraint",
-    "delivered_restraint": "delivered restraint",
-    "answer_rate": "answer rate",
-    "paper_fidelity": "paper fidelity (original study's definition)",
-    "non_response_rate": "non-response rate",
-}
 
 # Did a call of turn `t` reach the harness? The reply it got carried calls in tool_calls (the
 # stack's, or a condition's: valid or not, the harness received them), or it acted on a valid call
@@ -51,8 +42,10 @@ METRIC_LABELS = {
 # the harness did not parse never reached it, valid or not. score() stores the answer per turn as
 # `scored.reached`, the one definition the report's delivered restraint and compare's delivered
 # verdict both read.
-REACHED_HARNESS = ("(coalesce(t.delivered, false) or exists (select 1 from calls c "
-                   "where c.exchange_id = t.final_exchange_id and c.format = 'tool_calls'))")
+REACHED_HARNESS = (
+    "(coalesce(t.delivered, false) or exists (select 1 from calls c "
+    "where c.exchange_id = t.final_exchange_id and c.format = 'tool_calls'))"
+)
 
 # Per episode: (numerator, denominator) of every metric, in one pass over the scored turns.
 _EPISODE_COUNTS = """
@@ -92,15 +85,22 @@ def score(con: duckdb.DuckDBPyConnection, runs: Sequence[str], rules: Sequence[E
     """
     con.execute("create or replace temp table wanted as select unnest(?::varchar[]) as run", [list(runs)])
     if not rules:
-        con.execute(f"create or replace temp table scored as select t.* exclude (content), {REACHED_HARNESS} as reached "
-                    "from turns t where t.run in (select run from wanted)")
+        con.execute(
+            f"create or replace temp table scored as select t.* exclude (content), {REACHED_HARNESS} as reached "
+            "from turns t where t.run in (select run from wanted)"
+        )
         return
     every = [*stored_rules(con), *rules]
-    rows = con.execute("select episode_key, tags::varchar from episodes where run in (select run from wanted)").fetchall()
+    rows = con.execute(
+        "select episode_key, tags::varchar from episodes where run in (select run from wanted)"
+    ).fetchall()
     keys = [r[0] for r in rows]
     expects = [expectation(orjson.loads(r[1]) if r[1] else {}, every) for r in rows]
-    con.execute("create or replace temp table episode_expect as "
-                "select unnest(?::varchar[]) as episode_key, unnest(?::varchar[]) as expect", [keys, expects])
+    con.execute(
+        "create or replace temp table episode_expect as "
+        "select unnest(?::varchar[]) as episode_key, unnest(?::varchar[]) as expect",
+        [keys, expects],
+    )
     con.execute(f"""
         create or replace temp table scored as
         select * exclude (role), {ROLE_SQL} as role from (
@@ -132,23 +132,34 @@ def by_run(rows: list[tuple], int_values: bool = True) -> dict[str, dict]:
     return out
 
 
-def run_metrics(con: duckdb.DuckDBPyConnection, runs: Sequence[str], resamples: int = stats.RESAMPLES,
-                seed: int = 0) -> dict[str, RunMetrics]:
+def run_metrics(
+    con: duckdb.DuckDBPyConnection, runs: Sequence[str], resamples: int = stats.RESAMPLES, seed: int = 0
+) -> dict[str, RunMetrics]:
     """Every metric of every run in `scored` (see score()); one grouped query per kind of count."""
     counts = con.execute(_EPISODE_COUNTS).fetchnumpy()
     roles = by_run(con.execute("select run, role, count(*) from scored where role is not null group by all").fetchall())
-    kinds = by_run(con.execute("""
+    kinds = by_run(
+        con.execute("""
         select run, coalesce(sub_kind, 'unknown'), count(*) from scored where outcome = 'non_response' group by all
-    """).fetchall())
-    retries = by_run(con.execute("""
+    """).fetchall()
+    )
+    retries = by_run(
+        con.execute("""
         select run, coalesce(sub_kind, 'unknown'), sum(n_attempts - 1) from scored
         where outcome = 'non_response' and n_attempts > 1 group by all
-    """).fetchall())
+    """).fetchall()
+    )
     out = {}
     for run in runs:
         mask = counts["run"] == run
-        rates = {name: stats.proportion(counts[k][mask], counts[n][mask], resamples=resamples, seed=seed)
-                 for name, (k, n) in _COLUMNS.items()}
-        out[run] = RunMetrics(**rates, roles={r: roles.get(run, {}).get(r, 0) for r in ROLES},
-                              non_response_kinds=kinds.get(run, {}), non_response_retries=retries.get(run, {}))
+        rates = {
+            name: stats.proportion(counts[k][mask], counts[n][mask], resamples=resamples, seed=seed)
+            for name, (k, n) in _COLUMNS.items()
+        }
+        out[run] = RunMetrics(
+            **rates,
+            roles={r: roles.get(run, {}).get(r, 0) for r in ROLES},
+            non_response_kinds=kinds.get(run, {}),
+            non_response_retries=retries.get(run, {}),
+        )
     return out

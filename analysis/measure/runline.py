@@ -13,8 +13,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from toolproxy.analysis.measure.outcomes import (HARNESS, MODEL, NON_RESPONSE, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, SERVING, SUB_KINDS,
-                                        UNKNOWN, VALID_CALL, whose)
+from toolproxy.analysis.classify.outcomes import (
+    HARNESS,
+    MODEL,
+    NON_RESPONSE,
+    NON_RESPONSE_OWNER,
+    NON_RESPONSE_WORDS,
+    SERVING,
+    SUB_KINDS,
+    UNKNOWN,
+    VALID_CALL,
+    whose,
+)
 
 REJ = "rej"
 CAUSE_CHARS = 120
@@ -72,14 +82,22 @@ class RunLine:
     def cells(self) -> dict:
         """The parts a table or a page shows: call, delivered, lost, and the verdict (rej or None)."""
         undefined = REJ if self.rejected else "-"
-        return {"call": self.call.text(undefined), "delivered": self.delivered.text(undefined),
-                "answered": (self.answers or Share(0, 0)).text(undefined),
-                "lost": self.lost, "verdict": REJ if self.rejected else None,
-                "non_responses": sum(self.non_responses.values()), "cause": self.cause() or None}
+        return {
+            "call": self.call.text(undefined),
+            "delivered": self.delivered.text(undefined),
+            "answered": (self.answers or Share(0, 0)).text(undefined),
+            "lost": self.lost,
+            "verdict": REJ if self.rejected else None,
+            "non_responses": sum(self.non_responses.values()),
+            "cause": self.cause() or None,
+        }
 
     def text(self) -> str:
-        head = f"run {self.run}: " + (f"{self.episodes} episodes, " if self.episodes is not None else "") + \
-            f"{self.total} turns"
+        head = (
+            f"run {self.run}: "
+            + (f"{self.episodes} episodes, " if self.episodes is not None else "")
+            + f"{self.total} turns"
+        )
         if self.total == 0:
             return head + ": nothing classified yet"
         if self.rejected:
@@ -95,7 +113,9 @@ class RunLine:
 
 
 def _ordered(kinds: dict[str, int]) -> list[tuple[str, int]]:
-    return sorted(kinds.items(), key=lambda kv: (-kv[1], SUB_KINDS.index(kv[0]) if kv[0] in SUB_KINDS else len(SUB_KINDS)))
+    return sorted(
+        kinds.items(), key=lambda kv: (-kv[1], SUB_KINDS.index(kv[0]) if kv[0] in SUB_KINDS else len(SUB_KINDS))
+    )
 
 
 def _cut(text: str) -> str:
@@ -112,14 +132,23 @@ def cause_text(kind: str, n: int | None = None, said: str | None = None) -> str:
 
 def _share(metric: dict | None) -> Share:
     m = metric or {}
-    return Share(int(m.get("numerator") or 0), int(m.get("denominator") or 0), m.get("wilson_low"), m.get("wilson_high"))
+    return Share(
+        int(m.get("numerator") or 0), int(m.get("denominator") or 0), m.get("wilson_low"), m.get("wilson_high")
+    )
 
 
 def from_report(run: dict) -> RunLine:
     """A run of `report --format json`."""
-    return RunLine(run["run"], int(run.get("turns") or 0), _share(run.get("call_fidelity")),
-                   _share(run.get("delivered_fidelity")), dict(run.get("non_response_kinds") or {}),
-                   dict(run.get("non_response_causes") or {}), run.get("episodes"), _share(run.get("answer_rate")))
+    return RunLine(
+        run["run"],
+        int(run.get("turns") or 0),
+        _share(run.get("call_fidelity")),
+        _share(run.get("delivered_fidelity")),
+        dict(run.get("non_response_kinds") or {}),
+        dict(run.get("non_response_causes") or {}),
+        run.get("episodes"),
+        _share(run.get("answer_rate")),
+    )
 
 
 # ---------------------------------------------------------------- one exchange, as it happens
@@ -162,7 +191,6 @@ def composition_key(outcome: str | None, sub_kind: str | None, surface: str | No
 
 # What a turn's outcome looks like in a composition bar: a valid call that reached the harness is
 # the one success; one left in the text is drawn apart, as lost; non-responses by whose they are.
-CALL_ATTEMPTS = ("valid_call", "invalid_args", "hallucinated_call", "unparseable")
 SEGMENTS = (
     ("delivered", "valid call, delivered"),
     ("lost", "valid call left in text (lost in serving)"),

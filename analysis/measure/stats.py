@@ -6,9 +6,9 @@ and the SQL side only has to count. numpy only: scipy is a heavy dependency for 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Sequence
 
 import numpy as np
 
@@ -52,8 +52,9 @@ def _means_by_counts(distinct: np.ndarray, counts: np.ndarray, rng: np.random.Ge
     return means
 
 
-def bootstrap_mean_ci(values: Sequence[float] | np.ndarray, resamples: int = RESAMPLES, seed: int = 0,
-                      confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+def bootstrap_mean_ci(
+    values: Sequence[float] | np.ndarray, resamples: int = RESAMPLES, seed: int = 0, confidence: float = CONFIDENCE
+) -> tuple[float, float] | None:
     """Percentile bootstrap interval of the mean of `values` (one value per episode).
 
     Episodes, not turns, are resampled: turns of one episode are not independent (one looping
@@ -123,8 +124,12 @@ class Rate:
     interval_note: str | None
 
 
-def proportion(numerators: Sequence[int] | np.ndarray, denominators: Sequence[int] | np.ndarray,
-               resamples: int = RESAMPLES, seed: int = 0) -> Rate:
+def proportion(
+    numerators: Sequence[int] | np.ndarray,
+    denominators: Sequence[int] | np.ndarray,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> Rate:
     """A Rate from per-episode counts (two aligned arrays, one entry per episode)."""
     k = np.asarray(numerators, dtype=np.int64)
     n = np.asarray(denominators, dtype=np.int64)

@@ -9,19 +9,27 @@ can never disagree about a number.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Sequence
 
 import duckdb
 
-from toolproxy.analysis.measure import stats
-from toolproxy.analysis.measure.expectations import ExpectationRule
-from toolproxy.analysis.measure.metrics import RunMetrics, by_run, run_metrics, score
-from toolproxy.analysis.measure.outcomes import (ANALYZER_VERSION, HALLUCINATED, INVALID_ARGS, NON_RESPONSE, PROSE, SUB_KINDS,
-                               UNPARSEABLE, VALID_CALL)
 from toolproxy import __version__
+from toolproxy.analysis.classify.expectations import ExpectationRule
+from toolproxy.analysis.classify.outcomes import (
+    ANALYZER_VERSION,
+    HALLUCINATED,
+    INVALID_ARGS,
+    NON_RESPONSE,
+    PROSE,
+    SUB_KINDS,
+    UNPARSEABLE,
+    VALID_CALL,
+)
+from toolproxy.analysis.measure import stats
+from toolproxy.analysis.measure.metrics import RunMetrics, by_run, run_metrics, score
 from toolproxy.analysis.store.connection import StoreError
 from toolproxy.analysis.store.state import stored_version
 
@@ -151,7 +159,7 @@ class Report:
     analyzer_version: int | None
     expect_rules: list[str] = field(default_factory=list)
     toolproxy_version: str = __version__
-    generated_at: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
+    generated_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"))
 
     @property
     def stale(self) -> bool:
@@ -159,46 +167,69 @@ class Report:
         return self.analyzer_version != ANALYZER_VERSION
 
 
-def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, seed: int = 0,
-              resamples: int = stats.RESAMPLES, rules: Sequence[ExpectationRule] = ()) -> Report:
+def summarize(
+    con: duckdb.DuckDBPyConnection,
+    runs: Sequence[str],
+    source: str,
+    seed: int = 0,
+    resamples: int = stats.RESAMPLES,
+    rules: Sequence[ExpectationRule] = (),
+) -> Report:
     """Aggregate the chosen runs; each query groups by run once rather than looping over runs.
 
     `rules`: expectation rules for this report only (see analysis.measure.metrics.score).
     """
     score(con, runs, rules)
-    meta = {r[0]: r[1:] for r in con.execute("""
+    meta = {
+        r[0]: r[1:]
+        for r in con.execute("""
         select w.run, r.stack, r.stack_version,
                coalesce(r.model, t.model), coalesce(r.condition, t.condition)
         from wanted w
         left join runs r using (run)
         left join (select run, any_value(model) as model, any_value(condition) as condition
                    from turns group by run) t using (run)
-    """).fetchall()}
+    """).fetchall()
+    }
     outcomes = by_run(con.execute("select run, outcome, count(*) from scored group by all").fetchall())
-    per_turn = {r[0]: r[1:] for r in con.execute("""
+    per_turn = {
+        r[0]: r[1:]
+        for r in con.execute("""
         select run, count(*), count(*) filter (where harness_saw_prose),
                count(*) filter (where harness_saw_prose and outcome = 'valid_call')
         from scored group by run
-    """).fetchall()}
-    per_call = {r[0]: r[1:] for r in con.execute("""
+    """).fetchall()
+    }
+    per_call = {
+        r[0]: r[1:]
+        for r in con.execute("""
         select t.run, count(*), count(*) filter (where c.surface = 'text')
         from calls c join scored t using (turn_id) group by t.run
-    """).fetchall()}
-    per_episode = {r[0]: r[1:] for r in con.execute("""
+    """).fetchall()
+    }
+    per_episode = {
+        r[0]: r[1:]
+        for r in con.execute("""
         select run, count(*), count(*) filter (where looping) from episodes
         where run in (select run from wanted) group by run
-    """).fetchall()}
-    replays = dict(con.execute("""
+    """).fetchall()
+    }
+    replays = dict(
+        con.execute("""
         select run, any_value(tags->>'replay_of_run') from exchanges
         where run in (select run from wanted) and tags->>'replay_of_run' is not null group by run
-    """).fetchall())
+    """).fetchall()
+    )
     metrics = run_metrics(con, runs, resamples=resamples, seed=seed)
     sampled = sampling_by_run(con)
-    causes = by_run(con.execute("""
+    causes = by_run(
+        con.execute("""
         select t.run, t.sub_kind, arg_max(json_extract_string(e.record, '$.classification_detail'), e.started_at)
         from scored t join exchanges e on e.id = t.final_exchange_id
         where t.outcome = 'non_response' and t.sub_kind is not null group by all
-    """).fetchall(), int_values=False)
+    """).fetchall(),
+        int_values=False,
+    )
 
     summaries = []
     for run in runs:
@@ -207,13 +238,32 @@ def summarize(con: duckdb.DuckDBPyConnection, runs: Sequence[str], source: str, 
         turns, saw_prose, valid_prose = per_turn.get(run, (0, 0, 0))
         calls, text_calls = per_call.get(run, (0, 0))
         episodes, looping = per_episode.get(run, (0, 0))
-        summaries.append(RunSummary(
-            **{f.name: getattr(m, f.name) for f in fields(RunMetrics)},
-            run=run, stack=stack, stack_version=version, model=model, condition=condition,
-            turns=int(turns), episodes=int(episodes), outcomes={k: 0 for k in OUTCOMES} | outcomes.get(run, {}),
-            calls=int(calls), text_calls=int(text_calls), harness_saw_prose=int(saw_prose),
-            valid_seen_as_prose=int(valid_prose), looping_episodes=int(looping), replay_of=replays.get(run),
-            sampling=sampled.get(run), non_response_causes={k: v for k, v in causes.get(run, {}).items() if v},
-        ))
-    return Report(runs=summaries, source=source, seed=seed, resamples=resamples,
-                  analyzer_version=stored_version(con), expect_rules=[str(r) for r in rules])
+        summaries.append(
+            RunSummary(
+                **{f.name: getattr(m, f.name) for f in fields(RunMetrics)},
+                run=run,
+                stack=stack,
+                stack_version=version,
+                model=model,
+                condition=condition,
+                turns=int(turns),
+                episodes=int(episodes),
+                outcomes={k: 0 for k in OUTCOMES} | outcomes.get(run, {}),
+                calls=int(calls),
+                text_calls=int(text_calls),
+                harness_saw_prose=int(saw_prose),
+                valid_seen_as_prose=int(valid_prose),
+                looping_episodes=int(looping),
+                replay_of=replays.get(run),
+                sampling=sampled.get(run),
+                non_response_causes={k: v for k, v in causes.get(run, {}).items() if v},
+            )
+        )
+    return Report(
+        runs=summaries,
+        source=source,
+        seed=seed,
+        resamples=resamples,
+        analyzer_version=stored_version(con),
+        expect_rules=[str(r) for r in rules],
+    )

@@ -7,7 +7,14 @@ another.
 
 from __future__ import annotations
 
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION, NON_RESPONSE_OWNER, NON_RESPONSE_WORDS, ROLES, SERVING, UNKNOWN
+from toolproxy.analysis.classify.outcomes import (
+    ANALYZER_VERSION,
+    NON_RESPONSE_OWNER,
+    NON_RESPONSE_WORDS,
+    ROLES,
+    SERVING,
+    UNKNOWN,
+)
 from toolproxy.analysis.measure.stats import MIN_EPISODES, NO_SPREAD, TOO_FEW_EPISODES, Rate
 from toolproxy.analysis.measure.summary import NON_RESPONSE_KINDS, Report, RunSummary
 
@@ -17,14 +24,49 @@ LOST = "lost in the serving layer: calls left in text"
 KEPT = "calls kept from the harness on items expecting none"
 # The run table leads with the two headline numbers side by side, then the gap between them; the
 # model's restraint and the restraint the harness saw sit side by side the same way.
-HEADERS = ("run", "stack", "model", "condition", "turns", "episodes", "call fidelity [95% CI]",
-           "delivered fidelity [95% CI]", "lost in serving", "restraint [95% CI]", "delivered restraint [95% CI]",
-           "answer rate", "paper fidelity", "non-response", "as text", "loops")
+HEADERS = (
+    "run",
+    "stack",
+    "model",
+    "condition",
+    "turns",
+    "episodes",
+    "call fidelity [95% CI]",
+    "delivered fidelity [95% CI]",
+    "lost in serving",
+    "restraint [95% CI]",
+    "delivered restraint [95% CI]",
+    "answer rate",
+    "paper fidelity",
+    "non-response",
+    "as text",
+    "loops",
+)
 # The terminal's headline table, headed tersely so it fits in 100 columns; the rest goes in DETAIL_HEADERS.
-SHORT_HEADERS = ("run", "cond", "turns", "eps", "call [95% CI]", "dlv [95% CI]", "lost", "restr", "dlv restr",
-                 "answered", "nonresp")
-DETAIL_HEADERS = ("run", "stack", "model", "roles c/a/x/o/n", "call per ep", "delivered per ep", "paper", "text",
-                  "loops")
+SHORT_HEADERS = (
+    "run",
+    "cond",
+    "turns",
+    "eps",
+    "call [95% CI]",
+    "dlv [95% CI]",
+    "lost",
+    "restr",
+    "dlv restr",
+    "answered",
+    "nonresp",
+)
+DETAIL_HEADERS = (
+    "run",
+    "stack",
+    "model",
+    "roles c/a/x/o/n",
+    "call per ep",
+    "delivered per ep",
+    "paper",
+    "text",
+    "loops",
+)
 FIRST_NUMERIC = 4
 SHORT_FIRST_NUMERIC = 2
 DETAIL_FIRST_NUMERIC = 3
@@ -87,31 +129,61 @@ def roles_cell(s: RunSummary) -> str:
 
 def row(s: RunSummary, digits: int = 0) -> list[str]:
     """The human cells of one run, in HEADERS order."""
-    return [s.run, stack_cell(s), s.model or NONE, s.condition or NONE, str(s.turns), str(s.episodes),
-            rate_cell(s, s.call_fidelity, digits), rate_cell(s, s.delivered_fidelity, digits), lost_cell(s, digits),
-            rate_cell(s, s.restraint, digits), rate_cell(s, s.delivered_restraint, digits), rate_cell(s, s.answer_rate, digits),
-            rate_cell(s, s.paper_fidelity, digits, interval=False), pct(s.non_response_rate.pooled, digits),
-            pct(s.surfaced_as_text, digits), str(s.looping_episodes)]
+    return [
+        s.run,
+        stack_cell(s),
+        s.model or NONE,
+        s.condition or NONE,
+        str(s.turns),
+        str(s.episodes),
+        rate_cell(s, s.call_fidelity, digits),
+        rate_cell(s, s.delivered_fidelity, digits),
+        lost_cell(s, digits),
+        rate_cell(s, s.restraint, digits),
+        rate_cell(s, s.delivered_restraint, digits),
+        rate_cell(s, s.answer_rate, digits),
+        rate_cell(s, s.paper_fidelity, digits, interval=False),
+        pct(s.non_response_rate.pooled, digits),
+        pct(s.surfaced_as_text, digits),
+        str(s.looping_episodes),
+    ]
 
 
 def short_row(s: RunSummary) -> list[str]:
     """The terminal's headline cells, in SHORT_HEADERS order."""
-    return [s.run, s.condition or NONE, str(s.turns), str(s.episodes), rate_cell(s, s.call_fidelity),
-            rate_cell(s, s.delivered_fidelity), lost_cell(s), rate_cell(s, s.restraint, interval=False),
-            rate_cell(s, s.delivered_restraint, interval=False),
-            rate_cell(s, s.answer_rate, interval=False), pct(s.non_response_rate.pooled)]
+    return [
+        s.run,
+        s.condition or NONE,
+        str(s.turns),
+        str(s.episodes),
+        rate_cell(s, s.call_fidelity),
+        rate_cell(s, s.delivered_fidelity),
+        lost_cell(s),
+        rate_cell(s, s.restraint, interval=False),
+        rate_cell(s, s.delivered_restraint, interval=False),
+        rate_cell(s, s.answer_rate, interval=False),
+        pct(s.non_response_rate.pooled),
+    ]
 
 
 def detail_row(s: RunSummary) -> list[str]:
     """The terminal's second table, in DETAIL_HEADERS order; a model's hub organisation is dropped."""
     model = s.model.rsplit("/", 1)[-1] if s.model else NONE
-    return [s.run, stack_cell(s, False), model, roles_cell(s), episode_cell(s, s.call_fidelity, compact=True),
-            episode_cell(s, s.delivered_fidelity, compact=True), rate_cell(s, s.paper_fidelity, interval=False),
-            pct(s.surfaced_as_text), str(s.looping_episodes)]
+    return [
+        s.run,
+        stack_cell(s, False),
+        model,
+        roles_cell(s),
+        episode_cell(s, s.call_fidelity, compact=True),
+        episode_cell(s, s.delivered_fidelity, compact=True),
+        rate_cell(s, s.paper_fidelity, interval=False),
+        pct(s.surfaced_as_text),
+        str(s.looping_episodes),
+    ]
 
 
 def kinds_text(kinds: dict[str, int], retries: dict[str, int] | None = None) -> str:
-    """"refused 3 (after 12 retries), timeout 1": the cause first, the retries beside it."""
+    """ "refused 3 (after 12 retries), timeout 1": the cause first, the retries beside it."""
     retries = retries or {}
     ordered = [k for k in NON_RESPONSE_KINDS if k in kinds] + sorted(k for k in kinds if k not in NON_RESPONSE_KINDS)
     return ", ".join(f"{k} {kinds[k]}" + (f" (after {retries[k]} retries)" if retries.get(k) else "") for k in ordered)
@@ -137,8 +209,10 @@ def run_notes(s: RunSummary) -> list[str]:
     layer refuse, did it lose calls in text, and only then what the model did."""
     notes = []
     if s.replay_of:
-        notes.append(f"a replay of {s.replay_of}'s turns, open-loop (each turn sent with the original history, not "
-                     f"the replayed answers; each turn its own episode): `compare {s.replay_of} {s.run}` pairs them turn by turn")
+        notes.append(
+            f"a replay of {s.replay_of}'s turns, open-loop (each turn sent with the original history, not "
+            f"the replayed answers; each turn its own episode): `compare {s.replay_of} {s.run}` pairs them turn by turn"
+        )
     if s.sampling is not None:
         notes.append(sampled_note(s))
     kinds = causes_text(s.non_response_kinds, s.non_response_retries)
@@ -146,22 +220,30 @@ def run_notes(s: RunSummary) -> list[str]:
         notes.append("no turns recorded")
     elif s.rejected:
         served = all(NON_RESPONSE_OWNER.get(k) == SERVING for k in s.non_response_kinds)
-        notes.append(f"every turn was a non-response ({kinds}): no metric is defined ({REJ}), "
-                     + ("the model's output never reached the harness" if served else "no turn produced output"))
+        notes.append(
+            f"every turn was a non-response ({kinds}): no metric is defined ({REJ}), "
+            + ("the model's output never reached the harness" if served else "no turn produced output")
+        )
     elif s.non_response_rate.numerator:
         notes.append(f"{s.non_response_rate.numerator} non-responses kept out of every metric ({kinds})")
     if s.lost_in_serving:
         n = s.call_fidelity.numerator - s.delivered_fidelity.numerator
-        notes.append(f"{LOST}: {n} of {s.call_fidelity.denominator} turns due a call held a valid call the harness "
-                     f"never got as a call ({pct(s.lost_in_serving)}; no or wrong tool parser on the stack?)")
+        notes.append(
+            f"{LOST}: {n} of {s.call_fidelity.denominator} turns due a call held a valid call the harness "
+            f"never got as a call ({pct(s.lost_in_serving)}; no or wrong tool parser on the stack?)"
+        )
     kept = s.delivered_restraint.numerator - s.restraint.numerator
     if kept:
-        notes.append(f"{KEPT}: {kept} of {s.restraint.denominator} turns of items expecting no call attempted a call "
-                     f"that never reached the harness (left in text; restraint {pct(s.restraint.pooled)}, delivered "
-                     f"restraint {pct(s.delivered_restraint.pooled)})")
+        notes.append(
+            f"{KEPT}: {kept} of {s.restraint.denominator} turns of items expecting no call attempted a call "
+            f"that never reached the harness (left in text; restraint {pct(s.restraint.pooled)}, delivered "
+            f"restraint {pct(s.delivered_restraint.pooled)})"
+        )
     if s.roles.get("open"):
-        notes.append(f"{s.roles['open']} open turns (prose ending an episode that saw no tool result, item expectation "
-                     "unknown): not scored; tag items expect=call|none or pass --expect")
+        notes.append(
+            f"{s.roles['open']} open turns (prose ending an episode that saw no tool result, item expectation "
+            "unknown): not scored; tag items expect=call|none or pass --expect"
+        )
     if s.looping_episodes:
         notes.append(f"{s.looping_episodes} looping episodes")
     return notes
@@ -171,9 +253,11 @@ def sampled_note(s: RunSummary) -> str:
     """`--sample`: what share was kept, the totals the counts stand for, and what was only counted."""
     sm = s.sampling
     rate = f"{100 * sm.rate_min:g}%" + ("" if sm.rate_min == sm.rate_max else f" to {100 * sm.rate_max:g}%")
-    return (f"sampled at {rate} of episodes: {s.turns} turns in {s.episodes} episodes stored stand for an estimated "
-            f"{sm.estimated_turns:,.0f} turns in {sm.estimated_episodes:,.0f} episodes ({sm.exchanges_not_stored} "
-            "exchanges of the others forwarded and counted, not stored); rates are estimates from the kept episodes")
+    return (
+        f"sampled at {rate} of episodes: {s.turns} turns in {s.episodes} episodes stored stand for an estimated "
+        f"{sm.estimated_turns:,.0f} turns in {sm.estimated_episodes:,.0f} episodes ({sm.exchanges_not_stored} "
+        "exchanges of the others forwarded and counted, not stored); rates are estimates from the kept episodes"
+    )
 
 
 def report_notes(report: Report) -> list[tuple[str, str]]:
@@ -182,21 +266,32 @@ def report_notes(report: Report) -> list[tuple[str, str]]:
 
 
 def provenance(report: Report) -> str:
-    analyzed = f"analyzer v{report.analyzer_version}" if report.analyzer_version is not None else "analyzer version unknown"
-    stale = (f" (this toolproxy's analyzer is v{ANALYZER_VERSION}: run `toolproxy analyze` to rebuild)"
-             if report.stale else "")
+    analyzed = (
+        f"analyzer v{report.analyzer_version}" if report.analyzer_version is not None else "analyzer version unknown"
+    )
+    stale = (
+        f" (this toolproxy's analyzer is v{ANALYZER_VERSION}: run `toolproxy analyze` to rebuild)"
+        if report.stale
+        else ""
+    )
     rules = f" · expectation rules: {', '.join(report.expect_rules)}" if report.expect_rules else ""
-    return (f"source {report.source} · toolproxy {report.toolproxy_version} · {analyzed}{stale} · "
-            f"generated {report.generated_at}{rules} · pooled rates: Wilson 95% CI; per-episode means: episode "
-            f"bootstrap, {report.resamples:,} resamples, seed {report.seed}, "
-            f"only with at least {MIN_EPISODES} episodes")
+    return (
+        f"source {report.source} · toolproxy {report.toolproxy_version} · {analyzed}{stale} · "
+        f"generated {report.generated_at}{rules} · pooled rates: Wilson 95% CI; per-episode means: episode "
+        f"bootstrap, {report.resamples:,} resamples, seed {report.seed}, "
+        f"only with at least {MIN_EPISODES} episodes"
+    )
 
 
 def legend() -> str:
     """What the headline columns mean, in the words docs/metrics.md#the-metrics uses."""
-    return ("call fidelity = valid calls / turns due a call (any surface); delivered (dlv) = of those, calls the harness "
-            "got as calls; lost = the difference, calls left in text by the serving layer. restraint (restr) = "
-            "turns of items expecting no call that attempted none (any surface); delivered restraint (dlv restr) = those where "
-            "no call reached the harness (a call left in text did not); answer rate = episodes ending in an answer after a tool "
-            "result; paper = valid calls / all produced turns (the original study's definition). roles c/a/x/o/n "
-            f"= call/answer/abstain/open/no_tools turns. {REJ} = every turn was a non-response.")
+    return (
+        "call fidelity = valid calls / turns due a call (any surface); delivered (dlv) = of those, calls the harness "
+        "got as calls; lost = the difference, calls left in text by the serving layer. restraint (restr) = "
+        "turns of items expecting no call that attempted none (any surface); delivered restraint (dlv restr) = those "
+        "where "
+        "no call reached the harness (a call left in text did not); answer rate = episodes ending in an answer after "
+        "a tool "
+        "result; paper = valid calls / all produced turns (the original study's definition). roles c/a/x/o/n "
+        f"= call/answer/abstain/open/no_tools turns. {REJ} = every turn was a non-response."
+    )

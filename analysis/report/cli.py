@@ -11,8 +11,16 @@ from pathlib import Path
 
 import click
 
-from toolproxy.analysis.options import (DATA_OPTION, DB_OPTION, EXPECT_OPTION, MEMORY_LIMIT_OPTION, _fail, _open,
-                                        analyze_if_stale, terminal_safe_csv)
+from toolproxy.analysis.options import (
+    DATA_OPTION,
+    DB_OPTION,
+    EXPECT_OPTION,
+    MEMORY_LIMIT_OPTION,
+    analyze_if_stale,
+    fail,
+    open_store,
+    terminal_safe_csv,
+)
 from toolproxy.analysis.store.connection import StoreError, default_db
 from toolproxy.term.printable import printable
 
@@ -30,33 +38,62 @@ def _write(text: str, output: Path | None, fmt: str) -> None:
     try:
         output.write_text(text, encoding="utf-8")
     except OSError as exc:
-        _fail(f"cannot write {output}: {exc.strerror or exc}")
+        fail(f"cannot write {output}: {exc.strerror or exc}")
     click.echo(f"wrote {output}", err=True)
 
 
-OUTPUT_OPTION = click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                             help="Write to this file instead of stdout.")
+OUTPUT_OPTION = click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write to this file instead of stdout.",
+)
 
 
 @click.command()
 @DATA_OPTION
 @DB_OPTION
-@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json", "csv", "html"]), default="table",
-              show_default=True, help="Output format; html is one self-contained page with charts.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "markdown", "json", "csv", "html"]),
+    default="table",
+    show_default=True,
+    help="Output format; html is one self-contained page with charts.",
+)
 @OUTPUT_OPTION
 @click.option("--run", "runs", multiple=True, metavar="RUN", help="Only this run (repeatable; default: every run).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap RNG seed (reports are reproducible).")
 @EXPECT_OPTION
 @MEMORY_LIMIT_OPTION
-@click.option("--study", default=None, metavar="NAME",
-              help="The tables of a `toolproxy study` instead: models x conditions per stack, stacks x models per "
-                   "condition, and the paired tests (markdown, json, or html as a heat map).")
-@click.option("--provenance", "with_provenance", is_flag=True,
-              help="After the table (table and markdown formats; json and html always carry it): per run the model "
-                   "served, stack, tool parser, chat template, sampling sent, cache hits, versions, and why the number "
-                   "is what it is.")
-def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, runs: tuple[str, ...], seed: int,
-           expect_rules: list, memory_limit: str, study: str | None, with_provenance: bool) -> None:
+@click.option(
+    "--study",
+    default=None,
+    metavar="NAME",
+    help="The tables of a `toolproxy study` instead: models x conditions per stack, stacks x models per "
+    "condition, and the paired tests (markdown, json, or html as a heat map).",
+)
+@click.option(
+    "--provenance",
+    "with_provenance",
+    is_flag=True,
+    help="After the table (table and markdown formats; json and html always carry it): per run the model "
+    "served, stack, tool parser, chat template, sampling sent, cache hits, versions, and why the number "
+    "is what it is.",
+)
+def report(
+    data_dir: Path,
+    db_path: Path | None,
+    fmt: str,
+    output: Path | None,
+    runs: tuple[str, ...],
+    seed: int,
+    expect_rules: list,
+    memory_limit: str,
+    study: str | None,
+    with_provenance: bool,
+) -> None:
     """One row per run: call and delivered fidelity with 95% CIs, restraint, answers, non-responses.
 
     Call fidelity = valid_call turns / turns that were due a call; delivered fidelity counts only
@@ -67,8 +104,10 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
     if study is not None and (runs or expect_rules):
         raise click.UsageError("--study reports the study's own runs: leave out --run and --expect")
     if with_provenance and fmt == "csv":
-        raise click.UsageError("--provenance goes with --format table or markdown (json and html always carry it; "
-                               "csv is one row per run, use json for the provenance)")
+        raise click.UsageError(
+            "--provenance goes with --format table or markdown (json and html always carry it; "
+            "csv is one row per run, use json for the provenance)"
+        )
     from toolproxy.analysis import report as renderers
     from toolproxy.analysis.measure.summary import select_runs, summarize
     from toolproxy.analysis.report import htmlpage, jsondoc, terminal
@@ -80,13 +119,13 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
         _study_tables(data_dir, db_path, fmt, output, seed, study, memory_limit)
         return
     path = db_path or default_db(data_dir)
-    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
+    con = open_store(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         summary = summarize(con, select_runs(con, runs, path), str(path), seed=seed, rules=expect_rules)
         details = page_details(con, summary) if fmt == "html" else None
         origins = provenance(con, data_dir, summary.runs) if with_provenance or fmt in ("json", "html") else {}
     except StoreError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         con.close()
     if details is not None:
@@ -107,22 +146,47 @@ def report(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, 
 @click.argument("run_b")
 @DATA_OPTION
 @DB_OPTION
-@click.option("--by", "by", type=click.Choice(["category"]), default=None,
-              help="One row per category (Holm-adjusted p across categories).")
-@click.option("--metric", type=click.Choice(["delivered", "call", "all-valid", "any-valid", "clean"]), default="delivered",
-              show_default=True,
-              help="When an item passes. delivered: every turn due a call delivered a valid call to the harness, "
-                   "and an item expecting none made no call; call: the same, counting calls left in text; all-valid: "
-                   "it produced >= 1 turn and every produced turn is a valid_call (the original study's rule); "
-                   "any-valid: at least one turn is a valid_call; clean: >= 1 valid call and no invalid, "
-                   "hallucinated or unparseable one.")
-@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table", show_default=True,
-              help="Output format.")
+@click.option(
+    "--by",
+    "by",
+    type=click.Choice(["category"]),
+    default=None,
+    help="One row per category (Holm-adjusted p across categories).",
+)
+@click.option(
+    "--metric",
+    type=click.Choice(["delivered", "call", "all-valid", "any-valid", "clean"]),
+    default="delivered",
+    show_default=True,
+    help="When an item passes. delivered: every turn due a call delivered a valid call to the harness, "
+    "and an item expecting none made no call; call: the same, counting calls left in text; all-valid: "
+    "it produced >= 1 turn and every produced turn is a valid_call (the original study's rule); "
+    "any-valid: at least one turn is a valid_call; clean: >= 1 valid call and no invalid, "
+    "hallucinated or unparseable one.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "markdown", "json"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
 @OUTPUT_OPTION
 @EXPECT_OPTION
 @MEMORY_LIMIT_OPTION
-def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: str | None, metric: str, fmt: str,
-            output: Path | None, expect_rules: list, memory_limit: str) -> None:
+def compare(
+    run_a: str,
+    run_b: str,
+    data_dir: Path,
+    db_path: Path | None,
+    by: str | None,
+    metric: str,
+    fmt: str,
+    output: Path | None,
+    expect_rules: list,
+    memory_limit: str,
+) -> None:
     """Paired test of RUN_A against RUN_B over the items both ran (exact McNemar, both discordant counts).
 
     Either side may be a quoted wildcard pattern ('bfcl-*-native') that pools every run it
@@ -134,19 +198,20 @@ def compare(run_a: str, run_b: str, data_dir: Path, db_path: Path | None, by: st
 
     analyze_if_stale("compare", data_dir, db_path, memory_limit)
     path = db_path or default_db(data_dir)
-    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
+    con = open_store(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         select_runs(con, [run_a, run_b], path)
         result = paired(con, run_a, run_b, metric=metric, by_category=by == "category", rules=expect_rules)
     except StoreError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         con.close()
     _write(RENDERERS[fmt](result), output, fmt)
 
 
-def _study_tables(data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, seed: int, name: str,
-                  memory_limit: str) -> None:
+def _study_tables(
+    data_dir: Path, db_path: Path | None, fmt: str, output: Path | None, seed: int, name: str, memory_limit: str
+) -> None:
     from toolproxy.analysis.report import studytables
     from toolproxy.analysis.report.provenance import provenance
 
@@ -156,13 +221,13 @@ def _study_tables(data_dir: Path, db_path: Path | None, fmt: str, output: Path |
     try:
         plan = studytables.load_plan(data_dir, name)
     except StoreError as exc:
-        _fail(str(exc))
-    con = _open(data_dir, path, read_only=True, memory_limit=memory_limit)
+        fail(str(exc))
+    con = open_store(data_dir, path, read_only=True, memory_limit=memory_limit)
     try:
         tables = studytables.build(con, plan, str(path), seed=seed)
         origins = provenance(con, data_dir, list(tables.summaries.values()))
     except StoreError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         con.close()
     _write(studytables.RENDERERS[fmt](tables, [origins[run] for run in tables.summaries]), output, fmt)

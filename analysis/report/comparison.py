@@ -21,8 +21,12 @@ def p_text(p: float | None) -> str:
 
 
 def _cells(row: Paired) -> list[str]:
-    return [row.label, *(str(x) for x in (row.paired, row.both_pass, row.a_only, row.b_only, row.both_fail)),
-            p_text(row.p), p_text(row.p_holm)]
+    return [
+        row.label,
+        *(str(x) for x in (row.paired, row.both_pass, row.a_only, row.b_only, row.both_fail)),
+        p_text(row.p),
+        p_text(row.p_holm),
+    ]
 
 
 def columns(c: Comparison) -> list[str]:
@@ -34,27 +38,34 @@ def rows(c: Comparison) -> list[list[str]]:
     return [_cells(r)[: len(columns(c))] for r in [*c.categories, c.overall]]
 
 
-REPLAY_NOTE = ("B replays A's turns open-loop (each turn sent with the history A's harness built, never "
-               "with B's answers), so an item here is one turn of A, and B's turn is judged on the question A's "
-               "turn was asked (due a call, or expected to abstain).")
+REPLAY_NOTE = (
+    "B replays A's turns open-loop (each turn sent with the history A's harness built, never "
+    "with B's answers), so an item here is one turn of A, and B's turn is judged on the question A's "
+    "turn was asked (due a call, or expected to abstain)."
+)
 
 
 def heading(c: Comparison) -> list[str]:
     if c.replay:
         return _replay_heading(c)
-    return [f"A = {c.run_a}, B = {c.run_b}; metric {c.metric}: {METRIC_HELP[c.metric]}.",
-            f"paired items: {c.overall.paired} (only in A: {c.only_in_a}, only in B: {c.only_in_b}); "
-            "exact two-sided McNemar on the discordant pairs (A only vs B only)"
-            + ("; Holm-adjusted across categories." if c.categories else ".")]
+    return [
+        f"A = {c.run_a}, B = {c.run_b}; metric {c.metric}: {METRIC_HELP[c.metric]}.",
+        f"paired items: {c.overall.paired} (only in A: {c.only_in_a}, only in B: {c.only_in_b}); "
+        "exact two-sided McNemar on the discordant pairs (A only vs B only)"
+        + ("; Holm-adjusted across categories." if c.categories else "."),
+    ]
 
 
 def _replay_heading(c: Comparison) -> list[str]:
     left = "; ".join(f"{why} {n}" for why, n in (c.left_out or {}).items()) or "none"
-    return [f"A = {c.run_a}, B = {c.run_b} (a replay of A); metric {c.metric}, per turn.", REPLAY_NOTE,
-            f"paired turns: {c.overall.paired} (turns of A not replayed: {c.only_in_a}); left out of the test, "
-            f"not counted as losses: {left}.",
-            "exact two-sided McNemar on the discordant turns (A only vs B only)"
-            + ("; Holm-adjusted across categories." if c.categories else ".")]
+    return [
+        f"A = {c.run_a}, B = {c.run_b} (a replay of A); metric {c.metric}, per turn.",
+        REPLAY_NOTE,
+        f"paired turns: {c.overall.paired} (turns of A not replayed: {c.only_in_a}); left out of the test, "
+        f"not counted as losses: {left}.",
+        "exact two-sided McNemar on the discordant turns (A only vs B only)"
+        + ("; Holm-adjusted across categories." if c.categories else "."),
+    ]
 
 
 def render_table(c: Comparison, width: int = 100) -> str:

@@ -15,17 +15,31 @@ _SAMPLING = [f.name for f in dataclasses.fields(Sampling)]
 
 def _flat(s: RunSummary, kinds: list[str], outcomes: list[str], analyzer_version: int | None) -> dict:
     return {
-        "run": s.run, "analyzer_version": analyzer_version, "stack": s.stack, "stack_version": s.stack_version,
-        "model": s.model, "condition": s.condition,
-        "turns": s.turns, "episodes": s.episodes, "rejected": s.rejected, "lost_in_serving": s.lost_in_serving,
+        "run": s.run,
+        "analyzer_version": analyzer_version,
+        "stack": s.stack,
+        "stack_version": s.stack_version,
+        "model": s.model,
+        "condition": s.condition,
+        "turns": s.turns,
+        "episodes": s.episodes,
+        "rejected": s.rejected,
+        "lost_in_serving": s.lost_in_serving,
         **{f"{name}_{k}": v for name in _RATES for k, v in dataclasses.asdict(getattr(s, name)).items()},
         **{f"role_{k}": v for k, v in s.roles.items()},
         **{f"outcome_{k}": s.outcomes.get(k, 0) for k in outcomes},
         **{f"non_response_{k}": s.non_response_kinds.get(k, 0) for k in kinds},
         **{f"non_response_{k}_retries": s.non_response_retries.get(k, 0) for k in kinds},
-        "calls": s.calls, "text_calls": s.text_calls, "surfaced_as_text": s.surfaced_as_text,
-        "harness_saw_prose": s.harness_saw_prose, "valid_seen_as_prose": s.valid_seen_as_prose, "looping_episodes": s.looping_episodes,
-        **{f"sampling_{k}": v for k, v in (dataclasses.asdict(s.sampling) if s.sampling else dict.fromkeys(_SAMPLING)).items()},
+        "calls": s.calls,
+        "text_calls": s.text_calls,
+        "surfaced_as_text": s.surfaced_as_text,
+        "harness_saw_prose": s.harness_saw_prose,
+        "valid_seen_as_prose": s.valid_seen_as_prose,
+        "looping_episodes": s.looping_episodes,
+        **{
+            f"sampling_{k}": v
+            for k, v in (dataclasses.asdict(s.sampling) if s.sampling else dict.fromkeys(_SAMPLING)).items()
+        },
     }
 
 

@@ -8,14 +8,14 @@ DuckDB does the counting; out come plain dataclasses.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import duckdb
 
+from toolproxy.analysis.classify.expectations import ExpectationRule, parse_rules
 from toolproxy.analysis.measure import stats
 from toolproxy.analysis.measure.compare import Comparison, compare
-from toolproxy.analysis.measure.expectations import ExpectationRule, parse_rules
 from toolproxy.analysis.measure.metrics import score
 from toolproxy.analysis.measure.summary import Report
 
@@ -46,8 +46,10 @@ class Count:
 
 NONE = Count(0, 0, 0)
 # Call and delivered fidelity counts over the scored turns (analysis.measure.metrics.score), grouped by the caller.
-_COUNTS = ("count(*) filter (where role = 'call' and outcome = 'valid_call'), "
-           "count(*) filter (where role = 'call' and delivered), count(*) filter (where role = 'call')")
+_COUNTS = (
+    "count(*) filter (where role = 'call' and outcome = 'valid_call'), "
+    "count(*) filter (where role = 'call' and delivered), count(*) filter (where role = 'call')"
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class RunUsage:
 
 @dataclass
 class PageDetails:
-    by_turn: dict[str, list[Count]]          # run -> one Count per turn column
+    by_turn: dict[str, list[Count]]  # run -> one Count per turn column
     categories: list[str]
     by_category: dict[tuple[str, str], Count]  # (run, category) -> Count
     comparisons: list[Comparison]
@@ -96,32 +98,44 @@ def by_turn_index(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[s
 def by_category(con: duckdb.DuckDBPyConnection) -> tuple[list[str], dict[tuple[str, str], Count]]:
     """Call and delivered fidelity per (run, category); categories come from the `category` tag or
     the item key."""
-    rows = con.execute(f"select run, category, {_COUNTS} from scored where category is not null group by all").fetchall()
+    rows = con.execute(
+        f"select run, category, {_COUNTS} from scored where category is not null group by all"
+    ).fetchall()
     cells = {(run, cat): Count(int(k), int(d), int(n)) for run, cat, k, d, n in rows if n}
     return sorted({cat for _, cat in cells}), cells
 
 
-def comparisons(con: duckdb.DuckDBPyConnection, runs: Sequence[str], models: dict[str, str | None],
-                rules: Sequence[ExpectationRule] = ()) -> tuple[list[Comparison], int]:
+def comparisons(
+    con: duckdb.DuckDBPyConnection,
+    runs: Sequence[str],
+    models: dict[str, str | None],
+    rules: Sequence[ExpectationRule] = (),
+) -> tuple[list[Comparison], int]:
     """compare() for every pair of runs that share items, by category (Holm) when the pair's items
     fall in more than one category. Pairs of one model (an interface or stack compared on fixed
     weights, the usual question) come first, then report order. Returns the comparisons and how
     many pairs were left out beyond MAX_PAIRS."""
-    shared = con.execute("""
+    shared = con.execute(
+        """
         with items as (select distinct run, item_key, category from episodes
                        where run in (select unnest(?::varchar[])) and item_key is not null)
         select a.run, b.run, count(distinct coalesce(a.category, b.category))
         from items a join items b on a.item_key = b.item_key and a.run <> b.run group by all
-    """, [list(runs)]).fetchall()
+    """,
+        [list(runs)],
+    ).fetchall()
     order = {run: i for i, run in enumerate(runs)}
-    pairs = sorted(((a, b, n) for a, b, n in shared if order[a] < order[b]),
-                   key=lambda p: (models.get(p[0]) != models.get(p[1]), order[p[0]], order[p[1]]))
+    pairs = sorted(
+        ((a, b, n) for a, b, n in shared if order[a] < order[b]),
+        key=lambda p: (models.get(p[0]) != models.get(p[1]), order[p[0]], order[p[1]]),
+    )
     out = [compare(con, a, b, by_category=n > 1, rules=rules) for a, b, n in pairs[:MAX_PAIRS]]
     return out, max(0, len(pairs) - MAX_PAIRS)
 
 
 def usage(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, RunUsage]:
-    rows = con.execute("""
+    rows = con.execute(
+        """
         select run, count(*) filter (where outcome <> 'non_response'),
                quantile_cont(ttfb_ms, 0.5) filter (where outcome <> 'non_response'),
                quantile_cont(ttfb_ms, 0.95) filter (where outcome <> 'non_response'),
@@ -130,9 +144,13 @@ def usage(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, RunU
                count(*) filter (where prompt_tokens is not null or completion_tokens is not null),
                coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), sum(cached_tokens)
         from exchanges where is_attempt and run in (select unnest(?::varchar[])) group by run
-    """, [list(runs)]).fetchall()
-    return {r[0]: RunUsage(r[0], int(r[1]), *r[2:6], int(r[6]), int(r[7]), int(r[8]),
-                        None if r[9] is None else int(r[9])) for r in rows}
+    """,
+        [list(runs)],
+    ).fetchall()
+    return {
+        r[0]: RunUsage(r[0], int(r[1]), *r[2:6], int(r[6]), int(r[7]), int(r[8]), None if r[9] is None else int(r[9]))
+        for r in rows
+    }
 
 
 def page_details(con: duckdb.DuckDBPyConnection, report: Report) -> PageDetails:
@@ -143,5 +161,11 @@ def page_details(con: duckdb.DuckDBPyConnection, report: Report) -> PageDetails:
     categories, cells = by_category(con)
     turns = by_turn_index(con, runs)
     pairs, left_out = comparisons(con, runs, {s.run: s.model for s in report.runs}, rules)
-    return PageDetails(by_turn=turns, categories=categories, by_category=cells, comparisons=pairs,
-                       pairs_left_out=left_out, usage=usage(con, runs))
+    return PageDetails(
+        by_turn=turns,
+        categories=categories,
+        by_category=cells,
+        comparisons=pairs,
+        pairs_left_out=left_out,
+        usage=usage(con, runs),
+    )

@@ -20,9 +20,12 @@ from toolproxy.analysis.measure.summary import RunSummary
 from toolproxy.analysis.report.jsondoc import DERIVED
 from toolproxy.analysis.report.provenance import Provenance
 
-_PROVENANCE_DOC = ("What produced the run's numbers, read from the recording: the model served and requested, the stack, "
-                   "whose parser delivered the calls, the chat template, the sampling sent, cache hits, versions, and "
-                   "`why`, the layer that shaped the number.")
+_PROVENANCE_DOC = (
+    "What produced the run's numbers, read from the recording: the model served and requested, the stack, "
+    "whose parser delivered the calls, the chat template, the sampling sent, cache hits, versions, and "
+    "`why`, the layer that shaped the number."
+)
+
 
 def _fields(cls: type, derived: dict[str, Any]) -> dict[str, Any]:
     """A dataclass's fields by their annotations, plus what its JSON form derives (name -> type)."""
@@ -58,11 +61,18 @@ class Bootstrap(BaseModel):
 
 def _document() -> type[BaseModel]:
     return create_model(
-        "Report", __config__=ConfigDict(extra="forbid"),
+        "Report",
+        __config__=ConfigDict(extra="forbid"),
         __doc__="What `toolproxy report --format json` prints: fractions, not percents; null when undefined.",
-        toolproxy_version=(str, ...), generated_at=(str, ...), source=(str, ...), analyzer_version=(int | None, ...),
-        analyzer_version_current=(int, ...), expect_rules=(list[str], ...), intervals=(Intervals, ...),
-        bootstrap=(Bootstrap, ...), runs=(list[_run_entry()], ...),
+        toolproxy_version=(str, ...),
+        generated_at=(str, ...),
+        source=(str, ...),
+        analyzer_version=(int | None, ...),
+        analyzer_version_current=(int, ...),
+        expect_rules=(list[str], ...),
+        intervals=(Intervals, ...),
+        bootstrap=(Bootstrap, ...),
+        runs=(list[_run_entry()], ...),
     )
 
 

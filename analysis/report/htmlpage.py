@@ -6,19 +6,32 @@ the charts are SVG drawn here, the stylesheet is inlined, fonts are the system's
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from html import escape
 from importlib import resources
-from typing import Callable, Iterable
 
+import toolproxy.analysis.report.comparison as comparison
+from toolproxy.analysis.classify.outcomes import NON_RESPONSE_WORDS, whose
 from toolproxy.analysis.measure import stats
 from toolproxy.analysis.measure.compare import METRIC_HELP
-from toolproxy.analysis.report import comparison
-from toolproxy.analysis.report.details import TURN_COLUMNS, Count, PageDetails, RunUsage
-from toolproxy.analysis.report.cells import (FIRST_NUMERIC, HEADERS, KEPT, OUTCOME_LABELS, LOST, REJ, episode_cell, legend, pct,
-                                   rate_cell, provenance, report_notes, row)
-from toolproxy.analysis.measure.outcomes import NON_RESPONSE_WORDS, whose
 from toolproxy.analysis.measure.stats import Rate
 from toolproxy.analysis.measure.summary import NON_RESPONSE_KINDS, OUTCOMES, Report, RunSummary
+from toolproxy.analysis.report.cells import (
+    FIRST_NUMERIC,
+    HEADERS,
+    KEPT,
+    LOST,
+    OUTCOME_LABELS,
+    REJ,
+    episode_cell,
+    legend,
+    pct,
+    provenance,
+    rate_cell,
+    report_notes,
+    row,
+)
+from toolproxy.analysis.report.details import TURN_COLUMNS, Count, PageDetails, RunUsage
 from toolproxy.analysis.report.provenance import Provenance
 
 # Okabe-Ito palette: distinguishable with every common colour-vision deficiency. Non-responses get
@@ -34,20 +47,21 @@ COLOURS = {
 _OTHER = "#999999"
 # Each non-response cause its own grey and hatch direction, so a refusal and a timeout read apart
 # in the bar while every cause still reads as "never reached the harness".
-_KIND_HATCH = {kind: (("#2b2b2b", "#5c5c5c")[i // 4 % 2], (45, -45, 0, 90)[i % 4])
-               for i, kind in enumerate(NON_RESPONSE_KINDS)}
+_KIND_HATCH = {
+    kind: (("#2b2b2b", "#5c5c5c")[i // 4 % 2], (45, -45, 0, 90)[i % 4]) for i, kind in enumerate(NON_RESPONSE_KINDS)
+}
 # Fidelity cells: white at 0% to the Okabe-Ito blue at 100%.
 _LOW, _HIGH = (255, 255, 255), (0, 114, 178)
 _SEEN_AS_PROSE = "#b9eadb"
 _MEAN = "#0072B2"
 
 _WIDTH = 1040
-_LABEL = 250   # left column: run name and what it measured
+_LABEL = 250  # left column: run name and what it measured
 _ROW = 46
 _BAR = 24
 _TOP = 10
 _AXIS = 30
-_SPAN = 470    # the 0-100% axis of a rate chart
+_SPAN = 470  # the 0-100% axis of a rate chart
 _VALUE_X = _LABEL + _SPAN + 28  # where its numbers are written
 
 
@@ -62,9 +76,11 @@ def _fill(outcome: str, kind: str | None = None) -> str:
 
 
 def _hatch(pattern_id: str, grey: str, angle: int) -> str:
-    return (f'<pattern id="{pattern_id}" width="8" height="8" patternUnits="userSpaceOnUse" '
-            f'patternTransform="rotate({angle})"><rect width="8" height="8" fill="{grey}"/>'
-            '<line x1="0" y1="0" x2="0" y2="8" stroke="#ffffff" stroke-width="2" stroke-opacity="0.45"/></pattern>')
+    return (
+        f'<pattern id="{pattern_id}" width="8" height="8" patternUnits="userSpaceOnUse" '
+        f'patternTransform="rotate({angle})"><rect width="8" height="8" fill="{grey}"/>'
+        '<line x1="0" y1="0" x2="0" y2="8" stroke="#ffffff" stroke-width="2" stroke-opacity="0.45"/></pattern>'
+    )
 
 
 def _segments(s: RunSummary) -> list[tuple[str, str | None, int]]:
@@ -75,7 +91,9 @@ def _segments(s: RunSummary) -> list[tuple[str, str | None, int]]:
             out.append((outcome, None, n))
             continue
         kinds = s.non_response_kinds
-        ordered = [k for k in NON_RESPONSE_KINDS if kinds.get(k)] + sorted(k for k in kinds if k not in NON_RESPONSE_KINDS)
+        ordered = [k for k in NON_RESPONSE_KINDS if kinds.get(k)] + sorted(
+            k for k in kinds if k not in NON_RESPONSE_KINDS
+        )
         out += [(outcome, k, kinds[k]) for k in ordered]
         out.append((outcome, None, n - sum(kinds.values())))
     return [seg for seg in out if seg[2] > 0]
@@ -88,47 +106,60 @@ def _clip(text: str, limit: int) -> str:
 def _run_label(s: RunSummary, y: float) -> str:
     """Run name over what it measured, clipped to the label column; the full text is the tooltip."""
     detail = " · ".join(x for x in (s.model, s.condition, s.stack) if x)
-    return (f'<g><title>{_e(s.run)}: {_e(detail)}</title>'
-            f'<text x="0" y="{y + 10:.1f}" class="run">{_e(_clip(s.run, 28))}</text>'
-            f'<text x="0" y="{y + 26:.1f}" class="detail">{_e(_clip(detail, 38))}</text></g>')
+    return (
+        f"<g><title>{_e(s.run)}: {_e(detail)}</title>"
+        f'<text x="0" y="{y + 10:.1f}" class="run">{_e(_clip(s.run, 28))}</text>'
+        f'<text x="0" y="{y + 26:.1f}" class="detail">{_e(_clip(detail, 38))}</text></g>'
+    )
 
 
 def _axis(x0: float, span: float, height: float) -> str:
     parts = []
     for tick in (0, 25, 50, 75, 100):
         x = x0 + span * tick / 100
-        parts.append(f'<line x1="{x:.1f}" y1="{_TOP - 4}" x2="{x:.1f}" y2="{height}" class="grid"/>'
-                     f'<text x="{x:.1f}" y="{height + 16}" class="tick">{tick}%</text>')
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{_TOP - 4}" x2="{x:.1f}" y2="{height}" class="grid"/>'
+            f'<text x="{x:.1f}" y="{height + 16}" class="tick">{tick}%</text>'
+        )
     return "".join(parts)
 
 
 def _svg(title: str, desc: str, height: float, body: str) -> str:
     total = height + _AXIS
     slug = title.lower().replace(" ", "-")
-    return (f'<svg viewBox="0 0 {_WIDTH} {total:.0f}" width="100%" role="img" aria-labelledby="{slug}-t {slug}-d" '
-            f'><title id="{slug}-t">{_e(title)}</title>'
-            f'<desc id="{slug}-d">{_e(desc)}</desc>{body}</svg>')
+    return (
+        f'<svg viewBox="0 0 {_WIDTH} {total:.0f}" width="100%" role="img" aria-labelledby="{slug}-t {slug}-d" '
+        f'><title id="{slug}-t">{_e(title)}</title>'
+        f'<desc id="{slug}-d">{_e(desc)}</desc>{body}</svg>'
+    )
 
 
 def _seen_as_prose(s: RunSummary, right: float, w: float, y: float) -> str:
     """Striped over the right end of the valid-call segment: valid calls the stack left in the text,
     so the harness got prose. The signature of a stack without a tool parser must be visible."""
-    return (f'<rect x="{right - w:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="url(#seen-prose)" class="segment">'
-            f'<title>{_e(s.run)}: {s.valid_seen_as_prose} valid calls the harness saw as prose '
-            f'(left in the text by the stack)</title></rect>')
+    return (
+        f'<rect x="{right - w:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="url(#seen-prose)" class="segment">'
+        f"<title>{_e(s.run)}: {s.valid_seen_as_prose} valid calls the harness saw as prose "
+        f"(left in the text by the stack)</title></rect>"
+    )
 
 
 def composition_chart(report: Report) -> str:
     """A 100% stacked bar per run: every turn is in exactly one segment, non-responses included."""
     x0, span = _LABEL, _WIDTH - _LABEL - 10
     height = _TOP + _ROW * len(report.runs)
-    hatches = "".join(_hatch(f"hatch-{k}", grey, angle) for k, (grey, angle) in _KIND_HATCH.items()
-                      if any(s.non_response_kinds.get(k) for s in report.runs))
-    parts = [f'<defs>{_hatch("hatch", COLOURS["non_response"], 45)}{hatches}'
-             f'<pattern id="seen-prose" width="5" height="5" patternUnits="userSpaceOnUse">'
-             f'<rect width="5" height="5" fill="{COLOURS["valid_call"]}"/>'
-             f'<line x1="4" y1="0" x2="4" y2="5" stroke="{_SEEN_AS_PROSE}" stroke-width="2"/></pattern></defs>',
-             _axis(x0, span, height)]
+    hatches = "".join(
+        _hatch(f"hatch-{k}", grey, angle)
+        for k, (grey, angle) in _KIND_HATCH.items()
+        if any(s.non_response_kinds.get(k) for s in report.runs)
+    )
+    parts = [
+        f"<defs>{_hatch('hatch', COLOURS['non_response'], 45)}{hatches}"
+        f'<pattern id="seen-prose" width="5" height="5" patternUnits="userSpaceOnUse">'
+        f'<rect width="5" height="5" fill="{COLOURS["valid_call"]}"/>'
+        f'<line x1="4" y1="0" x2="4" y2="5" stroke="{_SEEN_AS_PROSE}" stroke-width="2"/></pattern></defs>',
+        _axis(x0, span, height),
+    ]
     for i, s in enumerate(report.runs):
         y = _TOP + i * _ROW
         parts.append(_run_label(s, y))
@@ -140,8 +171,11 @@ def composition_chart(report: Report) -> str:
             w = span * n / s.turns
             share = pct(n / s.turns, 1)
             label = OUTCOME_LABELS.get(outcome, outcome) + (f" ({kind})" if kind else "")
-            parts.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="{_fill(outcome, kind)}" class="segment">'
-                         f'<title>{_e(s.run)}: {_e(label)}, {n} of {s.turns} turns ({share})</title></rect>')
+            parts.append(
+                f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" fill="{_fill(outcome, kind)}" '
+                'class="segment">'
+                f"<title>{_e(s.run)}: {_e(label)}, {n} of {s.turns} turns ({share})</title></rect>"
+            )
             if outcome == "valid_call" and s.valid_seen_as_prose:
                 parts.append(_seen_as_prose(s, x + w, span * s.valid_seen_as_prose / s.turns, y))
             text = f"{kind} {share}" if kind and w >= 9 * (len(kind) + len(share)) else share
@@ -149,8 +183,10 @@ def composition_chart(report: Report) -> str:
                 cls = "seg light" if outcome == "non_response" else "seg"
                 parts.append(f'<text x="{x + w / 2:.2f}" y="{y + 16.5}" class="{cls}">{_e(text)}</text>')
             x += w
-    desc = "; ".join(f"{s.run}: " + ", ".join(f"{OUTCOME_LABELS.get(o, o)}{f' ({k})' if k else ''} {n}"
-                                               for o, k, n in _segments(s)) for s in report.runs)
+    desc = "; ".join(
+        f"{s.run}: " + ", ".join(f"{OUTCOME_LABELS.get(o, o)}{f' ({k})' if k else ''} {n}" for o, k, n in _segments(s))
+        for s in report.runs
+    )
     return _svg("Outcome composition", desc, height, "".join(parts))
 
 
@@ -159,8 +195,9 @@ def _pooled_marker(x: float, mid: float) -> str:
     return f'<path d="M{x:.2f} {mid - 10} l10 10 l-10 10 l-10 -10 z" class="pooled"/>'
 
 
-def _rate_rows(report: Report, rate_of: Callable[[RunSummary], Rate], nothing: str,
-               draw: Callable[[RunSummary, float], str]) -> tuple[float, str]:
+def _rate_rows(
+    report: Report, rate_of: Callable[[RunSummary], Rate], nothing: str, draw: Callable[[RunSummary, float], str]
+) -> tuple[float, str]:
     """(height, body) of a per-run rate chart: the axis, each run's label, then draw(run, middle
     y) or, when the run's rate is undefined, why ("rej" when every turn was a non-response)."""
     height = _TOP + _ROW * len(report.runs)
@@ -171,7 +208,9 @@ def _rate_rows(report: Report, rate_of: Callable[[RunSummary], Rate], nothing: s
         parts.append(_run_label(s, y))
         if rate_of(s).pooled is None:
             why = "every turn was a non-response" if s.rejected else nothing
-            parts.append(f'<text x="{_LABEL + 6}" y="{mid + 5:.1f}" class="rej">{REJ if s.rejected else "-"}: {_e(why)}</text>')
+            parts.append(
+                f'<text x="{_LABEL + 6}" y="{mid + 5:.1f}" class="rej">{REJ if s.rejected else "-"}: {_e(why)}</text>'
+            )
         else:
             parts.append(draw(s, mid))
     return height, "".join(parts)
@@ -185,16 +224,22 @@ def rate_chart(report: Report, metric: str, title: str) -> str:
     def draw(s: RunSummary, mid: float) -> str:
         r = getattr(s, metric)
         lo, hi = (x0 + span * v for v in (r.wilson_low, r.wilson_high))
-        dot = f'<circle cx="{x0 + span * r.episode_mean:.2f}" cy="{mid}" r="6" fill="{_MEAN}"/>' if r.episode_mean is not None else ""
-        return (f'<g><title>{_e(s.run)}: {_e(rate_cell(s, r, 1))}, per-episode mean {_e(episode_cell(s, r, 1))}, '
-                f'{r.numerator} of {r.denominator}</title>'
-                f'<line x1="{lo:.2f}" y1="{mid}" x2="{hi:.2f}" y2="{mid}" class="whisker"/>'
-                f'<line x1="{lo:.2f}" y1="{mid - 7}" x2="{lo:.2f}" y2="{mid + 7}" class="whisker"/>'
-                f'<line x1="{hi:.2f}" y1="{mid - 7}" x2="{hi:.2f}" y2="{mid + 7}" class="whisker"/>'
-                f'{_pooled_marker(x0 + span * r.pooled, mid)}{dot}</g>'
-                f'<text x="{_VALUE_X}" y="{mid - 1:.1f}" class="value">{_e(rate_cell(s, r, 1))}'
-                f'<tspan class="detail"> · {r.numerator}/{r.denominator}</tspan></text>'
-                f'<text x="{_VALUE_X}" y="{mid + 14:.1f}" class="detail">per episode {_e(episode_cell(s, r, 1))}</text>')
+        dot = (
+            f'<circle cx="{x0 + span * r.episode_mean:.2f}" cy="{mid}" r="6" fill="{_MEAN}"/>'
+            if r.episode_mean is not None
+            else ""
+        )
+        return (
+            f"<g><title>{_e(s.run)}: {_e(rate_cell(s, r, 1))}, per-episode mean {_e(episode_cell(s, r, 1))}, "
+            f"{r.numerator} of {r.denominator}</title>"
+            f'<line x1="{lo:.2f}" y1="{mid}" x2="{hi:.2f}" y2="{mid}" class="whisker"/>'
+            f'<line x1="{lo:.2f}" y1="{mid - 7}" x2="{lo:.2f}" y2="{mid + 7}" class="whisker"/>'
+            f'<line x1="{hi:.2f}" y1="{mid - 7}" x2="{hi:.2f}" y2="{mid + 7}" class="whisker"/>'
+            f"{_pooled_marker(x0 + span * r.pooled, mid)}{dot}</g>"
+            f'<text x="{_VALUE_X}" y="{mid - 1:.1f}" class="value">{_e(rate_cell(s, r, 1))}'
+            f'<tspan class="detail"> · {r.numerator}/{r.denominator}</tspan></text>'
+            f'<text x="{_VALUE_X}" y="{mid + 14:.1f}" class="detail">per episode {_e(episode_cell(s, r, 1))}</text>'
+        )
 
     height, body = _rate_rows(report, lambda s: getattr(s, metric), "no turn to rate", draw)
     desc = "; ".join(f"{s.run}: {rate_cell(s, getattr(s, metric), 1)}" for s in report.runs)
@@ -202,37 +247,61 @@ def rate_chart(report: Report, metric: str, title: str) -> str:
 
 
 def _legend(report: Report) -> str:
-    items = "".join(f'<li><span class="swatch {k}" style="background:{COLOURS[k]}"></span>{_e(OUTCOME_LABELS[k])}</li>'
-                    for k in OUTCOMES)
+    items = "".join(
+        f'<li><span class="swatch {k}" style="background:{COLOURS[k]}"></span>{_e(OUTCOME_LABELS[k])}</li>'
+        for k in OUTCOMES
+    )
     kinds = [k for k in _KIND_HATCH if any(s.non_response_kinds.get(k) for s in report.runs)]
-    items += "".join(f'<li><span class="swatch hatch" style="--grey:{_KIND_HATCH[k][0]};--angle:{_KIND_HATCH[k][1] + 90}deg">'
-                     f'</span>non-response: {_e(k)} ({_e(NON_RESPONSE_WORDS[k])}: {_e(whose(k))})</li>' for k in kinds)
+    items += "".join(
+        f'<li><span class="swatch hatch" style="--grey:{_KIND_HATCH[k][0]};--angle:{_KIND_HATCH[k][1] + 90}deg">'
+        f"</span>non-response: {_e(k)} ({_e(NON_RESPONSE_WORDS[k])}: {_e(whose(k))})</li>"
+        for k in kinds
+    )
     if any(s.valid_seen_as_prose for s in report.runs):
-        items += '<li><span class="swatch seen_as_prose"></span>valid call the harness saw as prose (stack did not parse it)</li>'
+        items += (
+            '<li><span class="swatch seen_as_prose"></span>valid call the harness saw as prose (stack did not '
+            "parse it)</li>"
+        )
     return f'<ul class="legend" aria-label="outcome colours">{items}</ul>'
 
 
 def _run_table(report: Report) -> str:
-    head = "".join(f'<th scope="col"{" class=num" if i >= FIRST_NUMERIC else ""}>{_e(h)}</th>' for i, h in enumerate(HEADERS))
+    head = "".join(
+        f'<th scope="col"{" class=num" if i >= FIRST_NUMERIC else ""}>{_e(h)}</th>' for i, h in enumerate(HEADERS)
+    )
     body = []
     for s in report.runs:
         run, *rest = row(s, digits=1)
         cells = [f'<th scope="row">{_e(run)}</th>']
         for i, c in enumerate(rest, start=1):
-            classes = [name for name, on in (("num", i >= FIRST_NUMERIC), ("rej", c == REJ), ("wrap", HEADERS[i] == "stack")) if on]
+            classes = [
+                name
+                for name, on in (("num", i >= FIRST_NUMERIC), ("rej", c == REJ), ("wrap", HEADERS[i] == "stack"))
+                if on
+            ]
             cells.append(f'<td class="{" ".join(classes)}">{_e(c)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<div class="scroll"><table class="runs"><caption>One row per run</caption><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
+    return (
+        f'<div class="scroll"><table class="runs"><caption>One row per run</caption><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def _counts_table(report: Report) -> str:
     keys = list(dict.fromkeys(k for s in report.runs for k in s.outcomes))
     head = "".join(f'<th scope="col" class="num">{_e(OUTCOME_LABELS.get(k, k))}</th>' for k in keys)
-    body = "".join("<tr><th scope=row>" + _e(s.run) + "</th>" +
-                   "".join(f'<td class="num">{s.outcomes[k]}</td>' for k in keys) + "</tr>" for s in report.runs)
-    return (f'<table class="counts"><caption>Turn counts behind the bars</caption>'
-            f'<thead><tr><th scope="col">run</th>{head}</tr></thead><tbody>{body}</tbody></table>')
+    body = "".join(
+        "<tr><th scope=row>"
+        + _e(s.run)
+        + "</th>"
+        + "".join(f'<td class="num">{s.outcomes[k]}</td>' for k in keys)
+        + "</tr>"
+        for s in report.runs
+    )
+    return (
+        f'<table class="counts"><caption>Turn counts behind the bars</caption>'
+        f'<thead><tr><th scope="col">run</th>{head}</tr></thead><tbody>{body}</tbody></table>'
+    )
 
 
 _CALL, _DELIVERED, _GAP = "#0072B2", "#009E73", "#D55E00"
@@ -247,21 +316,32 @@ def headline_chart(report: Report) -> str:
         call, dlv = s.call_fidelity, s.delivered_fidelity
         xc, xd = x0 + span * call.pooled, x0 + span * dlv.pooled
         lost = s.lost_in_serving or 0.0
-        title = (f"{s.run}: call fidelity {rate_cell(s, call, 1)}, delivered {rate_cell(s, dlv, 1)}"
-                 + (f"; {pct(lost, 1)} {LOST}" if lost > 0 else ""))
-        gap = (f'<line x1="{xd:.2f}" y1="{mid}" x2="{xc:.2f}" y2="{mid}" stroke="{_GAP}" stroke-width="6" class="gap"/>'
-               if xc - xd > 0.5 else "")
-        words = f'<tspan fill="{_CALL}">call {pct(call.pooled)}</tspan> · <tspan fill="{_DELIVERED}">delivered {pct(dlv.pooled)}</tspan>'
+        title = f"{s.run}: call fidelity {rate_cell(s, call, 1)}, delivered {rate_cell(s, dlv, 1)}" + (
+            f"; {pct(lost, 1)} {LOST}" if lost > 0 else ""
+        )
+        gap = (
+            f'<line x1="{xd:.2f}" y1="{mid}" x2="{xc:.2f}" y2="{mid}" stroke="{_GAP}" stroke-width="6" class="gap"/>'
+            if xc - xd > 0.5
+            else ""
+        )
+        words = (
+            f'<tspan fill="{_CALL}">call {pct(call.pooled)}</tspan> · <tspan fill="{_DELIVERED}">delivered '
+            f"{pct(dlv.pooled)}</tspan>"
+        )
         if lost > 0:
             words += f' · <tspan fill="{_GAP}">lost {pct(lost)}</tspan>'
-        return (f'<g><title>{_e(title)}</title><line x1="{x0}" y1="{mid}" x2="{x0 + span}" y2="{mid}" class="track"/>'
-                f'{gap}<circle cx="{xd:.2f}" cy="{mid}" r="7" fill="{_DELIVERED}"/>'
-                f'<circle cx="{xc:.2f}" cy="{mid}" r="8" fill="none" stroke="{_CALL}" stroke-width="3"/></g>'
-                f'<text x="{_VALUE_X}" y="{mid + 5:.1f}" class="value">{words}</text>')
+        return (
+            f'<g><title>{_e(title)}</title><line x1="{x0}" y1="{mid}" x2="{x0 + span}" y2="{mid}" class="track"/>'
+            f'{gap}<circle cx="{xd:.2f}" cy="{mid}" r="7" fill="{_DELIVERED}"/>'
+            f'<circle cx="{xc:.2f}" cy="{mid}" r="8" fill="none" stroke="{_CALL}" stroke-width="3"/></g>'
+            f'<text x="{_VALUE_X}" y="{mid + 5:.1f}" class="value">{words}</text>'
+        )
 
     height, body = _rate_rows(report, lambda s: s.call_fidelity, "no turn was due a call", draw)
-    desc = "; ".join(f"{s.run}: call {rate_cell(s, s.call_fidelity)}, delivered {rate_cell(s, s.delivered_fidelity)}"
-                     for s in report.runs)
+    desc = "; ".join(
+        f"{s.run}: call {rate_cell(s, s.call_fidelity)}, delivered {rate_cell(s, s.delivered_fidelity)}"
+        for s in report.runs
+    )
     return _svg("Call and delivered fidelity", desc, height, body)
 
 
@@ -290,23 +370,32 @@ def turn_index_chart(report: Report, by_turn: dict[str, list[Count]]) -> str:
             x = x0 + _CELL_W * j
             where = f"turn {j + 1}" if j < TURN_COLUMNS - 1 else f"turns {TURN_COLUMNS} and later"
             if not c.n:
-                parts.append(f'<rect x="{x + 2:.1f}" y="{y}" width="{_CELL_W - 4:.1f}" height="{_BAR + 8}" class="empty">'
-                             f'<title>{_e(s.run)}, {where}: no turn due a call</title></rect>')
+                parts.append(
+                    f'<rect x="{x + 2:.1f}" y="{y}" width="{_CELL_W - 4:.1f}" height="{_BAR + 8}" class="empty">'
+                    f"<title>{_e(s.run)}, {where}: no turn due a call</title></rect>"
+                )
                 continue
             fill, ink = _rate_fill(c.call)
             below = f"n={c.n}" if c.d == c.k else f"dlv {pct(c.delivered)} · n={c.n}"
-            parts.append(f'<g><title>{_e(s.run)}, {where}: {_e(_count_text(c))}</title>'
-                         f'<rect x="{x + 2:.1f}" y="{y}" width="{_CELL_W - 4:.1f}" height="{_BAR + 8}" fill="{fill}" class="cell"/>'
-                         f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 14}" class="cellv" fill="{ink}">{pct(c.call)}</text>'
-                         f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 27}" class="celln" fill="{ink}">{below}</text></g>')
-    desc = "; ".join(f"{s.run}: " + ", ".join(f"turn {j + 1}: {_count_text(c)}" for j, c in enumerate(by_turn.get(s.run, ()))
-                                               if c.n) for s in report.runs)
+            parts.append(
+                f"<g><title>{_e(s.run)}, {where}: {_e(_count_text(c))}</title>"
+                f'<rect x="{x + 2:.1f}" y="{y}" width="{_CELL_W - 4:.1f}" height="{_BAR + 8}" fill="{fill}" '
+                'class="cell"/>'
+                f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 14}" class="cellv" fill="{ink}">{pct(c.call)}</text>'
+                f'<text x="{x + _CELL_W / 2:.1f}" y="{y + 27}" class="celln" fill="{ink}">{below}</text></g>'
+            )
+    desc = "; ".join(
+        f"{s.run}: " + ", ".join(f"turn {j + 1}: {_count_text(c)}" for j, c in enumerate(by_turn.get(s.run, ())) if c.n)
+        for s in report.runs
+    )
     return _svg("Fidelity by turn index", desc, height, "".join(parts))
 
 
 def _count_text(c: Count) -> str:
-    return (f"{c.k} of {c.n} turns due a call held a valid call ({pct(c.call, 1)}), "
-            f"{c.d} delivered it to the harness ({pct(c.delivered, 1)})")
+    return (
+        f"{c.k} of {c.n} turns due a call held a valid call ({pct(c.call, 1)}), "
+        f"{c.d} delivered it to the harness ({pct(c.delivered, 1)})"
+    )
 
 
 def _count_cell(c: Count | None) -> str:
@@ -314,17 +403,25 @@ def _count_cell(c: Count | None) -> str:
         return '<td class="num muted">-</td>'
     fill, ink = _rate_fill(c.call)
     delivered = "" if c.d == c.k else f' <span class="of">· {pct(c.delivered)} delivered</span>'
-    return (f'<td class="num rate" style="background:{fill};color:{ink}" title="{_e(_count_text(c))}">{pct(c.call)}'
-            f'{delivered} <span class="of">{c.k}/{c.n}</span></td>')
+    return (
+        f'<td class="num rate" style="background:{fill};color:{ink}" title="{_e(_count_text(c))}">{pct(c.call)}'
+        f'{delivered} <span class="of">{c.k}/{c.n}</span></td>'
+    )
 
 
 def category_table(report: Report, details: PageDetails) -> str:
     head = "".join(f'<th scope="col" class="num">{_e(s.run)}</th>' for s in report.runs)
-    body = "".join(f'<tr><th scope="row">{_e(cat)}</th>'
-                   + "".join(_count_cell(details.by_category.get((s.run, cat))) for s in report.runs) + "</tr>"
-                   for cat in details.categories)
-    return (f'<div class="scroll"><table class="grid"><caption>Call fidelity per category (valid calls / turns due a call), and delivered where it differs'
-            f'</caption><thead><tr><th scope="col">category</th>{head}</tr></thead><tbody>{body}</tbody></table></div>')
+    body = "".join(
+        f'<tr><th scope="row">{_e(cat)}</th>'
+        + "".join(_count_cell(details.by_category.get((s.run, cat))) for s in report.runs)
+        + "</tr>"
+        for cat in details.categories
+    )
+    return (
+        '<div class="scroll"><table class="grid"><caption>Call fidelity per category (valid calls / turns due a '
+        "call), and delivered where it differs"
+        f'</caption><thead><tr><th scope="col">category</th>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    )
 
 
 def comparison_tables(details: PageDetails) -> str:
@@ -336,31 +433,43 @@ def comparison_tables(details: PageDetails) -> str:
     head = "".join(f'<th scope="col"{" class=num" if i > 1 else ""}>{_e(h)}</th>' for i, h in enumerate(heads) if h)
     body = []
     for c, p_holm in zip(pairs, holm):
-        cells = [c.run_a, c.run_b, *comparison.rows(c)[-1][1:len(comparison.COLUMNS) - 1]]
+        cells = [c.run_a, c.run_b, *comparison.rows(c)[-1][1 : len(comparison.COLUMNS) - 1]]
         if len(pairs) > 1:
             cells.append(comparison.p_text(p_holm))
-        body.append("<tr>" + "".join(f'<td{" class=num" if i > 1 else ""}>{_e(v)}</td>' for i, v in enumerate(cells)) + "</tr>")
+        body.append(
+            "<tr>" + "".join(f"<td{' class=num' if i > 1 else ''}>{_e(v)}</td>" for i, v in enumerate(cells)) + "</tr>"
+        )
     metric = pairs[0].metric
-    out = [f'<p class="help">Runs over the same items, paired by item. Metric {_e(metric)}: {_e(METRIC_HELP[metric])}. '
-           'Exact two-sided McNemar test on the discordant items (A only vs B only).</p>',
-           f'<div class="scroll"><table class="paired"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
-           '</table></div>']
+    out = [
+        f'<p class="help">Runs over the same items, paired by item. Metric {_e(metric)}: {_e(METRIC_HELP[metric])}. '
+        "Exact two-sided McNemar test on the discordant items (A only vs B only).</p>",
+        f'<div class="scroll"><table class="paired"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
+        "</table></div>",
+    ]
     by_category = []
     for c in pairs:
         if not c.categories:
             continue
         cols = comparison.columns(c)
         chead = "".join(f'<th scope="col"{" class=num" if i else ""}>{_e(h)}</th>' for i, h in enumerate(cols))
-        rows = "".join("<tr>" + "".join(f'<td{" class=num" if i else ""}>{_e(v)}</td>' for i, v in enumerate(r)) + "</tr>"
-                       for r in comparison.rows(c))
-        by_category.append(f'<h3>{_e(c.run_a)} vs {_e(c.run_b)}</h3><div class="scroll"><table class="paired">'
-                           f'<thead><tr>{chead}</tr></thead><tbody>{rows}</tbody></table></div>')
+        rows = "".join(
+            "<tr>" + "".join(f"<td{' class=num' if i else ''}>{_e(v)}</td>" for i, v in enumerate(r)) + "</tr>"
+            for r in comparison.rows(c)
+        )
+        by_category.append(
+            f'<h3>{_e(c.run_a)} vs {_e(c.run_b)}</h3><div class="scroll"><table class="paired">'
+            f"<thead><tr>{chead}</tr></thead><tbody>{rows}</tbody></table></div>"
+        )
     if by_category:
-        out.append('<details><summary>Each pair by category (Holm-adjusted across its categories)</summary>'
-                   f'{"".join(by_category)}</details>')
+        out.append(
+            "<details><summary>Each pair by category (Holm-adjusted across its categories)</summary>"
+            f"{''.join(by_category)}</details>"
+        )
     if details.pairs_left_out:
-        out.append(f'<p class="help">{details.pairs_left_out} more pairs of runs share items; compare them with '
-                   '<code>toolproxy compare RUN_A RUN_B</code>.</p>')
+        out.append(
+            f'<p class="help">{details.pairs_left_out} more pairs of runs share items; compare them with '
+            "<code>toolproxy compare RUN_A RUN_B</code>.</p>"
+        )
     return "".join(out)
 
 
@@ -377,63 +486,100 @@ def _tokens(total: int, per: int) -> str:
 
 
 def usage_table(report: Report, usage: dict[str, RunUsage]) -> str:
-    heads = ("run", "answered", "TTFB p50", "TTFB p95", "total p50", "total p95", "prompt tokens", "completion tokens",
-             "cached tokens")
+    heads = (
+        "run",
+        "answered",
+        "TTFB p50",
+        "TTFB p95",
+        "total p50",
+        "total p95",
+        "prompt tokens",
+        "completion tokens",
+        "cached tokens",
+    )
     head = "".join(f'<th scope="col"{" class=num" if i else ""}>{h}</th>' for i, h in enumerate(heads))
     body = []
     for s in report.runs:
         u = usage.get(s.run)
         if u is None:
-            body.append(f'<tr><th scope="row">{_e(s.run)}</th><td colspan="{len(heads) - 1}" class="muted">no attempts</td></tr>')
+            body.append(
+                f'<tr><th scope="row">{_e(s.run)}</th><td colspan="{len(heads) - 1}" class="muted">no '
+                "attempts</td></tr>"
+            )
             continue
         cached = "-" if u.cached_tokens is None else f"{u.cached_tokens:,} ({pct(u.cached_share)} of prompt)"
-        cells = (str(u.answered), _ms(u.ttfb_p50_ms), _ms(u.ttfb_p95_ms), _ms(u.total_p50_ms), _ms(u.total_p95_ms),
-                 _tokens(u.prompt_tokens, u.reported), _tokens(u.completion_tokens, u.reported), cached)
-        body.append(f'<tr><th scope="row">{_e(s.run)}</th>' + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
-    return (f'<div class="scroll"><table><caption>Latency over the attempts the model answered; tokens as the stack '
-            f'reported them (per request = per attempt that reported usage)</caption><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
+        cells = (
+            str(u.answered),
+            _ms(u.ttfb_p50_ms),
+            _ms(u.ttfb_p95_ms),
+            _ms(u.total_p50_ms),
+            _ms(u.total_p95_ms),
+            _tokens(u.prompt_tokens, u.reported),
+            _tokens(u.completion_tokens, u.reported),
+            cached,
+        )
+        body.append(
+            f'<tr><th scope="row">{_e(s.run)}</th>' + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>"
+        )
+    return (
+        f'<div class="scroll"><table><caption>Latency over the attempts the model answered; tokens as the stack '
+        f"reported them (per request = per attempt that reported usage)</caption><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def restraint_section(report: Report) -> str:
     """Restraint and delivered restraint per run, drawn only when some run has items expecting no call."""
     if not any(s.restraint.denominator for s in report.runs):
         return ""
-    return ('<section><h2>Restraint and delivered restraint per run</h2><p class="help">Turns of items expecting no '
-            'call (e.g. BFCL irrelevance). <b>Restraint</b>: the model attempted no call, on any surface. '
-            '<b>Delivered restraint</b>: no call reached the harness, as a benchmark scoring what it received sees '
-            f'it. Where delivered restraint is higher, the difference is {_e(KEPT)}: calls left in the reply text.</p>'
-            f'<h3>Restraint</h3>{rate_chart(report, "restraint", "Restraint per run")}'
-            f'<h3>Delivered restraint</h3>{rate_chart(report, "delivered_restraint", "Delivered restraint per run")}'
-            '</section>')
+    return (
+        '<section><h2>Restraint and delivered restraint per run</h2><p class="help">Turns of items expecting no '
+        "call (e.g. BFCL irrelevance). <b>Restraint</b>: the model attempted no call, on any surface. "
+        "<b>Delivered restraint</b>: no call reached the harness, as a benchmark scoring what it received sees "
+        f"it. Where delivered restraint is higher, the difference is {_e(KEPT)}: calls left in the reply text.</p>"
+        f"<h3>Restraint</h3>{rate_chart(report, 'restraint', 'Restraint per run')}"
+        f"<h3>Delivered restraint</h3>{rate_chart(report, 'delivered_restraint', 'Delivered restraint per run')}"
+        "</section>"
+    )
 
 
 def _details_sections(report: Report, d: PageDetails) -> str:
-    parts = ['<section><h2>Fidelity by turn index</h2><p class="help">Call fidelity at each position of an episode '
-             '(valid calls / turns due a call there, n), with delivered fidelity (dlv) where calls were lost. A fall '
-             'to the right means the model loses the protocol as the conversation grows.</p>',
-             turn_index_chart(report, d.by_turn), '</section>']
+    parts = [
+        '<section><h2>Fidelity by turn index</h2><p class="help">Call fidelity at each position of an episode '
+        "(valid calls / turns due a call there, n), with delivered fidelity (dlv) where calls were lost. A fall "
+        "to the right means the model loses the protocol as the conversation grows.</p>",
+        turn_index_chart(report, d.by_turn),
+        "</section>",
+    ]
     if d.categories:
-        parts += ['<section><h2>By category</h2><p class="help">Category: the <code>category</code> tag, else the '
-                  'item key\'s prefix (<code>simple_12</code> is <code>simple</code>).</p>', category_table(report, d),
-                  '</section>']
+        parts += [
+            '<section><h2>By category</h2><p class="help">Category: the <code>category</code> tag, else the '
+            "item key's prefix (<code>simple_12</code> is <code>simple</code>).</p>",
+            category_table(report, d),
+            "</section>",
+        ]
     if d.comparisons:
-        parts += ['<section><h2>Paired comparisons</h2>', comparison_tables(d), '</section>']
-    parts += ['<section><h2>Latency and tokens</h2>', usage_table(report, d.usage), '</section>']
+        parts += ["<section><h2>Paired comparisons</h2>", comparison_tables(d), "</section>"]
+    parts += ["<section><h2>Latency and tokens</h2>", usage_table(report, d.usage), "</section>"]
     return "".join(parts)
 
 
 def provenance_section(origins: Iterable[Provenance]) -> str:
     """Per run what produced its number (analysis.report.provenance), its "why" line first: the
     reader of a chart asks that before the stack's version."""
-    items = "".join(f'<li><strong>{_e(p.run)}</strong>: <span class="why">{_e(p.why)}</span><br>'
-                    f'<span class="help">{_e(p.facts())}</span></li>' for p in origins)
+    items = "".join(
+        f'<li><strong>{_e(p.run)}</strong>: <span class="why">{_e(p.why)}</span><br>'
+        f'<span class="help">{_e(p.facts())}</span></li>'
+        for p in origins
+    )
     if not items:
         return ""
-    return ('<section><h2>Provenance</h2><p class="help">Per run: the model the stack served (and the one requested '
-            'where they differ), the stack and its version, whose parser delivered the calls, the chat template, the '
-            f'sampling the harness sent, prompt-cache hits, and why the number is what it is.</p><ul class="notes">{items}'
-            '</ul></section>')
+    return (
+        '<section><h2>Provenance</h2><p class="help">Per run: the model the stack served (and the one requested '
+        "where they differ), the stack and its version, whose parser delivered the calls, the chat template, the "
+        f'sampling the harness sent, prompt-cache hits, and why the number is what it is.</p><ul class="notes">{items}'
+        "</ul></section>"
+    )
 
 
 def render(report: Report, details: PageDetails | None = None, origins: Iterable[Provenance] = ()) -> str:
@@ -464,7 +610,8 @@ never reached the harness) are hatched grey and always shown.</p>
 <details><summary>Counts</summary>{_counts_table(report)}</details></section>
 <section><h2>Call and delivered fidelity per run</h2>
 <p class="help"><span class="key diamond"></span> pooled over turns with its 95% Wilson interval &nbsp;
-<span class="key dot"></span> per-episode mean. Where delivered falls short of call fidelity, the calls were {_e(LOST)}.</p>
+<span class="key dot"></span> per-episode mean.
+Where delivered falls short of call fidelity, the calls were {_e(LOST)}.</p>
 <h3>Call fidelity</h3>
 {rate_chart(report, "call_fidelity", "Call fidelity per run")}
 <h3>Delivered fidelity</h3>

@@ -45,7 +45,8 @@ _RUN_SQL = """
 select run, mode(upstream), any_value(json_extract_string(record, '$.harness_model')),
        count(*) filter (where cached_tokens > 0), count(*),
        arg_min(segment, started_at), arg_min(segment_offset, started_at),
-       arg_max(segment, started_at) filter (where status = 200), arg_max(segment_offset, started_at) filter (where status = 200)
+       arg_max(segment, started_at) filter (where status = 200), arg_max(segment_offset, started_at) filter (where
+           status = 200)
 from exchanges where is_attempt and run in (select unnest($runs::varchar[])) group by run
 """
 # Calls the harness got as tool_calls, and calls left in text only (a condition's calls are found in
@@ -83,16 +84,19 @@ class Provenance:
 
     @property
     def served_differs(self) -> bool:
-        return bool(self.served_model and self.requested_model and
-                    _stem(self.requested_model) not in _stem(self.served_model) and
-                    _stem(self.served_model) not in _stem(self.requested_model))
+        return bool(
+            self.served_model
+            and self.requested_model
+            and _stem(self.requested_model) not in _stem(self.served_model)
+            and _stem(self.served_model) not in _stem(self.requested_model)
+        )
 
     def as_dict(self) -> dict:
         """The JSON form: every field, plus the two readings of them a consumer should not redo."""
         return {**dataclasses.asdict(self), "tool_parser": self.parser(), "served_differs": self.served_differs}
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "Provenance":
+    def from_dict(cls, doc: dict) -> Provenance:
         """Back from as_dict (a report's JSON), ignoring the readings and any key a later version adds."""
         return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc})
 
@@ -128,10 +132,12 @@ class Provenance:
             if self.template_note:
                 template += f"; {self.template_note}"
         sent = ", ".join(f"{k}={v}" for k, v in self.sampling.items()) or "none (the stack's defaults)"
-        return (f"served {model}; stack {stack}{' ' + self.stack_version if self.stack_version else ''}; "
-                f"tool parser {self.parser()}; chat template {template}; sampling sent {sent}; prompt cache hit on "
-                f"{self.cache_hits} of {self.attempts} attempts; toolproxy {self.toolproxy_version}, analyzer "
-                f"v{self.analyzer_version}.")
+        return (
+            f"served {model}; stack {stack}{' ' + self.stack_version if self.stack_version else ''}; "
+            f"tool parser {self.parser()}; chat template {template}; sampling sent {sent}; prompt cache hit on "
+            f"{self.cache_hits} of {self.attempts} attempts; toolproxy {self.toolproxy_version}, analyzer "
+            f"v{self.analyzer_version}."
+        )
 
 
 def _stem(name: str) -> str:
@@ -192,10 +198,15 @@ def _why(s: RunSummary, p: Provenance) -> str:
         return "nothing was classified in this run."
     if s.rejected:
         cause = "; ".join(f"{k}: {v}" for k, v in s.non_response_causes.items()) or ", ".join(s.non_response_kinds)
-        return f"every turn refused or failed by the serving layer before any output arrived ({cause}); the model never ran."
+        return (
+            f"every turn refused or failed by the serving layer before any output arrived ({cause}); the model "
+            "never ran."
+        )
     reasons = []
     if p.served_differs:
-        reasons.append(f"the stack served {p.served_model}, not the requested {p.requested_model}: these are its numbers")
+        reasons.append(
+            f"the stack served {p.served_model}, not the requested {p.requested_model}: these are its numbers"
+        )
     native = (s.condition or "native") in ("native", "hint")
     if p.renders_tools is False and native:
         reasons.append("the chat template in use renders no tools: they were dropped from the prompt")
@@ -203,8 +214,10 @@ def _why(s: RunSummary, p: Provenance) -> str:
         reasons.append("llama-cpp-python's default chat handler drops tools unless tool_choice names one")
     lost = s.lost_in_serving
     if lost:
-        reasons.append(f"calls left in text: no tool parser extracted them on this launch ({lost:.0%} of the due calls "
-                       "were valid but never reached the harness as calls)")
+        reasons.append(
+            f"calls left in text: no tool parser extracted them on this launch ({lost:.0%} of the due calls "
+            "were valid but never reached the harness as calls)"
+        )
     if s.condition in REWRITING and p.tool_calls:
         reasons.append(f"calls parsed and delivered by toolproxy's {s.condition} condition, not by the stack")
     if sum(s.non_response_kinds.values()):
@@ -212,8 +225,11 @@ def _why(s: RunSummary, p: Provenance) -> str:
     if not reasons:
         if s.delivered_fidelity.pooled is None:
             return "no turn was due a call."
-        return ("the stack delivered the model's calls as tool_calls: the number is the model's"
-                if p.tool_calls else "the serving layer did its part: the model made no valid call")
+        return (
+            "the stack delivered the model's calls as tool_calls: the number is the model's"
+            if p.tool_calls
+            else "the serving layer did its part: the model made no valid call"
+        )
     return "; ".join(reasons) + "."
 
 
@@ -221,8 +237,10 @@ def provenance(con: duckdb.DuckDBPyConnection, data_dir: Path, runs: list[RunSum
     """Each run's provenance, from the store and, for the sampling sent and the reply's model, the
     bodies of one exchange per run read back from its segment."""
     names = [s.run for s in runs]
-    fingerprints = {up: _json(with_model or any_fp).get("extra") or {}
-                    for up, with_model, any_fp in con.execute(_FINGERPRINT_SQL).fetchall()}
+    fingerprints = {
+        up: _json(with_model or any_fp).get("extra") or {}
+        for up, with_model, any_fp in con.execute(_FINGERPRINT_SQL).fetchall()
+    }
     facts = {r[0]: r[1:] for r in con.execute(_RUN_SQL, {"runs": names}).fetchall()}
     calls = {r[0]: r[1:] for r in con.execute(_CALLS_SQL, {"runs": names}).fetchall()}
     analyzer = stored_version(con)
@@ -250,12 +268,24 @@ def provenance(con: duckdb.DuckDBPyConnection, data_dir: Path, runs: list[RunSum
         tool_calls, text_calls = calls.get(s.run, (0, 0))
         p = Provenance(
             # llama.cpp's build with its commit: a source build is numbered b1, only the commit says which one.
-            run=s.run, condition=s.condition, stack=s.stack, stack_version=fp.get("build") or s.stack_version,
-            served_model=served, served_from=source,
-            requested_model=s.model, harness_model=harness_model if harness_model != s.model else None,
-            tool_calls=int(tool_calls), text_calls=int(text_calls), template_hash=digest,
-            template_source=template_source, renders_tools=renders, template_note=note,
-            sampling={k: sent[k] for k in SAMPLING if k in sent}, cache_hits=int(hits or 0),
-            attempts=int(attempts or 0), analyzer_version=analyzer)
+            run=s.run,
+            condition=s.condition,
+            stack=s.stack,
+            stack_version=fp.get("build") or s.stack_version,
+            served_model=served,
+            served_from=source,
+            requested_model=s.model,
+            harness_model=harness_model if harness_model != s.model else None,
+            tool_calls=int(tool_calls),
+            text_calls=int(text_calls),
+            template_hash=digest,
+            template_source=template_source,
+            renders_tools=renders,
+            template_note=note,
+            sampling={k: sent[k] for k in SAMPLING if k in sent},
+            cache_hits=int(hits or 0),
+            attempts=int(attempts or 0),
+            analyzer_version=analyzer,
+        )
         out[s.run] = Provenance(**{**p.__dict__, "why": _why(s, p)})
     return out

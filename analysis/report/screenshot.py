@@ -26,21 +26,37 @@ def run_chromium(target: str, *args: str, timeout: float = 90.0) -> subprocess.C
     """Headless Chromium on `target` (a file:// or http:// address) with a throwaway profile."""
     browser = find_browser()
     if browser is None:
-        raise RuntimeError(f"no Chromium found (looked for {', '.join(BROWSERS)}); on Debian: apt-get install -y chromium")
+        raise RuntimeError(
+            f"no Chromium found (looked for {', '.join(BROWSERS)}); on Debian: apt-get install -y chromium"
+        )
     with tempfile.TemporaryDirectory(prefix="toolproxy-chromium-") as profile:
-        cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-               f"--user-data-dir={profile}", *args, target]
+        cmd = [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            *args,
+            target,
+        ]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def screenshot(html: Path | str, png: Path, width: int = 1200, height: int = 900, timeout: float = 90.0,
-               wait_ms: int | None = None) -> Path:
+def screenshot(
+    html: Path | str, png: Path, width: int = 1200, height: int = 900, timeout: float = 90.0, wait_ms: int | None = None
+) -> Path:
     """Write `png` of a file or an http:// address; raises RuntimeError with Chromium's own words
     when it could not. wait_ms: let the page's scripts run that long (virtual time) first."""
     target = html if isinstance(html, str) else html.resolve().as_uri()
     extra = [f"--virtual-time-budget={wait_ms}"] if wait_ms else []
-    proc = run_chromium(target, f"--screenshot={png.resolve()}", f"--window-size={width},{height}", *extra, timeout=timeout)
+    proc = run_chromium(
+        target, f"--screenshot={png.resolve()}", f"--window-size={width},{height}", *extra, timeout=timeout
+    )
     if proc.returncode != 0 or not png.exists() or png.stat().st_size == 0:
         raise RuntimeError(f"chromium exited {proc.returncode} without a screenshot: {proc.stderr.strip()[-500:]}")
     return png

@@ -6,8 +6,8 @@ import textwrap
 
 import orjson
 
-from toolproxy.analysis.ingest.records import _request
-from toolproxy.analysis.measure.outcomes import NON_RESPONSE, whose
+from toolproxy.analysis.classify.outcomes import NON_RESPONSE, whose
+from toolproxy.analysis.classify.record import harness_request
 from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 from toolproxy.term.printable import printable
 from toolproxy.wire import family_of
@@ -45,7 +45,9 @@ def _upstream_text(e: dict, calls: list[tuple]) -> list[str]:
     request only, as `hint` does)."""
     condition = e["condition"]
     if e["client_body"] is None:
-        return [f"  (the {condition} condition rewrote only the request: the harness got this reply as the stack sent it)"]
+        return [
+            f"  (the {condition} condition rewrote only the request: the harness got this reply as the stack sent it)"
+        ]
     made = [c for c in calls if c[4] == "tool_calls" and c[3] != "native"]
     if made:
         said = f"before the {condition} condition turned it into {len(made)} tool call{'s' if len(made) != 1 else ''}"
@@ -72,20 +74,27 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
     status = e["status"] if e["status"] is not None else "---"
     client = f" (harness got {e['client_status']})" if e["client_status"] not in (None, e["status"]) else ""
     dur = f"{e['duration_ms']:.0f} ms" if e["duration_ms"] is not None else "-"
-    out.append(f"{e['method']} {e['path']}{'?' + e['query'] if e['query'] else ''} -> {status}{client}  {dur}  "
-               f"{'streamed' if e['streamed'] else 'not streamed'}  at {e['started_at']}  upstream {e['upstream']}")
+    out.append(
+        f"{e['method']} {e['path']}{'?' + e['query'] if e['query'] else ''} -> {status}{client}  {dur}  "
+        f"{'streamed' if e['streamed'] else 'not streamed'}  at {e['started_at']}  upstream {e['upstream']}"
+    )
     if e["error_kind"]:
         out.append(f"error: {e['error_kind']}: {e['error_message']}")
     if e["model"] or e["prompt_tokens"] is not None:
-        out.append(f"model: {e['model']}  tokens: prompt {e['prompt_tokens']}, completion {e['completion_tokens']}, "
-                   f"cached {e['cached_tokens']}  stack marker: {e['stack_marker'] or '-'}")
+        out.append(
+            f"model: {e['model']}  tokens: prompt {e['prompt_tokens']}, completion {e['completion_tokens']}, "
+            f"cached {e['cached_tokens']}  stack marker: {e['stack_marker'] or '-'}"
+        )
     if e["condition_note"]:
         out.append(f"condition note: {e['condition_note']}")
 
     out += ["", "== request (as the harness sent it)"]
-    rec = {"request_body": e["request_body"], "request_body_encoding": e["request_body_encoding"],
-           "request_headers": orjson.loads(e["request_headers"]) if e["request_headers"] else []}
-    req, request = _request(rec, family_of(e["path"] or ""))
+    rec = {
+        "request_body": e["request_body"],
+        "request_body_encoding": e["request_body_encoding"],
+        "request_headers": orjson.loads(e["request_headers"]) if e["request_headers"] else [],
+    }
+    req, request = harness_request(rec, family_of(e["path"] or ""))
     messages = request.messages if request is not None else []
     if req is None:
         out.append(_clip(e["request_body"], 600) if e["request_body"] else "    (no body)")
@@ -103,7 +112,9 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
                 fn = tc.get("function", {}) if isinstance(tc, dict) else {}
                 out.append(f"    -> {fn.get('name')}({_content(fn.get('arguments'))})")
         if e["tool_set"]:
-            tnames = next(iter(con.execute("SELECT names FROM tool_sets WHERE hash = ?", [e["tool_set"]]).fetchall()), None)
+            tnames = next(
+                iter(con.execute("SELECT names FROM tool_sets WHERE hash = ?", [e["tool_set"]]).fetchall()), None
+            )
             out.append(f"  tools offered: {', '.join(tnames[0]) if tnames else '?'}  (tool set {e['tool_set'][:12]})")
         for k in ("tool_choice", "response_format", "stream"):
             if k in req:
@@ -119,7 +130,8 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
     out.append(_clip(e["content"]))
     calls = con.execute(
         "SELECT idx, name, arguments_raw, surface, format, offered, validated, valid, schema_errors "
-        "FROM calls WHERE exchange_id = ? ORDER BY idx", [e["id"]]
+        "FROM calls WHERE exchange_id = ? ORDER BY idx",
+        [e["id"]],
     ).fetchall()
     if e["finish_reason"]:
         out.append(f"  finish_reason: {e['finish_reason']}")
@@ -130,8 +142,14 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
     if e["is_attempt"]:
         meta = orjson.loads(e["record"]) if e["record"] else {}
         kind = f"{e['outcome']}" + (f"/{e['sub_kind']}" if e["sub_kind"] else "")
-        out.append(f"  outcome: {kind}  surface: {e['surface'] or '-'}"
-                   f"{'  HARNESS SAW PROSE: the call was in text, no tool parser extracted it' if e['harness_saw_prose'] else ''}")
+        out.append(
+            f"  outcome: {kind}  surface: {e['surface'] or '-'}"
+            + (
+                "  HARNESS SAW PROSE: the call was in text, no tool parser extracted it"
+                if e["harness_saw_prose"]
+                else ""
+            )
+        )
         if meta.get("classification_detail"):
             owner = f" ({whose(e['sub_kind'])})" if e["outcome"] == NON_RESPONSE else ""
             out.append(f"  why{owner}: {meta['classification_detail']}")
@@ -144,11 +162,19 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
             for err in errs[:5]:
                 out.append(f"      - {err}")
         if e["turn_id"]:
-            t = next(iter(con.execute(
-                "SELECT episode_key, turn_index, outcome, sub_kind, n_attempts FROM turns WHERE turn_id = ?", [e["turn_id"]]
-            ).fetchall()), None)
+            t = next(
+                iter(
+                    con.execute(
+                        "SELECT episode_key, turn_index, outcome, sub_kind, n_attempts FROM turns WHERE turn_id = ?",
+                        [e["turn_id"]],
+                    ).fetchall()
+                ),
+                None,
+            )
             if t:
-                out.append(f"  turn {t[1]} of episode {t[0]}: {t[2]}{'/' + t[3] if t[3] else ''} after {t[4]} attempt(s)")
+                out.append(
+                    f"  turn {t[1]} of episode {t[0]}: {t[2]}{'/' + t[3] if t[3] else ''} after {t[4]} attempt(s)"
+                )
     else:
         out.append("  not a completion request: not classified")
 

@@ -46,7 +46,9 @@ def load_plan(data_dir: Path, name: str) -> dict:
         if not isinstance(plan.get("runs"), list) or not isinstance(plan.get("conditions"), list):
             raise ValueError("no runs or conditions")
     except FileNotFoundError:
-        raise StoreError(f"no study named {name!r} in {path.parent} (toolproxy study --name {name} writes it)") from None
+        raise StoreError(
+            f"no study named {name!r} in {path.parent} (toolproxy study --name {name} writes it)"
+        ) from None
     except (OSError, ValueError, AttributeError) as exc:
         raise StoreError(f"{path} is not a study's plan: {exc}") from None
     return plan
@@ -70,8 +72,10 @@ class StudyCell:
         return self.turns > 0 and sum(self.non_responses.values()) >= self.turns
 
     def cause(self) -> str:
-        return "; ".join(cause_text(kind, n, self.causes.get(kind))
-                         for kind, n in sorted(self.non_responses.items(), key=lambda kv: -kv[1]))
+        return "; ".join(
+            cause_text(kind, n, self.causes.get(kind))
+            for kind, n in sorted(self.non_responses.items(), key=lambda kv: -kv[1])
+        )
 
     def headline(self) -> str:
         """The delivered per-episode mean and its interval (or why none), `rej`, or `-`."""
@@ -164,8 +168,14 @@ def build(con: duckdb.DuckDBPyConnection, plan: dict, source: str, seed: int = 0
     for stack in stacks:
         for model in models:
             for condition in conditions:
-                mine = tuple(r["run"] for r in finished if r.get("stack") == stack and r.get("model") == model
-                             and r["condition"] == condition and r["run"] in summaries)
+                mine = tuple(
+                    r["run"]
+                    for r in finished
+                    if r.get("stack") == stack
+                    and r.get("model") == model
+                    and r["condition"] == condition
+                    and r["run"] in summaries
+                )
                 cells[(stack, model, condition)] = _cell(stack, model, condition, mine, episodes, summaries, seed)
     tests = _tests(con, finished, summaries, stacks, models, conditions)
     return StudyTables(plan.get("name", ""), stacks, models, conditions, cells, tests, upstreams, summaries, seed)
@@ -183,27 +193,55 @@ def _cell(stack, model, condition, runs, episodes, summaries, seed) -> StudyCell
         for kind, n in (s.non_response_kinds or {}).items():
             kinds[kind] = kinds.get(kind, 0) + int(n)
         causes.update(s.non_response_causes)
-    return StudyCell(stack, model, condition, runs, stats.proportion(delivered_k, call_n, seed=seed),
-                stats.proportion(call_k, call_n, seed=seed), int(turns.sum()), kinds, causes)
+    return StudyCell(
+        stack,
+        model,
+        condition,
+        runs,
+        stats.proportion(delivered_k, call_n, seed=seed),
+        stats.proportion(call_k, call_n, seed=seed),
+        int(turns.sum()),
+        kinds,
+        causes,
+    )
 
 
 def _tests(con, finished, summaries, stacks, models, conditions) -> list[PairedTest]:
     """Repeat k of one cell against repeat k of its baseline, per family, Holm within each."""
-    by_cell = {(r.get("stack"), r.get("model"), r["condition"], r["repeat"]): r["run"]
-               for r in finished if r["run"] in summaries}
+    by_cell = {
+        (r.get("stack"), r.get("model"), r["condition"], r["repeat"]): r["run"]
+        for r in finished
+        if r["run"] in summaries
+    }
     repeats = sorted({k[3] for k in by_cell})
     pairs = []
     for k in repeats:
         for stack in stacks:
             for model in models:
                 for condition in conditions[1:]:
-                    pairs.append((CONDITIONS, _label(stack, model), (stack, model, conditions[0], k),
-                                  (stack, model, condition, k), conditions[0], condition))
+                    pairs.append(
+                        (
+                            CONDITIONS,
+                            _label(stack, model),
+                            (stack, model, conditions[0], k),
+                            (stack, model, condition, k),
+                            conditions[0],
+                            condition,
+                        )
+                    )
         for model in models:
             for condition in conditions:
                 for stack in stacks[1:]:
-                    pairs.append((STACKS, _label(None, model, condition), (stacks[0], model, condition, k),
-                                  (stack, model, condition, k), stacks[0], stack))
+                    pairs.append(
+                        (
+                            STACKS,
+                            _label(None, model, condition),
+                            (stacks[0], model, condition, k),
+                            (stack, model, condition, k),
+                            stacks[0],
+                            stack,
+                        )
+                    )
     tests = []
     for family, within, key_a, key_b, label_a, label_b in pairs:
         run_a, run_b = by_cell.get(key_a), by_cell.get(key_b)
@@ -236,20 +274,27 @@ def _p(p: float | None) -> str:
 
 # ---------------------------------------------------------------- markdown
 
+
 def _md_table(head: str, rows: list[str | None], columns: list[str | None], cell) -> list[str]:
     names = [str(c) if c is not None else "(as sent)" for c in columns]
     out = [f"| {head} | " + " | ".join(names) + " |", "|---|" + "---|" * len(columns)]
     for row in rows:
-        out.append(f"| {row if row is not None else '(as sent)'} | " + " | ".join(cell(row, c).text() for c in columns) + " |")
+        out.append(
+            f"| {row if row is not None else '(as sent)'} | " + " | ".join(cell(row, c).text() for c in columns) + " |"
+        )
     return out
 
 
 def render_markdown(t: StudyTables, provenance: list | None = None) -> str:
-    lines = [f"# Study {t.name}: tables", "",
-             "Each cell: delivered fidelity, the per-episode mean with its bootstrap 95% interval "
-             f"(10,000 resamples, seed {t.seed}; none under {stats.MIN_EPISODES} episodes), then call fidelity "
-             "(valid calls whether or not they reached the harness). `rej`: every turn was a non-response, "
-             "with its cause; no fidelity is defined there.", ""]
+    lines = [
+        f"# Study {t.name}: tables",
+        "",
+        "Each cell: delivered fidelity, the per-episode mean with its bootstrap 95% interval "
+        f"(10,000 resamples, seed {t.seed}; none under {stats.MIN_EPISODES} episodes), then call fidelity "
+        "(valid calls whether or not they reached the harness). `rej`: every turn was a non-response, "
+        "with its cause; no fidelity is defined there.",
+        "",
+    ]
     for stack in t.stacks:
         title = f"stack {stack} ({t.upstreams[stack]})" if stack is not None else f"upstream {t.upstreams[stack]}"
         lines += [f"## Models x conditions, {title}", ""]
@@ -259,17 +304,23 @@ def render_markdown(t: StudyTables, provenance: list | None = None) -> str:
             lines += [f"## Stacks x models, condition {condition}", ""]
             lines += _md_table("stack", t.stacks, t.models, lambda s, m, c=condition: t.cell(s, m, c)) + [""]
     if t.tests:
-        lines += ["## Paired tests over the same items", "",
-                  "Exact McNemar on the delivered verdict per item (A = the baseline: the first condition, or the "
-                  "first stack); Holm-corrected within each family.", "",
-                  "| family | within | A | B | paired items | A only | B only | p | p (Holm) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Paired tests over the same items",
+            "",
+            "Exact McNemar on the delivered verdict per item (A = the baseline: the first condition, or the "
+            "first stack); Holm-corrected within each family.",
+            "",
+            "| family | within | A | B | paired items | A only | B only | p | p (Holm) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for x in t.tests:
             if x.note:
                 lines.append(f"| {x.family} | {x.within} | {x.a} | {x.b} | {x.note} | - | - | - | - |")
             else:
-                lines.append(f"| {x.family} | {x.within} | {x.a} | {x.b} | {x.paired} | {x.a_only} | {x.b_only} | "
-                             f"{_p(x.p)} | {_p(x.p_holm)} |")
+                lines.append(
+                    f"| {x.family} | {x.within} | {x.a} | {x.b} | {x.paired} | {x.a_only} | {x.b_only} | "
+                    f"{_p(x.p)} | {_p(x.p_holm)} |"
+                )
         lines.append("")
     if provenance:
         lines += ["## Provenance", "", *(line for p in provenance for line in p.lines()), ""]
@@ -277,6 +328,7 @@ def render_markdown(t: StudyTables, provenance: list | None = None) -> str:
 
 
 # ---------------------------------------------------------------- html: the same tables as a heat map
+
 
 def _colour(v: float) -> tuple[str, str]:
     """A white-to-blue ramp (readable in greyscale and by colour-blind readers) and its text colour."""
@@ -293,8 +345,10 @@ def _html_cell(c: StudyCell) -> str:
         return f'<td class="none" title="{title}">{NO_DATA}</td>'
     bg, fg = _colour(c.delivered.episode_mean)
     few = " few" if c.delivered.ci_low is None else ""
-    return (f'<td class="v{few}" style="background:{bg};color:{fg}" title="{title}"><b>{escape(c.headline())}</b>'
-            f"<small>call {escape(_mean(c.call, notes=False))}</small></td>")
+    return (
+        f'<td class="v{few}" style="background:{bg};color:{fg}" title="{title}"><b>{escape(c.headline())}</b>'
+        f"<small>call {escape(_mean(c.call, notes=False))}</small></td>"
+    )
 
 
 def _axis_name(x: str | None) -> str:
@@ -302,8 +356,11 @@ def _axis_name(x: str | None) -> str:
 
 
 def _html_table(caption: str, head: str, rows, columns, cell) -> str:
-    out = [f"<table><caption>{escape(caption)}</caption><tr><th>{escape(head)}</th>",
-           *(f"<th>{_axis_name(c)}</th>" for c in columns), "</tr>"]
+    out = [
+        f"<table><caption>{escape(caption)}</caption><tr><th>{escape(head)}</th>",
+        *(f"<th>{_axis_name(c)}</th>" for c in columns),
+        "</tr>",
+    ]
     for row in rows:
         out += [f"<tr><th>{_axis_name(row)}</th>", *(_html_cell(cell(row, c)) for c in columns), "</tr>"]
     return "".join(out) + "</table>"
@@ -321,45 +378,101 @@ td.few{outline:2px dashed #c60;outline-offset:-4px}td.none{color:#888}
 
 
 def render_html(t: StudyTables, provenance: list | None = None) -> str:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Study {escape(t.name)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>Study {escape(t.name)}</h1>",
-             "<p>Colour: delivered fidelity, per-episode mean (white 0% to dark blue 100%); the interval and "
-             "call fidelity are written in each cell. Hatched grey: <b>rej</b>, every turn a non-response (the "
-             "stack refused; the model never ran). Dashed outline: no interval (too few episodes, or all equal).</p>",
-             "<p class='key'>" + "".join(f"<span style='background:{_colour(v)[0]};color:{_colour(v)[1]}'>"
-                                         f"{v:.0%}</span>" for v in (0, .25, .5, .75, 1)) + "</p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Study {escape(t.name)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>Study {escape(t.name)}</h1>",
+        "<p>Colour: delivered fidelity, per-episode mean (white 0% to dark blue 100%); the interval and "
+        "call fidelity are written in each cell. Hatched grey: <b>rej</b>, every turn a non-response (the "
+        "stack refused; the model never ran). Dashed outline: no interval (too few episodes, or all equal).</p>",
+        "<p class='key'>"
+        + "".join(
+            f"<span style='background:{_colour(v)[0]};color:{_colour(v)[1]}'>{v:.0%}</span>"
+            for v in (0, 0.25, 0.5, 0.75, 1)
+        )
+        + "</p>",
+    ]
     for stack in t.stacks:
-        caption = f"Models x conditions, stack {stack} ({t.upstreams[stack]})" if stack else f"Models x conditions, {t.upstreams[stack]}"
+        caption = (
+            f"Models x conditions, stack {stack} ({t.upstreams[stack]})"
+            if stack
+            else f"Models x conditions, {t.upstreams[stack]}"
+        )
         parts.append(_html_table(caption, "model", t.models, t.conditions, lambda m, c, s=stack: t.cell(s, m, c)))
     if len(t.stacks) > 1 or t.stacks[0] is not None:
         for condition in t.conditions:
-            parts.append(_html_table(f"Stacks x models, condition {condition}", "stack", t.stacks, t.models,
-                                     lambda s, m, c=condition: t.cell(s, m, c)))
+            parts.append(
+                _html_table(
+                    f"Stacks x models, condition {condition}",
+                    "stack",
+                    t.stacks,
+                    t.models,
+                    lambda s, m, c=condition: t.cell(s, m, c),
+                )
+            )
     if t.tests:
         rows = "".join(
             f"<tr><td>{escape(x.family)}</td><td>{escape(x.within)}</td><td>{escape(x.a)}</td><td>{escape(x.b)}</td>"
-            + (f"<td colspan=5>{escape(x.note)}</td>" if x.note else
-               f"<td>{x.paired}</td><td>{x.a_only}</td><td>{x.b_only}</td><td>{_p(x.p)}</td><td>{_p(x.p_holm)}</td>")
-            + "</tr>" for x in t.tests)
-        parts.append("<table><caption>Paired tests over the same items (exact McNemar on the delivered verdict, "
-                     "Holm within each family)</caption><tr><th>family</th><th>within</th><th>A</th><th>B</th>"
-                     f"<th>paired</th><th>A only</th><th>B only</th><th>p</th><th>p (Holm)</th></tr>{rows}</table>")
+            + (
+                f"<td colspan=5>{escape(x.note)}</td>"
+                if x.note
+                else f"<td>{x.paired}</td><td>{x.a_only}</td><td>{x.b_only}</td>"
+                f"<td>{_p(x.p)}</td><td>{_p(x.p_holm)}</td>"
+            )
+            + "</tr>"
+            for x in t.tests
+        )
+        parts.append(
+            "<table><caption>Paired tests over the same items (exact McNemar on the delivered verdict, "
+            "Holm within each family)</caption><tr><th>family</th><th>within</th><th>A</th><th>B</th>"
+            f"<th>paired</th><th>A only</th><th>B only</th><th>p</th><th>p (Holm)</th></tr>{rows}</table>"
+        )
     parts.append(provenance_section(provenance or []))
     return "".join(parts) + "</body></html>\n"
 
 
 def render_json(t: StudyTables, provenance: list | None = None) -> str:
     def rate(r: stats.Rate | None):
-        return None if r is None else {"episode_mean": r.episode_mean, "ci_low": r.ci_low, "ci_high": r.ci_high,
-                                       "interval_note": r.interval_note, "episodes": r.episodes_rated,
-                                       "pooled": r.pooled, "numerator": r.numerator, "denominator": r.denominator}
-    cells = [{"stack": c.stack, "model": c.model, "condition": c.condition, "runs": list(c.runs), "turns": c.turns,
-              "rejected": c.rejected, "delivered_fidelity": rate(c.delivered), "call_fidelity": rate(c.call),
-              "non_responses": c.non_responses, "cause": c.cause() or None, "text": c.text()}
-             for c in t.cells.values()]
-    doc = {"study": t.name, "upstreams": {k or "": v for k, v in t.upstreams.items()}, "models": t.models,
-           "conditions": t.conditions, "seed": t.seed, "cells": cells, "tests": [x.__dict__ for x in t.tests],
-           "provenance": [p.as_dict() for p in provenance or []]}
+        return (
+            None
+            if r is None
+            else {
+                "episode_mean": r.episode_mean,
+                "ci_low": r.ci_low,
+                "ci_high": r.ci_high,
+                "interval_note": r.interval_note,
+                "episodes": r.episodes_rated,
+                "pooled": r.pooled,
+                "numerator": r.numerator,
+                "denominator": r.denominator,
+            }
+        )
+
+    cells = [
+        {
+            "stack": c.stack,
+            "model": c.model,
+            "condition": c.condition,
+            "runs": list(c.runs),
+            "turns": c.turns,
+            "rejected": c.rejected,
+            "delivered_fidelity": rate(c.delivered),
+            "call_fidelity": rate(c.call),
+            "non_responses": c.non_responses,
+            "cause": c.cause() or None,
+            "text": c.text(),
+        }
+        for c in t.cells.values()
+    ]
+    doc = {
+        "study": t.name,
+        "upstreams": {k or "": v for k, v in t.upstreams.items()},
+        "models": t.models,
+        "conditions": t.conditions,
+        "seed": t.seed,
+        "cells": cells,
+        "tests": [x.__dict__ for x in t.tests],
+        "provenance": [p.as_dict() for p in provenance or []],
+    }
     return json.dumps(doc, indent=2) + "\n"
 
 

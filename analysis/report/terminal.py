@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import textwrap
 
-from toolproxy.analysis.report.cells import (DETAIL_FIRST_NUMERIC, DETAIL_HEADERS, SHORT_FIRST_NUMERIC, SHORT_HEADERS,
-                                   detail_row, legend, provenance, report_notes, short_row)
 from toolproxy.analysis.measure.summary import Report
+from toolproxy.analysis.report.cells import (
+    DETAIL_FIRST_NUMERIC,
+    DETAIL_HEADERS,
+    SHORT_FIRST_NUMERIC,
+    SHORT_HEADERS,
+    detail_row,
+    legend,
+    provenance,
+    report_notes,
+    short_row,
+)
 
 # Name-like columns give up width (ending in "…") when the table is wider than the terminal, the
 # widest first and the run name last; numbers never do, because a clipped number is a wrong number.
@@ -41,8 +50,10 @@ def aligned(headers: list[str], rows: list[list[str]], first_numeric: int, width
     widths, gap = _layout(headers, rows, width)
 
     def line(cells: list[str]) -> str:
-        out = [_clip(c, w).rjust(w) if i >= first_numeric else _clip(c, w).ljust(w)
-               for i, (c, w) in enumerate(zip(cells, widths))]
+        out = [
+            _clip(c, w).rjust(w) if i >= first_numeric else _clip(c, w).ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths))
+        ]
         return gap.join(out).rstrip()
 
     return [line(headers), gap.join("-" * w for w in widths)] + [line(r) for r in rows]

@@ -12,24 +12,9 @@ from typing import Any
 
 import orjson
 
-from toolproxy.calls.validate import json_type
+from toolproxy.record.schema import EPOCH_SECONDS, FITS, INT32, INT64, misfit
 
-_INT32 = (-(1 << 31), (1 << 31) - 1)
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-# Epoch seconds DuckDB can hold as a TIMESTAMP (microseconds in an int64, about +-292,000 years).
-_EPOCH_SECONDS = 9.2e12
-
-_WORDS = {
-    "VARCHAR": "a string",
-    "JSON": "JSON text",
-    "INTEGER": "a 32-bit integer",
-    "BIGINT": "a 64-bit integer",
-    "DOUBLE": "a number",
-    "TIMESTAMP": "a time in seconds since 1970",
-    "BOOLEAN": "true or false",
-    "VARCHAR[]": "a list of strings",
-}
-
+__all__ = ["Columns", "misfit", "share_strings"]  # misfit: the record reader's, which words a column's misfit too
 
 _TEXT = {str, type(None)}
 
@@ -45,48 +30,17 @@ def share_strings(values: Sequence) -> Sequence:
     return tuple(map(first.setdefault, values, values))
 
 
-def _is_int(value: Any, bounds: tuple[int, int]) -> bool:
-    return type(value) is int and bounds[0] <= value <= bounds[1]
-
-
-def _is_number(value: Any) -> bool:
-    return type(value) in (int, float)
-
-
-_FITS = {
-    "VARCHAR": lambda v: type(v) is str,
-    "JSON": lambda v: type(v) is str,
-    "INTEGER": lambda v: _is_int(v, _INT32),
-    "BIGINT": lambda v: _is_int(v, _INT64),
-    "DOUBLE": _is_number,
-    "TIMESTAMP": lambda v: _is_number(v) and -_EPOCH_SECONDS < v < _EPOCH_SECONDS,
-    "BOOLEAN": lambda v: type(v) is bool,
-    "VARCHAR[]": lambda v: type(v) is list and all(type(x) is str for x in v),
-}
-
-
-def _with_article(noun: str) -> str:
-    return ("an " if noun[0] in "aeiou" else "a ") + noun
-
-
-def misfit(name: str, value: Any, sql_type: str) -> str | None:
-    """Why `value` cannot be stored in column `name` of `sql_type`, or None if it can (NULL always can)."""
-    if value is None or _FITS[sql_type](value):
-        return None
-    try:
-        shown = orjson.dumps(value, default=str).decode()
-    except TypeError:  # an int beyond 64 bits (orjson's own limit)
-        shown = str(value)
-    if len(shown) > 60:
-        shown = shown[:59] + "…"
-    return f'"{name}" is {shown} ({_with_article(json_type(value))}), which does not fit {_WORDS[sql_type]}'
-
-
 _NONE = type(None)
-_BOUNDS = {"INTEGER": _INT32, "BIGINT": _INT64, "TIMESTAMP": (-_EPOCH_SECONDS, _EPOCH_SECONDS)}
+_BOUNDS = {"INTEGER": INT32, "BIGINT": INT64, "TIMESTAMP": (-EPOCH_SECONDS, EPOCH_SECONDS)}
 _PY_TYPES = {
-    "VARCHAR": {str, _NONE}, "JSON": {str, _NONE}, "INTEGER": {int, _NONE}, "BIGINT": {int, _NONE},
-    "DOUBLE": {int, float, _NONE}, "TIMESTAMP": {int, float, _NONE}, "BOOLEAN": {bool, _NONE}, "VARCHAR[]": {list, _NONE},
+    "VARCHAR": {str, _NONE},
+    "JSON": {str, _NONE},
+    "INTEGER": {int, _NONE},
+    "BIGINT": {int, _NONE},
+    "DOUBLE": {int, float, _NONE},
+    "TIMESTAMP": {int, float, _NONE},
+    "BOOLEAN": {bool, _NONE},
+    "VARCHAR[]": {list, _NONE},
 }
 
 
@@ -145,6 +99,8 @@ class Columns:
             if _column_fits(values, sql_type):
                 continue
             text = sql_type in ("VARCHAR", "JSON")
-            out[name] = [v if v is None or _FITS[sql_type](v) else (orjson.dumps(v, default=str).decode() if text else None)
-                         for v in values]
+            out[name] = [
+                v if v is None or FITS[sql_type](v) else (orjson.dumps(v, default=str).decode() if text else None)
+                for v in values
+            ]
         return out

@@ -28,7 +28,11 @@ def default_db(data_dir: str | Path) -> Path:
 
 
 def connect(
-    db_path: str | Path, *, read_only: bool = False, create: bool = True, memory_limit: str | None = DEFAULT_MEMORY_LIMIT
+    db_path: str | Path,
+    *,
+    read_only: bool = False,
+    create: bool = True,
+    memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
 ) -> duckdb.DuckDBPyConnection:
     """Open the database, migrated to the newest schema unless read_only.
 
@@ -48,7 +52,8 @@ def connect(
         msg = str(exc)
         if "lock" in msg.lower():
             raise StoreError(
-                f"{path} is in use by another process (DuckDB allows one writer); close it and retry. ({msg.splitlines()[0]})"
+                f"{path} is in use by another process (DuckDB allows one writer); close it and retry. "
+                f"({msg.splitlines()[0]})"
             ) from None
         raise StoreError(f"cannot open {path}: {msg.splitlines()[0]}") from None
     except duckdb.Error as exc:
@@ -76,7 +81,9 @@ def connect(
         have = schema_version(con)
         if have < MIGRATIONS[-1][0]:
             con.close()
-            raise StoreError(f"{path} has schema version {have}; run `toolproxy analyze` to migrate it to {MIGRATIONS[-1][0]}")
+            raise StoreError(
+                f"{path} has schema version {have}; run `toolproxy analyze` to migrate it to {MIGRATIONS[-1][0]}"
+            )
     return con
 
 
@@ -243,8 +250,9 @@ def bodies_in_sql(con: duckdb.DuckDBPyConnection, data_dir: str | Path) -> Itera
     text = duckdb.type("VARCHAR")
     struct = duckdb.struct_type({name: text for name in BODIES_AS_RECORDED})
     _retire_unfinished(con)
-    con.create_function("bodies", bodies, [text, duckdb.type("BIGINT")], struct,
-                        null_handling="special", side_effects=False)
+    con.create_function(
+        "bodies", bodies, [text, duckdb.type("BIGINT")], struct, null_handling="special", side_effects=False
+    )
     try:
         yield access
     finally:

@@ -16,8 +16,17 @@ DEFAULT_MEMORY_LIMIT = "1GB"
 # Below this DuckDB cannot hold the working set of one statement over the analyzer's tables.
 MIN_MEMORY_LIMIT = 64 * 1000 * 1000
 
-_UNITS = {"b": 1, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4,
-          "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4}
+_UNITS = {
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*|%)\s*", re.IGNORECASE)
 
 
@@ -44,7 +53,7 @@ def parse_memory_limit(text: str) -> int:
     else:
         size = int(number * _UNITS[unit])
     if size < MIN_MEMORY_LIMIT:
-        raise MemoryLimitError(f"{text!r} is below the {MIN_MEMORY_LIMIT // 1000 ** 2}MB DuckDB needs to work")
+        raise MemoryLimitError(f"{text!r} is below the {MIN_MEMORY_LIMIT // 1000**2}MB DuckDB needs to work")
     return size
 
 

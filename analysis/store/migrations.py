@@ -262,7 +262,8 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     (
         11,
         "per run, how many of its exchanges have each model, condition, stack marker, upstream, kind and sample "
-        "rate, so that a re-analyze adds the new exchanges to its row instead of aggregating the whole run again (runs derived "
+        "rate, so that a re-analyze adds the new exchanges to its row instead of aggregating the whole run again "
+        "(runs derived "
         "before have none: their next analyze aggregates them once)",
         "CREATE TABLE run_tallies (run VARCHAR, field VARCHAR, value VARCHAR, n BIGINT);",
     ),

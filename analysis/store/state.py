@@ -4,12 +4,12 @@ analysis is done (lifecycle.reanalyze decides when everything derived must be re
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import orjson
 
-from toolproxy.analysis.measure.expectations import ExpectationRule, parse_rules
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.expectations import ExpectationRule, parse_rules
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 
 _VERSION_KEY = "analyzer_version"
 _RULES_KEY = "expect_rules"

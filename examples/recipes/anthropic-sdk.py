@@ -10,7 +10,6 @@ or put `toolproxy serve --bridge messages` in front of a chat-only one.
 import sys
 
 from anthropic import Anthropic
-
 from weather import DESCRIPTION, PARAMETERS, QUESTION, SYSTEM, finish, get_weather
 
 model = sys.argv[1] if len(sys.argv) > 1 else "local"

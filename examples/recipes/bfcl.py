@@ -1,6 +1,7 @@
-"""BFCL (bfcl-eval): its own `generate` and `evaluate` on the first N items of some categories.
+r"""BFCL (bfcl-eval): its own `generate` and `evaluate` on the first N items of some categories.
 
-    toolproxy run --upstream URL --run bfcl --tag category=simple_python -- python examples/recipes/bfcl.py --first 3 simple_python
+    toolproxy run --upstream URL --run bfcl --tag category=simple_python -- \
+        python examples/recipes/bfcl.py --first 3 simple_python
 
 BFCL's plain chat-completions function-calling handler (OpenAICompletionsHandler) reads
 OPENAI_BASE_URL and OPENAI_API_KEY, which `toolproxy run` sets; in this bfcl-eval release it is
@@ -21,13 +22,17 @@ from pathlib import Path
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("categories", nargs="+", help="BFCL test categories, e.g. simple_python irrelevance")
 parser.add_argument("--first", type=int, default=3, help="items per category (the first N by file order)")
-parser.add_argument("--model", default="openbmb/MiniCPM-SALA-FC", help="a BFCL model name (its handler decides the API)")
+parser.add_argument(
+    "--model", default="openbmb/MiniCPM-SALA-FC", help="a BFCL model name (its handler decides the API)"
+)
 args = parser.parse_args()
 
 root = Path(os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path("bfcl-project").resolve())))
 root.mkdir(parents=True, exist_ok=True)
 if (root / ".env").exists():
-    sys.exit(f"{root / '.env'} exists and BFCL would let it override OPENAI_BASE_URL; remove it or set BFCL_PROJECT_ROOT")
+    sys.exit(
+        f"{root / '.env'} exists and BFCL would let it override OPENAI_BASE_URL; remove it or set BFCL_PROJECT_ROOT"
+    )
 
 from bfcl_eval.constants.category_mapping import VERSION_PREFIX  # noqa: E402  (reads BFCL_PROJECT_ROOT)
 from bfcl_eval.constants.eval_config import PROMPT_PATH  # noqa: E402

@@ -12,8 +12,8 @@ reaches the proxy.
 import sys
 
 import dspy
-
-from weather import QUESTION, finish, get_weather as weather_service
+from weather import QUESTION, finish
+from weather import get_weather as weather_service
 
 calls = []
 

@@ -25,23 +25,26 @@ class Harness:
     requirements: tuple[str, ...]  # what pip installs, pinned to `version`
 
 
-HARNESSES = {h.name: h for h in (
-    Harness("openai-python", "3.57.0", ("openai==3.57.0",)),
-    Harness("openai-agents", "0.24.0", ("openai-agents==0.24.0",)),
-    Harness("pydantic-ai", "2.68.0", ("pydantic-ai-slim[openai]==2.68.0",)),
-    Harness("langchain-openai", "1.7.4", ("langchain-openai==1.7.4",)),
-    Harness("langgraph", "1.2.24", ("langgraph==1.2.24", "langchain-openai==1.7.4")),
-    Harness("smolagents", "1.26.0", ("smolagents[openai]==1.26.0",)),
-    Harness("mini-swe-agent", "2.4.6", ("mini-swe-agent==2.4.6",)),
-    Harness("litellm", "1.110.2", ("litellm==1.110.2",)),
-    Harness("ollama", "0.6.3", ("ollama==0.6.3",)),
-    Harness("anthropic", "2.15.0", ("anthropic==2.15.0",)),
-    # inspect-ai's openai-api/ and openai/ providers go through the openai SDK, which it does not pin
-    Harness("inspect-ai", "0.3.285", ("inspect-ai==0.3.285", "openai==3.57.0")),
-    Harness("dspy", "3.4.1", ("dspy==3.4.1",)),
-    # qwen-agent, which bfcl-eval imports, imports soundfile without declaring it
-    Harness("bfcl-eval", "2026.3.23", ("bfcl-eval==2026.3.23", "soundfile==0.14.0")),
-)}
+HARNESSES = {
+    h.name: h
+    for h in (
+        Harness("openai-python", "3.57.0", ("openai==3.57.0",)),
+        Harness("openai-agents", "0.24.0", ("openai-agents==0.24.0",)),
+        Harness("pydantic-ai", "2.68.0", ("pydantic-ai-slim[openai]==2.68.0",)),
+        Harness("langchain-openai", "1.7.4", ("langchain-openai==1.7.4",)),
+        Harness("langgraph", "1.2.24", ("langgraph==1.2.24", "langchain-openai==1.7.4")),
+        Harness("smolagents", "1.26.0", ("smolagents[openai]==1.26.0",)),
+        Harness("mini-swe-agent", "2.4.6", ("mini-swe-agent==2.4.6",)),
+        Harness("litellm", "1.110.2", ("litellm==1.110.2",)),
+        Harness("ollama", "0.6.3", ("ollama==0.6.3",)),
+        Harness("anthropic", "2.15.0", ("anthropic==2.15.0",)),
+        # inspect-ai's openai-api/ and openai/ providers go through the openai SDK, which it does not pin
+        Harness("inspect-ai", "0.3.285", ("inspect-ai==0.3.285", "openai==3.57.0")),
+        Harness("dspy", "3.4.1", ("dspy==3.4.1",)),
+        # qwen-agent, which bfcl-eval imports, imports soundfile without declaring it
+        Harness("bfcl-eval", "2026.3.23", ("bfcl-eval==2026.3.23", "soundfile==0.14.0")),
+    )
+}
 
 
 def environment(name: str) -> Path:
@@ -60,8 +63,18 @@ def build(h: Harness) -> Path:
         if not ready.exists() or ready.read_text() != pins:  # new, or its pins changed since it was built
             if not (root / "bin" / "python").exists():
                 subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-            subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                            *h.requirements], check=True)
+            subprocess.run(
+                [
+                    str(root / "bin" / "python"),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    *h.requirements,
+                ],
+                check=True,
+            )
             ready.write_text(pins)
     return root
 

@@ -12,13 +12,14 @@ summaries) that toolproxy records but does not count as an episode. Logs go to .
 
 import sys
 
-from inspect_ai import Task, eval as inspect_eval
+from inspect_ai import Task
+from inspect_ai import eval as inspect_eval
 from inspect_ai.agent import react
 from inspect_ai.dataset import Sample
 from inspect_ai.scorer import includes
 from inspect_ai.tool import tool
-
-from weather import QUESTION, RESULT_PHRASE, SYSTEM, finish, get_weather as weather_service
+from weather import QUESTION, RESULT_PHRASE, SYSTEM, finish
+from weather import get_weather as weather_service
 
 calls = []
 
@@ -37,12 +38,24 @@ def get_weather():
     return execute
 
 
-task = Task(dataset=[Sample(input=QUESTION, target=RESULT_PHRASE)],
-            solver=react(prompt=SYSTEM, tools=[get_weather()], attempts=1), scorer=includes(), message_limit=8)
-log = inspect_eval(task, model=sys.argv[1] if len(sys.argv) > 1 else "openai-api/llm/local", display="none",
-                   log_dir="logs", max_retries=0)[0]
+task = Task(
+    dataset=[Sample(input=QUESTION, target=RESULT_PHRASE)],
+    solver=react(prompt=SYSTEM, tools=[get_weather()], attempts=1),
+    scorer=includes(),
+    message_limit=8,
+)
+log = inspect_eval(
+    task,
+    model=sys.argv[1] if len(sys.argv) > 1 else "openai-api/llm/local",
+    display="none",
+    log_dir="logs",
+    max_retries=0,
+)[0]
 sample = (log.samples or [None])[0]
 # a sample that hit a limit ended there, its completion the last text whether the agent submitted or not
 limit = sample.limit.type if sample is not None and sample.limit is not None else None
-finish(sample.output.completion if sample is not None and log.status == "success" else None, bool(calls),
-       f"{limit} limit" if limit else None)
+finish(
+    sample.output.completion if sample is not None and log.status == "success" else None,
+    bool(calls),
+    f"{limit} limit" if limit else None,
+)

@@ -11,8 +11,8 @@ import sys
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-
-from weather import QUESTION, SYSTEM, finish, get_weather as weather_service
+from weather import QUESTION, SYSTEM, finish
+from weather import get_weather as weather_service
 
 
 @tool

@@ -13,10 +13,9 @@ import warnings
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-
 from langgraph.prebuilt import create_react_agent
-
-from weather import QUESTION, SYSTEM, finish, get_weather as weather_service
+from weather import QUESTION, SYSTEM, finish
+from weather import get_weather as weather_service
 
 
 @tool
@@ -27,8 +26,11 @@ def get_weather(city: str) -> str:
 
 with warnings.catch_warnings():  # deprecated in favour of langchain's create_agent, still shipped in 1.x
     warnings.simplefilter("ignore")
-    agent = create_react_agent(ChatOpenAI(model=sys.argv[1] if len(sys.argv) > 1 else "local", temperature=0),
-                               tools=[get_weather], prompt=SYSTEM)
+    agent = create_react_agent(
+        ChatOpenAI(model=sys.argv[1] if len(sys.argv) > 1 else "local", temperature=0),
+        tools=[get_weather],
+        prompt=SYSTEM,
+    )
 state = agent.invoke({"messages": [("user", QUESTION)]}, {"recursion_limit": 8})
 ran = any(isinstance(m, ToolMessage) and m.name == "get_weather" and m.status != "error" for m in state["messages"])
 last = state["messages"][-1]

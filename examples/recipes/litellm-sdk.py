@@ -1,7 +1,8 @@
-"""litellm: `litellm.completion` with a tool, through its openai/ provider (or ollama_chat/ for Ollama).
+r"""litellm: `litellm.completion` with a tool, through its openai/ provider (or ollama_chat/ for Ollama).
 
     toolproxy run --upstream URL --run litellm -- python examples/recipes/litellm-sdk.py [openai/MODEL]
-    toolproxy run --upstream http://127.0.0.1:11434 --run litellm-ollama -- python examples/recipes/litellm-sdk.py ollama_chat/MODEL
+    toolproxy run --upstream http://127.0.0.1:11434 --run litellm-ollama -- \
+        python examples/recipes/litellm-sdk.py ollama_chat/MODEL
 
 The openai/ provider reads OPENAI_BASE_URL (then OPENAI_API_BASE) and OPENAI_API_KEY; ollama/ and
 ollama_chat/ read OLLAMA_API_BASE; hosted_vllm/ reads HOSTED_VLLM_API_BASE. `toolproxy run` sets
@@ -12,7 +13,6 @@ import json
 import sys
 
 import litellm
-
 from weather import CHAT_TOOL, QUESTION, SYSTEM, finish, get_weather
 
 model = sys.argv[1] if len(sys.argv) > 1 else "openai/local"

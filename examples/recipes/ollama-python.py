@@ -9,7 +9,6 @@ sets; MODEL must be one the Ollama server has pulled, with the `tools` capabilit
 import sys
 
 from ollama import Client
-
 from weather import CHAT_TOOL, QUESTION, SYSTEM, finish, get_weather
 
 model = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5:7b"

@@ -12,7 +12,6 @@ it to chat completions, or put `toolproxy serve --bridge responses` in front of 
 import sys
 
 from agents import Agent, Runner, function_tool, set_default_openai_api
-
 from weather import QUESTION, SYSTEM, finish, get_weather
 
 args = [a for a in sys.argv[1:] if a != "--chat"]

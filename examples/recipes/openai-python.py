@@ -9,7 +9,6 @@ import json
 import sys
 
 from openai import OpenAI
-
 from weather import CHAT_TOOL, QUESTION, SYSTEM, finish, get_weather
 
 model = sys.argv[1] if len(sys.argv) > 1 else "local"
@@ -23,7 +22,9 @@ for _ in range(4):
         break
     messages.append(msg.model_dump(exclude_none=True))
     for tc in msg.tool_calls:
-        result = get_weather(**json.loads(tc.function.arguments)) if tc.function.name == "get_weather" else "unknown tool"
+        result = (
+            get_weather(**json.loads(tc.function.arguments)) if tc.function.name == "get_weather" else "unknown tool"
+        )
         tool_ran |= tc.function.name == "get_weather"
         messages.append({"role": "tool", "tool_call_id": tc.id, "content": result})
 else:

@@ -10,8 +10,8 @@ by calling its own `final_answer` tool, so every turn of a good run is a tool ca
 import sys
 
 from smolagents import OpenAIModel, ToolCallingAgent, tool
-
-from weather import QUESTION, finish, get_weather as weather_service
+from weather import QUESTION, finish
+from weather import get_weather as weather_service
 
 calls = []
 

@@ -16,8 +16,11 @@ CITY = os.environ.get("WEATHER_CITY") or "Paris"
 QUESTION = f"What is the weather in {CITY} right now? Use the get_weather tool."
 SYSTEM = "You are a helpful assistant. Use a tool when one fits the question."
 DESCRIPTION = "Current weather for a city."
-PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
-              "required": ["city"]}
+PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "description": "City name"}},
+    "required": ["city"],
+}
 RESULT_PHRASE = "sunny, 22 C"
 
 
@@ -34,8 +37,10 @@ def get_weather(city: str) -> str:
     return f"weather-service: {RESULT_PHRASE} in {city}"
 
 
-CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "description": DESCRIPTION,
-                                              "parameters": PARAMETERS}}
+CHAT_TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": DESCRIPTION, "parameters": PARAMETERS},
+}
 
 
 def finish(answer, tool_ran: bool, stopped: str | None = None) -> None:

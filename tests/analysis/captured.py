@@ -14,8 +14,12 @@ def analyzed(tmp_path: Path, segments: Path, expect_summary: str | None = None):
     """`toolproxy analyze` over a copy of these segments; a read-only connection to its store."""
     data = tmp_path / "data"
     shutil.copytree(segments, data / "segments")
-    r = subprocess.run([sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert expect_summary is None or expect_summary in r.stdout, r.stdout
     return connect(data / "toolproxy.duckdb", read_only=True)

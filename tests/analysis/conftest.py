@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from storebuilder import build_store, mixed_runs
 
 

@@ -14,19 +14,21 @@ import json
 
 import duckdb
 
-from toolproxy.analysis.ingest.keys import link_map, parent_walk
+from toolproxy.analysis.classify.keys import link_map, parent_walk
 from toolproxy.analysis.measure.metrics import run_metrics, score
 
 _GROUPED = {
-    "exchanges": "run, kind, condition, is_attempt, streamed, model, status, client_status, error_kind, outcome, sub_kind, "
-                 "surface, n_calls, finish_reason, harness_saw_prose, stack_marker, stack_marker_version, n_messages, "
-                 "tool_results, tool_set IS NOT NULL, call_signature IS NOT NULL, _walked.n, "
-                 "md5(coalesce(content, '')), md5(coalesce(upstream_content, '')), prompt_tokens, completion_tokens, "
-                 "cached_tokens, record::VARCHAR, protocol, rejects, finishes, length(reply_keys), finisher",
-    "calls": "name, arguments_raw, arguments::VARCHAR, surface, format, offered, validated, valid, schema_errors::VARCHAR",
+    "exchanges": "run, kind, condition, is_attempt, streamed, model, status, client_status, error_kind, outcome, "
+    "sub_kind, "
+    "surface, n_calls, finish_reason, harness_saw_prose, stack_marker, stack_marker_version, n_messages, "
+    "tool_results, tool_set IS NOT NULL, call_signature IS NOT NULL, _walked.n, "
+    "md5(coalesce(content, '')), md5(coalesce(upstream_content, '')), prompt_tokens, completion_tokens, "
+    "cached_tokens, record::VARCHAR, protocol, rejects, finishes, length(reply_keys), finisher",
+    "calls": "name, arguments_raw, arguments::VARCHAR, surface, format, offered, validated, valid, "
+    "schema_errors::VARCHAR",
     "turns": "run, turn_index, item_key, category, condition, model, outcome, sub_kind, surface, n_attempts, n_calls, "
-             "finish_reason, harness_saw_prose, expect, delivered, offered_tools, tool_results, saw_result, is_last, role, "
-             "md5(coalesce(content, '')), protocol, rejected, finishes, last_with_tools, finisher",
+    "finish_reason, harness_saw_prose, expect, delivered, offered_tools, tool_results, saw_result, is_last, role, "
+    "md5(coalesce(content, '')), protocol, rejected, finishes, last_with_tools, finisher",
     "episodes": "run, reconstructed, item_key, category, n_turns, looping, loop_reason, expect",
     "runs": "run, stack, stack_version, model, condition, n_exchanges, n_episodes, n_turns",
 }
@@ -47,8 +49,10 @@ def _walk_lengths(con: duckdb.DuckDBPyConnection) -> None:
     for _, run, _, _, pairs in rows:
         links.setdefault(run, []).append(pairs)
     maps = {run: link_map(p) for run, p in links.items()}
-    n = [None if parents is None else len(list(parent_walk(parents, prior, maps[run])))
-         for _, run, parents, prior, _ in rows]
+    n = [
+        None if parents is None else len(list(parent_walk(parents, prior, maps[run])))
+        for _, run, parents, prior, _ in rows
+    ]
     con.execute("CREATE OR REPLACE TEMP TABLE _walked (id VARCHAR, n INTEGER)")
     con.executemany("INSERT INTO _walked VALUES (?, ?)", [(r[0], k) for r, k in zip(rows, n)])
 
@@ -60,8 +64,11 @@ def summary(con: duckdb.DuckDBPyConnection) -> dict:
         source = "exchanges LEFT JOIN _walked USING (id)" if table == "exchanges" else table
         rows = con.execute(f"SELECT {columns}, count(*) AS n FROM {source} GROUP BY ALL").fetchall()
         text = json.dumps(sorted([[str(v) if v is not None else None for v in row] for row in rows], key=str))
-        out[table] = {"groups": len(rows), "rows": sum(r[-1] for r in rows),
-                      "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        out[table] = {
+            "groups": len(rows),
+            "rows": sum(r[-1] for r in rows),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        }
     out["turns_by_outcome"] = sorted([[str(v) for v in row] for row in con.execute(_READABLE).fetchall()])
     out["distinct"] = {c: con.execute(f"SELECT count(DISTINCT {c}) FROM exchanges").fetchone()[0] for c in _DISTINCT}
     runs = [r[0] for r in con.execute("SELECT run FROM runs ORDER BY run").fetchall()]
@@ -72,8 +79,11 @@ def summary(con: duckdb.DuckDBPyConnection) -> dict:
         for name, value in dataclasses.asdict(m).items():
             if isinstance(value, dict) and "numerator" in value:
                 # the bootstrap interval resamples episodes in key order, and some keys hold ids
-                value = {k: (round(v, 9) if isinstance(v, float) else v) for k, v in value.items()
-                         if k not in ("ci_low", "ci_high")}
+                value = {
+                    k: (round(v, 9) if isinstance(v, float) else v)
+                    for k, v in value.items()
+                    if k not in ("ci_low", "ci_high")
+                }
             metrics[run][name] = value
     out["metrics"] = metrics
     return out

@@ -1,4 +1,5 @@
-"""Recorded response bodies through analysis.ingest.bodies and the wire decoders: one row per wire shape a real stack produces."""
+"""Recorded response bodies through analysis.classify.bodies and the wire decoders: one row per wire shape a real
+stack produces."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest.bodies import decode_body
+from toolproxy.analysis.classify.bodies import decode_body
 from toolproxy.wire import decode, family_of
 
 
@@ -40,93 +41,309 @@ ndjson = lambda *objs: b"".join(orjson.dumps(o) + b"\n" for o in objs)  # noqa: 
 
 CASES = [
     # (id, path, content_type, body, expected attributes)
-    ("openai non-stream tool call", "/v1/chat/completions", "application/json",
-     orjson.dumps({"id": "x", "model": "gpt", "choices": [{"index": 0, "message": {"role": "assistant", "content": None,
-        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
-        "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 80, "completion_tokens": 12,
-        "prompt_tokens_details": {"cached_tokens": 64}}}),
-     dict(streamed=False, complete=True, content=None, finish_reason="tool_calls", calls=[("get_weather", '{"city":"Paris"}')],
-          prompt_tokens=80, completion_tokens=12, cached_tokens=64, model="gpt")),
-    ("vLLM SSE: name first, argument fragments, usage chunk", "/v1/chat/completions", "text/event-stream",
-     sse(chunk({"role": "assistant", "content": ""}),
-         chunk({"tool_calls": [tc(0, "chatcmpl-tool-1", "get_weather", "")]}),
-         chunk({"tool_calls": [tc(0, args='{"city"')]}), chunk({"tool_calls": [tc(0, args=': "Par')]}),
-         chunk({"tool_calls": [tc(0, args='is"}')]}), chunk({}, "tool_calls"),
-         {"id": "c1", "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}),
-     dict(streamed=True, complete=True, finish_reason="tool_calls", calls=[("get_weather", '{"city": "Paris"}')],
-          prompt_tokens=10, completion_tokens=5, content=None)),
-    ("parallel calls interleaved by index", "/v1/chat/completions", "text/event-stream",
-     sse(chunk({"tool_calls": [tc(0, "a", "f", "")]}), chunk({"tool_calls": [tc(1, "b", "g", "")]}),
-         chunk({"tool_calls": [tc(1, args='{"y":2}')]}), chunk({"tool_calls": [tc(0, args='{"x":1}')]}), chunk({}, "tool_calls")),
-     dict(calls=[("f", '{"x":1}'), ("g", '{"y":2}')], finish_reason="tool_calls")),
-    ("content and reasoning deltas", "/v1/chat/completions", "text/event-stream",
-     sse(chunk({"role": "assistant", "reasoning_content": "think "}), chunk({"reasoning_content": "more"}),
-         chunk({"content": "Hello "}), chunk({"content": "world"}), chunk({}, "stop")),
-     dict(content="Hello world", reasoning_content="think more", finish_reason="stop", complete=True, calls=[])),
-    ("`reasoning` field (newer vLLM) counts as reasoning", "/v1/chat/completions", "text/event-stream",
-     sse(chunk({"reasoning": "hmm"}), chunk({"content": "ok"}, "stop")),
-     dict(content="ok", reasoning_content="hmm")),
-    ("stream cut short: no finish, no [DONE], torn last event", "/v1/chat/completions", "text/event-stream",
-     sse(chunk({"role": "assistant", "content": "Hel"}), done=False) + b'data: {"id":"c1","choices":[{"ind',
-     dict(complete=False, content="Hel", finish_reason=None, streamed=True)),
-    ("Ollama /v1 stream: whole call in one chunk, no index", "/v1/chat/completions", "text/event-stream",
-     sse(chunk({"role": "assistant", "content": ""}, system_fingerprint="fp_ollama"),
-         chunk({"tool_calls": [{"id": "call_x", "type": "function", "function": {"name": "add", "arguments": "{\"a\":1}"}}]}),
-         chunk({}, "tool_calls")),
-     dict(calls=[("add", '{"a":1}')], finish_reason="tool_calls")),
-    ("Ollama /api/chat NDJSON with object arguments", "/api/chat", "application/x-ndjson",
-     ndjson({"model": "qwen3", "message": {"role": "assistant", "content": "", "tool_calls": [
-                {"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}, "done": False},
-            {"model": "qwen3", "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "stop",
-             "prompt_eval_count": 33, "eval_count": 7}),
-     dict(streamed=True, complete=True, calls=[("get_weather", {"city": "Oslo"})], finish_reason="stop",
-          prompt_tokens=33, completion_tokens=7, model="qwen3")),
-    ("Ollama /api/chat non-stream with thinking", "/api/chat", "application/json; charset=utf-8",
-     orjson.dumps({"model": "qwen3", "message": {"role": "assistant", "content": "Hi", "thinking": "greet"}, "done": True,
-                   "done_reason": "stop"}),
-     dict(streamed=False, content="Hi", reasoning_content="greet", complete=True)),
-    ("Ollama /api/generate NDJSON", "/api/generate", "application/x-ndjson",
-     ndjson({"model": "m", "response": "Hel", "done": False}, {"model": "m", "response": "lo", "done": False},
-            {"model": "m", "response": "", "done": True, "done_reason": "length"}),
-     dict(content="Hello", finish_reason="length", complete=True)),
-    ("Ollama /api/generate cut before done", "/api/generate", "application/x-ndjson",
-     ndjson({"model": "m", "response": "Hel", "done": False}),
-     dict(content="Hel", complete=False)),
-    ("/v1/completions text", "/v1/completions", "application/json",
-     orjson.dumps({"choices": [{"index": 0, "text": "<tool_call>{}</tool_call>", "finish_reason": "stop"}]}),
-     dict(content="<tool_call>{}</tool_call>", finish_reason="stop")),
-    ("llama.cpp /completion JSON with timings", "/completion", "application/json",
-     orjson.dumps({"content": "hi there", "stop": True, "stop_type": "eos", "tokens_evaluated": 20, "tokens_predicted": 3,
-                   "timings": {"cache_n": 16, "prompt_n": 4}}),
-     dict(content="hi there", finish_reason="stop", prompt_tokens=20, completion_tokens=3, cached_tokens=16)),
-    ("llama.cpp /completion SSE hitting the limit", "/completion", "text/event-stream",
-     sse({"content": "a", "stop": False}, {"content": "b", "stop": False}, {"content": "", "stop": True, "stop_type": "limit"},
-         done=False),
-     dict(content="ab", finish_reason="length", complete=True)),
-    ("legacy function_call", "/v1/chat/completions", "application/json",
-     orjson.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}},
-                                "finish_reason": "function_call"}]}),
-     dict(calls=[("f", "{}")])),
-    ("vLLM nested error body", "/v1/chat/completions", "application/json",
-     orjson.dumps({"error": {"message": "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set",
-                             "type": "BadRequestError", "param": None, "code": 400}}),
-     dict(error='"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set', calls=[], content=None)),
-    ("SGLang / old vLLM flat error", "/v1/chat/completions", "application/json",
-     orjson.dumps({"object": "error", "message": "bad", "type": "BadRequestError", "param": None, "code": 400}),
-     dict(error="bad")),
-    ("Ollama native string error", "/api/chat", "application/json",
-     orjson.dumps({"error": "registry.ollama.ai/library/gemma3:latest does not support tools"}),
-     dict(error="registry.ollama.ai/library/gemma3:latest does not support tools")),
-    ("Ollama error event mid-stream after 200", "/v1/chat/completions", "text/event-stream",
-     sse(chunk({"role": "assistant", "content": ""}), {"error": {"message": "failed to parse JSON: unexpected end", "type": "api_error"}}),
-     dict(error="failed to parse JSON: unexpected end", content=None)),
-    ("FastAPI detail error", "/v1/chat/completions", "application/json",
-     orjson.dumps({"detail": "Not Found"}), dict(error="Not Found")),
-    ("empty choices", "/v1/chat/completions", "application/json",
-     orjson.dumps({"id": "x", "choices": []}), dict(n_choices=0, content=None, calls=[])),
+    (
+        "openai non-stream tool call",
+        "/v1/chat/completions",
+        "application/json",
+        orjson.dumps(
+            {
+                "id": "x",
+                "model": "gpt",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "call_1",
+                                    "type": "function",
+                                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                                }
+                            ],
+                        },
+                        "finish_reason": "tool_calls",
+                    }
+                ],
+                "usage": {"prompt_tokens": 80, "completion_tokens": 12, "prompt_tokens_details": {"cached_tokens": 64}},
+            }
+        ),
+        dict(
+            streamed=False,
+            complete=True,
+            content=None,
+            finish_reason="tool_calls",
+            calls=[("get_weather", '{"city":"Paris"}')],
+            prompt_tokens=80,
+            completion_tokens=12,
+            cached_tokens=64,
+            model="gpt",
+        ),
+    ),
+    (
+        "vLLM SSE: name first, argument fragments, usage chunk",
+        "/v1/chat/completions",
+        "text/event-stream",
+        sse(
+            chunk({"role": "assistant", "content": ""}),
+            chunk({"tool_calls": [tc(0, "chatcmpl-tool-1", "get_weather", "")]}),
+            chunk({"tool_calls": [tc(0, args='{"city"')]}),
+            chunk({"tool_calls": [tc(0, args=': "Par')]}),
+            chunk({"tool_calls": [tc(0, args='is"}')]}),
+            chunk({}, "tool_calls"),
+            {"id": "c1", "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}},
+        ),
+        dict(
+            streamed=True,
+            complete=True,
+            finish_reason="tool_calls",
+            calls=[("get_weather", '{"city": "Paris"}')],
+            prompt_tokens=10,
+            completion_tokens=5,
+            content=None,
+        ),
+    ),
+    (
+        "parallel calls interleaved by index",
+        "/v1/chat/completions",
+        "text/event-stream",
+        sse(
+            chunk({"tool_calls": [tc(0, "a", "f", "")]}),
+            chunk({"tool_calls": [tc(1, "b", "g", "")]}),
+            chunk({"tool_calls": [tc(1, args='{"y":2}')]}),
+            chunk({"tool_calls": [tc(0, args='{"x":1}')]}),
+            chunk({}, "tool_calls"),
+        ),
+        dict(calls=[("f", '{"x":1}'), ("g", '{"y":2}')], finish_reason="tool_calls"),
+    ),
+    (
+        "content and reasoning deltas",
+        "/v1/chat/completions",
+        "text/event-stream",
+        sse(
+            chunk({"role": "assistant", "reasoning_content": "think "}),
+            chunk({"reasoning_content": "more"}),
+            chunk({"content": "Hello "}),
+            chunk({"content": "world"}),
+            chunk({}, "stop"),
+        ),
+        dict(content="Hello world", reasoning_content="think more", finish_reason="stop", complete=True, calls=[]),
+    ),
+    (
+        "`reasoning` field (newer vLLM) counts as reasoning",
+        "/v1/chat/completions",
+        "text/event-stream",
+        sse(chunk({"reasoning": "hmm"}), chunk({"content": "ok"}, "stop")),
+        dict(content="ok", reasoning_content="hmm"),
+    ),
+    (
+        "stream cut short: no finish, no [DONE], torn last event",
+        "/v1/chat/completions",
+        "text/event-stream",
+        sse(chunk({"role": "assistant", "content": "Hel"}), done=False) + b'data: {"id":"c1","choices":[{"ind',
+        dict(complete=False, content="Hel", finish_reason=None, streamed=True),
+    ),
+    (
+        "Ollama /v1 stream: whole call in one chunk, no index",
+        "/v1/chat/completions",
+        "text/event-stream",
+        sse(
+            chunk({"role": "assistant", "content": ""}, system_fingerprint="fp_ollama"),
+            chunk(
+                {
+                    "tool_calls": [
+                        {"id": "call_x", "type": "function", "function": {"name": "add", "arguments": '{"a":1}'}}
+                    ]
+                }
+            ),
+            chunk({}, "tool_calls"),
+        ),
+        dict(calls=[("add", '{"a":1}')], finish_reason="tool_calls"),
+    ),
+    (
+        "Ollama /api/chat NDJSON with object arguments",
+        "/api/chat",
+        "application/x-ndjson",
+        ndjson(
+            {
+                "model": "qwen3",
+                "message": {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}],
+                },
+                "done": False,
+            },
+            {
+                "model": "qwen3",
+                "message": {"role": "assistant", "content": ""},
+                "done": True,
+                "done_reason": "stop",
+                "prompt_eval_count": 33,
+                "eval_count": 7,
+            },
+        ),
+        dict(
+            streamed=True,
+            complete=True,
+            calls=[("get_weather", {"city": "Oslo"})],
+            finish_reason="stop",
+            prompt_tokens=33,
+            completion_tokens=7,
+            model="qwen3",
+        ),
+    ),
+    (
+        "Ollama /api/chat non-stream with thinking",
+        "/api/chat",
+        "application/json; charset=utf-8",
+        orjson.dumps(
+            {
+                "model": "qwen3",
+                "message": {"role": "assistant", "content": "Hi", "thinking": "greet"},
+                "done": True,
+                "done_reason": "stop",
+            }
+        ),
+        dict(streamed=False, content="Hi", reasoning_content="greet", complete=True),
+    ),
+    (
+        "Ollama /api/generate NDJSON",
+        "/api/generate",
+        "application/x-ndjson",
+        ndjson(
+            {"model": "m", "response": "Hel", "done": False},
+            {"model": "m", "response": "lo", "done": False},
+            {"model": "m", "response": "", "done": True, "done_reason": "length"},
+        ),
+        dict(content="Hello", finish_reason="length", complete=True),
+    ),
+    (
+        "Ollama /api/generate cut before done",
+        "/api/generate",
+        "application/x-ndjson",
+        ndjson({"model": "m", "response": "Hel", "done": False}),
+        dict(content="Hel", complete=False),
+    ),
+    (
+        "/v1/completions text",
+        "/v1/completions",
+        "application/json",
+        orjson.dumps({"choices": [{"index": 0, "text": "<tool_call>{}</tool_call>", "finish_reason": "stop"}]}),
+        dict(content="<tool_call>{}</tool_call>", finish_reason="stop"),
+    ),
+    (
+        "llama.cpp /completion JSON with timings",
+        "/completion",
+        "application/json",
+        orjson.dumps(
+            {
+                "content": "hi there",
+                "stop": True,
+                "stop_type": "eos",
+                "tokens_evaluated": 20,
+                "tokens_predicted": 3,
+                "timings": {"cache_n": 16, "prompt_n": 4},
+            }
+        ),
+        dict(content="hi there", finish_reason="stop", prompt_tokens=20, completion_tokens=3, cached_tokens=16),
+    ),
+    (
+        "llama.cpp /completion SSE hitting the limit",
+        "/completion",
+        "text/event-stream",
+        sse(
+            {"content": "a", "stop": False},
+            {"content": "b", "stop": False},
+            {"content": "", "stop": True, "stop_type": "limit"},
+            done=False,
+        ),
+        dict(content="ab", finish_reason="length", complete=True),
+    ),
+    (
+        "legacy function_call",
+        "/v1/chat/completions",
+        "application/json",
+        orjson.dumps(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}},
+                        "finish_reason": "function_call",
+                    }
+                ]
+            }
+        ),
+        dict(calls=[("f", "{}")]),
+    ),
+    (
+        "vLLM nested error body",
+        "/v1/chat/completions",
+        "application/json",
+        orjson.dumps(
+            {
+                "error": {
+                    "message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+            }
+        ),
+        dict(
+            error='"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+            calls=[],
+            content=None,
+        ),
+    ),
+    (
+        "SGLang / old vLLM flat error",
+        "/v1/chat/completions",
+        "application/json",
+        orjson.dumps({"object": "error", "message": "bad", "type": "BadRequestError", "param": None, "code": 400}),
+        dict(error="bad"),
+    ),
+    (
+        "Ollama native string error",
+        "/api/chat",
+        "application/json",
+        orjson.dumps({"error": "registry.ollama.ai/library/gemma3:latest does not support tools"}),
+        dict(error="registry.ollama.ai/library/gemma3:latest does not support tools"),
+    ),
+    (
+        "Ollama error event mid-stream after 200",
+        "/v1/chat/completions",
+        "text/event-stream",
+        sse(
+            chunk({"role": "assistant", "content": ""}),
+            {"error": {"message": "failed to parse JSON: unexpected end", "type": "api_error"}},
+        ),
+        dict(error="failed to parse JSON: unexpected end", content=None),
+    ),
+    (
+        "FastAPI detail error",
+        "/v1/chat/completions",
+        "application/json",
+        orjson.dumps({"detail": "Not Found"}),
+        dict(error="Not Found"),
+    ),
+    (
+        "empty choices",
+        "/v1/chat/completions",
+        "application/json",
+        orjson.dumps({"id": "x", "choices": []}),
+        dict(n_choices=0, content=None, calls=[]),
+    ),
     ("empty body", "/v1/chat/completions", "application/json", b"", dict(empty_body=True)),
-    ("HTML error page", "/v1/chat/completions", "text/html", b"<html>502 Bad Gateway</html>",
-     dict(unreadable="set", raw_text="<html>502 Bad Gateway</html>")),
+    (
+        "HTML error page",
+        "/v1/chat/completions",
+        "text/html",
+        b"<html>502 Bad Gateway</html>",
+        dict(unreadable="set", raw_text="<html>502 Bad Gateway</html>"),
+    ),
 ]
 
 
@@ -148,11 +365,21 @@ def test_sniffs_sse_without_content_type():
 
 
 ENDPOINTS = [
-    ("/v1/chat/completions", "chat"), ("/chat/completions", "chat"), ("/api/chat", "ollama_chat"),
-    ("/api/generate", "ollama_generate"), ("/v1/completions", "completion"), ("/completion", "completion"),
-    ("/v1/responses", "responses"), ("/responses", "responses"), ("/v1/messages", "messages"),
-    ("/anthropic/v1/messages", "messages"), ("/v1/threads/t1/messages", None), ("/v1/messages/count_tokens", None),
-    ("/v1/models", None), ("/api/tags", None), ("/v1/embeddings", None),
+    ("/v1/chat/completions", "chat"),
+    ("/chat/completions", "chat"),
+    ("/api/chat", "ollama_chat"),
+    ("/api/generate", "ollama_generate"),
+    ("/v1/completions", "completion"),
+    ("/completion", "completion"),
+    ("/v1/responses", "responses"),
+    ("/responses", "responses"),
+    ("/v1/messages", "messages"),
+    ("/anthropic/v1/messages", "messages"),
+    ("/v1/threads/t1/messages", None),
+    ("/v1/messages/count_tokens", None),
+    ("/v1/models", None),
+    ("/api/tags", None),
+    ("/v1/embeddings", None),
 ]
 
 

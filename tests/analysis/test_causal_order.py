@@ -8,8 +8,8 @@ import itertools
 from dataclasses import replace
 
 import pytest
-
 from test_turns import REPLY1, REPLY2, SYS, TURN1, TURN2, TURN3, attempt, shape
+
 from toolproxy.analysis.episodes.build import build_episodes
 from toolproxy.analysis.episodes.order import causal_order
 
@@ -39,15 +39,19 @@ def retried(episode=None):
 
 
 def canonical(episodes):
-    return sorted((ep.key, [[a.id for a in t.attempts] for t in ep.turns], [t.result() for t in ep.turns])
-                  for ep in episodes)
+    return sorted(
+        (ep.key, [[a.id for a in t.attempts] for t in ep.turns], [t.result() for t in ep.turns]) for ep in episodes
+    )
 
 
-@pytest.mark.parametrize("make, expected", [
-    (untagged, [[["a1"], ["a2"], ["a3"]], [["b1"]]]),
-    (retried, [[["a2"], ["a3", "a4"], ["a5"]], [["b1"]]]),
-    (lambda: retried("7"), [[["a1", "a2"], ["a3", "a4"], ["a5"]], [["b1"]]]),
-])
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (untagged, [[["a1"], ["a2"], ["a3"]], [["b1"]]]),
+        (retried, [[["a2"], ["a3", "a4"], ["a5"]], [["b1"]]]),
+        (lambda: retried("7"), [[["a1", "a2"], ["a3", "a4"], ["a5"]], [["b1"]]]),
+    ],
+)
 def test_every_clock_order_gives_the_episodes_of_the_true_order(make, expected):
     true_order = make()
     assert shape(build_episodes("r", true_order)) == expected
@@ -96,8 +100,11 @@ def test_retries_of_an_untagged_first_turn_keep_clock_order():
 def test_many_identical_conversations_each_follow_a_turn_they_continue():
     """A benchmark runs the same item in many episodes: their turns share chain keys, and finding
     a turn's parent among them is a binary search, not a scan of them all."""
-    attempts = [attempt(f"{k}.{t}", turn, reply) for k in range(3000)
-                for t, (turn, reply) in enumerate([(TURN1, REPLY1), (TURN2, REPLY2)])]
+    attempts = [
+        attempt(f"{k}.{t}", turn, reply)
+        for k in range(3000)
+        for t, (turn, reply) in enumerate([(TURN1, REPLY1), (TURN2, REPLY2)])
+    ]
     assert ordered(attempts) == [a.id for a in attempts]
     # Every second turn first, as if the clocks were all wrong: each comes after a first turn it
     # continues (which of the identical ones is for the clocks to say: see causal_order).

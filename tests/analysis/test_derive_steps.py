@@ -13,15 +13,14 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from test_threads import CAPTURES, _tables
 
 from toolproxy.analysis.episodes import derive
-from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.lifecycle.ingest import ingest
 from toolproxy.analysis.store.connection import connect, default_db
 from toolproxy.analysis.store.state import unfinished_runs
 from toolproxy.record.segments import SEGMENT_DIR
 from toolproxy.testing.corpus import generate_long
-
-from test_threads import CAPTURES, _tables
 
 CLI = [sys.executable, "-m", "toolproxy.cli"]
 BATCH = 300  # attempts per batch: the corpus below derives in about ten
@@ -65,9 +64,10 @@ def test_a_derive_in_steps_gives_what_one_transaction_gives(corpus, tmp_path: Pa
     assert _tables(con) == corpus[1]
     assert unfinished_runs(con) == []
     con.close()
-    report = subprocess.run([*CLI, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [*CLI, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=120
+    )
     assert report.returncode == 0, report.stderr
-
 
 
 def test_every_capture_derived_a_batch_per_attempt_in_steps_is_derived_as_in_one(tmp_path: Path, monkeypatch):
@@ -84,7 +84,9 @@ def test_every_capture_derived_a_batch_per_attempt_in_steps_is_derived_as_in_one
         commits = []
         step = derive._commit_step
         monkeypatch.setattr(derive, "_BATCH_ATTEMPTS", 1)
-        monkeypatch.setattr(derive, "_commit_step", lambda con: (commits.append(1), step(con)))
+        monkeypatch.setattr(
+            derive, "_commit_step", lambda con, commits=commits, step=step: (commits.append(1), step(con))
+        )
         con = connect(default_db(steps))
         ingest(con, steps, workers=0)
         assert _tables(con) == want, capture.name
@@ -93,6 +95,7 @@ def test_every_capture_derived_a_batch_per_attempt_in_steps_is_derived_as_in_one
         monkeypatch.undo()
         stepped += bool(commits)
     assert stepped >= len(CAPTURES) / 3  # a capture of one run grouped whole is one batch, no step
+
 
 def test_a_derive_failing_between_steps_is_derived_whole_by_the_next_analyze(corpus, tmp_path: Path, monkeypatch):
     data = _copy(corpus, tmp_path / "data")
@@ -113,7 +116,9 @@ def test_a_derive_failing_between_steps_is_derived_whole_by_the_next_analyze(cor
     assert con.execute("SELECT count(*) FROM turns").fetchone()[0] > 1000
     assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
     con.close()
-    report = subprocess.run([*CLI, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [*CLI, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=120
+    )
     assert report.returncode == 2 and report.stdout == ""
     assert "an analyze stopped while deriving 2 run(s) ((untagged), bench)" in report.stderr
     assert "run `toolproxy analyze`" in report.stderr and "Traceback" not in report.stderr
@@ -124,5 +129,7 @@ def test_a_derive_failing_between_steps_is_derived_whole_by_the_next_analyze(cor
     assert _tables(con) == corpus[1]
     assert unfinished_runs(con) == []
     con.close()
-    report = subprocess.run([*CLI, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [*CLI, "report", "--data", str(data), "--format", "json"], capture_output=True, text=True, timeout=120
+    )
     assert report.returncode == 0, report.stderr

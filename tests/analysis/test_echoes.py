@@ -1,20 +1,20 @@
 """Episodes of harnesses that rewrite history: calls re-serialised as text still chain.
 
-Unit tables for analysis.ingest.echoes, episode building on smolagents-shaped conversations, and the
+Unit tables for analysis.classify.echoes, episode building on smolagents-shaped conversations, and the
 real smolagents traffic in tests/data/smolagents run through `toolproxy analyze`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import captured
+import pytest
 from captured import by_episode
+
+from toolproxy.analysis.classify.echoes import MAX_TEXT, echoed_calls
+from toolproxy.analysis.classify.keys import call_signature, conversation_keys
 from toolproxy.analysis.episodes.build import build_episodes
 from toolproxy.analysis.episodes.model import Attempt
-from toolproxy.analysis.ingest.echoes import MAX_TEXT, echoed_calls
-from toolproxy.analysis.ingest.keys import call_signature, conversation_keys
 
 CAPTURED = Path(__file__).resolve().parent.parent / "data" / "smolagents"
 # Both captures: three tasks, the second with two weather calls; smolagents ends each with final_answer.
@@ -27,21 +27,29 @@ TOOLS = ("get_weather", "final_answer")
 PARIS = {"city": "Paris"}
 
 GW = ("get_weather", PARIS)
-SMOL = "Calling tools:\n[{'id': 'c', 'type': 'function', 'function': {'name': 'get_weather', 'arguments': {'city': 'Paris'}}}]"
+SMOL = (
+    "Calling tools:\n[{'id': 'c', 'type': 'function', 'function': {'name': 'get_weather', 'arguments': {'city': "
+    "'Paris'}}}]"
+)
 HERMES = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 # text -> every reading of the calls it echoes
 ECHOES = [
     # smolagents ToolCallingAgent: a Python repr after a label
     (SMOL, [[GW]]),
     # the same list as JSON (a harness that json.dumps its history): both readings agree, kept once
-    ('Calling tools:\n[{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]',
-     [[GW]]),
+    (
+        'Calling tools:\n[{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": '
+        '"Paris"}}}]',
+        [[GW]],
+    ),
     # prose beside the call, merged into one message; an apostrophe in the prose
     ("Let me look that up, it's quick.\n" + SMOL, [[GW]]),
     # two calls in one echo, in order; True/None are Python literals
-    ("[{'name': 'get_weather', 'arguments': {'city': 'Oslo', 'metric': True}}, "
-     "{'name': 'final_answer', 'arguments': {'answer': None}}]",
-     [[("get_weather", {"city": "Oslo", "metric": True}), ("final_answer", {"answer": None})]]),
+    (
+        "[{'name': 'get_weather', 'arguments': {'city': 'Oslo', 'metric': True}}, "
+        "{'name': 'final_answer', 'arguments': {'answer': None}}]",
+        [[("get_weather", {"city": "Oslo", "metric": True}), ("final_answer", {"answer": None})]],
+    ),
     # the model-side formats toolproxy parses anyway (a harness resending the raw text call)
     (HERMES, [[GW]]),
     # smolagents on a stack that left the call in the text: the model's text, then the repr;
@@ -70,8 +78,8 @@ def test_echoed_calls(text, expected):
 def test_echoed_calls_read_the_names_as_a_set_and_after_classify_parsed_the_text(text, expected, monkeypatch):
     """Echoes share classify's memo of parsed texts (keyed by the names as given): a text classify
     parsed is answered from the memo, and the order the names come in changes nothing."""
-    from toolproxy.analysis.ingest import textparse
-    from toolproxy.analysis.measure.classify import classify
+    from toolproxy.analysis.classify import textparse
+    from toolproxy.analysis.classify.attempt import classify
     from toolproxy.wire import Reply
 
     class Memo(dict):
@@ -114,10 +122,21 @@ def attempt(aid, messages, calls, *, tools=TOOLS, tool_set="ts1", content=None, 
     reply = None if empty else (content, [(n, a) for n, a in calls])
     keys = conversation_keys(messages, tool_set=tool_set, tool_names=list(tools), model="m", reply=reply)
     return Attempt(
-        id=aid, episode=None, item=None, category=None, condition="native",
-        outcome="non_response" if empty else "valid_call", sub_kind="empty" if empty else None, harness_saw_prose=False,
-        state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes, prior_hash=keys.prior_hash, prefix_links=keys.prefix_links,
-        item_hash=keys.item_hash, call_signature=call_signature(calls),
+        id=aid,
+        episode=None,
+        item=None,
+        category=None,
+        condition="native",
+        outcome="non_response" if empty else "valid_call",
+        sub_kind="empty" if empty else None,
+        harness_saw_prose=False,
+        state_hash=keys.state_hash,
+        chain_hash=keys.chain_hash,
+        parent_hashes=keys.parent_hashes,
+        prior_hash=keys.prior_hash,
+        prefix_links=keys.prefix_links,
+        item_hash=keys.item_hash,
+        call_signature=call_signature(calls),
     )
 
 
@@ -131,11 +150,14 @@ T3 = T2 + [echo("get_weather", {"city": "Oslo"}, "call_2"), observation("rain")]
 
 
 def test_rewritten_history_is_one_episode():
-    eps = build_episodes("r", [
-        attempt("a1", T1, [("get_weather", '{"city": "Paris"}')]),
-        attempt("a2", T2, [("get_weather", '{"city":"Oslo"}')]),
-        attempt("a3", T3, [("final_answer", {"answer": "Paris"})]),
-    ])
+    eps = build_episodes(
+        "r",
+        [
+            attempt("a1", T1, [("get_weather", '{"city": "Paris"}')]),
+            attempt("a2", T2, [("get_weather", '{"city":"Oslo"}')]),
+            attempt("a3", T3, [("final_answer", {"answer": "Paris"})]),
+        ],
+    )
     assert shape(eps) == [["a1", "a2", "a3"]]
     assert eps[0].reconstructed
 
@@ -155,20 +177,22 @@ def test_echo_must_follow_the_same_request():
 
 
 def test_echo_must_offer_the_same_tools():
-    eps = build_episodes("r", [attempt("a1", T1, [("get_weather", PARIS)]),
-                               attempt("a2", T2, [], tool_set="ts2")])
+    eps = build_episodes("r", [attempt("a1", T1, [("get_weather", PARIS)]), attempt("a2", T2, [], tool_set="ts2")])
     assert shape(eps) == [["a1"], ["a2"]]
 
 
 def test_two_runs_of_one_task_interleaved_follow_their_own_calls():
     # Two agents start the same task at once; each continuation echoes its own first call.
     b2 = T1 + [echo("get_weather", {"city": "paris"}, "call_9"), observation("sunny")]
-    eps = build_episodes("r", [
-        attempt("a1", T1, [("get_weather", PARIS)]),
-        attempt("b1", T1, [("get_weather", {"city": "paris"})]),
-        attempt("a2", T2, [("final_answer", {"answer": "A"})]),
-        attempt("b2", b2, [("final_answer", {"answer": "B"})]),
-    ])
+    eps = build_episodes(
+        "r",
+        [
+            attempt("a1", T1, [("get_weather", PARIS)]),
+            attempt("b1", T1, [("get_weather", {"city": "paris"})]),
+            attempt("a2", T2, [("final_answer", {"answer": "A"})]),
+            attempt("b2", b2, [("final_answer", {"answer": "B"})]),
+        ],
+    )
     assert sorted(shape(eps)) == [["a1", "a2"], ["b1", "b2"]]
 
 
@@ -195,13 +219,16 @@ def test_captured_smolagents_traffic_rebuilds_its_episodes(tmp_path, stack, surf
             FROM turns t JOIN exchanges e ON e.id = t.final_exchange_id JOIN calls c ON c.exchange_id = e.id
             ORDER BY e.started_at""").fetchall()
         reconstructed, surfaces = con.execute(
-            "SELECT bool_and(reconstructed), list(DISTINCT surface) FROM episodes JOIN turns USING (episode_key)").fetchone()
+            "SELECT bool_and(reconstructed), list(DISTINCT surface) FROM episodes JOIN turns USING (episode_key)"
+        ).fetchone()
         # openai: every call reached the harness in tool_calls. sglang: calls left in the text count
         # as delivered when smolagents parsed and ran them itself, which only the rebuilt episode
         # shows (its next request carries the result); the final_answer call that ends an episode
         # has no next request, so nothing on the wire proves it was acted on.
-        delivered = con.execute("SELECT list(t.role ORDER BY e.started_at), list(t.delivered ORDER BY e.started_at) "
-                                "FROM turns t JOIN exchanges e ON e.id = t.final_exchange_id").fetchone()
+        delivered = con.execute(
+            "SELECT list(t.role ORDER BY e.started_at), list(t.delivered ORDER BY e.started_at) "
+            "FROM turns t JOIN exchanges e ON e.id = t.final_exchange_id"
+        ).fetchone()
     finally:
         con.close()
     assert by_episode(rows) == EXPECTED_EPISODES
@@ -226,9 +253,16 @@ def test_real_llamacpp_smolagents_traffic_rebuilds_its_episodes(tmp_path):
     # request carries the result): delivered. The empty reply is smolagents' own stop string
     # (`Observation:`, 3 completion tokens), not text the server ate.
     assert by_episode(rows) == [
-        [(0, "valid_call", None, 2, True), (1, "non_response", "stop_string", 4, False), (2, "invalid_args", None, 6, False)],
-        [(0, "hallucinated_call", None, 2, False), (1, "hallucinated_call", None, 4, False),
-         (2, "non_response", "truncated", 6, False)],
+        [
+            (0, "valid_call", None, 2, True),
+            (1, "non_response", "stop_string", 4, False),
+            (2, "invalid_args", None, 6, False),
+        ],
+        [
+            (0, "hallucinated_call", None, 2, False),
+            (1, "hallucinated_call", None, 4, False),
+            (2, "non_response", "truncated", 6, False),
+        ],
     ]
 
 
@@ -247,8 +281,13 @@ def test_structured_call_resent_without_its_prose_still_chains():
     # The reply said "Let me check." beside its call; the harness resends only the call, and the
     # result as a user message: exact prefix chaining fails, the echo of the call does not.
     first = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Weather in Paris?"}]
-    resent = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c9", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]}
+    resent = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c9", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+        ],
+    }
     later = first + [resent, {"role": "user", "content": "Result: sunny"}]
     a1 = attempt("a1", first, [("get_weather", '{"city": "Paris"}')], content="Let me check.")
     a2 = attempt("a2", later, [])

@@ -17,9 +17,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest.records import analyze_record
-from toolproxy.analysis.measure.classify import classify, empty_cause
-from toolproxy.analysis.measure.outcomes import MODEL_STOPPED, NON_RESPONSE, STOP_STRING
+from toolproxy.analysis.classify.attempt import classify, empty_cause
+from toolproxy.analysis.classify.outcomes import MODEL_STOPPED, NON_RESPONSE, STOP_STRING
+from toolproxy.analysis.classify.record import analyze_record
 from toolproxy.emulators import FakeStack, call, text
 from toolproxy.wire import decode, family_of, stop_strings
 
@@ -41,7 +41,9 @@ def test_what_the_real_llama_server_sent(name):
     assert meta["status"] == 200
     expected = {"eos": MODEL_STOPPED, "stop": STOP_STRING}[name.split("_")[0]]
     assert verdict((DATA / f"{name}.body").read_bytes(), meta["path"], meta["request"], meta["content_type"]) == (
-        NON_RESPONSE, expected)
+        NON_RESPONSE,
+        expected,
+    )
 
 
 def test_the_capture_covers_every_family_streamed_and_not():
@@ -52,7 +54,11 @@ def test_the_capture_covers_every_family_streamed_and_not():
 
 
 def _chat(content="", usage=None, finish="stop", **choice) -> bytes:
-    body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish, **choice}]}
+    body = {
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish, **choice}
+        ]
+    }
     if usage is not None:
         body["usage"] = {"prompt_tokens": 40, "completion_tokens": usage, "total_tokens": 40 + usage}
     return orjson.dumps(body)
@@ -63,11 +69,25 @@ def _stream(*chunks: dict) -> bytes:
 
 
 def _ollama(eval_count: int, content: str = "") -> bytes:
-    return orjson.dumps({"model": "qwen", "message": {"role": "assistant", "content": content}, "done": True,
-                         "done_reason": "stop", "eval_count": eval_count, "prompt_eval_count": 30})
+    return orjson.dumps(
+        {
+            "model": "qwen",
+            "message": {"role": "assistant", "content": content},
+            "done": True,
+            "done_reason": "stop",
+            "eval_count": eval_count,
+            "prompt_eval_count": 30,
+        }
+    )
 
 
-CHAT, RESPONSES, MESSAGES, OLLAMA, COMPLETION = "/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat", "/completion"
+CHAT, RESPONSES, MESSAGES, OLLAMA, COMPLETION = (
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/api/chat",
+    "/completion",
+)
 # (id, path, body, request, sub_kind)
 CASES = [
     ("chat: end token only", CHAT, _chat(usage=1), {}, MODEL_STOPPED),
@@ -80,41 +100,138 @@ CASES = [
     ("chat: whitespace does not account for many tokens", CHAT, _chat(" ", usage=9), {}, "swallowed"),
     ("chat: no count at all", CHAT, _chat(), {}, "empty"),
     ("chat: zero tokens", CHAT, _chat(usage=0), {}, "empty"),
-    ("chat stream: llama.cpp timings, no usage block", CHAT,
-     _stream({"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]},
-             {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "timings": {"predicted_n": 1, "cache_n": 3}}),
-     {}, MODEL_STOPPED),
-    ("chat stream: llama.cpp timings say 30 tokens", CHAT,
-     _stream({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "timings": {"predicted_n": 30}}), {}, "swallowed"),
-    ("chat stream: neither usage nor timings", CHAT,
-     _stream({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": "stop"}]}), {}, "empty"),
+    (
+        "chat stream: llama.cpp timings, no usage block",
+        CHAT,
+        _stream(
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]},
+            {
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                "timings": {"predicted_n": 1, "cache_n": 3},
+            },
+        ),
+        {},
+        MODEL_STOPPED,
+    ),
+    (
+        "chat stream: llama.cpp timings say 30 tokens",
+        CHAT,
+        _stream({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "timings": {"predicted_n": 30}}),
+        {},
+        "swallowed",
+    ),
+    (
+        "chat stream: neither usage nor timings",
+        CHAT,
+        _stream({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": "stop"}]}),
+        {},
+        "empty",
+    ),
     ("SGLang: matched_stop is the end token's id", CHAT, _chat(matched_stop=151645), {}, MODEL_STOPPED),
-    ("SGLang: matched_stop is the stop string", CHAT, _chat(usage=4, matched_stop="Observation:"), {"stop": STOPS}, STOP_STRING),
+    (
+        "SGLang: matched_stop is the stop string",
+        CHAT,
+        _chat(usage=4, matched_stop="Observation:"),
+        {"stop": STOPS},
+        STOP_STRING,
+    ),
     ("SGLang: matched_stop string, no count", CHAT, _chat(matched_stop="Calling tools:"), {"stop": STOPS}, STOP_STRING),
-    ("vLLM: stop_reason names the stop string", CHAT, _chat(usage=4, stop_reason="Observation:"), {"stop": STOPS}, STOP_STRING),
+    (
+        "vLLM: stop_reason names the stop string",
+        CHAT,
+        _chat(usage=4, stop_reason="Observation:"),
+        {"stop": STOPS},
+        STOP_STRING,
+    ),
     ("vLLM: stop_reason null is no evidence either way", CHAT, _chat(usage=1, stop_reason=None), {}, MODEL_STOPPED),
-    ("/completion: stop_type eos", COMPLETION,
-     orjson.dumps({"content": "", "stop": True, "stop_type": "eos", "tokens_predicted": 1}), {}, MODEL_STOPPED),
-    ("/completion: stop_type eos after 12 eaten tokens", COMPLETION,
-     orjson.dumps({"content": "", "stop": True, "stop_type": "eos", "tokens_predicted": 12}), {}, "swallowed"),
-    ("/completion: stop_type word, more tokens than the word", COMPLETION,
-     orjson.dumps({"content": "", "stop": True, "stop_type": "word", "stopping_word": "Obs:", "tokens_predicted": 40}),
-     {"stop": ["Obs:"]}, "swallowed"),
-    ("/completion: a one-token stop string the stack names", COMPLETION,
-     orjson.dumps({"content": "", "stop": True, "stop_type": "word", "stopping_word": "\n", "tokens_predicted": 1}),
-     {"stop": ["\n"]}, STOP_STRING),
-    ("Responses: no output item, 1 output token", RESPONSES,
-     orjson.dumps({"object": "response", "status": "completed", "output": [], "usage": {"input_tokens": 9, "output_tokens": 1}}),
-     {}, MODEL_STOPPED),
-    ("Responses: no output item, 25 output tokens", RESPONSES,
-     orjson.dumps({"object": "response", "status": "completed", "output": [], "usage": {"input_tokens": 9, "output_tokens": 25}}),
-     {}, "swallowed"),
-    ("Anthropic: stop_reason stop_sequence", MESSAGES,
-     orjson.dumps({"type": "message", "content": [], "stop_reason": "stop_sequence", "stop_sequence": "Observation:",
-                   "usage": {"input_tokens": 9, "output_tokens": 3}}), {"stop_sequences": STOPS}, STOP_STRING),
-    ("Anthropic: end_turn, 1 output token", MESSAGES,
-     orjson.dumps({"type": "message", "content": [], "stop_reason": "end_turn", "stop_sequence": None,
-                   "usage": {"input_tokens": 9, "output_tokens": 1}}), {}, MODEL_STOPPED),
+    (
+        "/completion: stop_type eos",
+        COMPLETION,
+        orjson.dumps({"content": "", "stop": True, "stop_type": "eos", "tokens_predicted": 1}),
+        {},
+        MODEL_STOPPED,
+    ),
+    (
+        "/completion: stop_type eos after 12 eaten tokens",
+        COMPLETION,
+        orjson.dumps({"content": "", "stop": True, "stop_type": "eos", "tokens_predicted": 12}),
+        {},
+        "swallowed",
+    ),
+    (
+        "/completion: stop_type word, more tokens than the word",
+        COMPLETION,
+        orjson.dumps(
+            {"content": "", "stop": True, "stop_type": "word", "stopping_word": "Obs:", "tokens_predicted": 40}
+        ),
+        {"stop": ["Obs:"]},
+        "swallowed",
+    ),
+    (
+        "/completion: a one-token stop string the stack names",
+        COMPLETION,
+        orjson.dumps({"content": "", "stop": True, "stop_type": "word", "stopping_word": "\n", "tokens_predicted": 1}),
+        {"stop": ["\n"]},
+        STOP_STRING,
+    ),
+    (
+        "Responses: no output item, 1 output token",
+        RESPONSES,
+        orjson.dumps(
+            {
+                "object": "response",
+                "status": "completed",
+                "output": [],
+                "usage": {"input_tokens": 9, "output_tokens": 1},
+            }
+        ),
+        {},
+        MODEL_STOPPED,
+    ),
+    (
+        "Responses: no output item, 25 output tokens",
+        RESPONSES,
+        orjson.dumps(
+            {
+                "object": "response",
+                "status": "completed",
+                "output": [],
+                "usage": {"input_tokens": 9, "output_tokens": 25},
+            }
+        ),
+        {},
+        "swallowed",
+    ),
+    (
+        "Anthropic: stop_reason stop_sequence",
+        MESSAGES,
+        orjson.dumps(
+            {
+                "type": "message",
+                "content": [],
+                "stop_reason": "stop_sequence",
+                "stop_sequence": "Observation:",
+                "usage": {"input_tokens": 9, "output_tokens": 3},
+            }
+        ),
+        {"stop_sequences": STOPS},
+        STOP_STRING,
+    ),
+    (
+        "Anthropic: end_turn, 1 output token",
+        MESSAGES,
+        orjson.dumps(
+            {
+                "type": "message",
+                "content": [],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 9, "output_tokens": 1},
+            }
+        ),
+        {},
+        MODEL_STOPPED,
+    ),
     ("Ollama native: eval_count 1", OLLAMA, _ollama(1), {}, MODEL_STOPPED),
     ("Ollama native: a dropped call's tokens", OLLAMA, _ollama(9), {}, "swallowed"),
     ("Ollama native: options.stop", OLLAMA, _ollama(4), {"options": {"stop": ["Observation:"]}}, STOP_STRING),
@@ -128,25 +245,51 @@ def test_empty_reply_causes(path, body, request_body, sub_kind):
 
 def test_the_detail_says_what_happened_in_words():
     stopped = empty_cause(decode(_chat(usage=1), "chat"))
-    assert stopped == (MODEL_STOPPED, "the model ended its turn at once: 1 completion token, its end token, and no text")
+    assert stopped == (
+        MODEL_STOPPED,
+        "the model ended its turn at once: 1 completion token, its end token, and no text",
+    )
     cut = empty_cause(decode(_chat(usage=4, matched_stop="Observation:"), "chat"), STOPS)
-    assert cut == (STOP_STRING, "a stop string the harness sent cut the reply before any text: 'Observation:' (4 completion tokens)")
+    assert cut == (
+        STOP_STRING,
+        "a stop string the harness sent cut the reply before any text: 'Observation:' (4 completion tokens)",
+    )
     eaten = empty_cause(decode(_chat(usage=17), "chat"))
-    assert eaten == ("swallowed", "nothing delivered although the stack reports 17 completion tokens, more than an end token accounts for")
+    assert eaten == (
+        "swallowed",
+        "nothing delivered although the stack reports 17 completion tokens, more than an end token accounts for",
+    )
 
 
 def test_under_a_condition_the_stacks_own_reply_is_the_evidence():
     """`text` rewrites the reply: the harness's streamed copy carries no usage (it asked for none),
     but the stack's reply it came from counts the one end token."""
     upstream = (DATA / "eos_chat_json.body").read_text()
-    client = _stream({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
-                     {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).decode()
-    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}],
-            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}
-    rec = {"id": "x1", "started_at": 1.0, "kind": "exchange", "method": "POST", "path": CHAT, "status": 200,
-           "condition": "text", "request_body": json.dumps(body), "upstream_request": {"path": CHAT, "body": None},
-           "response_body": upstream, "response_headers": [["Content-Type", "application/json"]],
-           "client_status": 200, "client_body": client}
+    client = _stream(
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ).decode()
+    body = {
+        "model": "m",
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    }
+    rec = {
+        "id": "x1",
+        "started_at": 1.0,
+        "kind": "exchange",
+        "method": "POST",
+        "path": CHAT,
+        "status": 200,
+        "condition": "text",
+        "request_body": json.dumps(body),
+        "upstream_request": {"path": CHAT, "body": None},
+        "response_body": upstream,
+        "response_headers": [["Content-Type", "application/json"]],
+        "client_status": 200,
+        "client_body": client,
+    }
     row = analyze_record(rec, "seg", 0).exchange
     assert (row["outcome"], row["sub_kind"]) == (NON_RESPONSE, MODEL_STOPPED)
     assert orjson.loads(row["record"])["classification_detail"].startswith("the model ended its turn at once")
@@ -154,18 +297,42 @@ def test_under_a_condition_the_stacks_own_reply_is_the_evidence():
 
 # The emulated stacks: the same model behaviour gives the same verdict on every family each serves.
 FAMILY_BODIES = {
-    CHAT: lambda stream, stops: {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream,
-                                 **({"stream_options": {"include_usage": True}} if stream else {}),
-                                 **({"stop": stops} if stops else {})},
-    RESPONSES: lambda stream, stops: {"model": "m", "input": "hi", "stream": stream, **({"stop": stops} if stops else {})},
-    MESSAGES: lambda stream, stops: {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}],
-                                     "stream": stream, **({"stop_sequences": stops} if stops else {})},
-    OLLAMA: lambda stream, stops: {"model": "qwen2.5:7b", "messages": [{"role": "user", "content": "hi"}], "stream": stream,
-                                   **({"options": {"stop": stops}} if stops else {})},
+    CHAT: lambda stream, stops: {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+        **({"stop": stops} if stops else {}),
+    },
+    RESPONSES: lambda stream, stops: {
+        "model": "m",
+        "input": "hi",
+        "stream": stream,
+        **({"stop": stops} if stops else {}),
+    },
+    MESSAGES: lambda stream, stops: {
+        "model": "m",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+        **({"stop_sequences": stops} if stops else {}),
+    },
+    OLLAMA: lambda stream, stops: {
+        "model": "qwen2.5:7b",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+        **({"options": {"stop": stops}} if stops else {}),
+    },
     COMPLETION: lambda stream, stops: {"prompt": "hi", "stream": stream, **({"stop": stops} if stops else {})},
 }
 EMULATED = [("llamacpp", p) for p in (CHAT, RESPONSES, MESSAGES, COMPLETION)] + [
-    ("vllm", CHAT), ("vllm", MESSAGES), ("sglang", CHAT), ("ollama", CHAT), ("ollama", OLLAMA), ("openai", CHAT)]
+    ("vllm", CHAT),
+    ("vllm", MESSAGES),
+    ("sglang", CHAT),
+    ("ollama", CHAT),
+    ("ollama", OLLAMA),
+    ("openai", CHAT),
+]
 
 
 def _post(fake: FakeStack, path: str, body: dict) -> tuple[bytes, str | None]:
@@ -175,7 +342,9 @@ def _post(fake: FakeStack, path: str, body: dict) -> tuple[bytes, str | None]:
             return resp.read(), resp.headers.get("Content-Type")
 
 
-def _ask(stack: str, path: str, reply, stream: bool, stops: list[str] | None, usage: bool = True) -> tuple[str, str | None, bytes]:
+def _ask(
+    stack: str, path: str, reply, stream: bool, stops: list[str] | None, usage: bool = True
+) -> tuple[str, str | None, bytes]:
     """The emulated stack's answer to one request of `path`'s family, and its verdict."""
     fake = FakeStack(stack, replies=[reply])
     body = {**FAMILY_BODIES[path](stream, stops), "model": fake.model}
@@ -214,8 +383,12 @@ def test_emulated_llama_server_empty_replies_have_the_captured_shape():
 
 def test_emulated_ollama_dropping_a_call_is_swallowed():
     """Ollama's parser drops a call to a tool that was not offered: the tokens were generated."""
-    body = {"model": "qwen2.5:7b", "stream": False, "messages": [{"role": "user", "content": "hi"}],
-            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}
+    body = {
+        "model": "qwen2.5:7b",
+        "stream": False,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    }
     data, _ = _post(FakeStack("ollama", replies=[call("get_stock", {"ticker": "X"})]), OLLAMA, body)
     assert orjson.loads(data)["message"]["content"] == ""
     assert verdict(data, OLLAMA, body) == (NON_RESPONSE, "swallowed")

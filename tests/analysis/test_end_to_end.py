@@ -16,14 +16,27 @@ import pytest
 
 from toolproxy.emulators import call, text
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                         "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 
 
 def client(proxy_url: str, run: str, episode: int, retries: int = 0) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{proxy_url}/t/run={run}/episode={episode}/v1", api_key="sk-test",
-                         max_retries=retries, timeout=30)
+    return openai.OpenAI(
+        base_url=f"{proxy_url}/t/run={run}/episode={episode}/v1", api_key="sk-test", max_retries=retries, timeout=30
+    )
 
 
 def ask(c: openai.OpenAI, model: str, stream: bool = False, content: str = "Weather in Oslo?"):
@@ -34,8 +47,12 @@ def ask(c: openai.OpenAI, model: str, stream: bool = False, content: str = "Weat
 
 
 def tp(*args):
-    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def sql(data, query):
@@ -76,7 +93,9 @@ def recorded(fake_stack, proxy, tmp_path):
     p.stop()
 
     # An OpenAI-style server whose model calls a tool that was never offered
-    fake = fake_stack("openai").enqueue(call("get_stock_price", {"ticker": "ACME"}), call("get_weather", {"city": "Oslo"}))
+    fake = fake_stack("openai").enqueue(
+        call("get_stock_price", {"ticker": "ACME"}), call("get_weather", {"city": "Oslo"})
+    )
     p = proxy(fake.url, "--durability", "sync", data=data)
     ask(client(p.url, "openai-halluc", 0), "gpt-4o-mini")
     ask(client(p.url, "openai-halluc", 1), "gpt-4o-mini", stream=True)
@@ -88,11 +107,14 @@ def recorded(fake_stack, proxy, tmp_path):
     p = proxy(fake.url, "--durability", "sync", "--run", "vllm-500", data=data)
     c = openai.OpenAI(base_url=f"{p.url}/v1", api_key="sk-test", max_retries=2, timeout=30)
     with pytest.raises(openai.InternalServerError):
-        c.chat.completions.create(model="Qwen/Qwen2.5-7B-Instruct", messages=[{"role": "user", "content": "hi"}],
-                                  tools=TOOLS)
+        c.chat.completions.create(
+            model="Qwen/Qwen2.5-7B-Instruct", messages=[{"role": "user", "content": "hi"}], tools=TOOLS
+        )
     n_expected += 3
     fake.enqueue(text("Plain answer, no tool needed."))
-    c.chat.completions.create(model="Qwen/Qwen2.5-7B-Instruct", messages=[{"role": "user", "content": "thanks"}], tools=TOOLS)
+    c.chat.completions.create(
+        model="Qwen/Qwen2.5-7B-Instruct", messages=[{"role": "user", "content": "thanks"}], tools=TOOLS
+    )
     n_expected += 1
     p.stop()
 
@@ -104,37 +126,100 @@ def recorded(fake_stack, proxy, tmp_path):
 
 def test_end_to_end(recorded):
     data = recorded
-    outcomes = sql(data, "SELECT run, outcome, sub_kind, surface, harness_saw_prose, n_attempts, count(*) AS n "
-                         "FROM turns GROUP BY ALL ORDER BY run, outcome, n_attempts")
+    outcomes = sql(
+        data,
+        "SELECT run, outcome, sub_kind, surface, harness_saw_prose, n_attempts, count(*) AS n "
+        "FROM turns GROUP BY ALL ORDER BY run, outcome, n_attempts",
+    )
     assert outcomes == [
-        {"run": "ollama-gemma", "outcome": "non_response", "sub_kind": "refused", "surface": None,
-         "harness_saw_prose": False, "n_attempts": 1, "n": 2},
-        {"run": "openai-halluc", "outcome": "hallucinated_call", "sub_kind": None, "surface": "native",
-         "harness_saw_prose": False, "n_attempts": 1, "n": 1},
-        {"run": "openai-halluc", "outcome": "valid_call", "sub_kind": None, "surface": "native",
-         "harness_saw_prose": False, "n_attempts": 1, "n": 1},
-        {"run": "sglang-noparser", "outcome": "valid_call", "sub_kind": None, "surface": "text",
-         "harness_saw_prose": True, "n_attempts": 1, "n": 3},
-        {"run": "vllm-500", "outcome": "non_response", "sub_kind": "http_5xx", "surface": None,
-         "harness_saw_prose": False, "n_attempts": 3, "n": 1},
-        {"run": "vllm-500", "outcome": "prose", "sub_kind": None, "surface": None,
-         "harness_saw_prose": False, "n_attempts": 1, "n": 1},
-        {"run": "vllm-default", "outcome": "non_response", "sub_kind": "refused", "surface": None,
-         "harness_saw_prose": False, "n_attempts": 1, "n": 3},
+        {
+            "run": "ollama-gemma",
+            "outcome": "non_response",
+            "sub_kind": "refused",
+            "surface": None,
+            "harness_saw_prose": False,
+            "n_attempts": 1,
+            "n": 2,
+        },
+        {
+            "run": "openai-halluc",
+            "outcome": "hallucinated_call",
+            "sub_kind": None,
+            "surface": "native",
+            "harness_saw_prose": False,
+            "n_attempts": 1,
+            "n": 1,
+        },
+        {
+            "run": "openai-halluc",
+            "outcome": "valid_call",
+            "sub_kind": None,
+            "surface": "native",
+            "harness_saw_prose": False,
+            "n_attempts": 1,
+            "n": 1,
+        },
+        {
+            "run": "sglang-noparser",
+            "outcome": "valid_call",
+            "sub_kind": None,
+            "surface": "text",
+            "harness_saw_prose": True,
+            "n_attempts": 1,
+            "n": 3,
+        },
+        {
+            "run": "vllm-500",
+            "outcome": "non_response",
+            "sub_kind": "http_5xx",
+            "surface": None,
+            "harness_saw_prose": False,
+            "n_attempts": 3,
+            "n": 1,
+        },
+        {
+            "run": "vllm-500",
+            "outcome": "prose",
+            "sub_kind": None,
+            "surface": None,
+            "harness_saw_prose": False,
+            "n_attempts": 1,
+            "n": 1,
+        },
+        {
+            "run": "vllm-default",
+            "outcome": "non_response",
+            "sub_kind": "refused",
+            "surface": None,
+            "harness_saw_prose": False,
+            "n_attempts": 1,
+            "n": 3,
+        },
     ]
     runs = {r["run"]: r for r in sql(data, "SELECT run, stack, n_episodes, n_turns, n_exchanges FROM runs")}
     # The OpenAI fake leaves no marks in its bodies; serve's fingerprint record (it answers
     # /v1/models and nothing stack-specific) names it "openai", an OpenAI-compatible server.
     assert {k: v["stack"] for k, v in runs.items()} == {
-        "vllm-default": "vllm", "sglang-noparser": "sglang", "ollama-gemma": "ollama", "openai-halluc": "openai",
-        "vllm-500": "vllm"}
+        "vllm-default": "vllm",
+        "sglang-noparser": "sglang",
+        "ollama-gemma": "ollama",
+        "openai-halluc": "openai",
+        "vllm-500": "vllm",
+    }
     assert runs["vllm-500"]["n_exchanges"] == 4 and runs["vllm-500"]["n_turns"] == 2
-    calls = sql(data, "SELECT c.name, c.surface, c.format, c.offered, c.valid FROM calls c JOIN turns t USING (turn_id) "
-                      "WHERE t.run IN ('sglang-noparser', 'openai-halluc') ORDER BY t.run, c.name")
-    assert calls == [
-        {"name": "get_stock_price", "surface": "native", "format": "tool_calls", "offered": False, "valid": False},
-        {"name": "get_weather", "surface": "native", "format": "tool_calls", "offered": True, "valid": True},
-    ] + [{"name": "get_weather", "surface": "text", "format": "hermes", "offered": True, "valid": True}] * 3
+    calls = sql(
+        data,
+        "SELECT c.name, c.surface, c.format, c.offered, c.valid FROM calls c JOIN turns t USING (turn_id) "
+        "WHERE t.run IN ('sglang-noparser', 'openai-halluc') ORDER BY t.run, c.name",
+    )
+    assert (
+        calls
+        == [
+            {"name": "get_stock_price", "surface": "native", "format": "tool_calls", "offered": False, "valid": False},
+            {"name": "get_weather", "surface": "native", "format": "tool_calls", "offered": True, "valid": True},
+        ]
+        + [{"name": "get_weather", "surface": "text", "format": "hermes", "offered": True, "valid": True}] * 3
+    )
     # re-running adds nothing
     r = tp("analyze", "--data", str(data))
     assert r.returncode == 0 and "new exchanges: 0" in r.stdout

@@ -16,6 +16,7 @@ import fsspec
 import orjson
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
+from test_export import age_journal, killed_at_the_manifest, killed_in, run_cli
 
 from toolproxy.analysis.export import parquet
 from toolproxy.analysis.export.destination import Destination
@@ -26,8 +27,6 @@ from toolproxy.record.segments import read_records
 from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.testing.corpus import episode, generate, interleaved
 
-from test_export import age_journal, killed_at_the_manifest, killed_in, run_cli
-
 
 def _rebuilt(text: str, encoding: str = "utf8") -> list[str]:
     pieces = split(text, encoding)
@@ -37,11 +36,12 @@ def _rebuilt(text: str, encoding: str = "utf8") -> list[str]:
 
 
 def test_a_chat_request_is_cut_after_each_message_and_tool():
-    messages = [{"role": "system", "content": "be [brief], \"ok\" {}"}, {"role": "user", "content": "a\\"}]
+    messages = [{"role": "system", "content": 'be [brief], "ok" {}'}, {"role": "user", "content": "a\\"}]
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     short = json.dumps({"model": "m", "messages": messages, "tools": tools, "stream": False})
-    longer = json.dumps({"model": "m", "messages": messages + [{"role": "assistant", "content": "x"}], "tools": tools,
-                         "stream": False})
+    longer = json.dumps(
+        {"model": "m", "messages": messages + [{"role": "assistant", "content": "x"}], "tools": tools, "stream": False}
+    )
     a, b = _rebuilt(short), _rebuilt(longer)
     assert len(a) == 4 and len(b) == 5
     assert a[:2] == b[:2] and a[2:] == b[3:]  # the longer request repeats every piece of the shorter one
@@ -59,20 +59,45 @@ def test_scalars_stay_together_so_a_token_id_prompt_is_not_a_hash_per_token():
 @pytest.mark.parametrize("seed", range(20))
 def test_any_whitespace_and_key_order_rebuilds_exactly(seed: int):
     rnd = random.Random(seed)
-    value = {f"k{i}": rnd.choice([[{"a": [1, {"b": "]}\\\"["}], "c": None}] * rnd.randint(0, 3), "s\u00e9\U0001f642", 2.5e-3,
-                                  [], {}, [[1, 2], [3]], True]) for i in range(rnd.randint(0, 6))}
+    value = {
+        f"k{i}": rnd.choice(
+            [
+                [{"a": [1, {"b": ']}\\"['}], "c": None}] * rnd.randint(0, 3),
+                "s\u00e9\U0001f642",
+                2.5e-3,
+                [],
+                {},
+                [[1, 2], [3]],
+                True,
+            ]
+        )
+        for i in range(rnd.randint(0, 6))
+    }
     keys = list(value)
     rnd.shuffle(keys)
-    text = json.dumps({k: value[k] for k in keys}, indent=rnd.choice([None, 0, 2, "\t"]), ensure_ascii=rnd.random() < 0.5,
-                      separators=rnd.choice([None, (",", ":"), (" ,\n", " :  ")]))
+    text = json.dumps(
+        {k: value[k] for k in keys},
+        indent=rnd.choice([None, 0, 2, "\t"]),
+        ensure_ascii=rnd.random() < 0.5,
+        separators=rnd.choice([None, (",", ":"), (" ,\n", " :  ")]),
+    )
     _rebuilt(" \r\n" * rnd.randint(0, 1) + text + "\n" * rnd.randint(0, 2))
 
 
-@pytest.mark.parametrize("text, encoding", [
-    ("", "utf8"), ("not json", "utf8"), ("[1, 2]", "utf8"), ('"s"', "utf8"), ('{"a": [1,', "utf8"),
-    ('{"a": [1]} trailing', "utf8"), ("data: {\"a\": [1]}\n\n", "utf8"), ('{"a": [1, 2]}', "base64"),
-    ("\ud800 lone surrogate", "utf8"),
-])
+@pytest.mark.parametrize(
+    "text, encoding",
+    [
+        ("", "utf8"),
+        ("not json", "utf8"),
+        ("[1, 2]", "utf8"),
+        ('"s"', "utf8"),
+        ('{"a": [1,', "utf8"),
+        ('{"a": [1]} trailing', "utf8"),
+        ('data: {"a": [1]}\n\n', "utf8"),
+        ('{"a": [1, 2]}', "base64"),
+        ("\ud800 lone surrogate", "utf8"),
+    ],
+)
 def test_anything_else_is_one_piece(text: str, encoding: str):
     assert _rebuilt(text, encoding) == [text]
     assert split(None, None) is None
@@ -91,9 +116,13 @@ REBUILD = documented_rebuild()
 def rebuilt_bodies(out: Path | str, con=None) -> dict[str, tuple]:
     """Every exported exchange's bodies rebuilt by the SQL docs/export.md gives, with DuckDB alone."""
     con = con or duckdb.connect()
-    bodies = {row[0]: [None, None, None, *row[1:]] for row in con.execute(
-        "SELECT id, request_body_encoding, response_body_encoding, client_body_encoding "
-        f"FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall()}
+    bodies = {
+        row[0]: [None, None, None, *row[1:]]
+        for row in con.execute(
+            "SELECT id, request_body_encoding, response_body_encoding, client_body_encoding "
+            f"FROM read_parquet('{out}/exchanges/**/*.parquet')"
+        ).fetchall()
+    }
     for n, col in enumerate(("request", "response", "client")):
         for i, body in con.execute(REBUILD.format(col=col, out=out)).fetchall():
             bodies[i][n] = body
@@ -102,8 +131,10 @@ def rebuilt_bodies(out: Path | str, con=None) -> dict[str, tuple]:
 
 def recorded_bodies(data: Path) -> dict[str, tuple]:
     fields = [f"{b}_body" for b in ("request", "response", "client")]
-    return {r["id"]: tuple(r.get(f) for f in fields) + tuple(r.get(f"{f}_encoding") for f in fields)
-            for r in read_records(data, kind="exchange")}
+    return {
+        r["id"]: tuple(r.get(f) for f in fields) + tuple(r.get(f"{f}_encoding") for f in fields)
+        for r in read_records(data, kind="exchange")
+    }
 
 
 def write_episodes(data: Path, name: str, seeds: range, turns: int) -> None:
@@ -115,8 +146,11 @@ def write_episodes(data: Path, name: str, seeds: range, turns: int) -> None:
 
 
 ODD_BODIES = [
-    b'\xff\xfe binary \x00',  # recorded as base64
-    b"", None, b"not json [1, 2]", b'["a", "b"]',
+    b"\xff\xfe binary \x00",  # recorded as base64
+    b"",
+    None,
+    b"not json [1, 2]",
+    b'["a", "b"]',
     b' {\n "stream" : true ,\r\n\t"messages":[ {"content":"\\u00e9 \\"]}\\"", "role":"user"} ,\n{"role":"tool"}\t],'
     b'"tools": [], "model":"m"}\n\n',
     '{"messages": [{"role": "user", "content": "\u00e9\U0001f642\x1b[31m"}], "tools": [[1], {"a": [2]}]}'.encode(),
@@ -129,8 +163,16 @@ def write_odd_bodies(data: Path) -> None:
     seg.mkdir(parents=True, exist_ok=True)
     with open(seg / "20261129T110000-1-0001-odd.jsonl", "wb") as f:
         for n, body in enumerate(ODD_BODIES):
-            rec = Record(id=new_id(), started_at=1764000000.0 + n, upstream="http://127.0.0.1:9", method="POST",
-                         path="/v1/chat/completions", client_path="/v1/chat/completions", run="odd", episode=f"e{n}")
+            rec = Record(
+                id=new_id(),
+                started_at=1764000000.0 + n,
+                upstream="http://127.0.0.1:9",
+                method="POST",
+                path="/v1/chat/completions",
+                client_path="/v1/chat/completions",
+                run="odd",
+                episode=f"e{n}",
+            )
             rec.request_body, rec.request_body_encoding = encode_body(body)
             rec.response_body, rec.response_body_encoding = encode_body(ODD_BODIES[-1 - n])
             rec.client_body, rec.client_body_encoding = encode_body(ODD_BODIES[n - 1])  # what a condition sent instead
@@ -141,7 +183,7 @@ def write_odd_bodies(data: Path) -> None:
 
 def test_the_documented_sql_rebuilds_every_body_byte_for_byte(tmp_path: Path):
     data = tmp_path / "data"
-    generate(data, 300)  # mixed stacks: streamed replies, tool calls in several dialects, errors
+    generate(data, 300)  # mixed stacks: streamed replies, tool calls in several formats, errors
     write_odd_bodies(data)
     write_episodes(data, "20261129T120000-1-0001-host", range(3), 12)
     run_cli("analyze", "--data", str(data))
@@ -151,14 +193,23 @@ def test_the_documented_sql_rebuilds_every_body_byte_for_byte(tmp_path: Path):
     recorded = recorded_bodies(data)
     assert len(recorded) > 300 and {v[5] for v in recorded.values()} >= {"base64", "utf8", None}
     assert rebuilt_bodies(out) == recorded
-    columns = {r[0] for r in duckdb.connect().execute(
-        f"DESCRIBE SELECT * FROM read_parquet('{out}/exchanges/**/*.parquet')").fetchall()}
+    columns = {
+        r[0]
+        for r in duckdb.connect()
+        .execute(f"DESCRIBE SELECT * FROM read_parquet('{out}/exchanges/**/*.parquet')")
+        .fetchall()
+    }
     assert {"request_pieces", "response_pieces", "client_pieces"} <= columns
     assert not {"request_body", "response_body", "client_body"} & columns
     # each piece stored once, under its own content's hash, as DuckDB computes it
-    n, distinct, misnamed = duckdb.connect().execute(
-        f"SELECT count(*), count(DISTINCT hash), count(*) FILTER (WHERE sha256(text) <> hash) "
-        f"FROM read_parquet('{out}/pieces/*.parquet')").fetchone()
+    n, distinct, misnamed = (
+        duckdb.connect()
+        .execute(
+            f"SELECT count(*), count(DISTINCT hash), count(*) FILTER (WHERE sha256(text) <> hash) "
+            f"FROM read_parquet('{out}/pieces/*.parquet')"
+        )
+        .fetchone()
+    )
     assert n == distinct and misnamed == 0
 
     # new traffic: only its new pieces are written, none twice; a second run writes nothing
@@ -168,10 +219,16 @@ def test_the_documented_sql_rebuilds_every_body_byte_for_byte(tmp_path: Path):
     run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
     assert set((out / "pieces").iterdir()) > before
     assert rebuilt_bodies(out) == recorded_bodies(data)
-    n, distinct = duckdb.connect().execute(
-        f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{out}/pieces/*.parquet')").fetchone()
+    n, distinct = (
+        duckdb.connect()
+        .execute(f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{out}/pieces/*.parquet')")
+        .fetchone()
+    )
     assert n == distinct
-    assert "nothing new to export" in run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out)).stdout
+    assert (
+        "nothing new to export"
+        in run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out)).stdout
+    )
 
     # the other layout into the same destination is refused, without a traceback
     proc = run_cli("export", "--data", str(data), "--out", str(out), check=False)
@@ -208,7 +265,7 @@ def memory_reads(url: str):
     def seen(path: str) -> None:
         path = MemoryFileSystem._strip_protocol(path)
         if path.startswith(root):
-            reads.append(path[len(root):])
+            reads.append(path[len(root) :])
 
     def opened(self, path, mode="rb", *args, **kwargs):
         if "r" in mode:
@@ -253,7 +310,9 @@ def manifest_of(url: str) -> dict:
 def assert_each_piece_once_and_indexed(url: str, reader) -> int:
     """Every piece once, every pieces file listed with a key file, each key file holding exactly
     the hashes of the pieces files naming it; the pieces' count."""
-    n, distinct = reader.execute(f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{url}/pieces/*.parquet')").fetchone()
+    n, distinct = reader.execute(
+        f"SELECT count(*), count(DISTINCT hash) FROM read_parquet('{url}/pieces/*.parquet')"
+    ).fetchone()
     assert n == distinct
     indexes: dict[str, list[dict]] = {}
     for f in manifest_of(url)["pieces"]:
@@ -290,8 +349,9 @@ def test_an_object_store_destination_gets_only_the_pieces_it_lacks(tmp_path: Pat
         second = export_pieces(data, url)
     assert 0 < second.pieces < first.pieces / 4  # a grown copy of episode 1: mostly messages already exported
     assert not [r for r in reads if r.startswith("pieces/")]
-    assert {f"{parquet.KEYS_DIR}/pieces/{f['name']}.keys" for f in manifest_of(url)["pieces"][:first.pieces_files]} \
-        <= set(reads)
+    assert {
+        f"{parquet.KEYS_DIR}/pieces/{f['name']}.keys" for f in manifest_of(url)["pieces"][: first.pieces_files]
+    } <= set(reads)
     reader = memory_reader()
     assert rebuilt_bodies(url, reader) == recorded_bodies(data)
     assert assert_each_piece_once_and_indexed(url, reader) == first.pieces + second.pieces
@@ -336,8 +396,11 @@ def killed_at_the_deletions(monkeypatch):
     return killed_in(monkeypatch, "delete", lambda rels: rels and rels != [parquet.PENDING])
 
 
-@pytest.mark.parametrize("killed, recovered", [(killed_at_the_manifest, "undid"), (killed_at_the_deletions, "finished")],
-                         ids=["at-the-manifest", "at-the-deletions"])
+@pytest.mark.parametrize(
+    "killed, recovered",
+    [(killed_at_the_manifest, "undid"), (killed_at_the_deletions, "finished")],
+    ids=["at-the-manifest", "at-the-deletions"],
+)
 def test_an_export_killed_as_it_merges_key_files_is_undone_or_finished(tmp_path: Path, monkeypatch, killed, recovered):
     """Killed before its manifest, the merged key file goes and the key files it would replace
     stay listed; killed after, the replaced ones go. Either way every key file there is one the
@@ -391,7 +454,9 @@ def _cut_a_key_file(url: str, tmp_path: Path) -> set[str]:
     fs, root = fsspec.core.url_to_fs(url)
     first = manifest_of(url)["pieces"][0]
     cut = tmp_path / "cut.keys"
-    memory_reader().execute(f"COPY (SELECT hash FROM read_parquet('{url}/{first['keys']}') LIMIT 1) TO '{cut}' (FORMAT parquet)")
+    memory_reader().execute(
+        f"COPY (SELECT hash FROM read_parquet('{url}/{first['keys']}') LIMIT 1) TO '{cut}' (FORMAT parquet)"
+    )
     fs.pipe_file(f"{root}/{first['keys']}", cut.read_bytes())
     return {f"pieces/{first['name']}"}
 
@@ -425,8 +490,10 @@ def test_pieces_files_without_a_usable_key_file_are_read_once_and_indexed(tmp_pa
 def export_formats(out: Path) -> tuple[int, set[str]]:
     """The export format the manifest at `out` says, and the ones its data files' metadata say."""
     manifest = orjson.loads((out / parquet.MANIFEST).read_bytes())
-    files = duckdb.sql(f"SELECT value::VARCHAR FROM parquet_kv_metadata('{out}/*/**/*.parquet') "
-                       "WHERE key::VARCHAR = 'toolproxy.export_format_version'").fetchall()
+    files = duckdb.sql(
+        f"SELECT value::VARCHAR FROM parquet_kv_metadata('{out}/*/**/*.parquet') "
+        "WHERE key::VARCHAR = 'toolproxy.export_format_version'"
+    ).fetchall()
     return manifest["export_format_version"], {v for (v,) in files}
 
 
@@ -479,8 +546,11 @@ def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Pa
     if not keyed:
         shutil.rmtree(keys)
         manifest = orjson.loads((out / parquet.MANIFEST).read_bytes())
-        (out / parquet.MANIFEST).write_bytes(orjson.dumps(manifest | {"pieces": [
-            {k: v for k, v in f.items() if k != "keys"} for f in manifest["pieces"]]}))
+        (out / parquet.MANIFEST).write_bytes(
+            orjson.dumps(
+                manifest | {"pieces": [{k: v for k, v in f.items() if k != "keys"} for f in manifest["pieces"]]}
+            )
+        )
     committed = set((out / "pieces").iterdir())
     write_episodes(data, "20261129T130000-1-0002-host", range(2, 4), 6)
     run_cli("analyze", "--data", str(data))
@@ -495,10 +565,16 @@ def test_the_pieces_of_an_interrupted_export_are_undone_by_the_next(tmp_path: Pa
         con.close()
     age_journal(out)
     proc = run_cli("export", "--layout", "pieces", "--data", str(data), "--out", str(out))
-    assert re.search(r"^undid the interrupted export .*^pieces: [1-9][0-9,]* new", proc.stdout, re.S | re.M), proc.stdout
+    assert re.search(r"^undid the interrupted export .*^pieces: [1-9][0-9,]* new", proc.stdout, re.S | re.M), (
+        proc.stdout
+    )
     assert (f"pieces: {len(committed)} files exported without a key file" in proc.stdout) is not keyed
     listed = orjson.loads((out / parquet.MANIFEST).read_bytes())["pieces"]
-    assert {p.name for p in (out / "pieces").iterdir()} == {f["name"] for f in listed} and not crashed & set((out / "pieces").iterdir())
-    assert {p.name for p in keys.iterdir()} == {f"{f['name']}.keys" for f in listed} and all("keys" in f for f in listed)
+    assert {p.name for p in (out / "pieces").iterdir()} == {f["name"] for f in listed} and not crashed & set(
+        (out / "pieces").iterdir()
+    )
+    assert {p.name for p in keys.iterdir()} == {f"{f['name']}.keys" for f in listed} and all(
+        "keys" in f for f in listed
+    )
     assert rebuilt_bodies(out) == recorded_bodies(data)
     assert_each_piece_once_and_indexed(str(out), duckdb.connect())

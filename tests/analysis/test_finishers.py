@@ -10,8 +10,8 @@ import re
 import duckdb
 import pytest
 
+from toolproxy.analysis.classify.harnesses import finisher, finishes
 from toolproxy.analysis.episodes.roles import COLUMNS, ROLE_SQL, role_of
-from toolproxy.analysis.ingest.harnesses import finisher, finishes
 
 
 def chat_tool(name: str, description: str | None, **params: str) -> dict:
@@ -25,12 +25,21 @@ def chat_tool(name: str, description: str | None, **params: str) -> dict:
 SMOL = chat_tool("final_answer", "Provides a final answer to the given problem.", answer="string")
 SUBMIT = chat_tool("submit", "Submit an answer for evaluation.", answer="string")
 BASH = chat_tool("bash", "Execute a bash command", command="string")
-MINI_PROMPT = [{"role": "system", "content": "You are a helpful assistant that can interact with a computer."},
-               {"role": "user", "content": "Please solve this issue: X\n... issuing the following command: "
-                                           "`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`."}]
+MINI_PROMPT = [
+    {"role": "system", "content": "You are a helpful assistant that can interact with a computer."},
+    {
+        "role": "user",
+        "content": "Please solve this issue: X\n... issuing the following command: "
+        "`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`.",
+    },
+]
 WEATHER = chat_tool("get_weather", "Current weather for a city.", city="string")
-RESPONSES_SUBMIT = {"type": "function", "name": "submit", "description": "Submit an answer for evaluation.",
-                    "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}}}
+RESPONSES_SUBMIT = {
+    "type": "function",
+    "name": "submit",
+    "description": "Submit an answer for evaluation.",
+    "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}},
+}
 
 # (case, protocol, tools, messages, the harness whose finisher it is, or None)
 OFFERED = [
@@ -39,12 +48,30 @@ OFFERED = [
     ("inspect-ai on Responses (flat tools)", None, [WEATHER, RESPONSES_SUBMIT], [], "inspect-ai react"),
     ("mini-swe-agent", None, [BASH], MINI_PROMPT, "mini-swe-agent"),
     ("a bash tool without mini-swe-agent's prompt", None, [BASH], MINI_PROMPT[:1], None),
-    ("an unrelated tool named submit", None, [chat_tool("submit", "Submit a form to the CRM.", form="object")], [], None),
+    (
+        "an unrelated tool named submit",
+        None,
+        [chat_tool("submit", "Submit a form to the CRM.", form="object")],
+        [],
+        None,
+    ),
     ("a submit tool without a description", None, [chat_tool("submit", None, answer="string")], [], None),
     ("final_answer described otherwise", None, [chat_tool("final_answer", "Say the answer aloud.")], [], None),
     ("smolagents' tool under another protocol", "react", [SMOL], [], None),
-    ("dspy's finish under dspy", "dspy", [chat_tool("finish", "Marks the task as complete. That is, ...")], [], "dspy ReAct"),
-    ("a finish tool in a tools field", None, [chat_tool("finish", "Marks the task as complete. That is, ...")], [], None),
+    (
+        "dspy's finish under dspy",
+        "dspy",
+        [chat_tool("finish", "Marks the task as complete. That is, ...")],
+        [],
+        "dspy ReAct",
+    ),
+    (
+        "a finish tool in a tools field",
+        None,
+        [chat_tool("finish", "Marks the task as complete. That is, ...")],
+        [],
+        None,
+    ),
     ("no tools", None, [], [], None),
     ("tools that are not objects", None, ["submit", None, {"function": "x"}], [], None),
 ]
@@ -64,17 +91,58 @@ DSPY_F = finisher("dspy", [chat_tool("finish", "Marks the task as complete.")])
 CALLS = [
     ("smolagents' final_answer", SMOL_F, [("final_answer", {"answer": "5C"})], False, True),
     ("smolagents parses a final_answer left in text itself", SMOL_F, [("final_answer", {"answer": "5C"})], True, True),
-    ("final_answer beside another call", SMOL_F, [("final_answer", {}), ("get_weather", {"city": "Oslo"})], False, False),
+    (
+        "final_answer beside another call",
+        SMOL_F,
+        [("final_answer", {}), ("get_weather", {"city": "Oslo"})],
+        False,
+        False,
+    ),
     ("inspect-ai's submit", INSPECT_F, [("submit", {"answer": "5C"})], False, True),
     ("a submit left in text never reached inspect-ai", INSPECT_F, [("submit", {"answer": "5C"})], True, False),
-    ("mini-swe-agent's submit command", MINI_F, [("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})], False, True),
-    ("the marker quoted, with a submission after it", MINI_F,
-     [("bash", {"command": "  echo 'COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT'; echo done"})], False, True),
+    (
+        "mini-swe-agent's submit command",
+        MINI_F,
+        [("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})],
+        False,
+        True,
+    ),
+    (
+        "the marker quoted, with a submission after it",
+        MINI_F,
+        [("bash", {"command": "  echo 'COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT'; echo done"})],
+        False,
+        True,
+    ),
     ("another command", MINI_F, [("bash", {"command": "ls -la"})], False, False),
-    ("a longer word than the marker", MINI_F, [("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUTS"})], False, False),
-    ("the marker not first", MINI_F, [("bash", {"command": "ls; echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})], False, False),
-    ("arguments that are not an object", MINI_F, [("bash", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")], False, False),
-    ("a submit command left in text", MINI_F, [("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})], True, False),
+    (
+        "a longer word than the marker",
+        MINI_F,
+        [("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUTS"})],
+        False,
+        False,
+    ),
+    (
+        "the marker not first",
+        MINI_F,
+        [("bash", {"command": "ls; echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})],
+        False,
+        False,
+    ),
+    (
+        "arguments that are not an object",
+        MINI_F,
+        [("bash", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")],
+        False,
+        False,
+    ),
+    (
+        "a submit command left in text",
+        MINI_F,
+        [("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})],
+        True,
+        False,
+    ),
     ("dspy's finish, written in its fields", DSPY_F, [("finish", {})], True, True),
     ("no finisher offered", None, [("submit", {"answer": "5C"})], False, False),
     ("no call", INSPECT_F, [], False, False),
@@ -120,10 +188,17 @@ ENDINGS = [
     ("prose where the harness ends by its finishing tool", {"outcome": "prose", "finisher": "mini-swe-agent"}, "call"),
     ("the finishing call", {"outcome": "valid_call", "finishes": True, "finisher": "inspect-ai react"}, "answer"),
     ("another call", {"outcome": "valid_call", "finisher": "inspect-ai react"}, "call"),
-    ("the finishing call, then a turn the harness nudged", {"outcome": "valid_call", "finishes": True,
-                                                            "finisher": "inspect-ai react", "last_with_tools": False}, "call"),
+    (
+        "the finishing call, then a turn the harness nudged",
+        {"outcome": "valid_call", "finishes": True, "finisher": "inspect-ai react", "last_with_tools": False},
+        "call",
+    ),
     ("the finishing call the harness rejected", {"outcome": "valid_call", "finishes": True, "rejected": True}, "call"),
-    ("the finishing call before any tool result", {"outcome": "valid_call", "finishes": True, "saw_result": False}, "open"),
+    (
+        "the finishing call before any tool result",
+        {"outcome": "valid_call", "finishes": True, "saw_result": False},
+        "open",
+    ),
 ]
 
 

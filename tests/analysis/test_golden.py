@@ -18,7 +18,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).parent))
 from golden import summary  # noqa: E402
 
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.testing.corpus import generate
 
 GOLDEN = Path(__file__).parent.parent / "data" / "analysis_golden.json"

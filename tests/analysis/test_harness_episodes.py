@@ -14,9 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 import captured
+import pytest
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "episodes"
 STOPPED = "Agent stopped due to iteration limit or time limit."
@@ -45,13 +44,26 @@ CASES = [
     # ToolCallingAgent: a call, a reply smolagents could not parse (rejected), then at max_steps its
     # summary request without tools, in the same episode. CodeAgent: code that calls the tool, then
     # code that calls final_answer (the answer).
-    Case("emulated/smolagents-steps", [
-        [CALL, ("prose", "call", False, None), ("prose", "no_tools", False, None)],
-        [("valid_call", "call", True, "code"), ("valid_call", "answer", False, "code")],
-    ], 1),
+    Case(
+        "emulated/smolagents-steps",
+        [
+            [CALL, ("prose", "call", False, None), ("prose", "no_tools", False, None)],
+            [("valid_call", "call", True, "code"), ("valid_call", "answer", False, "code")],
+        ],
+        1,
+    ),
     # dspy ReAct: the call, finish (the answer; dspy acted on it: "Completed."), the extract step.
-    Case("emulated/dspy-react", [[("valid_call", "call", True, "dspy"), ("valid_call", "answer", True, "dspy"),
-                                  ("prose", "no_tools", False, "dspy")]], 1),
+    Case(
+        "emulated/dspy-react",
+        [
+            [
+                ("valid_call", "call", True, "dspy"),
+                ("valid_call", "answer", True, "dspy"),
+                ("prose", "no_tools", False, "dspy"),
+            ]
+        ],
+        1,
+    ),
     # LangChain's classic ReAct: Action / Action Input, then the Final Answer after the Observation.
     Case("emulated/langchain-react", [[("valid_call", "call", True, "react"), ("prose", "answer", False, "react")]], 1),
     # Qwen2.5-Coder-0.5B on llama.cpp writes its call as JSON in the text, which the stack leaves
@@ -62,42 +74,76 @@ CASES = [
     # ToolCallingAgent: an empty reply (smolagents writes it into its history with its error), prose
     # it cannot parse (rejected), then its summary at max_steps. CodeAgent: prose without code
     # (rejected: "Error in code parsing"), two code steps calling an invented function, the summary.
-    Case("llamacpp/smolagents-steps", [
-        [("non_response", None, False, None), ("prose", "call", False, None), ("prose", "no_tools", False, None)],
-        [("prose", "call", False, "code")] + [("hallucinated_call", "call", False, "code")] * 2
-        + [("prose", "no_tools", False, "code")],
-    ], 0),
+    Case(
+        "llamacpp/smolagents-steps",
+        [
+            [("non_response", None, False, None), ("prose", "call", False, None), ("prose", "no_tools", False, None)],
+            [("prose", "call", False, "code")]
+            + [("hallucinated_call", "call", False, "code")] * 2
+            + [("prose", "no_tools", False, "code")],
+        ],
+        0,
+    ),
     # dspy ReAct: schema-shaped arguments ({"city": {"type": "string"}}) that dspy rejected, then
     # finish (with arguments it does not take) and an invented answer.
-    Case("llamacpp/dspy-react", [[("invalid_args", "call", False, "dspy"), ("invalid_args", "answer", False, "dspy"),
-                                  ("prose", "no_tools", False, "dspy")]], 1),
+    Case(
+        "llamacpp/dspy-react",
+        [
+            [
+                ("invalid_args", "call", False, "dspy"),
+                ("invalid_args", "answer", False, "dspy"),
+                ("prose", "no_tools", False, "dspy"),
+            ]
+        ],
+        1,
+    ),
     # LangChain ReAct: "Action: get_weather(city='Paris')" four times, "not a valid tool" each time.
     Case("llamacpp/langchain-react", [[("hallucinated_call", "call", False, "react")] * 4], 0),
     # The truth rig's recordings (`toolproxy run`, two tasks each). smolagents parses the calls left
     # in the text itself: Paris is get_weather, then final_answer (the answer). Tokyo runs to
     # max_steps and is one episode, although smolagents writes a call it ran back as text
     # ("Calling tools:") after one it kept as it came (an unknown tool): only that echo continues it.
-    Case("llamacpp/truth-smolagents", [
-        [CALL, ("valid_call", "answer", False, None)],
-        [CALL, ("hallucinated_call", "call", False, None), CALL, ("hallucinated_call", "call", False, None),
-         ("hallucinated_call", "no_tools", False, None)],
-    ], 1),
+    Case(
+        "llamacpp/truth-smolagents",
+        [
+            [CALL, ("valid_call", "answer", False, None)],
+            [
+                CALL,
+                ("hallucinated_call", "call", False, None),
+                CALL,
+                ("hallucinated_call", "call", False, None),
+                ("hallucinated_call", "no_tools", False, None),
+            ],
+        ],
+        1,
+    ),
     # dspy could not parse the ChatAdapter's fields and asked the same step again through its JSON
     # fallback: the same episode, the unparsed reply rejected. Paris ran out of iterations, its last
     # step's arguments broken JSON that dspy repaired before writing the step into its extract
     # prompt: still one episode, the extraction its no_tools wrap-up. Tokyo chose finish after its
     # tool's error: an answer to the report (a tool result came back), not after the tool ran.
-    Case("llamacpp/truth-dspy", [
-        [DSPY_REJECTED, DSPY_BAD_ARGS] * 3 + [DSPY_BAD_ARGS, ("prose", "no_tools", False, "dspy")],
-        [DSPY_REJECTED] + [DSPY_BAD_ARGS] * 3 + [("invalid_args", "answer", False, "dspy"), ("prose", "no_tools", False, "dspy")],
-    ], 1, "-1: finish came after the tool failed on its arguments: the harness's tool never ran"),
+    Case(
+        "llamacpp/truth-dspy",
+        [
+            [DSPY_REJECTED, DSPY_BAD_ARGS] * 3 + [DSPY_BAD_ARGS, ("prose", "no_tools", False, "dspy")],
+            [DSPY_REJECTED]
+            + [DSPY_BAD_ARGS] * 3
+            + [("invalid_args", "answer", False, "dspy"), ("prose", "no_tools", False, "dspy")],
+        ],
+        1,
+        "-1: finish came after the tool failed on its arguments: the harness's tool never ran",
+    ),
     # mini-swe-agent ends only by its submit command as a bash call: a reply without a tool call is
     # answered "No tool calls found" and dropped, and three in a row end the task unanswered (the
     # last one here the submit command in a bash fence: prose to the harness, not its answer).
-    Case("llamacpp/truth-mini-swe-agent", [
-        [("prose", "call", False, None), TEXT_CALL, ("prose", "call", False, None)],
-        [("prose", "call", False, None), CALL, TEXT_CALL, TEXT_CALL, ("prose", "call", False, None)],
-    ], 0),
+    Case(
+        "llamacpp/truth-mini-swe-agent",
+        [
+            [("prose", "call", False, None), TEXT_CALL, ("prose", "call", False, None)],
+            [("prose", "call", False, None), CALL, TEXT_CALL, TEXT_CALL, ("prose", "call", False, None)],
+        ],
+        0,
+    ),
     # inspect-ai's react agent: get_weather and then submit, both left in the text, so inspect never
     # got its submit call and returned the last text at its message limit: calls lost, not answers.
     Case("llamacpp/truth-inspect-ai", [[TEXT_CALL] * 3] * 2, 0, "2 final texts are calls left in the text"),
@@ -122,8 +168,14 @@ def answered(record: dict) -> int:
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     opened = {}
-    yield lambda path: opened.get(path) or opened.setdefault(
-        path, captured.analyzed(tmp_path_factory.mktemp(path.replace("/", "-")), DATA / path / "segments"))
+    yield (
+        lambda path: (
+            opened.get(path)
+            or opened.setdefault(
+                path, captured.analyzed(tmp_path_factory.mktemp(path.replace("/", "-")), DATA / path / "segments")
+            )
+        )
+    )
     for con in opened.values():
         con.close()
 
@@ -154,14 +206,19 @@ def test_the_protocol_a_turn_was_read_under_is_recorded_with_its_calls(stores):
     there and parses them itself); the tools its prompt offered are a tool set like any other."""
     con = stores("emulated/dspy-react")
     calls = con.execute("""
-        SELECT c.name, c.arguments::VARCHAR, c.surface, c.format, c.valid FROM calls c JOIN exchanges e ON e.id = c.exchange_id
+        SELECT c.name, c.arguments::VARCHAR, c.surface, c.format, c.valid FROM calls c JOIN exchanges e ON e.id =
+            c.exchange_id
         ORDER BY e.started_at""").fetchall()
-    assert calls == [("get_weather", '{"city":"Paris"}', "prompt", "dspy", True), ("finish", "{}", "prompt", "dspy", True)]
+    assert calls == [
+        ("get_weather", '{"city":"Paris"}', "prompt", "dspy", True),
+        ("finish", "{}", "prompt", "dspy", True),
+    ]
     names = con.execute("SELECT DISTINCT s.names FROM exchanges e JOIN tool_sets s ON s.hash = e.tool_set").fetchall()
     assert names == [(["get_weather", "finish"],)]
     con = stores("emulated/smolagents-steps")
-    assert con.execute("SELECT protocol, count(*) FROM exchanges WHERE is_attempt GROUP BY ALL ORDER BY 1").fetchall() == [
-        ("code", 2), (None, 3)]
+    assert con.execute(
+        "SELECT protocol, count(*) FROM exchanges WHERE is_attempt GROUP BY ALL ORDER BY 1"
+    ).fetchall() == [("code", 2), (None, 3)]
 
 
 def test_the_report_counts_what_the_harnesses_counted(tmp_path):
@@ -176,13 +233,25 @@ def test_the_report_counts_what_the_harnesses_counted(tmp_path):
         for seg in (DATA / case.path / "segments").glob("*.jsonl"):
             (data / "segments").mkdir(parents=True, exist_ok=True)
             shutil.copy(seg, data / "segments" / seg.name)
-    out = subprocess.run([sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data)], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
-    doc = json.loads(subprocess.run([sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data), "--format", "json"],
-                                    capture_output=True, text=True, timeout=120).stdout)
+    doc = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data), "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+    )
     (run,) = doc["runs"]
-    records = [json.loads((DATA / c.path / "harness.json").read_text()) for c in CASES if c.path.startswith("emulated/")]
+    records = [
+        json.loads((DATA / c.path / "harness.json").read_text()) for c in CASES if c.path.startswith("emulated/")
+    ]
     assert run["episodes"] == sum(len(r["episodes"]) for r in records) == 11
     a = run["answer_rate"]
     assert (a["numerator"], a["denominator"]) == (sum(answered(r) for r in records), 11) == (10, 11)
@@ -197,7 +266,7 @@ def test_the_live_page_derives_the_turns_the_analyzer_stores(stores, case):
     import orjson
 
     from toolproxy.analysis.measure.metrics import run_metrics, score
-    from toolproxy.proxy.live import Tally, summarised
+    from toolproxy.live.tally import Tally, summarised
     from toolproxy.record.segments import read_records
 
     tally = Tally()
@@ -215,7 +284,10 @@ def test_the_live_page_derives_the_turns_the_analyzer_stores(stores, case):
         assert (page["turns"], page["episodes"]) == (n_turns, n_episodes)
         assert page["roles"] == {k: v for k, v in m.roles.items() if v}
         assert (page["valid_turns"], page["delivered_turns"], page["call_turns"]) == (
-            m.call_fidelity.numerator, m.delivered_fidelity.numerator, m.call_fidelity.denominator)
+            m.call_fidelity.numerator,
+            m.delivered_fidelity.numerator,
+            m.call_fidelity.denominator,
+        )
         assert (page["answered"], page["answerable"]) == (m.answer_rate.numerator, m.answer_rate.denominator)
         assert page["turn_non_responses"] == m.non_response_kinds
         assert page["partial"] is None

@@ -28,7 +28,9 @@ TABLES = ("exchanges", "calls", "turns", "episodes", "runs")
 
 
 def analyze(data: Path) -> str:
-    proc = subprocess.run([*CLI, "analyze", "--data", str(data), "--workers", "0"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*CLI, "analyze", "--data", str(data), "--workers", "0"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     return proc.stdout
 
@@ -102,7 +104,11 @@ def split_at_midnight(files: list[Path]) -> tuple[float, list[dict], list[dict]]
     """The records of these segments and a midnight half of them are after: (midnight, before, after)."""
     records = [orjson.loads(line) for f in files for line in f.read_bytes().splitlines()]
     midnight = sorted(r["started_at"] for r in records)[len(records) // 2]
-    return midnight, [r for r in records if r["started_at"] < midnight], [r for r in records if r["started_at"] >= midnight]
+    return (
+        midnight,
+        [r for r in records if r["started_at"] < midnight],
+        [r for r in records if r["started_at"] >= midnight],
+    )
 
 
 def write_daily(path: Path, records: list[dict], midnight: float, untagged_too: bool = False) -> None:
@@ -203,7 +209,9 @@ def test_an_untagged_conversation_crossing_a_run_boundary(untagged: list[Path], 
     write_daily(data / SEGMENT_DIR / "20261130T000000-1-0001.jsonl", second[:-20], midnight, untagged_too=True)
     analyze(data)
     assert_same_as_fresh(data, tmp_path / "a")
-    write_daily(data / SEGMENT_DIR / "20261130T000000-1-0002.jsonl", first[-20:] + second[-20:], midnight, untagged_too=True)
+    write_daily(
+        data / SEGMENT_DIR / "20261130T000000-1-0002.jsonl", first[-20:] + second[-20:], midnight, untagged_too=True
+    )
     episodes_in_part(analyze(data), 2)
     assert_same_as_fresh(data, tmp_path / "b")
 
@@ -223,7 +231,9 @@ def test_only_the_episodes_with_new_attempts_are_derived_again(segments: list[Pa
     assert any(r.get("run") is None for r in new)
     conversations = episodes_in_part(out, len(runs) + 1) - len(tags)
     con = duckdb.connect(str(default_db(data)), read_only=True)
-    total = con.execute("SELECT count(*) FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [sorted(runs)]).fetchone()[0]
+    total = con.execute(
+        "SELECT count(*) FROM episodes WHERE run IN (SELECT unnest(?::VARCHAR[]))", [sorted(runs)]
+    ).fetchone()[0]
     untagged = con.execute("SELECT count(*) FROM episodes WHERE run = '(untagged)'").fetchone()[0]
     con.close()
     assert len(tags) < total / 3
@@ -239,11 +249,15 @@ def test_attempts_an_interrupted_analyze_left_underived_are_derived_by_the_next(
     deliver(data, segments[:4])
     analyze(data)
     con = duckdb.connect(str(default_db(data)))
-    lost = con.execute("SELECT DISTINCT turn_id FROM exchanges WHERE segment = ? AND run IN ('vllm-hermes', '(untagged)')",
-                       [segments[3].name]).fetchall()
+    lost = con.execute(
+        "SELECT DISTINCT turn_id FROM exchanges WHERE segment = ? AND run IN ('vllm-hermes', '(untagged)')",
+        [segments[3].name],
+    ).fetchall()
     con.execute("DELETE FROM turns WHERE turn_id IN (SELECT unnest(?::VARCHAR[]))", [[t for (t,) in lost]])
-    con.execute("UPDATE exchanges SET turn_id = NULL WHERE segment = ? AND run IN ('vllm-hermes', '(untagged)')",
-                [segments[3].name])
+    con.execute(
+        "UPDATE exchanges SET turn_id = NULL WHERE segment = ? AND run IN ('vllm-hermes', '(untagged)')",
+        [segments[3].name],
+    )
     con.close()
     out = analyze(data)
     assert "new exchanges: 0" in out and "runs re-derived: 2 ((untagged), vllm-hermes)" in out
@@ -282,12 +296,33 @@ def responses_chain(conversations: int, turns: int) -> list[list[bytes]]:
             if previous:
                 body["previous_response_id"] = previous
             previous = f"resp_{c}_{turn}"
-            reply = {"id": previous, "object": "response", "status": "completed", "model": "gpt-test",
-                     "output": [{"type": "message", "id": f"msg_{c}_{turn}", "role": "assistant", "status": "completed",
-                                 "content": [{"type": "output_text", "text": f"answer {c}.{turn}", "annotations": []}]}]}
+            reply = {
+                "id": previous,
+                "object": "response",
+                "status": "completed",
+                "model": "gpt-test",
+                "output": [
+                    {
+                        "type": "message",
+                        "id": f"msg_{c}_{turn}",
+                        "role": "assistant",
+                        "status": "completed",
+                        "content": [{"type": "output_text", "text": f"answer {c}.{turn}", "annotations": []}],
+                    }
+                ],
+            }
             t = 1764000000.0 + 10 * turn + c / 100
-            rec = Record(id=new_id(), started_at=t, upstream="http://127.0.0.1:8000", method="POST", path="/v1/responses",
-                         client_path="/v1/responses", status=200, client_status=200, response_complete=True)
+            rec = Record(
+                id=new_id(),
+                started_at=t,
+                upstream="http://127.0.0.1:8000",
+                method="POST",
+                path="/v1/responses",
+                client_path="/v1/responses",
+                status=200,
+                client_status=200,
+                response_complete=True,
+            )
             req = orjson.dumps(body)
             rec.request_headers = [["Content-Type", "application/json"]]
             rec.request_body, rec.request_body_encoding = encode_body(req)
@@ -316,8 +351,9 @@ def test_responses_chained_by_id_across_analyses(tmp_path: Path):
     write("20261129T000000-1-0002.jsonl", 1)
     analyze(data)
     con = duckdb.connect(str(default_db(data)), read_only=True)
-    linked = con.execute("SELECT count(*) FROM exchanges WHERE len(parent_hashes) > 0 "
-                         "AND record->>'previous_response_id' IS NOT NULL").fetchone()[0]
+    linked = con.execute(
+        "SELECT count(*) FROM exchanges WHERE len(parent_hashes) > 0 AND record->>'previous_response_id' IS NOT NULL"
+    ).fetchone()[0]
     con.close()
     assert linked == 4
     assert_same_as_fresh(data, tmp_path / "a")
@@ -330,7 +366,9 @@ def test_responses_chained_by_id_across_analyses(tmp_path: Path):
 
 def rewritten(src: Path, dst: Path, change) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(b"".join(orjson.dumps(change(orjson.loads(line))) + b"\n" for line in src.read_bytes().splitlines()))
+    dst.write_bytes(
+        b"".join(orjson.dumps(change(orjson.loads(line))) + b"\n" for line in src.read_bytes().splitlines())
+    )
 
 
 def other_model(rec: dict) -> dict:
@@ -358,9 +396,17 @@ def test_runs_rows_follow_new_records(segments: list[Path], tmp_path: Path):
         assert_same_as_fresh(data, tmp_path / str(k))
     first = orjson.loads(segments[0].read_bytes().splitlines()[0])
     older = dict(first, id=new_id(), started_at=first["started_at"] - 100, ended_at=first["ended_at"] - 100)
-    listing = dict(first, id=new_id(), method="GET", path="/v1/models", client_path="/v1/models", request_body=None,
-                   request_body_size=0, response_body='{"object":"list","data":[]}',
-                   response_headers=[["content-type", "application/json"]])
+    listing = dict(
+        first,
+        id=new_id(),
+        method="GET",
+        path="/v1/models",
+        client_path="/v1/models",
+        request_body=None,
+        request_body_size=0,
+        response_body='{"object":"list","data":[]}',
+        response_headers=[["content-type", "application/json"]],
+    )
     (data / SEGMENT_DIR / "20991231T000000-1-0001.jsonl").write_bytes(orjson.dumps(older) + b"\n")
     analyze(data)
     assert_same_as_fresh(data, tmp_path / "older")
@@ -390,12 +436,15 @@ def sampled_line(out: str) -> str:
 def test_the_sampled_runs_line_after_re_analyses(segments: list[Path], tmp_path: Path):
     """Runs recorded with --sample: analyze's line about them (the rate, the exchanges only a stub
     stands for) after re-analyses, with and without new stubs, is a fresh analyze's."""
+
     def sampled(rec: dict) -> dict:
         return dict(rec, extra={"sample": {"rate": 0.5, "by": "episode"}})
 
     def stubbed(rec: dict) -> dict:
         rec = sampled(rec)
-        return dict(rec, kind="sampled_out", request_body=None, response_body=None, request_headers=[], response_headers=[])
+        return dict(
+            rec, kind="sampled_out", request_body=None, response_body=None, request_headers=[], response_headers=[]
+        )
 
     data = tmp_path / "data"
     for k in range(3):

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from captured import analyzed
 
-from toolproxy.analysis.ingest.keys import Prefixes, conversation_keys, link_map, parent_walk
-from toolproxy.analysis.ingest.records import analyze_record
+from toolproxy.analysis.classify.keys import Prefixes, conversation_keys, link_map, parent_walk
+from toolproxy.analysis.classify.record import analyze_record
 from toolproxy.record.segments import SEGMENT_DIR, list_segments, read_segment
 from toolproxy.testing.corpus import episode, interleaved
-
-from captured import analyzed
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -24,8 +23,11 @@ TASK = {"role": "user", "content": "Weather in Paris and Oslo?"}
 
 
 def _call(i: int, args) -> dict:
-    return {"role": "assistant", "content": None,
-            "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": args}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": args}}],
+    }
 
 
 def _result(i: int) -> dict:
@@ -33,8 +35,9 @@ def _result(i: int) -> dict:
 
 
 def _keys(messages, prefixes=None, reply=("done", [])):
-    return conversation_keys(messages, tool_set="ts", tool_names=["get_weather"], model="m", reply=reply,
-                             reply_ids=["r1"], prefixes=prefixes)
+    return conversation_keys(
+        messages, tool_set="ts", tool_names=["get_weather"], model="m", reply=reply, reply_ids=["r1"], prefixes=prefixes
+    )
 
 
 def _conversation(turns: int, args=lambda i: {"city": f"c{i}", "n": 1}) -> list[list]:
@@ -52,29 +55,54 @@ CASES = {
     "a tool loop": _conversation(6),
     "a retry sends the same messages again": [m for req in _conversation(4) for m in (req, req)],
     "the harness dropped a reply and resent the request before it": (
-        lambda c: [c[0], c[1], c[2], c[1] + [{"role": "user", "content": "Please call a tool."}], c[3]])(_conversation(4)),
+        lambda c: [c[0], c[1], c[2], c[1] + [{"role": "user", "content": "Please call a tool."}], c[3]]
+    )(_conversation(4)),
     "two conversations with the same head, interleaved": [
-        req for pair in zip(_conversation(4), _conversation(4, lambda i: {"city": f"other{i}"})) for req in pair],
+        req for pair in zip(_conversation(4), _conversation(4, lambda i: {"city": f"other{i}"})) for req in pair
+    ],
     # equal in Python (1 == 1.0 == True), different in the canonical form: no walk is shared
     "arguments 1, then 1.0, then true": [
-        _conversation(3, lambda i: {"n": 1})[2], _conversation(4, lambda i: {"n": 1.0})[3],
-        _conversation(4, lambda i: {"n": True})[3], _conversation(4, lambda i: {"n": 1})[3]],
+        _conversation(3, lambda i: {"n": 1})[2],
+        _conversation(4, lambda i: {"n": 1.0})[3],
+        _conversation(4, lambda i: {"n": True})[3],
+        _conversation(4, lambda i: {"n": 1})[3],
+    ],
     "arguments as strings that parse to the same JSON": [
-        _conversation(3, lambda i: '{"n": 1}')[2], _conversation(4, lambda i: '{ "n" : 1 }')[3]],
+        _conversation(3, lambda i: '{"n": 1}')[2],
+        _conversation(4, lambda i: '{ "n" : 1 }')[3],
+    ],
     "messages that are not objects": [[SYSTEM, "stray", TASK], [SYSTEM, "stray", TASK, _call(0, "{}"), 7]],
     "one message, then none": [[SYSTEM], [], [SYSTEM]],
     # what a request writes as a role or a part type may be any JSON, a list too (not hashable)
     "roles and part types that are not strings": [
         [{"role": [1], "content": "x"}, {"role": {"a": 1}, "content": [{"type": ["tool_result"], "text": "t"}]}],
-        [{"role": [1], "content": "x"}, {"role": {"a": 1}, "content": [{"type": ["tool_result"], "text": "t"}]},
-         {"role": ["assistant"], "content": "y"}, {"role": "tool", "content": [{"type": {"x": 1}}]}]],
-    "the system prompt swapped at the end": (
-        lambda c: c + [[{"role": "system", "content": "Summarise."}, *c[-1][1:]]])(_conversation(4)),
+        [
+            {"role": [1], "content": "x"},
+            {"role": {"a": 1}, "content": [{"type": ["tool_result"], "text": "t"}]},
+            {"role": ["assistant"], "content": "y"},
+            {"role": "tool", "content": [{"type": {"x": 1}}]},
+        ],
+    ],
+    "the system prompt swapped at the end": (lambda c: c + [[{"role": "system", "content": "Summarise."}, *c[-1][1:]]])(
+        _conversation(4)
+    ),
     "prose replies and text observations": [
-        [SYSTEM, TASK], [SYSTEM, TASK, {"role": "assistant", "content": "Thought: look"},
-                         {"role": "user", "content": "Observation: 3 degrees"}],
-        [SYSTEM, TASK, {"role": "assistant", "content": "Thought: look"}, {"role": "user", "content": "Observation: 3 degrees"},
-         {"role": "assistant", "content": "Thought: done"}, {"role": "assistant", "content": "more"}]],
+        [SYSTEM, TASK],
+        [
+            SYSTEM,
+            TASK,
+            {"role": "assistant", "content": "Thought: look"},
+            {"role": "user", "content": "Observation: 3 degrees"},
+        ],
+        [
+            SYSTEM,
+            TASK,
+            {"role": "assistant", "content": "Thought: look"},
+            {"role": "user", "content": "Observation: 3 degrees"},
+            {"role": "assistant", "content": "Thought: done"},
+            {"role": "assistant", "content": "more"},
+        ],
+    ],
 }
 
 
@@ -105,12 +133,14 @@ def test_the_walk_names_every_earlier_assistant_message_longest_first():
         keys = _keys(messages, prefixes)
         stored += len(keys.prefix_links) // 2
         walked = _walked(keys, link_map([_keys(messages).prefix_links]))
-        assert walked[:len(keys.parent_hashes)] == keys.parent_hashes
-        earlier = walked[len(keys.parent_hashes):]
+        assert walked[: len(keys.parent_hashes)] == keys.parent_hashes
+        earlier = walked[len(keys.parent_hashes) :]
         assert len(earlier) == max(t - 1, 0) and len(set(earlier)) == len(earlier)
         # each is the chain hash of the turn that wrote that assistant message, longest first
-        chains = [_keys(requests[k], reply=(None, [("get_weather", {"city": f"c{k}", "n": 1})])).chain_hash
-                  for k in range(t - 1)]
+        chains = [
+            _keys(requests[k], reply=(None, [("get_weather", {"city": f"c{k}", "n": 1})])).chain_hash
+            for k in range(t - 1)
+        ]
         assert earlier == chains[::-1]
     assert stored == len(requests) - 2
 
@@ -171,15 +201,21 @@ def _same_rows(records) -> _Counted:
         alone = analyze_record(rec, segment, offset).exchange
         assert {**row, "prefix_links": None} == {**alone, "prefix_links": None}, rec.get("id")
         stored.setdefault((row["run"], row["episode"] is None), []).append(row["prefix_links"])
-        assert _row_walk(row, link_map(stored[row["run"], row["episode"] is None])) == \
-            _row_walk(alone, link_map([alone["prefix_links"]])), rec.get("id")
+        assert _row_walk(row, link_map(stored[row["run"], row["episode"] is None])) == _row_walk(
+            alone, link_map([alone["prefix_links"]])
+        ), rec.get("id")
     return prefixes
 
 
 def test_every_captured_record_gets_the_same_row():
     dirs = sorted({seg.parent.parent for seg in DATA.rglob("segments/*.jsonl")})
-    records = [(seg.name, line.offset, line.record) for data in dirs for seg in list_segments(data)
-               for line in read_segment(seg) if line.record is not None and line.record.get("kind", "exchange") == "exchange"]
+    records = [
+        (seg.name, line.offset, line.record)
+        for data in dirs
+        for seg in list_segments(data)
+        for line in read_segment(seg)
+        if line.record is not None and line.record.get("kind", "exchange") == "exchange"
+    ]
     assert len(dirs) >= 19 and len(records) > 100
     assert _same_rows(records).resumed > len(records) / 2
 
@@ -209,10 +245,13 @@ def test_stored_keys_grow_with_an_episode_not_its_square(tmp_path):
     stored = {}
     for turns in (20, 80):
         (tmp_path / str(turns)).mkdir()
-        with _analyzed(tmp_path / str(turns), episode(random.Random(turns), 1, turns=turns, growth=150, tagged=False)) as con:
+        with _analyzed(
+            tmp_path / str(turns), episode(random.Random(turns), 1, turns=turns, growth=150, tagged=False)
+        ) as con:
             assert con.execute("SELECT n_turns FROM episodes").fetchall() == [(turns,)]
             stored[turns] = con.execute(
-                "SELECT sum(len(parent_hashes) + coalesce(len(prefix_links), 0)) FROM exchanges").fetchone()[0]
+                "SELECT sum(len(parent_hashes) + coalesce(len(prefix_links), 0)) FROM exchanges"
+            ).fetchone()[0]
     # 4x the turns: 4x the keys give or take one request's; the square would be 16x
     assert stored[80] <= 4.2 * stored[20], stored
 

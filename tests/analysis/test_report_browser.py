@@ -5,12 +5,12 @@ from __future__ import annotations
 import struct
 
 import pytest
+from storebuilder import load_report
 
 from toolproxy.analysis.report import htmlpage
 from toolproxy.analysis.report.details import page_details
 from toolproxy.analysis.report.screenshot import find_browser, screenshot
 from toolproxy.analysis.store.connection import connect
-from storebuilder import load_report
 
 pytestmark = pytest.mark.skipif(find_browser() is None, reason="Chromium not installed (apt-get install -y chromium)")
 

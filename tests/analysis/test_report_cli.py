@@ -10,10 +10,10 @@ from pathlib import Path
 
 import duckdb
 import pytest
-
-from toolproxy.analysis.measure.stats import holm, mcnemar_exact
 from proxyprocess import together
 from storebuilder import Episode, Run, T, build_store, paired_runs
+
+from toolproxy.analysis.measure.stats import holm, mcnemar_exact
 
 TOOLPROXY = shutil.which("toolproxy", path=str(Path(sys.executable).parent)) or shutil.which("toolproxy")
 
@@ -56,8 +56,9 @@ def test_report_run_filter_and_seed(mixed_store):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert [r["run"] for r in doc["runs"]] == ["qwen-text"] and doc["bootstrap"]["seed"] == 3
-    again = json.loads(toolproxy("report", "--db", str(mixed_store), "--format", "json", "--run", "qwen-text",
-                                 "--seed", "3").stdout)
+    again = json.loads(
+        toolproxy("report", "--db", str(mixed_store), "--format", "json", "--run", "qwen-text", "--seed", "3").stdout
+    )
     assert again["runs"] == doc["runs"]
 
 
@@ -65,11 +66,13 @@ def test_report_user_errors(mixed_store, tmp_path):
     empty = tmp_path / "empty.duckdb"
     duckdb.connect(str(empty)).close()
     no_rows = build_store(tmp_path / "no-rows.duckdb", [])
-    cases = [(("--data", str(tmp_path / "nowhere")), "run `toolproxy analyze` first"),
-             (("--db", str(mixed_store), "--run", "qwen-nativ"), "unknown run(s): qwen-nativ"),
-             (("--db", str(empty)), "run `toolproxy analyze`"),
-             (("--db", str(no_rows)), "holds no runs yet"),
-             (("--db", str(mixed_store), "--format", "html", "-o", str(tmp_path / "no" / "r.html")), "cannot write")]
+    cases = [
+        (("--data", str(tmp_path / "nowhere")), "run `toolproxy analyze` first"),
+        (("--db", str(mixed_store), "--run", "qwen-nativ"), "unknown run(s): qwen-nativ"),
+        (("--db", str(empty)), "run `toolproxy analyze`"),
+        (("--db", str(no_rows)), "holds no runs yet"),
+        (("--db", str(mixed_store), "--format", "html", "-o", str(tmp_path / "no" / "r.html")), "cannot write"),
+    ]
     done = together(*[lambda args=args: toolproxy("report", *args) for args, _ in cases])  # read-only: side by side
     for (_, says), r in zip(cases, done):
         assert_user_error(r, says)
@@ -103,7 +106,13 @@ def test_compare_by_category_with_holm(tmp_path):
     adjusted = dict(zip(sorted(counts), holm([raw[c] for c in sorted(counts)])))
     for c, (both, a_only, b_only, neither) in counts.items():
         r = rows[c]
-        assert (r["paired"], r["both_pass"], r["a_only"], r["b_only"], r["both_fail"]) == (both + a_only + b_only + neither, both, a_only, b_only, neither)
+        assert (r["paired"], r["both_pass"], r["a_only"], r["b_only"], r["both_fail"]) == (
+            both + a_only + b_only + neither,
+            both,
+            a_only,
+            b_only,
+            neither,
+        )
         assert r["p_holm"] == pytest.approx(adjusted[c])
     assert doc["overall"]["a_only"] == 75 and doc["overall"]["b_only"] == 44
     text = toolproxy("compare", "A", "B", "--by", "category", "--db", str(db)).stdout
@@ -114,8 +123,13 @@ def test_compare_by_category_with_holm(tmp_path):
 def test_compare_metrics_differ_on_agent_episodes(mixed_store):
     # bfcl:simple_1 in qwen-native calls twice, then answers: all-valid fails it for the answer;
     # delivered and call pass it, as a correct agent deserves.
-    expected = {"delivered": (1, 0, 2, 1), "call": (1, 0, 2, 1), "all-valid": (0, 0, 3, 1), "any-valid": (3, 0, 0, 1),
-                "clean": (1, 0, 2, 1)}
+    expected = {
+        "delivered": (1, 0, 2, 1),
+        "call": (1, 0, 2, 1),
+        "all-valid": (0, 0, 3, 1),
+        "any-valid": (3, 0, 0, 1),
+        "clean": (1, 0, 2, 1),
+    }
     for metric, (both, a_only, b_only, neither) in expected.items():
         doc = _compare_json(mixed_store, "qwen-native", "qwen-text", "--metric", metric)
         o = doc["overall"]
@@ -128,11 +142,16 @@ def test_compare_metrics_differ_on_agent_episodes(mixed_store):
 def test_compare_user_errors(mixed_store, tmp_path):
     assert_user_error(toolproxy("compare", "qwen-native", "nope", "--db", str(mixed_store)), "unknown run(s): nope")
     assert_user_error(toolproxy("compare", "qwen-text", "qwen-text", "--db", str(mixed_store)), "two different runs")
-    assert_user_error(toolproxy("compare", "a", "b", "--data", str(tmp_path / "empty")), "run `toolproxy analyze` first")
-    disjoint = build_store(tmp_path / "disjoint.duckdb", [
-        Run("x", "ollama", "0.12.6", "m", "native", [Episode("0", [T("valid_call")], "item-1", "simple")]),
-        Run("y", "ollama", "0.12.6", "m", "text", [Episode("0", [T("valid_call")], "item-2", "simple")]),
-    ])
+    assert_user_error(
+        toolproxy("compare", "a", "b", "--data", str(tmp_path / "empty")), "run `toolproxy analyze` first"
+    )
+    disjoint = build_store(
+        tmp_path / "disjoint.duckdb",
+        [
+            Run("x", "ollama", "0.12.6", "m", "native", [Episode("0", [T("valid_call")], "item-1", "simple")]),
+            Run("y", "ollama", "0.12.6", "m", "text", [Episode("0", [T("valid_call")], "item-2", "simple")]),
+        ],
+    )
     assert_user_error(toolproxy("compare", "x", "y", "--db", str(disjoint)), "no item is present in both")
 
 
@@ -140,12 +159,27 @@ def test_delivered_judges_an_item_expecting_no_call_by_what_reached_the_harness(
     """A call written in text that no parser extracted never reached the harness: under `delivered`
     that is the restraint the harness saw (as BFCL's irrelevance scoring sees it); under `call` the
     model still attempted a call. A failed call that came in tool_calls did reach the harness."""
-    def run(name: str, turn: str) -> Run:
-        return Run(name, "llamacpp", "b1", "m", "native",
-                   [Episode(str(i), [T(turn)], f"irrelevance_{i}", "irrelevance", expect="none") for i in range(3)])
 
-    db = build_store(tmp_path / "irr.duckdb", [run("left-in-text", "valid_call@text!"), run("parsed", "valid_call@text"),
-                                                run("structured-bad", "invalid_args"), run("declined", "prose")])
+    def run(name: str, turn: str) -> Run:
+        return Run(
+            name,
+            "llamacpp",
+            "b1",
+            "m",
+            "native",
+            [Episode(str(i), [T(turn)], f"irrelevance_{i}", "irrelevance", expect="none") for i in range(3)],
+        )
+
+    db = build_store(
+        tmp_path / "irr.duckdb",
+        [
+            run("left-in-text", "valid_call@text!"),
+            run("parsed", "valid_call@text"),
+            run("structured-bad", "invalid_args"),
+            run("declined", "prose"),
+        ],
+    )
+
     def overall(a: str, b: str, *metric: str) -> tuple:
         proc = toolproxy("compare", a, b, "--db", str(db), "--format", "json", *metric)
         assert proc.returncode == 0, proc.stderr

@@ -11,24 +11,40 @@ import sys
 import numpy as np
 import openai
 import pytest
+from storebuilder import Episode, Run, T, build_store, load_report
 
 from toolproxy.analysis.measure.summary import select_runs, summarize
 from toolproxy.analysis.report.details import NONE, TURN_COLUMNS, Count, page_details
 from toolproxy.analysis.report.htmlpage import render
 from toolproxy.analysis.store.connection import connect
-from storebuilder import Episode, Run, T, build_store, load_report
 from toolproxy.emulators import call, text
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                         "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 ITEMS = ["simple_1", "simple_2", "multiple_1", "multiple_2"]
 CACHED = 16
 
 
 def tp(*args):
-    return subprocess.run([sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", "from toolproxy.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def episode(fake, url, run, item, replies):
@@ -52,8 +68,13 @@ def recorded(fake_stack, proxy, tmp_path):
     p = proxy(fake.url, "--durability", "sync", data=data)
     for item in ITEMS:
         episode(fake, p.url, "A", item, [call("get_weather", {"city": "Oslo"}), text("5C in Oslo.")])
-        episode(fake, p.url, "B", item, [call("get_weather", {"city": "Oslo"}), call("get_weather", {}),
-                                         text("5C in Oslo.")])
+        episode(
+            fake,
+            p.url,
+            "B",
+            item,
+            [call("get_weather", {"city": "Oslo"}), call("get_weather", {}), text("5C in Oslo.")],
+        )
     records = p.wait_records(20)
     p.stop()
     r = tp("analyze", "--data", str(data))
@@ -108,11 +129,13 @@ def test_page_from_a_real_recording(recorded, tmp_path):
     c = json.loads(r.stdout)["overall"]
     expected = [str(c[k]) for k in ("paired", "both_pass", "a_only", "b_only", "both_fail")]
     row = re.search(r"<tr><td>A</td><td>B</td>(.*?)</tr>", page).group(1)
-    assert re.findall(r'<td class=num>([^<]*)</td>', row)[:5] == expected
+    assert re.findall(r"<td class=num>([^<]*)</td>", row)[:5] == expected
     assert "Each pair by category" in page
     # turn 2 of B: a cell with its counts; A's second turns were answers, not due a call
-    assert ("B, turn 2: 0 of 4 turns due a call held a valid call (0.0%), 0 delivered it to the harness (0.0%)" in page
-            and "A, turn 2: no turn due a call" in page)
+    assert (
+        "B, turn 2: 0 of 4 turns due a call held a valid call (0.0%), 0 delivered it to the harness (0.0%)" in page
+        and "A, turn 2: no turn due a call" in page
+    )
     assert f"{CACHED * 8:,} (" in page
 
 
@@ -128,19 +151,25 @@ def test_calls_left_in_text_show_as_a_gap(mixed_store):
     assert d.by_turn["qwen-sglang"][0] == Count(2, 1, 2)
     assert "qwen-sglang, turn 1: 2 of 2 turns due a call held a valid call (100.0%), 1 delivered it" in page
     assert ">dlv 50% · n=2</text>" in page
-    headline = page[page.index("<h2>Call and delivered fidelity</h2>"):page.index("<h2>Runs</h2>")]
-    assert re.search(r'<title>qwen-sglang: call fidelity 100\.0% \[[\d.]+-100\.0\], delivered 33\.3% \[[\d.-]+\]; '
-                     r'66\.7% lost in the serving layer: calls left in text</title>', headline)
+    headline = page[page.index("<h2>Call and delivered fidelity</h2>") : page.index("<h2>Runs</h2>")]
+    assert re.search(
+        r"<title>qwen-sglang: call fidelity 100\.0% \[[\d.]+-100\.0\], delivered 33\.3% \[[\d.-]+\]; "
+        r"66\.7% lost in the serving layer: calls left in text</title>",
+        headline,
+    )
     assert 'class="gap"' in headline and headline.count('class="gap"') == 1
     assert "rej: every turn was a non-response" in headline  # gemma-vllm
 
 
 def test_hostile_names_stay_inert(tmp_path):
-    evil = '<img src=x onerror=alert(1)>'
-    path = build_store(tmp_path / "x.duckdb", [
-        Run(evil, "ollama", "0.12.6", "m", "native", [Episode("0", [T("valid_call"), T("prose")], "i1", evil)]),
-        Run("plain", "ollama", "0.12.6", "m", "text", [Episode("0", [T("valid_call@text")], "i1", evil)]),
-    ])
+    evil = "<img src=x onerror=alert(1)>"
+    path = build_store(
+        tmp_path / "x.duckdb",
+        [
+            Run(evil, "ollama", "0.12.6", "m", "native", [Episode("0", [T("valid_call"), T("prose")], "i1", evil)]),
+            Run("plain", "ollama", "0.12.6", "m", "text", [Episode("0", [T("valid_call@text")], "i1", evil)]),
+        ],
+    )
     con = connect(path, read_only=True)
     try:
         report = load_report(path)

@@ -19,11 +19,24 @@ import duckdb
 import orjson
 import pytest
 
-from toolproxy.analysis.measure.outcomes import ANALYZER_VERSION
+from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.record.model import Record, encode_body, new_id
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 USER = {"role": "user", "content": "Weather in Oslo?"}
 TEXT_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 CALL = ("call", '{"city":"Oslo"}')
@@ -32,17 +45,32 @@ REFUSED = {"error": {"message": "tools param requires --jinja flag", "type": "se
 
 
 def assistant_call(args='{"city":"Oslo"}'):
-    return {"role": "assistant", "content": None,
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": args}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": args}}],
+    }
 
 
 TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "5C"}
 # inspect-ai's react() offers its own submit tool beside the task's: its call is the answer
-SUBMIT = {"type": "function", "function": {"name": "submit", "description": "Submit an answer for evaluation.", "parameters": {
-    "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+SUBMIT = {
+    "type": "function",
+    "function": {
+        "name": "submit",
+        "description": "Submit an answer for evaluation.",
+        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    },
+}
 # a tool that only shares the name
-CRM_SUBMIT = {"type": "function", "function": {"name": "submit", "description": "Submit the form to the CRM.", "parameters": {
-    "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+CRM_SUBMIT = {
+    "type": "function",
+    "function": {
+        "name": "submit",
+        "description": "Submit the form to the CRM.",
+        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    },
+}
 SUBMITTED = ("call", '{"answer":"5C"}', "submit")
 
 
@@ -72,8 +100,17 @@ class Clock:
 
 
 def record(clock, run, episode, messages, spec, *, tools=True, tags=None, item=None) -> Record:
-    rec = Record(id=new_id(), started_at=clock(), run=run, episode=episode, item=item, method="POST",
-                 path="/v1/chat/completions", upstream="http://127.0.0.1:9", tags=tags or {})
+    rec = Record(
+        id=new_id(),
+        started_at=clock(),
+        run=run,
+        episode=episode,
+        item=item,
+        method="POST",
+        path="/v1/chat/completions",
+        upstream="http://127.0.0.1:9",
+        tags=tags or {},
+    )
     body = {"model": "m", "messages": messages} | ({"tools": TOOLS if tools is True else tools} if tools else {})
     rec.request_body, rec.request_body_encoding = encode_body(orjson.dumps(body))
     status, payload = reply(spec)
@@ -86,44 +123,118 @@ def record(clock, run, episode, messages, spec, *, tools=True, tags=None, item=N
 
 # (episode, expected roles of its turns, expected delivered flags, records as (messages, reply, options))
 EPISODES = [
-    ("call-then-answer", ["call", "answer"], [True, False], [
-        ([USER], CALL, {}),
-        ([USER, assistant_call(), TOOL_RESULT], "It is 5C in Oslo.", {})]),
+    (
+        "call-then-answer",
+        ["call", "answer"],
+        [True, False],
+        [([USER], CALL, {}), ([USER, assistant_call(), TOOL_RESULT], "It is 5C in Oslo.", {})],
+    ),
     ("no-tools-offered", ["no_tools"], [False], [([USER], "Hello.", {"tools": False})]),
     ("expects-none-and-abstains", ["abstain"], [False], [([USER], "No tool fits.", {"tags": {"expect": "none"}})]),
     ("expects-none-but-calls", ["abstain"], [True], [([USER], CALL, {"tags": {"expect": "none"}})]),
     ("prose-nobody-can-judge", ["open"], [False], [([USER], "It is probably cold.", {})]),
     ("expects-call-gets-prose", ["call"], [False], [([USER], "It is probably cold.", {"tags": {"expect": "call"}})]),
-    ("nudged-after-prose", ["call", "call", "answer"], [False, True, False], [
-        ([USER], "Let me think.", {}),
-        ([USER, {"role": "assistant", "content": "Let me think."}, {"role": "user", "content": "Use the tool."}], CALL, {}),
-        ([USER, {"role": "assistant", "content": "Let me think."}, {"role": "user", "content": "Use the tool."},
-          assistant_call(), TOOL_RESULT], "5C.", {})]),
+    (
+        "nudged-after-prose",
+        ["call", "call", "answer"],
+        [False, True, False],
+        [
+            ([USER], "Let me think.", {}),
+            (
+                [USER, {"role": "assistant", "content": "Let me think."}, {"role": "user", "content": "Use the tool."}],
+                CALL,
+                {},
+            ),
+            (
+                [
+                    USER,
+                    {"role": "assistant", "content": "Let me think."},
+                    {"role": "user", "content": "Use the tool."},
+                    assistant_call(),
+                    TOOL_RESULT,
+                ],
+                "5C.",
+                {},
+            ),
+        ],
+    ),
     ("text-call-ignored", ["call"], [False], [([USER], ("text", TEXT_CALL), {})]),
-    ("text-call-acted-on", ["call", "answer"], [True, False], [
-        ([USER], ("text", TEXT_CALL), {}),
-        ([USER, {"role": "assistant", "content": TEXT_CALL}, {"role": "user", "content": "Observation: 5C"}], "5C.", {})]),
-    ("invalid-then-valid", ["call", "call", "answer"], [False, True, False], [
-        ([USER], BAD_CALL, {}),
-        ([USER, assistant_call('{"town":"Oslo"}'), {"role": "tool", "tool_call_id": "c1", "content": "error"}], CALL, {}),
-        ([USER, assistant_call('{"town":"Oslo"}'), {"role": "tool", "tool_call_id": "c1", "content": "error"},
-          assistant_call(), TOOL_RESULT], "5C.", {})]),
+    (
+        "text-call-acted-on",
+        ["call", "answer"],
+        [True, False],
+        [
+            ([USER], ("text", TEXT_CALL), {}),
+            (
+                [USER, {"role": "assistant", "content": TEXT_CALL}, {"role": "user", "content": "Observation: 5C"}],
+                "5C.",
+                {},
+            ),
+        ],
+    ),
+    (
+        "invalid-then-valid",
+        ["call", "call", "answer"],
+        [False, True, False],
+        [
+            ([USER], BAD_CALL, {}),
+            (
+                [USER, assistant_call('{"town":"Oslo"}'), {"role": "tool", "tool_call_id": "c1", "content": "error"}],
+                CALL,
+                {},
+            ),
+            (
+                [
+                    USER,
+                    assistant_call('{"town":"Oslo"}'),
+                    {"role": "tool", "tool_call_id": "c1", "content": "error"},
+                    assistant_call(),
+                    TOOL_RESULT,
+                ],
+                "5C.",
+                {},
+            ),
+        ],
+    ),
     ("refused-three-times", [None], [False], [([USER], REFUSED, {})] * 3),
     ("swallowed", [None], [False], [([USER], ("swallowed",), {})]),
-    ("irrelevance-untagged", ["open"], [False], [([USER], "I cannot help with that.", {"tags": {"category": "irrelevance"}})]),
+    (
+        "irrelevance-untagged",
+        ["open"],
+        [False],
+        [([USER], "I cannot help with that.", {"tags": {"category": "irrelevance"}})],
+    ),
 ]
 # A harness with a finishing tool of its own, in a run of their own (the run above is worked by hand below).
 FINISHING = [
-    ("call-then-submit", ["call", "answer"], [True, True], [
-        ([USER], CALL, {"tools": [*TOOLS, SUBMIT]}),
-        ([USER, assistant_call(), TOOL_RESULT], SUBMITTED, {"tools": [*TOOLS, SUBMIT]})]),
+    (
+        "call-then-submit",
+        ["call", "answer"],
+        [True, True],
+        [
+            ([USER], CALL, {"tools": [*TOOLS, SUBMIT]}),
+            ([USER, assistant_call(), TOOL_RESULT], SUBMITTED, {"tools": [*TOOLS, SUBMIT]}),
+        ],
+    ),
     # where the harness ends only by its submit tool, prose ends nothing: the due call was not made
-    ("call-then-prose-where-the-harness-submits", ["call", "call"], [True, False], [
-        ([USER], CALL, {"tools": [*TOOLS, SUBMIT]}),
-        ([USER, assistant_call(), TOOL_RESULT], "It is 5C.", {"tools": [*TOOLS, SUBMIT]})]),
-    ("call-then-an-unrelated-submit-tool", ["call", "call"], [True, True], [
-        ([USER], CALL, {"tools": [*TOOLS, CRM_SUBMIT]}),
-        ([USER, assistant_call(), TOOL_RESULT], SUBMITTED, {"tools": [*TOOLS, CRM_SUBMIT]})]),
+    (
+        "call-then-prose-where-the-harness-submits",
+        ["call", "call"],
+        [True, False],
+        [
+            ([USER], CALL, {"tools": [*TOOLS, SUBMIT]}),
+            ([USER, assistant_call(), TOOL_RESULT], "It is 5C.", {"tools": [*TOOLS, SUBMIT]}),
+        ],
+    ),
+    (
+        "call-then-an-unrelated-submit-tool",
+        ["call", "call"],
+        [True, True],
+        [
+            ([USER], CALL, {"tools": [*TOOLS, CRM_SUBMIT]}),
+            ([USER, assistant_call(), TOOL_RESULT], SUBMITTED, {"tools": [*TOOLS, CRM_SUBMIT]}),
+        ],
+    ),
 ]
 
 
@@ -132,13 +243,23 @@ IRRELEVANCE = [
     ("declines", [([USER], "None of my tools can answer that.")]),
     # llama.cpp without a parser for the model's format: the call stays in the text the harness got
     ("text-call-ignored", [([USER], ("text", TEXT_CALL))]),
-    ("text-call-broken", [([USER], ("text", '<tool_call>\n{"name": "get_weather", "arguments": {"city": </tool_call>'))]),
+    (
+        "text-call-broken",
+        [([USER], ("text", '<tool_call>\n{"name": "get_weather", "arguments": {"city": </tool_call>'))],
+    ),
     ("structured-call", [([USER], CALL)]),
     ("structured-bad-call", [([USER], BAD_CALL)]),
     # a text-protocol harness parsed the call itself and sent its result back: it reached the harness
-    ("text-call-acted-on", [([USER], ("text", TEXT_CALL)),
-                            ([USER, {"role": "assistant", "content": TEXT_CALL}, {"role": "user", "content": "Observation: 5C"}],
-                             "5C.")]),
+    (
+        "text-call-acted-on",
+        [
+            ([USER], ("text", TEXT_CALL)),
+            (
+                [USER, {"role": "assistant", "content": TEXT_CALL}, {"role": "user", "content": "Observation: 5C"}],
+                "5C.",
+            ),
+        ],
+    ),
 ]
 
 
@@ -174,7 +295,9 @@ def build(data: Path) -> None:
     for name, turns in IRRELEVANCE:
         for messages, spec in turns:
             recs.append(record(clock, "irrelevance", name, messages, spec, tags={"expect": "none"}, item=name))
-        recs.append(record(clock, "irrelevance-declined", name, [USER], "No tool fits.", tags={"expect": "none"}, item=name))
+        recs.append(
+            record(clock, "irrelevance-declined", name, [USER], "No tool fits.", tags={"expect": "none"}, item=name)
+        )
     write_segment(data, recs)
 
 
@@ -200,11 +323,17 @@ def report_json(data: Path, *args: str) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("run,name,roles,delivered", [("roles", *e[:3]) for e in EPISODES] + [("finishing", *e[:3]) for e in FINISHING],
-                         ids=[e[0] for e in EPISODES + FINISHING])
+@pytest.mark.parametrize(
+    "run,name,roles,delivered",
+    [("roles", *e[:3]) for e in EPISODES] + [("finishing", *e[:3]) for e in FINISHING],
+    ids=[e[0] for e in EPISODES + FINISHING],
+)
 def test_role_and_delivery_of_every_turn(store, run, name, roles, delivered):
-    rows = query(store, "select role, delivered, analyzer_version from turns where episode_key = ? order by turn_index",
-                 [f"{run}/{name}"])
+    rows = query(
+        store,
+        "select role, delivered, analyzer_version from turns where episode_key = ? order by turn_index",
+        [f"{run}/{name}"],
+    )
     assert [r[0] for r in rows] == roles
     assert [r[1] for r in rows] == delivered
     assert {r[2] for r in rows} == {ANALYZER_VERSION}
@@ -229,8 +358,18 @@ def test_report_json_carries_every_metric_worked_by_hand(store):
     runs = {r["run"]: r for r in doc["runs"]}
     r = runs["roles"]
     for metric in ("call_fidelity", "delivered_fidelity", "restraint", "answer_rate", "paper_fidelity"):
-        assert {"pooled", "episode_mean", "ci_low", "ci_high", "numerator", "denominator", "wilson_low",
-                "wilson_high", "episodes_rated", "interval_note"} <= set(r[metric]), metric
+        assert {
+            "pooled",
+            "episode_mean",
+            "ci_low",
+            "ci_high",
+            "numerator",
+            "denominator",
+            "wilson_low",
+            "wilson_high",
+            "episodes_rated",
+            "interval_note",
+        } <= set(r[metric]), metric
     assert r["roles"] == {"call": 8, "answer": 4, "abstain": 2, "open": 2, "no_tools": 1}
     assert (r["call_fidelity"]["numerator"], r["call_fidelity"]["denominator"]) == (5, 8)
     assert (r["delivered_fidelity"]["numerator"], r["delivered_fidelity"]["denominator"]) == (4, 8)
@@ -247,8 +386,11 @@ def test_delivered_restraint_counts_what_reached_the_harness_restraint_what_the_
     the harness (two in tool_calls, one text call the harness acted on), so it saw restraint in
     four (delivered restraint 4/7): calls left in the text, parseable or broken, never reached it.
     compare's delivered verdict reads the same per-turn answer, item by item."""
-    assert query(store, "select episode_key, outcome, role, delivered from turns where run = 'irrelevance' "
-                        "order by episode_key, turn_index") == [
+    assert query(
+        store,
+        "select episode_key, outcome, role, delivered from turns where run = 'irrelevance' "
+        "order by episode_key, turn_index",
+    ) == [
         ("irrelevance/declines", "prose", "abstain", False),
         ("irrelevance/structured-bad-call", "invalid_args", "abstain", False),
         ("irrelevance/structured-call", "valid_call", "abstain", True),
@@ -271,18 +413,35 @@ def test_delivered_restraint_counts_what_reached_the_harness_restraint_what_the_
     assert runs["fails"]["delivered_restraint"]["pooled"] is None
     table = " ".join(ok(toolproxy("report", "--data", str(store), "--run", "irrelevance")).split())
     assert "29% 57%" in table  # restraint, then delivered restraint, side by side
-    assert ("calls kept from the harness on items expecting none: 2 of 7 turns of items expecting no call attempted "
-            "a call that never reached the harness") in table
+    assert (
+        "calls kept from the harness on items expecting none: 2 of 7 turns of items expecting no call attempted "
+        "a call that never reached the harness"
+    ) in table
     markdown = ok(toolproxy("report", "--data", str(store), "--run", "irrelevance", "--format", "markdown"))
     assert "| restraint [95% CI] | delivered restraint [95% CI] |" in markdown
     assert "| 28.6% [8.2-64.1] | 57.1% [25.0-84.2] |" in markdown
     page = ok(toolproxy("report", "--data", str(store), "--run", "irrelevance", "--format", "html"))
     assert "Delivered restraint per run" in page and "irrelevance: 57.1% [25.0-84.2]" in page
-    doc = json.loads(ok(toolproxy("compare", "irrelevance", "irrelevance-declined", "--data", str(store), "--format", "json")))
+    doc = json.loads(
+        ok(toolproxy("compare", "irrelevance", "irrelevance-declined", "--data", str(store), "--format", "json"))
+    )
     o = doc["overall"]
     assert (o["paired"], o["both_pass"], o["a_only"], o["b_only"]) == (6, 3, 0, 3)
-    doc = json.loads(ok(toolproxy("compare", "irrelevance", "irrelevance-declined", "--data", str(store), "--format", "json",
-                                  "--metric", "call")))
+    doc = json.loads(
+        ok(
+            toolproxy(
+                "compare",
+                "irrelevance",
+                "irrelevance-declined",
+                "--data",
+                str(store),
+                "--format",
+                "json",
+                "--metric",
+                "call",
+            )
+        )
+    )
     assert (doc["overall"]["both_pass"], doc["overall"]["b_only"]) == (1, 5)
 
 
@@ -334,7 +493,9 @@ def test_expectation_rules_at_report_time_and_at_analysis_time(store, tmp_path):
     data = tmp_path / "copy"
     build(data)
     out = ok(toolproxy("analyze", "--data", str(data), "--expect", rule))
-    assert query(data, "select role, expect from turns where episode_key = 'roles/irrelevance-untagged'") == [("abstain", "none")]
+    assert query(data, "select role, expect from turns where episode_key = 'roles/irrelevance-untagged'") == [
+        ("abstain", "none")
+    ]
     assert "rebuilt" not in out
     out = ok(toolproxy("analyze", "--data", str(data)))
     assert "rebuilt" not in out
@@ -344,11 +505,14 @@ def test_expectation_rules_at_report_time_and_at_analysis_time(store, tmp_path):
     assert query(data, "select role from turns where episode_key = 'roles/irrelevance-untagged'") == [("open",)]
 
 
-@pytest.mark.parametrize("bad,message", [
-    ("category=irrelevance", "write TAG=VALUE:EXPECT"),
-    ("category=irrelevance:maybe", "must end in :call or :none"),
-    ("=x:none", "write TAG=VALUE:EXPECT"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("category=irrelevance", "write TAG=VALUE:EXPECT"),
+        ("category=irrelevance:maybe", "must end in :call or :none"),
+        ("=x:none", "write TAG=VALUE:EXPECT"),
+    ],
+)
 def test_a_mistyped_rule_is_a_usage_error(store, bad, message):
     for cmd in (["report"], ["analyze"], ["compare", "roles", "fails"]):
         proc = toolproxy(*cmd, "--data", str(store), "--expect", bad)
@@ -361,8 +525,8 @@ DERIVED = {
     "runs": "select * exclude (first_seen, last_seen) from runs order by run",
     "calls": "select * from calls order by exchange_id, idx",
     "exchanges": "select id, outcome, sub_kind, surface, n_calls, harness_saw_prose, state_hash, chain_hash, "
-                 "parent_hashes, item_hash, call_signature, tool_results, turn_id, analyzer_version, record "
-                 "from exchanges order by id",
+    "parent_hashes, item_hash, call_signature, tool_results, turn_id, analyzer_version, record "
+    "from exchanges order by id",
 }
 
 
@@ -389,12 +553,17 @@ def test_reclassify_is_idempotent_and_rebuilds_from_the_raw_exchanges(tmp_path):
     con.execute("delete from calls")
     con.close()
     stale = " ".join(ok(toolproxy("report", "--data", str(data))).split())
-    assert f"analyzer v1 (this toolproxy's analyzer is v{ANALYZER_VERSION}: run `toolproxy analyze` to rebuild)" in stale
+    assert (
+        f"analyzer v1 (this toolproxy's analyzer is v{ANALYZER_VERSION}: run `toolproxy analyze` to rebuild)" in stale
+    )
     out = ok(toolproxy("analyze", "--data", str(data)))
     assert f"rebuilt derived tables (analyzer version 1 -> {ANALYZER_VERSION})" in out
     assert snapshot(data) == first
-    assert query(data, "select distinct analyzer_version from turns union select distinct analyzer_version from exchanges "
-                       "union select distinct analyzer_version from calls") == [(ANALYZER_VERSION,)]
+    assert query(
+        data,
+        "select distinct analyzer_version from turns union select distinct analyzer_version from exchanges "
+        "union select distinct analyzer_version from calls",
+    ) == [(ANALYZER_VERSION,)]
     out = ok(toolproxy("analyze", "--data", str(data)))
     assert "rebuilt" not in out
 
@@ -414,6 +583,7 @@ def test_compare_defaults_to_delivered_and_counts_a_call_left_in_text_as_a_miss(
     assert doc["metric"] == "delivered" and set(doc) >= {"overall", "categories"}
     o = doc["overall"]
     assert (o["paired"], o["both_pass"], o["a_only"], o["b_only"], o["both_fail"]) == (4, 0, 4, 0, 0)
-    doc = json.loads(ok(toolproxy("compare", "structured", "in-text", "--data", str(data), "--format", "json",
-                                  "--metric", "call")))
+    doc = json.loads(
+        ok(toolproxy("compare", "structured", "in-text", "--data", str(data), "--format", "json", "--metric", "call"))
+    )
     assert (doc["overall"]["both_pass"], doc["overall"]["a_only"]) == (4, 0)

@@ -31,20 +31,25 @@ import anthropic
 import duckdb
 import openai
 import pytest
-
 from proxyprocess import ProxyProcess
+
 from toolproxy.analysis.export.spark import line_range, split_segments
-from toolproxy.record.segments import read_lines
 from toolproxy.emulators import FakeStack, ModelRequest, error, text, text_call
+from toolproxy.record.segments import read_lines
 from toolproxy.testing.corpus import generate
 
 EXCHANGES = int(os.environ.get("TOOLPROXY_SPARK_EXCHANGES", "3000"))
 MODEL = "qwen2.5-coder-0.5b"
-WEATHER = {"name": "get_weather", "description": "Current weather for a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 CHAT_TOOLS = [{"type": "function", "function": WEATHER}]
 RESPONSES_TOOLS = [{"type": "function", **WEATHER}]
-MESSAGES_TOOLS = [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}]
+MESSAGES_TOOLS = [
+    {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}
+]
 
 
 def _spark_missing() -> str | None:
@@ -83,8 +88,12 @@ def test_ranges_cover_every_complete_line_once(tmp_path, range_bytes, tail):
 
 
 def test_no_segments_is_a_clear_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "toolproxy.analysis.export.spark", "--data", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "toolproxy.analysis.export.spark", "--data", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "no segments under" in r.stderr and "Traceback" not in r.stderr
 
@@ -94,8 +103,11 @@ def test_no_segments_is_a_clear_error(tmp_path):
 
 def _model(req: ModelRequest):
     """Qwen on llama.cpp as observed: the call as text; after a tool result, an answer."""
-    if any(m.get("role") == "tool" or "<tool_result" in str(m.get("content")) for m in req.messages
-           if m.get("role") != "system"):
+    if any(
+        m.get("role") == "tool" or "<tool_result" in str(m.get("content"))
+        for m in req.messages
+        if m.get("role") != "system"
+    ):
         return text("It is 18 C in Oslo.")
     return text_call("hermes", "get_weather", {"city": "Oslo"}, before="Let me check. ")
 
@@ -127,10 +139,20 @@ def _record(p: ProxyProcess, condition: str, fake: FakeStack) -> int:
     other = openai.OpenAI(base_url=f"{p.url}/t/run=resp-{condition}-b/v1", api_key="sk-test", max_retries=0, timeout=30)
     other.responses.create(model=MODEL, tools=RESPONSES_TOOLS, previous_response_id=r2.id, input="And Lima?")
 
-    msgs = anthropic.Anthropic(base_url=f"{p.url}/t/run=msg-{condition}", api_key="sk-ant-test", max_retries=0, timeout=30)
+    msgs = anthropic.Anthropic(
+        base_url=f"{p.url}/t/run=msg-{condition}", api_key="sk-ant-test", max_retries=0, timeout=30
+    )
     m = msgs.messages.create(model=MODEL, max_tokens=50, tools=MESSAGES_TOOLS, messages=ask)
-    msgs.messages.create(model=MODEL, max_tokens=50, tools=MESSAGES_TOOLS, messages=[
-        *ask, {"role": "assistant", "content": [b.model_dump() for b in m.content]}, {"role": "user", "content": "thanks"}])
+    msgs.messages.create(
+        model=MODEL,
+        max_tokens=50,
+        tools=MESSAGES_TOOLS,
+        messages=[
+            *ask,
+            {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+            {"role": "user", "content": "thanks"},
+        ],
+    )
     return 9
 
 
@@ -182,8 +204,18 @@ def test_spark_job_matches_duckdb_analyze(recordings, tmp_path):
     report, _ = _tool(*cli, "report", "--data", str(recordings), "--format", "json")
     assert report.returncode == 0, report.stderr
     out = tmp_path / "spark-out"
-    spark, spark_s = _tool("-m", "toolproxy.analysis.export.spark", "--data", str(recordings), "--out", str(out),
-                           "--master", "local[2]", "--format", "json")
+    spark, spark_s = _tool(
+        "-m",
+        "toolproxy.analysis.export.spark",
+        "--data",
+        str(recordings),
+        "--out",
+        str(out),
+        "--master",
+        "local[2]",
+        "--format",
+        "json",
+    )
     assert spark.returncode == 0, spark.stderr[-5000:]
 
     a, b = json.loads(report.stdout), json.loads(spark.stdout)
@@ -195,13 +227,19 @@ def test_spark_job_matches_duckdb_analyze(recordings, tmp_path):
 
     con = duckdb.connect(str(recordings / "toolproxy.duckdb"), read_only=True)
     counts = {t: _same(con, t, out) for t in ("turns", "episodes", "runs", "calls")}
-    spark_cols = [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet('{out}/exchanges/*.parquet')").fetchall()]
+    spark_cols = [
+        r[0] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet('{out}/exchanges/*.parquet')").fetchall()
+    ]
     counts["exchanges"] = _same(con, "exchanges", out, ", ".join(f'"{c}"::VARCHAR' for c in spark_cols))
     # the continuation recorded under another run is chained to its stored response, in both engines
-    crossed = con.execute("SELECT count(*) FROM exchanges WHERE run LIKE 'resp-%-b' AND len(parent_hashes) > 0").fetchall()[0][0]
+    crossed = con.execute(
+        "SELECT count(*) FROM exchanges WHERE run LIKE 'resp-%-b' AND len(parent_hashes) > 0"
+    ).fetchall()[0][0]
     assert counts["exchanges"] >= EXCHANGES and crossed == 4
     outcomes = dict(con.execute("SELECT outcome, count(*) FROM turns GROUP BY 1").fetchall())
     conditions = {r[0] for r in con.execute("SELECT DISTINCT condition FROM turns").fetchall()}
     assert conditions == {"native", "text", "hint", "constrained"} and len(outcomes) >= 5, (conditions, outcomes)
-    print(f"\nparity: {counts} rows identical; outcomes {outcomes}; "
-          f"DuckDB analyze {duck_s:.1f}s, Spark local[2] {spark_s:.1f}s (both process start included)")
+    print(
+        f"\nparity: {counts} rows identical; outcomes {outcomes}; "
+        f"DuckDB analyze {duck_s:.1f}s, Spark local[2] {spark_s:.1f}s (both process start included)"
+    )

@@ -7,18 +7,19 @@ import json
 import shutil
 import urllib.request
 
-from toolproxy.analysis.lifecycle.staleness import unanalyzed_segments
+from proxyprocess import toolproxy_cli
+
+from toolproxy.analysis.load.staleness import unanalyzed_segments
 from toolproxy.analysis.store.connection import default_db
 from toolproxy.record.segments import list_segments
-
-from proxyprocess import toolproxy_cli
 
 
 def _ask(proxy, fake, run: str) -> None:
     """The same item in every run, so any two runs pair."""
     body = json.dumps({"model": fake.model, "messages": [{"role": "user", "content": "hello"}]}).encode()
-    req = urllib.request.Request(f"{proxy.url}/t/run={run}/item=q1/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{proxy.url}/t/run={run}/item=q1/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200
 
@@ -30,8 +31,10 @@ def _record(proxy, fake, run: str, total: int) -> dict:
 
 def _analyzing_first(done, command: str, data) -> None:
     assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines()[0] == (f"toolproxy {command}: 1 segment in {data} holds records not analyzed yet; "
-                                           f"analyzing first (toolproxy analyze --data {data})"), done.stderr
+    assert done.stderr.splitlines()[0] == (
+        f"toolproxy {command}: 1 segment in {data} holds records not analyzed yet; "
+        f"analyzing first (toolproxy analyze --data {data})"
+    ), done.stderr
 
 
 def test_each_reading_command_analyzes_what_was_recorded_since(fake_stack, proxy, tmp_path):
@@ -52,7 +55,9 @@ def test_each_reading_command_analyzes_what_was_recorded_since(fake_stack, proxy
     assert json.loads(done.stdout)["run_b"] == "third"
 
     _record(p, fake, "fourth", 4)
-    done = toolproxy_cli("export", "--data", str(data), "--out", str(tmp_path / "parquet"), "--run", "fourth", "--quiet")
+    done = toolproxy_cli(
+        "export", "--data", str(data), "--out", str(tmp_path / "parquet"), "--run", "fourth", "--quiet"
+    )
     _analyzing_first(done, "export", data)
     assert list((tmp_path / "parquet").rglob("run=fourth"))
 

@@ -8,21 +8,29 @@ import time
 import numpy as np
 import pytest
 
-from toolproxy.analysis.measure.stats import (NO_SPREAD, TOO_FEW_EPISODES, bootstrap_mean_ci, holm, mcnemar_exact, proportion, rate,
-                            wilson)
+from toolproxy.analysis.measure.stats import (
+    NO_SPREAD,
+    TOO_FEW_EPISODES,
+    bootstrap_mean_ci,
+    holm,
+    mcnemar_exact,
+    proportion,
+    rate,
+    wilson,
+)
 
 # (b, c, expected p). Expected values: scipy.stats.binomtest(b, b + c, 0.5).pvalue (scipy 1.17),
 # except the first two rows, which are the figures the published studies report.
 MCNEMAR = [
     (70, 25, 4.271012269463366e-06),  # published: "p ~ 4e-6"
-    (66, 40, 0.01477941051703841),    # published: "p ~ 0.015"
-    (0, 0, 1.0),                      # no discordant pair: no evidence either way
+    (66, 40, 0.01477941051703841),  # published: "p ~ 0.015"
+    (0, 0, 1.0),  # no discordant pair: no evidence either way
     (1, 0, 1.0),
     (0, 1, 1.0),
     (5, 5, 1.0),
     (100, 100, 1.0),
     (49, 51, 0.9204107626128221),
-    (10, 0, 0.001953125),             # 2 * 0.5**10
+    (10, 0, 0.001953125),  # 2 * 0.5**10
     (0, 10, 0.001953125),
     (12, 3, 0.03515625),
     (3, 12, 0.03515625),

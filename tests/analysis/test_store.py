@@ -37,7 +37,8 @@ def test_migrations_build_exactly_the_declared_tables(tmp_path):
     con = connect(tmp_path / "x.duckdb")
     for table in TABLES:
         got = con.execute(
-            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? ORDER BY "
+            "ordinal_position",
             [table.name],
         ).fetchall()
         assert got == list(table.types.items()), table.name

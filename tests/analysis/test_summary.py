@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from storebuilder import build_store, load_report
 
 from toolproxy.analysis.measure.summary import OUTCOMES
 from toolproxy.analysis.store.connection import StoreError
-from storebuilder import build_store, load_report
 
 
 def _summaries(path: Path, runs=None, seed=0):
@@ -22,8 +22,14 @@ def test_every_outcome_counted_and_metrics_worked_by_hand(mixed_store):
     s = runs["qwen-native"]
     assert (s.stack, s.stack_version, s.model, s.condition) == ("ollama", "0.12.6", "qwen3:8b", "native")
     assert (s.turns, s.episodes) == (20, 5)
-    assert s.outcomes == {"valid_call": 12, "invalid_args": 2, "hallucinated_call": 1, "unparseable": 1,
-                          "prose": 1, "non_response": 3}
+    assert s.outcomes == {
+        "valid_call": 12,
+        "invalid_args": 2,
+        "hallucinated_call": 1,
+        "unparseable": 1,
+        "prose": 1,
+        "non_response": 3,
+    }
     assert sum(s.outcome_shares.values()) == pytest.approx(1.0)
     assert s.non_response_kinds == {"http_5xx": 1, "timeout": 1, "refused": 1}
     # Episode 0 ends in prose after its calls' results: an answer, not a missed call.
@@ -105,8 +111,9 @@ def test_outcome_list_matches_the_spec():
 
 
 def test_a_run_with_no_turns_is_undefined_not_rejected(tmp_path):
-    from toolproxy.analysis.report import render
     from storebuilder import Run
+
+    from toolproxy.analysis.report import render
 
     path = build_store(tmp_path / "idle.duckdb", [Run("idle", "ollama", "0.12.6", "qwen3:8b", "native", [])])
     report = load_report(path)

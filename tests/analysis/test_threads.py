@@ -11,12 +11,12 @@ from pathlib import Path
 import orjson
 import pytest
 
+from toolproxy.analysis.classify.keys import conversation_keys, link_map, parent_walk, request_key, thread_key
+from toolproxy.analysis.classify.record import analyze_record
 from toolproxy.analysis.episodes import derive
 from toolproxy.analysis.episodes.model import attempt_of
 from toolproxy.analysis.episodes.order import chain_keys
-from toolproxy.analysis.ingest.keys import conversation_keys, link_map, parent_walk, request_key, thread_key
-from toolproxy.analysis.ingest.pipeline import ingest
-from toolproxy.analysis.ingest.records import analyze_record
+from toolproxy.analysis.lifecycle.ingest import ingest
 from toolproxy.analysis.store.connection import connect, default_db
 from toolproxy.record.segments import SEGMENT_DIR, list_segments, read_segment
 from toolproxy.testing.corpus import episode, generate, generate_long, interleaved
@@ -27,19 +27,29 @@ CAPTURES = sorted({seg.parent.parent for seg in DATA.rglob("segments/*.jsonl")})
 SYSTEM = {"role": "system", "content": "You are a careful agent."}
 
 
-@pytest.mark.parametrize("messages, same_as", [
-    ([SYSTEM, {"role": "user", "content": "task"}], [{"role": "user", "content": "task"}]),
-    ([{"role": "developer", "content": "x"}, {"role": "user", "content": " task "}], [{"role": "user", "content": "task"}]),
-    # non-objects are not in the tail hash, so not in the thread either
-    ([SYSTEM, "stray", {"role": "user", "content": "task"}, {"role": "assistant", "content": "a"}],
-     [{"role": "user", "content": "task"}]),
-])
+@pytest.mark.parametrize(
+    "messages, same_as",
+    [
+        ([SYSTEM, {"role": "user", "content": "task"}], [{"role": "user", "content": "task"}]),
+        (
+            [{"role": "developer", "content": "x"}, {"role": "user", "content": " task "}],
+            [{"role": "user", "content": "task"}],
+        ),
+        # non-objects are not in the tail hash, so not in the thread either
+        (
+            [SYSTEM, "stray", {"role": "user", "content": "task"}, {"role": "assistant", "content": "a"}],
+            [{"role": "user", "content": "task"}],
+        ),
+    ],
+)
 def test_the_thread_is_the_first_message_after_the_system_ones(messages, same_as):
     assert thread_key(messages) == thread_key(same_as) is not None
 
 
 def test_a_role_that_is_not_a_string_is_not_a_system_one():
-    assert thread_key([SYSTEM, {"role": ["system"], "content": "x"}]) == thread_key([{"role": ["system"], "content": "x"}])
+    assert thread_key([SYSTEM, {"role": ["system"], "content": "x"}]) == thread_key(
+        [{"role": ["system"], "content": "x"}]
+    )
 
 
 @pytest.mark.parametrize("messages", [[], [SYSTEM], ["stray", SYSTEM]])
@@ -54,9 +64,13 @@ def test_the_thread_is_in_the_keys():
 
 
 def _captured_rows() -> list[dict]:
-    return [analyze_record(line.record, seg.name, line.offset).exchange
-            for data in CAPTURES for seg in list_segments(data) for line in read_segment(seg)
-            if line.record is not None and line.record.get("kind", "exchange") == "exchange"]
+    return [
+        analyze_record(line.record, seg.name, line.offset).exchange
+        for data in CAPTURES
+        for seg in list_segments(data)
+        for line in read_segment(seg)
+        if line.record is not None and line.record.get("kind", "exchange") == "exchange"
+    ]
 
 
 def test_no_captured_attempt_names_a_key_of_another_thread():
@@ -82,9 +96,10 @@ def test_no_captured_attempt_names_a_key_of_another_thread():
 
 
 def _tables(con) -> dict:
-    return {table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
-            for table in ("turns", "episodes", "episode_keys", "runs")} | {
-        "turn_ids": con.execute("SELECT id, turn_id FROM exchanges ORDER BY ALL").fetchall()}
+    return {
+        table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
+        for table in ("turns", "episodes", "episode_keys", "runs")
+    } | {"turn_ids": con.execute("SELECT id, turn_id FROM exchanges ORDER BY ALL").fetchall()}
 
 
 def _apart_equals_whole(data: Path, monkeypatch) -> int:
@@ -124,14 +139,18 @@ def _long_among_short(data: Path, tagged: bool) -> None:
             f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
 
 
-@pytest.mark.parametrize("make", [
-    lambda d: generate(d, 800, seed=3, segment_records=200),  # several stacks, retries, one untagged run
-    lambda d: generate_long(d, 1500, seed=4, concurrent=8, tagged=False),  # untagged, interleaved
-    lambda d: generate_long(d, 1500, seed=6, concurrent=8),  # tagged
-    lambda d: generate_long(d, 1500, seed=8, concurrent=4, tagged=False, days=5),  # untagged, a run per day
-    lambda d: _long_among_short(d, tagged=True),
-    lambda d: _long_among_short(d, tagged=False),
-], ids=["agents", "untagged", "tagged", "daily", "a long episode tagged", "a long episode untagged"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: generate(d, 800, seed=3, segment_records=200),  # several stacks, retries, one untagged run
+        lambda d: generate_long(d, 1500, seed=4, concurrent=8, tagged=False),  # untagged, interleaved
+        lambda d: generate_long(d, 1500, seed=6, concurrent=8),  # tagged
+        lambda d: generate_long(d, 1500, seed=8, concurrent=4, tagged=False, days=5),  # untagged, a run per day
+        lambda d: _long_among_short(d, tagged=True),
+        lambda d: _long_among_short(d, tagged=False),
+    ],
+    ids=["agents", "untagged", "tagged", "daily", "a long episode tagged", "a long episode untagged"],
+)
 def test_generated_corpora_grouped_a_thread_at_a_time_are_grouped_as_whole(tmp_path, monkeypatch, make):
     make(tmp_path)
     assert _apart_equals_whole(tmp_path, monkeypatch) >= 1
@@ -142,4 +161,5 @@ def test_an_episode_split_from_its_run_is_judged_by_the_run_s_median(tmp_path, m
     _apart_equals_whole(tmp_path, monkeypatch)
     with connect(default_db(tmp_path), read_only=True) as con:
         assert con.execute("SELECT n_turns, loop_reason FROM episodes WHERE looping").fetchall() == [
-            (12, "12 turns, run median 2")]
+            (12, "12 turns, run median 2")
+        ]

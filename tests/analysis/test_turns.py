@@ -4,28 +4,55 @@ from __future__ import annotations
 
 import pytest
 
+from toolproxy.analysis.classify.keys import call_signature, conversation_keys
 from toolproxy.analysis.episodes.build import build_episodes, category_of
 from toolproxy.analysis.episodes.loops import loop_reason
 from toolproxy.analysis.episodes.model import Attempt
-from toolproxy.analysis.ingest.keys import call_signature, conversation_keys
 
 SYS = {"role": "system", "content": "You are an agent."}
 USER = {"role": "user", "content": "Weather in Oslo, then Paris?"}
 
 
 def call_msg(name, args, cid):
-    return {"role": "assistant", "content": None,
-            "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}],
+    }
 
 
-def attempt(aid, messages, reply=None, *, outcome="valid_call", sub_kind=None, episode=None, item=None,
-            category=None, calls=None, tools=("get_weather",), ids=()):
+def attempt(
+    aid,
+    messages,
+    reply=None,
+    *,
+    outcome="valid_call",
+    sub_kind=None,
+    episode=None,
+    item=None,
+    category=None,
+    calls=None,
+    tools=("get_weather",),
+    ids=(),
+):
     keys = conversation_keys(messages, tool_set="ts1", tool_names=list(tools), model="m", reply=reply, reply_ids=ids)
     return Attempt(
-        id=aid, episode=episode, item=item, category=category, condition="native", outcome=outcome,
-        sub_kind=sub_kind, harness_saw_prose=False,
-        state_hash=keys.state_hash, chain_hash=keys.chain_hash, parent_hashes=keys.parent_hashes, prior_hash=keys.prior_hash, prefix_links=keys.prefix_links,
-        item_hash=keys.item_hash, call_signature=call_signature(calls or []), reply_keys=keys.reply_keys,
+        id=aid,
+        episode=episode,
+        item=item,
+        category=category,
+        condition="native",
+        outcome=outcome,
+        sub_kind=sub_kind,
+        harness_saw_prose=False,
+        state_hash=keys.state_hash,
+        chain_hash=keys.chain_hash,
+        parent_hashes=keys.parent_hashes,
+        prior_hash=keys.prior_hash,
+        prefix_links=keys.prefix_links,
+        item_hash=keys.item_hash,
+        call_signature=call_signature(calls or []),
+        reply_keys=keys.reply_keys,
         rejects=keys.rejects,
     )
 
@@ -37,18 +64,27 @@ def shape(episodes):
 TURN1 = [SYS, USER]
 REPLY1 = (None, [("get_weather", '{"city":"Oslo"}')])
 # The harness resends the reply with different id, spacing and key order: still the same conversation.
-TURN2 = TURN1 + [call_msg("get_weather", '{ "city": "Oslo" }', "call_abc"), {"role": "tool", "tool_call_id": "call_abc", "content": "5C"}]
+TURN2 = TURN1 + [
+    call_msg("get_weather", '{ "city": "Oslo" }', "call_abc"),
+    {"role": "tool", "tool_call_id": "call_abc", "content": "5C"},
+]
 REPLY2 = (None, [("get_weather", '{"city":"Paris"}')])
-TURN3 = TURN2 + [call_msg("get_weather", '{"city":"Paris"}', "call_def"), {"role": "tool", "tool_call_id": "call_def", "content": "9C"}]
+TURN3 = TURN2 + [
+    call_msg("get_weather", '{"city":"Paris"}', "call_def"),
+    {"role": "tool", "tool_call_id": "call_def", "content": "9C"},
+]
 
 
 def test_untagged_episode_reconstructed_by_prefix_chaining():
-    eps = build_episodes("r", [
-        attempt("a1", TURN1, REPLY1),
-        attempt("b1", [SYS, {"role": "user", "content": "Something else"}], ("Sure.", [])),
-        attempt("a2", TURN2, REPLY2),
-        attempt("a3", TURN3, ("Oslo 5C, Paris 9C.", [])),
-    ])
+    eps = build_episodes(
+        "r",
+        [
+            attempt("a1", TURN1, REPLY1),
+            attempt("b1", [SYS, {"role": "user", "content": "Something else"}], ("Sure.", [])),
+            attempt("a2", TURN2, REPLY2),
+            attempt("a3", TURN3, ("Oslo 5C, Paris 9C.", [])),
+        ],
+    )
     assert shape(eps) == [[["a1"], ["a2"], ["a3"]], [["b1"]]]
     assert all(ep.reconstructed for ep in eps)
     assert eps[0].item_key.startswith("h:") and eps[0].item_key != eps[1].item_key
@@ -61,14 +97,25 @@ def test_placed_attempts_stay_where_they_were_derived_and_later_ones_chain_from_
     elsewhere, and a new attempt continues the turn it names in its episode."""
     failed = attempt("a2", TURN2, outcome="non_response", sub_kind="http_5xx")
     placed = {"a1": ("~a1", "a1"), "a2": ("~a2", "a2"), "a2r": ("~a2", "a2")}
-    eps = build_episodes("r", [attempt("a1", TURN1, REPLY1), failed, attempt("a2r", TURN2, REPLY2),
-                               attempt("a3", TURN3, ("Oslo 5C, Paris 9C.", []))], one_clock=True, placed=placed)
+    eps = build_episodes(
+        "r",
+        [
+            attempt("a1", TURN1, REPLY1),
+            failed,
+            attempt("a2r", TURN2, REPLY2),
+            attempt("a3", TURN3, ("Oslo 5C, Paris 9C.", [])),
+        ],
+        one_clock=True,
+        placed=placed,
+    )
     assert shape(eps) == [[["a1"]], [["a2", "a2r"], ["a3"]]]
     assert [ep.key for ep in eps] == ["r/~a1", "r/~a2"] and all(ep.reconstructed for ep in eps)
 
 
 def test_different_reply_is_not_the_same_episode():
-    eps = build_episodes("r", [attempt("a1", TURN1, (None, [("get_weather", '{"city":"Rome"}')])), attempt("a2", TURN2, REPLY2)])
+    eps = build_episodes(
+        "r", [attempt("a1", TURN1, (None, [("get_weather", '{"city":"Rome"}')])), attempt("a2", TURN2, REPLY2)]
+    )
     assert shape(eps) == [[["a1"]], [["a2"]]]
 
 
@@ -76,10 +123,27 @@ def test_a_reply_whose_arguments_did_not_parse_continues_however_the_harness_wro
     """dspy repairs the JSON a model broke before it writes the step into its next prompt: the
     request extends a1's by that step, and a1's reply could not be read whole."""
     broken = (None, [("get_weather", '{"city": "Oslo"]')])
-    keys = conversation_keys(TURN1, tool_set="ts1", tool_names=["get_weather"], model="m", reply=broken, reply_unread=True)
-    a1 = Attempt(id="a1", episode=None, item=None, category=None, condition="native", outcome="invalid_args", sub_kind=None,
-                 harness_saw_prose=False, state_hash=keys.state_hash, chain_hash=keys.chain_hash,
-                 parent_hashes=keys.parent_hashes, prior_hash=keys.prior_hash, prefix_links=keys.prefix_links, item_hash=keys.item_hash, call_signature=None, reply_keys=keys.reply_keys)
+    keys = conversation_keys(
+        TURN1, tool_set="ts1", tool_names=["get_weather"], model="m", reply=broken, reply_unread=True
+    )
+    a1 = Attempt(
+        id="a1",
+        episode=None,
+        item=None,
+        category=None,
+        condition="native",
+        outcome="invalid_args",
+        sub_kind=None,
+        harness_saw_prose=False,
+        state_hash=keys.state_hash,
+        chain_hash=keys.chain_hash,
+        parent_hashes=keys.parent_hashes,
+        prior_hash=keys.prior_hash,
+        prefix_links=keys.prefix_links,
+        item_hash=keys.item_hash,
+        call_signature=None,
+        reply_keys=keys.reply_keys,
+    )
     assert shape(build_episodes("r", [a1, attempt("a2", TURN2, REPLY2)])) == [[["a1"], ["a2"]]]
     # the same under another system prompt (dspy's extract step after its last step)
     wrap_up = [{"role": "system", "content": "Extract the answer."}, *TURN2[1:]]
@@ -90,23 +154,29 @@ def test_a_reply_whose_arguments_did_not_parse_continues_however_the_harness_wro
 
 
 def test_retries_after_failures_are_one_turn_outcome_of_the_last():
-    eps = build_episodes("r", [
-        attempt("a1", TURN1, outcome="non_response", sub_kind="http_5xx"),
-        attempt("a2", TURN1, outcome="non_response", sub_kind="timeout"),
-        attempt("a3", TURN1, REPLY1),
-        attempt("a4", TURN2, REPLY2),
-    ])
+    eps = build_episodes(
+        "r",
+        [
+            attempt("a1", TURN1, outcome="non_response", sub_kind="http_5xx"),
+            attempt("a2", TURN1, outcome="non_response", sub_kind="timeout"),
+            attempt("a3", TURN1, REPLY1),
+            attempt("a4", TURN2, REPLY2),
+        ],
+    )
     assert shape(eps) == [[["a1", "a2", "a3"], ["a4"]]]
     assert eps[0].turns[0].result() == ("valid_call", None)
 
 
 def test_every_attempt_failed_keeps_its_cause_with_the_attempt_count():
     """A harness retrying a refusal must not turn "refused" into a generic retry failure."""
-    eps = build_episodes("r", [
-        attempt("a1", TURN1, outcome="non_response", sub_kind="http_5xx", episode="1"),
-        attempt("a2", TURN1, outcome="non_response", sub_kind="http_5xx", episode="1"),
-        attempt("b1", TURN1, outcome="non_response", sub_kind="refused", episode="2"),
-    ])
+    eps = build_episodes(
+        "r",
+        [
+            attempt("a1", TURN1, outcome="non_response", sub_kind="http_5xx", episode="1"),
+            attempt("a2", TURN1, outcome="non_response", sub_kind="http_5xx", episode="1"),
+            attempt("b1", TURN1, outcome="non_response", sub_kind="refused", episode="2"),
+        ],
+    )
     assert [t.result() for ep in eps for t in ep.turns] == [("non_response", "http_5xx"), ("non_response", "refused")]
     assert [len(t.attempts) for ep in eps for t in ep.turns] == [2, 1]
 
@@ -119,11 +189,14 @@ def test_same_request_after_a_success_is_a_new_turn_or_a_repeat_episode():
 
 
 def test_tagged_episodes_and_items():
-    eps = build_episodes("run1", [
-        attempt("a1", TURN1, REPLY1, episode="3", item="simple_12"),
-        attempt("b1", TURN1, REPLY1, episode="4", item="parallel-7", category="parallel_multiple"),
-        attempt("a2", TURN2, REPLY2, episode="3", item="simple_12"),
-    ])
+    eps = build_episodes(
+        "run1",
+        [
+            attempt("a1", TURN1, REPLY1, episode="3", item="simple_12"),
+            attempt("b1", TURN1, REPLY1, episode="4", item="parallel-7", category="parallel_multiple"),
+            attempt("a2", TURN2, REPLY2, episode="3", item="simple_12"),
+        ],
+    )
     assert shape(eps) == [[["a1"], ["a2"]], [["b1"]]]
     assert [(e.key, e.name, e.reconstructed, e.item_key, e.category) for e in eps] == [
         ("run1/3", "3", False, "simple_12", "simple"),
@@ -139,8 +212,13 @@ def test_item_hash_depends_on_messages_and_offered_tools_not_on_ids():
 
 
 CATEGORIES = [
-    ("simple_12", None, "simple"), ("live-multiple-3", None, "live"), ("parallel_multiple_3", None, "parallel"),
-    ("42", None, None), ("h:abc_def", None, None), (None, None, None), ("simple_1", "irrelevance", "irrelevance"),
+    ("simple_12", None, "simple"),
+    ("live-multiple-3", None, "live"),
+    ("parallel_multiple_3", None, "parallel"),
+    ("42", None, None),
+    ("h:abc_def", None, None),
+    (None, None, None),
+    ("simple_1", "irrelevance", "irrelevance"),
 ]
 
 
@@ -165,11 +243,21 @@ def test_loop_reason(signatures, median, expected):
 
 
 def test_looping_episode_flagged_in_build():
-    looping = [attempt(f"l{i}", [SYS, USER] + [{"role": "user", "content": str(i)}], episode="L",
-                       calls=[("get_weather", {"city": "Oslo"})]) for i in range(4)]
+    looping = [
+        attempt(
+            f"l{i}",
+            [SYS, USER] + [{"role": "user", "content": str(i)}],
+            episode="L",
+            calls=[("get_weather", {"city": "Oslo"})],
+        )
+        for i in range(4)
+    ]
     normal = [attempt("n1", TURN1, episode="N", calls=[("get_weather", {"city": "Oslo"})])]
     eps = build_episodes("r", looping + normal)
-    assert [(e.name, e.looping, e.loop_reason) for e in eps] == [("L", True, "4 identical consecutive calls"), ("N", False, None)]
+    assert [(e.name, e.looping, e.loop_reason) for e in eps] == [
+        ("L", True, "4 identical consecutive calls"),
+        ("N", False, None),
+    ]
 
 
 @pytest.mark.parametrize("knob", ["_BATCH_ATTEMPTS", "_CHUNK_TURNS"])
@@ -178,7 +266,7 @@ def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch, k
     attempts) and stages their rows in chunks (of about _CHUNK_TURNS turns): a batch per run, and
     a chunk per episode, derive exactly what one batch for every run does."""
     from toolproxy.analysis.episodes import derive as turns
-    from toolproxy.analysis.ingest.pipeline import ingest
+    from toolproxy.analysis.lifecycle.ingest import ingest
     from toolproxy.analysis.store.connection import connect, default_db
     from toolproxy.testing.corpus import generate
 
@@ -187,7 +275,10 @@ def test_derive_in_batches_of_runs_writes_the_same_rows(tmp_path, monkeypatch, k
     ingest(con, tmp_path, workers=0)
 
     def derived():
-        return {table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall() for table in ("turns", "episodes", "runs", "episode_keys")} | {
+        return {
+            table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
+            for table in ("turns", "episodes", "runs", "episode_keys")
+        } | {
             "turn_ids": con.execute("SELECT id, turn_id FROM exchanges ORDER BY ALL").fetchall(),
             "call_turn_ids": con.execute("SELECT exchange_id, idx, turn_id FROM calls ORDER BY ALL").fetchall(),
         }
@@ -210,11 +301,16 @@ def copies(names=("A", "B", "C"), ids=True, answer_order=(2, 0, 1)):
     same call under different ids (as a stack makes them up; `ids=False`: none), then each copy's
     second request in another order than the first ones went (whichever tool finished first)."""
     first = [attempt(f"{n}1", TURN1, REPLY1, ids=[n] if ids else ()) for n in names]
-    return first + [attempt(f"{names[k]}2", second(names[k] if ids else "x"), ("Oslo is 5C.", [])) for k in answer_order]
+    return first + [
+        attempt(f"{names[k]}2", second(names[k] if ids else "x"), ("Oslo is 5C.", [])) for k in answer_order
+    ]
 
 
 def second(cid):
-    return TURN1 + [call_msg("get_weather", '{"city":"Oslo"}', cid), {"role": "tool", "tool_call_id": cid, "content": "5C"}]
+    return TURN1 + [
+        call_msg("get_weather", '{"city":"Oslo"}', cid),
+        {"role": "tool", "tool_call_id": cid, "content": "5C"},
+    ]
 
 
 def test_identical_episodes_at_the_same_time_each_follow_their_own_reply():
@@ -261,15 +357,28 @@ def test_a_request_that_dropped_the_reply_before_it_continues_that_episode():
     eps = build_episodes("r", [attempt("a1", TURN1, REPLY1), empty, attempt("a3", TURN2 + [NOTE], ("Oslo 5C.", []))])
     assert shape(eps) == [[["a1"], ["a2"], ["a3"]]]
     # the note in place of nothing: a request that only begins like another is not its retry
-    assert shape(build_episodes("r", [attempt("b1", [SYS], ("Hi.", [])), attempt("b2", [SYS, USER], REPLY1)])) == [[["b1"]], [["b2"]]]
+    assert shape(build_episodes("r", [attempt("b1", [SYS], ("Hi.", [])), attempt("b2", [SYS, USER], REPLY1)])) == [
+        [["b1"]],
+        [["b2"]],
+    ]
 
 
 def test_a_summary_under_another_system_prompt_belongs_to_the_episode_it_summarises():
     """smolagents at max_steps, dspy's extract step: a new system prompt, the same history."""
-    summary = [{"role": "system", "content": "Summarise what the agent found."}] + TURN3[1:] + [
-        {"role": "assistant", "content": "Oslo 5C, Paris 9C."}, {"role": "user", "content": "Answer the task now."}]
-    eps = build_episodes("r", [attempt("a1", TURN1, REPLY1), attempt("a2", TURN2, REPLY2),
-                               attempt("a3", TURN3, ("Oslo 5C, Paris 9C.", [])), attempt("s", summary, ("Done.", []), tools=())])
+    summary = (
+        [{"role": "system", "content": "Summarise what the agent found."}]
+        + TURN3[1:]
+        + [{"role": "assistant", "content": "Oslo 5C, Paris 9C."}, {"role": "user", "content": "Answer the task now."}]
+    )
+    eps = build_episodes(
+        "r",
+        [
+            attempt("a1", TURN1, REPLY1),
+            attempt("a2", TURN2, REPLY2),
+            attempt("a3", TURN3, ("Oslo 5C, Paris 9C.", [])),
+            attempt("s", summary, ("Done.", []), tools=()),
+        ],
+    )
     assert shape(eps) == [[["a1"], ["a2"], ["a3"], ["s"]]]
     # a request that extends the full conversation is preferred to one that only shares its tail
     other = [{"role": "system", "content": "Another agent."}] + TURN2[1:]
@@ -278,13 +387,32 @@ def test_a_summary_under_another_system_prompt_belongs_to_the_episode_it_summari
 
 
 REJECTS = [
-    ([*TURN1, {"role": "assistant", "content": "Action:"},
-      {"role": "user", "content": "Error:\nError while parsing tool call from model output: no JSON blob."}], True),
-    ([*TURN1, {"role": "assistant", "content": "x"}, {"role": "tool", "content": "Invalid Format: Missing 'Action:' after 'Thought:'"}], True),
+    (
+        [
+            *TURN1,
+            {"role": "assistant", "content": "Action:"},
+            {"role": "user", "content": "Error:\nError while parsing tool call from model output: no JSON blob."},
+        ],
+        True,
+    ),
+    (
+        [
+            *TURN1,
+            {"role": "assistant", "content": "x"},
+            {"role": "tool", "content": "Invalid Format: Missing 'Action:' after 'Thought:'"},
+        ],
+        True,
+    ),
     ([*TURN1, {"role": "assistant", "content": "x"}, {"role": "user", "content": "Observation: sunny"}], False),
     # the words before the last reply are history, not a verdict on it
-    ([{"role": "user", "content": "Error while parsing tool call from model output"}, {"role": "assistant", "content": "x"},
-      {"role": "user", "content": "thanks"}], False),
+    (
+        [
+            {"role": "user", "content": "Error while parsing tool call from model output"},
+            {"role": "assistant", "content": "x"},
+            {"role": "user", "content": "thanks"},
+        ],
+        False,
+    ),
     ([{"role": "user", "content": "Error while parsing tool call from model output"}], False),
 ]
 

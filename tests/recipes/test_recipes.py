@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from weather_model import ANSWER, respond
 
 from toolproxy.drive.harness import BASE_URL_VARS, PLACEHOLDER_KEYS
-from toolproxy.record.segments import read_records
 from toolproxy.emulators import FakeStack
-
-from weather_model import ANSWER, respond
+from toolproxy.record.segments import read_records
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples" / "recipes"))
@@ -60,36 +59,81 @@ CHECKS = [
     Check("openai-agents-chat", "openai-agents", script("openai-agents.py", "--chat"), CHAT, ONE_CALL_THEN_ANSWER),
     Check("openai-agents-responses", "openai-agents", script("openai-agents.py"), RESPONSES, ONE_CALL_THEN_ANSWER),
     Check("pydantic-ai", "pydantic-ai", script("pydantic-ai.py", "openai-chat:local"), CHAT, ONE_CALL_THEN_ANSWER),
-    Check("pydantic-ai-ollama", "pydantic-ai", script("pydantic-ai.py", "ollama:qwen2.5:7b"), CHAT,
-          ONE_CALL_THEN_ANSWER, stack="ollama"),
+    Check(
+        "pydantic-ai-ollama",
+        "pydantic-ai",
+        script("pydantic-ai.py", "ollama:qwen2.5:7b"),
+        CHAT,
+        ONE_CALL_THEN_ANSWER,
+        stack="ollama",
+    ),
     Check("langchain-openai", "langchain-openai", script("langchain-openai.py"), CHAT, ONE_CALL_THEN_ANSWER),
     Check("langgraph", "langgraph", script("langgraph-agent.py"), CHAT, ONE_CALL_THEN_ANSWER),
     Check("smolagents", "smolagents", script("smolagents-agent.py"), CHAT, {"call": 1, "answer": 1}),
     # mini-swe-agent ends by running its submit command (`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`)
     # through its bash tool: that call is its answer.
-    Check("mini-swe-agent", "mini-swe-agent",
-          ("{bin}/mini", "-m", "openai/local", "-t", "What is the weather in Paris?", "--yolo", "--exit-immediately",
-           "-o", "trajectory.json"), CHAT, ONE_CALL_THEN_ANSWER, trajectory="trajectory.json"),
+    Check(
+        "mini-swe-agent",
+        "mini-swe-agent",
+        (
+            "{bin}/mini",
+            "-m",
+            "openai/local",
+            "-t",
+            "What is the weather in Paris?",
+            "--yolo",
+            "--exit-immediately",
+            "-o",
+            "trajectory.json",
+        ),
+        CHAT,
+        ONE_CALL_THEN_ANSWER,
+        trajectory="trajectory.json",
+    ),
     Check("litellm", "litellm", script("litellm-sdk.py", "openai/local"), CHAT, ONE_CALL_THEN_ANSWER),
-    Check("litellm-ollama", "litellm", script("litellm-sdk.py", "ollama_chat/qwen2.5:7b"), OLLAMA,
-          ONE_CALL_THEN_ANSWER, stack="ollama"),
+    Check(
+        "litellm-ollama",
+        "litellm",
+        script("litellm-sdk.py", "ollama_chat/qwen2.5:7b"),
+        OLLAMA,
+        ONE_CALL_THEN_ANSWER,
+        stack="ollama",
+    ),
     Check("ollama", "ollama", script("ollama-python.py", "qwen2.5:7b"), OLLAMA, ONE_CALL_THEN_ANSWER, stack="ollama"),
     Check("anthropic", "anthropic", script("anthropic-sdk.py"), MESSAGES, ONE_CALL_THEN_ANSWER),
     # inspect-ai's react agent ends by calling its submit tool: that call is its answer. Under
     # openai/ it first sends a probe request, recorded but not an episode.
     Check("inspect-ai", "inspect-ai", script("inspect-ai.py", "openai-api/llm/local"), CHAT, ONE_CALL_THEN_ANSWER),
-    Check("inspect-ai-responses", "inspect-ai", script("inspect-ai.py", "openai/local"), RESPONSES, ONE_CALL_THEN_ANSWER),
+    Check(
+        "inspect-ai-responses", "inspect-ai", script("inspect-ai.py", "openai/local"), RESPONSES, ONE_CALL_THEN_ANSWER
+    ),
     # dspy's ReAct writes its tools into the prompt and sends none; read by its prompt protocol, its
     # get_weather step is a call and its finish step the answer, and the extract step after it
     # (no tools offered) a no_tools turn, all of one episode.
     Check("dspy", "dspy", script("dspy-react.py"), CHAT, {"call": 1, "answer": 1, "no_tools": 1}),
     # BFCL scores the scripted model's placeholder arguments 0%; toolproxy must still see a valid
     # call per item. On irrelevance items (expect=none) both must agree the model did not abstain.
-    Check("bfcl-simple", "bfcl-eval", script("bfcl.py", "--first", "3", "simple_python"), CHAT, {"call": 3},
-          output="Test completed: simple_python. 🎯 Accuracy: 0.00%", tags=("category=simple_python",), episodes=3),
-    Check("bfcl-irrelevance", "bfcl-eval", script("bfcl.py", "--first", "3", "irrelevance"), CHAT, {"abstain": 3},
-          output="Test completed: irrelevance. 🎯 Accuracy: 0.00%", tags=("category=irrelevance", "expect=none"),
-          rates={"call_fidelity": None, "restraint": 0.0}, episodes=3),
+    Check(
+        "bfcl-simple",
+        "bfcl-eval",
+        script("bfcl.py", "--first", "3", "simple_python"),
+        CHAT,
+        {"call": 3},
+        output="Test completed: simple_python. 🎯 Accuracy: 0.00%",
+        tags=("category=simple_python",),
+        episodes=3,
+    ),
+    Check(
+        "bfcl-irrelevance",
+        "bfcl-eval",
+        script("bfcl.py", "--first", "3", "irrelevance"),
+        CHAT,
+        {"abstain": 3},
+        output="Test completed: irrelevance. 🎯 Accuracy: 0.00%",
+        tags=("category=irrelevance", "expect=none"),
+        rates={"call_fidelity": None, "restraint": 0.0},
+        episodes=3,
+    ),
 ]
 
 
@@ -106,22 +150,39 @@ def _clean_env(python_bin: Path) -> dict[str, str]:
 
 
 def _toolproxy(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolproxy.cli", *args], text=True, capture_output=True,
-                          stdin=subprocess.DEVNULL, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", *args], text=True, capture_output=True, stdin=subprocess.DEVNULL, **kw
+    )
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[c.id for c in CHECKS])
 def test_recipe(check: Check, tmp_path: Path):
     if not _served(check.stack, check.path):
-        pytest.skip(f"the emulated {check.stack} does not serve {check.path} yet "
-                    "(waiting for the wire branch's Responses/Messages emulation on main)")
+        pytest.skip(
+            f"the emulated {check.stack} does not serve {check.path} yet "
+            "(waiting for the wire branch's Responses/Messages emulation on main)"
+        )
     bindir = environment(check.harness) / "bin"
     argv = [a.format(python=bindir / "python", bin=bindir) for a in check.argv]
     tags = [arg for t in check.tags for arg in ("--tag", t)]
     data = tmp_path / "data"
     with FakeStack(check.stack, responder=respond).in_thread() as url:
-        done = _toolproxy("run", "--upstream", url, "--run", check.id, "--data", str(data), "--no-fingerprint", *tags,
-                          "--", *argv, env=_clean_env(bindir), cwd=tmp_path, timeout=900)
+        done = _toolproxy(
+            "run",
+            "--upstream",
+            url,
+            "--run",
+            check.id,
+            "--data",
+            str(data),
+            "--no-fingerprint",
+            *tags,
+            "--",
+            *argv,
+            env=_clean_env(bindir),
+            cwd=tmp_path,
+            timeout=900,
+        )
     print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
     assert done.returncode == 0, done.stderr[-3000:]
     assert check.output in done.stdout + done.stderr

@@ -53,10 +53,18 @@ from toolproxy.emulators import FakeStack  # noqa: E402
 TASKS = ("Paris", "Tokyo")
 # The eleven harnesses of issue 20, as the recipe checks run them (check id -> row name).
 ROWS = {
-    "openai-python": "openai", "openai-agents-chat": "openai-agents (chat)", "openai-agents-responses": "openai-agents (Responses)",
-    "pydantic-ai": "pydantic-ai", "langgraph": "langgraph", "langchain-openai": "langchain-openai",
-    "smolagents": "smolagents (ToolCallingAgent)", "litellm": "litellm", "anthropic": "anthropic",
-    "inspect-ai": "inspect-ai", "dspy": "dspy (ReAct)", "mini-swe-agent": "mini-swe-agent",
+    "openai-python": "openai",
+    "openai-agents-chat": "openai-agents (chat)",
+    "openai-agents-responses": "openai-agents (Responses)",
+    "pydantic-ai": "pydantic-ai",
+    "langgraph": "langgraph",
+    "langchain-openai": "langchain-openai",
+    "smolagents": "smolagents (ToolCallingAgent)",
+    "litellm": "litellm",
+    "anthropic": "anthropic",
+    "inspect-ai": "inspect-ai",
+    "dspy": "dspy (ReAct)",
+    "mini-swe-agent": "mini-swe-agent",
 }
 GRACE = 30.0  # seconds a timed-out run gets to stop after SIGTERM
 # What mini-swe-agent pads its history with for an action it did not run (its submit command ends
@@ -72,8 +80,11 @@ def _truth(log: Path, trajectory: Path | None) -> dict:
     if trajectory is not None:
         if trajectory.exists():
             traj = json.loads(trajectory.read_text())
-            out["executions"] = sum(1 for m in traj.get("messages", []) if m.get("role") == "tool"
-                                    and (m.get("extra") or {}).get("exception_info") != NOT_EXECUTED)
+            out["executions"] = sum(
+                1
+                for m in traj.get("messages", [])
+                if m.get("role") == "tool" and (m.get("extra") or {}).get("exception_info") != NOT_EXECUTED
+            )
             submitted = bool((traj.get("info") or {}).get("submission", "").strip())
             out["answers" if out["executions"] else "answers_without_tool"] += submitted
         return out
@@ -93,11 +104,27 @@ def _run(check, upstream: str, data: Path, city: str, timeout: float, condition:
     env = {**_clean_env(bindir), "WEATHER_CITY": city, "WEATHER_TRUTH_LOG": str(log)}
     if check.trajectory:  # mini-swe-agent takes its task on the command line
         argv = [a.replace("Paris", city) for a in argv]
-    cmd = [sys.executable, "-m", "toolproxy.cli", "run", "--upstream", upstream, "--run", check.id, "--data", str(data),
-           "--condition", condition, "--no-analyze", "--", *argv]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolproxy.cli",
+        "run",
+        "--upstream",
+        upstream,
+        "--run",
+        check.id,
+        "--data",
+        str(data),
+        "--condition",
+        condition,
+        "--no-analyze",
+        "--",
+        *argv,
+    ]
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         code, tail = proc.returncode, (err or out)[-400:]
@@ -140,8 +167,11 @@ def _plural(n: int, one: str, many: str) -> str:
 
 
 def table(stack: str, results: dict[str, list[dict]], report: dict[str, dict]) -> str:
-    lines = ["| harness | stack | episodes (ours / harness) | call turns | delivered (ours / executions) | "
-             "answers (ours / harness) | harness exits | notes |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| harness | stack | episodes (ours / harness) | call turns | delivered (ours / executions) | "
+        "answers (ours / harness) | harness exits | notes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for check_id, runs in results.items():
         r = report.get(check_id, {})
         roles = r.get("roles") or {}
@@ -150,36 +180,55 @@ def table(stack: str, results: dict[str, list[dict]], report: dict[str, dict]) -
         ours_answers = (r.get("answer_rate") or {}).get("numerator")
         theirs = sum(x["answers"] for x in runs)
         if untooled:
-            notes.append(f"the harness returned {_plural(untooled, 'reply', 'replies')} as its answer without the tool "
-                         "ever running (a call left in the text is lost, not answered)")
+            notes.append(
+                f"the harness returned {_plural(untooled, 'reply', 'replies')} as its answer without the tool "
+                "ever running (a call left in the text is lost, not answered)"
+            )
             if ours_answers is not None and 0 < ours_answers - theirs <= untooled:
-                notes.append(f"{ours_answers - theirs} of those came after a tool result that was an error (the tool "
-                             "failed before it ran): an answer to the report, which counts any tool result")
+                notes.append(
+                    f"{ours_answers - theirs} of those came after a tool result that was an error (the tool "
+                    "failed before it ran): an answer to the report, which counts any tool result"
+                )
         forced = sum(x["forced_answers"] for x in runs)
         if forced:
-            notes.append(f"{_plural(forced, 'answer', 'answers')} the harness asked for itself after a limit stopped the "
-                         "agent (its wrap-up, not the agent's answer)")
+            notes.append(
+                f"{_plural(forced, 'answer', 'answers')} the harness asked for itself after a limit stopped the "
+                "agent (its wrap-up, not the agent's answer)"
+            )
         stopped = [x for x in runs if x["exit"] in ("timeout", "killed")]
         if stopped:
-            notes.append(f"{_plural(len(stopped), 'run', 'runs')} stopped by the rig's timeout: the harness's record "
-                         "ends there")
+            notes.append(
+                f"{_plural(len(stopped), 'run', 'runs')} stopped by the rig's timeout: the harness's record ends there"
+            )
         kinds = r.get("non_response_kinds") or {}
         if kinds:
             notes.append("non-responses " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
         if roles.get("no_tools"):
             notes.append(f"{_plural(roles['no_tools'], 'no_tools turn', 'no_tools turns')}")
-        lines.append(" | ".join([
-            f"| {ROWS[check_id]}", stack, _pair(r.get("episodes"), len(runs)), str(roles.get("call", 0)),
-            _pair((r.get("delivered_fidelity") or {}).get("numerator"), sum(x["executions"] for x in runs)),
-            _pair(ours_answers, theirs),
-            ", ".join(str(x["exit"]) for x in runs), "; ".join(notes) or "-"]) + " |")
+        lines.append(
+            " | ".join(
+                [
+                    f"| {ROWS[check_id]}",
+                    stack,
+                    _pair(r.get("episodes"), len(runs)),
+                    str(roles.get("call", 0)),
+                    _pair((r.get("delivered_fidelity") or {}).get("numerator"), sum(x["executions"] for x in runs)),
+                    _pair(ours_answers, theirs),
+                    ", ".join(str(x["exit"]) for x in runs),
+                    "; ".join(notes) or "-",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--upstream", help="a real stack's root URL (default: an emulated llama.cpp started here)")
-    ap.add_argument("--data", type=Path, help="where to record (default: a new temporary directory); it is emptied first")
+    ap.add_argument(
+        "--data", type=Path, help="where to record (default: a new temporary directory); it is emptied first"
+    )
     ap.add_argument("--only", help="comma-separated check ids (default: all of " + ", ".join(ROWS) + ")")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per harness run (default 600)")
     ap.add_argument("--condition", default="native", help="the interface condition of every run (default native)")
@@ -200,11 +249,16 @@ def main() -> None:
             for city in TASKS:
                 out = _run(checks[check_id], upstream, data, city, args.timeout, args.condition)
                 results[check_id].append(out)
-                print(f"{check_id} {city}: exit {out['exit']}, {out['executions']} executions, {out['answers']} answers "
-                      f"(+{out['answers_without_tool']} without the tool, +{out['forced_answers']} forced), "
-                      f"{out['seconds']:.0f}s", file=sys.stderr, flush=True)
-    stack = ("emulated llama.cpp" if fake is not None else f"real ({args.upstream})") + \
-        (f", {args.condition}" if args.condition != "native" else "")
+                print(
+                    f"{check_id} {city}: exit {out['exit']}, {out['executions']} executions, {out['answers']} answers "
+                    f"(+{out['answers_without_tool']} without the tool, +{out['forced_answers']} forced), "
+                    f"{out['seconds']:.0f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    stack = ("emulated llama.cpp" if fake is not None else f"real ({args.upstream})") + (
+        f", {args.condition}" if args.condition != "native" else ""
+    )
     text = table(stack, results, _report(data))
     (data / "truth.md").write_text(text)
     (data / "truth.json").write_text(json.dumps(results, indent=1) + "\n")

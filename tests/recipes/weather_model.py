@@ -44,8 +44,13 @@ def _prompt_protocol(req: ModelRequest, done: bool) -> ScriptedReply | None:
     if "[[ ## next_tool_name ## ]]" in system:
         if done:
             return text(_fields(next_thought="I have the weather.", next_tool_name="finish", next_tool_args="{}"))
-        return text(_fields(next_thought="I need the weather.", next_tool_name="get_weather",
-                            next_tool_args=json.dumps({"city": _city(req.body)})))
+        return text(
+            _fields(
+                next_thought="I need the weather.",
+                next_tool_name="get_weather",
+                next_tool_args=json.dumps({"city": _city(req.body)}),
+            )
+        )
     if "[[ ## answer ## ]]" in system:
         return text(_fields(reasoning="The tool said so.", answer=ANSWER))
     return None

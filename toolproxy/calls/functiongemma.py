@@ -32,7 +32,9 @@ def find_functiongemma(text: str, tool_names) -> list[Group]:
         body_end = found if found >= 0 else limit
         group = _one(text, match.start(), match.end(), body_end)
         if found >= 0:
-            group = Group((group.span[0], found + len(close)), tuple(_respan(c, found + len(close)) for c in group.calls))
+            group = Group(
+                (group.span[0], found + len(close)), tuple(_respan(c, found + len(close)) for c in group.calls)
+            )
         groups.append(group)
         pos = max(group.span[1], match.end())
     return groups
@@ -46,16 +48,29 @@ def _one(text: str, start: int, body: int, limit: int) -> Group:
     match = _CALL.match(text, body, limit)
     if match is None:
         raw = text[body:limit].strip()
-        return Group((start, limit), (TextCall(None, None, raw, "functiongemma", (start, limit), "no call:NAME after the call marker"),))
+        return Group(
+            (start, limit),
+            (TextCall(None, None, raw, "functiongemma", (start, limit), "no call:NAME after the call marker"),),
+        )
     name = match.group(1)
     j = match.end()
     if j >= limit or text[j] != "{":
-        return Group((start, limit), (TextCall(name, None, text[j:limit].strip(), "functiongemma", (start, limit), "no {arguments} after the name"),))
+        return Group(
+            (start, limit),
+            (
+                TextCall(
+                    name, None, text[j:limit].strip(), "functiongemma", (start, limit), "no {arguments} after the name"
+                ),
+            ),
+        )
     try:
         value, end = _Parser(text, limit).value(j, 0)
     except JSONFault as fault:
         raw = text[j:limit].strip()
-        return Group((start, limit), (TextCall(name, None, raw, "functiongemma", (start, limit), f"unreadable arguments: {fault}"),))
+        return Group(
+            (start, limit),
+            (TextCall(name, None, raw, "functiongemma", (start, limit), f"unreadable arguments: {fault}"),),
+        )
     return Group((start, end), (TextCall(name, value, text[j:end], "functiongemma", (start, end)),))
 
 
@@ -80,7 +95,7 @@ class _Parser:
                 stop = text.find(delim, i + len(delim), self.limit)
                 if stop < 0:
                     raise JSONFault(f"unterminated {delim} string", i)
-                return text[i + len(delim):stop], stop + len(delim)
+                return text[i + len(delim) : stop], stop + len(delim)
         if text[i] == '"':
             return decode(text, i)
         token = _SCALAR.match(text, i, self.limit)

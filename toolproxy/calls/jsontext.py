@@ -53,7 +53,7 @@ class JSONFault(Exception):
 
 def skip_ws(text: str, i: int) -> int:
     # Most calls land on a non-blank character: answer those without running the regex.
-    return _WS.match(text, i).end() if text[i:i + 1] in " \t\n\r" else i
+    return _WS.match(text, i).end() if text[i : i + 1] in " \t\n\r" else i
 
 
 def decode(text: str, i: int) -> tuple[Any, int]:
@@ -131,7 +131,7 @@ def broken_call(text: str, start: int, end: int, fmt: str, why: str) -> TextCall
     raw = ""
     args = _ARGS_KEY.search(body)
     if args:
-        raw = body[args.end():].strip()
+        raw = body[args.end() :].strip()
     return TextCall(name, None, raw, fmt, (start, end), f"not valid JSON: {why}")
 
 
@@ -227,7 +227,7 @@ class Reader:
         if args_key is not None:
             arg = found[args_key]
             value, error = _arguments_value(arg.value)
-            return [TextCall(name, value, text[arg.start:arg.end], fmt, (i, end), error)], end
+            return [TextCall(name, value, text[arg.start : arg.end], fmt, (i, end), error)], end
         known = self.tool_names is not None and name in self.tool_names
         rest = {k: m.value for k, m in found.items() if k != name_key and k not in _BARE_KEYS}
         if self.flatten or (known and not rest):
@@ -238,8 +238,10 @@ class Reader:
 def _is_definition(found: dict[str, Member], arguments: Any) -> bool:
     """A tool *definition* echoed back (Qwen's template lists tools in <tools> as
     {"type": "function", "function": {"name", "description", "parameters": schema}}) is not a call."""
-    return "description" in found and isinstance(arguments, dict) and (
-        "properties" in arguments or arguments.get("type") == "object"
+    return (
+        "description" in found
+        and isinstance(arguments, dict)
+        and ("properties" in arguments or arguments.get("type") == "object")
     )
 
 

@@ -17,7 +17,9 @@ _NAME = re.compile(r"([A-Za-z_][\w.\-]{0,199})(?:\[CALL_ID\][\w\-]{0,64})?(?:\[A
 
 
 def find_mistral(text: str, tool_names) -> list[Group]:
-    return each_marker(text, MARKER, lambda start, body, limit: _one(text, start, skip_ws(text, body), limit, tool_names))
+    return each_marker(
+        text, MARKER, lambda start, body, limit: _one(text, start, skip_ws(text, body), limit, tool_names)
+    )
 
 
 def _one(text: str, start: int, j: int, limit: int, tool_names) -> Group:
@@ -31,7 +33,10 @@ def _one(text: str, start: int, j: int, limit: int, tool_names) -> Group:
             return Group((start, limit), tuple(calls))
         if calls:
             return Group((start, end), tuple(calls))
-        return Group((start, end), (TextCall(None, None, text[j:end], "mistral", (start, end), "JSON after [TOOL_CALLS] is not a call"),))
+        return Group(
+            (start, end),
+            (TextCall(None, None, text[j:end], "mistral", (start, end), "JSON after [TOOL_CALLS] is not a call"),),
+        )
     match = _NAME.match(text, j) if j < limit else None
     if match is None:
         return Group((start, j), (TextCall(None, None, "", "mistral", (start, j), "no call after [TOOL_CALLS]"),))
@@ -41,9 +46,14 @@ def _one(text: str, start: int, j: int, limit: int, tool_names) -> Group:
         # `[TOOL_CALLS]name` cut short keeps its name; `[TOOL_CALLS] some words` names nothing.
         end = match.end()
         named = name if j == start + len(MARKER) else None
-        return Group((start, end), (TextCall(named, None, "", "mistral", (start, end), "no arguments after the tool name"),))
+        return Group(
+            (start, end), (TextCall(named, None, "", "mistral", (start, end), "no arguments after the tool name"),)
+        )
     try:
         value, end = decode(text, k)
     except JSONFault as fault:
-        return Group((start, limit), (TextCall(name, None, text[k:limit].rstrip(), "mistral", (start, limit), f"not valid JSON: {fault}"),))
+        return Group(
+            (start, limit),
+            (TextCall(name, None, text[k:limit].rstrip(), "mistral", (start, limit), f"not valid JSON: {fault}"),),
+        )
     return Group((start, end), (TextCall(name, value, text[k:end], "mistral", (start, end)),))

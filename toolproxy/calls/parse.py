@@ -14,8 +14,13 @@ import bisect
 import re
 from collections.abc import Callable, Collection
 
-from .gcpause import gc_paused
-from . import functiongemma, jsonblocks, mistral, pythonic, tagged
+import toolproxy.calls.functiongemma as functiongemma
+import toolproxy.calls.jsonblocks as jsonblocks
+import toolproxy.calls.mistral as mistral
+import toolproxy.calls.pythonic as pythonic
+import toolproxy.calls.tagged as tagged
+from toolproxy.runtime.gcpause import gc_paused
+
 from .functiongemma import find_functiongemma
 from .jsonblocks import find_bare, find_fenced
 from .jsontext import respan
@@ -111,7 +116,7 @@ def parse_text(
     names = frozenset(tool_names) if tool_names is not None else None
     claims = _Claims()
     groups: list[Group] = []
-    # A text of thousands of call markers builds a few objects per marker; see toolproxy.calls.gcpause.
+    # A text of thousands of call markers builds a few objects per marker; see toolproxy.runtime.gcpause.
     with gc_paused():
         for finder, produces in FINDERS:
             if present.isdisjoint(_LEADS[finder]) or (wanted is not _ALL_FORMATS and not produces & wanted):

@@ -94,7 +94,16 @@ def _python_tag_body(text: str, start: int, body: int, limit: int, tool_names) -
         elif (match := _BUILTIN.match(text, j)) is not None:
             end, _ = _closing(text, match.end() - 1)
             if end is None or end > limit:
-                calls.append(TextCall(match.group(1), None, text[match.end():limit].strip(), "python_tag", (j, limit), "unclosed built-in call"))
+                calls.append(
+                    TextCall(
+                        match.group(1),
+                        None,
+                        text[match.end() : limit].strip(),
+                        "python_tag",
+                        (j, limit),
+                        "unclosed built-in call",
+                    )
+                )
                 return calls, limit
             call = _call_from_source(text[j:end].replace(".call(", "(", 1), (j, end), "python_tag")
             calls.append(call)
@@ -105,7 +114,9 @@ def _python_tag_body(text: str, start: int, body: int, limit: int, tool_names) -
             j = skip_ws(text, j + 1)
     if not calls:
         raw = text[body:limit].strip()
-        return [TextCall(None, None, raw, "python_tag", (start, limit), "unrecognised text after <|python_tag|>")], limit
+        return [
+            TextCall(None, None, raw, "python_tag", (start, limit), "unrecognised text after <|python_tag|>")
+        ], limit
     return calls, calls[-1].span[1]
 
 
@@ -140,9 +151,13 @@ def _calls_in(source: str, offset: int, span: tuple[int, int], strict: bool) -> 
         if strict:
             return []
         match = _LEADING_NAME.match(stripped)
-        return [TextCall(match.group(1) if match else None, None, stripped, "pythonic", span, f"not valid Python: {exc}")]
+        return [
+            TextCall(match.group(1) if match else None, None, stripped, "pythonic", span, f"not valid Python: {exc}")
+        ]
     statements = [st.value for st in tree.body if isinstance(st, ast.Expr)]
-    if len(statements) != len(tree.body) or (strict and (len(statements) != 1 or not isinstance(statements[0], ast.List))):
+    if len(statements) != len(tree.body) or (
+        strict and (len(statements) != 1 or not isinstance(statements[0], ast.List))
+    ):
         return [] if strict else [TextCall(None, None, stripped, "pythonic", span, "not a list of calls")]
     nodes = [n for value in statements for n in (value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value])]
     if not nodes or not all(isinstance(n, ast.Call) for n in nodes):
@@ -216,7 +231,7 @@ def _dotted(func: ast.expr) -> str | None:
 def _arguments_source(node: ast.Call, source: str) -> str:
     segment = ast.get_source_segment(source, node) or ""
     opened = segment.find("(")
-    return segment[opened + 1:-1].strip() if opened >= 0 else ""
+    return segment[opened + 1 : -1].strip() if opened >= 0 else ""
 
 
 def _jsonable(value: object) -> bool:

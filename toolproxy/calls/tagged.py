@@ -32,7 +32,10 @@ _PARAMETER_CLOSE = "</parameter>"
 # Where each format's call syntax can begin (every opening the finders below accept), so a
 # streaming reader knows from which point text may be a call.
 MARKERS = {
-    "hermes": tuple(f"<{tag}>" for tag in ("tool_call", "TOOLCALL", "tool", "tools", "function_call", "json", "JSON", "xml", "response")),
+    "hermes": tuple(
+        f"<{tag}>"
+        for tag in ("tool_call", "TOOLCALL", "tool", "tools", "function_call", "json", "JSON", "xml", "response")
+    ),
     "lmstudio": (_LMSTUDIO_OPEN,),
     "qwen_xml": ("<tool_call>", _LMSTUDIO_OPEN, "<function=", "<function "),
 }
@@ -104,7 +107,9 @@ def _wrapped(text: str, start: int, body: int, limit: int, close: str, fmt: str,
         calls = salvaged or [broken_call(text, j, limit, fmt, str(fault))]
         return Group((start, end_tag), tuple(calls))
     if not calls:
-        return Group((start, end_tag), (TextCall(None, None, raw, fmt, (start, end_tag), "JSON in call tag is not a call"),))
+        return Group(
+            (start, end_tag), (TextCall(None, None, raw, fmt, (start, end_tag), "JSON in call tag is not a call"),)
+        )
     return Group((start, end_tag if closed else end), tuple(calls))
 
 
@@ -126,7 +131,7 @@ def _functions(text: str, start: int, limit: int) -> tuple[list[TextCall], int]:
         close = text.find(_FUNCTION_CLOSE, match.end(), limit)
         body_end = close if close >= 0 else limit
         end = close + len(_FUNCTION_CLOSE) if close >= 0 else limit
-        raw = text[match.end():body_end]
+        raw = text[match.end() : body_end]
         arguments, error = _function_arguments(text, match.end(), body_end)
         calls.append(TextCall(name, arguments, raw.strip(), "qwen_xml", (j, end), error))
         pos = end
@@ -151,7 +156,7 @@ def _function_arguments(text: str, start: int, end: int) -> tuple[object, str | 
         bound = following.start() if following is not None else end
         close = text.find(_PARAMETER_CLOSE, match.end(), bound)
         stop = close if close >= 0 else bound
-        arguments.setdefault(match.group(1).strip(), _parameter_value(text[match.end():stop]))
+        arguments.setdefault(match.group(1).strip(), _parameter_value(text[match.end() : stop]))
         match = following
     return arguments, None
 

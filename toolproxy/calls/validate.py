@@ -1,8 +1,9 @@
 """Does a call name an offered tool, and do its arguments satisfy that tool's JSON Schema?
 
-Schemas are checked with jsonschema under the dialect their `$schema` names, Draft 2020-12 when
-they name none. jsonschema's semantics are kept as they are, including that 3.0 *is* an integer
-(Draft 4 and later define integers by value, not by spelling; only Draft 3 rejects it). A tool
+Schemas are checked with jsonschema under the dialect (JSON Schema's own word) their `$schema`
+names, Draft 2020-12 when they name none. jsonschema's semantics are kept as they are, including
+that 3.0 *is* an integer (Draft 4 and later define integers by value, not by spelling; only
+Draft 3 rejects it). A tool
 schema that is itself invalid, or that cannot be used (an unresolvable `$ref`: remote references
 are never fetched), makes the call "not validated" instead of failing the analysis.
 
@@ -24,6 +25,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
+
+from toolproxy.term.jsontype import json_type
 
 from .jsontext import parse_arguments
 
@@ -75,7 +78,9 @@ class _Checker:
 _BY_TOOLS_KEY: dict[tuple[str, str], _Checker | None] = {}
 
 
-def validate_call(name: str | None, arguments: Any, tools: list[dict] | None, *, tools_key: str | None = None) -> Validation:
+def validate_call(
+    name: str | None, arguments: Any, tools: list[dict] | None, *, tools_key: str | None = None
+) -> Validation:
     """Check one call against the request's tools. Arguments may be a JSON string (decoded
     first), an object, or None (no arguments: validated as {}). To report a text call whose
     arguments did not parse, pass its `raw_arguments`: they fail here as "not valid JSON".
@@ -92,7 +97,9 @@ def validate_call(name: str | None, arguments: Any, tools: list[dict] | None, *,
     if error is not None:
         return Validation(True, validator is not None, False, (error,))
     if not isinstance(value, dict):
-        return Validation(True, validator is not None, False, (f"arguments must be a JSON object, not {json_type(value)}",))
+        return Validation(
+            True, validator is not None, False, (f"arguments must be a JSON object, not {json_type(value)}",)
+        )
     if validator is None:
         return Validation(True, False, True, (checker.problem,))
     if checker.accepts is not None:
@@ -411,18 +418,3 @@ def _describe(error: Any) -> str:
     else:
         kind = str(validator)
     return f"{kind} at ${where}: {error.message}"
-
-
-def json_type(value: Any) -> str:
-    """The JSON type name of a parsed value, as messages name it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object" if isinstance(value, dict) else type(value).__name__

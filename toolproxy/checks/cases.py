@@ -7,8 +7,9 @@ surface, so `missing_tool` also looks for invented names in calls left as text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from toolproxy.checks.doctor import TOOL_MESSAGES, WEATHER_TOOL
 from toolproxy.checks.reply import ProbeReply, call_problems
@@ -20,20 +21,30 @@ def _tool(name: str, description: str, properties: dict, required: list[str], **
 
 
 SEARCH_FLIGHTS = _tool(
-    "search_flights", "Search flights between two cities.",
-    {"origin": {"type": "string"}, "destination": {"type": "string"}}, ["origin", "destination"],
+    "search_flights",
+    "Search flights between two cities.",
+    {"origin": {"type": "string"}, "destination": {"type": "string"}},
+    ["origin", "destination"],
     additionalProperties=False,
 )
 THERMOSTAT = _tool(
-    "set_thermostat_mode", "Switch the thermostat mode.",
-    {"mode": {"type": "string", "enum": ["heat", "cool", "off"]}}, ["mode"],
+    "set_thermostat_mode",
+    "Switch the thermostat mode.",
+    {"mode": {"type": "string", "enum": ["heat", "cool", "off"]}},
+    ["mode"],
 )
 TIMER = _tool("set_timer", "Start a countdown timer.", {"minutes": {"type": "integer", "minimum": 1}}, ["minutes"])
 CREATE_EVENT = _tool(
-    "create_event", "Create a calendar event.",
-    {"title": {"type": "string"},
-     "location": {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
-                  "required": ["city", "country"]}},
+    "create_event",
+    "Create a calendar event.",
+    {
+        "title": {"type": "string"},
+        "location": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+            "required": ["city", "country"],
+        },
+    },
     ["title", "location"],
 )
 SYSTEM = TOOL_MESSAGES[0]  # the system prompt doctor's probe uses: one wording to keep in step
@@ -85,6 +96,7 @@ def _valid_call_to(name: str, extra: Callable[[dict], str | None] | None = None)
             return False, problems[0]
         why = extra(calls[0].arguments_object()) if extra is not None else None
         return (why is None), why or "valid call"
+
     return check
 
 
@@ -127,31 +139,79 @@ def _answers_from_result(reply: ProbeReply, tools: list[dict]) -> tuple[bool, st
 TOOL_RESULT_MESSAGES = [
     SYSTEM,
     {"role": "user", "content": "What is the weather in Paris right now?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 18, "conditions": "sunny"}'},
 ]
 
 CASES = (
-    Case("no_tool_needed", "a question no tool helps with: answer, 0 calls", [WEATHER_TOOL],
-         _user("What is 12 + 30? ProbeReply with the number only."), _no_calls),
-    Case("missing_tool", "the fitting tool is not offered: do not invent one", [WEATHER_TOOL],
-         _user("Book a table for two at an Italian restaurant tonight at 8pm."), _nothing_invented),
-    Case("required_argument", "the required argument is present and typed", [WEATHER_TOOL],
-         _user("What is the weather in Tokyo right now?"), _valid_call_to("get_weather")),
-    Case("no_extra_properties", "no argument beyond the schema's (additionalProperties: false)", [SEARCH_FLIGHTS],
-         _user("Find me flights from Paris to Rome on May 3rd, economy class."),
-         _valid_call_to("search_flights", _only_declared)),
-    Case("two_targets", "two cities asked: a call for each (batching is a policy)", [WEATHER_TOOL],
-         _user("What is the weather in Paris and in London right now?"), _two_cities),
-    Case("enum_value", "an enum argument takes one of its values", [THERMOSTAT],
-         _user("It is freezing in here, warm the room up."), _valid_call_to("set_thermostat_mode", _heat)),
-    Case("integer_argument", "an integer argument is sent as 3, not 3.0 or \"3\"", [TIMER],
-         _user("Set a timer for 3 minutes."), _valid_call_to("set_timer", _integer_three)),
-    Case("nested_object", "an object argument with its own required fields", [CREATE_EVENT],
-         _user("Create an event called 'Launch party' in Berlin, Germany."),
-         _valid_call_to("create_event", _berlin)),
-    Case("tool_result_answer", "after a tool result, a final answer that uses it (no new call)", [WEATHER_TOOL],
-         TOOL_RESULT_MESSAGES, _answers_from_result),
+    Case(
+        "no_tool_needed",
+        "a question no tool helps with: answer, 0 calls",
+        [WEATHER_TOOL],
+        _user("What is 12 + 30? ProbeReply with the number only."),
+        _no_calls,
+    ),
+    Case(
+        "missing_tool",
+        "the fitting tool is not offered: do not invent one",
+        [WEATHER_TOOL],
+        _user("Book a table for two at an Italian restaurant tonight at 8pm."),
+        _nothing_invented,
+    ),
+    Case(
+        "required_argument",
+        "the required argument is present and typed",
+        [WEATHER_TOOL],
+        _user("What is the weather in Tokyo right now?"),
+        _valid_call_to("get_weather"),
+    ),
+    Case(
+        "no_extra_properties",
+        "no argument beyond the schema's (additionalProperties: false)",
+        [SEARCH_FLIGHTS],
+        _user("Find me flights from Paris to Rome on May 3rd, economy class."),
+        _valid_call_to("search_flights", _only_declared),
+    ),
+    Case(
+        "two_targets",
+        "two cities asked: a call for each (batching is a policy)",
+        [WEATHER_TOOL],
+        _user("What is the weather in Paris and in London right now?"),
+        _two_cities,
+    ),
+    Case(
+        "enum_value",
+        "an enum argument takes one of its values",
+        [THERMOSTAT],
+        _user("It is freezing in here, warm the room up."),
+        _valid_call_to("set_thermostat_mode", _heat),
+    ),
+    Case(
+        "integer_argument",
+        'an integer argument is sent as 3, not 3.0 or "3"',
+        [TIMER],
+        _user("Set a timer for 3 minutes."),
+        _valid_call_to("set_timer", _integer_three),
+    ),
+    Case(
+        "nested_object",
+        "an object argument with its own required fields",
+        [CREATE_EVENT],
+        _user("Create an event called 'Launch party' in Berlin, Germany."),
+        _valid_call_to("create_event", _berlin),
+    ),
+    Case(
+        "tool_result_answer",
+        "after a tool result, a final answer that uses it (no new call)",
+        [WEATHER_TOOL],
+        TOOL_RESULT_MESSAGES,
+        _answers_from_result,
+    ),
 )
 BY_NAME = {c.name: c for c in CASES}

@@ -36,6 +36,7 @@ from toolproxy.term.connection_errors import with_detail
 from toolproxy.term.printable import printable
 from toolproxy.term.progress import Progress, duration
 
+
 class GatesError(ValueError):
     pass
 
@@ -169,8 +170,11 @@ def _cell_text(cell: Cell, gate: Gate) -> str:
     if measured == 0:
         return f"transport x{cell.transport}" if cell.transport else f"skipped x{cell.skipped}"
     text = f"{cell.passes}/{cell.runs}"
-    notes = [f"{n} {what}" for n, what in ((cell.refused, "refused"), (cell.transport, "transport"),
-                                             (cell.skipped, "skipped")) if n]
+    notes = [
+        f"{n} {what}"
+        for n, what in ((cell.refused, "refused"), (cell.transport, "transport"), (cell.skipped, "skipped"))
+        if n
+    ]
     if notes:
         text += f" ({', '.join(notes)})"
     mark = {"pass": "", "fail": " ✗", "unknown": " ?"}[decide(cell, gate)]
@@ -211,7 +215,8 @@ def render_markdown(res: ConformanceResult) -> str:
         f"# Conformance: {res.model} on {fp.label}",
         "",
         f"- upstream: {res.upstream}; stack {fp.stack}"
-        + (f", build {fp.build}" if fp.build else "") + f"; toolproxy {__version__}",
+        + (f", build {fp.build}" if fp.build else "")
+        + f"; toolproxy {__version__}",
         f"- {res.runs} runs per case and condition; started {res.started}; primary condition: {res.primary}",
         "- a cell is passes/runs; ✗ misses its gate, ? cannot be decided (runs without an upstream answer); "
         "refused = the serving layer answered an HTTP error (counted as failed), transport/skipped = not measured",
@@ -236,11 +241,16 @@ def render_markdown(res: ConformanceResult) -> str:
 def summary_line(res: ConformanceResult) -> str:
     passing = res.passing
     status = res.status(res.primary)
-    head = {"pass": f"{res.primary} passes every hard gate",
-            "fail": f"hard gate failed under {res.primary}",
-            "unknown": f"{res.primary} could not be judged (runs without an upstream answer)"}[status]
-    tail = (f"conditions passing every hard gate: {', '.join(passing)}" if passing
-            else "no condition passes every hard gate")
+    head = {
+        "pass": f"{res.primary} passes every hard gate",
+        "fail": f"hard gate failed under {res.primary}",
+        "unknown": f"{res.primary} could not be judged (runs without an upstream answer)",
+    }[status]
+    tail = (
+        f"conditions passing every hard gate: {', '.join(passing)}"
+        if passing
+        else "no condition passes every hard gate"
+    )
     return f"Result: {head}; {tail}."
 
 
@@ -263,19 +273,38 @@ def _failure_notes(res: ConformanceResult) -> list[str]:
 
 
 def _body(case: Case, model: str, temperature: float, max_tokens: int) -> dict:
-    return {"model": model, "messages": case.messages, "tools": case.tools, "temperature": temperature,
-            "max_tokens": max_tokens, "stream": False}
+    return {
+        "model": model,
+        "messages": case.messages,
+        "tools": case.tools,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "stream": False,
+    }
 
 
-async def run_conformance(upstream: str, model: str, conditions: list[str], primary: str, runs: int,
-                          gates: dict[str, Gate], data_dir: Path, *, upstream_key: str | None = None,
-                          stack: str | None = None, temperature: float = 0.0, max_tokens: int = 256,
-                          concurrency: int = 1, timeout: float = 300.0,
-                          progress=None) -> ConformanceResult:
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+async def run_conformance(
+    upstream: str,
+    model: str,
+    conditions: list[str],
+    primary: str,
+    runs: int,
+    gates: dict[str, Gate],
+    data_dir: Path,
+    *,
+    upstream_key: str | None = None,
+    stack: str | None = None,
+    temperature: float = 0.0,
+    max_tokens: int = 256,
+    concurrency: int = 1,
+    timeout: float = 300.0,
+    progress=None,
+) -> ConformanceResult:
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cells = {c: {case.name: Cell() for case in CASES} for c in conditions}
-    async with local_proxy(upstream, data_dir, "conformance", upstream_key=upstream_key, stack=stack,
-                           timeout=timeout) as lp:
+    async with local_proxy(
+        upstream, data_dir, "conformance", upstream_key=upstream_key, stack=stack, timeout=timeout
+    ) as lp:
         fp = await lp.fingerprint(model)
         res = ConformanceResult(upstream, model, fp.to_dict(), runs, conditions, primary, gates, cells, started)
         res.fingerprint.pop("chat_template", None)
@@ -286,8 +315,14 @@ async def run_conformance(upstream: str, model: str, conditions: list[str], prim
 
         async def one(cond: str, case: Case, i: int) -> None:
             async with limit:
-                probe = await lp.post("/v1/chat/completions", _body(case, model, temperature, max_tokens),
-                                      run=f"conformance-{cond}", condition=cond, item=case.name, episode=str(i))
+                probe = await lp.post(
+                    "/v1/chat/completions",
+                    _body(case, model, temperature, max_tokens),
+                    run=f"conformance-{cond}",
+                    condition=cond,
+                    item=case.name,
+                    episode=str(i),
+                )
             cells[cond][case.name].add(probe, case)
             if progress is not None:
                 progress(cond, case.name, i, probe)
@@ -328,9 +363,11 @@ class Pace:
         self.told = True
         each = probe.elapsed_s / self.concurrency
         self.bar.clear()
-        click.echo(f"toolproxy conformance: the first answer took {probe.elapsed_s:.1f}s; at that pace all "
-                   f"{self.total} requests take about {duration(each * self.total)} (--runs sets the runs per case)",
-                   err=True)
+        click.echo(
+            f"toolproxy conformance: the first answer took {probe.elapsed_s:.1f}s; at that pace all "
+            f"{self.total} requests take about {duration(each * self.total)} (--runs sets the runs per case)",
+            err=True,
+        )
 
 
 def _conditions(value: str) -> list[str]:
@@ -351,22 +388,80 @@ def _conditions(value: str) -> list[str]:
 @click.command()
 @click.option("--upstream", required=True, help="Model server root URL.")
 @click.option("--model", required=True, help="Model name as the server knows it.")
-@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 10_000),
-              help="Runs per case and condition (gates are pass rates: 20 or more to gate a release).")
-@click.option("--conditions", "conditions_arg", default="native", show_default=True, help="Comma-separated conditions, e.g. native,hint,text,constrained.")
-@click.option("--gate-on", default="native", show_default=True, help="The primary condition: its hard gates decide the exit status.")
-@click.option("--gates", "gates_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path), help="JSON file overriding the default gates (toolproxy/checks/gates.json).")
-@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Markdown file to write (default: DATA/conformance/DATE-conformance-MODEL.md).")
+@click.option(
+    "--runs",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Runs per case and condition (gates are pass rates: 20 or more to gate a release).",
+)
+@click.option(
+    "--conditions",
+    "conditions_arg",
+    default="native",
+    show_default=True,
+    help="Comma-separated conditions, e.g. native,hint,text,constrained.",
+)
+@click.option(
+    "--gate-on",
+    default="native",
+    show_default=True,
+    help="The primary condition: its hard gates decide the exit status.",
+)
+@click.option(
+    "--gates",
+    "gates_file",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="JSON file overriding the default gates (toolproxy/checks/gates.json).",
+)
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Markdown file to write (default: DATA/conformance/DATE-conformance-MODEL.md).",
+)
 @upstream_key_option
-@click.option("--stack", default=None, help="Serving stack dialect for the constrained condition when fingerprinting cannot tell.")
-@click.option("--data", "data_dir", default="toolproxy-data", show_default=True, type=click.Path(file_okay=False, path_type=Path), help="Where the requests are recorded (runs conformance-<condition>).")
-@click.option("--temperature", default=0.0, show_default=True, type=float, help="Sampling temperature for every request.")
+@click.option(
+    "--stack",
+    default=None,
+    help="The serving stack the constrained condition writes its schema for when fingerprinting cannot tell.",
+)
+@click.option(
+    "--data",
+    "data_dir",
+    default="toolproxy-data",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the requests are recorded (runs conformance-<condition>).",
+)
+@click.option(
+    "--temperature", default=0.0, show_default=True, type=float, help="Sampling temperature for every request."
+)
 @click.option("--max-tokens", default=256, show_default=True, type=int, help="max_tokens for every request.")
-@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 64), help="Requests in flight at once.")
+@click.option(
+    "--concurrency", default=1, show_default=True, type=click.IntRange(1, 64), help="Requests in flight at once."
+)
 @click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds to wait for one response.")
 @click.option("--quiet", is_flag=True, help="No progress line on stderr (it is only drawn on a terminal anyway).")
-def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, output, upstream_key_env, stack, data_dir,
-                temperature, max_tokens, concurrency, timeout, quiet):
+def conformance(
+    upstream,
+    model,
+    runs,
+    conditions_arg,
+    gate_on,
+    gates_file,
+    output,
+    upstream_key_env,
+    stack,
+    data_dir,
+    temperature,
+    max_tokens,
+    concurrency,
+    timeout,
+    quiet,
+):
     """Run the conformance cases N times per condition and gate the primary one.
 
     Exit status: 0 the primary condition passes every hard gate, 1 it fails one, 2 usage or
@@ -386,15 +481,34 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
 
     total = len(conditions) * len(CASES) * runs
     if not quiet:
-        click.echo(f"toolproxy conformance: {total} requests ({len(CASES)} cases x {runs} runs x "
-                   f"{len(conditions)} condition{'s' if len(conditions) != 1 else ''})", err=True)
+        click.echo(
+            f"toolproxy conformance: {total} requests ({len(CASES)} cases x {runs} runs x "
+            f"{len(conditions)} condition{'s' if len(conditions) != 1 else ''})",
+            err=True,
+        )
     with Progress("conformance", total, unit="requests", quiet=quiet) as bar:
-        res = asyncio.run(run_conformance(
-            upstream, model, conditions, gate_on, runs, gates, data_dir, upstream_key=key, stack=stack,
-            temperature=temperature, max_tokens=max_tokens, concurrency=concurrency, timeout=timeout,
-            progress=Pace(bar, total, concurrency, quiet)))
+        res = asyncio.run(
+            run_conformance(
+                upstream,
+                model,
+                conditions,
+                gate_on,
+                runs,
+                gates,
+                data_dir,
+                upstream_key=key,
+                stack=stack,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                concurrency=concurrency,
+                timeout=timeout,
+                progress=Pace(bar, total, concurrency, quiet),
+            )
+        )
     if res.problem and not any(cell.runs for cells in res.cells.values() for cell in cells.values()):
-        click.echo(printable(with_detail(f"toolproxy conformance: {res.problem}", res.problem_detail), lines=True), err=True)
+        click.echo(
+            printable(with_detail(f"toolproxy conformance: {res.problem}", res.problem_detail), lines=True), err=True
+        )
         sys.exit(2)
     report = printable(render_markdown(res), lines=True)
     path = output or report_path(data_dir, model)
@@ -406,7 +520,8 @@ def conformance(upstream, model, runs, conditions_arg, gate_on, gates_file, outp
         sys.exit(2)
     click.echo(report, nl=False)
     if res.problem:
-        click.echo(printable(with_detail(f"toolproxy conformance: {res.problem}", res.problem_detail), lines=True), err=True)
+        click.echo(
+            printable(with_detail(f"toolproxy conformance: {res.problem}", res.problem_detail), lines=True), err=True
+        )
     click.echo(f"written to {path}")
     sys.exit(res.exit_code)
-

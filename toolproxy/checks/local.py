@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
 
 import aiohttp
 import click
@@ -74,12 +74,17 @@ class LocalProxy(Addon):
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:
-            async with self.session.post(self.url + prefix.rstrip("/") + path, data=orjson.dumps(body),
-                                         headers={"Content-Type": "application/json"}) as resp:
+            async with self.session.post(
+                self.url + prefix.rstrip("/") + path,
+                data=orjson.dumps(body),
+                headers={"Content-Type": "application/json"},
+            ) as resp:
                 status, raw = resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             self._waiting.pop(probe_id, None)
-            reply = read_reply(None, b"", "proxy_error", f"talking to the local proxy failed: {explain(exc, self.url).what}")
+            reply = read_reply(
+                None, b"", "proxy_error", f"talking to the local proxy failed: {explain(exc, self.url).what}"
+            )
             return ProbeExchange(reply, None, loop.time() - t0, tags)
         try:
             rec = await asyncio.wait_for(fut, 5.0)
@@ -88,17 +93,34 @@ class LocalProxy(Addon):
         self._waiting.pop(probe_id, None)
         kind = rec.error_kind if rec is not None else None
         message = rec.error_message if rec is not None else None
-        return ProbeExchange(read_reply(status, raw, kind, message, wire.family_of(path) or wire.CHAT), rec, loop.time() - t0, tags)
+        return ProbeExchange(
+            read_reply(status, raw, kind, message, wire.family_of(path) or wire.CHAT), rec, loop.time() - t0, tags
+        )
 
 
 @contextlib.asynccontextmanager
-async def local_proxy(upstream: str, data_dir: Path, run: str, *, upstream_key: str | None = None,
-                      stack: str | None = None, timeout: float = 300.0) -> AsyncIterator[LocalProxy]:
+async def local_proxy(
+    upstream: str,
+    data_dir: Path,
+    run: str,
+    *,
+    upstream_key: str | None = None,
+    stack: str | None = None,
+    timeout: float = 300.0,
+) -> AsyncIterator[LocalProxy]:
     """Start the proxy app on 127.0.0.1:0 in front of `upstream`; stop it (flushing records) on exit."""
     config = ProxyConfig(
-        upstream=upstream, data_dir=data_dir, host="127.0.0.1", port=0, run=run, quiet=True,
-        upstream_key=upstream_key, condition_options=ConditionOptions(stack=stack),
-        connect_timeout=min(10.0, timeout), ttfb_timeout=timeout, idle_timeout=timeout,
+        upstream=upstream,
+        data_dir=data_dir,
+        host="127.0.0.1",
+        port=0,
+        run=run,
+        quiet=True,
+        upstream_key=upstream_key,
+        condition_options=ConditionOptions(stack=stack),
+        connect_timeout=min(10.0, timeout),
+        ttfb_timeout=timeout,
+        idle_timeout=timeout,
     )
     proxy = await start_proxy(config)
     try:

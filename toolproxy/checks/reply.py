@@ -15,7 +15,9 @@ from toolproxy.calls import parse_arguments, parse_text, validate_call
 from toolproxy.calls.model import TextCall, TextParse
 
 # Error kinds the proxy records when no upstream answer exists (toolproxy.proxy.forward).
-TRANSPORT_ERRORS = frozenset({"connect", "timeout", "upstream_closed", "upstream_error", "proxy_error", "client_closed"})
+TRANSPORT_ERRORS = frozenset(
+    {"connect", "timeout", "upstream_closed", "upstream_error", "proxy_error", "client_closed"}
+)
 
 
 @dataclass(slots=True)
@@ -55,10 +57,6 @@ class ProbeReply:
         return self.message.prompt_tokens
 
     @property
-    def has_message(self) -> bool:
-        return self.message.n_choices > 0
-
-    @property
     def empty(self) -> bool:
         """Accepted, yet nothing came back: no message, or neither content nor calls."""
         return not self.transport_failed and not self.refused and not self.content.strip() and not self.calls
@@ -85,8 +83,13 @@ class ProbeReply:
         return "empty" if self.empty else "text"
 
 
-def read_reply(status: int | None, body: bytes, error_kind: str | None = None, error_message: str | None = None,
-               family: str = wire.CHAT) -> ProbeReply:
+def read_reply(
+    status: int | None,
+    body: bytes,
+    error_kind: str | None = None,
+    error_message: str | None = None,
+    family: str = wire.CHAT,
+) -> ProbeReply:
     """A reply (or an error) of the given protocol family as a ProbeReply; never raises."""
     reply = ProbeReply(status=status, body=body, error_kind=error_kind, error_message=error_message)
     if not reply.transport_failed and not reply.refused:

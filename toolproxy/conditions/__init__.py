@@ -15,8 +15,9 @@ answers with that status and message itself, and records it.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 NAMES = ("native", "hint", "text", "constrained", "template")
 

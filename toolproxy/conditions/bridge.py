@@ -51,8 +51,12 @@ def plan(request: RequestView, options: ConditionOptions) -> Plan | Reject | Non
     """The bridged request under the native condition, or None when it is not bridged."""
     if not options.bridge:
         return None
-    chat = read_chat_request(request, need_tools=False, families=tuple(f for f in BRIDGED_FAMILIES if f in options.bridge),
-                             bridge=options.bridge)
+    chat = read_chat_request(
+        request,
+        need_tools=False,
+        families=tuple(f for f in BRIDGED_FAMILIES if f in options.bridge),
+        bridge=options.bridge,
+    )
     if isinstance(chat, Skip):
         return None
     if isinstance(chat, Reject):

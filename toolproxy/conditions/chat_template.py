@@ -25,8 +25,8 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from toolproxy.wire import text_of
 from toolproxy.conditions.toolblock import arguments_value
+from toolproxy.wire import text_of
 
 
 class TemplateError(ValueError):
@@ -44,7 +44,9 @@ class _GenerationTag(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -97,13 +99,20 @@ class ChatTemplate:
         try:
             template = _ENV.from_string(source)
             return template.render(
-                messages=prepare_messages(messages), tools=tools or None, add_generation_prompt=True,
-                **self.special_tokens, **(extra or {}),
+                messages=prepare_messages(messages),
+                tools=tools or None,
+                add_generation_prompt=True,
+                **self.special_tokens,
+                **(extra or {}),
             )
         except jinja2.TemplateError as exc:
-            raise TemplateError(f"chat template {self.path} ({name}) failed to render: {type(exc).__name__}: {exc}") from None
+            raise TemplateError(
+                f"chat template {self.path} ({name}) failed to render: {type(exc).__name__}: {exc}"
+            ) from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-            raise TemplateError(f"chat template {self.path} ({name}) failed to render: {type(exc).__name__}: {exc}") from None
+            raise TemplateError(
+                f"chat template {self.path} ({name}) failed to render: {type(exc).__name__}: {exc}"
+            ) from None
 
 
 def prepare_messages(messages: list[Any]) -> list[Any]:
@@ -163,7 +172,9 @@ def load_template(path: str | os.PathLike) -> ChatTemplate:
         try:
             _ENV.parse(source)
         except jinja2.TemplateSyntaxError as exc:
-            raise TemplateError(f"chat template {p} ({name}): syntax error at line {exc.lineno}: {exc.message}") from None
+            raise TemplateError(
+                f"chat template {p} ({name}): syntax error at line {exc.lineno}: {exc.message}"
+            ) from None
     return ChatTemplate(str(p), sources, tokens)
 
 

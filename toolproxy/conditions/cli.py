@@ -11,10 +11,20 @@ from toolproxy.conditions.toolblock import render_block, render_constrained_bloc
 
 
 @click.command("show-hint")
-@click.option("--tools", "tools_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="JSON file: an OpenAI `tools` array, or a request body that has one.")
-@click.option("--condition", type=click.Choice(["hint", "text", "constrained"]), default="hint", show_default=True,
-              help="hint and text inject the same block; constrained describes the JSON reply instead.")
+@click.option(
+    "--tools",
+    "tools_path",
+    required=True,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="JSON file: an OpenAI `tools` array, or a request body that has one.",
+)
+@click.option(
+    "--condition",
+    type=click.Choice(["hint", "text", "constrained"]),
+    default="hint",
+    show_default=True,
+    help="hint and text inject the same block; constrained describes the JSON reply instead.",
+)
 @click.option("--constrained-forced", is_flag=True, help="The constrained block without the final-answer option.")
 def show_hint(tools_path: Path, condition: str, constrained_forced: bool) -> None:
     """Print the tool block injected into the system message, byte for byte."""
@@ -25,8 +35,8 @@ def show_hint(tools_path: Path, condition: str, constrained_forced: bool) -> Non
     tools = data.get("tools") if isinstance(data, dict) else data
     if not isinstance(tools, list) or not tool_functions(tools):
         raise click.UsageError(
-            f"--tools {tools_path}: no function tools found; expected [{{\"type\": \"function\", \"function\": "
-            "{\"name\": ..., \"parameters\": ...}}, ...] or an object with a \"tools\" array"
+            f'--tools {tools_path}: no function tools found; expected [{{"type": "function", "function": '
+            '{"name": ..., "parameters": ...}}, ...] or an object with a "tools" array'
         )
     if condition == "constrained":
         block = render_constrained_block(tools, forced=constrained_forced)

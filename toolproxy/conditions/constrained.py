@@ -1,16 +1,15 @@
 """constrained: decoding held to a JSON schema of "call one offered tool" or "give a final answer".
 
-The schema goes to the stack in its own dialect, because a field a stack does not know is often
+The schema goes to the stack in the field that stack reads, because a field a stack does not know is often
 accepted and silently ignored (vLLM's `guided_json` since v0.12), which would turn the arm into
 an unconstrained one without anyone noticing:
 
-| client endpoint          | stack                                           | field sent                                   |
-|--------------------------|-------------------------------------------------|----------------------------------------------|
-| Ollama `/api/chat`       | ollama                                          | `format: <schema>`                           |
-| `/v1/chat/completions`   | openai, lmstudio, llamacpp, vllm, sglang, ollama, unknown | `response_format: {type: json_schema, json_schema: {name, schema}}` |
-| `/v1/responses`          | openai, llamacpp, ollama                        | `text.format: {type: json_schema, name, schema}` |
-| `/v1/messages`           | vllm                                            | `output_config.format: {type: json_schema, schema}` |
-| `/v1/messages`           | any other (llama.cpp, SGLang, unknown)          | skipped, with that reason recorded           |
+- Ollama `/api/chat`, on ollama: `format: <schema>`;
+- `/v1/chat/completions`, on openai, lmstudio, llamacpp, vllm, sglang, ollama and unknown stacks:
+  `response_format: {type: json_schema, json_schema: {name, schema}}`;
+- `/v1/responses`, on openai, llamacpp and ollama: `text.format: {type: json_schema, name, schema}`;
+- `/v1/messages`, on vllm: `output_config.format: {type: json_schema, schema}`;
+- `/v1/messages` on any other stack (llama.cpp, SGLang, unknown): skipped, with that reason recorded.
 
 `response_format` json_schema is the one field every OpenAI-compatible stack enforces (Ollama's
 /v1 maps it to `format`, llama.cpp turns it into a grammar, vLLM and SGLang into structured
@@ -32,7 +31,14 @@ from toolproxy import wire
 from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip
 from toolproxy.conditions.messages import ChatRequest, history_as_text, read_chat_request, with_system_text
 from toolproxy.conditions.text import chat_reply, without_tools
-from toolproxy.conditions.toolblock import FINAL_ANSWER, arguments_value, dumps, format_result, render_constrained_block, tool_functions
+from toolproxy.conditions.toolblock import (
+    FINAL_ANSWER,
+    arguments_value,
+    dumps,
+    format_result,
+    render_constrained_block,
+    tool_functions,
+)
 from toolproxy.conditions.transform import new_call, text_calls
 
 SCHEMA_NAME = "tool_call_or_final_answer"
@@ -43,28 +49,38 @@ MESSAGES_SCHEMA_STACKS = frozenset({"vllm"})
 
 
 def messages_skip(stack: str | None) -> Skip:
-    return Skip(f"on /v1/messages a JSON schema rides in output_config.format, which only vLLM is known to enforce "
-                f"(this upstream: {stack or 'not identified'}); use the chat completions or Responses endpoint, "
-                "or serve --bridge messages, for the constrained condition")
+    return Skip(
+        f"on /v1/messages a JSON schema rides in output_config.format, which only vLLM is known to enforce "
+        f"(this upstream: {stack or 'not identified'}); use the chat completions or Responses endpoint, "
+        "or serve --bridge messages, for the constrained condition"
+    )
 
 
 def call_schema(tools: list[Any], *, forced: bool = False) -> dict[str, Any]:
     branches = []
     for fn in tool_functions(tools):
-        params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) and fn.get("parameters") else {"type": "object"}
-        branches.append({
-            "type": "object",
-            "properties": {"name": {"type": "string", "enum": [fn["name"]]}, "arguments": params},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
+        params = (
+            fn.get("parameters")
+            if isinstance(fn.get("parameters"), dict) and fn.get("parameters")
+            else {"type": "object"}
+        )
+        branches.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "enum": [fn["name"]]}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     if not forced:
-        branches.append({
-            "type": "object",
-            "properties": {FINAL_ANSWER: {"type": "string"}},
-            "required": [FINAL_ANSWER],
-            "additionalProperties": False,
-        })
+        branches.append(
+            {
+                "type": "object",
+                "properties": {FINAL_ANSWER: {"type": "string"}},
+                "required": [FINAL_ANSWER],
+                "additionalProperties": False,
+            }
+        )
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 

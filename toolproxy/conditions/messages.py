@@ -1,17 +1,18 @@
 """Reading a conversation request and rewriting its message list (shared by hint, text,
 constrained, template).
 
-Every dialect a harness may speak is accepted: OpenAI `/v1/chat/completions`, Ollama's native
+Every protocol a harness may speak is accepted: OpenAI `/v1/chat/completions`, Ollama's native
 `/api/chat`, OpenAI Responses and Anthropic Messages. toolproxy.wire reads each into chat terms
 (Ollama tool calls carry arguments as objects and no ids, and its tool results name the tool;
 Responses and Messages conversations become chat messages), the conditions rewrite that one
-message list, and the body goes upstream in the client's own dialect again.
+message list, and the body goes upstream in the client's own protocol again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -20,9 +21,13 @@ from toolproxy.conditions import Reject, RequestView, Skip
 from toolproxy.conditions.toolblock import tool_functions
 
 REWRITABLE_FAMILIES = (wire.CHAT, wire.OLLAMA_CHAT, wire.RESPONSES, wire.MESSAGES)
-PATHS = {wire.CHAT: "/v1/chat/completions", wire.OLLAMA_CHAT: "/api/chat", wire.RESPONSES: "/v1/responses",
-         wire.MESSAGES: "/v1/messages"}
-# Fields that would make the stack render or parse tools itself, in any dialect.
+PATHS = {
+    wire.CHAT: "/v1/chat/completions",
+    wire.OLLAMA_CHAT: "/api/chat",
+    wire.RESPONSES: "/v1/responses",
+    wire.MESSAGES: "/v1/messages",
+}
+# Fields that would make the stack render or parse tools itself, in any protocol.
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 
 
@@ -50,7 +55,7 @@ class ChatRequest:
         return self.request.messages
 
     def upstream_body(self, messages: list[Any], *, keep_tools: bool, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-        """The client's body in its own dialect, with this message list (and without the tool
+        """The client's body in its own protocol, with this message list (and without the tool
         fields unless `keep_tools`, and without the fields in `drop`)."""
         gone = set(drop) | (set() if keep_tools else set(TOOL_FIELDS))
         base = {k: v for k, v in self.body.items() if k not in gone}
@@ -59,7 +64,9 @@ class ChatRequest:
         tools = self.request.tools if keep_tools else []
         choice = self.request.tool_choice if keep_tools else None
         params = {k: v for k, v in self.request.parameters.items() if k not in drop}
-        request = replace(self.request, messages=messages, tools=tools, tool_choice=choice, parameters=params, body=base)
+        request = replace(
+            self.request, messages=messages, tools=tools, tool_choice=choice, parameters=params, body=base
+        )
         return wire.write_request(self.sent_family, request)
 
     def with_system_block(self, block: str) -> dict[str, Any]:
@@ -83,8 +90,9 @@ class ChatRequest:
         return upstream_path(request, base + "/chat/completions")
 
 
-def read_chat_request(request: RequestView, *, need_tools: bool = True, families=REWRITABLE_FAMILIES,
-                      bridge: frozenset[str] = frozenset()) -> ChatRequest | Skip | Reject:
+def read_chat_request(
+    request: RequestView, *, need_tools: bool = True, families=REWRITABLE_FAMILIES, bridge: frozenset[str] = frozenset()
+) -> ChatRequest | Skip | Reject:
     """The request as a ChatRequest, or a Skip that says why the condition cannot apply to it.
     A family in `bridge` is sent upstream as chat completions; a Reject when that cannot carry it."""
     family = wire.family_of(request.path)
@@ -96,12 +104,17 @@ def read_chat_request(request: RequestView, *, need_tools: bool = True, families
     except orjson.JSONDecodeError as exc:
         return Skip(f"request body is not JSON ({exc})")
     conversation = "input" if family == wire.RESPONSES else "messages"
-    if not isinstance(body, dict) or not isinstance(body.get(conversation), list if family != wire.RESPONSES else (list, str)):
+    if not isinstance(body, dict) or not isinstance(
+        body.get(conversation), list if family != wire.RESPONSES else (list, str)
+    ):
         return Skip(f"request body has no '{conversation}' list")
     chat = ChatRequest(family, body, wire.read_request(family, body), wire.CHAT if family in bridge else family)
     if chat.bridged and chat.request.parameters.get("previous_response_id"):
-        return Reject(400, "previous_response_id names a response stored by the server, but this toolproxy bridges "
-                           "Responses to a chat-only upstream that stores nothing: send the whole conversation as input")
+        return Reject(
+            400,
+            "previous_response_id names a response stored by the server, but this toolproxy bridges "
+            "Responses to a chat-only upstream that stores nothing: send the whole conversation as input",
+        )
     if need_tools and not tool_functions(chat.tools):
         return Skip("request offers no function tools")
     if need_tools and chat.request.tool_choice == "none":

@@ -34,7 +34,9 @@ def _max_tokens(body: dict[str, Any]) -> Any:
     return body.get("max_completion_tokens", body.get("max_tokens"))
 
 
-def completion_request(stack: str | None, chat_path: str, body: dict[str, Any], prompt: str, stream: bool) -> tuple[str, dict[str, Any], str]:
+def completion_request(
+    stack: str | None, chat_path: str, body: dict[str, Any], prompt: str, stream: bool
+) -> tuple[str, dict[str, Any], str]:
     """(path, body, wire family) of the raw completion request for a stack (table above)."""
     sampling = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
     if isinstance(sampling.get("stop"), str) and stack in ("llamacpp", "ollama"):

@@ -2,7 +2,7 @@
 
 The stack never sees a tool, so it can neither refuse the request nor fail to parse the call:
 toolproxy parses the reply itself (`toolproxy.calls.parse_text`, the analyzer's own parsers) and
-answers with native calls in the client's dialect (`tool_calls`, Responses `function_call` items,
+answers with native calls in the client's protocol (`tool_calls`, Responses `function_call` items,
 Messages `tool_use` blocks), streaming prose live and holding text back only from the first
 possible call marker on.
 """
@@ -33,7 +33,7 @@ def without_tools(chat: ChatRequest, messages: list, drop: tuple[str, ...] = ())
 
 
 def chat_reply(chat: ChatRequest, interpreter: Interpreter) -> ReplyTransform:
-    """The transform for a conversation request: read the reply in the dialect it was sent in,
+    """The transform for a conversation request: read the reply in the protocol it was sent in,
     answer in the client's."""
     encoder = wire.encoder_for(chat.family, chat.body, chat.stream)
     return ReplyTransform(wire.Decoder(chat.sent_family), interpreter, encoder)

@@ -14,7 +14,8 @@ instead, because there the schema, not a tag, carries the call.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -123,7 +124,7 @@ def render_block(tools: Iterable[Any]) -> str:
         f"{example}\n"
         "Use one <tool_call> block per call; the arguments are a JSON object that follows the tool's "
         "parameter schema. Call only the tools listed here. After a call, stop and wait: the result "
-        "comes back as <tool_result id=\"...\" name=\"...\">...</tool_result>. When no tool is needed, "
+        'comes back as <tool_result id="..." name="...">...</tool_result>. When no tool is needed, '
         "answer in plain text without any <tool_call>.\n\n"
         f"{_tool_sections(functions)}\n"
     )
@@ -132,14 +133,16 @@ def render_block(tools: Iterable[Any]) -> str:
 def render_constrained_block(tools: Iterable[Any], *, forced: bool = False) -> str:
     """The block for the constrained condition: the reply itself is one JSON object."""
     functions = tool_functions(tools)
-    stop = "" if forced else (
-        f' When you need no tool (or have finished), reply {{"{FINAL_ANSWER}": "your answer"}} instead.'
+    stop = (
+        ""
+        if forced
+        else (f' When you need no tool (or have finished), reply {{"{FINAL_ANSWER}": "your answer"}} instead.')
     )
     return (
         "# Tools\n\n"
         "You can call the tools described below. Reply with exactly one JSON object of the form "
         '{"name": "TOOL_NAME", "arguments": {...}} to call a tool; the arguments follow the tool\'s '
         f"parameter schema.{stop} Tool results come back as "
-        "<tool_result id=\"...\" name=\"...\">...</tool_result>.\n\n"
+        '<tool_result id="..." name="...">...</tool_result>.\n\n'
         f"{_tool_sections(functions)}\n"
     )

@@ -4,7 +4,7 @@ ReplyTransform wires three parts together: a wire Decoder for the protocol the c
 (text deltas as they arrive, then finish, usage and any error), an interpreter (decides which
 text is safe to show now and what the calls are at the end) and a wire encoder for the protocol
 the client spoke (chat, Ollama, Responses, Messages), so the harness gets native calls in its
-own dialect. Anything but a 2xx from upstream passes through byte for byte: a refusal must reach
+own protocol. Anything but a 2xx from upstream passes through byte for byte: a refusal must reach
 the harness, and the record, exactly as the stack sent it.
 """
 
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
-from toolproxy.proxy.headers import NOT_FORWARDED_DOWN
 from toolproxy.wire import Call, Decoder, Text
+from toolproxy.wire.hopbyhop import NOT_FORWARDED_DOWN
 
 
 def new_call(name: str, arguments: str) -> Call:
@@ -43,7 +44,9 @@ class Interpreter(Protocol):
         """(content not yet shown, calls) once the reply is complete."""
 
 
-def text_calls(text: str, *, tool_names: tuple[str, ...] | None, formats: tuple[str, ...] | None) -> tuple[str, list[Call]]:
+def text_calls(
+    text: str, *, tool_names: tuple[str, ...] | None, formats: tuple[str, ...] | None
+) -> tuple[str, list[Call]]:
     """Calls in a reply via toolproxy.calls.parse_text, and the content around them.
 
     Only calls with a name and an arguments object become tool_calls; a call that was attempted
@@ -87,7 +90,7 @@ class CallScanner:
         self.text += text
         if self.held:
             return ""
-        rest = self.text[self.shown:]
+        rest = self.text[self.shown :]
         hits = [i for i in (rest.find(m) for m in self.markers) if i >= 0]
         if hits:
             self.held = True
@@ -108,12 +111,14 @@ class CallScanner:
         return longest
 
     def finish(self) -> tuple[str, list[Call]]:
-        rest = self.text[self.shown:]
+        rest = self.text[self.shown :]
         if not rest:
             self.note = "no call marker in the reply"
             return "", []
         content, calls = self.parse(rest)
-        self.note = f"{len(calls)} call(s) parsed from the reply" if calls else "call syntax held back but no call recovered"
+        self.note = (
+            f"{len(calls)} call(s) parsed from the reply" if calls else "call syntax held back but no call recovered"
+        )
         if calls and self.shown and content:
             content = "\n" + content  # the text around the call was trimmed; keep it apart from the prose
         return content, calls

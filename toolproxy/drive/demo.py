@@ -26,20 +26,37 @@ from pathlib import Path
 import aiohttp
 import click
 
-from toolproxy.proxy.config import ProxyConfig
 from toolproxy import emulators
+from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.server import RunningProxy, start_proxy
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "convert_currency", "description": "Convert an amount between currencies.",
-        "parameters": {"type": "object", "properties": {
-            "amount": {"type": "number"}, "from": {"type": "string"}, "to": {"type": "string"}},
-            "required": ["amount", "from", "to"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "convert_currency",
+            "description": "Convert an amount between currencies.",
+            "parameters": {
+                "type": "object",
+                "properties": {"amount": {"type": "number"}, "from": {"type": "string"}, "to": {"type": "string"}},
+                "required": ["amount", "from", "to"],
+                "additionalProperties": False,
+            },
+        },
+    },
 ]
 # (category, question, tool to call or None when no tool fits, arguments). Every item is tagged
 # with what it expects, so the analyzer scores the chat item by restraint, not by fidelity.
@@ -67,11 +84,38 @@ class Scenario:
 COMPARED = ("sglang-noparser", "sglang-text")
 SCENARIOS = [
     Scenario("ollama-qwen", "ollama", "qwen2.5:7b", story="Ollama, a model with the tools capability: real tool_calls"),
-    Scenario("ollama-gemma", "ollama", "gemma3:latest", story="Ollama refuses tools for a model without the capability (HTTP 400)"),
-    Scenario("vllm-default", "vllm", "Qwen/Qwen2.5-7B-Instruct", story="vLLM launched without --enable-auto-tool-choice: HTTP 400 before the model runs"),
-    Scenario("sglang-noparser", "sglang", "Qwen/Qwen2.5-7B-Instruct", story="SGLang without --tool-call-parser: HTTP 200, the call is left in content"),
-    Scenario("sglang-text", "sglang", "Qwen/Qwen2.5-7B-Instruct", condition="text", story="the same SGLang through toolproxy's text-tools condition: the harness gets tool_calls"),
-    Scenario("openai-halluc", "openai", "gpt-4o-mini", hallucinate_every=3, story="an OpenAI-compatible API whose model sometimes names a tool that was not offered"),
+    Scenario(
+        "ollama-gemma",
+        "ollama",
+        "gemma3:latest",
+        story="Ollama refuses tools for a model without the capability (HTTP 400)",
+    ),
+    Scenario(
+        "vllm-default",
+        "vllm",
+        "Qwen/Qwen2.5-7B-Instruct",
+        story="vLLM launched without --enable-auto-tool-choice: HTTP 400 before the model runs",
+    ),
+    Scenario(
+        "sglang-noparser",
+        "sglang",
+        "Qwen/Qwen2.5-7B-Instruct",
+        story="SGLang without --tool-call-parser: HTTP 200, the call is left in content",
+    ),
+    Scenario(
+        "sglang-text",
+        "sglang",
+        "Qwen/Qwen2.5-7B-Instruct",
+        condition="text",
+        story="the same SGLang through toolproxy's text-tools condition: the harness gets tool_calls",
+    ),
+    Scenario(
+        "openai-halluc",
+        "openai",
+        "gpt-4o-mini",
+        hallucinate_every=3,
+        story="an OpenAI-compatible API whose model sometimes names a tool that was not offered",
+    ),
 ]
 
 
@@ -98,9 +142,10 @@ async def _agent(session: aiohttp.ClientSession, base: str, model: str, task: tu
     """A minimal ReAct harness: what most agent loops do, over plain HTTP."""
     messages = [{"role": "user", "content": task[1]}]
     for _ in range(max_turns):
-        for attempt in range(2):  # one retry on 5xx, as harnesses do
-            async with session.post(base + "/v1/chat/completions",
-                                    json={"model": model, "messages": messages, "tools": TOOLS}) as r:
+        for _attempt in range(2):  # one retry on 5xx, as harnesses do
+            async with session.post(
+                base + "/v1/chat/completions", json={"model": model, "messages": messages, "tools": TOOLS}
+            ) as r:
                 body = await r.json(content_type=None)
                 if r.status < 500:
                     break
@@ -108,18 +153,23 @@ async def _agent(session: aiohttp.ClientSession, base: str, model: str, task: tu
             return f"HTTP {r.status}"
         msg = body["choices"][0]["message"]
         calls = msg.get("tool_calls") or []
-        messages.append({"role": "assistant", "content": msg.get("content") or "", **({"tool_calls": calls} if calls else {})})
+        messages.append(
+            {"role": "assistant", "content": msg.get("content") or "", **({"tool_calls": calls} if calls else {})}
+        )
         if not calls:
             return "answered"
         for c in calls:
-            messages.append({"role": "tool", "tool_call_id": c["id"], "content": f"Tool result for {c['function']['name']}: ok"})
+            messages.append(
+                {"role": "tool", "tool_call_id": c["id"], "content": f"Tool result for {c['function']['name']}: ok"}
+            )
     return "turn limit"
 
 
 async def scenario_proxy(sc: Scenario, upstream: str, data: Path) -> RunningProxy:
     """The proxy `serve` runs, in front of one scenario's stack, recording its run."""
-    cfg = ProxyConfig(upstream=upstream, data_dir=data, run=sc.run, condition=sc.condition,
-                      port=0, quiet=True, commit_window=0.05)
+    cfg = ProxyConfig(
+        upstream=upstream, data_dir=data, run=sc.run, condition=sc.condition, port=0, quiet=True, commit_window=0.05
+    )
     return await start_proxy(cfg)
 
 
@@ -161,8 +211,11 @@ def _run_lines(data_dir: Path) -> list[str]:
     """Each run's line from the report's JSON, by the one definition `run` and the live page use."""
     from toolproxy.analysis.measure.runline import from_report
 
-    proc = subprocess.run([sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data_dir), "--format", "json"],
-                          text=True, capture_output=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data_dir), "--format", "json"],
+        text=True,
+        capture_output=True,
+    )
     if proc.returncode != 0:
         raise click.ClickException(f"`toolproxy report` failed (exit {proc.returncode}): {proc.stderr.strip()}")
     return [from_report(run).text() for run in json.loads(proc.stdout)["runs"]]
@@ -174,10 +227,15 @@ def default_data_dir() -> Path:
 
 
 @click.command()
-@click.option("--data", "data_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
-              help="Where the demo records (recreated on each run). Default: toolproxy-demo in the user's cache "
-                   "directory ($XDG_CACHE_HOME or ~/.cache), never the current directory, so it cannot land in a "
-                   "checkout or a built package.")
+@click.option(
+    "--data",
+    "data_dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the demo records (recreated on each run). Default: toolproxy-demo in the user's cache "
+    "directory ($XDG_CACHE_HOME or ~/.cache), never the current directory, so it cannot land in a "
+    "checkout or a built package.",
+)
 @click.option("--episodes", default=10, show_default=True, type=click.IntRange(1, 500), help="Episodes per scenario.")
 def demo(data_dir: Path | None, episodes: int) -> None:
     """Run emulated stacks behind toolproxy, drive an agent through them, then analyze and report."""
@@ -205,6 +263,6 @@ def demo(data_dir: Path | None, episodes: int) -> None:
     _run_cli("compare", *COMPARED, "--data", str(data_dir))
     click.echo(
         f"\nOpen {html} for the charts. Next: "
-        f"`toolproxy sql --data {data_dir} \"select run, role, outcome, count(*) from turns group by all order by 1\"`, "
+        f'`toolproxy sql --data {data_dir} "select run, role, outcome, count(*) from turns group by all order by 1"`, '
         f"and `toolproxy serve --upstream URL` in front of your own model server."
     )

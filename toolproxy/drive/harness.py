@@ -7,12 +7,15 @@ The table says who reads what; `toolproxy run --print-env` shows the result.
 
 from __future__ import annotations
 
-from typing import Mapping
-from urllib.parse import quote
+from collections.abc import Mapping
 
 # (variable, suffix after the tagged base, who reads it)
 BASE_URL_VARS: tuple[tuple[str, str, str], ...] = (
-    ("OPENAI_BASE_URL", "/v1", "openai-python >= 1 (and openai-agents, pydantic-ai, smolagents' OpenAIServerModel through it)"),
+    (
+        "OPENAI_BASE_URL",
+        "/v1",
+        "openai-python >= 1 (and openai-agents, pydantic-ai, smolagents' OpenAIServerModel through it)",
+    ),
     ("OPENAI_API_BASE", "/v1", "langchain-openai, litellm's openai/ provider, older openai clients"),
     ("ANTHROPIC_BASE_URL", "", "anthropic SDK (it appends /v1/messages), Claude-Code-style clients"),
     ("OLLAMA_HOST", "", "the ollama Python and JavaScript clients"),
@@ -39,13 +42,6 @@ UNATTENDED = {
     "MSWEA_CONFIGURED": "true",
     "MSWEA_COST_TRACKING": "ignore_errors",
 }
-
-
-def tag_prefix(run: str | None = None, condition: str | None = None, **tags: str) -> str:
-    """The `/t/key=value/...` path prefix the proxy strips and records (empty when no tags)."""
-    pairs = [("run", run), ("condition", condition), *sorted(tags.items())]
-    parts = [f"{k}={quote(str(v), safe='')}" for k, v in pairs if v]
-    return "/t/" + "/".join(parts) if parts else ""
 
 
 # For a script that tags its own requests (`$TOOLPROXY_BASE_URL/episode=3/item=q7/v1/...`): the

@@ -26,16 +26,19 @@ from urllib.parse import parse_qsl, urlencode
 
 import click
 
-from toolproxy.drive.harness import tag_prefix
-from toolproxy.drive.run import run_loop, start_proxy, toolproxy_cli
+from toolproxy.drive.run import start_proxy, toolproxy_cli
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
-from toolproxy.proxy.headers import NOT_FORWARDED_UP, TAG_HEADER_PREFIX
+from toolproxy.proxy.tags import TAG_HEADER_PREFIX, tag_prefix
+from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 from toolproxy.term.progress import Progress, duration
+from toolproxy.wire.hopbyhop import NOT_FORWARDED_UP
 
-OPEN_LOOP = ("replay is open-loop: each turn is sent with the history the original harness built, "
-             "never with the replayed answers, so a turn is one question, not an episode")
+OPEN_LOOP = (
+    "replay is open-loop: each turn is sent with the history the original harness built, "
+    "never with the replayed answers, so a turn is one question, not an episode"
+)
 # Statuses that say "not now" rather than "no": wait and send the turn again.
 BUSY = (429, 503)
 MAX_BUSY_RETRIES = 6
@@ -79,8 +82,12 @@ def build_request(turn: RecordedTurn, new_run: str, model: str | None = None) ->
     tag headers, hop-by-hop headers or a length the new body may not have.
     """
     tags = {k: v for k, v in turn.tags.items() if k not in REPLAY_TAGS and k != "expect"}
-    tags.update(replay_of_run=turn.run, replay_of_episode=turn.episode, replay_of_turn=turn.turn_id,
-                replay_of_turn_index=str(turn.turn_index))
+    tags.update(
+        replay_of_run=turn.run,
+        replay_of_episode=turn.episode,
+        replay_of_turn=turn.turn_id,
+        replay_of_turn_index=str(turn.turn_index),
+    )
     if turn.item:
         tags["replay_of_item"] = turn.item
     if turn.expect:
@@ -90,9 +97,13 @@ def build_request(turn: RecordedTurn, new_run: str, model: str | None = None) ->
     if model is not None and body is not None:
         body = with_model(body, model)
     query = strip_redacted_query(turn.query or "")
-    headers = [(k, as_sent(v)) for k, v in turn.headers
-               if k.lower() not in NOT_FORWARDED_UP and not k.lower().startswith(TAG_HEADER_PREFIX)
-               and not v.startswith("redacted:")]
+    headers = [
+        (k, as_sent(v))
+        for k, v in turn.headers
+        if k.lower() not in NOT_FORWARDED_UP
+        and not k.lower().startswith(TAG_HEADER_PREFIX)
+        and not v.startswith("redacted:")
+    ]
     return ReplayRequest(turn.method, prefix + turn.path + (f"?{query}" if query else ""), headers, body)
 
 
@@ -167,7 +178,7 @@ def retry_delay(headers, attempt: int, now: float | None = None) -> float:
         when = None
     if when is not None and when.tzinfo is not None:
         return min(max(when.timestamp() - (now if now is not None else time.time()), 0.0), MAX_BACKOFF)
-    return min(2.0 ** attempt, MAX_BACKOFF)
+    return min(2.0**attempt, MAX_BACKOFF)
 
 
 # ---------------------------------------------------------------- selection
@@ -186,7 +197,8 @@ with last as (
 select t.turn_id, t.run, t.episode_key, e.episode, e.item, t.turn_index, t.expect, e.method, e.path, e.query,
        e.request_headers::varchar, bodies(e.segment, e.segment_offset).request_body,
        bodies(e.segment, e.segment_offset).request_body_encoding, e.tags::varchar
-from (select * from turns t where t.run = $run and ({where})) t join last l using (turn_id) join exchanges e on e.id = l.id
+from (select * from turns t where t.run = $run and ({where})) t join last l using (turn_id) join exchanges e on
+    e.id = l.id
 order by e.started_at, t.turn_index
 """
 # A replayed turn is done once its answer was recorded (refusals included); one cut short or
@@ -198,7 +210,9 @@ where run = $new and tags->>'replay_of_run' = $run and error_kind is null and st
 """
 
 
-def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int | None) -> tuple[list[RecordedTurn], set[str]]:
+def select_turns(
+    db: Path, run: str, new_run: str, where: str | None, limit: int | None
+) -> tuple[list[RecordedTurn], set[str]]:
     """(the selected turns of `run` in recorded order, the ids already replayed in `new_run`).
     `db` is a data directory's database: the request bodies are read from its segments."""
     import duckdb
@@ -230,13 +244,24 @@ def select_turns(db: Path, run: str, new_run: str, where: str | None, limit: int
     finally:
         con.close()
     turns = []
-    for (turn_id, r, episode_key, episode, item, index, expect, method, path, query, headers, body, enc, tags) in rows:
+    for turn_id, r, episode_key, episode, item, index, expect, method, path, query, headers, body, enc, tags in rows:
         free = json.loads(tags) if tags else {}
-        turns.append(RecordedTurn(turn_id=turn_id, run=r, episode=episode or episode_key, item=item, turn_index=int(index),
-                          expect=expect, method=method or "POST", path=path or "/", query=query,
-                          headers=[list(h) for h in json.loads(headers)] if headers else [],
-                          body=body_bytes(body, enc) if body is not None else None,
-                          tags={str(k): str(v) for k, v in free.items()} if isinstance(free, dict) else {}))
+        turns.append(
+            RecordedTurn(
+                turn_id=turn_id,
+                run=r,
+                episode=episode or episode_key,
+                item=item,
+                turn_index=int(index),
+                expect=expect,
+                method=method or "POST",
+                path=path or "/",
+                query=query,
+                headers=[list(h) for h in json.loads(headers)] if headers else [],
+                body=body_bytes(body, enc) if body is not None else None,
+                tags={str(k): str(v) for k, v in free.items()} if isinstance(free, dict) else {},
+            )
+        )
     return turns, done
 
 
@@ -256,12 +281,15 @@ def check_predicate(con, where: str | None) -> str:
     except duckdb.Error as exc:
         raise SelectionError(f"--where {where!r} is not valid SQL: {_first_line(exc)}") from None
     if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT or _unbalanced(where):
-        raise SelectionError(f"--where {where!r}: give one condition on the turns table, e.g. \"outcome = 'non_response'\"")
+        raise SelectionError(
+            f"--where {where!r}: give one condition on the turns table, e.g. \"outcome = 'non_response'\""
+        )
     try:
         con.execute(probe)
     except duckdb.Error as exc:
-        raise SelectionError(f"--where {where!r}: {_first_line(exc)} (columns of the turns table: "
-                             f"{', '.join(_columns(con))})") from None
+        raise SelectionError(
+            f"--where {where!r}: {_first_line(exc)} (columns of the turns table: {', '.join(_columns(con))})"
+        ) from None
     return where
 
 
@@ -283,8 +311,12 @@ def _unbalanced(where: str) -> bool:
 
 
 def _columns(con) -> list[str]:
-    return [r[0] for r in con.execute("select column_name from information_schema.columns "
-                                      "where table_name = 'turns' order by ordinal_position").fetchall()]
+    return [
+        r[0]
+        for r in con.execute(
+            "select column_name from information_schema.columns where table_name = 'turns' order by ordinal_position"
+        ).fetchall()
+    ]
 
 
 def _first_line(exc: Exception) -> str:
@@ -312,8 +344,10 @@ class ReplayTally:
             eta = f", about {duration((self.total - self.sent) / (self.sent / elapsed))} left"
         else:
             eta = ""
-        return (f"  replayed {self.sent}/{self.total} ({self.answered} answered, {self.failed} without answer, "
-                f"{self.busy_retries} busy retries), {rate:.1f} turns/min{eta}")
+        return (
+            f"  replayed {self.sent}/{self.total} ({self.answered} answered, {self.failed} without answer, "
+            f"{self.busy_retries} busy retries), {rate:.1f} turns/min{eta}"
+        )
 
 
 class Pause:
@@ -336,8 +370,9 @@ async def _send(session, base: str, req: ReplayRequest, tally: ReplayTally, paus
     for attempt in range(MAX_BUSY_RETRIES + 1):
         await pause.wait()
         try:
-            async with session.request(req.method, base + req.target, headers=req.headers, data=req.body,
-                                       allow_redirects=False) as resp:
+            async with session.request(
+                req.method, base + req.target, headers=req.headers, data=req.body, allow_redirects=False
+            ) as resp:
                 async for _ in resp.content.iter_any():  # a stream is read as a stream
                     pass
                 if resp.status in BUSY and attempt < MAX_BUSY_RETRIES:
@@ -352,7 +387,9 @@ async def _send(session, base: str, req: ReplayRequest, tally: ReplayTally, paus
         return
 
 
-async def replay_turns(config: ProxyConfig, requests: list[ReplayRequest], concurrency: int, progress: Progress) -> ReplayTally:
+async def replay_turns(
+    config: ProxyConfig, requests: list[ReplayRequest], concurrency: int, progress: Progress
+) -> ReplayTally:
     """Send every request through an in-process proxy, `concurrency` at a time; Ctrl-C stops cleanly."""
     import aiohttp
 
@@ -371,7 +408,9 @@ async def replay_turns(config: ProxyConfig, requests: list[ReplayRequest], concu
 
     loop = asyncio.get_running_loop()
     try:
-        async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False, skip_auto_headers=CLIENT_DEFAULTS) as session:
+        async with aiohttp.ClientSession(
+            timeout=timeout, auto_decompress=False, skip_auto_headers=CLIENT_DEFAULTS
+        ) as session:
             tasks = [asyncio.ensure_future(worker(session)) for _ in range(max(1, min(concurrency, len(requests))))]
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, lambda: [t.cancel() for t in tasks])
@@ -392,16 +431,31 @@ async def replay_turns(config: ProxyConfig, requests: list[ReplayRequest], concu
 @click.command()
 @click.option("--from", "source", required=True, metavar="RUN", help="The recorded run to replay.")
 @harness_serve_options
-@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Turns in flight at once (a CPU model serves one at a time).")
+@click.option(
+    "--concurrency",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Turns in flight at once (a CPU model serves one at a time).",
+)
 @click.option("--limit", default=None, type=click.IntRange(1), help="Replay at most the first N selected turns.")
-@click.option("--where", default=None, metavar="SQL",
-              help="Only turns matching this condition on the turns table, e.g. \"outcome = 'non_response'\", "
-                   "\"surface = 'text'\", \"role = 'call'\".")
+@click.option(
+    "--where",
+    default=None,
+    metavar="SQL",
+    help="Only turns matching this condition on the turns table, e.g. \"outcome = 'non_response'\", "
+    "\"surface = 'text'\", \"role = 'call'\".",
+)
 @click.option("--model", default=None, help="Send this model name instead of the recorded one.")
-@click.option("--stream", "stream", type=click.Choice(STREAM_SETTINGS), default="as-recorded", show_default=True,
-              help="Ask for streamed replies (on), whole ones (off), or as each turn was recorded; replaying a "
-                   "streamed run with off shows whether calls were lost only when streaming.")
+@click.option(
+    "--stream",
+    "stream",
+    type=click.Choice(STREAM_SETTINGS),
+    default="as-recorded",
+    show_default=True,
+    help="Ask for streamed replies (on), whole ones (off), or as each turn was recorded; replaying a "
+    "streamed run with off shows whether calls were lost only when streaming.",
+)
 def replay(source, concurrency, limit, where, model, stream, **options):
     """Send a recorded run's turns again through a condition or to another upstream, as a new run.
 
@@ -428,8 +482,11 @@ def replay(source, concurrency, limit, where, model, stream, **options):
         raise click.ClickException(f"analyze failed: {analyzed.stderr.strip() or analyzed.stdout.strip()}")
     turns, done = select_turns(config.data_dir / "toolproxy.duckdb", source, new_run, where, limit)
     todo = [t for t in turns if t.turn_id not in done]
-    click.echo(f"replay {source} -> {new_run} (condition {config.condition}, upstream {config.upstream}): "
-               f"{len(turns)} turns selected, {len(turns) - len(todo)} already replayed, {len(todo)} to send", err=True)
+    click.echo(
+        f"replay {source} -> {new_run} (condition {config.condition}, upstream {config.upstream}): "
+        f"{len(turns)} turns selected, {len(turns) - len(todo)} already replayed, {len(todo)} to send",
+        err=True,
+    )
     click.echo(f"note: {OPEN_LOOP}", err=True)
     interrupted = False
     if todo:
@@ -447,7 +504,9 @@ def replay(source, concurrency, limit, where, model, stream, **options):
 
 def _finish(data_dir: Path, source: str, new_run: str) -> None:
     if toolproxy_cli("analyze", "--data", str(data_dir)).returncode != 0:
-        raise click.ClickException(f"analyze failed on {data_dir}; run `toolproxy analyze --data {data_dir}` to see why")
+        raise click.ClickException(
+            f"analyze failed on {data_dir}; run `toolproxy analyze --data {data_dir}` to see why"
+        )
     done = toolproxy_cli("compare", source, new_run, "--data", str(data_dir))
     text = done.stdout if done.returncode == 0 else done.stderr
     click.echo(printable(text, lines=True), nl=False)

@@ -13,16 +13,20 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import click
 
-from toolproxy.drive.harness import harness_env, tag_prefix
-from toolproxy.playback.options import miss_line as _miss_line, playback_options
+from toolproxy.drive.harness import harness_env
+from toolproxy.playback.options import miss_line as _miss_line
+from toolproxy.playback.options import playback_options
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
+from toolproxy.proxy.tags import tag_prefix
+from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 
 if TYPE_CHECKING:
@@ -37,7 +41,8 @@ class ChildResult:
 
 async def start_proxy(config: ProxyConfig) -> RunningProxy:
     """The proxy `serve` runs, on this loop (stop() flushes the records); a taken port is a usage error."""
-    from toolproxy.proxy.server import CannotListen, start_proxy as start
+    from toolproxy.proxy.server import CannotListen
+    from toolproxy.proxy.server import start_proxy as start
 
     try:
         return await start(config)
@@ -48,7 +53,7 @@ async def start_proxy(config: ProxyConfig) -> RunningProxy:
 def proxy_address_line(command: str, proxy: RunningProxy, config: ProxyConfig) -> str:
     """Where the in-process proxy listens, said before the harness starts: its port is a free one
     picked at start, so without this line the live page cannot be found."""
-    from toolproxy.proxy.state import ADMIN_PREFIX
+    from toolproxy.proxy.admin import ADMIN_PREFIX
 
     text = f"toolproxy {command}: proxy on {proxy.url} -> upstream {printable(config.upstream)}"
     if config.live_page:
@@ -56,13 +61,13 @@ def proxy_address_line(command: str, proxy: RunningProxy, config: ProxyConfig) -
     return text
 
 
-async def _run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
+async def run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
     """Run the harness; SIGINT/SIGTERM sent to us are passed on, and we wait for it to finish."""
     return await _supervise(await _spawn(argv, env))
 
 
 async def run_child_relayed(argv: list[str], env: dict[str, str], relay: Callable[[int, bytes], None]) -> ChildResult:
-    """As _run_child, with the harness's output read here and handed to `relay(fd, bytes)` as it
+    """As run_child, with the harness's output read here and handed to `relay(fd, bytes)` as it
     comes (1: its stdout, 2: its stderr), so a caller that draws a progress line on the same
     terminal can keep the two apart."""
     proc = await _spawn(argv, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -112,7 +117,7 @@ async def run_harness(config: ProxyConfig, argv: list[str], tags: dict[str, str]
     try:
         base = proxy.url + tag_prefix(config.run, **tags)
         env = {**os.environ, **harness_env(base, os.environ)}
-        return await _run_child(argv, env)
+        return await run_child(argv, env)
     finally:
         await proxy.stop()
 
@@ -123,9 +128,9 @@ async def run_against_playback(options: dict, fixture, argv: list[str], tags: di
     run of its own. The playback starts first, so the proxy's config names its address."""
     from toolproxy.playback.server import CannotPlay, start_playback
 
-    exchanges, rules, playback_options = fixture
+    recording, rules, playback_options = fixture
     try:
-        playback = await start_playback(exchanges, rules, playback_options)
+        playback = await start_playback(recording, rules, playback_options)
     except CannotPlay as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -136,18 +141,11 @@ async def run_against_playback(options: dict, fixture, argv: list[str], tags: di
         click.echo(f"toolproxy run: playback of {printable(playback_options.run)}: {playback.stats.line()}", err=True)
 
 
-def run_loop(coro):
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
-
-
 def toolproxy_cli(*args: str, capture: bool = True) -> subprocess.CompletedProcess:
     """Another toolproxy command in its own process (the analyzer loads DuckDB; the proxy must not)."""
-    return subprocess.run([sys.executable, "-m", "toolproxy.cli", *args], text=True,
-                          capture_output=capture, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", *args], text=True, capture_output=capture, stdin=subprocess.DEVNULL
+    )
 
 
 def analyze_and_summarise(data_dir: Path, runs: list[str]) -> list[dict]:
@@ -200,11 +198,22 @@ def _upstream_optional(fn):
 @click.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
 @_upstream_optional
 @harness_serve_options
-@click.option("--playback", "playback_run", default=None, metavar="RUN",
-              help="Answer the harness from this recorded run (in --data) instead of a model server: an offline, "
-                   "deterministic agent test; its traffic is recorded as RUN@playback (or --run).")
+@click.option(
+    "--playback",
+    "playback_run",
+    default=None,
+    metavar="RUN",
+    help="Answer the harness from this recorded run (in --data) instead of a model server: an offline, "
+    "deterministic agent test; its traffic is recorded as RUN@playback (or --run).",
+)
 @playback_options
-@click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE", help="Extra tag on every request (repeatable), e.g. category=simple.")
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Extra tag on every request (repeatable), e.g. category=simple.",
+)
 @click.option("--print-env", is_flag=True, help="Print the environment the harness would get, and exit.")
 @click.option("--no-analyze", is_flag=True, help="Do not analyze when the harness exits.")
 @click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
@@ -216,7 +225,7 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
     pointing at it with the run's tags, so it needs no change. Signals are passed to CMD, the
     exit code is CMD's, and when it exits the run is analyzed and summarised in one line.
     """
-    extra = _parse_tags(tags)
+    extra = parse_tags(tags)
     options["quiet"] = True
     fixture = None
     if playback_run is not None:
@@ -232,7 +241,9 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
             click.echo(f"{name}={value}")
         return
     if not command:
-        raise click.UsageError("give the harness command after --, e.g. toolproxy run --upstream URL -- python agent.py")
+        raise click.UsageError(
+            "give the harness command after --, e.g. toolproxy run --upstream URL -- python agent.py"
+        )
     make_data_dir(config)
     if fixture is not None:
         result = run_loop(run_against_playback(options, fixture, list(command), extra))
@@ -243,15 +254,20 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
     elif result.returncode != 0:
         # A harness that fails at start (a missing key variable, a bad model name) may print
         # nothing at all: say that it failed, so its silence is not read as success.
-        click.echo(f"toolproxy run: the harness exited with code {result.returncode} (toolproxy run exits with it too)",
-                   err=True)
+        click.echo(
+            f"toolproxy run: the harness exited with code {result.returncode} (toolproxy run exits with it too)",
+            err=True,
+        )
     if not no_analyze:
         _summarise(config.data_dir, config.run)
     if playback_run is not None:
         if not no_analyze:
             _compare(config.data_dir, playback_run, config.run)
-        click.echo(f"did the agent behave as recorded: toolproxy compare {printable(playback_run)} {printable(config.run)} "
-                   f"--data {config.data_dir}", err=True)
+        click.echo(
+            f"did the agent behave as recorded: toolproxy compare {printable(playback_run)} {printable(config.run)} "
+            f"--data {config.data_dir}",
+            err=True,
+        )
     sys.exit(result.returncode)
 
 
@@ -262,7 +278,7 @@ def _compare(data_dir: Path, recorded: str, new: str) -> None:
 
 
 def _playback_fixture(options: dict, source: str, on_miss: str, pace: str, match: tuple[str, ...]):
-    """(exchanges, rules, playback options) for `run --playback`; the run's own settings adjusted:
+    """(recording, rules, playback options) for `run --playback`; the run's own settings adjusted:
     its traffic gets a run name of its own, goes out untouched (a condition would rewrite the
     requests the recording is matched against) and fingerprints nothing (the upstream is a
     recording)."""
@@ -275,14 +291,27 @@ def _playback_fixture(options: dict, source: str, on_miss: str, pace: str, match
         raise click.UsageError("--playback answers the requests as the harness sends them: leave --condition native")
     options["run"] = options["run"] or f"{source}@playback"
     if options["run"] == source:
-        raise click.BadParameter("the harness's traffic needs a run name other than the recording's", param_hint="--run")
+        raise click.BadParameter(
+            "the harness's traffic needs a run name other than the recording's", param_hint="--run"
+        )
     options["no_fingerprint"] = True
-    exchanges, rules = load(options["data_dir"], source, match)
-    return exchanges, rules, PlaybackOptions(run=source, on_miss=on_miss, upstream=options["upstream"], pace=pace,
-                                             data_dir=options["data_dir"], on_missed=_miss_line)
+    recording, rules = load(options["data_dir"], source, match)
+    return (
+        recording,
+        rules,
+        PlaybackOptions(
+            run=source,
+            on_miss=on_miss,
+            upstream=options["upstream"],
+            pace=pace,
+            data_dir=options["data_dir"],
+            on_missed=_miss_line,
+        ),
+    )
 
 
-def _parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
+def parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
+    """`--tag KEY=VALUE` options (run's and study's) as tags; a usage error for a malformed one."""
     out = {}
     for t in tags:
         key, sep, value = t.partition("=")
@@ -310,4 +339,6 @@ def _summarise(data_dir: Path, run_name: str | None) -> None:
     name = run_name or "all-runs"
     html = write_html_report(data_dir, runs, data_dir / "reports" / f"{name}.html")
     if html is not None:
-        click.echo(f"report: {html}  (toolproxy report --data {data_dir}{' --run ' + run_name if run_name else ''})", err=True)
+        click.echo(
+            f"report: {html}  (toolproxy report --data {data_dir}{' --run ' + run_name if run_name else ''})", err=True
+        )

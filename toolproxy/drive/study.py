@@ -30,12 +30,14 @@ import click
 
 from toolproxy.analysis.measure.runline import from_report
 from toolproxy.conditions import NAMES
-from toolproxy.drive.harness import harness_env, tag_prefix
-from toolproxy.drive.run import (_parse_tags, _run_child, proxy_address_line, run_child_relayed, run_loop, start_proxy,
-                                   toolproxy_cli)
+from toolproxy.drive.harness import harness_env
+from toolproxy.drive.run import parse_tags, proxy_address_line, run_child, run_child_relayed, start_proxy, toolproxy_cli
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
+from toolproxy.proxy.listener import LINE_LIMIT
 from toolproxy.proxy.modelswap import TAG as MODEL_TAG
+from toolproxy.proxy.tags import tag_prefix
+from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 from toolproxy.term.progress import Progress, duration
 
@@ -69,12 +71,23 @@ class Study:
     models: list[str] = field(default_factory=list)
 
     @classmethod
-    def plan(cls, name: str, command: list[str], upstreams: list[tuple[str | None, str]], conditions: list[str],
-             repeat: int, models: list[str] | None = None) -> "Study":
+    def plan(
+        cls,
+        name: str,
+        command: list[str],
+        upstreams: list[tuple[str | None, str]],
+        conditions: list[str],
+        repeat: int,
+        models: list[str] | None = None,
+    ) -> Study:
         models = list(models or [])
-        runs = [Planned(c, k, run_name(name, c, k, repeat, stack, model), stack=stack, model=model)
-                for k in range(1, repeat + 1) for stack, _ in upstreams for model in (models or [None])
-                for c in conditions]
+        runs = [
+            Planned(c, k, run_name(name, c, k, repeat, stack, model), stack=stack, model=model)
+            for k in range(1, repeat + 1)
+            for stack, _ in upstreams
+            for model in (models or [None])
+            for c in conditions
+        ]
         return cls(name, command, upstreams[0][1], conditions, repeat, runs, [list(u) for u in upstreams], models)
 
     def urls(self) -> dict[str | None, str]:
@@ -89,13 +102,14 @@ class Study:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Path) -> "Study":
+    def load(cls, path: Path) -> Study:
         doc = json.loads(path.read_text())
         return cls(**{**doc, "runs": [Planned(**r) for r in doc["runs"]]})
 
 
-def run_name(name: str, condition: str, repeat: int, repeats: int, stack: str | None = None,
-             model: str | None = None) -> str:
+def run_name(
+    name: str, condition: str, repeat: int, repeats: int, stack: str | None = None, model: str | None = None
+) -> str:
     """NAME[-STACK][-MODEL]-COND[-k]: the stack part when the upstreams are named, the model part
     when models are given (with every character a run name should not hold as `_`)."""
     parts = [name, stack, model_label(model) if model is not None else None, condition]
@@ -114,8 +128,9 @@ def parse_upstreams(values: tuple[str, ...]) -> list[tuple[str | None, str]]:
         if not sep or "://" in name:
             name, url = None, value
         elif not _UPSTREAM_NAME.match(name):
-            raise click.BadParameter(f"{value!r}: an upstream name is letters, digits, '_' and '.' (NAME=URL)",
-                                     param_hint="--upstream")
+            raise click.BadParameter(
+                f"{value!r}: an upstream name is letters, digits, '_' and '.' (NAME=URL)", param_hint="--upstream"
+            )
         out.append((name, url))
     names = [n for n, _ in out]
     if len(out) > 1 and None in names:
@@ -136,11 +151,14 @@ def _resume(path: Path, fresh: Study) -> Study:
     try:
         saved = Study.load(path)
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise click.ClickException(f"{path} is not a readable study state ({exc}); move it away to start over") from None
+        raise click.ClickException(
+            f"{path} is not a readable study state ({exc}); move it away to start over"
+        ) from None
     if saved.plan_key() != fresh.plan_key():
         raise click.UsageError(
             f"a study named {fresh.name!r} with another command or plan exists in {path}; "
-            "choose another --name, or move that file away to start over")
+            "choose another --name, or move that file away to start over"
+        )
     return saved
 
 
@@ -151,19 +169,47 @@ def _typical(done: list[float]) -> float:
 def cell_line(study: str, planned: Planned, cells: int, finished: int, done: list[float], left: int) -> str:
     """The line that opens a run: which cell of the matrix it is, how many are done, the time left
     (from the median duration of the runs done, once there is one)."""
-    what = ", ".join(f"{k} {v}" for k, v in (("stack", planned.stack), ("model", planned.model),
-                                             ("condition", planned.condition)) if v)
+    what = ", ".join(
+        f"{k} {v}"
+        for k, v in (("stack", planned.stack), ("model", planned.model), ("condition", planned.condition))
+        if v
+    )
     text = f"study {study}: {planned.run} ({what}); {finished}/{cells} cells done"
     if done and left:
         text += f", about {duration(_typical(done) * left)} left"
-    return text
+    return printable(text)  # the names are the user's: a model name may hold control characters
+
+
+def cell_prefix(planned: Planned, tags: dict[str, str]) -> str:
+    """The tag prefix of a cell's requests: its run, condition and model, and the study's --tag values."""
+    cell_tags = {**tags, MODEL_TAG: planned.model} if planned.model is not None else tags
+    return tag_prefix(planned.run, planned.condition, **cell_tags)
+
+
+# Of the request line (LINE_LIMIT), what the tag prefix may take: the rest is the harness's method,
+# its own path and its query.
+TAGS_ROOM = LINE_LIMIT - 1024
+
+
+def too_long(study: Study, tags: dict[str, str]) -> str | None:
+    """Why the cells' tag prefixes cannot go in a request line, or None. The prefix carries the
+    model name: one of 9,000 characters made every request a 400 from the HTTP parser, and each
+    run ended with nothing recorded while the study went on."""
+    longest = max(study.runs, key=lambda p: len(cell_prefix(p, tags)))
+    size = len(cell_prefix(longest, tags)) + len("~99")  # a rerun of a failed cell adds ~N to its run name
+    if size <= TAGS_ROOM:
+        return None
+    return (
+        f"the tags of cell {longest.run[:60]!r}... take {size:,} characters of the request line, which holds "
+        f"{LINE_LIMIT:,} in all: give a shorter --model, --name or --tag"
+    )
 
 
 def run_line(run: str, exchanges: int, elapsed: float, done: list[float], runs_after: int) -> str:
     """The progress line while one run's harness works: its exchanges so far and their rate, and
     the study's time left, from the median duration of the runs done (once there is one)."""
     rate = exchanges / elapsed * 60 if elapsed > 0 else 0.0
-    text = f"  {run}: {exchanges} exchanges in {duration(elapsed)} ({rate:,.1f}/min)"
+    text = f"  {printable(run)}: {exchanges} exchanges in {duration(elapsed)} ({rate:,.1f}/min)"
     if done:
         typical = _typical(done)
         text += f", study about {duration(max(typical - elapsed, 0.0) + typical * runs_after)} left"
@@ -215,24 +261,32 @@ async def _run_cells(study: Study, proxies: dict, save, tags: dict[str, str], pr
     for i, planned in enumerate(todo, 1):
         if planned.status in ("interrupted", "failed"):
             planned.attempts.append(planned.run)
-            base_name = run_name(study.name, planned.condition, planned.repeat, study.repeat, planned.stack, planned.model)
+            base_name = run_name(
+                study.name, planned.condition, planned.repeat, study.repeat, planned.stack, planned.model
+            )
             planned.run = f"{base_name}~{len(planned.attempts) + 1}"
         click.echo(cell_line(study.name, planned, len(study.runs), finished, durations, len(todo) - i + 1), err=True)
         proxy = proxies[planned.stack]
-        cell_tags = {**tags, MODEL_TAG: planned.model} if planned.model is not None else tags
-        base = proxy.url + tag_prefix(planned.run, planned.condition, **cell_tags)
+        base = proxy.url + cell_prefix(planned, tags)
         env = {**os.environ, **harness_env(base, os.environ)}
         start, seen = time.monotonic(), proxy.state.counters.total
         if relay is not None:
             env.setdefault("PYTHONUNBUFFERED", "1")  # its output piped through here, as it comes
             child = asyncio.ensure_future(run_child_relayed(study.command, env, relay))
         else:
-            child = asyncio.ensure_future(_run_child(study.command, env))
+            child = asyncio.ensure_future(run_child(study.command, env))
         while not child.done():
             await asyncio.wait([child], timeout=1.0)
             if relay is not None:
-                relay.show(run_line(planned.run, proxy.state.counters.total - seen, time.monotonic() - start,
-                                    durations, len(todo) - i))
+                relay.show(
+                    run_line(
+                        planned.run,
+                        proxy.state.counters.total - seen,
+                        time.monotonic() - start,
+                        durations,
+                        len(todo) - i,
+                    )
+                )
         progress.clear()
         result = child.result()
         planned.seconds = round(time.monotonic() - start, 1)
@@ -242,8 +296,11 @@ async def _run_cells(study: Study, proxies: dict, save, tags: dict[str, str], pr
         if result.interrupted:
             return False
         if planned.status == "failed":
-            click.echo(f"  {planned.run}: the harness exited {result.returncode}; its turns are kept and "
-                       "analyzed, and a rerun of this command tries it again", err=True)
+            click.echo(
+                f"  {planned.run}: the harness exited {result.returncode}; its turns are kept and "
+                "analyzed, and a rerun of this command tries it again",
+                err=True,
+            )
         durations.append(planned.seconds)
         finished += 1
     return True
@@ -269,13 +326,19 @@ def render(study: Study, reports: dict[str, dict], comparisons: dict[str, dict |
     first (within the same stack, model and repeat)."""
     axes = (["stack"] if None not in study.urls() else []) + (["model"] if study.models else [])
     upstreams = ", ".join(f"{n}={u}" if n else u for n, u in study.urls().items())
-    lines = [f"# Study {study.name}", "",
-             f"Command: `{' '.join(study.command)}`  ", f"Upstream: {upstreams}  ",
-             *([f"Models: {', '.join(study.models)}  "] if study.models else []),
-             f"Conditions: {', '.join(study.conditions)}; repeats: {study.repeat}", "",
-             "| run | condition | " + "".join(f"{axis} | " for axis in axes)
-             + "status | episodes | call fidelity [95% CI] | delivered fidelity [95% CI] | non-responses |",
-             "|---|---|" + "---|" * len(axes) + "---|---|---|---|---|"]
+    lines = [
+        f"# Study {study.name}",
+        "",
+        f"Command: `{' '.join(study.command)}`  ",
+        f"Upstream: {upstreams}  ",
+        *([f"Models: {', '.join(study.models)}  "] if study.models else []),
+        f"Conditions: {', '.join(study.conditions)}; repeats: {study.repeat}",
+        "",
+        "| run | condition | "
+        + "".join(f"{axis} | " for axis in axes)
+        + "status | episodes | call fidelity [95% CI] | delivered fidelity [95% CI] | non-responses |",
+        "|---|---|" + "---|" * len(axes) + "---|---|---|---|---|",
+    ]
     for p in study.runs:
         r = reports.get(p.run)
         head = f"| {p.run} | {p.condition} | " + "".join(f"{getattr(p, axis)} | " for axis in axes)
@@ -283,12 +346,19 @@ def render(study: Study, reports: dict[str, dict], comparisons: dict[str, dict |
             lines.append(f"{head}{p.status} | 0 | - | - | - |")
             continue
         cells = from_report(r).cells()
-        lines.append(f"{head}{p.status} | {r.get('episodes', 0)} | {cells['call']} | "
-                     f"{cells['delivered']} | {cells['cause'] or 'none'} |")
+        lines.append(
+            f"{head}{p.status} | {r.get('episodes', 0)} | {cells['call']} | "
+            f"{cells['delivered']} | {cells['cause'] or 'none'} |"
+        )
     if comparisons:
-        lines += ["", f"Paired against {study.conditions[0]} over the same items (exact McNemar; "
-                  "A = the first condition, B = the other):", "",
-                  "| B | metric | paired items | A only | B only | p |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Paired against {study.conditions[0]} over the same items (exact McNemar; "
+            "A = the first condition, B = the other):",
+            "",
+            "| B | metric | paired items | A only | B only | p |",
+            "|---|---|---|---|---|---|",
+        ]
         for b, c in comparisons.items():
             if c is None:
                 lines.append(f"| {b} | - | no items in common | - | - | - |")
@@ -303,10 +373,17 @@ def render(study: Study, reports: dict[str, dict], comparisons: dict[str, dict |
 def _several_upstreams(fn):
     """serve's --upstream, repeatable and optionally named, for a study across stacks."""
     fn.__click_params__ = [p for p in fn.__click_params__ if p.name != "upstream"]
-    return click.option("--upstream", "upstreams", multiple=True, required=True, envvar="TOOLPROXY_UPSTREAM",
-                        show_envvar=True, metavar="[NAME=]URL",
-                        help="Model server root; repeat as NAME=URL (e.g. jinja=http://127.0.0.1:8080) to run the "
-                             "study on each, the name becoming part of its run names.")(fn)
+    return click.option(
+        "--upstream",
+        "upstreams",
+        multiple=True,
+        required=True,
+        envvar="TOOLPROXY_UPSTREAM",
+        show_envvar=True,
+        metavar="[NAME=]URL",
+        help="Model server root; repeat as NAME=URL (e.g. jinja=http://127.0.0.1:8080) to run the "
+        "study on each, the name becoming part of its run names.",
+    )(fn)
 
 
 # Launchers before the harness itself in a command line: its name is the next argument.
@@ -331,15 +408,27 @@ def harness_name(command: list[str] | tuple[str, ...]) -> str:
 @click.command(context_settings={"allow_interspersed_args": False})
 @_several_upstreams
 @harness_serve_options
-@click.option("--model", "models", multiple=True, metavar="NAME",
-              help="Model to ask the upstream for instead of the harness's (repeatable: the study runs each); "
-                   "the proxy rewrites the request's model field, the harness is untouched.")
-@click.option("--conditions", default="native,hint,text,constrained", show_default=True,
-              help="Comma-separated conditions, the first is the baseline of the paired tests.")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="NAME",
+    help="Model to ask the upstream for instead of the harness's (repeatable: the study runs each); "
+    "the proxy rewrites the request's model field, the harness is untouched.",
+)
+@click.option(
+    "--conditions",
+    default="native,hint,text,constrained",
+    show_default=True,
+    help="Comma-separated conditions, the first is the baseline of the paired tests.",
+)
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(1, 100), help="Runs per cell.")
-@click.option("--name", default=None,
-              help="Study name; runs are NAME[-STACK][-MODEL]-COND[-k] (default: the harness's name, e.g. "
-                   "react_agent for python examples/react_agent.py).")
+@click.option(
+    "--name",
+    default=None,
+    help="Study name; runs are NAME[-STACK][-MODEL]-COND[-k] (default: the harness's name, e.g. "
+    "react_agent for python examples/react_agent.py).",
+)
 @click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE", help="Extra tag on every request (repeatable).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def study(upstreams, models, conditions, repeat, name, tags, command, **options):
@@ -353,28 +442,35 @@ def study(upstreams, models, conditions, repeat, name, tags, command, **options)
     wanted = [c.strip() for c in conditions.split(",") if c.strip()]
     unknown = [c for c in wanted if c not in NAMES]
     if unknown or not wanted or len(set(wanted)) != len(wanted):
-        raise click.BadParameter(f"give distinct conditions from {', '.join(NAMES)} (got {conditions!r})",
-                                 param_hint="--conditions")
+        raise click.BadParameter(
+            f"give distinct conditions from {', '.join(NAMES)} (got {conditions!r})", param_hint="--conditions"
+        )
     name = harness_name(command) if name is None else name
     if "/" in name or not name:
         raise click.BadParameter("a study name may not contain '/'", param_hint="--name")
     labels = [model_label(m) for m in models]
     if len(set(labels)) != len(labels) or not all(models):
-        raise click.BadParameter("give distinct model names (in run names they must differ in more than "
-                                 "punctuation)", param_hint="--model")
+        raise click.BadParameter(
+            "give distinct model names (in run names they must differ in more than punctuation)", param_hint="--model"
+        )
     named = parse_upstreams(upstreams)
     if len(named) > 1 and options.get("port"):
-        raise click.BadParameter("a study over several upstreams runs a proxy for each: leave --port out",
-                                 param_hint="--port")
+        raise click.BadParameter(
+            "a study over several upstreams runs a proxy for each: leave --port out", param_hint="--port"
+        )
     options["quiet"] = True
     config = config_from_options(upstream=named[0][1], **options)
     for _, url in named[1:]:
         config_from_options(upstream=url, **options)  # each upstream is checked as serve would check it
+    extra = parse_tags(tags)
+    planned = Study.plan(name, list(command), named, wanted, repeat, list(models))
+    problem = too_long(planned, extra)
+    if problem is not None:
+        raise click.BadParameter(printable(problem), param_hint="--model")
     make_data_dir(config)
-    extra = _parse_tags(tags)
     path = state_path(config.data_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    st = _resume(path, Study.plan(name, list(command), named, wanted, repeat, list(models)))
+    st = _resume(path, planned)
     if all(p.status == "done" for p in st.runs):
         click.echo(f"study {name}: every run is done already; showing the results", err=True)
     progress = Progress("study")
@@ -385,11 +481,15 @@ def study(upstreams, models, conditions, repeat, name, tags, command, **options)
 def finish(data_dir: Path, st: Study, interrupted: bool) -> None:
     """Analyze, compare, print and keep the study's markdown beside its state."""
     if toolproxy_cli("analyze", "--data", str(data_dir)).returncode != 0:
-        raise click.ClickException(f"analyze failed on {data_dir}; run `toolproxy analyze --data {data_dir}` to see why")
+        raise click.ClickException(
+            f"analyze failed on {data_dir}; run `toolproxy analyze --data {data_dir}` to see why"
+        )
     names = [p.run for p in st.runs if p.status != "pending"]
     reports = _report_runs(data_dir, names) if names else {}
     comparisons: dict[str, dict | None] = {}
-    firsts = {(p.stack, p.model, p.repeat): p.run for p in st.runs if p.condition == st.conditions[0] and p.status == "done"}
+    firsts = {
+        (p.stack, p.model, p.repeat): p.run for p in st.runs if p.condition == st.conditions[0] and p.status == "done"
+    }
     for p in st.runs:
         first = firsts.get((p.stack, p.model, p.repeat))
         if p.condition != st.conditions[0] and p.status == "done" and first is not None:
@@ -408,8 +508,12 @@ def finish(data_dir: Path, st: Study, interrupted: bool) -> None:
         heat = data_dir / STUDY_DIR / f"{st.name}-tables.html"
         if tables.returncode == 0:
             text += "\n" + tables.stdout
-        if toolproxy_cli("report", "--data", str(data_dir), "--study", st.name, "--format", "html",
-                         "-o", str(heat)).returncode == 0:
+        if (
+            toolproxy_cli(
+                "report", "--data", str(data_dir), "--study", st.name, "--format", "html", "-o", str(heat)
+            ).returncode
+            == 0
+        ):
             text += f"\nTables as a heat map: {heat}\n"
     (data_dir / STUDY_DIR / f"{st.name}.md").write_text(text)
     click.echo(printable(text, lines=True), nl=False)

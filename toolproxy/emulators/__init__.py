@@ -9,10 +9,10 @@ entry; the *model* behind it is a script the caller writes.
 
 Three layers, kept apart so a test can vary one without the others:
 
-* the model (model.py): `Reply` values (`text`, `call`, `calls`, `text_call`, `broken_call`,
+* the model (model.py): `ScriptedReply` values (`text`, `call`, `calls`, `text_call`, `broken_call`,
   `error`) queued with `FakeStack.enqueue` or produced by a responder given a `ModelRequest`;
 * the stack: one module per stack (ollama.py, llamacpp.py, llamacpp_python.py, vllm.py, sglang.py, lmstudio.py,
-  openai.py) on the shared `Emulator` base (base.py), turning a Reply into that stack's bytes;
+  openai.py) on the shared `Emulator` base (base.py), turning a ScriptedReply into that stack's bytes;
 * faults (faults.py): stall, close mid-stream, raw bodies, gzip, N failures, for the proxy's tests;
   calls lost only when streaming, for replay's.
 
@@ -21,11 +21,40 @@ Three layers, kept apart so a test can vary one without the others:
 """
 
 from toolproxy.emulators.faults import Fault, close_mid_stream, drops_streamed_calls, gzipped, raw, stall
-from toolproxy.emulators.model import (CALL_FORMATS, ModelRequest, ScriptedReply, ToolCall, broken_call, call, calls, error,
-                                       render_calls, text, text_call)
+from toolproxy.emulators.model import (
+    CALL_FORMATS,
+    ModelRequest,
+    ScriptedReply,
+    ToolCall,
+    broken_call,
+    call,
+    calls,
+    error,
+    render_calls,
+    text,
+    text_call,
+)
 from toolproxy.emulators.server import FakeStack, Seen, run_fake
 
 __all__ = [
-    "CALL_FORMATS", "FakeStack", "Fault", "ModelRequest", "Reply", "Seen", "ToolCall", "broken_call", "call", "calls",
-    "close_mid_stream", "drops_streamed_calls", "error", "gzipped", "raw", "render_calls", "run_fake", "stall", "text", "text_call",
+    "CALL_FORMATS",
+    "FakeStack",
+    "Fault",
+    "ModelRequest",
+    "ScriptedReply",
+    "Seen",
+    "ToolCall",
+    "broken_call",
+    "call",
+    "calls",
+    "close_mid_stream",
+    "drops_streamed_calls",
+    "error",
+    "gzipped",
+    "raw",
+    "render_calls",
+    "run_fake",
+    "stall",
+    "text",
+    "text_call",
 ]

@@ -8,14 +8,15 @@ from its `toolproxy.stacks.catalog` entry, the same data the fingerprint and the
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
+import toolproxy.emulators.encoding as encoding
 from toolproxy import wire
-from toolproxy.emulators import encoding
 from toolproxy.emulators.encoding import ALNUM, SSE_DONE, compact, fragments, random_text, sse
 from toolproxy.emulators.model import ModelRequest, ScriptedReply, ToolCall, args_compact, render_calls, text
 from toolproxy.stacks import catalog
@@ -64,7 +65,7 @@ def as_chat(family: str, body: dict) -> dict:
 
 
 # Each stack's emulator class by stack name, filled as the stacks' modules define them.
-EMULATORS: dict[str, type["Emulator"]] = {}
+EMULATORS: dict[str, type[Emulator]] = {}
 
 
 class Emulator:
@@ -81,7 +82,7 @@ class Emulator:
         super().__init_subclass__(**kwargs)
         EMULATORS[cls.profile.name] = cls
 
-    def __init__(self, fake: "FakeStack") -> None:
+    def __init__(self, fake: FakeStack) -> None:
         self.fake = fake
 
     @property
@@ -156,7 +157,9 @@ class Emulator:
         reply, content, native = out
         return req, reply, content, native, reply.finish_reason or ("tool_calls" if native else "stop")
 
-    def model_output(self, req: ModelRequest, error: Callable[[int, str], Answer]) -> Answer | tuple[ScriptedReply, str, list]:
+    def model_output(
+        self, req: ModelRequest, error: Callable[[int, str], Answer]
+    ) -> Answer | tuple[ScriptedReply, str, list]:
         """Run the scripted model, then this stack's parser; an Answer when the stack errors instead."""
         reply = self.fake.next_reply(req)
         if reply.error is not None:
@@ -177,7 +180,9 @@ class Emulator:
         """The model's output on raw-completion endpoints, where no tool parser runs."""
         if reply.broken is not None:
             return reply.broken
-        return reply.content + (render_calls(self.fake.call_format or self.call_format, list(reply.calls)) if reply.calls else "")
+        return reply.content + (
+            render_calls(self.fake.call_format or self.call_format, list(reply.calls)) if reply.calls else ""
+        )
 
     def resolve(self, req: ModelRequest, reply: ScriptedReply) -> tuple[str, list[ToolCall]]:
         """(content, native calls) once this stack's parser has seen the model's output."""
@@ -203,7 +208,11 @@ class Emulator:
 
     def native_calls(self, cs: list[ToolCall]) -> list[dict]:
         return [
-            {"id": self.call_id(), "type": "function", "function": {"name": c.name, "arguments": self.args_dumps(c.arguments)}}
+            {
+                "id": self.call_id(),
+                "type": "function",
+                "function": {"name": c.name, "arguments": self.args_dumps(c.arguments)},
+            }
             for c in cs
         ]
 
@@ -228,10 +237,23 @@ class Emulator:
             events.extend(chunk({"content": p}) for p in encoding.pieces(content))
         for i, tc in enumerate(self.native_calls(native)):
             fn = tc["function"]
-            events.append(chunk({"tool_calls": [{"index": i, "id": tc["id"], "type": "function",
-                                                 "function": {"name": fn["name"], "arguments": ""}}]}))
-            events.extend(chunk({"tool_calls": [{"index": i, "function": {"arguments": f}}]})
-                          for f in fragments(fn["arguments"]))
+            events.append(
+                chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": i,
+                                "id": tc["id"],
+                                "type": "function",
+                                "function": {"name": fn["name"], "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            )
+            events.extend(
+                chunk({"tool_calls": [{"index": i, "function": {"arguments": f}}]}) for f in fragments(fn["arguments"])
+            )
         out = content + "".join(c.name for c in native)  # what the token counts count
         events.append(chunk(self.last_delta(), finish, out))
         so = req.body.get("stream_options")
@@ -247,12 +269,23 @@ class Emulator:
         return {}
 
     def chunk_obj(self, req, cid, created, delta, finish_reason, out="") -> dict:
-        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+        return {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": req.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
 
     def usage_chunk(self, req, cid, created, out) -> dict:
-        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-                "choices": [], "usage": self.usage(req, out)}
+        return {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": req.model,
+            "choices": [],
+            "usage": self.usage(req, out),
+        }
 
     async def completions(self, request: web.Request, body: dict) -> Answer:
         req = self.fake.model_request(self, request.path, body)
@@ -265,14 +298,31 @@ class Emulator:
         cid, created = "cmpl-" + random_text(ALNUM, 29), int(time.time())
         base = {"id": cid, "object": "text_completion", "created": created, "model": req.model}
         if req.stream:
-            events = [sse({**base, "choices": [{"index": 0, "text": p, "logprobs": None, "finish_reason": None}]},
-                          self.event_dumps) for p in encoding.pieces(out)]
-            events.append(sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
-                                                    "finish_reason": reply.finish_reason or "stop"}]}, self.event_dumps))
+            events = [
+                sse(
+                    {**base, "choices": [{"index": 0, "text": p, "logprobs": None, "finish_reason": None}]},
+                    self.event_dumps,
+                )
+                for p in encoding.pieces(out)
+            ]
+            events.append(
+                sse(
+                    {
+                        **base,
+                        "choices": [
+                            {"index": 0, "text": "", "logprobs": None, "finish_reason": reply.finish_reason or "stop"}
+                        ],
+                    },
+                    self.event_dumps,
+                )
+            )
             events.append(SSE_DONE)
             return Answer(200, self.sse_type, events, stream=True)
-        obj = {**base, "choices": [{"index": 0, "text": out, "logprobs": None,
-                                    "finish_reason": reply.finish_reason or "stop"}], "usage": self.usage(req, out)}
+        obj = {
+            **base,
+            "choices": [{"index": 0, "text": out, "logprobs": None, "finish_reason": reply.finish_reason or "stop"}],
+            "usage": self.usage(req, out),
+        }
         return self.json(200, obj)
 
     async def models(self, request: web.Request, body: dict) -> Answer:

@@ -1,10 +1,11 @@
-"""How servers write JSON and streams: each language's JSON dialect, SSE framing, token-sized pieces."""
+"""How servers write JSON and streams: each language's JSON encoder's habits, SSE framing, token-sized pieces."""
 
 from __future__ import annotations
 
 import re
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 

@@ -38,8 +38,13 @@ def close_mid_stream(after: int = 2, times: int | None = 1, path: str | None = N
     return Fault(times=times, path=path, close_after=after)
 
 
-def raw(body: bytes, status: int = 200, content_type: str = "application/json", times: int | None = 1,
-        path: str | None = None) -> Fault:
+def raw(
+    body: bytes,
+    status: int = 200,
+    content_type: str = "application/json",
+    times: int | None = 1,
+    path: str | None = None,
+) -> Fault:
     return Fault(times=times, path=path, status=status, body=body, content_type=content_type)
 
 

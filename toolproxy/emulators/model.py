@@ -8,10 +8,12 @@ model behaviour can be seen through every stack.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import orjson
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -84,25 +86,27 @@ def _pythonic_value(v: Any) -> str:
 
 CALL_FORMATS: dict[str, Callable[[list[ToolCall]], str]] = {
     "hermes": lambda cs: "\n".join(
-        '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (c.name, args_text(c.arguments)) for c in cs
+        f'<tool_call>\n{{"name": "{c.name}", "arguments": {args_text(c.arguments)}}}\n</tool_call>' for c in cs
     ),
-    "llama3": lambda cs: "; ".join('{"name": "%s", "parameters": %s}' % (c.name, args_text(c.arguments)) for c in cs),
-    "mistral": lambda cs: "[TOOL_CALLS]["
-    + ", ".join('{"name": "%s", "arguments": %s}' % (c.name, args_text(c.arguments)) for c in cs)
-    + "]",
-    "pythonic": lambda cs: "["
-    + ", ".join(
-        f"{c.name}(" + ", ".join(f"{k}={_pythonic_value(v)}" for k, v in (c.arguments or {}).items()) + ")" for c in cs
-    )
-    + "]",
+    "llama3": lambda cs: "; ".join(f'{{"name": "{c.name}", "parameters": {args_text(c.arguments)}}}' for c in cs),
+    "mistral": lambda cs: (
+        "[TOOL_CALLS][" + ", ".join(f'{{"name": "{c.name}", "arguments": {args_text(c.arguments)}}}' for c in cs) + "]"
+    ),
+    "pythonic": lambda cs: (
+        "["
+        + ", ".join(
+            f"{c.name}(" + ", ".join(f"{k}={_pythonic_value(v)}" for k, v in (c.arguments or {}).items()) + ")"
+            for c in cs
+        )
+        + "]"
+    ),
     "lmstudio": lambda cs: "".join(
-        '[TOOL_REQUEST]{"name": "%s", "arguments": %s}[END_TOOL_REQUEST]' % (c.name, args_text(c.arguments))
-        for c in cs
+        f'[TOOL_REQUEST]{{"name": "{c.name}", "arguments": {args_text(c.arguments)}}}[END_TOOL_REQUEST]' for c in cs
     ),
     "fenced": lambda cs: "\n".join(
-        '```json\n{"name": "%s", "arguments": %s}\n```' % (c.name, args_text(c.arguments)) for c in cs
+        f'```json\n{{"name": "{c.name}", "arguments": {args_text(c.arguments)}}}\n```' for c in cs
     ),
-    "json": lambda cs: "\n".join('{"name": "%s", "arguments": %s}' % (c.name, args_text(c.arguments)) for c in cs),
+    "json": lambda cs: "\n".join(f'{{"name": "{c.name}", "arguments": {args_text(c.arguments)}}}' for c in cs),
 }
 
 

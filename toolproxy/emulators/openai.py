@@ -1,16 +1,17 @@
-from __future__ import annotations
-
 """api.openai.com, the reference shape every OpenAI-compatible server copies."""
+
+from __future__ import annotations
 
 import time
 
 import orjson
 
+import toolproxy.emulators.encoding as encoding
 from toolproxy import wire
 from toolproxy.emulators.base import Answer, Emulator, as_chat
-from toolproxy.emulators import encoding
 from toolproxy.emulators.encoding import pretty_json
 from toolproxy.stacks import catalog
+
 
 class OpenAI(Emulator):
     """api.openai.com: the reference shape. Non-streamed bodies are pretty-printed (2 spaces)."""
@@ -20,8 +21,12 @@ class OpenAI(Emulator):
     dumps = staticmethod(pretty_json)
 
     def error(self, status, message, kind=None, code=None):
-        kind = kind or {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-                        429: "rate_limit_exceeded"}.get(status, "server_error")
+        kind = kind or {
+            400: "invalid_request_error",
+            401: "invalid_request_error",
+            404: "invalid_request_error",
+            429: "rate_limit_exceeded",
+        }.get(status, "server_error")
         return self.json(status, {"error": {"message": message, "type": kind, "param": None, "code": code}})
 
     def unknown_model(self, model):
@@ -36,19 +41,36 @@ class OpenAI(Emulator):
             msg["tool_calls"] = self.native_calls(native)
         usage = self.usage(req, content)
         usage["prompt_tokens_details"] = {"cached_tokens": self.fake.cached_tokens or 0, "audio_tokens": 0}
-        usage["completion_tokens_details"] = {"reasoning_tokens": 0, "audio_tokens": 0,
-                                              "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
-        return {"id": self.completion_id(), "object": "chat.completion", "created": int(time.time()),
-                "model": req.model, "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
-                "usage": usage, "service_tier": "default", "system_fingerprint": self.profile.system_fingerprint}
+        usage["completion_tokens_details"] = {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        }
+        return {
+            "id": self.completion_id(),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model,
+            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
+            "usage": usage,
+            "service_tier": "default",
+            "system_fingerprint": self.profile.system_fingerprint,
+        }
 
     def first_delta(self):
         return {"role": "assistant", "content": "", "refusal": None}
 
     def chunk_obj(self, req, cid, created, delta, finish_reason, out=""):
-        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-               "service_tier": "default", "system_fingerprint": self.profile.system_fingerprint,
-               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+        obj = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": req.model,
+            "service_tier": "default",
+            "system_fingerprint": self.profile.system_fingerprint,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
         so = req.body.get("stream_options")
         if isinstance(so, dict) and so.get("include_usage"):
             obj["usage"] = None
@@ -57,8 +79,16 @@ class OpenAI(Emulator):
     def usage_chunk(self, req, cid, created, out):
         usage = self.usage(req, out)
         usage["prompt_tokens_details"] = {"cached_tokens": self.fake.cached_tokens or 0, "audio_tokens": 0}
-        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-                "service_tier": "default", "system_fingerprint": self.profile.system_fingerprint, "choices": [], "usage": usage}
+        return {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": req.model,
+            "service_tier": "default",
+            "system_fingerprint": self.profile.system_fingerprint,
+            "choices": [],
+            "usage": usage,
+        }
 
     def model_entry(self, name):
         return {"id": name, "object": "model", "created": self.fake.created, "owned_by": "system"}
@@ -76,8 +106,10 @@ class OpenAI(Emulator):
             return out
         req, reply, content, native, finish = out
         encoder = wire.encoder_for(wire.RESPONSES, body, req.stream)
-        calls = [wire.Call(i, tc["id"], tc["function"]["name"], tc["function"]["arguments"])
-                 for i, tc in enumerate(self.native_calls(native))]
+        calls = [
+            wire.Call(i, tc["id"], tc["function"]["name"], tc["function"]["arguments"])
+            for i, tc in enumerate(self.native_calls(native))
+        ]
         usage = self.usage(req, content)
         usage["prompt_tokens_details"] = {"cached_tokens": self.fake.cached_tokens or 0}
         raw = b"".join(encoder.delta(p) for p in encoding.pieces(content)) if content else b""

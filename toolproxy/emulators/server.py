@@ -13,17 +13,24 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from toolproxy import wire
 # Each stack's module registers its emulator in EMULATORS as it is imported.
-from toolproxy.emulators import llamacpp, llamacpp_python, lmstudio, ollama, openai, sglang, vllm  # noqa: F401
+import toolproxy.emulators.llamacpp  # noqa: F401
+import toolproxy.emulators.llamacpp_python  # noqa: F401
+import toolproxy.emulators.lmstudio  # noqa: F401
+import toolproxy.emulators.ollama  # noqa: F401
+import toolproxy.emulators.openai  # noqa: F401
+import toolproxy.emulators.sglang  # noqa: F401
+import toolproxy.emulators.vllm  # noqa: F401
+from toolproxy import wire
 from toolproxy.emulators.base import EMULATORS, Answer, Emulator
 from toolproxy.emulators.faults import Fault
 from toolproxy.emulators.model import DEFAULT_REPLY, ModelRequest, ScriptedReply
@@ -66,10 +73,20 @@ class FakeStack:
     and anything outside it is a 404.
     """
 
-    def __init__(self, stack: str, *, models: dict[str, tuple[str, ...]] | None = None, tool_parser: str | None = None,
-                 jinja: bool = True, call_format: str | None = None, cached_tokens: int | None = None,
-                 context_length: int = 32768, replies: list[ScriptedReply] | None = None,
-                 responder: Callable[[ModelRequest], ScriptedReply | None] | None = None, prefix: str = "") -> None:
+    def __init__(
+        self,
+        stack: str,
+        *,
+        models: dict[str, tuple[str, ...]] | None = None,
+        tool_parser: str | None = None,
+        jinja: bool = True,
+        call_format: str | None = None,
+        cached_tokens: int | None = None,
+        context_length: int = 32768,
+        replies: list[ScriptedReply] | None = None,
+        responder: Callable[[ModelRequest], ScriptedReply | None] | None = None,
+        prefix: str = "",
+    ) -> None:
         if stack == "no_jinja":
             stack, jinja = "llamacpp", False
         if stack not in EMULATORS:
@@ -97,29 +114,44 @@ class FakeStack:
         self._runner: web.AppRunner | None = None
 
     # -- scripting
-    def enqueue(self, *replies: ScriptedReply) -> "FakeStack":
+    def enqueue(self, *replies: ScriptedReply) -> FakeStack:
         self.replies.extend(replies)
         return self
 
-    def inject(self, *faults: Fault) -> "FakeStack":
+    def inject(self, *faults: Fault) -> FakeStack:
         self.faults.extend(faults)
         return self
 
-    def fail(self, times: int = 1, status: int = 500, message: str = "llama runner process has terminated: exit status 2",
-             path: str | None = None) -> "FakeStack":
+    def fail(
+        self,
+        times: int = 1,
+        status: int = 500,
+        message: str = "llama runner process has terminated: exit status 2",
+        path: str | None = None,
+    ) -> FakeStack:
         """Answer `times` requests with this stack's own error body, then behave again."""
         answer = self.stack.error(status, message)
-        return self.inject(Fault(times=times, path=path, status=status, body=answer.events[0],
-                                 content_type=answer.content_type))
+        return self.inject(
+            Fault(times=times, path=path, status=status, body=answer.events[0], content_type=answer.content_type)
+        )
 
     def capabilities_of(self, model: str) -> tuple[str, ...]:
         return tuple(self.model_caps.get(model, ()))
 
     def model_request(self, stack: Emulator, path: str, body: dict) -> ModelRequest:
         tools = [t.get("function", t).get("name", "") for t in body.get("tools") or [] if isinstance(t, dict)]
-        return ModelRequest(stack=stack.name, path=path, model=str(body.get("model") or self.model), body=body,
-                            messages=list(body.get("messages") or []), tools=tools, stream=bool(body.get("stream")),
-                            prompt=body.get("prompt"), constraint=stack.constraint(body), stops=wire.stop_strings(body))
+        return ModelRequest(
+            stack=stack.name,
+            path=path,
+            model=str(body.get("model") or self.model),
+            body=body,
+            messages=list(body.get("messages") or []),
+            tools=tools,
+            stream=bool(body.get("stream")),
+            prompt=body.get("prompt"),
+            constraint=stack.constraint(body),
+            stops=wire.stop_strings(body),
+        )
 
     def next_reply(self, req: ModelRequest) -> ScriptedReply:
         reply = self._scripted(req)
@@ -152,8 +184,15 @@ class FakeStack:
 
         async def dispatch(request: web.Request) -> web.StreamResponse:
             body = await request.read()
-            seen = Seen(request.method, request.path, request.query_string, dict(request.headers),
-                        list(request.headers.items()), body, raw_path=request.raw_path)
+            seen = Seen(
+                request.method,
+                request.path,
+                request.query_string,
+                dict(request.headers),
+                list(request.headers.items()),
+                body,
+                raw_path=request.raw_path,
+            )
             # toolproxy's fingerprint probes are filed apart and never take a scripted fault, so
             # `seen` and `inject` stay about the traffic under test.
             is_probe = request.headers.get("User-Agent", "").startswith(USER_AGENT_PREFIX)
@@ -228,7 +267,7 @@ class FakeStack:
         if self.prefix:
             if not path.startswith(self.prefix + "/"):
                 return self.stack.not_found()
-            path = path[len(self.prefix):]
+            path = path[len(self.prefix) :]
         handler = table.get((request.method, path))
         if handler is None:
             if any(p == path for _, p in table):

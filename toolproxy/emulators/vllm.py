@@ -1,6 +1,6 @@
-from __future__ import annotations
-
 """vLLM's OpenAI-compatible server (FastAPI), with its Anthropic Messages endpoint."""
+
+from __future__ import annotations
 
 import secrets
 import time
@@ -8,12 +8,13 @@ from typing import Any
 
 import orjson
 
+import toolproxy.emulators.encoding as encoding
 from toolproxy import wire
 from toolproxy.emulators.base import Answer, Emulator, as_chat
-from toolproxy.emulators import encoding
 from toolproxy.emulators.encoding import compact, fragments
 from toolproxy.emulators.model import args_text
 from toolproxy.stacks import catalog
+
 
 class VLLM(Emulator):
     """vLLM (FastAPI): vllm/entrypoints/openai/serving_chat.py, protocol.py ErrorResponse."""
@@ -24,8 +25,10 @@ class VLLM(Emulator):
 
     def routes(self):
         return super().routes() + [
-            ("GET", "/version", self.version_route), ("GET", "/health", self.health),
-            ("POST", "/v1/messages", self.messages), ("POST", "/v1/messages/count_tokens", self.count_tokens),
+            ("GET", "/version", self.version_route),
+            ("GET", "/health", self.health),
+            ("POST", "/v1/messages", self.messages),
+            ("POST", "/v1/messages/count_tokens", self.count_tokens),
         ]
 
     async def version_route(self, request, body):
@@ -46,7 +49,9 @@ class VLLM(Emulator):
 
     def anthropic_error(self, answer: Answer) -> Answer:
         err = orjson.loads(b"".join(answer.events)).get("error") or {}
-        return self.json(answer.status, {"type": "error", "error": {"type": err.get("type"), "message": err.get("message")}})
+        return self.json(
+            answer.status, {"type": "error", "error": {"type": err.get("type"), "message": err.get("message")}}
+        )
 
     async def messages(self, request, body):
         out = self.converse(request.path, as_chat(wire.MESSAGES, body))
@@ -59,8 +64,15 @@ class VLLM(Emulator):
         cid = self.completion_id()
         if not req.stream:
             blocks = [{"type": "text", "text": content}] if content else []
-            blocks += [{"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
-                        "input": orjson.loads(tc["function"]["arguments"])} for tc in calls]
+            blocks += [
+                {
+                    "type": "tool_use",
+                    "id": tc["id"],
+                    "name": tc["function"]["name"],
+                    "input": orjson.loads(tc["function"]["arguments"]),
+                }
+                for tc in calls
+            ]
             message = {"id": cid, "type": "message", "role": "assistant", "content": blocks, "model": req.model}
             if finish in self._STOP:
                 message["stop_reason"] = "stop_sequence" if req.stopped else self._STOP[finish]
@@ -70,9 +82,19 @@ class VLLM(Emulator):
         def event(kind: str, **data) -> bytes:
             return b"event: " + kind.encode() + b"\ndata: " + compact({"type": kind, **data}) + b"\n\n"
 
-        events = [event("message_start", message={"id": cid, "content": [], "model": req.model, "stop_reason": None,
-                                                  "stop_sequence": None,
-                                                  "usage": {"input_tokens": tokens["input_tokens"], "output_tokens": 0}})]
+        events = [
+            event(
+                "message_start",
+                message={
+                    "id": cid,
+                    "content": [],
+                    "model": req.model,
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": tokens["input_tokens"], "output_tokens": 0},
+                },
+            )
+        ]
         index, started = 0, False
         for piece in encoding.pieces(content) if content else ():
             if not started:
@@ -83,15 +105,30 @@ class VLLM(Emulator):
             if started:
                 events.append(event("content_block_stop", index=index))
                 index += 1
-            events.append(event("content_block_start", content_block={
-                "type": "tool_use", "id": tc["id"], "name": tc["function"]["name"], "input": {}}, index=index))
+            events.append(
+                event(
+                    "content_block_start",
+                    content_block={"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"], "input": {}},
+                    index=index,
+                )
+            )
             started = True
-            events += [event("content_block_delta", delta={"type": "input_json_delta", "partial_json": f}, index=index)
-                       for f in fragments(tc["function"]["arguments"])]
+            events += [
+                event("content_block_delta", delta={"type": "input_json_delta", "partial_json": f}, index=index)
+                for f in fragments(tc["function"]["arguments"])
+            ]
         if started:
             events.append(event("content_block_stop", index=index))
-        events.append(event("message_delta", delta={"stop_reason": "stop_sequence" if req.stopped else self._STOP.get(finish, "end_turn"),
-                                                   "stop_sequence": req.stopped}, usage=tokens))
+        events.append(
+            event(
+                "message_delta",
+                delta={
+                    "stop_reason": "stop_sequence" if req.stopped else self._STOP.get(finish, "end_turn"),
+                    "stop_sequence": req.stopped,
+                },
+                usage=tokens,
+            )
+        )
         events.append(event("message_stop"))
         return Answer(200, self.sse_type, events, stream=True)
 
@@ -139,14 +176,28 @@ class VLLM(Emulator):
         return "chatcmpl-" + secrets.token_hex(16)
 
     def chat_body(self, req, content, native, finish, reply):
-        msg = {"role": "assistant", "reasoning_content": reply.reasoning, "content": None if native and not content else content,
-               "tool_calls": self.native_calls(native)}
+        msg = {
+            "role": "assistant",
+            "reasoning_content": reply.reasoning,
+            "content": None if native and not content else content,
+            "tool_calls": self.native_calls(native),
+        }
         usage = self.usage(req, content)
-        usage["prompt_tokens_details"] = None if self.fake.cached_tokens is None else {"cached_tokens": self.fake.cached_tokens}
-        return {"id": self.completion_id(), "object": "chat.completion", "created": int(time.time()), "model": req.model,
-                "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish,
-                             "stop_reason": req.stopped}],
-                "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None}
+        usage["prompt_tokens_details"] = (
+            None if self.fake.cached_tokens is None else {"cached_tokens": self.fake.cached_tokens}
+        )
+        return {
+            "id": self.completion_id(),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model,
+            "choices": [
+                {"index": 0, "message": msg, "logprobs": None, "finish_reason": finish, "stop_reason": req.stopped}
+            ],
+            "usage": usage,
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
 
     def last_delta(self):
         return {"content": ""}
@@ -155,12 +206,37 @@ class VLLM(Emulator):
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         if finish_reason is not None:
             choice["stop_reason"] = req.stopped  # the stop string that matched; None for the end token
-        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": req.model, "choices": [choice]}
+        return {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": req.model,
+            "choices": [choice],
+        }
 
     def model_entry(self, name):
-        return {"id": name, "object": "model", "created": self.fake.created, "owned_by": "vllm", "root": name,
-                "parent": None, "max_model_len": self.fake.context_length,
-                "permission": [{"id": "modelperm-" + secrets.token_hex(16), "object": "model_permission",
-                                "created": self.fake.created, "allow_create_engine": False, "allow_sampling": True,
-                                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                                "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}]}
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.fake.created,
+            "owned_by": "vllm",
+            "root": name,
+            "parent": None,
+            "max_model_len": self.fake.context_length,
+            "permission": [
+                {
+                    "id": "modelperm-" + secrets.token_hex(16),
+                    "object": "model_permission",
+                    "created": self.fake.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }

@@ -1,1 +1,2 @@
-"""OpenTelemetry out: one span per recorded exchange, in the GenAI semantic conventions (docs/export.md#opentelemetry)."""
+"""OpenTelemetry out: one span per recorded exchange, in the GenAI semantic conventions
+(docs/export.md#opentelemetry)."""

@@ -21,15 +21,16 @@ import multiprocessing
 import os
 import signal
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 from yarl import URL
 
 from toolproxy import __version__
 from toolproxy.otlp.spans import SpanData, span_of
-from toolproxy.proxy.children import start_child
 from toolproxy.record.model import encode_record
+from toolproxy.runtime.children import start_child
 
 INBOX = 4_096
 BATCH = 256
@@ -58,8 +59,10 @@ def missing_sdk() -> str | None:
         for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
             importlib.import_module(module)
     except ImportError as exc:
-        return (f"the OpenTelemetry exporter is not installed ({exc.name}); "
-                "install it with: pip install 'toolproxy-recorder[otlp]'")
+        return (
+            f"the OpenTelemetry exporter is not installed ({exc.name}); "
+            "install it with: pip install 'toolproxy-recorder[otlp]'"
+        )
     return None
 
 
@@ -117,17 +120,35 @@ class Exporter:
         links = [Link(SpanContext(trace, linked, is_remote=True, trace_flags=sampled)) for trace, linked in span.links]
         status = Status(StatusCode.ERROR, span.error) if span.error is not None else Status(StatusCode.UNSET)
         return ReadableSpan(
-            span.name, context=context, parent=None, resource=self._resource, attributes=span.attributes,
-            events=[Event(name, attrs, at) for name, at, attrs in span.events], links=links, kind=SpanKind.CLIENT, status=status,
-            start_time=span.start_ns, end_time=span.end_ns, instrumentation_scope=self._scope,
+            span.name,
+            context=context,
+            parent=None,
+            resource=self._resource,
+            attributes=span.attributes,
+            events=[Event(name, attrs, at) for name, at, attrs in span.events],
+            links=links,
+            kind=SpanKind.CLIENT,
+            status=status,
+            start_time=span.start_ns,
+            end_time=span.end_ns,
+            instrumentation_scope=self._scope,
         )
 
 
 class SpanShipper:
     """The proxy's side: takes written records and feeds them to the exporter process."""
 
-    def __init__(self, endpoint: str, *, content: bool = False, stack: Callable[[], str | None] = lambda: None,
-                 inbox: int = INBOX, batch: int = BATCH, interval: float = INTERVAL, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        content: bool = False,
+        stack: Callable[[], str | None] = lambda: None,
+        inbox: int = INBOX,
+        batch: int = BATCH,
+        interval: float = INTERVAL,
+        timeout: float = 10.0,
+    ) -> None:
         self.endpoint = traces_url(endpoint)
         self.content = content
         self._stack = stack
@@ -153,8 +174,12 @@ class SpanShipper:
 
     def start(self) -> None:
         out, self._pipe = self._ctx.Pipe(duplex=False)
-        self._proc = self._ctx.Process(target=_export_loop, name="toolproxy-otlp",
-                                       args=(out, self.endpoint, self.content, self._timeout, self._done, self._error), daemon=True)
+        self._proc = self._ctx.Process(
+            target=_export_loop,
+            name="toolproxy-otlp",
+            args=(out, self.endpoint, self.content, self._timeout, self._done, self._error),
+            daemon=True,
+        )
         start_child(self._proc)
         out.close()
         self._feeder.start()
@@ -190,9 +215,17 @@ class SpanShipper:
 
     def report(self) -> dict[str, Any]:
         exported, failed, unbuilt = self._done
-        return {"endpoint": self.endpoint, "content": self.content, "observed": self.observed, "exported": exported,
-                "pending": len(self._inbox) + self._in_flight(), "dropped": self.dropped, "failed": failed,
-                "unbuilt": unbuilt + self.unencodable, "last_error": self._error.value.decode("utf-8", "replace") or None}
+        return {
+            "endpoint": self.endpoint,
+            "content": self.content,
+            "observed": self.observed,
+            "exported": exported,
+            "pending": len(self._inbox) + self._in_flight(),
+            "dropped": self.dropped,
+            "failed": failed,
+            "unbuilt": unbuilt + self.unencodable,
+            "last_error": self._error.value.decode("utf-8", "replace") or None,
+        }
 
     def _in_flight(self) -> int:
         return max(0, self.sent - sum(self._done))
@@ -211,7 +244,9 @@ class SpanShipper:
                     except Exception:  # noqa: BLE001 - the writer dropped it too; counted, never sent
                         self.unencodable += 1
                 try:
-                    self._pipe.send((self._stack(), lines))  # blocks while the exporter is behind: the inbox then bounds memory
+                    self._pipe.send(
+                        (self._stack(), lines)
+                    )  # blocks while the exporter is behind: the inbox then bounds memory
                 except (OSError, ValueError):
                     return  # the exporter process is gone: what waits is counted dropped at stop
                 self.sent += len(lines)
@@ -268,6 +303,10 @@ def _export_loop(pipe, endpoint: str, content: bool, timeout: float, done, error
             done[0] += len(spans)
         else:
             done[1] += len(spans)
-            fail((exporter.last_error() if exporter is not None else None) or error.value.decode() or "the receiver refused the spans")
+            fail(
+                (exporter.last_error() if exporter is not None else None)
+                or error.value.decode()
+                or "the receiver refused the spans"
+            )
     if exporter is not None:
         exporter.shutdown()

@@ -72,8 +72,14 @@ class SpanData:
     links: list[tuple[int, int]] = field(default_factory=list)
 
 
-def span_of(rec: dict, *, content: bool = False, stack: str | None = None, extra: dict[str, Any] | None = None,
-            calls: list[dict] | None = None) -> SpanData:
+def span_of(
+    rec: dict,
+    *,
+    content: bool = False,
+    stack: str | None = None,
+    extra: dict[str, Any] | None = None,
+    calls: list[dict] | None = None,
+) -> SpanData:
     """The span for one exchange record (a dict as written to the segments).
 
     `extra` adds attributes (the analyzer's classification, for `toolproxy export --otlp`);
@@ -132,8 +138,16 @@ def span_of(rec: dict, *, content: bool = False, stack: str | None = None, extra
     for key, value in (extra or {}).items():
         if value is not None:
             attrs[key] = _text(value)[:TAG_CHARS] if isinstance(value, str) else value
-    return SpanData(name=_text(name), trace_id=trace_id_of(rec), span_id=span_id_of(_text(g("id")) or ""),
-                    start_ns=start_ns, end_ns=max(end_ns, start_ns), attributes=attrs, events=events, error=error)
+    return SpanData(
+        name=_text(name),
+        trace_id=trace_id_of(rec),
+        span_id=span_id_of(_text(g("id")) or ""),
+        start_ns=start_ns,
+        end_ns=max(end_ns, start_ns),
+        attributes=attrs,
+        events=events,
+        error=error,
+    )
 
 
 def trace_id_of(rec: dict) -> int:
@@ -172,8 +186,12 @@ def _request(rec: dict, family: str) -> Request | None:
     try:
         return read_request(family, body)
     except Exception:  # noqa: BLE001 - a request the readers choke on still gets its span, without details
-        return Request(family=family, messages=[], model=body.get("model") if isinstance(body.get("model"), str) else None,
-                       body=body)
+        return Request(
+            family=family,
+            messages=[],
+            model=body.get("model") if isinstance(body.get("model"), str) else None,
+            body=body,
+        )
 
 
 def _reply(rec: dict, family: str) -> Reply:
@@ -231,9 +249,11 @@ def _reply_attributes(reply: Reply) -> dict[str, Any]:
         out["gen_ai.response.id"] = _text(reply.id)
     if isinstance(reply.finish_reason, str) and reply.finish_reason:
         out["gen_ai.response.finish_reasons"] = [_text(reply.finish_reason)]
-    for attribute, value in (("gen_ai.usage.input_tokens", reply.prompt_tokens),
-                             ("gen_ai.usage.output_tokens", reply.completion_tokens),
-                             ("gen_ai.usage.cache_read.input_tokens", reply.cached_tokens)):
+    for attribute, value in (
+        ("gen_ai.usage.input_tokens", reply.prompt_tokens),
+        ("gen_ai.usage.output_tokens", reply.completion_tokens),
+        ("gen_ai.usage.cache_read.input_tokens", reply.cached_tokens),
+    ):
         if isinstance(value, int) and not isinstance(value, bool):
             out[attribute] = value
     return out
@@ -270,7 +290,9 @@ def _content(request: Request | None, reply: Reply) -> dict[str, Any]:
     for call in reply.tool_calls:
         parts.append({"type": "tool_call", "id": call.id, "name": call.name, "arguments": _arguments(call.arguments)})
     if parts or reply.finish_reason:
-        out["gen_ai.output.messages"] = _json([{"role": "assistant", "parts": parts, "finish_reason": reply.finish_reason or ""}])
+        out["gen_ai.output.messages"] = _json(
+            [{"role": "assistant", "parts": parts, "finish_reason": reply.finish_reason or ""}]
+        )
     return out
 
 
@@ -285,14 +307,25 @@ def _message_parts(msg: dict) -> dict:
             parts.append({"type": "text", "content": _cut(text)})
         for call in message_calls(msg):
             fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-            parts.append({"type": "tool_call", "id": call.get("id"), "name": fn.get("name"), "arguments": _arguments(fn.get("arguments"))})
+            parts.append(
+                {
+                    "type": "tool_call",
+                    "id": call.get("id"),
+                    "name": fn.get("name"),
+                    "arguments": _arguments(fn.get("arguments")),
+                }
+            )
     return {"role": role, "parts": parts}
 
 
 def _tool_definition(tool: dict) -> dict:
     fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-    return {"type": tool.get("type") or "function", "name": fn.get("name"), "description": fn.get("description"),
-            "parameters": fn.get("parameters")}
+    return {
+        "type": tool.get("type") or "function",
+        "name": fn.get("name"),
+        "description": fn.get("description"),
+        "parameters": fn.get("parameters"),
+    }
 
 
 def _arguments(value: Any) -> Any:
@@ -328,8 +361,11 @@ def _error(rec: dict, status: int | None, reply: Reply | None) -> tuple[str | No
 
 def _own(rec: dict, stack: str | None) -> dict[str, Any]:
     g = rec.get
-    out: dict[str, Any] = {"toolproxy.exchange_id": _text(g("id")) or "", "toolproxy.condition": _text(g("condition")) or "native",
-                           "toolproxy.path": _text(g("path"))[:TAG_CHARS] if g("path") else ""}
+    out: dict[str, Any] = {
+        "toolproxy.exchange_id": _text(g("id")) or "",
+        "toolproxy.condition": _text(g("condition")) or "native",
+        "toolproxy.path": _text(g("path"))[:TAG_CHARS] if g("path") else "",
+    }
     for key in ("run", "episode", "item"):
         if isinstance(g(key), str) and g(key):
             out[f"toolproxy.{key}"] = _text(g(key))[:TAG_CHARS]

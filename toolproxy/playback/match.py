@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
@@ -36,8 +37,17 @@ import orjson
 from toolproxy.playback.fixture import RecordedExchange
 from toolproxy.proxy.headers import is_secret_name
 
-VOLATILE = ("user", "metadata", "stream_options", "request_id", "id", "timestamp", "session_id",
-            "prompt_cache_key", "safety_identifier")
+VOLATILE = (
+    "user",
+    "metadata",
+    "stream_options",
+    "request_id",
+    "id",
+    "timestamp",
+    "session_id",
+    "prompt_cache_key",
+    "safety_identifier",
+)
 MASKED = "<masked>"
 _SHOWN = 60  # characters of a differing value shown in a miss
 
@@ -62,8 +72,10 @@ def parse_rules(values: Iterable[str]) -> MatchRules:
     for value in values:
         key, sep, arg = value.partition("=")
         if not sep or not arg:
-            raise MatchError(f"--match {value!r}: expected KEY=VALUE, one of ignore=PATH, keep=FIELD, mask=REGEX, "
-                             "body=on|off, episodes=on|off, reuse=on|off")
+            raise MatchError(
+                f"--match {value!r}: expected KEY=VALUE, one of ignore=PATH, keep=FIELD, mask=REGEX, "
+                "body=on|off, episodes=on|off, reuse=on|off"
+            )
         if key == "ignore":
             rules = replace(rules, ignore=rules.ignore + (tuple(arg.split(".")),))
         elif key == "keep":
@@ -122,7 +134,7 @@ def _drop(doc: Any, path: tuple[str, ...]) -> Any:
         i = int(head)
         if i >= len(doc):
             return doc
-        return doc[:i] + ([_drop(doc[i], rest)] if rest else []) + doc[i + 1:]
+        return doc[:i] + ([_drop(doc[i], rest)] if rest else []) + doc[i + 1 :]
     return doc
 
 
@@ -164,13 +176,17 @@ class Miss:
 
     def message(self) -> str:
         if self.used_up:
-            return (f"toolproxy playback: all {self.used_up} recorded replies to this request were already played "
-                    f"(each recorded exchange answers once, in order; the last was {self.closest.id})")
+            return (
+                f"toolproxy playback: all {self.used_up} recorded replies to this request were already played "
+                f"(each recorded exchange answers once, in order; the last was {self.closest.id})"
+            )
         if self.closest is None:
             return f"toolproxy playback: no recorded request to this method and path ({self.difference})"
         where = f", episode {self.closest.episode}" if self.closest.episode else ""
-        return (f"toolproxy playback: no recorded exchange matches this request; closest is {self.closest.id}"
-                f"{where}: {self.difference} (tune matching with --match, or record the miss with --on-miss record)")
+        return (
+            f"toolproxy playback: no recorded exchange matches this request; closest is {self.closest.id}"
+            f"{where}: {self.difference} (tune matching with --match, or record the miss with --on-miss record)"
+        )
 
 
 class Matcher:
@@ -222,8 +238,15 @@ class Matcher:
         if not same:
             paths = sorted({f"{x.method} {x.path}" for x in self.exchanges})
             return Miss(None, f"{method} {path} was never recorded; recorded: {', '.join(paths[:8])}", 0)
-        best = max(same, key=lambda i: (self.exchanges[i].episode == episode, _common_start(self.canon[i], mine),
-                                        -abs(len(self.canon[i]) - len(mine)), -i))
+        best = max(
+            same,
+            key=lambda i: (
+                self.exchanges[i].episode == episode,
+                _common_start(self.canon[i], mine),
+                -abs(len(self.canon[i]) - len(mine)),
+                -i,
+            ),
+        )
         x = self.exchanges[best]
         if query_key(x.query) != query:
             return Miss(x, f"query: recorded {x.query!r}, here {query!r}", 0)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from toolproxy.proxy import serverlog
 from toolproxy.proxy.addons import addons
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.flow import Hooks, Service
@@ -58,6 +57,5 @@ def make_app(config: ProxyConfig) -> web.Application:
     app = web.Application(client_max_size=config.max_body)
     state = make_state(config)
     app[STATE] = state
-    serverlog.install(state.redactor)
     app.cleanup_ctx.extend(lifecycle(service) for service in services(state))
     return app

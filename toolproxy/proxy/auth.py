@@ -6,18 +6,29 @@ import hmac
 
 from toolproxy.proxy.flow import Addon, Flow
 
+# Where each SDK sends its API key, which a client may set to the token: OpenAI's and most others
+# (Authorization: Bearer), Anthropic's (x-api-key), Azure OpenAI's (api-key), Gemini's (x-goog-api-key).
+KEY_HEADERS = ("Authorization", "X-Api-Key", "Api-Key", "X-Goog-Api-Key")
 
-def presented_token(headers, token: str) -> tuple[bool, bool]:
-    """(authorised, forward the Authorization header upstream)."""
+
+def _same(given: str, token: str) -> bool:
     # Compared as bytes: a value with a byte that is not UTF-8 (a surrogate escape here) is a
     # wrong token (401), not an encoding error (500).
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
+
+
+def presented_token(headers, token: str) -> tuple[bool, str | None]:
+    """(authorised, the header that carried the token as an API key, which is not forwarded)."""
     given = headers.get("X-Toolproxy-Token")
     if given is not None:
-        return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()), True
-    auth = headers.get("Authorization", "")
-    if auth[:7].lower() == "bearer ":
-        return hmac.compare_digest(auth[7:].strip().encode("utf-8", "surrogateescape"), token.encode()), False
-    return False, True
+        return _same(given, token), None
+    for name in KEY_HEADERS:
+        value = headers.get(name)
+        if value is not None and name == "Authorization":
+            value = value[7:] if value[:7].lower() == "bearer " else None
+        if value is not None and _same(value.strip(), token):
+            return True, name
+    return False, None
 
 
 class Auth(Addon):
@@ -27,12 +38,14 @@ class Auth(Addon):
         self.token = token
 
     def request_headers(self, flow: Flow) -> None:
-        presented, forward_auth = presented_token(flow.request.headers, self.token)
+        presented, carrier = presented_token(flow.request.headers, self.token)
         if not presented:
             flow.refuse(
-                401, "unauthorized",
+                401,
+                "unauthorized",
                 "this toolproxy requires a token: send it as 'X-Toolproxy-Token: <token>' or as the API key",
                 "toolproxy_unauthorized",
             )
-        if not forward_auth:
-            flow.up_headers = {k: v for k, v in flow.up_headers.items() if k.lower() != "authorization"}
+        if carrier is not None:
+            carrier = carrier.lower()
+            flow.up_headers = {k: v for k, v in flow.up_headers.items() if k.lower() != carrier}

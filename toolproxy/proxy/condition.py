@@ -1,6 +1,6 @@
 """The interface condition on the hot path: rewrite the request, transform the reply.
 
-The dialect (which stack the rewrite targets) is fixed when the request arrives: `--stack`, or
+The stack the rewrite targets is fixed when the request arrives: `--stack`, or
 else what fingerprinting has found by then. A fingerprint that lands mid-run changes the requests
 after it, never the shared options or an exchange already in flight.
 """
@@ -8,7 +8,7 @@ after it, never the shared options or an exchange already in flight.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from toolproxy.conditions import ConditionOptions, Plan, Reject, RequestView, Skip, bridge, load
 from toolproxy.proxy.flow import Addon, Flow
@@ -28,8 +28,9 @@ class ConditionAddon(Addon):
             # Under native the only rewrite is --bridge's translation for a chat-only upstream.
             if not self.options.bridge:
                 return
-            planned = bridge.plan(RequestView(flow.request.method, rec.path, flow.up_query, flow.up_headers, flow.body),
-                                  self.options)
+            planned = bridge.plan(
+                RequestView(flow.request.method, rec.path, flow.up_query, flow.up_headers, flow.body), self.options
+            )
             if isinstance(planned, Reject):
                 rec.condition_note = f"rejected: {planned.message}"
                 flow.refuse(planned.status, "condition_rejected", planned.message, "condition_rejected")
@@ -46,9 +47,11 @@ class ConditionAddon(Addon):
             stack = self.detected_stack()
             if stack is not None:
                 options = dataclasses.replace(options, stack=stack)
-        rec.extra["dialect"] = options.stack
+        rec.extra["dialect"] = options.stack  # the stack targeted: a stored key, kept under its old name
         request = flow.request
-        outcome = condition.prepare(RequestView(request.method, rec.path, flow.up_query, flow.up_headers, flow.body), options)
+        outcome = condition.prepare(
+            RequestView(request.method, rec.path, flow.up_query, flow.up_headers, flow.body), options
+        )
         if isinstance(outcome, Skip):
             rec.condition_note = f"skipped: {outcome.reason}"
             return
@@ -63,8 +66,11 @@ class ConditionAddon(Addon):
         flow.up_headers.update(plan.headers)
         flow.up_headers["Accept-Encoding"] = "identity"  # the transform must read the body
         flow.up_path, _, flow.up_query = plan.path.partition("?")
-        rec.upstream_request = {"path": flow.up_path, "query": self.redactor.query(flow.up_query),
-                                "headers": self.redactor.headers(plan.headers.items())}
+        rec.upstream_request = {
+            "path": flow.up_path,
+            "query": self.redactor.query(flow.up_query),
+            "headers": self.redactor.headers(plan.headers.items()),
+        }
         rec.upstream_request["body"], rec.upstream_request["body_encoding"] = encode_body(plan.body)
         transform = plan.transform
         if transform is None:

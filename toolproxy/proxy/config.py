@@ -12,8 +12,16 @@ from yarl import URL
 
 from toolproxy.conditions import NAMES, ConditionOptions
 
-
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?\.?|\[?[0-9A-Fa-f:.]+\]?")
+
+
+# The limits every command that listens holds a client to (playback too, which has no options for them).
+MAX_BODY = 64 * 1024 * 1024
+CLIENT_HEADER_TIMEOUT = 15.0
+CLIENT_BODY_TIMEOUT = 60.0
+# The longest a recorded wait can have been under serve's defaults: for the first byte, between pieces.
+TTFB_TIMEOUT = 600.0
+IDLE_TIMEOUT = 300.0
 
 
 class ConfigError(ValueError):
@@ -29,7 +37,7 @@ class ProxyConfig:
     run: str | None = None
     condition: str = "native"
     condition_options: ConditionOptions = field(default_factory=ConditionOptions)
-    max_body: int = 64 * 1024 * 1024
+    max_body: int = MAX_BODY
     # The largest response passed on (and recorded); above it the exchange is cut (proxy/recorder.py).
     max_response: int = 256 * 1024 * 1024
     # Bodies above this many bytes wait in a temporary file instead of memory (proxy/spool.py).
@@ -45,8 +53,8 @@ class ProxyConfig:
     sample: float | None = None
     connect_timeout: float = 10.0
     # A CPU-only model can take minutes to read a long agent context before its first byte.
-    ttfb_timeout: float = 600.0
-    idle_timeout: float = 300.0
+    ttfb_timeout: float = TTFB_TIMEOUT
+    idle_timeout: float = IDLE_TIMEOUT
     total_timeout: float | None = None
     durability: str = "group"
     commit_window: float = 0.2
@@ -66,8 +74,8 @@ class ProxyConfig:
     upstream_connections: int = 0
     # A client must send a complete request head within this many seconds of connecting (or of its
     # previous response), and never pause longer than client_body_timeout while sending a body.
-    client_header_timeout: float = 15.0
-    client_body_timeout: float = 60.0
+    client_header_timeout: float = CLIENT_HEADER_TIMEOUT
+    client_body_timeout: float = CLIENT_BODY_TIMEOUT
     # The /_toolproxy/ page and the classifier process behind it.
     live_page: bool = True
     # One span per exchange to this OTLP/HTTP receiver (toolproxy/otlp/), message content only if asked.
@@ -111,8 +119,10 @@ class ProxyConfig:
             raise ConfigError("--retain must be a positive duration")
         if self.max_disk is not None and self.max_disk < 2 * self.segment_bytes:
             raise ConfigError(
-                f"--max-disk {self.max_disk} bytes is less than two segments (--segment-size {self.segment_bytes}): the "
-                "segment being written cannot be pruned, so the budget could not hold; lower --segment-size or raise --max-disk"
+                f"--max-disk {self.max_disk} bytes is less than two segments (--segment-size {self.segment_bytes}): "
+                "the "
+                "segment being written cannot be pruned, so the budget could not hold; lower --segment-size or raise "
+                "--max-disk"
             )
         if self.spill_above < 1024:
             raise ConfigError("--spill-above must be at least 1024 bytes")
@@ -129,8 +139,10 @@ class ProxyConfig:
             raise ConfigError("--max-response must be at least 1024 bytes")
         for name in self.allowed_hosts:
             if name != "*" and not _HOST_NAME.fullmatch(name):
-                raise ConfigError(f"--allowed-host {name!r}: give a host name or an IP address (no scheme, port or "
-                                  "path), or '*' to turn the Host and Origin checks off")
+                raise ConfigError(
+                    f"--allowed-host {name!r}: give a host name or an IP address (no scheme, port or "
+                    "path), or '*' to turn the Host and Origin checks off"
+                )
         if not is_loopback(self.host) and not self.auth_token and not self.insecure_public:
             raise ConfigError(
                 f"refusing to listen on non-loopback address {self.host!r} without --auth-token: anyone who can "

@@ -100,7 +100,8 @@ class RecordingGuard(Addon):
     def request_headers(self, flow: Flow) -> None:
         if self.writer.stats.degraded:
             flow.refuse(
-                503, "recording_failed",
+                503,
+                "recording_failed",
                 f"toolproxy cannot record right now ({self.writer.stats.last_error}) and was started with "
                 "--on-record-failure block, so it refuses to serve unrecorded traffic",
                 "recording_unavailable",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from toolproxy.proxy.flow import Addon, Flow
@@ -40,7 +40,7 @@ def host_name(value: str) -> str | None:
     value = value.strip().lower()
     if value.startswith("["):
         end = value.find("]")
-        if end < 0 or (value[end + 1:] and not (value[end + 1] == ":" and value[end + 2:].isdigit())):
+        if end < 0 or (value[end + 1 :] and not (value[end + 1] == ":" and value[end + 2 :].isdigit())):
             return None
         return value[1:end]
     name, sep, port = value.rpartition(":") if value.count(":") == 1 else (value, "", "")
@@ -94,7 +94,9 @@ class Exposure(Addon):
         if name in self.names or name.endswith(".localhost"):
             return True
         ip = _ip(name)
-        return ip is not None and (self.any_ip or ip in self.ips or (ip.is_loopback and any(i.is_loopback for i in self.ips)))
+        return ip is not None and (
+            self.any_ip or ip in self.ips or (ip.is_loopback and any(i.is_loopback for i in self.ips))
+        )
 
     def refusal(self, method: str, headers) -> tuple[str, str, str] | None:
         """(kind, code, message) when a request must be refused, else None. No Host at all (an
@@ -110,17 +112,23 @@ class Exposure(Addon):
                     self._hosts[host] = ok
         if host is not None and not ok:
             self.refused["host"] += 1
-            return ("host_refused", "host_not_allowed",
-                    f"this toolproxy does not answer to the name {printable(host)!r} (a page whose name was pointed at "
-                    f"this machine, DNS rebinding, is refused this way); if that is your proxy's name, start it with "
-                    f"--allowed-host NAME")
+            return (
+                "host_refused",
+                "host_not_allowed",
+                f"this toolproxy does not answer to the name {printable(host)!r} (a page whose name was pointed at "
+                f"this machine, DNS rebinding, is refused this way); if that is your proxy's name, start it with "
+                f"--allowed-host NAME",
+            )
         if method not in SAFE_METHODS:
             origin = headers.get("Origin")
             if origin is not None and not self.known(_origin_name(origin)):
                 self.refused["origin"] += 1
-                return ("origin_refused", "origin_not_allowed",
-                        f"a web page at {printable(origin)!r} may not send requests to this toolproxy (a cross-site "
-                        f"request from a browser); to allow that page, start the proxy with --allowed-host NAME")
+                return (
+                    "origin_refused",
+                    "origin_not_allowed",
+                    f"a web page at {printable(origin)!r} may not send requests to this toolproxy (a cross-site "
+                    f"request from a browser); to allow that page, start the proxy with --allowed-host NAME",
+                )
         return None
 
     def request_headers(self, flow: Flow) -> None:
@@ -129,8 +137,12 @@ class Exposure(Addon):
             flow.refuse(403, refused[0], refused[2], refused[1])
 
     def report(self) -> dict:
-        return {"checked": not self.off, "allowed_hosts": list(self.allowed),
-                "refused_host": self.refused["host"], "refused_origin": self.refused["origin"]}
+        return {
+            "checked": not self.off,
+            "allowed_hosts": list(self.allowed),
+            "refused_host": self.refused["host"],
+            "refused_origin": self.refused["origin"],
+        }
 
 
 def _origin_name(origin: str) -> str | None:

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, NoReturn
+from typing import Any, NoReturn
 
 from aiohttp import web
 
@@ -59,10 +60,34 @@ class Flow:
     """One exchange, from the client's request to its one record."""
 
     __slots__ = (
-        "request", "rec", "t0", "body", "up_path", "up_query", "up_headers", "transform", "stream",
-        "out_status", "out_reason", "out_headers", "upstream_headers",
-        "spool", "pieces", "client_chunks", "client_resp", "hold", "durable", "on_disk", "ended", "pool_wait", "pool_queued_at",
-        "task", "deadline", "hard_deadline", "phase", "expired",
+        "request",
+        "rec",
+        "t0",
+        "body",
+        "up_path",
+        "up_query",
+        "up_headers",
+        "transform",
+        "stream",
+        "out_status",
+        "out_reason",
+        "out_headers",
+        "upstream_headers",
+        "spool",
+        "pieces",
+        "client_chunks",
+        "client_resp",
+        "hold",
+        "durable",
+        "on_disk",
+        "ended",
+        "pool_wait",
+        "pool_queued_at",
+        "task",
+        "deadline",
+        "hard_deadline",
+        "phase",
+        "expired",
     )
 
     def __init__(self, request: web.Request, upstream: str, total_timeout: float | None, durable: bool = False) -> None:
@@ -168,10 +193,17 @@ class Hooks:
         for phase in PHASES:
             base = getattr(Addon, phase)
             # An override on the class or on the instance (an addon that hands a hook on as it is).
-            setattr(self, phase, tuple(
-                hook for a in self.addons if a.hooked
-                for hook in (getattr(a, phase),) if getattr(hook, "__func__", hook) is not base
-            ))
+            setattr(
+                self,
+                phase,
+                tuple(
+                    hook
+                    for a in self.addons
+                    if a.hooked
+                    for hook in (getattr(a, phase),)
+                    if getattr(hook, "__func__", hook) is not base
+                ),
+            )
 
     def observer(self) -> Callable[[Record, bytes | None, bool], None] | None:
         """The writers' one observe callback: the recorded hooks in order (None: no addon
@@ -191,5 +223,5 @@ class Hooks:
         if flow.ended:
             return
         flow.ended = True
-        for hook in (self.error if flow.rec.error_kind is not None else self.response_end):
+        for hook in self.error if flow.rec.error_kind is not None else self.response_end:
             hook(flow)

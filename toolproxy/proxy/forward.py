@@ -14,70 +14,37 @@ import errno
 import time
 
 import aiohttp
-import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
 from toolproxy import wire
-from toolproxy.proxy import livepage
-from toolproxy.proxy.flow import Cut, Flow, Refusal
-from toolproxy.term.connection_errors import explain
-from toolproxy.proxy.headers import (
-    NOT_FORWARDED_DOWN,
-    NOT_FORWARDED_UP,
-    TAG_HEADER_PREFIX,
-    Redactor,
-    connection_listed,
-)
+from toolproxy.proxy import admin
+from toolproxy.proxy.admin import ADMIN_PREFIX
 from toolproxy.proxy.admission import writer_backpressure
-from toolproxy.proxy.auth import presented_token
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.durability import late_hold
+from toolproxy.proxy.errorbody import protocol_error_body
+from toolproxy.proxy.flow import Cut, Flow, Refusal
+from toolproxy.proxy.headers import Redactor
 from toolproxy.proxy.modelswap import TAG as MODEL_TAG
 from toolproxy.proxy.pool import CONNECTION
-from toolproxy.proxy.refusals import ADMIN_UNAUTHORIZED
 from toolproxy.proxy.spool import Spool, file_payload
-from toolproxy.proxy.state import ADMIN_PREFIX, ProxyState
-from toolproxy.proxy.tags import header_tags, place_path_tags
+from toolproxy.proxy.state import ProxyState
+from toolproxy.proxy.tags import TAG_HEADER_PREFIX, header_tags, misplaced_refusal, place_path_tags
 from toolproxy.record.model import encode_body
 from toolproxy.record.spill import SpilledBody
+from toolproxy.term.connection_errors import explain
+from toolproxy.wire.hopbyhop import NOT_FORWARDED_DOWN, NOT_FORWARDED_UP, connection_listed
 
 _CLIENT_GONE = (ConnectionResetError, ConnectionError, aiohttp.ClientConnectionResetError)
 _UNWRITTEN = "Can not write request body"  # aiohttp's words when the connection was closed under the write
 
 
-def error_body(message: str, code: str, kind: str = "toolproxy_error") -> bytes:
-    """OpenAI-style error JSON, so harnesses surface the cause instead of a parse failure."""
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
-
-
-def protocol_error_body(family: str | None, message: str, code: str) -> bytes:
-    """The error JSON a client of `family` reads its message from: Anthropic's and Ollama's SDKs
-    look for their own shape, every other protocol for OpenAI's."""
-    if family in (wire.MESSAGES, wire.OLLAMA_CHAT, wire.OLLAMA_GENERATE):
-        return wire.encoder_for(family, {}, False).error(message)
-    return error_body(message, code)
-
-
 async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.StreamResponse:
     raw_path = request.raw_path
     if raw_path.startswith(ADMIN_PREFIX):
-        refused = state.exposure.refusal(request.method, request.headers)
-        if refused is not None:
-            return web.Response(status=403, body=error_body(refused[2], refused[1]), content_type="application/json")
-        token = state.config.auth_token
-        if token is not None and not presented_token(request.headers, token)[0] and not livepage.has_cookie(request, token):
-            gate = await livepage.unauthorised(request, raw_path[len(ADMIN_PREFIX):].split("?")[0].strip("/"), token,
-                                               state.config.client_body_timeout)
-            if gate is not None:
-                return gate
-            # The counters name the upstream and the data directory: not for anonymous callers.
-            state.refusals.count(ADMIN_UNAUTHORIZED)
-            return web.Response(status=401, body=error_body(
-                "this toolproxy requires a token for its admin routes too: send 'X-Toolproxy-Token: <token>'",
-                "toolproxy_unauthorized"), content_type="application/json")
-        return await state.admin(request)
+        return await admin.answer(state, request)
 
     cfg = state.config
     flow = Flow(request, cfg.upstream, cfg.total_timeout, cfg.durability == "sync")
@@ -98,13 +65,16 @@ async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.Stre
             flow.rec.set_error("proxy_error", f"{type(exc).__name__}: {exc}")
             state.hooks.end(flow)
             raise
-        return await _reply_error(state, flow, 500, "proxy_error", f"toolproxy internal error: {type(exc).__name__}: {exc}", "proxy_error")
+        return await _reply_error(
+            state, flow, 500, "proxy_error", f"toolproxy internal error: {type(exc).__name__}: {exc}", "proxy_error"
+        )
     finally:
         state.watchdog.active.discard(flow)
 
 
-async def _reply_error(state: ProxyState, flow: Flow, status: int, kind: str, message: str, code: str,
-                       family: str | None = None) -> web.Response:
+async def _reply_error(
+    state: ProxyState, flow: Flow, status: int, kind: str, message: str, code: str, family: str | None = None
+) -> web.Response:
     """The proxy's own answer when there is no upstream response to pass on."""
     rec = flow.rec
     rec.set_error(kind, message)
@@ -124,13 +94,19 @@ async def _timed_out(state: ProxyState, flow: Flow) -> web.StreamResponse:
     flow.rec.extra["timeout_phase"] = phase
     if phase == "client_body":
         return await _reply_error(
-            state, flow, 408, "client_timeout",
-            f"the client sent its request body too slowly: nothing for {cfg.client_body_timeout:g}s (--client-body-timeout)",
+            state,
+            flow,
+            408,
+            "client_timeout",
+            f"the client sent its request body too slowly: nothing for {cfg.client_body_timeout:g}s "
+            "(--client-body-timeout)",
             "request_timeout",
         )
     if phase == "first_byte" and flow.pool_queued_at is not None:
-        message = (f"no connection to upstream {cfg.upstream} came free within {cfg.ttfb_timeout:g}s (--ttfb-timeout): "
-                   f"all {cfg.upstream_connections} of --upstream-connections were busy")
+        message = (
+            f"no connection to upstream {cfg.upstream} came free within {cfg.ttfb_timeout:g}s (--ttfb-timeout): "
+            f"all {cfg.upstream_connections} of --upstream-connections were busy"
+        )
     elif phase == "first_byte":
         message = f"upstream {cfg.upstream} sent no response within {cfg.ttfb_timeout:g}s (--ttfb-timeout)"
     elif phase == "idle":
@@ -190,13 +166,8 @@ def label(flow: Flow, raw_path: str, redactor: Redactor, cfg: ProxyConfig) -> No
 
 
 def _misplaced_tags(flow: Flow) -> None:
-    """A 404 naming the base URL to use, in the protocol's error shape so the harness shows it."""
     rec = flow.rec
-    base = f"http://{flow.request.host}{rec.extra['misplaced_tags']}"
-    flow.refuse(404, "misplaced_tags",
-                f"the tags go right after the proxy's address, before /v1: use the base URL {base}/v1 (OpenAI-style "
-                f"clients) or {base} (Ollama's); this request asked for {rec.client_path}",
-                "toolproxy_misplaced_tags", wire.family_of(rec.path))
+    raise misplaced_refusal(flow.request.host, rec.extra["misplaced_tags"], rec.client_path, wire.family_of(rec.path))
 
 
 async def _read_body(state: ProxyState, flow: Flow) -> None:
@@ -241,7 +212,8 @@ async def _read_body(state: ProxyState, flow: Flow) -> None:
 def _too_large(flow: Flow, limit: int, declared: int | None) -> None:
     flow.rec.request_body_size = declared
     flow.refuse(
-        413, "body_too_large",
+        413,
+        "body_too_large",
         f"request body is larger than toolproxy's limit of {limit} bytes; raise it with --max-body",
         "request_too_large",
     )
@@ -292,18 +264,22 @@ async def _forward(state: ProxyState, flow: Flow, url: URL) -> web.StreamRespons
         flow.refuse(504, "timeout", f"connecting to upstream {upstream_name} timed out: {exc}", "upstream_timeout")
     except aiohttp.ClientConnectorError as exc:
         flow.refuse(
-            502, "connect",
+            502,
+            "connect",
             f"cannot connect to upstream {upstream_name}: {explain(exc).sentence()}",
             "upstream_unreachable",
         )
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
         flow.refuse(
-            502, "upstream_closed",
+            502,
+            "upstream_closed",
             f"upstream {upstream_name} closed the connection before responding: {exc}",
             "upstream_closed",
         )
     except aiohttp.ClientError as exc:
-        flow.refuse(502, "upstream_error", f"upstream {upstream_name} failed: {type(exc).__name__}: {exc}", "upstream_error")
+        flow.refuse(
+            502, "upstream_error", f"upstream {upstream_name} failed: {type(exc).__name__}: {exc}", "upstream_error"
+        )
 
     try:
         return await _relay(state, flow, resp)
@@ -375,7 +351,11 @@ def _request(state: ProxyState, flow: Flow, url: URL):
         flow.up_headers["Content-Length"] = str(len(body))
         body = file_payload(body)  # a fresh reader each time: a resent body starts again
     return state.session.request(
-        flow.request.method, url, data=body or None, headers=flow.up_headers, allow_redirects=False,
+        flow.request.method,
+        url,
+        data=body or None,
+        headers=flow.up_headers,
+        allow_redirects=False,
         trace_request_ctx=flow,
     )
 

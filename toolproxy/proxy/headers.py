@@ -1,4 +1,5 @@
-"""Which headers cross the proxy, and how secrets are kept off disk."""
+"""How secrets are kept off disk: which header and query names hold one, and the stand-ins
+recorded for their values."""
 
 from __future__ import annotations
 
@@ -8,30 +9,10 @@ import os
 import re
 import secrets
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import unquote_plus, unquote_to_bytes
 
 from toolproxy.record import keys
-
-# RFC 9110 section 7.6.1 hop-by-hop fields, plus the ones this proxy owns or recomputes.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "expect",
-    }
-)
-NOT_FORWARDED_UP = HOP_BY_HOP | {"host", "content-length"}
-NOT_FORWARDED_DOWN = HOP_BY_HOP
-
-TAG_HEADER_PREFIX = "x-toolproxy-"
 
 # One rule for every name that can carry a credential, header or query parameter alike: a name is
 # secret when it contains one of these words anywhere (`X-Goog-Api-Key`, `accessToken`,
@@ -70,8 +51,11 @@ def load_redactor(data_dir: str | os.PathLike) -> Redactor:
         os.makedirs(data_dir, exist_ok=True)
         return Redactor(keys.load_key(data_dir, REDACT_KEY))
     except (OSError, ValueError) as exc:
-        print(f"toolproxy: cannot use {REDACT_KEY} in {data_dir} ({exc}); redacted values are keyed by this process only",
-              file=sys.stderr, flush=True)
+        print(
+            f"toolproxy: cannot use {REDACT_KEY} in {data_dir} ({exc}); redacted values are keyed by this process only",
+            file=sys.stderr,
+            flush=True,
+        )
         return Redactor(secrets.token_bytes(32))
 
 
@@ -125,14 +109,3 @@ class Redactor:
                 parts[i] = f"{name}={self.value(unquote_to_bytes(value.replace('+', ' ')))}"
                 changed = True
         return "&".join(parts) if changed else query
-
-
-def connection_listed(items: Iterable[tuple[str, str]]) -> frozenset[str]:
-    """Header names the sender listed in `Connection:`; they are hop-by-hop too."""
-    names = set()
-    for k, v in items:
-        if k.lower() == "connection":
-            names.update(part.strip().lower() for part in v.split(",") if part.strip())
-    return frozenset(names)
-
-

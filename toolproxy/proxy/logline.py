@@ -41,8 +41,11 @@ def log_line(rec: Record) -> str:
     status = rec.client_status if rec.client_status is not None else rec.status
     tags = " ".join(f"{k}={v}" for k, v in (("run", rec.run), ("ep", rec.episode), ("item", rec.item)) if v)
     cond = f" [{rec.condition}]" if rec.condition != "native" else ""
-    err = f" !{rec.error_kind}: {_cut(rec.error_message)}" if rec.error_kind and rec.error_message else (
-        f" !{rec.error_kind}" if rec.error_kind else "")
+    err = (
+        f" !{rec.error_kind}: {_cut(rec.error_message)}"
+        if rec.error_kind and rec.error_message
+        else (f" !{rec.error_kind}" if rec.error_kind else "")
+    )
     if rec.kind == SAMPLED_OUT:
         err += " (sampled out: counted, not stored)"
     return printable(f"{status or '---'} {rec.method} {rec.path}{cond} {tags} {_ms(rec)}{err}".replace("  ", " "))

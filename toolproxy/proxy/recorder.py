@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 from toolproxy.proxy.durability import expected_body_length
 from toolproxy.proxy.flow import Addon, Cut, Flow
@@ -11,7 +11,8 @@ from toolproxy.proxy.headers import Redactor
 from toolproxy.proxy.refusals import REFUSED, RefusalBudget
 from toolproxy.proxy.spool import Spool
 from toolproxy.record.model import encode_body, now
-from toolproxy.record.pacing import EXTRA_KEY as PIECE_MS, PieceTimes
+from toolproxy.record.pacing import EXTRA_KEY as PIECE_MS
+from toolproxy.record.pacing import PieceTimes
 from toolproxy.record.spill import SpilledBody
 from toolproxy.record.writer import SegmentWriter
 
@@ -25,8 +26,16 @@ class Recorder(Addon):
     before sending the response's last bytes. A refused request goes to the refusal budget instead.
     """
 
-    def __init__(self, writer: SegmentWriter, spill_above: int, spill_dir: str, redactor: Redactor,
-                 max_response: int, refusals: RefusalBudget, submit: Callable | None = None) -> None:
+    def __init__(
+        self,
+        writer: SegmentWriter,
+        spill_above: int,
+        spill_dir: str,
+        redactor: Redactor,
+        max_response: int,
+        refusals: RefusalBudget,
+        submit: Callable | None = None,
+    ) -> None:
         self.writer = writer
         self.submit = submit or writer.submit
         self.redactor = redactor
@@ -38,18 +47,24 @@ class Recorder(Addon):
     def response_headers(self, flow: Flow, resp) -> None:
         announced = expected_body_length(flow.request.method, resp.status, flow.upstream_headers)
         if announced is not None and announced > self.max_response:
-            flow.refuse(502, "response_too_large",
-                        f"upstream {flow.rec.upstream} announced a response of {announced} bytes, more than toolproxy's "
-                        f"limit of {self.max_response}; raise it with --max-response", "response_too_large")
+            flow.refuse(
+                502,
+                "response_too_large",
+                f"upstream {flow.rec.upstream} announced a response of {announced} bytes, more than toolproxy's "
+                f"limit of {self.max_response}; raise it with --max-response",
+                "response_too_large",
+            )
         flow.spool = Spool(self.spill_above, self.spill_dir)
         flow.pieces = PieceTimes(flow.t0)
 
     def response_chunk(self, flow: Flow, chunk: bytes):
         spool = flow.spool
         if spool.size + len(chunk) > self.max_response:
-            raise Cut("response_too_large",
-                      f"the response was cut after {spool.size} bytes: it grew past toolproxy's limit of "
-                      f"{self.max_response} (--max-response); the client got those bytes and a closed connection")
+            raise Cut(
+                "response_too_large",
+                f"the response was cut after {spool.size} bytes: it grew past toolproxy's limit of "
+                f"{self.max_response} (--max-response); the client got those bytes and a closed connection",
+            )
         flow.pieces.add(len(chunk))
         return spool.add(chunk)
 

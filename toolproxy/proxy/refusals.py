@@ -32,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from toolproxy.proxy.flow import Flow
 from toolproxy.proxy.headers import Redactor, is_secret_header
@@ -45,8 +45,17 @@ UNAUTHORIZED = "unauthorized"
 PARSER_REJECTED = "parser_rejected"
 RECORDING_FAILED = "recording_failed"
 ADMIN_UNAUTHORIZED = "admin_unauthorized"  # counted, never recorded: admin routes never are
-REFUSED = frozenset({UNAUTHORIZED, "host_refused", "origin_refused", "not_a_forward_proxy", PARSER_REJECTED,
-                     "disk_budget_full", RECORDING_FAILED})
+REFUSED = frozenset(
+    {
+        UNAUTHORIZED,
+        "host_refused",
+        "origin_refused",
+        "not_a_forward_proxy",
+        PARSER_REJECTED,
+        "disk_budget_full",
+        RECORDING_FAILED,
+    }
+)
 
 INTERVAL = 10.0
 RECORDS = 100
@@ -62,8 +71,9 @@ OVERHEAD = 1024
 _TEXTS = ("client_path", "path", "query", "run", "episode", "item", "condition")
 
 
-def bounded_headers(raw: Iterable[tuple[bytes, bytes]], redactor: Redactor,
-                    limit: int = HEADER_CHARS) -> tuple[list[list[str]], int | None]:
+def bounded_headers(
+    raw: Iterable[tuple[bytes, bytes]], redactor: Redactor, limit: int = HEADER_CHARS
+) -> tuple[list[list[str]], int | None]:
     """Request headers as a record stores them (wire bytes as ISO-8859-1, secret values replaced
     by the redactor's stand-ins), in order while names and values total at most `limit` characters; the first that
     does not fit is cut to the room left and the rest are left out. Returns the headers and, when
@@ -81,7 +91,7 @@ def bounded_headers(raw: Iterable[tuple[bytes, bytes]], redactor: Redactor,
         value = redactor.value(v) if is_secret_header(name) else v.decode("latin-1")
         room = limit - used
         if len(name) + len(value) > room:
-            name, value = name[:room], value[:max(0, room - len(name))]
+            name, value = name[:room], value[: max(0, room - len(name))]
             cut = True
         out.append([name, value])
         used += len(name) + len(value)
@@ -119,8 +129,14 @@ def _chars(rec: Record) -> int:
 class RefusalBudget:
     """The counts of refused requests and the budget their records are kept within (module doc)."""
 
-    def __init__(self, writer: SegmentWriter, exchanges: SegmentWriter, upstream: str,
-                 default_run: Callable[[float], str | None], redactor: Redactor) -> None:
+    def __init__(
+        self,
+        writer: SegmentWriter,
+        exchanges: SegmentWriter,
+        upstream: str,
+        default_run: Callable[[float], str | None],
+        redactor: Redactor,
+    ) -> None:
         self.writer = writer  # the refusals' own segments
         self.exchanges = exchanges  # the exchanges' writer (recording_failed refusals)
         self.upstream = upstream
@@ -160,8 +176,9 @@ class RefusalBudget:
             return
         started = now()
         rec = Record(id=new_id(), started_at=started, upstream=self.upstream, run=self.default_run(started))
-        rec.set_error(PARSER_REJECTED, f"the HTTP parser rejected the request ({type(exc).__name__}); "
-                                       "nothing of it is recorded")
+        rec.set_error(
+            PARSER_REJECTED, f"the HTTP parser rejected the request ({type(exc).__name__}); nothing of it is recorded"
+        )
         rec.client_status = status
         rec.ended_at = now()
         rec.duration_ms = 0.0
@@ -196,8 +213,14 @@ class RefusalBudget:
 
     def report(self) -> dict:
         w = self.writer.stats
-        return {"by_kind": dict(self.by_kind), "recorded": self.recorded, "not_recorded": self.not_recorded,
-                "truncated": self.truncated, "written": w.written, "dropped": w.dropped}
+        return {
+            "by_kind": dict(self.by_kind),
+            "recorded": self.recorded,
+            "not_recorded": self.not_recorded,
+            "truncated": self.truncated,
+            "written": w.written,
+            "dropped": w.dropped,
+        }
 
 
 def segment_bytes(exchanges_segment_bytes: int) -> int:
@@ -212,6 +235,8 @@ def rotation(data_dir: str | Path, seg_bytes: int) -> Callable[[], None]:
         try:
             prune(data_dir, max_bytes=KEEP * seg_bytes, refusals=True)
         except OSError as exc:  # the next rotation tries again; the records are still written
-            print(f"toolproxy: cannot prune refused requests' segments in {data_dir}: {exc}", file=sys.stderr, flush=True)
+            print(
+                f"toolproxy: cannot prune refused requests' segments in {data_dir}: {exc}", file=sys.stderr, flush=True
+            )
 
     return make_room

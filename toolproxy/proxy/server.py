@@ -5,7 +5,7 @@ through `start_proxy`, so a request is parsed, timed, forwarded and recorded the
 command the user started. Each used to build its own aiohttp runner with aiohttp's defaults: a
 gzip-encoded request body reached the upstream inflated but still labelled gzip, the header
 timeout did not apply and the HTTP parser's rejections went uncounted, only under `serve`'s own
-listener did none of that happen.
+listener did none of that happen. They listen through `listener.listen`, as playback does.
 """
 
 from __future__ import annotations
@@ -14,38 +14,19 @@ import asyncio
 import functools
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.calls.gcpause import settle_for_serving
 from toolproxy.proxy.app import make_app
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.forward import serve_request
-from toolproxy.proxy.listener import ListeningServer
+from toolproxy.proxy.listener import CannotListen, listen
 from toolproxy.proxy.state import STATE, ProxyState
-
-# Pending connections the kernel may hold (capped by net.core.somaxconn): aiohttp's default of
-# 128 makes a burst of a thousand agents connecting at once wait for SYN retransmits (1 s, 3 s).
-BACKLOG = 4096
-
-
-def server_settings(config: ProxyConfig) -> dict:
-    """What every proxy's server is told: its keep-alive timer is also the request-head timeout.
-
-    aiohttp arms that timer when a connection opens or goes idle and disarms it only when a whole
-    request head has arrived, so a client trickling its headers is closed when it fires.
-    """
-    # auto_decompress off: a transparent proxy forwards and records a compressed request body as
-    # sent; aiohttp would inflate it (and fail with a 500 on a body that is not what it claims).
-    return {"handler_cancellation": True, "access_log": None, "keepalive_timeout": config.client_header_timeout,
-            "auto_decompress": False}
-
-
-class CannotListen(Exception):
-    """The address could not be bound; the message names it and says why."""
+from toolproxy.runtime.eventloop import run_loop
+from toolproxy.runtime.gcpause import settle_for_serving
 
 
 @dataclass
@@ -74,8 +55,9 @@ class RunningProxy:
         await self.app.cleanup()
 
 
-async def start_proxy(config: ProxyConfig, *, reuse_port: bool = False,
-                      before_start: Callable[[web.Application], None] | None = None) -> RunningProxy:
+async def start_proxy(
+    config: ProxyConfig, *, reuse_port: bool = False, before_start: Callable[[web.Application], None] | None = None
+) -> RunningProxy:
     """Start the proxy for `config` on this loop, listening once its addons have started.
 
     `before_start` may add to the application's lifecycle before it is frozen (a worker joins
@@ -94,23 +76,28 @@ async def start_proxy(config: ProxyConfig, *, reuse_port: bool = False,
         await app.cleanup()  # what started stops again, in reverse: no writer thread outlives it
         raise
     state = app[STATE]
-    server = ListeningServer(functools.partial(serve_request, state), state.refusals.parser_rejected,
-                             **server_settings(config))
-    runner = web.ServerRunner(server)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True, reuse_port=reuse_port or None,
-                       backlog=BACKLOG)
-    proxy = RunningProxy(app, runner)
     try:
-        await site.start()
-    except OSError as exc:
-        await proxy.stop()
-        raise CannotListen(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
-    return proxy
+        runner = await listen(
+            functools.partial(serve_request, state),
+            config.host,
+            config.port,
+            header_timeout=config.client_header_timeout,
+            redactor=state.redactor,
+            on_rejected=state.refusals.parser_rejected,
+            reuse_port=reuse_port,
+        )
+    except CannotListen:
+        await app.shutdown()
+        await app.cleanup()
+        raise
+    return RunningProxy(app, runner)
 
 
-async def serve(config: ProxyConfig, join_group: Callable[[web.Application], None] | None = None,
-                listening: Callable[[ProxyState], Awaitable[None]] | None = None) -> None:
+async def serve(
+    config: ProxyConfig,
+    join_group: Callable[[web.Application], None] | None = None,
+    listening: Callable[[ProxyState], Awaitable[None]] | None = None,
+) -> None:
     """Run until SIGINT/SIGTERM; prints where it listens and where it records. A worker of a
     group passes `join_group` and `listening` instead: it shares the port with its peers and
     its supervisor tells the user."""
@@ -144,15 +131,14 @@ def banner(config: ProxyConfig, port: int, workers: int = 1) -> str:
     group = f"{workers} workers, " if workers > 1 else ""
     return (
         f"toolproxy {__version__}: listening on http://{host}:{port} -> upstream {config.upstream}; "
-        f"recording to {config.data_dir.resolve()} ({group}condition {config.condition}, durability {config.durability})"
+        f"recording to {config.data_dir.resolve()} ({group}condition {config.condition}, durability "
+        f"{config.durability})"
     )
 
 
-def run(config: ProxyConfig, join_group: Callable[[web.Application], None] | None = None,
-        listening: Callable[[ProxyState], Awaitable[None]] | None = None) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(config, join_group, listening))
-    else:
-        uvloop.run(serve(config, join_group, listening))
+def run(
+    config: ProxyConfig,
+    join_group: Callable[[web.Application], None] | None = None,
+    listening: Callable[[ProxyState], Awaitable[None]] | None = None,
+) -> None:
+    run_loop(serve(config, join_group, listening))

@@ -46,12 +46,18 @@ def shown(raw: bytes, redactor: Redactor) -> str:
     return f"({len(raw)} bytes not shown)"
 
 
-def parse_error_line(exc: HttpProcessingError, remote: str, redactor: Redactor) -> str:
+def what_was_wrong(exc: HttpProcessingError) -> str:
+    """The parser's verdict in words, without the bytes it quotes (`Invalid header value char`)."""
     message = exc.message if isinstance(exc.message, str) else str(exc.message)
     quoted = _QUOTED.search(message)
     what = message[: quoted.start()] if quoted else message
-    what = " ".join(what.split()).rstrip(" :.") or type(exc).__name__
-    line = f"toolproxy: refused a malformed request from {printable(remote)}: {exc.code} {printable(what)}"
+    return printable(" ".join(what.split()).rstrip(" :.") or type(exc).__name__)
+
+
+def parse_error_line(exc: HttpProcessingError, remote: str, redactor: Redactor) -> str:
+    message = exc.message if isinstance(exc.message, str) else str(exc.message)
+    quoted = _QUOTED.search(message)
+    line = f"toolproxy: refused a malformed request from {printable(remote)}: {exc.code} {what_was_wrong(exc)}"
     if quoted is not None:
         try:
             raw = ast.literal_eval(quoted.group(0))
@@ -60,7 +66,9 @@ def parse_error_line(exc: HttpProcessingError, remote: str, redactor: Redactor) 
         if isinstance(raw, str):
             raw = raw.encode("utf-8", "surrogateescape")
         if isinstance(raw, bytes):
-            line += f": {shown(raw[:SHOWN_BYTES], redactor)}" + (f" ({len(raw):,} bytes)" if len(raw) > SHOWN_BYTES else "")
+            line += f": {shown(raw[:SHOWN_BYTES], redactor)}" + (
+                f" ({len(raw):,} bytes)" if len(raw) > SHOWN_BYTES else ""
+            )
     return line
 
 

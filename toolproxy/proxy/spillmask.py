@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
-from toolproxy.record.masking import Stopped
+from toolproxy.proxy.flow import Addon, Service
+from toolproxy.record.masking import Masker, Stopped
 from toolproxy.record.model import Record
 from toolproxy.record.spill import has_spilled
 from toolproxy.record.writer import STOPPED, WRITER_ERROR, SegmentWriter
@@ -30,8 +31,12 @@ from toolproxy.record.writer import STOPPED, WRITER_ERROR, SegmentWriter
 MAX_QUEUED = 64
 
 
-class SpillMasking:
-    def __init__(self, writer: SegmentWriter, transform: Callable[[Record], Record]) -> None:
+class SpillMasking(Addon):
+    """Wired to the writer when built: the writer's transform becomes `writer_transform` (a record
+    prepared here passes as it is, any other gets `transform`: sampling, then `masker`'s
+    masking), and `masker` stops at its next window when this stops."""
+
+    def __init__(self, writer: SegmentWriter, transform: Callable[[Record], Record], masker: Masker) -> None:
         self.writer = writer
         self.transform = transform
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -41,6 +46,11 @@ class SpillMasking:
         self.stopping = threading.Event()
         self.masked = 0
         self._thread = threading.Thread(target=self._run, name="toolproxy-spillmask", daemon=True)
+        masker.stop = self.stopping
+        writer.transform = self.writer_transform
+
+    def service(self) -> Service:
+        return Service("spill masking", self.start, self.stop, off_loop=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -117,5 +127,3 @@ class SpillMasking:
                 loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(False))
             except RuntimeError:
                 pass
-
-

@@ -7,7 +7,7 @@ below it (nearly all LLM traffic) never touches the disk or another thread.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable
 
 # The spill files' cipher, loaded with the proxy rather than by its first spill, on the loop.
 import cryptography.hazmat.primitives.ciphers  # noqa: F401

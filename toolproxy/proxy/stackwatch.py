@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -25,8 +25,8 @@ import orjson
 from toolproxy.proxy.flow import Addon, Flow, Service
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.record.writer import SegmentWriter
-from toolproxy.stacks.fingerprint import Fingerprint, fingerprint_record, probe
 from toolproxy.stacks.catalog import STACKS
+from toolproxy.stacks.fingerprint import Fingerprint, fingerprint_record, probe
 
 ATTEMPT_PATHS = ("/chat/completions", "/completions", "/api/chat", "/api/generate", "/v1/messages", "/responses")
 _KEY = '"model"'
@@ -57,7 +57,7 @@ def model_candidates(body: str) -> set[str]:
             if j < len(body) and body[j] == '"':
                 end = body.find('"', j + 1)
                 if end != -1 and end - j <= 256:
-                    found.add(body[j + 1:end])
+                    found.add(body[j + 1 : end])
         i = body.find(_KEY, i + 1)
     return found
 
@@ -72,8 +72,13 @@ def top_level_model(body: str) -> str | None:
 
 
 class StackWatch(Addon):
-    def __init__(self, config, writer: SegmentWriter, session: Callable[[], aiohttp.ClientSession],
-                 health: UpstreamHealth | None = None) -> None:
+    def __init__(
+        self,
+        config,
+        writer: SegmentWriter,
+        session: Callable[[], aiohttp.ClientSession],
+        health: UpstreamHealth | None = None,
+    ) -> None:
         self.config = config
         self.health = health  # told what each fingerprint found out about reachability
         self.writer = writer
@@ -113,9 +118,13 @@ class StackWatch(Addon):
         fp = self.fingerprints.get(None)
         if fp is None:
             return None
-        return {"stack": fp.stack, "version": fp.version, "build": fp.build,
-                "models": sorted(m for m in self.fingerprints if m is not None),
-                "models_not_probed": self.not_probed}
+        return {
+            "stack": fp.stack,
+            "version": fp.version,
+            "build": fp.build,
+            "models": sorted(m for m in self.fingerprints if m is not None),
+            "models_not_probed": self.not_probed,
+        }
 
     def request(self, flow: Flow) -> None:
         """A path comparison and an append, nothing more (a spilled body, too large to hold, is skipped)."""

@@ -12,13 +12,11 @@ import aiohttp
 from aiohttp import web
 
 from toolproxy import __version__
-from toolproxy.proxy import livepage
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.counters import Counters
 from toolproxy.proxy.exposure import Exposure
 from toolproxy.proxy.flow import Hooks
 from toolproxy.proxy.headers import load_redactor
-from toolproxy.proxy.live import LiveView
 from toolproxy.proxy.pool import PoolStats
 from toolproxy.proxy.refusals import RefusalBudget
 from toolproxy.proxy.stackwatch import StackWatch
@@ -26,12 +24,25 @@ from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.proxy.watchdog import Watchdog
 from toolproxy.record.writer import SegmentWriter
 
-ADMIN_PREFIX = "/_toolproxy/"
 SPILL_DIR = "spill"
 # /_toolproxy/stats after its head (status, version, upstream, data_dir, condition): each key
 # filled by the addon whose stats_key it is, null when no addon fills it (the feature is off).
-STATS_KEYS = ("stack", "uptime_s", "exchanges", "in_flight", "by_status_class", "errors", "resent", "refused",
-              "recording", "exposure", "upstream_pool", "lifecycle", "sampling", "otlp")
+STATS_KEYS = (
+    "stack",
+    "uptime_s",
+    "exchanges",
+    "in_flight",
+    "by_status_class",
+    "errors",
+    "resent",
+    "refused",
+    "recording",
+    "exposure",
+    "upstream_pool",
+    "lifecycle",
+    "sampling",
+    "otlp",
+)
 
 
 class ProxyState:
@@ -50,9 +61,14 @@ class ProxyState:
         self.exposure = Exposure(config.host, config.allowed_hosts)
         # Whether the upstream answers: reported beside recording health, never deciding its status.
         self.upstream_health = UpstreamHealth(config.upstream, config.connect_timeout)
-        # Set by addons.addons: what the handler, the admin routes and the commands ask for by name.
-        self.stacks: StackWatch | None = None  # when fingerprinting is on
-        self.live: LiveView | None = None  # unless --no-live-page
+        # Fingerprinting the upstream's stack (unless --no-fingerprint): the conditions, the OTLP
+        # spans and the commands ask it which stack it found.
+        self.stacks = (
+            StackWatch(config, writer, lambda: self.session, self.upstream_health) if config.fingerprint else None
+        )
+        # Set by the parts that own them as they are built (proxy/parts.py): what the handler, the
+        # admin routes and the commands ask for by name.
+        self.live = None  # the live page's view (toolproxy.live), unless --no-live-page
         self.refusals: RefusalBudget | None = None
         # Under `serve --workers N`: this process's place in the group, whose stats it merges.
         self.peers = None
@@ -70,27 +86,6 @@ class ProxyState:
             **{key: owned.pop(key, None) for key in STATS_KEYS},
             **owned,
         }
-
-    async def admin(self, request: web.Request) -> web.Response:
-        """Reserved routes; never forwarded upstream and never recorded as exchanges."""
-        name = request.path[len(ADMIN_PREFIX):].strip("/")
-        if self.live is not None:
-            peers = self.peers.peer_live_sockets if self.peers is not None else None
-            page = await livepage.route(request, name, self.live, self.config.auth_token, self.config.client_body_timeout, peers)
-            if page is not None:
-                return page
-        if name in ("health", "stats", ""):
-            snap = self.snapshot()
-            if self.peers is not None:
-                snap = await self.peers.merged(snap)
-            # This process's own evidence, not a merge: it is the one that just refreshed it.
-            snap["upstream_health"] = await self.upstream_health.report()
-            # The status is the proxy's own health (recording): an unreachable upstream is reported
-            # above but answered 200, since restarting or bypassing the proxy would not bring it back;
-            # so are a group's partial counts (a worker was killed), since the proxy still serves and records.
-            status = 200 if (name != "health" or snap["status"] in ("ok", "partial")) else 503
-            return web.json_response(snap, status=status)
-        return web.json_response({"error": {"message": f"no admin route {request.path!r}; try {ADMIN_PREFIX}health"}}, status=404)
 
 
 STATE: web.AppKey[ProxyState] = web.AppKey("toolproxy_state")

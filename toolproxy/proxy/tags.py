@@ -9,17 +9,27 @@ of the tags: `/v1/t/run=x/chat/completions` (the proxy's address with `/v1`, the
 `/t/run=x/v1/v1/chat/completions` (a client that appends `/v1/...` itself). `place_path_tags` takes
 these where only one reading exists, rather than forwarding a path no stack serves and recording the
 run as untagged.
+
+`tag_prefix` writes the prefix (run, study, replay and playback's relay tag their requests with it).
 """
 
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
-from toolproxy.proxy.headers import TAG_HEADER_PREFIX
+from toolproxy.proxy.flow import Refusal
 
 KNOWN = ("run", "episode", "item", "condition")
 _KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+TAG_HEADER_PREFIX = "x-toolproxy-"  # X-Toolproxy-Run, ...: the same tags as headers, never forwarded
+
+
+def tag_prefix(run: str | None = None, condition: str | None = None, **tags: str) -> str:
+    """The `/t/key=value/...` path prefix the proxy strips and records (empty when no tags)."""
+    pairs = [("run", run), ("condition", condition), *sorted(tags.items())]
+    parts = [f"{k}={quote(str(v), safe='')}" for k, v in pairs if v]
+    return "/t/" + "/".join(parts) if parts else ""
 
 
 def split_path_tags(path: str) -> tuple[dict[str, str], str]:
@@ -55,12 +65,26 @@ def place_path_tags(path: str) -> tuple[dict[str, str], str, str | None]:
         if rest.rstrip("/") in _UNDER_V1:
             rest = "/v1" + rest
         elif not rest.startswith(("/v1/", "/api/")):
-            return {}, path, path[3:len(path) - len(rest)]
+            return {}, path, path[3 : len(path) - len(rest)]
     else:
         tags, rest = split_path_tags(path)
     while tags and rest.startswith("/v1/v1/"):
         rest = rest[3:]
     return tags, rest, None
+
+
+def misplaced_refusal(host: str, prefix: str, asked: str, family: str | None) -> Refusal:
+    """The 404 for tags after a misplaced `/v1` (place_path_tags), naming the base URL to use,
+    in the protocol's error shape so the harness shows it."""
+    base = f"http://{host}{prefix}"
+    return Refusal(
+        404,
+        "misplaced_tags",
+        f"the tags go right after the proxy's address, before /v1: use the base URL {base}/v1 (OpenAI-style "
+        f"clients) or {base} (Ollama's); this request asked for {asked}",
+        "toolproxy_misplaced_tags",
+        family,
+    )
 
 
 def header_tags(items) -> dict[str, str]:
@@ -70,7 +94,7 @@ def header_tags(items) -> dict[str, str]:
         lk = k.lower()
         if not lk.startswith(TAG_HEADER_PREFIX):
             continue
-        name = lk[len(TAG_HEADER_PREFIX):]
+        name = lk[len(TAG_HEADER_PREFIX) :]
         if name in KNOWN:
             tags[name] = v
         elif name.startswith("tag-") and len(name) > 4:

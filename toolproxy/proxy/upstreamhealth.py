@@ -106,8 +106,10 @@ class UpstreamHealth(Addon):
     async def _run(self) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout), cookie_jar=aiohttp.DummyCookieJar(),
-                headers={"User-Agent": USER_AGENT})
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                headers={"User-Agent": USER_AGENT},
+            )
         try:
             async with self._session.get(self.upstream + "/", allow_redirects=False):
                 pass  # any answer will do; the body is never read

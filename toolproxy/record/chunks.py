@@ -155,7 +155,7 @@ class _RecentBodies:
             lo, hi = 0, len(cuts)  # raw starts with the first lo chunks; not with the first hi+1
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if raw.startswith(earlier[:cuts[mid - 1]]):
+                if raw.startswith(earlier[: cuts[mid - 1]]):
                     lo = mid
                 else:
                     hi = mid - 1

@@ -46,8 +46,17 @@ class HousekeepingStats:
 
 
 class Housekeeper:
-    def __init__(self, data_dir: str | Path, *, retain: float | None, max_bytes: int | None,
-                 on_full: str = "prune", headroom: int = 0, interval: float | None = None, slack: int = 0) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        retain: float | None,
+        max_bytes: int | None,
+        on_full: str = "prune",
+        headroom: int = 0,
+        interval: float | None = None,
+        slack: int = 0,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.retain = retain
         self.max_bytes = max_bytes
@@ -77,9 +86,16 @@ class Housekeeper:
 
     def snapshot(self) -> dict:
         s = self.stats
-        return {"retain_s": self.retain, "max_disk_bytes": self.max_bytes, "on_disk_full": self.on_full,
-                "segment_bytes": self._used(), "pruned_segments": s.pruned_segments, "pruned_bytes": s.pruned_bytes,
-                "refusing": self.refusal is not None, "last_error": s.last_error}
+        return {
+            "retain_s": self.retain,
+            "max_disk_bytes": self.max_bytes,
+            "on_disk_full": self.on_full,
+            "segment_bytes": self._used(),
+            "pruned_segments": s.pruned_segments,
+            "pruned_bytes": s.pruned_bytes,
+            "refusing": self.refusal is not None,
+            "last_error": s.last_error,
+        }
 
     def _run(self) -> None:
         while True:
@@ -106,12 +122,17 @@ class Housekeeper:
 
     def _prune(self, older_than: float | None, max_bytes: int | None, why: str, refusals: bool | None = None) -> None:
         with self._pruning:
-            result = prune(self.data_dir, older_than=older_than, max_bytes=max_bytes, now=time.time(), refusals=refusals)
+            result = prune(
+                self.data_dir, older_than=older_than, max_bytes=max_bytes, now=time.time(), refusals=refusals
+            )
             self.stats.pruned_segments += len(result.pruned)
             self.stats.pruned_bytes += result.bytes
         if result.pruned:
-            print(f"toolproxy: pruned {len(result.pruned)} segments ({result.bytes / 1e6:.1f} MB): {why}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"toolproxy: pruned {len(result.pruned)} segments ({result.bytes / 1e6:.1f} MB): {why}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def tick(self) -> None:
         if self.retain is not None:
@@ -126,7 +147,8 @@ class Housekeeper:
             self._set_full(used)
             raise OverBudget(
                 f"not written: {n} bytes would take the recordings to {used} bytes, past the disk budget of "
-                f"{self.max_bytes} (--max-disk, --on-disk-full block) by more than {self.slack}")
+                f"{self.max_bytes} (--max-disk, --on-disk-full block) by more than {self.slack}"
+            )
 
     def appended(self, n: int) -> None:
         """The writer appended (or, negative, cut back) `n` bytes; refusing starts at the budget."""
@@ -156,8 +178,12 @@ class Housekeeper:
 
     def _set_full(self, used: int) -> None:
         if self.refusal is None:
-            print(f"toolproxy: disk budget reached ({used} of {self.max_bytes} bytes); refusing new requests "
-                  "with 503 until segments are pruned", file=sys.stderr, flush=True)
+            print(
+                f"toolproxy: disk budget reached ({used} of {self.max_bytes} bytes); refusing new requests "
+                "with 503 until segments are pruned",
+                file=sys.stderr,
+                flush=True,
+            )
         self.refusal = (
             f"toolproxy's recordings reached the disk budget ({used} of {self.max_bytes} bytes) and it was "
             "started with --on-disk-full block, so it refuses traffic it could not record; free space with "

@@ -48,3 +48,23 @@ class PieceTimes:
             self.marks.append([self.size, round((time.perf_counter() - self.t0) * 1000.0, 1)])
             self._skipped = 0
         return self.marks if len(self.marks) > 1 else None
+
+
+def read_marks(value: object) -> list[tuple[int, float]]:
+    """Stored marks (`extra[EXTRA_KEY]`) as (end offset, ms) pairs; ValueError saying what is
+    wrong when they are not [[offset, ms], ...] with whole offsets and finite times, both >= 0."""
+    if not isinstance(value, list):
+        raise ValueError(f"piece marks are {type(value).__name__}, not a list of [offset, ms] pairs")
+    out = []
+    for mark in value:
+        if (
+            not isinstance(mark, list)
+            or len(mark) != 2
+            or type(mark[0]) is not int
+            or type(mark[1]) not in (int, float)
+            or mark[0] < 0
+            or not 0 <= mark[1] < float("inf")
+        ):
+            raise ValueError(f"piece mark {str(mark)[:40]} is not [offset, ms] with a whole offset and a time >= 0")
+        out.append((mark[0], float(mark[1])))
+    return out

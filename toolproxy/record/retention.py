@@ -40,6 +40,7 @@ REFUSALS_SUFFIX = REFUSALS_STREAM + SEGMENT_SUFFIX
 # housekeeping thread all prune, and two of them finishing one interrupted prune would clash.
 _PRUNING = threading.Lock()
 
+
 def _lock(f: IO[bytes]) -> bool:
     """Take the lock a live writer holds on its open segment; False when a writer holds it."""
     try:
@@ -95,8 +96,8 @@ def data_dir_bytes(data_dir: str | Path, refusals: bool | None = None) -> int:
 
 def runs_in(path: Path) -> set[str | None]:
     """Every run tag in a segment's records (None for records without one). Reads the whole file."""
-    from toolproxy.record.segments import read_lines, parse_line
     from toolproxy.record.chunks import is_chunk_line
+    from toolproxy.record.segments import parse_line, read_lines
 
     runs: set[str | None] = set()
     for _, _, line in read_lines(path):
@@ -128,8 +129,16 @@ def read_ledger(data_dir: str | Path) -> set[str]:
 
 
 def _log(data_dir: Path, seg: Segment, reason: str) -> None:
-    line = orjson.dumps({"segment": seg.path.name, "bytes": seg.size, "last_write": seg.mtime,
-                         "pruned_at": time.time(), "reason": reason}, option=orjson.OPT_APPEND_NEWLINE)
+    line = orjson.dumps(
+        {
+            "segment": seg.path.name,
+            "bytes": seg.size,
+            "last_write": seg.mtime,
+            "pruned_at": time.time(),
+            "reason": reason,
+        },
+        option=orjson.OPT_APPEND_NEWLINE,
+    )
     fd = os.open(data_dir / LEDGER, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line)
@@ -193,8 +202,16 @@ def prune(
         return _prune(Path(data_dir), older_than, max_bytes, run, dry_run, now, progress, refusals)
 
 
-def _prune(data_dir: Path, older_than: float | None, max_bytes: int | None, run: str | None, dry_run: bool,
-           now: float | None, progress, refusals: bool | None) -> PruneResult:
+def _prune(
+    data_dir: Path,
+    older_than: float | None,
+    max_bytes: int | None,
+    run: str | None,
+    dry_run: bool,
+    now: float | None,
+    progress,
+    refusals: bool | None,
+) -> PruneResult:
     now = time.time() if now is None else now
     result = PruneResult()
     if not dry_run and (data_dir / SEGMENT_DIR).is_dir():

@@ -144,10 +144,24 @@ class Sampler:
 def stub(rec: Record, mark: dict) -> Record:
     """What is stored of a sampled-out exchange: enough to count it, by run, episode and outcome."""
     return Record(
-        id=rec.id, started_at=rec.started_at, kind=SAMPLED_OUT, ended_at=rec.ended_at, ttfb_ms=rec.ttfb_ms,
-        duration_ms=rec.duration_ms, run=rec.run, episode=rec.episode, item=rec.item, condition=rec.condition,
-        tags=rec.tags, upstream=rec.upstream, method=rec.method, path=rec.path, status=rec.status,
-        client_status=rec.client_status, error_kind=rec.error_kind, extra={"sample": mark},
+        id=rec.id,
+        started_at=rec.started_at,
+        kind=SAMPLED_OUT,
+        ended_at=rec.ended_at,
+        ttfb_ms=rec.ttfb_ms,
+        duration_ms=rec.duration_ms,
+        run=rec.run,
+        episode=rec.episode,
+        item=rec.item,
+        condition=rec.condition,
+        tags=rec.tags,
+        upstream=rec.upstream,
+        method=rec.method,
+        path=rec.path,
+        status=rec.status,
+        client_status=rec.client_status,
+        error_kind=rec.error_kind,
+        extra={"sample": mark},
     )
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 
@@ -52,7 +53,9 @@ def list_segments(data_dir: str | Path) -> list[Path]:
     return sorted(p for p in seg_dir.iterdir() if p.name.endswith(SEGMENT_SUFFIX))
 
 
-def read_lines(path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 1024) -> Iterator[tuple[int, int, bytes | None]]:
+def read_lines(
+    path: str | Path, start: int = 0, chunk_size: int = 4 * 1024 * 1024
+) -> Iterator[tuple[int, int, bytes | None]]:
     """(offset, end, line) for every non-blank complete line from byte offset `start` on, unparsed.
 
     A torn tail comes last as (offset, end, None). Separate from read_segment so a reader that

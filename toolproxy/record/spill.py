@@ -23,7 +23,7 @@ import codecs
 import concurrent.futures
 import os
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 import orjson
 
@@ -123,7 +123,7 @@ class SpilledBody:
                 return
             except OSError as exc:
                 self.error = f"cannot spill a large body to {self.directory or tempfile.gettempdir()}: {exc}"
-                data = data[self.file_size - self.file_written:]  # what did not reach the file, in clear
+                data = data[self.file_size - self.file_written :]  # what did not reach the file, in clear
         self.tail.append(data)
 
     def chunks(self, size: int = _PIECE) -> Iterator[bytes]:

@@ -44,9 +44,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from toolproxy.record.chunks import INLINE_BODY_CHARS, ChunkPacker
 from toolproxy.record.model import Record, encode_record
@@ -236,7 +236,7 @@ class SegmentWriter:
             return True
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.stall_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._mark_degraded(f"recording stalled: the writer has been behind for {self.stall_timeout:g}s")
             return False
         return True
@@ -248,8 +248,12 @@ class SegmentWriter:
             self._wake.set()
             self._thread.join(timeout)
             if self._thread.is_alive():
-                print(f"toolproxy: the recording writer did not finish within {timeout:g}s; "
-                      f"{len(self._buf)} queued records may be lost", file=sys.stderr, flush=True)
+                print(
+                    f"toolproxy: the recording writer did not finish within {timeout:g}s; "
+                    f"{len(self._buf)} queued records may be lost",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _stalled(self, fut: asyncio.Future) -> None:
         if not fut.done():
@@ -276,8 +280,9 @@ class SegmentWriter:
             self.stats.dropped += n
             self.stats.dropped_reasons[reason] = self.stats.dropped_reasons.get(reason, 0) + n
 
-    def _line_or_drop(self, rec: Record, waiter: asyncio.Future | None, seg: _Segment | None = None,
-                      line: bytes | None = None) -> bytes | None:
+    def _line_or_drop(
+        self, rec: Record, waiter: asyncio.Future | None, seg: _Segment | None = None, line: bytes | None = None
+    ) -> bytes | None:
         """The bytes to append for a record (on the writer thread, for segment `seg`: with dedup,
         chunk lines first), or None once it is counted as dropped: one odd record, or a bug in
         the packer, must cost that record only."""
@@ -353,9 +358,15 @@ class SegmentWriter:
         finally:
             self.writing_large = False
             self._held_since = None
-        if self._unsynced and self._syncing is None and (
-            self._unsynced_waiters or stopping or self.stats.degraded
-            or time.monotonic() - self._unsynced_since >= self.window
+        if (
+            self._unsynced
+            and self._syncing is None
+            and (
+                self._unsynced_waiters
+                or stopping
+                or self.stats.degraded
+                or time.monotonic() - self._unsynced_since >= self.window
+            )
         ):
             self._start_sync()
         if self.behind and (not buf or time.monotonic() - buf[0][3] <= self.lag_limit):
@@ -503,8 +514,10 @@ class SegmentWriter:
 
     def _writable_segment(self) -> _Segment:
         seg = self._seg
-        if seg is None or seg.end >= self.segment_bytes or (
-            seg.end and time.monotonic() - seg.opened >= self.segment_seconds
+        if (
+            seg is None
+            or seg.end >= self.segment_bytes
+            or (seg.end and time.monotonic() - seg.opened >= self.segment_seconds)
         ):
             self._retire()
             seg = self._seg = self._open_segment()
@@ -519,7 +532,7 @@ class SegmentWriter:
         view = memoryview(data)
         try:
             while view:
-                view = view[self._os_write(seg.fd, view):]
+                view = view[self._os_write(seg.fd, view) :]
         except OSError:
             self._rollback(seg, start)
             raise
@@ -606,15 +619,19 @@ class SegmentWriter:
         seg = job.seg
         if error is None and not seg.broken:
             seg.durable = job.end
-            recovered = (self.stats.degraded and self._last_write_ok and len(self._buf) < self.max_queue
-                         and self._has_room())
+            recovered = (
+                self.stats.degraded and self._last_write_ok and len(self._buf) < self.max_queue and self._has_room()
+            )
             if recovered:
                 self.stats.degraded = False  # before the count: whoever sees it sees health ok
             with self._stats_lock:
                 self.stats.written += job.records
             if recovered:  # last_error and the counters keep the history
-                print(f"toolproxy: recording recovered ({self.stats.dropped} records dropped so far)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"toolproxy: recording recovered ({self.stats.dropped} records dropped so far)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self._release(job.waiters, True)
         else:
             # Nothing past the segment's last fsynced byte can be trusted: drop (and count) all

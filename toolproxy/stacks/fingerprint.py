@@ -21,8 +21,9 @@ import asyncio
 import re
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import aiohttp
 import orjson
@@ -30,8 +31,20 @@ import orjson
 from toolproxy import __version__
 from toolproxy.record.model import Record, new_id
 from toolproxy.stacks import markers
-from toolproxy.stacks.catalog import (CATALOG, LABELS, LLAMACPP, LLAMACPP_PYTHON, LMSTUDIO, OLLAMA, OPENAI,
-                                      OPENAPI_TITLE, SGLANG, UNKNOWN, UNREACHABLE, VLLM)
+from toolproxy.stacks.catalog import (
+    CATALOG,
+    LABELS,
+    LLAMACPP,
+    LLAMACPP_PYTHON,
+    LMSTUDIO,
+    OLLAMA,
+    OPENAI,
+    OPENAPI_TITLE,
+    SGLANG,
+    UNKNOWN,
+    UNREACHABLE,
+    VLLM,
+)
 from toolproxy.term.connection_errors import explain
 from toolproxy.wire import error_text
 
@@ -139,8 +152,11 @@ def evidence_by_stack(obs: Mapping[str, Observed]) -> dict[str, list[str]]:
             vote(SGLANG.name, sglang_probe.evidence)
             break
     v1 = _dict(_answer(obs, LMSTUDIO_V1))
-    if any("loaded_instances" in m or "trained_for_tool_use" in _dict(m.get("capabilities"))
-           for m in _list(v1.get("models")) if isinstance(m, dict)):
+    if any(
+        "loaded_instances" in m or "trained_for_tool_use" in _dict(m.get("capabilities"))
+        for m in _list(v1.get("models"))
+        if isinstance(m, dict)
+    ):
         vote(LMSTUDIO.name, LMSTUDIO.probes[0].evidence)
     v0 = _dict(_answer(obs, LMSTUDIO_V0))
     if any("compatibility_type" in m for m in _list(v0.get("data")) if isinstance(m, dict)):
@@ -210,7 +226,9 @@ def _ollama(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
         if isinstance(show.get("template"), str) and show["template"]:
             fp.chat_template, fp.chat_template_source = show["template"], "Ollama POST /api/show template"
         details = _dict(show.get("details"))
-        fp.details = {k: details[k] for k in ("family", "parameter_size", "quantization_level", "format") if k in details}
+        fp.details = {
+            k: details[k] for k in ("family", "parameter_size", "quantization_level", "format") if k in details
+        }
     elif show_obs is not None and show_obs.status is not None:
         fp.details["show_error"] = error_text(show_obs.body)
         if show_obs.status == 404:
@@ -230,7 +248,9 @@ def _llamacpp(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
         fp.chat_template, fp.chat_template_source = template, f"llama.cpp GET /props {key}"
     caps = _dict(props.get("chat_template_caps"))
     if caps:
-        fp.capabilities = ["completion"] + (["tools"] if caps.get("supports_tool_calls") or caps.get("supports_tools") else [])
+        fp.capabilities = ["completion"] + (
+            ["tools"] if caps.get("supports_tool_calls") or caps.get("supports_tools") else []
+        )
         if _dict(props.get("modalities")).get("vision"):
             fp.capabilities.append("vision")
         fp.details["chat_template_caps"] = caps
@@ -279,19 +299,33 @@ def _llamacpp_python(fp: Fingerprint, obs: Mapping[str, Observed]) -> None:
         fp.details["model_path"] = fp.models[0]
 
 
-_EXTRACT = {LLAMACPP_PYTHON.name: _llamacpp_python, OLLAMA.name: _ollama, LLAMACPP.name: _llamacpp, VLLM.name: _vllm, SGLANG.name: _sglang, LMSTUDIO.name: _lmstudio}
+_EXTRACT = {
+    LLAMACPP_PYTHON.name: _llamacpp_python,
+    OLLAMA.name: _ollama,
+    LLAMACPP.name: _llamacpp,
+    VLLM.name: _vllm,
+    SGLANG.name: _sglang,
+    LMSTUDIO.name: _lmstudio,
+}
 
 
-async def _fetch(session: aiohttp.ClientSession, base: str, probe: str, headers: Mapping[str, str],
-                 timeout: float, json_body: Any = None) -> Observed:
+async def _fetch(
+    session: aiohttp.ClientSession,
+    base: str,
+    probe: str,
+    headers: Mapping[str, str],
+    timeout: float,
+    json_body: Any = None,
+) -> Observed:
     method, path = probe.split(" ", 1)
     headers = {**headers, "User-Agent": USER_AGENT}
     if json_body is not None:
         headers["Content-Type"] = "application/json"
     try:
         async with asyncio.timeout(timeout):
-            async with session.request(method, base + path, headers=dict(headers), json=json_body,
-                                       allow_redirects=False) as resp:
+            async with session.request(
+                method, base + path, headers=dict(headers), json=json_body, allow_redirects=False
+            ) as resp:
                 body = await resp.content.read(_MAX_BODY)
                 return Observed(resp.status, body, {k.lower(): v for k, v in resp.headers.items()})
     except TimeoutError as exc:
@@ -304,8 +338,14 @@ async def _fetch(session: aiohttp.ClientSession, base: str, probe: str, headers:
         return Observed(None, error=f"{probe}: {problem.sentence()}", detail=problem.detail)
 
 
-async def probe(session: aiohttp.ClientSession, upstream: str, model: str | None = None, *,
-                headers: Mapping[str, str] | None = None, timeout: float = 5.0) -> Fingerprint:
+async def probe(
+    session: aiohttp.ClientSession,
+    upstream: str,
+    model: str | None = None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 5.0,
+) -> Fingerprint:
     """Fingerprint an upstream with read-only requests; never raises for what the upstream does."""
     base = upstream.rstrip("/")
     headers = headers or {}
@@ -321,8 +361,14 @@ def fingerprint_record(fp: Fingerprint, run: str | None, started_at: float) -> R
     """The record that carries a fingerprint to the analyzer, through the same writer as exchanges."""
     now = time.time()
     return Record(
-        id=new_id(), started_at=started_at, ended_at=now, duration_ms=(now - started_at) * 1000.0,
-        kind="fingerprint", run=run, upstream=fp.upstream, extra=fp.to_dict(),
+        id=new_id(),
+        started_at=started_at,
+        ended_at=now,
+        duration_ms=(now - started_at) * 1000.0,
+        kind="fingerprint",
+        run=run,
+        upstream=fp.upstream,
+        extra=fp.to_dict(),
         error_kind="connect" if fp.stack == UNREACHABLE else None,
         error_message=fp.error if fp.stack == UNREACHABLE else None,
     )

@@ -32,8 +32,14 @@ _OWNED_BY = {mark: stack.name for stack in CATALOG for mark in stack.owner_marks
 _OLLAMA_TEXTS = tuple(mark for f in OLLAMA.failures.values() for mark in f.marks)
 # In a nested or flat-object error only a tools refusal's texts are read (launch flags, the
 # refusal sentence), in this order; the evidence each gives.
-_REFUSAL_TEXTS = tuple((stack.name, stack.failures[TOOL_REFUSAL].marks, evidence) for stack, evidence in (
-    (VLLM, "error names vLLM launch flags"), (LLAMACPP, "error names --jinja"), (OLLAMA, "error text")))
+_REFUSAL_TEXTS = tuple(
+    (stack.name, stack.failures[TOOL_REFUSAL].marks, evidence)
+    for stack, evidence in (
+        (VLLM, "error names vLLM launch flags"),
+        (LLAMACPP, "error names --jinja"),
+        (OLLAMA, "error text"),
+    )
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +102,9 @@ def _from_error(obj: dict) -> StackMark | None:
         if any(mark in message for mark in texts):
             return StackMark(stack, None, evidence)
     if isinstance(err, dict) and isinstance(e.get("code"), int):
-        if e.get("type") == "server_error" or (e.get("type") == "invalid_request_error" and e.get("code") in (400, 500, 501)):
+        if e.get("type") == "server_error" or (
+            e.get("type") == "invalid_request_error" and e.get("code") in (400, 500, 501)
+        ):
             return StackMark(LLAMACPP.name, None, "error with integer code and OpenAI type")
         if isinstance(e.get("type"), str) and e["type"].endswith("Error"):
             return StackMark(VLLM.name, None, "error type is a Python exception name")

@@ -48,7 +48,7 @@ def _range_tools_bodies(template: str) -> list[str]:
                 depth, pos = depth + 1, opener.end()
             else:
                 depth, pos = depth - 1, end.end()
-        bodies.append(template[m.end():pos])
+        bodies.append(template[m.end() : pos])
     return bodies
 
 
@@ -66,7 +66,8 @@ def check_ollama_template(template: str, version: str | None) -> TemplateFinding
                 False,
                 f"the model's template prints {where}; on Ollama {version or '(version unknown)'} that renders "
                 "the tool as Go struct syntax, not JSON (ollama/ollama#14601), so the model reads mangled tool "
-                "definitions. Fix: a Modelfile TEMPLATE that prints `{{ .Function.Name }}`/`{{ .Function.Parameters }}` "
+                "definitions. Fix: a Modelfile TEMPLATE that prints `{{ .Function.Name }}`/`{{ .Function.Parameters "
+                "}}` "
                 "field by field as JSON, an Ollama release with the fix, or toolproxy `--condition text`",
                 m.group(0),
             )
@@ -77,7 +78,9 @@ def check_ollama_template(template: str, version: str | None) -> TemplateFinding
             m.group(0),
         )
     if ".Tools" not in template:
-        return TemplateFinding(False, "the model's template never mentions .Tools: tool definitions are not rendered into the prompt")
+        return TemplateFinding(
+            False, "the model's template never mentions .Tools: tool definitions are not rendered into the prompt"
+        )
     return TemplateFinding(True, "tool definitions are rendered by the template without struct printing")
 
 
@@ -87,9 +90,13 @@ def check_rendered_prompt(prompt: str, tool_name: str) -> TemplateFinding:
         m = pattern.search(prompt)
         if m is not None:
             lo = max(0, m.start() - 40)
-            return TemplateFinding(False, f"the rendered prompt shows the tool definitions as {what}, not JSON",
-                                   prompt[lo:m.end() + 60])
+            return TemplateFinding(
+                False, f"the rendered prompt shows the tool definitions as {what}, not JSON", prompt[lo : m.end() + 60]
+            )
     if tool_name not in prompt:
-        return TemplateFinding(False, f"the rendered prompt does not contain the tool name {tool_name!r}: "
-                                      "the template drops the tool definitions")
+        return TemplateFinding(
+            False,
+            f"the rendered prompt does not contain the tool name {tool_name!r}: "
+            "the template drops the tool definitions",
+        )
     return TemplateFinding(True, "tool definitions are rendered into the prompt as JSON")

@@ -50,32 +50,54 @@ def explain(exc: BaseException, where: str | None = None) -> ConnectionProblem:
     target = where or "the server"
     os_error = _os_error(exc)
     detail = str(os_error or exc) or type(exc).__name__
-    if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)) or isinstance(os_error, ssl.SSLError):
-        return ConnectionProblem(f"the TLS (https) handshake with {target} failed",
-                                 "Check http:// versus https:// in the URL, and the server's certificate.", detail)
+    if isinstance(exc, (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError)) or isinstance(
+        os_error, ssl.SSLError
+    ):
+        return ConnectionProblem(
+            f"the TLS (https) handshake with {target} failed",
+            "Check http:// versus https:// in the URL, and the server's certificate.",
+            detail,
+        )
     if isinstance(os_error, socket.gaierror):
         host = target.rsplit(":", 1)[0] if where else target
-        return ConnectionProblem(f"the host name {host} could not be resolved",
-                                 "Check the host name in the URL (and DNS, if it is right).", detail)
-    if isinstance(exc, (TimeoutError, aiohttp.ServerTimeoutError)) or (os_error is not None and os_error.errno == errno.ETIMEDOUT):
-        return ConnectionProblem(f"{target} did not answer in time",
-                                 "Is the server up and reachable from here (a firewall or VPN can swallow connections)?",
-                                 detail)
+        return ConnectionProblem(
+            f"the host name {host} could not be resolved",
+            "Check the host name in the URL (and DNS, if it is right).",
+            detail,
+        )
+    if isinstance(exc, (TimeoutError, aiohttp.ServerTimeoutError)) or (
+        os_error is not None and os_error.errno == errno.ETIMEDOUT
+    ):
+        return ConnectionProblem(
+            f"{target} did not answer in time",
+            "Is the server up and reachable from here (a firewall or VPN can swallow connections)?",
+            detail,
+        )
     if os_error is not None and os_error.errno == errno.ECONNREFUSED:
-        return ConnectionProblem(f"nothing is listening at {target} (connection refused)",
-                                 "Is the model server running, and are the host and port in the URL right?", detail)
+        return ConnectionProblem(
+            f"nothing is listening at {target} (connection refused)",
+            "Is the model server running, and are the host and port in the URL right?",
+            detail,
+        )
     if os_error is not None and os_error.errno in _NO_ROUTE:
-        return ConnectionProblem(f"there is no network route to {target}",
-                                 "Is the host reachable from this machine (network, VPN)?", detail)
+        return ConnectionProblem(
+            f"there is no network route to {target}", "Is the host reachable from this machine (network, VPN)?", detail
+        )
     if isinstance(exc, aiohttp.ServerDisconnectedError) or (os_error is not None and os_error.errno in _RESET):
-        return ConnectionProblem(f"{target} closed the connection without answering",
-                                 "Is it an HTTP server, and is http:// versus https:// right? It may also have crashed.",
-                                 detail)
+        return ConnectionProblem(
+            f"{target} closed the connection without answering",
+            "Is it an HTTP server, and is http:// versus https:// right? It may also have crashed.",
+            detail,
+        )
     if os_error is not None and os_error.strerror:
-        return ConnectionProblem(f"cannot connect to {target}: {os_error.strerror.lower()}",
-                                 "Is the server up, and is the URL right?", detail)
-    return ConnectionProblem(f"the connection to {target} failed ({type(exc).__name__})",
-                             "Is the server up, and is the URL right?", detail)
+        return ConnectionProblem(
+            f"cannot connect to {target}: {os_error.strerror.lower()}",
+            "Is the server up, and is the URL right?",
+            detail,
+        )
+    return ConnectionProblem(
+        f"the connection to {target} failed ({type(exc).__name__})", "Is the server up, and is the URL right?", detail
+    )
 
 
 def with_detail(text: str, detail: str | None) -> str:

@@ -53,8 +53,17 @@ def line(label: str, done: float, total: float | None, elapsed: float, unit: str
 class Progress:
     """Counts toward an optional total and redraws its line on `stream` when that is a terminal."""
 
-    def __init__(self, label: str, total: float | None = None, *, unit: str = "", scale: float = 1.0,
-                 quiet: bool = False, stream: TextIO | None = None, interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: float | None = None,
+        *,
+        unit: str = "",
+        scale: float = 1.0,
+        quiet: bool = False,
+        stream: TextIO | None = None,
+        interval: float = 0.25,
+    ) -> None:
         self.label, self.total, self.unit, self.scale = label, total, unit, scale
         self.quiet = quiet
         self.stream = stream if stream is not None else sys.stderr
@@ -114,13 +123,15 @@ class Progress:
                 pass
         self.enabled = False
 
-    def then(self, label: str, total: float | None = None, *, unit: str = "", scale: float = 1.0) -> "Progress":
+    def then(self, label: str, total: float | None = None, *, unit: str = "", scale: float = 1.0) -> Progress:
         """End this line and start the next phase's, on the same stream and as quiet (a command
         whose long work has several parts: reading, then deriving)."""
         self.close()
-        return Progress(label, total, unit=unit, scale=scale, quiet=self.quiet, stream=self.stream, interval=self.interval)
+        return Progress(
+            label, total, unit=unit, scale=scale, quiet=self.quiet, stream=self.stream, interval=self.interval
+        )
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

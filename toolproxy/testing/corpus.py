@@ -18,7 +18,6 @@ by `growth` bytes a turn), turn t of every episode before turn t+1 of any, and s
 Test doubles, not production code: nothing in the proxy or the analyzer imports this module.
 """
 
-
 from __future__ import annotations
 
 import random
@@ -31,16 +30,45 @@ from toolproxy.record.writer import SEGMENT_DIR
 from toolproxy.stacks.catalog import OLLAMA, TOOL_REFUSAL, VLLM
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": name, "description": desc * 3,
-        "parameters": {"type": "object", "properties": props, "required": list(props)[:1], "additionalProperties": False},
-    }}
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc * 3,
+            "parameters": {
+                "type": "object",
+                "properties": props,
+                "required": list(props)[:1],
+                "additionalProperties": False,
+            },
+        },
+    }
     for name, desc, props in [
-        ("get_weather", "Current weather for a city, in metric units. ", {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}),
-        ("search_web", "Search the web and return the top results. ", {"query": {"type": "string"}, "limit": {"type": "integer"}}),
-        ("read_file", "Read a text file from the workspace. ", {"path": {"type": "string"}, "max_bytes": {"type": "integer"}}),
-        ("write_file", "Write a text file in the workspace. ", {"path": {"type": "string"}, "content": {"type": "string"}}),
-        ("run_shell", "Run a shell command in the sandbox. ", {"command": {"type": "string"}, "timeout": {"type": "number"}}),
+        (
+            "get_weather",
+            "Current weather for a city, in metric units. ",
+            {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+        ),
+        (
+            "search_web",
+            "Search the web and return the top results. ",
+            {"query": {"type": "string"}, "limit": {"type": "integer"}},
+        ),
+        (
+            "read_file",
+            "Read a text file from the workspace. ",
+            {"path": {"type": "string"}, "max_bytes": {"type": "integer"}},
+        ),
+        (
+            "write_file",
+            "Write a text file in the workspace. ",
+            {"path": {"type": "string"}, "content": {"type": "string"}},
+        ),
+        (
+            "run_shell",
+            "Run a shell command in the sandbox. ",
+            {"command": {"type": "string"}, "timeout": {"type": "number"}},
+        ),
         ("calculator", "Evaluate an arithmetic expression. ", {"expression": {"type": "string"}}),
     ]
 ]
@@ -88,7 +116,9 @@ def _sse(chunks: list[dict], done: bool = True) -> bytes:
     return out + (b"data: [DONE]\n\n" if done else b"")
 
 
-def _openai_reply(stack: str, model: str, kind: str, name, args, text, stream: bool, rnd: random.Random) -> tuple[bytes, str]:
+def _openai_reply(
+    stack: str, model: str, kind: str, name, args, text, stream: bool, rnd: random.Random
+) -> tuple[bytes, str]:
     cid = f"chatcmpl-{rnd.getrandbits(48):x}"
     base = {"id": cid, "object": "chat.completion", "created": 1764000000, "model": model}
     if stack == "ollama":
@@ -100,8 +130,13 @@ def _openai_reply(stack: str, model: str, kind: str, name, args, text, stream: b
     in_text = stack == "sglang" and kind == "call"
     tool_calls = []
     if kind == "call" and not in_text:
-        tool_calls = [{"id": f"call_{rnd.getrandbits(32):x}", "type": "function",
-                       "function": {"name": name, "arguments": orjson.dumps(args).decode()}}]
+        tool_calls = [
+            {
+                "id": f"call_{rnd.getrandbits(32):x}",
+                "type": "function",
+                "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+            }
+        ]
     if in_text:
         text = "<tool_call>\n" + orjson.dumps({"name": name, "arguments": args}).decode() + "\n</tool_call>"
     finish = "tool_calls" if tool_calls else "stop"
@@ -111,7 +146,9 @@ def _openai_reply(stack: str, model: str, kind: str, name, args, text, stream: b
         msg = {"role": "assistant", "content": text or None}
         if tool_calls:
             msg["tool_calls"] = tool_calls
-        body = dict(base, choices=[dict({"index": 0, "message": msg, "finish_reason": finish}, **extra_choice)], usage=usage)
+        body = dict(
+            base, choices=[dict({"index": 0, "message": msg, "finish_reason": finish}, **extra_choice)], usage=usage
+        )
         if stack == "llamacpp":
             body["timings"] = {"prompt_n": 12, "cache_n": 300, "predicted_n": 40}
         return orjson.dumps(body), "application/json"
@@ -120,19 +157,49 @@ def _openai_reply(stack: str, model: str, kind: str, name, args, text, stream: b
     if text:
         words = text.split(" ")
         for i in range(0, len(words), 3):
-            piece = " ".join(words[i:i + 3]) + " "
+            piece = " ".join(words[i : i + 3]) + " "
             chunks.append(dict(base, choices=[{"index": 0, "delta": {"content": piece}, "finish_reason": None}]))
     for tc in tool_calls:
         if stack == "ollama":
-            chunks.append(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [dict(tc, index=0)]}, "finish_reason": None}]))
+            chunks.append(
+                dict(base, choices=[{"index": 0, "delta": {"tool_calls": [dict(tc, index=0)]}, "finish_reason": None}])
+            )
         else:
-            chunks.append(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [
-                {"index": 0, "id": tc["id"], "type": "function", "function": {"name": tc["function"]["name"], "arguments": ""}}]},
-                "finish_reason": None}]))
+            chunks.append(
+                dict(
+                    base,
+                    choices=[
+                        {
+                            "index": 0,
+                            "delta": {
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "id": tc["id"],
+                                        "type": "function",
+                                        "function": {"name": tc["function"]["name"], "arguments": ""},
+                                    }
+                                ]
+                            },
+                            "finish_reason": None,
+                        }
+                    ],
+                )
+            )
             a = tc["function"]["arguments"]
             for i in range(0, len(a), 8):
-                chunks.append(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [
-                    {"index": 0, "function": {"arguments": a[i:i + 8]}}]}, "finish_reason": None}]))
+                chunks.append(
+                    dict(
+                        base,
+                        choices=[
+                            {
+                                "index": 0,
+                                "delta": {"tool_calls": [{"index": 0, "function": {"arguments": a[i : i + 8]}}]},
+                                "finish_reason": None,
+                            }
+                        ],
+                    )
+                )
     chunks.append(dict(base, choices=[dict({"index": 0, "delta": {}, "finish_reason": finish}, **extra_choice)]))
     chunks.append(dict(base, choices=[], usage=usage))
     return _sse(chunks), "text/event-stream"
@@ -142,25 +209,45 @@ def _ollama_native(model: str, kind: str, name, args, text, stream: bool, rnd: r
     msgs = []
     if text:
         words = text.split(" ")
-        msgs = [{"role": "assistant", "content": " ".join(words[i:i + 3]) + " "} for i in range(0, len(words), 3)]
+        msgs = [{"role": "assistant", "content": " ".join(words[i : i + 3]) + " "} for i in range(0, len(words), 3)]
     if kind == "call":
-        msgs.append({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": name, "arguments": args}}]})
-    final = {"model": model, "created_at": "2026-11-29T12:00:00Z", "message": {"role": "assistant", "content": ""},
-             "done": True, "done_reason": "stop", "total_duration": 123456, "prompt_eval_count": rnd.randint(300, 5000),
-             "eval_count": rnd.randint(10, 300)}
+        msgs.append(
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": name, "arguments": args}}]}
+        )
+    final = {
+        "model": model,
+        "created_at": "2026-11-29T12:00:00Z",
+        "message": {"role": "assistant", "content": ""},
+        "done": True,
+        "done_reason": "stop",
+        "total_duration": 123456,
+        "prompt_eval_count": rnd.randint(300, 5000),
+        "eval_count": rnd.randint(10, 300),
+    }
     if not stream:
         merged = {"role": "assistant", "content": "".join(m["content"] for m in msgs)}
         calls = [tc for m in msgs for tc in m.get("tool_calls", [])]
         if calls:
             merged["tool_calls"] = calls
         return orjson.dumps(dict(final, message=merged)), "application/json"
-    lines = [orjson.dumps({"model": model, "created_at": "2026-11-29T12:00:00Z", "message": m, "done": False}) for m in msgs]
+    lines = [
+        orjson.dumps({"model": model, "created_at": "2026-11-29T12:00:00Z", "message": m, "done": False}) for m in msgs
+    ]
     lines.append(orjson.dumps(final))
     return b"\n".join(lines) + b"\n", "application/x-ndjson"
 
 
-def _write_answered(f, rec: Record, t: float, status: int, ctype: str, body: bytes, ttfb_ms: float, duration_ms: float,
-                    headers: list | None = None) -> None:
+def _write_answered(
+    f,
+    rec: Record,
+    t: float,
+    status: int,
+    ctype: str,
+    body: bytes,
+    ttfb_ms: float,
+    duration_ms: float,
+    headers: list | None = None,
+) -> None:
     """Complete a record with the upstream's answer and write it as the segment writer does."""
     rec.status = rec.client_status = status
     rec.response_headers = [["content-type", ctype], *(headers or [])]
@@ -190,13 +277,19 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
         run = runs[episode_no % len(runs)]
         stack, condition = RUN_SETUPS[run]
         episode_no += 1
-        model = {"ollama_refuse": "gemma3:4b", "ollama": "qwen3:8b", "ollama_native": "qwen3:8b"}.get(stack, "Qwen/Qwen3-8B")
+        model = {"ollama_refuse": "gemma3:4b", "ollama": "qwen3:8b", "ollama_native": "qwen3:8b"}.get(
+            stack, "Qwen/Qwen3-8B"
+        )
         path = "/api/chat" if stack == "ollama_native" else "/v1/chat/completions"
         stream = rnd.random() < 0.5
         n_turns = 1 if stack in ("ollama_refuse", "vllm_refuse") else rnd.choice([1, 2, 3, 4, 5, 6, 8, 12])
         messages = [
             {"role": "system", "content": "You are a careful agent. Use tools when they help. " * 8},
-            {"role": "user", "content": f"Task {rnd.randint(1, 400)}: " + "please investigate the repository and report. " * rnd.randint(1, 6)},
+            {
+                "role": "user",
+                "content": f"Task {rnd.randint(1, 400)}: "
+                + "please investigate the repository and report. " * rnd.randint(1, 6),
+            },
         ]
         item = f"{rnd.choice(['simple', 'multiple', 'parallel'])}_{rnd.randint(0, 199)}"
         tagged = run != "(untagged)"
@@ -208,33 +301,70 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
             req = orjson.dumps(req_obj)
             for a in range(attempts):
                 t += rnd.random() * 0.5
-                rec = Record(id=new_id(), started_at=t, upstream="http://127.0.0.1:8000", method="POST", path=path,
-                             client_path=(f"/t/run={run}/episode={episode_no}/item={item}" if tagged else "") + path,
-                             run=run if tagged else None, episode=str(episode_no) if tagged else None,
-                             item=item if tagged else None, condition=condition)
-                rec.request_headers = [["Host", "127.0.0.1:8787"], ["Content-Type", "application/json"],
-                                       ["Authorization", "redacted:1a2b3c4d"]]
+                rec = Record(
+                    id=new_id(),
+                    started_at=t,
+                    upstream="http://127.0.0.1:8000",
+                    method="POST",
+                    path=path,
+                    client_path=(f"/t/run={run}/episode={episode_no}/item={item}" if tagged else "") + path,
+                    run=run if tagged else None,
+                    episode=str(episode_no) if tagged else None,
+                    item=item if tagged else None,
+                    condition=condition,
+                )
+                rec.request_headers = [
+                    ["Host", "127.0.0.1:8787"],
+                    ["Content-Type", "application/json"],
+                    ["Authorization", "redacted:1a2b3c4d"],
+                ]
                 rec.request_body, rec.request_body_encoding = encode_body(req)
                 rec.request_body_size = len(req)
                 failing = (a < attempts - 1) or fail_all
                 if stack == "vllm_refuse":
                     refusal = VLLM.failures[TOOL_REFUSAL]
-                    body = orjson.dumps({"error": {"message": refusal.text(), "type": "BadRequestError", "param": None, "code": refusal.status}})
+                    body = orjson.dumps(
+                        {
+                            "error": {
+                                "message": refusal.text(),
+                                "type": "BadRequestError",
+                                "param": None,
+                                "code": refusal.status,
+                            }
+                        }
+                    )
                     status, ctype = refusal.status, "application/json"
                 elif stack == "ollama_refuse":
                     refusal = OLLAMA.failures[TOOL_REFUSAL]
-                    body = orjson.dumps({"error": {"message": refusal.text(model=f"registry.ollama.ai/library/{model}"), "type": "invalid_request_error", "param": None, "code": None}})
+                    body = orjson.dumps(
+                        {
+                            "error": {
+                                "message": refusal.text(model=f"registry.ollama.ai/library/{model}"),
+                                "type": "invalid_request_error",
+                                "param": None,
+                                "code": None,
+                            }
+                        }
+                    )
                     status, ctype = refusal.status, "application/json"
                 elif failing and rnd.random() < 0.3:
-                    rec.set_error("timeout", "upstream http://127.0.0.1:8000 sent no response within 600s (--ttfb-timeout)")
+                    rec.set_error(
+                        "timeout", "upstream http://127.0.0.1:8000 sent no response within 600s (--ttfb-timeout)"
+                    )
                     rec.client_status = 504
-                    rec.client_body, rec.client_body_encoding = encode_body(b'{"error":{"message":"timeout","type":"toolproxy_error","param":null,"code":"upstream_timeout"}}')
+                    rec.client_body, rec.client_body_encoding = encode_body(
+                        b'{"error":{"message":"timeout","type":"toolproxy_error","param":null,"code":"upstream_timeout"}}'
+                    )
                     rec.ended_at, rec.duration_ms = t + 600, 600000.0
                     f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
                     written += 1
                     continue
                 elif failing:
-                    body, status, ctype = b'{"error":{"message":"CUDA out of memory","type":"InternalServerError","code":500}}', 500, "application/json"
+                    body, status, ctype = (
+                        b'{"error":{"message":"CUDA out of memory","type":"InternalServerError","code":500}}',
+                        500,
+                        "application/json",
+                    )
                 elif stack == "ollama_native":
                     body, ctype = _ollama_native(model, kind, name, args, text, stream, rnd)
                     status = 200
@@ -242,18 +372,44 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
                     body, ctype = _openai_reply(stack, model, kind, name, args, text, stream, rnd)
                     status = 200
                 ttfb = rnd.uniform(50, 3000)
-                _write_answered(f, rec, t, status, ctype, body, ttfb, ttfb + rnd.uniform(10, 9000),
-                                [["date", "Sat, 29 Nov 2026 12:00:00 GMT"]])
+                _write_answered(
+                    f,
+                    rec,
+                    t,
+                    status,
+                    ctype,
+                    body,
+                    ttfb,
+                    ttfb + rnd.uniform(10, 9000),
+                    [["date", "Sat, 29 Nov 2026 12:00:00 GMT"]],
+                )
                 written += 1
             if stack in ("ollama_refuse", "vllm_refuse") or fail_all:
                 break
             if kind == "call":
                 call_id = f"call_{turn}"
-                reply_msg = {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": call_id, "type": "function", "function": {"name": name, "arguments": orjson.dumps(args).decode()}}]}
+                reply_msg = {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+                        }
+                    ],
+                }
                 if stack == "sglang":
-                    reply_msg = {"role": "assistant", "content": "<tool_call>\n" + orjson.dumps({"name": name, "arguments": args}).decode() + "\n</tool_call>"}
-                messages = messages + [reply_msg, {"role": "tool", "tool_call_id": call_id, "content": "result: " + "data " * rnd.randint(5, 80)}]
+                    reply_msg = {
+                        "role": "assistant",
+                        "content": "<tool_call>\n"
+                        + orjson.dumps({"name": name, "arguments": args}).decode()
+                        + "\n</tool_call>",
+                    }
+                messages = messages + [
+                    reply_msg,
+                    {"role": "tool", "tool_call_id": call_id, "content": "result: " + "data " * rnd.randint(5, 80)},
+                ]
             else:
                 messages = messages + [{"role": "assistant", "content": text}, {"role": "user", "content": "Go on."}]
     if f is not None:
@@ -278,22 +434,42 @@ def generate_small(data_dir: Path, n_exchanges: int, seed: int = 11, segment_rec
         run = f"small-{i % 4}"
         offered = rnd.random() < 0.5
         stream = rnd.random() < 0.3
-        req_obj = {"model": "qwen3:8b", "messages": [{"role": "user", "content": f"What is {rnd.randint(1, 99)}*{rnd.randint(1, 99)}?"}],
-                   "stream": stream}
+        req_obj = {
+            "model": "qwen3:8b",
+            "messages": [{"role": "user", "content": f"What is {rnd.randint(1, 99)}*{rnd.randint(1, 99)}?"}],
+            "stream": stream,
+        }
         if offered:
             req_obj["tools"] = [tool]
         req = orjson.dumps(req_obj)
-        rec = Record(id=new_id(), started_at=t, upstream="http://127.0.0.1:11434", method="POST", path="/v1/chat/completions",
-                     client_path=f"/t/run={run}/v1/chat/completions", run=run, condition="native")
+        rec = Record(
+            id=new_id(),
+            started_at=t,
+            upstream="http://127.0.0.1:11434",
+            method="POST",
+            path="/v1/chat/completions",
+            client_path=f"/t/run={run}/v1/chat/completions",
+            run=run,
+            condition="native",
+        )
         rec.request_headers = [["Content-Type", "application/json"]]
         rec.request_body, rec.request_body_encoding = encode_body(req)
         rec.request_body_size = len(req)
         r = rnd.random()
         if r < 0.03:
-            body, status, ctype = b'{"error":{"message":"model is loading","type":"server_error","code":503}}', 503, "application/json"
+            body, status, ctype = (
+                b'{"error":{"message":"model is loading","type":"server_error","code":503}}',
+                503,
+                "application/json",
+            )
         else:
             if offered and r < 0.6:
-                kind, name, args, text = "call", "calculator", {"expression": f"{rnd.randint(1, 99)}*{rnd.randint(1, 99)}"}, ""
+                kind, name, args, text = (
+                    "call",
+                    "calculator",
+                    {"expression": f"{rnd.randint(1, 99)}*{rnd.randint(1, 99)}"},
+                    "",
+                )
             else:
                 kind, name, args, text = "prose", None, None, "The answer is " + str(rnd.randint(1, 9999)) + "."
             body, ctype = _openai_reply("ollama", "qwen3:8b", kind, name, args, text, stream, rnd)
@@ -303,8 +479,6 @@ def generate_small(data_dir: Path, n_exchanges: int, seed: int = 11, segment_rec
     if f is not None:
         f.close()
     return n_exchanges
-
-
 
 
 WORDS = (
@@ -320,7 +494,11 @@ def _text(rnd: random.Random, n_bytes: int) -> str:
     out: list[str] = []
     size = 0
     while size < n_bytes:
-        word = rnd.choice(WORDS) if rnd.random() < 0.9 else f"{rnd.choice(WORDS)}_{rnd.randint(0, 9999)}.py:{rnd.randint(1, 999)}"
+        word = (
+            rnd.choice(WORDS)
+            if rnd.random() < 0.9
+            else f"{rnd.choice(WORDS)}_{rnd.randint(0, 9999)}.py:{rnd.randint(1, 999)}"
+        )
         out.append(word)
         size += len(word) + 1
         if rnd.random() < 0.08:
@@ -337,37 +515,73 @@ def episode(rnd: random.Random, n: int, turns: int, growth: int, tagged: bool = 
     ]
     records = []
     for turn in range(turns):
-        req = orjson.dumps({"model": MODEL, "messages": messages, "tools": TOOLS, "tool_choice": "auto",
-                            "temperature": 0.2, "stream": False})
+        req = orjson.dumps(
+            {
+                "model": MODEL,
+                "messages": messages,
+                "tools": TOOLS,
+                "tool_choice": "auto",
+                "temperature": 0.2,
+                "stream": False,
+            }
+        )
         name = rnd.choice(TOOL_NAMES)
         args = _args_for(name, rnd)
         body, ctype = _openai_reply("vllm", MODEL, "call", name, args, "", False, rnd)
-        rec = Record(id=new_id(), started_at=1764000000.0 + turn, upstream="http://127.0.0.1:8000", method="POST",
-                     path="/v1/chat/completions",
-                     client_path=(f"/t/run=bench/episode={n}" if tagged else "") + "/v1/chat/completions",
-                     run="bench" if tagged else None, episode=str(n) if tagged else None,
-                     status=200, client_status=200, response_complete=True)
-        rec.request_headers = [["Host", "127.0.0.1:8787"], ["Content-Type", "application/json"],
-                               ["Authorization", "redacted:1a2b3c4d"], ["User-Agent", "OpenAI/Python 1.99.0"],
-                               ["Content-Length", str(len(req))]]
+        rec = Record(
+            id=new_id(),
+            started_at=1764000000.0 + turn,
+            upstream="http://127.0.0.1:8000",
+            method="POST",
+            path="/v1/chat/completions",
+            client_path=(f"/t/run=bench/episode={n}" if tagged else "") + "/v1/chat/completions",
+            run="bench" if tagged else None,
+            episode=str(n) if tagged else None,
+            status=200,
+            client_status=200,
+            response_complete=True,
+        )
+        rec.request_headers = [
+            ["Host", "127.0.0.1:8787"],
+            ["Content-Type", "application/json"],
+            ["Authorization", "redacted:1a2b3c4d"],
+            ["User-Agent", "OpenAI/Python 1.99.0"],
+            ["Content-Length", str(len(req))],
+        ]
         rec.request_body, rec.request_body_encoding = encode_body(req)
         rec.request_body_size = len(req)
-        rec.response_headers = [["content-type", ctype], ["date", "Sat, 29 Nov 2026 12:00:00 GMT"],
-                                ["content-length", str(len(body))]]
+        rec.response_headers = [
+            ["content-type", ctype],
+            ["date", "Sat, 29 Nov 2026 12:00:00 GMT"],
+            ["content-length", str(len(body))],
+        ]
         rec.response_body, rec.response_body_encoding = encode_body(body)
         rec.ttfb_ms = rec.duration_ms = 900.0 + turn
         rec.ended_at = rec.started_at + 1
         records.append(rec)
-        call = {"id": f"call_{n}_{turn}", "type": "function", "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
+        call = {
+            "id": f"call_{n}_{turn}",
+            "type": "function",
+            "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+        }
         before = len(orjson.dumps(messages))
-        messages = messages + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                               {"role": "tool", "tool_call_id": call["id"], "content": ""}]
+        messages = messages + [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": ""},
+        ]
         messages[-1]["content"] = _text(rnd, max(0, growth - (len(orjson.dumps(messages)) - before)))
     return records
 
 
-def generate_long(data_dir: Path, n_exchanges: int, seed: int = 13, segment_records: int = 20000,
-                  concurrent: int = 64, tagged: bool = True, days: int = 0) -> int:
+def generate_long(
+    data_dir: Path,
+    n_exchanges: int,
+    seed: int = 13,
+    segment_records: int = 20000,
+    concurrent: int = 64,
+    tagged: bool = True,
+    days: int = 0,
+) -> int:
     """Long-running production agent traffic, whose records are several times the `agents` mix's:
     episodes of 20-50 turns in one run, each request resending a ~1.6 KB system prompt and task, ~2 KB of tools and its
     history so far (records of 4-12 KB), `concurrent` episodes interleaved at a time, stamped in the
@@ -384,7 +598,7 @@ def generate_long(data_dir: Path, n_exchanges: int, seed: int = 13, segment_reco
         for _ in range(concurrent):
             group.append(episode(rnd, n, rnd.randint(20, 50), 150, tagged))
             n += 1
-        for rec in interleaved(group)[:n_exchanges - written]:
+        for rec in interleaved(group)[: n_exchanges - written]:
             if written % segment_records == 0:
                 if f is not None:
                     f.close()
@@ -400,8 +614,9 @@ def generate_long(data_dir: Path, n_exchanges: int, seed: int = 13, segment_reco
     return written
 
 
-def generate_untagged(data_dir: Path, n_exchanges: int, seed: int = 17, segment_records: int = 20000,
-                      concurrent: int = 64) -> int:
+def generate_untagged(
+    data_dir: Path, n_exchanges: int, seed: int = 17, segment_records: int = 20000, concurrent: int = 64
+) -> int:
     """generate_long's traffic with no tags at all, as a proxy nobody configured records it."""
     return generate_long(data_dir, n_exchanges, seed, segment_records, concurrent, tagged=False)
 
@@ -421,8 +636,9 @@ def small_records(n: int) -> list[Record]:
     out = []
     for i in range(n):
         rec = Record(id=new_id(), started_at=1764000000.0 + i, method="POST", path="/v1/chat/completions", status=200)
-        rec.request_body, rec.request_body_encoding = encode_body(orjson.dumps(
-            {"model": MODEL, "messages": [{"role": "user", "content": _text(rnd, 600)}]}))
+        rec.request_body, rec.request_body_encoding = encode_body(
+            orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": _text(rnd, 600)}]})
+        )
         rec.response_body, rec.response_body_encoding = encode_body(b'{"choices":[{"message":{"content":"ok"}}]}')
         out.append(rec)
     return out

@@ -10,9 +10,9 @@ same code the proxy runs, so an addon sees exactly what it would see behind a so
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -35,8 +35,15 @@ def config(**options) -> ProxyConfig:
     return ProxyConfig(**options)
 
 
-def flow(path: str = "/v1/chat/completions", *, method: str = "POST", headers: Iterable[tuple[str, str]] = (),
-         body: bytes = b"", cfg: ProxyConfig | None = None, durable: bool = False) -> Flow:
+def flow(
+    path: str = "/v1/chat/completions",
+    *,
+    method: str = "POST",
+    headers: Iterable[tuple[str, str]] = (),
+    body: bytes = b"",
+    cfg: ProxyConfig | None = None,
+    durable: bool = False,
+) -> Flow:
     """A flow at its request_headers phase (call inside a running loop: a flow knows its task).
     `path` is the raw target with its query, as a client sent it; `body` is set as if read."""
     cfg = cfg or config()

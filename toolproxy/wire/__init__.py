@@ -10,12 +10,53 @@ reply said.
 from .decode import Decoder, decode
 from .endpoints import CHAT, COMPLETION, FAMILIES, MESSAGES, OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, family_of, streams
 from .errors import error_of, error_text
-from .model import Call, CallArguments, CallEnd, CallStart, Error, Event, Finish, Reasoning, Reply, Request, Text, Usage, text_of
+from .model import (
+    Call,
+    CallArguments,
+    CallEnd,
+    CallStart,
+    Error,
+    Event,
+    Finish,
+    Reasoning,
+    Reply,
+    Request,
+    Text,
+    Usage,
+    text_of,
+)
 from .requests import encoder_for, read_request, stop_strings, tool_names, write_request
 
 __all__ = [
-    "CHAT", "COMPLETION", "FAMILIES", "MESSAGES", "OLLAMA_CHAT", "OLLAMA_GENERATE", "RESPONSES",
-    "Call", "CallArguments", "CallEnd", "CallStart", "Decoder", "Error", "Event", "Finish", "Reasoning", "Reply",
-    "Request", "Text", "Usage", "decode", "encoder_for", "error_of", "error_text", "family_of", "read_request",
-    "stop_strings", "streams", "text_of", "tool_names", "write_request",
+    "CHAT",
+    "COMPLETION",
+    "FAMILIES",
+    "MESSAGES",
+    "OLLAMA_CHAT",
+    "OLLAMA_GENERATE",
+    "RESPONSES",
+    "Call",
+    "CallArguments",
+    "CallEnd",
+    "CallStart",
+    "Decoder",
+    "Error",
+    "Event",
+    "Finish",
+    "Reasoning",
+    "Reply",
+    "Request",
+    "Text",
+    "Usage",
+    "decode",
+    "encoder_for",
+    "error_of",
+    "error_text",
+    "family_of",
+    "read_request",
+    "stop_strings",
+    "streams",
+    "text_of",
+    "tool_names",
+    "write_request",
 ]

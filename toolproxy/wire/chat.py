@@ -159,12 +159,24 @@ def read_request(body: dict[str, Any]) -> Request:
     messages = body.get("messages")
     if not isinstance(messages, list):
         prompt = body.get("prompt")
-        messages = [] if prompt is None else [{"role": "user", "content": prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()}]
+        messages = (
+            []
+            if prompt is None
+            else [{"role": "user", "content": prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()}]
+        )
     tools = body.get("tools") if isinstance(body.get("tools"), list) else []
-    params = {k: v for k, v in body.items() if k not in ("messages", "tools", "tool_choice", "model", "stream", "prompt")}
+    params = {
+        k: v for k, v in body.items() if k not in ("messages", "tools", "tool_choice", "model", "stream", "prompt")
+    }
     return Request(
-        "chat", messages, tools, body.get("tool_choice"), bool(body.get("stream")),
-        body.get("model") if isinstance(body.get("model"), str) else None, params, body,
+        "chat",
+        messages,
+        tools,
+        body.get("tool_choice"),
+        bool(body.get("stream")),
+        body.get("model") if isinstance(body.get("model"), str) else None,
+        params,
+        body,
     )
 
 
@@ -200,10 +212,15 @@ class ChatEncoder(BufferingEncoder):
         self._started = False
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> bytes:
-        return sse({
-            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-        })
+        return sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            }
+        )
 
     def _role(self) -> bytes:
         if self._started:
@@ -225,10 +242,14 @@ class ChatEncoder(BufferingEncoder):
             message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
             if calls:
                 message["tool_calls"] = [
-                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_text()}} for c in calls
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_text()}}
+                    for c in calls
                 ]
             body: dict[str, Any] = {
-                "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "id": self.id,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
                 "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
             }
             if usage is not None:
@@ -238,16 +259,30 @@ class ChatEncoder(BufferingEncoder):
         if tail:
             out.append(self._chunk({"content": tail}))
         for i, c in enumerate(calls):
-            out.append(self._chunk({"tool_calls": [
-                {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
-            ]}))
+            out.append(
+                self._chunk(
+                    {
+                        "tool_calls": [
+                            {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+                        ]
+                    }
+                )
+            )
             out.append(self._chunk({"tool_calls": [{"index": i, "function": {"arguments": c.arguments_text()}}]}))
         out.append(self._chunk({}, finish))
         if self.include_usage:
-            out.append(sse({
-                "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [], "usage": usage,
-            }))
+            out.append(
+                sse(
+                    {
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
+            )
         out.append(b"data: [DONE]\n\n")
         return b"".join(out)
 

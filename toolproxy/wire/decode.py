@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import orjson
 
-from . import framing
+import toolproxy.wire.framing as framing
+
 from .chat import ChatReader
 from .endpoints import CHAT, LINE_FRAMED, MESSAGES, RESPONSES
 from .errors import error_of
-from .messages import MessagesReader
 from .framing import DONE
+from .messages import MessagesReader
 from .model import FOLD, Error, Event, Reply
 from .ollama import OllamaReader
 from .responses import ResponsesReader

@@ -29,7 +29,13 @@ class SSEFramer:
             self._buf += chunk
             return out
         text = self._buf + chunk
-        if text[:6] == b"data: " and text[-2:] == b"\n\n" and not self._data and self._event is None and b"\r" not in text:
+        if (
+            text[:6] == b"data: "
+            and text[-2:] == b"\n\n"
+            and not self._data
+            and self._event is None
+            and b"\r" not in text
+        ):
             # Whole events of one `data: ` line each (what every stack writes, and a whole body):
             # the payloads are what lies between the separators, when no payload holds a newline.
             payloads = text[6:-2].split(b"\n\ndata: ")

@@ -20,22 +20,46 @@ from typing import Any
 import orjson
 
 from .model import (
-    BufferingEncoder, Call, CallArguments, CallEnd, CallStart, Event, Finish, Reasoning, Request, Text, Usage, leading_system, message_calls, text_of,
+    BufferingEncoder,
+    Call,
+    CallArguments,
+    CallEnd,
+    CallStart,
+    Event,
+    Finish,
+    Reasoning,
+    Request,
+    Text,
+    Usage,
+    leading_system,
+    message_calls,
+    text_of,
 )
 
-STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
-                "refusal": "content_filter", "pause_turn": "stop"}
+STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "refusal": "content_filter",
+    "pause_turn": "stop",
+}
 _ANTHROPIC_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
 
 
 def _usage(usage: Any) -> Usage | None:
     if not isinstance(usage, dict):
         return None
-    ints = {k: usage.get(k) for k in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")}
+    ints = {
+        k: usage.get(k)
+        for k in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    }
     ints = {k: v if isinstance(v, int) else None for k, v in ints.items()}
     prompt = None
     if ints["input_tokens"] is not None:
-        prompt = ints["input_tokens"] + (ints["cache_read_input_tokens"] or 0) + (ints["cache_creation_input_tokens"] or 0)
+        prompt = (
+            ints["input_tokens"] + (ints["cache_read_input_tokens"] or 0) + (ints["cache_creation_input_tokens"] or 0)
+        )
     return Usage(prompt, ints["output_tokens"], ints["cache_read_input_tokens"])
 
 
@@ -146,13 +170,19 @@ def read_request(body: dict[str, Any]) -> Request:
             continue
         text = text_of(content)
         calls = [
-            {"id": b.get("id"), "type": "function",
-             "function": {"name": b.get("name"), "arguments": orjson.dumps(b.get("input", {})).decode()}}
-            for b in content if isinstance(b, dict) and b.get("type") == "tool_use"
+            {
+                "id": b.get("id"),
+                "type": "function",
+                "function": {"name": b.get("name"), "arguments": orjson.dumps(b.get("input", {})).decode()},
+            }
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "tool_use"
         ]
         results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
         for r in results:
-            messages.append({"role": "tool", "tool_call_id": r.get("tool_use_id"), "content": _blocks_text(r.get("content"))})
+            messages.append(
+                {"role": "tool", "tool_call_id": r.get("tool_use_id"), "content": _blocks_text(r.get("content"))}
+            )
         if calls:
             messages.append({"role": role, "content": text or None, "tool_calls": calls})
         elif text or not results:
@@ -163,7 +193,9 @@ def read_request(body: dict[str, Any]) -> Request:
             fn = {"name": tool["name"]}
             if "description" in tool:
                 fn["description"] = tool["description"]
-            fn["parameters"] = tool.get("input_schema") if isinstance(tool.get("input_schema"), dict) else {"type": "object"}
+            fn["parameters"] = (
+                tool.get("input_schema") if isinstance(tool.get("input_schema"), dict) else {"type": "object"}
+            )
             tools.append({"type": "function", "function": fn})
     choice: Any = body.get("tool_choice")
     if isinstance(choice, dict):
@@ -176,10 +208,19 @@ def read_request(body: dict[str, Any]) -> Request:
     config = body.get("output_config")
     fmt = config.get("format") if isinstance(config, dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        params["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
+        params["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": fmt.get("schema")},
+        }
     return Request(
-        "messages", messages, tools, choice, bool(body.get("stream")),
-        body.get("model") if isinstance(body.get("model"), str) else None, params, body,
+        "messages",
+        messages,
+        tools,
+        choice,
+        bool(body.get("stream")),
+        body.get("model") if isinstance(body.get("model"), str) else None,
+        params,
+        body,
     )
 
 
@@ -198,7 +239,9 @@ def write_request(request: Request) -> dict[str, Any]:
         blocks: list[dict] = []
         if role == "tool":
             role = "user"
-            blocks.append({"type": "tool_result", "tool_use_id": msg.get("tool_call_id"), "content": text_of(msg.get("content"))})
+            blocks.append(
+                {"type": "tool_result", "tool_use_id": msg.get("tool_call_id"), "content": text_of(msg.get("content"))}
+            )
         elif text_of(msg.get("content")):
             blocks.append({"type": "text", "text": text_of(msg.get("content"))})
         for call in message_calls(msg):
@@ -214,13 +257,20 @@ def write_request(request: Request) -> dict[str, Any]:
     body["messages"] = out
     if request.tools:
         body["tools"] = [
-            {"name": fn.get("name"), "description": fn.get("description", ""), "input_schema": fn.get("parameters") or {"type": "object"}}
+            {
+                "name": fn.get("name"),
+                "description": fn.get("description", ""),
+                "input_schema": fn.get("parameters") or {"type": "object"},
+            }
             for fn in (t.get("function") or {} for t in request.tools)
         ]
     fmt = request.parameters.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
-        body["output_config"] = {**config, "format": {"type": "json_schema", "schema": (fmt.get("json_schema") or {}).get("schema")}}
+        body["output_config"] = {
+            **config,
+            "format": {"type": "json_schema", "schema": (fmt.get("json_schema") or {}).get("schema")},
+        }
     choice = request.tool_choice
     if isinstance(choice, dict):
         body["tool_choice"] = {"type": "tool", "name": (choice.get("function") or {}).get("name")}
@@ -251,10 +301,19 @@ class MessagesEncoder(BufferingEncoder):
         u = usage or {}
         cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         return {
-            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-            "stop_reason": stop, "stop_sequence": None,
-            "usage": {"input_tokens": max(u.get("prompt_tokens", 0) - cached, 0), "output_tokens": u.get("completion_tokens", 0),
-                      "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0},
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": max(u.get("prompt_tokens", 0) - cached, 0),
+                "output_tokens": u.get("completion_tokens", 0),
+                "cache_read_input_tokens": cached,
+                "cache_creation_input_tokens": 0,
+            },
         }
 
     def _start(self) -> bytes:
@@ -285,13 +344,27 @@ class MessagesEncoder(BufferingEncoder):
             out.append(_sse("content_block_stop", {"index": 0}))
         for call in calls:
             index = len(content)
-            block = {"type": "tool_use", "id": call.id or "toolu_" + secrets.token_hex(12), "name": call.name,
-                     "input": call.arguments_object()}
+            block = {
+                "type": "tool_use",
+                "id": call.id or "toolu_" + secrets.token_hex(12),
+                "name": call.name,
+                "input": call.arguments_object(),
+            }
             content.append(block)
             if self.stream:
                 out.append(_sse("content_block_start", {"index": index, "content_block": {**block, "input": {}}}))
-                out.append(_sse("content_block_delta", {"index": index, "delta": {
-                    "type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}}))
+                out.append(
+                    _sse(
+                        "content_block_delta",
+                        {
+                            "index": index,
+                            "delta": {
+                                "type": "input_json_delta",
+                                "partial_json": orjson.dumps(block["input"]).decode(),
+                            },
+                        },
+                    )
+                )
                 out.append(_sse("content_block_stop", {"index": index}))
         if not self.stream:
             return orjson.dumps(self._message(content, stop, usage))

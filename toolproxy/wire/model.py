@@ -3,7 +3,7 @@
 A request is a system text, a message list, tools, a tool choice and the remaining parameters; a
 reply is content, reasoning, calls, a finish reason, usage and an error. Messages and tools are
 kept as chat-completions dicts (role/content/tool_calls/tool_call_id; `{"type": "function",
-"function": {...}}`): that is the dialect the conditions rewrite and the analyzer hashes, so a
+"function": {...}}`): that is the protocol the conditions rewrite and the analyzer hashes, so a
 Responses or Messages exchange becomes the very conversation a chat harness would have sent.
 
 Decoders produce events (a text delta, a call's start, an argument fragment, usage, the finish,
@@ -15,7 +15,7 @@ a stream makes hundreds, and a frozen dataclass pays an object.__setattr__ per f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import orjson
 
@@ -79,7 +79,7 @@ class Error:
     message: str
 
 
-Event = Union[Text, Reasoning, CallStart, CallArguments, CallEnd, Usage, Finish, Error]
+Event = Text | Reasoning | CallStart | CallArguments | CallEnd | Usage | Finish | Error
 
 
 @dataclass(slots=True)
@@ -167,8 +167,10 @@ class Reply:
     @property
     def has_output(self) -> bool:
         # not isspace() is not strip() without copying the text (both use Unicode whitespace)
-        return bool(self.tool_calls) or bool(self.content and not self.content.isspace()) or bool(
-            self.reasoning_content and not self.reasoning_content.isspace()
+        return (
+            bool(self.tool_calls)
+            or bool(self.content and not self.content.isspace())
+            or bool(self.reasoning_content and not self.reasoning_content.isspace())
         )
 
     @property
@@ -251,8 +253,14 @@ class Reply:
 # How each event folds into a Reply, by its type: one lookup instead of a chain of isinstance
 # tests, and the decoder folds the events it makes without a call to apply in between.
 FOLD = {
-    Text: Reply._text, Reasoning: Reply._reasoning_part, CallStart: Reply._call_start,
-    CallArguments: Reply._call_arguments, CallEnd: Reply._call_end, Usage: Reply._usage, Finish: Reply._finish, Error: Reply._error,
+    Text: Reply._text,
+    Reasoning: Reply._reasoning_part,
+    CallStart: Reply._call_start,
+    CallArguments: Reply._call_arguments,
+    CallEnd: Reply._call_end,
+    Usage: Reply._usage,
+    Finish: Reply._finish,
+    Error: Reply._error,
 }
 
 
@@ -335,7 +343,10 @@ def text_of(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            p["text"] for p in content
-            if isinstance(p, dict) and isinstance(p.get("text"), str) and p.get("type") in ("text", "input_text", "output_text")
+            p["text"]
+            for p in content
+            if isinstance(p, dict)
+            and isinstance(p.get("text"), str)
+            and p.get("type") in ("text", "input_text", "output_text")
         )
     return str(content)

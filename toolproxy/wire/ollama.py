@@ -5,7 +5,7 @@ as JSON objects and without ids; the last line has `done: true`, `done_reason` a
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -50,7 +50,11 @@ class OllamaReader:
         if obj.get("done"):
             prompt, completion = obj.get("prompt_eval_count"), obj.get("eval_count")
             if isinstance(prompt, int) or isinstance(completion, int):
-                out.append(Usage(prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None))
+                out.append(
+                    Usage(
+                        prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None
+                    )
+                )
             out.append(Finish(obj.get("done_reason") or "stop"))
         return out
 
@@ -60,7 +64,7 @@ def _str(piece: Any) -> str:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 class OllamaChatEncoder(BufferingEncoder):

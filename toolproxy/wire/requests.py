@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import chat, messages, responses
+import toolproxy.wire.chat as chat
+import toolproxy.wire.messages as messages
+import toolproxy.wire.responses as responses
+
 from .endpoints import MESSAGES, OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, streams
 from .messages import MessagesEncoder
 from .model import Request
@@ -53,8 +56,6 @@ def tool_names(tools: Any) -> list[str]:
             if isinstance(spec.get("name"), str):
                 out.append(spec["name"])
     return out
-
-
 
 
 def stop_strings(body: Any) -> list[str]:

@@ -19,7 +19,20 @@ from typing import Any
 import orjson
 
 from .model import (
-    BufferingEncoder, Call, CallArguments, CallEnd, CallStart, Event, Finish, Reasoning, Request, Text, Usage, leading_system, message_calls, text_of,
+    BufferingEncoder,
+    Call,
+    CallArguments,
+    CallEnd,
+    CallStart,
+    Event,
+    Finish,
+    Reasoning,
+    Request,
+    Text,
+    Usage,
+    leading_system,
+    message_calls,
+    text_of,
 )
 
 _CHAT_PARAMS = {"max_output_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p"}
@@ -60,7 +73,9 @@ class ResponsesReader:
         if kind == "response.output_text.delta" and isinstance(obj.get("delta"), str):
             self.seen_output = True
             return [Text(obj["delta"])] if obj["delta"] else []
-        if kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta") and isinstance(obj.get("delta"), str):
+        if kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta") and isinstance(
+            obj.get("delta"), str
+        ):
             self.seen_output = True
             return [Reasoning(obj["delta"])]
         if kind in ("response.output_item.added", "response.output_item.done") and isinstance(obj.get("item"), dict):
@@ -112,7 +127,9 @@ class ResponsesReader:
                         out.append(Text(text))
                 elif item.get("type") == "reasoning":
                     parts = (item.get("content") or []) + (item.get("summary") or [])
-                    text = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+                    text = "".join(
+                        p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)
+                    )
                     if text:
                         out.append(Reasoning(text))
                 elif item.get("type") == "function_call":
@@ -148,8 +165,11 @@ def read_request(body: dict[str, Any]) -> Request:
         if kind == "message" and isinstance(item.get("role"), str):
             messages.append({"role": item["role"], "content": _content(item.get("content"))})
         elif kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}}
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+            }
             last = messages[-1] if messages else None
             if isinstance(last, dict) and last.get("role") == "assistant":
                 last.setdefault("tool_calls", []).append(call)
@@ -157,8 +177,13 @@ def read_request(body: dict[str, Any]) -> Request:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": output if isinstance(output, str) else text_of(output)})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": output if isinstance(output, str) else text_of(output),
+                }
+            )
     tools = []
     for tool in body.get("tools") if isinstance(body.get("tools"), list) else ():
         if isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("name"), str):
@@ -170,12 +195,21 @@ def read_request(body: dict[str, Any]) -> Request:
     params = {chat: body[key] for key, chat in _CHAT_PARAMS.items() if key in body}
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        params["response_format"] = {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+        params["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {k: v for k, v in fmt.items() if k != "type"},
+        }
     if body.get("previous_response_id"):
         params["previous_response_id"] = body["previous_response_id"]
     return Request(
-        "responses", messages, tools, choice, bool(body.get("stream")),
-        body.get("model") if isinstance(body.get("model"), str) else None, params, body,
+        "responses",
+        messages,
+        tools,
+        choice,
+        bool(body.get("stream")),
+        body.get("model") if isinstance(body.get("model"), str) else None,
+        params,
+        body,
     )
 
 
@@ -192,15 +226,27 @@ def write_request(request: Request) -> dict[str, Any]:
             continue
         role = msg.get("role")
         if role == "tool":
-            items.append({"type": "function_call_output", "call_id": msg.get("tool_call_id"), "output": text_of(msg.get("content"))})
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": msg.get("tool_call_id"),
+                    "output": text_of(msg.get("content")),
+                }
+            )
             continue
         if text_of(msg.get("content")) or not msg.get("tool_calls"):
             items.append({"type": "message", "role": role, "content": text_of(msg.get("content"))})
         for call in message_calls(msg):
             fn = call.get("function") if isinstance(call.get("function"), dict) else {}
             args = fn.get("arguments")
-            items.append({"type": "function_call", "call_id": call.get("id"), "name": fn.get("name"),
-                          "arguments": args if isinstance(args, str) else orjson.dumps(args).decode()})
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call.get("id"),
+                    "name": fn.get("name"),
+                    "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+                }
+            )
     body["input"] = items
     if request.tools:
         body["tools"] = [{"type": "function", **(t.get("function") or {})} for t in request.tools]
@@ -210,8 +256,10 @@ def write_request(request: Request) -> dict[str, Any]:
         body["tool_choice"] = request.tool_choice
     fmt = request.parameters.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        body["text"] = {**(body.get("text") if isinstance(body.get("text"), dict) else {}),
-                        "format": {"type": "json_schema", **fmt.get("json_schema", {})}}
+        body["text"] = {
+            **(body.get("text") if isinstance(body.get("text"), dict) else {}),
+            "format": {"type": "json_schema", **fmt.get("json_schema", {})},
+        }
     return body
 
 
@@ -240,15 +288,26 @@ class ResponsesEncoder(BufferingEncoder):
 
     def _response(self, status: str, output: list, usage: dict | None, incomplete: str | None = None) -> dict:
         body: dict[str, Any] = {
-            "id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
-            "output": output, "error": None, "incomplete_details": {"reason": incomplete} if incomplete else None,
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "model": self.model,
+            "output": output,
+            "error": None,
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
         }
         if usage is not None:
             body["usage"] = {
-                "input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0),
+                "input_tokens": usage.get("prompt_tokens", 0),
+                "output_tokens": usage.get("completion_tokens", 0),
                 "total_tokens": usage.get("total_tokens", 0),
-                "input_tokens_details": {"cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)},
+                "input_tokens_details": {
+                    "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                },
                 "output_tokens_details": {"reasoning_tokens": 0},
             }
         return body
@@ -261,17 +320,35 @@ class ResponsesEncoder(BufferingEncoder):
         return self._sse("response.created", response=head) + self._sse("response.in_progress", response=head)
 
     def _message(self, text: str, status: str) -> dict:
-        return {"type": "message", "id": self._message_id, "status": status, "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" or text else []}
+        return {
+            "type": "message",
+            "id": self._message_id,
+            "status": status,
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]
+            if status == "completed" or text
+            else [],
+        }
 
     def _stream_delta(self, text: str) -> bytes:
         out = self._start()
         if len(self._text) == 1:
             out += self._sse("response.output_item.added", output_index=0, item=self._message("", "in_progress"))
-            out += self._sse("response.content_part.added", item_id=self._message_id, output_index=0, content_index=0,
-                             part={"type": "output_text", "text": "", "annotations": []})
-        return out + self._sse("response.output_text.delta", item_id=self._message_id, output_index=0, content_index=0,
-                               delta=text, logprobs=[])
+            out += self._sse(
+                "response.content_part.added",
+                item_id=self._message_id,
+                output_index=0,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": []},
+            )
+        return out + self._sse(
+            "response.output_text.delta",
+            item_id=self._message_id,
+            output_index=0,
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
 
     def error(self, message: str) -> bytes:
         if not self.stream:
@@ -289,23 +366,61 @@ class ResponsesEncoder(BufferingEncoder):
             output.append(item)
             if self.stream:
                 part = item["content"][0]
-                out.append(self._sse("response.output_text.done", item_id=self._message_id, output_index=0, content_index=0,
-                                     text=text, logprobs=[]))
-                out.append(self._sse("response.content_part.done", item_id=self._message_id, output_index=0,
-                                     content_index=0, part=part))
+                out.append(
+                    self._sse(
+                        "response.output_text.done",
+                        item_id=self._message_id,
+                        output_index=0,
+                        content_index=0,
+                        text=text,
+                        logprobs=[],
+                    )
+                )
+                out.append(
+                    self._sse(
+                        "response.content_part.done",
+                        item_id=self._message_id,
+                        output_index=0,
+                        content_index=0,
+                        part=part,
+                    )
+                )
                 out.append(self._sse("response.output_item.done", output_index=0, item=item))
         for call in calls:
             index = len(output)
-            item = {"type": "function_call", "id": "fc_" + secrets.token_hex(12), "call_id": call.id, "name": call.name,
-                    "arguments": call.arguments_text(), "status": "completed"}
+            item = {
+                "type": "function_call",
+                "id": "fc_" + secrets.token_hex(12),
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": call.arguments_text(),
+                "status": "completed",
+            }
             output.append(item)
             if self.stream:
-                out.append(self._sse("response.output_item.added", output_index=index,
-                                     item={**item, "arguments": "", "status": "in_progress"}))
-                out.append(self._sse("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                                     delta=item["arguments"]))
-                out.append(self._sse("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                     arguments=item["arguments"]))
+                out.append(
+                    self._sse(
+                        "response.output_item.added",
+                        output_index=index,
+                        item={**item, "arguments": "", "status": "in_progress"},
+                    )
+                )
+                out.append(
+                    self._sse(
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        delta=item["arguments"],
+                    )
+                )
+                out.append(
+                    self._sse(
+                        "response.function_call_arguments.done",
+                        item_id=item["id"],
+                        output_index=index,
+                        arguments=item["arguments"],
+                    )
+                )
                 out.append(self._sse("response.output_item.done", output_index=index, item=item))
         incomplete = "max_output_tokens" if finish_reason == "length" and not calls else None
         final = self._response("incomplete" if incomplete else "completed", output, usage, incomplete)

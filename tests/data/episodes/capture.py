@@ -55,8 +55,16 @@ def run(case: str, out: Path, python: str, upstream: str | None, timeout: float)
             proxy = ProxyProcess(url, data, ("--durability", "sync"))
             try:
                 model_id = fake.model if fake else "qwen"
-                cmd = [python, str(HERE / "harnesses" / script), "--base-url", proxy.url + "/v1", "--model", model_id,
-                       "--record", str(out / "harness.json")] + ([] if fake else ["--max-tokens", "200"])
+                cmd = [
+                    python,
+                    str(HERE / "harnesses" / script),
+                    "--base-url",
+                    proxy.url + "/v1",
+                    "--model",
+                    model_id,
+                    "--record",
+                    str(out / "harness.json"),
+                ] + ([] if fake else ["--max-tokens", "200"])
                 try:
                     code = subprocess.run(cmd, timeout=timeout, cwd=tmp).returncode
                 except subprocess.TimeoutExpired:  # a slow real model: keep what was recorded so far

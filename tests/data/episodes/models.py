@@ -54,8 +54,10 @@ def smolagents_steps(req: ModelRequest) -> ScriptedReply:
         if "using code blobs" in flat:
             if "Observation:" in flat and "rain, 9 C" in flat:
                 return text('Thought: I have the weather.\n<code>\nfinal_answer("It rains in Oslo, 9 C.")\n</code>')
-            return text('Thought: I will look the weather up with the tool.\n<code>\nweather = get_weather(city="Oslo")\n'
-                        'print(weather)\n</code>')
+            return text(
+                'Thought: I will look the weather up with the tool.\n<code>\nweather = get_weather(city="Oslo")\n'
+                "print(weather)\n</code>"
+            )
         return text(ANSWER)  # the summary smolagents asks for at max_steps
     if "sunny, 21 C" in flat:
         return text("Action:\n")
@@ -68,11 +70,17 @@ def dspy_react(req: ModelRequest) -> ScriptedReply:
     user = req.messages[-1].get("content", "") if req.messages else ""
     if "next_tool_name" in system:
         if "[[ ## observation_0 ## ]]" in user:
-            return text("[[ ## next_thought ## ]]\nI have the weather in Paris.\n\n[[ ## next_tool_name ## ]]\nfinish\n\n"
-                        "[[ ## next_tool_args ## ]]\n{}\n\n[[ ## completed ## ]]")
-        return text("[[ ## next_thought ## ]]\nI should look up the weather in Paris.\n\n[[ ## next_tool_name ## ]]\n"
-                    'get_weather\n\n[[ ## next_tool_args ## ]]\n{"city": "Paris"}\n\n[[ ## completed ## ]]')
-    return text(f"[[ ## reasoning ## ]]\nThe tool said sunny, 21 C.\n\n[[ ## answer ## ]]\n{ANSWER}\n\n[[ ## completed ## ]]")
+            return text(
+                "[[ ## next_thought ## ]]\nI have the weather in Paris.\n\n[[ ## next_tool_name ## ]]\nfinish\n\n"
+                "[[ ## next_tool_args ## ]]\n{}\n\n[[ ## completed ## ]]"
+            )
+        return text(
+            "[[ ## next_thought ## ]]\nI should look up the weather in Paris.\n\n[[ ## next_tool_name ## ]]\n"
+            'get_weather\n\n[[ ## next_tool_args ## ]]\n{"city": "Paris"}\n\n[[ ## completed ## ]]'
+        )
+    return text(
+        f"[[ ## reasoning ## ]]\nThe tool said sunny, 21 C.\n\n[[ ## answer ## ]]\n{ANSWER}\n\n[[ ## completed ## ]]"
+    )
 
 
 def langchain_react(req: ModelRequest) -> ScriptedReply:
@@ -82,5 +90,12 @@ def langchain_react(req: ModelRequest) -> ScriptedReply:
     return text(" I should look up the weather in Paris.\nAction: get_weather\nAction Input: Paris")
 
 
-MODELS = {"empty_after_result": empty_after_result, "smolagents_text": smolagents_text, "weather_chat": weather_chat, "empty_once": empty_once, "smolagents_steps": smolagents_steps,
-          "dspy_react": dspy_react, "langchain_react": langchain_react}
+MODELS = {
+    "empty_after_result": empty_after_result,
+    "smolagents_text": smolagents_text,
+    "weather_chat": weather_chat,
+    "empty_once": empty_once,
+    "smolagents_steps": smolagents_steps,
+    "dspy_react": dspy_react,
+    "langchain_react": langchain_react,
+}

@@ -51,15 +51,33 @@ SCRIPT = [
     call("get_weather", {"city": "Oslo"}, content="Let me look that up."),
     call("final_answer", {"answer": "Rain in Oslo, 9 C."}),
 ]
-TASKS = [("What is the weather in Paris?", False), ("Which is warmer right now, Paris or Oslo?", False),
-         ("Is it raining in Oslo?", True)]
+TASKS = [
+    ("What is the weather in Paris?", False),
+    ("Which is warmer right now, Paris or Oslo?", False),
+    ("Is it raining in Oslo?", True),
+]
 
 
 def start_proxy(upstream: str, data: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "toolproxy.cli", "serve", "--upstream", upstream, "--port", "0", "--data", str(data),
-         "--durability", "sync"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "toolproxy.cli",
+            "serve",
+            "--upstream",
+            upstream,
+            "--port",
+            "0",
+            "--data",
+            str(data),
+            "--durability",
+            "sync",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     found: list[str] = []
     ready = threading.Event()
 
@@ -80,8 +98,9 @@ def start_proxy(upstream: str, data: Path) -> tuple[subprocess.Popen, str]:
 def run_tasks(url: str, model_id: str, tasks, max_steps: int, **model_args) -> None:
     model = OpenAIServerModel(model_id=model_id, api_base=url + "/v1", api_key="sk-capture", **model_args)
     for task, stream in tasks:
-        agent = ToolCallingAgent(tools=[Weather()], model=model, max_steps=max_steps, verbosity_level=0,
-                                 stream_outputs=stream)
+        agent = ToolCallingAgent(
+            tools=[Weather()], model=model, max_steps=max_steps, verbosity_level=0, stream_outputs=stream
+        )
         try:
             print(task, "->", agent.run(task), flush=True)
         except Exception as exc:  # a real model may break the agent; the traffic is what we keep

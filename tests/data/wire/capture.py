@@ -26,19 +26,29 @@ SYSTEM = "You are a helpful assistant with tools."
 
 def requests() -> dict[str, tuple[str, dict]]:
     chat = {
-        "model": "m", "max_tokens": 60, "temperature": 0,
+        "model": "m",
+        "max_tokens": 60,
+        "temperature": 0,
         "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}],
         "tools": [{"type": "function", "function": WEATHER}],
     }
     responses = {
-        "model": "m", "max_output_tokens": 60, "temperature": 0, "instructions": SYSTEM,
+        "model": "m",
+        "max_output_tokens": 60,
+        "temperature": 0,
+        "instructions": SYSTEM,
         "input": [{"type": "message", "role": "user", "content": ASK}],
         "tools": [{"type": "function", **WEATHER}],
     }
     messages = {
-        "model": "m", "max_tokens": 60, "temperature": 0, "system": SYSTEM,
+        "model": "m",
+        "max_tokens": 60,
+        "temperature": 0,
+        "system": SYSTEM,
         "messages": [{"role": "user", "content": ASK}],
-        "tools": [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}],
+        "tools": [
+            {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}
+        ],
     }
     completion = {"prompt": "def add(a, b):", "n_predict": 16, "temperature": 0}
     out = {}
@@ -47,7 +57,11 @@ def requests() -> dict[str, tuple[str, dict]]:
         ("responses", "/v1/responses", responses),
         ("messages", "/v1/messages", messages),
         ("completion", "/completion", completion),
-        ("v1completions", "/v1/completions", {"model": "m", "prompt": "def add(a, b):", "max_tokens": 16, "temperature": 0}),
+        (
+            "v1completions",
+            "/v1/completions",
+            {"model": "m", "prompt": "def add(a, b):", "max_tokens": 16, "temperature": 0},
+        ),
     ):
         for stream in (False, True):
             extra = {"stream": stream}
@@ -61,7 +75,9 @@ def capture(base: str, wanted: dict[str, tuple[str, dict]], folder: Path) -> Non
     """Send each request to `base` and write its response body, status and content type to `folder`."""
     index = {}
     for name, (path, body) in wanted.items():
-        req = urllib.request.Request(base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=300) as resp:
                 status, ctype, data = resp.status, resp.headers.get("Content-Type"), resp.read()

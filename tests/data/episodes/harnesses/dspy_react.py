@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dspy
-
 from common import Log, arguments, weather
 
 TASK = "What is the weather in Paris?"
@@ -20,7 +19,9 @@ def main() -> None:
         return result
 
     extra = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-    lm = dspy.LM(f"openai/{args.model}", api_base=args.base_url, api_key="sk-capture", cache=False, num_retries=0, **extra)
+    lm = dspy.LM(
+        f"openai/{args.model}", api_base=args.base_url, api_key="sk-capture", cache=False, num_retries=0, **extra
+    )
     dspy.configure(lm=lm)
     agent = dspy.ReAct("question -> answer", tools=[get_weather], max_iters=4)
     try:

@@ -5,12 +5,11 @@ parses that text, runs the tool and writes "Observation:" into the next prompt."
 from __future__ import annotations
 
 import langchain_classic
+from common import Log, arguments, weather
 from langchain_classic.agents import AgentExecutor, create_react_agent
 from langchain_core.prompts import PromptTemplate
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-
-from common import Log, arguments, weather
 
 # The prompt create_react_agent's documentation gives (the hub's hwchase17/react).
 TEMPLATE = """Answer the following questions as best you can. You have access to the following tools:
@@ -49,11 +48,19 @@ def main() -> None:
     extra = {"max_tokens": args.max_tokens} if args.max_tokens else {}
     llm = ChatOpenAI(model=args.model, base_url=args.base_url, api_key="sk-capture", max_retries=0, **extra)
     agent = create_react_agent(llm, [get_weather], PromptTemplate.from_template(TEMPLATE))
-    executor = AgentExecutor(agent=agent, tools=[get_weather], max_iterations=4, handle_parsing_errors=True,
-                             return_intermediate_steps=True)
+    executor = AgentExecutor(
+        agent=agent, tools=[get_weather], max_iterations=4, handle_parsing_errors=True, return_intermediate_steps=True
+    )
     out = executor.invoke({"input": TASK})
-    log.episode("task-0", TASK, out["output"], steps=[
-        {"tool": a.tool, "tool_input": a.tool_input, "log": a.log, "observation": o} for a, o in out["intermediate_steps"]])
+    log.episode(
+        "task-0",
+        TASK,
+        out["output"],
+        steps=[
+            {"tool": a.tool, "tool_input": a.tool_input, "log": a.log, "observation": o}
+            for a, o in out["intermediate_steps"]
+        ],
+    )
     log.write()
 
 

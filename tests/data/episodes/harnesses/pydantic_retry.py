@@ -4,11 +4,10 @@ again with a note of its own ("Please return text or call a tool.")."""
 from __future__ import annotations
 
 import pydantic_ai
+from common import Log, arguments, weather
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
-
-from common import Log, arguments, weather
 
 TASK = "What is the weather in Paris?"
 
@@ -33,9 +32,25 @@ def main() -> None:
     except Exception as exc:  # a real model may exhaust the retries; the traffic is what we keep
         answer, messages = None, []
         log.doc["error"] = f"{type(exc).__name__}: {exc}"
-    log.episode("task-0", TASK, answer, steps=[
-        {"kind": m.kind, "parts": [{"part_kind": p.part_kind, "content": getattr(p, "content", None),
-                                    "tool_name": getattr(p, "tool_name", None)} for p in m.parts]} for m in messages])
+    log.episode(
+        "task-0",
+        TASK,
+        answer,
+        steps=[
+            {
+                "kind": m.kind,
+                "parts": [
+                    {
+                        "part_kind": p.part_kind,
+                        "content": getattr(p, "content", None),
+                        "tool_name": getattr(p, "tool_name", None),
+                    }
+                    for p in m.parts
+                ],
+            }
+            for m in messages
+        ],
+    )
     log.write()
 
 

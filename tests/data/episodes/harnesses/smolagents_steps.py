@@ -4,9 +4,8 @@ cannot parse), then a CodeAgent (tools as Python functions in the prompt, calls 
 from __future__ import annotations
 
 import smolagents
-from smolagents import CodeAgent, OpenAIServerModel, ToolCallingAgent, tool
-
 from common import Log, arguments, weather
+from smolagents import CodeAgent, OpenAIServerModel, ToolCallingAgent, tool
 
 LOG: Log | None = None
 CURRENT = {"episode": "?"}
@@ -30,9 +29,14 @@ def steps(agent) -> list[dict]:
         kind = type(s).__name__
         entry = {"kind": kind}
         if kind == "ActionStep":
-            entry.update(step=s.step_number, tool_calls=[[c.name, c.arguments] for c in s.tool_calls or []],
-                         error=str(s.error) if s.error else None, observations=s.observations,
-                         code=getattr(s, "code_action", None), is_final_answer=s.is_final_answer)
+            entry.update(
+                step=s.step_number,
+                tool_calls=[[c.name, c.arguments] for c in s.tool_calls or []],
+                error=str(s.error) if s.error else None,
+                observations=s.observations,
+                code=getattr(s, "code_action", None),
+                is_final_answer=s.is_final_answer,
+            )
         elif kind == "FinalAnswerStep":
             entry.update(output=s.output)
         out.append(entry)
@@ -46,10 +50,16 @@ def main() -> None:
     extra = {"max_tokens": args.max_tokens} if args.max_tokens else {}
     model = OpenAIServerModel(model_id=args.model, api_base=args.base_url, api_key="sk-capture", **extra)
     for name, make, task in [
-        ("tool-calling", lambda: ToolCallingAgent(tools=[get_weather], model=model, max_steps=2, verbosity_level=0),
-         "What is the weather in Paris?"),
-        ("code", lambda: CodeAgent(tools=[get_weather], model=model, max_steps=3, verbosity_level=0),
-         "What is the weather in Oslo?"),
+        (
+            "tool-calling",
+            lambda: ToolCallingAgent(tools=[get_weather], model=model, max_steps=2, verbosity_level=0),
+            "What is the weather in Paris?",
+        ),
+        (
+            "code",
+            lambda: CodeAgent(tools=[get_weather], model=model, max_steps=3, verbosity_level=0),
+            "What is the weather in Oslo?",
+        ),
     ]:
         CURRENT["episode"] = name
         agent = make()

@@ -35,14 +35,28 @@ def _families(name: str, messages: list[dict], extra: dict[str, dict]) -> dict[s
     """One request per family for the same conversation; `extra` adds per-family fields (the stop strings)."""
     system, rest = (messages[0]["content"], messages[1:]) if messages[0]["role"] == "system" else (None, messages)
     chat = {"model": "m", "max_tokens": 200, "temperature": 0, "messages": messages, **extra.get("chat", {})}
-    responses = {"model": "m", "max_output_tokens": 200, "temperature": 0,
-                 "input": [{"type": "message", "role": m["role"], "content": m["content"]} for m in rest],
-                 **({"instructions": system} if system else {}), **extra.get("responses", {})}
-    anthropic = {"model": "m", "max_tokens": 200, "temperature": 0, "messages": rest,
-                 **({"system": system} if system else {}), **extra.get("messages", {})}
+    responses = {
+        "model": "m",
+        "max_output_tokens": 200,
+        "temperature": 0,
+        "input": [{"type": "message", "role": m["role"], "content": m["content"]} for m in rest],
+        **({"instructions": system} if system else {}),
+        **extra.get("responses", {}),
+    }
+    anthropic = {
+        "model": "m",
+        "max_tokens": 200,
+        "temperature": 0,
+        "messages": rest,
+        **({"system": system} if system else {}),
+        **extra.get("messages", {}),
+    }
     out = {}
-    for family, path, body in (("chat", "/v1/chat/completions", chat), ("responses", "/v1/responses", responses),
-                               ("messages", "/v1/messages", anthropic)):
+    for family, path, body in (
+        ("chat", "/v1/chat/completions", chat),
+        ("responses", "/v1/responses", responses),
+        ("messages", "/v1/messages", anthropic),
+    ):
         for stream in (False, True):
             out[f"{name}_{family}_{'stream' if stream else 'json'}"] = (path, {**body, "stream": stream})
     return out
@@ -50,8 +64,11 @@ def _families(name: str, messages: list[dict], extra: dict[str, dict]) -> dict[s
 
 def _rendered(base: str, messages: list[dict]) -> str:
     """The prompt llama-server's chat template makes of `messages` (its /apply-template)."""
-    req = urllib.request.Request(base + "/apply-template", data=json.dumps({"messages": messages}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base + "/apply-template",
+        data=json.dumps({"messages": messages}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())["prompt"]
 
@@ -61,17 +78,27 @@ def requests(base: str) -> dict[str, tuple[str, dict]]:
     out = _families("eos", eos, {})
     out["eos_completion_json"] = ("/completion", {"prompt": _rendered(base, eos), "n_predict": 200, "temperature": 0})
     # the chat stream without stream_options: no usage block, only llama.cpp's timings say how much was generated
-    out["eos_chat_stream_usage"] = ("/v1/chat/completions", {**out["eos_chat_stream"][1], "stream_options": {"include_usage": True}})
+    out["eos_chat_stream_usage"] = (
+        "/v1/chat/completions",
+        {**out["eos_chat_stream"][1], "stream_options": {"include_usage": True}},
+    )
     echo = [{"role": "user", "content": ECHO}]
-    out.update(_families("stop", echo, {"chat": {"stop": STOPS}, "responses": {"stop": STOPS},
-                                        "messages": {"stop_sequences": STOPS}}))
+    out.update(
+        _families(
+            "stop", echo, {"chat": {"stop": STOPS}, "responses": {"stop": STOPS}, "messages": {"stop_sequences": STOPS}}
+        )
+    )
     prompt = f"<|im_start|>user\n{ECHO}<|im_end|>\n<|im_start|>assistant\n"
     for stream in (False, True):
         suffix = "stream" if stream else "json"
-        out[f"stop_completion_{suffix}"] = ("/completion", {"prompt": prompt, "n_predict": 200, "temperature": 0,
-                                                            "stop": STOPS, "stream": stream})
-        out[f"stop_v1completions_{suffix}"] = ("/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 200,
-                                                                   "temperature": 0, "stop": STOPS, "stream": stream})
+        out[f"stop_completion_{suffix}"] = (
+            "/completion",
+            {"prompt": prompt, "n_predict": 200, "temperature": 0, "stop": STOPS, "stream": stream},
+        )
+        out[f"stop_v1completions_{suffix}"] = (
+            "/v1/completions",
+            {"model": "m", "prompt": prompt, "max_tokens": 200, "temperature": 0, "stop": STOPS, "stream": stream},
+        )
     return out
 
 

@@ -19,8 +19,11 @@ PROBES: tuple[tuple[str, dict[str, Any], str], ...] = (
     # inspect_ai/model/_providers/openai.py, OpenAIAPI.reasoning_summaries(): once per provider
     # instance, before the first Responses request, to learn whether the account may ask for
     # reasoning summaries.
-    (RESPONSES, {"input": "Please say 'hello, world'", "reasoning": {"effort": "low", "summary": "auto"}},
-     "inspect-ai's reasoning-summaries probe"),
+    (
+        RESPONSES,
+        {"input": "Please say 'hello, world'", "reasoning": {"effort": "low", "summary": "auto"}},
+        "inspect-ai's reasoning-summaries probe",
+    ),
 )
 # A probe offers no tools, chains to nothing and asks for nothing else.
 _OTHER_FIELDS = frozenset(("model", "stream", "store", "metadata", "user"))
@@ -31,7 +34,10 @@ def probe_of(family: str | None, body: Any) -> str | None:
     if not isinstance(body, dict):
         return None
     for probe_family, fields, what in PROBES:
-        if family == probe_family and all(body.get(k) == v for k, v in fields.items()) and \
-                set(body) - set(fields) <= _OTHER_FIELDS:
+        if (
+            family == probe_family
+            and all(body.get(k) == v for k, v in fields.items())
+            and set(body) - set(fields) <= _OTHER_FIELDS
+        ):
             return what
     return None

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from toolproxy.analysis.ingest.textparse import parsed_text
+from toolproxy.analysis.classify.textparse import parsed_text
 
 # Longest text searched for an echo, and the most bracketed spans tried in it: an echo is a few
 # hundred bytes; a huge assistant message is prose or code, not a call list.
@@ -41,8 +41,9 @@ def echoed_calls(text: str, tool_names: Sequence[str]) -> list[list[tuple[str, A
         return []
     # The text is most often a reply classify parsed a turn earlier: parsed_text remembers it.
     offered = frozenset(tool_names)
-    parsed = [(c.name, c.arguments) for c in parsed_text(text, tool_names).calls
-              if c.error is None and c.name in offered]
+    parsed = [
+        (c.name, c.arguments) for c in parsed_text(text, tool_names).calls if c.error is None and c.name in offered
+    ]
     literal: list[tuple[str, Any]] = []
     for value in _literals(text):
         _collect(value, offered, literal, 0)

@@ -1,4 +1,5 @@
-"""Ingest on real segment files and a real DuckDB file: incremental, idempotent, never fatal."""
+"""Loading segments, and the derive that follows it (lifecycle.ingest), on real segment files and
+a real DuckDB file: incremental, idempotent, never fatal."""
 
 from __future__ import annotations
 
@@ -9,28 +10,66 @@ from pathlib import Path
 import orjson
 import pytest
 
-from toolproxy.analysis.ingest import pipeline
-from toolproxy.analysis.ingest.pipeline import ingest
+from toolproxy.analysis.lifecycle.ingest import ingest
 from toolproxy.analysis.lifecycle.reanalyze import rebuild
+from toolproxy.analysis.load import pipeline
 from toolproxy.analysis.store.connection import WRITER_ROW_GROUP_SIZE, bodies_in_sql, connect, default_db
 from toolproxy.record.model import Record, encode_body, new_id
 from toolproxy.record.segments import read_records
 from toolproxy.testing.corpus import generate_long
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 def exchange(run="r1", episode="1", reply=None, status=200, messages=None, **kw) -> Record:
-    rec = Record(id=new_id(), started_at=time.time(), run=run, episode=episode, method="POST",
-                 path="/v1/chat/completions", upstream="http://127.0.0.1:9", **kw)
-    body = orjson.dumps({"model": "m", "messages": messages or [{"role": "user", "content": "weather?"}], "tools": TOOLS})
+    rec = Record(
+        id=new_id(),
+        started_at=time.time(),
+        run=run,
+        episode=episode,
+        method="POST",
+        path="/v1/chat/completions",
+        upstream="http://127.0.0.1:9",
+        **kw,
+    )
+    body = orjson.dumps(
+        {"model": "m", "messages": messages or [{"role": "user", "content": "weather?"}], "tools": TOOLS}
+    )
     rec.request_body, rec.request_body_encoding = encode_body(body)
     rec.status = rec.client_status = status
     rec.response_headers = [["content-type", "application/json"]]
-    reply = reply if reply is not None else {"choices": [{"index": 0, "message": {"role": "assistant", "content": None,
-        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]},
-        "finish_reason": "tool_calls"}], "system_fingerprint": "fp_ollama"}
+    reply = (
+        reply
+        if reply is not None
+        else {
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "c",
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                            }
+                        ],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+            "system_fingerprint": "fp_ollama",
+        }
+    )
     rec.response_body, rec.response_body_encoding = encode_body(orjson.dumps(reply))
     rec.response_complete = True
     return rec
@@ -73,7 +112,9 @@ def test_incremental_and_idempotent(tmp_path, db):
     s, con = db()
     assert (s.new_exchanges, s.segments_read, sorted(s.runs)) == (2, 2, ["r1", "r2"])
     assert con.execute("SELECT run, n_exchanges, n_episodes, n_turns, stack FROM runs ORDER BY run").fetchall() == [
-        ("r1", 3, 3, 3, "ollama"), ("r2", 1, 1, 1, "ollama")]
+        ("r1", 3, 3, 3, "ollama"),
+        ("r2", 1, 1, 1, "ollama"),
+    ]
     assert con.execute("SELECT count(*) FROM turns").fetchall()[0][0] == 4
     # r1 was derived twice: its rows were replaced, not added (turns and episodes have no key since step 5)
     assert con.execute("SELECT count(*), count(DISTINCT turn_id) FROM turns").fetchall()[0] == (4, 4)
@@ -98,7 +139,10 @@ def test_torn_tail_is_retried_and_corrupt_lines_reported(tmp_path, db, batch_byt
         f.write(line[40:])
     s, con = db(batch_bytes=batch_bytes)
     assert s.new_exchanges == 1 and s.torn_tails == 0
-    assert [k for (k,) in con.execute("SELECT kind FROM ingest_issues ORDER BY byte_offset").fetchall()] == ["corrupt", "corrupt"]
+    assert [k for (k,) in con.execute("SELECT kind FROM ingest_issues ORDER BY byte_offset").fetchall()] == [
+        "corrupt",
+        "corrupt",
+    ]
     assert con.execute("SELECT count(*) FROM exchanges").fetchall()[0][0] == 2
 
 
@@ -108,14 +152,25 @@ def test_whitespace_lines_are_skipped_and_indented_records_read(tmp_path, db, ba
     corrupt one), a record line may start with whitespace or end with a carriage return, and a
     corrupt line is reported at its own offset."""
     a, b = exchange(), exchange(episode="2")
-    path = write(tmp_path, "a.jsonl", [b"   \r\n", b"\t" + orjson.dumps(a) + b"\r\n", b"\n\x0c\n", b"{oops\n",
-                                       b" " + orjson.dumps(b, option=orjson.OPT_APPEND_NEWLINE)])
+    path = write(
+        tmp_path,
+        "a.jsonl",
+        [
+            b"   \r\n",
+            b"\t" + orjson.dumps(a) + b"\r\n",
+            b"\n\x0c\n",
+            b"{oops\n",
+            b" " + orjson.dumps(b, option=orjson.OPT_APPEND_NEWLINE),
+        ],
+    )
     s, con = db(batch_bytes=batch_bytes)
     assert s.new_exchanges == 2
     data = path.read_bytes()
     assert con.execute("SELECT kind, byte_offset FROM ingest_issues").fetchall() == [("corrupt", data.index(b"{oops"))]
     assert con.execute("SELECT id, segment_offset FROM exchanges ORDER BY segment_offset").fetchall() == [
-        (a.id, data.index(b"\t")), (b.id, data.index(b"{oops") + 6)]
+        (a.id, data.index(b"\t")),
+        (b.id, data.index(b"{oops") + 6),
+    ]
 
 
 def test_copied_segment_adds_nothing_and_unknown_kinds_are_reported(tmp_path, db):
@@ -130,7 +185,6 @@ def test_copied_segment_adds_nothing_and_unknown_kinds_are_reported(tmp_path, db
     s, con = db()
     assert (s.new_exchanges, s.duplicates) == (1, 2)
     assert con.execute("SELECT count(*), count(DISTINCT id) FROM exchanges").fetchall() == [(3, 3)]
-
 
 
 @pytest.mark.parametrize("collide", [False, True], ids=["hashes", "every hash the same"])
@@ -148,10 +202,13 @@ def test_a_copy_of_records_stored_long_before_in_the_same_run_is_found(tmp_path,
     assert (s.new_exchanges, s.duplicates) == (40, 6)
     assert con.execute("SELECT count(*), count(DISTINCT id) FROM exchanges").fetchall() == [(40, 40)]
 
+
 FINGERPRINTS = [
     # as toolproxy.stacks.fingerprint writes it: the fingerprint in `extra`
-    ({"extra": {"stack": "vllm", "version": "0.11.0", "model": "Qwen/Qwen3-8B", "evidence": ["GET /version"]}},
-     ("vllm", "0.11.0")),
+    (
+        {"extra": {"stack": "vllm", "version": "0.11.0", "model": "Qwen/Qwen3-8B", "evidence": ["GET /version"]}},
+        ("vllm", "0.11.0"),
+    ),
     ({"stack": "llamacpp", "stack_version": "b6512"}, ("llamacpp", "b6512")),
     # an unidentified stack leaves the run to its response markers (fp_ollama in these exchanges)
     ({"extra": {"stack": "unknown", "version": None}}, ("ollama", None)),
@@ -160,8 +217,14 @@ FINGERPRINTS = [
 
 @pytest.mark.parametrize("fields,expected", FINGERPRINTS)
 def test_fingerprint_records_set_the_run_stack(tmp_path, db, fields, expected):
-    fp = {"kind": "fingerprint", "id": new_id(), "started_at": time.time(), "run": "r1", "upstream": "http://127.0.0.1:9",
-          **fields}
+    fp = {
+        "kind": "fingerprint",
+        "id": new_id(),
+        "started_at": time.time(),
+        "run": "r1",
+        "upstream": "http://127.0.0.1:9",
+        **fields,
+    }
     write(tmp_path, "a.jsonl", [exchange(), fp])
     s, con = db()
     assert s.fingerprints == 1
@@ -170,9 +233,15 @@ def test_fingerprint_records_set_the_run_stack(tmp_path, db, fields, expected):
 
 def test_untagged_goes_to_untagged_run_and_retries_form_one_turn(tmp_path, db):
     fail = {"error": {"message": "CUDA out of memory", "type": "InternalServerError", "code": 500}}
-    write(tmp_path, "a.jsonl", [exchange(run=None, episode=None, reply=fail, status=500),
-                                exchange(run=None, episode=None, reply=fail, status=500),
-                                exchange(run=None, episode=None, messages=[{"role": "user", "content": "other"}], reply=fail, status=500)])
+    write(
+        tmp_path,
+        "a.jsonl",
+        [
+            exchange(run=None, episode=None, reply=fail, status=500),
+            exchange(run=None, episode=None, reply=fail, status=500),
+            exchange(run=None, episode=None, messages=[{"role": "user", "content": "other"}], reply=fail, status=500),
+        ],
+    )
     s, con = db()
     rows = con.execute("SELECT run, outcome, sub_kind, n_attempts FROM turns ORDER BY turn_id").fetchall()
     assert rows == [("(untagged)", "non_response", "http_5xx", 2), ("(untagged)", "non_response", "http_5xx", 1)]
@@ -188,7 +257,9 @@ def test_worker_processes_give_the_same_result(tmp_path):
         con = connect(default_db(tmp_path / d))
         s = ingest(con, tmp_path / d, batch_bytes=3000, workers=workers)
         assert s.workers == workers and s.new_exchanges == 30
-        results.append(con.execute("SELECT id, outcome, surface, turn_id, state_hash FROM exchanges ORDER BY id").fetchall())
+        results.append(
+            con.execute("SELECT id, outcome, surface, turn_id, state_hash FROM exchanges ORDER BY id").fetchall()
+        )
         con.close()
     assert results[0] == results[1]
 
@@ -197,7 +268,19 @@ def test_migrations_are_recorded_and_rerun_safely(tmp_path):
     con = connect(tmp_path / "x.duckdb")
     con.close()
     con = connect(tmp_path / "x.duckdb")
-    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,), (10,), (11,)]
+    assert con.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [
+        (1,),
+        (2,),
+        (3,),
+        (4,),
+        (5,),
+        (6,),
+        (7,),
+        (8,),
+        (9,),
+        (10,),
+        (11,),
+    ]
     con.close()
 
 
@@ -216,18 +299,23 @@ def test_a_database_analysed_before_step_5_keeps_its_turns_and_episodes(tmp_path
     for version, _, sql in MIGRATIONS[:4]:
         old.execute(sql)
         old.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [version])
-    columns = "SELECT table_name, column_name, data_type FROM information_schema.columns " \
-              "WHERE table_name IN ('turns', 'episodes') ORDER BY table_name, ordinal_position"
+    columns = (
+        "SELECT table_name, column_name, data_type FROM information_schema.columns "
+        "WHERE table_name IN ('turns', 'episodes') ORDER BY table_name, ordinal_position"
+    )
     before = old.execute(columns).fetchall()
     old.execute("INSERT INTO turns (turn_id, run, turn_index) VALUES ('t0', 'r0', 0)")
     old.execute("INSERT INTO episodes (episode_key, run, n_turns) VALUES ('e0', 'r0', 1)")
     old.close()
     con = connect(path)
-    later = [("turns", name, TURNS.types[name])  # steps 6 and 7
-             for name in ("protocol", "rejected", "finishes", "last_with_tools", "finisher")]
+    later = [
+        ("turns", name, TURNS.types[name])  # steps 6 and 7
+        for name in ("protocol", "rejected", "finishes", "last_with_tools", "finisher")
+    ]
     assert con.execute(columns).fetchall() == before + later
-    assert con.execute("SELECT count(*) FROM information_schema.table_constraints "
-                       "WHERE table_name IN ('turns', 'episodes')").fetchall() == [(0,)]
+    assert con.execute(
+        "SELECT count(*) FROM information_schema.table_constraints WHERE table_name IN ('turns', 'episodes')"
+    ).fetchall() == [(0,)]
     assert con.execute("SELECT turn_id, run, turn_index FROM turns").fetchall() == [("t0", "r0", 0)]
     assert con.execute("SELECT episode_key, run, n_turns FROM episodes").fetchall() == [("e0", "r0", 1)]
     assert ingest(con, tmp_path).new_exchanges == 2
@@ -244,16 +332,51 @@ def test_rewritten_exchange_is_judged_on_what_the_harness_got(tmp_path, db):
     """template condition: chat request rendered to Ollama /api/generate, reply parsed into tool_calls."""
     rec = exchange(condition="template")
     raw = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
-    rec.upstream_request = {"path": "/api/generate", "query": "", "headers": [], "body": '{"prompt": "..."}', "body_encoding": "utf8"}
-    rec.response_body, _ = encode_body(b"".join(orjson.dumps(o) + b"\n" for o in (
-        {"model": "m", "response": raw[:30], "done": False}, {"model": "m", "response": raw[30:], "done": True, "done_reason": "stop"})))
+    rec.upstream_request = {
+        "path": "/api/generate",
+        "query": "",
+        "headers": [],
+        "body": '{"prompt": "..."}',
+        "body_encoding": "utf8",
+    }
+    rec.response_body, _ = encode_body(
+        b"".join(
+            orjson.dumps(o) + b"\n"
+            for o in (
+                {"model": "m", "response": raw[:30], "done": False},
+                {"model": "m", "response": raw[30:], "done": True, "done_reason": "stop"},
+            )
+        )
+    )
     rec.response_headers = [["content-type", "application/x-ndjson"]]
-    rec.client_body, rec.client_body_encoding = encode_body(orjson.dumps({"choices": [{"index": 0, "message": {
-        "role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}, "finish_reason": "tool_calls"}]}))
+    rec.client_body, rec.client_body_encoding = encode_body(
+        orjson.dumps(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "c1",
+                                    "type": "function",
+                                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                                }
+                            ],
+                        },
+                        "finish_reason": "tool_calls",
+                    }
+                ]
+            }
+        )
+    )
     write(tmp_path, "a.jsonl", [rec])
     s, con = db()
-    row = con.execute("SELECT outcome, surface, harness_saw_prose, upstream_content, stack_marker FROM exchanges").fetchall()[0]
+    row = con.execute(
+        "SELECT outcome, surface, harness_saw_prose, upstream_content, stack_marker FROM exchanges"
+    ).fetchall()[0]
     assert row == ("valid_call", "text", False, raw, "ollama")
 
 
@@ -281,16 +404,18 @@ WRONG_TYPES = [
 ]
 
 
-@pytest.mark.parametrize("change,message", WRONG_TYPES, ids=[next(iter(c)) + "=" + repr(next(iter(c.values())))
-                                                          for c, _ in WRONG_TYPES])
+@pytest.mark.parametrize(
+    "change,message", WRONG_TYPES, ids=[next(iter(c)) + "=" + repr(next(iter(c.values()))) for c, _ in WRONG_TYPES]
+)
 def test_a_wrongly_typed_record_is_set_aside_and_the_rest_ingests(tmp_path, db, change, message):
     before, bad, after = exchange(episode="1"), exchange(episode="2"), exchange(episode="3")
     write(tmp_path, "a.jsonl", [before, as_dict(bad, **change), after])
     s, con = db()
     assert s.new_exchanges == 2 and s.set_aside == {"bad_type": 1}
     assert sorted(r[0] for r in con.execute("SELECT id FROM exchanges").fetchall()) == sorted([before.id, after.id])
-    (segment, offset, record_id, kind, text), = con.execute(
-        "SELECT segment, byte_offset, record_id, kind, message FROM ingest_issues").fetchall()
+    ((segment, offset, record_id, kind, text),) = con.execute(
+        "SELECT segment, byte_offset, record_id, kind, message FROM ingest_issues"
+    ).fetchall()
     assert (segment, record_id, kind) == ("a.jsonl", bad.id, "bad_type")
     assert offset == len(orjson.dumps(before)) + 1 and message in text
     # rerunning stays idempotent: nothing new, the issue is not repeated, later lines still ingest
@@ -301,18 +426,42 @@ def test_a_wrongly_typed_record_is_set_aside_and_the_rest_ingests(tmp_path, db, 
     assert con.execute("SELECT count(*) FROM ingest_issues").fetchall()[0][0] == 1
 
 
+def test_the_record_readers_types_are_the_columns_analyze_stores_the_fields_in():
+    """The verdict on a record (toolproxy.record.schema) is the one analyze sets lines aside by:
+    each field it judges goes in an exchanges column of its type, and every record field with a
+    typed column is judged."""
+    from toolproxy.analysis.store.tables import EXCHANGES
+    from toolproxy.record.schema import STORED
+
+    typed = {name: t for name, t in EXCHANGES.types.items() if name in Record.__dataclass_fields__ and t != "JSON"}
+    assert STORED == typed
+
+
 def test_odd_values_in_bodies_are_stored_not_set_aside(tmp_path, db):
     """What an upstream or a model writes is not the proxy's record: the exchange is ingested, a
     column that cannot hold the value holds NULL (numbers) or its JSON text, the body keeps it."""
-    reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": 5, "arguments": "{}"}}]}, "finish_reason": {"why": "done"}}],
-        "usage": {"prompt_tokens": "many", "completion_tokens": 18446744073709551615}, "model": ["m"]}
+    reply = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "hi",
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": 5, "arguments": "{}"}}],
+                },
+                "finish_reason": {"why": "done"},
+            }
+        ],
+        "usage": {"prompt_tokens": "many", "completion_tokens": 18446744073709551615},
+        "model": ["m"],
+    }
     rec = exchange(reply=reply)
     write(tmp_path, "a.jsonl", [rec])
     s, con = db()
     assert s.new_exchanges == 1 and s.set_aside == {}
     assert con.execute("SELECT prompt_tokens, completion_tokens, finish_reason FROM exchanges").fetchall() == [
-        (None, None, '{"why":"done"}')]
+        (None, None, '{"why":"done"}')
+    ]
     assert con.execute("SELECT name FROM calls").fetchall() == [("5",)]
     with bodies_in_sql(con, tmp_path):
         body = con.execute("SELECT bodies(segment, segment_offset).response_body FROM exchanges").fetchall()[0][0]
@@ -320,7 +469,8 @@ def test_odd_values_in_bodies_are_stored_not_set_aside(tmp_path, db):
     # rebuilding the derived tables from the recorded exchanges meets the same values
     assert rebuild(con, None, exchanges=True, data_dir=tmp_path)["exchanges"] == 1
     assert con.execute("SELECT prompt_tokens, completion_tokens, finish_reason FROM exchanges").fetchall() == [
-        (None, None, '{"why":"done"}')]
+        (None, None, '{"why":"done"}')
+    ]
 
 
 def test_entries_that_are_not_readable_files_are_skipped_with_a_note(tmp_path, db):
@@ -331,8 +481,11 @@ def test_entries_that_are_not_readable_files_are_skipped_with_a_note(tmp_path, d
     (seg / "d.jsonl").symlink_to(seg / "gone.jsonl")
     s, con = db()
     assert s.new_exchanges == 1 and s.segments == 1
-    assert sorted(s.issues) == ["a.jsonl: not a regular file; skipped", "c.jsonl: not a regular file; skipped",
-                                "d.jsonl: cannot be read (No such file or directory); skipped"]
+    assert sorted(s.issues) == [
+        "a.jsonl: not a regular file; skipped",
+        "c.jsonl: not a regular file; skipped",
+        "d.jsonl: cannot be read (No such file or directory); skipped",
+    ]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
@@ -348,7 +501,7 @@ def test_a_failure_while_committing_surfaces_its_own_error(tmp_path):
     rolling back again must not raise "no transaction is active" over the real cause."""
     import duckdb
 
-    from toolproxy.analysis.ingest.pipeline import Ingestor
+    from toolproxy.analysis.load.pipeline import Ingestor
 
     (tmp_path / "segments").mkdir()
     con = connect(default_db(tmp_path))
@@ -374,6 +527,8 @@ def test_bodies_read_by_every_duckdb_thread_at_once_are_the_recorded_ones(tmp_pa
     con.execute("SET threads = 4")
     want = {r["id"]: (r["request_body"], r["response_body"]) for r in read_records(tmp_path, "exchange")}
     with bodies_in_sql(con, tmp_path):
-        got = con.execute("SELECT id, b.request_body, b.response_body FROM "
-                          "(SELECT id, bodies(segment, segment_offset) AS b FROM exchanges)").fetchall()
+        got = con.execute(
+            "SELECT id, b.request_body, b.response_body FROM "
+            "(SELECT id, bodies(segment, segment_offset) AS b FROM exchanges)"
+        ).fetchall()
     assert {i: (a, b) for i, a, b in got} == want

@@ -9,18 +9,28 @@ can never be counted as "the model made no tool call".
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import orjson
 
-from toolproxy.analysis.measure.outcomes import (HALLUCINATED, INVALID_ARGS, MODEL_STOPPED, NON_RESPONSE, PROSE, STOP_STRING,
-                                        UNPARSEABLE, VALID_CALL)
-from toolproxy.analysis.ingest.protocols import read_reply
-from toolproxy.analysis.ingest.textparse import parsed_text
+from toolproxy.analysis.classify.outcomes import (
+    HALLUCINATED,
+    INVALID_ARGS,
+    MODEL_STOPPED,
+    NON_RESPONSE,
+    PROSE,
+    STOP_STRING,
+    UNPARSEABLE,
+    VALID_CALL,
+)
+from toolproxy.analysis.classify.protocols import read_reply
+from toolproxy.analysis.classify.textparse import parsed_text
 from toolproxy.calls import Validation, parse_arguments, validate_call
 from toolproxy.stacks.catalog import LLAMACPP, OLLAMA, TOOL_REFUSAL
-from toolproxy.wire import Reply, tool_names as names_of_tools
+from toolproxy.wire import Reply
+from toolproxy.wire import tool_names as names_of_tools
 
 # A 4xx that names the tool interface: the stack rejected the request for what it asked, before
 # the model ran (Ollama "does not support tools", vLLM "auto" tool choice flags, tool_choice
@@ -34,7 +44,9 @@ _REFUSAL_4XX = re.compile(
 # that matters here; so is Ollama's tools refusal should it come as a 5xx. Other 5xx that mention
 # tools (e.g. llama.cpp's parse failure, "Failed to parse input at pos N: <tool_call>...") are
 # failures *after* generation and stay http_5xx.
-_REFUSAL_5XX = re.compile("|".join(re.escape(s.failures[TOOL_REFUSAL].needle) for s in (LLAMACPP, OLLAMA)), re.IGNORECASE)
+_REFUSAL_5XX = re.compile(
+    "|".join(re.escape(s.failures[TOOL_REFUSAL].needle) for s in (LLAMACPP, OLLAMA)), re.IGNORECASE
+)
 
 # error_kind (from the proxy) -> sub-kind when nothing usable reached the harness
 _ERROR_KINDS = {
@@ -77,8 +89,13 @@ def refusal(status: int, message: str | None) -> bool:
     return _REFUSAL_5XX.search(message) is not None
 
 
-def non_response(reply: Reply | None, status: int | None, error_kind: str | None, stops: Sequence[str] = (),
-                 stack: Reply | None = None) -> tuple[str, str] | None:
+def non_response(
+    reply: Reply | None,
+    status: int | None,
+    error_kind: str | None,
+    stops: Sequence[str] = (),
+    stack: Reply | None = None,
+) -> tuple[str, str] | None:
     """(sub_kind, detail) when no model output reached the harness, else None. The first step of that order.
 
     `stops`: the stop strings the harness's request asked for; `stack`: the upstream's own reply
@@ -136,20 +153,34 @@ def empty_cause(reply: Reply, stops: Sequence[str] = (), stack: Reply | None = N
     candidates = [word] if word else list(stops)
     if tokens is None or tokens == 0 and said is None:
         if said == "eos":
-            return MODEL_STOPPED, "the model ended its turn at once: the stack says it stopped at its end token, with no text"
+            return (
+                MODEL_STOPPED,
+                "the model ended its turn at once: the stack says it stopped at its end token, with no text",
+            )
         if said == "word":
             return STOP_STRING, f"a stop string the harness sent cut the reply before any text{_which(word)}"
         return "empty", "no content and no tool calls" if reply.n_choices else "no choices"
     if said != "word" and tokens <= blank + 1:
-        return MODEL_STOPPED, (f"the model ended its turn at once: {_tokens(tokens)}, its end token"
-                               + (" and whitespace" if blank else "") + ", and no text")
+        return MODEL_STOPPED, (
+            f"the model ended its turn at once: {_tokens(tokens)}, its end token"
+            + (" and whitespace" if blank else "")
+            + ", and no text"
+        )
     if said != "eos" and candidates and tokens <= blank + max(len(w.encode()) for w in candidates) + 1:
         if said == "word":
-            return STOP_STRING, f"a stop string the harness sent cut the reply before any text{_which(word)} ({_tokens(tokens)})"
-        return STOP_STRING, (f"a stop string the harness sent cut the reply before any text: it asked to stop at "
-                             f"{', '.join(repr(c) for c in candidates)}, and {_tokens(tokens)} are no more than that accounts for")
-    return "swallowed", (f"nothing delivered although the stack reports {_tokens(tokens)}, more than an end token"
-                         + (" or the stop strings sent" if candidates else "") + " accounts for")
+            return (
+                STOP_STRING,
+                f"a stop string the harness sent cut the reply before any text{_which(word)} ({_tokens(tokens)})",
+            )
+        return STOP_STRING, (
+            f"a stop string the harness sent cut the reply before any text: it asked to stop at "
+            f"{', '.join(repr(c) for c in candidates)}, and {_tokens(tokens)} are no more than that accounts for"
+        )
+    return "swallowed", (
+        f"nothing delivered although the stack reports {_tokens(tokens)}, more than an end token"
+        + (" or the stop strings sent" if candidates else "")
+        + " accounts for"
+    )
 
 
 def _tokens(n: int) -> str:
@@ -182,7 +213,7 @@ def classify(
     tools array's content hash) lets validation results be reused across attempts: harnesses
     resend the same tools, and looping agents the same call, many times. `stops` and `stack_reply`
     say why an empty reply was empty (see empty_cause). `protocol`: the prompt protocol the request
-    was read under (analysis.ingest.protocols); calls in the reply text are then read by its rules and
+    was read under (analysis.classify.protocols); calls in the reply text are then read by its rules and
     have the surface "prompt" (the harness asked for them there and parses them).
     """
     nr = non_response(reply, status, error_kind, stops, stack_reply)
@@ -211,7 +242,11 @@ def classify(
             attempted = attempted or parsed.attempted
             surface = "text" if protocol is None else "prompt"
             for c in parsed.calls:
-                calls.append(_checked(len(calls), c.name, c.raw_arguments, c.arguments, c.error, surface, c.format, tools, tool_set))
+                calls.append(
+                    _checked(
+                        len(calls), c.name, c.raw_arguments, c.arguments, c.error, surface, c.format, tools, tool_set
+                    )
+                )
             if calls:
                 break
         saw_prose = any(c.valid for c in calls)
@@ -255,7 +290,11 @@ def _validate(name: str, arguments: Any, tools: list | None, tool_set: str | Non
 def _checked(idx, name, raw, value, parse_error, surface, fmt, tools, tool_set, key=None) -> CallResult:
     """The call's row. `key`: the arguments string `value` was decoded from, if it was (native calls)."""
     if name is None:
-        return CallResult(idx, None, raw, None, surface, fmt, False, False, False, [parse_error or "no tool name recovered"])
+        return CallResult(
+            idx, None, raw, None, surface, fmt, False, False, False, [parse_error or "no tool name recovered"]
+        )
     # Unparseable arguments go in raw so validate_call reports them as "not valid JSON".
     v = _validate(name, raw if parse_error is not None else value, tools, tool_set, key)
-    return CallResult(idx, name, raw, None if parse_error else value, surface, fmt, v.offered, v.validated, v.valid, list(v.errors))
+    return CallResult(
+        idx, name, raw, None if parse_error else value, surface, fmt, v.offered, v.validated, v.valid, list(v.errors)
+    )

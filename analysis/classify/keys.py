@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import orjson
 
-from toolproxy.analysis.ingest import harnesses
-from toolproxy.analysis.ingest.echoes import echoed_calls
+from toolproxy.analysis.classify import harnesses
+from toolproxy.analysis.classify.echoes import echoed_calls
 
 UNTAGGED_RUN = "(untagged)"
 # A text-protocol harness (smolagents, ReAct loops) returns a tool's result as a user message
@@ -38,7 +39,9 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content.strip()
     if isinstance(content, list):  # content parts: only the text is conversation state we can match
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)).strip()
+        return "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ).strip()
     return ""
 
 
@@ -145,9 +148,9 @@ def conversation_keys(
       not be the one the harness writes back: dspy repairs the JSON), the unread keys of this
       request and of its tail.
     rejects: the messages after the last assistant message say the harness could not use the reply
-      before them (analysis.ingest.harnesses).
+      before them (analysis.classify.harnesses).
     asks_again: the request may be the one before it asked again in the harness's fallback format
-      (analysis.ingest.protocols.Reading.fallback): its own state's request key is tried first, so it
+      (analysis.classify.protocols.Reading.fallback): its own state's request key is tried first, so it
       continues the turn that asked the same (turn_facts then reads that turn as rejected).
     prior_hash: the rolling hash after the assistant message before the last one.
     prefix_links: (hash, the hash before it) pairs, flattened, of this request's rolling hashes
@@ -162,8 +165,22 @@ def conversation_keys(
     state = _walk(messages, start, state if state is not None else _fresh())
     if found is not None:
         prefixes.keep(found, len(messages), state)
-    (running, tail, _, parents, results, block, block_calls, block_ids, block_prefix, block_tail, tail_parent,
-     after, after_texts, _) = state
+    (
+        running,
+        tail,
+        _,
+        parents,
+        results,
+        block,
+        block_calls,
+        block_ids,
+        block_prefix,
+        block_tail,
+        tail_parent,
+        after,
+        after_texts,
+        _,
+    ) = state
     links = [h for j in range(max(given, 1), len(parents)) for h in (parents[j], parents[j - 1])]
     prior = parents[-2] if len(parents) > 1 else None
     parents = parents[-1:]
@@ -211,8 +228,19 @@ def conversation_keys(
         tail.update(canon)
         reply_keys.append(tail.hexdigest())
     rejected = block_prefix is not None and harnesses.rejects(after_texts)
-    return Keys(len(messages), state.hexdigest(), chain, dropped + parents, item.hexdigest(), results, reply_keys, rejected,
-                prior, links, thread_key(messages))
+    return Keys(
+        len(messages),
+        state.hexdigest(),
+        chain,
+        dropped + parents,
+        item.hexdigest(),
+        results,
+        reply_keys,
+        rejected,
+        prior,
+        links,
+        thread_key(messages),
+    )
 
 
 def thread_key(messages: Sequence[Any]) -> str | None:
@@ -272,21 +300,77 @@ def _fresh() -> _State:
     # hash is a copy of the running state, which keeps this linear in the conversation length.
     # The tail hash is the same without the leading system messages: a harness that swaps its
     # system prompt for another (smolagents' summary at max_steps, dspy's extract step) keeps the rest.
-    return (hashlib.blake2b(digest_size=12), hashlib.blake2b(b"tail", digest_size=12), True, [], 0, [], [], [],
-            None, None, None, [], [], None)
+    return (
+        hashlib.blake2b(digest_size=12),
+        hashlib.blake2b(b"tail", digest_size=12),
+        True,
+        [],
+        0,
+        [],
+        [],
+        [],
+        None,
+        None,
+        None,
+        [],
+        [],
+        None,
+    )
 
 
 def _resumed(state: _State) -> _State:
-    (running, tail, leading, parents, results, block, block_calls, block_ids, block_prefix, block_tail, tail_parent,
-     after, after_texts, prev_role) = state
-    return (running.copy(), tail.copy(), leading, parents[:], results, block[:], block_calls[:], block_ids[:],
-            block_prefix, block_tail, tail_parent, after[:], after_texts[:], prev_role)
+    (
+        running,
+        tail,
+        leading,
+        parents,
+        results,
+        block,
+        block_calls,
+        block_ids,
+        block_prefix,
+        block_tail,
+        tail_parent,
+        after,
+        after_texts,
+        prev_role,
+    ) = state
+    return (
+        running.copy(),
+        tail.copy(),
+        leading,
+        parents[:],
+        results,
+        block[:],
+        block_calls[:],
+        block_ids[:],
+        block_prefix,
+        block_tail,
+        tail_parent,
+        after[:],
+        after_texts[:],
+        prev_role,
+    )
 
 
 def _walk(messages: Sequence[Any], start: int, state: _State) -> _State:
     """The state after messages[start:], from the state after messages[:start] (which it uses up)."""
-    (running, tail, leading, parents, results, block, block_calls, block_ids, block_prefix, block_tail, tail_parent,
-     after, after_texts, prev_role) = state
+    (
+        running,
+        tail,
+        leading,
+        parents,
+        results,
+        block,
+        block_calls,
+        block_ids,
+        block_prefix,
+        block_tail,
+        tail_parent,
+        after,
+        after_texts,
+        prev_role,
+    ) = state
     update = running.update
     for i in range(start, len(messages)):
         m = messages[i]
@@ -313,13 +397,27 @@ def _walk(messages: Sequence[Any], start: int, state: _State) -> _State:
             elif not leading:
                 after.append(running.copy())
                 after_texts.append(text)
-                del after[:-DROPPED_PREFIXES - 1]
+                del after[: -DROPPED_PREFIXES - 1]
         else:
             role = None
             update(orjson.dumps([m]))
         prev_role = role
-    return (running, tail, leading, parents, results, block, block_calls, block_ids, block_prefix, block_tail,
-            tail_parent, after, after_texts, prev_role)
+    return (
+        running,
+        tail,
+        leading,
+        parents,
+        results,
+        block,
+        block_calls,
+        block_ids,
+        block_prefix,
+        block_tail,
+        tail_parent,
+        after,
+        after_texts,
+        prev_role,
+    )
 
 
 class Prefixes:
@@ -338,8 +436,8 @@ class Prefixes:
     A request that resumes a walk stores only the prefix_links its own messages add, so the
     request it resumed must be stored beside it: walks are resumed only within a `scope` (a run's
     attempts, with or without an episode tag) and within what is stored together (one batch of one
-    segment, which prune keeps or drops whole; a batch that sets a record aside is analysed again
-    without them, see records.analyze_lines)."""
+    segment, which prune keeps or drops whole; a record set aside is never analysed, so never
+    walked, and one whose analysis fails starts the batch's walks afresh: load.lines.analyze_lines)."""
 
     PER_HEAD = 4
 
@@ -372,9 +470,9 @@ class Prefixes:
             self.size += len(head[1])
         kept.insert(0, (encoded, n, state))
         self.size += len(encoded)
-        for body, _, _ in kept[self.PER_HEAD:]:
+        for body, _, _ in kept[self.PER_HEAD :]:
             self.size -= len(body)
-        del kept[self.PER_HEAD:]
+        del kept[self.PER_HEAD :]
         while self.size > self.budget and self.heads:
             old_head, old = self.heads.popitem(last=False)
             self.size -= len(old_head[1]) + sum(len(body) for body, _, _ in old)
@@ -383,7 +481,11 @@ class Prefixes:
 def _call_ids(m: dict) -> list[str]:
     """The ids of a chat message's tool calls (the stack made them up per reply, so they tell apart
     identical conversations running at the same time)."""
-    return [tc["id"] for tc in m.get("tool_calls") or () if isinstance(tc, dict) and isinstance(tc.get("id"), str) and tc["id"]]
+    return [
+        tc["id"]
+        for tc in m.get("tool_calls") or ()
+        if isinstance(tc, dict) and isinstance(tc.get("id"), str) and tc["id"]
+    ]
 
 
 def ids_key(chain_hash: str, ids: Sequence[str]) -> str:
@@ -415,7 +517,7 @@ def echo_key(state_hash: str, signature: str) -> str:
 def _echo_parents(block: Sequence[str], calls: list, before: str, tool_names: Sequence[str]) -> list[str]:
     """echo_key(before, calls) of the request's last run of assistant messages (`block`: their
     texts, with its structured `calls`; `before`: the state of the conversation before it), for its
-    structured calls, else for every reading of calls re-serialised in its text (analysis.ingest.echoes).
+    structured calls, else for every reading of calls re-serialised in its text (analysis.classify.echoes).
 
     Only the last run: it answers the turn just before this request, the one to chain to, and
     looking no further keeps the text search at one block per request, not one per turn.

@@ -5,7 +5,7 @@ and the reports that count it; kept apart from classify so a report does not loa
 # row records the version that produced it, and `toolproxy analyze` rebuilds every derived table
 # from the stored raw bodies when the store was analysed under another version, so old and new
 # rules are never mixed. The rule: bump it in the same commit as any change to classification
-# (classify.py, the call parsers), to turns/episodes/roles (turns.py) or to what a metric counts.
+# (attempt.py, the call parsers), to turns/episodes/roles (episodes/) or to what a metric counts.
 ANALYZER_VERSION = 6
 
 NON_RESPONSE = "non_response"
@@ -24,8 +24,18 @@ OUTCOMES = (NON_RESPONSE, HALLUCINATED, INVALID_ARGS, VALID_CALL, UNPARSEABLE, P
 # (a non-response, out of every fidelity denominator) but are never blamed on the server.
 MODEL_STOPPED = "model_stopped"
 STOP_STRING = "stop_string"
-SUB_KINDS = ("refused", "http_4xx", "http_5xx", "timeout", "connect", "swallowed", "empty", "truncated",
-             MODEL_STOPPED, STOP_STRING)
+SUB_KINDS = (
+    "refused",
+    "http_4xx",
+    "http_5xx",
+    "timeout",
+    "connect",
+    "swallowed",
+    "empty",
+    "truncated",
+    MODEL_STOPPED,
+    STOP_STRING,
+)
 # The sub-kinds of a complete 200 reply that held nothing (a harness may write that nothing into
 # its history, and its next request continues from it).
 EMPTY_REPLIES = frozenset({"empty", "swallowed", MODEL_STOPPED, STOP_STRING})
@@ -33,8 +43,16 @@ EMPTY_REPLIES = frozenset({"empty", "swallowed", MODEL_STOPPED, STOP_STRING})
 # model's, or the harness's. `empty` says nothing either way (no token count, no stop reason).
 SERVING, MODEL, HARNESS, UNKNOWN = "serving layer", "model", "harness", "unknown"
 NON_RESPONSE_OWNER = {
-    "refused": SERVING, "http_4xx": SERVING, "http_5xx": SERVING, "timeout": SERVING, "connect": SERVING,
-    "swallowed": SERVING, "truncated": SERVING, "empty": UNKNOWN, MODEL_STOPPED: MODEL, STOP_STRING: HARNESS,
+    "refused": SERVING,
+    "http_4xx": SERVING,
+    "http_5xx": SERVING,
+    "timeout": SERVING,
+    "connect": SERVING,
+    "swallowed": SERVING,
+    "truncated": SERVING,
+    "empty": UNKNOWN,
+    MODEL_STOPPED: MODEL,
+    STOP_STRING: HARNESS,
 }
 # Each cause in words, for the report's notes, `show` and the live page.
 NON_RESPONSE_WORDS = {

@@ -26,10 +26,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from toolproxy.analysis.classify.outcomes import CALL, NON_RESPONSE, VALID_CALL
 from toolproxy.analysis.episodes.build import build_episodes, episode_expectation
 from toolproxy.analysis.episodes.model import Attempt, attempt_of
 from toolproxy.analysis.episodes.roles import role_of, turn_facts
-from toolproxy.analysis.measure.outcomes import CALL, NON_RESPONSE, VALID_CALL
 from toolproxy.analysis.measure.runline import composition_key
 
 ATTEMPTS_PER_RUN = 5_000
@@ -51,13 +51,18 @@ class Held:
 
 
 def held_of(row: dict) -> Held | None:
-    """An analysed exchange row (analysis.ingest.records) as the live view keeps it; None when it is no
+    """An analysed exchange row (analysis.classify.record) as the live view keeps it; None when it is no
     turn of a task (not a model request, or a harness's probe)."""
     if not row.get("is_attempt"):
         return None
     surface = row["surface"]
-    return Held(attempt_of(row, sys.intern), float(row["started_at"] or 0.0), bool(row["finishes"]), row["finisher"],
-                None if surface is None else sys.intern(surface))
+    return Held(
+        attempt_of(row, sys.intern),
+        float(row["started_at"] or 0.0),
+        bool(row["finishes"]),
+        row["finisher"],
+        None if surface is None else sys.intern(surface),
+    )
 
 
 class RunTurns:
@@ -84,7 +89,9 @@ class RunTurns:
 
     def figures(self, run: str) -> dict:
         now = time.monotonic()
-        if self._figures is None or (self._since and (self._cost < QUICK or now - self._done_at >= REDO_FACTOR * self._cost)):
+        if self._figures is None or (
+            self._since and (self._cost < QUICK or now - self._done_at >= REDO_FACTOR * self._cost)
+        ):
             cpu = time.process_time()  # the CPU it took, not the wall time a starved process waited
             self._since = 0
             self._figures = self._work_out(run)
@@ -107,10 +114,19 @@ class RunTurns:
             for turn, facts in zip(ep.turns, turn_facts(ep.turns)):
                 final = turn.final
                 h = extra[final.id]
-                role = role_of({"outcome": final.outcome, "offered_tools": final.offered, "expect": expect,
-                                "rejected": facts.rejected, "last_with_tools": facts.last_with_tools,
-                                "is_last": facts.is_last, "finishes": h.finishes, "finisher": h.finisher,
-                                "saw_result": facts.saw_result})
+                role = role_of(
+                    {
+                        "outcome": final.outcome,
+                        "offered_tools": final.offered,
+                        "expect": expect,
+                        "rejected": facts.rejected,
+                        "last_with_tools": facts.last_with_tools,
+                        "is_last": facts.is_last,
+                        "finishes": h.finishes,
+                        "finisher": h.finisher,
+                        "saw_result": facts.saw_result,
+                    }
+                )
                 outcomes[composition_key(final.outcome, final.sub_kind, h.surface)] += 1
                 if final.outcome == NON_RESPONSE:
                     non_responses[final.sub_kind or "unknown"] += 1
@@ -127,11 +143,22 @@ class RunTurns:
                     delivered_k += facts.delivered
             answered += "answer" in ep_roles
             answerable += bool(ep_roles & {"call", "answer", "open"})
-        return {"turns": sum(outcomes.values()), "episodes": len(episodes), "roles": dict(roles),
-                "call_turns": call_n, "valid_turns": call_k, "delivered_turns": delivered_k,
-                "answered": answered, "answerable": answerable, "turn_outcomes": dict(outcomes),
-                "turn_non_responses": dict(non_responses), "delivered_calls": delivered_valid,
-                "held": len(self.held), "let_go": self.let_go, "through_text": through_text}
+        return {
+            "turns": sum(outcomes.values()),
+            "episodes": len(episodes),
+            "roles": dict(roles),
+            "call_turns": call_n,
+            "valid_turns": call_k,
+            "delivered_turns": delivered_k,
+            "answered": answered,
+            "answerable": answerable,
+            "turn_outcomes": dict(outcomes),
+            "turn_non_responses": dict(non_responses),
+            "delivered_calls": delivered_valid,
+            "held": len(self.held),
+            "let_go": self.let_go,
+            "through_text": through_text,
+        }
 
 
 class LiveTurns:

@@ -5,7 +5,7 @@ a harness chooses: that it rejected the model's last reply (it could not parse a
 and says so in its next request), and that a call ends the episode as the model's answer (the
 harness's own finishing tool, as it describes it when it offers it). Each entry names the harness
 it comes from; add new ones here.
-(How prompt-protocol harnesses write their tool lists and steps is analysis.ingest.protocols' to read.)
+(How prompt-protocol harnesses write their tool lists and steps is analysis.classify.protocols' to read.)
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ REJECTIONS = (
 )
 REJECTION = re.compile("|".join(map(re.escape, REJECTIONS)))
 
+
 # How a harness ends an episode with its answer: a call to a tool of its own, recognised by the
 # tool's name and the description the harness sends with it (and, where the tool is a general one,
 # by the call's arguments), so an unrelated tool that happens to share the name is not misread.
@@ -49,17 +50,22 @@ class Finisher:
 
 FINISHERS = (
     # its model parses a JSON call out of the text when the stack sent none (parse_json_tool_call)
-    Finisher("smolagents ToolCallingAgent", "final_answer", "Provides a final answer to the given problem.",
-             reads_text=True),
+    Finisher(
+        "smolagents ToolCallingAgent", "final_answer", "Provides a final answer to the given problem.", reads_text=True
+    ),
     Finisher("smolagents CodeAgent", "final_answer", "Provides a final answer to the given problem.", protocol="code"),
     Finisher("dspy ReAct", "finish", "Marks the task as complete.", protocol="dspy"),
     # react()'s default submit tool; the answer is the call's argument
     Finisher("inspect-ai react", "submit", "Submit an answer for evaluation."),
     # 2.x: the environment ends the task when a command's output starts with the marker line
     # (LocalEnvironment._check_finished); the prompt tells the model to `echo` it
-    Finisher("mini-swe-agent", "bash", "Execute a bash command",
-             argument=("command", re.compile(r"\s*echo\s+[\"']?COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT(?![\w])")),
-             prompt="COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
+    Finisher(
+        "mini-swe-agent",
+        "bash",
+        "Execute a bash command",
+        argument=("command", re.compile(r"\s*echo\s+[\"']?COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT(?![\w])")),
+        prompt="COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
+    ),
 )
 _BY_TOOL: dict[tuple[str | None, str], list[Finisher]] = {}
 for _f in FINISHERS:
@@ -82,8 +88,11 @@ def finisher(protocol: str | None, tools, messages=()) -> Finisher | None:
             continue
         description = spec.get("description")
         for f in _BY_TOOL.get((protocol, spec["name"]), ()):
-            if isinstance(description, str) and description.strip().startswith(f.description) and (
-                    f.prompt is None or _mentions(messages, f.prompt)):
+            if (
+                isinstance(description, str)
+                and description.strip().startswith(f.description)
+                and (f.prompt is None or _mentions(messages, f.prompt))
+            ):
                 return f
     return None
 

@@ -115,9 +115,20 @@ def reply_message(protocol: str, text: str | None, calls: list) -> tuple[str, li
 
 # ---------------------------------------------------------------- tools as their prompts write them
 
-_PY_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "list": "array", "dict": "object",
-             "string": "string", "integer": "integer", "number": "number", "boolean": "boolean", "array": "array",
-             "object": "object"}
+_PY_TYPES = {
+    "str": "string",
+    "int": "integer",
+    "float": "number",
+    "bool": "boolean",
+    "list": "array",
+    "dict": "object",
+    "string": "string",
+    "integer": "integer",
+    "number": "number",
+    "boolean": "boolean",
+    "array": "array",
+    "object": "object",
+}
 
 
 def _pairs(parse: TextParse) -> list:
@@ -126,7 +137,10 @@ def _pairs(parse: TextParse) -> list:
 
 
 def _function_tool(name: str, description: str, parameters: dict) -> dict:
-    return {"type": "function", "function": {"name": name, "description": description.strip(), "parameters": parameters}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description.strip(), "parameters": parameters},
+    }
 
 
 def _signature(sig: str, typed: bool) -> dict | None:
@@ -141,13 +155,16 @@ def _signature(sig: str, typed: bool) -> dict | None:
         return None
     args = fn.args
     positional = args.posonlyargs + args.args
-    required = [a.arg for a in positional[:len(positional) - len(args.defaults)]]
+    required = [a.arg for a in positional[: len(positional) - len(args.defaults)]]
     required += [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None]
     properties: dict[str, dict] = {}
     for a in positional + args.kwonlyargs:
         note = a.annotation
-        name = note.value if isinstance(note, ast.Constant) and isinstance(note.value, str) else (
-            note.id if isinstance(note, ast.Name) else None)
+        name = (
+            note.value
+            if isinstance(note, ast.Constant) and isinstance(note.value, str)
+            else (note.id if isinstance(note, ast.Name) else None)
+        )
         kind = _PY_TYPES.get(name or "")
         properties[a.arg] = {"type": kind} if typed and kind else {}
     schema: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
@@ -185,7 +202,7 @@ def _fields(text: str) -> dict[str, str]:
     out = {}
     for k, m in enumerate(marks):
         end = marks[k + 1].start() if k + 1 < len(marks) else len(text)
-        out[m.group(1)] = text[m.end():end].strip()
+        out[m.group(1)] = text[m.end() : end].strip()
     return out
 
 
@@ -197,26 +214,36 @@ def _dspy_tools(system: str) -> list[dict]:
         end = system.find(_DSPY_ARGS, m.end())
         if end < 0:
             continue
-        line = system[end + len(_DSPY_ARGS):].split("\n", 1)[0].strip()
+        line = system[end + len(_DSPY_ARGS) :].split("\n", 1)[0].strip()
         args = _literal(line[:-1] if line.endswith(".") else line)
         if isinstance(args, dict) and all(isinstance(k, str) and isinstance(v, dict) for k, v in args.items()):
             params = {"type": "object", "properties": args, "required": list(args), "additionalProperties": False}
         else:
             params = {}
-        tools.append(_function_tool(m.group(2), system[m.end():end], params))
+        tools.append(_function_tool(m.group(2), system[m.end() : end], params))
     return tools
 
 
 def _read_dspy(messages: Sequence[Any], texts: list[str | None]) -> Reading | None:
     system, user = texts[0] if texts else None, texts[-1]
-    if not system or not user or len(messages) < 2 or "Your output fields are:" not in system \
-            or len(system) > MAX_TEXT or len(user) > MAX_TEXT:
+    if (
+        not system
+        or not user
+        or len(messages) < 2
+        or "Your output fields are:" not in system
+        or len(system) > MAX_TEXT
+        or len(user) > MAX_TEXT
+    ):
         return None
     json_format = _JSON_OUTPUTS in system
     if not json_format and "[[ ## completed ## ]]" not in system:
         return None
-    if not (isinstance(messages[0], dict) and messages[0].get("role") == "system"
-            and isinstance(messages[-1], dict) and messages[-1].get("role") == "user"):
+    if not (
+        isinstance(messages[0], dict)
+        and messages[0].get("role") == "system"
+        and isinstance(messages[-1], dict)
+        and messages[-1].get("role") == "user"
+    ):
         return None
     # The trajectory's own fields (thought_0, tool_name_0, ...) follow its marker at the same level.
     fields = _fields(user.split(_RESPOND, 1)[0])
@@ -230,12 +257,17 @@ def _read_dspy(messages: Sequence[Any], texts: list[str | None]) -> Reading | No
         tools = None
     else:
         return None  # a dspy program without tools: no protocol to read
-    asked = "\n\n".join(f"[[ ## {k} ## ]]\n{v}" for k, v in fields.items()
-                        if k != "trajectory" and _STEP.fullmatch(k) is None)
+    asked = "\n\n".join(
+        f"[[ ## {k} ## ]]\n{v}" for k, v in fields.items() if k != "trajectory" and _STEP.fullmatch(k) is None
+    )
     canonical = [{"role": "system", "content": _dspy_task(system)}, *messages[1:-1], {"role": "user", "content": asked}]
     for thought, name, args, observation in steps:
         value, error = parse_arguments(args)
-        call = {"id": None, "type": "function", "function": {"name": name, "arguments": value if error is None else args}}
+        call = {
+            "id": None,
+            "type": "function",
+            "function": {"name": name, "arguments": value if error is None else args},
+        }
         canonical.append({"role": "assistant", "content": thought, "tool_calls": [call]})
         if observation is not None:
             canonical.append({"role": "tool", "content": observation})
@@ -259,8 +291,11 @@ def _trajectory(fields: dict[str, str]) -> list[tuple[str, str, str, str | None]
         m = _STEP.fullmatch(name)
         if m is not None and int(m.group(2)) < _MAX_STEPS:
             steps.setdefault(int(m.group(2)), {})[m.group(1)] = value
-    return [(s.get("thought", ""), s["tool_name"], s.get("tool_args", "{}"), s.get("observation"))
-            for _, s in sorted(steps.items()) if "tool_name" in s]
+    return [
+        (s.get("thought", ""), s["tool_name"], s.get("tool_args", "{}"), s.get("observation"))
+        for _, s in sorted(steps.items())
+        if "tool_name" in s
+    ]
 
 
 def _dspy_reply(text: str) -> TextParse:
@@ -291,8 +326,11 @@ def _json_fields(text: str) -> dict:
     if error is not None or not isinstance(value, dict) or not isinstance(value.get("next_tool_name"), str):
         return {}
     args = value.get("next_tool_args", {})
-    return {"next_thought": str(value.get("next_thought", "")), "next_tool_name": value["next_tool_name"],
-            "next_tool_args": args if isinstance(args, dict) else str(args)}
+    return {
+        "next_thought": str(value.get("next_thought", "")),
+        "next_tool_name": value["next_tool_name"],
+        "next_tool_args": args if isinstance(args, dict) else str(args),
+    }
 
 
 def _literal(text: str) -> Any:
@@ -327,7 +365,7 @@ def _read_react(messages: Sequence[Any], texts: list[str | None]) -> Reading | N
         names = [n.strip() for n in listed.group(1).split(",")]
         if not names or not all(_NAME.fullmatch(n) for n in names):
             continue
-        tools = [_react_tool(n, text[:listed.start()]) for n in dict.fromkeys(names)][:_MAX_TOOLS]
+        tools = [_react_tool(n, text[: listed.start()]) for n in dict.fromkeys(names)][:_MAX_TOOLS]
         canonical: list[dict] = []
         for j, m in enumerate(messages):
             if j == k:
@@ -356,15 +394,14 @@ def _react_tool(name: str, listing: str) -> dict:
 def _scratchpad(message: Any, text: str, start: int, tools: list[dict]) -> list[dict]:
     """The prompt message holding the format and the scratchpad, as its question plus each step:
     the model's text as an assistant message with its call, the observation as a tool result."""
-    question = None
-    for question in _QUESTION.finditer(text, start):
-        pass
-    rest = text[question.end():] if question else ""
+    questions = list(_QUESTION.finditer(text, start))
+    question = questions[-1] if questions else None
+    rest = text[question.end() :] if question else ""
     if question is None or not rest.startswith("Thought:"):
         return [message]
-    base = text[:question.end() + len("Thought:")]
+    base = text[: question.end() + len("Thought:")]
     out = [{"role": message.get("role") if isinstance(message, dict) else "user", "content": base}]
-    parts = rest[len("Thought:"):].split(_OBSERVATION)
+    parts = rest[len("Thought:") :].split(_OBSERVATION)
     logs, observations = [parts[0]], []
     for part in parts[1:_MAX_STEPS]:
         observation, _, log = part.partition("\nThought:")
@@ -378,8 +415,11 @@ def _scratchpad(message: Any, text: str, start: int, tools: list[dict]) -> list[
 
 
 def _assistant(content: str, calls: list) -> dict:
-    return {"role": "assistant", "content": content,
-            "tool_calls": [{"id": None, "type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [{"id": None, "type": "function", "function": {"name": n, "arguments": a}} for n, a in calls],
+    }
 
 
 def _action(text: str) -> tuple[int, str, str] | None:
@@ -390,14 +430,14 @@ def _action(text: str) -> tuple[int, str, str] | None:
     given = _ACTION_INPUT.search(text, m.end())
     if given is None:
         return None
-    return m.start(), text[m.end():given.start()].strip(), text[given.end():].strip()
+    return m.start(), text[m.end() : given.start()].strip(), text[given.end() :].strip()
 
 
 def _react_thought(text: str) -> str:
     head = text.split("Action", 1)[0] if _action(text) else text
     head = head.strip()
     while head.startswith("Thought:"):
-        head = head[len("Thought:"):].strip()
+        head = head[len("Thought:") :].strip()
     return head
 
 
@@ -428,15 +468,19 @@ _TAGS = re.compile(r"opened with '([^'\n]{1,40})', and closed with '([^'\n]{1,40
 _BLOCKS = (("<code>", "</code>"), ("```python", "```"), ("```py", "```"))
 # How smolagents writes a code step back into its history: the model's text, then its own record of
 # the step as a call to its interpreter.
-_CODE_ECHO = re.compile(r"Calling tools:\n\[\{'id': '[^']*', 'type': 'function', 'function': \{'name': 'python_interpreter'")
+_CODE_ECHO = re.compile(
+    r"Calling tools:\n\[\{'id': '[^']*', 'type': 'function', 'function': \{'name': 'python_interpreter'"
+)
 _BUILTINS = frozenset(dir(builtins))
 
 
 def _read_code(messages: Sequence[Any], texts: list[str | None]) -> Reading | None:
     system = texts[0] if texts and isinstance(messages[0], dict) and messages[0].get("role") == "system" else None
     tools = _code_tools(system) if system and len(system) <= MAX_TEXT else []
-    if not tools and not any(isinstance(m, dict) and m.get("role") == "assistant" and t and _CODE_ECHO.search(t)
-                             for m, t in zip(messages, texts)):
+    if not tools and not any(
+        isinstance(m, dict) and m.get("role") == "assistant" and t and _CODE_ECHO.search(t)
+        for m, t in zip(messages, texts)
+    ):
         return None  # neither tools as functions nor a code agent's steps written back (its wrap-up)
     canonical: list[dict] = []
     for m, text in zip(messages, texts):
@@ -463,7 +507,7 @@ def _code_tools(system: str) -> list[dict]:
 
 def _docstring(text: str, end: int) -> str:
     """The docstring a stub's opening quotes (ending at `end`) start."""
-    close = text.find(text[end - 3:end], end)
+    close = text.find(text[end - 3 : end], end)
     return text[end:close] if close >= 0 else ""
 
 
@@ -479,7 +523,7 @@ def _code_blocks(text: str) -> list[str]:
                 break
             start += len(opening)
             end = text.find(closing, start)
-            out.append(text[start:end if end >= 0 else len(text)].strip("\n"))
+            out.append(text[start : end if end >= 0 else len(text)].strip("\n"))
             if end < 0:
                 break
             i = end + len(closing)
@@ -550,7 +594,9 @@ def _code_call(node: ast.Call, params: list[str]) -> TextCall:
             args[kw.arg] = _value(kw.value)
     raw = _source(node)
     error = f"{extra} positional arguments beyond the tool's parameters" if extra else None
-    return TextCall(node.func.id, None if error else args, raw, CODE, (node.col_offset, node.end_col_offset or 0), error)
+    return TextCall(
+        node.func.id, None if error else args, raw, CODE, (node.col_offset, node.end_col_offset or 0), error
+    )
 
 
 def _value(node: ast.AST) -> Any:

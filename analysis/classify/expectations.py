@@ -13,11 +13,11 @@ a matching rule overrides the recorded `expect` tag (the analyst decides now). P
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Mapping, Sequence
 
-from toolproxy.analysis.measure.outcomes import EXPECTATIONS
+from toolproxy.analysis.classify.outcomes import EXPECTATIONS
 
 EXPECT_TAG = "expect"
 
@@ -46,7 +46,9 @@ def parse_rule(text: str) -> ExpectationRule:
     key, eq, pattern = selector.partition("=")
     key = key.strip().lower()
     if not sep or not eq or not key or not pattern:
-        raise RuleError(f"cannot read expectation rule {text!r}: write TAG=VALUE:EXPECT, e.g. 'category=irrelevance:none'")
+        raise RuleError(
+            f"cannot read expectation rule {text!r}: write TAG=VALUE:EXPECT, e.g. 'category=irrelevance:none'"
+        )
     expect = expect.strip().lower()
     if expect not in EXPECTATIONS:
         raise RuleError(f"expectation rule {text!r} ends in {expect!r}; it must end in :call or :none")

@@ -8,7 +8,7 @@ field of the wrong type, an unknown kind) is set aside: recorded in ingest_issue
 and skipped, so one bad line never blocks the lines after it. Exchange ids are unique, so a
 segment copied twice into the data dir adds nothing.
 
-The lines are analysed (analysis/ingest/records.py) in worker processes, in batches of about
+The lines are analysed (analysis/load/lines.py) in worker processes, in batches of about
 `batch_bytes` of input, while this process writes the results: memory stays bounded whatever the
 size of the data dir.
 """
@@ -18,19 +18,17 @@ from __future__ import annotations
 import multiprocessing
 import os
 import stat
-import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 import numpy as np
 
-from toolproxy.analysis.episodes.derive import derive_changes
-from toolproxy.analysis.ingest.records import CALL_TYPES, SET_ASIDE, Batch, _issue, analyze_range
+from toolproxy.analysis.load.lines import CALL_TYPES, SET_ASIDE, Batch, analyze_range, issue_row
 from toolproxy.analysis.store.connection import insert_columns
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS
 from toolproxy.record.segments import batch_end, list_segments
@@ -53,6 +51,7 @@ class Summary:
     set_aside: dict[str, int] = field(default_factory=dict)
     torn_tails: int = 0
     workers: int = 0
+    # What the derive after the load did (lifecycle.ingest fills these, and seconds for both).
     runs: list[str] = field(default_factory=list)
     turns: int = 0
     episodes: int = 0
@@ -63,9 +62,9 @@ class Summary:
     issues: list[str] = field(default_factory=list)
 
 
-
-def _after_last_newline(f, start: int, size: int) -> int:
-    """Offset just past the last newline in [start, size), or start if there is none."""
+def after_last_newline(f, start: int, size: int) -> int:
+    """Offset just past the last newline in [start, size), or start if there is none. Spark's
+    ranges (export.spark) end at the same line boundaries as analyze's batches."""
     pos = size
     while pos > start:
         step = min(1 << 16, pos - start)
@@ -77,7 +76,7 @@ def _after_last_newline(f, start: int, size: int) -> int:
     return start
 
 
-def _next_line_end(f, pos: int, limit: int) -> int:
+def next_line_end(f, pos: int, limit: int) -> int:
     """Offset just past the first newline at or after pos (limit is known to follow one)."""
     f.seek(pos)
     while pos < limit:
@@ -126,8 +125,15 @@ class Ingestor:
     at most a few batches in flight so memory stays bounded) and writes each batch in one
     transaction together with the segment's new offset."""
 
-    def __init__(self, con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        con,
+        data_dir: str | Path,
+        *,
+        batch_bytes: int = 8 << 20,
+        workers: int | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         self.con = con
         self.progress = progress
         self.data_dir = Path(data_dir)
@@ -163,8 +169,12 @@ class Ingestor:
             offset = state.get(path.name, 0)
             size = path.stat().st_size
             if size < offset:
-                self.summary.issues.append(f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it")
-                self._write_issues([_issue(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}")])
+                self.summary.issues.append(
+                    f"{path.name}: file shrank below the ingested offset ({size} < {offset}); re-reading it"
+                )
+                self._write_issues(
+                    [issue_row(path.name, offset, "segment_shrank", f"size {size} < ingested offset {offset}")]
+                )
                 offset = 0
             if size > offset:
                 todo.append((path, offset))
@@ -177,10 +187,10 @@ class Ingestor:
             self.summary.segments_read += 1
             size = path.stat().st_size
             with open(path, "rb") as f:
-                complete = _after_last_newline(f, start, size)
+                complete = after_last_newline(f, start, size)
                 pos = start
                 while pos < complete:
-                    end = _next_line_end(f, min(pos + self.batch_bytes, complete) - 1, complete)
+                    end = next_line_end(f, min(pos + self.batch_bytes, complete) - 1, complete)
                     end = batch_end(f, pos, end, self.batch_bytes)  # chunked bodies count in full
                     yield _Chunk(path, pos, end, torn_at=complete if end == complete and complete < size else None)
                     pos = end
@@ -189,7 +199,8 @@ class Ingestor:
             self.summary.bytes_read += complete - start
 
     def run(self) -> Summary:
-        t0 = time.perf_counter()
+        """Load every new line; what the lines added is then derived by the caller
+        (lifecycle.ingest), from affected_runs and whole_runs."""
         todo = self._pending_segments()
         new_bytes = sum(p.stat().st_size - off for p, off in todo)
         if self.progress is not None:
@@ -218,23 +229,6 @@ class Ingestor:
                         done, fut = pending.popleft()
                         self._write(done, fut.result())
             self._commit()
-        phase = None
-        self.con.execute("BEGIN TRANSACTION")
-        try:
-            link_stored_responses(self.con, self.affected_runs)
-            phase = self.progress.then("analyze: turns and episodes", unit="runs") if self.progress is not None else None
-            totals = derive_changes(self.con, self.affected_runs, progress=phase, whole=self.whole_runs, in_steps=True)
-            self.con.execute("COMMIT")
-        except Exception:
-            self.con.execute("ROLLBACK")
-            raise
-        finally:
-            if phase is not None:
-                phase.close()
-        self.summary.turns, self.summary.episodes = totals["turns"], totals["episodes"]
-        self.summary.runs_in_part, self.summary.episodes_in_part = totals["in_part"], totals["episodes_in_part"]
-        self.summary.runs = totals["runs"]
-        self.summary.seconds = time.perf_counter() - t0
         return self.summary
 
     def _write_issues(self, issues: list[dict]) -> None:
@@ -252,8 +246,11 @@ class Ingestor:
                 s.set_aside[issue["kind"]] = s.set_aside.get(issue["kind"], 0) + 1
         if chunk.torn_at is not None:
             s.torn_tails += 1
-            s.issues.append(f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); will retry next run")
-            batch.issues.append(_issue(chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line"))
+            s.issues.append(
+                f"{chunk.segment} @{chunk.torn_at}: incomplete last line (still being written, or torn by a crash); "
+                "will retry next run"
+            )
+            batch.issues.append(issue_row(chunk.segment, chunk.torn_at, "torn_tail", "incomplete last line"))
         if not self.in_txn:
             con.execute("BEGIN TRANSACTION")
             self.in_txn, self.txn_bytes = True, 0
@@ -276,10 +273,13 @@ class Ingestor:
                 self.affected_runs.update(columns["run"])
             new_sets = [v for k, v in batch.tool_sets.items() if k not in self.known_tool_sets]
             if new_sets:
-                TOOL_SETS.insert(con, TOOL_SETS.columns_of([t._asdict() for t in new_sets]), on_conflict="ON CONFLICT DO NOTHING")
+                TOOL_SETS.insert(
+                    con, TOOL_SETS.columns_of([t._asdict() for t in new_sets]), on_conflict="ON CONFLICT DO NOTHING"
+                )
             if batch.fingerprints:
-                s.fingerprints += FINGERPRINTS.insert(con, FINGERPRINTS.columns_of(batch.fingerprints),
-                                                      on_conflict="ON CONFLICT DO NOTHING")
+                s.fingerprints += FINGERPRINTS.insert(
+                    con, FINGERPRINTS.columns_of(batch.fingerprints), on_conflict="ON CONFLICT DO NOTHING"
+                )
                 self.affected_runs.update(r["run"] for r in batch.fingerprints if r["run"])
             if batch.issues:
                 self._write_issues(batch.issues)
@@ -306,12 +306,14 @@ class Ingestor:
             try:
                 # a torn tail that is complete now was read: its issue goes
                 self.con.execute(
-                    "DELETE FROM ingest_issues AS i USING (SELECT unnest($segments) AS segment, unnest($ends) AS reached) AS r "
+                    "DELETE FROM ingest_issues AS i USING (SELECT unnest($segments) AS segment, unnest($ends) AS "
+                    "reached) AS r "
                     "WHERE i.segment = r.segment AND i.kind = 'torn_tail' AND i.byte_offset < r.reached",
                     {"segments": segments, "ends": ends},
                 )
                 self.con.execute(
-                    "INSERT INTO ingest_state SELECT unnest($segments), unnest($ends), unnest($ends), unnest($records), "
+                    "INSERT INTO ingest_state SELECT unnest($segments), unnest($ends), unnest($ends), "
+                    "unnest($records), "
                     "now()::TIMESTAMP ON CONFLICT (segment) DO UPDATE SET byte_offset = excluded.byte_offset, "
                     "size_seen = excluded.size_seen, n_records = ingest_state.n_records + excluded.n_records, "
                     "updated_at = excluded.updated_at",
@@ -370,6 +372,7 @@ class _StoredIds:
 
     def __init__(self, con) -> None:
         self.con = con
+        con.execute("CREATE TEMP TABLE IF NOT EXISTS _ids (id VARCHAR)")  # where _in_db puts the ids it asks about
         self.ask_db = con.execute("SELECT EXISTS (SELECT 1 FROM exchanges)").fetchall()[0][0]
         self.recent: set[str] = set()
         self.hashes = np.empty(0, dtype=np.int64)
@@ -394,8 +397,13 @@ class _StoredIds:
 
     def _in_db(self, ids: list[str]) -> set[str]:
         insert_columns(self.con, "_ids", {"id": ids}, {"id": "VARCHAR"})
-        dup = {r[0] for r in self.con.execute("SELECT id FROM _ids WHERE id IN (SELECT id FROM exchanges WHERE id BETWEEN ? AND ?)",
-                                              [min(ids), max(ids)]).fetchall()}
+        dup = {
+            r[0]
+            for r in self.con.execute(
+                "SELECT id FROM _ids WHERE id IN (SELECT id FROM exchanges WHERE id BETWEEN ? AND ?)",
+                [min(ids), max(ids)],
+            ).fetchall()
+        }
         self.con.execute("DELETE FROM _ids")
         return dup
 
@@ -433,15 +441,3 @@ def link_stored_responses(con, runs: set[str]) -> None:
         """,
         [runs_list],
     )
-
-
-def ingest(con, data_dir: str | Path, *, batch_bytes: int = 8 << 20, workers: int | None = None,
-           progress: Progress | None = None) -> Summary:
-    """Ingest every new line of every segment under data_dir, then re-derive the affected runs.
-
-    workers: processes analysing batches in parallel; None picks by the amount of new data.
-    progress: told the new bytes to read, then advanced by each batch written.
-    """
-    con.execute("CREATE TEMP TABLE IF NOT EXISTS _ids (id VARCHAR)")
-    return Ingestor(con, data_dir, batch_bytes=batch_bytes, workers=workers, progress=progress).run()
-

@@ -7,7 +7,7 @@ them, compressed or not; the analyzer inflates them here before the wire decoder
 from __future__ import annotations
 
 import zlib
-from typing import Iterable
+from collections.abc import Iterable
 
 from toolproxy.record.model import body_bytes
 
@@ -21,7 +21,9 @@ def header(headers: Iterable, name: str) -> str | None:
     return None
 
 
-def decode_body(text: str | None, encoding: str | None, content_encoding: str | None = None) -> tuple[bytes | None, str | None]:
+def decode_body(
+    text: str | None, encoding: str | None, content_encoding: str | None = None
+) -> tuple[bytes | None, str | None]:
     """(plain bytes, problem). Compressed bodies are inflated; a truncated gzip stream gives what it can."""
     try:
         raw = body_bytes(text, encoding)
@@ -33,7 +35,7 @@ def decode_body(text: str | None, encoding: str | None, content_encoding: str | 
     if ce in ("", "identity"):
         return raw, None
     if ce in ("gzip", "x-gzip", "deflate"):
-        for wbits in ((zlib.MAX_WBITS | 16,) if ce != "deflate" else (zlib.MAX_WBITS, -zlib.MAX_WBITS)):
+        for wbits in (zlib.MAX_WBITS | 16,) if ce != "deflate" else (zlib.MAX_WBITS, -zlib.MAX_WBITS):
             d = zlib.decompressobj(wbits)
             try:
                 return d.decompress(raw) + d.flush(), None

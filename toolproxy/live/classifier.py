@@ -1,8 +1,8 @@
 """The live page's classifier process: batches of written records in, answers to the page out,
 and serve's line per exchange once it is classified.
 
-Started by `LiveView.start` as `python -m toolproxy.proxy.classifier RECORDS_FD QUERIES_FD SOCKET
-RECENT MAX_RUNS`, a fresh interpreter that imports only this module, the view's tally and the
+Started by `LiveView.start` as `python -m toolproxy.live.classifier RECORDS_FD QUERIES_FD SOCKET
+RECENT MAX_RUNS`, a fresh interpreter that imports only the live page's own modules and the
 analyzer's per-record code: not multiprocessing's spawn, whose child re-imports the proxy's main
 module (the whole CLI) and which starts a resource-tracker process besides, together as much
 memory again as the proxy itself.
@@ -18,7 +18,10 @@ from multiprocessing.connection import Connection, wait
 
 import orjson
 
-from toolproxy.proxy.live import SLICE, Tally, print_lines
+from toolproxy.live.tally import Tally
+from toolproxy.live.view import print_lines
+
+SLICE = 32  # records the classifier classifies between looks for a question from the page
 
 
 def _answer_peer(listener: socket.socket, tally: Tally) -> None:
@@ -90,7 +93,9 @@ def run(records: Connection, queries: Connection, socket_path: str | None, recen
             listener.bind(socket_path)
             listener.listen(16)
         except OSError as exc:  # the page then says this worker does not answer; its counts go on
-            print(f"toolproxy: the live page cannot ask this worker ({socket_path}: {exc})", file=sys.stderr, flush=True)
+            print(
+                f"toolproxy: the live page cannot ask this worker ({socket_path}: {exc})", file=sys.stderr, flush=True
+            )
             listener.close()
             listener = socket_path = None
     lines: list[bytes] = []
@@ -124,7 +129,7 @@ def run(records: Connection, queries: Connection, socket_path: str | None, recen
                     tally.observed, counted, texts = orjson.loads(head)
                     tally.count({tuple(c[:4]): c[4:] for c in counted})
                     lines, pos = [line for line in body.split(b"\n") if line], 0
-            printed = _log_lines(tally, lines[pos:pos + SLICE], texts[pos:pos + SLICE])
+            printed = _log_lines(tally, lines[pos : pos + SLICE], texts[pos : pos + SLICE])
             if printed:
                 print_lines(printed)
             pos += SLICE
@@ -138,8 +143,13 @@ def run(records: Connection, queries: Connection, socket_path: str | None, recen
 
 def main(argv: list[str] | None = None) -> None:
     records_fd, queries_fd, socket_path, recent, max_runs = argv if argv is not None else sys.argv[1:]
-    run(Connection(int(records_fd), writable=False), Connection(int(queries_fd)), socket_path or None,
-        int(recent), int(max_runs))
+    run(
+        Connection(int(records_fd), writable=False),
+        Connection(int(queries_fd)),
+        socket_path or None,
+        int(recent),
+        int(max_runs),
+    )
 
 
 if __name__ == "__main__":
