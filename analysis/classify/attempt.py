@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from toolproxy.analysis.classify.outcomes import (
+    CLIENT_GAVE_UP,
     HALLUCINATED,
     INVALID_ARGS,
     MODEL_STOPPED,
@@ -53,7 +54,7 @@ _ERROR_KINDS = {
     "connect": "connect",
     "timeout": "timeout",
     "upstream_closed": "truncated",
-    "client_closed": "truncated",
+    "client_closed": CLIENT_GAVE_UP,
 }
 
 

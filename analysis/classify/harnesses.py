@@ -123,3 +123,41 @@ def finishes(f: Finisher | None, calls, in_text: bool) -> bool:
             if not isinstance(value, str) or f.argument[1].match(value) is None:
                 return False
     return True
+
+
+# How a harness starts a subagent: a call to a tool of its own whose argument is the child
+# conversation's task, which the child's first user message holds word for word (the child's
+# answer comes back as the call's result). A conversation that opens with the exact text of such a
+# call's argument, after the call was delivered, is that call's child (analysis.episodes.links).
+@dataclass(frozen=True, slots=True)
+class Spawner:
+    harness: str
+    tool: str
+    argument: str  # the call's argument that holds the child's task
+
+
+SPAWNERS = (
+    # the Agent tool (Task before 2.1): {"description", "prompt", "subagent_type"}; the child's
+    # request carries `cc_is_subagent=true` in its billing block
+    Spawner("Claude Code 2.1.197", "Agent", "prompt"),
+    Spawner("Claude Code (before 2.1)", "Task", "prompt"),
+    Spawner("opencode 1.18.33", "task", "prompt"),  # a child session (session.parent_id), its result <task_result>
+    Spawner("Qwen Code 0.15.10", "agent", "prompt"),
+    Spawner("Codex 0.171.0", "spawn_agent", "message"),  # the multi_agent_v1 namespace: "Initial plain-text task"
+)
+_SPAWN_ARGUMENT = {s.tool: s.argument for s in SPAWNERS}
+
+
+def spawned(tool_calls, key) -> list[str] | None:
+    """ "KEY CALL_ID" of each delivered call (wire tool calls: name, arguments, id) that starts a
+    subagent, KEY being `key` of the child's task; None when there is none."""
+    out = []
+    for tc in tool_calls or ():
+        argument = _SPAWN_ARGUMENT.get(tc.name)
+        if argument is None or not isinstance(tc.id, str) or not tc.id:
+            continue
+        args = tc.arguments_object()
+        task = args.get(argument) if isinstance(args, dict) else None
+        if isinstance(task, str) and (k := key(task)):
+            out.append(f"{k} {tc.id}")
+    return out or None

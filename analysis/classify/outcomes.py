@@ -6,7 +6,7 @@ and the reports that count it; kept apart from classify so a report does not loa
 # from the stored raw bodies when the store was analysed under another version, so old and new
 # rules are never mixed. The rule: bump it in the same commit as any change to classification
 # (attempt.py, the call parsers), to turns/episodes/roles (episodes/) or to what a metric counts.
-ANALYZER_VERSION = 6
+ANALYZER_VERSION = 7
 
 NON_RESPONSE = "non_response"
 HALLUCINATED = "hallucinated_call"
@@ -24,6 +24,10 @@ OUTCOMES = (NON_RESPONSE, HALLUCINATED, INVALID_ARGS, VALID_CALL, UNPARSEABLE, P
 # (a non-response, out of every fidelity denominator) but are never blamed on the server.
 MODEL_STOPPED = "model_stopped"
 STOP_STRING = "stop_string"
+# The client closed the connection before any token reached it: the harness gave up waiting (its
+# timeout: Claude Code's API_TIMEOUT_MS, its 300 s stream idle watchdog) or its user stopped it.
+# Not a stream the stack cut (`truncated`): the stack may still have been processing the prompt.
+CLIENT_GAVE_UP = "client_gave_up"
 SUB_KINDS = (
     "refused",
     "http_4xx",
@@ -35,6 +39,7 @@ SUB_KINDS = (
     "truncated",
     MODEL_STOPPED,
     STOP_STRING,
+    CLIENT_GAVE_UP,
 )
 # The sub-kinds of a complete 200 reply that held nothing (a harness may write that nothing into
 # its history, and its next request continues from it).
@@ -53,6 +58,7 @@ NON_RESPONSE_OWNER = {
     "empty": UNKNOWN,
     MODEL_STOPPED: MODEL,
     STOP_STRING: HARNESS,
+    CLIENT_GAVE_UP: HARNESS,
 }
 # Each cause in words, for the report's notes, `show` and the live page.
 NON_RESPONSE_WORDS = {
@@ -66,6 +72,7 @@ NON_RESPONSE_WORDS = {
     "truncated": "the stream was cut before any content",
     MODEL_STOPPED: "the model ended its turn at once (its end token, no text)",
     STOP_STRING: "a stop string the harness sent cut the reply before any text",
+    CLIENT_GAVE_UP: "the harness stopped waiting before any token came (its timeout, or its user stopped it)",
 }
 
 # What a produced turn was for (non-responses have no role: the model's output never arrived).

@@ -19,10 +19,20 @@ import orjson
 from toolproxy.analysis.classify import harnesses
 from toolproxy.analysis.classify.attempt import classify
 from toolproxy.analysis.classify.bodies import decode_body, header
-from toolproxy.analysis.classify.keys import UNTAGGED_RUN, Keys, Prefixes, call_signature, conversation_keys
-from toolproxy.analysis.classify.probes import probe_of
+from toolproxy.analysis.classify.firsttoken import first_token_ms
+from toolproxy.analysis.classify.keys import UNTAGGED_RUN, Keys, Prefixes, call_signature, conversation_keys, thread_key
+from toolproxy.analysis.classify.outcomes import CLIENT_GAVE_UP
 from toolproxy.analysis.classify.protocols import read_prompt, reply_message
+from toolproxy.analysis.classify.sides import (
+    Side,
+    carried_summary,
+    opening_keys,
+    returned_summary,
+    side_request,
+    text_key,
+)
 from toolproxy.record.model import MODEL_SENT
+from toolproxy.record.pacing import EXTRA_KEY as PIECE_MS
 from toolproxy.stacks.markers import detect
 from toolproxy.wire import (
     OLLAMA_CHAT,
@@ -156,8 +166,8 @@ def analyze_record(rec: dict, segment: str, offset: int, prefixes: Prefixes | No
 @dataclass(slots=True)
 class _Asked:
     """What the harness asked: the request's protocol family (None for no model request), its
-    JSON and chat form, the tools it offered (in its `tools`, or in its prompt: `protocol`), and
-    the harness's finishing tool among them."""
+    JSON and chat form, whether it is a side request, the tools it offered (in its `tools`, or in
+    its prompt: `protocol`), and the harness's finishing tool among them."""
 
     path: str
     kind: str | None
@@ -165,7 +175,7 @@ class _Asked:
     rewritten: bool
     req: dict | None
     request: Request | None
-    probe: str | None
+    side: Side | None  # what the harness asked for itself beside its task, if it is that (classify.sides)
     is_attempt: bool
     messages: list
     tools: list | None
@@ -182,10 +192,11 @@ def _asked(rec: dict) -> _Asked:
         family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
     )
     req, request = harness_request(rec, kind) if kind is not None else (None, None)
-    # A harness's capability probe asks the model, but is no turn of its task (classify.probes).
-    probe = probe_of(kind, req)
     messages = request.messages if request is not None else []
     tools = request.tools if request is not None and request.tools else None
+    # What a harness asks for itself beside its task (a title, a summary, a probe...) is no turn of
+    # it (classify.sides).
+    side = side_request(rec.get("method"), path, req, messages, tools)
     # A request without tools may still offer some in its prompt (dspy, ReAct text loops, code
     # agents): it is then analysed as the chat conversation that prompt stands for.
     reading = read_prompt(messages) if tools is None and messages else None
@@ -203,8 +214,8 @@ def _asked(rec: dict) -> _Asked:
         rec.get("upstream_request") is not None,
         req,
         request,
-        probe,
-        kind is not None and probe is None,
+        side,
+        kind is not None and side is None,
         messages,
         tools,
         reading,
@@ -239,7 +250,9 @@ def _replies(rec: dict, asked: _Asked) -> _Replies:
         else:
             out.view = out.upstream = _reply(rec, asked.kind, "upstream")
             out.view_status = rec.get("status")
-    elif rec.get("response_body") and len(rec["response_body"]) <= _MARKER_BODY_LIMIT:
+    elif rec.get("response_body") and (
+        len(rec["response_body"]) <= _MARKER_BODY_LIMIT or (asked.side is not None and asked.side.carry is not None)
+    ):
         out.upstream = _reply(rec, asked.kind, "upstream")
     if out.upstream is not None:
         out.mark = detect(out.upstream.first) or detect(out.upstream.last)
@@ -263,6 +276,7 @@ class _Verdict:
     signature: str | None = None
     unread: bool = False  # a call's arguments did not parse: the reply's canonical form may not be the harness's
     finishes: bool | None = None
+    spawns: list[str] | None = None  # "KEY CALL_ID" of each delivered call that starts a subagent (harnesses.spawned)
 
 
 def _verdict(rec: dict, asked: _Asked, replies: _Replies) -> _Verdict:
@@ -280,7 +294,8 @@ def _verdict(rec: dict, asked: _Asked, replies: _Replies) -> _Verdict:
         stops=stop_strings(asked.req),
         stack_reply=upstream if upstream is not view else None,
     )
-    out = _Verdict(c.outcome, c.sub_kind, c.surface, c.harness_saw_prose, c.detail, len(c.calls))
+    detail = gave_up(rec) if c.sub_kind == CLIENT_GAVE_UP else c.detail
+    out = _Verdict(c.outcome, c.sub_kind, c.surface, c.harness_saw_prose, detail, len(c.calls))
     exchange_id = rec.get("id")
     for call in c.calls:
         out.calls.append(
@@ -316,7 +331,24 @@ def _verdict(rec: dict, asked: _Asked, replies: _Replies) -> _Verdict:
         [(call.name, call.arguments) for call in c.calls],
         any(call.format != "tool_calls" for call in c.calls),
     )
+    if out.outcome == "valid_call" and not out.saw_prose:
+        out.spawns = harnesses.spawned(view.tool_calls, text_key)
     return out
+
+
+def gave_up(rec: dict) -> str:
+    """How long a client waited before it closed the connection with no token, in words."""
+    waited = rec.get("duration_ms")
+    said = (
+        f"the client closed the connection after {waited / 1000:.1f} s"
+        if isinstance(waited, (int, float))
+        else "the client closed the connection"
+    )
+    if rec.get("ttfb_ms") is not None and rec.get("response_body"):
+        said += ", with bytes but no token received (keep-alive comments)"
+    else:
+        said += ", before the stack answered"
+    return said + ": its timeout, or its user stopped it"
 
 
 class _Model(NamedTuple):
@@ -388,8 +420,6 @@ def _record_meta(rec: dict, asked: _Asked, replies: _Replies, verdict: _Verdict,
         "classification_detail": verdict.detail if verdict.outcome == "non_response" else None,
         "extra": rec.get("extra") or None,
     }
-    if asked.probe is not None:
-        meta["probe"] = asked.probe
     if model.harness_model is not None and model.harness_model != model.model:
         meta["harness_model"] = model.harness_model
     if asked.kind == RESPONSES:
@@ -470,9 +500,50 @@ def _exchange_row(
         "finishes": verdict.finishes,
         "prior_hash": keys.prior_hash if keys else None,
         "prefix_links": keys.prefix_links if keys else None,
-        "thread": keys.thread if keys else None,
+        "thread": keys.thread
+        if keys
+        else (thread_key(asked.messages) if asked.side is not None and asked.side.carry else None),
         "finisher": asked.finisher.harness if asked.finisher is not None else None,
+        **_links(rec, asked, replies, verdict),
     }
+
+
+def _links(rec: dict, asked: _Asked, replies: _Replies, verdict: _Verdict) -> dict[str, Any]:
+    """The side request's kind, the first token's time, and the text keys that link the
+    conversations of one task prefix chaining cannot follow (episodes.links): a subagent's opens
+    with its call's task, a compacted task's with the summary it goes on from."""
+    side = asked.side
+    summary = continues = opening = None
+    if side is not None and side.carry is not None:
+        summary = returned_summary(side, replies.upstream.content if replies.upstream is not None else None)
+    if asked.is_attempt and asked.messages:
+        continues = carried_summary(asked.messages)
+        opening = opening_keys(asked.req)
+    return {
+        "side_request": side.kind if side is not None else None,
+        "ttft_ms": _first_token(rec, replies.view),
+        "summary": summary,
+        "continues": continues,
+        "opening": opening,
+        "spawns": verdict.spawns,
+    }
+
+
+def _first_token(rec: dict, view: Reply | None) -> float | None:
+    """When the reply's first token came (classify.firsttoken), from the body as it came upstream
+    and when each of its pieces arrived."""
+    if rec.get("response_body_encoding") not in (None, "utf8") or header(
+        rec.get("response_headers"), "content-encoding"
+    ):
+        return None
+    extra = rec.get("extra")
+    marks = extra.get(PIECE_MS) if isinstance(extra, dict) else None
+    streamed = (
+        view.streamed
+        if view is not None
+        else (header(rec.get("response_headers"), "content-type") or "").startswith("text/event-stream")
+    )
+    return first_token_ms(rec.get("response_body"), rec.get("ttfb_ms"), marks, streamed)
 
 
 def fingerprint_row(rec: dict, segment: str, offset: int) -> dict[str, Any]:

@@ -267,4 +267,22 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         "before have none: their next analyze aggregates them once)",
         "CREATE TABLE run_tallies (run VARCHAR, field VARCHAR, value VARCHAR, n BIGINT);",
     ),
+    (
+        12,
+        "coding agents: side requests apart from the task, time to first token beside first byte, and the keys "
+        "and links that make a subagent's episode a child of the call that started it and a compacted task one "
+        "task (rows stored before have none: the analyzer version changed, so analyze derives them again)",
+        """
+        ALTER TABLE exchanges ADD COLUMN side_request VARCHAR;
+        ALTER TABLE exchanges ADD COLUMN ttft_ms DOUBLE;
+        ALTER TABLE exchanges ADD COLUMN summary VARCHAR;
+        ALTER TABLE exchanges ADD COLUMN continues VARCHAR;
+        ALTER TABLE exchanges ADD COLUMN opening VARCHAR[];
+        ALTER TABLE exchanges ADD COLUMN spawns VARCHAR[];
+        ALTER TABLE episodes ADD COLUMN parent_episode VARCHAR;
+        ALTER TABLE episodes ADD COLUMN parent_call VARCHAR;
+        ALTER TABLE episodes ADD COLUMN link VARCHAR;
+        ALTER TABLE episodes ADD COLUMN task_key VARCHAR;
+        """,
+    ),
 ]

@@ -122,6 +122,17 @@ EXCHANGES = Table(
         "prefix_links": "VARCHAR[]",
         # the hash of the conversation's first message after its system ones (analysis.classify.keys.thread_key)
         "thread": _V,
+        # what a harness asked for itself beside the task, if it was one (analysis.classify.sides), when
+        # the reply's first token came (not a keep-alive comment: analysis.classify.firsttoken), and the
+        # text keys that link the conversations of one task (analysis.episodes.links): the summary a
+        # compaction returned, the summary a conversation goes on from, the texts a conversation opens
+        # with, and the task each subagent-starting call of the reply gave ("KEY CALL_ID")
+        "side_request": _V,
+        "ttft_ms": _D,
+        "summary": _V,
+        "continues": _V,
+        "opening": "VARCHAR[]",
+        "spawns": "VARCHAR[]",
     },
 )
 TOOL_SETS = Table("tool_sets", {"hash": _V, "tools": _J, "names": "VARCHAR[]"})
@@ -193,6 +204,12 @@ EPISODES = Table(
         "expect": _V,
         "tags": _J,
         "analyzer_version": _I,
+        # the episode this one is a subagent of (started by its call parent_call) or goes on from after a
+        # compaction (link), and the task it belongs to: the root of its tree, itself when it has no parent
+        "parent_episode": _V,
+        "parent_call": _V,
+        "link": _V,
+        "task_key": _V,
     },
 )
 RUNS = Table(

@@ -351,6 +351,19 @@ CASES = [
         None,
         False,
     ),
+    # the client closed the connection first: it gave up waiting (or its user stopped it), not a cut
+    (
+        "client closed before any content",
+        200,
+        "client_closed",
+        "/v1/chat/completions",
+        SSE_ROLE_ONLY,
+        "native",
+        NON_RESPONSE,
+        "client_gave_up",
+        None,
+        False,
+    ),
     (
         "Ollama error event after 200",
         200,

@@ -261,7 +261,7 @@ def test_real_llamacpp_smolagents_traffic_rebuilds_its_episodes(tmp_path):
         [
             (0, "hallucinated_call", None, 2, False),
             (1, "hallucinated_call", None, 4, False),
-            (2, "non_response", "truncated", 6, False),
+            (2, "non_response", "client_gave_up", 6, False),
         ],
     ]
 

@@ -280,6 +280,7 @@ def test_migrations_are_recorded_and_rerun_safely(tmp_path):
         (9,),
         (10,),
         (11,),
+        (12,),
     ]
     con.close()
 
@@ -290,7 +291,7 @@ def test_a_database_analysed_before_step_5_keeps_its_turns_and_episodes(tmp_path
     import duckdb
 
     from toolproxy.analysis.store.migrations import MIGRATIONS
-    from toolproxy.analysis.store.tables import TURNS
+    from toolproxy.analysis.store.tables import EPISODES, TURNS
 
     write(tmp_path, "a.jsonl", [exchange(episode="1"), exchange(episode="2")])
     path = tmp_path / "old.duckdb"
@@ -312,7 +313,13 @@ def test_a_database_analysed_before_step_5_keeps_its_turns_and_episodes(tmp_path
         ("turns", name, TURNS.types[name])  # steps 6 and 7
         for name in ("protocol", "rejected", "finishes", "last_with_tools", "finisher")
     ]
-    assert con.execute(columns).fetchall() == before + later
+    links = [
+        ("episodes", name, EPISODES.types[name])  # step 12
+        for name in ("parent_episode", "parent_call", "link", "task_key")
+    ]
+    # each table's new columns after its old ones (the query orders by table, then position)
+    want = before + links + later
+    assert con.execute(columns).fetchall() == sorted(want, key=lambda c: (c[0], want.index(c)))
     assert con.execute(
         "SELECT count(*) FROM information_schema.table_constraints WHERE table_name IN ('turns', 'episodes')"
     ).fetchall() == [(0,)]
