@@ -73,6 +73,7 @@ def build_episodes(
     # attempt were most of a run's memory while it was grouped), a deque once they are many.
     by_chain: dict[str, list[Turn] | deque[Turn]] = {}
     by_state: dict[str, list[Turn] | deque[Turn]] = {}  # turns whose last attempt failed, by their request's state
+    threads: dict[str, list[Episode]] = {}  # the reconstructed episodes of each conversation (keys.thread_key)
 
     def is_open(turn: Turn) -> bool:
         return owner[id(turn)].turns[-1] is turn
@@ -96,6 +97,44 @@ def build_episodes(
 
     def retried(turn: Turn) -> bool:
         return turn.attempts[-1].outcome == NON_RESPONSE and is_open(turn)
+
+    def retry_of(queue: list[Turn] | deque[Turn], a: Attempt) -> Turn | None:
+        """The failed turn `a` asks again: the oldest still open whose request `a` repeats word for
+        word, call ids included (identical conversations running at once each end their own turn),
+        and whose failure `a` came after (a request that started before the failed one ended is
+        another conversation's, not its retry)."""
+        if oldest(queue, retried) is None:
+            return None
+        for turn in queue:
+            f = turn.attempts[-1]
+            if (
+                retried(turn)
+                and f.parent_hashes[:1] == a.parent_hashes[:1]
+                and (f.ended is None or a.started is None or a.started >= f.ended)
+            ):
+                return turn
+        return None
+
+    def wrapped_up(a: Attempt) -> Episode | None:
+        """A request that carries earlier turns but names none of them (a harness wrapping up under
+        another system prompt and without tools, its calls rewritten as text: smolagents' summary
+        at max_steps) goes on with the latest episode of its conversation (its thread) before it,
+        when that one ran alone: every other episode of the thread had ended before it started.
+        Episodes of one conversation that overlapped (identical tasks at once) leave it unplaced."""
+        if a.thread is None or a.started is None:
+            return None
+        here = []
+        for ep in threads.get(a.thread, ()):
+            first, last = ep.turns[0].attempts[0], ep.turns[-1].attempts[-1]
+            if first.started is None or last.started is None:
+                return None
+            if last.started <= a.started:
+                here.append((last.ended if last.ended is not None else last.started, first.started, ep))
+        if not here:
+            return None
+        here.sort(key=lambda x: x[0])
+        _, began, latest = here[-1]
+        return latest if all(ended <= began for ended, _, _ in here[:-1]) else None
 
     def continued(a: Attempt) -> Episode | None:
         for h in parent_walk(a.parent_hashes, a.prior_hash, links):
@@ -131,16 +170,22 @@ def build_episodes(
             ep = episodes.get(f"{run}/{name}")
             if ep is None:
                 ep = episodes[f"{run}/{name}"] = Episode(f"{run}/{name}", name, True)
+                if a.thread is not None:
+                    threads.setdefault(a.thread, []).append(ep)
             turn = ep.turns[-1] if head != a.id else None  # a retry is its episode's last turn, as chaining found it
         else:
-            turn = oldest(failed, retried) if failed else None
+            turn = retry_of(failed, a) if failed else None
             ep = None if turn is not None else continued(a)
+            if ep is None and turn is None and (a.parent_hashes or a.prior_hash):
+                ep = wrapped_up(a)
         if turn is not None:
             turn.attempts.append(a)
         else:
             if ep is None:
                 name = f"~{a.id}"
                 ep = episodes[f"{run}/{name}"] = Episode(f"{run}/{name}", name, True)
+                if a.thread is not None:
+                    threads.setdefault(a.thread, []).append(ep)
             turn = Turn([a])
             ep.turns.append(turn)
             owner[id(turn)] = ep

@@ -19,6 +19,7 @@ from toolproxy.analysis.classify.expectations import ExpectationRule
 from toolproxy.analysis.classify.keys import link_map, parent_walk, request_key
 from toolproxy.analysis.classify.outcomes import ANALYZER_VERSION
 from toolproxy.analysis.episodes.build import build_episodes, category_of, episode_expectation
+from toolproxy.analysis.episodes.links import link_episodes
 from toolproxy.analysis.episodes.loops import rejudged
 from toolproxy.analysis.episodes.model import Attempt, Episode
 from toolproxy.analysis.episodes.roles import ROLE_SQL, TurnFacts, turn_facts
@@ -68,7 +69,8 @@ _ATTEMPT_SELECT = """run, id, episode, item, json_extract_string(tags, '$.catego
        coalesce(rejects, false), tool_set IS NOT NULL,
        CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[])) THEN prior_hash END,
        CASE WHEN episode IS NULL OR run IN (SELECT unnest($clocks::VARCHAR[]))
-            THEN array_to_string(coalesce(prefix_links, []), ' ') END"""
+            THEN array_to_string(coalesce(prefix_links, []), ' ') END,
+       epoch(started_at), epoch(ended_at), CASE WHEN episode IS NULL THEN thread END"""
 _ATTEMPT_COLUMNS_SQL = f"SELECT {_ATTEMPT_SELECT}\nFROM exchanges\n"
 # The attempts of runs that fit one batch (so whole, all their parts in it).
 _ATTEMPTS_SQL = (
@@ -597,6 +599,7 @@ def _finish(con, runs: list[str]) -> None:
     ids): the proxy mints them in time order (record.model.new_id), so when a few episodes were
     derived DuckDB skips the row groups of the rest of the run."""
     _write_staged(con)
+    link_episodes(con, runs)
     con.execute(
         "CREATE TEMP TABLE IF NOT EXISTS _run_totals (run VARCHAR, n_exchanges BIGINT, first_seen TIMESTAMP, "
         "last_seen TIMESTAMP)"
@@ -780,6 +783,11 @@ class _DerivedRows:
                 expect,
                 orjson.dumps({k: v for k, v in tags.items() if v is not None}).decode(),
                 ANALYZER_VERSION,
+                # links and task: link_episodes, once the run is derived
+                None,
+                None,
+                None,
+                ep.key,
             )
         )
         keys = list(dict.fromkeys(ep.keys))

@@ -38,6 +38,11 @@ class Attempt:
     # its parent keys beyond parent_hashes start here and follow prefix_links (keys.parent_walk)
     prior_hash: str | None = None
     prefix_links: list[str] = field(default_factory=list)
+    # when the request started and its answer ended (seconds; None when the record has no time):
+    # a retry comes after the attempt it repeats has failed
+    started: float | None = None
+    ended: float | None = None
+    thread: str | None = None  # keys.thread_key of its conversation (a wrap-up's fallback: build_episodes)
 
 
 def attempt_of(row: dict, share=lambda value: value) -> Attempt:
@@ -74,6 +79,9 @@ def attempt_of(row: dict, share=lambda value: value) -> Attempt:
         row["tool_set"] is not None,
         row["prior_hash"],
         [share(k) for k in row["prefix_links"] or ()],
+        row.get("started_at"),
+        row.get("ended_at"),
+        row.get("thread"),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,25 @@ def analyzed(tmp_path: Path, segments: Path, expect_summary: str | None = None):
     assert r.returncode == 0, r.stderr
     assert expect_summary is None or expect_summary in r.stdout, r.stdout
     return connect(data / "toolproxy.duckdb", read_only=True)
+
+
+@contextlib.contextmanager
+def stores(tmp_path_factory, data: Path):
+    """A function opening each capture under `data` analysed once (by its path under `data`); the
+    stores are closed at the end. For a module-scoped fixture."""
+    opened = {}
+    try:
+        yield (
+            lambda path: (
+                opened.get(path)
+                or opened.setdefault(
+                    path, analyzed(tmp_path_factory.mktemp(path.replace("/", "-")), data / path / "segments")
+                )
+            )
+        )
+    finally:
+        for con in opened.values():
+            con.close()
 
 
 def by_episode(rows) -> list[list[tuple]]:

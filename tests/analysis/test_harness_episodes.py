@@ -37,6 +37,10 @@ DSPY_BAD_ARGS = ("invalid_args", "call", False, "dspy")
 CASES = [
     # Identical episodes at the same time: three threads, one question, calls told apart by their ids.
     Case("emulated/openai-threads", [[CALL, ANSWER]] * 3, 3),
+    # The same three threads each ending with an empty reply: three identical last requests, each
+    # its own episode's turn (told apart by the call ids their history carries, and none started
+    # after another had failed), not one turn of three retries.
+    Case("emulated/openai-threads-empty", [[CALL, ("non_response", None, False, None)]] * 3, 0),
     # inspect-ai runs its three epochs at once.
     Case("emulated/inspect-epochs", [[CALL, ANSWER]] * 3, 3),
     # pydantic-ai drops the empty reply and asks again with its own note: one episode.
@@ -52,6 +56,10 @@ CASES = [
         ],
         1,
     ),
+    # max_steps=1 right after smolagents ran a call it parsed out of the text: its wrap-up (another
+    # system prompt, no tools, the call rewritten as "Calling tools:" text) goes on with the episode,
+    # and the call it ran is delivered.
+    Case("emulated/smolagents-text", [[CALL, ("prose", "no_tools", False, None)]], 0),
     # dspy ReAct: the call, finish (the answer; dspy acted on it: "Completed."), the extract step.
     Case(
         "emulated/dspy-react",
@@ -167,17 +175,8 @@ def answered(record: dict) -> int:
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    opened = {}
-    yield (
-        lambda path: (
-            opened.get(path)
-            or opened.setdefault(
-                path, captured.analyzed(tmp_path_factory.mktemp(path.replace("/", "-")), DATA / path / "segments")
-            )
-        )
-    )
-    for con in opened.values():
-        con.close()
+    with captured.stores(tmp_path_factory, DATA) as opener:
+        yield opener
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.path for c in CASES])
@@ -252,11 +251,11 @@ def test_the_report_counts_what_the_harnesses_counted(tmp_path):
     records = [
         json.loads((DATA / c.path / "harness.json").read_text()) for c in CASES if c.path.startswith("emulated/")
     ]
-    assert run["episodes"] == sum(len(r["episodes"]) for r in records) == 11
+    assert run["episodes"] == sum(len(r["episodes"]) for r in records) == 15
     a = run["answer_rate"]
-    assert (a["numerator"], a["denominator"]) == (sum(answered(r) for r in records), 11) == (10, 11)
+    assert (a["numerator"], a["denominator"]) == (sum(answered(r) for r in records), 15) == (10, 15)
     c = run["call_fidelity"]
-    assert (c["numerator"], c["denominator"]) == (11, 12)  # the one miss: the reply smolagents rejected
+    assert (c["numerator"], c["denominator"]) == (15, 16)  # the one miss: the reply smolagents rejected
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.path for c in CASES])

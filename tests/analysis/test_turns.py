@@ -420,3 +420,69 @@ REJECTS = [
 @pytest.mark.parametrize("messages,rejects", REJECTS)
 def test_a_request_says_when_the_harness_rejected_the_reply_before_it(messages, rejects):
     assert conversation_keys(messages, tool_set=None, tool_names=[], model="m", reply=None).rejects is rejects
+
+
+def _timed(a: Attempt, started: float, ended: float) -> Attempt:
+    a.started, a.ended = started, ended
+    return a
+
+
+def test_a_retry_comes_after_the_attempt_it_repeats_failed():
+    """The same request sent again once its attempt failed is a retry of it; the same request sent
+    while that attempt was still running is another conversation's (identical tasks at once)."""
+
+    def failed(aid, started):
+        return _timed(attempt(aid, TURN1, outcome="non_response", sub_kind="http_5xx"), started, started + 5)
+
+    later = _timed(attempt("a2", TURN1, REPLY1), 6.0, 7.0)
+    assert shape(build_episodes("r", [failed("a1", 0.0), later], one_clock=True)) == [[["a1", "a2"]]]
+    meanwhile = _timed(attempt("b1", TURN1, REPLY1), 2.0, 3.0)
+    assert shape(build_episodes("r", [failed("a1", 0.0), meanwhile], one_clock=True)) == [[["a1"]], [["b1"]]]
+
+
+def test_a_retry_never_crosses_the_call_ids_that_tell_identical_conversations_apart():
+    """Two identical conversations whose last requests both failed: each later request repeats its
+    own (its history carries its own call ids), not the other's, whatever the order."""
+
+    def turn2(cid):
+        return TURN1 + [
+            call_msg("get_weather", '{"city":"Oslo"}', cid),
+            {"role": "tool", "tool_call_id": cid, "content": "5C"},
+        ]
+
+    attempts = [
+        _timed(attempt("a1", TURN1, REPLY1, ids=["x"]), 0, 1),
+        _timed(attempt("b1", TURN1, REPLY1, ids=["y"]), 0, 1),
+        _timed(attempt("a2", turn2("x"), outcome="non_response", sub_kind="empty"), 2, 3),
+        _timed(attempt("b2", turn2("y"), outcome="non_response", sub_kind="empty"), 2, 3),
+        _timed(attempt("b3", turn2("y"), REPLY2), 4, 5),
+    ]
+    assert shape(build_episodes("r", attempts, one_clock=True)) == [[["a1"], ["a2"]], [["b1"], ["b2", "b3"]]]
+
+
+def test_a_wrap_up_that_names_no_turn_goes_on_with_its_conversations_one_episode():
+    """A harness wrapping up under another system prompt, its calls rewritten in a form no key
+    follows, goes on with the episode of its conversation (its first user message) that ran alone
+    before it; two such episodes at once leave it unplaced."""
+    wrap = [
+        {"role": "system", "content": "Summarize."},
+        USER,
+        {"role": "assistant", "content": "Called get_weather"},
+        {"role": "user", "content": "5C"},
+    ]
+
+    def threaded(a: Attempt, messages, started: float) -> Attempt:
+        a.thread = conversation_keys(messages, tool_set=None, tool_names=[], model="m", reply=None).thread
+        return _timed(a, started, started + 1)
+
+    alone = [
+        threaded(attempt("a1", TURN1, REPLY1), TURN1, 0),
+        threaded(attempt("w", wrap, ("5C.", []), tools=()), wrap, 5),
+    ]
+    assert shape(build_episodes("r", alone, one_clock=True)) == [[["a1"], ["w"]]]
+    together = [
+        threaded(attempt("a1", TURN1, REPLY1), TURN1, 0),
+        threaded(attempt("b1", TURN1, REPLY1), TURN1, 0.5),
+        threaded(attempt("w", wrap, ("5C.", []), tools=()), wrap, 5),
+    ]
+    assert shape(build_episodes("r", together, one_clock=True)) == [[["a1"]], [["b1"]], [["w"]]]

@@ -358,6 +358,7 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
                     rec.ended_at, rec.duration_ms = t + 600, 600000.0
                     f.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
                     written += 1
+                    t = rec.ended_at  # a harness asks again once its attempt has failed
                     continue
                 elif failing:
                     body, status, ctype = (
@@ -384,6 +385,8 @@ def generate(data_dir: Path, n_exchanges: int, seed: int = 7, segment_records: i
                     [["date", "Sat, 29 Nov 2026 12:00:00 GMT"]],
                 )
                 written += 1
+                if failing:
+                    t = rec.ended_at
             if stack in ("ollama_refuse", "vllm_refuse") or fail_all:
                 break
             if kind == "call":
