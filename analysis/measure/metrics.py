@@ -47,22 +47,29 @@ REACHED_HARNESS = (
     "where c.exchange_id = t.final_exchange_id and c.format = 'tool_calls'))"
 )
 
-# Per episode: (numerator, denominator) of every metric, in one pass over the scored turns.
+# The task a turn belongs to (an episode's tree: analysis.episodes.links; the episode itself in a
+# store derived before there were links), and whether it is a subagent's work: a task is
+# answered by its own conversation, not by a subagent's answer to it.
+_EPISODE_JOIN = "left join episodes ep on ep.episode_key = t.episode_key"
+_TASK = "coalesce(ep.task_key, t.episode_key) as task_key, coalesce(ep.link = 'subagent', false) as subagent"
+
+# Per task (an episode and its subagents' and compaction's): (numerator, denominator) of every
+# metric, in one pass over the scored turns.
 _EPISODE_COUNTS = """
-select run, episode_key,
+select run, task_key,
        count(*) filter (where role = 'call' and outcome = 'valid_call') as call_k,
        count(*) filter (where role = 'call') as call_n,
        count(*) filter (where role = 'call' and delivered) as delivered_k,
        count(*) filter (where role = 'abstain' and outcome = 'prose') as restraint_k,
        count(*) filter (where role = 'abstain') as restraint_n,
        count(*) filter (where role = 'abstain' and not reached) as delivered_restraint_k,
-       (count(*) filter (where role = 'answer') > 0)::int as answer_k,
+       (count(*) filter (where role = 'answer' and not subagent) > 0)::int as answer_k,
        (count(*) filter (where role in ('call', 'answer', 'open')) > 0)::int as answer_n,
        count(*) filter (where outcome = 'valid_call') as paper_k,
        count(*) filter (where outcome <> 'non_response') as paper_n,
        count(*) filter (where outcome = 'non_response') as nonresp_k,
        count(*) as nonresp_n
-from scored group by run, episode_key order by run, episode_key
+from scored group by run, task_key order by run, task_key
 """
 _COLUMNS = {
     "call_fidelity": ("call_k", "call_n"),
@@ -86,8 +93,8 @@ def score(con: duckdb.DuckDBPyConnection, runs: Sequence[str], rules: Sequence[E
     con.execute("create or replace temp table wanted as select unnest(?::varchar[]) as run", [list(runs)])
     if not rules:
         con.execute(
-            f"create or replace temp table scored as select t.* exclude (content), {REACHED_HARNESS} as reached "
-            "from turns t where t.run in (select run from wanted)"
+            f"create or replace temp table scored as select t.* exclude (content), {REACHED_HARNESS} as reached, "
+            f"{_TASK} from turns t {_EPISODE_JOIN} where t.run in (select run from wanted)"
         )
         return
     every = [*stored_rules(con), *rules]
@@ -104,8 +111,8 @@ def score(con: duckdb.DuckDBPyConnection, runs: Sequence[str], rules: Sequence[E
     con.execute(f"""
         create or replace temp table scored as
         select * exclude (role), {ROLE_SQL} as role from (
-            select t.* exclude (expect, content), x.expect, {REACHED_HARNESS} as reached
-            from turns t left join episode_expect x using (episode_key)
+            select t.* exclude (expect, content), x.expect, {REACHED_HARNESS} as reached, {_TASK}
+            from turns t left join episode_expect x using (episode_key) {_EPISODE_JOIN}
             where t.run in (select run from wanted))
     """)
 

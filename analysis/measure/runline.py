@@ -63,6 +63,8 @@ class RunLine:
     causes: dict[str, str] = field(default_factory=dict)  # sub-kind -> the record's words for it
     episodes: int | None = None
     answers: Share | None = None  # episodes ending in an answer / those with a call, answer or open turn
+    # what the harness asked for itself beside its tasks, by kind (analysis.classify.sides): no turns
+    side_requests: dict[str, int] = field(default_factory=dict)
 
     @property
     def rejected(self) -> bool:
@@ -99,9 +101,9 @@ class RunLine:
             + f"{self.total} turns"
         )
         if self.total == 0:
-            return head + ": nothing classified yet"
+            return head + ": nothing classified yet" + self.sides()
         if self.rejected:
-            return f"{head}: {REJ}: every one a non-response, no rate is defined ({self.cause()})"
+            return f"{head}: {REJ}: every one a non-response, no rate is defined ({self.cause()})" + self.sides()
         out = f"{head} ({self.call.n} due a call); call fidelity {self.call.text()}, delivered {self.delivered.text()}"
         if self.lost:
             out += f"; {self.lost} valid call{'s' if self.lost != 1 else ''} left in text, lost in serving"
@@ -109,7 +111,16 @@ class RunLine:
             out += f"; answered {self.answers.text()}"
         n = sum(self.non_responses.values())
         out += f"; non-responses {n}" + (f" ({self.cause()})" if n else "")
-        return out
+        return out + self.sides()
+
+    def sides(self) -> str:
+        """ "; side requests: 1 title, 1 prewarm" when the harness made any (empty otherwise)."""
+        return f"; side requests: {sides_text(self.side_requests)}" if self.side_requests else ""
+
+
+def sides_text(sides: dict[str, int]) -> str:
+    """Side requests by kind, the most frequent first: "3 prewarm, 1 title"."""
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(sides.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _ordered(kinds: dict[str, int]) -> list[tuple[str, int]]:
@@ -148,6 +159,7 @@ def from_report(run: dict) -> RunLine:
         dict(run.get("non_response_causes") or {}),
         run.get("episodes"),
         _share(run.get("answer_rate")),
+        dict(run.get("side_requests") or {}),
     )
 
 

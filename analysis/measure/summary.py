@@ -122,6 +122,19 @@ class RunSummary(RunMetrics):
     harness_saw_prose: int
     valid_seen_as_prose: int
     looping_episodes: int
+    # episodes a task's own (analysis.episodes.links): subagents' episodes and the episodes of a
+    # task that went on after a compaction, counted in `episodes` once, as their task
+    subagent_episodes: int = 0
+    compactions: int = 0
+    # what the harness asked for itself beside its tasks, by kind (analysis.classify.sides): no turn
+    side_requests: dict[str, int] = field(default_factory=dict)
+    # requests alone in an episode, offering no tools, beside tasks that offer tools: side requests
+    # toolproxy does not know, most likely (never left out of the counts: said)
+    unplaced: int = 0
+    # medians over the run's attempts that got a first token: time to first byte and to first token
+    # (keep-alive comments before a token are bytes, not tokens: analysis.classify.firsttoken)
+    ttfb_median_ms: float | None = None
+    ttft_median_ms: float | None = None
     replay_of: str | None = None  # the run whose turns this run replays (toolproxy replay)
     sampling: Sampling | None = None  # recorded with `serve --sample`: the rate and estimated totals
     # Per non-response cause, what the record said of its latest turn (the stack's error message,
@@ -167,6 +180,16 @@ class Report:
         return self.analyzer_version != ANALYZER_VERSION
 
 
+# Per run, the episodes of one turn that offered no tools, where other turns of the run did: a
+# request beside the tasks that the side-request table does not know.
+UNPLACED_SQL = """
+select s.run, count(*) from scored s join episodes e on e.episode_key = s.episode_key
+where e.n_turns = 1 and not coalesce(s.offered_tools, false) and s.task_key = s.episode_key
+  and exists (select 1 from scored o where o.run = s.run and o.offered_tools)
+group by s.run
+"""
+
+
 def summarize(
     con: duckdb.DuckDBPyConnection,
     runs: Sequence[str],
@@ -210,8 +233,23 @@ def summarize(
     per_episode = {
         r[0]: r[1:]
         for r in con.execute("""
-        select run, count(*), count(*) filter (where looping) from episodes
+        select run, count(*) filter (where task_key is null or task_key = episode_key), count(*) filter (where looping),
+               count(*) filter (where link = 'subagent'), count(*) filter (where link = 'compaction') from episodes
         where run in (select run from wanted) group by run
+    """).fetchall()
+    }
+    sides = by_run(
+        con.execute("""
+        select run, side_request, count(*) from exchanges
+        where run in (select run from wanted) and side_request is not null group by all
+    """).fetchall()
+    )
+    unplaced = dict(con.execute(UNPLACED_SQL).fetchall())
+    timing = {
+        r[0]: r[1:]
+        for r in con.execute("""
+        select run, median(ttfb_ms), median(ttft_ms) from exchanges
+        where run in (select run from wanted) and is_attempt and ttft_ms is not null group by run
     """).fetchall()
     }
     replays = dict(
@@ -237,7 +275,7 @@ def summarize(
         stack, version, model, condition = meta.get(run, (None, None, None, None))
         turns, saw_prose, valid_prose = per_turn.get(run, (0, 0, 0))
         calls, text_calls = per_call.get(run, (0, 0))
-        episodes, looping = per_episode.get(run, (0, 0))
+        episodes, looping, subagents, compactions = per_episode.get(run, (0, 0, 0, 0))
         summaries.append(
             RunSummary(
                 **{f.name: getattr(m, f.name) for f in fields(RunMetrics)},
@@ -255,6 +293,12 @@ def summarize(
                 valid_seen_as_prose=int(valid_prose),
                 looping_episodes=int(looping),
                 replay_of=replays.get(run),
+                subagent_episodes=int(subagents),
+                compactions=int(compactions),
+                side_requests=sides.get(run, {}),
+                unplaced=int(unplaced.get(run, 0)),
+                ttfb_median_ms=timing.get(run, (None, None))[0],
+                ttft_median_ms=timing.get(run, (None, None))[1],
                 sampling=sampled.get(run),
                 non_response_causes={k: v for k, v in causes.get(run, {}).items() if v},
             )

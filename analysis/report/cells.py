@@ -15,6 +15,7 @@ from toolproxy.analysis.classify.outcomes import (
     SERVING,
     UNKNOWN,
 )
+from toolproxy.analysis.measure.runline import sides_text
 from toolproxy.analysis.measure.stats import MIN_EPISODES, NO_SPREAD, TOO_FEW_EPISODES, Rate
 from toolproxy.analysis.measure.summary import NON_RESPONSE_KINDS, Report, RunSummary
 
@@ -246,6 +247,28 @@ def run_notes(s: RunSummary) -> list[str]:
         )
     if s.looping_episodes:
         notes.append(f"{s.looping_episodes} looping episodes")
+    if s.subagent_episodes or s.compactions:
+        parts = []
+        if s.subagent_episodes:
+            parts.append(
+                f"{s.subagent_episodes} subagent episode{'s' * (s.subagent_episodes != 1)} under the calls "
+                "that started them"
+            )
+        if s.compactions:
+            parts.append(f"{s.compactions} compaction{'s' * (s.compactions != 1)} the task went on after")
+        notes.append(f"{s.episodes} tasks, each counted once: " + ", ".join(parts))
+    if s.ttft_median_ms is not None and s.ttfb_median_ms is not None and s.ttft_median_ms > s.ttfb_median_ms + 1000:
+        notes.append(
+            f"first token {s.ttft_median_ms / 1000:,.1f} s after the request (median), first byte "
+            f"{s.ttfb_median_ms:,.0f} ms: the stack sent keep-alive comments, not tokens, while it worked"
+        )
+    if s.side_requests:
+        notes.append(f"side requests (not turns): {sides_text(s.side_requests)}")
+    if s.unplaced:
+        notes.append(
+            f"{s.unplaced} request{'s' * (s.unplaced != 1)} not placed in a task (alone, without tools, "
+            "beside tasks with tools: a side request toolproxy does not know?)"
+        )
     return notes
 
 

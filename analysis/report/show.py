@@ -8,6 +8,7 @@ import orjson
 
 from toolproxy.analysis.classify.outcomes import NON_RESPONSE, whose
 from toolproxy.analysis.classify.record import harness_request
+from toolproxy.analysis.classify.sides import KINDS
 from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 from toolproxy.term.printable import printable
 from toolproxy.wire import family_of
@@ -17,7 +18,7 @@ id, kind, started_at, duration_ms, ttfb_ms, run, episode, item, condition, tags,
 status, client_status, error_kind, error_message, is_attempt, streamed, model, prompt_tokens, completion_tokens,
 cached_tokens, tool_set, upstream_request, condition_note, outcome, sub_kind, surface, finish_reason, content,
 reasoning_content, upstream_content, harness_saw_prose, stack_marker, record, turn_id, segment, segment_offset,
-request_headers
+request_headers, side_request, ttft_ms
 """
 
 
@@ -56,6 +57,50 @@ def _upstream_text(e: dict, calls: list[tuple]) -> list[str]:
     return [f"  upstream's raw text ({said}):", _clip(e["upstream_content"])]
 
 
+def _ms(value) -> str:
+    return f"{value:.0f} ms" if value is not None else "-"
+
+
+def _task_tree(con, episode_key: str) -> list[str]:
+    """The task an episode belongs to, as a tree: its root, the subagents' episodes under the calls
+    that started them, the episodes it went on with after a compaction (empty when it has none)."""
+    found = con.execute("SELECT coalesce(task_key, episode_key) FROM episodes WHERE episode_key = ?", [episode_key])
+    task = next(iter(found.fetchall()), (None,))[0]
+    if task is None:
+        return []
+    rows = con.execute(
+        "SELECT episode_key, parent_episode, parent_call, link, n_turns FROM episodes WHERE task_key = ? "
+        "ORDER BY episode_key",
+        [task],
+    ).fetchall()
+    if len(rows) < 2:
+        return []
+    children: dict = {}
+    for key, parent, call, link, n in rows:
+        children.setdefault(parent, []).append((key, call, link, n))
+    out = [f"  task {task}:"]
+
+    def walk(parent, depth: int) -> None:
+        for key, call, link, n in children.get(parent, ()):
+            how = {"subagent": f"subagent of call {call}", "compaction": "after a compaction"}.get(link, "the task")
+            mark = "  <- this exchange's" if key == episode_key else ""
+            out.append(f"  {'  ' * depth}- {key}: {how}, {n} turn(s){mark}")
+            walk(key, depth + 1)
+
+    walk(None, 1)
+    return out
+
+
+def _times(e: dict) -> str:
+    """First byte and first token: keep-alive comments before a token are bytes, not tokens."""
+    said = f"first byte: {_ms(e['ttfb_ms'])}  first token: {_ms(e['ttft_ms'])}"
+    if e["ttft_ms"] is not None and e["ttfb_ms"] is not None and e["ttft_ms"] > e["ttfb_ms"] + 1:
+        said += "  (the bytes before it were keep-alive comments, no token)"
+    elif e["ttft_ms"] is None and e["ttfb_ms"] is not None and e["is_attempt"]:
+        said += "  (no token came)"
+    return said
+
+
 def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
     """The exchange's analysis from the database, its bodies from its record under data_dir."""
     names = [f.strip() for f in _FIELDS.split(",")]
@@ -78,6 +123,10 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
         f"{e['method']} {e['path']}{'?' + e['query'] if e['query'] else ''} -> {status}{client}  {dur}  "
         f"{'streamed' if e['streamed'] else 'not streamed'}  at {e['started_at']}  upstream {e['upstream']}"
     )
+    out.append(_times(e))
+    if e["side_request"]:
+        what = KINDS.get(e["side_request"], e["side_request"])
+        out.append(f"side request: {e['side_request']} ({what}), asked by the harness beside its task: no turn of it")
     if e["error_kind"]:
         out.append(f"error: {e['error_kind']}: {e['error_message']}")
     if e["model"] or e["prompt_tokens"] is not None:
@@ -175,6 +224,7 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
                 out.append(
                     f"  turn {t[1]} of episode {t[0]}: {t[2]}{'/' + t[3] if t[3] else ''} after {t[4]} attempt(s)"
                 )
+                out += _task_tree(con, t[0])
     else:
         out.append("  not a completion request: not classified")
 

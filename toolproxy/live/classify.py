@@ -65,6 +65,9 @@ def classify_record(rec: dict) -> tuple[dict, dict, Held | None]:
         "n_calls": row["n_calls"],
         "delivered": delivered_now(row["outcome"], row["harness_saw_prose"]),
         "detail": why[:BODY_CHARS] if isinstance(why, str) else None,
+        "side_request": row["side_request"],
+        "ttfb_ms": g("ttfb_ms"),
+        "ttft_ms": row["ttft_ms"],
     }
     if g("client_body") is not None:
         response = _text(*decode_body(g("client_body"), g("client_body_encoding")))

@@ -34,9 +34,15 @@ class RunCounts:
     calls: int = 0
     models: Counter = dataclasses.field(default_factory=Counter)
     causes: dict = dataclasses.field(default_factory=dict)  # non-response sub-kind -> what the latest said
+    # what the harness asked for itself beside its tasks, by kind (analysis.classify.sides): counted
+    # here, not by status (a preconnect HEAD's 404 is no failure of the run)
+    side_requests: Counter = dataclasses.field(default_factory=Counter)
 
     def add(self, s: dict) -> None:
-        self._seen(1, s["started_at"], s["started_at"], status_class(s["status"]), s["error_kind"])
+        side = s.get("side_request")
+        if side:
+            self.side_requests[side] += 1
+        self._seen(1, s["started_at"], s["started_at"], "side" if side else status_class(s["status"]), s["error_kind"])
         if s["outcome"]:
             self.outcomes[outcome_key(s)] += 1
         self.calls += s["n_calls"] or 0
@@ -69,6 +75,7 @@ class RunCounts:
             "unclassified": dict(self.unclassified),
             "models": dict(self.models),
             "causes": dict(self.causes),
+            "side_requests": dict(self.side_requests),
         }
 
 
@@ -222,6 +229,7 @@ def summarised(name: str, counts: dict) -> dict:
         counts["causes"],
         counts.get("episodes"),
         Share(counts.get("answered", 0), counts.get("answerable", 0)),
+        dict(counts.get("side_requests") or {}),
     )
     return {
         **counts,
