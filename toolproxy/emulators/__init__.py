@@ -13,14 +13,15 @@ Three layers, kept apart so a test can vary one without the others:
   `error`) queued with `FakeStack.enqueue` or produced by a responder given a `ModelRequest`;
 * the stack: one module per stack (ollama.py, llamacpp.py, llamacpp_python.py, vllm.py, sglang.py, lmstudio.py,
   openai.py) on the shared `Emulator` base (base.py), turning a ScriptedReply into that stack's bytes;
-* faults (faults.py): stall, close mid-stream, raw bodies, gzip, N failures, for the proxy's tests;
+* faults (faults.py): stall, close mid-stream, keep-alive comments before the first event, raw bodies,
+  gzip, N failures, for the proxy's tests;
   calls lost only when streaming, for replay's.
 
 `FakeStack` (server.py) serves one: `async with FakeStack("ollama").running() as url`, or
 `python -m toolproxy.emulators ollama --port 0` from a shell.
 """
 
-from toolproxy.emulators.faults import Fault, close_mid_stream, drops_streamed_calls, gzipped, raw, stall
+from toolproxy.emulators.faults import Fault, close_mid_stream, drops_streamed_calls, gzipped, keepalive, raw, stall
 from toolproxy.emulators.model import (
     CALL_FORMATS,
     ModelRequest,
@@ -51,6 +52,7 @@ __all__ = [
     "drops_streamed_calls",
     "error",
     "gzipped",
+    "keepalive",
     "raw",
     "render_calls",
     "run_fake",

@@ -14,11 +14,15 @@ class Fault:
     close_after drops the connection after that many stream events (or body bytes when not
     streaming); stall_before delays the status line; stall_between delays every event; gzip
     compresses the body with Content-Encoding: gzip; headers are added to the answer (repeats kept);
-    drop_streamed_calls makes a streamed answer carry the model's text but none of its calls.
+    drop_streamed_calls makes a streamed answer carry the model's text but none of its calls;
+    pings sends a stream's status line at once, then a `:` comment line every ping_every seconds for
+    that many seconds before the first event (llama-server's keep-alive while it processes a long
+    prompt, b9478 and later: its first byte is no token).
     """
 
     times: int | None = 1
     path: str | None = None
+    method: str | None = None  # only requests of this method (None: any)
     status: int | None = None
     body: bytes | None = None
     content_type: str = "application/json"
@@ -28,6 +32,8 @@ class Fault:
     gzip: bool = False
     headers: tuple[tuple[str, str], ...] = ()
     drop_streamed_calls: bool = False
+    pings: float = 0.0
+    ping_every: float = 1.0
 
 
 def stall(before: float = 0.0, between: float = 0.0, times: int | None = 1, path: str | None = None) -> Fault:
@@ -46,6 +52,12 @@ def raw(
     path: str | None = None,
 ) -> Fault:
     return Fault(times=times, path=path, status=status, body=body, content_type=content_type)
+
+
+def keepalive(seconds: float, every: float = 1.0, times: int | None = 1, path: str | None = None) -> Fault:
+    """A stream whose first event comes after `seconds` of keep-alive comments (see Fault.pings):
+    only a POST gets it (a stream answers one)."""
+    return Fault(times=times, path=path, method="POST", pings=seconds, ping_every=every)
 
 
 def gzipped(times: int | None = 1, path: str | None = None) -> Fault:

@@ -37,6 +37,10 @@ from toolproxy.emulators.model import DEFAULT_REPLY, ModelRequest, ScriptedReply
 from toolproxy.stacks import catalog
 from toolproxy.stacks.fingerprint import USER_AGENT_PREFIX
 
+# llama-server's keep-alive: an SSE comment line with nothing after the colon (server: ping silent
+# SSE streams, ggml-org/llama.cpp#24013)
+KEEPALIVE = b":\n\n"
+
 # The fault of the request being answered (each request is its own task), for faults that change
 # what the model's reply becomes rather than how it travels.
 _ANSWERING: ContextVar[Fault | None] = ContextVar("answering", default=None)
@@ -170,9 +174,13 @@ class FakeStack:
         return DEFAULT_REPLY
 
     # -- serving
-    def _take_fault(self, path: str) -> Fault | None:
+    def _take_fault(self, path: str, method: str = "POST") -> Fault | None:
         for f in self.faults:
-            if (f.path is None or path.startswith(f.path)) and (f.times is None or f.times > 0):
+            if (
+                (f.path is None or path.startswith(f.path))
+                and (f.method is None or f.method == method)
+                and (f.times is None or f.times > 0)
+            ):
                 if f.times is not None:
                     f.times -= 1
                 return f
@@ -209,7 +217,7 @@ class FakeStack:
         return app
 
     async def _answer(self, request: web.Request, seen: Seen, table, faults: bool = True) -> web.StreamResponse:
-        fault = (self._take_fault(request.path) if faults else None) or Fault(times=0)
+        fault = (self._take_fault(request.path, request.method) if faults else None) or Fault(times=0)
         _ANSWERING.set(fault)
         if fault.stall_before:
             await asyncio.sleep(fault.stall_before)
@@ -246,6 +254,12 @@ class FakeStack:
         resp = web.StreamResponse(status=answer.status, headers=headers)
         resp.enable_chunked_encoding()
         await resp.prepare(request)
+        if fault.pings:
+            until = time.monotonic() + fault.pings
+            while time.monotonic() < until:
+                seen.sent += KEEPALIVE
+                await resp.write(KEEPALIVE)
+                await asyncio.sleep(min(fault.ping_every, max(0.0, until - time.monotonic())))
         for i, event in enumerate(payload):
             if fault.close_after is not None and i >= fault.close_after:
                 return self._cut(request, seen, resp)
