@@ -28,9 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from toolproxy.emulators import FakeStack
 from toolproxy.emulators.faults import keepalive, stall
@@ -86,12 +86,25 @@ class Agent:
         exe = where / "bin" / self.binary
         if not exe.exists():
             if self.registry == "npm":
-                subprocess.run(["npm", "install", "-g", "--no-fund", "--no-audit", "--prefix", str(where),
-                                f"{self.package}@{self.version}"], check=True)
+                subprocess.run(
+                    [
+                        "npm",
+                        "install",
+                        "-g",
+                        "--no-fund",
+                        "--no-audit",
+                        "--prefix",
+                        str(where),
+                        f"{self.package}@{self.version}",
+                    ],
+                    check=True,
+                )
             else:
                 subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
-                subprocess.run([str(where / "bin" / "pip"), "install", "-q", f"{self.package}=={self.version}",
-                                *self.extras], check=True)
+                subprocess.run(
+                    [str(where / "bin" / "pip"), "install", "-q", f"{self.package}=={self.version}", *self.extras],
+                    check=True,
+                )
         return exe
 
 
@@ -102,23 +115,42 @@ def _write(path: Path, text: str) -> None:
 
 # -- each agent: how it is pointed at a base URL (see docs/agents in the manual for the same facts)
 
+
 def _claude_env(s: Scratch) -> dict:
     # the non-essential traffic switches are left as a user leaves them: the title request is part
     # of what is captured
-    return {"ANTHROPIC_BASE_URL": s.proxy, "ANTHROPIC_API_KEY": "sk-capture", "ANTHROPIC_MODEL": s.model,
-            "ANTHROPIC_SMALL_FAST_MODEL": s.model, "ANTHROPIC_DEFAULT_HAIKU_MODEL": s.model,
-            "ANTHROPIC_DEFAULT_SONNET_MODEL": s.model, "ANTHROPIC_DEFAULT_OPUS_MODEL": s.model,
-            "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1"}
+    return {
+        "ANTHROPIC_BASE_URL": s.proxy,
+        "ANTHROPIC_API_KEY": "sk-capture",
+        "ANTHROPIC_MODEL": s.model,
+        "ANTHROPIC_SMALL_FAST_MODEL": s.model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": s.model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": s.model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": s.model,
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
 
 
 def _claude_argv(s: Scratch, prompt: str, step: int) -> list[str]:
-    return ["-p", prompt, "--permission-mode", "acceptEdits", "--output-format", "stream-json", "--verbose",
-            *(["--continue"] if step else [])]
+    return [
+        "-p",
+        prompt,
+        "--permission-mode",
+        "acceptEdits",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        *(["--continue"] if step else []),
+    ]
 
 
 def _codex_env(s: Scratch) -> dict:
     settings = "".join(f"{k} = {v}\n" for k, v in s.provider.items())
-    _write(s.home / ".codex" / "config.toml", f"""model_provider = "tp"
+    _write(
+        s.home / ".codex" / "config.toml",
+        f"""model_provider = "tp"
 model = "{s.model}"
 check_for_update_on_startup = false
 
@@ -134,7 +166,8 @@ enabled = false
 
 [otel]
 exporter = "none"
-""")
+""",
+    )
     return {"CODEX_HOME": str(s.home / ".codex"), "TP_API_KEY": "sk-capture"}
 
 
@@ -143,8 +176,17 @@ def _codex_argv(s: Scratch, prompt: str, step: int) -> list[str]:
 
 
 def _gemini_like_settings(path: Path, auth: str) -> None:
-    _write(path, json.dumps({"security": {"auth": {"selectedType": auth}}, "privacy": {"usageStatisticsEnabled": False},
-                             "telemetry": {"enabled": False}, "general": {"enableAutoUpdate": False}}))
+    _write(
+        path,
+        json.dumps(
+            {
+                "security": {"auth": {"selectedType": auth}},
+                "privacy": {"usageStatisticsEnabled": False},
+                "telemetry": {"enabled": False},
+                "general": {"enableAutoUpdate": False},
+            }
+        ),
+    )
 
 
 def _qwen_env(s: Scratch) -> dict:
@@ -157,15 +199,30 @@ def _qwen_argv(s: Scratch, prompt: str, step: int) -> list[str]:
 
 
 def _opencode_env(s: Scratch) -> dict:
-    config = {"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
-              "provider": {"tp": {"npm": "@ai-sdk/openai-compatible", "name": "toolproxy",
-                                  "options": {"baseURL": s.proxy + "/v1", "apiKey": "sk-capture"},
-                                  "models": {s.model: {"name": s.model}}}},
-              "model": f"tp/{s.model}", "small_model": f"tp/{s.model}"}
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+        "provider": {
+            "tp": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "toolproxy",
+                "options": {"baseURL": s.proxy + "/v1", "apiKey": "sk-capture"},
+                "models": {s.model: {"name": s.model}},
+            }
+        },
+        "model": f"tp/{s.model}",
+        "small_model": f"tp/{s.model}",
+    }
     _write(s.home / "opencode.json", json.dumps(config))
-    return {"OPENCODE_CONFIG": str(s.home / "opencode.json"), "OPENCODE_DISABLE_AUTOUPDATE": "1",
-            "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-            "OPENCODE_PERMISSION": json.dumps({"edit": "allow", "bash": "allow"})}
+    return {
+        "OPENCODE_CONFIG": str(s.home / "opencode.json"),
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "OPENCODE_PERMISSION": json.dumps({"edit": "allow", "bash": "allow"}),
+    }
 
 
 def _opencode_argv(s: Scratch, prompt: str, step: int) -> list[str]:
@@ -180,49 +237,133 @@ def _opencode_collect(s: Scratch, env: dict, exe: Path, dest: Path) -> None:
     db = s.home / ".local" / "share" / "opencode" / "opencode.db"
     with contextlib.closing(sqlite3.connect(db)) as con:
         sessions = con.execute("SELECT id, parent_id, title FROM session ORDER BY time_created").fetchall()
-    (dest / "sessions.json").write_text(json.dumps([{"id": i, "parent_id": p, "title": t} for i, p, t in sessions],
-                                                   indent=1) + "\n")
+    (dest / "sessions.json").write_text(
+        json.dumps([{"id": i, "parent_id": p, "title": t} for i, p, t in sessions], indent=1) + "\n"
+    )
     for sid, _, _ in sessions:
         code, out, _ = _run([str(exe), "export", sid], env, s.repo, 60)
         (dest / f"export-{sid}.json").write_text(out.replace(str(s.root), "/CAPTURE"))
 
 
 def _aider_env(s: Scratch) -> dict:
-    return {"OPENAI_API_KEY": "sk-capture", "AIDER_CHECK_UPDATE": "false", "AIDER_ANALYTICS": "false",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    return {
+        "OPENAI_API_KEY": "sk-capture",
+        "AIDER_CHECK_UPDATE": "false",
+        "AIDER_ANALYTICS": "false",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
 
 
 def _aider_argv(s: Scratch, prompt: str, step: int) -> list[str]:
-    return ["--openai-api-base", s.proxy + "/v1", "--model", f"openai/{s.model}", "--edit-format", "whole",
-            "--yes-always", "--no-check-update", "--no-show-model-warnings", "--no-pretty", "--no-stream",
-            "--analytics-disable", "--message", prompt, "hello.txt"]
+    return [
+        "--openai-api-base",
+        s.proxy + "/v1",
+        "--model",
+        f"openai/{s.model}",
+        "--edit-format",
+        "whole",
+        "--yes-always",
+        "--no-check-update",
+        "--no-show-model-warnings",
+        "--no-pretty",
+        "--no-stream",
+        "--analytics-disable",
+        "--message",
+        prompt,
+        "hello.txt",
+    ]
 
 
 def _mini_env(s: Scratch) -> dict:
     # as toolproxy.drive.harness sets them: no first-run setup, no price list from the internet
-    return {"OPENAI_BASE_URL": s.proxy + "/v1", "OPENAI_API_BASE": s.proxy + "/v1", "OPENAI_API_KEY": "sk-capture",
-            "MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    return {
+        "OPENAI_BASE_URL": s.proxy + "/v1",
+        "OPENAI_API_BASE": s.proxy + "/v1",
+        "OPENAI_API_KEY": "sk-capture",
+        "MSWEA_CONFIGURED": "true",
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
 
 
 def _mini_argv(s: Scratch, prompt: str, step: int) -> list[str]:
-    return ["-m", f"openai/{s.model}", "-t", prompt, "--yolo", "--exit-immediately",
-            "-o", str(s.home / "trajectory.json")]
+    return [
+        "-m",
+        f"openai/{s.model}",
+        "-t",
+        prompt,
+        "--yolo",
+        "--exit-immediately",
+        "-o",
+        str(s.home / "trajectory.json"),
+    ]
 
 
-AGENTS = {a.name: a for a in (
-    Agent("claude", "npm", "@anthropic-ai/claude-code", "2.1.197", "claude", _claude_env, _claude_argv,
-          records=(".claude/projects/**/*.jsonl",)),
-    Agent("codex", "npm", "@openai/codex", "0.171.0", "codex", _codex_env, _codex_argv,
-          records=(".codex/sessions/**/*.jsonl",)),
-    Agent("qwen", "npm", "@qwen-code/qwen-code", "0.15.10", "qwen", _qwen_env, _qwen_argv,
-          records=(".qwen/projects/*/chats/*.jsonl",)),
-    Agent("opencode", "npm", "opencode-ai", "1.18.33", "opencode", _opencode_env, _opencode_argv,
-          collect=_opencode_collect),
-    Agent("aider", "pypi", "aider-chat", "0.86.2", "aider", _aider_env, _aider_argv,
-          records=("repo:.aider.chat.history.md", "repo:.aider.input.history")),
-    Agent("mini-swe-agent", "pypi", "mini-swe-agent", "2.4.6", "mini", _mini_env, _mini_argv,
-          records=("trajectory.json",)),
-)}
+AGENTS = {
+    a.name: a
+    for a in (
+        Agent(
+            "claude",
+            "npm",
+            "@anthropic-ai/claude-code",
+            "2.1.197",
+            "claude",
+            _claude_env,
+            _claude_argv,
+            records=(".claude/projects/**/*.jsonl",),
+        ),
+        Agent(
+            "codex",
+            "npm",
+            "@openai/codex",
+            "0.171.0",
+            "codex",
+            _codex_env,
+            _codex_argv,
+            records=(".codex/sessions/**/*.jsonl",),
+        ),
+        Agent(
+            "qwen",
+            "npm",
+            "@qwen-code/qwen-code",
+            "0.15.10",
+            "qwen",
+            _qwen_env,
+            _qwen_argv,
+            records=(".qwen/projects/*/chats/*.jsonl",),
+        ),
+        Agent(
+            "opencode",
+            "npm",
+            "opencode-ai",
+            "1.18.33",
+            "opencode",
+            _opencode_env,
+            _opencode_argv,
+            collect=_opencode_collect,
+        ),
+        Agent(
+            "aider",
+            "pypi",
+            "aider-chat",
+            "0.86.2",
+            "aider",
+            _aider_env,
+            _aider_argv,
+            records=("repo:.aider.chat.history.md", "repo:.aider.input.history"),
+        ),
+        Agent(
+            "mini-swe-agent",
+            "pypi",
+            "mini-swe-agent",
+            "2.4.6",
+            "mini",
+            _mini_env,
+            _mini_argv,
+            records=("trajectory.json",),
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -242,44 +383,76 @@ class Case:
 
 CASES = {
     "claude-title": Case("claude", (TASK,), "claude", "the task and Claude Code's title request beside it"),
-    "claude-subagent": Case("claude", (f"Use the Agent tool (general-purpose) to {TASK}.",), "claude",
-                            "the Agent tool: a subagent's conversation started by a delivered call, its answer the "
-                            "call's result"),
-    "claude-compact": Case("claude", (TASK, "/compact", "Now say what hello.txt contains."), "claude",
-                           "/compact in the task's session (--continue): the summary request, then the task going on "
-                           "from the summary"),
+    "claude-subagent": Case(
+        "claude",
+        (f"Use the Agent tool (general-purpose) to {TASK}.",),
+        "claude",
+        "the Agent tool: a subagent's conversation started by a delivered call, its answer the call's result",
+    ),
+    "claude-compact": Case(
+        "claude",
+        (TASK, "/compact", "Now say what hello.txt contains."),
+        "claude",
+        "/compact in the task's session (--continue): the summary request, then the task going on from the summary",
+    ),
     # the first request's answer stalls 8 s before its status line; Claude Code's API_TIMEOUT_MS (2 s
     # here, 600 s by default) gives up on it and asks again. Its non-essential traffic is off so
     # that the stalled request is the task's (the title request would otherwise race it)
-    "claude-abandon": Case("claude", (TASK,), "claude", "a client that gives up waiting: Claude Code's API_TIMEOUT_MS "
-                           "abandons a request the stack has not answered, then asks again",
-                           env={"API_TIMEOUT_MS": "2000", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
-                           faults=(lambda: stall(before=8.0, times=1, path="/v1/messages"),)),
+    "claude-abandon": Case(
+        "claude",
+        (TASK,),
+        "claude",
+        "a client that gives up waiting: Claude Code's API_TIMEOUT_MS "
+        "abandons a request the stack has not answered, then asks again",
+        env={"API_TIMEOUT_MS": "2000", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
+        faults=(lambda: stall(before=8.0, times=1, path="/v1/messages"),),
+    ),
     # llama-server's keep-alive comments for 4 s before the first event: Claude Code waits (its stream
     # idle watchdog is 300 s at least), the proxy's first byte comes in milliseconds, the first token
     # seconds later
-    "claude-keepalive": Case("claude", (TASK,), "claude", "a first token seconds after the first byte: the stack sends "
-                             "keep-alive comments before its first event",
-                             env={"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
-                             faults=(lambda: keepalive(4.0, every=0.5, times=1, path="/v1/messages"),)),
+    "claude-keepalive": Case(
+        "claude",
+        (TASK,),
+        "claude",
+        "a first token seconds after the first byte: the stack sends keep-alive comments before its first event",
+        env={"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
+        faults=(lambda: keepalive(4.0, every=0.5, times=1, path="/v1/messages"),),
+    ),
     # the same before Codex, whose stream_idle_timeout_ms (2 s here, 300 s by default) counts no
     # comment as activity: it gives up on the stream with bytes but no event, and asks again
-    "codex-abandon": Case("codex", (TASK,), "codex", "a client that gives up on a stream of keep-alive comments: "
-                          "Codex's stream_idle_timeout_ms, then its retry", faults=(
-                              lambda: keepalive(6.0, every=0.5, times=1, path="/v1/responses"),),
-                          provider={"stream_idle_timeout_ms": 2000, "stream_max_retries": 2}),
-    "codex": Case("codex", (TASK,), "codex", "Codex over HTTP Responses through a custom model_provider, its WebSocket "
-                  "attempt first (answered as the proxy answers it today)"),
-    "qwen-memory": Case("qwen", ("What does git status do? Answer in one line.",), "qwen",
-                        "a question answered without a tool, then Qwen Code's managed-memory pass continuing the "
-                        "conversation"),
+    "codex-abandon": Case(
+        "codex",
+        (TASK,),
+        "codex",
+        "a client that gives up on a stream of keep-alive comments: Codex's stream_idle_timeout_ms, then its retry",
+        faults=(lambda: keepalive(6.0, every=0.5, times=1, path="/v1/responses"),),
+        provider={"stream_idle_timeout_ms": 2000, "stream_max_retries": 2},
+    ),
+    "codex": Case(
+        "codex",
+        (TASK,),
+        "codex",
+        "Codex over HTTP Responses through a custom model_provider, its WebSocket "
+        "attempt first (answered as the proxy answers it today)",
+    ),
+    "qwen-memory": Case(
+        "qwen",
+        ("What does git status do? Answer in one line.",),
+        "qwen",
+        "a question answered without a tool, then Qwen Code's managed-memory pass continuing the conversation",
+    ),
     "qwen-write": Case("qwen", (TASK,), "qwen", "Qwen Code's write_file, one task"),
     "opencode-title": Case("opencode", (TASK,), "opencode", "the task and opencode's title request"),
-    "opencode-subagent": Case("opencode", (f"Use the task tool (general) to {TASK}.",), "opencode",
-                              "opencode's task tool: a subagent session started by a delivered call"),
+    "opencode-subagent": Case(
+        "opencode",
+        (f"Use the task tool (general) to {TASK}.",),
+        "opencode",
+        "opencode's task tool: a subagent session started by a delivered call",
+    ),
     "aider": Case("aider", (TASK,), "aider", "aider's whole-file edit (no tools) and its commit-message request"),
-    "mini-swe-agent": Case("mini-swe-agent", (TASK,), "mini-swe-agent", "mini-swe-agent's bash tool and its submit "
-                           "command"),
+    "mini-swe-agent": Case(
+        "mini-swe-agent", (TASK,), "mini-swe-agent", "mini-swe-agent's bash tool and its submit command"
+    ),
 }
 
 
@@ -296,8 +469,16 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 def _run(argv: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, str, str]:
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         code = proc.returncode
@@ -323,8 +504,9 @@ def _copy_records(agent: Agent, s: Scratch, dest: Path) -> None:
                 target.write_text(path.read_text(errors="replace").replace(str(s.root), "/CAPTURE"))
 
 
-def capture(case_name: str, out: Path, upstream: str | None, model: str | None, cache: Path,
-            timeout: float | None = None) -> int:
+def capture(
+    case_name: str, out: Path, upstream: str | None, model: str | None, cache: Path, timeout: float | None = None
+) -> int:
     case = CASES[case_name]
     agent = AGENTS[case.agent]
     exe = agent.install(cache)
@@ -336,8 +518,23 @@ def capture(case_name: str, out: Path, upstream: str | None, model: str | None, 
     s.home.mkdir()
     s.repo.mkdir()
     subprocess.run(["git", "init", "-q", str(s.repo)], check=True)
-    subprocess.run(["git", "-C", str(s.repo), "-c", "user.name=capture", "-c", "user.email=capture@example.invalid",
-                    "commit", "-q", "--allow-empty", "-m", "start"], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(s.repo),
+            "-c",
+            "user.name=capture",
+            "-c",
+            "user.email=capture@example.invalid",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "start",
+        ],
+        check=True,
+    )
     fake = None if upstream else FakeStack("llamacpp", responder=MODELS[case.model])
     if fake is not None:
         fake.inject(*(make() for make in case.faults))
@@ -348,12 +545,21 @@ def capture(case_name: str, out: Path, upstream: str | None, model: str | None, 
             try:
                 s.proxy, s.model = proxy.url, (fake.model if fake else model or "qwen")
                 s.provider = case.provider
-                env = {"PATH": f"{exe.parent}{os.pathsep}{os.environ['PATH']}", "HOME": str(s.home),
-                       "XDG_CONFIG_HOME": str(s.home / ".config"), "XDG_DATA_HOME": str(s.home / ".local" / "share"),
-                       "XDG_CACHE_HOME": str(s.home / ".cache"), "XDG_STATE_HOME": str(s.home / ".local" / "state"),
-                       "GIT_AUTHOR_NAME": "capture", "GIT_AUTHOR_EMAIL": "capture@example.invalid",
-                       "GIT_COMMITTER_NAME": "capture", "GIT_COMMITTER_EMAIL": "capture@example.invalid",
-                       "TERM": "dumb", "NO_COLOR": "1", "LANG": "C.UTF-8"}
+                env = {
+                    "PATH": f"{exe.parent}{os.pathsep}{os.environ['PATH']}",
+                    "HOME": str(s.home),
+                    "XDG_CONFIG_HOME": str(s.home / ".config"),
+                    "XDG_DATA_HOME": str(s.home / ".local" / "share"),
+                    "XDG_CACHE_HOME": str(s.home / ".cache"),
+                    "XDG_STATE_HOME": str(s.home / ".local" / "state"),
+                    "GIT_AUTHOR_NAME": "capture",
+                    "GIT_AUTHOR_EMAIL": "capture@example.invalid",
+                    "GIT_COMMITTER_NAME": "capture",
+                    "GIT_COMMITTER_EMAIL": "capture@example.invalid",
+                    "TERM": "dumb",
+                    "NO_COLOR": "1",
+                    "LANG": "C.UTF-8",
+                }
                 env.update(agent.configure(s))
                 env.update(case.env)
                 for step, prompt in enumerate(case.prompts):
@@ -361,9 +567,14 @@ def capture(case_name: str, out: Path, upstream: str | None, model: str | None, 
                     started = time.time()
                     code, stdout, stderr = _run(argv, env, s.repo, timeout or case.timeout)
                     (out / "agent" / f"stdout-{step}.jsonl").write_text(stdout.replace(str(root), "/CAPTURE"))
-                    steps.append({"argv": [a.replace(str(root), "/CAPTURE") for a in argv[1:]], "exit": code,
-                                  "seconds": round(time.time() - started, 1),
-                                  "stderr_tail": stderr[-2000:].replace(str(root), "/CAPTURE")})
+                    steps.append(
+                        {
+                            "argv": [a.replace(str(root), "/CAPTURE") for a in argv[1:]],
+                            "exit": code,
+                            "seconds": round(time.time() - started, 1),
+                            "stderr_tail": stderr[-2000:].replace(str(root), "/CAPTURE"),
+                        }
+                    )
             finally:
                 proxy.stop()
         (out / "segments").mkdir(exist_ok=True)
@@ -373,10 +584,19 @@ def capture(case_name: str, out: Path, upstream: str | None, model: str | None, 
         if agent.collect is not None:
             agent.collect(s, env, exe, out / "agent")
         files = sorted(str(p.relative_to(s.repo)) for p in s.repo.rglob("*") if p.is_file() and ".git" not in p.parts)
-        doc = {"case": case_name, "shows": case.shows, "agent": agent.name, "package": agent.package,
-               "version": agent.version, "stack": "emulated llamacpp" if fake else upstream, "model": s.model,
-               "env": case.env, "steps": steps, "repo_files": files,
-               "hello.txt": (s.repo / "hello.txt").read_text() if (s.repo / "hello.txt").exists() else None}
+        doc = {
+            "case": case_name,
+            "shows": case.shows,
+            "agent": agent.name,
+            "package": agent.package,
+            "version": agent.version,
+            "stack": "emulated llamacpp" if fake else upstream,
+            "model": s.model,
+            "env": case.env,
+            "steps": steps,
+            "repo_files": files,
+            "hello.txt": (s.repo / "hello.txt").read_text() if (s.repo / "hello.txt").exists() else None,
+        }
         (out / "capture.json").write_text(json.dumps(doc, indent=1) + "\n")
     finally:
         if not os.environ.get("CAPTURE_KEEP"):

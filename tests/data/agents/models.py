@@ -15,9 +15,11 @@ from toolproxy.emulators import ModelRequest, ScriptedReply, call, text
 
 FILE, CONTENT = "hello.txt", "hi\n"
 DONE = "Created hello.txt containing hi."
-SUMMARY = ("<analysis>The user asked for hello.txt containing hi; it was written.</analysis>\n<summary>\n"
-           "1. Primary Request and Intent: create hello.txt containing hi.\n2. Files and Code Sections: hello.txt "
-           "(created, contains hi).\n3. Pending Tasks: none.\n</summary>")
+SUMMARY = (
+    "<analysis>The user asked for hello.txt containing hi; it was written.</analysis>\n<summary>\n"
+    "1. Primary Request and Intent: create hello.txt containing hi.\n2. Files and Code Sections: hello.txt "
+    "(created, contains hi).\n3. Pending Tasks: none.\n</summary>"
+)
 
 
 def _text_of(content) -> str:
@@ -29,7 +31,9 @@ def _text_of(content) -> str:
 
 
 def _system(req: ModelRequest) -> str:
-    return "\n".join(_text_of(m.get("content")) for m in req.messages if isinstance(m, dict) and m.get("role") == "system")
+    return "\n".join(
+        _text_of(m.get("content")) for m in req.messages if isinstance(m, dict) and m.get("role") == "system"
+    )
 
 
 def _last(req: ModelRequest) -> dict:
@@ -45,18 +49,25 @@ def _after_result(req: ModelRequest) -> bool:
 
 
 def _users(req: ModelRequest) -> str:
-    return "\n".join(_text_of(m.get("content")) for m in req.messages if isinstance(m, dict) and m.get("role") == "user")
+    return "\n".join(
+        _text_of(m.get("content")) for m in req.messages if isinstance(m, dict) and m.get("role") == "user"
+    )
 
 
 def _cwd_file(req: ModelRequest) -> str:
     """The absolute path of hello.txt in the agent's working directory, read from the prompt the agent
     wrote (Claude Code, Qwen Code and opencode want absolute paths)."""
     flat = _system(req) + "\n" + _users(req)
-    for marker in ("Primary working directory: ", "Working directory: ", "I'm currently working in the directory: ",
-                   "<cwd>", "working directory: "):
+    for marker in (
+        "Primary working directory: ",
+        "Working directory: ",
+        "I'm currently working in the directory: ",
+        "<cwd>",
+        "working directory: ",
+    ):
         at = flat.find(marker)
         if at >= 0:
-            rest = flat[at + len(marker):]
+            rest = flat[at + len(marker) :]
             end = min(i for i in (rest.find("\n"), rest.find("<"), len(rest)) if i >= 0)
             return rest[:end].strip().rstrip("/") + "/" + FILE
     return FILE
@@ -87,8 +98,14 @@ def claude(req: ModelRequest) -> ScriptedReply:
     if "say what hello.txt contains" in _text_of(_last(req).get("content")):  # after the compaction
         return text("hello.txt contains hi.")
     if "Use the Agent tool" in _users(req):
-        return call("Agent", {"description": "Create hello file", "prompt": f"Create {FILE} containing hi.",
-                              "subagent_type": "general-purpose"})
+        return call(
+            "Agent",
+            {
+                "description": "Create hello file",
+                "prompt": f"Create {FILE} containing hi.",
+                "subagent_type": "general-purpose",
+            },
+        )
     return call("Write", {"file_path": _cwd_file(req), "content": CONTENT})
 
 
@@ -119,8 +136,10 @@ def opencode(req: ModelRequest) -> ScriptedReply:
     if _after_result(req):
         return text(DONE)
     if "Use the task tool" in _users(req) and "task" in req.tools:
-        return call("task", {"description": "Create hello file", "prompt": f"Create {FILE} containing hi.",
-                             "subagent_type": "general"})
+        return call(
+            "task",
+            {"description": "Create hello file", "prompt": f"Create {FILE} containing hi.", "subagent_type": "general"},
+        )
     return call("write", {"filePath": _cwd_file(req), "content": CONTENT})
 
 
@@ -142,5 +161,11 @@ def mini_swe_agent(req: ModelRequest) -> ScriptedReply:
     return call("bash", {"command": f"printf 'hi\\n' > {FILE} && cat {FILE}"})
 
 
-MODELS = {"claude": claude, "codex": codex, "qwen": qwen, "opencode": opencode, "aider": aider,
-          "mini-swe-agent": mini_swe_agent}
+MODELS = {
+    "claude": claude,
+    "codex": codex,
+    "qwen": qwen,
+    "opencode": opencode,
+    "aider": aider,
+    "mini-swe-agent": mini_swe_agent,
+}

@@ -66,8 +66,12 @@ def _claude_like(case: Path) -> dict:
                         ran.append({**use, "id": b["tool_use_id"], "error": bool(b.get("is_error"))})
             elif d.get("type") == "result" and d.get("result"):
                 answers.append(d["result"])
-    return {"tasks": len(sessions), "subagents": [{"call": cid, "tool": name} for cid, name in subagents.items()],
-            "tool_uses": ran, "answers": answers}
+    return {
+        "tasks": len(sessions),
+        "subagents": [{"call": cid, "tool": name} for cid, name in subagents.items()],
+        "tool_uses": ran,
+        "answers": answers,
+    }
 
 
 def _codex(case: Path) -> dict:
@@ -80,8 +84,14 @@ def _codex(case: Path) -> dict:
                 threads += 1
             item = d.get("item") or {}
             if d.get("type") == "item.completed" and item.get("type") == "command_execution":
-                ran.append({"name": "exec_command", "by": None, "input": item.get("command"),
-                            "error": item.get("exit_code") not in (0, None)})
+                ran.append(
+                    {
+                        "name": "exec_command",
+                        "by": None,
+                        "input": item.get("command"),
+                        "error": item.get("exit_code") not in (0, None),
+                    }
+                )
             if d.get("type") == "item.completed" and item.get("type") == "agent_message":
                 last = item.get("text")
         if last:
@@ -100,16 +110,27 @@ def _opencode(case: Path) -> dict:
         for message in doc.get("messages", []):
             for part in message.get("parts", []):
                 if part.get("type") == "tool" and (part.get("state") or {}).get("status") in ("completed", "error"):
-                    ran.append({"name": part["tool"], "by": s["parent_id"] and s["id"], "input": part["state"].get("input"),
-                                "error": part["state"]["status"] == "error", "id": part.get("callID")})
+                    ran.append(
+                        {
+                            "name": part["tool"],
+                            "by": s["parent_id"] and s["id"],
+                            "input": part["state"].get("input"),
+                            "error": part["state"]["status"] == "error",
+                            "id": part.get("callID"),
+                        }
+                    )
                     if part["tool"] == "task":
                         subagents.append({"call": part.get("callID"), "tool": "task"})
                 if part.get("type") == "text" and (message.get("info") or {}).get("role") == "assistant":
                     last_text = part.get("text")
         if s["parent_id"] is None and last_text:
             answers.append(last_text)
-    return {"tasks": sum(s["parent_id"] is None for s in sessions), "subagents": subagents, "tool_uses": ran,
-            "answers": answers}
+    return {
+        "tasks": sum(s["parent_id"] is None for s in sessions),
+        "subagents": subagents,
+        "tool_uses": ran,
+        "answers": answers,
+    }
 
 
 def _aider(case: Path) -> dict:
@@ -120,8 +141,7 @@ def _aider(case: Path) -> dict:
     replies = re.split(r"^#### .+$", text, flags=re.M)[1:]
     answers = [r.split("\n> ")[0].strip() for r in replies]
     edits = re.findall(r"^> Applied edit to (.+?)\s*$", text, re.M)
-    return {"tasks": len(asks), "subagents": [], "tool_uses": [], "answers": [a for a in answers if a],
-            "edits": edits}
+    return {"tasks": len(asks), "subagents": [], "tool_uses": [], "answers": [a for a in answers if a], "edits": edits}
 
 
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -141,12 +161,23 @@ def _mini(case: Path) -> dict:
                 continue
             ran.append({"name": call["name"], "by": None, "input": call["arguments"], "error": False})
     info = traj.get("info") or {}
-    return {"tasks": 1, "subagents": [], "tool_uses": ran, "answers": [info["submission"]] if info.get("exit_status") ==
-            "Submitted" else [], "exit_status": info.get("exit_status")}
+    return {
+        "tasks": 1,
+        "subagents": [],
+        "tool_uses": ran,
+        "answers": [info["submission"]] if info.get("exit_status") == "Submitted" else [],
+        "exit_status": info.get("exit_status"),
+    }
 
 
-READERS = {"claude": _claude_like, "qwen": _claude_like, "codex": _codex, "opencode": _opencode, "aider": _aider,
-           "mini-swe-agent": _mini}
+READERS = {
+    "claude": _claude_like,
+    "qwen": _claude_like,
+    "codex": _codex,
+    "opencode": _opencode,
+    "aider": _aider,
+    "mini-swe-agent": _mini,
+}
 
 
 def own(case: Path) -> dict:

@@ -23,7 +23,12 @@ from records import own  # noqa: E402
 
 
 def _columns(con, table: str) -> set[str]:
-    return {r[0] for r in con.execute(f"SELECT column_name FROM information_schema.columns WHERE table_name = '{table}'").fetchall()}
+    return {
+        r[0]
+        for r in con.execute(
+            f"SELECT column_name FROM information_schema.columns WHERE table_name = '{table}'"
+        ).fetchall()
+    }
 
 
 def analysed(case: Path) -> dict:
@@ -32,8 +37,12 @@ def analysed(case: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         shutil.copytree(case / "segments", data / "segments")
-        r = subprocess.run([sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data)], capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-m", "toolproxy.cli", "analyze", "--data", str(data)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if r.returncode:
             raise SystemExit(r.stderr)
         con = connect(data / "toolproxy.duckdb", read_only=True)
@@ -42,21 +51,36 @@ def analysed(case: Path) -> dict:
             turns = _columns(con, "turns")
             episodes = _columns(con, "episodes")
             exchanges = _columns(con, "exchanges")
-            side = one("SELECT count(*) FROM exchanges WHERE side_request IS NOT NULL") if "side_request" in exchanges else 0
+            side = (
+                one("SELECT count(*) FROM exchanges WHERE side_request IS NOT NULL")
+                if "side_request" in exchanges
+                else 0
+            )
             child = "parent_episode" in episodes
             row = {
                 "episodes": one("SELECT count(*) FROM episodes" + (" WHERE parent_episode IS NULL" if child else "")),
-                "linked": dict(con.execute("SELECT link, count(*) FROM episodes WHERE link IS NOT NULL GROUP BY 1")
-                               .fetchall()) if child else {},
+                "linked": dict(
+                    con.execute("SELECT link, count(*) FROM episodes WHERE link IS NOT NULL GROUP BY 1").fetchall()
+                )
+                if child
+                else {},
                 "side_requests": side,
                 "call_turns": one("SELECT count(*) FROM turns WHERE role = 'call'"),
-                "delivered": one("SELECT count(*) FROM turns WHERE delivered AND NOT coalesce(finishes, false)"
-                                 if "finishes" in turns else "SELECT count(*) FROM turns WHERE delivered"),
-                "answers": one("SELECT count(DISTINCT coalesce(e.task_key, t.episode_key)) FROM turns t JOIN episodes e "
-                               "USING (episode_key) WHERE t.role = 'answer' AND coalesce(e.link, '') <> 'subagent'")
-                if child else one("SELECT count(DISTINCT episode_key) FROM turns WHERE role = 'answer'"),
-                "other_4xx": one("SELECT count(*) FROM exchanges WHERE NOT is_attempt AND status >= 400"
-                                 + (" AND side_request IS NULL" if "side_request" in exchanges else "")),
+                "delivered": one(
+                    "SELECT count(*) FROM turns WHERE delivered AND NOT coalesce(finishes, false)"
+                    if "finishes" in turns
+                    else "SELECT count(*) FROM turns WHERE delivered"
+                ),
+                "answers": one(
+                    "SELECT count(DISTINCT coalesce(e.task_key, t.episode_key)) FROM turns t JOIN episodes e "
+                    "USING (episode_key) WHERE t.role = 'answer' AND coalesce(e.link, '') <> 'subagent'"
+                )
+                if child
+                else one("SELECT count(DISTINCT episode_key) FROM turns WHERE role = 'answer'"),
+                "other_4xx": one(
+                    "SELECT count(*) FROM exchanges WHERE NOT is_attempt AND status >= 400"
+                    + (" AND side_request IS NULL" if "side_request" in exchanges else "")
+                ),
             }
         finally:
             con.close()
@@ -65,15 +89,19 @@ def analysed(case: Path) -> dict:
 
 def main() -> None:
     cases = [Path(a) for a in sys.argv[1:]] or sorted(p for p in (HERE / "emulated").iterdir() if p.is_dir())
-    print("| capture | tasks (+ linked episodes) | side requests | call turns | delivered | answered | other 4xx | agent: tasks (+subagents) "
-          "| agent: tool uses run | agent: tasks answered |")
+    print(
+        "| capture | tasks (+ linked episodes) | side requests | call turns | delivered | answered | other 4xx "
+        "| agent: tasks (+subagents) | agent: tool uses run | agent: tasks answered |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for case in cases:
         a, o = analysed(case), own(case)
         eps = f"{a['episodes']}" + "".join(f" (+{n} {link})" for link, n in sorted(a["linked"].items()))
-        print(f"| {case.name} | {eps} | {a['side_requests']} | {a['call_turns']} | {a['delivered']} | {a['answers']} "
-              f"| {a['other_4xx']} | {o['tasks']} (+{len(o['subagents'])}) | {len(o['tool_uses'])} "
-              f"| {min(len(o['answers']), o['tasks'])} |")
+        print(
+            f"| {case.name} | {eps} | {a['side_requests']} | {a['call_turns']} | {a['delivered']} | {a['answers']} "
+            f"| {a['other_4xx']} | {o['tasks']} (+{len(o['subagents'])}) | {len(o['tool_uses'])} "
+            f"| {min(len(o['answers']), o['tasks'])} |"
+        )
 
 
 if __name__ == "__main__":

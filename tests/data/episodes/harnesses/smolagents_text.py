@@ -6,9 +6,8 @@ written back as "Calling tools:" text)."""
 from __future__ import annotations
 
 import smolagents
-from smolagents import OpenAIServerModel, ToolCallingAgent, tool
-
 from common import Log, arguments, weather
+from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
 LOG: Log | None = None
 
@@ -35,9 +34,15 @@ def main() -> None:
     task = "What is the weather in Paris?"
     try:
         result = agent.run(task, return_full_result=True)
-        steps = [{"kind": type(s).__name__, "tool_calls": [[c.name, c.arguments] for c in getattr(s, "tool_calls", None) or []],
-                  "observations": getattr(s, "observations", None), "output": getattr(s, "output", None)}
-                 for s in agent.memory.steps]
+        steps = [
+            {
+                "kind": type(s).__name__,
+                "tool_calls": [[c.name, c.arguments] for c in getattr(s, "tool_calls", None) or []],
+                "observations": getattr(s, "observations", None),
+                "output": getattr(s, "output", None),
+            }
+            for s in agent.memory.steps
+        ]
         LOG.episode("tool-calling", task, result.output, state=result.state, steps=steps)
     except Exception as exc:  # the traffic is what we keep
         LOG.episode("tool-calling", task, None, error=f"{type(exc).__name__}: {exc}")
