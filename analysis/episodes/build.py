@@ -102,7 +102,8 @@ def build_episodes(
         """The failed turn `a` asks again: the oldest still open whose request `a` repeats word for
         word, call ids included (identical conversations running at once each end their own turn),
         and whose failure `a` came after (a request that started before the failed one ended is
-        another conversation's, not its retry)."""
+        another conversation's, not its retry). Times are compared only where one clock stamped
+        them all: replicas' clocks disagree, and causal_order has put the attempts in order."""
         if oldest(queue, retried) is None:
             return None
         for turn in queue:
@@ -110,7 +111,7 @@ def build_episodes(
             if (
                 retried(turn)
                 and f.parent_hashes[:1] == a.parent_hashes[:1]
-                and (f.ended is None or a.started is None or a.started >= f.ended)
+                and (not one_clock or f.ended is None or a.started is None or a.started >= f.ended)
             ):
                 return turn
         return None
@@ -120,8 +121,9 @@ def build_episodes(
         another system prompt and without tools, its calls rewritten as text: smolagents' summary
         at max_steps) goes on with the latest episode of its conversation (its thread) before it,
         when that one ran alone: every other episode of the thread had ended before it started.
-        Episodes of one conversation that overlapped (identical tasks at once) leave it unplaced."""
-        if a.thread is None or a.started is None:
+        Episodes of one conversation that overlapped (identical tasks at once) leave it unplaced, and
+        so does a run several clocks stamped (whether they overlapped cannot be told)."""
+        if not one_clock or a.thread is None or a.started is None:
             return None
         here = []
         for ep in threads.get(a.thread, ()):

@@ -118,3 +118,14 @@ def test_a_cycle_from_colliding_hashes_loses_no_attempt():
     a = replace(a, parent_hashes=[b.chain_hash])
     b = replace(b, parent_hashes=[a.chain_hash])
     assert sorted(ordered([a, b, c])) == ["a1", "a2", "a3"]
+
+
+def test_a_retry_stamped_by_a_clock_behind_is_still_a_retry():
+    """Replica B's clock runs 10 s behind A's: the retry B served reads as started before the
+    failed attempt A served had ended. Under several clocks times are not compared, so it is still
+    that turn's retry; on one clock the same stamps would mean another conversation's request."""
+    attempts = retried()
+    stamps = {"a2": (0, 1), "a3": (10, 25), "a4": (16, 17), "a5": (30, 31), "b1": (40, 41)}
+    for a in attempts:
+        a.started, a.ended = stamps[a.id]
+    assert shape(build_episodes("r", attempts)) == [[["a2"], ["a3", "a4"], ["a5"]], [["b1"]]]

@@ -463,7 +463,8 @@ def test_a_retry_never_crosses_the_call_ids_that_tell_identical_conversations_ap
 def test_a_wrap_up_that_names_no_turn_goes_on_with_its_conversations_one_episode():
     """A harness wrapping up under another system prompt, its calls rewritten in a form no key
     follows, goes on with the episode of its conversation (its first user message) that ran alone
-    before it; two such episodes at once leave it unplaced."""
+    before it; two such episodes at once leave it unplaced, and so do several clocks (replicas'
+    stamps cannot tell whether the episodes overlapped)."""
     wrap = [
         {"role": "system", "content": "Summarize."},
         USER,
@@ -480,6 +481,7 @@ def test_a_wrap_up_that_names_no_turn_goes_on_with_its_conversations_one_episode
         threaded(attempt("w", wrap, ("5C.", []), tools=()), wrap, 5),
     ]
     assert shape(build_episodes("r", alone, one_clock=True)) == [[["a1"], ["w"]]]
+    assert shape(build_episodes("r", alone, one_clock=False)) == [[["a1"]], [["w"]]]
     together = [
         threaded(attempt("a1", TURN1, REPLY1), TURN1, 0),
         threaded(attempt("b1", TURN1, REPLY1), TURN1, 0.5),
