@@ -24,6 +24,8 @@ from toolproxy.analysis.measure.summary import Report
 TURN_COLUMNS = 10
 # Paired comparisons drawn at most (every pair of runs that share items, in report order).
 MAX_PAIRS = 12
+# Tasks whose trees the page draws per run: the ones with subagents or compactions, first by key.
+MAX_TREES = 20
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,60 @@ _COUNTS = (
     "count(*) filter (where role = 'call' and outcome = 'valid_call'), "
     "count(*) filter (where role = 'call' and delivered), count(*) filter (where role = 'call')"
 )
+
+
+@dataclass(frozen=True)
+class TaskNode:
+    """One episode of a task's tree, under its parent (depth 0 is the task's own first episode)."""
+
+    depth: int
+    episode: str
+    how: str  # what it is of the task: the task, a subagent of a call, after a compaction
+    turns: int
+
+
+def task_tree(rows: Sequence[tuple]) -> list[TaskNode]:
+    """A task's episodes (episode_key, parent_episode, parent_call, link, n_turns) as a tree, depth
+    first: `show` and the HTML page draw the same tree."""
+    children: dict = {}
+    for key, parent, call, link, n in sorted(rows, key=lambda r: r[0]):
+        children.setdefault(parent, []).append((key, call, link, n))
+    out: list[TaskNode] = []
+
+    def walk(parent, depth: int) -> None:
+        for key, call, link, n in children.get(parent, ()):
+            how = {"subagent": f"subagent of call {call}", "compaction": "after a compaction"}.get(link, "the task")
+            out.append(TaskNode(depth, key, how, int(n or 0)))
+            walk(key, depth + 1)
+
+    walk(None, 0)
+    return out
+
+
+def linked_tasks(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, list[list[TaskNode]]]:
+    """Per run, the trees of its tasks that have more than one episode (subagents, compactions),
+    at most MAX_TREES of them."""
+    rows = con.execute(
+        """
+        WITH linked AS (
+            SELECT run, task_key FROM episodes
+            WHERE run IN (SELECT unnest($runs::VARCHAR[])) AND parent_episode IS NOT NULL
+            GROUP BY ALL
+        ), picked AS (
+            SELECT run, task_key FROM linked QUALIFY row_number() OVER (PARTITION BY run ORDER BY task_key) <= $most
+        )
+        SELECT e.run, e.task_key, e.episode_key, e.parent_episode, e.parent_call, e.link, e.n_turns
+        FROM episodes e JOIN picked USING (run, task_key) ORDER BY e.run, e.task_key
+        """,
+        {"runs": list(runs), "most": MAX_TREES},
+    ).fetchall()
+    tasks: dict[tuple[str, str], list[tuple]] = {}
+    for run, task, *row in rows:
+        tasks.setdefault((run, task), []).append(tuple(row))
+    out: dict[str, list[list[TaskNode]]] = {}
+    for (run, _), members in tasks.items():
+        out.setdefault(run, []).append(task_tree(members))
+    return out
 
 
 @dataclass(frozen=True)
@@ -82,6 +138,7 @@ class PageDetails:
     comparisons: list[Comparison]
     pairs_left_out: int
     usage: dict[str, RunUsage]
+    tasks: dict[str, list[list[TaskNode]]]  # run -> the trees of its linked tasks (linked_tasks)
 
 
 def by_turn_index(con: duckdb.DuckDBPyConnection, runs: Sequence[str]) -> dict[str, list[Count]]:
@@ -168,4 +225,5 @@ def page_details(con: duckdb.DuckDBPyConnection, report: Report) -> PageDetails:
         comparisons=pairs,
         pairs_left_out=left_out,
         usage=usage(con, runs),
+        tasks=linked_tasks(con, runs),
     )

@@ -31,7 +31,7 @@ from toolproxy.analysis.report.cells import (
     report_notes,
     row,
 )
-from toolproxy.analysis.report.details import TURN_COLUMNS, Count, PageDetails, RunUsage
+from toolproxy.analysis.report.details import MAX_TREES, TURN_COLUMNS, Count, PageDetails, RunUsage, TaskNode
 from toolproxy.analysis.report.provenance import Provenance
 
 # Okabe-Ito palette: distinguishable with every common colour-vision deficiency. Non-responses get
@@ -543,6 +543,33 @@ def restraint_section(report: Report) -> str:
     )
 
 
+def _tree_list(tree: list[TaskNode]) -> str:
+    """A task's tree (depth first) as nested lists: each episode under the one that started it."""
+    html, depth = "<ul>", 0
+    for i, node in enumerate(tree):
+        if i:
+            html += "</li>" if node.depth <= depth else "<ul>"
+            html += "</ul></li>" * (depth - node.depth)
+        depth = node.depth
+        turns = f"{node.turns} turn{'s' * (node.turns != 1)}"
+        html += f"<li><code>{_e(node.episode)}</code>: {_e(node.how)}, {turns}"
+    return html + "</li></ul>" * (depth + 1)
+
+
+def tasks_section(d: PageDetails) -> str:
+    """The tasks with subagents or compactions, each as its tree: the report counts each once."""
+    trees = [(run, tree) for run, ts in d.tasks.items() for tree in ts]
+    if not trees:
+        return ""
+    items = "".join(f"<li><strong>{_e(run)}</strong>{_tree_list(tree)}</li>" for run, tree in trees)
+    return (
+        '<section><h2>Tasks with subagents or compactions</h2><p class="help">Each task is counted once: a '
+        "subagent's episode under the call that started it, the episode a task went on with after a compaction "
+        f"under the one it went on from (at most the first {MAX_TREES} tasks per run).</p>"
+        f'<ul class="notes">{items}</ul></section>'
+    )
+
+
 def _details_sections(report: Report, d: PageDetails) -> str:
     parts = [
         '<section><h2>Fidelity by turn index</h2><p class="help">Call fidelity at each position of an episode '
@@ -561,6 +588,7 @@ def _details_sections(report: Report, d: PageDetails) -> str:
     if d.comparisons:
         parts += ["<section><h2>Paired comparisons</h2>", comparison_tables(d), "</section>"]
     parts += ["<section><h2>Latency and tokens</h2>", usage_table(report, d.usage), "</section>"]
+    parts.append(tasks_section(d))
     return "".join(parts)
 
 

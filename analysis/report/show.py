@@ -9,6 +9,7 @@ import orjson
 from toolproxy.analysis.classify.outcomes import NON_RESPONSE, whose
 from toolproxy.analysis.classify.record import harness_request
 from toolproxy.analysis.classify.sides import KINDS
+from toolproxy.analysis.report.details import task_tree
 from toolproxy.record.segments import BODIES_AS_RECORDED, RecordError, RecordReader
 from toolproxy.term.printable import printable
 from toolproxy.wire import family_of
@@ -69,25 +70,14 @@ def _task_tree(con, episode_key: str) -> list[str]:
     if task is None:
         return []
     rows = con.execute(
-        "SELECT episode_key, parent_episode, parent_call, link, n_turns FROM episodes WHERE task_key = ? "
-        "ORDER BY episode_key",
-        [task],
+        "SELECT episode_key, parent_episode, parent_call, link, n_turns FROM episodes WHERE task_key = ?", [task]
     ).fetchall()
     if len(rows) < 2:
         return []
-    children: dict = {}
-    for key, parent, call, link, n in rows:
-        children.setdefault(parent, []).append((key, call, link, n))
     out = [f"  task {task}:"]
-
-    def walk(parent, depth: int) -> None:
-        for key, call, link, n in children.get(parent, ()):
-            how = {"subagent": f"subagent of call {call}", "compaction": "after a compaction"}.get(link, "the task")
-            mark = "  <- this exchange's" if key == episode_key else ""
-            out.append(f"  {'  ' * depth}- {key}: {how}, {n} turn(s){mark}")
-            walk(key, depth + 1)
-
-    walk(None, 1)
+    for node in task_tree(rows):
+        mark = "  <- this exchange's" if node.episode == episode_key else ""
+        out.append(f"  {'  ' * (node.depth + 1)}- {node.episode}: {node.how}, {node.turns} turn(s){mark}")
     return out
 
 

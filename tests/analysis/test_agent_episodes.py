@@ -129,6 +129,41 @@ def test_an_agent_that_did_its_task_gets_full_marks(tmp_path, case):
     # the run line (`toolproxy run`, `study`) says them apart from the turns
     line = from_report(run).text()
     assert line.endswith(f"; side requests: {sides_text(case.sides)}" if case.sides else "non-responses 0"), line
+    # the HTML page draws each task with subagents or compactions as its tree, each subagent under its call
+    page = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", "report", "--data", str(data), "--format", "html"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    _, trees = page.partition("<h2>Tasks with subagents or compactions</h2>")[::2]
+    assert bool(trees) == bool(case.links)
+    trees = trees.partition("</section>")[0]
+    assert trees.count("<li><code>") == (1 + sum(case.links.values()) if case.links else 0)
+    assert trees.count("</code>: after a compaction") == case.links.get("compaction", 0)
+    for sub in record["subagents"]:
+        assert f"subagent of call {sub['call']}" in trees
+    if not case.links:
+        return
+    # `show` of a linked episode's exchange draws its task's tree and marks where the exchange is
+    from toolproxy.analysis.store.connection import connect
+
+    con = connect(data / "toolproxy.duckdb", read_only=True)
+    try:
+        ((exchange, how),) = con.execute("""
+            SELECT t.final_exchange_id, ep.link FROM turns t JOIN episodes ep USING (episode_key)
+            WHERE ep.link IS NOT NULL ORDER BY t.turn_index LIMIT 1""").fetchall()
+    finally:
+        con.close()
+    shown = subprocess.run(
+        [sys.executable, "-m", "toolproxy.cli", "show", "--data", str(data), exchange],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    (marked,) = [line for line in shown.splitlines() if line.endswith("<- this exchange's")]
+    assert ("subagent of call" if how == "subagent" else "after a compaction") in marked
+    assert "the task," in shown
 
 
 @pytest.mark.parametrize(
