@@ -276,6 +276,10 @@ def text_of(content: Any) -> str:
     return ""
 
 
+def _reads(text: str, starts: str | None, has: str | None) -> bool:
+    return (starts is None or text.startswith(starts)) and (has is None or has in text)
+
+
 def _system(messages: Sequence[Any]) -> str:
     return "\n".join(
         text_of(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") in _SYSTEM_ROLES
@@ -310,15 +314,11 @@ def side_request(
             continue
         if s.system_starts is not None or s.system_has is not None:
             system = _system(messages) if system is None else system
-            if s.system_starts is not None and not system.startswith(s.system_starts):
-                continue
-            if s.system_has is not None and s.system_has not in system:
+            if not _reads(system, s.system_starts, s.system_has):
                 continue
         if s.user_starts is not None or s.user_has is not None:
             user = _last_user(messages) if user is None else user
-            if s.user_starts is not None and not user.startswith(s.user_starts):
-                continue
-            if s.user_has is not None and s.user_has not in user:
+            if not _reads(user, s.user_starts, s.user_has):
                 continue
         if s.only_user is not None:
             said = [m for m in messages if isinstance(m, dict) and m.get("role") not in _SYSTEM_ROLES]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from toolproxy.analysis.store.connection import connect
 
@@ -26,23 +27,27 @@ def analyzed(tmp_path: Path, segments: Path, expect_summary: str | None = None):
     return connect(data / "toolproxy.duckdb", read_only=True)
 
 
-@contextlib.contextmanager
-def stores(tmp_path_factory, data: Path):
-    """A function opening each capture under `data` analysed once (by its path under `data`); the
-    stores are closed at the end. For a module-scoped fixture."""
-    opened = {}
-    try:
-        yield (
-            lambda path: (
-                opened.get(path)
-                or opened.setdefault(
-                    path, analyzed(tmp_path_factory.mktemp(path.replace("/", "-")), data / path / "segments")
+def stores_fixture(data: Path):
+    """A module-scoped fixture: a function opening each capture under `data` analysed once (by its
+    path under `data`); the stores are closed at the end of the module."""
+
+    @pytest.fixture(scope="module")
+    def stores(tmp_path_factory):
+        opened = {}
+        try:
+            yield (
+                lambda path: (
+                    opened.get(path)
+                    or opened.setdefault(
+                        path, analyzed(tmp_path_factory.mktemp(path.replace("/", "-")), data / path / "segments")
+                    )
                 )
             )
-        )
-    finally:
-        for con in opened.values():
-            con.close()
+        finally:
+            for con in opened.values():
+                con.close()
+
+    return stores
 
 
 def by_episode(rows) -> list[list[tuple]]:

@@ -68,10 +68,7 @@ FULL_MARKS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory):
-    with captured.stores(tmp_path_factory, DATA) as opener:
-        yield opener
+stores = captured.stores_fixture(DATA)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.path for c in CASES])

@@ -173,10 +173,7 @@ def answered(record: dict) -> int:
     return sum(bool(e["answer"]) for e in record["episodes"])
 
 
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory):
-    with captured.stores(tmp_path_factory, DATA) as opener:
-        yield opener
+stores = captured.stores_fixture(DATA)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.path for c in CASES])
