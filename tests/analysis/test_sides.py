@@ -274,3 +274,22 @@ def test_side_requests_are_recorded_counted_apart_and_no_episode(proxy, tmp_path
     out = toolproxy_cli("report", "--data", str(tmp_path / "data"), "--format", "json")
     (run,) = json.loads(out.stdout)["runs"]
     assert run["side_requests"] == {"probe": 1, "title": 1} and run["episodes"] == 1
+
+
+def test_a_side_request_toolproxy_does_not_know_is_said_not_placed(proxy, tmp_path):
+    """A harness's own request no rule knows (alone, without tools, beside a task with tools): the
+    report cannot place it in a task, and says how many such requests it saw."""
+    unknown = messages_api("You pick a topic for a chat.", ("user", "fix it"))
+    fake = FakeStack("llamacpp", replies=[text("Fixing"), call("get_weather", {"city": "Paris"})])
+    with fake.in_thread() as url:
+        p = proxy(url, "--run", "agent", "--no-fingerprint", data=tmp_path / "data")
+        _post(p.url, "/v1/messages", unknown)
+        _post(p.url, "/v1/responses", TASK)
+        p.wait_records(2)
+        p.stop()
+    data = str(tmp_path / "data")
+    assert toolproxy_cli("analyze", "--data", data).returncode == 0
+    assert sql_rows(tmp_path / "data", "select side_request from exchanges") == [{"side_request": None}] * 2
+    (run,) = json.loads(toolproxy_cli("report", "--data", data, "--format", "json").stdout)["runs"]
+    assert run["unplaced"] == 1 and run["side_requests"] == {}
+    assert "1 request not placed in a task" in toolproxy_cli("report", "--data", data).stdout
