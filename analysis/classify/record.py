@@ -25,6 +25,7 @@ from toolproxy.analysis.classify.protocols import read_prompt, reply_message
 from toolproxy.record.model import MODEL_SENT
 from toolproxy.stacks.markers import detect
 from toolproxy.wire import (
+    GEMINI,
     OLLAMA_CHAT,
     OLLAMA_GENERATE,
     RESPONSES,
@@ -103,7 +104,7 @@ def harness_request(rec: dict, kind: str | None) -> tuple[dict | None, Request |
         return None, None
     if not isinstance(req, dict):
         return None, None
-    return req, read_request(kind, req)
+    return req, read_request(kind, req, _given(rec.get("path"), ""))
 
 
 def _reply(rec: dict, kind: str | None, which: str) -> Reply:
@@ -334,6 +335,8 @@ _NO_MODEL = _Model(None, None, None)
 def _model(rec: dict, asked: _Asked, replies: _Replies) -> _Model:
     req = asked.req
     harness_model = req.get("model") if req is not None and isinstance(req.get("model"), str) else None
+    if harness_model is None and asked.kind == GEMINI and asked.request is not None:
+        harness_model = asked.request.model  # Gemini names it in the path
     sent = (rec.get("extra") or {}).get(MODEL_SENT) if isinstance(rec.get("extra"), dict) else None
     model = sent if isinstance(sent, str) and sent else harness_model
     if model is None and replies.upstream is not None:
@@ -343,6 +346,8 @@ def _model(rec: dict, asked: _Asked, replies: _Replies) -> _Model:
         stream_asked = req.get("stream")
         if stream_asked is None and asked.kind in (OLLAMA_CHAT, OLLAMA_GENERATE):
             stream_asked = True  # Ollama's native API streams unless told not to
+        elif asked.kind == GEMINI and asked.request is not None:
+            stream_asked = asked.request.stream  # Gemini asks in its path
     return _Model(model, harness_model, stream_asked)
 
 

@@ -24,6 +24,14 @@ class ConditionAddon(Addon):
 
     def request(self, flow: Flow) -> None:
         rec = flow.rec
+        if self.options.bridge:
+            # Gemini's token count has no conversation to rewrite: bridged under every condition.
+            counted = bridge.count_plan(
+                RequestView(flow.request.method, rec.path, flow.up_query, flow.up_headers, flow.body), self.options
+            )
+            if counted is not None:
+                self._apply(flow, counted)
+                return
         if rec.condition == "native":
             # Under native the only rewrite is --bridge's translation for a chat-only upstream.
             if not self.options.bridge:

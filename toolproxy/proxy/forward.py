@@ -78,7 +78,7 @@ async def _reply_error(
     """The proxy's own answer when there is no upstream response to pass on."""
     rec = flow.rec
     rec.set_error(kind, message)
-    body = protocol_error_body(family, message, code)
+    body = protocol_error_body(family or wire.family_of(rec.path), message, code, status)
     rec.client_status = status
     rec.client_body, rec.client_body_encoding = encode_body(body)
     state.hooks.end(flow)
