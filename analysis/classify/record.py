@@ -22,7 +22,7 @@ from toolproxy.analysis.classify.bodies import decode_body, header
 from toolproxy.analysis.classify.keys import UNTAGGED_RUN, Keys, Prefixes, call_signature, conversation_keys
 from toolproxy.analysis.classify.probes import probe_of
 from toolproxy.analysis.classify.protocols import read_prompt, reply_message
-from toolproxy.record.model import MODEL_SENT
+from toolproxy.record.model import MODEL_SENT, websocket_exchange
 from toolproxy.stacks.markers import detect
 from toolproxy.wire import (
     GEMINI,
@@ -111,6 +111,10 @@ def _reply(rec: dict, kind: str | None, which: str) -> Reply:
     if which == "client":
         raw, problem = decode_body(rec.get("client_body"), rec.get("client_body_encoding"))
         reply = decode(raw, kind)
+    elif websocket_exchange(rec):
+        # the server's messages, one a line (record.model.WEBSOCKET); the headers are the upgrade's
+        raw, problem = decode_body(rec.get("response_body"), rec.get("response_body_encoding"))
+        reply = decode(raw, kind, "application/x-ndjson")
     else:
         headers = rec.get("response_headers")
         raw, problem = decode_body(
@@ -180,7 +184,10 @@ def _asked(rec: dict) -> _Asked:
     path = _given(rec.get("path"), "")
     # A sampled-out exchange's stub (record/sampling.py) is counted, never analysed as a turn.
     kind = (
-        family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
+        family_of(path)
+        if (rec.get("method", "POST") == "POST" or websocket_exchange(rec))
+        and rec.get("kind", "exchange") == "exchange"
+        else None
     )
     req, request = harness_request(rec, kind) if kind is not None else (None, None)
     # A harness's capability probe asks the model, but is no turn of its task (classify.probes).
