@@ -29,10 +29,15 @@ PROBES: tuple[tuple[str, dict[str, Any], str], ...] = (
 _OTHER_FIELDS = frozenset(("model", "stream", "store", "metadata", "user"))
 
 
+PREWARM = "a prewarm (Responses' generate: false asks for no output; Codex sends one before a turn)"
+
+
 def probe_of(family: str | None, body: Any) -> str | None:
     """Which known probe this request is, in words, or None for a request of the harness's task."""
     if not isinstance(body, dict):
         return None
+    if family == RESPONSES and body.get("generate") is False:
+        return PREWARM
     for probe_family, fields, what in PROBES:
         if (
             family == probe_family
