@@ -109,9 +109,13 @@ class OpenAI(Emulator):
         Responses request (its fields those of POST /v1/responses, `stream` implicit); the answer
         is the stream's events, each its own text message, ending with `response.completed` (or
         `error`). `generate: false` asks for no output (Codex's prewarm): the response completes
-        empty. permessage-deflate is agreed when the client offers it, as the API does."""
+        empty. A `previous_response_id` names a response made earlier on the same connection (the
+        mode keeps the last ones in the connection's memory, `store: false` or not): its input and
+        output come before the new input. permessage-deflate is agreed when the client offers it,
+        as the API does."""
         ws = web.WebSocketResponse(compress=True)
         await ws.prepare(request)
+        earlier: dict[str, list] = {}  # response id -> the conversation up to and with its output
         async for msg in ws:
             if msg.type != web.WSMsgType.TEXT:
                 continue
@@ -123,8 +127,21 @@ class OpenAI(Emulator):
                 continue
             if not isinstance(body, dict) or body.get("type") != "response.create":
                 continue
-            create = {k: v for k, v in body.items() if k != "type"}
-            for event in await self.response_events(request.path, {**create, "stream": True}, body):
+            create = {k: v for k, v in body.items() if k not in ("type", "previous_response_id")}
+            items = create.get("input") if isinstance(create.get("input"), list) else []
+            if isinstance(create.get("input"), str):
+                items = [{"role": "user", "content": create["input"]}]
+            previous = body.get("previous_response_id")
+            if previous is not None and previous not in earlier:
+                error = {"code": "previous_response_not_found", "message": f"Previous response {previous} not found."}
+                await ws.send_str(orjson.dumps({"type": "error", "status": 400, "error": error}).decode())
+                continue
+            items = [*earlier.get(previous, []), *items]
+            for event in await self.response_events(request.path, {**create, "input": items, "stream": True}, body):
+                done = orjson.loads(event)
+                if done.get("type") == "response.completed":
+                    response = done["response"]
+                    earlier[response["id"]] = [*items, *response.get("output", [])]
                 await ws.send_str(event.decode())
         return ws
 
