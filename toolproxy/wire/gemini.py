@@ -113,6 +113,14 @@ def model_of(path: str) -> str | None:
     return None
 
 
+def with_model(path: str, model: str) -> str:
+    """The Gemini path naming another model (`.../models/OLD:method` -> `.../models/NEW:method`)."""
+    head, sep, method = path.rpartition(":")
+    if not sep or "/models/" not in head:
+        return path
+    return head.rsplit("/models/", 1)[0] + "/models/" + model + ":" + method
+
+
 def sibling_path(path: str, route: str) -> str:
     """`route` (e.g. `/v1/chat/completions`) under whatever prefix comes before the Gemini path's
     API version (`/v1beta`, `/v1`, ...): where a bridged Gemini request goes."""
@@ -200,7 +208,9 @@ class GeminiReader:
 
 def _schema(value: Any) -> Any:
     """The API's OpenAPI-subset schema as JSON Schema: type names lower-cased (`OBJECT` ->
-    `object`), `nullable` as a null type, everything else as given."""
+    `object`), `nullable` as a null type, everything else as given. Applied to the JSON-Schema
+    fields too (`parametersJsonSchema`, `responseJsonSchema`): Gemini CLI writes `OBJECT` there,
+    which the API accepts and a JSON Schema validator (or llama.cpp's grammar) would not."""
     if isinstance(value, list):
         return [_schema(v) for v in value]
     if not isinstance(value, dict):
@@ -294,7 +304,7 @@ def read_request(body: dict[str, Any], path: str = "") -> Request:
                 if "description" in decl:
                     fn["description"] = decl["description"]
                 if isinstance(decl.get("parametersJsonSchema"), dict):
-                    fn["parameters"] = decl["parametersJsonSchema"]
+                    fn["parameters"] = _schema(decl["parametersJsonSchema"])
                 elif isinstance(decl.get("parameters"), dict):
                     fn["parameters"] = _schema(decl["parameters"])
                 else:
@@ -314,10 +324,7 @@ def read_request(body: dict[str, Any], path: str = "") -> Request:
     if isinstance(schema, dict):
         params["response_format"] = {
             "type": "json_schema",
-            "json_schema": {
-                "name": "output",
-                "schema": schema if "responseJsonSchema" in generation else _schema(schema),
-            },
+            "json_schema": {"name": "output", "schema": _schema(schema)},
         }
     elif generation.get("responseMimeType") == "application/json":
         params["response_format"] = {"type": "json_object"}
