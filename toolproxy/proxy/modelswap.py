@@ -4,8 +4,9 @@ A study crosses models without touching the harness: the requests of each of its
 `upstream_model=NAME` tag, and this addon puts NAME in the body's `model` field (in the path, for
 Gemini, which names it there) before a condition rewrites the request and before it goes
 upstream. The record keeps both names: the harness's in `request_body` as it was received, the one
-sent in `extra.model_sent` and in `upstream_request.body` (or `.path`). Only tagged model calls are parsed; every other request pays one dict
-lookup, so untagged traffic keeps its byte-for-byte path.
+sent in `extra.model_sent` and in `upstream_request.body` (or `.path`). Only tagged model calls
+are parsed; every other request pays one dict lookup, so untagged traffic keeps its byte-for-byte
+path.
 """
 
 from __future__ import annotations
