@@ -175,6 +175,20 @@ def test_tools_tool_config_and_generation_config_in_chat_terms():
     assert wire.read_request(wire.GEMINI, back, "/v1beta/models/m:generateContent").messages == r.messages
 
 
+def test_a_schema_written_with_the_apis_type_names_reaches_chat_as_json_schema():
+    """Gemini CLI's routing request asks for its reply in `responseJsonSchema` with `"type":
+    "OBJECT"`; the real llama-server refuses that schema (HTTP 400 "JSON schema error at #:
+    unrecognized type OBJECT"), so the bridge writes JSON Schema's own names."""
+    schema = {"type": "OBJECT", "properties": {"score": {"type": "INTEGER"}}, "required": ["score"]}
+    body = {"contents": [_user({"text": "rate"})], "generationConfig": {"responseJsonSchema": schema}}
+    sent = wire.write_request(wire.CHAT, wire.read_request(wire.GEMINI, body, "/v1beta/models/m:generateContent"))
+    assert sent["response_format"]["json_schema"]["schema"] == {
+        "type": "object",
+        "properties": {"score": {"type": "integer"}},
+        "required": ["score"],
+    }
+
+
 def _sse(*objs) -> bytes:
     return b"".join(b"data: " + orjson.dumps(o) + b"\r\n\r\n" for o in objs)
 
