@@ -263,3 +263,30 @@ def test_the_connection_record_says_how_it_closed(proxies, openai_ws):
     assert rec["ttfb_ms"] is not None and rec["duration_ms"] >= rec["ttfb_ms"]
     assert all(os.path.exists(p.data / "segments") for _ in [0])
     assert read_records(p.data)
+
+
+def test_a_recorded_websocket_exchange_replays_as_the_http_request_it_stands_for():
+    from toolproxy.drive.replay import RecordedTurn, build_request
+    from toolproxy.wire.websocket import create_as_post
+
+    message = CODEX[1].encode()
+    turn = RecordedTurn(
+        "t1",
+        "r",
+        "e",
+        None,
+        0,
+        None,
+        "GET",
+        "/v1/responses",
+        None,
+        [["Upgrade", "websocket"], ["Sec-WebSocket-Key", "abc"], ["openai-beta", "responses_websockets=x"]],
+        message,
+        {},
+    )
+    req = build_request(turn, "r2")
+    sent = json.loads(req.body)
+    assert req.method == "POST" and req.target.endswith("/v1/responses")
+    assert sent == {**{k: v for k, v in json.loads(message).items() if k != "type"}, "stream": True}
+    assert [k for k, _ in req.headers] == ["openai-beta"]
+    assert create_as_post(b'{"type":"response.cancel"}') is None and create_as_post(b"not json") is None

@@ -14,6 +14,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+import orjson
+
 TEXT = 0x1
 BINARY = 0x2
 CLOSE = 0x8
@@ -157,3 +159,16 @@ class FrameReader:
             if self.no_context_takeover:
                 self._inflater = zlib.decompressobj(-15)
         return FrameMessage(opcode, data, self._size)
+
+
+def create_as_post(body: bytes | None) -> bytes | None:
+    """A Responses WebSocket mode `response.create` message as the `POST /v1/responses` body it
+    stands for (the same fields, `stream` made explicit), or None when it is no such message: how
+    a recorded WebSocket exchange is sent again over HTTP."""
+    try:
+        message = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(message, dict) or message.get("type") != "response.create":
+        return None
+    return orjson.dumps({**{k: v for k, v in message.items() if k != "type"}, "stream": True})
