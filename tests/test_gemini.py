@@ -11,8 +11,10 @@ The Gemini-speaking upstream here (`gemini_upstream`) writes Google's documented
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -310,6 +312,14 @@ async def _gemini_answer(request: web.Request) -> web.StreamResponse:
     a functionResponse, the answer."""
     body = await request.json()
     request.app[SEEN].append((request.path_qs, body))
+    if request.path == "/v1/chat/completions":  # a chat stack reading a long prompt: keep-alives first
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b": keep-alive\n\n")
+        await asyncio.sleep(0.3)
+        delta = {"choices": [{"index": 0, "delta": {"content": "Hi."}, "finish_reason": "stop"}]}
+        await resp.write(b"data: " + orjson.dumps(delta) + b"\n\ndata: [DONE]\n\n")
+        return resp
     answered = any("functionResponse" in p for c in body["contents"] for p in c["parts"])
     said = (
         "It is 18 C." if answered else '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
@@ -331,7 +341,6 @@ async def _gemini_answer(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture(scope="module")
 def gemini_upstream():
-    import asyncio
     import threading
 
     app = web.Application()
@@ -355,6 +364,7 @@ def proxies(fake, gemini_upstream, tmp_path_factory):
         "bridge": (fake.url, ("--bridge", "gemini")),
         "bridge-text": (fake.url, ("--bridge", "gemini", "--condition", "text")),
         "native": (gemini_upstream[0], ()),
+        "slow": (gemini_upstream[0], ("--bridge", "gemini")),
         "text": (gemini_upstream[0], ("--condition", "text")),
     }
     started = {}
@@ -428,6 +438,19 @@ def test_an_upstream_error_reaches_the_sdk_as_an_error(proxies, fake):
     with pytest.raises(errors.ServerError) as caught:
         generate(proxies["bridge"], stream=True)
     assert "model crashed" in str(caught.value)
+
+
+def test_a_stacks_keepalive_reaches_a_bridged_sse_client(proxies):
+    async def read() -> bytes:
+        async with aiohttp.ClientSession() as session:
+            url = proxies["slow"].url + f"/v1beta/models/{MODEL}:streamGenerateContent?alt=sse"
+            async with session.post(url, json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}) as resp:
+                first = await resp.content.readany()
+                return first + await resp.read()
+
+    body = asyncio.run(read())
+    assert body.startswith(b": keep-alive\n\n")  # passed on before any event, as the stack sent it
+    assert wire.decode(body, wire.GEMINI, "text/event-stream").content == "Hi."
 
 
 def test_a_gemini_upstream_gets_the_bytes_the_client_sent_and_the_client_gets_its_bytes(proxies, gemini_upstream):
