@@ -49,7 +49,9 @@ def fake():
         yield stack
 
 
-def run(fake, tmp_path, *argv, env=None, args=()):
+def run(fake, tmp_path, *argv, env=None, args=(), analyze=False, cwd=None, timeout=300):
+    """`toolproxy run` (run name `agents`) in a home of its own, with no endpoint variable of the
+    user's."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "GEMINI_", "GOOGLE_"))}
@@ -66,16 +68,16 @@ def run(fake, tmp_path, *argv, env=None, args=()):
             str(tmp_path / "data"),
             "--run",
             "agents",
-            "--no-analyze",
+            *(() if analyze else ("--no-analyze",)),
             *args,
             "--",
             *argv,
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         env=environ,
-        cwd=tmp_path,
+        cwd=cwd or tmp_path,
     )
 
 
@@ -175,34 +177,17 @@ def test_gemini_cli_itself_does_its_task_through_run(fake, tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "toolproxy.cli",
-            "run",
-            "--upstream",
-            fake.url,
-            "--data",
-            str(tmp_path / "data"),
-            "--run",
-            "gemini",
-            "--",
-            str(AGENT_BIN / "gemini"),
-            "-p",
-            "create hello.txt containing hi",
-            "--yolo",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=500,
+    r = run(
+        fake,
+        tmp_path,
+        str(AGENT_BIN / "gemini"),
+        "-p",
+        "create hello.txt containing hi",
+        "--yolo",
+        analyze=True,
         cwd=repo,
-        env={
-            **os.environ,
-            "HOME": str(tmp_path),
-            "GEMINI_CLI_TRUST_WORKSPACE": "true",
-            "PATH": f"{AGENT_BIN}:{os.environ['PATH']}",
-        },
+        timeout=500,
+        env={"GEMINI_CLI_TRUST_WORKSPACE": "true", "PATH": f"{AGENT_BIN}:{os.environ['PATH']}"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (repo / "hello.txt").read_text() == "hi"
