@@ -165,6 +165,6 @@ def test_bridge_flag_names_what_it_accepts():
     r = tp("serve", "--upstream", "http://127.0.0.1:9", "--bridge", "chat,responses")
     assert (
         r.returncode == 2
-        and "--bridge takes a comma-separated list of responses, messages (got 'chat,responses')" in r.stderr
+        and "--bridge takes a comma-separated list of responses, messages, gemini (got 'chat,responses')" in r.stderr
     )
     assert "Traceback" not in r.stderr

@@ -223,7 +223,7 @@ async def test_text_skips_non_json_and_other_endpoints(served):
     assert (
         recs[1]["condition_note"]
         == "skipped: GET /v1/models is not a conversation request (/v1/chat/completions or /api/chat or /v1/responses "
-        "or /v1/messages)"
+        "or /v1/messages or /v1beta/models/MODEL:generateContent)"
     )
 
 

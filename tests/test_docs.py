@@ -125,8 +125,10 @@ def code_texts():
     """(path under the root, text) of every text file in CODE_TREES."""
     for tree in CODE_TREES:
         for path in sorted((ROOT / tree).rglob("*")):
-            # traffic captured from real agents quotes their own prompts (Codex names a skill file): not code
-            if path.is_file() and "__pycache__" not in path.parts and not {"segments", "agent"} & set(path.parts):
+            # traffic captured from real agents (segments, an agent's own record, WebSocket frames) quotes
+            # their own prompts (Codex names a skill file): not code
+            captured = {"segments", "agent", "websocket"}
+            if path.is_file() and "__pycache__" not in path.parts and not captured & set(path.parts):
                 try:
                     yield path.relative_to(ROOT).as_posix(), path.read_text()
                 except UnicodeDecodeError:

@@ -6,7 +6,7 @@ and the reports that count it; kept apart from classify so a report does not loa
 # from the stored raw bodies when the store was analysed under another version, so old and new
 # rules are never mixed. The rule: bump it in the same commit as any change to classification
 # (attempt.py, the call parsers), to turns/episodes/roles (episodes/) or to what a metric counts.
-ANALYZER_VERSION = 7
+ANALYZER_VERSION = 8
 
 NON_RESPONSE = "non_response"
 HALLUCINATED = "hallucinated_call"

@@ -31,10 +31,11 @@ from toolproxy.analysis.classify.sides import (
     side_request,
     text_key,
 )
-from toolproxy.record.model import MODEL_SENT
+from toolproxy.record.model import MODEL_SENT, websocket_exchange
 from toolproxy.record.pacing import EXTRA_KEY as PIECE_MS
 from toolproxy.stacks.markers import detect
 from toolproxy.wire import (
+    GEMINI,
     OLLAMA_CHAT,
     OLLAMA_GENERATE,
     RESPONSES,
@@ -113,13 +114,17 @@ def harness_request(rec: dict, kind: str | None) -> tuple[dict | None, Request |
         return None, None
     if not isinstance(req, dict):
         return None, None
-    return req, read_request(kind, req)
+    return req, read_request(kind, req, _given(rec.get("path"), ""))
 
 
 def _reply(rec: dict, kind: str | None, which: str) -> Reply:
     if which == "client":
         raw, problem = decode_body(rec.get("client_body"), rec.get("client_body_encoding"))
         reply = decode(raw, kind)
+    elif websocket_exchange(rec):
+        # the server's messages, one a line (record.model.WEBSOCKET); the headers are the upgrade's
+        raw, problem = decode_body(rec.get("response_body"), rec.get("response_body_encoding"))
+        reply = decode(raw, kind, "application/x-ndjson")
     else:
         headers = rec.get("response_headers")
         raw, problem = decode_body(
@@ -189,14 +194,18 @@ def _asked(rec: dict) -> _Asked:
     path = _given(rec.get("path"), "")
     # A sampled-out exchange's stub (record/sampling.py) is counted, never analysed as a turn.
     kind = (
-        family_of(path) if rec.get("method", "POST") == "POST" and rec.get("kind", "exchange") == "exchange" else None
+        family_of(path)
+        if (rec.get("method", "POST") == "POST" or websocket_exchange(rec))
+        and rec.get("kind", "exchange") == "exchange"
+        else None
     )
     req, request = harness_request(rec, kind) if kind is not None else (None, None)
     messages = request.messages if request is not None else []
     tools = request.tools if request is not None and request.tools else None
     # What a harness asks for itself beside its task (a title, a summary, a probe...) is no turn of
-    # it (classify.sides).
-    side = side_request(rec.get("method"), path, req, messages, tools)
+    # it (classify.sides). An exchange on a WebSocket stands for the POST its message is (the
+    # record's method is the upgrade's GET).
+    side = side_request("POST" if websocket_exchange(rec) else rec.get("method"), path, req, messages, tools)
     # A request without tools may still offer some in its prompt (dspy, ReAct text loops, code
     # agents): it is then analysed as the chat conversation that prompt stands for.
     reading = read_prompt(messages) if tools is None and messages else None
@@ -366,6 +375,8 @@ _NO_MODEL = _Model(None, None, None)
 def _model(rec: dict, asked: _Asked, replies: _Replies) -> _Model:
     req = asked.req
     harness_model = req.get("model") if req is not None and isinstance(req.get("model"), str) else None
+    if harness_model is None and asked.kind == GEMINI and asked.request is not None:
+        harness_model = asked.request.model  # Gemini names it in the path
     sent = (rec.get("extra") or {}).get(MODEL_SENT) if isinstance(rec.get("extra"), dict) else None
     model = sent if isinstance(sent, str) and sent else harness_model
     if model is None and replies.upstream is not None:
@@ -375,6 +386,8 @@ def _model(rec: dict, asked: _Asked, replies: _Replies) -> _Model:
         stream_asked = req.get("stream")
         if stream_asked is None and asked.kind in (OLLAMA_CHAT, OLLAMA_GENERATE):
             stream_asked = True  # Ollama's native API streams unless told not to
+        elif asked.kind == GEMINI and asked.request is not None:
+            stream_asked = asked.request.stream  # Gemini asks in its path
     return _Model(model, harness_model, stream_asked)
 
 

@@ -260,6 +260,16 @@ SIDES: tuple[Side, ...] = (
         fields=(("input", "Please say 'hello, world'"), ("reasoning", {"effort": "low", "summary": "auto"})),
         only_fields=frozenset(("input", "reasoning", "model", "stream", "store", "metadata", "user")),
     ),
+    # -- Codex CLI 0.171.0 on a Responses WebSocket: the turn's own request first sent with
+    # generate: false, which the API answers with no output; the turn then chains to it by
+    # previous_response_id (captured in tests/data/websocket)
+    Side(
+        "prewarm",
+        "Codex CLI 0.171.0",
+        "its WebSocket prewarm: a response.create with generate: false",
+        path="/v1/responses",
+        fields=(("generate", False),),
+    ),
 )
 
 _SYSTEM_ROLES = frozenset(("system", "developer"))

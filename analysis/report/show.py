@@ -129,6 +129,7 @@ def render(con, exchange_id: str, data_dir, *, raw: bool = False) -> str:
 
     out += ["", "== request (as the harness sent it)"]
     rec = {
+        "path": e["path"],
         "request_body": e["request_body"],
         "request_body_encoding": e["request_body_encoding"],
         "request_headers": orjson.loads(e["request_headers"]) if e["request_headers"] else [],

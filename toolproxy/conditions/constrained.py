@@ -9,6 +9,8 @@ an unconstrained one without anyone noticing:
   `response_format: {type: json_schema, json_schema: {name, schema}}`;
 - `/v1/responses`, on openai, llamacpp and ollama: `text.format: {type: json_schema, name, schema}`;
 - `/v1/messages`, on vllm: `output_config.format: {type: json_schema, schema}`;
+- Gemini `:generateContent`, on a server that speaks it: `generationConfig.responseJsonSchema`
+  with `responseMimeType: application/json` (the rest of the client's generationConfig kept);
 - `/v1/messages` on any other stack (llama.cpp, SGLang, unknown): skipped, with that reason recorded.
 
 `response_format` json_schema is the one field every OpenAI-compatible stack enforces (Ollama's
@@ -44,6 +46,8 @@ from toolproxy.conditions.transform import new_call, text_calls
 SCHEMA_NAME = "tool_call_or_final_answer"
 # Whatever the client asked to constrain its reply with is replaced by the call schema.
 SCHEMA_FIELDS = ("response_format", "format", "json_schema", "grammar", "guided_json", "text", "output_config")
+# Gemini's generationConfig fields that hold a reply schema: replaced by the condition's.
+GEMINI_SCHEMA = ("responseMimeType", "responseSchema", "responseJsonSchema")
 # Stacks known to enforce Messages' output_config.format (vLLM maps it to structured outputs).
 MESSAGES_SCHEMA_STACKS = frozenset({"vllm"})
 
@@ -84,9 +88,14 @@ def call_schema(tools: list[Any], *, forced: bool = False) -> dict[str, Any]:
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
-def constraint_fields(family: str, schema: dict[str, Any]) -> dict[str, Any]:
+def constraint_fields(family: str, schema: dict[str, Any], body: dict[str, Any] | None = None) -> dict[str, Any]:
     """The request fields that carry the schema (table above: the endpoint decides, and on
-    /v1/messages only vLLM is known to enforce it)."""
+    /v1/messages only vLLM is known to enforce it); `body`: the request they go into, whose other
+    generation settings a Gemini body keeps beside the schema."""
+    if family == wire.GEMINI:
+        generation = (body or {}).get("generationConfig")
+        kept = {k: v for k, v in (generation if isinstance(generation, dict) else {}).items() if k not in GEMINI_SCHEMA}
+        return {"generationConfig": {**kept, "responseMimeType": "application/json", "responseJsonSchema": schema}}
     if family == wire.OLLAMA_CHAT:
         return {"format": schema}
     if family == wire.MESSAGES:
@@ -160,7 +169,7 @@ class Constrained:
         block = render_constrained_block(tools, forced=forced)
         messages = with_system_text(history_as_text(chat.messages, call_json, format_result), block)
         body = without_tools(chat, messages, drop=SCHEMA_FIELDS)
-        body.update(constraint_fields(chat.sent_family, call_schema(tools, forced=forced)))
+        body.update(constraint_fields(chat.sent_family, call_schema(tools, forced=forced), body))
         transform = chat_reply(chat, ConstrainedReply(tuple(wire.tool_names(chat.tools))))
         return Plan(path=chat.upstream_path(request), body=orjson.dumps(body), transform=transform)
 

@@ -2,10 +2,10 @@
 constrained, template).
 
 Every protocol a harness may speak is accepted: OpenAI `/v1/chat/completions`, Ollama's native
-`/api/chat`, OpenAI Responses and Anthropic Messages. toolproxy.wire reads each into chat terms
-(Ollama tool calls carry arguments as objects and no ids, and its tool results name the tool;
-Responses and Messages conversations become chat messages), the conditions rewrite that one
-message list, and the body goes upstream in the client's own protocol again.
+`/api/chat`, OpenAI Responses, Anthropic Messages and Google Gemini. toolproxy.wire reads each
+into chat terms (Ollama tool calls carry arguments as objects and no ids, and its tool results
+name the tool; Responses, Messages and Gemini conversations become chat messages), the conditions
+rewrite that one message list, and the body goes upstream in the client's own protocol again.
 """
 
 from __future__ import annotations
@@ -16,17 +16,23 @@ from typing import Any
 
 import orjson
 
+import toolproxy.wire.gemini as wire_gemini
 from toolproxy import wire
 from toolproxy.conditions import Reject, RequestView, Skip
 from toolproxy.conditions.toolblock import tool_functions
 
-REWRITABLE_FAMILIES = (wire.CHAT, wire.OLLAMA_CHAT, wire.RESPONSES, wire.MESSAGES)
+REWRITABLE_FAMILIES = (wire.CHAT, wire.OLLAMA_CHAT, wire.RESPONSES, wire.MESSAGES, wire.GEMINI)
 PATHS = {
     wire.CHAT: "/v1/chat/completions",
     wire.OLLAMA_CHAT: "/api/chat",
     wire.RESPONSES: "/v1/responses",
     wire.MESSAGES: "/v1/messages",
+    wire.GEMINI: "/v1beta/models/MODEL:generateContent",
 }
+# Where each protocol keeps its conversation, and the JSON type it must have there.
+CONVERSATION = {wire.RESPONSES: ("input", (list, str)), wire.GEMINI: ("contents", list)}
+# Where a protocol other than chat keeps its system text.
+SYSTEM_FIELD = {wire.RESPONSES: "instructions", wire.MESSAGES: "system", wire.GEMINI: "systemInstruction"}
 # Fields that would make the stack render or parse tools itself, in any protocol.
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 
@@ -37,6 +43,7 @@ class ChatRequest:
     body: dict[str, Any]  # as the client sent it
     request: wire.Request  # the same in chat terms
     sent_family: str  # the family sent upstream: the client's own, or chat when bridged
+    query: str = ""  # the client's query string (Gemini asks for SSE there: `alt=sse`)
 
     @property
     def bridged(self) -> bool:
@@ -75,8 +82,16 @@ class ChatRequest:
         content the chat terms do not carry (images, cache_control, reasoning items) survives."""
         if self.bridged or self.family in (wire.CHAT, wire.OLLAMA_CHAT):
             return self.upstream_body(with_system_text(self.messages, block), keep_tools=True)
-        key = "instructions" if self.family == wire.RESPONSES else "system"
+        key = SYSTEM_FIELD[self.family]
         current = self.body.get(key)
+        if self.family == wire.GEMINI:
+            parts = current.get("parts") if isinstance(current, dict) else None
+            parts = parts if isinstance(parts, list) else []
+            text = "\n\n" + block if parts else block
+            return {
+                **self.body,
+                key: {**(current if isinstance(current, dict) else {}), "parts": [*parts, {"text": text}]},
+            }
         if isinstance(current, list):
             return {**self.body, key: [*current, {"type": "text", "text": "\n\n" + block}]}
         existing = current if isinstance(current, str) else ""
@@ -86,6 +101,9 @@ class ChatRequest:
         """Where the body goes: the client's path, or its chat completions sibling when bridged."""
         if not self.bridged:
             return upstream_path(request)
+        if self.family == wire.GEMINI:
+            # the query (`alt=sse`, a `key`) is Gemini's: a chat completions path takes none
+            return wire_gemini.sibling_path(request.path, "/v1/chat/completions")
         base = request.path.rstrip("/").rsplit("/", 1)[0]
         return upstream_path(request, base + "/chat/completions")
 
@@ -103,12 +121,11 @@ def read_chat_request(
         body = orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:
         return Skip(f"request body is not JSON ({exc})")
-    conversation = "input" if family == wire.RESPONSES else "messages"
-    if not isinstance(body, dict) or not isinstance(
-        body.get(conversation), list if family != wire.RESPONSES else (list, str)
-    ):
+    conversation, kinds = CONVERSATION.get(family, ("messages", list))
+    if not isinstance(body, dict) or not isinstance(body.get(conversation), kinds):
         return Skip(f"request body has no '{conversation}' list")
-    chat = ChatRequest(family, body, wire.read_request(family, body), wire.CHAT if family in bridge else family)
+    read = wire.read_request(family, body, request.path)
+    chat = ChatRequest(family, body, read, wire.CHAT if family in bridge else family, request.query)
     if chat.bridged and chat.request.parameters.get("previous_response_id"):
         return Reject(
             400,

@@ -35,7 +35,7 @@ def without_tools(chat: ChatRequest, messages: list, drop: tuple[str, ...] = ())
 def chat_reply(chat: ChatRequest, interpreter: Interpreter) -> ReplyTransform:
     """The transform for a conversation request: read the reply in the protocol it was sent in,
     answer in the client's."""
-    encoder = wire.encoder_for(chat.family, chat.body, chat.stream)
+    encoder = wire.encoder_for(chat.family, chat.body, chat.stream, chat.query, chat.request.model)
     return ReplyTransform(wire.Decoder(chat.sent_family), interpreter, encoder)
 
 

@@ -5,7 +5,8 @@ ReplyTransform wires three parts together: a wire Decoder for the protocol the c
 text is safe to show now and what the calls are at the end) and a wire encoder for the protocol
 the client spoke (chat, Ollama, Responses, Messages), so the harness gets native calls in its
 own protocol. Anything but a 2xx from upstream passes through byte for byte: a refusal must reach
-the harness, and the record, exactly as the stack sent it.
+the harness, and the record, exactly as the stack sent it. A keep-alive comment from the stack is
+passed on as one to a client that streams SSE, so a slow prompt does not look like a dead one.
 """
 
 from __future__ import annotations
@@ -124,6 +125,14 @@ class CallScanner:
         return content, calls
 
 
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def _keepalive(chunk: bytes) -> bool:
+    """The chunk holds an SSE comment line (llama-server's keep-alive while it reads a prompt)."""
+    return chunk[:1] == b":" or b"\n:" in chunk
+
+
 class ReplyTransform:
     def __init__(self, decoder: Decoder, interpreter: Interpreter, emitter: Encoder) -> None:
         self.decoder = decoder
@@ -150,7 +159,13 @@ class ReplyTransform:
     def feed(self, chunk: bytes) -> bytes:
         if self.passthrough:
             return chunk
-        return self._show(self.decoder.feed(chunk))
+        shown = self._show(self.decoder.feed(chunk))
+        if not shown and self.emitter.content_type == "text/event-stream" and _keepalive(chunk):
+            # The stack is still reading a long prompt and says so with SSE comments: the client
+            # hears it too, or its own idle timer (undici's 300 s, Claude Code's, Codex's) gives up
+            # on a response that is only slow.
+            return KEEPALIVE
+        return shown
 
     def finish(self) -> bytes:
         if self.passthrough:

@@ -34,6 +34,7 @@ from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 from toolproxy.term.progress import Progress, duration
 from toolproxy.wire.hopbyhop import NOT_FORWARDED_UP
+from toolproxy.wire.websocket import create_as_post
 
 OPEN_LOOP = (
     "replay is open-loop: each turn is sent with the history the original harness built, "
@@ -93,7 +94,10 @@ def build_request(turn: RecordedTurn, new_run: str, model: str | None = None) ->
     if turn.expect:
         tags["expect"] = turn.expect
     prefix = tag_prefix(new_run, None, episode=f"replay-{turn.turn_id}", item=turn.turn_id, **tags)
-    body = turn.body
+    body, method = turn.body, turn.method
+    posted = create_as_post(body) if method == "GET" else None
+    if posted is not None:  # an exchange recorded on a WebSocket goes again as the HTTP request it stands for
+        body, method = posted, "POST"
     if model is not None and body is not None:
         body = with_model(body, model)
     query = strip_redacted_query(turn.query or "")
@@ -101,10 +105,10 @@ def build_request(turn: RecordedTurn, new_run: str, model: str | None = None) ->
         (k, as_sent(v))
         for k, v in turn.headers
         if k.lower() not in NOT_FORWARDED_UP
-        and not k.lower().startswith(TAG_HEADER_PREFIX)
+        and not k.lower().startswith((TAG_HEADER_PREFIX, "sec-websocket-"))
         and not v.startswith("redacted:")
     ]
-    return ReplayRequest(turn.method, prefix + turn.path + (f"?{query}" if query else ""), headers, body)
+    return ReplayRequest(method, prefix + turn.path + (f"?{query}" if query else ""), headers, body)
 
 
 def as_sent(value: str) -> str:

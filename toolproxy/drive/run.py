@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from yarl import URL
 
+from toolproxy import wire
+from toolproxy.drive.agents import AGENTS, AGENTS_DIR, DEFAULT_MODEL, CodingAgent, Pointing, agent_of
 from toolproxy.drive.harness import harness_env
 from toolproxy.playback.options import miss_line as _miss_line
 from toolproxy.playback.options import playback_options
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 class ChildResult:
     returncode: int
     interrupted: bool
+    silent: bool = False  # the proxy got no request while it ran
 
 
 async def start_proxy(config: ProxyConfig) -> RunningProxy:
@@ -111,18 +115,72 @@ async def _supervise(proc: asyncio.subprocess.Process) -> ChildResult:
     return ChildResult(returncode=code if code >= 0 else 128 - code, interrupted=interrupted)
 
 
-async def run_harness(config: ProxyConfig, argv: list[str], tags: dict[str, str]) -> ChildResult:
+async def run_harness(
+    config: ProxyConfig,
+    argv: list[str],
+    tags: dict[str, str],
+    agent: CodingAgent | None = None,
+    model: str | None = None,
+) -> ChildResult:
     proxy = await start_proxy(config)
     click.echo(proxy_address_line("run", proxy, config), err=True)
     try:
         base = proxy.url + tag_prefix(config.run, **tags)
         env = {**os.environ, **harness_env(base, os.environ)}
-        return await run_child(argv, env)
+        if agent is not None:
+            named = model or await upstream_model(config.upstream) or DEFAULT_MODEL
+            folder = config.data_dir.resolve() / AGENTS_DIR / agent.name
+            env.update(agent.apply(Pointing(base, named, folder, os.environ)))
+            click.echo(f"toolproxy run: {agent.title} pointed at the proxy by {agent.reads} (model {named})", err=True)
+        result = await run_child(argv, env)
+        if proxy.state.counters.total == 0 and proxy.state.counters.in_flight == 0:
+            result.silent = True
+        return result
     finally:
         await proxy.stop()
 
 
-async def run_against_playback(options: dict, fixture, argv: list[str], tags: dict[str, str]) -> ChildResult:
+async def upstream_model(upstream: str) -> str | None:
+    """The first model the upstream lists at /v1/models (what a local stack serves), or None."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            async with session.get(upstream + "/v1/models") as resp:
+                doc = await resp.json(content_type=None) if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    return first.get("id") if isinstance(first.get("id"), str) and first["id"] else None
+
+
+def bridge_gemini(config: ProxyConfig) -> None:
+    """Gemini CLI speaks Gemini's protocol, which no local stack serves: bridged to chat unless the
+    upstream is Google's own API."""
+    host = URL(config.upstream).host or ""
+    options = config.condition_options
+    if not host.endswith("googleapis.com") and wire.GEMINI not in options.bridge:
+        options.bridge = options.bridge | {wire.GEMINI}
+        click.echo("toolproxy run: Gemini's protocol is bridged to chat completions for the upstream", err=True)
+
+
+def no_request_line(argv: list[str], agent: CodingAgent | None) -> str:
+    """Said when the harness sent the proxy nothing: its traffic went elsewhere, or nowhere."""
+    text = f"toolproxy run: {printable(argv[0])} sent no request to the proxy: nothing of it was recorded"
+    if agent is not None:
+        return text + f" ({agent.title} was pointed at it by {agent.reads}; see docs/recipes for {agent.name})"
+    return text + " (does it read one of the variables `toolproxy run --print-env` shows?)"
+
+
+async def run_against_playback(
+    options: dict,
+    fixture,
+    argv: list[str],
+    tags: dict[str, str],
+    agent: CodingAgent | None = None,
+    model: str | None = None,
+) -> ChildResult:
     """The harness behind the usual recording proxy, whose upstream is a playback server of the
     recorded run: the harness gets the recorded replies and its own traffic is recorded as a
     run of its own. The playback starts first, so the proxy's config names its address."""
@@ -135,7 +193,9 @@ async def run_against_playback(options: dict, fixture, argv: list[str], tags: di
         raise click.ClickException(str(exc)) from None
     try:
         config = config_from_options(**{**options, "upstream": playback.url})
-        return await run_harness(config, argv, tags)
+        if agent is not None and agent.protocol == wire.GEMINI:
+            bridge_gemini(config)
+        return await run_harness(config, argv, tags, agent, model)
     finally:
         await playback.stop()
         click.echo(f"toolproxy run: playback of {printable(playback_options.run)}: {playback.stats.line()}", err=True)
@@ -214,10 +274,25 @@ def _upstream_optional(fn):
     metavar="KEY=VALUE",
     help="Extra tag on every request (repeatable), e.g. category=simple.",
 )
+@click.option(
+    "--agent",
+    "agent_name",
+    type=click.Choice(["auto", "none", *AGENTS]),
+    default="auto",
+    show_default=True,
+    help="The coding agent CMD is, pointed at the proxy the way it reads its endpoint (docs/recipes); auto: "
+    "known by CMD's name.",
+)
+@click.option(
+    "--agent-model",
+    default=None,
+    metavar="NAME",
+    help="The model name a coding agent is told to ask for (default: the first the upstream lists at /v1/models).",
+)
 @click.option("--print-env", is_flag=True, help="Print the environment the harness would get, and exit.")
 @click.option("--no-analyze", is_flag=True, help="Do not analyze when the harness exits.")
 @click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
-def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match, **options):
+def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match, agent_name, agent_model, **options):
     """Run a harness behind a proxy: toolproxy run --upstream URL --run NAME -- CMD ARGS...
 
     The proxy starts on a free loopback port for as long as CMD runs; CMD gets the base-URL
@@ -235,9 +310,19 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
         raise click.UsageError("give --upstream URL (the model server), or --playback RUN to answer from a recording")
     else:
         config = config_from_options(**options)
+    agent = None if agent_name == "none" else AGENTS.get(agent_name) or agent_of(list(command))
+    if agent is not None and agent.protocol == wire.GEMINI:
+        bridge_gemini(config)
     if print_env:
         base = f"http://127.0.0.1:{config.port or 'PORT'}" + tag_prefix(config.run, **extra)
-        for name, value in sorted(harness_env(base, os.environ).items()):
+        env = harness_env(base, os.environ)
+        if agent is not None:
+            folder = config.data_dir.resolve() / AGENTS_DIR / agent.name
+            made = agent.setup(Pointing(base, agent_model or "MODEL", folder, os.environ))
+            env.update({k: v for k, v in made.env.items() if k not in os.environ})
+            for path in made.files:
+                click.echo(f"# {agent.title}: a file of its own is written to {path}")
+        for name, value in sorted(env.items()):
             click.echo(f"{name}={value}")
         return
     if not command:
@@ -246,9 +331,11 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
         )
     make_data_dir(config)
     if fixture is not None:
-        result = run_loop(run_against_playback(options, fixture, list(command), extra))
+        result = run_loop(run_against_playback(options, fixture, list(command), extra, agent, agent_model))
     else:
-        result = run_loop(run_harness(config, list(command), extra))
+        result = run_loop(run_harness(config, list(command), extra, agent, agent_model))
+    if result.silent:
+        click.echo(no_request_line(list(command), agent), err=True)
     if result.interrupted:
         click.echo("toolproxy run: harness interrupted; what it recorded is kept", err=True)
     elif result.returncode != 0:

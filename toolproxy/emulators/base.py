@@ -105,6 +105,11 @@ class Emulator:
             ("GET", "/v1/models", self.models),
         ]
 
+    def websocket_routes(self) -> dict[str, Callable]:
+        """Paths this stack upgrades to a WebSocket, and their handlers; every other upgrade request
+        is answered as the plain HTTP request it also is (a stack that does not upgrade)."""
+        return {}
+
     # -- errors
     def error(self, status: int, message: str, kind: str | None = None) -> Answer:
         raise NotImplementedError

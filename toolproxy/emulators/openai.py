@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import orjson
+from aiohttp import web
 
 import toolproxy.emulators.encoding as encoding
 from toolproxy import wire
@@ -99,9 +100,70 @@ class OpenAI(Emulator):
     def not_found(self) -> Answer:
         return self.error(404, "Invalid URL")
 
+    def websocket_routes(self):
+        return {"/v1/responses": self.responses_socket}
+
+    async def responses_socket(self, request, seen):
+        """Responses over a WebSocket (OpenAI's WebSocket mode, https://developers.openai.com/api/
+        reference/resources/responses/websocket-events): each `response.create` text message is a
+        Responses request (its fields those of POST /v1/responses, `stream` implicit); the answer
+        is the stream's events, each its own text message, ending with `response.completed` (or
+        `error`). `generate: false` asks for no output (Codex's prewarm): the response completes
+        empty. A `previous_response_id` names a response made earlier on the same connection (the
+        mode keeps the last ones in the connection's memory, `store: false` or not): its input and
+        output come before the new input. permessage-deflate is agreed when the client offers it,
+        as the API does."""
+        ws = web.WebSocketResponse(compress=True)
+        await ws.prepare(request)
+        earlier: dict[str, list] = {}  # response id -> the conversation up to and with its output
+        async for msg in ws:
+            if msg.type != web.WSMsgType.TEXT:
+                continue
+            seen(msg.data.encode())
+            try:
+                body = orjson.loads(msg.data)
+            except orjson.JSONDecodeError as exc:
+                await ws.send_str(orjson.dumps({"type": "error", "error": {"message": str(exc)}}).decode())
+                continue
+            if not isinstance(body, dict) or body.get("type") != "response.create":
+                continue
+            create = {k: v for k, v in body.items() if k not in ("type", "previous_response_id")}
+            items = create.get("input") if isinstance(create.get("input"), list) else []
+            if isinstance(create.get("input"), str):
+                items = [{"role": "user", "content": create["input"]}]
+            previous = body.get("previous_response_id")
+            if previous is not None and previous not in earlier:
+                error = {"code": "previous_response_not_found", "message": f"Previous response {previous} not found."}
+                await ws.send_str(orjson.dumps({"type": "error", "status": 400, "error": error}).decode())
+                continue
+            items = [*earlier.get(previous, []), *items]
+            for event in await self.response_events(request.path, {**create, "input": items, "stream": True}, body):
+                done = orjson.loads(event)
+                if done.get("type") == "response.completed":
+                    response = done["response"]
+                    earlier[response["id"]] = [*items, *response.get("output", [])]
+                await ws.send_str(event.decode())
+        return ws
+
+    async def response_events(self, path: str, body: dict, message: dict) -> list[bytes]:
+        """The JSON of each event a streamed response sends (or of its error)."""
+        if message.get("generate") is False:
+            encoder = wire.encoder_for(wire.RESPONSES, body, True)
+            raw = encoder.end("", [], "stop", {"prompt_tokens": 0, "completion_tokens": 0})
+        else:
+            answer = await self.responses_answer(path, body)
+            raw = b"".join(answer.events)
+            if answer.status != 200:
+                error = {"type": "error", "status": answer.status, "error": orjson.loads(raw).get("error")}
+                return [orjson.dumps(error)]
+        return [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
+
     async def responses(self, request, body):
         """The Responses API in the reference shape (toolproxy.wire's encoder writes it)."""
-        out = self.converse(request.path, as_chat(wire.RESPONSES, body))
+        return await self.responses_answer(request.path, body)
+
+    async def responses_answer(self, path, body):
+        out = self.converse(path, as_chat(wire.RESPONSES, body))
         if isinstance(out, Answer):
             return out
         req, reply, content, native, finish = out

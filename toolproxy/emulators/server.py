@@ -190,7 +190,12 @@ class FakeStack:
         app = web.Application(client_max_size=1024**3)
         table = {(m, p): h for m, p, h in self.stack.routes()}
 
+        sockets = self.stack.websocket_routes()
+
         async def dispatch(request: web.Request) -> web.StreamResponse:
+            path = request.path[len(self.prefix) :] if self.prefix else request.path
+            if request.headers.get("Upgrade", "").lower() == "websocket" and path in sockets:
+                return await sockets[path](request, self._socket_seen(request))
             body = await request.read()
             seen = Seen(
                 request.method,
@@ -215,6 +220,17 @@ class FakeStack:
 
         app.router.add_route("*", "/{tail:.*}", dispatch)
         return app
+
+    def _socket_seen(self, request: web.Request):
+        """Each message a WebSocket client sends, filed in `seen` like a request (method `WS`)."""
+
+        def file(message: bytes) -> None:
+            headers = list(request.headers.items())
+            self.seen.append(
+                Seen("WS", request.path, request.query_string, dict(headers), headers, message, "complete")
+            )
+
+        return file
 
     async def _answer(self, request: web.Request, seen: Seen, table, faults: bool = True) -> web.StreamResponse:
         fault = (self._take_fault(request.path, request.method) if faults else None) or Fault(times=0)

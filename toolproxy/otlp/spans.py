@@ -184,7 +184,7 @@ def _request(rec: dict, family: str) -> Request | None:
     if not isinstance(body, dict):
         return None
     try:
-        return read_request(family, body)
+        return read_request(family, body, _text(rec.get("path")) or "")
     except Exception:  # noqa: BLE001 - a request the readers choke on still gets its span, without details
         return Request(
             family=family,

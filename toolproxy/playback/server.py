@@ -396,7 +396,7 @@ def _error(
     headers = {REPLY_HEADER: "miss"} if miss else None
     resp = web.Response(
         status=status,
-        body=protocol_error_body(family or wire.family_of(path), message, code),
+        body=protocol_error_body(family or wire.family_of(path), message, code, status),
         content_type="application/json",
         headers=headers,
     )

@@ -152,8 +152,8 @@ SERVE_OPTIONS = (
         "--bridge",
         default=None,
         metavar="PROTOCOLS",
-        help="Translate these protocols (responses, messages; comma-separated) to chat completions for an upstream "
-        "that only speaks chat, and the replies back.",
+        help="Translate these protocols (responses, messages, gemini; comma-separated) to chat completions for an "
+        "upstream that only speaks chat, and the replies back.",
     ),
     click.option("--max-body", default="64MiB", show_default=True, help="Largest request body accepted (413 above)."),
     click.option(

@@ -24,12 +24,20 @@ class ConditionAddon(Addon):
 
     def request(self, flow: Flow) -> None:
         rec = flow.rec
+        if self.options.bridge:
+            # Gemini's token count has no conversation to rewrite: bridged under every condition.
+            counted = bridge.count_plan(
+                RequestView(flow.request.method, flow.up_path, flow.up_query, flow.up_headers, flow.body), self.options
+            )
+            if counted is not None:
+                self._apply(flow, counted)
+                return
         if rec.condition == "native":
             # Under native the only rewrite is --bridge's translation for a chat-only upstream.
             if not self.options.bridge:
                 return
             planned = bridge.plan(
-                RequestView(flow.request.method, rec.path, flow.up_query, flow.up_headers, flow.body), self.options
+                RequestView(flow.request.method, flow.up_path, flow.up_query, flow.up_headers, flow.body), self.options
             )
             if isinstance(planned, Reject):
                 rec.condition_note = f"rejected: {planned.message}"
@@ -50,7 +58,7 @@ class ConditionAddon(Addon):
         rec.extra["dialect"] = options.stack  # the stack targeted: a stored key, kept under its old name
         request = flow.request
         outcome = condition.prepare(
-            RequestView(request.method, rec.path, flow.up_query, flow.up_headers, flow.body), options
+            RequestView(request.method, flow.up_path, flow.up_query, flow.up_headers, flow.body), options
         )
         if isinstance(outcome, Skip):
             rec.condition_note = f"skipped: {outcome.reason}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import orjson
 
 from toolproxy import wire
+from toolproxy.wire.gemini import error_body as gemini_error
 
 
 def error_body(message: str, code: str, kind: str = "toolproxy_error") -> bytes:
@@ -14,9 +15,12 @@ def error_body(message: str, code: str, kind: str = "toolproxy_error") -> bytes:
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
-def protocol_error_body(family: str | None, message: str, code: str) -> bytes:
-    """The error JSON a client of `family` reads its message from: Anthropic's and Ollama's SDKs
-    look for their own shape, every other protocol for OpenAI's."""
+def protocol_error_body(family: str | None, message: str, code: str, status: int = 500) -> bytes:
+    """The error JSON a client of `family` reads its message from: Anthropic's, Ollama's and
+    Google's SDKs look for their own shape (Google's names the HTTP status), every other protocol
+    for OpenAI's."""
     if family in (wire.MESSAGES, wire.OLLAMA_CHAT, wire.OLLAMA_GENERATE):
         return wire.encoder_for(family, {}, False).error(message)
+    if family == wire.GEMINI:
+        return orjson.dumps(gemini_error(message, status))
     return error_body(message, code)

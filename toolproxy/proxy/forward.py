@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from toolproxy import wire
-from toolproxy.proxy import admin
+from toolproxy.proxy import admin, websocket
 from toolproxy.proxy.admin import ADMIN_PREFIX
 from toolproxy.proxy.admission import writer_backpressure
 from toolproxy.proxy.config import ProxyConfig
@@ -78,7 +78,7 @@ async def _reply_error(
     """The proxy's own answer when there is no upstream response to pass on."""
     rec = flow.rec
     rec.set_error(kind, message)
-    body = protocol_error_body(family, message, code)
+    body = protocol_error_body(family or wire.family_of(rec.path), message, code, status)
     rec.client_status = status
     rec.client_body, rec.client_body_encoding = encode_body(body)
     state.hooks.end(flow)
@@ -134,6 +134,8 @@ async def _handle(state: ProxyState, flow: Flow, raw_path: str) -> web.StreamRes
         hook(flow)
 
     url = _upstream_url(cfg.upstream + flow.up_path + ("?" + flow.up_query if flow.up_query else ""))
+    if "Upgrade" in flow.request.headers and websocket.upgrade_asked(flow.request):
+        websocket.offer(state, flow)
     return await _forward(state, flow, url)
 
 
@@ -281,6 +283,13 @@ async def _forward(state: ProxyState, flow: Flow, url: URL) -> web.StreamRespons
             502, "upstream_error", f"upstream {upstream_name} failed: {type(exc).__name__}: {exc}", "upstream_error"
         )
 
+    if "Upgrade" in flow.up_headers:
+        if resp.status == 101:
+            try:
+                return await websocket.tunnel(state, flow, resp)
+            finally:
+                resp.close()
+        websocket.refused(flow)
     try:
         return await _relay(state, flow, resp)
     finally:

@@ -32,6 +32,20 @@ RECORD_VERSION = 3
 # (toolproxy/proxy/modelswap.py): the harness's own stays in `request_body`.
 MODEL_SENT = "model_sent"
 
+# The key of `extra` that marks a WebSocket's records (toolproxy/proxy/websocket.py): the
+# connection's (`upgrade`: asked, accepted, refused, not offered) and each exchange on it
+# (`connection`: the connection record's id, `exchange`: its place on the connection). An
+# exchange's response body is the server's messages, each followed by a newline.
+WEBSOCKET = "websocket"
+
+
+def websocket_exchange(rec: dict) -> bool:
+    """A record (as read from a segment) of one exchange on a WebSocket, not of its connection."""
+    extra = rec.get("extra")
+    info = extra.get(WEBSOCKET) if isinstance(extra, dict) else None
+    return isinstance(info, dict) and "connection" in info
+
+
 # Seconds added to this process's wall clock wherever it stamps a record (its id, started_at,
 # ended_at). For tests only: it stands in for a host whose clock is off, so that tests can show the
 # analysis does not depend on the replicas' clocks agreeing (tests/test_replicas.py). Never set it

@@ -95,7 +95,7 @@ def episode_key(rec: Record, request_body: bytes | None) -> tuple[str, bytes | N
     if not isinstance(body, dict) or body.get("previous_response_id") is not None:
         return BY_NONE, None
     try:
-        material = orjson.dumps(opening(read_request(family, body).messages), option=orjson.OPT_SORT_KEYS)
+        material = orjson.dumps(opening(read_request(family, body, rec.path).messages), option=orjson.OPT_SORT_KEYS)
     except Exception:  # a body no reader understands (or orjson cannot write) is not a turn we can place: keep it
         return BY_NONE, None
     return BY_OPENING, b"opening\x00" + material

@@ -14,15 +14,16 @@ import orjson
 import toolproxy.wire.framing as framing
 
 from .chat import ChatReader
-from .endpoints import CHAT, LINE_FRAMED, MESSAGES, RESPONSES
+from .endpoints import ARRAY_FRAMED, CHAT, GEMINI, LINE_FRAMED, MESSAGES, RESPONSES
 from .errors import error_of
 from .framing import DONE
+from .gemini import GeminiReader
 from .messages import MessagesReader
 from .model import FOLD, Error, Event, Reply
 from .ollama import OllamaReader
 from .responses import ResponsesReader
 
-_READERS = {RESPONSES: ResponsesReader, MESSAGES: MessagesReader}
+_READERS = {RESPONSES: ResponsesReader, MESSAGES: MessagesReader, GEMINI: GeminiReader}
 _UNREADABLE_HEAD = 4000
 
 
@@ -52,7 +53,7 @@ class Decoder:
             return []
         if self._framer is None:
             self._head += chunk
-            kind = framing.sniff(self._head, self.content_type, self.family in LINE_FRAMED)
+            kind = self._sniff(self._head)
             if kind is None:
                 return []
             chunk, self._head = self._head, b""
@@ -68,7 +69,7 @@ class Decoder:
             if not head.strip():
                 self.reply.empty_body = True
                 return []
-            return self._rest(head, framing.sniff(head, self.content_type, self.family in LINE_FRAMED) or framing.JSON)
+            return self._rest(head, self._sniff(head) or framing.JSON)
         return self._end()
 
     def whole(self, body: bytes | None) -> None:
@@ -82,11 +83,15 @@ class Decoder:
                 self.feed(body)
             self.close()
             return
-        kind = framing.sniff(body, self.content_type, self.family in LINE_FRAMED)
+        kind = self._sniff(body)
         if kind is None and not body.strip():
             self.reply.empty_body = True
             return
         self._rest(body, kind or framing.JSON)
+
+    def _sniff(self, head: bytes) -> str | None:
+        family = self.family
+        return framing.sniff(head, self.content_type, family in LINE_FRAMED, family in ARRAY_FRAMED)
 
     def _rest(self, data: bytes, kind: str) -> list[Event]:
         """Start framing as `kind` once the body has ended, read its last unframed bytes, and end.
@@ -165,6 +170,8 @@ class Decoder:
         inner = inner if isinstance(inner, dict) else {}
         reply = self.reply
         model, rid = obj.get("model", inner.get("model")), obj.get("id", inner.get("id"))
+        if model is None and rid is None and "modelVersion" in obj:  # Gemini
+            model, rid = obj.get("modelVersion"), obj.get("responseId")
         if reply.model is None and isinstance(model, str):
             reply.model = model
         if reply.id is None and isinstance(rid, str):

@@ -1,9 +1,10 @@
 """Splitting a body into its JSON documents as the bytes arrive, in any chunking.
 
-Three framings carry the protocols: one JSON document (non-streamed bodies), Server-Sent Events
-(chat completions, completions, Responses, Messages; the `event:` name is kept because Responses
-and Messages name their events, and several `data:` lines join with a newline as the SSE
-standard says), and newline-delimited JSON (Ollama's native API). A framer yields
+Four framings carry the protocols: one JSON document (non-streamed bodies), Server-Sent Events
+(chat completions, completions, Responses, Messages, Gemini's `alt=sse`; the `event:` name is kept
+because Responses and Messages name their events, and several `data:` lines join with a newline as
+the SSE standard says), newline-delimited JSON (Ollama's native API), and one JSON array written
+element by element (Gemini's `streamGenerateContent` without `alt=sse`). A framer yields
 (event name, payload bytes); payloads are parsed by the caller.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 JSON = "json"
 SSE = "sse"
 NDJSON = "ndjson"
+ARRAY = "array"
 DONE = b"[DONE]"
 
 
@@ -123,20 +125,26 @@ class JSONFramer:
         return [(None, body)] if body.strip() else []
 
 
-def sniff(head: bytes, content_type: str | None, line_framed: bool) -> str | None:
+def sniff(head: bytes, content_type: str | None, line_framed: bool, array_framed: bool = False) -> str | None:
     """The framing of a body from its content type, else from its first bytes; None: not yet known.
 
     `line_framed`: the protocol streams NDJSON (Ollama's native API), where a body of one line is
-    also its own non-streamed JSON document, so the two read the same way.
+    also its own non-streamed JSON document, so the two read the same way. `array_framed`: the
+    protocol streams one JSON array (Gemini), sent as `application/json` like a single reply, so
+    its first byte tells the two apart.
     """
     ct = (content_type or "").lower()
     if "text/event-stream" in ct:
         return SSE
     if "ndjson" in ct:
         return NDJSON
+    start = head.lstrip()
+    if array_framed and ("json" in ct or start[:1] == b"["):
+        if not start:
+            return None
+        return ARRAY if start[:1] == b"[" else JSON
     if "json" in ct:
         return JSON
-    start = head.lstrip()
     if not start:
         return None
     if start[:1] in (b"{", b"["):
@@ -146,4 +154,57 @@ def sniff(head: bytes, content_type: str | None, line_framed: bool) -> str | Non
     return JSON
 
 
-FRAMERS = {SSE: SSEFramer, NDJSON: NDJSONFramer, JSON: JSONFramer}
+class ArrayFramer:
+    """A JSON array of documents, each element out as soon as its closing bracket arrives. Only
+    strings and nesting are tracked, so elements are split without parsing them; an element that
+    is no object or array (a stray number) is skipped, as it could be no reply."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._depth = 0  # 0: outside the array, 1: between elements, >1: inside one
+        self._string = False
+        self._escape = False
+        self._start = -1  # where the element being read starts in _buf
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
+        out: list[tuple[str | None, bytes]] = []
+        base = len(self._buf)
+        self._buf += chunk
+        buf = self._buf
+        for i in range(base, len(buf)):
+            c = buf[i]
+            if self._string:
+                if self._escape:
+                    self._escape = False
+                elif c == 0x5C:  # backslash
+                    self._escape = True
+                elif c == 0x22:  # quote
+                    self._string = False
+                continue
+            if c == 0x22:
+                self._string = True
+            elif c in (0x7B, 0x5B):  # { [
+                if self._depth == 1:
+                    self._start = i
+                self._depth += 1
+            elif c in (0x7D, 0x5D):  # } ]
+                self._depth -= 1
+                if self._depth == 1 and self._start >= 0:
+                    out.append((None, bytes(buf[self._start : i + 1])))
+                    self._start = -1
+                elif self._depth <= 0:
+                    self._depth = 0
+        if self._start < 0:
+            self._buf = bytearray()
+        elif self._start:
+            del self._buf[: self._start]
+            self._start = 0
+        return out
+
+    def close(self) -> list[tuple[str | None, bytes]]:
+        rest = bytes(self._buf[self._start :]) if self._start >= 0 else b""
+        self._buf, self._start = bytearray(), -1
+        return [(None, rest)] if rest.strip() else []
+
+
+FRAMERS = {SSE: SSEFramer, NDJSON: NDJSONFramer, JSON: JSONFramer, ARRAY: ArrayFramer}

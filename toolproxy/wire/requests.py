@@ -5,21 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 import toolproxy.wire.chat as chat
+import toolproxy.wire.gemini as gemini
 import toolproxy.wire.messages as messages
 import toolproxy.wire.responses as responses
 
-from .endpoints import MESSAGES, OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, streams
+from .endpoints import GEMINI, MESSAGES, OLLAMA_CHAT, OLLAMA_GENERATE, RESPONSES, streams
+from .gemini import GeminiEncoder
 from .messages import MessagesEncoder
 from .model import Request
 from .ollama import OllamaChatEncoder
 from .responses import ResponsesEncoder
 
 _READ = {RESPONSES: responses.read_request, MESSAGES: messages.read_request}
-_WRITE = {RESPONSES: responses.write_request, MESSAGES: messages.write_request}
+_WRITE = {RESPONSES: responses.write_request, MESSAGES: messages.write_request, GEMINI: gemini.write_request}
 
 
-def read_request(family: str | None, body: dict[str, Any]) -> Request:
-    """The request in chat terms (messages, chat-shaped tools and tool choice)."""
+def read_request(family: str | None, body: dict[str, Any], path: str = "") -> Request:
+    """The request in chat terms (messages, chat-shaped tools and tool choice). `path`: where it
+    was sent, which Gemini names the model and the streaming mode in."""
+    if family == GEMINI:
+        return gemini.read_request(body, path)
     request = _READ.get(family, chat.read_request)(body)
     if family in (OLLAMA_CHAT, OLLAMA_GENERATE):
         request.family = family
@@ -32,9 +37,14 @@ def write_request(family: str, request: Request) -> dict[str, Any]:
     return _WRITE.get(family, chat.write_request)(request)
 
 
-def encoder_for(family: str | None, body: dict[str, Any], stream: bool):
-    """The reply writer for the family and streaming mode the client asked in."""
-    model = body.get("model") if isinstance(body.get("model"), str) else ""
+def encoder_for(family: str | None, body: dict[str, Any], stream: bool, query: str = "", model: str | None = None):
+    """The reply writer for the family and streaming mode the client asked in (`query`: the
+    request's query string, where Gemini asks for SSE with `alt=sse`; `model`: the model the
+    reply names, when the body does not say it: Gemini's path does)."""
+    if model is None:
+        model = body.get("model") if isinstance(body.get("model"), str) else ""
+    if family == GEMINI:
+        return GeminiEncoder(model=model, stream=stream, sse="alt=sse" in query.split("&"))
     if family == OLLAMA_CHAT:
         return OllamaChatEncoder(model=model, stream=stream)
     if family == RESPONSES:
