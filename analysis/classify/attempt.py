@@ -23,6 +23,7 @@ from toolproxy.analysis.classify.outcomes import (
     PROSE,
     STOP_STRING,
     UNPARSEABLE,
+    USER_INTERRUPT,
     VALID_CALL,
 )
 from toolproxy.analysis.classify.protocols import read_reply
@@ -54,6 +55,7 @@ _ERROR_KINDS = {
     "timeout": "timeout",
     "upstream_closed": "truncated",
     "client_closed": "truncated",
+    USER_INTERRUPT: USER_INTERRUPT,
 }
 
 

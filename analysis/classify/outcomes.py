@@ -24,6 +24,9 @@ OUTCOMES = (NON_RESPONSE, HALLUCINATED, INVALID_ARGS, VALID_CALL, UNPARSEABLE, P
 # (a non-response, out of every fidelity denominator) but are never blamed on the server.
 MODEL_STOPPED = "model_stopped"
 STOP_STRING = "stop_string"
+# The user interrupted the harness (Ctrl-C under `toolproxy run` or `study`) while the request was
+# in flight: the record's error kind of the same name (toolproxy.record.model.USER_INTERRUPT).
+USER_INTERRUPT = "user_interrupt"
 SUB_KINDS = (
     "refused",
     "http_4xx",
@@ -35,13 +38,14 @@ SUB_KINDS = (
     "truncated",
     MODEL_STOPPED,
     STOP_STRING,
+    USER_INTERRUPT,
 )
 # The sub-kinds of a complete 200 reply that held nothing (a harness may write that nothing into
 # its history, and its next request continues from it).
 EMPTY_REPLIES = frozenset({"empty", "swallowed", MODEL_STOPPED, STOP_STRING})
 # Whose a non-response is: the serving layer's (the model never ran, or its output was lost), the
 # model's, or the harness's. `empty` says nothing either way (no token count, no stop reason).
-SERVING, MODEL, HARNESS, UNKNOWN = "serving layer", "model", "harness", "unknown"
+SERVING, MODEL, HARNESS, USER, UNKNOWN = "serving layer", "model", "harness", "user", "unknown"
 NON_RESPONSE_OWNER = {
     "refused": SERVING,
     "http_4xx": SERVING,
@@ -53,6 +57,7 @@ NON_RESPONSE_OWNER = {
     "empty": UNKNOWN,
     MODEL_STOPPED: MODEL,
     STOP_STRING: HARNESS,
+    USER_INTERRUPT: USER,
 }
 # Each cause in words, for the report's notes, `show` and the live page.
 NON_RESPONSE_WORDS = {
@@ -66,6 +71,7 @@ NON_RESPONSE_WORDS = {
     "truncated": "the stream was cut before any content",
     MODEL_STOPPED: "the model ended its turn at once (its end token, no text)",
     STOP_STRING: "a stop string the harness sent cut the reply before any text",
+    USER_INTERRUPT: "the user interrupted the harness while the request was in flight",
 }
 
 # What a produced turn was for (non-responses have no role: the model's output never arrived).

@@ -22,6 +22,7 @@ from toolproxy.analysis.classify.outcomes import (
     SERVING,
     SUB_KINDS,
     UNKNOWN,
+    USER,
     VALID_CALL,
     whose,
 )
@@ -201,9 +202,10 @@ SEGMENTS = (
     ("nr-serving", "non-response: a serving failure"),
     ("nr-model", "non-response: the model ended its turn with nothing"),
     ("nr-harness", "non-response: the harness's stop string cut the reply"),
+    ("nr-user", "non-response: the user interrupted the harness"),
     ("nr-unknown", "non-response: cause unknown"),
 )
-_OWNER_SEGMENT = {SERVING: "nr-serving", MODEL: "nr-model", HARNESS: "nr-harness"}
+_OWNER_SEGMENT = {SERVING: "nr-serving", MODEL: "nr-model", HARNESS: "nr-harness", USER: "nr-user"}
 
 
 def segments(outcomes: dict[str, int], delivered: int) -> list[dict]:

@@ -24,6 +24,7 @@ import duckdb
 import orjson
 
 from toolproxy import __version__
+from toolproxy.analysis.classify.outcomes import NON_RESPONSE_OWNER, SERVING, UNKNOWN, USER
 from toolproxy.analysis.measure.summary import RunSummary
 from toolproxy.analysis.store.connection import StoreError, bodies_in_sql
 from toolproxy.analysis.store.state import stored_version
@@ -198,6 +199,11 @@ def _why(s: RunSummary, p: Provenance) -> str:
         return "nothing was classified in this run."
     if s.rejected:
         cause = "; ".join(f"{k}: {v}" for k, v in s.non_response_causes.items()) or ", ".join(s.non_response_kinds)
+        owners = {NON_RESPONSE_OWNER.get(k, UNKNOWN) for k, n in s.non_response_kinds.items() if n}
+        if owners == {USER}:
+            return f"every turn was cut by the user's interrupt before any output arrived ({cause})."
+        if owners != {SERVING}:
+            return f"no turn got the model's output ({cause}); not all of it the serving layer's doing."
         return (
             f"every turn refused or failed by the serving layer before any output arrived ({cause}); the model "
             "never ran."
