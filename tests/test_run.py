@@ -68,7 +68,7 @@ def test_run_records_the_harness_and_exits_with_its_code(fake_stack, harness, tm
     assert len(records) == 1
     assert records[0]["run"] == "r1" and records[0]["path"] == "/v1/chat/completions"
     assert records[0]["status"] == 200
-    assert "run r1:" in done.stderr and "1 episodes" in done.stderr
+    assert "run r1: 1 episode, 1 turn " in done.stderr
     origin = re.search(
         r"^- r1: served (.+?) \(the reply's model field\); stack vLLM; tool parser .*analyzer v\d+\.$\n"
         r"^  Why this number: (.+)$",

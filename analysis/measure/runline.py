@@ -29,6 +29,8 @@ from toolproxy.analysis.classify.outcomes import (
 
 REJ = "rej"
 CAUSE_CHARS = 120
+# The proxy's error kinds a classification carries as its detail when the record said nothing more.
+_ERROR_NAMES = ("connect", "timeout", "upstream_closed", "client_closed")
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,8 @@ class RunLine:
     def text(self) -> str:
         head = (
             f"run {self.run}: "
-            + (f"{self.episodes} episodes, " if self.episodes is not None else "")
-            + f"{self.total} turns"
+            + (f"{plural(self.episodes, 'episode')}, " if self.episodes is not None else "")
+            + plural(self.total, "turn")
         )
         if self.total == 0:
             return head + ": nothing classified yet"
@@ -111,6 +113,11 @@ class RunLine:
         n = sum(self.non_responses.values())
         out += f"; non-responses {n}" + (f" ({self.cause()})" if n else "")
         return out
+
+
+def plural(n: int, noun: str) -> str:
+    """ "1 turn", "2 turns": a count a person reads."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _ordered(kinds: dict[str, int]) -> list[tuple[str, int]]:
@@ -127,8 +134,15 @@ def _cut(text: str) -> str:
 def cause_text(kind: str, n: int | None = None, said: str | None = None) -> str:
     """One non-response cause: its name (and count), what the record said or the cause in words,
     and whose it is."""
-    words = _cut(said) if said else NON_RESPONSE_WORDS.get(kind, kind)
+    # A record whose error has no words of its own carries its kind's name ("connect"): say the kind in words.
+    words = _cut(said) if said and said not in (kind, *_ERROR_NAMES) else NON_RESPONSE_WORDS.get(kind, kind)
     return f"{kind}{f' {n}' if n is not None else ''}: {words} ({whose(kind)})"
+
+
+def share_of(rate) -> Share:
+    """A pooled rate (analysis.measure.stats.Rate) as the line writes it: every table that shows a
+    run's or a cell's headline goes through here, so none prints another number for it."""
+    return Share(rate.numerator, rate.denominator, rate.wilson_low, rate.wilson_high)
 
 
 def _share(metric: dict | None) -> Share:
