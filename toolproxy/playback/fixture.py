@@ -48,6 +48,12 @@ class Unplayable(ValueError):
     """A recorded exchange playback cannot send as recorded; the message says what is wrong."""
 
 
+# Every reply a playback server sends carries the id of the recorded exchange that answered it (or
+# `miss`): a harness's run recorded against a playback is known by it as a played run, whose
+# provenance is the recording's (analysis.report.provenance).
+REPLY_HEADER = "X-Toolproxy-Playback"
+
+
 @dataclass(frozen=True, slots=True)
 class RecordedExchange:
     id: str
