@@ -194,14 +194,9 @@ def compare(
         from verdicts v
         where (select count(distinct side) from verdicts w where w.item_key = v.item_key) = 2
     """).fetchone()
-    return Comparison(
-        run_a,
-        run_b,
-        metric,
-        int(only_a),
-        int(only_b),
-        overall,
-        categories,
+    result = Comparison(run_a, run_b, metric, int(only_a), int(only_b), overall, categories)
+    return replace(
+        result,
         episodes=(int(ep_a or 0), int(ep_b or 0)),
         unscored=(int(un_a), int(un_b)) if metric in ROLE_AWARE else None,
     )
