@@ -174,7 +174,10 @@ def analyze(
             click.echo(f"  ... {len(s.issues) - 20} more")
     else:
         click.echo("issues: none")
-    click.echo(f"analyzer version {ANALYZER_VERSION}")
+    click.echo(
+        f"analyzer version {ANALYZER_VERSION}: the rules that turned these records into outcomes (when they "
+        "change, analyze rebuilds every table from the raw records)"
+    )
 
 
 _ISSUES_QUERY = "SELECT segment, byte_offset, record_id, kind, message FROM ingest_issues ORDER BY segment, byte_offset"

@@ -20,7 +20,8 @@ SDK does with max_retries=1.
 Exit status: 0 every episode ended (with an answer or at the turn limit); 1 some episode ended on
 an error answer from the server (each is printed, e.g. a stack that refuses tools) or on an
 "answer" that is a tool call written as text (a server that did not extract it); 2 the proxy
-could not be reached.
+could not be reached; 130 interrupted (Ctrl-C: one line, no traceback). Under `toolproxy study`
+an exit of 1 is kept beside the cell as the harness's own verdict; the cell is measured all the same.
 """
 
 from __future__ import annotations
@@ -273,6 +274,14 @@ def base_url(args: argparse.Namespace, i: int) -> str:
 
 
 def main() -> int:
+    try:
+        return agent()
+    except KeyboardInterrupt:
+        print("react_agent: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+def agent() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--proxy",

@@ -6,9 +6,11 @@ pipe, so a test also sees that results never carry the redrawn line.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import subprocess
+import termios
 
 REDRAW = b"\r\x1b[2K"  # how every progress line starts: back to column 0, erase the line
 
@@ -40,16 +42,36 @@ def on_a_terminal(cmd: list[str], env: dict | None = None, timeout: float = 180)
 
 class Terminal:
     """A command with stdout and stderr both on one pseudo-terminal, read while it runs: a test of
-    what a user sees *before* the command ends (a header at once, each check as it completes)."""
+    what a user sees *before* the command ends (a header at once, each check as it completes).
 
-    def __init__(self, cmd: list[str], env: dict | None = None) -> None:
+    controlling=True makes the terminal the command's controlling terminal, as a shell does (a
+    session of its own, stdin on it too): `interrupt()` then types Ctrl-C, and the terminal sends
+    SIGINT to the whole foreground process group, the command and its children alike."""
+
+    def __init__(self, cmd: list[str], env: dict | None = None, controlling: bool = False) -> None:
         leader, follower = pty.openpty()
         self._leader = leader
+
+        def take_terminal() -> None:  # in the child, before exec: a new session whose terminal this is
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
         try:
-            self.proc = subprocess.Popen(cmd, stdout=follower, stderr=follower, stdin=subprocess.DEVNULL, env=env)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=follower,
+                stderr=follower,
+                stdin=follower if controlling else subprocess.DEVNULL,
+                env=env,
+                preexec_fn=take_terminal if controlling else None,
+            )
         finally:
             os.close(follower)
         self.seen = bytearray()
+
+    def interrupt(self) -> None:
+        """Ctrl-C typed at the terminal (its line discipline turns it into SIGINT)."""
+        os.write(self._leader, b"\x03")
 
     def wait_for(self, text: bytes, timeout: float) -> bool:
         """Read until `text` has been shown (True) or `timeout` seconds pass or the command ends (False)."""

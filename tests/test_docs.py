@@ -107,9 +107,33 @@ def test_readme_keeps_its_two_commands():
     text = README.read_text()
     section = text.split("## Two commands\n", 1)[1].split("\n## ", 1)[0]
     assert "```\npython3 -m venv .venv && . .venv/bin/activate && pip install -e . && toolproxy demo\n```" in section
-    tests = re.search(r"```\n(pip install -e '\.\[test\]' && pytest[^\n]*)\n```", section)
-    assert tests, "README's second command installs the test extra and runs pytest"
+    tests = re.search(
+        r"```\n(python3 -m venv \.venv && \. \.venv/bin/activate && pip install -e '\.\[test\]' && pytest[^\n]*)\n```",
+        section,
+    )
+    assert tests, "README's second command makes and activates its venv, installs the test extra and runs pytest"
     assert tests.group(1) + "\n" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_s_second_command_stands_alone_in_a_fresh_shell(tmp_path):
+    """It began with `pip install`, so in a fresh shell (no venv active: the first command's
+    activation does not outlive its shell) it installed into the system Python. Whatever it runs
+    before its `pip install` must leave this shell in a virtualenv of its own."""
+    section = README.read_text().split("## Two commands\n", 1)[1].split("\n## ", 1)[0]
+    command = re.findall(r"```\n([^\n]*pytest[^\n]*)\n```", section)[0]
+    setup = command.split("pip install", 1)[0].rstrip().removesuffix("&&").strip()
+    assert setup, f"README's second command installs before it makes or activates a venv: {command}"
+    probe = "python -c 'import sys; print(sys.prefix != sys.base_prefix, sys.prefix)'"
+    path = os.pathsep.join(
+        d for d in os.environ.get("PATH", "").split(os.pathsep) if not (Path(d) / "activate").exists()
+    )
+    fresh = {"PATH": path, "HOME": str(tmp_path)}  # a new login's shell: no VIRTUAL_ENV, no venv on PATH
+    done = subprocess.run(
+        ["bash", "-c", f"{setup} && {probe}"], cwd=tmp_path, env=fresh, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr
+    inside, prefix = done.stdout.split()
+    assert inside == "True" and Path(prefix).resolve().is_relative_to(tmp_path.resolve()), done.stdout
 
 
 def test_readme_links_into_docs_resolve(anchors):

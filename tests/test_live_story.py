@@ -156,7 +156,7 @@ def test_the_rendered_page_draws_the_same(recorded):
     in_text = out["in-text"]["page"]
     assert '<span class="o-lost"' in in_text and '<span class="o-delivered"' not in in_text
     assert re.search(
-        r'<td class="num">100% \(2/2\)</td><td class="num lost">0% \(0/2\) · 2 lost in text</td>'
+        r'<td class="num">100% \(2/2\)</td><td class="num wrap lost">0% \(0/2\) · 2 lost in text</td>'
         r'<td class="num">0% \(0/2\)</td>',
         in_text,
     )

@@ -68,7 +68,7 @@ def test_run_records_the_harness_and_exits_with_its_code(fake_stack, harness, tm
     assert len(records) == 1
     assert records[0]["run"] == "r1" and records[0]["path"] == "/v1/chat/completions"
     assert records[0]["status"] == 200
-    assert "run r1:" in done.stderr and "1 episodes" in done.stderr
+    assert "run r1: 1 episode, 1 turn " in done.stderr
     origin = re.search(
         r"^- r1: served (.+?) \(the reply's model field\); stack vLLM; tool parser .*analyzer v\d+\.$\n"
         r"^  Why this number: (.+)$",
@@ -170,9 +170,9 @@ def test_sigterm_reaches_the_harness_and_records_are_kept(fake_stack, tmp_path):
     assert [r["run"] for r in read_records(data) if r.get("kind", "exchange") == "exchange"] == ["slow"]
 
 
-def test_a_missing_command_is_a_clear_error(tmp_path):
+def test_a_missing_command_is_a_clear_error(fake_stack, tmp_path):
     done = _toolproxy(
-        "run", "--upstream", "http://127.0.0.1:9", "--data", str(tmp_path / "d"), "--", "no-such-harness-xyz"
+        "run", "--upstream", fake_stack("vllm").url, "--data", str(tmp_path / "d"), "--", "no-such-harness-xyz"
     )
     assert done.returncode != 0
     assert "no-such-harness-xyz: command not found" in done.stderr
@@ -188,11 +188,12 @@ WAITER = textwrap.dedent("""
 """)
 
 
-def test_the_proxy_address_and_live_page_are_printed_before_the_harness_runs(tmp_path):
+def test_the_proxy_address_and_live_page_are_printed_before_the_harness_runs(fake_stack, tmp_path):
     """The port is a free one picked at start: the first line says it, while the harness still runs."""
     import re
     import urllib.request
 
+    upstream = fake_stack("vllm").url
     script, go = tmp_path / "wait.py", tmp_path / "go"
     script.write_text(WAITER)
     proc = subprocess.Popen(
@@ -202,7 +203,7 @@ def test_the_proxy_address_and_live_page_are_printed_before_the_harness_runs(tmp
             "toolproxy.cli",
             "run",
             "--upstream",
-            "http://127.0.0.1:9",
+            upstream,
             "--data",
             str(tmp_path / "d"),
             "--run",
@@ -222,7 +223,7 @@ def test_the_proxy_address_and_live_page_are_printed_before_the_harness_runs(tmp
     try:
         line = proc.stderr.readline()
         found = re.fullmatch(
-            r"toolproxy run: proxy on (http://127\.0\.0\.1:\d+) -> upstream http://127\.0\.0\.1:9; "
+            rf"toolproxy run: proxy on (http://127\.0\.0\.1:\d+) -> upstream {re.escape(upstream)}; "
             r"live page (\S+)\n",
             line,
         )

@@ -132,7 +132,7 @@ def test_without_what_run_sets_gemini_cli_exits_and_run_says_nothing_reached_the
         env={"GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:9", "GEMINI_CLI_HOME": str(tmp_path)},
     )
     assert r.returncode == 41 if (tmp_path / ".gemini" / "settings.json").exists() else r.returncode != 0
-    assert "sent no request to the proxy" in r.stderr
+    assert "no request reached the proxy" in r.stderr
 
 
 def test_agents_are_known_by_their_command():

@@ -128,7 +128,11 @@ def test_cells_hold_the_per_episode_means_rej_and_too_few(recorded):
     assert (
         few["delivered_fidelity"]["ci_low"] is None and few["delivered_fidelity"]["interval_note"] == "too few episodes"
     )
-    assert few["text"] == "100% (too few episodes); call 100%"
+    # The cell's headline is the pooled call fidelity every view prints; a per-episode mean only
+    # with enough episodes, labelled as one.
+    assert few["text"] == "call 100% [34-100] (2/2); delivered 100% [34-100] (2/2)"
+    assert ok["text"].startswith("call 67% [30-90] (4/6); delivered 67% [30-90] (4/6); per-episode mean 67% [")
+    assert ok["text"].endswith("] over 6 episodes")
     refused = cells["nojinja", "m-ok", "native"]
     assert refused["rejected"] and refused["delivered_fidelity"]["episode_mean"] is None
     assert "tools param requires --jinja flag" in refused["cause"] and refused["text"].startswith("rej (refused")
@@ -158,12 +162,15 @@ def test_markdown_and_the_heat_map_show_the_same_cells(recorded):
     data, done = recorded
     md = _report(data, "markdown")
     assert "## Models x conditions, stack jinja" in md and "## Stacks x models, condition text" in md
-    assert "| m-ok | 67% [" in md and "| nojinja | rej (refused" in md and "| m-few | 100% (too few episodes)" in md
+    assert "| m-ok | call 67% [30-90] (4/6); delivered 67% [30-90] (4/6); per-episode mean 67% [" in md
+    assert "| nojinja | rej (refused" in md and "| m-few | call 100% [34-100] (2/2); delivered" in md
+    assert "too few" not in md and "(as sent)" not in md
     assert md in done.stdout  # the study prints its tables at the end
     html = _report(data, "html")
     assert html.count('<td class="rej"') == 4  # nojinja x two models under native, in both tables
     assert "rgb(" in html and "<caption>Stacks x models, condition native</caption>" in html
-    assert html.count('class="v few"') == 6  # m-few wherever it was served (3 cells), in both tables
+    assert "<b>call 100% [34-100] (2/2)</b><small>delivered 100% [34-100] (2/2)</small></td>" in html  # m-few
+    assert html.count("<small>per-episode mean") == 6  # m-ok's 3 served cells, in both tables
     assert (data / "studies" / "t-tables.html").read_text() == html
 
 

@@ -24,6 +24,7 @@ from toolproxy.analysis.classify.outcomes import (
     PROSE,
     STOP_STRING,
     UNPARSEABLE,
+    USER_INTERRUPT,
     VALID_CALL,
 )
 from toolproxy.analysis.classify.protocols import read_reply
@@ -55,6 +56,7 @@ _ERROR_KINDS = {
     "timeout": "timeout",
     "upstream_closed": "truncated",
     "client_closed": CLIENT_GAVE_UP,
+    USER_INTERRUPT: USER_INTERRUPT,
 }
 
 

@@ -28,6 +28,9 @@ STOP_STRING = "stop_string"
 # timeout: Claude Code's API_TIMEOUT_MS, its 300 s stream idle watchdog) or its user stopped it.
 # Not a stream the stack cut (`truncated`): the stack may still have been processing the prompt.
 CLIENT_GAVE_UP = "client_gave_up"
+# The user interrupted the harness (Ctrl-C under `toolproxy run` or `study`) while the request was
+# in flight: the record's error kind of the same name (toolproxy.record.model.USER_INTERRUPT).
+USER_INTERRUPT = "user_interrupt"
 SUB_KINDS = (
     "refused",
     "http_4xx",
@@ -40,13 +43,14 @@ SUB_KINDS = (
     MODEL_STOPPED,
     STOP_STRING,
     CLIENT_GAVE_UP,
+    USER_INTERRUPT,
 )
 # The sub-kinds of a complete 200 reply that held nothing (a harness may write that nothing into
 # its history, and its next request continues from it).
 EMPTY_REPLIES = frozenset({"empty", "swallowed", MODEL_STOPPED, STOP_STRING})
 # Whose a non-response is: the serving layer's (the model never ran, or its output was lost), the
 # model's, or the harness's. `empty` says nothing either way (no token count, no stop reason).
-SERVING, MODEL, HARNESS, UNKNOWN = "serving layer", "model", "harness", "unknown"
+SERVING, MODEL, HARNESS, USER, UNKNOWN = "serving layer", "model", "harness", "user", "unknown"
 NON_RESPONSE_OWNER = {
     "refused": SERVING,
     "http_4xx": SERVING,
@@ -59,6 +63,7 @@ NON_RESPONSE_OWNER = {
     MODEL_STOPPED: MODEL,
     STOP_STRING: HARNESS,
     CLIENT_GAVE_UP: HARNESS,
+    USER_INTERRUPT: USER,
 }
 # Each cause in words, for the report's notes, `show` and the live page.
 NON_RESPONSE_WORDS = {
@@ -73,6 +78,7 @@ NON_RESPONSE_WORDS = {
     MODEL_STOPPED: "the model ended its turn at once (its end token, no text)",
     STOP_STRING: "a stop string the harness sent cut the reply before any text",
     CLIENT_GAVE_UP: "the harness stopped waiting before any token came (its timeout, or its user stopped it)",
+    USER_INTERRUPT: "the user interrupted the harness while the request was in flight",
 }
 
 # What a produced turn was for (non-responses have no role: the model's output never arrived).

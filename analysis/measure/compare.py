@@ -48,6 +48,8 @@ METRIC_HELP = {
     "hallucinated tool, unparseable call); prose turns such as an agent's final answer are allowed",
 }
 UNCATEGORIZED = "(none)"
+# The metrics that judge an item by the turns its roles make due (a call, or an abstention).
+ROLE_AWARE = ("delivered", "call")
 # A replayed turn's verdict, given the role of the original turn it replays (see replay_verdicts).
 # {o}/{d}/{r}: that side's outcome, its delivered flag, and whether a call reached the harness.
 TURN_METRICS = {
@@ -87,6 +89,14 @@ class Comparison:
     # Set when B replays A's turns: why turns were left out of the pairing, with counts.
     replay: bool = False
     left_out: dict[str, int] | None = None
+    # Of the paired items, per side: the episodes they pool (an item's repeats are judged together),
+    # and, under a role-aware metric, the items with no turn it scores (none due a call, or none
+    # abstaining where no call was expected), which fail: why "both fail" can be most items.
+    episodes: tuple[int, int] | None = None
+    unscored: tuple[int, int] | None = None
+    # Each side's headline over its turns, as the report prints it (set by the command for a side
+    # that is one run, not a pattern): the number a reader compares before the items.
+    headlines: dict[str, str] | None = None
 
 
 def _paired(label: str, paired: int, both_pass: int, a_only: int, b_only: int) -> Paired:
@@ -144,12 +154,15 @@ def compare(
                    count(t.turn_id) filter (where t.role = 'abstain') as abstain_n,
                    count(t.turn_id) filter (where t.role = 'abstain' and t.outcome <> 'prose') as abstain_tried,
                    count(t.turn_id) filter (where t.role = 'abstain' and t.reached) as abstain_reached,
-                   coalesce(bool_or(t.expect = 'none'), false) as expect_none
+                   coalesce(bool_or(t.expect = 'none'), false) as expect_none,
+                   count(distinct e.episode_key) as episodes
             from episodes e left join scored t on t.episode_key = e.episode_key
             where (list_contains($a, e.run) or list_contains($b, e.run)) and e.item_key is not null
             group by side, e.item_key
         )
-        select item_key, side, category, {verdict} as pass from item
+        select item_key, side, category, {verdict} as pass, episodes,
+               case when expect_none then abstain_n = 0 else call_n = 0 end as unscored
+        from item
     """,
         {"a": side_a, "b": side_b},
     )
@@ -175,7 +188,18 @@ def compare(
             "items are paired by item_key (tag episodes with the same item in both runs)"
         )
     overall, categories = _tables(rows, by_category)
-    return Comparison(run_a, run_b, metric, int(only_a), int(only_b), overall, categories)
+    ep_a, ep_b, un_a, un_b = con.execute("""
+        select sum(episodes) filter (where side = 'a'), sum(episodes) filter (where side = 'b'),
+               count(*) filter (where side = 'a' and unscored), count(*) filter (where side = 'b' and unscored)
+        from verdicts v
+        where (select count(distinct side) from verdicts w where w.item_key = v.item_key) = 2
+    """).fetchone()
+    result = Comparison(run_a, run_b, metric, int(only_a), int(only_b), overall, categories)
+    return replace(
+        result,
+        episodes=(int(ep_a or 0), int(ep_b or 0)),
+        unscored=(int(un_a), int(un_b)) if metric in ROLE_AWARE else None,
+    )
 
 
 def _side(con: duckdb.DuckDBPyConnection, run: str) -> list[str]:

@@ -22,12 +22,15 @@ from toolproxy.analysis.classify.outcomes import (
     SERVING,
     SUB_KINDS,
     UNKNOWN,
+    USER,
     VALID_CALL,
     whose,
 )
 
 REJ = "rej"
 CAUSE_CHARS = 120
+# The proxy's error kinds a classification carries as its detail when the record said nothing more.
+_ERROR_NAMES = ("connect", "timeout", "upstream_closed", "client_closed")
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,8 @@ class RunLine:
     def text(self) -> str:
         head = (
             f"run {self.run}: "
-            + (f"{self.episodes} episodes, " if self.episodes is not None else "")
-            + f"{self.total} turns"
+            + (f"{plural(self.episodes, 'episode')}, " if self.episodes is not None else "")
+            + plural(self.total, "turn")
         )
         if self.total == 0:
             return head + ": nothing classified yet" + self.sides()
@@ -123,6 +126,11 @@ def sides_text(sides: dict[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(sides.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def plural(n: int, noun: str) -> str:
+    """ "1 turn", "2 turns": a count a person reads."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _ordered(kinds: dict[str, int]) -> list[tuple[str, int]]:
     return sorted(
         kinds.items(), key=lambda kv: (-kv[1], SUB_KINDS.index(kv[0]) if kv[0] in SUB_KINDS else len(SUB_KINDS))
@@ -137,8 +145,15 @@ def _cut(text: str) -> str:
 def cause_text(kind: str, n: int | None = None, said: str | None = None) -> str:
     """One non-response cause: its name (and count), what the record said or the cause in words,
     and whose it is."""
-    words = _cut(said) if said else NON_RESPONSE_WORDS.get(kind, kind)
+    # A record whose error has no words of its own carries its kind's name ("connect"): say the kind in words.
+    words = _cut(said) if said and said not in (kind, *_ERROR_NAMES) else NON_RESPONSE_WORDS.get(kind, kind)
     return f"{kind}{f' {n}' if n is not None else ''}: {words} ({whose(kind)})"
+
+
+def share_of(rate) -> Share:
+    """A pooled rate (analysis.measure.stats.Rate) as the line writes it: every table that shows a
+    run's or a cell's headline goes through here, so none prints another number for it."""
+    return Share(rate.numerator, rate.denominator, rate.wilson_low, rate.wilson_high)
 
 
 def _share(metric: dict | None) -> Share:
@@ -213,9 +228,10 @@ SEGMENTS = (
     ("nr-serving", "non-response: a serving failure"),
     ("nr-model", "non-response: the model ended its turn with nothing"),
     ("nr-harness", "non-response: the harness's stop string cut the reply"),
+    ("nr-user", "non-response: the user interrupted the harness"),
     ("nr-unknown", "non-response: cause unknown"),
 )
-_OWNER_SEGMENT = {SERVING: "nr-serving", MODEL: "nr-model", HARNESS: "nr-harness"}
+_OWNER_SEGMENT = {SERVING: "nr-serving", MODEL: "nr-model", HARNESS: "nr-harness", USER: "nr-user"}
 
 
 def segments(outcomes: dict[str, int], delivered: int) -> list[dict]:

@@ -57,20 +57,20 @@ SHORT_HEADERS = (
     "answered",
     "nonresp",
 )
+# Each header says what its cells count, on the spot: a newcomer reads it without the legend.
 DETAIL_HEADERS = (
     "run",
     "stack",
     "model",
-    "roles c/a/x/o/n",
-    "call per ep",
-    "delivered per ep",
-    "paper",
-    "text",
+    "turns by role",
+    "call, mean/ep",
+    "valid/turns",
+    "in text",
     "loops",
 )
 FIRST_NUMERIC = 4
 SHORT_FIRST_NUMERIC = 2
-DETAIL_FIRST_NUMERIC = 3
+DETAIL_FIRST_NUMERIC = 4
 OUTCOME_LABELS = {
     "valid_call": "valid call",
     "invalid_args": "invalid arguments",
@@ -101,19 +101,28 @@ def rate_cell(s: RunSummary, r: Rate, digits: int = 0, interval: bool = True) ->
     return f"{pct(r.pooled, digits)} [{low}-{high}]"
 
 
-# The reasons a per-episode mean has no interval, as the terminal's narrow column writes them.
-_SHORT_NOTES = {TOO_FEW_EPISODES: f"<{MIN_EPISODES} eps", NO_SPREAD: "all equal"}
+# Why a per-episode mean has no interval, in words.
+_NO_INTERVAL = {
+    TOO_FEW_EPISODES: f"too few for an interval: it takes {MIN_EPISODES}",
+    NO_SPREAD: "every one scored the same: no interval",
+}
 
 
 def episode_cell(s: RunSummary, r: Rate, digits: int = 0, compact: bool = False) -> str:
-    """Per-episode mean with its bootstrap CI, or the reason it has none ("too few episodes")."""
+    """The per-episode mean, labelled with the episodes it is over (those where the rate is
+    defined, e.g. 2 of a run's 5): "50% (2/5 eps)", or at length "50% over 2 of 5 episodes (too
+    few for an interval ...)"; with its bootstrap interval only from MIN_EPISODES such episodes."""
     if r.episode_mean is None:
         return _undefined(s)
-    if r.ci_low is None:
-        note = _SHORT_NOTES.get(r.interval_note, r.interval_note) if compact else r.interval_note
-        return f"{pct(r.episode_mean, digits)} ({note})"
-    low, high = (f"{100 * x:.{digits}f}" for x in (r.ci_low, r.ci_high))
-    return f"{pct(r.episode_mean, digits)} [{low}-{high}]"
+    total = r.episodes_rated + r.episodes_unrated
+    ci = ""
+    if r.ci_low is not None:
+        low, high = (f"{100 * x:.{digits}f}" for x in (r.ci_low, r.ci_high))
+        ci = f" [{low}-{high}]"
+    if compact:
+        return f"{pct(r.episode_mean, digits)}{ci} ({r.episodes_rated}/{total} eps)"
+    note = f" ({_NO_INTERVAL.get(r.interval_note, r.interval_note)})" if r.interval_note else ""
+    return f"{pct(r.episode_mean, digits)}{ci} over {r.episodes_rated} of {total} episodes{note}"
 
 
 def lost_cell(s: RunSummary, digits: int = 0) -> str:
@@ -125,7 +134,11 @@ def stack_cell(s: RunSummary, version: bool = True) -> str:
 
 
 def roles_cell(s: RunSummary) -> str:
-    return "/".join(str(s.roles.get(r, 0)) for r in ROLES)
+    """ "8 call, 8 answer, 2 abstain": the turns of each role there are, named."""
+    return ", ".join(f"{s.roles[r]} {ROLE_WORDS[r]}" for r in ROLES if s.roles.get(r)) or NONE
+
+
+ROLE_WORDS = {"call": "call", "answer": "answer", "abstain": "abstain", "open": "open", "no_tools": "no tools"}
 
 
 def row(s: RunSummary, digits: int = 0) -> list[str]:
@@ -176,7 +189,6 @@ def detail_row(s: RunSummary) -> list[str]:
         model,
         roles_cell(s),
         episode_cell(s, s.call_fidelity, compact=True),
-        episode_cell(s, s.delivered_fidelity, compact=True),
         rate_cell(s, s.paper_fidelity, interval=False),
         pct(s.surfaced_as_text),
         str(s.looping_episodes),
@@ -309,12 +321,17 @@ def provenance(report: Report) -> str:
 def legend() -> str:
     """What the headline columns mean, in the words docs/metrics.md#the-metrics uses."""
     return (
-        "call fidelity = valid calls / turns due a call (any surface); delivered (dlv) = of those, calls the harness "
+        "call fidelity = valid calls / turns due a call (any surface), pooled over the run's turns, with its "
+        "Wilson 95% interval: the headline; delivered (dlv) = of those, calls the harness "
         "got as calls; lost = the difference, calls left in text by the serving layer. restraint (restr) = "
         "turns of items expecting no call that attempted none (any surface); delivered restraint (dlv restr) = those "
         "where "
-        "no call reached the harness (a call left in text did not); answer rate = episodes ending in an answer after "
+        "no call reached the harness (a call left in text did not); answered = episodes ending in an answer after "
         "a tool "
-        "result; paper = valid calls / all produced turns (the original study's definition). roles c/a/x/o/n "
-        f"= call/answer/abstain/open/no_tools turns. {REJ} = every turn was a non-response."
+        "result. Turns by role: call = due a call, answer = prose after a tool result, abstain = an item expecting "
+        "no call, open = prose ending an episode with no tool result and no expectation (not scored). call, mean/ep "
+        "= call fidelity with each episode weighted equally, over the episodes due a call (k/N eps); its bootstrap "
+        f"interval only from {MIN_EPISODES} such episodes. valid/turns = valid calls / all produced turns (the "
+        "original study's paper fidelity); in text = share of calls that came as text; loops = looping episodes. "
+        f"{REJ} = every turn was a non-response."
     )

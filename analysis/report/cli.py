@@ -192,9 +192,11 @@ def compare(
     Either side may be a quoted wildcard pattern ('bfcl-*-native') that pools every run it
     matches, e.g. one study per category compared condition against condition in one test.
     """
+    import dataclasses
+
     from toolproxy.analysis.measure.compare import compare as paired
-    from toolproxy.analysis.measure.summary import select_runs
-    from toolproxy.analysis.report.comparison import RENDERERS
+    from toolproxy.analysis.measure.summary import is_pattern, select_runs, summarize
+    from toolproxy.analysis.report.comparison import RENDERERS, headline
 
     analyze_if_stale("compare", data_dir, db_path, memory_limit)
     path = db_path or default_db(data_dir)
@@ -202,6 +204,10 @@ def compare(
     try:
         select_runs(con, [run_a, run_b], path)
         result = paired(con, run_a, run_b, metric=metric, by_category=by == "category", rules=expect_rules)
+        single = [r for r in (run_a, run_b) if not is_pattern(r)]
+        if single and not result.replay:  # the pooled rates need no bootstrap: one resample will do
+            runs = summarize(con, single, str(path), resamples=1, rules=expect_rules).runs
+            result = dataclasses.replace(result, headlines={s.run: headline(s) for s in runs})
     except StoreError as exc:
         fail(str(exc))
     finally:

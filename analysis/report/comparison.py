@@ -8,10 +8,13 @@ import textwrap
 import orjson
 
 from toolproxy.analysis.measure.compare import METRIC_HELP, Comparison, Paired
+from toolproxy.analysis.measure.runline import plural, share_of
+from toolproxy.analysis.measure.summary import RunSummary
 from toolproxy.analysis.report.markdown import table
 from toolproxy.analysis.report.terminal import aligned
 
-COLUMNS = ("category", "paired", "both pass", "A only", "B only", "both fail", "McNemar p", "Holm p")
+COLUMNS = ("category", "paired items", "both pass", "A only", "B only", "both fail", "McNemar p", "Holm p")
+SIGNIFICANCE = 0.05
 
 
 def p_text(p: float | None) -> str:
@@ -45,15 +48,62 @@ REPLAY_NOTE = (
 )
 
 
+def headline(s: RunSummary) -> str:
+    """A run's headline over its turns, in the words and form of the run's line and the report."""
+    undefined = "rej" if s.rejected else "-"
+    return (
+        f"call fidelity {share_of(s.call_fidelity).text(undefined)}, delivered "
+        f"{share_of(s.delivered_fidelity).text(undefined)}, over its turns due a call"
+    )
+
+
 def heading(c: Comparison) -> list[str]:
     if c.replay:
         return _replay_heading(c)
+    sides = [
+        f"{label} = {run}" + (f": {c.headlines[run]}" if c.headlines and run in c.headlines else "")
+        for label, run in (("A", c.run_a), ("B", c.run_b))
+    ]
+    pooled = ""
+    if c.episodes is not None and c.episodes != (c.overall.paired, c.overall.paired):
+        pooled = (
+            f", from A's {plural(c.episodes[0], 'episode')} and B's {c.episodes[1]}: an item's episodes are "
+            "judged together, as one item"
+        )
     return [
-        f"A = {c.run_a}, B = {c.run_b}; metric {c.metric}: {METRIC_HELP[c.metric]}.",
-        f"paired items: {c.overall.paired} (only in A: {c.only_in_a}, only in B: {c.only_in_b}); "
-        "exact two-sided McNemar on the discordant pairs (A only vs B only)"
+        *sides,
+        f"Item by item, metric {c.metric}: {METRIC_HELP[c.metric]}.",
+        f"paired items: {c.overall.paired} (only in A: {c.only_in_a}, only in B: {c.only_in_b}){pooled}; "
+        "exact two-sided McNemar on the discordant items (A only vs B only)"
         + ("; Holm-adjusted across categories." if c.categories else "."),
     ]
+
+
+def footing(c: Comparison) -> list[str]:
+    """Under the table, what its numbers say: why items fail that the rates above do not show, and
+    what the p-value means here."""
+    out = []
+    if c.unscored and any(c.unscored):
+        out.append(
+            f"Of the paired items, {c.unscored[0]} in A and {c.unscored[1]} in B had no turn this metric scores (no "
+            "turn due a call: the episode ended in prose without a tool result; or, on an item expecting no call, "
+            "no turn at all), so they fail: the rates above count turns, this table items."
+        )
+    o = c.overall
+    if o.a_only + o.b_only == 0:
+        out.append("No item passed under one and failed under the other: nothing tells A and B apart (p 1).")
+    else:
+        verdict = (
+            f"below {SIGNIFICANCE:g}: a difference this lopsided is unlikely by chance"
+            if o.p < SIGNIFICANCE
+            else f"not below {SIGNIFICANCE:g}: these {o.paired} items cannot tell A and B apart"
+        )
+        out.append(
+            f"McNemar p {p_text(o.p)}: how likely a split of the discordant items at least as lopsided as "
+            f"{o.a_only} (A only) to {o.b_only} (B only) would be if A and B did equally well on these items; "
+            f"{verdict}."
+        )
+    return out
 
 
 def _replay_heading(c: Comparison) -> list[str]:
@@ -70,12 +120,17 @@ def _replay_heading(c: Comparison) -> list[str]:
 
 def render_table(c: Comparison, width: int = 100) -> str:
     lines = [line for para in heading(c) for line in textwrap.wrap(para, width)]
-    return "\n".join(lines + [""] + aligned(columns(c), rows(c), 1, width)) + "\n"
+    lines += [""] + aligned(columns(c), rows(c), 1, width)
+    if not c.replay:
+        lines += [""] + [line for para in footing(c) for line in textwrap.wrap(para, width)]
+    return "\n".join(lines) + "\n"
 
 
 def render_markdown(c: Comparison) -> str:
     lines = [f"## {c.run_a} vs {c.run_b}", ""] + [f"{x}  " for x in heading(c)] + [""]
     lines += table(columns(c), rows(c), 1)
+    if not c.replay:
+        lines += [""] + footing(c)
     return "\n".join(lines) + "\n"
 
 

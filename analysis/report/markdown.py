@@ -45,7 +45,7 @@ def render(report: Report) -> str:
             "run",
             "call fidelity, per-episode mean",
             "delivered fidelity, per-episode mean",
-            "roles call/answer/abstain/open/no_tools",
+            "turns by role",
             "non-responses by cause",
         ],
         [

@@ -9,7 +9,9 @@ the stack and version, whether the stack's tool parser delivered calls (as `tool
 them in text, the chat template's hash and whether it renders tools (llama.cpp's
 `chat_template_caps`, Ollama's template), the sampling parameters the harness sent, prompt-cache
 hits, the toolproxy and analyzer versions, and one "why this number" line naming the layer that
-shaped it.
+shaped it. A run recorded against `toolproxy playback` (every reply carries its
+X-Toolproxy-Playback header) has its recording's provenance, marked as played: no stack ran, and
+the calls it got are the recording's, parsed by whatever parsed them then.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import duckdb
 import orjson
 
 from toolproxy import __version__
-from toolproxy.analysis.measure.summary import RunSummary
+from toolproxy.analysis.classify.outcomes import NON_RESPONSE_OWNER, SERVING, UNKNOWN, USER
+from toolproxy.analysis.measure.summary import RunSummary, summarize
 from toolproxy.analysis.store.connection import StoreError, bodies_in_sql
 from toolproxy.analysis.store.state import stored_version
+from toolproxy.playback.fixture import REPLY_HEADER
 from toolproxy.stacks.catalog import LABELS, LLAMACPP_PYTHON
 from toolproxy.stacks.templates import check_ollama_template
 
@@ -81,6 +85,7 @@ class Provenance:
     toolproxy_version: str = __version__
     analyzer_version: int | None = None
     why: str = ""
+    played_from: str | None = None  # the recorded run a playback answered this one from
 
     @property
     def served_differs(self) -> bool:
@@ -133,7 +138,8 @@ class Provenance:
                 template += f"; {self.template_note}"
         sent = ", ".join(f"{k}={v}" for k, v in self.sampling.items()) or "none (the stack's defaults)"
         return (
-            f"served {model}; stack {stack}{' ' + self.stack_version if self.stack_version else ''}; "
+            (f"played back from {self.played_from}'s recording, whose facts these are: " if self.played_from else "")
+            + f"served {model}; stack {stack}{' ' + self.stack_version if self.stack_version else ''}; "
             f"tool parser {self.parser()}; chat template {template}; sampling sent {sent}; prompt cache hit on "
             f"{self.cache_hits} of {self.attempts} attempts; toolproxy {self.toolproxy_version}, analyzer "
             f"v{self.analyzer_version}."
@@ -198,6 +204,11 @@ def _why(s: RunSummary, p: Provenance) -> str:
         return "nothing was classified in this run."
     if s.rejected:
         cause = "; ".join(f"{k}: {v}" for k, v in s.non_response_causes.items()) or ", ".join(s.non_response_kinds)
+        owners = {NON_RESPONSE_OWNER.get(k, UNKNOWN) for k, n in s.non_response_kinds.items() if n}
+        if owners == {USER}:
+            return f"every turn was cut by the user's interrupt before any output arrived ({cause})."
+        if owners != {SERVING}:
+            return f"no turn got the model's output ({cause}); not all of it the serving layer's doing."
         return (
             f"every turn refused or failed by the serving layer before any output arrived ({cause}); the model "
             "never ran."
@@ -233,9 +244,53 @@ def _why(s: RunSummary, p: Provenance) -> str:
     return "; ".join(reasons) + "."
 
 
+# Per run, the playback header of its first few answered attempts that carry one.
+_PLAYED_SQL = f"""
+select run, response_headers::varchar from exchanges
+where is_attempt and run in (select unnest($runs::varchar[]))
+  and lower(response_headers::varchar) like '%{REPLY_HEADER.lower()}%'
+qualify row_number() over (partition by run order by started_at) <= 5
+"""
+
+
+def played_from(con: duckdb.DuckDBPyConnection, runs: list[str]) -> dict[str, str]:
+    """The runs that a playback answered, each with the recorded run that answered it: read from the
+    header every played reply carries (the recorded exchange's id)."""
+    found: dict[str, str] = {}
+    for run, headers in con.execute(_PLAYED_SQL, {"runs": runs}).fetchall():
+        if run in found:
+            continue
+        for pair in orjson.loads(headers) or []:
+            if isinstance(pair, list) and len(pair) == 2 and str(pair[0]).lower() == REPLY_HEADER.lower():
+                source = con.execute("select run from exchanges where id = ?", [pair[1]]).fetchone()
+                if source and source[0] and source[0] != run:
+                    found[run] = source[0]
+    return found
+
+
 def provenance(con: duckdb.DuckDBPyConnection, data_dir: Path, runs: list[RunSummary]) -> dict[str, Provenance]:
     """Each run's provenance, from the store and, for the sampling sent and the reply's model, the
-    bodies of one exchange per run read back from its segment."""
+    bodies of one exchange per run read back from its segment. A played run's is its recording's
+    (summarised here, after every other use of this connection's scored turns)."""
+    out = _provenance(con, data_dir, runs)
+    played = played_from(con, list(out))
+    if not played:
+        return out
+    sources = _provenance(con, data_dir, summarize(con, sorted(set(played.values())), "", resamples=1).runs)
+    for run, source in played.items():
+        if source in sources:
+            recorded = sources[source]
+            out[run] = dataclasses.replace(
+                recorded,
+                run=run,
+                played_from=source,
+                why=f"a playback of {source}'s recording: no stack ran, the replies are the ones it recorded, "
+                f"so the number is what its provenance says: {recorded.why}",
+            )
+    return out
+
+
+def _provenance(con: duckdb.DuckDBPyConnection, data_dir: Path, runs: list[RunSummary]) -> dict[str, Provenance]:
     names = [s.run for s in runs]
     fingerprints = {
         up: _json(with_model or any_fp).get("extra") or {}

@@ -2,11 +2,13 @@
 
 A study (`toolproxy study`) saves its plan as DATA/studies/NAME.json: its upstreams, models,
 conditions and, per cell, the run it was recorded under. Each table cell is one (stack, model,
-condition) of that plan, its repeats pooled: the per-episode mean of delivered fidelity (each
-episode weighted equally) with its bootstrap 95% interval, call fidelity beside it, `rej` with
-the cause in words when every turn was a non-response (a stack that refused is not a model that
-failed), and the reason when there is no interval (too few episodes, or all equal). Below them
-the paired tests over the same items: each condition against the first within a stack and model,
+condition) of that plan, its repeats pooled, headed by the one number every view of a run
+leads with (analysis.measure.runline): call fidelity pooled over the cell's turns, with its Wilson
+95% interval and its count, delivered fidelity beside it in the same form, and only with enough
+episodes (stats.MIN_EPISODES due a call) the per-episode mean, labelled as such. `rej` with the
+cause in words when every turn was a non-response (a stack that refused is not a model that
+failed); a cell with no finished run says why (not run yet, interrupted ...). Below them the
+paired tests over the same items: each condition against the first within a stack and model,
 each stack against the first within a model and condition; exact McNemar on the delivered
 verdicts, Holm-corrected within each of those two families.
 """
@@ -23,15 +25,24 @@ import numpy as np
 
 from toolproxy.analysis.measure import stats
 from toolproxy.analysis.measure.compare import compare
-from toolproxy.analysis.measure.runline import cause_text
+from toolproxy.analysis.measure.runline import cause_text, plural, share_of
 from toolproxy.analysis.measure.summary import RunSummary, summarize
 from toolproxy.analysis.report.htmlpage import provenance_section
 from toolproxy.analysis.store.connection import StoreError
 
 STUDY_DIR = "studies"
-FINISHED = ("done", "failed")  # a cut-short run's turns are never mixed into a cell
+FINISHED = ("done", "failed")  # a cut-short run's turns are never mixed into a cell ("failed": older plans)
 CONDITIONS, STACKS = "conditions within a stack and model", "stacks within a model and condition"
 NO_DATA = "-"
+# Why a cell has no finished run, by the plan's status of its runs (toolproxy.drive.study).
+NOT_FINISHED = {
+    "pending": "not run yet",
+    "interrupted": "interrupted: run the study again to redo it",
+    "unreached": "the upstream stopped answering: run the study again",
+    "no_requests": "no request reached the proxy",
+}
+# The model axis when the study gave no --model: each cell asked for what the harness named.
+HARNESS_MODEL = "the harness's model"
 
 
 def plan_path(data_dir: Path, name: str) -> Path:
@@ -65,6 +76,7 @@ class StudyCell:
     turns: int = 0
     non_responses: dict[str, int] = field(default_factory=dict)
     causes: dict[str, str] = field(default_factory=dict)
+    unfinished: str | None = None  # why the cell has no finished run, in words
 
     @property
     def rejected(self) -> bool:
@@ -77,34 +89,46 @@ class StudyCell:
             for kind, n in sorted(self.non_responses.items(), key=lambda kv: -kv[1])
         )
 
+    @property
+    def scored(self) -> bool:
+        """Some turn was due a call: the headline is defined."""
+        return not self.rejected and self.call is not None and self.call.denominator > 0
+
     def headline(self) -> str:
-        """The delivered per-episode mean and its interval (or why none), `rej`, or `-`."""
+        """Call fidelity as every view of a run writes it ("86% [49-97] (6/7)"), `rej`, or `-`."""
         if self.rejected:
             return "rej"
-        return _mean(self.delivered)
+        return share_of(self.call).text() if self.scored else NO_DATA
+
+    def delivered_text(self) -> str:
+        return share_of(self.delivered).text() if self.scored else NO_DATA
+
+    def episode_text(self) -> str | None:
+        """The per-episode mean of call fidelity, labelled, when enough episodes were due a call."""
+        r = self.call
+        if r is None or r.episode_mean is None or r.episodes_rated < stats.MIN_EPISODES:
+            return None
+        mean = f"per-episode mean {100 * r.episode_mean:.0f}%"
+        over = f"over {plural(r.episodes_rated, 'episode')}"
+        if r.ci_low is None:
+            return f"{mean} {over} (every one the same: no interval)"
+        return f"{mean} [{100 * r.ci_low:.0f}-{100 * r.ci_high:.0f}] {over}"
 
     def text(self) -> str:
-        """The whole cell in words: headline, call fidelity beside it, non-responses and their cause."""
+        """The whole cell in words: the headline, delivered beside it, then what else there is, each labelled."""
         if not self.runs or self.turns == 0:
-            return NO_DATA
+            return self.unfinished or NO_DATA
         if self.rejected:
             return f"rej ({self.cause()})"
-        if self.delivered is None or self.delivered.episode_mean is None:
-            return f"{NO_DATA} (no turn was due a call, of {self.turns})"
-        out = f"{self.headline()}; call {_mean(self.call, notes=False)}"
+        if not self.scored:
+            return f"{NO_DATA} (no turn was due a call, of {plural(self.turns, 'turn')})"
+        out = f"call {self.headline()}; delivered {self.delivered_text()}"
+        if (mean := self.episode_text()) is not None:
+            out += f"; {mean}"
         n = sum(self.non_responses.values())
         if n:
             out += f"; {n} of {self.turns} turns non-responses ({self.cause()})"
         return out
-
-
-def _mean(r: stats.Rate | None, notes: bool = True) -> str:
-    if r is None or r.episode_mean is None:
-        return NO_DATA
-    head = f"{100 * r.episode_mean:.0f}%"
-    if r.ci_low is None:
-        return f"{head} ({r.interval_note})" if r.interval_note and notes else head
-    return f"{head} [{100 * r.ci_low:.0f}-{100 * r.ci_high:.0f}]"
 
 
 @dataclass(frozen=True)
@@ -168,16 +192,18 @@ def build(con: duckdb.DuckDBPyConnection, plan: dict, source: str, seed: int = 0
     for stack in stacks:
         for model in models:
             for condition in conditions:
-                mine = tuple(
-                    r["run"]
-                    for r in finished
-                    if r.get("stack") == stack
-                    and r.get("model") == model
-                    and r["condition"] == condition
-                    and r["run"] in summaries
-                )
-                cells[(stack, model, condition)] = _cell(stack, model, condition, mine, episodes, summaries, seed)
-    tests = _tests(con, finished, summaries, stacks, models, conditions)
+                planned = [
+                    r
+                    for r in plan["runs"]
+                    if r.get("stack") == stack and r.get("model") == model and r["condition"] == condition
+                ]
+                mine = tuple(r["run"] for r in planned if r.get("status") in FINISHED and r["run"] in summaries)
+                cell = _cell(stack, model, condition, mine, episodes, summaries, seed)
+                if not mine:
+                    why = [NOT_FINISHED.get(r.get("status"), r.get("status")) for r in planned]
+                    cell = StudyCell(**{**cell.__dict__, "unfinished": "; ".join(dict.fromkeys(why)) or None})
+                cells[(stack, model, condition)] = cell
+    tests = _tests(con, plan["runs"], summaries, stacks, models, conditions)
     return StudyTables(plan.get("name", ""), stacks, models, conditions, cells, tests, upstreams, summaries, seed)
 
 
@@ -206,14 +232,19 @@ def _cell(stack, model, condition, runs, episodes, summaries, seed) -> StudyCell
     )
 
 
-def _tests(con, finished, summaries, stacks, models, conditions) -> list[PairedTest]:
+def _tests(con, planned, summaries, stacks, models, conditions) -> list[PairedTest]:
     """Repeat k of one cell against repeat k of its baseline, per family, Holm within each."""
     by_cell = {
         (r.get("stack"), r.get("model"), r["condition"], r["repeat"]): r["run"]
-        for r in finished
-        if r["run"] in summaries
+        for r in planned
+        if r.get("status") in FINISHED and r["run"] in summaries
     }
-    repeats = sorted({k[3] for k in by_cell})
+    unfinished = {
+        (r.get("stack"), r.get("model"), r["condition"], r["repeat"]): NOT_FINISHED.get(r.get("status"), "no run")
+        for r in planned
+        if r.get("status") not in FINISHED
+    }
+    repeats = sorted({r["repeat"] for r in planned})
     pairs = []
     for k in repeats:
         for stack in stacks:
@@ -247,7 +278,12 @@ def _tests(con, finished, summaries, stacks, models, conditions) -> list[PairedT
         run_a, run_b = by_cell.get(key_a), by_cell.get(key_b)
         suffix = f" (repeat {key_a[3]})" if len(repeats) > 1 else ""
         if run_a is None or run_b is None:
-            tests.append(PairedTest(family, within + suffix, label_a, label_b, note="a run is missing"))
+            why = "; ".join(
+                f"{label}: {unfinished.get(key, 'no run')}"
+                for key, label, run in ((key_a, label_a, run_a), (key_b, label_b, run_b))
+                if run is None
+            )
+            tests.append(PairedTest(family, within + suffix, label_a, label_b, note=why))
             continue
         try:
             c = compare(con, run_a, run_b, metric="delivered")
@@ -276,23 +312,32 @@ def _p(p: float | None) -> str:
 
 
 def _md_table(head: str, rows: list[str | None], columns: list[str | None], cell) -> list[str]:
-    names = [str(c) if c is not None else "(as sent)" for c in columns]
+    names = [str(c) if c is not None else HARNESS_MODEL for c in columns]
     out = [f"| {head} | " + " | ".join(names) + " |", "|---|" + "---|" * len(columns)]
     for row in rows:
         out.append(
-            f"| {row if row is not None else '(as sent)'} | " + " | ".join(cell(row, c).text() for c in columns) + " |"
+            f"| {HARNESS_MODEL if row is None else row} | " + " | ".join(cell(row, c).text() for c in columns) + " |"
         )
     return out
+
+
+def _key(seed: int) -> list[str]:
+    return [
+        "Each cell, its repeats pooled: **call fidelity** (valid calls / turns due a call, pooled over the "
+        "cell's turns: the rate, its Wilson 95% interval, and the count), the number the study's run table "
+        "and `toolproxy report` lead with; then **delivered** fidelity in the same form (of those turns, the "
+        "calls that reached the harness as calls); with at least "
+        f"{stats.MIN_EPISODES} episodes due a call, the **per-episode mean** of call fidelity (each episode "
+        f"weighted equally; bootstrap 95% interval, 10,000 resamples, seed {seed}). `rej`: every turn was a "
+        "non-response, with its cause; no fidelity is defined there.",
+    ]
 
 
 def render_markdown(t: StudyTables, provenance: list | None = None) -> str:
     lines = [
         f"# Study {t.name}: tables",
         "",
-        "Each cell: delivered fidelity, the per-episode mean with its bootstrap 95% interval "
-        f"(10,000 resamples, seed {t.seed}; none under {stats.MIN_EPISODES} episodes), then call fidelity "
-        "(valid calls whether or not they reached the harness). `rej`: every turn was a non-response, "
-        "with its cause; no fidelity is defined there.",
+        *_key(t.seed),
         "",
     ]
     for stack in t.stacks:
@@ -341,18 +386,20 @@ def _html_cell(c: StudyCell) -> str:
     title = escape(c.text(), quote=True)
     if c.rejected:
         return f'<td class="rej" title="{title}"><b>rej</b><small>{escape(c.cause())}</small></td>'
-    if c.delivered is None or c.delivered.episode_mean is None:
-        return f'<td class="none" title="{title}">{NO_DATA}</td>'
-    bg, fg = _colour(c.delivered.episode_mean)
-    few = " few" if c.delivered.ci_low is None else ""
+    if not c.scored:
+        return f'<td class="none" title="{title}">{escape(c.text())}</td>'
+    bg, fg = _colour(c.call.pooled)
+    mean = c.episode_text()
     return (
-        f'<td class="v{few}" style="background:{bg};color:{fg}" title="{title}"><b>{escape(c.headline())}</b>'
-        f"<small>call {escape(_mean(c.call, notes=False))}</small></td>"
+        f'<td class="v" style="background:{bg};color:{fg}" title="{title}"><b>call {escape(c.headline())}</b>'
+        f"<small>delivered {escape(c.delivered_text())}</small>"
+        + (f"<small>{escape(mean)}</small>" if mean else "")
+        + "</td>"
     )
 
 
 def _axis_name(x: str | None) -> str:
-    return escape(str(x)) if x is not None else "(as sent)"
+    return escape(str(x) if x is not None else HARNESS_MODEL)
 
 
 def _html_table(caption: str, head: str, rows, columns, cell) -> str:
@@ -372,7 +419,7 @@ table{border-collapse:collapse;margin:1em 0 2em}caption{text-align:left;font-wei
 th,td{border:1px solid #999;padding:.4em .7em;text-align:center;vertical-align:middle}
 td b{display:block;font-size:1.1em}td small{display:block;font-size:.8em}
 td.rej{background:repeating-linear-gradient(45deg,#ddd,#ddd 6px,#bbb 6px,#bbb 12px);max-width:16em}
-td.few{outline:2px dashed #c60;outline-offset:-4px}td.none{color:#888}
+td.none{color:#888}
 .key span{display:inline-block;padding:.2em .6em;margin-right:.5em;border:1px solid #999}
 """
 
@@ -381,9 +428,9 @@ def render_html(t: StudyTables, provenance: list | None = None) -> str:
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>Study {escape(t.name)}</title>"
         f"<style>{_CSS}</style></head><body><h1>Study {escape(t.name)}</h1>",
-        "<p>Colour: delivered fidelity, per-episode mean (white 0% to dark blue 100%); the interval and "
-        "call fidelity are written in each cell. Hatched grey: <b>rej</b>, every turn a non-response (the "
-        "stack refused; the model never ran). Dashed outline: no interval (too few episodes, or all equal).</p>",
+        f"<p>{escape(_key(t.seed)[0]).replace('**', '')}</p>"
+        "<p>Colour: call fidelity (white 0% to dark blue 100%). Hatched grey: <b>rej</b>, every turn a "
+        "non-response (the stack refused; the model never ran).</p>",
         "<p class='key'>"
         + "".join(
             f"<span style='background:{_colour(v)[0]};color:{_colour(v)[1]}'>{v:.0%}</span>"

@@ -18,9 +18,10 @@ from toolproxy.analysis.report.cells import (
 )
 
 # Name-like columns give up width (ending in "…") when the table is wider than the terminal, the
-# widest first and the run name last; numbers never do, because a clipped number is a wrong number.
-_SHRINK_FIRST = ("model", "stack", "cond", "category")
-_SHRINK_LAST = ("run",)
+# widest first; numbers never do, because a clipped number is a wrong number, and neither do run
+# names, which a reader types back (`compare A B`): `react_agent-native` and `react_agent-native~2`
+# both clipped to `react_agent-nativ…` named neither.
+_SHRINK = ("model", "stack", "cond", "category")
 _MIN_WIDTH = 6
 
 
@@ -34,14 +35,13 @@ def _layout(headers: list[str], rows: list[list[str]], width: int) -> tuple[list
     gap = "  " if sum(natural) + 2 * (len(natural) - 1) <= width else " "
     widths = list(natural)
     excess = sum(widths) + len(gap) * (len(widths) - 1) - width
-    for group in (_SHRINK_FIRST, _SHRINK_LAST):
-        columns = [headers.index(n) for n in group if n in headers]
-        while excess > 0 and columns:
-            widest = max(columns, key=lambda i: widths[i])
-            if widths[widest] <= _MIN_WIDTH:
-                break
-            widths[widest] -= 1
-            excess -= 1
+    columns = [headers.index(n) for n in _SHRINK if n in headers]
+    while excess > 0 and columns:
+        widest = max(columns, key=lambda i: widths[i])
+        if widths[widest] <= _MIN_WIDTH:
+            break
+        widths[widest] -= 1
+        excess -= 1
     return widths, gap
 
 

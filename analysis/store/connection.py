@@ -41,6 +41,11 @@ def connect(
     """
     path = Path(db_path)
     if not path.exists() and (read_only or not create):
+        if not path.parent.exists():
+            raise StoreError(
+                f"no data directory at {path.parent}: nothing was recorded there (serve, run and study record "
+                "into --data DIR, ./toolproxy-data by default)"
+            )
         raise StoreError(f"no database at {path}: run `toolproxy analyze` first (or pass --db)")
     if path.is_dir():
         raise StoreError(f"--db {path} is a directory; give the database file, e.g. {path / DB_NAME}")

@@ -143,8 +143,8 @@ def test_bodies_are_read_from_the_segments_and_a_missing_one_is_a_clear_error(da
     "args,message",
     [
         (["analyze", "--data", "/nonexistent/dir"], "does not exist"),
-        (["sql", "--data", "/nonexistent/dir", "select 1"], "no database at"),
-        (["show", "--data", "/nonexistent/dir", "01ABC"], "no database at"),
+        (["sql", "--data", "/nonexistent/dir", "select 1"], "no data directory at /nonexistent/dir"),
+        (["show", "--data", "/nonexistent/dir", "01ABC"], "no data directory at /nonexistent/dir"),
     ],
 )
 def test_user_mistakes_exit_2_without_traceback(args, message):

@@ -328,6 +328,18 @@ CASES = [
         False,
     ),
     (
+        "the user's Ctrl-C cut the stream before any content",
+        200,
+        "user_interrupt",
+        "/v1/chat/completions",
+        SSE_ROLE_ONLY,
+        "native",
+        NON_RESPONSE,
+        "user_interrupt",
+        None,
+        False,
+    ),
+    (
         "upstream closed before any content",
         200,
         "upstream_closed",

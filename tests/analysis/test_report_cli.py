@@ -67,7 +67,7 @@ def test_report_user_errors(mixed_store, tmp_path):
     duckdb.connect(str(empty)).close()
     no_rows = build_store(tmp_path / "no-rows.duckdb", [])
     cases = [
-        (("--data", str(tmp_path / "nowhere")), "run `toolproxy analyze` first"),
+        (("--data", str(tmp_path / "nowhere")), "no data directory at"),
         (("--db", str(mixed_store), "--run", "qwen-nativ"), "unknown run(s): qwen-nativ"),
         (("--db", str(empty)), "run `toolproxy analyze`"),
         (("--db", str(no_rows)), "holds no runs yet"),
@@ -142,9 +142,7 @@ def test_compare_metrics_differ_on_agent_episodes(mixed_store):
 def test_compare_user_errors(mixed_store, tmp_path):
     assert_user_error(toolproxy("compare", "qwen-native", "nope", "--db", str(mixed_store)), "unknown run(s): nope")
     assert_user_error(toolproxy("compare", "qwen-text", "qwen-text", "--db", str(mixed_store)), "two different runs")
-    assert_user_error(
-        toolproxy("compare", "a", "b", "--data", str(tmp_path / "empty")), "run `toolproxy analyze` first"
-    )
+    assert_user_error(toolproxy("compare", "a", "b", "--data", str(tmp_path / "empty")), "no data directory at")
     disjoint = build_store(
         tmp_path / "disjoint.duckdb",
         [

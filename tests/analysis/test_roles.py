@@ -471,7 +471,7 @@ def test_three_failing_episodes_never_read_zero_to_zero(store):
     assert c["ci_low"] is None and c["interval_note"] == "too few episodes"
     table = ok(toolproxy("report", "--data", str(store), "--run", "fails"))
     assert "0% [0-56]" in table and "[0-0]" not in table
-    assert "(<5 eps)" in table
+    assert "0% (3/3 eps)" in table  # the per-episode mean, with the episodes it is over
 
 
 def test_expectation_rules_at_report_time_and_at_analysis_time(store, tmp_path):

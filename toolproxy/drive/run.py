@@ -36,11 +36,22 @@ if TYPE_CHECKING:
     from toolproxy.proxy.server import RunningProxy
 
 
+# A harness that exits without one request through the proxy: what to check, said at once.
+NO_REQUEST = (
+    "no request reached the proxy: the harness never used the address it was given "
+    "(`toolproxy run --print-env` lists the variables it gets; a client may need its own)"
+)
+
+
 @dataclass
 class ChildResult:
     returncode: int
     interrupted: bool
-    silent: bool = False  # the proxy got no request while it ran
+    exchanges: int | None = None  # requests that reached the proxy while it ran (None: not counted)
+
+
+# Called with the signal's name when the user interrupts the harness, before the harness is sent it.
+OnInterrupt = Callable[[str], None]
 
 
 async def start_proxy(config: ProxyConfig) -> RunningProxy:
@@ -65,12 +76,17 @@ def proxy_address_line(command: str, proxy: RunningProxy, config: ProxyConfig) -
     return text
 
 
-async def run_child(argv: list[str], env: dict[str, str]) -> ChildResult:
+async def run_child(argv: list[str], env: dict[str, str], on_interrupt: OnInterrupt | None = None) -> ChildResult:
     """Run the harness; SIGINT/SIGTERM sent to us are passed on, and we wait for it to finish."""
-    return await _supervise(await _spawn(argv, env))
+    return await _supervise(await _spawn(argv, env), on_interrupt)
 
 
-async def run_child_relayed(argv: list[str], env: dict[str, str], relay: Callable[[int, bytes], None]) -> ChildResult:
+async def run_child_relayed(
+    argv: list[str],
+    env: dict[str, str],
+    relay: Callable[[int, bytes], None],
+    on_interrupt: OnInterrupt | None = None,
+) -> ChildResult:
     """As run_child, with the harness's output read here and handed to `relay(fd, bytes)` as it
     comes (1: its stdout, 2: its stderr), so a caller that draws a progress line on the same
     terminal can keep the two apart."""
@@ -81,7 +97,7 @@ async def run_child_relayed(argv: list[str], env: dict[str, str], relay: Callabl
             relay(fd, chunk)
 
     pumps = [asyncio.ensure_future(pump(proc.stdout, 1)), asyncio.ensure_future(pump(proc.stderr, 2))]
-    result = await _supervise(proc)
+    result = await _supervise(proc, on_interrupt)
     await asyncio.gather(*pumps)
     return result
 
@@ -95,24 +111,77 @@ async def _spawn(argv: list[str], env: dict[str, str], **streams) -> asyncio.sub
         raise click.ClickException(f"{argv[0]}: permission denied (is it executable?)") from None
 
 
-async def _supervise(proc: asyncio.subprocess.Process) -> ChildResult:
+def _terminal_sent_it_too(pid: int) -> bool:
+    """Whether a Ctrl-C reached the harness from the terminal as it reached us: the terminal sends
+    SIGINT to its whole foreground process group, which the harness shares with us unless it left
+    it. Passing the signal on as well interrupted it twice (a second KeyboardInterrupt raised
+    while the first was being handled: two tracebacks)."""
+    try:
+        if os.getpgid(pid) != os.getpgrp():
+            return False
+    except OSError:
+        return False
+    for stream in (sys.stdin, sys.stderr, sys.stdout):
+        try:
+            fd = stream.fileno()
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except (AttributeError, ValueError, OSError):
+            continue
+    return False
+
+
+async def _supervise(proc: asyncio.subprocess.Process, on_interrupt: OnInterrupt | None = None) -> ChildResult:
+    """Wait for the harness, passing SIGINT and SIGTERM on.
+
+    The handlers are Python-level signal handlers, not the loop's: a Ctrl-C reaches the harness
+    from the terminal at the same instant as us, and the harness may close its connections before
+    the loop would get to a handler of its own, so the proxy would see a client that hung up, not
+    an interrupt. A Python-level handler runs before the next Python code of this process, the
+    proxy's handling of those closed connections included, so `on_interrupt` always comes first;
+    the signal is then passed on from the loop."""
     loop = asyncio.get_running_loop()
     interrupted = False
 
     def forward(sig: int) -> None:
-        nonlocal interrupted
-        interrupted = True
-        if proc.returncode is None:
+        if proc.returncode is None and not (sig == signal.SIGINT and _terminal_sent_it_too(proc.pid)):
             proc.send_signal(sig)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, forward, sig)
+    def caught(sig: int, _frame) -> None:
+        nonlocal interrupted
+        interrupted = True
+        if on_interrupt is not None:
+            on_interrupt(signal.Signals(sig).name)
+        loop.call_soon_threadsafe(forward, sig)
+
+    before = {sig: signal.signal(sig, caught) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = await proc.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     return ChildResult(returncode=code if code >= 0 else 128 - code, interrupted=interrupted)
+
+
+def interrupt_note(proxy: RunningProxy) -> OnInterrupt:
+    """What `run` and `study` do on Ctrl-C before the harness gets the signal: tell their proxy,
+    so an exchange the interrupt cuts is recorded as the user's (USER_INTERRUPT), not as a client
+    that hung up on its own (which reads as a serving failure)."""
+
+    def note(signal_name: str) -> None:
+        proxy.state.user_interrupted(
+            f"the user interrupted the harness ({signal_name}) while this exchange was in flight"
+        )
+
+    return note
+
+
+async def unreachable_upstream(url: str) -> str | None:
+    """Why the upstream does not answer, in words, or None (any HTTP answer will do)."""
+    from toolproxy.proxy.upstreamhealth import check_upstream
+
+    problem = await check_upstream(url)
+    return None if problem is None else f"cannot reach the upstream {printable(url)}: {problem}"
 
 
 async def run_harness(
@@ -121,7 +190,10 @@ async def run_harness(
     tags: dict[str, str],
     agent: CodingAgent | None = None,
     model: str | None = None,
+    check_upstream: bool = True,
 ) -> ChildResult:
+    if check_upstream and (problem := await unreachable_upstream(config.upstream)) is not None:
+        raise click.ClickException(f"{problem} The harness was not started.")
     proxy = await start_proxy(config)
     click.echo(proxy_address_line("run", proxy, config), err=True)
     try:
@@ -132,9 +204,8 @@ async def run_harness(
             folder = config.data_dir.resolve() / AGENTS_DIR / agent.name
             env.update(agent.apply(Pointing(base, named, folder, os.environ)))
             click.echo(f"toolproxy run: {agent.title} pointed at the proxy by {agent.reads} (model {named})", err=True)
-        result = await run_child(argv, env)
-        if proxy.state.counters.total == 0 and proxy.state.counters.in_flight == 0:
-            result.silent = True
+        result = await run_child(argv, env, interrupt_note(proxy))
+        result.exchanges = proxy.state.counters.total + proxy.state.counters.in_flight
         return result
     finally:
         await proxy.stop()
@@ -165,12 +236,14 @@ def bridge_gemini(config: ProxyConfig) -> None:
         click.echo("toolproxy run: Gemini's protocol is bridged to chat completions for the upstream", err=True)
 
 
-def no_request_line(argv: list[str], agent: CodingAgent | None) -> str:
+def no_request_line(agent: CodingAgent | None) -> str:
     """Said when the harness sent the proxy nothing: its traffic went elsewhere, or nowhere."""
-    text = f"toolproxy run: {printable(argv[0])} sent no request to the proxy: nothing of it was recorded"
-    if agent is not None:
-        return text + f" ({agent.title} was pointed at it by {agent.reads}; see docs/recipes for {agent.name})"
-    return text + " (does it read one of the variables `toolproxy run --print-env` shows?)"
+    if agent is None:
+        return f"toolproxy run: {NO_REQUEST}"
+    return (
+        f"toolproxy run: no request reached the proxy: {agent.title} never used the address it was given "
+        f"(it was pointed at it by {agent.reads}; see docs/recipes for {agent.name})"
+    )
 
 
 async def run_against_playback(
@@ -195,7 +268,7 @@ async def run_against_playback(
         config = config_from_options(**{**options, "upstream": playback.url})
         if agent is not None and agent.protocol == wire.GEMINI:
             bridge_gemini(config)
-        return await run_harness(config, argv, tags, agent, model)
+        return await run_harness(config, argv, tags, agent, model, check_upstream=False)
     finally:
         await playback.stop()
         click.echo(f"toolproxy run: playback of {printable(playback_options.run)}: {playback.stats.line()}", err=True)
@@ -334,8 +407,8 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
         result = run_loop(run_against_playback(options, fixture, list(command), extra, agent, agent_model))
     else:
         result = run_loop(run_harness(config, list(command), extra, agent, agent_model))
-    if result.silent:
-        click.echo(no_request_line(list(command), agent), err=True)
+    if result.exchanges == 0:
+        click.echo(no_request_line(agent), err=True)
     if result.interrupted:
         click.echo("toolproxy run: harness interrupted; what it recorded is kept", err=True)
     elif result.returncode != 0:

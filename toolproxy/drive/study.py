@@ -9,9 +9,16 @@ changes. One in-process proxy per upstream serves the study, so each upstream is
 once and its runs are attributed to it.
 
 The study's state is a small JSON file in the data directory, written after every run: Ctrl-C
-leaves the finished runs usable, and running the same command again skips them. A run cut short
-is kept under its own name (marked interrupted) and redone under a fresh one, so a partial run's
-turns never mix with a complete one's.
+leaves the finished runs usable, and running the same command again skips them, as a test runner
+or a benchmark runner continues. A run cut short is kept under its own name (marked interrupted)
+and redone under a fresh one, so a partial run's turns never mix with a complete one's. A
+harness's exit code is its own verdict on its tasks (an agent that never got its call as a call
+may well exit 1), not a reason to discard what its cell recorded: it is kept beside the cell.
+
+Each upstream is asked whether it answers before the first cell, so a wrong port costs one line,
+not a study of connect errors; one that stops answering mid-study stops the study, and the cell
+it cut is redone on the next run. The upstream's URL is not part of the study's identity (its
+name is), so the same command with a corrected --upstream resumes the same study.
 """
 
 from __future__ import annotations
@@ -31,7 +38,17 @@ import click
 from toolproxy.analysis.measure.runline import from_report
 from toolproxy.conditions import NAMES
 from toolproxy.drive.harness import harness_env
-from toolproxy.drive.run import parse_tags, proxy_address_line, run_child, run_child_relayed, start_proxy, toolproxy_cli
+from toolproxy.drive.run import (
+    NO_REQUEST,
+    interrupt_note,
+    parse_tags,
+    proxy_address_line,
+    run_child,
+    run_child_relayed,
+    start_proxy,
+    toolproxy_cli,
+    unreachable_upstream,
+)
 from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.listener import LINE_LIMIT
@@ -46,13 +63,26 @@ _UPSTREAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*$")
 _NOT_IN_RUN_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+# A cell's status. Done: its harness ran to its end (whatever its exit code, kept beside it).
+# Redone on the next run of the study: pending; interrupted and unreached (the upstream stopped
+# answering), each under a fresh run name since it recorded something; no_requests (the harness
+# sent the proxy nothing) under the same name, since it recorded nothing.
+PENDING, DONE, INTERRUPTED, UNREACHED, NO_REQUESTS = "pending", "done", "interrupted", "unreached", "no_requests"
+STATUS_WORDS = {
+    PENDING: "not run yet",
+    INTERRUPTED: "interrupted: run the study again to redo it",
+    UNREACHED: "the upstream stopped answering: run the study again once it answers",
+    NO_REQUESTS: NO_REQUEST.split(":")[0],
+}
+
+
 @dataclass
 class Planned:
     condition: str
     repeat: int  # 1-based
     run: str  # the run name the finished attempt was recorded under
-    status: str = "pending"  # pending | done | failed | interrupted
-    exit_code: int | None = None
+    status: str = PENDING
+    exit_code: int | None = None  # the harness's own verdict on its tasks, kept beside the cell
     seconds: float | None = None
     attempts: list[str] = field(default_factory=list)  # earlier run names of cut-short attempts
     stack: str | None = None  # the upstream's name (None: the study's one unnamed upstream)
@@ -93,8 +123,22 @@ class Study:
     def urls(self) -> dict[str | None, str]:
         return {name: url for name, url in self.upstreams} if self.upstreams else {None: self.upstream}
 
-    def plan_key(self) -> tuple:
-        return self.command, self.conditions, self.repeat, self.urls(), self.models
+    def plan_parts(self) -> dict[str, object]:
+        """What makes the study the same study: its command and matrix. An upstream's URL is not
+        part of it (its name is): a corrected --upstream resumes the study."""
+        return {
+            "command": self.command,
+            "conditions": self.conditions,
+            "repeats": self.repeat,
+            "upstream names": list(self.urls()),
+            "models": self.models,
+        }
+
+    def status_text(self, p: Planned) -> str:
+        """A cell's status in words, the harness's exit code beside a finished one."""
+        if p.status != DONE:
+            return STATUS_WORDS.get(p.status, p.status)
+        return "done" if not p.exit_code else f"done (harness exited {p.exit_code})"
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -104,7 +148,12 @@ class Study:
     @classmethod
     def load(cls, path: Path) -> Study:
         doc = json.loads(path.read_text())
-        return cls(**{**doc, "runs": [Planned(**r) for r in doc["runs"]]})
+        runs = []
+        for r in doc["runs"]:
+            # Before exit codes were kept beside the cell, a harness that exited non-zero marked
+            # its cell "failed" and the cell was run again on every rerun: it finished, so it is done.
+            runs.append(Planned(**{**r, "status": DONE if r.get("status") == "failed" else r.get("status", PENDING)}))
+        return cls(**{**doc, "runs": runs})
 
 
 def run_name(
@@ -145,7 +194,8 @@ def state_path(data_dir: Path, name: str) -> Path:
 
 
 def _resume(path: Path, fresh: Study) -> Study:
-    """The saved study if it is the same study; a changed command or plan is a usage error."""
+    """The saved study if it is the same study, its upstream URLs updated to the ones given; a
+    changed command or matrix is a usage error that says what changed."""
     if not path.exists():
         return fresh
     try:
@@ -154,12 +204,38 @@ def _resume(path: Path, fresh: Study) -> Study:
         raise click.ClickException(
             f"{path} is not a readable study state ({exc}); move it away to start over"
         ) from None
-    if saved.plan_key() != fresh.plan_key():
+    was, now = saved.plan_parts(), fresh.plan_parts()
+    changed = [part for part in now if was[part] != now[part]]
+    if changed:
+        part = changed[0]
         raise click.UsageError(
-            f"a study named {fresh.name!r} with another command or plan exists in {path}; "
-            "choose another --name, or move that file away to start over"
+            printable(
+                f"the study {fresh.name!r} in {path} was planned with other {', '.join(changed)} (its {part}: "
+                f"{_shown(was[part])}; given: {_shown(now[part])}); give the same to resume it, choose another "
+                "--name, or move that file away to start over"
+            )
         )
+    before = saved.urls()
+    for name, url in fresh.urls().items():
+        if before.get(name) != url:
+            label = f"upstream {name}" if name else "the upstream"
+            done = sum(1 for p in saved.runs if p.stack == name and p.status == DONE)
+            click.echo(
+                printable(
+                    f"study {saved.name}: {label} is now {url} (was {before.get(name)}); "
+                    f"{done} cell{'s' if done != 1 else ''} done against it keep their recordings"
+                ),
+                err=True,
+            )
+    saved.upstreams = [list(u) for u in fresh.upstreams]
+    saved.upstream = fresh.upstream
     return saved
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return " ".join(value) or "none"
+    return str(value)
 
 
 def _typical(done: list[float]) -> float:
@@ -238,12 +314,35 @@ class HarnessOutput:
             self.progress.show(text)
 
 
+class Stop(Exception):
+    """The study cannot go on (an upstream does not answer): the cells left stay for the next run."""
+
+
+async def _check_upstreams(study: Study, stacks: set[str | None]) -> None:
+    """Every upstream a pending cell needs answers HTTP, or Stop with one line per one that does not:
+    before the first cell, as doctor checks before its first probe."""
+    urls = study.urls()
+    problems = []
+    for stack in sorted(stacks, key=lambda s: list(urls).index(s)):
+        problem = await unreachable_upstream(urls[stack])
+        if problem is not None:
+            problems.append(f"{f'upstream {stack}: ' if stack else ''}{problem}")
+    if problems:
+        raise Stop(
+            "; ".join(problems) + " No cell was run: start the model server or correct --upstream, then run "
+            "the same command again (the study resumes)."
+        )
+
+
 async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, str], progress: Progress) -> bool:
     """Every pending run in order; False when the user interrupted (the rest stays pending)."""
     urls = study.urls()
+    stacks = {p.stack for p in study.runs if p.status != DONE}
+    if stacks:
+        await _check_upstreams(study, stacks)
     proxies = {}
     try:
-        for stack in {p.stack for p in study.runs if p.status != "done"}:
+        for stack in stacks:
             stack_config = dataclasses.replace(config, upstream=urls[stack])
             proxies[stack] = await start_proxy(stack_config)
             click.echo(proxy_address_line("study", proxies[stack], stack_config), err=True)
@@ -253,35 +352,40 @@ async def _run_study(config: ProxyConfig, study: Study, save, tags: dict[str, st
             await proxy.stop()
 
 
+def _next_name(study: Study, planned: Planned) -> None:
+    """A cell redone after an attempt that recorded something runs under a fresh name (RUN~2 ...),
+    so the earlier attempt's turns never mix with its own; one that recorded nothing keeps its name."""
+    if planned.status in (INTERRUPTED, UNREACHED):
+        planned.attempts.append(planned.run)
+        base_name = run_name(study.name, planned.condition, planned.repeat, study.repeat, planned.stack, planned.model)
+        planned.run = f"{base_name}~{len(planned.attempts) + 1}"
+
+
 async def _run_cells(study: Study, proxies: dict, save, tags: dict[str, str], progress: Progress) -> bool:
-    todo = [p for p in study.runs if p.status != "done"]
-    durations = [p.seconds for p in study.runs if p.status == "done" and p.seconds]
+    todo = [p for p in study.runs if p.status != DONE]
+    durations = [p.seconds for p in study.runs if p.status == DONE and p.seconds]
     finished = len(study.runs) - len(todo)
     relay = HarnessOutput(progress) if progress.enabled else None
     for i, planned in enumerate(todo, 1):
-        if planned.status in ("interrupted", "failed"):
-            planned.attempts.append(planned.run)
-            base_name = run_name(
-                study.name, planned.condition, planned.repeat, study.repeat, planned.stack, planned.model
-            )
-            planned.run = f"{base_name}~{len(planned.attempts) + 1}"
+        _next_name(study, planned)
         click.echo(cell_line(study.name, planned, len(study.runs), finished, durations, len(todo) - i + 1), err=True)
         proxy = proxies[planned.stack]
+        counters = proxy.state.counters
         base = proxy.url + cell_prefix(planned, tags)
         env = {**os.environ, **harness_env(base, os.environ)}
-        start, seen = time.monotonic(), proxy.state.counters.total
+        start, seen, unanswered = time.monotonic(), counters.total, _unanswered(counters)
         if relay is not None:
             env.setdefault("PYTHONUNBUFFERED", "1")  # its output piped through here, as it comes
-            child = asyncio.ensure_future(run_child_relayed(study.command, env, relay))
+            child = asyncio.ensure_future(run_child_relayed(study.command, env, relay, interrupt_note(proxy)))
         else:
-            child = asyncio.ensure_future(run_child(study.command, env))
+            child = asyncio.ensure_future(run_child(study.command, env, interrupt_note(proxy)))
         while not child.done():
             await asyncio.wait([child], timeout=1.0)
             if relay is not None:
                 relay.show(
                     run_line(
                         planned.run,
-                        proxy.state.counters.total - seen,
+                        counters.total - seen,
                         time.monotonic() - start,
                         durations,
                         len(todo) - i,
@@ -291,19 +395,44 @@ async def _run_cells(study: Study, proxies: dict, save, tags: dict[str, str], pr
         result = child.result()
         planned.seconds = round(time.monotonic() - start, 1)
         planned.exit_code = result.returncode
-        planned.status = "interrupted" if result.interrupted else ("done" if result.returncode == 0 else "failed")
+        exchanges = counters.total - seen
+        problem = None
+        if result.interrupted:
+            planned.status = INTERRUPTED
+        elif exchanges == 0:
+            planned.status = NO_REQUESTS
+        elif _unanswered(counters) - unanswered == exchanges and (
+            problem := await unreachable_upstream(proxy.state.config.upstream)
+        ):
+            planned.status = UNREACHED
+        else:
+            planned.status = DONE
         save()
         if result.interrupted:
             return False
-        if planned.status == "failed":
+        if problem is not None:
+            raise Stop(
+                f"{planned.run}: no request got an answer, and {problem} The cells left were not run; "
+                "run the same command again once it answers (the study resumes, this cell under a fresh name)."
+            )
+        if planned.status == NO_REQUESTS:
+            click.echo(f"  {planned.run}: {NO_REQUEST}; a rerun of this command runs it again", err=True)
+        elif result.returncode != 0:
             click.echo(
-                f"  {planned.run}: the harness exited {result.returncode}; its turns are kept and "
-                "analyzed, and a rerun of this command tries it again",
+                f"  {planned.run}: the harness exited {result.returncode}, its own verdict on its tasks (its "
+                "output above says why); the cell's recording is kept and measured like any other",
                 err=True,
             )
-        durations.append(planned.seconds)
-        finished += 1
+        if planned.status == DONE:
+            durations.append(planned.seconds)
+            finished += 1
     return True
+
+
+def _unanswered(counters) -> int:
+    """Exchanges so far that got no answer from the upstream at all (it could not be connected to,
+    or said nothing in time): when they are all of a cell's, the upstream is asked whether it answers."""
+    return counters.errors.get("connect", 0) + counters.errors.get("timeout", 0)
 
 
 def _report_runs(data_dir: Path, runs: list[str]) -> dict[str, dict]:
@@ -343,11 +472,11 @@ def render(study: Study, reports: dict[str, dict], comparisons: dict[str, dict |
         r = reports.get(p.run)
         head = f"| {p.run} | {p.condition} | " + "".join(f"{getattr(p, axis)} | " for axis in axes)
         if r is None:
-            lines.append(f"{head}{p.status} | 0 | - | - | - |")
+            lines.append(f"{head}{study.status_text(p)} | 0 | - | - | - |")
             continue
         cells = from_report(r).cells()
         lines.append(
-            f"{head}{p.status} | {r.get('episodes', 0)} | {cells['call']} | "
+            f"{head}{study.status_text(p)} | {r.get('episodes', 0)} | {cells['call']} | "
             f"{cells['delivered']} | {cells['cause'] or 'none'} |"
         )
     if comparisons:
@@ -370,9 +499,22 @@ def render(study: Study, reports: dict[str, dict], comparisons: dict[str, dict |
     return "\n".join(lines) + "\n"
 
 
+def _not_condition(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        raise click.BadParameter(
+            f"a study runs each of --conditions (comma-separated), e.g. --conditions {value}; "
+            "--condition is serve's and run's one condition",
+            ctx,
+            param,
+        )
+
+
 def _several_upstreams(fn):
-    """serve's --upstream, repeatable and optionally named, for a study across stacks."""
-    fn.__click_params__ = [p for p in fn.__click_params__ if p.name != "upstream"]
+    """serve's --upstream, repeatable and optionally named, for a study across stacks; serve's
+    --condition left out, so a `--condition native,text` is answered with --conditions
+    instead of being taken as the proxy's one condition."""
+    fn.__click_params__ = [p for p in fn.__click_params__ if p.name not in ("upstream", "condition")]
+    fn = click.option("--condition", hidden=True, expose_value=False, callback=_not_condition)(fn)
     return click.option(
         "--upstream",
         "upstreams",
@@ -458,7 +600,7 @@ def study(upstreams, models, conditions, repeat, name, tags, command, **options)
         raise click.BadParameter(
             "a study over several upstreams runs a proxy for each: leave --port out", param_hint="--port"
         )
-    options["quiet"] = True
+    options.update(quiet=True, condition="native")  # each cell's condition travels in its requests' tags
     config = config_from_options(upstream=named[0][1], **options)
     for _, url in named[1:]:
         config_from_options(upstream=url, **options)  # each upstream is checked as serve would check it
@@ -471,28 +613,37 @@ def study(upstreams, models, conditions, repeat, name, tags, command, **options)
     path = state_path(config.data_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     st = _resume(path, planned)
-    if all(p.status == "done" for p in st.runs):
+    if all(p.status == DONE for p in st.runs):
         click.echo(f"study {name}: every run is done already; showing the results", err=True)
     progress = Progress("study")
-    completed = run_loop(_run_study(config, st, lambda: st.save(path), extra, progress))
-    finish(config.data_dir, st, interrupted=not completed)
+    stopped = None
+    try:
+        completed = run_loop(_run_study(config, st, lambda: st.save(path), extra, progress))
+    except Stop as exc:
+        completed, stopped = True, printable(str(exc))
+        click.echo(f"toolproxy study: {stopped}", err=True)
+    if stopped is not None and not any(p.status != PENDING for p in st.runs):
+        sys.exit(1)  # nothing ran: nothing to analyze or show
+    finish(config.data_dir, st, interrupted=not completed, stopped=stopped is not None)
 
 
-def finish(data_dir: Path, st: Study, interrupted: bool) -> None:
-    """Analyze, compare, print and keep the study's markdown beside its state."""
+def finish(data_dir: Path, st: Study, interrupted: bool, stopped: bool = False) -> None:
+    """Analyze, compare, print and keep the study's markdown beside its state; then the exit code:
+    130 when interrupted, 1 when the study stopped early or no cell produced a model turn (nothing
+    was measured of any model), else 0."""
     if toolproxy_cli("analyze", "--data", str(data_dir)).returncode != 0:
         raise click.ClickException(
             f"analyze failed on {data_dir}; run `toolproxy analyze --data {data_dir}` to see why"
         )
-    names = [p.run for p in st.runs if p.status != "pending"]
+    names = [p.run for p in st.runs if p.status not in (PENDING, NO_REQUESTS)]
     reports = _report_runs(data_dir, names) if names else {}
     comparisons: dict[str, dict | None] = {}
     firsts = {
-        (p.stack, p.model, p.repeat): p.run for p in st.runs if p.condition == st.conditions[0] and p.status == "done"
+        (p.stack, p.model, p.repeat): p.run for p in st.runs if p.condition == st.conditions[0] and p.status == DONE
     }
     for p in st.runs:
         first = firsts.get((p.stack, p.model, p.repeat))
-        if p.condition != st.conditions[0] and p.status == "done" and first is not None:
+        if p.condition != st.conditions[0] and p.status == DONE and first is not None:
             comparisons[p.run] = _compare(data_dir, first, p.run)
     html = None
     if names:
@@ -520,3 +671,31 @@ def finish(data_dir: Path, st: Study, interrupted: bool) -> None:
     if interrupted:
         click.echo(f"study {st.name}: interrupted; run the same command again to resume", err=True)
         sys.exit(130)
+    if stopped:
+        sys.exit(1)
+    done = [p.run for p in st.runs if p.status == DONE]
+    if not any(_model_turns(reports.get(run)) for run in done):
+        click.echo(f"study {st.name}: {_nothing_measured(st, reports)}", err=True)
+        sys.exit(1)
+
+
+def _model_turns(report: dict | None) -> int:
+    """Turns of a run that got the model's output (every turn that is not a non-response)."""
+    if not report:
+        return 0
+    return int(report.get("turns") or 0) - sum((report.get("non_response_kinds") or {}).values())
+
+
+def _nothing_measured(st: Study, reports: dict[str, dict]) -> str:
+    """Why no cell produced a model turn, from what the cells recorded."""
+    ran = [p for p in st.runs if p.status != PENDING]
+    if ran and all(p.status == NO_REQUESTS for p in ran):
+        return "no cell's harness sent the proxy a request: nothing was measured"
+    if not any(p.status == DONE for p in st.runs):
+        return "no cell ran to its end, so nothing was measured"
+    causes = "; ".join(
+        sorted({from_report(reports[p.run]).cause() for p in st.runs if p.status == DONE and p.run in reports} - {""})
+    )
+    return "no cell produced a model turn: nothing was measured of the model" + (
+        f" (every turn a non-response: {causes})" if causes else " (no turn was recorded)"
+    )

@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import secrets
 
-from toolproxy.emulators.model import CALL_FORMATS, ModelRequest, ScriptedReply, call
+from toolproxy.emulators.faults import stall
+from toolproxy.emulators.model import CALL_FORMATS, ModelRequest, ScriptedReply, agent_reply, call
 from toolproxy.emulators.server import FakeStack
 from toolproxy.proxy import serverlog
 from toolproxy.proxy.headers import Redactor
@@ -32,13 +33,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--reply",
-        choices=["text", "call"],
+        choices=["text", "call", "agent"],
         default="text",
-        help="text: the model answers with a greeting; call: it always calls the first offered tool with {}",
+        help="text: the model answers with a greeting; call: it always calls the first offered tool with {}; "
+        "agent: a correct agent's model, calling the first offered tool with arguments that fit its schema, "
+        "then answering from the tool's result",
+    )
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="how long the model takes before each reply (e.g. 2, to watch the live page while an agent runs)",
     )
     args = parser.parse_args(argv)
 
     def respond(req: ModelRequest) -> ScriptedReply | None:
+        if args.reply == "agent":
+            return agent_reply(req)
         return call(req.tools[0], {}) if args.reply == "call" and req.tools else None
 
     fake = FakeStack(
@@ -48,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
         call_format=args.call_format,
         responder=respond,
     )
+    if args.delay > 0:
+        fake.inject(stall(before=args.delay, times=None))  # toolproxy's fingerprint probes are never delayed
     # Its log lines as serve's: a request aiohttp refuses is one line, its keys never printed. The
     # key of the stand-ins is this process's own (it has no data directory).
     serverlog.install(Redactor(secrets.token_bytes(32)))

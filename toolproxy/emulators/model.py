@@ -138,3 +138,43 @@ class ModelRequest:
 
 
 DEFAULT_REPLY = text("Hello! How can I help you today?")
+
+
+def schema_example(schema: Any) -> Any:
+    """A value that fits a JSON Schema, as a model that read it would write one: the first of an
+    enum, a number 1, a string taken from the description's "e.g." when it has one (the example
+    agent's calculator says "e.g. (3 + 4) * 2"), every required property of an object."""
+    if not isinstance(schema, dict):
+        return {}
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = [k for k in schema.get("required") or [] if k in props] or list(props)[:1]
+        return {k: schema_example(props[k]) for k in required}
+    if kind in ("number", "integer"):
+        return 1
+    if kind == "boolean":
+        return True
+    if kind == "array":
+        return []
+    described = str(schema.get("description") or "")
+    return described.split("e.g.", 1)[1].strip() if "e.g." in described else "example"
+
+
+def agent_reply(req: ModelRequest) -> ScriptedReply | None:
+    """A correct agent's turn: after a tool result, an answer in prose; else a call to the first
+    offered tool with arguments that fit its schema (None, the default reply, when none is offered)."""
+    last = (req.messages or [{}])[-1]
+    if isinstance(last, dict) and last.get("role") in ("tool", "function"):
+        return text(f"The tool returned {str(last.get('content'))[:80]}; that is the answer.")
+    if not req.tools:
+        return None
+    for tool in req.body.get("tools") or []:
+        fn = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if isinstance(fn, dict) and fn.get("name") == req.tools[0]:
+            return call(req.tools[0], schema_example(fn.get("parameters") or fn.get("input_schema") or {}))
+    return call(req.tools[0], {})

@@ -23,14 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolproxy.record.model import body_bytes
+from toolproxy.record.model import CLIENT_CLOSED, USER_INTERRUPT, body_bytes
 from toolproxy.record.pacing import EXTRA_KEY as PIECE_MS
 from toolproxy.record.pacing import read_marks
 from toolproxy.record.schema import EXCHANGE, Issue, read_checked
 from toolproxy.record.segments import list_segments
 
 # Errors after which the client got the recorded bytes and then a closed connection.
-CUT_SHORT = frozenset({"upstream_closed", "timeout", "response_too_large", "client_closed", "proxy_error"})
+CUT_SHORT = frozenset(
+    {"upstream_closed", "timeout", "response_too_large", CLIENT_CLOSED, USER_INTERRUPT, "proxy_error"}
+)
 UNPLAYABLE = "unplayable"
 # A header as HTTP has them (RFC 9110 5.1, 5.5): a token for a name; a value of visible
 # characters, spaces and tabs (no CR or LF, which would start a header of the recording's choosing).
@@ -44,6 +46,12 @@ class FixtureError(Exception):
 
 class Unplayable(ValueError):
     """A recorded exchange playback cannot send as recorded; the message says what is wrong."""
+
+
+# Every reply a playback server sends carries the id of the recorded exchange that answered it (or
+# `miss`): a harness's run recorded against a playback is known by it as a played run, whose
+# provenance is the recording's (analysis.report.provenance).
+REPLY_HEADER = "X-Toolproxy-Playback"
 
 
 @dataclass(frozen=True, slots=True)

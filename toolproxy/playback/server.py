@@ -41,7 +41,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from toolproxy import wire
-from toolproxy.playback.fixture import Fixture, RecordedExchange
+from toolproxy.playback.fixture import REPLY_HEADER, Fixture, RecordedExchange
 from toolproxy.playback.match import Matcher, MatchRules, Miss
 from toolproxy.proxy.admission import origin_form_refusal
 from toolproxy.proxy.config import (
@@ -66,7 +66,6 @@ from toolproxy.wire.hopbyhop import HOP_BY_HOP, NOT_FORWARDED_UP, connection_lis
 ON_MISS = ("fail", "forward", "record")
 PACES = ("fast", "recorded")
 MISS_STATUS = 404
-REPLY_HEADER = "X-Toolproxy-Playback"
 STATS_PATH = "/_toolproxy/playback"
 RUN_HEADER = TAG_HEADER_PREFIX + "run"
 # aiohttp's client adds these when a request lacks them; a relayed request carries only the harness's.

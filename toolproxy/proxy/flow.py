@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 
 from aiohttp import web
 
-from toolproxy.record.model import Record, new_id, now
+from toolproxy.record.model import CLIENT_CLOSED, USER_INTERRUPT, Record, new_id, now
 
 PHASES = ("request_headers", "request", "response_headers", "response_chunk", "response_end", "error", "recorded")
 
@@ -88,6 +88,7 @@ class Flow:
         "hard_deadline",
         "phase",
         "expired",
+        "cut_by_user",
     )
 
     def __init__(self, request: web.Request, upstream: str, total_timeout: float | None, durable: bool = False) -> None:
@@ -126,6 +127,18 @@ class Flow:
         self.hard_deadline = None if total_timeout is None else asyncio.get_running_loop().time() + total_timeout
         self.phase = "first_byte"
         self.expired: str | None = None
+        # Set while in flight when the user interrupted the harness (ProxyState.user_interrupted):
+        # how, in words. A client that then hangs up was stopped by the user, not failed by the stack.
+        self.cut_by_user: str | None = None
+
+    def client_gone(self, message: str) -> None:
+        """The client ended the exchange before its answer was complete: by the user's interrupt
+        when one came while it was in flight, else for reasons of its own (USER_INTERRUPT or
+        CLIENT_CLOSED, toolproxy.record.model)."""
+        if self.cut_by_user is not None:
+            self.rec.set_error(USER_INTERRUPT, f"{self.cut_by_user}; {message}")
+        else:
+            self.rec.set_error(CLIENT_CLOSED, message)
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0

@@ -57,7 +57,7 @@ async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.Stre
         if flow.expired is not None and flow.task.uncancel() == 0:
             return await _timed_out(state, flow)
         # The client went away (aiohttp cancels the handler): stop the upstream, keep what we have.
-        flow.rec.set_error("client_closed", "client disconnected before the response was complete")
+        flow.client_gone("client disconnected before the response was complete")
         state.hooks.end(flow)
         raise
     except Exception as exc:  # a bug in the proxy must still leave a record and a clear answer
@@ -196,7 +196,7 @@ async def _read_body(state: ProxyState, flow: Flow) -> None:
         if isinstance(body, SpilledBody):
             await asyncio.wrap_future(body.ready)
     except _CLIENT_GONE as exc:
-        rec.set_error("client_closed", f"client disconnected while sending the request: {exc}")
+        flow.client_gone(f"client disconnected while sending the request: {exc}")
         state.hooks.end(flow)
         raise web.HTTPBadRequest() from exc
     flow.deadline = None
@@ -438,7 +438,7 @@ async def _relay(state: ProxyState, flow: Flow, resp: aiohttp.ClientResponse) ->
         rec.set_error("upstream_closed", f"upstream {cfg.upstream} connection failed mid-response: {exc}")
         return await _cut(state, flow, client)
     except _CLIENT_GONE as exc:
-        rec.set_error("client_closed", f"client disconnected mid-response: {exc}")
+        flow.client_gone(f"client disconnected mid-response: {exc}")
         hooks.end(flow)
         return client
 

@@ -10,6 +10,10 @@ Probing is bounded, because model names come from clients: one model at a time, 
 new model every `PROBE_GAP` seconds, at most `MAX_MODELS` fingerprints kept. Names beyond
 that are counted, not probed. Probing and recording happen in the background, so serving never
 waits for them, and a slow or dead upstream only delays a fingerprint record, never a response.
+
+A fingerprint that found the upstream unreachable is not kept as the answer: an upstream started a
+moment after the proxy (a model server and `serve` launched back to back) is probed again when
+traffic comes, at most once every `PROBE_GAP` seconds, so the stats name the stack once it answers.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import orjson
 from toolproxy.proxy.flow import Addon, Flow, Service
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.record.writer import SegmentWriter
-from toolproxy.stacks.catalog import STACKS
+from toolproxy.stacks.catalog import STACKS, UNREACHABLE
 from toolproxy.stacks.fingerprint import Fingerprint, fingerprint_record, probe
 
 ATTEMPT_PATHS = ("/chat/completions", "/completions", "/api/chat", "/api/generate", "/v1/messages", "/responses")
@@ -90,6 +94,7 @@ class StackWatch(Addon):
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._stack: str | None = None
+        self._unreached = False  # the latest fingerprint found nothing answering: probe again on traffic
 
     stats_key = "stack"
 
@@ -128,6 +133,8 @@ class StackWatch(Addon):
 
     def request(self, flow: Flow) -> None:
         """A path comparison and an append, nothing more (a spilled body, too large to hold, is skipped)."""
+        if self._unreached:
+            self._wake.set()  # traffic: is the upstream there now?
         rec = flow.rec
         if rec.method != "POST" or not rec.path.endswith(ATTEMPT_PATHS):
             return
@@ -164,6 +171,7 @@ class StackWatch(Addon):
             fp = Fingerprint(upstream=cfg.upstream, stack="unknown", model=model, error=f"{type(exc).__name__}: {exc}")
         self.fingerprints[model] = fp
         self._probing.pop(model, None)
+        self._unreached = fp.stack == UNREACHABLE
         if self.health is not None:
             self.health.observe(fp.stack != "unreachable", fp.error, "fingerprint")
         self.writer.submit(fingerprint_record(fp, cfg.default_run(started), started))
@@ -171,11 +179,15 @@ class StackWatch(Addon):
             self._stack = fp.stack
         return fp
 
+    def _reached(self) -> set[str | None]:
+        """The names whose fingerprint found the upstream answering (an unreachable one is asked again)."""
+        return {name for name, fp in self.fingerprints.items() if fp.stack != UNREACHABLE}
+
     def _new_model(self, body: str) -> str | None:
-        if not model_candidates(body) - self.fingerprints.keys() - self._probing.keys():
+        if not model_candidates(body) - self._reached() - self._probing.keys():
             return None
         name = top_level_model(body)
-        return name if name is not None and name not in self.fingerprints else None
+        return name if name is not None and name not in self._reached() else None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -184,6 +196,10 @@ class StackWatch(Addon):
         while True:
             await self._wake.wait()
             self._wake.clear()
+            server = self.fingerprints.get(None)
+            if server is not None and server.stack == UNREACHABLE and loop.time() >= next_probe:
+                next_probe = loop.time() + PROBE_GAP
+                await self._start_probe(None)  # the stats say "unreachable" until it answers
             scanned = 0
             while self._pending:
                 body = self._pending.popleft()
@@ -195,7 +211,7 @@ class StackWatch(Addon):
                     else:
                         await asyncio.sleep(max(0.0, next_probe - loop.time()))
                         next_probe = loop.time() + PROBE_GAP
-                        await self.fingerprint(name)
+                        await self._start_probe(name)  # new, or found unreachable before: ask
                 if scanned >= SCAN_BATCH_CHARS:
                     scanned = 0
                     await asyncio.sleep(0)  # let requests run between batches of bodies

@@ -73,6 +73,14 @@ class ProxyState:
         # Under `serve --workers N`: this process's place in the group, whose stats it merges.
         self.peers = None
 
+    def user_interrupted(self, how: str) -> int:
+        """The user stopped the harness (`run` and `study` call this on Ctrl-C, before the harness
+        sees the signal): every exchange in flight now ends as the user's cut (USER_INTERRUPT),
+        not as a client that hung up on its own. How many were in flight."""
+        for flow in self.watchdog.active:
+            flow.cut_by_user = how
+        return len(self.watchdog.active)
+
     def snapshot(self) -> dict:
         owned: dict = {"uptime_s": round(time.time() - self.started, 3)}
         for addon in self.hooks.addons:

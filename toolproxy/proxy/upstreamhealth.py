@@ -40,6 +40,31 @@ def _connect_failure(flow: Flow) -> bool:
 def _nothing() -> None: ...
 
 
+def _session(timeout: float) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=timeout),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        headers={"User-Agent": USER_AGENT},
+    )
+
+
+async def why_unanswered(session: aiohttp.ClientSession, upstream: str) -> str | None:
+    """None when the upstream answers HTTP at all (any status, a 404 or a 401 included), else why
+    not, in words a user can act on: the probe the health route makes, one GET of its root."""
+    try:
+        async with session.get(upstream.rstrip("/") + "/", allow_redirects=False):
+            return None  # any answer will do; the body is never read
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        return explain(exc, upstream).sentence()
+
+
+async def check_upstream(upstream: str, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """`why_unanswered` on a session of its own: what `run` and `study` ask before a harness starts,
+    so a wrong port costs one line, not a study of connect errors."""
+    async with _session(timeout) as session:
+        return await why_unanswered(session, upstream)
+
+
 class UpstreamHealth(Addon):
     def __init__(self, upstream: str, connect_timeout: float, interval: float = INTERVAL, wait: float = WAIT) -> None:
         self.upstream = upstream
@@ -105,18 +130,12 @@ class UpstreamHealth(Addon):
 
     async def _run(self) -> None:
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                headers={"User-Agent": USER_AGENT},
-            )
-        try:
-            async with self._session.get(self.upstream + "/", allow_redirects=False):
-                pass  # any answer will do; the body is never read
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            self.observe(False, f"cannot reach {self.upstream}: {explain(exc, self.upstream).sentence()}", "probe")
-        else:
+            self._session = _session(self.timeout)
+        problem = await why_unanswered(self._session, self.upstream)
+        if problem is None:
             self.observe(True, None, "probe")
+        else:
+            self.observe(False, f"cannot reach {self.upstream}: {problem}", "probe")
 
     async def stop(self) -> None:
         if self._probe is not None and not self._probe.done():

@@ -46,6 +46,13 @@ def websocket_exchange(rec: dict) -> bool:
     return isinstance(info, dict) and "connection" in info
 
 
+# The error kinds of an exchange the client side ended before its answer was complete: the client
+# hung up (whatever its reason), or the user interrupted the harness while the exchange was in
+# flight (Ctrl-C under `toolproxy run` or `study`, which tell their proxy before the harness sees
+# the signal: ProxyState.user_interrupted). The second is the user's doing, never a serving failure.
+CLIENT_CLOSED = "client_closed"
+USER_INTERRUPT = "user_interrupt"
+
 # Seconds added to this process's wall clock wherever it stamps a record (its id, started_at,
 # ended_at). For tests only: it stands in for a host whose clock is off, so that tests can show the
 # analysis does not depend on the replicas' clocks agreeing (tests/test_replicas.py). Never set it
