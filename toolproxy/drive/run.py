@@ -23,7 +23,7 @@ import click
 from toolproxy.drive.harness import harness_env
 from toolproxy.playback.options import miss_line as _miss_line
 from toolproxy.playback.options import playback_options
-from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
+from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir, tags_from_options
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.tags import tag_prefix
 from toolproxy.runtime.eventloop import run_loop
@@ -225,7 +225,7 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
     pointing at it with the run's tags, so it needs no change. Signals are passed to CMD, the
     exit code is CMD's, and when it exits the run is analyzed and summarised in one line.
     """
-    extra = parse_tags(tags)
+    extra = tags_from_options(tags)
     options["quiet"] = True
     fixture = None
     if playback_run is not None:
@@ -308,17 +308,6 @@ def _playback_fixture(options: dict, source: str, on_miss: str, pace: str, match
             on_missed=_miss_line,
         ),
     )
-
-
-def parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
-    """`--tag KEY=VALUE` options (run's and study's) as tags; a usage error for a malformed one."""
-    out = {}
-    for t in tags:
-        key, sep, value = t.partition("=")
-        if not sep or not key or "/" in key or "/" in value:
-            raise click.BadParameter(f"{t!r}: expected KEY=VALUE without '/'", param_hint="--tag")
-        out[key] = value
-    return out
 
 
 def _summarise(data_dir: Path, run_name: str | None) -> None:

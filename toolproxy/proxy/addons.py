@@ -16,6 +16,7 @@ from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.flow import Addon
+from toolproxy.proxy.mcptraffic import McpTraffic
 from toolproxy.proxy.modelswap import ModelSwap
 from toolproxy.proxy.parts import (
     Housekeeping,
@@ -52,6 +53,8 @@ def addons(config: ProxyConfig, state: ProxyState) -> list[Addon]:
         out.append(housekeeping)
     if sampling is not None:
         out.append(sampling)
+    if config.mcp_server is not None:  # first on the request: a refused exchange is the server's too
+        out.append(McpTraffic(config.mcp_server, state.redactor))
     out += [
         state.watchdog,
         state.counters,
