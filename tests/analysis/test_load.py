@@ -280,6 +280,7 @@ def test_migrations_are_recorded_and_rerun_safely(tmp_path):
         (9,),
         (10,),
         (11,),
+        (12,),
     ]
     con.close()
 

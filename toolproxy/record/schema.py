@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from toolproxy.record.chunks import BODY_FIELDS
-from toolproxy.record.model import MCP
+from toolproxy.record.model import MCP as MCP
 from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.record.segments import list_segments, read_segment
 from toolproxy.term.jsontype import json_type
