@@ -2,6 +2,7 @@
 
     python tests/mcpclient.py MODE CALLS -- CMD ARGS     a stdio server started from CMD
     python tests/mcpclient.py MODE CALLS --url URL       a Streamable HTTP server
+    python tests/mcpclient.py legacy CALLS --sse URL     a server of the older HTTP+SSE transport
 
 MODE is the SDK's connect mode (legacy: the initialize handshake; auto: the 2026-07-28 revision's
 server/discover). CALLS is a JSON list of [tool, arguments, timeout or null]. Prints one JSON line
@@ -24,6 +25,10 @@ async def main() -> None:
     mode, calls = sys.argv[1], json.loads(sys.argv[2])
     if "--url" in sys.argv:
         server = sys.argv[sys.argv.index("--url") + 1]
+    elif "--sse" in sys.argv:
+        from mcp.client.sse import sse_client
+
+        server = sse_client(sys.argv[sys.argv.index("--sse") + 1])
     else:
         argv = sys.argv[sys.argv.index("--") + 1 :]
         server = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(os.environ))

@@ -11,37 +11,23 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from toolproxy.record.segments import read_records
+from mcpprocs import SERVER, mcp_records
+from mcpprocs import client as sdk_client
 
 pytest.importorskip("mcp")
 
 HERE = Path(__file__).resolve().parent
-SERVER = [sys.executable, str(HERE / "mcpserver.py")]
 RAW_SERVER = [sys.executable, str(HERE / "mcpraw.py")]
 FAST_SERVER = [sys.executable, str(HERE / "fastmcpserver.py")]
 TAP = [sys.executable, str(HERE / "mcptap.py")]
-CLIENT = [sys.executable, str(HERE / "mcpclient.py")]
+
+
+def client(mode: str, calls: list, server: list[str], env: dict | None = None) -> list[dict]:
+    return sdk_client(mode, calls, server=server, env=env)
 
 
 def wrapper(data: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "toolproxy.cli", "mcp", "--data", str(data), *args]
-
-
-def client(mode: str, calls: list, server: list[str], env: dict | None = None) -> list[dict]:
-    done = subprocess.run(
-        [*CLIENT, mode, json.dumps(calls), "--", *server],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
-
-
-def mcp_records(data: Path) -> list[dict]:
-    return [r for r in read_records(data) if r.get("kind") == "mcp"]
 
 
 def messages(records: list[dict]) -> list[dict]:
