@@ -111,18 +111,60 @@ async def _supervise(proc: asyncio.subprocess.Process) -> ChildResult:
     return ChildResult(returncode=code if code >= 0 else 128 - code, interrupted=interrupted)
 
 
-async def run_harness(config: ProxyConfig, argv: list[str], tags: dict[str, str]) -> ChildResult:
+async def run_harness(
+    config: ProxyConfig, argv: list[str], tags: dict[str, str], mcp: McpOptions | None = None
+) -> ChildResult:
     proxy = await start_proxy(config)
     click.echo(proxy_address_line("run", proxy, config), err=True)
+    wrapped = None
     try:
         base = proxy.url + tag_prefix(config.run, **tags)
         env = {**os.environ, **harness_env(base, os.environ)}
+        if mcp is not None and mcp.configs:
+            wrapped = await _wrap_mcp(mcp, argv, config, tags)
+            argv, env = wrapped.argv, {**env, **wrapped.env}
         return await run_child(argv, env)
     finally:
+        if wrapped is not None:
+            await wrapped.stop()
         await proxy.stop()
 
 
-async def run_against_playback(options: dict, fixture, argv: list[str], tags: dict[str, str]) -> ChildResult:
+@dataclass
+class McpOptions:
+    """`--mcp-config`: the agent's MCP configurations to wrap; under --playback, the run whose
+    recorded servers answer, the playback server's address and what a miss does."""
+
+    configs: list[Path]
+    played: str | None = None
+    playback_url: str | None = None
+    on_miss: str = "fail"
+
+
+async def _wrap_mcp(mcp: McpOptions, argv: list[str], config: ProxyConfig, tags: dict[str, str]):
+    from toolproxy.drive.mcpconfig import McpConfigError, wrap_configs
+    from toolproxy.proxy.server import CannotListen
+
+    try:
+        wrapped = await wrap_configs(
+            mcp.configs,
+            argv,
+            config,
+            tags,
+            played=mcp.played,
+            playback_url=mcp.playback_url,
+            on_miss=mcp.on_miss,
+        )
+    except (McpConfigError, CannotListen) as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in wrapped.lines:
+        click.echo(f"toolproxy run: {printable(line)}", err=True)
+    return wrapped
+
+
+async def run_against_playback(
+    options: dict, fixture, argv: list[str], tags: dict[str, str], mcp: McpOptions | None = None
+) -> ChildResult:
     """The harness behind the usual recording proxy, whose upstream is a playback server of the
     recorded run: the harness gets the recorded replies and its own traffic is recorded as a
     run of its own. The playback starts first, so the proxy's config names its address."""
@@ -135,7 +177,9 @@ async def run_against_playback(options: dict, fixture, argv: list[str], tags: di
         raise click.ClickException(str(exc)) from None
     try:
         config = config_from_options(**{**options, "upstream": playback.url})
-        return await run_harness(config, argv, tags)
+        if mcp is not None:
+            mcp.played, mcp.playback_url, mcp.on_miss = playback_options.run, playback.url, playback_options.on_miss
+        return await run_harness(config, argv, tags, mcp)
     finally:
         await playback.stop()
         click.echo(f"toolproxy run: playback of {printable(playback_options.run)}: {playback.stats.line()}", err=True)
@@ -214,10 +258,20 @@ def _upstream_optional(fn):
     metavar="KEY=VALUE",
     help="Extra tag on every request (repeatable), e.g. category=simple.",
 )
+@click.option(
+    "--mcp-config",
+    "mcp_configs",
+    multiple=True,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    metavar="PATH",
+    help="The agent's MCP configuration (repeatable): a copy with every server wrapped by `toolproxy mcp` "
+    "replaces PATH on the command line (and $TOOLPROXY_MCP_CONFIG names it), so the tools' traffic is recorded "
+    "in the run; under --playback the recorded servers answer.",
+)
 @click.option("--print-env", is_flag=True, help="Print the environment the harness would get, and exit.")
 @click.option("--no-analyze", is_flag=True, help="Do not analyze when the harness exits.")
 @click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
-def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match, **options):
+def run(tags, mcp_configs, print_env, no_analyze, command, playback_run, on_miss, pace, match, **options):
     """Run a harness behind a proxy: toolproxy run --upstream URL --run NAME -- CMD ARGS...
 
     The proxy starts on a free loopback port for as long as CMD runs; CMD gets the base-URL
@@ -245,10 +299,11 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
             "give the harness command after --, e.g. toolproxy run --upstream URL -- python agent.py"
         )
     make_data_dir(config)
+    mcp = McpOptions(list(mcp_configs)) if mcp_configs else None
     if fixture is not None:
-        result = run_loop(run_against_playback(options, fixture, list(command), extra))
+        result = run_loop(run_against_playback(options, fixture, list(command), extra, mcp))
     else:
-        result = run_loop(run_harness(config, list(command), extra))
+        result = run_loop(run_harness(config, list(command), extra, mcp))
     if result.interrupted:
         click.echo("toolproxy run: harness interrupted; what it recorded is kept", err=True)
     elif result.returncode != 0:
