@@ -28,11 +28,11 @@ from pathlib import Path
 ECHO = r"""
 import sys
 out = sys.stdout.buffer
-pad = "x" * 1000
+result = b',"result":{"content":[{"type":"text","text":"' + b"x" * 1000 + b'"}],"isError":false}}\n'
 for line in sys.stdin.buffer:
     i = line.index(b'"id":') + 5
     rid = line[i:line.index(b",", i)]
-    out.write(b'{"jsonrpc":"2.0","id":' + rid + b',"result":{"content":[{"type":"text","text":"' + pad.encode() + b'"}],"isError":false}}\n')
+    out.write(b'{"jsonrpc":"2.0","id":' + rid + result)
     out.flush()
 """
 
