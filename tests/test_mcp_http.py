@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -132,3 +133,59 @@ def test_the_older_http_sse_transport(tmp_path):
     assert '"text":"11"' in stream[0]["response_body"].replace(" ", "")  # the answer came on the stream
     posts = [r for r in recs if r["method"] == "POST"]
     assert {r["status"] for r in posts} == {202} and len({r["mcp"]["session"] for r in posts}) == 1
+
+
+def _post(url: str, doc: dict | bytes, **headers: str) -> tuple[int, dict, bytes]:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    req = urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json", "Accept": ACCEPT, **headers}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_the_proxy_admits_limits_and_logs_as_serve_does(tmp_path):
+    """`mcp --upstream` is serve: its token, Host check and body limit refuse before the server is
+    reached, each refusal counted; its log lines name no token and no session, and show no traceback."""
+    token = "proxy-token-0123456789abcdef"
+    with http_server("json") as upstream:
+        proxy = mcp_proxy(upstream, tmp_path / "data", "--name", "calc", "--auth-token", token, "--max-body", "4KiB")
+        try:
+            url = proxy.url + "/mcp"
+            no_token = _post(url, INIT)
+            wrong_host = _post(url, INIT, **{"X-Toolproxy-Token": token, "Host": "evil.example"})
+            too_large = _post(url, b'{"pad":"' + b"x" * 8192 + b'"}', **{"X-Toolproxy-Token": token})
+            status, headers, body = _post(url, INIT, **{"X-Toolproxy-Token": token})
+            session = headers.get("mcp-session-id") or headers.get("Mcp-Session-Id")
+            call = {**MESSAGES[2], "id": 2}
+            answered = _post(url, call, **{"X-Toolproxy-Token": token, "Mcp-Session-Id": session})
+            stats_req = urllib.request.Request(proxy.url + "/_toolproxy/stats", headers={"X-Toolproxy-Token": token})
+            with urllib.request.urlopen(stats_req, timeout=10) as r:
+                stats = json.loads(r.read())
+        finally:
+            proxy.stop()
+    assert (no_token[0], wrong_host[0], too_large[0]) == (401, 403, 413)
+    assert status == 200 and session and b'"protocolVersion"' in body
+    assert answered[0] == 200 and json.loads(answered[2])["result"]["content"][0]["text"] == "5"
+    refused = stats["refused"]["by_kind"]
+    assert (refused["unauthorized"], refused["host_refused"]) == (1, 1)
+    # Every exchange is recorded as the server's, the refused ones too (in the refusals' segments).
+    recs = mcp_records(tmp_path / "data")
+    assert {r["mcp"]["server"] for r in recs} == {"calc"}
+    assert sorted((r["client_status"], r["error_kind"] or "") for r in recs) == [
+        (200, ""),
+        (200, ""),
+        (401, "unauthorized"),
+        (403, "host_refused"),
+        (413, "body_too_large"),
+    ]
+    sessions = {r["mcp"]["session"] for r in recs if r["client_status"] == 200}
+    assert len(sessions) == 1 and next(iter(sessions)).startswith("redacted:")
+    log = proxy.output()
+    assert "POST /mcp" in log and "Traceback" not in log
+    assert token not in log and session not in log
+    on_disk = b"".join(p.read_bytes() for p in (tmp_path / "data" / "segments").iterdir())
+    assert token.encode() not in on_disk and session.encode() not in on_disk

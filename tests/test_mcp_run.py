@@ -58,6 +58,23 @@ def test_an_agents_mcp_server_recorded_in_its_run_and_played_back(fake_stack, tm
     outputs = [response["result"] for _, response in executed]
     assert [o["isError"] for o in outputs] == [False, True]
     assert outputs[0]["content"][0]["text"] in json.dumps(own["outputs"][0])
+    # The analyzer says the same of the tool side: each call the agent made, its server and its outcome.
+    assert toolproxy("analyze", "--data", str(data), model=fake.model).returncode == 0
+    rows = toolproxy(
+        "sql",
+        "--data",
+        str(data),
+        "--format",
+        "json",
+        "SELECT episode, server, transport, tool, result FROM mcp_exchanges "
+        "WHERE run = 'agent' AND method = 'tools/call' ORDER BY started_at",
+        model=fake.model,
+    )
+    assert rows.returncode == 0, rows.stderr
+    assert json.loads(rows.stdout) == [
+        {"episode": "1", "server": "calc", "transport": transport, "tool": tool, "result": result}
+        for tool, result in zip(own["called"], ["ok", "tool_error"], strict=True)
+    ]
     # Offline: no model server, no MCP server; the agent gets what it got, its new run recorded.
     played = toolproxy(
         "run",
