@@ -5,6 +5,7 @@ clear errors, or sent to the real server and recorded into the run."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -75,3 +76,48 @@ def test_a_streamable_http_server_played_back_offline(tmp_path):
     assert missed.value.code == 404 and b"was never recorded" in missed.value.read()
     assert f"MCP server web (http): point its URL at {player.url}/t/mcp_server=web/mcp" in player.output()
     assert played[0] == recorded[0] and played[1] == recorded[2] and played[2] == recorded[1]
+
+
+def test_what_playback_cannot_answer_is_said_never_a_traceback(tmp_path):
+    """Lines that are no request, and misses whose real server cannot be started: each answered
+    as an error or said on stderr and counted, and the session goes on."""
+    data = tmp_path / "data"
+    init = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+    )
+    recorded = subprocess.run(
+        wrapper(data, "--run", "rec", "--name", "calc", "--", *SERVER),
+        input=init + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert recorded.returncode == 0, recorded.stderr
+    call = '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"add","arguments":{"a":1,"b":2}}}'
+    asked = ["garbage", '[{"jsonrpc":"2.0","id":9,"method":"ping"}]', init, call % 2, call % 3]
+    played = subprocess.run(
+        wrapper(data, "--playback", "rec", "--name", "calc", "--on-miss", "forward", "--", str(tmp_path / "gone")),
+        input="\n".join(asked) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert played.returncode == 0 and "Traceback" not in played.stderr
+    answers = [json.loads(line) for line in played.stdout.splitlines()]
+    assert answers[0] == json.loads(recorded.stdout)  # the handshake, from the recording
+    assert [a["id"] for a in answers[1:]] == [2, 3]
+    for missed in answers[1:]:
+        assert missed["error"]["code"] == -32000
+        assert "the real server could not be started" in missed["error"]["message"]
+    assert "(not_json) was not answered" in played.stderr and "(batch) was not answered" in played.stderr
+    assert played.stderr.count("cannot start the real server") == 1  # said once, not per miss
+    assert "1 answered from the recording, 2 misses, 2 lines not read" in played.stderr

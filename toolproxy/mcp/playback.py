@@ -75,6 +75,8 @@ class StdioPlayback:
         self.handshake: list[bytes] = []
         self.proc = None
         self.played = self.missed = self.relayed = 0
+        self.unread = 0  # lines from the agent that were no request and reached no server
+        self.start_error: str | None = None
 
     def _send(self, data: bytes) -> None:
         with self.out_lock:
@@ -104,12 +106,15 @@ class StdioPlayback:
             self._say(
                 f"playback of {self.server}: {self.played} answered from the recording, {self.missed} misses"
                 + (f" ({self.relayed} sent to the real server)" if self.relayed else "")
+                + (f", {self.unread} lines not read" if self.unread else "")
             )
             self._stop_server()
         return 0
 
     def _message(self, line: Line) -> None:
         if line.raw is None:
+            self.unread += 1
+            self._say(f"a line of {line.size} bytes from the agent, past the size limit, was not read")
             return
         msg = jsonrpc.read_message(line.raw)
         if msg.method in HANDSHAKE:
@@ -117,6 +122,9 @@ class StdioPlayback:
         if msg.kind != jsonrpc.REQUEST:
             if self.proc is not None:  # notifications and the agent's answers go to the real server
                 self._to_server(line.raw)
+            elif msg.kind not in (jsonrpc.NOTIFICATION, jsonrpc.RESPONSE):
+                self.unread += 1
+                self._say(f"a line from the agent that is no JSON-RPC request ({msg.kind}) was not answered")
             return
         found = self.matcher.take("MCP", msg.method, "", line.raw, self.episode, self.server)
         if not isinstance(found, Miss):
@@ -129,25 +137,34 @@ class StdioPlayback:
             return
         self.missed += 1
         message = found.message().replace("--on-miss record", "--on-miss record -- SERVER COMMAND")
-        if self.on_miss == "fail" or not self.real_server:
-            self._say(message)
-            closest = found.closest.id if found.closest is not None else None
-            self._send(miss_response(msg.doc["id"], message, closest))
+        if self.on_miss != "fail" and self.real_server and (self.proc is not None or self._start_server(line.raw)):
+            self.relayed += 1
+            self._to_server(line.raw)
             return
-        self.relayed += 1
-        if self.proc is None:
-            self._start_server(line.raw)
-        self._to_server(line.raw)
+        if self.start_error is not None:
+            message = f"{message}; the real server could not be started: {self.start_error}"
+        self._say(message)
+        closest = found.closest.id if found.closest is not None else None
+        self._send(miss_response(msg.doc["id"], message, closest))
 
-    def _start_server(self, missed: bytes) -> None:
+    def _start_server(self, missed: bytes) -> bool:
         """The real server, given the agent's handshake first (less `missed`, the request that
-        starts it, which the caller sends): the agent got the recording's answers to it."""
-        self.proc = subprocess.Popen(self.real_server, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        starts it, which the caller sends): the agent got the recording's answers to it. False
+        when it cannot be started (said once; every miss is then answered as an error)."""
+        if self.start_error is not None:
+            return False
+        try:
+            self.proc = subprocess.Popen(self.real_server, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        except OSError as exc:
+            self.start_error = f"{printable(self.real_server[0])}: {exc.strerror or exc}"
+            self._say(f"cannot start the real server {self.start_error}")
+            return False
         earlier = [raw for raw in self.handshake if raw is not missed]
         handshake_ids = {msg.id_key for msg in map(jsonrpc.read_message, earlier) if msg.kind == jsonrpc.REQUEST}
         threading.Thread(target=self._from_server, args=(handshake_ids,), daemon=True).start()
         for raw in earlier:
             self._to_server(raw)
+        return True
 
     def _from_server(self, skip: set[str]) -> None:
         lines = LineCutter(self.limit)
