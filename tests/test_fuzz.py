@@ -348,7 +348,7 @@ def every_request_answered_and_the_proxy_alive(proxy, probes, answers):
 
 
 def every_exchange_recorded_once_and_counted(fake, proxy, probes, answers):
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while True:  # the writer threads may still be writing the last records
         everything = read_records(proxy.data)  # written also counts the stack watcher's fingerprint records
         stats = proxy.stats()

@@ -38,41 +38,44 @@ ADVERSARIAL = {
 }
 
 TIMING = r"""
-import json, sys, time
+import json, sys
 from collections import Counter
 from toolproxy.record.masking import BUILTIN, Masker
 sys.path.insert(0, {tests!r})
+from scaling import assert_scales_linearly
 from test_masking_bounds import ADVERSARIAL
+
+def masking(n, make):
+    s = make(n)
+    doc = json.dumps({{"messages": [{{"role": "user", "content": s}}]}})
+    def run():
+        m = Masker(list(BUILTIN.values()), b"k" * 32)  # nothing remembered from the last call
+        m.text(s, Counter()); m.body(doc, Counter()); m.body(s, Counter())
+        m.pieces([s[: n // 2], s[n // 2:]], Counter())
+    return run
+
 out = {{}}
 for name, make in ADVERSARIAL.items():
-    best = []
-    for n in ({small}, {large}):
-        s = make(n)
-        doc = json.dumps({{"messages": [{{"role": "user", "content": s}}]}})
-        t = []
-        for _ in range(5):
-            m = Masker(list(BUILTIN.values()), b"k" * 32)  # nothing remembered from the last round
-            t0 = time.perf_counter()
-            m.text(s, Counter()); m.body(doc, Counter()); m.body(s, Counter())
-            m.pieces([s[: n // 2], s[n // 2:]], Counter())
-            t.append(time.perf_counter() - t0)
-        best.append(min(t))
-    out[name] = best
+    try:
+        out[name] = assert_scales_linearly(masking({small}, make), masking({large}, make), name, max_references=250)
+    except AssertionError as exc:
+        out[name] = str(exc)
 print(json.dumps(out))
 """
 
 
 def test_every_builtin_pattern_scales_linearly_on_adversarial_input():
-    """8x the text may take at most 8x the time and a generous margin for a shared machine
-    (quadratic would be 64x, and minutes);
-    run in a child with a deadline, since a quadratic matcher holds the GIL and ignores signals."""
+    """8x the text takes about 8x the time (quadratic would be 64x, and minutes), measured in one
+    run with scaling.py's retries and reference budget; in a child with a deadline, since a
+    quadratic matcher holds the GIL and ignores signals (the deadline is for a hang, not a speed
+    claim)."""
     small, large = 300_000, 2_400_000  # both longer than a parsed line (LINE_CHARS): one path for both
     code = TIMING.format(tests=str(__import__("pathlib").Path(__file__).parent), small=small, large=large)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    times = json.loads(r.stdout)
-    for name, (t_small, t_large) in times.items():
-        assert t_large < 32 * max(t_small, 1e-3) and t_large < 10.0, (name, t_small, t_large)
+    ratios = json.loads(r.stdout)
+    assert sorted(ratios) == sorted(ADVERSARIAL)
+    assert {name: ratio for name, ratio in ratios.items() if isinstance(ratio, str)} == {}
 
 
 def test_user_patterns_are_linear_too_and_rre2_refuses_what_it_cannot_run():
@@ -416,7 +419,7 @@ def test_keys_are_masked_in_the_record_and_on_the_live_page(fake_stack, proxy):
     }
     raw = b"".join(f.read_bytes() for f in (p.data / "segments").iterdir())
     assert b"jane@x.com" not in raw
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while True:
         try:
             with urllib.request.urlopen(f"{p.url}/_toolproxy/exchange/{rec['id']}", timeout=5) as r:

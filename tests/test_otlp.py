@@ -511,7 +511,7 @@ def test_serve_spans_never_carry_secrets_or_content(traced):
 def test_serve_stats_count_exported(traced):
     p, receiver, _ = traced
     receiver.wait_for(3)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while (otlp := p.stats()["otlp"])["exported"] < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert otlp["observed"] == otlp["exported"] == 3
@@ -524,7 +524,7 @@ def test_receiver_down_never_slows_forwarding(fake_stack, proxy, unused_tcp_port
     started = time.monotonic()
     assert [send(p.url, "weather", "r", str(i)) for i in range(5)] == [200] * 5
     assert time.monotonic() - started < 5
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while (otlp := p.stats()["otlp"])["observed"] < 5 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert otlp["observed"] == 5 and otlp["exported"] == 0, otlp
@@ -541,7 +541,7 @@ def test_refused_spans_are_counted_failed_with_the_reason():
         shipper.start()
         for i in range(3):
             shipper.observe(Record(**record(id=f"f{i}")))
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120
         while shipper.report()["failed"] < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         shipper.stop()

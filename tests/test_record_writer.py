@@ -12,6 +12,7 @@ import time
 import orjson
 import pytest
 
+from toolproxy.record import writer as writer_module
 from toolproxy.record.masking import Masker, parse_rules
 from toolproxy.record.model import Record, encode_record, new_id
 from toolproxy.record.segments import list_segments, read_records, read_segment
@@ -206,13 +207,34 @@ async def test_a_stalled_disk_answers_sync_waiters_after_the_stall_timeout(write
     assert w.stats.dropped == 0
 
 
-async def test_the_writer_falling_behind_raises_backpressure_until_it_catches_up(writer, tmp_path):
+class MovedClock:
+    """The writer's monotonic clock, moved only by the test: how long a record has waited is then
+    what the test says, however long a loaded machine takes between two lines."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> MovedClock:
+    moved = MovedClock()
+    monkeypatch.setattr(writer_module, "time", moved)
+    return moved
+
+
+async def test_the_writer_falling_behind_raises_backpressure_until_it_catches_up(writer, clock, tmp_path):
     w = writer(window=0.1)
     w.write_gate.clear()
     w.submit(rec(0))
     await until(w.writing.is_set)  # the writer is now stuck in a write (a stalled disk)
     w.submit(rec(1))
-    await asyncio.sleep(w.lag_limit + 0.05)
+    clock.now += w.lag_limit + 0.05
     assert not w.behind
     w.submit(rec(2))  # rec 1 has waited longer than half a window: the writer is behind
     assert w.behind
@@ -225,17 +247,18 @@ async def test_the_writer_falling_behind_raises_backpressure_until_it_catches_up
     await until(lambda: w.stats.written == 3)
 
 
-async def test_a_record_stuck_in_a_write_counts_for_the_backpressure(writer, tmp_path):
+async def test_a_record_stuck_in_a_write_counts_for_the_backpressure(writer, clock, tmp_path):
     """A record the writer has taken from the queue but not yet written is as much at risk in a
     crash as a queued one: its wait raises the backpressure too."""
     w = writer(window=0.1)
     w.write_gate.clear()
     w.submit(rec(0))
     await until(w.writing.is_set)  # taken, and stuck in its write: the queue is empty
-    await asyncio.sleep(w.lag_limit + 0.05)
+    clock.now += w.lag_limit + 0.05
     w.submit(rec(1))
     assert w.behind
     w.write_gate.set()
+    clock.now += w.window  # the commit window passes: what was written is synced
     await until(lambda: w.stats.written == 2 and not w.behind)
 
 
