@@ -43,7 +43,7 @@ def test_an_agents_mcp_server_recorded_in_its_run_and_played_back(fake_stack, tm
         else:
             entry = {"type": "http", "url": stack.enter_context(http_server()) + "/mcp"}
         config.write_text(json.dumps({"mcpServers": {"calc": entry}}))
-        done = _recorded(fake, config, data)
+        done = _agent(config, data, fake.model, "--upstream", fake.url, "--run", "agent", "--no-fingerprint")
     assert done.returncode == 0, done.stderr
     own = json.loads(done.stdout.strip().splitlines()[-1])
     assert own["called"] == ["add", "fail"] and own["final"] == "The sum is 5."
@@ -76,24 +76,7 @@ def test_an_agents_mcp_server_recorded_in_its_run_and_played_back(fake_stack, tm
         for tool, result in zip(own["called"], ["ok", "tool_error"], strict=True)
     ]
     # Offline: no model server, no MCP server; the agent gets what it got, its new run recorded.
-    played = toolproxy(
-        "run",
-        "--playback",
-        "agent",
-        "--data",
-        str(data),
-        "--run",
-        "again",
-        "--mcp-config",
-        str(config),
-        "--tag",
-        "episode=1",
-        "--",
-        *AGENT,
-        str(config),
-        "Add 2 and 3.",
-        model=fake.model,
-    )
+    played = _agent(config, data, fake.model, "--playback", "agent", "--run", "again")
     assert played.returncode == 0, played.stderr
     assert json.loads(played.stdout.strip().splitlines()[-1]) == own
     again = [_call(r) for r in mcp_records(data) if r["run"] == "again" and _call(r) is not None]
@@ -113,16 +96,14 @@ def _call(rec: dict) -> tuple[dict, dict] | None:
     return request, json.loads(data[-1] if data else body)
 
 
-def _recorded(fake, config, data) -> subprocess.CompletedProcess:
+def _agent(config: Path, data: Path, model: str, *how: str) -> subprocess.CompletedProcess:
+    """tests/mcpagent.py under `toolproxy run --mcp-config`, in episode 1, `how` saying where its
+    model and run are."""
     return toolproxy(
         "run",
-        "--upstream",
-        fake.url,
+        *how,
         "--data",
         str(data),
-        "--run",
-        "agent",
-        "--no-fingerprint",
         "--mcp-config",
         str(config),
         "--tag",
@@ -131,5 +112,5 @@ def _recorded(fake, config, data) -> subprocess.CompletedProcess:
         *AGENT,
         str(config),
         "Add 2 and 3.",
-        model=fake.model,
+        model=model,
     )
