@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import stat
 import tomllib
 from pathlib import Path
 
@@ -100,3 +101,13 @@ def test_a_remote_url_through_its_proxy_keeps_its_path_and_query():
     got = mcpconfig.proxied_url(server, "http://127.0.0.1:5", "r1", {"episode": "3"})
     assert got == "http://127.0.0.1:5/t/run=r1/episode=3/api/mcp?team=a"
     assert mcpconfig.origin(server.url) == "https://docs.example"
+
+
+def test_the_copy_is_for_its_owner_alone(tmp_path):
+    copy = tmp_path / "mcp-config" / "r1" / ".mcp.json"
+    copy.parent.mkdir(parents=True)
+    copy.write_text("{}")
+    copy.chmod(0o644)  # left by an earlier run of the same name
+    mcpconfig.write({"mcpServers": {"gh": {"command": "gh-mcp", "env": {"GITHUB_TOKEN": "ghp_x"}}}}, "json", copy)
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+    assert json.loads(copy.read_text())["mcpServers"]["gh"]["env"] == {"GITHUB_TOKEN": "ghp_x"}

@@ -49,6 +49,7 @@ def test_an_agents_mcp_server_recorded_in_its_run_and_played_back(fake_stack, tm
     assert own["called"] == ["add", "fail"] and own["final"] == "The sum is 5."
     assert "MCP servers of" in done.stderr and f"calc ({transport})" in done.stderr
     assert json.loads(config.read_text())["mcpServers"]["calc"] == entry  # the user's file untouched
+    assert not list((data / "mcp-config").iterdir())  # its copy, with whatever secrets it held, gone with the run
     recs = mcp_records(data)
     assert {r["mcp"]["transport"] for r in recs} == {transport}
     executed = [_call(r) for r in recs if _call(r) is not None]

@@ -25,12 +25,14 @@ file its agent reads; `toolproxy run --mcp-config PATH` does it for the file the
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import os
 import sys
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +146,14 @@ def rewritten(
 
 
 def write(doc: dict, fmt: str, path: Path) -> None:
+    """The copy, readable by its owner alone: it holds what the user's file holds (a server's
+    `env` tokens, an Authorization header), which the agent needs and nobody else may read."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n" if fmt == "json" else to_toml(doc), encoding="utf-8")
+    text = json.dumps(doc, indent=2) + "\n" if fmt == "json" else to_toml(doc)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a copy left by an earlier run of the same name had the mode it had
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def wrapper_argv(data_dir: Path, run: str | None, tags: dict[str, str], name: str, *rest: str) -> list[str]:
@@ -255,16 +263,22 @@ def _toml_value(value: Any) -> str:
 class Wrapped:
     """What a run's MCP configurations became: the agent's argv with each file named replaced by
     its rewritten copy, the variable naming the (last) copy, and the proxies started for remote
-    servers (stopped with `stop`)."""
+    servers. `stop` stops them and removes the copies: they hold the secrets of the user's file
+    and are of no use once the agent has ended."""
 
     argv: list[str]
     env: dict[str, str]
     proxies: list
     lines: list[str]
+    copies: list[Path] = field(default_factory=list)
 
     async def stop(self) -> None:
         for proxy in self.proxies:
             await proxy.stop()
+        for copy in self.copies:
+            copy.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the run's folder, once empty
+                copy.parent.rmdir()
 
 
 async def wrap_configs(
@@ -319,6 +333,7 @@ async def wrap_configs(
             urls = {s.name: proxied_url(s, await proxy_for(s), run, tags) for _, s in found if s.transport != STDIO}
             name = path.name if names.count(path.name) == 1 else f"{i}-{path.name}"
             copy = Path(config.data_dir) / MCP_DIR / (run or "run") / name
+            wrapped.copies.append(copy)
             write(rewritten(doc, stdio, urls_of(urls)), fmt, copy)
             named = replace_path(wrapped.argv, path, copy)
             wrapped.env[CONFIG_VAR] = str(copy)
