@@ -133,6 +133,10 @@ def test_the_older_http_sse_transport(tmp_path):
     assert '"text":"11"' in stream[0]["response_body"].replace(" ", "")  # the answer came on the stream
     posts = [r for r in recs if r["method"] == "POST"]
     assert {r["status"] for r in posts} == {202} and len({r["mcp"]["session"] for r in posts}) == 1
+    # The session the endpoint event names is on disk as the POSTs name it: by its stand-in, never in clear.
+    stand_in = posts[0]["mcp"]["session"]
+    assert stand_in.startswith("redacted:") and {r["query"] for r in posts} == {f"session_id={stand_in}"}
+    assert f"data: /messages/?session_id={stand_in}\r\n" in stream[0]["response_body"]
 
 
 def _post(url: str, doc: dict | bytes, **headers: str) -> tuple[int, dict, bytes]:

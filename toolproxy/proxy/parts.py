@@ -124,11 +124,17 @@ class Recording(Part):
     then mask) for the refused requests' writer too. With `--mask`, a record with a spilled body
     is masked on a thread of its own first (`spill_masking`, an addon of its own)."""
 
-    def __init__(self, config: ProxyConfig, state: ProxyState, sampler: Sampler | None) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        state: ProxyState,
+        sampler: Sampler | None,
+        scrub: Callable[[Record], Record] | None = None,
+    ) -> None:
         writer = self.writer = state.writer
         self.config = config
         masker = masker_for(config)
-        writer.transform = state.refusals.writer.transform = record_transform(sampler, masker)
+        writer.transform = state.refusals.writer.transform = record_transform(sampler, masker, scrub)
         self.spill_masking = SpillMasking(writer, writer.transform, masker) if masker is not None else None
         # Where the recorder hands finished records, when not to the writer itself.
         self.submit = self.spill_masking.submit if self.spill_masking is not None else None
@@ -200,12 +206,15 @@ def housekeeper_for(config: ProxyConfig, writer: SegmentWriter) -> Housekeeper:
     return housekeeper
 
 
-def record_transform(sampler: Sampler | None, masker: Masker | None):
-    """What is done to each record before it reaches disk: sample, then mask (a sampled-out
-    exchange is a stub with nothing left to mask). None when neither is asked for."""
+def record_transform(sampler: Sampler | None, masker: Masker | None, scrub: Callable[[Record], Record] | None = None):
+    """What is done to each record before it reaches disk: sample, scrub (an MCP proxy's
+    session stand-ins), then mask (a sampled-out exchange is a stub with nothing left to mask).
+    None when none is asked for."""
     steps = []
     if sampler is not None:
         steps.append(sampler.record)
+    if scrub is not None:
+        steps.append(scrub)
     if masker is not None:
         steps.append(masker.record)
     if not steps:
