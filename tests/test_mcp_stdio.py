@@ -131,14 +131,18 @@ def test_the_wrapper_exits_with_the_servers_status_and_a_missing_server_is_said(
         b'"capabilities":{},"clientInfo":{"name":"t","version":"1"}}}\n'
     )
     call = b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"crash","arguments":{}}}\n'
-    proc = subprocess.run(
-        wrapper(data, "--", *SERVER),
-        input=init + b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n' + call,
-        capture_output=True,
-        timeout=120,
+    # The call is sent once the handshake is answered: sent together, the server may die before it answers.
+    proc = subprocess.Popen(
+        wrapper(data, "--", *SERVER), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
-    assert proc.returncode == 3
-    assert proc.stdout.startswith(b'{"jsonrpc":"2.0","id":1,"result":')  # the answer it gave before it died
+    proc.stdin.write(init + b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+    proc.stdin.flush()
+    answered = proc.stdout.readline()
+    proc.stdin.write(call)
+    proc.stdin.close()
+    rest = proc.stdout.read()
+    assert proc.wait(120) == 3
+    assert answered.startswith(b'{"jsonrpc":"2.0","id":1,"result":') and rest == b""  # no answer to the crash
     missing = subprocess.run(
         wrapper(data, "--name", "gone", "--", "no-such-mcp-server"), input=init, capture_output=True, timeout=60
     )
