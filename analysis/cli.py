@@ -134,7 +134,7 @@ def analyze(
     click.echo(
         f"segments: {s.segments} ({s.segments_read} with new data, {s.bytes_read / 1e6:.1f} MB read); "
         f"records: {s.records}; new exchanges: {s.new_exchanges}; duplicates skipped: {s.duplicates}; "
-        f"fingerprints: {s.fingerprints}"
+        f"fingerprints: {s.fingerprints}" + (f"; MCP exchanges: {s.mcp_exchanges}" if s.mcp_exchanges else "")
     )
     click.echo(
         printable(

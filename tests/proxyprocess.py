@@ -36,7 +36,10 @@ class ProxyProcess:
         args: tuple[str, ...] = (),
         env: dict | None = None,
         startup_timeout: float = 20.0,
+        command: tuple[str, ...] | None = None,
     ) -> None:
+        """`command`: another toolproxy command that listens (`mcp --upstream URL`, `playback
+        --from RUN`) in place of `serve --upstream upstream`, with the same --port 0 and --data."""
         self.data = data
         self.args = args
         self.upstream = upstream
@@ -46,9 +49,7 @@ class ProxyProcess:
             sys.executable,
             "-c",
             "from toolproxy.cli import main; main()",
-            "serve",
-            "--upstream",
-            upstream,
+            *(command or ("serve", "--upstream", upstream)),
             "--port",
             "0",
             "--data",

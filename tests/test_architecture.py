@@ -98,6 +98,7 @@ def test_the_addon_order_is_the_one_addons_py_builds(tmp_path):
             on_record_failure="block",
             upstream_key="sk",
             otlp_endpoint="http://127.0.0.1:9/v1/traces",
+            mcp_server="files",
         )
     )
     assert [type(a).__name__ for a in state.hooks.addons] == documented_addon_order()

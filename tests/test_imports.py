@@ -363,6 +363,8 @@ TOOLPROXY_LAYERS = (
     # What starts a proxy for a purpose: doctor and conformance, recordings served back, the
     # builders the tests use (which start emulators too).
     ("checks", "playback", "testing"),
+    # MCP servers' traffic: the stdio relay and its records, and stdio playback (playback's matching).
+    ("mcp",),
     # What drives a harness through a proxy, against a stack, an emulator or a playback.
     ("drive",),
     # The command line, which reaches every command by name.

@@ -29,6 +29,7 @@ COMMANDS = {
     "study": "toolproxy.drive.study:study",
     "replay": "toolproxy.drive.replay:replay",
     "playback": "toolproxy.playback.cli:playback",
+    "mcp": "toolproxy.mcp.cli:mcp",
     "export": "toolproxy.analysis.export.cli:export",
 }
 

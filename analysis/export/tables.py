@@ -88,6 +88,16 @@ TABLES: tuple[ExportTable, ...] = (
         moves=True,
     ),
     ExportTable("runs", key="t.run", day=None, run="t.run", recent="t.last_seen::DATE"),
+    # MCP traffic with its record's bodies (each request's and response's bytes as sent; over HTTP, the
+    # exchange's, shared by the rows of its messages), sized by the record's line as exchanges are.
+    ExportTable(
+        "mcp_exchanges",
+        key="t.id",
+        day=_EXCHANGE_DAY.format("t."),
+        run="coalesce(t.run, '')",
+        select=_WITH_BODIES,
+        weight=_RECORD_BYTES.replace("exchanges e", "mcp_exchanges e"),
+    ),
 )
 
 

@@ -23,7 +23,7 @@ from toolproxy.record.retention import prune, read_ledger
 from toolproxy.term.progress import Progress
 from toolproxy.term.quantities import parse_duration
 
-_BY_SEGMENT = ("exchanges", "fingerprints", "ingest_issues", "ingest_state")
+_BY_SEGMENT = ("exchanges", "fingerprints", "ingest_issues", "ingest_state", "mcp_exchanges")
 
 
 def forget_pruned(con, data_dir: str | Path, progress=None) -> dict[str, int]:

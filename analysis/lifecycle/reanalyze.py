@@ -117,7 +117,32 @@ def reclassify(con, data_dir, progress=None) -> int:
             if progress is not None:
                 progress.advance(len(batch))
     con.execute("DROP TABLE IF EXISTS _reclassified")
+    _remake_mcp_rows(con, reader_for=lambda: RecordReader(data_dir))
     return len(refs)
+
+
+def _remake_mcp_rows(con, reader_for) -> None:
+    """The MCP records' rows made again from their records, under the current rules."""
+    from toolproxy.analysis.classify.mcp import mcp_rows
+    from toolproxy.analysis.store.tables import MCP_EXCHANGES
+
+    refs = con.execute(
+        "SELECT DISTINCT record_id, segment, segment_offset FROM mcp_exchanges ORDER BY segment, segment_offset"
+    ).fetchall()
+    if not refs:
+        return
+    rows: list[dict] = []
+    with reader_for() as reader:
+        for record_id, segment, offset in refs:
+            try:
+                rows.extend(mcp_rows(reader.record(segment, offset), segment, offset))
+            except RecordError as exc:
+                raise ReanalyzeError(
+                    f"cannot reclassify MCP record {record_id}: {exc}. The database reads bodies from the "
+                    "segments it was analysed from; give the --data that holds them"
+                ) from None
+    con.execute("DELETE FROM mcp_exchanges")
+    MCP_EXCHANGES.insert(con, MCP_EXCHANGES.columns_of(rows), on_conflict="ON CONFLICT DO NOTHING")
 
 
 class ReanalyzeError(Exception):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from toolproxy.analysis.classify.keys import Prefixes
+from toolproxy.analysis.classify.mcp import mcp_rows
 from toolproxy.analysis.classify.record import ToolSet, analyze_record, fingerprint_row
 from toolproxy.analysis.store.columns import Columns, share_strings
 from toolproxy.analysis.store.tables import CALLS, EXCHANGES
@@ -51,6 +52,8 @@ class Batch:
     calls: list[dict] = field(default_factory=list)
     tool_sets: dict[str, ToolSet] = field(default_factory=dict)
     fingerprints: list[dict] = field(default_factory=list)
+    # MCP records' rows (analysis.classify.mcp): beside the exchanges, never attempts.
+    mcp: list[dict] = field(default_factory=list)
     issues: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     records: int = 0
@@ -156,6 +159,13 @@ def _analyze_lines(segment: str, lines: list[tuple[int, bytes | memoryview]], ch
             batch.issue(offset, bad[0], bad[1], rid if isinstance(rid, str) and rid else None)
         elif rec.get("kind") == schema.FINGERPRINT:
             batch.fingerprints.append(fingerprint_row(rec, segment, offset))
+        elif rec.get("kind") == schema.MCP:
+            try:
+                batch.mcp.extend(mcp_rows(rec, segment, offset))
+            except Exception as exc:  # as for an exchange: reported, never fatal
+                batch.issue(
+                    offset, "analyze_error", f"cannot analyse MCP record {rid}: {type(exc).__name__}: {exc}", rid
+                )
         elif rid in ids:
             batch.duplicates += 1
         else:

@@ -30,7 +30,7 @@ import numpy as np
 
 from toolproxy.analysis.load.lines import CALL_TYPES, SET_ASIDE, Batch, analyze_range, issue_row
 from toolproxy.analysis.store.connection import insert_columns
-from toolproxy.analysis.store.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, TOOL_SETS
+from toolproxy.analysis.store.tables import CALLS, EXCHANGES, FINGERPRINTS, INGEST_ISSUES, MCP_EXCHANGES, TOOL_SETS
 from toolproxy.record.segments import batch_end, list_segments
 from toolproxy.term.progress import Progress
 
@@ -46,6 +46,7 @@ class Summary:
     new_exchanges: int = 0
     duplicates: int = 0
     fingerprints: int = 0
+    mcp_exchanges: int = 0
     new_issues: int = 0
     # Lines not stored this run, by issue kind (see SET_ASIDE).
     set_aside: dict[str, int] = field(default_factory=dict)
@@ -281,6 +282,10 @@ class Ingestor:
                     con, FINGERPRINTS.columns_of(batch.fingerprints), on_conflict="ON CONFLICT DO NOTHING"
                 )
                 self.affected_runs.update(r["run"] for r in batch.fingerprints if r["run"])
+            if batch.mcp:
+                s.mcp_exchanges += MCP_EXCHANGES.insert(
+                    con, MCP_EXCHANGES.columns_of(batch.mcp), on_conflict="ON CONFLICT DO NOTHING"
+                )
             if batch.issues:
                 self._write_issues(batch.issues)
             _, records = self.reached.get(chunk.segment, (0, 0))

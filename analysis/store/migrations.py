@@ -285,4 +285,42 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE episodes ADD COLUMN task_key VARCHAR;
         """,
     ),
+    (
+        13,
+        "MCP traffic (toolproxy mcp): each request to an MCP server with its response, and each lone message, "
+        "as rows of their own, never attempts",
+        """
+        CREATE TABLE mcp_exchanges (
+            id VARCHAR PRIMARY KEY,
+            record_id VARCHAR,
+            run VARCHAR,
+            episode VARCHAR,
+            item VARCHAR,
+            tags JSON,
+            server VARCHAR,
+            transport VARCHAR,
+            session VARCHAR,
+            event VARCHAR,
+            sender VARCHAR,
+            message VARCHAR,
+            method VARCHAR,
+            rpc_id VARCHAR,
+            tool VARCHAR,
+            arguments JSON,
+            started_at TIMESTAMP,
+            ended_at TIMESTAMP,
+            duration_ms DOUBLE,
+            status INTEGER,
+            result VARCHAR,
+            error_kind VARCHAR,
+            error_code INTEGER,
+            error_message VARCHAR,
+            request_bytes BIGINT,
+            response_bytes BIGINT,
+            segment VARCHAR,
+            segment_offset BIGINT,
+            analyzer_version INTEGER
+        );
+        """,
+    ),
 ]

@@ -272,6 +272,43 @@ EPISODE_KEYS = Table("episode_keys", {"run": _V, "episode_key": _V, "key": _V})
 # (derive._RUNS_SQL), and analyze's line about sampled runs.
 RUN_TALLIES = Table("run_tallies", {"run": _V, "field": _V, "value": _V, "n": _B})
 
+# One row per MCP request with its response, or lone message, of an MCP record (analysis.classify.mcp):
+# never an attempt, so in no model's metric.
+MCP_EXCHANGES = Table(
+    "mcp_exchanges",
+    {
+        "id": _V,
+        "record_id": _V,
+        "run": _V,
+        "episode": _V,
+        "item": _V,
+        "tags": _J,
+        "server": _V,
+        "transport": _V,
+        "session": _V,
+        "event": _V,
+        "sender": _V,
+        "message": _V,
+        "method": _V,
+        "rpc_id": _V,
+        "tool": _V,
+        "arguments": _J,
+        "started_at": _T,
+        "ended_at": _T,
+        "duration_ms": _D,
+        "status": _I,
+        "result": _V,
+        "error_kind": _V,
+        "error_code": _I,
+        "error_message": _V,
+        "request_bytes": _B,
+        "response_bytes": _B,
+        "segment": _V,
+        "segment_offset": _B,
+        "analyzer_version": _I,
+    },
+)
+
 TABLES = [
     EXCHANGES,
     TOOL_SETS,
@@ -285,4 +322,5 @@ TABLES = [
     ANALYZER_STATE,
     EPISODE_KEYS,
     RUN_TALLIES,
+    MCP_EXCHANGES,
 ]

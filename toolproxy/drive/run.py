@@ -26,7 +26,7 @@ from toolproxy.drive.agents import AGENTS, AGENTS_DIR, DEFAULT_MODEL, CodingAgen
 from toolproxy.drive.harness import harness_env
 from toolproxy.playback.options import miss_line as _miss_line
 from toolproxy.playback.options import playback_options
-from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
+from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir, tags_from_options
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.tags import tag_prefix
 from toolproxy.runtime.eventloop import run_loop
@@ -190,12 +190,14 @@ async def run_harness(
     tags: dict[str, str],
     agent: CodingAgent | None = None,
     model: str | None = None,
+    mcp: McpOptions | None = None,
     check_upstream: bool = True,
 ) -> ChildResult:
     if check_upstream and (problem := await unreachable_upstream(config.upstream)) is not None:
         raise click.ClickException(f"{problem} The harness was not started.")
     proxy = await start_proxy(config)
     click.echo(proxy_address_line("run", proxy, config), err=True)
+    wrapped = None
     try:
         base = proxy.url + tag_prefix(config.run, **tags)
         env = {**os.environ, **harness_env(base, os.environ)}
@@ -204,10 +206,15 @@ async def run_harness(
             folder = config.data_dir.resolve() / AGENTS_DIR / agent.name
             env.update(agent.apply(Pointing(base, named, folder, os.environ)))
             click.echo(f"toolproxy run: {agent.title} pointed at the proxy by {agent.reads} (model {named})", err=True)
+        if mcp is not None and mcp.configs:
+            wrapped = await _wrap_mcp(mcp, argv, config, tags)
+            argv, env = wrapped.argv, {**env, **wrapped.env}
         result = await run_child(argv, env, interrupt_note(proxy))
         result.exchanges = proxy.state.counters.total + proxy.state.counters.in_flight
         return result
     finally:
+        if wrapped is not None:
+            await wrapped.stop()
         await proxy.stop()
 
 
@@ -246,6 +253,38 @@ def no_request_line(agent: CodingAgent | None) -> str:
     )
 
 
+@dataclass
+class McpOptions:
+    """`--mcp-config`: the agent's MCP configurations to wrap; under --playback, the run whose
+    recorded servers answer, the playback server's address and what a miss does."""
+
+    configs: list[Path]
+    played: str | None = None
+    playback_url: str | None = None
+    on_miss: str = "fail"
+
+
+async def _wrap_mcp(mcp: McpOptions, argv: list[str], config: ProxyConfig, tags: dict[str, str]):
+    from toolproxy.drive.mcpconfig import McpConfigError, wrap_configs
+    from toolproxy.proxy.server import CannotListen
+
+    try:
+        wrapped = await wrap_configs(
+            mcp.configs,
+            argv,
+            config,
+            tags,
+            played=mcp.played,
+            playback_url=mcp.playback_url,
+            on_miss=mcp.on_miss,
+        )
+    except (McpConfigError, CannotListen) as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in wrapped.lines:
+        click.echo(f"toolproxy run: {printable(line)}", err=True)
+    return wrapped
+
+
 async def run_against_playback(
     options: dict,
     fixture,
@@ -253,6 +292,7 @@ async def run_against_playback(
     tags: dict[str, str],
     agent: CodingAgent | None = None,
     model: str | None = None,
+    mcp: McpOptions | None = None,
 ) -> ChildResult:
     """The harness behind the usual recording proxy, whose upstream is a playback server of the
     recorded run: the harness gets the recorded replies and its own traffic is recorded as a
@@ -268,7 +308,9 @@ async def run_against_playback(
         config = config_from_options(**{**options, "upstream": playback.url})
         if agent is not None and agent.protocol == wire.GEMINI:
             bridge_gemini(config)
-        return await run_harness(config, argv, tags, agent, model, check_upstream=False)
+        if mcp is not None:
+            mcp.played, mcp.playback_url, mcp.on_miss = playback_options.run, playback.url, playback_options.on_miss
+        return await run_harness(config, argv, tags, agent, model, mcp, check_upstream=False)
     finally:
         await playback.stop()
         click.echo(f"toolproxy run: playback of {printable(playback_options.run)}: {playback.stats.line()}", err=True)
@@ -362,10 +404,33 @@ def _upstream_optional(fn):
     metavar="NAME",
     help="The model name a coding agent is told to ask for (default: the first the upstream lists at /v1/models).",
 )
+@click.option(
+    "--mcp-config",
+    "mcp_configs",
+    multiple=True,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    metavar="PATH",
+    help="The agent's MCP configuration (repeatable): a copy with every server wrapped by `toolproxy mcp` "
+    "replaces PATH on the command line (and $TOOLPROXY_MCP_CONFIG names it), so the tools' traffic is recorded "
+    "in the run; under --playback the recorded servers answer.",
+)
 @click.option("--print-env", is_flag=True, help="Print the environment the harness would get, and exit.")
 @click.option("--no-analyze", is_flag=True, help="Do not analyze when the harness exits.")
 @click.argument("command", nargs=-1, required=False, type=click.UNPROCESSED)
-def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match, agent_name, agent_model, **options):
+def run(
+    tags,
+    mcp_configs,
+    print_env,
+    no_analyze,
+    command,
+    playback_run,
+    on_miss,
+    pace,
+    match,
+    agent_name,
+    agent_model,
+    **options,
+):
     """Run a harness behind a proxy: toolproxy run --upstream URL --run NAME -- CMD ARGS...
 
     The proxy starts on a free loopback port for as long as CMD runs; CMD gets the base-URL
@@ -373,7 +438,7 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
     pointing at it with the run's tags, so it needs no change. Signals are passed to CMD, the
     exit code is CMD's, and when it exits the run is analyzed and summarised in one line.
     """
-    extra = parse_tags(tags)
+    extra = tags_from_options(tags)
     options["quiet"] = True
     fixture = None
     if playback_run is not None:
@@ -403,10 +468,11 @@ def run(tags, print_env, no_analyze, command, playback_run, on_miss, pace, match
             "give the harness command after --, e.g. toolproxy run --upstream URL -- python agent.py"
         )
     make_data_dir(config)
+    mcp = McpOptions(list(mcp_configs)) if mcp_configs else None
     if fixture is not None:
-        result = run_loop(run_against_playback(options, fixture, list(command), extra, agent, agent_model))
+        result = run_loop(run_against_playback(options, fixture, list(command), extra, agent, agent_model, mcp))
     else:
-        result = run_loop(run_harness(config, list(command), extra, agent, agent_model))
+        result = run_loop(run_harness(config, list(command), extra, agent, agent_model, mcp))
     if result.exchanges == 0:
         click.echo(no_request_line(agent), err=True)
     if result.interrupted:
@@ -468,17 +534,6 @@ def _playback_fixture(options: dict, source: str, on_miss: str, pace: str, match
             on_missed=_miss_line,
         ),
     )
-
-
-def parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
-    """`--tag KEY=VALUE` options (run's and study's) as tags; a usage error for a malformed one."""
-    out = {}
-    for t in tags:
-        key, sep, value = t.partition("=")
-        if not sep or not key or "/" in key or "/" in value:
-            raise click.BadParameter(f"{t!r}: expected KEY=VALUE without '/'", param_hint="--tag")
-        out[key] = value
-    return out
 
 
 def _summarise(data_dir: Path, run_name: str | None) -> None:

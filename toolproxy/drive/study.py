@@ -41,7 +41,6 @@ from toolproxy.drive.harness import harness_env
 from toolproxy.drive.run import (
     NO_REQUEST,
     interrupt_note,
-    parse_tags,
     proxy_address_line,
     run_child,
     run_child_relayed,
@@ -49,7 +48,7 @@ from toolproxy.drive.run import (
     toolproxy_cli,
     unreachable_upstream,
 )
-from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir
+from toolproxy.proxy.cli import config_from_options, harness_serve_options, make_data_dir, tags_from_options
 from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.listener import LINE_LIMIT
 from toolproxy.proxy.modelswap import TAG as MODEL_TAG
@@ -604,7 +603,7 @@ def study(upstreams, models, conditions, repeat, name, tags, command, **options)
     config = config_from_options(upstream=named[0][1], **options)
     for _, url in named[1:]:
         config_from_options(upstream=url, **options)  # each upstream is checked as serve would check it
-    extra = parse_tags(tags)
+    extra = tags_from_options(tags)
     planned = Study.plan(name, list(command), named, wanted, repeat, list(models))
     problem = too_long(planned, extra)
     if problem is not None:

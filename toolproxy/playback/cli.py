@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import click
 from toolproxy.playback.fixture import Fixture
 from toolproxy.playback.options import load, miss_line, playback_options
 from toolproxy.playback.server import CannotPlay, PlaybackOptions, start_playback
+from toolproxy.proxy.tags import tag_prefix
 from toolproxy.runtime.eventloop import run_loop
 from toolproxy.term.printable import printable
 
@@ -73,6 +75,23 @@ def playback(source, data_dir, upstream, host, port, allowed_hosts, on_miss, pac
         raise click.ClickException(str(exc)) from None
 
 
+def mcp_lines(fixture: Fixture, url: str, options: PlaybackOptions) -> list[str]:
+    """How to reach each MCP server the run recorded: an HTTP one here, under its name; a stdio
+    one from the agent's configuration, as the command that plays it."""
+    out = []
+    for name, transport in sorted(fixture.mcp_servers.items()):
+        if transport == "http":
+            paths = sorted({x.path for x in fixture.exchanges if x.mcp_server == name})
+            where = f"point its URL at {url}{tag_prefix(mcp_server=name)}{paths[0] if paths else '/mcp'}"
+        else:
+            where = (
+                f"configure its command as: toolproxy mcp --playback {shlex.quote(options.run)} --name "
+                f"{shlex.quote(name)} --data {shlex.quote(str(options.data_dir.resolve()))}"
+            )
+        out.append(printable(f"toolproxy playback: MCP server {name} ({transport}): {where}"))
+    return out
+
+
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
@@ -89,6 +108,8 @@ async def _serve(fixture: Fixture, rules, options: PlaybackOptions) -> None:
         f"{options.on_miss}" + (f"; {set_aside}, listed on stderr" if set_aside else ""),
         flush=True,
     )
+    for line in mcp_lines(fixture, running.url, options):
+        print(line, flush=True)
     for issue in fixture.set_aside[:SHOWN_ISSUES]:
         print(f"toolproxy playback: {printable(issue.line())}", file=sys.stderr, flush=True)
     if len(fixture.set_aside) > SHOWN_ISSUES:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolproxy.record.model import CLIENT_CLOSED, USER_INTERRUPT, body_bytes
+from toolproxy.record.model import CLIENT_CLOSED, MCP, USER_INTERRUPT, body_bytes
 from toolproxy.record.pacing import EXTRA_KEY as PIECE_MS
 from toolproxy.record.pacing import read_marks
 from toolproxy.record.schema import EXCHANGE, Issue, read_checked
@@ -75,6 +75,8 @@ class RecordedExchange:
     duration_ms: float | None
     # [(end offset, ms since the exchange started), ...] for a body that came in pieces.
     pieces: list[tuple[int, float]] = field(default_factory=list)
+    # The MCP server this exchange was with (an MCP record), or None for a model's.
+    mcp_server: str | None = None
 
 
 @dataclass
@@ -84,6 +86,10 @@ class Fixture:
 
     exchanges: list[RecordedExchange]
     set_aside: list[Issue] = field(default_factory=list)
+    # The run's MCP servers by name, each with its transport (stdio, http); stdio ones are played
+    # by `toolproxy mcp --playback` from `stdio` (their requests and responses, by server).
+    mcp_servers: dict[str, str] = field(default_factory=dict)
+    stdio: dict[str, list[RecordedExchange]] = field(default_factory=dict)
 
     def set_aside_counts(self) -> dict[str, int]:
         return dict(Counter(issue.kind for issue in self.set_aside))
@@ -103,6 +109,8 @@ def load_fixture(data_dir: str | Path, run: str) -> Fixture:
     if not list_segments(data_dir):
         raise FixtureError(f"no recordings in {data_dir} (no segments under {data_dir / 'segments'})")
     found: list[RecordedExchange] = []
+    stdio: dict[str, list[RecordedExchange]] = {}
+    servers: dict[str, str] = {}
     set_aside: list[Issue] = []
     runs: set[str] = set()
     for line in read_checked(data_dir):
@@ -110,21 +118,34 @@ def load_fixture(data_dir: str | Path, run: str) -> Fixture:
         if rec is None:
             set_aside.append(line.issue)
             continue
-        if rec.get("kind", EXCHANGE) != EXCHANGE:
+        kind = rec.get("kind", EXCHANGE)
+        if kind not in (EXCHANGE, MCP):
             continue
         runs.add(str(rec.get("run")))
         if rec.get("run") != run:
             continue
+        server = mcp_server(rec) if kind == MCP else None
+        if kind == MCP and server is None:
+            continue
         try:
-            exchange = to_exchange(rec, len(found))
+            if kind == MCP and rec["mcp"].get("transport") != "http":
+                transport = "stdio"
+                exchange = stdio_exchange(rec, sum(map(len, stdio.values())))
+                if exchange is not None:
+                    stdio.setdefault(server, []).append(exchange)
+            else:
+                transport = "http"
+                exchange = to_exchange(rec, len(found), server)
+                if exchange is not None:
+                    found.append(exchange)
         except Unplayable as exc:
             set_aside.append(
                 Issue(line.segment, line.offset, UNPLAYABLE, f"record {rec['id']}: {exc}; not played", rec["id"])
             )
             continue
-        if exchange is not None:
-            found.append(exchange)
-    if not found:
+        if server is not None:
+            servers[server] = transport
+    if not found and not stdio:
         known = ", ".join(sorted(runs)[:20]) or "none"
         unplayable = [issue for issue in set_aside if issue.kind == UNPLAYABLE]
         why = (
@@ -133,10 +154,47 @@ def load_fixture(data_dir: str | Path, run: str) -> Fixture:
             else ""
         )
         raise FixtureError(f"run {run!r} has no recorded exchanges in {data_dir} (runs there: {known}){why}")
-    return Fixture(found, set_aside)
+    return Fixture(found, set_aside, servers, stdio)
 
 
-def to_exchange(rec: dict[str, Any], order: int) -> RecordedExchange | None:
+def mcp_server(rec: dict[str, Any]) -> str | None:
+    """The name of the MCP server an MCP record is of, or None when it names none."""
+    mcp = rec.get("mcp")
+    server = mcp.get("server") if isinstance(mcp, dict) else None
+    return server if isinstance(server, str) and server else None
+
+
+def stdio_exchange(rec: dict[str, Any], order: int) -> RecordedExchange | None:
+    """A stdio MCP record as playback answers it: a client's request with its response, keyed by
+    the request's method (in `path`); None for any other stdio record (lone messages, the
+    server's own requests, lifecycle events, requests never answered)."""
+    mcp = rec["mcp"]
+    if mcp.get("event", "message") != "message" or mcp.get("from") != "client" or mcp.get("message") != "request":
+        return None
+    if rec.get("response_body") is None or not isinstance(mcp.get("method"), str):
+        return None
+    tags = rec.get("tags") if isinstance(rec.get("tags"), dict) else {}
+    return RecordedExchange(
+        id=rec["id"],
+        order=order,
+        method="MCP",
+        path=mcp["method"],
+        query="",
+        episode=rec.get("episode"),
+        item=rec.get("item"),
+        tags={str(k): str(v) for k, v in tags.items()},
+        request_body=_body(rec.get("request_body"), rec.get("request_body_encoding"), "request"),
+        status=200,
+        headers=[],
+        body=_body(rec.get("response_body"), rec.get("response_body_encoding"), "response"),
+        cut=False,
+        ttfb_ms=rec.get("ttfb_ms"),
+        duration_ms=rec.get("duration_ms"),
+        mcp_server=mcp_server(rec),
+    )
+
+
+def to_exchange(rec: dict[str, Any], order: int, server: str | None = None) -> RecordedExchange | None:
     """The exchange a checked record holds, or None when its client got no status at all (it
     hung up before the reply started: there is nothing to play back). Unplayable when what the
     client got cannot be sent again as it was recorded."""
@@ -187,6 +245,7 @@ def to_exchange(rec: dict[str, Any], order: int) -> RecordedExchange | None:
         ttfb_ms=rec.get("ttfb_ms"),
         duration_ms=rec.get("duration_ms"),
         pieces=pieces,
+        mcp_server=server,
     )
 
 

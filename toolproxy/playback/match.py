@@ -6,7 +6,10 @@ The rules, in the spirit of mitmproxy's server replay options:
   parameters that carry secrets: the recording holds them redacted), and the same JSON body once
   volatile fields are dropped from both: `VOLATILE` at the top level (request ids, `user`,
   `metadata`, stream options, prompt-cache keys, timestamps a harness stamps its requests with).
-  `stream` is never dropped: a streamed and a non-streamed reply are different bytes.
+  `stream` is never dropped: a streamed and a non-streamed reply are different bytes. An MCP
+  request (a JSON-RPC message) is compared less its id and `params._meta` (protocol metadata,
+  progress tokens, trace context), and only with the same server's: its reply goes back with the
+  id of the request it answers (`wire.jsonrpc.with_id`).
 - `--match` tunes this: `ignore=PATH` drops more (`temperature`, `messages.*.name`: dots go
   down, `*` is every item or key), `keep=FIELD` keeps a volatile field, `mask=REGEX` blanks
   what the pattern finds in every string (a date the harness writes into its prompt),
@@ -48,6 +51,8 @@ VOLATILE = (
     "prompt_cache_key",
     "safety_identifier",
 )
+# Beside VOLATILE: an MCP request's `params._meta` (its id, `id`, is a VOLATILE field already).
+MCP_VOLATILE = (("params", "_meta"),)
 MASKED = "<masked>"
 _SHOWN = 60  # characters of a differing value shown in a miss
 
@@ -58,7 +63,7 @@ class MatchError(ValueError):
 
 @dataclass(frozen=True)
 class MatchRules:
-    ignore: tuple[tuple[str, ...], ...] = tuple((name,) for name in VOLATILE)
+    ignore: tuple[tuple[str, ...], ...] = tuple((name,) for name in VOLATILE) + MCP_VOLATILE
     masks: tuple[re.Pattern, ...] = ()
     body: bool = True
     episodes: bool = True
@@ -204,19 +209,22 @@ class Matcher:
         self.used: set[int] = set()
         self.played: dict[tuple, list[int]] = defaultdict(list)
         for i, x in enumerate(exchanges):
-            key = self._key(x.method, x.path, x.query, self.canon[i])
+            key = self._key(x.method, x.path, x.query, self.canon[i], x.mcp_server)
             self.pooled[key].append(i)
             if x.episode in self.episodes:
                 self.by_episode[key + (x.episode,)].append(i)
 
     @staticmethod
-    def _key(method: str, path: str, query: str, canon: bytes) -> tuple:
-        return (method.upper(), path, query_key(query), canon)
+    def _key(method: str, path: str, query: str, canon: bytes, server: str | None) -> tuple:
+        return (method.upper(), path, query_key(query), canon, server)
 
-    def take(self, method: str, path: str, query: str, body: bytes, episode: str | None) -> RecordedExchange | Miss:
+    def take(
+        self, method: str, path: str, query: str, body: bytes, episode: str | None, server: str | None = None
+    ) -> RecordedExchange | Miss:
+        """The recorded exchange that answers this request (of MCP server `server`, or a model's)."""
         doc = normalise(body, self.rules)
         mine = canonical(doc, body)
-        key = self._key(method, path, query, mine)
+        key = self._key(method, path, query, mine, server)
         own = episode in self.episodes
         queue = self.by_episode.get(key + (episode,)) if own else self.pooled.get(key)
         while queue and queue[0] in self.used:  # taken through the other index
@@ -231,12 +239,18 @@ class Matcher:
             if self.rules.reuse:
                 return self.exchanges[played[-1]]
             return Miss(self.exchanges[played[-1]], "", len(played))
-        return self._closest(method, path, key[2], doc, mine, episode if own else None)
+        return self._closest(method, path, key[2], doc, mine, episode if own else None, server)
 
-    def _closest(self, method: str, path: str, query: str, doc: Any, mine: bytes, episode: str | None) -> Miss:
-        same = [i for i, x in enumerate(self.exchanges) if x.method.upper() == method.upper() and x.path == path]
+    def _closest(
+        self, method: str, path: str, query: str, doc: Any, mine: bytes, episode: str | None, server: str | None
+    ) -> Miss:
+        same = [
+            i
+            for i, x in enumerate(self.exchanges)
+            if x.method.upper() == method.upper() and x.path == path and x.mcp_server == server
+        ]
         if not same:
-            paths = sorted({f"{x.method} {x.path}" for x in self.exchanges})
+            paths = sorted({f"{x.method} {x.path}" for x in self.exchanges if x.mcp_server == server})
             return Miss(None, f"{method} {path} was never recorded; recorded: {', '.join(paths[:8])}", 0)
         best = max(
             same,

@@ -61,6 +61,7 @@ from toolproxy.proxy.listener import CannotListen, listen
 from toolproxy.proxy.refusals import PARSER_REJECTED
 from toolproxy.proxy.tags import TAG_HEADER_PREFIX, header_tags, misplaced_refusal, place_path_tags
 from toolproxy.term.printable import printable
+from toolproxy.wire import jsonrpc
 from toolproxy.wire.hopbyhop import HOP_BY_HOP, NOT_FORWARDED_UP, connection_listed
 
 ON_MISS = ("fail", "forward", "record")
@@ -68,6 +69,8 @@ PACES = ("fast", "recorded")
 MISS_STATUS = 404
 STATS_PATH = "/_toolproxy/playback"
 RUN_HEADER = TAG_HEADER_PREFIX + "run"
+# The tag that names the recorded MCP server an HTTP request is for (`/t/mcp_server=NAME/mcp`).
+MCP_SERVER_TAG = "mcp_server"
 # aiohttp's client adds these when a request lacks them; a relayed request carries only the harness's.
 _CLIENT_DEFAULTS = ("Accept", "Accept-Encoding", "User-Agent")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -203,7 +206,8 @@ class Playback:
         body = await self._read_body(request, path)
         if not isinstance(body, bytes):
             return body
-        found = self.matcher.take(request.method, path, query, body, tags.get("episode"))
+        server = tags.get(MCP_SERVER_TAG)
+        found = self.matcher.take(request.method, path, query, body, tags.get("episode"), server)
         if isinstance(found, Miss):
             self.stats.missed += 1
             if self.relay_base is None:
@@ -214,7 +218,7 @@ class Playback:
             return await self._relay(request, raw_path if self.recording else path, query, body)
         self.stats.played += 1
         self.stats.used = len(self.matcher.used)
-        return await self._play(request, found)
+        return await self._play(request, found, answered_id(found, body))
 
     def _refuse(self, refusal: Refusal, path: str) -> web.Response:
         self.stats.refused[refusal.kind] += 1
@@ -260,18 +264,23 @@ class Playback:
             close=True,
         )
 
-    async def _play(self, request: web.BaseRequest, x: RecordedExchange) -> web.StreamResponse:
+    async def _play(
+        self, request: web.BaseRequest, x: RecordedExchange, body: bytes | None = None
+    ) -> web.StreamResponse:
+        """`body`: the reply's body when it is not the recorded one (an MCP reply to another id)."""
         started = time.perf_counter()
-        first_byte, pieces = schedule(x) if self.options.pace == "recorded" else (0.0, [])
+        first_byte, pieces = schedule(x) if self.options.pace == "recorded" and body is None else (0.0, [])
         if first_byte:
             await asyncio.sleep(first_byte)
         drop = HOP_BY_HOP | connection_listed(x.headers)
+        if body is not None:
+            drop = drop | {"content-length"}
         headers = CIMultiDict((k, v) for k, v in x.headers if k.lower() not in drop and not v.startswith("redacted:"))
         headers[REPLY_HEADER] = x.id
         resp = web.StreamResponse(status=x.status, headers=headers)
         async with self._sending(request):
             await resp.prepare(request)
-            body, sent = x.body, 0
+            body, sent = x.body if body is None else body, 0
             for end, at in pieces:
                 wait = at - (time.perf_counter() - started)
                 if wait > 0:
@@ -345,6 +354,17 @@ class Playback:
             return resp
         finally:
             upstream.close()
+
+
+def answered_id(x: RecordedExchange, asked: bytes) -> bytes | None:
+    """An MCP exchange's recorded reply with the id of the request it now answers, when the two
+    ids differ (None: the recorded body as it is)."""
+    if x.mcp_server is None:
+        return None
+    recorded, here = jsonrpc.read_message(x.request_body), jsonrpc.read_message(asked)
+    if recorded.kind != jsonrpc.REQUEST or here.kind != jsonrpc.REQUEST or recorded.id_key == here.id_key:
+        return None
+    return jsonrpc.with_id(x.body, recorded.id_key, here.doc["id"])
 
 
 def schedule(x: RecordedExchange) -> tuple[float, list[tuple[int, float]]]:

@@ -16,6 +16,7 @@ from toolproxy.proxy.config import ProxyConfig
 from toolproxy.proxy.diskguard import DiskBudgetGuard
 from toolproxy.proxy.durability import Durability, RecordingGuard
 from toolproxy.proxy.flow import Addon
+from toolproxy.proxy.mcptraffic import McpTraffic
 from toolproxy.proxy.modelswap import ModelSwap
 from toolproxy.proxy.parts import (
     Housekeeping,
@@ -41,7 +42,10 @@ def addons(config: ProxyConfig, state: ProxyState) -> list[Addon]:
         out.append(Otlp(config, state))
     out.append(RefusedRecording(config, state))
     sampling = RecordSampling(config) if config.sample is not None else None
-    recording = Recording(config, state, sampling.sampler if sampling is not None else None)
+    mcp = McpTraffic(config.mcp_server, state.redactor) if config.mcp_server is not None else None
+    recording = Recording(
+        config, state, sampling.sampler if sampling is not None else None, mcp.scrubbed if mcp is not None else None
+    )
     out.append(recording)
     if recording.spill_masking is not None:
         out.append(recording.spill_masking)
@@ -52,6 +56,8 @@ def addons(config: ProxyConfig, state: ProxyState) -> list[Addon]:
         out.append(housekeeping)
     if sampling is not None:
         out.append(sampling)
+    if mcp is not None:  # first on the request: a refused exchange is the server's too
+        out.append(mcp)
     out += [
         state.watchdog,
         state.counters,

@@ -15,16 +15,22 @@ from toolproxy.proxy.state import STATE, ProxyState
 from toolproxy.record.writer import SegmentWriter
 
 
-def make_state(config: ProxyConfig) -> ProxyState:
-    """The state with its addons (`addons.addons`), their hooks sorted by phase once, here."""
-    writer = SegmentWriter(
+def exchange_writer(config: ProxyConfig, quiet: bool | None = None) -> SegmentWriter:
+    """The writer of the exchanges' records, as `config` sets it (the stdio MCP wrapper's too,
+    which is always quiet: its stdout is the protocol)."""
+    return SegmentWriter(
         config.data_dir,
         window=config.commit_window,
         max_queue=config.max_queue,
         segment_bytes=config.segment_bytes,
         segment_seconds=config.segment_seconds,
-        log=None if config.quiet else log_line,
+        log=None if (config.quiet if quiet is None else quiet) else log_line,
     )
+
+
+def make_state(config: ProxyConfig) -> ProxyState:
+    """The state with its addons (`addons.addons`), their hooks sorted by phase once, here."""
+    writer = exchange_writer(config)
     state = ProxyState(config, writer)
     state.hooks = Hooks(addons(config, state))
     writer.observe = state.refusals.writer.observe = state.hooks.observer()

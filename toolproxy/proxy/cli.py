@@ -11,6 +11,7 @@ import click
 from toolproxy.conditions import NAMES, ConditionOptions
 from toolproxy.proxy.config import ConfigError, ProxyConfig
 from toolproxy.proxy.headers import REDACT_KEY
+from toolproxy.proxy.tags import BadTag, parse_tags
 from toolproxy.record import keys
 from toolproxy.record.masking import KEY_FILE as MASK_KEY
 from toolproxy.record.masking import parse_rules
@@ -58,6 +59,14 @@ def key_from_env(var: str | None, option: str) -> str | None:
     if not value:
         raise click.UsageError(f"{option} {var}: that environment variable is empty or unset")
     return value
+
+
+def tags_from_options(tags: tuple[str, ...]) -> dict[str, str]:
+    """`--tag KEY=VALUE` options as tags, or a usage error naming the malformed one."""
+    try:
+        return parse_tags(tags)
+    except BadTag as exc:
+        raise click.BadParameter(str(exc), param_hint="--tag") from None
 
 
 def _flag(parse, value: str, option: str):

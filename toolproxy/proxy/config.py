@@ -81,6 +81,8 @@ class ProxyConfig:
     # One span per exchange to this OTLP/HTTP receiver (toolproxy/otlp/), message content only if asked.
     otlp_endpoint: str | None = None
     otlp_content: bool = False
+    # `toolproxy mcp --upstream URL`: the MCP server's name; its exchanges are recorded as MCP records.
+    mcp_server: str | None = None
 
     def default_run(self, started_at: float) -> str | None:
         """The run of a request that names none: `--run`, its strftime fields (`%Y`, `%m`, `%d`,

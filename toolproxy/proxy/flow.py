@@ -91,10 +91,18 @@ class Flow:
         "cut_by_user",
     )
 
-    def __init__(self, request: web.Request, upstream: str, total_timeout: float | None, durable: bool = False) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        upstream: str,
+        total_timeout: float | None,
+        durable: bool = False,
+        record: type[Record] = Record,
+    ) -> None:
         self.request = request
         self.t0 = time.perf_counter()
-        self.rec = Record(id=new_id(), started_at=now(), upstream=upstream)
+        # `record`: the kind this proxy records (an McpRecord under `toolproxy mcp --upstream`).
+        self.rec = record(id=new_id(), started_at=now(), upstream=upstream)
         # The request body: bytes, or a SpilledBody once it outgrew --spill-above.
         self.body: Any = b""
         self.up_path = ""

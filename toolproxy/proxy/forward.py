@@ -47,7 +47,7 @@ async def serve_request(state: ProxyState, request: web.BaseRequest) -> web.Stre
         return await admin.answer(state, request)
 
     cfg = state.config
-    flow = Flow(request, cfg.upstream, cfg.total_timeout, cfg.durability == "sync")
+    flow = Flow(request, cfg.upstream, cfg.total_timeout, cfg.durability == "sync", state.record_type)
     state.watchdog.active.add(flow)
     try:
         return await _handle(state, flow, raw_path)

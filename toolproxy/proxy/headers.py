@@ -109,3 +109,74 @@ class Redactor:
                 parts[i] = f"{name}={self.value(unquote_to_bytes(value.replace('+', ' ')))}"
                 changed = True
         return "&".join(parts) if changed else query
+
+
+# A value shorter than this is not looked for in recorded text: a variable named like a secret
+# that holds `1` or `true` would otherwise replace every such character string.
+MIN_SECRET_CHARS = 8
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+([A-Za-z0-9._~+/=-]{8,})")
+_HEADER_ARG = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s*:\s*(.+)$", re.S)
+
+
+# Named like a secret, holding none: the shell's working directories (`pwd`).
+_NOT_SECRETS = frozenset({"PWD", "OLDPWD"})
+
+
+def secret_env_values(environ) -> list[str]:
+    """The values of the variables in `environ` named like a secret (GITHUB_TOKEN, OPENAI_API_KEY),
+    longest first, so a value that contains another is replaced whole. A value that names an
+    existing path is no secret but where one is kept (GOOGLE_APPLICATION_CREDENTIALS,
+    SSH_AUTH_SOCK), and is left as it is."""
+    found = {
+        v
+        for k, v in environ.items()
+        if k not in _NOT_SECRETS and is_secret_name(k) and len(v) >= MIN_SECRET_CHARS and not _is_path(v)
+    }
+    return sorted(found, key=len, reverse=True)
+
+
+def _is_path(value: str) -> bool:
+    try:
+        return value.startswith(("/", "~", ".")) and os.path.exists(os.path.expanduser(value))
+    except (OSError, ValueError):
+        return False
+
+
+class SecretScrubber:
+    """Keeps a process's secrets out of what is recorded of it: the values of its secret-named
+    environment variables wherever they appear (an MCP server's command line, its stderr, the
+    messages it exchanges), bearer and basic credentials, and the values of secret-named flags,
+    `NAME=value` pairs and `Name: value` headers on a command line. Each becomes the Redactor's
+    stand-in, so one secret keeps one stand-in everywhere."""
+
+    def __init__(self, redactor: Redactor, values: list[str]) -> None:
+        self.redactor = redactor
+        self.values = values
+
+    def text(self, text: str) -> str:
+        for value in self.values:
+            if value in text:
+                text = text.replace(value, self.redactor.value(value))
+        return _BEARER.sub(lambda m: f"{m.group(1)} {self.redactor.value(m.group(2))}", text)
+
+    def command(self, argv: list[str]) -> list[str]:
+        out: list[str] = []
+        secret_flag = False
+        for arg in argv:
+            if secret_flag and not arg.startswith("-"):
+                out.append(self.redactor.value(arg))
+                secret_flag = False
+                continue
+            secret_flag = False
+            name, sep, value = arg.partition("=")
+            bare = name.lstrip("-")
+            header = _HEADER_ARG.match(arg)
+            if sep and bare and " " not in bare and is_secret_name(bare):
+                out.append(f"{name}={self.redactor.value(value)}")
+            elif header is not None and is_secret_name(header.group(1)):
+                out.append(f"{header.group(1)}: {self.redactor.value(header.group(2))}")
+            else:
+                if arg.startswith("-") and not sep and is_secret_name(bare):
+                    secret_flag = True
+                out.append(self.text(arg))
+        return out

@@ -124,11 +124,17 @@ class Recording(Part):
     then mask) for the refused requests' writer too. With `--mask`, a record with a spilled body
     is masked on a thread of its own first (`spill_masking`, an addon of its own)."""
 
-    def __init__(self, config: ProxyConfig, state: ProxyState, sampler: Sampler | None) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        state: ProxyState,
+        sampler: Sampler | None,
+        scrub: Callable[[Record], Record] | None = None,
+    ) -> None:
         writer = self.writer = state.writer
         self.config = config
-        masker = Masker(parse_rules(config.mask), load_key(config.data_dir)) if config.mask else None
-        writer.transform = state.refusals.writer.transform = record_transform(sampler, masker)
+        masker = masker_for(config)
+        writer.transform = state.refusals.writer.transform = record_transform(sampler, masker, scrub)
         self.spill_masking = SpillMasking(writer, writer.transform, masker) if masker is not None else None
         # Where the recorder hands finished records, when not to the writer itself.
         self.submit = self.spill_masking.submit if self.spill_masking is not None else None
@@ -160,17 +166,7 @@ class Housekeeping(Part):
     under `--on-disk-full block`, asked before each write (not only by its scan)."""
 
     def __init__(self, config: ProxyConfig, writer: SegmentWriter) -> None:
-        housekeeper = self.housekeeper = Housekeeper(
-            config.data_dir,
-            retain=config.retain_seconds,
-            max_bytes=config.max_disk,
-            on_full=config.on_disk_full,
-            headroom=2 * config.segment_bytes,
-            slack=config.segment_bytes,
-        )
-        writer.on_new_segment = housekeeper.make_room
-        if config.max_disk is not None and config.on_disk_full == "block":
-            writer.budget = housekeeper
+        housekeeper = self.housekeeper = housekeeper_for(config, writer)
         super().__init__(
             Service("housekeeper", housekeeper.start, housekeeper.stop, off_loop=True),
             stats_key="lifecycle",
@@ -188,12 +184,37 @@ class UpstreamSession(Part):
         super().__init__(Service("upstream session", open_session, lambda: state.session.close()))
 
 
-def record_transform(sampler: Sampler | None, masker: Masker | None):
-    """What is done to each record before it reaches disk: sample, then mask (a sampled-out
-    exchange is a stub with nothing left to mask). None when neither is asked for."""
+def masker_for(config: ProxyConfig) -> Masker | None:
+    """The `--mask` rules applied to every body recorded, or None without them."""
+    return Masker(parse_rules(config.mask), load_key(config.data_dir)) if config.mask else None
+
+
+def housekeeper_for(config: ProxyConfig, writer: SegmentWriter) -> Housekeeper:
+    """`--retain` / `--max-disk` over `writer`'s segments: it makes room as the writer opens a
+    segment and, under `--on-disk-full block`, is asked before each write."""
+    housekeeper = Housekeeper(
+        config.data_dir,
+        retain=config.retain_seconds,
+        max_bytes=config.max_disk,
+        on_full=config.on_disk_full,
+        headroom=2 * config.segment_bytes,
+        slack=config.segment_bytes,
+    )
+    writer.on_new_segment = housekeeper.make_room
+    if config.max_disk is not None and config.on_disk_full == "block":
+        writer.budget = housekeeper
+    return housekeeper
+
+
+def record_transform(sampler: Sampler | None, masker: Masker | None, scrub: Callable[[Record], Record] | None = None):
+    """What is done to each record before it reaches disk: sample, scrub (an MCP proxy's
+    session stand-ins), then mask (a sampled-out exchange is a stub with nothing left to mask).
+    None when none is asked for."""
     steps = []
     if sampler is not None:
         steps.append(sampler.record)
+    if scrub is not None:
+        steps.append(scrub)
     if masker is not None:
         steps.append(masker.record)
     if not steps:

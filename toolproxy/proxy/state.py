@@ -22,6 +22,7 @@ from toolproxy.proxy.refusals import RefusalBudget
 from toolproxy.proxy.stackwatch import StackWatch
 from toolproxy.proxy.upstreamhealth import UpstreamHealth
 from toolproxy.proxy.watchdog import Watchdog
+from toolproxy.record.model import McpRecord, Record
 from toolproxy.record.writer import SegmentWriter
 
 SPILL_DIR = "spill"
@@ -56,6 +57,8 @@ class ProxyState:
         self.watchdog = Watchdog()
         self.hooks = Hooks()
         self.started = time.time()
+        # What each exchange is recorded as: an MCP server's traffic under `toolproxy mcp --upstream`.
+        self.record_type: type[Record] = McpRecord if config.mcp_server is not None else Record
         self.counters = Counters()
         self.redactor = load_redactor(config.data_dir)
         self.exposure = Exposure(config.host, config.allowed_hosts)

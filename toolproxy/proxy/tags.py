@@ -100,3 +100,18 @@ def header_tags(items) -> dict[str, str]:
         elif name.startswith("tag-") and len(name) > 4:
             tags[name[4:]] = v
     return tags
+
+
+class BadTag(ValueError):
+    """A `--tag` value that is not KEY=VALUE; the message says so. Commands raise it as a usage error."""
+
+
+def parse_tags(tags: tuple[str, ...]) -> dict[str, str]:
+    """`--tag KEY=VALUE` options (run's, study's, mcp's) as tags; BadTag for a malformed one."""
+    out = {}
+    for t in tags:
+        key, sep, value = t.partition("=")
+        if not sep or not key or "/" in key or "/" in value:
+            raise BadTag(f"{t!r}: expected KEY=VALUE without '/'")
+        out[key] = value
+    return out

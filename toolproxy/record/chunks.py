@@ -64,7 +64,6 @@ MAX_CHUNK = 64 * 1024
 MAX_INDEX = 1 << 17
 CHUNK_PREFIX = b'{"kind":"chunk",'
 _CUT = re.compile(rb"\}(?=\s*(?:,\s*\{|\]))")
-_FIELDS = Record.__dataclass_fields__
 
 
 class ChunkError(Exception):
@@ -220,13 +219,13 @@ class ChunkPacker:
         for name in BODY_FIELDS:
             refs = self._refs(getattr(rec, name), getattr(rec, name + "_encoding"), out, base)
             if refs is not None:
-                fields = fields or {f: getattr(rec, f) for f in _FIELDS}
+                fields = fields or _all_fields(rec)
                 fields[name], fields[name + "_chunks"] = None, refs
         up = rec.upstream_request
         if isinstance(up, dict):
             refs = self._refs(up.get("body"), up.get("body_encoding"), out, base)
             if refs is not None:
-                fields = fields or {f: getattr(rec, f) for f in _FIELDS}
+                fields = fields or _all_fields(rec)
                 fields["upstream_request"] = {**up, "body": None, "body_chunks": refs}
         return encode_record(rec, fields)
 
@@ -387,3 +386,8 @@ class ChunkSource:
         except ChunkError as exc:
             return f"corrupt: {exc}"
         return None
+
+
+def _all_fields(rec: Record) -> dict:
+    """Every field of the record, its kind's own included (an McpRecord's `mcp`)."""
+    return {f: getattr(rec, f) for f in type(rec).__dataclass_fields__}

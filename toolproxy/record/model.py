@@ -190,6 +190,28 @@ class Record:
             self.extra.setdefault("later_errors", []).append({"kind": kind, "message": message})
 
 
+# The kind of a record of MCP traffic (McpRecord): a tool server's messages beside the model's.
+MCP = "mcp"
+
+
+@dataclass(slots=True)
+class McpRecord(Record):
+    """One exchange with an MCP server (docs/record.md, "MCP records"): over stdio, a JSON-RPC
+    request and its response, or one lone message (a notification, a line that is no message);
+    over HTTP, one HTTP exchange as any other. A record of its own kind, so the analyzer never
+    takes it for an attempt; the HTTP fields are left empty for stdio.
+
+    `mcp` holds what the transport knows: `transport` (stdio, http), `server` (the name the
+    agent's configuration gives it), `session` (stdio: one id per server process; http: the
+    keyed stand-in of the Mcp-Session-Id), and for stdio `event` (message, start, exit), `from`
+    (client, server: who sent the request or lone message), `message` (request, notification,
+    response, batch, not_json, not_jsonrpc), `method`, `id` (the JSON-RPC id as sent).
+    """
+
+    kind: str = MCP
+    mcp: dict[str, Any] = field(default_factory=dict)
+
+
 class RecordEncodeError(ValueError):
     """A record that cannot be written as a JSON line even after the lossless repair."""
 

@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from toolproxy.record.chunks import BODY_FIELDS
+from toolproxy.record.model import MCP as MCP
 from toolproxy.record.sampling import SAMPLED_OUT
 from toolproxy.record.segments import list_segments, read_segment
 from toolproxy.term.jsontype import json_type
@@ -36,7 +37,7 @@ from toolproxy.term.jsontype import json_type
 CORRUPT, BAD_TYPE, UNKNOWN_KIND = "corrupt", "bad_type", "unknown_kind"
 SET_ASIDE = (CORRUPT, BAD_TYPE, UNKNOWN_KIND)
 EXCHANGE, FINGERPRINT = "exchange", "fingerprint"
-KINDS = frozenset({EXCHANGE, SAMPLED_OUT, FINGERPRINT})
+KINDS = frozenset({EXCHANGE, SAMPLED_OUT, FINGERPRINT, MCP})
 
 INT32 = (-(1 << 31), (1 << 31) - 1)
 INT64 = (-(1 << 63), (1 << 63) - 1)
