@@ -724,20 +724,20 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
     assert set(rows) == set(live["runs"])
     for run, counts in live["runs"].items():
         row = rows[run]
-        shown = [int(x.replace(",", "")) for x in row[1:8]]
+        shown = [int(x.replace(",", "")) for x in row[1:9]]
         assert shown == [
             counts["exchanges"],
-            *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none")),
+            *(counts["by_status_class"].get(c, 0) for c in ("2xx", "4xx", "5xx", "none", "side")),
             counts["episodes"],
             counts["turns"],
         ]
-        assert _shown_outcomes(row[12]) == counts["turn_outcomes"]
-        assert int(row[13].replace(",", "")) == counts["calls"]
+        assert _shown_outcomes(row[13]) == counts["turn_outcomes"]
+        assert int(row[14].replace(",", "")) == counts["calls"]
         h = counts["headline"]
         if h["verdict"]:  # every turn a non-response: rej and its cause, never a rate
-            assert (row[9], row[10], row[11]) == ("rej", h["cause"], "rej")
+            assert (row[10], row[11], row[12]) == ("rej", h["cause"], "rej")
         else:
-            assert (row[9], row[10], row[11]) == (
+            assert (row[10], row[11], row[12]) == (
                 h["call"],
                 h["delivered"] + (f" · {h['lost']} lost in text" if h["lost"] else ""),
                 h["answered"],
@@ -756,22 +756,22 @@ def test_page_in_headless_chromium(live_proxy, tmp_path):
     report = {run["run"]: run for run in json.loads(r.stdout)["runs"]}
     assert set(report) == set(rows)
     for run, row in rows.items():
-        shown = _shown_outcomes(row[12])
+        shown = _shown_outcomes(row[13])
         by_outcome: dict[str, int] = {}
         for key, n in shown.items():
             by_outcome[key.split("/")[0]] = by_outcome.get(key.split("/")[0], 0) + n
         rep = report[run]
         assert by_outcome == {k: n for k, n in rep["outcomes"].items() if n}, (run, shown, rep["outcomes"])
-        assert sum(shown.values()) == rep["turns"] == int(row[7].replace(",", ""))
-        assert rep["episodes"] == int(row[6].replace(",", ""))
+        assert sum(shown.values()) == rep["turns"] == int(row[8].replace(",", ""))
+        assert rep["episodes"] == int(row[7].replace(",", ""))
         assert {k.split("/")[1]: n for k, n in shown.items() if k.startswith("non_response/")} == rep[
             "non_response_kinds"
         ]
-        assert int(row[13].replace(",", "")) == rep["calls"]
+        assert int(row[14].replace(",", "")) == rep["calls"]
         if rep["rejected"]:
-            assert row[9] == row[11] == "rej"
+            assert row[10] == row[12] == "rej"
             continue
-        for cell, metric in ((row[9], "call_fidelity"), (row[10], "delivered_fidelity"), (row[11], "answer_rate")):
+        for cell, metric in ((row[10], "call_fidelity"), (row[11], "delivered_fidelity"), (row[12], "answer_rate")):
             assert f"({rep[metric]['numerator']}/{rep[metric]['denominator']})" in cell, (run, cell, rep[metric])
 
     # Filtered to one run and outcome, as a link to it would open it.

@@ -118,6 +118,8 @@ def analysed(data) -> tuple[list, list, dict]:
     outcomes = sql_rows(data, "SELECT outcome, sub_kind, count(*) AS n FROM turns GROUP BY ALL ORDER BY ALL")
     report = json.loads(r.stdout)
     del report["source"], report["generated_at"]  # where and when, not what
+    for run in report["runs"]:
+        del run["ttfb_median_ms"], run["ttft_median_ms"]  # how fast this machine answered, not what
     return sql_rows(data, EPISODES), outcomes, report
 
 

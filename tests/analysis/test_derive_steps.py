@@ -94,7 +94,9 @@ def test_every_capture_derived_a_batch_per_attempt_in_steps_is_derived_as_in_one
         con.close()
         monkeypatch.undo()
         stepped += bool(commits)
-    assert stepped >= len(CAPTURES) / 3  # a capture of one run grouped whole is one batch, no step
+    # A capture of one run grouped whole is one batch, no step (most coding agents' captures are one
+    # task): the harness captures of many episodes must step.
+    assert stepped >= 10, stepped
 
 
 def test_a_derive_failing_between_steps_is_derived_whole_by_the_next_analyze(corpus, tmp_path: Path, monkeypatch):

@@ -281,6 +281,7 @@ def test_migrations_are_recorded_and_rerun_safely(tmp_path):
         (10,),
         (11,),
         (12,),
+        (13,),
     ]
     con.close()
 
