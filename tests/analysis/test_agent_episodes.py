@@ -58,6 +58,8 @@ CASES = [
     Case("emulated/opencode-subagent", {"title": 1}, [["call", "answer"], ["call", "answer"]], {"subagent": 1}),
     Case("emulated/aider", {"commit_message": 2}, [["no_tools"]]),
     Case("emulated/mini-swe-agent", {}, [["call", "answer"]]),
+    # its routing request picks the model (a side request); the task goes through --bridge gemini
+    Case("emulated/gemini-cli", {"routing": 1}, [["call", "answer"]]),
     # the real llama-server: the model wrote its call as JSON in the text, which the agent took for
     # its answer (a call, undelivered: no tool ran)
     Case("llamacpp/claude-title", {"title": 1, "prewarm": 1}, [["call"]]),

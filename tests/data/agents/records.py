@@ -170,6 +170,19 @@ def _mini(case: Path) -> dict:
     }
 
 
+def _gemini(case: Path) -> dict:
+    """Gemini CLI's `--output-format json`: its final response and its own tool statistics (how
+    many calls of each tool it ran, and how many failed; it keeps no arguments there)."""
+    out = json.loads((case / "agent" / "stdout-0.json").read_text())
+    by_name = ((out.get("stats") or {}).get("tools") or {}).get("byName") or {}
+    ran = [
+        {"name": name, "by": None, "input": None, "error": i >= tool.get("success", 0)}
+        for name, tool in sorted(by_name.items())
+        for i in range(tool.get("count", 0))
+    ]
+    return {"tasks": 1, "subagents": [], "tool_uses": ran, "answers": [out["response"]] if out.get("response") else []}
+
+
 READERS = {
     "claude": _claude_like,
     "qwen": _claude_like,
@@ -177,6 +190,7 @@ READERS = {
     "opencode": _opencode,
     "aider": _aider,
     "mini-swe-agent": _mini,
+    "gemini-cli": _gemini,
 }
 
 
