@@ -89,7 +89,7 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 class Pump(threading.Thread):
-    """One direction: read `src`, write `dst`, then tell the session of each whole line."""
+    """One direction: read `src`, tell the session of each whole line, then write `dst`."""
 
     def __init__(
         self,
@@ -130,14 +130,16 @@ class Pump(threading.Thread):
                     tell(sender, last)
                 return
             self.wait()
+            # Told before it is passed on: a server may answer a request before this thread runs
+            # again, and an answer the session meets before its request pairs with nothing.
+            for line in lines.feed(data, t):
+                tell(sender, line)
             if self.dst is not None:
                 try:
                     write_all(self.dst, data)
                 except OSError as exc:  # the reader went away: keep reading, so what is sent is recorded
                     self.dst = None
                     self.on_dst_error(exc)
-            for line in lines.feed(data, t):
-                tell(sender, line)
 
 
 class StderrPump(threading.Thread):
