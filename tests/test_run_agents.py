@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ptyrun import on_a_terminal
 from test_protocols import sql, tp
 
 from toolproxy.drive.agents import AGENTS, agent_of
@@ -79,6 +80,18 @@ def run(fake, tmp_path, *argv, env=None, args=(), analyze=False, cwd=None, timeo
         env=environ,
         cwd=cwd or tmp_path,
     )
+
+
+def test_the_upstreams_model_name_reaches_the_terminal_printable(tmp_path):
+    """Without --agent-model the name is the first /v1/models lists: the upstream's bytes. click
+    strips escape sequences only when stderr is no terminal, so this is seen on one."""
+    stack = FakeStack("llamacpp", models={"m\x1b[2Jx": ("tools",)}, responder=agent_model)
+    with stack.in_thread():
+        cmd = [sys.executable, "-m", "toolproxy.cli", "run", "--upstream", stack.url, "--data", str(tmp_path / "data")]
+        cmd += ["--no-analyze", "--agent", "qwen-code", "--", sys.executable, "-c", "pass"]
+        _, _, seen = on_a_terminal(cmd, env={**os.environ, "HOME": str(tmp_path)})
+    assert b"Qwen Code pointed at the proxy" in seen and b"(model m" in seen, seen
+    assert b"\x1b[2J" not in seen, seen
 
 
 PATHS = {

@@ -205,7 +205,9 @@ async def run_harness(
             named = model or await upstream_model(config.upstream) or DEFAULT_MODEL
             folder = config.data_dir.resolve() / AGENTS_DIR / agent.name
             env.update(agent.apply(Pointing(base, named, folder, os.environ)))
-            click.echo(f"toolproxy run: {agent.title} pointed at the proxy by {agent.reads} (model {named})", err=True)
+            # the name may be the upstream's (/v1/models): its bytes are not for the terminal
+            said = f"{agent.title} pointed at the proxy by {agent.reads} (model {printable(named)})"
+            click.echo(f"toolproxy run: {said}", err=True)
         if mcp is not None and mcp.configs:
             wrapped = await _wrap_mcp(mcp, argv, config, tags)
             argv, env = wrapped.argv, {**env, **wrapped.env}
